@@ -1,0 +1,140 @@
+//! Model facts read from GGUF metadata and tensor headers, without loading any weights.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::{Content, Value};
+
+use crate::error::{ModelError, Result};
+
+/// What a GGUF file says about its model. Reading it touches only the header.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ModelInfo {
+    /// `general.architecture` (`llama`, `gemma3`, …).
+    pub architecture: String,
+    /// `general.name`, when present.
+    pub name: Option<String>,
+    /// GGUF format version (1, 2 or 3).
+    pub gguf_version: u32,
+    pub file_bytes: u64,
+    pub context_length: Option<u64>,
+    pub embedding_length: Option<u64>,
+    pub block_count: Option<u64>,
+    pub feed_forward_length: Option<u64>,
+    pub head_count: Option<u64>,
+    pub head_count_kv: Option<u64>,
+    pub rope_freq_base: Option<f64>,
+    pub rms_norm_eps: Option<f64>,
+    pub tensor_count: usize,
+    pub parameter_count: u64,
+    /// Tensor count per ggml dtype (`Q4_1`, `Q6K`, `F32`, …).
+    pub tensor_dtypes: BTreeMap<String, usize>,
+}
+
+impl ModelInfo {
+    /// Reads the header of the GGUF file at `path`.
+    pub fn from_gguf(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let io = |source| ModelError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file_bytes = std::fs::metadata(path).map_err(io)?.len();
+        let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
+        let content = Content::read(&mut file).map_err(|e| ModelError::Gguf {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        Self::from_content(&content, file_bytes)
+    }
+
+    /// Builds the summary from already-read GGUF content.
+    pub fn from_content(content: &Content, file_bytes: u64) -> Result<Self> {
+        let md = &content.metadata;
+        let architecture = match md.get("general.architecture") {
+            Some(v) => v
+                .to_string()
+                .map_err(|e| invalid("general.architecture", e))?
+                .clone(),
+            None => {
+                return Err(ModelError::MissingKey {
+                    key: "general.architecture".into(),
+                })
+            }
+        };
+        let arch_key = |k: &str| format!("{architecture}.{k}");
+        let uint = |k: &str| -> Result<Option<u64>> {
+            let key = arch_key(k);
+            md.get(&key)
+                .map(|v| as_u64(v).map_err(|e| invalid(&key, e)))
+                .transpose()
+        };
+        let float = |k: &str| -> Result<Option<f64>> {
+            let key = arch_key(k);
+            md.get(&key)
+                .map(|v| as_f64(v).map_err(|e| invalid(&key, e)))
+                .transpose()
+        };
+        let mut tensor_dtypes = BTreeMap::new();
+        let mut parameter_count = 0u64;
+        for info in content.tensor_infos.values() {
+            *tensor_dtypes
+                .entry(format!("{:?}", info.ggml_dtype))
+                .or_default() += 1;
+            parameter_count += info.shape.elem_count() as u64;
+        }
+        use candle_core::quantized::gguf_file::VersionedMagic as M;
+        Ok(Self {
+            name: md
+                .get("general.name")
+                .and_then(|v| v.to_string().ok().cloned()),
+            gguf_version: match content.magic {
+                M::GgufV1 => 1,
+                M::GgufV2 => 2,
+                M::GgufV3 => 3,
+            },
+            file_bytes,
+            context_length: uint("context_length")?,
+            embedding_length: uint("embedding_length")?,
+            block_count: uint("block_count")?,
+            feed_forward_length: uint("feed_forward_length")?,
+            head_count: uint("attention.head_count")?,
+            head_count_kv: uint("attention.head_count_kv")?,
+            rope_freq_base: float("rope.freq_base")?,
+            rms_norm_eps: float("attention.layer_norm_rms_epsilon")?,
+            tensor_count: content.tensor_infos.len(),
+            parameter_count,
+            tensor_dtypes,
+            architecture,
+        })
+    }
+}
+
+fn invalid(key: &str, e: impl std::fmt::Display) -> ModelError {
+    ModelError::InvalidKey {
+        key: key.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+fn as_u64(v: &Value) -> candle_core::Result<u64> {
+    match v {
+        Value::U8(x) => Ok(*x as u64),
+        Value::U16(x) => Ok(*x as u64),
+        Value::U32(x) => Ok(*x as u64),
+        Value::U64(x) => Ok(*x),
+        Value::I8(x) if *x >= 0 => Ok(*x as u64),
+        Value::I16(x) if *x >= 0 => Ok(*x as u64),
+        Value::I32(x) if *x >= 0 => Ok(*x as u64),
+        Value::I64(x) if *x >= 0 => Ok(*x as u64),
+        other => candle_core::bail!("expected a non-negative integer, found {other:?}"),
+    }
+}
+
+fn as_f64(v: &Value) -> candle_core::Result<f64> {
+    match v {
+        Value::F32(x) => Ok(*x as f64),
+        Value::F64(x) => Ok(*x),
+        other => as_u64(other).map(|x| x as f64),
+    }
+}

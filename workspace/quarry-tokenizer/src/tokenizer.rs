@@ -1,0 +1,538 @@
+//! [`Tokenizer`]: encode, decode, token bytes, special ids and chat template, built from GGUF
+//! metadata or a `tokenizer.json`.
+
+use std::path::Path;
+
+use tokenizers::decoders::byte_fallback::ByteFallback;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
+use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper};
+
+use crate::byte_level::CharToByte;
+use crate::chat::{ChatMessage, ChatTemplate};
+use crate::error::{tk_err, Result, TokenizerError};
+use crate::gguf::{read_content, GgufVocab};
+use crate::spm;
+use crate::table::{TokenKind, TokenTable};
+
+/// How the vocabulary spells bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VocabKind {
+    /// GPT-2 byte-level BPE (`tokenizer.ggml.model = gpt2`): every byte is a printable character.
+    ByteLevelBpe,
+    /// SentencePiece-style BPE (`tokenizer.ggml.model = llama`): `▁` for space, `<0xNN>` byte tokens.
+    SentencePiece,
+}
+
+/// Ids with a fixed role.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SpecialTokens {
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    /// End of turn, where the model has one distinct from EOS.
+    pub eot: Option<u32>,
+    pub unk: Option<u32>,
+    pub pad: Option<u32>,
+    /// Every id that ends generation: EOS, EOT, end-of-message, and control tokens whose text is a
+    /// known end marker (`<|im_end|>`, `<end_of_turn>`, `<|eot_id|>`, `<|endoftext|>`, …). Sorted.
+    pub end_of_generation: Vec<u32>,
+}
+
+/// Options for [`Tokenizer::encode_with`]. The default is right for untrusted document text: no BOS,
+/// and control-token text such as `<|im_end|>` is tokenized as plain text, never as the control token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EncodeOptions {
+    /// Prepend the BOS token (when the model has one).
+    pub add_bos: bool,
+    /// Match control tokens written in the text (for rendered chat templates, never for documents).
+    pub parse_special: bool,
+}
+
+/// A loaded tokenizer. Cheap to share behind an `Arc`; every method takes `&self`.
+pub struct Tokenizer {
+    /// Control tokens in the text stay plain text.
+    plain: tokenizers::Tokenizer,
+    /// Control tokens in the text become their ids.
+    parsing: tokenizers::Tokenizer,
+    table: TokenTable,
+    kind: VocabKind,
+    special: SpecialTokens,
+    add_bos: bool,
+    strip_leading_space: bool,
+    chat_template: Option<ChatTemplate>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("kind", &self.kind)
+            .field("vocab_size", &self.table.len())
+            .field("special", &self.special)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Pre-tokenizer names (llama.cpp's `tokenizer.ggml.pre`) that split digits one by one and then
+/// apply the GPT-2 regex. llama.cpp gives all of these the same two regexes.
+const DIGITS_THEN_GPT2: &[&str] = &[
+    "smollm",
+    "starcoder",
+    "refact",
+    "command-r",
+    "codeshell",
+    "exaone",
+    "minerva",
+];
+
+/// Texts that end a turn although the metadata does not call them EOS. Like llama.cpp, a token with
+/// one of these texts is treated as a control token whatever its GGUF type (Gemma 3 stores `</s>` as
+/// user-defined; llama.cpp matches it only when special tokens are parsed, and so do we).
+const END_MARKERS: &[&str] = &[
+    "</s>",
+    "_<EOT>",
+    "<｜end▁of▁sentence｜>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|endoftext|>",
+    "<end_of_turn>",
+    "<|end_of_text|>",
+    "<|eom_id|>",
+    "<EOT>",
+];
+
+impl Tokenizer {
+    /// Loads the tokenizer stored in a GGUF file's metadata (tensors are not read).
+    pub fn from_gguf(path: impl AsRef<Path>) -> Result<Self> {
+        let content = read_content(path.as_ref())?;
+        Self::from_gguf_vocab(GgufVocab::from_content(&content)?)
+    }
+
+    /// Builds the tokenizer from already-decoded GGUF metadata.
+    pub fn from_gguf_vocab(mut v: GgufVocab) -> Result<Self> {
+        let n = v.tokens.len();
+        for (t, k) in v.tokens.iter().zip(v.kinds.iter_mut()) {
+            if END_MARKERS.contains(&t.as_str()) {
+                *k = TokenKind::Control;
+            }
+        }
+        let (kind, model, table, normalizer, pre, decoder) = match v.model.as_str() {
+            "gpt2" => {
+                let pre_name = v.pre.as_deref().unwrap_or("gpt-2");
+                let pre: PreTokenizerWrapper = if DIGITS_THEN_GPT2.contains(&pre_name) {
+                    PreTokenizerSequence::new(vec![
+                        Digits::new(true).into(),
+                        ByteLevel::new(false, true, true).into(),
+                    ])
+                    .into()
+                } else if pre_name == "gpt-2" || pre_name == "gpt2" {
+                    ByteLevel::new(false, true, true).into()
+                } else {
+                    return Err(TokenizerError::Unsupported(format!(
+                        "byte-level BPE pre-tokenizer `{pre_name}` (supported: gpt-2, {})",
+                        DIGITS_THEN_GPT2.join(", ")
+                    )));
+                };
+                let merges = v
+                    .merges
+                    .as_ref()
+                    .ok_or(TokenizerError::MissingKey {
+                        key: "tokenizer.ggml.merges",
+                    })?
+                    .iter()
+                    .map(|m| {
+                        m.split_once(' ')
+                            .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                            .ok_or_else(|| TokenizerError::InvalidKey {
+                                key: "tokenizer.ggml.merges",
+                                message: format!("merge {m:?} has no space"),
+                            })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let model = BPE::builder()
+                    .vocab_and_merges(vocab_map(&v.tokens), merges)
+                    .build()
+                    .map_err(tk_err)?;
+                let table = byte_level_table(&v.tokens, &v.kinds);
+                let dec: DecoderWrapper = ByteLevelDecoder::default().into();
+                (VocabKind::ByteLevelBpe, model, table, None, Some(pre), dec)
+            }
+            "llama" => {
+                let scores = v.scores.as_ref().ok_or(TokenizerError::MissingKey {
+                    key: "tokenizer.ggml.scores",
+                })?;
+                let merges = spm::merges_from_scores(&v.tokens, &v.kinds, scores);
+                let mut builder = BPE::builder()
+                    .vocab_and_merges(vocab_map(&v.tokens), merges)
+                    .byte_fallback(true);
+                if let Some(unk) = v.unk {
+                    builder = builder.unk_token(v.tokens[unk as usize].clone());
+                }
+                let model = builder.build().map_err(tk_err)?;
+                let mut table = TokenTable::with_capacity(n);
+                let mut buf = Vec::new();
+                for (tok, k) in v.tokens.iter().zip(&v.kinds) {
+                    buf.clear();
+                    spm::token_bytes(tok, *k, &mut buf);
+                    table.push(&buf, *k);
+                }
+                let space = spm::SPACE.to_string();
+                let mut norms: Vec<NormalizerWrapper> = Vec::new();
+                if v.add_space_prefix.unwrap_or(true) {
+                    norms.push(Prepend::new(space.clone()).into());
+                }
+                norms.push(Replace::new(" ", space.as_str()).map_err(tk_err)?.into());
+                let dec: DecoderWrapper = DecoderSequence::new(vec![
+                    tokenizers::decoders::DecoderWrapper::Replace(
+                        Replace::new(space.as_str(), " ").map_err(tk_err)?,
+                    ),
+                    ByteFallback::new().into(),
+                    Fuse::new().into(),
+                ])
+                .into();
+                let norm: NormalizerWrapper = NormalizerSequence::new(norms).into();
+                (
+                    VocabKind::SentencePiece,
+                    model,
+                    table,
+                    Some(norm),
+                    None,
+                    dec,
+                )
+            }
+            other => {
+                return Err(TokenizerError::Unsupported(format!(
+                    "tokenizer.ggml.model `{other}` (supported: gpt2, llama)"
+                )))
+            }
+        };
+
+        let mut inner = tokenizers::Tokenizer::new(model);
+        inner.with_normalizer(normalizer);
+        inner.with_pre_tokenizer(pre);
+        inner.with_decoder(Some(decoder));
+        // Control tokens are special (matched only when asked); user-defined ones always match,
+        // on the raw text, as in llama.cpp.
+        let added: Vec<AddedToken> = v
+            .tokens
+            .iter()
+            .zip(&v.kinds)
+            .filter(|(_, k)| matches!(k, TokenKind::Control | TokenKind::UserDefined))
+            .map(|(t, k)| AddedToken::from(t.clone(), *k == TokenKind::Control).normalized(false))
+            .collect();
+        let (specials, plain): (Vec<_>, Vec<_>) = added.into_iter().partition(|t| t.special);
+        inner.add_special_tokens(&specials);
+        inner.add_tokens(&plain);
+        let mut plain_tk = inner.clone();
+        plain_tk.set_encode_special_tokens(true);
+
+        let special = special_tokens(&v, &table);
+        let chat_template = match &v.chat_template {
+            Some(src) => {
+                let text =
+                    |id: Option<u32>| id.map(|i| v.tokens[i as usize].clone()).unwrap_or_default();
+                Some(ChatTemplate::new(src, &text(v.bos), &text(v.eos))?)
+            }
+            None => None,
+        };
+        Ok(Self {
+            plain: plain_tk,
+            parsing: inner,
+            table,
+            kind,
+            add_bos: v.add_bos.unwrap_or(kind == VocabKind::SentencePiece) && v.bos.is_some(),
+            strip_leading_space: kind == VocabKind::SentencePiece
+                && v.add_space_prefix.unwrap_or(true),
+            special,
+            chat_template,
+        })
+    }
+
+    /// Loads a Hugging Face `tokenizer.json`. A `tokenizer_config.json` beside it, when present,
+    /// supplies the chat template, BOS/EOS and `add_bos_token`.
+    pub fn from_tokenizer_json(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let json_err = |message: String| TokenizerError::TokenizerJson {
+            path: path.to_owned(),
+            message,
+        };
+        let raw = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let doc: serde_json::Value =
+            serde_json::from_str(&raw).map_err(|e| json_err(e.to_string()))?;
+        let inner: tokenizers::Tokenizer = raw
+            .parse()
+            .map_err(|e: tokenizers::Error| json_err(e.to_string()))?;
+        let byte_level = doc["decoder"]["type"] == "ByteLevel"
+            || doc["pre_tokenizer"]["type"] == "ByteLevel"
+            || doc["pre_tokenizer"]["pretokenizers"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|p| p["type"] == "ByteLevel"));
+        let kind = if byte_level {
+            VocabKind::ByteLevelBpe
+        } else if doc["model"]["byte_fallback"] == true {
+            VocabKind::SentencePiece
+        } else {
+            return Err(json_err(
+                "only byte-level BPE and SentencePiece-style BPE (byte_fallback) are supported"
+                    .into(),
+            ));
+        };
+        let n = inner.get_vocab_size(true);
+        let mut tokens = vec![String::new(); n];
+        for (t, id) in inner.get_vocab(true) {
+            if let Some(slot) = tokens.get_mut(id as usize) {
+                *slot = t;
+            }
+        }
+        let added = inner.get_added_tokens_decoder();
+        let kinds: Vec<TokenKind> = (0..n as u32)
+            .map(|id| match added.get(&id) {
+                Some(t) if t.special => TokenKind::Control,
+                Some(_) => TokenKind::UserDefined,
+                None if kind == VocabKind::SentencePiece
+                    && spm::parse_byte_token(&tokens[id as usize]).is_some() =>
+                {
+                    TokenKind::Byte
+                }
+                None => TokenKind::Normal,
+            })
+            .collect();
+        let table = match kind {
+            VocabKind::ByteLevelBpe => byte_level_table(&tokens, &kinds),
+            VocabKind::SentencePiece => {
+                let mut table = TokenTable::with_capacity(n);
+                let mut buf = Vec::new();
+                for (tok, k) in tokens.iter().zip(&kinds) {
+                    buf.clear();
+                    spm::token_bytes(tok, *k, &mut buf);
+                    table.push(&buf, *k);
+                }
+                table
+            }
+        };
+        let config_path = path.with_file_name("tokenizer_config.json");
+        let config: serde_json::Value = match std::fs::read_to_string(&config_path) {
+            Ok(s) => serde_json::from_str(&s).map_err(|e| TokenizerError::TokenizerJson {
+                path: config_path.clone(),
+                message: e.to_string(),
+            })?,
+            Err(_) => serde_json::Value::Null,
+        };
+        let token_text = |key: &str| -> Option<String> {
+            match &config[key] {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Object(o) => {
+                    o.get("content").and_then(|c| c.as_str()).map(String::from)
+                }
+                _ => None,
+            }
+        };
+        let id_of = |t: &Option<String>| t.as_ref().and_then(|t| inner.token_to_id(t));
+        let (bos_text, eos_text) = (token_text("bos_token"), token_text("eos_token"));
+        let v = GgufVocab {
+            model: String::new(),
+            pre: None,
+            tokens,
+            kinds,
+            scores: None,
+            merges: None,
+            bos: id_of(&bos_text),
+            eos: id_of(&eos_text),
+            eot: None,
+            eom: None,
+            unk: id_of(&token_text("unk_token")),
+            pad: id_of(&token_text("pad_token")),
+            add_bos: config["add_bos_token"].as_bool(),
+            add_eos: None,
+            add_space_prefix: None,
+            chat_template: config["chat_template"].as_str().map(String::from),
+        };
+        let special = special_tokens(&v, &table);
+        let chat_template = match &v.chat_template {
+            Some(src) => Some(ChatTemplate::new(
+                src,
+                bos_text.as_deref().unwrap_or(""),
+                eos_text.as_deref().unwrap_or(""),
+            )?),
+            None => None,
+        };
+        let mut plain = inner.clone();
+        plain.set_encode_special_tokens(true);
+        Ok(Self {
+            plain,
+            parsing: inner,
+            table,
+            kind,
+            add_bos: v.add_bos.unwrap_or(false) && v.bos.is_some(),
+            strip_leading_space: false,
+            special,
+            chat_template,
+        })
+    }
+
+    /// Encodes untrusted text: no BOS, control-token text stays text. See [`EncodeOptions`].
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode_with(text, EncodeOptions::default())
+    }
+
+    /// Encodes with explicit options.
+    pub fn encode_with(&self, text: &str, opts: EncodeOptions) -> Result<Vec<u32>> {
+        let tk = if opts.parse_special {
+            &self.parsing
+        } else {
+            &self.plain
+        };
+        let enc = tk.encode_fast(text, false).map_err(tk_err)?;
+        let ids = enc.get_ids();
+        let bos = self.special.bos.filter(|_| opts.add_bos);
+        let mut out = Vec::with_capacity(ids.len() + usize::from(bos.is_some()));
+        out.extend(bos);
+        out.extend_from_slice(ids);
+        Ok(out)
+    }
+
+    /// The exact bytes of `ids` concatenated, special tokens included as their text. This is the
+    /// byte stream a grammar sees.
+    pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        for &id in ids {
+            out.extend_from_slice(self.token_bytes(id)?);
+        }
+        Ok(out)
+    }
+
+    /// Decodes `ids` to text. Special tokens are skipped when `skip_special` is set; bytes that do
+    /// not form valid UTF-8 (a sequence cut inside a character) become U+FFFD.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        let mut out = Vec::new();
+        for (i, &id) in ids.iter().enumerate() {
+            let bytes = self.token_bytes(id)?;
+            let kind = self.table.kind(id).unwrap_or(TokenKind::Normal);
+            if skip_special && kind.is_special() {
+                continue;
+            }
+            // SentencePiece's dummy prefix: the leading space of the first piece is not text.
+            let bytes = if i == 0 && self.strip_leading_space && kind == TokenKind::Normal {
+                bytes.strip_prefix(b" ").unwrap_or(bytes)
+            } else {
+                bytes
+            };
+            out.extend_from_slice(bytes);
+        }
+        Ok(match String::from_utf8(out) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
+    }
+
+    /// The exact bytes token `id` stands for.
+    pub fn token_bytes(&self, id: u32) -> Result<&[u8]> {
+        self.table.bytes(id).ok_or(TokenizerError::UnknownTokenId {
+            id,
+            vocab_size: self.table.len(),
+        })
+    }
+
+    /// The vocabulary string of token `id` as stored in the model (`Ġhello`, `▁hello`, `<0x0A>`).
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.parsing.id_to_token(id)
+    }
+
+    /// The token → bytes table for the whole vocabulary.
+    pub fn token_table(&self) -> &TokenTable {
+        &self.table
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.table.len()
+    }
+
+    pub fn vocab_kind(&self) -> VocabKind {
+        self.kind
+    }
+
+    pub fn special_tokens(&self) -> &SpecialTokens {
+        &self.special
+    }
+
+    /// Whether the model expects a BOS token in front of a prompt.
+    pub fn add_bos_by_default(&self) -> bool {
+        self.add_bos
+    }
+
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// Renders `messages` with the model's chat template.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        self.chat_template
+            .as_ref()
+            .ok_or(TokenizerError::NoChatTemplate)?
+            .render(messages, add_generation_prompt)
+    }
+
+    /// The underlying `tokenizers::Tokenizer` (with control-token parsing on).
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.parsing
+    }
+}
+
+fn vocab_map(tokens: &[String]) -> Vocab {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect()
+}
+
+fn byte_level_table(tokens: &[String], kinds: &[TokenKind]) -> TokenTable {
+    let inv = CharToByte::new();
+    let mut table = TokenTable::with_capacity(tokens.len());
+    let mut buf = Vec::new();
+    for (tok, k) in tokens.iter().zip(kinds) {
+        buf.clear();
+        // Control and user-defined tokens are stored as plain text, not byte-level spelled; a
+        // normal token with a character outside the byte map is also taken as its UTF-8 text,
+        // as llama.cpp does.
+        if !matches!(k, TokenKind::Normal | TokenKind::Byte) || !inv.decode(tok, &mut buf) {
+            buf.clear();
+            buf.extend_from_slice(tok.as_bytes());
+        }
+        table.push(&buf, *k);
+    }
+    table
+}
+
+fn special_tokens(v: &GgufVocab, table: &TokenTable) -> SpecialTokens {
+    let mut eog: Vec<u32> = [v.eos, v.eot, v.eom].into_iter().flatten().collect();
+    for (id, bytes, kind) in table.iter() {
+        if kind == TokenKind::Control && END_MARKERS.iter().any(|m| m.as_bytes() == bytes) {
+            eog.push(id);
+        }
+    }
+    eog.sort_unstable();
+    eog.dedup();
+    SpecialTokens {
+        bos: v.bos,
+        eos: v.eos,
+        eot: v.eot,
+        unk: v.unk,
+        pad: v.pad,
+        end_of_generation: eog,
+    }
+}

@@ -1,0 +1,208 @@
+//! quarry's tokenizer against llama.cpp, on fixtures made by `tests/fixtures/gen_tokenizer_fixtures.py`.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use quarry_tokenizer::{ChatMessage, EncodeOptions, Tokenizer};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn model(file: &str) -> Tokenizer {
+    let dir = std::env::var_os("QUARRY_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or(root().join("models"));
+    let path = dir.join(file);
+    assert!(
+        path.exists(),
+        "{} is missing: run `make setup` first",
+        path.display()
+    );
+    Tokenizer::from_gguf(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+}
+
+fn fixture(name: &str) -> Value {
+    let path = root().join("tests/fixtures/tokenizer").join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn pieces(name: &str) -> Vec<Vec<u8>> {
+    let path = root().join("tests/fixtures/tokenizer").join(name);
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap())
+        .read_to_string(&mut text)
+        .unwrap();
+    text.lines()
+        .map(|l| {
+            (0..l.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&l[i..i + 2], 16).unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Every fixture case whose ids differ from llama.cpp's, as printable lines.
+fn id_mismatches(tok: &Tokenizer, fx: &Value) -> (usize, Vec<String>) {
+    let cases = fx["cases"].as_array().unwrap();
+    let mut bad = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let parse_special = case["parse_special"].as_bool().unwrap();
+        let want = ids(&case["ids"]);
+        let got = tok
+            .encode_with(
+                text,
+                EncodeOptions {
+                    add_bos: false,
+                    parse_special,
+                },
+            )
+            .unwrap();
+        if got != want {
+            bad.push(format!(
+                "{text:?} (parse_special={parse_special}): llama.cpp {want:?}, quarry {got:?}"
+            ));
+        }
+    }
+    (cases.len(), bad)
+}
+
+#[test]
+fn smollm2_ids_equal_llama_cpp_on_every_fixture_string() {
+    let tok = model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let fx = fixture("smollm2.cases.json");
+    let (n, bad) = id_mismatches(&tok, &fx);
+    assert!(n >= 600, "fixture too small: {n} cases");
+    assert!(
+        bad.is_empty(),
+        "{} of {n} cases differ:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn smollm2_default_bos_matches_llama_cpp() {
+    let tok = model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let fx = fixture("smollm2.cases.json");
+    let opts = EncodeOptions {
+        add_bos: tok.add_bos_by_default(),
+        parse_special: false,
+    };
+    assert_eq!(
+        tok.encode_with("Hello", opts).unwrap(),
+        ids(&fx["hello_with_default_bos"])
+    );
+}
+
+fn check_pieces(tok: &Tokenizer, fixture_name: &str, expected_len: usize) {
+    let want = pieces(fixture_name);
+    assert_eq!(want.len(), expected_len);
+    assert_eq!(tok.vocab_size(), expected_len);
+    let bad: Vec<String> = (0..expected_len as u32)
+        .filter(|&id| tok.token_bytes(id).unwrap() != want[id as usize].as_slice())
+        .take(20)
+        .map(|id| {
+            format!(
+                "{id}: llama.cpp {:?}, quarry {:?}",
+                want[id as usize],
+                tok.token_bytes(id).unwrap()
+            )
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "token bytes differ (first 20):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn smollm2_token_byte_table_equals_llama_cpp() {
+    check_pieces(
+        &model("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "smollm2.pieces.txt.gz",
+        49_152,
+    );
+}
+
+#[test]
+fn gemma3_token_byte_table_equals_llama_cpp() {
+    check_pieces(
+        &model("gemma-3-270m-q4_k_m.gguf"),
+        "gemma3.pieces.txt.gz",
+        262_144,
+    );
+}
+
+#[test]
+fn gemma3_ids_equal_llama_cpp_on_every_fixture_string() {
+    let tok = model("gemma-3-270m-q4_k_m.gguf");
+    let fx = fixture("gemma3.cases.json");
+    let (n, bad) = id_mismatches(&tok, &fx);
+    assert!(
+        bad.is_empty(),
+        "{} of {n} cases differ:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+    let opts = EncodeOptions {
+        add_bos: tok.add_bos_by_default(),
+        parse_special: false,
+    };
+    assert_eq!(
+        tok.encode_with("Hello", opts).unwrap(),
+        ids(&fx["hello_with_default_bos"])
+    );
+}
+
+#[test]
+fn decoding_round_trips_every_fixture_string() {
+    for (file, fx) in [
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2.cases.json"),
+        ("gemma-3-270m-q4_k_m.gguf", "gemma3.cases.json"),
+    ] {
+        let tok = model(file);
+        for case in fixture(fx)["cases"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            let parse_special = case["parse_special"].as_bool().unwrap();
+            let ids = tok
+                .encode_with(
+                    text,
+                    EncodeOptions {
+                        add_bos: false,
+                        parse_special,
+                    },
+                )
+                .unwrap();
+            assert_eq!(tok.decode(&ids, false).unwrap(), text, "{file}: {ids:?}");
+            assert_eq!(tok.decode_bytes(&ids).unwrap(), text.as_bytes(), "{file}");
+        }
+    }
+}
+
+#[test]
+fn smollm2_chat_template_renders_like_llama_cpp_jinja2() {
+    let tok = model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let fx = fixture("smollm2.chat.json");
+    for r in fx["renders"].as_array().unwrap() {
+        let msgs: Vec<ChatMessage> = serde_json::from_value(r["messages"].clone()).unwrap();
+        let add = r["add_generation_prompt"].as_bool().unwrap();
+        assert_eq!(
+            tok.apply_chat_template(&msgs, add).unwrap(),
+            r["text"].as_str().unwrap()
+        );
+    }
+}
