@@ -12,6 +12,13 @@ pub enum ModelError {
     },
     #[error("{path} is not a readable GGUF file: {message}")]
     Gguf { path: PathBuf, message: String },
+    /// The header is intact but tensor data runs past the end of the file (an interrupted download).
+    #[error("tensor `{tensor}` needs bytes up to offset {needed} but the file has only {file_bytes}: the file is truncated")]
+    Truncated {
+        tensor: String,
+        needed: u64,
+        file_bytes: u64,
+    },
     #[error("GGUF metadata key `{key}` is missing")]
     MissingKey { key: String },
     #[error("GGUF metadata key `{key}` is invalid: {message}")]

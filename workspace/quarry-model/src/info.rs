@@ -43,12 +43,13 @@ impl ModelInfo {
         let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
         let content = Content::read(&mut file).map_err(|e| ModelError::Gguf {
             path: path.to_owned(),
-            message: e.to_string(),
+            message: candle_message(e),
         })?;
         Self::from_content(&content, file_bytes)
     }
 
-    /// Builds the summary from already-read GGUF content.
+    /// Builds the summary from already-read GGUF content; `file_bytes` is the file's length, used to
+    /// check that every tensor's data is present.
     pub fn from_content(content: &Content, file_bytes: u64) -> Result<Self> {
         let md = &content.metadata;
         let architecture = match md.get("general.architecture") {
@@ -77,11 +78,27 @@ impl ModelInfo {
         };
         let mut tensor_dtypes = BTreeMap::new();
         let mut parameter_count = 0u64;
-        for info in content.tensor_infos.values() {
+        // The tensor whose data ends last, so a truncated file is reported the same way every time.
+        let mut last: Option<(u64, &String)> = None;
+        for (name, info) in &content.tensor_infos {
+            let elems = info.shape.elem_count() as u64;
+            let bytes =
+                elems / info.ggml_dtype.block_size() as u64 * info.ggml_dtype.type_size() as u64;
+            let end = content.tensor_data_offset + info.offset + bytes;
+            if last.is_none_or(|(e, n)| (end, name) > (e, n)) {
+                last = Some((end, name));
+            }
             *tensor_dtypes
                 .entry(format!("{:?}", info.ggml_dtype))
                 .or_default() += 1;
             parameter_count += info.shape.elem_count() as u64;
+        }
+        if let Some((needed, tensor)) = last.filter(|(end, _)| *end > file_bytes) {
+            return Err(ModelError::Truncated {
+                tensor: tensor.clone(),
+                needed,
+                file_bytes,
+            });
         }
         use candle_core::quantized::gguf_file::VersionedMagic as M;
         Ok(Self {
@@ -110,10 +127,10 @@ impl ModelInfo {
     }
 }
 
-fn invalid(key: &str, e: impl std::fmt::Display) -> ModelError {
+fn invalid(key: &str, e: candle_core::Error) -> ModelError {
     ModelError::InvalidKey {
         key: key.to_owned(),
-        message: e.to_string(),
+        message: candle_message(e),
     }
 }
 
@@ -136,5 +153,14 @@ fn as_f64(v: &Value) -> candle_core::Result<f64> {
         Value::F32(x) => Ok(*x as f64),
         Value::F64(x) => Ok(*x),
         other => as_u64(other).map(|x| x as f64),
+    }
+}
+
+/// candle attaches a captured backtrace to its errors when `RUST_BACKTRACE` is set; a user-facing
+/// message wants only the cause.
+pub(crate) fn candle_message(e: candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(*inner),
+        other => other.to_string(),
     }
 }

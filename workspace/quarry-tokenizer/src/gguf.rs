@@ -39,7 +39,7 @@ pub fn read_content(path: &Path) -> Result<Content> {
     let mut reader = std::io::BufReader::new(&mut file);
     Content::read(&mut reader).map_err(|e| TokenizerError::Gguf {
         path: path.to_owned(),
-        message: e.to_string(),
+        message: candle_message(e),
     })
 }
 
@@ -121,10 +121,18 @@ impl GgufVocab {
     }
 }
 
-fn invalid(key: &'static str, e: impl std::fmt::Display) -> TokenizerError {
+/// candle attaches a captured backtrace to its errors when `RUST_BACKTRACE` is set; keep the cause.
+fn candle_message(e: candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(*inner),
+        other => other.to_string(),
+    }
+}
+
+fn invalid(key: &'static str, e: candle_core::Error) -> TokenizerError {
     TokenizerError::InvalidKey {
         key,
-        message: e.to_string(),
+        message: candle_message(e),
     }
 }
 

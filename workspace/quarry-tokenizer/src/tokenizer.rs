@@ -31,6 +31,15 @@ pub enum VocabKind {
     SentencePiece,
 }
 
+impl std::fmt::Display for VocabKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            VocabKind::ByteLevelBpe => "byte-level BPE",
+            VocabKind::SentencePiece => "SentencePiece BPE",
+        })
+    }
+}
+
 /// Ids with a fixed role.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SpecialTokens {
@@ -63,6 +72,7 @@ pub struct Tokenizer {
     parsing: tokenizers::Tokenizer,
     table: TokenTable,
     kind: VocabKind,
+    pre_tokenizer: Option<String>,
     special: SpecialTokens,
     add_bos: bool,
     strip_leading_space: bool,
@@ -247,6 +257,7 @@ impl Tokenizer {
             parsing: inner,
             table,
             kind,
+            pre_tokenizer: v.pre.clone(),
             add_bos: v.add_bos.unwrap_or(kind == VocabKind::SentencePiece) && v.bos.is_some(),
             strip_leading_space: kind == VocabKind::SentencePiece
                 && v.add_space_prefix.unwrap_or(true),
@@ -373,6 +384,7 @@ impl Tokenizer {
             parsing: inner,
             table,
             kind,
+            pre_tokenizer: None,
             add_bos: v.add_bos.unwrap_or(false) && v.bos.is_some(),
             strip_leading_space: false,
             special,
@@ -459,6 +471,11 @@ impl Tokenizer {
 
     pub fn vocab_kind(&self) -> VocabKind {
         self.kind
+    }
+
+    /// The GGUF pre-tokenizer name (`tokenizer.ggml.pre`), when the tokenizer came from GGUF.
+    pub fn pre_tokenizer(&self) -> Option<&str> {
+        self.pre_tokenizer.as_deref()
     }
 
     pub fn special_tokens(&self) -> &SpecialTokens {
