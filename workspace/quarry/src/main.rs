@@ -158,10 +158,7 @@ fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     check_exists(path)?;
     Tokenizer::from_gguf(path).map_err(|e| match e {
         TokenizerError::Gguf { .. } | TokenizerError::Io { .. } => {
-            anyhow::anyhow!(
-                "{e}. To fix: {}",
-                setup_hint(path)
-            )
+            anyhow::anyhow!("{e}. To fix: {}", setup_hint(path))
         }
         other => anyhow::Error::new(other)
             .context(format!("loading the tokenizer of {}", path.display())),
@@ -172,10 +169,7 @@ fn load_info(path: &Path) -> Result<ModelInfo> {
     check_exists(path)?;
     ModelInfo::from_gguf(path).map_err(|e| match e {
         ModelError::Gguf { .. } | ModelError::Io { .. } | ModelError::Truncated { .. } => {
-            anyhow::anyhow!(
-                "{e}. To fix: {}",
-                setup_hint(path)
-            )
+            anyhow::anyhow!("{e}. To fix: {}", setup_hint(path))
         }
         other => anyhow::Error::new(other).context(format!("reading {}", path.display())),
     })
@@ -316,12 +310,20 @@ fn print_tokens(tok: &Tokenizer, text: &str, ids: &[u32], json: bool) -> Result<
     }
     writeln!(out, "{} tokens", ids.len())?;
     for (id, t) in ids.iter().zip(&tokens) {
-        let bytes = tok.token_bytes(*id)?;
-        writeln!(
-            out,
-            "{id:>8}  {t:<24}  {:?}",
-            String::from_utf8_lossy(bytes)
-        )?;
+        let bytes = show_bytes(tok.token_bytes(*id)?);
+        writeln!(out, "{id:>8}  {t:<24}  {}", bytes)?;
     }
     Ok(())
+}
+
+/// A token's bytes for people: valid UTF-8 as text, a lone byte of a split character as `\xNN`.
+fn show_bytes(bytes: &[u8]) -> String {
+    let mut s = String::new();
+    for chunk in bytes.utf8_chunks() {
+        s.push_str(&chunk.valid().escape_debug().to_string());
+        for b in chunk.invalid() {
+            s.push_str(&format!("\\x{b:02X}"));
+        }
+    }
+    format!("\"{s}\"")
 }

@@ -1,0 +1,37 @@
+# The two commands a new user needs: `make demo` and `make test`. Both run the idempotent set-up first.
+#
+# Variables (all optional):
+#   CARGO_TARGET_DIR  build cache; defaults outside the clone so fresh clones reuse it
+#   QUARRY_CACHE      downloaded wheels and the reference-tool venv (default ~/.cache/quarry)
+
+SHELL := /bin/bash
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/quarry/target
+export QUARRY_CACHE ?= $(HOME)/.cache/quarry
+CARGO ?= cargo
+QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
+# llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
+LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
+
+.PHONY: setup build demo test lint fixtures
+
+setup:
+	@bash infra/setup.sh
+
+build: setup
+	$(CARGO) build -p quarry
+
+demo: build
+	@QUARRY=$(QUARRY) bash infra/demo.sh
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+test: setup lint
+	@bash infra/run-tests.sh
+
+# Regenerates the committed reference fixtures with llama.cpp. By hand only, never from `make test`.
+fixtures: setup
+	test -x $(QUARRY_CACHE)/refvenv/bin/python || python3 -m venv $(QUARRY_CACHE)/refvenv
+	$(QUARRY_CACHE)/refvenv/bin/pip install --quiet --no-binary llama-cpp-python $(LLAMA_CPP_PYTHON) jinja2
+	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_tokenizer_fixtures.py

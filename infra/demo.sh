@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# What quarry can show today: model facts, tokenization and the chat template, on the real models.
+# It grows into the extraction demo as the engine and pipeline land.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+Q="${QUARRY:?set QUARRY to the quarry binary}"
+GEMMA=models/gemma-3-270m-q4_k_m.gguf
+SAMPLE='{"name": "Ünïcødé 😀", "n": 12345}'
+
+section() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+section "Model facts: quarry info"
+"$Q" info
+
+section "Tokenizing a sample: quarry tokenize '$SAMPLE'"
+"$Q" tokenize "$SAMPLE"
+"$Q" tokenize --json "$SAMPLE"
+
+section "A prompt rendered with the model's chat template: quarry chat-template"
+"$Q" chat-template --system "You extract JSON records." "Invoice #12 from ACME, total 19.99 EUR."
+
+section "The large-vocabulary model: quarry info --model $GEMMA"
+"$Q" info --model "$GEMMA" | grep -v '^chat template'
+"$Q" tokenize --model "$GEMMA" "$SAMPLE"

@@ -1,0 +1,162 @@
+//! The `quarry` binary as a user runs it, on the real model files from `make setup`.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `quarry ARGS` from the repository root, so the default model path resolves.
+fn quarry(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_quarry"))
+        .args(args)
+        .current_dir(root())
+        .env_remove("QUARRY_MODEL")
+        .output()
+        .expect("run quarry")
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "quarry failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("quarry-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// The error a user sees: exactly one line on stderr, exit code 1.
+fn one_line_error(o: &Output) -> String {
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "expected failure, got {:?}",
+        o.status
+    );
+    let err = String::from_utf8(o.stderr.clone()).unwrap();
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    err
+}
+
+#[test]
+fn tokenize_json_prints_llama_cpp_ids() {
+    let text = r#"{"name": "Ünïcødé 😀", "n": 12345}"#;
+    let fx: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/fixtures/tokenizer/smollm2.cases.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let want = fx["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["text"] == text && c["parse_special"] == false)
+        .expect("fixture has the README example")["ids"]
+        .clone();
+    let out: Value = serde_json::from_str(&stdout(&quarry(&["tokenize", "--json", text]))).unwrap();
+    assert_eq!(out["ids"], want);
+    assert_eq!(out["text"], text);
+    assert_eq!(
+        out["tokens"].as_array().unwrap().len(),
+        want.as_array().unwrap().len()
+    );
+    // The pieces are the token bytes, so together they spell the text (emoji split across tokens
+    // show as U+FFFD piece by piece, so compare the ASCII-only prefix).
+    assert_eq!(out["pieces"][0], "{\"");
+}
+
+#[test]
+fn tokenize_parses_control_tokens_only_when_asked() {
+    let plain: Value =
+        serde_json::from_str(&stdout(&quarry(&["tokenize", "--json", "<|im_end|>"]))).unwrap();
+    assert_ne!(plain["ids"], serde_json::json!([2]));
+    let parsed: Value = serde_json::from_str(&stdout(&quarry(&[
+        "tokenize",
+        "--json",
+        "--parse-special",
+        "<|im_end|>",
+    ])))
+    .unwrap();
+    assert_eq!(parsed["ids"], serde_json::json!([2]));
+}
+
+#[test]
+fn info_reports_model_facts() {
+    let out = stdout(&quarry(&["info"]));
+    assert!(out.contains("architecture    llama"), "{out}");
+    assert!(
+        out.contains("49152 tokens, byte-level BPE (pre-tokenizer smollm)"),
+        "{out}"
+    );
+    assert!(out.contains("layers          30"), "{out}");
+    assert!(
+        out.contains("<|im_start|>assistant"),
+        "chat template missing: {out}"
+    );
+
+    let json: Value = serde_json::from_str(&stdout(&quarry(&[
+        "info",
+        "--json",
+        "--model",
+        "models/gemma-3-270m-q4_k_m.gguf",
+    ])))
+    .unwrap();
+    assert_eq!(json["model"]["architecture"], "gemma3");
+    assert_eq!(json["tokenizer"]["vocab_size"], 262_144);
+    assert_eq!(json["tokenizer"]["vocab_kind"], "sentence_piece");
+}
+
+#[test]
+fn chat_template_renders_a_prompt_ending_at_the_reply() {
+    let out = stdout(&quarry(&[
+        "chat-template",
+        "--system",
+        "Be brief.",
+        "Total?",
+    ]));
+    assert_eq!(
+        out,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nTotal?<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
+
+#[test]
+fn missing_model_says_how_to_fix_it() {
+    let err = one_line_error(&quarry(&["info", "--model", "models/nope.gguf"]));
+    assert!(err.contains("models/nope.gguf not found"), "{err}");
+    assert!(err.contains("make setup"), "{err}");
+}
+
+#[test]
+fn corrupt_model_is_one_line_not_a_panic() {
+    let garbage = scratch("garbage.gguf");
+    std::fs::write(&garbage, b"this is not a gguf file at all").unwrap();
+    for cmd in ["info", "tokenize"] {
+        let mut args = vec![cmd, "--model", garbage.to_str().unwrap()];
+        if cmd == "tokenize" {
+            args.push("hello");
+        }
+        let err = one_line_error(&quarry(&args));
+        assert!(err.contains("not a readable GGUF file"), "{err}");
+        assert!(err.contains("make setup"), "{err}");
+    }
+}
+
+#[test]
+fn truncated_model_is_detected() {
+    let full = std::fs::read(root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let cut = scratch("truncated.gguf");
+    std::fs::write(&cut, &full[..full.len() / 2]).unwrap();
+    let err = one_line_error(&quarry(&["info", "--model", cut.to_str().unwrap()]));
+    assert!(err.contains("truncated"), "{err}");
+}
