@@ -206,3 +206,70 @@ fn smollm2_chat_template_renders_like_llama_cpp_jinja2() {
         );
     }
 }
+
+/// `tokenizer.json` loading: save the GGUF-built tokenizer with the `tokenizers` serializer, load it
+/// back through [`Tokenizer::from_tokenizer_json`], and hold it to the same llama.cpp fixtures.
+#[test]
+fn tokenizer_json_round_trip_agrees_with_llama_cpp() {
+    for (file, fx_name, pieces_name) in [
+        (
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "smollm2.cases.json",
+            "smollm2.pieces.txt.gz",
+        ),
+        (
+            "gemma-3-270m-q4_k_m.gguf",
+            "gemma3.cases.json",
+            "gemma3.pieces.txt.gz",
+        ),
+    ] {
+        let gguf = model(file);
+        let dir =
+            std::env::temp_dir().join(format!("quarry-tokjson-{}-{file}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let json_path = dir.join("tokenizer.json");
+        gguf.inner().save(&json_path, false).unwrap();
+        let name = |id: Option<u32>| id.and_then(|i| gguf.token_text(i));
+        let config = serde_json::json!({
+            "bos_token": name(gguf.special_tokens().bos),
+            "eos_token": name(gguf.special_tokens().eos),
+            "add_bos_token": gguf.add_bos_by_default(),
+            "chat_template": gguf.chat_template().map(|t| t.source()),
+        });
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+
+        let tok = Tokenizer::from_tokenizer_json(&json_path).unwrap();
+        assert_eq!(tok.vocab_kind(), gguf.vocab_kind(), "{file}");
+        assert_eq!(
+            tok.special_tokens().bos,
+            gguf.special_tokens().bos,
+            "{file}"
+        );
+        assert_eq!(
+            tok.special_tokens().eos,
+            gguf.special_tokens().eos,
+            "{file}"
+        );
+        assert_eq!(
+            tok.add_bos_by_default(),
+            gguf.add_bos_by_default(),
+            "{file}"
+        );
+        let (n, bad) = id_mismatches(&tok, &fixture(fx_name));
+        assert!(
+            bad.is_empty(),
+            "{file}: {} of {n} differ:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
+        check_pieces(&tok, pieces_name, gguf.vocab_size());
+        if let Some(t) = gguf.chat_template() {
+            let msgs = [ChatMessage::new("user", "hi")];
+            assert_eq!(
+                tok.apply_chat_template(&msgs, true).unwrap(),
+                t.render(&msgs, true).unwrap()
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
