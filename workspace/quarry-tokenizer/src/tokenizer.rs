@@ -225,7 +225,7 @@ impl Tokenizer {
         };
 
         let mut inner = tokenizers::Tokenizer::new(model);
-        inner.with_normalizer(normalizer);
+        inner.with_normalizer(normalizer).map_err(tk_err)?;
         inner.with_pre_tokenizer(pre);
         inner.with_decoder(Some(decoder));
         // Control tokens are special (matched only when asked); user-defined ones always match,
@@ -238,8 +238,8 @@ impl Tokenizer {
             .map(|(t, k)| AddedToken::from(t.clone(), *k == TokenKind::Control).normalized(false))
             .collect();
         let (specials, plain): (Vec<_>, Vec<_>) = added.into_iter().partition(|t| t.special);
-        inner.add_special_tokens(&specials);
-        inner.add_tokens(&plain);
+        inner.add_special_tokens(specials).map_err(tk_err)?;
+        inner.add_tokens(plain).map_err(tk_err)?;
         let mut plain_tk = inner.clone();
         plain_tk.set_encode_special_tokens(true);
 
