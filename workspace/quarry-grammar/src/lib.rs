@@ -1,7 +1,52 @@
 //! Constraints compiled to byte automata and per-state token masks.
 //!
-//! Not built yet: this crate will hold regex, choice, JSON Schema and grammar constraints compiled to a
-//! byte-level DFA, the per-state `u32` token bitmasks, the per-sequence matcher (accept, fill mask,
-//! rollback, fork) and jump-forward strings. It stays pure CPU and depends on none of our crates: the
-//! vocabulary it works over is plain data (token id → bytes, special ids) that callers build from
-//! `quarry-tokenizer` (see `quarry_tokenizer::Tokenizer::token_bytes`).
+//! # Key types
+//! - [`Vocabulary`]: token id → bytes, special and EOS ids. Plain data built by the caller.
+//! - [`Constraint`]: a regex (full match) or a choice list.
+//! - [`Grammar`]: the compiled constraint: an anchored byte DFA (regex-automata) with per-state
+//!   token masks and forced bytes computed on first use and cached. Immutable, `Send + Sync`,
+//!   shared by `Arc`.
+//! - [`Matcher`]: one sequence's state plus its rollback history.
+//!
+//! # The loop
+//! ```
+//! use std::sync::Arc;
+//! use quarry_grammar::{Constraint, Grammar, Limits, Matcher, Vocabulary};
+//! let tokens: [&[u8]; 4] = [b"a", b"b", b"ab", b"</s>"];
+//! let vocab = Arc::new(Vocabulary::new(tokens.iter().enumerate().map(|(i, t)| (*t, i == 3)), &[3]));
+//! let grammar = Arc::new(Grammar::compile(&Constraint::Regex("(ab)+".into()), vocab.clone(), Limits::default())?);
+//! let mut m = Matcher::new(grammar);
+//! let mut mask = vec![0u32; vocab.mask_words()];
+//! m.fill_mask(&mut mask);                 // allowed: "a", "ab"
+//! assert_eq!(mask[0], 0b0101);
+//! m.accept_token(2).unwrap();             // "ab"
+//! m.fill_mask(&mut mask);                 // "a", "ab" or EOS
+//! assert_eq!(mask[0], 0b1101);
+//! m.accept_token(0).unwrap();             // "a": now "b" is forced
+//! assert_eq!(m.forced_bytes(), b"b");
+//! m.rollback(1);
+//! assert!(m.is_accepting());
+//! # Ok::<(), quarry_grammar::GrammarError>(())
+//! ```
+//!
+//! # Semantics
+//! - Soundness: a token is in the mask only if its bytes keep the DFA alive; completeness: every
+//!   such token is. EOS is allowed exactly in accepting states; other special tokens never.
+//! - Regexes use regex-automata's syntax (Unicode on, so `.` and classes are whole UTF-8
+//!   characters). Look-around and backreferences are rejected by the parser; Unicode word
+//!   boundaries cannot be expressed in a DFA and are an [`GrammarError::InvalidRegex`] error.
+//!
+//! Status: regex and choice constraints, masks, matcher and forced bytes are here. JSON Schema,
+//! grammars, the CLI and the benchmarks against outlines-core/llguidance are still to come.
+
+mod error;
+mod grammar;
+mod limits;
+mod matcher;
+mod vocab;
+
+pub use error::{GrammarError, Rejection};
+pub use grammar::{Constraint, Grammar};
+pub use limits::Limits;
+pub use matcher::Matcher;
+pub use vocab::Vocabulary;

@@ -1,0 +1,35 @@
+/// Why a constraint could not be compiled or a matcher refused input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GrammarError {
+    /// The regex does not parse, or uses a feature a byte DFA cannot express.
+    #[error("invalid regex {pattern:?}: {message}")]
+    InvalidRegex { pattern: String, message: String },
+    /// A choice constraint with no alternatives has an empty language.
+    #[error("a choice constraint needs at least one alternative")]
+    EmptyChoice,
+    /// A bound in [`crate::Limits`] was exceeded; `limit` names the field.
+    #[error("constraint exceeds limit `{limit}` = {value}")]
+    LimitExceeded { limit: &'static str, value: usize },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
+    UnknownToken { id: u32, vocab_size: usize },
+}
+
+/// A token or bytes the constraint does not allow at this point. The matcher is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejection {
+    #[error("token {id} leads outside the language")]
+    Token { id: u32 },
+    #[error("byte {offset} of the input leads outside the language")]
+    Bytes { offset: usize },
+    #[error("end of sequence is not allowed: the constraint is not complete")]
+    EosNotAllowed,
+    #[error("special token {id} is never allowed by this constraint")]
+    Special { id: u32 },
+    #[error("the matcher already accepted end of sequence")]
+    Terminated,
+    #[error("token id {id} is outside the vocabulary")]
+    UnknownToken { id: u32 },
+}
