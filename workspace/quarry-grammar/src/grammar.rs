@@ -9,7 +9,7 @@ use regex_automata::{Anchored, MatchKind};
 
 use crate::error::GrammarError;
 use crate::limits::Limits;
-use crate::vocab::{TokenTrie, Vocabulary};
+use crate::vocab::Vocabulary;
 
 /// What the output must match.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +41,6 @@ pub struct Grammar {
     dfa: dense::DFA<Vec<u32>>,
     start: StateID,
     vocab: Arc<Vocabulary>,
-    trie: Arc<TokenTrie>,
     limits: Limits,
     states: usize,
     /// Per state: a match is still reachable from it.
@@ -53,20 +52,11 @@ pub struct Grammar {
 }
 
 impl Grammar {
-    /// Compiles `constraint` for `vocab`.
+    /// Compiles `constraint` for `vocab`. Only the DFA is built here; token masks and forced bytes
+    /// are computed per state on first use (or all at once with [`Grammar::precompute`]).
     pub fn compile(
         constraint: &Constraint,
         vocab: Arc<Vocabulary>,
-        limits: Limits,
-    ) -> Result<Self, GrammarError> {
-        let trie = Arc::new(TokenTrie::new(&vocab));
-        Self::compile_with_trie(constraint, vocab, trie, limits)
-    }
-
-    fn compile_with_trie(
-        constraint: &Constraint,
-        vocab: Arc<Vocabulary>,
-        trie: Arc<TokenTrie>,
         limits: Limits,
     ) -> Result<Self, GrammarError> {
         let pattern = constraint.pattern()?;
@@ -160,20 +150,9 @@ impl Grammar {
             dfa,
             start,
             vocab,
-            trie,
             limits,
             states,
         })
-    }
-
-    /// Compiles another constraint over the same vocabulary, reusing its token trie.
-    pub fn compile_sibling(&self, constraint: &Constraint) -> Result<Self, GrammarError> {
-        Self::compile_with_trie(
-            constraint,
-            self.vocab.clone(),
-            self.trie.clone(),
-            self.limits,
-        )
     }
 
     pub fn vocabulary(&self) -> &Arc<Vocabulary> {
@@ -223,7 +202,8 @@ impl Grammar {
 
     fn compute_mask(&self, s: StateID) -> Box<[u32]> {
         let mut mask = vec![0u32; self.vocab.mask_words()].into_boxed_slice();
-        let nodes = &self.trie.nodes;
+        let trie = self.vocab.trie();
+        let nodes = &trie.nodes;
         // states[d] is the DFA state after the first d bytes of the current trie path.
         let mut states: Vec<StateID> = vec![s; 1];
         let mut i = 1;
@@ -235,7 +215,7 @@ impl Grammar {
                 None => i = n.subtree_end as usize,
                 Some(next) => {
                     states.push(next);
-                    for &t in &self.trie.token_ids[n.tokens_start as usize..n.tokens_end as usize] {
+                    for &t in &trie.token_ids[n.tokens_start as usize..n.tokens_end as usize] {
                         mask[t as usize / 32] |= 1 << (t % 32);
                     }
                     i += 1;
@@ -248,6 +228,31 @@ impl Grammar {
             }
         }
         mask
+    }
+
+    /// Computes the mask and forced bytes of every live state now, on `threads` threads (at least
+    /// one), instead of on first use. Call it from a background thread on an `Arc<Grammar>` to warm
+    /// a grammar while sequences already use it; results are identical either way. Returns the
+    /// number of states computed.
+    pub fn precompute(&self, threads: usize) -> usize {
+        let stride2 = self.dfa.stride2();
+        let states: Vec<StateID> = (0..self.live.len())
+            .filter(|&i| self.live[i])
+            .filter_map(|i| StateID::new(i << stride2).ok())
+            .collect();
+        let threads = threads.clamp(1, states.len().max(1));
+        let chunk = states.len().div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for part in states.chunks(chunk) {
+                scope.spawn(move || {
+                    for &s in part {
+                        self.mask(s);
+                        self.forced(s);
+                    }
+                });
+            }
+        });
+        states.len()
     }
 
     /// The forced bytes of state `s`: each step has exactly one live byte and passes no accepting
@@ -292,9 +297,17 @@ fn build_error(pattern: &str, e: &dense::BuildError, limits: &Limits) -> Grammar
         };
     }
     let msg = e.to_string();
-    let source = std::error::Error::source(e)
-        .map(|s| s.to_string())
-        .unwrap_or_default();
+    // The whole cause chain: the parser's message (with its position) is several levels down.
+    let mut source = String::new();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if !source.is_empty() {
+            source.push_str(": ");
+        }
+        let text = c.to_string();
+        source.push_str(&text.split_whitespace().collect::<Vec<_>>().join(" "));
+        cause = c.source();
+    }
     if msg.contains("exceeded size limit") || source.contains("exceeded size limit") {
         return GrammarError::LimitExceeded {
             limit: "nfa_bytes",

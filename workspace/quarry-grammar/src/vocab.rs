@@ -2,12 +2,16 @@
 
 /// Token id → bytes, plus which ids are special and which end a sequence. Built by the caller (for
 /// example from `quarry_tokenizer::Tokenizer::token_table`); this crate knows nothing of tokenizers.
+///
+/// Building one also builds the byte trie of its tokens that every mask walk uses, so build it once
+/// per model and share it (`Arc`) across all constraints compiled for that model.
 #[derive(Debug, Clone)]
 pub struct Vocabulary {
     bytes: Vec<u8>,
     offsets: Vec<u32>,
     special: Vec<bool>,
     eos: Vec<u32>,
+    trie: TokenTrie,
 }
 
 impl Vocabulary {
@@ -19,6 +23,7 @@ impl Vocabulary {
             offsets: vec![0],
             special: Vec::new(),
             eos: Vec::new(),
+            trie: TokenTrie::default(),
         };
         for (b, special) in tokens {
             v.bytes.extend_from_slice(b);
@@ -32,7 +37,12 @@ impl Vocabulary {
             .collect();
         v.eos.sort_unstable();
         v.eos.dedup();
+        v.trie = TokenTrie::new(&v);
         v
+    }
+
+    pub(crate) fn trie(&self) -> &TokenTrie {
+        &self.trie
     }
 
     pub fn len(&self) -> usize {
@@ -69,7 +79,7 @@ impl Vocabulary {
 
 /// A byte trie of the non-special tokens, stored in preorder so a walk can skip a dead subtree in
 /// one step.
-#[derive(Debug)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct TokenTrie {
     pub(crate) nodes: Vec<Node>,
     /// Token ids ending at a node: `node.tokens_start..node.tokens_end` indexes this.

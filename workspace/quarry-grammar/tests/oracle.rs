@@ -162,10 +162,22 @@ fn check_walks(
             )
             .unwrap(),
         );
+        // The same constraint with every state computed up front on two threads must give the
+        // same masks and forced bytes as the lazy one.
+        let eager = Arc::new(
+            Grammar::compile(
+                &Constraint::Regex(pattern.clone()),
+                vocab.clone(),
+                Limits::default(),
+            )
+            .unwrap(),
+        );
+        assert!(eager.precompute(2) > 0, "{pattern:?}: no live state");
         let mut oracle = Oracle::new(pattern);
         let mut mask = vec![0u32; words];
         for _ in 0..walks {
             let mut m = Matcher::new(grammar.clone());
+            let mut e = Matcher::new(eager.clone());
             let mut os = oracle.start();
             for _ in 0..steps {
                 m.fill_mask(&mut mask);
@@ -195,11 +207,14 @@ fn check_walks(
                     "{pattern:?}: forced bytes"
                 );
                 assert_eq!(m.is_accepting(), oracle.accepts(os), "{pattern:?}");
+                assert_eq!(e.mask(), &mask[..], "{pattern:?}: precomputed mask");
+                assert_eq!(e.forced_bytes(), m.forced_bytes(), "{pattern:?}");
                 if allowed.is_empty() {
                     break;
                 }
                 let id = allowed[rng.random_range(0..allowed.len())];
                 m.accept_token(id).unwrap();
+                e.accept_token(id).unwrap();
                 os = oracle.walk(os, vocab.token_bytes(id).unwrap()).unwrap();
             }
         }

@@ -1,7 +1,13 @@
 //! The `quarry` command line.
 //!
-//! Subcommands today: `info` (what a model file is), `tokenize` (ids and token strings) and
-//! `chat-template` (a rendered prompt). Extraction jobs join as the engine and pipeline land.
+//! Subcommands today: `info` (what a model file is), `tokenize` (ids and token strings),
+//! `chat-template` (a rendered prompt) and `grammar` (compile a constraint, check a text, print a
+//! mask). Extraction jobs join as the engine and pipeline land.
+//!
+//! Exit codes, as grep has them: 0 success or "yes", 1 a "no" answer (`grammar accepts`), 2 an
+//! error (one line on stderr).
+
+mod grammar_cmd;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -66,18 +72,25 @@ enum Command {
         /// The user message.
         user: String,
     },
+    /// Compile regex and choice constraints against the model's vocabulary; check texts and masks.
+    #[command(subcommand)]
+    Grammar(grammar_cmd::GrammarCommand),
 }
 
 #[derive(Args)]
-struct ModelArg {
+pub(crate) struct ModelArg {
     /// GGUF model file (default: the SmolLM2 file `make setup` installs, or $QUARRY_MODEL).
     #[arg(long, env = "QUARRY_MODEL", default_value = DEFAULT_MODEL)]
-    model: PathBuf,
+    pub(crate) model: PathBuf,
 }
+
+/// Exit code of an error (1 is kept for a "no" answer).
+const EXIT_ERROR: u8 = 2;
 
 fn main() -> ExitCode {
     match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
         // A closed pipe (`quarry info | head`) is the reader's choice, not a failure.
         Err(e)
             if e.downcast_ref::<std::io::Error>()
@@ -88,14 +101,16 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line: the cause chain joined, then how to fix it where we know.
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(EXIT_ERROR)
         }
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+/// Runs the command; `Ok(false)` is a "no" answer (exit 1).
+fn run(cli: Cli) -> Result<bool> {
     match cli.command {
-        Command::Info { model, json } => info(&model.model, json),
+        Command::Grammar(cmd) => return grammar_cmd::run(cmd),
+        Command::Info { model, json } => info(&model.model, json)?,
         Command::Tokenize {
             model,
             json,
@@ -111,7 +126,7 @@ fn run(cli: Cli) -> Result<()> {
                     parse_special,
                 },
             )?;
-            print_tokens(&tok, &text, &ids, json)
+            print_tokens(&tok, &text, &ids, json)?
         }
         Command::ChatTemplate {
             model,
@@ -130,9 +145,9 @@ fn run(cli: Cli) -> Result<()> {
                 "{}",
                 tok.apply_chat_template(&msgs, !no_generation_prompt)?
             )?;
-            Ok(())
         }
     }
+    Ok(true)
 }
 
 fn setup_hint(path: &Path) -> String {
@@ -154,7 +169,7 @@ fn check_exists(path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+pub(crate) fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     check_exists(path)?;
     Tokenizer::from_gguf(path).map_err(|e| match e {
         TokenizerError::Gguf { .. } | TokenizerError::Io { .. } => {
@@ -317,7 +332,7 @@ fn print_tokens(tok: &Tokenizer, text: &str, ids: &[u32], json: bool) -> Result<
 }
 
 /// A token's bytes for people: valid UTF-8 as text, a lone byte of a split character as `\xNN`.
-fn show_bytes(bytes: &[u8]) -> String {
+pub(crate) fn show_bytes(bytes: &[u8]) -> String {
     let mut s = String::new();
     for chunk in bytes.utf8_chunks() {
         s.push_str(&chunk.valid().escape_debug().to_string());

@@ -34,11 +34,11 @@ fn scratch(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// The error a user sees: exactly one line on stderr, exit code 1.
+/// The error a user sees: exactly one line on stderr, exit code 2.
 fn one_line_error(o: &Output) -> String {
     assert_eq!(
         o.status.code(),
-        Some(1),
+        Some(2),
         "expected failure, got {:?}",
         o.status
     );

@@ -1,0 +1,320 @@
+//! `quarry grammar …`: compile a constraint against a model's vocabulary and look at it from
+//! outside: its size and timings, whether a text passes through the token path, and the raw mask.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use quarry_grammar::{Constraint, Grammar, Limits, Matcher, Rejection, Vocabulary};
+use quarry_tokenizer::Tokenizer;
+
+use crate::{load_tokenizer, show_bytes, ModelArg};
+
+#[derive(Subcommand)]
+pub enum GrammarCommand {
+    /// Compile a constraint and report DFA states, compile time, time to first mask and mask
+    /// density.
+    #[command(after_help = "Examples:\n  \
+        quarry grammar compile --regex '[0-9]{4}-[0-9]{2}-[0-9]{2}'\n  \
+        quarry grammar compile --choice yes --choice no --json")]
+    Compile {
+        #[command(flatten)]
+        constraint: ConstraintArgs,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read text from stdin and check it through the token path: exit 0 if the constraint
+    /// accepts exactly that text, 1 if not, 2 on error.
+    #[command(after_help = "Examples:\n  \
+        printf 2024-02-29 | quarry grammar accepts --regex '[0-9]{4}-[0-9]{2}-[0-9]{2}'\n  \
+        echo maybe | quarry grammar accepts --choice yes --choice no --chomp --explain")]
+    Accepts {
+        #[command(flatten)]
+        constraint: ConstraintArgs,
+        /// Say which token was refused, and what was allowed there.
+        #[arg(long)]
+        explain: bool,
+        /// Drop one trailing newline (`\n` or `\r\n`) from the input, as `echo` adds one.
+        #[arg(long)]
+        chomp: bool,
+    },
+    /// Feed TEXT's bytes to the matcher, then print the allowed next token ids as a JSON array,
+    /// and any forced bytes. Exit 2 if TEXT already leaves the language.
+    #[command(after_help = "Examples:\n  \
+        quarry grammar mask --regex '\\{\"n\": [0-9]+\\}' --prefix '{\"n'\n  \
+        quarry grammar mask --choice Paris --choice Prague --prefix Pr --json")]
+    Mask {
+        #[command(flatten)]
+        constraint: ConstraintArgs,
+        /// Text already generated (fed as bytes, so it may end inside a token or a character).
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Print one JSON object (ids, forced bytes, accepting, finished).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+pub struct ConstraintArgs {
+    /// The output must match this regex in full (regex-automata syntax).
+    #[arg(long, conflicts_with = "choice", required_unless_present = "choice")]
+    regex: Option<String>,
+    /// The output must be exactly one of these strings (repeat the flag).
+    #[arg(long)]
+    choice: Vec<String>,
+    /// Most DFA states the constraint may reach.
+    #[arg(long, default_value_t = Limits::default().max_states)]
+    max_states: usize,
+    /// Most MiB the DFA transition table may take.
+    #[arg(long, default_value_t = Limits::default().dfa_bytes >> 20)]
+    dfa_mib: usize,
+    #[command(flatten)]
+    model: ModelArg,
+}
+
+impl ConstraintArgs {
+    fn constraint(&self) -> Constraint {
+        match &self.regex {
+            Some(r) => Constraint::Regex(r.clone()),
+            None => Constraint::Choice(self.choice.clone()),
+        }
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            max_states: self.max_states,
+            dfa_bytes: self.dfa_mib << 20,
+            ..Limits::default()
+        }
+    }
+}
+
+/// A model's tokenizer and the grammar vocabulary built from it.
+struct Loaded {
+    tok: Tokenizer,
+    vocab: Arc<Vocabulary>,
+}
+
+fn load(args: &ConstraintArgs) -> Result<Loaded> {
+    let tok = load_tokenizer(&args.model.model)?;
+    let vocab = Arc::new(Vocabulary::new(
+        tok.token_table()
+            .iter()
+            .map(|(_, b, k)| (b, k.is_special())),
+        &tok.special_tokens().end_of_generation,
+    ));
+    Ok(Loaded { tok, vocab })
+}
+
+fn compile(args: &ConstraintArgs, vocab: &Arc<Vocabulary>) -> Result<Arc<Grammar>> {
+    let grammar = Grammar::compile(&args.constraint(), vocab.clone(), args.limits())
+        .context("compiling the constraint")?;
+    Ok(Arc::new(grammar))
+}
+
+/// Runs a `grammar` subcommand; `Ok(false)` means "answered no" (exit 1).
+pub fn run(cmd: GrammarCommand) -> Result<bool> {
+    match cmd {
+        GrammarCommand::Compile { constraint, json } => {
+            compile_cmd(&constraint, json).map(|_| true)
+        }
+        GrammarCommand::Accepts {
+            constraint,
+            explain,
+            chomp,
+        } => accepts_cmd(&constraint, explain, chomp),
+        GrammarCommand::Mask {
+            constraint,
+            prefix,
+            json,
+        } => mask_cmd(&constraint, &prefix, json).map(|_| true),
+    }
+}
+
+fn ones(mask: &[u32]) -> usize {
+    mask.iter().map(|w| w.count_ones() as usize).sum()
+}
+
+fn allowed_ids(mask: &[u32]) -> Vec<u32> {
+    let mut ids = Vec::with_capacity(ones(mask));
+    for (w, &word) in mask.iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            ids.push(w as u32 * 32 + bits.trailing_zeros());
+            bits &= bits - 1;
+        }
+    }
+    ids
+}
+
+fn compile_cmd(args: &ConstraintArgs, json: bool) -> Result<()> {
+    let Loaded { vocab, .. } = load(args)?;
+    let t0 = Instant::now();
+    let grammar = compile(args, &vocab)?;
+    let compile_s = t0.elapsed().as_secs_f64();
+    let matcher = Matcher::new(grammar.clone());
+    let t1 = Instant::now();
+    let allowed = ones(matcher.mask());
+    let first_mask_s = t1.elapsed().as_secs_f64();
+    let density = allowed as f64 / vocab.len() as f64;
+    let mut out = std::io::stdout().lock();
+    if json {
+        let v = serde_json::json!({
+            "constraint": match args.constraint() {
+                Constraint::Regex(r) => serde_json::json!({ "regex": r }),
+                Constraint::Choice(c) => serde_json::json!({ "choice": c }),
+            },
+            "model": args.model.model,
+            "vocab_size": vocab.len(),
+            "dfa_states": grammar.state_count(),
+            "dfa_bytes": grammar.dfa_bytes(),
+            "compile_us": compile_s * 1e6,
+            "first_mask_us": first_mask_s * 1e6,
+            "first_mask_allowed": allowed,
+            "first_mask_density": density,
+            "forced_prefix": String::from_utf8_lossy(matcher.forced_bytes()),
+        });
+        writeln!(out, "{v}")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "dfa states      {} ({:.1} KiB transition table)",
+        grammar.state_count(),
+        grammar.dfa_bytes() as f64 / 1024.0
+    )?;
+    writeln!(out, "compile         {:.1} µs", compile_s * 1e6)?;
+    writeln!(out, "first mask      {:.1} µs", first_mask_s * 1e6)?;
+    writeln!(
+        out,
+        "mask density    {:.4}% ({allowed} of {} tokens allowed at the start)",
+        density * 100.0,
+        vocab.len()
+    )?;
+    if !matcher.forced_bytes().is_empty() {
+        writeln!(
+            out,
+            "forced prefix   {}",
+            show_bytes(matcher.forced_bytes())
+        )?;
+    }
+    Ok(())
+}
+
+fn accepts_cmd(args: &ConstraintArgs, explain: bool, chomp: bool) -> Result<bool> {
+    let mut input = Vec::new();
+    std::io::stdin()
+        .lock()
+        .read_to_end(&mut input)
+        .context("reading stdin")?;
+    let mut text = String::from_utf8(input).context("stdin is not UTF-8")?;
+    if chomp && text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    let Loaded { tok, vocab } = load(args)?;
+    let grammar = compile(args, &vocab)?;
+    let ids = tok.encode(&text)?;
+    let mut m = Matcher::with_capacity(grammar, ids.len() + 1);
+    let mut offset = 0usize;
+    let refused = |m: &Matcher, i: usize, id: Option<u32>, offset: usize| -> Result<bool> {
+        if explain {
+            let what = match id {
+                Some(id) => format!(
+                    "token {i} (id {id}, {}) at byte {offset}",
+                    show_bytes(tok.token_bytes(id)?)
+                ),
+                None => format!("end of sequence after {i} tokens ({offset} bytes)"),
+            };
+            let allowed = ones(m.mask());
+            let mut hint = String::new();
+            if id.is_none() && !m.forced_bytes().is_empty() {
+                hint = format!(
+                    "; the text must go on with {}",
+                    show_bytes(m.forced_bytes())
+                );
+            }
+            if text.ends_with('\n') {
+                hint.push_str("; the input ends with a newline: use printf, or --chomp");
+            }
+            eprintln!("refused: {what}; {allowed} tokens were allowed there{hint}");
+        }
+        Ok(false)
+    };
+    for (i, &id) in ids.iter().enumerate() {
+        let word = m.mask()[id as usize / 32];
+        if word & (1 << (id % 32)) == 0 {
+            return refused(&m, i, Some(id), offset);
+        }
+        m.accept_token(id)
+            .map_err(|e: Rejection| anyhow::anyhow!("mask and matcher disagree: {e}"))?;
+        offset += tok.token_bytes(id)?.len();
+    }
+    let eos_ok = vocab
+        .eos()
+        .iter()
+        .any(|&e| m.mask()[e as usize / 32] & (1 << (e % 32)) != 0);
+    if !eos_ok {
+        return refused(&m, ids.len(), None, offset);
+    }
+    if explain {
+        eprintln!(
+            "accepted: {} tokens, {} bytes, end of sequence allowed",
+            ids.len(),
+            offset
+        );
+    }
+    Ok(true)
+}
+
+fn mask_cmd(args: &ConstraintArgs, prefix: &str, json: bool) -> Result<()> {
+    let Loaded { vocab, .. } = load(args)?;
+    let grammar = compile(args, &vocab)?;
+    let mut m = Matcher::new(grammar);
+    if let Err(e) = m.accept_bytes(prefix.as_bytes()) {
+        let at = match e {
+            Rejection::Bytes { offset } => offset,
+            _ => 0,
+        };
+        anyhow::bail!(
+            "the prefix leaves the language at byte {at} ({} of {:?})",
+            show_bytes(&prefix.as_bytes()[at..at + 1]),
+            prefix
+        );
+    }
+    let ids = allowed_ids(m.mask());
+    let forced = m.forced_bytes();
+    let mut out = std::io::stdout().lock();
+    if json {
+        let v = serde_json::json!({
+            "prefix": prefix,
+            "vocab_size": vocab.len(),
+            "allowed": ids,
+            "count": ids.len(),
+            "accepting": m.is_accepting(),
+            "finished": m.is_finished(),
+            "forced": String::from_utf8_lossy(forced),
+            "forced_bytes": forced,
+        });
+        writeln!(out, "{v}")?;
+        return Ok(());
+    }
+    writeln!(out, "{}", serde_json::to_string(&ids)?)?;
+    writeln!(out, "allowed {} of {} tokens", ids.len(), vocab.len())?;
+    if !forced.is_empty() {
+        writeln!(out, "forced  {}", show_bytes(forced))?;
+    }
+    if m.is_accepting() {
+        writeln!(
+            out,
+            "the prefix is already a complete match (end of sequence allowed)"
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,228 @@
+//! `quarry grammar …` as a user runs it, on the real SmolLM2 vocabulary. Masks printed by the CLI are
+//! checked against an oracle written here from the token bytes alone.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+const MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn quarry(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_quarry"))
+        .args(args)
+        .current_dir(root())
+        .env_remove("QUARRY_MODEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run quarry");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn json_out(args: &[&str]) -> Value {
+    let o = quarry(args, "");
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn error_line(o: &Output) -> String {
+    assert_eq!(o.status.code(), Some(2), "expected exit 2: {o:?}");
+    let err = String::from_utf8(o.stderr.clone()).unwrap();
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    err
+}
+
+fn tokenizer() -> quarry_tokenizer::Tokenizer {
+    quarry_tokenizer::Tokenizer::from_gguf(root().join(MODEL)).unwrap()
+}
+
+#[test]
+fn mask_of_a_choice_equals_prefix_oracle() {
+    let choices = ["Paris", "Prague", "Praha ✓"];
+    let tok = tokenizer();
+    for prefix in ["", "P", "Pr", "Pra", "Prah", "Praha \u{2713}"] {
+        let mut args = vec!["grammar", "mask", "--json", "--prefix", prefix];
+        for c in choices {
+            args.extend(["--choice", c]);
+        }
+        let v = json_out(&args);
+        let allowed: Vec<u32> = v["allowed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        // Oracle: a non-special token is allowed iff prefix + its bytes is a prefix of a choice;
+        // an end-of-generation token iff the prefix is a choice.
+        let eog = &tok.special_tokens().end_of_generation;
+        let mut expected = Vec::new();
+        for (id, bytes, kind) in tok.token_table().iter() {
+            let ok = if kind.is_special() {
+                eog.contains(&id) && choices.contains(&prefix)
+            } else {
+                let mut s = prefix.as_bytes().to_vec();
+                s.extend_from_slice(bytes);
+                !bytes.is_empty() && choices.iter().any(|c| c.as_bytes().starts_with(&s))
+            };
+            if ok {
+                expected.push(id);
+            }
+        }
+        assert_eq!(allowed, expected, "prefix {prefix:?}");
+        assert_eq!(
+            v["accepting"],
+            choices.contains(&prefix),
+            "prefix {prefix:?}"
+        );
+    }
+}
+
+#[test]
+fn mask_reports_forced_bytes_and_text_mode_prints_a_json_array() {
+    let v = json_out(&[
+        "grammar",
+        "mask",
+        "--json",
+        "--regex",
+        r#"\{"name": "[a-z]+"\}"#,
+        "--prefix",
+        "{",
+    ]);
+    assert_eq!(v["forced"], "\"name\": \"");
+    let o = quarry(
+        &[
+            "grammar", "mask", "--choice", "Paris", "--choice", "Prague", "--prefix", "Pa",
+        ],
+        "",
+    );
+    assert!(o.status.success());
+    let text = String::from_utf8(o.stdout).unwrap();
+    let first: Vec<u32> = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert!(!first.is_empty());
+    assert!(text.contains("forced  \"ris\""), "{text}");
+}
+
+#[test]
+fn mask_of_a_prefix_outside_the_language_is_exit_2() {
+    let err = error_line(&quarry(
+        &["grammar", "mask", "--regex", "[0-9]+", "--prefix", "12x"],
+        "",
+    ));
+    assert!(err.contains("byte 2"), "{err}");
+}
+
+#[test]
+fn accepts_answers_through_the_token_path() {
+    let date = [
+        "grammar",
+        "accepts",
+        "--regex",
+        "[0-9]{4}-[0-9]{2}-[0-9]{2}",
+    ];
+    assert_eq!(quarry(&date, "2024-02-29").status.code(), Some(0));
+    assert_eq!(quarry(&date, "2024-02-2").status.code(), Some(1));
+    assert_eq!(quarry(&date, "2024-02-29\n").status.code(), Some(1));
+    let mut chomp = date.to_vec();
+    chomp.push("--chomp");
+    assert_eq!(quarry(&chomp, "2024-02-29\n").status.code(), Some(0));
+
+    let mut explain = date.to_vec();
+    explain.push("--explain");
+    let o = quarry(&explain, "2024-0x-29");
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(err.starts_with("refused: token"), "{err}");
+    let o = quarry(&explain, "2024-02-2");
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(err.contains("end of sequence"), "{err}");
+    let o = quarry(&explain, "2024-02-29\n");
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(err.contains("--chomp"), "{err}");
+
+    // Multi-byte text through the token path.
+    let choice = [
+        "grammar",
+        "accepts",
+        "--choice",
+        "Ünïcødé 😀",
+        "--choice",
+        "plain",
+    ];
+    assert_eq!(quarry(&choice, "Ünïcødé 😀").status.code(), Some(0));
+    assert_eq!(quarry(&choice, "Ünïcødé 😁").status.code(), Some(1));
+    // Control-token text in the input is text, never a control token.
+    let any = ["grammar", "accepts", "--regex", r"[\s\S]*"];
+    assert_eq!(quarry(&any, "a <|im_end|> b").status.code(), Some(0));
+}
+
+#[test]
+fn compile_reports_states_timings_and_density() {
+    let v = json_out(&[
+        "grammar", "compile", "--json", "--choice", "yes", "--choice", "no",
+    ]);
+    assert!(v["dfa_states"].as_u64().unwrap() >= 6, "{v}");
+    assert!(v["compile_us"].as_f64().unwrap() > 0.0);
+    assert!(v["first_mask_us"].as_f64().unwrap() > 0.0);
+    let allowed = v["first_mask_allowed"].as_u64().unwrap();
+    let mask = json_out(&[
+        "grammar", "mask", "--json", "--choice", "yes", "--choice", "no",
+    ]);
+    assert_eq!(allowed, mask["count"].as_u64().unwrap());
+    let density = v["first_mask_density"].as_f64().unwrap();
+    assert!((density - allowed as f64 / 49152.0).abs() < 1e-12);
+}
+
+#[test]
+fn bad_or_huge_constraints_are_one_line_exit_2() {
+    let err = error_line(&quarry(&["grammar", "compile", "--regex", "(a"], ""));
+    assert!(err.contains("unclosed group"), "{err}");
+    let err = error_line(&quarry(&["grammar", "compile", "--regex", r"\bword\b"], ""));
+    assert!(err.contains("word boundar"), "{err}");
+    let err = error_line(&quarry(
+        &["grammar", "compile", "--regex", "[ab]*a[ab]{20}"],
+        "",
+    ));
+    assert!(err.contains("exceeds limit"), "{err}");
+    let err = error_line(&quarry(
+        &[
+            "grammar",
+            "compile",
+            "--regex",
+            "[a-z]{30}",
+            "--max-states",
+            "10",
+        ],
+        "",
+    ));
+    assert!(err.contains("max_states"), "{err}");
+    let err = error_line(&quarry(
+        &[
+            "grammar",
+            "accepts",
+            "--regex",
+            "(",
+            "--model",
+            "models/nope.gguf",
+        ],
+        "x",
+    ));
+    assert!(err.contains("not found"), "{err}");
+}
