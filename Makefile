@@ -12,7 +12,7 @@ QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-.PHONY: setup build demo test lint fixtures
+.PHONY: setup build demo test lint fixtures bench-grammar fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -35,3 +35,13 @@ fixtures: setup
 	test -x $(QUARRY_CACHE)/refvenv/bin/python || python3 -m venv $(QUARRY_CACHE)/refvenv
 	$(QUARRY_CACHE)/refvenv/bin/pip install --quiet --no-binary llama-cpp-python $(LLAMA_CPP_PYTHON) jinja2
 	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_tokenizer_fixtures.py
+
+# quarry vs outlines-core vs llguidance on the same regexes and vocabularies (release build). By hand;
+# results go to BENCHMARKS.md. Pass options with ARGS, e.g. `make bench-grammar ARGS="--only email"`.
+bench-grammar: setup
+	$(CARGO) run --release -p quarry-bench --bin grammar-bench -- --out $(CARGO_TARGET_DIR)/bench/grammar.json $(ARGS)
+
+# Fuzzes the grammar matcher against the oracle on a stable toolchain (needs `cargo install cargo-fuzz`).
+FUZZ_SECONDS ?= 600
+fuzz:
+	cd workspace/quarry-grammar && RUSTC_BOOTSTRAP=1 cargo fuzz run walk -s none -- -max_total_time=$(FUZZ_SECONDS) -max_len=256

@@ -1,5 +1,40 @@
 //! Side-by-side benchmarks against named peers.
 //!
-//! Not built yet: this crate will hold the benchmarks that time quarry against llama.cpp,
-//! outlines-core, llguidance and xgrammar in the same run, and write the medians and ratios recorded
-//! in `BENCHMARKS.md`. It is never a dependency of the other crates.
+//! - [`peers`]: quarry, outlines-core's `Index` and llguidance's `Matcher` behind one interface,
+//!   all fed the same token bytes from the same GGUF vocabulary.
+//! - [`grammar`]: the constraint benchmark (compile time, time to first mask, per-token mask time
+//!   cold and warm) run by `cargo run --release -p quarry-bench --bin grammar-bench`
+//!   (`make bench-grammar`); results are recorded in `BENCHMARKS.md`.
+//!
+//! It is never a dependency of the other crates.
+
+pub mod grammar;
+pub mod peers;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use quarry_grammar::Vocabulary;
+use quarry_tokenizer::Tokenizer;
+
+/// A model's tokenizer and the grammar vocabulary built from its token byte table.
+pub struct ModelVocab {
+    pub tokenizer: Tokenizer,
+    pub vocab: Arc<Vocabulary>,
+}
+
+impl ModelVocab {
+    pub fn load(path: &Path) -> Result<Self> {
+        let tokenizer = Tokenizer::from_gguf(path)
+            .with_context(|| format!("{}: run `make setup` first", path.display()))?;
+        let vocab = Arc::new(Vocabulary::new(
+            tokenizer
+                .token_table()
+                .iter()
+                .map(|(_, b, k)| (b, k.is_special())),
+            &tokenizer.special_tokens().end_of_generation,
+        ));
+        Ok(Self { tokenizer, vocab })
+    }
+}

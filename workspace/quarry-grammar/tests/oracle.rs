@@ -1,21 +1,18 @@
 //! Property tests: every mask and every forced-byte string on random regexes and random walks is
 //! compared with a brute-force oracle, on the real SmolLM2 (49,152) and Gemma 3 (262,144)
 //! vocabularies.
-//!
-//! The oracle shares nothing with the crate but the regex: it builds its own regex-automata DFA and
-//! decides "can this byte string still be completed to a match?" by a plain forward search.
+//! The oracle is in `common/oracle.rs`.
 
-use std::collections::HashMap;
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use quarry_grammar::{Constraint, Grammar, Limits, Matcher, Vocabulary};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use regex_automata::dfa::{dense, Automaton, StartKind};
-use regex_automata::util::primitives::StateID;
-use regex_automata::util::start;
-use regex_automata::{Anchored, MatchKind};
+
+use common::oracle::{random_regex, Oracle};
 
 fn vocab(file: &str) -> Arc<Vocabulary> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -32,116 +29,6 @@ fn vocab(file: &str) -> Arc<Vocabulary> {
         table.iter().map(|(_, b, k)| (b, k.is_special())),
         &tok.special_tokens().end_of_generation,
     ))
-}
-
-struct Oracle {
-    dfa: dense::DFA<Vec<u32>>,
-    memo: HashMap<StateID, bool>,
-}
-
-impl Oracle {
-    fn new(pattern: &str) -> Self {
-        let dfa = dense::Builder::new()
-            .configure(
-                dense::DFA::config()
-                    .match_kind(MatchKind::All)
-                    .start_kind(StartKind::Anchored),
-            )
-            .build(pattern)
-            .unwrap();
-        Oracle {
-            dfa,
-            memo: HashMap::new(),
-        }
-    }
-    fn start(&self) -> StateID {
-        self.dfa
-            .start_state(&start::Config::new().anchored(Anchored::Yes))
-            .unwrap()
-    }
-    fn accepts(&self, s: StateID) -> bool {
-        self.dfa.is_match_state(self.dfa.next_eoi_state(s))
-    }
-    /// Some completion of the input read so far matches (depth-first search over all 256 bytes).
-    fn completable(&mut self, s: StateID) -> bool {
-        if let Some(&v) = self.memo.get(&s) {
-            return v;
-        }
-        let mut seen = std::collections::HashSet::from([s]);
-        let mut stack = vec![s];
-        let mut found = false;
-        while let Some(x) = stack.pop() {
-            if self.accepts(x) {
-                found = true;
-                break;
-            }
-            for b in 0..=255u8 {
-                let n = self.dfa.next_state(x, b);
-                if !self.dfa.is_dead_state(n) && seen.insert(n) {
-                    stack.push(n);
-                }
-            }
-        }
-        self.memo.insert(s, found);
-        found
-    }
-    fn walk(&self, s: StateID, bytes: &[u8]) -> Option<StateID> {
-        let mut s = s;
-        for &b in bytes {
-            s = self.dfa.next_state(s, b);
-            if self.dfa.is_dead_state(s) {
-                return None;
-            }
-        }
-        Some(s)
-    }
-    fn allowed(&mut self, s: StateID, bytes: &[u8]) -> bool {
-        match self.walk(s, bytes) {
-            Some(n) => self.completable(n),
-            None => false,
-        }
-    }
-    fn forced(&mut self, s: StateID) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut cur = s;
-        while !self.accepts(cur) && out.len() < 4096 {
-            let live: Vec<u8> = (0..=255u8).filter(|&b| self.allowed(cur, &[b])).collect();
-            if live.len() != 1 {
-                break;
-            }
-            out.push(live[0]);
-            cur = self.walk(cur, &live[..1]).unwrap();
-        }
-        out
-    }
-}
-
-fn random_regex(rng: &mut SmallRng, depth: u32) -> String {
-    const ATOMS: &[&str] = &[
-        "a", "b", "ab", "[0-9]", "[a-z]", "x", " ", "\\.", "é", "😀", "[α-ω]", "\\n", "\"",
-        "[^a-z]", ".", "\\{",
-    ];
-    if depth == 0 || rng.random_bool(0.3) {
-        return ATOMS[rng.random_range(0..ATOMS.len())].to_string();
-    }
-    let a = random_regex(rng, depth - 1);
-    match rng.random_range(0..7) {
-        0 => format!("{a}{}", random_regex(rng, depth - 1)),
-        1 => format!("(?:{a}|{})", random_regex(rng, depth - 1)),
-        2 => format!("(?:{a})*"),
-        3 => format!("(?:{a})+"),
-        4 => format!("(?:{a})?"),
-        5 => format!(
-            "(?:{a}){{{},{}}}",
-            rng.random_range(0..2),
-            rng.random_range(2..4)
-        ),
-        _ => format!(
-            "{a}{}{}",
-            random_regex(rng, depth - 1),
-            random_regex(rng, depth - 1)
-        ),
-    }
 }
 
 fn check_walks(

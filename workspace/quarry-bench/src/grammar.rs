@@ -1,0 +1,201 @@
+//! The constraint benchmark: for each regex and each engine, compile time, time to first mask, and
+//! the per-token mask time over a realistic walk (the canonical tokens of a text the regex
+//! matches), cold (a fresh compile: first visit to every state) and warm (the same walk again on
+//! the same compiled constraint).
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+
+use crate::peers::Peer;
+
+/// A regex and a realistic output it matches.
+pub struct Case {
+    pub name: &'static str,
+    pub regex: String,
+    pub text: &'static str,
+}
+
+/// Capitals of the 48 European states, as a long alternation.
+const CAPITALS: &[&str] = &[
+    "Amsterdam",
+    "Andorra la Vella",
+    "Athens",
+    "Belgrade",
+    "Berlin",
+    "Bern",
+    "Bratislava",
+    "Brussels",
+    "Bucharest",
+    "Budapest",
+    "Chisinau",
+    "Copenhagen",
+    "Dublin",
+    "Helsinki",
+    "Kyiv",
+    "Lisbon",
+    "Ljubljana",
+    "London",
+    "Luxembourg",
+    "Madrid",
+    "Minsk",
+    "Monaco",
+    "Moscow",
+    "Nicosia",
+    "Oslo",
+    "Paris",
+    "Podgorica",
+    "Prague",
+    "Reykjavik",
+    "Riga",
+    "Rome",
+    "San Marino",
+    "Sarajevo",
+    "Skopje",
+    "Sofia",
+    "Stockholm",
+    "Tallinn",
+    "Tbilisi",
+    "Tirana",
+    "Vaduz",
+    "Valletta",
+    "Vatican City",
+    "Vienna",
+    "Vilnius",
+    "Warsaw",
+    "Yerevan",
+    "Zagreb",
+    "Baku",
+];
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "json-object",
+            regex: r#"\{"name": "[A-Za-z .'-]{1,40}", "age": (0|[1-9][0-9]{0,2}), "email": "[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,6}", "tags": \[("[a-z]{1,12}"(, "[a-z]{1,12}"){0,4})?\]\}"#.into(),
+            text: r#"{"name": "Ada Lovelace", "age": 36, "email": "ada.lovelace@analytical-engine.org", "tags": ["math", "poetry", "computing"]}"#,
+        },
+        Case {
+            name: "email",
+            regex: r"[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,6}".into(),
+            text: "grace.hopper+cobol@navy.mil",
+        },
+        Case {
+            name: "date-time",
+            regex: r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](Z|[+-][0-9]{2}:[0-9]{2})".into(),
+            text: "2026-11-22T09:41:07+01:00",
+        },
+        Case {
+            name: "alternation-48",
+            regex: CAPITALS
+                .iter()
+                .map(|c| regex_escape(c))
+                .collect::<Vec<_>>()
+                .join("|"),
+            text: "Andorra la Vella",
+        },
+        Case {
+            name: "seed-number",
+            regex: r"([0-9]*)?\.?[0-9]*".into(),
+            text: "3.14159265358979323846",
+        },
+    ]
+}
+
+fn regex_escape(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Nearest-rank percentile of sorted samples.
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[i.clamp(1, sorted.len()) - 1]
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    pct(v, 50.0)
+}
+
+fn summary(mut v: Vec<f64>) -> Value {
+    v.sort_by(|a, b| a.total_cmp(b));
+    json!({
+        "n": v.len(),
+        "p50_us": pct(&v, 50.0),
+        "p99_us": pct(&v, 99.0),
+        "max_us": v.last().copied().unwrap_or(f64::NAN),
+    })
+}
+
+/// Measures one engine on one case. `cold_reps` fresh compiles, each walked once (cold), then
+/// `warm_reps` more walks on the last compile (warm).
+pub fn measure(
+    peer: &dyn Peer,
+    regex: &str,
+    tokens: &[u32],
+    mask_words: usize,
+    cold_reps: usize,
+    warm_reps: usize,
+) -> Result<Value> {
+    let mut mask = vec![0u32; mask_words];
+    let mut compile_us = Vec::new();
+    let mut ttfm_us = Vec::new();
+    let mut cold = Vec::new();
+    let mut warm = Vec::new();
+    let mut last = None;
+    for _ in 0..cold_reps.max(1) {
+        let t0 = Instant::now();
+        let compiled = peer.compile(regex)?;
+        compile_us.push(t0.elapsed().as_secs_f64() * 1e6);
+        let mut w = compiled.walker()?;
+        let t1 = Instant::now();
+        w.fill_mask(&mut mask);
+        let first = t1.elapsed().as_secs_f64() * 1e6;
+        ttfm_us.push(t0.elapsed().as_secs_f64() * 1e6);
+        cold.push(first);
+        for (i, &t) in tokens.iter().enumerate() {
+            if mask[t as usize / 32] >> (t % 32) & 1 == 0 {
+                bail!("{} does not allow token {i} ({t}) of the walk", peer.name());
+            }
+            if !w.accept(t) {
+                bail!("{} refused token {i} ({t}) of the walk", peer.name());
+            }
+            let t1 = Instant::now();
+            w.fill_mask(&mut mask);
+            cold.push(t1.elapsed().as_secs_f64() * 1e6);
+        }
+        drop(w);
+        last = Some(compiled);
+    }
+    let compiled = last.unwrap();
+    for _ in 0..warm_reps {
+        let mut w = compiled.walker()?;
+        let t1 = Instant::now();
+        w.fill_mask(&mut mask);
+        warm.push(t1.elapsed().as_secs_f64() * 1e6);
+        for &t in tokens {
+            w.accept(t);
+            let t1 = Instant::now();
+            w.fill_mask(&mut mask);
+            warm.push(t1.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(json!({
+        "engine": peer.name(),
+        "compile_us": median(&mut compile_us),
+        "time_to_first_mask_us": median(&mut ttfm_us),
+        "cold": summary(cold),
+        "warm": summary(warm),
+    }))
+}

@@ -1,0 +1,232 @@
+//! The same vocabulary and regex handed to each peer, behind one small interface: compile, then per
+//! step write the allowed set as a `u32` bitmask (what an engine applies to logits) and accept a
+//! token.
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, Result};
+use quarry_grammar::{Constraint, Grammar, Limits, Matcher, Vocabulary};
+
+/// A compiled constraint's per-sequence walker.
+pub trait Walker {
+    /// Writes the allowed next tokens into `mask` (bit `i % 32` of word `i / 32`).
+    fn fill_mask(&mut self, mask: &mut [u32]);
+    /// Accepts a token; false if the engine refuses it.
+    fn accept(&mut self, token: u32) -> bool;
+}
+
+/// One engine under test.
+pub trait Peer {
+    fn name(&self) -> &'static str;
+    /// Compiles `regex` (full match) into something that can start walks.
+    fn compile(&self, regex: &str) -> Result<Box<dyn Compiled + '_>>;
+}
+
+/// A compiled constraint; `walker` starts a fresh sequence sharing the compiled state (and, for
+/// engines that have one, its cache).
+pub trait Compiled {
+    fn walker(&self) -> Result<Box<dyn Walker + '_>>;
+}
+
+// ---------------------------------------------------------------------------------------------
+// quarry
+
+/// quarry's grammar. `eager` computes every state's mask at compile time on one thread (what
+/// outlines-core's `Index` does), instead of on first use.
+pub struct Quarry {
+    pub vocab: Arc<Vocabulary>,
+    pub eager: bool,
+}
+
+impl Peer for Quarry {
+    fn name(&self) -> &'static str {
+        if self.eager {
+            "quarry (eager)"
+        } else {
+            "quarry"
+        }
+    }
+    fn compile(&self, regex: &str) -> Result<Box<dyn Compiled + '_>> {
+        let g = Grammar::compile(
+            &Constraint::Regex(regex.into()),
+            self.vocab.clone(),
+            Limits::default(),
+        )?;
+        if self.eager {
+            g.precompute(1);
+        }
+        Ok(Box::new(Arc::new(g)))
+    }
+}
+
+impl Compiled for Arc<Grammar> {
+    fn walker(&self) -> Result<Box<dyn Walker + '_>> {
+        Ok(Box::new(Matcher::with_capacity(self.clone(), 4096)))
+    }
+}
+
+impl Walker for Matcher {
+    fn fill_mask(&mut self, mask: &mut [u32]) {
+        Matcher::fill_mask(self, mask)
+    }
+    fn accept(&mut self, token: u32) -> bool {
+        self.accept_token(token).is_ok()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// outlines-core
+
+/// outlines-core's `Index` over the same token bytes. It has a single EOS id; the other special
+/// tokens are left out, as quarry never allows them.
+pub struct Outlines {
+    pub vocab: outlines_core::vocabulary::Vocabulary,
+    pub words: usize,
+}
+
+impl Outlines {
+    pub fn new(v: &Vocabulary) -> Result<Self> {
+        let eos = *v
+            .eos()
+            .first()
+            .ok_or_else(|| anyhow!("vocabulary has no EOS"))?;
+        let mut vocab = outlines_core::vocabulary::Vocabulary::new(eos);
+        for id in 0..v.len() as u32 {
+            let bytes = v.token_bytes(id).unwrap();
+            if !v.is_special(id) && !bytes.is_empty() {
+                vocab.try_insert(bytes.to_vec(), id)?;
+            }
+        }
+        Ok(Self {
+            vocab,
+            words: v.mask_words(),
+        })
+    }
+}
+
+pub struct OutlinesIndex {
+    pub index: outlines_core::index::Index,
+}
+
+impl Peer for Outlines {
+    fn name(&self) -> &'static str {
+        "outlines-core"
+    }
+    fn compile(&self, regex: &str) -> Result<Box<dyn Compiled + '_>> {
+        let index = outlines_core::index::Index::new(regex, &self.vocab)?;
+        Ok(Box::new(OutlinesIndex { index }))
+    }
+}
+
+impl Compiled for OutlinesIndex {
+    fn walker(&self) -> Result<Box<dyn Walker + '_>> {
+        Ok(Box::new(OutlinesWalker {
+            index: &self.index,
+            state: Some(self.index.initial_state()),
+        }))
+    }
+}
+
+pub struct OutlinesWalker<'a> {
+    index: &'a outlines_core::index::Index,
+    state: Option<u32>,
+}
+
+impl Walker for OutlinesWalker<'_> {
+    fn fill_mask(&mut self, mask: &mut [u32]) {
+        mask.fill(0);
+        if let Some(it) = self.state.and_then(|s| self.index.allowed_tokens_iter(&s)) {
+            for &t in it {
+                mask[t as usize / 32] |= 1 << (t % 32);
+            }
+        }
+    }
+    fn accept(&mut self, token: u32) -> bool {
+        self.state = self.state.and_then(|s| self.index.next_state(&s, &token));
+        self.state.is_some()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// llguidance
+
+/// llguidance's matcher over a toktrie of the same token bytes (special tokens marked with its
+/// 0xFF prefix so they are never matched as text).
+pub struct Llguidance {
+    pub factory: llguidance::ParserFactory,
+}
+
+impl Llguidance {
+    pub fn new(v: &Vocabulary) -> Result<Self> {
+        let eos = *v
+            .eos()
+            .first()
+            .ok_or_else(|| anyhow!("vocabulary has no EOS"))?;
+        let words: Vec<Vec<u8>> = (0..v.len() as u32)
+            .map(|id| {
+                let b = v.token_bytes(id).unwrap();
+                if v.is_special(id) {
+                    let mut w = vec![toktrie::TokTrie::SPECIAL_TOKEN_MARKER];
+                    w.extend_from_slice(format!("<special_{id}>").as_bytes());
+                    w
+                } else {
+                    b.to_vec()
+                }
+            })
+            .collect();
+        let info = toktrie::TokRxInfo::new(v.len() as u32, eos);
+        let trie = toktrie::TokTrie::from(&info, &words);
+        let env: toktrie::TokEnv = Arc::new(toktrie::ApproximateTokEnv::new(trie));
+        let mut factory = llguidance::ParserFactory::new_simple(&env)?;
+        factory.quiet();
+        Ok(Self { factory })
+    }
+}
+
+pub struct LlgGrammar<'a> {
+    factory: &'a llguidance::ParserFactory,
+    regex: String,
+}
+
+impl Peer for Llguidance {
+    fn name(&self) -> &'static str {
+        "llguidance"
+    }
+    /// llguidance compiles lazily: "compile" creates the parser (grammar → lexer and parser
+    /// tables), which is done per sequence.
+    fn compile(&self, regex: &str) -> Result<Box<dyn Compiled + '_>> {
+        // Create one parser now so the compile cost and any error are seen here.
+        self.factory
+            .create_parser(llguidance::api::TopLevelGrammar::from_regex(regex))?;
+        Ok(Box::new(LlgGrammar {
+            factory: &self.factory,
+            regex: regex.to_owned(),
+        }))
+    }
+}
+
+impl Compiled for LlgGrammar<'_> {
+    fn walker(&self) -> Result<Box<dyn Walker + '_>> {
+        let parser = self
+            .factory
+            .create_parser(llguidance::api::TopLevelGrammar::from_regex(&self.regex))?;
+        Ok(Box::new(llguidance::Matcher::new(Ok(parser))))
+    }
+}
+
+impl Walker for llguidance::Matcher {
+    fn fill_mask(&mut self, mask: &mut [u32]) {
+        match self.compute_mask() {
+            Ok(v) => {
+                let s = v.as_slice();
+                let n = s.len().min(mask.len());
+                mask[..n].copy_from_slice(&s[..n]);
+                mask[n..].fill(0);
+            }
+            Err(_) => mask.fill(0),
+        }
+    }
+    fn accept(&mut self, token: u32) -> bool {
+        self.consume_token(token).is_ok()
+    }
+}
