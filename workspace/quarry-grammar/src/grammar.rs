@@ -9,7 +9,7 @@ use regex_automata::{Anchored, MatchKind};
 
 use crate::error::GrammarError;
 use crate::limits::Limits;
-use crate::vocab::Vocabulary;
+use crate::vocab::{Vocabulary, BYTE_GROUP};
 
 /// What the output must match.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,26 +34,40 @@ impl Constraint {
     }
 }
 
+/// No transition: the byte leads outside the language.
+const DEAD: u32 = u32::MAX;
+
 /// A compiled constraint over one vocabulary. Immutable apart from its caches, `Send + Sync`, and
 /// shared through an `Arc` by every sequence and thread that uses the same constraint.
+///
+/// The regex-automata DFA is only used while compiling. What is kept is a dense table over the
+/// *live* states (those from which a match is still reachable), so a step is one load and leaving
+/// the language is the `DEAD` entry, with no separate liveness check on the hot path.
 #[derive(Debug)]
 pub struct Grammar {
-    dfa: dense::DFA<Vec<u32>>,
-    start: StateID,
+    /// Byte → equivalence class.
+    classes: [u8; 256],
+    nclasses: usize,
+    /// `trans[s * nclasses + class]`: the next live state, or `DEAD`.
+    trans: Vec<u32>,
+    accepting: Vec<bool>,
+    /// Per state: a run of byte groups ([`crate::vocab::BYTE_GROUP`]) that can be read without
+    /// leaving the language. See [`Run`].
+    runs: Vec<Run>,
+    start: u32,
     vocab: Arc<Vocabulary>,
     limits: Limits,
-    states: usize,
-    /// Per state: a match is still reachable from it.
-    live: Vec<bool>,
-    /// Per state (indexed by `id >> stride2`): its token mask, computed on first use.
+    /// States reachable from the start in the regex-automata DFA (live or not).
+    reachable: usize,
+    /// Per state: its token mask, computed on first use.
     masks: Vec<OnceLock<Box<[u32]>>>,
     /// Per state: its forced bytes, computed on first use.
     forced: Vec<OnceLock<Box<[u8]>>>,
 }
 
 impl Grammar {
-    /// Compiles `constraint` for `vocab`. Only the DFA is built here; token masks and forced bytes
-    /// are computed per state on first use (or all at once with [`Grammar::precompute`]).
+    /// Compiles `constraint` for `vocab`. Only the automaton is built here; token masks and forced
+    /// bytes are computed per state on first use (or all at once with [`Grammar::precompute`]).
     pub fn compile(
         constraint: &Constraint,
         vocab: Arc<Vocabulary>,
@@ -93,9 +107,9 @@ impl Grammar {
         let slot = |s: StateID| s.as_usize() >> stride2;
         let mut seen: Vec<bool> = Vec::new();
         let mut preds: Vec<Vec<u32>> = Vec::new();
-        let mut accepting: Vec<StateID> = Vec::new();
+        let mut accepting_slots: Vec<usize> = Vec::new();
+        let mut order: Vec<StateID> = Vec::new();
         let mut stack = vec![start];
-        let mut states = 0usize;
         let grow = |v: &mut Vec<bool>, p: &mut Vec<Vec<u32>>, i: usize| {
             if i >= v.len() {
                 v.resize(i + 1, false);
@@ -105,15 +119,15 @@ impl Grammar {
         grow(&mut seen, &mut preds, slot(start));
         seen[slot(start)] = true;
         while let Some(s) = stack.pop() {
-            states += 1;
-            if states > limits.max_states {
+            order.push(s);
+            if order.len() > limits.max_states {
                 return Err(GrammarError::LimitExceeded {
                     limit: "max_states",
                     value: limits.max_states,
                 });
             }
             if dfa.is_match_state(dfa.next_eoi_state(s)) {
-                accepting.push(s);
+                accepting_slots.push(slot(s));
             }
             for &b in &reps {
                 let n = dfa.next_state(s, b);
@@ -129,7 +143,7 @@ impl Grammar {
             }
         }
         let mut live = vec![false; seen.len()];
-        let mut work: Vec<usize> = accepting.iter().map(|&s| slot(s)).collect();
+        let mut work = accepting_slots.clone();
         for &i in &work {
             live[i] = true;
         }
@@ -142,16 +156,52 @@ impl Grammar {
             }
         }
         drop(preds);
-        let slots = seen.len();
+        // Dense numbering: the start first (kept even when the language is empty, so a matcher
+        // has somewhere to stand), then every other live state.
+        let mut dense_of = vec![DEAD; seen.len()];
+        let mut states: Vec<StateID> = vec![start];
+        dense_of[slot(start)] = 0;
+        for &s in &order {
+            if live[slot(s)] && dense_of[slot(s)] == DEAD {
+                dense_of[slot(s)] = states.len() as u32;
+                states.push(s);
+            }
+        }
+        let classes_of = dfa.byte_classes();
+        let mut classes = [0u8; 256];
+        for b in 0..=255u8 {
+            classes[b as usize] = classes_of.get(b);
+        }
+        let nclasses = classes_of.alphabet_len() - 1; // without the end-of-input class
+        let mut class_rep = vec![0u8; nclasses];
+        for b in (0..=255u8).rev() {
+            class_rep[classes[b as usize] as usize] = b;
+        }
+        let mut trans = vec![DEAD; states.len() * nclasses];
+        let mut accepting = vec![false; states.len()];
+        for (i, &s) in states.iter().enumerate() {
+            accepting[i] = dfa.is_match_state(dfa.next_eoi_state(s));
+            for (c, &b) in class_rep.iter().enumerate() {
+                let n = dfa.next_state(s, b);
+                if !dfa.is_dead_state(n) && live[slot(n)] {
+                    trans[i * nclasses + c] = dense_of[slot(n)];
+                }
+            }
+        }
+        let runs = Run::all(&trans, &classes, nclasses, vocab.trie().max_depth);
+        let n = states.len();
         Ok(Self {
-            masks: (0..slots).map(|_| OnceLock::new()).collect(),
-            forced: (0..slots).map(|_| OnceLock::new()).collect(),
-            live,
-            dfa,
-            start,
+            classes,
+            nclasses,
+            trans,
+            accepting,
+            runs,
+            start: 0,
             vocab,
             limits,
-            states,
+            reachable: order.len(),
+            masks: (0..n).map(|_| OnceLock::new()).collect(),
+            forced: (0..n).map(|_| OnceLock::new()).collect(),
         })
     }
 
@@ -161,65 +211,72 @@ impl Grammar {
 
     /// DFA states reachable from the start.
     pub fn state_count(&self) -> usize {
-        self.states
+        self.reachable
     }
 
-    /// Heap bytes of the DFA transition table.
+    /// States kept: the live ones (a match is still reachable), plus the start.
+    pub fn live_state_count(&self) -> usize {
+        self.accepting.len()
+    }
+
+    /// Heap bytes of the transition table kept for matching.
     pub fn dfa_bytes(&self) -> usize {
-        self.dfa.memory_usage()
+        self.trans.len() * 4
     }
 
-    pub(crate) fn start(&self) -> StateID {
+    pub(crate) fn start(&self) -> u32 {
         self.start
     }
 
-    pub(crate) fn step(&self, s: StateID, b: u8) -> Option<StateID> {
-        let n = self.dfa.next_state(s, b);
-        self.live
-            .get(self.slot(n))
-            .copied()
-            .unwrap_or(false)
-            .then_some(n)
+    #[inline]
+    pub(crate) fn step(&self, s: u32, b: u8) -> Option<u32> {
+        let n = self.trans[s as usize * self.nclasses + self.classes[b as usize] as usize];
+        (n != DEAD).then_some(n)
     }
 
-    pub(crate) fn is_accepting(&self, s: StateID) -> bool {
-        self.dfa.is_match_state(self.dfa.next_eoi_state(s))
+    pub(crate) fn is_accepting(&self, s: u32) -> bool {
+        self.accepting[s as usize]
     }
 
     /// No byte can follow state `s`.
-    pub(crate) fn is_finished(&self, s: StateID) -> bool {
-        (0..=255u8).all(|b| self.step(s, b).is_none())
-    }
-
-    fn slot(&self, s: StateID) -> usize {
-        s.as_usize() >> self.dfa.stride2()
+    pub(crate) fn is_finished(&self, s: u32) -> bool {
+        let row = &self.trans[s as usize * self.nclasses..][..self.nclasses];
+        row.iter().all(|&n| n == DEAD)
     }
 
     /// The token mask of state `s`, computed once and cached.
-    pub(crate) fn mask(&self, s: StateID) -> &[u32] {
-        self.masks[self.slot(s)].get_or_init(|| self.compute_mask(s))
+    pub(crate) fn mask(&self, s: u32) -> &[u32] {
+        self.masks[s as usize].get_or_init(|| self.compute_mask(s))
     }
 
-    fn compute_mask(&self, s: StateID) -> Box<[u32]> {
+    fn compute_mask(&self, s: u32) -> Box<[u32]> {
         let mut mask = vec![0u32; self.vocab.mask_words()].into_boxed_slice();
         let trie = self.vocab.trie();
         let nodes = &trie.nodes;
-        // states[d] is the DFA state after the first d bytes of the current trie path.
-        let mut states: Vec<StateID> = vec![s; 1];
+        let ids = &trie.token_ids;
+        let (trans, classes, nc) = (&self.trans, &self.classes, self.nclasses);
+        // states[d] is the state after the first d bytes of the current trie path.
+        let mut states = vec![s; trie.max_depth + 1];
+        let mut set = |range: std::ops::Range<u32>| {
+            for &t in &ids[range.start as usize..range.end as usize] {
+                mask[t as usize / 32] |= 1 << (t % 32);
+            }
+        };
         let mut i = 1;
         while i < nodes.len() {
-            let n = nodes[i];
+            let n = &nodes[i];
             let d = n.depth as usize;
-            states.truncate(d);
-            match self.step(states[d - 1], n.byte) {
-                None => i = n.subtree_end as usize,
-                Some(next) => {
-                    states.push(next);
-                    for &t in &trie.token_ids[n.tokens_start as usize..n.tokens_end as usize] {
-                        mask[t as usize / 32] |= 1 << (t % 32);
-                    }
-                    i += 1;
-                }
+            let next = trans[states[d - 1] as usize * nc + classes[n.byte as usize] as usize];
+            if next == DEAD {
+                i = n.subtree_end as usize;
+            } else if self.runs[next as usize].covers(n.below, n.height) {
+                // Every path below stays in the language: the whole subtree is allowed.
+                set(n.tokens_start..n.subtree_tokens_end);
+                i = n.subtree_end as usize;
+            } else {
+                states[d] = next;
+                set(n.tokens_start..n.tokens_end);
+                i += 1;
             }
         }
         if self.is_accepting(s) {
@@ -230,35 +287,30 @@ impl Grammar {
         mask
     }
 
-    /// Computes the mask and forced bytes of every live state now, on `threads` threads (at least
+    /// Computes the mask and forced bytes of every state now, on `threads` threads (at least
     /// one), instead of on first use. Call it from a background thread on an `Arc<Grammar>` to warm
     /// a grammar while sequences already use it; results are identical either way. Returns the
     /// number of states computed.
     pub fn precompute(&self, threads: usize) -> usize {
-        let stride2 = self.dfa.stride2();
-        let states: Vec<StateID> = (0..self.live.len())
-            .filter(|&i| self.live[i])
-            .filter_map(|i| StateID::new(i << stride2).ok())
-            .collect();
-        let threads = threads.clamp(1, states.len().max(1));
-        let chunk = states.len().div_ceil(threads).max(1);
+        let n = self.accepting.len();
+        let threads = threads.clamp(1, n);
         std::thread::scope(|scope| {
-            for part in states.chunks(chunk) {
+            for t in 0..threads {
                 scope.spawn(move || {
-                    for &s in part {
-                        self.mask(s);
-                        self.forced(s);
+                    for s in (t..n).step_by(threads) {
+                        self.mask(s as u32);
+                        self.forced(s as u32);
                     }
                 });
             }
         });
-        states.len()
+        n
     }
 
     /// The forced bytes of state `s`: each step has exactly one live byte and passes no accepting
     /// state. Computed once and cached; at most `Limits::max_forced_bytes` long.
-    pub(crate) fn forced(&self, s: StateID) -> &[u8] {
-        self.forced[self.slot(s)].get_or_init(|| {
+    pub(crate) fn forced(&self, s: u32) -> &[u8] {
+        self.forced[s as usize].get_or_init(|| {
             let mut out = Vec::new();
             let mut cur = s;
             while out.len() < self.limits.max_forced_bytes && !self.is_accepting(cur) {
@@ -278,6 +330,82 @@ impl Grammar {
             }
             out.into_boxed_slice()
         })
+    }
+}
+
+/// For one state `t`: `groups`, the byte groups all of whose bytes lead to one and the same live
+/// successor σ(t) (the successor that takes the most whole groups), and `len`, how many steps
+/// t, σ(t), σ²(t), … keep at least those groups. Any byte string of at most `len` bytes drawn from
+/// `groups` therefore stays in the language, which lets a mask walk add a whole trie subtree
+/// without visiting it: a self-loop (`[a-z]*`, JSON string content) has `len` = the longest token,
+/// and the k-th state of `[A-Za-z ]{1,40}` has `len` = 40 − k.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    groups: u64,
+    len: u16,
+}
+
+impl Run {
+    #[inline]
+    fn covers(&self, below: u64, height: u16) -> bool {
+        below & !self.groups == 0 && height <= self.len
+    }
+
+    fn all(trans: &[u32], classes: &[u8; 256], nclasses: usize, max_len: usize) -> Vec<Run> {
+        let n = trans.len() / nclasses.max(1);
+        // Per state: (groups, successor).
+        let mut first: Vec<(u64, u32)> = Vec::with_capacity(n);
+        for s in 0..n {
+            let row = &trans[s * nclasses..][..nclasses];
+            // Successor of each group, or DEAD when its bytes disagree or leave the language.
+            let mut group_next = [None::<u32>; 64];
+            let mut mixed = 0u64;
+            for b in 0..256 {
+                let g = BYTE_GROUP[b] as usize;
+                let next = row[classes[b] as usize];
+                match group_next[g] {
+                    _ if mixed >> g & 1 == 1 => {}
+                    None => group_next[g] = Some(next),
+                    Some(prev) if prev != next => mixed |= 1 << g,
+                    Some(_) => {}
+                }
+            }
+            let mut best = (0u64, DEAD);
+            for g in 0..64 {
+                let Some(next) = group_next[g] else { continue };
+                if next == DEAD || mixed >> g & 1 == 1 || best.0 >> g & 1 == 1 {
+                    continue;
+                }
+                let mut set = 0u64;
+                for (h, &n2) in group_next.iter().enumerate() {
+                    if n2 == Some(next) && mixed >> h & 1 == 0 {
+                        set |= 1 << h;
+                    }
+                }
+                if set.count_ones() > best.0.count_ones() {
+                    best = (set, next);
+                }
+            }
+            first.push(best);
+        }
+        let cap = max_len.min(u16::MAX as usize);
+        (0..n)
+            .map(|s| {
+                let (groups, _) = first[s];
+                if groups == 0 {
+                    return Run { groups, len: 0 };
+                }
+                let (mut cur, mut len) = (s, 0usize);
+                while len < cap && groups & !first[cur].0 == 0 {
+                    cur = first[cur].1 as usize;
+                    len += 1;
+                }
+                Run {
+                    groups,
+                    len: len as u16,
+                }
+            })
+            .collect()
     }
 }
 

@@ -2,8 +2,6 @@
 
 use std::sync::Arc;
 
-use regex_automata::util::primitives::StateID;
-
 use crate::error::Rejection;
 use crate::grammar::Grammar;
 
@@ -13,9 +11,9 @@ use crate::grammar::Grammar;
 #[derive(Debug, Clone)]
 pub struct Matcher {
     grammar: Arc<Grammar>,
-    state: StateID,
+    state: u32,
     /// `history[i]` is the state before the i-th accepted token (EOS included).
-    history: Vec<StateID>,
+    history: Vec<u32>,
     terminated: bool,
 }
 
@@ -39,7 +37,7 @@ impl Matcher {
         &self.grammar
     }
 
-    fn walk(&self, bytes: &[u8]) -> Result<StateID, usize> {
+    fn walk(&self, bytes: &[u8]) -> Result<u32, usize> {
         let mut s = self.state;
         for (i, &b) in bytes.iter().enumerate() {
             s = self.grammar.step(s, b).ok_or(i)?;

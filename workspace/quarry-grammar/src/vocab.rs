@@ -77,24 +77,62 @@ impl Vocabulary {
     }
 }
 
-/// A byte trie of the non-special tokens, stored in preorder so a walk can skip a dead subtree in
-/// one step.
+/// A byte trie of the non-special tokens, stored in preorder so a walk can skip a subtree in one
+/// step. A subtree's tokens are contiguous in `token_ids`, so a subtree known to be allowed as a
+/// whole is added without walking it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct TokenTrie {
     pub(crate) nodes: Vec<Node>,
-    /// Token ids ending at a node: `node.tokens_start..node.tokens_end` indexes this.
+    /// Token ids in preorder of their nodes.
     pub(crate) token_ids: Vec<u32>,
+    /// The longest token, in bytes (the deepest node).
+    pub(crate) max_depth: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Node {
-    pub(crate) byte: u8,
-    pub(crate) depth: u32,
+    /// Byte groups ([`byte_group`]) of every byte below this node (not its own byte).
+    pub(crate) below: u64,
     /// Index one past this node's last descendant.
     pub(crate) subtree_end: u32,
+    /// This node's own tokens are `token_ids[tokens_start..tokens_end]`; its whole subtree's are
+    /// `token_ids[tokens_start..subtree_tokens_end]`.
     pub(crate) tokens_start: u32,
     pub(crate) tokens_end: u32,
+    pub(crate) subtree_tokens_end: u32,
+    pub(crate) depth: u16,
+    /// Length of the longest path below this node.
+    pub(crate) height: u16,
+    pub(crate) byte: u8,
 }
+
+/// Coarse byte groups for subtree signatures: each ASCII punctuation character, space, tab, LF and
+/// CR on its own (they are what regexes single out), then digits, lower case, upper case, other
+/// control bytes, and four UTF-8 ranges: 44 groups, so a set of them fits a `u64`.
+pub(crate) const BYTE_GROUP: [u8; 256] = {
+    const PUNCT: &[u8] = b" !\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~\t\n\r";
+    let mut t = [0u8; 256];
+    let mut b = 0usize;
+    while b < 256 {
+        t[b] = match b as u8 {
+            b'0'..=b'9' => 0,
+            b'a'..=b'z' => 1,
+            b'A'..=b'Z' => 2,
+            0x80..=0xBF => 3,
+            0xC0..=0xDF => 4,
+            0xE0..=0xEF => 5,
+            0xF0..=0xFF => 6,
+            _ => 7 + PUNCT.len() as u8, // other control bytes and DEL, unless listed below
+        };
+        b += 1;
+    }
+    let mut i = 0;
+    while i < PUNCT.len() {
+        t[PUNCT[i] as usize] = 7 + i as u8;
+        i += 1;
+    }
+    t
+};
 
 impl TokenTrie {
     pub(crate) fn new(vocab: &Vocabulary) -> Self {
@@ -102,47 +140,76 @@ impl TokenTrie {
             .filter(|&i| !vocab.is_special(i) && !vocab.token_bytes(i).unwrap().is_empty())
             .collect();
         ids.sort_by(|&a, &b| vocab.token_bytes(a).cmp(&vocab.token_bytes(b)));
-        let root = Node {
-            byte: 0,
-            depth: 0,
+        let node = |byte: u8, depth: usize, first_token: usize| Node {
+            below: 0,
             subtree_end: 0,
-            tokens_start: 0,
-            tokens_end: 0,
+            tokens_start: first_token as u32,
+            tokens_end: first_token as u32,
+            subtree_tokens_end: 0,
+            depth: depth as u16,
+            height: 0,
+            byte,
         };
-        let mut nodes = vec![root];
+        let mut nodes = vec![node(0, 0, 0)];
         let mut token_ids = Vec::with_capacity(ids.len());
         // `path[d]` is the node index at depth d on the current path.
         let mut path: Vec<usize> = vec![0];
         let mut prev: &[u8] = &[];
+        let mut max_depth = 0;
+        let close = |nodes: &mut Vec<Node>, n: usize, tokens: usize| {
+            let end = nodes.len() as u32;
+            nodes[n].subtree_end = end;
+            nodes[n].subtree_tokens_end = tokens as u32;
+        };
         for &id in &ids {
             let bytes = vocab.token_bytes(id).unwrap();
+            // Tokens longer than u16::MAX bytes do not occur in real vocabularies; cap the depth
+            // rather than overflow (such a token is then simply never allowed).
+            if bytes.len() >= u16::MAX as usize {
+                continue;
+            }
+            max_depth = max_depth.max(bytes.len());
             let common = bytes.iter().zip(prev).take_while(|(a, b)| a == b).count();
             // Close the nodes of the previous path below the common prefix.
             while path.len() > common + 1 {
                 let n = path.pop().unwrap();
-                nodes[n].subtree_end = nodes.len() as u32;
+                close(&mut nodes, n, token_ids.len());
             }
             for (d, &b) in bytes.iter().enumerate().skip(common) {
-                nodes.push(Node {
-                    byte: b,
-                    depth: d as u32 + 1,
-                    subtree_end: 0,
-                    tokens_start: 0,
-                    tokens_end: 0,
-                });
+                nodes.push(node(b, d + 1, token_ids.len()));
                 path.push(nodes.len() - 1);
             }
+            // Sorted order puts a token right after the node its bytes end at was created (or after
+            // an identical token), so its ids are contiguous there.
             let leaf = *path.last().unwrap();
-            if nodes[leaf].tokens_end == 0 {
-                nodes[leaf].tokens_start = token_ids.len() as u32;
-            }
             token_ids.push(id);
             nodes[leaf].tokens_end = token_ids.len() as u32;
             prev = bytes;
         }
         while let Some(n) = path.pop() {
-            nodes[n].subtree_end = nodes.len() as u32;
+            close(&mut nodes, n, token_ids.len());
         }
-        TokenTrie { nodes, token_ids }
+        // Signatures bottom-up: a node's parent is the nearest earlier node one level up.
+        let mut parent = vec![0u32; nodes.len()];
+        let mut stack: Vec<usize> = vec![0];
+        for i in 1..nodes.len() {
+            while nodes[*stack.last().unwrap()].depth >= nodes[i].depth {
+                stack.pop();
+            }
+            parent[i] = *stack.last().unwrap() as u32;
+            stack.push(i);
+        }
+        for i in (1..nodes.len()).rev() {
+            let up = nodes[i].below | 1 << BYTE_GROUP[nodes[i].byte as usize];
+            let h = nodes[i].height + 1;
+            let p = &mut nodes[parent[i] as usize];
+            p.below |= up;
+            p.height = p.height.max(h);
+        }
+        TokenTrie {
+            nodes,
+            token_ids,
+            max_depth,
+        }
     }
 }

@@ -105,7 +105,7 @@ fn ids(mask: &[u32]) -> Vec<u32> {
 /// Runs one case; panics (with the regex in the message) where the crate and the oracle disagree.
 pub fn run_case(data: &[u8], vocab: &Arc<Vocabulary>) {
     let mut rng = ByteRng::new(data);
-    let pattern = if rng.byte() % 4 == 0 {
+    let pattern = if rng.byte().is_multiple_of(4) {
         let rest = data.get(1..).unwrap_or(&[]);
         let end = rest
             .iter()
