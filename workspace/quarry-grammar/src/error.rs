@@ -8,7 +8,8 @@ pub enum GrammarError {
     /// A choice constraint with no alternatives has an empty language.
     #[error("a choice constraint needs at least one alternative")]
     EmptyChoice,
-    /// A bound in [`crate::Limits`] was exceeded; `limit` names the field.
+    /// A bound in [`crate::Limits`] was exceeded; `limit` names the field and `value` is its
+    /// configured bound (bytes, states, or milliseconds for `compile_time`).
     #[error("constraint exceeds limit `{limit}` = {value}")]
     LimitExceeded { limit: &'static str, value: usize },
     /// A token id outside the vocabulary.

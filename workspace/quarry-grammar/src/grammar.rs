@@ -73,6 +73,11 @@ impl Grammar {
         vocab: Arc<Vocabulary>,
         limits: Limits,
     ) -> Result<Self, GrammarError> {
+        let started = std::time::Instant::now();
+        let out_of_time = || GrammarError::LimitExceeded {
+            limit: "compile_time",
+            value: limits.compile_time.as_millis() as usize,
+        };
         let pattern = constraint.pattern()?;
         let dfa = dense::Builder::new()
             .configure(
@@ -125,6 +130,9 @@ impl Grammar {
                     limit: "max_states",
                     value: limits.max_states,
                 });
+            }
+            if order.len() % 1024 == 0 && started.elapsed() > limits.compile_time {
+                return Err(out_of_time());
             }
             if dfa.is_match_state(dfa.next_eoi_state(s)) {
                 accepting_slots.push(slot(s));
@@ -187,6 +195,9 @@ impl Grammar {
                     trans[i * nclasses + c] = dense_of[slot(n)];
                 }
             }
+        }
+        if started.elapsed() > limits.compile_time {
+            return Err(out_of_time());
         }
         let runs = Run::all(&trans, &classes, nclasses, vocab.trie().max_depth);
         let n = states.len();
@@ -436,7 +447,10 @@ fn build_error(pattern: &str, e: &dense::BuildError, limits: &Limits) -> Grammar
         source.push_str(&text.split_whitespace().collect::<Vec<_>>().join(" "));
         cause = c.source();
     }
-    if msg.contains("exceeded size limit") || source.contains("exceeded size limit") {
+    let nfa_limit = std::error::Error::source(e)
+        .and_then(|c| c.downcast_ref::<regex_automata::nfa::thompson::BuildError>())
+        .and_then(|b| b.size_limit());
+    if nfa_limit.is_some() {
         return GrammarError::LimitExceeded {
             limit: "nfa_bytes",
             value: limits.nfa_bytes,

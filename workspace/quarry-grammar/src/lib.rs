@@ -35,9 +35,20 @@
 //! - Regexes use regex-automata's syntax (Unicode on, so `.` and classes are whole UTF-8
 //!   characters). Look-around and backreferences are rejected by the parser; Unicode word
 //!   boundaries cannot be expressed in a DFA and are an [`GrammarError::InvalidRegex`] error.
+//! - Tokens longer than 65,534 bytes are never allowed (no real vocabulary has one).
 //!
-//! Status: regex and choice constraints, masks, matcher and forced bytes are here. JSON Schema,
-//! grammars, the CLI and the benchmarks against outlines-core/llguidance are still to come.
+//! # Cost
+//! - Compile: regex-automata determinizes the regex; the states that can still reach a match are
+//!   renumbered into a dense table (one `u32` per state and byte class), so a step is one load.
+//! - A state's mask is computed on first use by walking the vocabulary's byte trie (built once per
+//!   [`Vocabulary`]) from that state, skipping dead subtrees. Where the state has a *run* (a set of
+//!   byte groups that keeps it in the language for `n` steps: a self-loop such as `[a-z]*`, or the
+//!   k-th step of `[a-z]{1,40}`), whole subtrees whose bytes fit the run are added without being
+//!   visited. Masks are then cached in the grammar and shared by every matcher.
+//! - [`Grammar::precompute`] fills every state's mask ahead of time, on N threads.
+//! - `BENCHMARKS.md` has the numbers against outlines-core and llguidance.
+//!
+//! Status: regex and choice constraints. JSON Schema and grammars are next.
 
 mod error;
 mod grammar;

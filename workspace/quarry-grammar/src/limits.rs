@@ -16,6 +16,10 @@ pub struct Limits {
     pub max_states: usize,
     /// Longest forced (jump-forward) byte run computed at once. Default 4,096.
     pub max_forced_bytes: usize,
+    /// Wall-clock bound on compiling. Default 5 s. Checked while the reachable states are explored
+    /// and tabulated; determinization itself cannot be interrupted, and is bounded by `dfa_bytes`
+    /// and `determinize_bytes` instead.
+    pub compile_time: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -26,6 +30,7 @@ impl Default for Limits {
             determinize_bytes: 64 << 20,
             max_states: 100_000,
             max_forced_bytes: 4096,
+            compile_time: std::time::Duration::from_secs(5),
         }
     }
 }

@@ -38,8 +38,20 @@ fn exponential_dfa_is_a_limit_error() {
 
 #[test]
 fn huge_repetition_is_a_limit_error() {
+    // The NFA is small enough here (a few MiB); the DFA's state count is what stops it.
     let err = compile("a{100000}b{100000}", Limits::default()).unwrap_err();
     assert!(matches!(err, GrammarError::LimitExceeded { .. }), "{err}");
+    // Here the NFA itself would exceed 16 MiB, and is stopped before determinization starts.
+    for re in ["a{2000000}", r"(\w{100}){100}"] {
+        assert_eq!(
+            compile(re, Limits::default()).unwrap_err(),
+            GrammarError::LimitExceeded {
+                limit: "nfa_bytes",
+                value: 16 << 20
+            },
+            "{re}"
+        );
+    }
 }
 
 #[test]
@@ -106,4 +118,23 @@ fn choice_eos_special_and_rollback() {
     let mut mask = [0u32; 1];
     m.fill_mask(&mut mask);
     assert_eq!(mask[0], 0b0011, "a or b after \"a\"");
+}
+
+#[test]
+fn compile_time_is_bounded() {
+    let err = compile(
+        "[a-z]{0,300}",
+        Limits {
+            compile_time: std::time::Duration::ZERO,
+            ..Limits::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        GrammarError::LimitExceeded {
+            limit: "compile_time",
+            value: 0
+        }
+    );
 }
