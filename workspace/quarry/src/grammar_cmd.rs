@@ -171,6 +171,7 @@ fn compile_cmd(args: &ConstraintArgs, json: bool) -> Result<()> {
             "model": args.model.model,
             "vocab_size": vocab.len(),
             "dfa_states": grammar.state_count(),
+            "live_states": grammar.live_state_count(),
             "dfa_bytes": grammar.dfa_bytes(),
             "compile_us": compile_s * 1e6,
             "first_mask_us": first_mask_s * 1e6,
@@ -183,8 +184,9 @@ fn compile_cmd(args: &ConstraintArgs, json: bool) -> Result<()> {
     }
     writeln!(
         out,
-        "dfa states      {} ({:.1} KiB transition table)",
+        "dfa states      {} reachable, {} live ({:.1} KiB transition table)",
         grammar.state_count(),
+        grammar.live_state_count(),
         grammar.dfa_bytes() as f64 / 1024.0
     )?;
     writeln!(out, "compile         {:.1} µs", compile_s * 1e6)?;
