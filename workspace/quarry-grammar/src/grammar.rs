@@ -305,6 +305,13 @@ impl Grammar {
     pub fn precompute(&self, threads: usize) -> usize {
         let n = self.accepting.len();
         let threads = threads.clamp(1, n);
+        if threads == 1 {
+            for s in 0..n {
+                self.mask(s as u32);
+                self.forced(s as u32);
+            }
+            return n;
+        }
         std::thread::scope(|scope| {
             for t in 0..threads {
                 scope.spawn(move || {
