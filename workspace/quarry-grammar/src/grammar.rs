@@ -131,7 +131,7 @@ impl Grammar {
                     value: limits.max_states,
                 });
             }
-            if order.len() % 1024 == 0 && started.elapsed() > limits.compile_time {
+            if order.len().is_multiple_of(1024) && started.elapsed() > limits.compile_time {
                 return Err(out_of_time());
             }
             if dfa.is_match_state(dfa.next_eoi_state(s)) {

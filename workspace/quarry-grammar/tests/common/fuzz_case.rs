@@ -75,27 +75,6 @@ pub fn small_vocab() -> Arc<Vocabulary> {
     ))
 }
 
-fn oracle_mask(
-    oracle: &mut Oracle,
-    s: regex_automata::util::primitives::StateID,
-    vocab: &Vocabulary,
-) -> Vec<u32> {
-    let mut mask = vec![0u32; vocab.mask_words()];
-    for id in 0..vocab.len() as u32 {
-        let ok = if vocab.is_eos(id) {
-            oracle.accepts(s)
-        } else if vocab.is_special(id) {
-            false
-        } else {
-            oracle.allowed(s, vocab.token_bytes(id).unwrap())
-        };
-        if ok {
-            mask[id as usize / 32] |= 1 << (id % 32);
-        }
-    }
-    mask
-}
-
 fn ids(mask: &[u32]) -> Vec<u32> {
     (0..mask.len() as u32 * 32)
         .filter(|&i| mask[i as usize / 32] >> (i % 32) & 1 == 1)
@@ -142,7 +121,7 @@ pub fn run_case(data: &[u8], vocab: &Arc<Vocabulary>) {
         let want = if terminated {
             vec![0u32; vocab.mask_words()]
         } else {
-            oracle_mask(&mut oracle, os, vocab)
+            oracle.mask(os, vocab)
         };
         if !terminated {
             assert_eq!(m.mask(), want.as_slice(), "{pattern:?}: mask");

@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use quarry_grammar::Vocabulary;
 use rand::Rng;
 use regex_automata::dfa::{dense, Automaton, StartKind};
 use regex_automata::util::primitives::StateID;
@@ -80,6 +81,25 @@ impl Oracle {
             None => false,
         }
     }
+    /// The mask this state should have: non-special tokens whose bytes keep a match reachable,
+    /// and EOS exactly where the input so far is a match.
+    pub fn mask(&mut self, s: StateID, vocab: &Vocabulary) -> Vec<u32> {
+        let mut mask = vec![0u32; vocab.mask_words()];
+        for id in 0..vocab.len() as u32 {
+            let ok = if vocab.is_eos(id) {
+                self.accepts(s)
+            } else if vocab.is_special(id) {
+                false
+            } else {
+                self.allowed(s, vocab.token_bytes(id).unwrap())
+            };
+            if ok {
+                mask[id as usize / 32] |= 1 << (id % 32);
+            }
+        }
+        mask
+    }
+
     pub fn forced(&mut self, s: StateID) -> Vec<u8> {
         let mut out = Vec::new();
         let mut cur = s;
