@@ -12,6 +12,9 @@ pub enum GrammarError {
     /// configured bound (bytes, states, or milliseconds for `compile_time`).
     #[error("constraint exceeds limit `{limit}` = {value}")]
     LimitExceeded { limit: &'static str, value: usize },
+    /// A JSON Schema that cannot be turned into a constraint.
+    #[error(transparent)]
+    Schema(#[from] crate::schema::SchemaError),
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
     UnknownToken { id: u32, vocab_size: usize },

@@ -9,6 +9,7 @@ use regex_automata::{Anchored, MatchKind};
 
 use crate::error::GrammarError;
 use crate::limits::Limits;
+use crate::schema::{schema_to_regex, SchemaOptions};
 use crate::vocab::{Vocabulary, BYTE_GROUP};
 
 /// What the output must match.
@@ -18,11 +19,18 @@ pub enum Constraint {
     Regex(String),
     /// The whole output is exactly one of these strings.
     Choice(Vec<String>),
+    /// The output is canonical JSON that the schema accepts (see [`crate::schema`]).
+    JsonSchema {
+        schema: serde_json::Value,
+        options: SchemaOptions,
+    },
 }
 
 impl Constraint {
-    fn pattern(&self) -> Result<String, GrammarError> {
+    /// The regex this constraint compiles from (for a schema, the derived regex).
+    pub fn pattern(&self) -> Result<String, GrammarError> {
         match self {
+            Constraint::JsonSchema { schema, options } => Ok(schema_to_regex(schema, options)?),
             Constraint::Regex(r) => Ok(r.clone()),
             Constraint::Choice(c) if c.is_empty() => Err(GrammarError::EmptyChoice),
             Constraint::Choice(c) => Ok(c

@@ -54,10 +54,12 @@ mod error;
 mod grammar;
 mod limits;
 mod matcher;
+pub mod schema;
 mod vocab;
 
 pub use error::{GrammarError, Rejection};
 pub use grammar::{Constraint, Grammar};
 pub use limits::Limits;
 pub use matcher::Matcher;
+pub use schema::{SchemaError, SchemaOptions, Whitespace};
 pub use vocab::Vocabulary;

@@ -1,0 +1,1254 @@
+//! JSON Schema → a regex over quarry's canonical JSON text, compiled by the same DFA machinery as
+//! any regex constraint.
+//!
+//! # Output form
+//! - Canonical JSON: object properties in schema order (`properties`), then any additional
+//!   properties; strings escaped exactly as `serde_json` writes them (`\"`, `\\`, `\b \f \n \r \t`,
+//!   other control characters as `\u00xx`, everything else raw UTF-8).
+//! - Whitespace: [`Whitespace::Compact`] (none, the default) or [`Whitespace::Pretty`], which allows
+//!   up to `max_run` whitespace bytes around each structural character. Never unbounded.
+//! - Optional properties may be omitted. With `strict`, a missing `additionalProperties` means
+//!   `false` (OpenAI structured-outputs semantics); without it, the schema's own rule applies.
+//! - Where a schema allows *any* value (`true`, an absent `items`, additional properties), the
+//!   values generated are JSON nested at most [`SchemaOptions::any_value_depth`] levels deep.
+//!
+//! # Drafts
+//! `$schema` selects draft 4, 6, 7, 2019-09 or 2020-12 (the default). Where drafts differ, the
+//! declared draft is honoured: `items` as an array with `additionalItems` (before 2020-12) versus
+//! `prefixItems` + `items`; `exclusiveMinimum`/`exclusiveMaximum` as booleans (draft 4) versus
+//! numbers; `$ref` siblings ignored (before 2019-09) versus applied.
+//!
+//! # Keywords: the contract
+//! Supported:
+//! - types: `type` (a name or an array of names, `null` included), `enum`, `const` (filtered by the
+//!   schema's other keywords);
+//! - objects: `properties`, `required`, `additionalProperties` (boolean or schema);
+//! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`, `uniqueItems: false`;
+//! - strings: `minLength`, `maxLength` (code points), `pattern` (alone: a search, as ECMA-262 has it),
+//!   `format` for `date`, `time`, `date-time`, `uuid`, `ipv4`;
+//! - numbers: the exact JSON number grammar (no leading zeros; fraction; exponent); `minimum`,
+//!   `maximum`, `exclusiveMinimum`, `exclusiveMaximum` as exact digit languages for integers;
+//!   for `number`, a lower bound of 0 (inclusive or exclusive); `multipleOf: 1` on integers;
+//! - combinators: `anyOf`; `oneOf` whose branches are of pairwise different types; `allOf` with one
+//!   branch;
+//! - references: local `$ref` (`#`, `#/$defs/…`, `#/definitions/…`, any JSON Pointer into the
+//!   document), `$defs`, `definitions`.
+//!
+//! Ignored (annotations): `title`, `description`, `examples`, `default`, `$comment`, `deprecated`,
+//! `readOnly`, `writeOnly`, `$schema`, `$id`, `$anchor`, `$dynamicAnchor`, `$vocabulary`,
+//! `contentMediaType`, `contentEncoding`, `contentSchema`.
+//!
+//! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
+//! `patternProperties`, `propertyNames`, `minProperties`, `maxProperties`, `dependentRequired`,
+//! `dependencies`, `dependentSchemas`, `contains`, `minContains`, `maxContains`, `uniqueItems: true`,
+//! `not`, `if`/`then`/`else`, `unevaluatedProperties`, `unevaluatedItems`, `$dynamicRef`,
+//! `$recursiveRef`, other `multipleOf`, bounds on non-integer numbers other than 0, other formats,
+//! `pattern` together with a length or a format, `allOf` with several branches, `oneOf` whose
+//! branches may overlap, `anyOf`/`oneOf` next to other constraining keywords, `$ref` next to other
+//! constraining keywords (2019-09 and later), remote references, and recursive references.
+//! Any other keyword is [`SchemaError::UnknownKeyword`].
+
+use serde_json::{Map, Value};
+
+/// Whitespace the output may contain between tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Whitespace {
+    /// No whitespace at all: `{"a":1,"b":[true]}`.
+    #[default]
+    Compact,
+    /// Up to `max_run` bytes of space, tab, CR or LF around each structural character.
+    Pretty { max_run: u8 },
+}
+
+/// How a schema becomes a constraint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchemaOptions {
+    pub whitespace: Whitespace,
+    /// A missing `additionalProperties` means `false`.
+    pub strict: bool,
+    /// Nesting depth of values generated where the schema allows any value. Default 2.
+    pub any_value_depth: usize,
+}
+
+impl Default for SchemaOptions {
+    fn default() -> Self {
+        Self {
+            whitespace: Whitespace::Compact,
+            strict: false,
+            any_value_depth: 2,
+        }
+    }
+}
+
+/// Why a schema cannot be turned into a constraint. `pointer` is the JSON Pointer of the
+/// subschema (`#/properties/age`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchemaError {
+    #[error("unsupported `{keyword}` at {pointer}: {reason}")]
+    Unsupported {
+        keyword: String,
+        pointer: String,
+        reason: String,
+    },
+    #[error("unknown keyword `{keyword}` at {pointer}")]
+    UnknownKeyword { keyword: String, pointer: String },
+    #[error("invalid schema at {pointer}: {message}")]
+    Invalid { pointer: String, message: String },
+}
+
+type Result<T> = std::result::Result<T, SchemaError>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Draft {
+    D4,
+    D6,
+    D7,
+    D2019,
+    D2020,
+}
+
+/// One code point of a JSON string, as canonical JSON writes it.
+const STR_CHAR: &str = r#"(?:[^"\\\x00-\x1F]|\\["\\bfnrt]|\\u00[01][0-9a-f])"#;
+const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
+const INTEGER: &str = r"-?(?:0|[1-9][0-9]*)";
+/// A regex with an empty language.
+const NOTHING: &str = r"[^\x00-\x{10FFFF}]";
+
+const ANNOTATIONS: &[&str] = &[
+    "title",
+    "description",
+    "examples",
+    "default",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$schema",
+    "$id",
+    "id",
+    "$anchor",
+    "$dynamicAnchor",
+    "$vocabulary",
+    "contentMediaType",
+    "contentEncoding",
+    "contentSchema",
+    "$defs",
+    "definitions",
+];
+
+const SUPPORTED: &[&str] = &[
+    "type",
+    "enum",
+    "const",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "prefixItems",
+    "additionalItems",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "$ref",
+];
+
+const UNSUPPORTED: &[&str] = &[
+    "patternProperties",
+    "propertyNames",
+    "minProperties",
+    "maxProperties",
+    "dependentRequired",
+    "dependencies",
+    "dependentSchemas",
+    "contains",
+    "minContains",
+    "maxContains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "$dynamicRef",
+    "$recursiveRef",
+    "$recursiveAnchor",
+];
+
+const TYPES: &[&str] = &["null", "boolean", "object", "array", "number", "string"];
+
+/// The regex (over canonical JSON text, full match) of the instances `schema` accepts.
+pub fn schema_to_regex(schema: &Value, options: &SchemaOptions) -> Result<String> {
+    let draft = match schema.get("$schema").and_then(Value::as_str) {
+        Some(s) if s.contains("draft-04") => Draft::D4,
+        Some(s) if s.contains("draft-06") => Draft::D6,
+        Some(s) if s.contains("draft-07") => Draft::D7,
+        Some(s) if s.contains("2019-09") => Draft::D2019,
+        _ => Draft::D2020,
+    };
+    let ws = match options.whitespace {
+        Whitespace::Compact => String::new(),
+        Whitespace::Pretty { max_run } => format!("[ \\t\\n\\r]{{0,{max_run}}}"),
+    };
+    let mut t = Translator {
+        root: schema,
+        options,
+        draft,
+        ws,
+        refs: Vec::new(),
+    };
+    t.value(schema, "#")
+}
+
+struct Translator<'a> {
+    root: &'a Value,
+    options: &'a SchemaOptions,
+    draft: Draft,
+    /// Whitespace between tokens.
+    ws: String,
+    /// References being expanded (cycle detection).
+    refs: Vec<String>,
+}
+
+fn unsupported(keyword: &str, pointer: &str, reason: &str) -> SchemaError {
+    SchemaError::Unsupported {
+        keyword: keyword.into(),
+        pointer: pointer.into(),
+        reason: reason.into(),
+    }
+}
+
+fn invalid(pointer: &str, message: impl Into<String>) -> SchemaError {
+    SchemaError::Invalid {
+        pointer: pointer.into(),
+        message: message.into(),
+    }
+}
+
+fn child(pointer: &str, key: &str) -> String {
+    format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"))
+}
+
+fn alt(parts: &[String]) -> String {
+    match parts.len() {
+        0 => NOTHING.to_owned(),
+        1 => parts[0].clone(),
+        _ => format!("(?:{})", parts.join("|")),
+    }
+}
+
+/// A value's canonical JSON text as a regex literal.
+fn literal(v: &Value) -> String {
+    regex_syntax::escape(&serde_json::to_string(v).expect("a Value serializes"))
+}
+
+fn as_count(v: &Value, pointer: &str, keyword: &str) -> Result<u64> {
+    v.as_u64()
+        .or_else(|| {
+            v.as_f64()
+                .filter(|f| *f >= 0.0 && f.fract() == 0.0)
+                .map(|f| f as u64)
+        })
+        .ok_or_else(|| invalid(&child(pointer, keyword), "expected a non-negative integer"))
+}
+
+impl Translator<'_> {
+    /// The regex of values that `schema` (at `pointer`) accepts.
+    fn value(&mut self, schema: &Value, pointer: &str) -> Result<String> {
+        let m = match schema {
+            Value::Bool(true) => return Ok(self.any_value(self.options.any_value_depth)),
+            Value::Bool(false) => return Ok(NOTHING.to_owned()),
+            Value::Object(m) => m,
+            _ => return Err(invalid(pointer, "a schema is an object or a boolean")),
+        };
+        for k in m.keys() {
+            let k = k.as_str();
+            if UNSUPPORTED.contains(&k) {
+                return Err(unsupported(k, pointer, "this keyword is not supported yet"));
+            }
+            if !SUPPORTED.contains(&k) && !ANNOTATIONS.contains(&k) {
+                return Err(SchemaError::UnknownKeyword {
+                    keyword: k.into(),
+                    pointer: pointer.into(),
+                });
+            }
+        }
+        if let Some(r) = m.get("$ref") {
+            return self.reference(m, r, pointer);
+        }
+        for comb in ["anyOf", "oneOf", "allOf"] {
+            if let Some(branches) = m.get(comb) {
+                return self.combinator(m, comb, branches, pointer);
+            }
+        }
+        if m.contains_key("enum") || m.contains_key("const") {
+            return self.enumeration(m, pointer);
+        }
+        let types: Vec<&str> = match m.get("type") {
+            None => TYPES.to_vec(),
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(ts)) => ts
+                .iter()
+                .map(|t| {
+                    t.as_str()
+                        .ok_or_else(|| invalid(pointer, "type names are strings"))
+                })
+                .collect::<Result<_>>()?,
+            Some(_) => {
+                return Err(invalid(
+                    &child(pointer, "type"),
+                    "expected a string or array",
+                ))
+            }
+        };
+        let mut parts = Vec::new();
+        let has_number = types.contains(&"number");
+        for t in &types {
+            let r = match *t {
+                "null" => "null".to_owned(),
+                "boolean" => "(?:true|false)".to_owned(),
+                "object" => self.object(m, pointer)?,
+                "array" => self.array(m, pointer)?,
+                "string" => self.string(m, pointer)?,
+                "number" => self.number(m, pointer)?,
+                // Integers are numbers: covered by "number" when both are listed.
+                "integer" if has_number => continue,
+                "integer" => self.integer(m, pointer)?,
+                other => {
+                    return Err(invalid(
+                        &child(pointer, "type"),
+                        format!("unknown type {other:?}"),
+                    ))
+                }
+            };
+            parts.push(r);
+        }
+        Ok(alt(&parts))
+    }
+
+    /// Keywords other than annotations and those listed.
+    fn constraining<'m>(m: &'m Map<String, Value>, except: &[&str]) -> Vec<&'m str> {
+        m.keys()
+            .map(String::as_str)
+            .filter(|k| !ANNOTATIONS.contains(k) && !except.contains(k))
+            .collect()
+    }
+
+    fn reference(&mut self, m: &Map<String, Value>, r: &Value, pointer: &str) -> Result<String> {
+        let r = r
+            .as_str()
+            .ok_or_else(|| invalid(&child(pointer, "$ref"), "expected a string"))?;
+        if self.draft >= Draft::D2019 {
+            if let Some(k) = Self::constraining(m, &["$ref"]).first() {
+                return Err(unsupported(
+                    k,
+                    pointer,
+                    "keywords next to $ref are not supported yet",
+                ));
+            }
+        }
+        let Some(fragment) = r.strip_prefix('#') else {
+            return Err(unsupported(
+                "$ref",
+                pointer,
+                &format!("remote reference {r:?}; only local references (#…) are supported"),
+            ));
+        };
+        if self.refs.iter().any(|x| x == r) {
+            return Err(unsupported(
+                "$ref",
+                pointer,
+                &format!("recursive reference {r:?}"),
+            ));
+        }
+        let decoded = percent_decode(fragment);
+        let target = if decoded.is_empty() {
+            Some(self.root)
+        } else if decoded.starts_with('/') {
+            self.root.pointer(&decoded)
+        } else {
+            None
+        };
+        let target = target.ok_or_else(|| {
+            unsupported(
+                "$ref",
+                pointer,
+                &format!("{r:?} does not resolve to a subschema of this document"),
+            )
+        })?;
+        self.refs.push(r.to_owned());
+        let out = self.value(target, r);
+        self.refs.pop();
+        out
+    }
+
+    fn combinator(
+        &mut self,
+        m: &Map<String, Value>,
+        comb: &str,
+        branches: &Value,
+        pointer: &str,
+    ) -> Result<String> {
+        let branches = branches
+            .as_array()
+            .filter(|b| !b.is_empty())
+            .ok_or_else(|| invalid(&child(pointer, comb), "expected a non-empty array"))?;
+        if let Some(k) = Self::constraining(m, &[comb]).first() {
+            return Err(unsupported(
+                k,
+                pointer,
+                &format!("keywords next to {comb} are not supported yet"),
+            ));
+        }
+        let here = child(pointer, comb);
+        match comb {
+            "allOf" if branches.len() > 1 => Err(unsupported(
+                "allOf",
+                pointer,
+                "merging several allOf branches is not supported yet",
+            )),
+            "oneOf" => {
+                // Sound only when no instance can match two branches: require each branch to
+                // declare a single type, all different ("integer" overlaps "number").
+                let mut seen = Vec::new();
+                for b in branches {
+                    let t = b.get("type").and_then(Value::as_str);
+                    let t = match t {
+                        Some("integer") => Some("number"),
+                        t => t,
+                    };
+                    match t {
+                        Some(t) if !seen.contains(&t) => seen.push(t),
+                        _ => return Err(unsupported(
+                            "oneOf",
+                            pointer,
+                            "branches must be of pairwise different types to be provably disjoint",
+                        )),
+                    }
+                }
+                self.branches(branches, &here)
+            }
+            _ => self.branches(branches, &here),
+        }
+    }
+
+    fn branches(&mut self, branches: &[Value], pointer: &str) -> Result<String> {
+        let parts = branches
+            .iter()
+            .enumerate()
+            .map(|(i, b)| self.value(b, &child(pointer, &i.to_string())))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(alt(&parts))
+    }
+
+    /// `enum`/`const`, keeping only the values the rest of the schema accepts.
+    fn enumeration(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        let mut values: Vec<Value> = match m.get("enum") {
+            Some(Value::Array(vs)) => vs.clone(),
+            Some(_) => return Err(invalid(&child(pointer, "enum"), "expected an array")),
+            None => Vec::new(),
+        };
+        if let Some(c) = m.get("const") {
+            values = if m.contains_key("enum") {
+                values.into_iter().filter(|v| json_equal(v, c)).collect()
+            } else {
+                vec![c.clone()]
+            };
+        }
+        let mut rest = m.clone();
+        rest.remove("enum");
+        rest.remove("const");
+        let keep: Vec<String> = if Self::constraining(&rest, &[]).is_empty() {
+            values.iter().map(literal).collect()
+        } else {
+            let rest_re = self.value(&Value::Object(rest), pointer)?;
+            let full = regex_automata::dfa::regex::Regex::new(&format!("^(?:{rest_re})$"))
+                .map_err(|e| unsupported("enum", pointer, &format!("filtering the values: {e}")))?;
+            values
+                .iter()
+                .filter(|v| full.is_match(serde_json::to_string(v).unwrap().as_bytes()))
+                .map(literal)
+                .collect()
+        };
+        Ok(alt(&keep))
+    }
+
+    fn any_value(&self, depth: usize) -> String {
+        let scalar = format!("(?:null|true|false|{NUMBER}|\"{STR_CHAR}*\")");
+        if depth == 0 {
+            return scalar;
+        }
+        let inner = self.any_value(depth - 1);
+        let w = &self.ws;
+        let member = format!("\"{STR_CHAR}*\"{w}:{w}{inner}");
+        format!(
+            "(?:{scalar}|\\[{w}(?:{inner}(?:{w},{w}{inner})*)?{w}\\]|\\{{{w}(?:{member}(?:{w},{w}{member})*)?{w}\\}})"
+        )
+    }
+
+    fn object(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        let empty = Map::new();
+        let props = match m.get("properties") {
+            Some(Value::Object(p)) => p,
+            Some(_) => return Err(invalid(&child(pointer, "properties"), "expected an object")),
+            None => &empty,
+        };
+        let required: Vec<&str> = match m.get("required") {
+            Some(Value::Array(r)) => r
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .ok_or_else(|| invalid(&child(pointer, "required"), "expected strings"))
+                })
+                .collect::<Result<_>>()?,
+            Some(_) => return Err(invalid(&child(pointer, "required"), "expected an array")),
+            None => Vec::new(),
+        };
+        let extra_schema = match m.get("additionalProperties") {
+            Some(s) => s.clone(),
+            None if self.options.strict => Value::Bool(false),
+            None => Value::Bool(true),
+        };
+        // (name, value regex, required) in canonical order; required names the schema does not
+        // describe come after `properties`, with the additional-properties schema.
+        let mut items: Vec<(String, String, bool)> = Vec::new();
+        let pp = child(pointer, "properties");
+        for (name, s) in props {
+            let v = self.value(s, &child(&pp, name))?;
+            items.push((name.clone(), v, required.contains(&name.as_str())));
+        }
+        let ap = child(pointer, "additionalProperties");
+        for name in &required {
+            if !props.contains_key(*name) {
+                let v = self.value(&extra_schema, &ap)?;
+                items.push(((*name).to_owned(), v, true));
+            }
+        }
+        let w = self.ws.clone();
+        let extra = if extra_schema == Value::Bool(false) {
+            None
+        } else {
+            let names: Vec<&str> = items.iter().map(|(n, _, _)| n.as_str()).collect();
+            let key = key_not_in(&names);
+            let v = self.value(&extra_schema, &ap)?;
+            Some(format!("{key}{w}:{w}{v}"))
+        };
+        // head(i): members from i on when none was written yet; tail(i): after one was.
+        let member = |(name, v, _): &(String, String, bool)| {
+            format!("{}{w}:{w}{v}", literal(&Value::String(name.clone())))
+        };
+        let mut tail = match &extra {
+            Some(e) => format!("(?:{w},{w}{e})*"),
+            None => String::new(),
+        };
+        let mut head = match &extra {
+            Some(e) => format!("(?:{e}{tail})?"),
+            None => String::new(),
+        };
+        for it in items.iter().rev() {
+            let mem = member(it);
+            let (new_head, new_tail) = if it.2 {
+                (format!("{mem}{tail}"), format!("{w},{w}{mem}{tail}"))
+            } else {
+                (
+                    format!("(?:{mem}{tail}|{head})"),
+                    format!("(?:{w},{w}{mem})?{tail}"),
+                )
+            };
+            head = new_head;
+            tail = new_tail;
+        }
+        Ok(format!("\\{{{w}{head}{w}\\}}"))
+    }
+
+    fn array(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        if m.get("uniqueItems") == Some(&Value::Bool(true)) {
+            return Err(unsupported(
+                "uniqueItems",
+                pointer,
+                "uniqueItems: true is not supported yet",
+            ));
+        }
+        let min = m
+            .get("minItems")
+            .map(|v| as_count(v, pointer, "minItems"))
+            .transpose()?
+            .unwrap_or(0);
+        let mut max = m
+            .get("maxItems")
+            .map(|v| as_count(v, pointer, "maxItems"))
+            .transpose()?;
+        let (prefix, rest): (Vec<Value>, Value) = if self.draft >= Draft::D2020 {
+            let prefix = match m.get("prefixItems") {
+                Some(Value::Array(p)) => p.clone(),
+                Some(_) => {
+                    return Err(invalid(&child(pointer, "prefixItems"), "expected an array"))
+                }
+                None => Vec::new(),
+            };
+            (prefix, m.get("items").cloned().unwrap_or(Value::Bool(true)))
+        } else {
+            match m.get("items") {
+                Some(Value::Array(p)) => (
+                    p.clone(),
+                    m.get("additionalItems")
+                        .cloned()
+                        .unwrap_or(Value::Bool(true)),
+                ),
+                Some(s) => (Vec::new(), s.clone()),
+                None => (Vec::new(), Value::Bool(true)),
+            }
+        };
+        let k = prefix.len() as u64;
+        let rest_pointer =
+            if self.draft >= Draft::D2020 || m.get("items").is_some_and(Value::is_object) {
+                child(pointer, "items")
+            } else {
+                child(pointer, "additionalItems")
+            };
+        if rest == Value::Bool(false) {
+            max = Some(max.map_or(k, |x| x.min(k)));
+        }
+        if max.is_some_and(|x| x < min) {
+            return Ok(NOTHING.to_owned());
+        }
+        let prefix_pointer = if self.draft >= Draft::D2020 {
+            "prefixItems"
+        } else {
+            "items"
+        };
+        let mut elems = Vec::new();
+        for (i, p) in prefix.iter().enumerate() {
+            if max.is_some_and(|x| i as u64 >= x) {
+                break;
+            }
+            elems.push(self.value(p, &child(&child(pointer, prefix_pointer), &i.to_string()))?);
+        }
+        let rest_re = if max.is_none_or(|x| x > k) {
+            Some(self.value(&rest, &rest_pointer)?)
+        } else {
+            None
+        };
+        let w = self.ws.clone();
+        // build(i): elements from position i on, after i elements were written (i >= 1).
+        let build_rest = |i: u64| -> String {
+            let Some(r) = &rest_re else {
+                return String::new();
+            };
+            let lo = min.saturating_sub(i);
+            match max {
+                Some(x) if x <= i => String::new(),
+                Some(x) => format!("(?:{w},{w}{r}){{{lo},{}}}", x - i),
+                None => format!("(?:{w},{w}{r}){{{lo},}}"),
+            }
+        };
+        let mut tail = build_rest(k.max(1));
+        // Prefix positions from the last down to 1 (position 0 is the first element).
+        for i in (1..elems.len() as u64).rev() {
+            let e = &elems[i as usize];
+            let cont = format!("{w},{w}{e}{tail}");
+            tail = if i >= min {
+                format!("(?:{cont})?")
+            } else {
+                cont
+            };
+        }
+        let first = match elems.first() {
+            Some(e) => Some(e.clone()),
+            None => rest_re.clone(),
+        };
+        let body = match first {
+            None => String::new(),
+            Some(_) if max == Some(0) => String::new(),
+            Some(f) => {
+                let seq = format!("{f}{tail}");
+                if min == 0 {
+                    format!("(?:{seq})?")
+                } else {
+                    seq
+                }
+            }
+        };
+        Ok(format!("\\[{w}{body}{w}\\]"))
+    }
+
+    fn string(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        let min = m
+            .get("minLength")
+            .map(|v| as_count(v, pointer, "minLength"))
+            .transpose()?;
+        let max = m
+            .get("maxLength")
+            .map(|v| as_count(v, pointer, "maxLength"))
+            .transpose()?;
+        let format = m.get("format").map(|f| {
+            f.as_str()
+                .ok_or_else(|| invalid(&child(pointer, "format"), "expected a string"))
+        });
+        let format = format.transpose()?;
+        let pattern = m.get("pattern").map(|p| {
+            p.as_str()
+                .ok_or_else(|| invalid(&child(pointer, "pattern"), "expected a string"))
+        });
+        let pattern = pattern.transpose()?;
+        let lengths = min.is_some() || max.is_some();
+        if pattern.is_some() && (lengths || format.is_some()) {
+            return Err(unsupported(
+                "pattern",
+                pointer,
+                "pattern together with minLength/maxLength or format is not supported yet",
+            ));
+        }
+        if let Some(f) = format {
+            if lengths {
+                return Err(unsupported(
+                    "format",
+                    pointer,
+                    "format together with minLength/maxLength is not supported yet",
+                ));
+            }
+            let body = match f {
+                "date" => DATE.to_owned(),
+                "time" => TIME.to_owned(),
+                "date-time" => format!("{DATE}[Tt]{TIME}"),
+                "uuid" => {
+                    "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+                        .to_owned()
+                }
+                "ipv4" => {
+                    let o = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])";
+                    format!("{o}\\.{o}\\.{o}\\.{o}")
+                }
+                other => {
+                    return Err(unsupported(
+                        "format",
+                        pointer,
+                        &format!("format {other:?} is not supported yet"),
+                    ))
+                }
+            };
+            return Ok(format!("\"{body}\""));
+        }
+        if let Some(p) = pattern {
+            return Ok(format!(
+                "\"{}\"",
+                pattern_in_json(p, &child(pointer, "pattern"))?
+            ));
+        }
+        let lo = min.unwrap_or(0);
+        Ok(match max {
+            Some(hi) if hi < lo => NOTHING.to_owned(),
+            Some(hi) => format!("\"{STR_CHAR}{{{lo},{hi}}}\""),
+            None if lo == 0 => format!("\"{STR_CHAR}*\""),
+            None => format!("\"{STR_CHAR}{{{lo},}}\""),
+        })
+    }
+
+    /// Lower and upper bounds as (value, exclusive), honouring the draft's form of `exclusive*`.
+    fn bounds(&self, m: &Map<String, Value>, pointer: &str) -> Result<[Option<(f64, bool)>; 2]> {
+        let num = |k: &str| -> Result<Option<f64>> {
+            m.get(k)
+                .map(|v| {
+                    v.as_f64()
+                        .ok_or_else(|| invalid(&child(pointer, k), "expected a number"))
+                })
+                .transpose()
+        };
+        let (min, max) = (num("minimum")?, num("maximum")?);
+        if self.draft == Draft::D4 {
+            let flag = |k: &str| m.get(k).and_then(Value::as_bool).unwrap_or(false);
+            return Ok([
+                min.map(|v| (v, flag("exclusiveMinimum"))),
+                max.map(|v| (v, flag("exclusiveMaximum"))),
+            ]);
+        }
+        let (xmin, xmax) = (num("exclusiveMinimum")?, num("exclusiveMaximum")?);
+        // The tighter of the inclusive and exclusive bound.
+        let lower = match (min, xmin) {
+            (Some(a), Some(b)) if b >= a => Some((b, true)),
+            (Some(a), _) => Some((a, false)),
+            (None, Some(b)) => Some((b, true)),
+            (None, None) => None,
+        };
+        let upper = match (max, xmax) {
+            (Some(a), Some(b)) if b <= a => Some((b, true)),
+            (Some(a), _) => Some((a, false)),
+            (None, Some(b)) => Some((b, true)),
+            (None, None) => None,
+        };
+        Ok([lower, upper])
+    }
+
+    fn integer(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        if let Some(x) = m.get("multipleOf") {
+            if x.as_f64() != Some(1.0) {
+                return Err(unsupported(
+                    "multipleOf",
+                    pointer,
+                    "only multipleOf: 1 is supported yet",
+                ));
+            }
+        }
+        let [lower, upper] = self.bounds(m, pointer)?;
+        let lo = lower.map(|(v, x)| if x { v.floor() + 1.0 } else { v.ceil() });
+        let hi = upper.map(|(v, x)| if x { v.ceil() - 1.0 } else { v.floor() });
+        let fits = |v: f64| v.abs() < 1e18;
+        if lo.is_some_and(|v| !fits(v)) || hi.is_some_and(|v| !fits(v)) {
+            return Err(unsupported(
+                "minimum",
+                pointer,
+                "integer bounds beyond ±10^18",
+            ));
+        }
+        Ok(int_range(lo.map(|v| v as i64), hi.map(|v| v as i64)))
+    }
+
+    fn number(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        if m.contains_key("multipleOf") {
+            return Err(unsupported(
+                "multipleOf",
+                pointer,
+                "multipleOf on numbers is not supported yet",
+            ));
+        }
+        let [lower, upper] = self.bounds(m, pointer)?;
+        if upper.is_some() {
+            return Err(unsupported(
+                "maximum",
+                pointer,
+                "upper bounds on non-integer numbers are not supported yet",
+            ));
+        }
+        let frac_exp = r"(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
+        Ok(match lower {
+            None => NUMBER.to_owned(),
+            Some((v, false)) if v == 0.0 => format!("(?:0|[1-9][0-9]*){frac_exp}"),
+            Some((v, true)) if v == 0.0 => {
+                let exp = r"(?:[eE][+-]?[0-9]+)?";
+                format!(r"(?:[1-9][0-9]*(?:\.[0-9]+)?{exp}|0\.[0-9]*[1-9][0-9]*{exp})")
+            }
+            Some(_) => {
+                return Err(unsupported(
+                    "minimum",
+                    pointer,
+                    "lower bounds other than 0 on non-integer numbers are not supported yet",
+                ))
+            }
+        })
+    }
+}
+
+const DATE: &str = r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])";
+const TIME: &str = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+
+/// JSON equality as JSON Schema defines it (1 == 1.0).
+fn json_equal(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_equal(a, b))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| json_equal(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A JSON string body (without quotes) that is not one of `names`: a trie over the names, where at
+/// each node the text may leave the trie with a character no name continues with, or end if the
+/// node is not a name.
+fn key_not_in(names: &[&str]) -> String {
+    #[derive(Default)]
+    struct Node {
+        children: std::collections::BTreeMap<char, Node>,
+        terminal: bool,
+    }
+    let mut root = Node::default();
+    for n in names {
+        let mut cur = &mut root;
+        for c in n.chars() {
+            cur = cur.children.entry(c).or_default();
+        }
+        cur.terminal = true;
+    }
+    fn encode(c: char) -> String {
+        let s = serde_json::to_string(&c.to_string()).unwrap();
+        regex_syntax::escape(&s[1..s.len() - 1])
+    }
+    fn build(n: &Node) -> String {
+        let plain: String = n
+            .children
+            .keys()
+            .filter(|c| !(**c == '"' || **c == '\\' || (**c as u32) < 0x20))
+            .map(|c| regex_syntax::escape(&c.to_string()))
+            .collect();
+        let needs_escape = n
+            .children
+            .keys()
+            .any(|c| *c == '"' || *c == '\\' || (*c as u32) < 0x20);
+        // A character no name continues with; escapes are left out where a name continues with
+        // an escaped character (sound, slightly narrower).
+        let other = match (plain.is_empty(), needs_escape) {
+            (true, false) => STR_CHAR.to_owned(),
+            (false, false) => {
+                format!(r#"(?:[[^"\\\x00-\x1F]--[{plain}]]|\\["\\bfnrt]|\\u00[01][0-9a-f])"#)
+            }
+            (true, true) => r#"[^"\\\x00-\x1F]"#.to_owned(),
+            (false, true) => format!(r#"[[^"\\\x00-\x1F]--[{plain}]]"#),
+        };
+        let mut parts = vec![format!("{other}{STR_CHAR}*")];
+        for (c, child) in &n.children {
+            parts.push(format!("{}{}", encode(*c), build(child)));
+        }
+        if !n.terminal {
+            parts.push(String::new());
+        }
+        format!("(?:{})", parts.join("|"))
+    }
+    format!("\"{}\"", build(&root))
+}
+
+/// Decimal integers in `[lo, hi]` (either end open), in canonical form (no `-0`, no leading zeros).
+fn int_range(lo: Option<i64>, hi: Option<i64>) -> String {
+    match (lo, hi) {
+        (None, None) => INTEGER.to_owned(),
+        (Some(l), Some(h)) if l > h => NOTHING.to_owned(),
+        _ => {
+            let mut parts = Vec::new();
+            // Negative part: -[max(-h,1), -l].
+            if lo.is_none_or(|l| l < 0) {
+                let from = hi.map_or(1, |h| if h < 0 { -h as u64 } else { 1 });
+                let to = lo.map(|l| l.unsigned_abs());
+                parts.push(format!("-{}", nonneg_range(from, to)));
+            }
+            // Non-negative part: [max(l,0), h].
+            if hi.is_none_or(|h| h >= 0) {
+                let from = lo.map_or(0, |l| l.max(0) as u64);
+                parts.push(nonneg_range(from, hi.map(|h| h as u64)));
+            }
+            alt(&parts)
+        }
+    }
+}
+
+/// Decimal numbers in `[lo, hi]` (`hi` open when `None`), no leading zeros.
+fn nonneg_range(lo: u64, hi: Option<u64>) -> String {
+    let digits = |v: u64| v.to_string().len() as u32;
+    let mut parts = Vec::new();
+    let top = hi.map_or(digits(lo), digits);
+    for n in digits(lo)..=top {
+        let a = if n == digits(lo) {
+            lo
+        } else {
+            10u64.pow(n - 1)
+        };
+        let b = match hi {
+            Some(h) if n == digits(h) => h,
+            _ => 10u64.saturating_pow(n) - 1,
+        };
+        if a <= b {
+            parts.push(same_length(&a.to_string(), &b.to_string()));
+        }
+    }
+    if hi.is_none() {
+        parts.push(format!("[1-9][0-9]{{{},}}", digits(lo)));
+    }
+    alt(&parts)
+}
+
+/// Digit strings of equal length between `a` and `b` inclusive.
+fn same_length(a: &str, b: &str) -> String {
+    if a.is_empty() {
+        return String::new();
+    }
+    if a == b {
+        return a.to_owned();
+    }
+    let (a0, b0) = (a.as_bytes()[0], b.as_bytes()[0]);
+    let (ar, br) = (&a[1..], &b[1..]);
+    let n = ar.len();
+    if a0 == b0 {
+        return format!("{}{}", a0 as char, same_length(ar, br));
+    }
+    if ar.bytes().all(|c| c == b'0') && br.bytes().all(|c| c == b'9') {
+        return format!("[{}-{}][0-9]{{{n}}}", a0 as char, b0 as char);
+    }
+    let mut parts = vec![format!("{}{}", a0 as char, same_length(ar, &"9".repeat(n)))];
+    if b0 - a0 > 1 {
+        parts.push(format!(
+            "[{}-{}][0-9]{{{n}}}",
+            (a0 + 1) as char,
+            (b0 - 1) as char
+        ));
+    }
+    parts.push(format!("{}{}", b0 as char, same_length(&"0".repeat(n), br)));
+    alt(&parts)
+}
+
+/// An ECMA-262 `pattern` (a search over the decoded string) as a regex over the canonical JSON
+/// encoding of the string, without the quotes.
+fn pattern_in_json(pattern: &str, pointer: &str) -> Result<String> {
+    use regex_syntax::hir::{Class, Hir, HirKind, Look};
+    let hir =
+        regex_syntax::ParserBuilder::new()
+            .build()
+            .parse(pattern)
+            .map_err(|e| {
+                unsupported(
+                    "pattern",
+                    pointer,
+                    &format!(
+                    "not expressible as a DFA regex (look-around and backreferences are not): {}",
+                    e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+                ),
+                )
+            })?;
+    // Strip a leading ^ and a trailing $ (anchors); any other assertion is unsupported.
+    let (mut items, anchored_start, anchored_end) = match hir.kind() {
+        HirKind::Concat(items) => {
+            let mut items = items.clone();
+            let s = matches!(
+                items.first().map(Hir::kind),
+                Some(HirKind::Look(Look::Start))
+            );
+            if s {
+                items.remove(0);
+            }
+            let e = matches!(items.last().map(Hir::kind), Some(HirKind::Look(Look::End)));
+            if e {
+                items.pop();
+            }
+            (items, s, e)
+        }
+        HirKind::Look(Look::Start) => (vec![], true, false),
+        HirKind::Look(Look::End) => (vec![], false, true),
+        _ => (vec![hir.clone()], false, false),
+    };
+    fn encode_char(c: char) -> String {
+        let s = serde_json::to_string(&c.to_string()).unwrap();
+        regex_syntax::escape(&s[1..s.len() - 1])
+    }
+    fn tr(h: &Hir, pointer: &str) -> Result<String> {
+        Ok(match h.kind() {
+            HirKind::Empty => String::new(),
+            HirKind::Literal(lit) => {
+                let s = std::str::from_utf8(&lit.0)
+                    .map_err(|_| unsupported("pattern", pointer, "a byte-level literal"))?;
+                s.chars().map(encode_char).collect()
+            }
+            HirKind::Class(Class::Unicode(cls)) => {
+                // Characters that JSON writes raw stay a class; the others become their escapes.
+                let mut raw = String::new();
+                let mut escaped = Vec::new();
+                for r in cls.ranges() {
+                    let (a, b) = (r.start() as u32, r.end() as u32);
+                    for special in (0..0x20).chain([0x22, 0x5C]) {
+                        if a <= special && special <= b {
+                            escaped.push(encode_char(char::from_u32(special).unwrap()));
+                        }
+                    }
+                    raw.push_str(&format!("\\x{{{a:x}}}-\\x{{{b:x}}}"));
+                }
+                let class = format!(r#"[[{raw}]--[\x00-\x1F"\\]]"#);
+                if escaped.is_empty() {
+                    class
+                } else {
+                    format!("(?:{class}|{})", escaped.join("|"))
+                }
+            }
+            HirKind::Class(Class::Bytes(_)) => {
+                return Err(unsupported("pattern", pointer, "a byte class"))
+            }
+            HirKind::Look(_) => {
+                return Err(unsupported(
+                    "pattern",
+                    pointer,
+                    "anchors or word boundaries inside the pattern",
+                ))
+            }
+            HirKind::Repetition(rep) => {
+                let inner = tr(&rep.sub, pointer)?;
+                let max = rep.max.map_or(String::new(), |m| m.to_string());
+                let q = if rep.max == Some(rep.min) {
+                    format!("{{{}}}", rep.min)
+                } else {
+                    format!("{{{},{max}}}", rep.min)
+                };
+                format!("(?:{inner}){q}")
+            }
+            HirKind::Capture(c) => format!("(?:{})", tr(&c.sub, pointer)?),
+            HirKind::Concat(hs) => hs
+                .iter()
+                .map(|h| tr(h, pointer))
+                .collect::<Result<String>>()?,
+            HirKind::Alternation(hs) => format!(
+                "(?:{})",
+                hs.iter()
+                    .map(|h| tr(h, pointer))
+                    .collect::<Result<Vec<_>>>()?
+                    .join("|")
+            ),
+        })
+    }
+    let body: String = items
+        .drain(..)
+        .map(|h| tr(&h, pointer))
+        .collect::<Result<String>>()?;
+    let pre = if anchored_start {
+        String::new()
+    } else {
+        format!("{STR_CHAR}*")
+    };
+    let post = if anchored_end {
+        String::new()
+    } else {
+        format!("{STR_CHAR}*")
+    };
+    Ok(format!("{pre}(?:{body}){post}"))
+}
+
+/// `instance` re-serialized in quarry's canonical form for `schema`: compact, object properties in
+/// the order the schema lists them, then the others in their own order.
+pub fn canonicalize(instance: &Value, schema: &Value) -> String {
+    fn order(v: &Value, s: &Value, root: &Value, depth: usize) -> Value {
+        let s = match s.get("$ref").and_then(Value::as_str) {
+            Some(r) if depth < 32 => r
+                .strip_prefix('#')
+                .and_then(|f| {
+                    if f.is_empty() {
+                        Some(root)
+                    } else {
+                        root.pointer(f)
+                    }
+                })
+                .unwrap_or(s),
+            _ => s,
+        };
+        let sub = |k: &str| s.get(k).cloned().unwrap_or(Value::Bool(true));
+        match v {
+            Value::Object(m) => {
+                let mut out = Map::new();
+                let props = s.get("properties").and_then(Value::as_object);
+                if let Some(props) = props {
+                    for (k, ps) in props {
+                        if let Some(x) = m.get(k) {
+                            out.insert(k.clone(), order(x, ps, root, depth + 1));
+                        }
+                    }
+                }
+                let extra = sub("additionalProperties");
+                for (k, x) in m {
+                    if !out.contains_key(k) {
+                        out.insert(k.clone(), order(x, &extra, root, depth + 1));
+                    }
+                }
+                Value::Object(out)
+            }
+            Value::Array(a) => {
+                let prefix = s
+                    .get("prefixItems")
+                    .or_else(|| s.get("items").filter(|i| i.is_array()))
+                    .and_then(Value::as_array);
+                let rest = s
+                    .get("items")
+                    .filter(|i| !i.is_array())
+                    .cloned()
+                    .unwrap_or(Value::Bool(true));
+                Value::Array(
+                    a.iter()
+                        .enumerate()
+                        .map(|(i, x)| {
+                            let ps = prefix.and_then(|p| p.get(i)).unwrap_or(&rest);
+                            order(x, ps, root, depth + 1)
+                        })
+                        .collect(),
+                )
+            }
+            other => other.clone(),
+        }
+    }
+    serde_json::to_string(&order(instance, schema, schema, 0)).expect("a Value serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full(re: &str) -> regex_automata::dfa::regex::Regex {
+        regex_automata::dfa::regex::Regex::new(&format!("^(?:{re})$")).unwrap()
+    }
+
+    #[test]
+    fn integer_ranges_are_exact() {
+        for (lo, hi) in [
+            (Some(0), Some(0)),
+            (Some(-15), Some(27)),
+            (Some(7), Some(1234)),
+            (Some(-1000), Some(-3)),
+            (Some(18), None),
+            (None, Some(-2)),
+            (Some(99), Some(100)),
+        ] {
+            let re = full(&int_range(lo, hi));
+            for v in -1500i64..1500 {
+                let want = lo.is_none_or(|l| v >= l) && hi.is_none_or(|h| v <= h);
+                assert_eq!(
+                    re.is_match(v.to_string().as_bytes()),
+                    want,
+                    "{lo:?}..{hi:?}: {v}"
+                );
+            }
+            assert!(!re.is_match(b"-0") && !re.is_match(b"007"));
+        }
+    }
+
+    #[test]
+    fn keys_outside_a_set() {
+        let re = full(&key_not_in(&["a", "ab", "b\"c"]));
+        for (k, want) in [
+            ("\"a\"", false),
+            ("\"ab\"", false),
+            ("\"b\\\"c\"", false),
+            ("\"\"", true),
+            ("\"abc\"", true),
+            ("\"b\"", true),
+            ("\"x\\n\"", true),
+            ("\"ac\"", true),
+        ] {
+            assert_eq!(re.is_match(k.as_bytes()), want, "{k}");
+        }
+    }
+}

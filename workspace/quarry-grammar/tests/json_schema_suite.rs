@@ -1,0 +1,158 @@
+//! The official JSON-Schema-Test-Suite (draft 2020-12 and draft 7, required tests), run as a
+//! ratchet. For every case the instance is written in quarry's canonical form for its schema and fed
+//! to the compiled constraint; "accepted" must equal the suite's `valid`.
+//!
+//! - A schema quarry refuses (a typed error) makes its cases "unsupported".
+//! - Accepting an instance the suite calls invalid is a soundness bug: that count must be 0.
+//! - `json_schema_suite.baseline.json` holds the pass counts; they may only go up.
+//!
+//! The suite is in `tests/fixtures/json-schema-test-suite` (with its license), fetched by
+//! `tests/fixtures/fetch_json_schema_test_suite.py`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use quarry_grammar::schema::canonicalize;
+use quarry_grammar::{Constraint, Grammar, Limits, Matcher, SchemaOptions, Vocabulary};
+use serde_json::{json, Value};
+
+#[derive(Default, Debug)]
+struct Counts {
+    passed: usize,
+    unsupported: usize,
+    rejected_valid: usize,
+    accepted_invalid: usize,
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn byte_vocab() -> Arc<Vocabulary> {
+    let toks: Vec<Vec<u8>> = (0..=255u8)
+        .map(|b| vec![b])
+        .chain([b"<eos>".to_vec()])
+        .collect();
+    Arc::new(Vocabulary::new(
+        toks.iter()
+            .enumerate()
+            .map(|(i, t)| (t.as_slice(), i == 256)),
+        &[256],
+    ))
+}
+
+/// Why groups were refused: the error message with the JSON Pointer taken out, and how many cases.
+type Reasons = BTreeMap<String, usize>;
+
+fn run(draft: &str, schema_uri: &str, vocab: &Arc<Vocabulary>) -> (Counts, Vec<String>, Reasons) {
+    let dir = root()
+        .join("tests/fixtures/json-schema-test-suite/tests")
+        .join(draft);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let mut counts = Counts::default();
+    let mut unsound = Vec::new();
+    let mut reasons = Reasons::new();
+    let limits = Limits {
+        compile_time: std::time::Duration::from_secs(2),
+        ..Limits::default()
+    };
+    for file in files {
+        let groups: Vec<Value> = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        for group in groups {
+            let mut schema = group["schema"].clone();
+            if let Value::Object(m) = &mut schema {
+                m.entry("$schema").or_insert(json!(schema_uri));
+            }
+            let constraint = Constraint::JsonSchema {
+                schema: schema.clone(),
+                options: SchemaOptions::default(),
+            };
+            let grammar = match Grammar::compile(&constraint, vocab.clone(), limits) {
+                Ok(g) => Some(Arc::new(g)),
+                Err(e) => {
+                    let msg = e.to_string();
+                    let key = match (msg.find(" at "), msg.find(": ")) {
+                        (Some(a), Some(b)) if a < b => format!("{}{}", &msg[..a], &msg[b..]),
+                        _ => msg,
+                    };
+                    *reasons.entry(key).or_default() += group["tests"].as_array().unwrap().len();
+                    None
+                }
+            };
+            for case in group["tests"].as_array().unwrap() {
+                let valid = case["valid"].as_bool().unwrap();
+                let Some(g) = &grammar else {
+                    counts.unsupported += 1;
+                    continue;
+                };
+                let text = canonicalize(&case["data"], &schema);
+                let mut m = Matcher::new(g.clone());
+                let accepted = m.accept_bytes(text.as_bytes()).is_ok() && m.is_accepting();
+                match (accepted, valid) {
+                    (a, v) if a == v => counts.passed += 1,
+                    (true, false) => {
+                        counts.accepted_invalid += 1;
+                        unsound.push(format!(
+                            "{}: {} / {}: accepted invalid {text}",
+                            file.file_name().unwrap().to_string_lossy(),
+                            group["description"],
+                            case["description"]
+                        ));
+                    }
+                    _ => counts.rejected_valid += 1,
+                }
+            }
+        }
+    }
+    (counts, unsound, reasons)
+}
+
+#[test]
+fn official_suite_ratchet() {
+    let vocab = byte_vocab();
+    let baseline: BTreeMap<String, usize> = serde_json::from_slice(
+        &std::fs::read(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/json_schema_suite.baseline.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut failures = Vec::new();
+    for (draft, uri) in [
+        (
+            "draft2020-12",
+            "https://json-schema.org/draft/2020-12/schema",
+        ),
+        ("draft7", "http://json-schema.org/draft-07/schema#"),
+    ] {
+        let (c, unsound, reasons) = run(draft, uri, &vocab);
+        let total = c.passed + c.unsupported + c.rejected_valid + c.accepted_invalid;
+        println!(
+            "{draft}: {} of {total} passed, {} unsupported, {} valid rejected, {} invalid accepted",
+            c.passed, c.unsupported, c.rejected_valid, c.accepted_invalid
+        );
+        let mut reasons: Vec<_> = reasons.into_iter().collect();
+        reasons.sort_by(|a, b| b.1.cmp(&a.1));
+        for (why, n) in reasons.iter().take(12) {
+            println!("  {n:>4} cases unsupported: {why}");
+        }
+        failures.extend(unsound);
+        let floor = baseline.get(draft).copied().unwrap_or(0);
+        if c.passed < floor {
+            failures.push(format!(
+                "{draft}: {} passed, below the baseline {floor}",
+                c.passed
+            ));
+        } else if c.passed > floor {
+            println!(
+                "{draft}: above the baseline {floor}; raise it in json_schema_suite.baseline.json"
+            );
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
