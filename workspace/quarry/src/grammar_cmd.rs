@@ -1,13 +1,18 @@
-//! `quarry grammar …`: compile a constraint against a model's vocabulary and look at it from
-//! outside: its size and timings, whether a text passes through the token path, and the raw mask.
+//! `quarry grammar …`: compile a constraint (regex, choice or JSON Schema) against a model's
+//! vocabulary and look at it from outside: its size and timings, whether a text passes through the
+//! token path, the raw mask, and the regex a schema becomes.
 
 use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use quarry_grammar::{Constraint, Grammar, Limits, Matcher, Rejection, Vocabulary};
+use quarry_grammar::schema::canonicalize;
+use quarry_grammar::{
+    Constraint, Grammar, Limits, Matcher, Rejection, SchemaOptions, Vocabulary, Whitespace,
+};
 use quarry_tokenizer::Tokenizer;
 
 use crate::{load_tokenizer, show_bytes, ModelArg};
@@ -18,7 +23,8 @@ pub enum GrammarCommand {
     /// density.
     #[command(after_help = "Examples:\n  \
         quarry grammar compile --regex '[0-9]{4}-[0-9]{2}-[0-9]{2}'\n  \
-        quarry grammar compile --choice yes --choice no --json")]
+        quarry grammar compile --choice yes --choice no --json\n  \
+        quarry grammar compile --schema schemas/person.json --strict")]
     Compile {
         #[command(flatten)]
         constraint: ConstraintArgs,
@@ -40,6 +46,17 @@ pub enum GrammarCommand {
         /// Drop one trailing newline (`\n` or `\r\n`) from the input, as `echo` adds one.
         #[arg(long)]
         chomp: bool,
+        /// With --schema: parse the input as JSON and re-serialize it in canonical form first.
+        #[arg(long, requires = "schema")]
+        canonicalize: bool,
+    },
+    /// Print the regex a constraint compiles from (for a schema, the derived regex).
+    #[command(after_help = "Examples:\n  \
+        quarry grammar explain --schema schemas/person.json\n  \
+        quarry grammar explain --choice yes --choice no")]
+    Explain {
+        #[command(flatten)]
+        constraint: ConstraintArgs,
     },
     /// Feed TEXT's bytes to the matcher, then print the allowed next token ids as a JSON array,
     /// and any forced bytes. Exit 2 if TEXT already leaves the language.
@@ -59,13 +76,23 @@ pub enum GrammarCommand {
 }
 
 #[derive(Args)]
+#[group(id = "what", required = true, multiple = false, args = ["regex", "choice", "schema"])]
 pub struct ConstraintArgs {
     /// The output must match this regex in full (regex-automata syntax).
-    #[arg(long, conflicts_with = "choice", required_unless_present = "choice")]
+    #[arg(long)]
     regex: Option<String>,
     /// The output must be exactly one of these strings (repeat the flag).
     #[arg(long)]
     choice: Vec<String>,
+    /// The output must be canonical JSON that this JSON Schema file accepts.
+    #[arg(long, value_name = "FILE")]
+    schema: Option<PathBuf>,
+    /// With --schema: a missing additionalProperties means false (OpenAI structured outputs).
+    #[arg(long, requires = "schema")]
+    strict: bool,
+    /// With --schema: no whitespace (compact), or up to 8 bytes of it around each token (pretty).
+    #[arg(long, value_enum, default_value_t = WhitespaceArg::Compact, requires = "schema")]
+    whitespace: WhitespaceArg,
     /// Most DFA states the constraint may reach.
     #[arg(long, default_value_t = Limits::default().max_states)]
     max_states: usize,
@@ -76,12 +103,40 @@ pub struct ConstraintArgs {
     model: ModelArg,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum WhitespaceArg {
+    Compact,
+    Pretty,
+}
+
 impl ConstraintArgs {
-    fn constraint(&self) -> Constraint {
-        match &self.regex {
+    fn schema(&self) -> Result<Option<serde_json::Value>> {
+        let Some(path) = &self.schema else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the schema {}", path.display()))?;
+        let v = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", path.display()))?;
+        Ok(Some(v))
+    }
+
+    fn constraint(&self) -> Result<Constraint> {
+        if let Some(schema) = self.schema()? {
+            let options = SchemaOptions {
+                strict: self.strict,
+                whitespace: match self.whitespace {
+                    WhitespaceArg::Compact => Whitespace::Compact,
+                    WhitespaceArg::Pretty => Whitespace::Pretty { max_run: 8 },
+                },
+                ..SchemaOptions::default()
+            };
+            return Ok(Constraint::JsonSchema { schema, options });
+        }
+        Ok(match &self.regex {
             Some(r) => Constraint::Regex(r.clone()),
             None => Constraint::Choice(self.choice.clone()),
-        }
+        })
     }
 
     fn limits(&self) -> Limits {
@@ -111,7 +166,7 @@ fn load(args: &ConstraintArgs) -> Result<Loaded> {
 }
 
 fn compile(args: &ConstraintArgs, vocab: &Arc<Vocabulary>) -> Result<Arc<Grammar>> {
-    let grammar = Grammar::compile(&args.constraint(), vocab.clone(), args.limits())
+    let grammar = Grammar::compile(&args.constraint()?, vocab.clone(), args.limits())
         .context("compiling the constraint")?;
     Ok(Arc::new(grammar))
 }
@@ -126,7 +181,14 @@ pub fn run(cmd: GrammarCommand) -> Result<bool> {
             constraint,
             explain,
             chomp,
-        } => accepts_cmd(&constraint, explain, chomp),
+            canonicalize,
+        } => accepts_cmd(&constraint, explain, chomp, canonicalize),
+        GrammarCommand::Explain { constraint } => {
+            let pattern = constraint.constraint()?.pattern()?;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{pattern}")?;
+            Ok(true)
+        }
         GrammarCommand::Mask {
             constraint,
             prefix,
@@ -164,9 +226,10 @@ fn compile_cmd(args: &ConstraintArgs, json: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
         let v = serde_json::json!({
-            "constraint": match args.constraint() {
+            "constraint": match args.constraint()? {
                 Constraint::Regex(r) => serde_json::json!({ "regex": r }),
                 Constraint::Choice(c) => serde_json::json!({ "choice": c }),
+                Constraint::JsonSchema { .. } => serde_json::json!({ "schema": args.schema }),
             },
             "model": args.model.model,
             "vocab_size": vocab.len(),
@@ -207,7 +270,7 @@ fn compile_cmd(args: &ConstraintArgs, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn accepts_cmd(args: &ConstraintArgs, explain: bool, chomp: bool) -> Result<bool> {
+fn accepts_cmd(args: &ConstraintArgs, explain: bool, chomp: bool, canonical: bool) -> Result<bool> {
     let mut input = Vec::new();
     std::io::stdin()
         .lock()
@@ -219,6 +282,12 @@ fn accepts_cmd(args: &ConstraintArgs, explain: bool, chomp: bool) -> Result<bool
         if text.ends_with('\r') {
             text.pop();
         }
+    }
+    if canonical {
+        let instance: serde_json::Value =
+            serde_json::from_str(&text).context("--canonicalize: stdin is not JSON")?;
+        let schema = args.schema()?.unwrap_or_default();
+        text = canonicalize(&instance, &schema);
     }
     let Loaded { tok, vocab } = load(args)?;
     let grammar = compile(args, &vocab)?;

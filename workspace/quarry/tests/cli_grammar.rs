@@ -226,3 +226,65 @@ fn bad_or_huge_constraints_are_one_line_exit_2() {
     ));
     assert!(err.contains("not found"), "{err}");
 }
+
+#[test]
+fn schema_constraints_compile_accept_and_explain() {
+    let schema = "schemas/debian-package.json";
+    let v = json_out(&["grammar", "compile", "--json", "--schema", schema]);
+    assert!(v["dfa_states"].as_u64().unwrap() > 10, "{v}");
+    // Written in another key order: refused as is, accepted once canonicalized.
+    let doc = r#"{"version": "1.6-2.1", "name": "jq", "maintainer": "ChangZhuo Chen <czchen@debian.org>",
+        "depends": ["libc6 (>= 2.34)"], "summary": "lightweight and flexible command-line JSON processor"}"#;
+    let accepts = ["grammar", "accepts", "--schema", schema];
+    assert_eq!(quarry(&accepts, doc).status.code(), Some(1));
+    let mut canon = accepts.to_vec();
+    canon.push("--canonicalize");
+    assert_eq!(quarry(&canon, doc).status.code(), Some(0));
+    // A required property missing: refused even in canonical form.
+    let missing = r#"{"name": "jq", "version": "1", "maintainer": "x", "depends": []}"#;
+    assert_eq!(quarry(&canon, missing).status.code(), Some(1));
+    // The mask after a property forces the next key.
+    let v = json_out(&[
+        "grammar",
+        "mask",
+        "--json",
+        "--schema",
+        schema,
+        "--prefix",
+        r#"{"name":"jq","#,
+    ]);
+    assert_eq!(v["forced"], r#""version":""#);
+    let o = quarry(&["grammar", "explain", "--schema", schema], "");
+    assert!(o.status.success());
+    assert!(String::from_utf8(o.stdout)
+        .unwrap()
+        .starts_with(r#"\{"name":""#));
+}
+
+#[test]
+fn unsupported_schema_keywords_name_the_pointer() {
+    let path = std::env::temp_dir().join(format!("quarry-schema-{}.json", std::process::id()));
+    std::fs::write(
+        &path,
+        r#"{"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": true}}}"#,
+    )
+    .unwrap();
+    let err = error_line(&quarry(
+        &["grammar", "compile", "--schema", path.to_str().unwrap()],
+        "",
+    ));
+    assert!(err.contains("uniqueItems"), "{err}");
+    assert!(err.contains("#/properties/tags"), "{err}");
+    std::fs::write(&path, r#"{"type": "object", "propertees": {}}"#).unwrap();
+    let err = error_line(&quarry(
+        &["grammar", "compile", "--schema", path.to_str().unwrap()],
+        "",
+    ));
+    assert!(err.contains("unknown keyword `propertees` at #"), "{err}");
+    std::fs::write(&path, "{not json").unwrap();
+    let err = error_line(&quarry(
+        &["grammar", "compile", "--schema", path.to_str().unwrap()],
+        "",
+    ));
+    assert!(err.contains("not valid JSON"), "{err}");
+}
