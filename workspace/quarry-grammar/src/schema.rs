@@ -110,8 +110,13 @@ enum Draft {
 
 /// One code point of a JSON string, as canonical JSON writes it.
 const STR_CHAR: &str = r#"(?:[^"\\\x00-\x1F]|\\["\\bfnrt]|\\u00[01][0-9a-f])"#;
-const NUMBER: &str = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
-const INTEGER: &str = r"-?(?:0|[1-9][0-9]*)";
+/// Numbers are bounded so that every output parses as an `f64` (serde_json, Python and JavaScript
+/// refuse or round to infinity beyond ±1.8e308) and a model cannot run digits to `max_tokens`: at
+/// most 18 integer digits, 18 fraction digits and a 2-digit exponent.
+const NUMBER: &str = r"-?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,18})?(?:[eE][+-]?[0-9]{1,2})?";
+const INTEGER: &str = r"-?(?:0|[1-9][0-9]{0,17})";
+const FRAC_EXP: &str = r"(?:\.[0-9]{1,18})?(?:[eE][+-]?[0-9]{1,2})?";
+const EXP: &str = r"(?:[eE][+-]?[0-9]{1,2})?";
 /// A regex with an empty language.
 const NOTHING: &str = r"[^\x00-\x{10FFFF}]";
 
@@ -831,14 +836,13 @@ impl Translator<'_> {
                 "upper bounds on non-integer numbers are not supported yet",
             ));
         }
-        let frac_exp = r"(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
-        Ok(match lower {
+        // (bound is zero, exclusive)
+        Ok(match lower.map(|(v, x)| (v == 0.0, x)) {
             None => NUMBER.to_owned(),
-            Some((v, false)) if v == 0.0 => format!("(?:0|[1-9][0-9]*){frac_exp}"),
-            Some((v, true)) if v == 0.0 => {
-                let exp = r"(?:[eE][+-]?[0-9]+)?";
-                format!(r"(?:[1-9][0-9]*(?:\.[0-9]+)?{exp}|0\.[0-9]*[1-9][0-9]*{exp})")
-            }
+            Some((true, false)) => format!("(?:0|[1-9][0-9]{{0,17}}){FRAC_EXP}"),
+            Some((true, true)) => format!(
+                r"(?:[1-9][0-9]{{0,17}}(?:\.[0-9]{{1,18}})?{EXP}|0\.0{{0,17}}[1-9][0-9]{{0,17}}{EXP})"
+            ),
             Some(_) => {
                 return Err(unsupported(
                     "minimum",
@@ -983,8 +987,9 @@ fn nonneg_range(lo: u64, hi: Option<u64>) -> String {
             parts.push(same_length(&a.to_string(), &b.to_string()));
         }
     }
-    if hi.is_none() {
-        parts.push(format!("[1-9][0-9]{{{},}}", digits(lo)));
+    if hi.is_none() && digits(lo) < 18 {
+        // Longer numbers, up to the 18 digits every number is bounded to.
+        parts.push(format!("[1-9][0-9]{{{},17}}", digits(lo)));
     }
     alt(&parts)
 }

@@ -137,7 +137,7 @@ fn official_suite_ratchet() {
             c.passed, c.unsupported, c.rejected_valid, c.accepted_invalid
         );
         let mut reasons: Vec<_> = reasons.into_iter().collect();
-        reasons.sort_by(|a, b| b.1.cmp(&a.1));
+        reasons.sort_by_key(|r| std::cmp::Reverse(r.1));
         for (why, n) in reasons.iter().take(12) {
             println!("  {n:>4} cases unsupported: {why}");
         }

@@ -1,0 +1,191 @@
+//! Property test: random schemas from a generator, random walks of the matcher through their masks
+//! (with jump-forward), and every completed output parsed with serde_json and validated by the
+//! `jsonschema` crate, an implementation independent of quarry.
+
+mod common;
+
+use std::sync::Arc;
+
+use quarry_grammar::{Constraint, Grammar, Limits, Matcher, SchemaOptions, Whitespace};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Map, Value};
+
+fn scalar(rng: &mut SmallRng) -> Value {
+    match rng.random_range(0..5) {
+        0 => json!(null),
+        1 => json!(rng.random_bool(0.5)),
+        2 => json!(rng.random_range(-20..20)),
+        3 => json!(["red", "green", "Blue \"b\"", "é"][rng.random_range(0..4)]),
+        _ => json!(rng.random_range(-5.0..5.0f64).round() / 2.0),
+    }
+}
+
+fn gen_schema(rng: &mut SmallRng, depth: u32) -> Value {
+    let pick = if depth == 0 {
+        rng.random_range(0..5)
+    } else {
+        rng.random_range(0..8)
+    };
+    match pick {
+        0 => {
+            let mut s = json!({"type": "string", "maxLength": rng.random_range(1..6)});
+            match rng.random_range(0..4) {
+                0 => s["minLength"] = json!(rng.random_range(0..2)),
+                1 => s = json!({"type": "string", "pattern": "^[a-c]+$"}),
+                2 => s = json!({"type": "string", "format": "date"}),
+                _ => {}
+            }
+            s
+        }
+        1 => {
+            let lo = rng.random_range(-50..50);
+            json!({"type": "integer", "minimum": lo, "exclusiveMaximum": lo + rng.random_range(1..200)})
+        }
+        2 => [
+            json!({"type": "number", "minimum": 0}),
+            json!({"type": "number", "exclusiveMinimum": 0}),
+            json!({"type": "number"}),
+        ][rng.random_range(0..3)]
+        .clone(),
+        3 => {
+            let t = ["boolean", "null"][rng.random_range(0..2)];
+            json!({ "type": t })
+        }
+        4 => json!({"enum": (0..rng.random_range(1..4)).map(|_| scalar(rng)).collect::<Vec<_>>()}),
+        5 => {
+            let mut props = Map::new();
+            let mut required = Vec::new();
+            for i in 0..rng.random_range(0..4) {
+                let name = ["id", "name", "tags", "a\"b", "ünï"][i % 5].to_string();
+                if rng.random_bool(0.5) {
+                    required.push(json!(name.clone()));
+                }
+                props.insert(name, gen_schema(rng, depth - 1));
+            }
+            let mut s = json!({"type": "object", "properties": props, "required": required});
+            match rng.random_range(0..3) {
+                0 => s["additionalProperties"] = json!(false),
+                1 => s["additionalProperties"] = json!({"type": "integer"}),
+                _ => {}
+            }
+            s
+        }
+        6 => {
+            let min = rng.random_range(0..2);
+            json!({"type": "array", "items": gen_schema(rng, depth - 1), "minItems": min, "maxItems": min + rng.random_range(0..3)})
+        }
+        _ => json!({"anyOf": [gen_schema(rng, depth - 1), gen_schema(rng, depth - 1)]}),
+    }
+}
+
+#[test]
+fn completed_outputs_validate_with_jsonschema() {
+    let vocab = common::fuzz_case::small_vocab();
+    let eos = vocab.eos()[0];
+    let mut rng = SmallRng::seed_from_u64(42);
+    let mut mask = vec![0u32; vocab.mask_words()];
+    let (mut completed, mut schemas) = (0, 0);
+    for i in 0..200 {
+        let schema = gen_schema(&mut rng, 2);
+        let options = SchemaOptions {
+            strict: rng.random_bool(0.3),
+            whitespace: if i % 3 == 0 {
+                Whitespace::Pretty { max_run: 2 }
+            } else {
+                Whitespace::Compact
+            },
+            ..SchemaOptions::default()
+        };
+        let constraint = Constraint::JsonSchema {
+            schema: schema.clone(),
+            options,
+        };
+        let grammar = match Grammar::compile(&constraint, vocab.clone(), Limits::default()) {
+            Ok(g) => Arc::new(g),
+            Err(e) => panic!("generated schema {schema} failed to compile: {e}"),
+        };
+        // Under `strict`, a missing additionalProperties means false; say so to the validator.
+        let checked = if options.strict {
+            strictify(&schema)
+        } else {
+            schema.clone()
+        };
+        let validator = jsonschema::validator_for(&checked).unwrap();
+        schemas += 1;
+        for _ in 0..4 {
+            let mut m = Matcher::new(grammar.clone());
+            let mut out = Vec::new();
+            for _ in 0..400 {
+                if !m.forced_bytes().is_empty() && rng.random_bool(0.5) {
+                    let f = m.forced_bytes().to_vec();
+                    m.accept_bytes(&f).unwrap();
+                    out.extend_from_slice(&f);
+                    continue;
+                }
+                m.fill_mask(&mut mask);
+                let allowed: Vec<u32> = (0..vocab.len() as u32)
+                    .filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1)
+                    .collect();
+                // Live states only: the walk can never get stuck (the generator makes no
+                // unsatisfiable schema, so the start has a way forward too).
+                assert!(
+                    !allowed.is_empty(),
+                    "{schema}: dead end after {:?}",
+                    String::from_utf8_lossy(&out)
+                );
+                // Prefer ending and closing, so walks finish.
+                let closing: Vec<u32> = allowed
+                    .iter()
+                    .copied()
+                    .filter(|&t| {
+                        t == eos || matches!(vocab.token_bytes(t), Some(b"\"" | b"]" | b"}"))
+                    })
+                    .collect();
+                let t = if !closing.is_empty() && rng.random_bool(0.4) {
+                    closing[rng.random_range(0..closing.len())]
+                } else {
+                    allowed[rng.random_range(0..allowed.len())]
+                };
+                m.accept_token(t).unwrap();
+                if t == eos {
+                    break;
+                }
+                out.extend_from_slice(vocab.token_bytes(t).unwrap());
+            }
+            if !m.is_finished() || m.is_accepting() {
+                continue; // the walk did not end with EOS within the step budget
+            }
+            let text = String::from_utf8(out).expect("outputs are UTF-8");
+            let instance: Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{schema}: output {text:?} is not JSON: {e}"));
+            assert!(
+                validator.is_valid(&instance),
+                "{schema} (strict {}): output {text} is invalid",
+                options.strict
+            );
+            completed += 1;
+        }
+    }
+    assert_eq!(schemas, 200);
+    println!("{completed} completed walks over {schemas} schemas, all valid");
+    assert!(completed >= 300, "only {completed} walks completed");
+}
+
+/// The schema with `additionalProperties: false` added to every object schema that has none.
+fn strictify(s: &Value) -> Value {
+    match s {
+        Value::Object(m) => {
+            let mut out: Map<String, Value> =
+                m.iter().map(|(k, v)| (k.clone(), strictify(v))).collect();
+            if out.get("type") == Some(&json!("object"))
+                && !out.contains_key("additionalProperties")
+            {
+                out.insert("additionalProperties".into(), json!(false));
+            }
+            Value::Object(out)
+        }
+        Value::Array(a) => Value::Array(a.iter().map(strictify).collect()),
+        other => other.clone(),
+    }
+}
