@@ -26,11 +26,13 @@
 //! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`, `uniqueItems: false`;
 //! - strings: `minLength`, `maxLength` (code points), `pattern` (alone: a search, as ECMA-262 has it),
 //!   `format` for `date`, `time`, `date-time`, `uuid`, `ipv4`;
-//! - numbers: the exact JSON number grammar (no leading zeros; fraction; exponent); `minimum`,
+//! - numbers: the exact JSON number grammar (no leading zeros; fraction; exponent), bounded to at
+//!   most 18 integer digits, 18 fraction digits and a 2-digit exponent so every output parses as an
+//!   `f64` and digits cannot run to `max_tokens`; `minimum`,
 //!   `maximum`, `exclusiveMinimum`, `exclusiveMaximum` as exact digit languages for integers;
 //!   for `number`, a lower bound of 0 (inclusive or exclusive); `multipleOf: 1` on integers;
 //! - combinators: `anyOf`; `oneOf` whose branches are of pairwise different types; `allOf` with one
-//!   branch;
+//!   branch; `not: {type: …}` (and `not: true/false`);
 //! - references: local `$ref` (`#`, `#/$defs/…`, `#/definitions/…`, any JSON Pointer into the
 //!   document), `$defs`, `definitions`.
 //!
@@ -41,7 +43,7 @@
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
 //! `patternProperties`, `propertyNames`, `minProperties`, `maxProperties`, `dependentRequired`,
 //! `dependencies`, `dependentSchemas`, `contains`, `minContains`, `maxContains`, `uniqueItems: true`,
-//! `not`, `if`/`then`/`else`, `unevaluatedProperties`, `unevaluatedItems`, `$dynamicRef`,
+//! other `not`, `if`/`then`/`else`, `unevaluatedProperties`, `unevaluatedItems`, `$dynamicRef`,
 //! `$recursiveRef`, other `multipleOf`, bounds on non-integer numbers other than 0, other formats,
 //! `pattern` together with a length or a format, `allOf` with several branches, `oneOf` whose
 //! branches may overlap, `anyOf`/`oneOf` next to other constraining keywords, `$ref` next to other
@@ -168,6 +170,7 @@ const SUPPORTED: &[&str] = &[
     "oneOf",
     "allOf",
     "$ref",
+    "not",
 ];
 
 const UNSUPPORTED: &[&str] = &[
@@ -181,7 +184,6 @@ const UNSUPPORTED: &[&str] = &[
     "contains",
     "minContains",
     "maxContains",
-    "not",
     "if",
     "then",
     "else",
@@ -318,6 +320,7 @@ impl Translator<'_> {
                 ))
             }
         };
+        let types = self.without_negated_types(m, types, pointer)?;
         let mut parts = Vec::new();
         let has_number = types.contains(&"number");
         for t in &types {
@@ -341,6 +344,64 @@ impl Translator<'_> {
             parts.push(r);
         }
         Ok(alt(&parts))
+    }
+
+    /// Applies `not` where it is decidable here: `not: {type: …}` removes those types (`number`
+    /// takes `integer` with it; removing only `integer` from `number` is not supported),
+    /// `not: false` removes nothing. Any other `not` is unsupported.
+    fn without_negated_types<'t>(
+        &self,
+        m: &Map<String, Value>,
+        mut types: Vec<&'t str>,
+        pointer: &str,
+    ) -> Result<Vec<&'t str>> {
+        let Some(not) = m.get("not") else {
+            return Ok(types);
+        };
+        let here = child(pointer, "not");
+        let refuse = || {
+            unsupported(
+                "not",
+                pointer,
+                "only `not: {type: …}` and `not: false` are supported yet",
+            )
+        };
+        let excluded: Vec<String> = match not {
+            Value::Bool(false) => return Ok(types),
+            Value::Bool(true) => return Ok(Vec::new()),
+            Value::Object(n) => {
+                if Self::constraining(n, &[]) != ["type"] {
+                    return Err(refuse());
+                }
+                match &n["type"] {
+                    Value::String(t) => vec![t.clone()],
+                    Value::Array(ts) => ts
+                        .iter()
+                        .map(|t| {
+                            t.as_str()
+                                .map(str::to_owned)
+                                .ok_or_else(|| invalid(&here, "type names are strings"))
+                        })
+                        .collect::<Result<_>>()?,
+                    _ => return Err(invalid(&here, "expected a string or array")),
+                }
+            }
+            _ => return Err(invalid(&here, "a schema is an object or a boolean")),
+        };
+        let gone = |t: &str| {
+            excluded
+                .iter()
+                .any(|e| e == t || (e == "number" && t == "integer"))
+        };
+        if excluded.iter().any(|e| e == "integer") && types.contains(&"number") && !gone("number") {
+            return Err(unsupported(
+                "not",
+                pointer,
+                "numbers that are not integers are not supported yet",
+            ));
+        }
+        types.retain(|t| !gone(t));
+        Ok(types)
     }
 
     /// Keywords other than annotations and those listed.
