@@ -2,7 +2,7 @@
 //!
 //! # Key types
 //! - [`Vocabulary`]: token id → bytes, special and EOS ids. Plain data built by the caller.
-//! - [`Constraint`]: a regex (full match) or a choice list.
+//! - [`Constraint`]: a regex (full match), a choice list, or a JSON Schema ([`schema`]).
 //! - [`Grammar`]: the compiled constraint: an anchored byte DFA (regex-automata) with per-state
 //!   token masks and forced bytes computed on first use and cached. Immutable, `Send + Sync`,
 //!   shared by `Arc`.
@@ -48,7 +48,8 @@
 //! - [`Grammar::precompute`] fills every state's mask ahead of time, on N threads.
 //! - `BENCHMARKS.md` has the numbers against outlines-core and llguidance.
 //!
-//! Status: regex and choice constraints. JSON Schema and grammars are next.
+//! Status: regex and choice constraints; JSON Schema for the keywords listed in [`schema`].
+//! Grammars are next.
 
 mod error;
 mod grammar;
