@@ -31,8 +31,10 @@
 //!   `f64` and digits cannot run to `max_tokens`; `minimum`,
 //!   `maximum`, `exclusiveMinimum`, `exclusiveMaximum` as exact digit languages for integers;
 //!   for `number`, a lower bound of 0 (inclusive or exclusive); `multipleOf: 1` on integers;
-//! - combinators: `anyOf`; `oneOf` whose branches are of pairwise different types; `allOf` with one
-//!   branch; `not: {type: …}` (and `not: true/false`);
+//! - combinators: `anyOf`; `oneOf` whose branches are of pairwise different types; `allOf`, merged
+//!   keyword by keyword where that is exact (types intersected, `required` united, `properties`
+//!   merged per name, the tighter of two bounds, `enum` intersected); keywords next to
+//!   `anyOf`/`oneOf` are merged into each branch; `not: {type: …}` (and `not: true/false`);
 //! - references: local `$ref` (`#`, `#/$defs/…`, `#/definitions/…`, any JSON Pointer into the
 //!   document), `$defs`, `definitions`.
 //!
@@ -45,12 +47,13 @@
 //! `dependencies`, `dependentSchemas`, `contains`, `minContains`, `maxContains`, `uniqueItems: true`,
 //! other `not`, `if`/`then`/`else`, `unevaluatedProperties`, `unevaluatedItems`, `$dynamicRef`,
 //! `$recursiveRef`, other `multipleOf`, bounds on non-integer numbers other than 0, other formats,
-//! `pattern` together with a length or a format, `allOf` with several branches, `oneOf` whose
-//! branches may overlap, `anyOf`/`oneOf` next to other constraining keywords, `$ref` next to other
-//! constraining keywords (2019-09 and later), remote references, and recursive references.
+//! `pattern` together with a length or a format, `allOf` branches that set the same other keyword
+//! differently or split a coupled pair (`properties`/`additionalProperties`,
+//! `prefixItems`/`items`), `oneOf` whose branches may overlap, remote references, and recursive
+//! references. (From 2019-09, keywords next to `$ref` are merged into its target.)
 //! Any other keyword is [`SchemaError::UnknownKeyword`].
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 /// Whitespace the output may contain between tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -416,14 +419,10 @@ impl Translator<'_> {
         let r = r
             .as_str()
             .ok_or_else(|| invalid(&child(pointer, "$ref"), "expected a string"))?;
-        if self.draft >= Draft::D2019 {
-            if let Some(k) = Self::constraining(m, &["$ref"]).first() {
-                return Err(unsupported(
-                    k,
-                    pointer,
-                    "keywords next to $ref are not supported yet",
-                ));
-            }
+        if self.draft >= Draft::D2019 && !Self::constraining(m, &["$ref"]).is_empty() {
+            // Keywords next to $ref apply too: merge them into the target.
+            let merged = self.inline_ref(&Value::Object(m.clone()), pointer, 0)?;
+            return self.value(&merged, pointer);
         }
         let Some(fragment) = r.strip_prefix('#') else {
             return Err(unsupported(
@@ -471,43 +470,240 @@ impl Translator<'_> {
             .as_array()
             .filter(|b| !b.is_empty())
             .ok_or_else(|| invalid(&child(pointer, comb), "expected a non-empty array"))?;
-        if let Some(k) = Self::constraining(m, &[comb]).first() {
-            return Err(unsupported(
-                k,
-                pointer,
-                &format!("keywords next to {comb} are not supported yet"),
-            ));
-        }
+        // The schema's own keywords apply to every branch: intersection distributes over union.
+        let mut rest = m.clone();
+        rest.remove(comb);
+        let rest = Value::Object(rest);
+        let has_rest = !Self::constraining(rest.as_object().unwrap(), &[]).is_empty();
         let here = child(pointer, comb);
-        match comb {
-            "allOf" if branches.len() > 1 => Err(unsupported(
-                "allOf",
-                pointer,
-                "merging several allOf branches is not supported yet",
-            )),
-            "oneOf" => {
-                // Sound only when no instance can match two branches: require each branch to
-                // declare a single type, all different ("integer" overlaps "number").
-                let mut seen = Vec::new();
-                for b in branches {
-                    let t = b.get("type").and_then(Value::as_str);
-                    let t = match t {
-                        Some("integer") => Some("number"),
-                        t => t,
-                    };
-                    match t {
-                        Some(t) if !seen.contains(&t) => seen.push(t),
-                        _ => return Err(unsupported(
+        if comb == "allOf" {
+            let mut acc = rest;
+            for b in branches {
+                acc = self.merge(&acc, b, pointer, 0)?;
+            }
+            return self.value(&acc, pointer);
+        }
+        let branches: Vec<Value> = if has_rest {
+            branches
+                .iter()
+                .map(|b| self.merge(&rest, b, pointer, 0))
+                .collect::<Result<_>>()?
+        } else {
+            branches.clone()
+        };
+        if comb == "oneOf" {
+            // Sound only when no instance can match two branches: require each branch to declare
+            // a single type, all different ("integer" overlaps "number").
+            let mut seen = Vec::new();
+            for b in &branches {
+                let t = match b.get("type").and_then(Value::as_str) {
+                    Some("integer") => Some("number"),
+                    t => t,
+                };
+                match t {
+                    Some(t) if !seen.contains(&t) => seen.push(t),
+                    _ => {
+                        return Err(unsupported(
                             "oneOf",
                             pointer,
                             "branches must be of pairwise different types to be provably disjoint",
-                        )),
+                        ))
                     }
                 }
-                self.branches(branches, &here)
             }
-            _ => self.branches(branches, &here),
         }
+        self.branches(&branches, &here)
+    }
+
+    /// A `$ref`-only schema replaced by its target (with the other keywords merged in, from
+    /// 2019-09 on). Other schemas are returned as they are.
+    fn inline_ref(&mut self, s: &Value, pointer: &str, depth: usize) -> Result<Value> {
+        let Some(r) = s.get("$ref") else {
+            return Ok(s.clone());
+        };
+        if depth > 16 {
+            return Err(unsupported(
+                "$ref",
+                pointer,
+                "reference chain too deep to merge",
+            ));
+        }
+        let r = r
+            .as_str()
+            .ok_or_else(|| invalid(&child(pointer, "$ref"), "expected a string"))?;
+        let target = r
+            .strip_prefix('#')
+            .map(percent_decode)
+            .and_then(|f| {
+                if f.is_empty() {
+                    Some(self.root)
+                } else {
+                    self.root.pointer(&f)
+                }
+            })
+            .ok_or_else(|| unsupported("$ref", pointer, &format!("cannot merge {r:?}")))?
+            .clone();
+        let target = self.inline_ref(&target, pointer, depth + 1)?;
+        let mut rest = s.as_object().unwrap().clone();
+        rest.remove("$ref");
+        if self.draft < Draft::D2019 || Self::constraining(&rest, &[]).is_empty() {
+            return Ok(target);
+        }
+        self.merge(&target, &Value::Object(rest), pointer, depth + 1)
+    }
+
+    /// The intersection of two schemas as one schema, where keyword-by-keyword merging is exact.
+    fn merge(&mut self, a: &Value, b: &Value, pointer: &str, depth: usize) -> Result<Value> {
+        let a = self.inline_ref(a, pointer, depth)?;
+        let b = self.inline_ref(b, pointer, depth)?;
+        let (a, b) = match (a, b) {
+            (Value::Bool(false), _) | (_, Value::Bool(false)) => return Ok(Value::Bool(false)),
+            (Value::Bool(true), x) | (x, Value::Bool(true)) => return Ok(x),
+            (Value::Object(a), Value::Object(b)) => (a, b),
+            _ => return Err(invalid(pointer, "a schema is an object or a boolean")),
+        };
+        // Nested allOf: flatten first.
+        let flatten = |t: &mut Self, m: Map<String, Value>| -> Result<Value> {
+            match m.get("allOf").and_then(Value::as_array).cloned() {
+                Some(bs) => {
+                    let mut rest = m;
+                    rest.remove("allOf");
+                    let mut acc = Value::Object(rest);
+                    for x in &bs {
+                        acc = t.merge(&acc, x, pointer, depth + 1)?;
+                    }
+                    Ok(acc)
+                }
+                None => Ok(Value::Object(m)),
+            }
+        };
+        let (a, b) = (flatten(self, a)?, flatten(self, b)?);
+        let (mut out, b) = match (a, b) {
+            (Value::Object(a), Value::Object(b)) => (a, b),
+            (a, b) => return self.merge(&a, &b, pointer, depth + 1),
+        };
+        // Keywords whose meaning depends on a sibling in the same schema object.
+        const COUPLED: &[(&str, &str)] = &[
+            ("additionalProperties", "properties"),
+            ("items", "prefixItems"),
+            ("additionalItems", "items"),
+        ];
+        for (x, y) in COUPLED {
+            // `x` is read against its own object's `y`: merging is exact only if `y` is the same
+            // on both sides (allOf [{properties: a, additionalProperties: false},
+            // {properties: b, additionalProperties: false}] admits neither a nor b).
+            let same_y = match (out.get(*y), b.get(*y)) {
+                (None, None) => true,
+                (Some(p), Some(q)) => json_equal(p, q),
+                _ => false,
+            };
+            if (out.contains_key(*x) || b.contains_key(*x)) && !same_y {
+                return Err(unsupported(
+                    x,
+                    pointer,
+                    &format!(
+                        "merging `{x}` with `{y}` from another allOf branch is not supported yet"
+                    ),
+                ));
+            }
+        }
+        for (k, vb) in b {
+            if ANNOTATIONS.contains(&k.as_str()) && k != "$defs" && k != "definitions" {
+                continue;
+            }
+            let Some(va) = out.get(&k).cloned() else {
+                out.insert(k, vb);
+                continue;
+            };
+            if json_equal(&va, &vb) {
+                continue;
+            }
+            let merged =
+                match k.as_str() {
+                    "type" => {
+                        let list = |v: &Value| -> Vec<String> {
+                            match v {
+                                Value::String(s) => vec![s.clone()],
+                                Value::Array(a) => a
+                                    .iter()
+                                    .filter_map(|x| x.as_str().map(str::to_owned))
+                                    .collect(),
+                                _ => Vec::new(),
+                            }
+                        };
+                        let (ta, tb) = (list(&va), list(&vb));
+                        let has = |l: &[String], t: &str| l.iter().any(|x| x == t);
+                        let mut both: Vec<Value> = Vec::new();
+                        for t in &ta {
+                            let keep = has(&tb, t) || (t == "integer" && has(&tb, "number"));
+                            if keep {
+                                both.push(json!(t));
+                            } else if t == "number" && has(&tb, "integer") {
+                                both.push(json!("integer"));
+                            }
+                        }
+                        Value::Array(both)
+                    }
+                    "required" => {
+                        let mut r = va.as_array().cloned().unwrap_or_default();
+                        for x in vb.as_array().cloned().unwrap_or_default() {
+                            if !r.contains(&x) {
+                                r.push(x);
+                            }
+                        }
+                        Value::Array(r)
+                    }
+                    "properties" | "$defs" | "definitions" => {
+                        let mut p = va.as_object().cloned().unwrap_or_default();
+                        for (name, s) in vb.as_object().cloned().unwrap_or_default() {
+                            let v = match p.get(&name) {
+                                Some(prev) if k == "properties" => json!({ "allOf": [prev, s] }),
+                                Some(prev) => prev.clone(),
+                                None => s,
+                            };
+                            p.insert(name, v);
+                        }
+                        Value::Object(p)
+                    }
+                    "minimum" | "minLength" | "minItems" => {
+                        json!(va.as_f64().unwrap_or(0.0).max(vb.as_f64().unwrap_or(0.0)))
+                    }
+                    "maximum" | "maxLength" | "maxItems" => {
+                        json!(va
+                            .as_f64()
+                            .unwrap_or(f64::MAX)
+                            .min(vb.as_f64().unwrap_or(f64::MAX)))
+                    }
+                    "exclusiveMinimum" if self.draft > Draft::D4 => {
+                        json!(va.as_f64().unwrap_or(0.0).max(vb.as_f64().unwrap_or(0.0)))
+                    }
+                    "exclusiveMaximum" if self.draft > Draft::D4 => {
+                        json!(va
+                            .as_f64()
+                            .unwrap_or(f64::MAX)
+                            .min(vb.as_f64().unwrap_or(f64::MAX)))
+                    }
+                    "enum" => {
+                        let bv = vb.as_array().cloned().unwrap_or_default();
+                        Value::Array(
+                            va.as_array()
+                                .cloned()
+                                .unwrap_or_default()
+                                .into_iter()
+                                .filter(|x| bv.iter().any(|y| json_equal(x, y)))
+                                .collect(),
+                        )
+                    }
+                    "const" => return Ok(Value::Bool(false)),
+                    other => return Err(unsupported(
+                        other,
+                        pointer,
+                        "two allOf branches set it differently; merging it is not supported yet",
+                    )),
+                };
+            out.insert(k, merged);
+        }
+        Ok(Value::Object(out))
     }
 
     fn branches(&mut self, branches: &[Value], pointer: &str) -> Result<String> {
@@ -1299,6 +1495,42 @@ mod tests {
             }
             assert!(!re.is_match(b"-0") && !re.is_match(b"007"));
         }
+    }
+
+    fn accepts(schema: Value, text: &str) -> bool {
+        full(&schema_to_regex(&schema, &SchemaOptions::default()).unwrap())
+            .is_match(text.as_bytes())
+    }
+
+    #[test]
+    fn all_of_merges_exactly_or_refuses() {
+        let s = json!({"allOf": [
+            {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}, "required": ["a"]},
+            {"properties": {"a": {"maximum": 9}, "b": {"type": "string"}}, "required": ["b"]}
+        ]});
+        assert!(accepts(s.clone(), r#"{"a":3,"b":"x"}"#));
+        assert!(!accepts(s.clone(), r#"{"a":10,"b":"x"}"#));
+        assert!(!accepts(s.clone(), r#"{"a":3}"#));
+        assert!(!accepts(s, r#"{"a":-1,"b":"x"}"#));
+        // Each branch's additionalProperties is read against its own properties: not mergeable.
+        let s = json!({"allOf": [
+            {"properties": {"a": {}}, "additionalProperties": false},
+            {"properties": {"b": {}}, "additionalProperties": false}
+        ]});
+        let err = schema_to_regex(&s, &SchemaOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, SchemaError::Unsupported { ref keyword, .. } if keyword == "additionalProperties"),
+            "{err}"
+        );
+        // Contradictory types leave nothing.
+        assert!(!accepts(
+            json!({"allOf": [{"type": "string"}, {"type": "integer"}]}),
+            r#""x""#
+        ));
+        assert!(accepts(
+            json!({"allOf": [{"type": "number"}, {"type": "integer"}]}),
+            "7"
+        ));
     }
 
     #[test]

@@ -75,7 +75,33 @@ fn gen_schema(rng: &mut SmallRng, depth: u32) -> Value {
             let min = rng.random_range(0..2);
             json!({"type": "array", "items": gen_schema(rng, depth - 1), "minItems": min, "maxItems": min + rng.random_range(0..3)})
         }
-        _ => json!({"anyOf": [gen_schema(rng, depth - 1), gen_schema(rng, depth - 1)]}),
+        7 => json!({"anyOf": [gen_schema(rng, depth - 1), gen_schema(rng, depth - 1)]}),
+        8 => {
+            // allOf branches that merge exactly: split an object, an integer range or a length.
+            let lo = rng.random_range(-20..20);
+            match rng.random_range(0..3) {
+                0 => json!({"allOf": [
+                    {"type": "object", "properties": {"id": gen_schema(rng, depth - 1)}, "required": ["id"]},
+                    {"properties": {"name": gen_schema(rng, depth - 1), "id": {"description": "the key"}}},
+                ]}),
+                1 => {
+                    json!({"allOf": [{"type": "integer", "minimum": lo}, {"maximum": lo + rng.random_range(0..50)}]})
+                }
+                _ => {
+                    json!({"allOf": [{"type": "string", "maxLength": 5}, {"minLength": 1}, {"maxLength": 3}]})
+                }
+            }
+        }
+        _ => {
+            // A local reference, with a sibling keyword merged into it (2020-12).
+            let inner = gen_schema(rng, depth - 1);
+            json!({
+                "$defs": {"item": inner},
+                "type": "array",
+                "items": {"$ref": "#/$defs/item"},
+                "maxItems": 2
+            })
+        }
     }
 }
 
