@@ -25,7 +25,9 @@
 //! - objects: `properties`, `required`, `additionalProperties` (boolean or schema);
 //! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`, `uniqueItems: false`;
 //! - strings: `minLength`, `maxLength` (code points), `pattern` (alone: a search, as ECMA-262 has it),
-//!   `format` for `date`, `time`, `date-time`, `uuid`, `ipv4`;
+//!   `format` for `date`, `time`, `date-time`, `uuid`, `ipv4`, and conservative subsets (every value
+//!   allowed is valid) of `ipv6` (uncompressed), `hostname`, `email`, `duration`, `uri` and
+//!   `uri-reference`;
 //! - numbers: the exact JSON number grammar (no leading zeros; fraction; exponent), bounded to at
 //!   most 18 integer digits, 18 fraction digits and a 2-digit exponent so every output parses as an
 //!   `f64` and digits cannot run to `max_tokens`; `minimum`,
@@ -993,6 +995,29 @@ impl Translator<'_> {
                     let o = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])";
                     format!("{o}\\.{o}\\.{o}\\.{o}")
                 }
+                // The formats below are conservative subsets of their RFCs: every value they
+                // allow is valid, not every valid value is allowed.
+                "ipv6" => "[0-9a-f]{1,4}(?::[0-9a-f]{1,4}){7}".to_owned(),
+                "hostname" => format!("{LABEL}(?:\\.{LABEL})*"),
+                "email" => format!(
+                    "[A-Za-z0-9_%+-]{{1,32}}(?:\\.[A-Za-z0-9_%+-]{{1,15}}){{0,2}}@{LABEL}(?:\\.{LABEL}){{1,4}}"
+                ),
+                "duration" => {
+                    // RFC 3339 appendix A, exactly: each unit may only be followed by the next.
+                    let n = "[0-9]{1,9}";
+                    let sec = format!("{n}S");
+                    let min = format!("{n}M(?:{sec})?");
+                    let hour = format!("{n}H(?:{min})?");
+                    let time = format!("T(?:{hour}|{min}|{sec})");
+                    let day = format!("{n}D");
+                    let month = format!("{n}M(?:{day})?");
+                    let year = format!("{n}Y(?:{month})?");
+                    format!("P(?:(?:{day}|{month}|{year})(?:{time})?|{time}|{n}W)")
+                }
+                "uri" => format!("[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*{QUERY_FRAGMENT}"),
+                "uri-reference" => format!(
+                    "(?:[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*|/(?:{PCHAR}|/)*|{PCHAR_NO_COLON}*(?:/(?:{PCHAR}|/)*)?){QUERY_FRAGMENT}"
+                ),
                 other => {
                     return Err(unsupported(
                         "format",
@@ -1111,7 +1136,21 @@ impl Translator<'_> {
     }
 }
 
-const DATE: &str = r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])";
+/// A host name label (RFC 1123): letters, digits and inner hyphens, at most 63.
+const LABEL: &str = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+/// RFC 3986 path characters (`pchar`); without `:` for the first segment of a relative path.
+const PCHAR: &str = "(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})";
+const PCHAR_NO_COLON: &str = "(?:[A-Za-z0-9._~!$&'()*+,;=@-]|%[0-9A-Fa-f]{2})";
+const QUERY_FRAGMENT: &str = "(?:\\?(?:[A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})*)?(?:#(?:[A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})*)?";
+
+/// RFC 3339 full-date, exactly: 30-day months, February 28 days, or 29 in leap years (divisible
+/// by 4, centuries only when divisible by 400).
+const DATE: &str = concat!(
+    "(?:[0-9]{4}-(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])",
+    "|[0-9]{4}-(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)",
+    "|[0-9]{4}-02-(?:0[1-9]|1[0-9]|2[0-8])",
+    "|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)"
+);
 const TIME: &str = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
 
 /// JSON equality as JSON Schema defines it (1 == 1.0).
