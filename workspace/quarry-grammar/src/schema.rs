@@ -23,7 +23,9 @@
 //! - types: `type` (a name or an array of names, `null` included), `enum`, `const` (filtered by the
 //!   schema's other keywords);
 //! - objects: `properties`, `required`, `additionalProperties` (boolean or schema);
-//! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`, `uniqueItems: false`;
+//! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`, `uniqueItems` when
+//!   `maxItems` ≤ 1 (or `false`); `contains` with `minContains` on arrays whose items are otherwise
+//!   unconstrained;
 //! - strings: `minLength`, `maxLength` (code points), `pattern` (alone: a search, as ECMA-262 has it),
 //!   `format` for `date`, `time`, `date-time`, `uuid`, `ipv4`, and conservative subsets (every value
 //!   allowed is valid) of `ipv6` (uncompressed), `hostname`, `email`, `duration`, `uri` and
@@ -46,7 +48,7 @@
 //!
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
 //! `patternProperties`, `propertyNames`, `minProperties`, `maxProperties`, `dependentRequired`,
-//! `dependencies`, `dependentSchemas`, `contains`, `minContains`, `maxContains`, `uniqueItems: true`,
+//! `dependencies`, `dependentSchemas`, other `contains`, `maxContains`, other `uniqueItems: true`,
 //! other `not`, `if`/`then`/`else`, `unevaluatedProperties`, `unevaluatedItems`, `$dynamicRef`,
 //! `$recursiveRef`, other `multipleOf`, bounds on non-integer numbers other than 0, other formats,
 //! `pattern` together with a length or a format, `allOf` branches that set the same other keyword
@@ -176,6 +178,9 @@ const SUPPORTED: &[&str] = &[
     "allOf",
     "$ref",
     "not",
+    "contains",
+    "minContains",
+    "maxContains",
 ];
 
 const UNSUPPORTED: &[&str] = &[
@@ -186,9 +191,6 @@ const UNSUPPORTED: &[&str] = &[
     "dependentRequired",
     "dependencies",
     "dependentSchemas",
-    "contains",
-    "minContains",
-    "maxContains",
     "if",
     "then",
     "else",
@@ -838,7 +840,17 @@ impl Translator<'_> {
     }
 
     fn array(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
-        if m.get("uniqueItems") == Some(&Value::Bool(true)) {
+        if m.contains_key("contains")
+            || m.contains_key("minContains")
+            || m.contains_key("maxContains")
+        {
+            return self.array_contains(m, pointer);
+        }
+        let at_most_one = m
+            .get("maxItems")
+            .and_then(Value::as_f64)
+            .is_some_and(|x| x <= 1.0);
+        if m.get("uniqueItems") == Some(&Value::Bool(true)) && !at_most_one {
             return Err(unsupported(
                 "uniqueItems",
                 pointer,
@@ -946,6 +958,52 @@ impl Translator<'_> {
             }
         };
         Ok(format!("\\[{w}{body}{w}\\]"))
+    }
+
+    /// `contains` (with `minContains`) on an array whose items are otherwise unconstrained: at least
+    /// k elements match, the others are any value.
+    fn array_contains(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        let others = [
+            "items",
+            "prefixItems",
+            "additionalItems",
+            "minItems",
+            "maxItems",
+            "maxContains",
+            "uniqueItems",
+        ];
+        if let Some(k) = others.iter().find(|k| m.contains_key(**k)) {
+            return Err(unsupported(
+                k,
+                pointer,
+                "`contains` together with this keyword is not supported yet",
+            ));
+        }
+        let Some(c) = m.get("contains") else {
+            // minContains without contains has no effect.
+            return self.array(&Map::new(), pointer);
+        };
+        let k = match m.get("minContains") {
+            Some(v) if self.draft >= Draft::D2019 => as_count(v, pointer, "minContains")?,
+            _ => 1,
+        };
+        let any = self.any_value(self.options.any_value_depth);
+        if k == 0 {
+            let w = &self.ws;
+            return Ok(format!("\\[{w}(?:{any}(?:{w},{w}{any})*)?{w}\\]"));
+        }
+        if k > 16 {
+            return Err(unsupported(
+                "minContains",
+                pointer,
+                "more than 16 is not supported yet",
+            ));
+        }
+        let c = self.value(c, &child(pointer, "contains"))?;
+        let w = self.ws.clone();
+        let lead = format!("(?:{any}{w},{w})*");
+        let more = format!("(?:{w},{w}{lead}{c}){{{}}}", k - 1);
+        Ok(format!("\\[{w}{lead}{c}{more}(?:{w},{w}{any})*{w}\\]"))
     }
 
     fn string(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {

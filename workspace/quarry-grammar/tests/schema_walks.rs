@@ -86,6 +86,10 @@ fn gen_schema(rng: &mut SmallRng, depth: u32) -> Value {
             }
             s
         }
+        6 if rng.random_bool(0.3) => {
+            let k = rng.random_range(0..3);
+            json!({"type": "array", "contains": gen_schema(rng, depth - 1), "minContains": k})
+        }
         6 => {
             let min = rng.random_range(0..2);
             json!({"type": "array", "items": gen_schema(rng, depth - 1), "minItems": min, "maxItems": min + rng.random_range(0..3)})
