@@ -22,7 +22,8 @@
 //! Supported:
 //! - types: `type` (a name or an array of names, `null` included), `enum`, `const` (filtered by the
 //!   schema's other keywords);
-//! - objects: `properties`, `required`, `additionalProperties` (boolean or schema);
+//! - objects: `properties`, `required`, `additionalProperties` (boolean or schema),
+//!   `minProperties`/`maxProperties` (up to 32);
 //! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`, `uniqueItems` when
 //!   `maxItems` ≤ 1 (or `false`); `contains` with `minContains` on arrays whose items are otherwise
 //!   unconstrained;
@@ -47,7 +48,7 @@
 //! `contentMediaType`, `contentEncoding`, `contentSchema`.
 //!
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
-//! `patternProperties`, `propertyNames`, `minProperties`, `maxProperties`, `dependentRequired`,
+//! `patternProperties`, `propertyNames`, `dependentRequired`,
 //! `dependencies`, `dependentSchemas`, other `contains`, `maxContains`, other `uniqueItems: true`,
 //! other `not`, `if`/`then`/`else`, `unevaluatedProperties`, `unevaluatedItems`, `$dynamicRef`,
 //! `$recursiveRef`, other `multipleOf`, bounds on non-integer numbers other than 0, other formats,
@@ -181,13 +182,13 @@ const SUPPORTED: &[&str] = &[
     "contains",
     "minContains",
     "maxContains",
+    "minProperties",
+    "maxProperties",
 ];
 
 const UNSUPPORTED: &[&str] = &[
     "patternProperties",
     "propertyNames",
-    "minProperties",
-    "maxProperties",
     "dependentRequired",
     "dependencies",
     "dependentSchemas",
@@ -811,10 +812,31 @@ impl Translator<'_> {
             let v = self.value(&extra_schema, &ap)?;
             Some(format!("{key}{w}:{w}{v}"))
         };
-        // head(i): members from i on when none was written yet; tail(i): after one was.
         let member = |(name, v, _): &(String, String, bool)| {
             format!("{}{w}:{w}{v}", literal(&Value::String(name.clone())))
         };
+        let min_p = m
+            .get("minProperties")
+            .map(|v| as_count(v, pointer, "minProperties"))
+            .transpose()?;
+        let max_p = m
+            .get("maxProperties")
+            .map(|v| as_count(v, pointer, "maxProperties"))
+            .transpose()?;
+        if min_p.is_some() || max_p.is_some() {
+            let (lo, hi) = (min_p.unwrap_or(0), max_p);
+            if lo > 32 || hi.is_some_and(|h| h > 32) {
+                return Err(unsupported(
+                    "maxProperties",
+                    pointer,
+                    "property counts above 32 are not supported yet",
+                ));
+            }
+            let members: Vec<(String, bool)> = items.iter().map(|it| (member(it), it.2)).collect();
+            let body = counted_members(&members, extra.as_deref(), lo, hi, &w);
+            return Ok(format!("\\{{{w}{body}{w}\\}}"));
+        }
+        // head(i): members from i on when none was written yet; tail(i): after one was.
         let mut tail = match &extra {
             Some(e) => format!("(?:{w},{w}{e})*"),
             None => String::new(),
@@ -1297,6 +1319,88 @@ fn key_not_in(names: &[&str]) -> String {
         format!("(?:{})", parts.join("|"))
     }
     format!("\"{}\"", build(&root))
+}
+
+/// Object members in order (`(regex, required)`), then any number of `extra` members, with the
+/// total count in `[min, max]`. `h(i, c)`: members from `i` on after `c` were written (`c` is capped
+/// where larger counts behave the same), so the regex tracks the count it needs and no more.
+fn counted_members(
+    members: &[(String, bool)],
+    extra: Option<&str>,
+    min: u64,
+    max: Option<u64>,
+    w: &str,
+) -> String {
+    let cap = max.unwrap_or(min.max(1)).max(1);
+    let mut memo = std::collections::HashMap::new();
+    fn h(
+        i: usize,
+        c: u64,
+        ctx: (&[(String, bool)], Option<&str>, u64, Option<u64>, &str, u64),
+        memo: &mut std::collections::HashMap<(usize, u64), String>,
+    ) -> String {
+        let (members, extra, min, max, w, cap) = ctx;
+        if let Some(r) = memo.get(&(i, c)) {
+            return r.clone();
+        }
+        let sep = if c == 0 {
+            String::new()
+        } else {
+            format!("{w},{w}")
+        };
+        let r = if i == members.len() {
+            let lo = min.saturating_sub(c);
+            let hi = max.map(|m| m.saturating_sub(c));
+            match extra {
+                _ if hi == Some(0) => {
+                    if lo == 0 {
+                        String::new()
+                    } else {
+                        NOTHING.to_owned()
+                    }
+                }
+                None => {
+                    if lo == 0 {
+                        String::new()
+                    } else {
+                        NOTHING.to_owned()
+                    }
+                }
+                Some(e) => {
+                    let bound = |lo: u64, hi: Option<u64>| match hi {
+                        Some(h) => format!("{{{lo},{h}}}"),
+                        None => format!("{{{lo},}}"),
+                    };
+                    if c == 0 {
+                        let rest = bound(lo.saturating_sub(1), hi.map(|h| h - 1));
+                        let body = format!("{e}(?:{w},{w}{e}){rest}");
+                        if lo == 0 {
+                            format!("(?:{body})?")
+                        } else {
+                            body
+                        }
+                    } else {
+                        format!("(?:{w},{w}{e}){}", bound(lo, hi))
+                    }
+                }
+            }
+        } else {
+            let (mem, required) = &members[i];
+            let present = if max.is_some_and(|m| c + 1 > m) {
+                NOTHING.to_owned()
+            } else {
+                format!("{sep}{mem}{}", h(i + 1, (c + 1).min(cap), ctx, memo))
+            };
+            if *required {
+                present
+            } else {
+                format!("(?:{present}|{})", h(i + 1, c, ctx, memo))
+            }
+        };
+        memo.insert((i, c), r.clone());
+        r
+    }
+    h(0, 0, (members, extra, min, max, w, cap), &mut memo)
 }
 
 /// Decimal integers in `[lo, hi]` (either end open), in canonical form (no `-0`, no leading zeros).

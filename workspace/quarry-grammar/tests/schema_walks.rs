@@ -78,7 +78,14 @@ fn gen_schema(rng: &mut SmallRng, depth: u32) -> Value {
                 }
                 props.insert(name, gen_schema(rng, depth - 1));
             }
+            let (n_props, n_required) = (props.len(), required.len());
             let mut s = json!({"type": "object", "properties": props, "required": required});
+            if rng.random_bool(0.3) {
+                // Satisfiable counts: at least the required ones, at most the declared ones.
+                let max = n_required + rng.random_range(0..2);
+                s["maxProperties"] = json!(max);
+                s["minProperties"] = json!(rng.random_range(0..=n_props.min(max)));
+            }
             match rng.random_range(0..3) {
                 0 => s["additionalProperties"] = json!(false),
                 1 => s["additionalProperties"] = json!({"type": "integer"}),
