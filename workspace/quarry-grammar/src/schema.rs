@@ -1331,76 +1331,80 @@ fn counted_members(
     max: Option<u64>,
     w: &str,
 ) -> String {
-    let cap = max.unwrap_or(min.max(1)).max(1);
-    let mut memo = std::collections::HashMap::new();
-    fn h(
-        i: usize,
-        c: u64,
-        ctx: (&[(String, bool)], Option<&str>, u64, Option<u64>, &str, u64),
-        memo: &mut std::collections::HashMap<(usize, u64), String>,
-    ) -> String {
-        let (members, extra, min, max, w, cap) = ctx;
-        if let Some(r) = memo.get(&(i, c)) {
-            return r.clone();
-        }
-        let sep = if c == 0 {
-            String::new()
-        } else {
-            format!("{w},{w}")
-        };
-        let r = if i == members.len() {
-            let lo = min.saturating_sub(c);
-            let hi = max.map(|m| m.saturating_sub(c));
-            match extra {
-                _ if hi == Some(0) => {
-                    if lo == 0 {
-                        String::new()
-                    } else {
-                        NOTHING.to_owned()
-                    }
-                }
-                None => {
-                    if lo == 0 {
-                        String::new()
-                    } else {
-                        NOTHING.to_owned()
-                    }
-                }
-                Some(e) => {
-                    let bound = |lo: u64, hi: Option<u64>| match hi {
-                        Some(h) => format!("{{{lo},{h}}}"),
-                        None => format!("{{{lo},}}"),
-                    };
-                    if c == 0 {
-                        let rest = bound(lo.saturating_sub(1), hi.map(|h| h - 1));
-                        let body = format!("{e}(?:{w},{w}{e}){rest}");
-                        if lo == 0 {
-                            format!("(?:{body})?")
-                        } else {
-                            body
-                        }
-                    } else {
-                        format!("(?:{w},{w}{e}){}", bound(lo, hi))
-                    }
-                }
-            }
-        } else {
-            let (mem, required) = &members[i];
-            let present = if max.is_some_and(|m| c + 1 > m) {
-                NOTHING.to_owned()
-            } else {
-                format!("{sep}{mem}{}", h(i + 1, (c + 1).min(cap), ctx, memo))
-            };
-            if *required {
-                present
-            } else {
-                format!("(?:{present}|{})", h(i + 1, c, ctx, memo))
-            }
-        };
-        memo.insert((i, c), r.clone());
-        r
+    struct Counted<'a> {
+        members: &'a [(String, bool)],
+        extra: Option<&'a str>,
+        min: u64,
+        max: Option<u64>,
+        w: &'a str,
+        cap: u64,
+        memo: std::collections::HashMap<(usize, u64), String>,
     }
-    h(0, 0, (members, extra, min, max, w, cap), &mut memo)
+    impl Counted<'_> {
+        fn bound(lo: u64, hi: Option<u64>) -> String {
+            match hi {
+                Some(h) => format!("{{{lo},{h}}}"),
+                None => format!("{{{lo},}}"),
+            }
+        }
+        fn h(&mut self, i: usize, c: u64) -> String {
+            if let Some(r) = self.memo.get(&(i, c)) {
+                return r.clone();
+            }
+            let w = self.w;
+            let sep = if c == 0 {
+                String::new()
+            } else {
+                format!("{w},{w}")
+            };
+            let r = if i == self.members.len() {
+                let lo = self.min.saturating_sub(c);
+                let hi = self.max.map(|m| m.saturating_sub(c));
+                match self.extra {
+                    Some(e) if hi != Some(0) => {
+                        if c == 0 {
+                            let rest = Self::bound(lo.saturating_sub(1), hi.map(|h| h - 1));
+                            let body = format!("{e}(?:{w},{w}{e}){rest}");
+                            if lo == 0 {
+                                format!("(?:{body})?")
+                            } else {
+                                body
+                            }
+                        } else {
+                            format!("(?:{w},{w}{e}){}", Self::bound(lo, hi))
+                        }
+                    }
+                    _ if lo == 0 => String::new(),
+                    _ => NOTHING.to_owned(),
+                }
+            } else {
+                let (mem, required) = self.members[i].clone();
+                let present = if self.max.is_some_and(|m| c + 1 > m) {
+                    NOTHING.to_owned()
+                } else {
+                    let next = (c + 1).min(self.cap);
+                    format!("{sep}{mem}{}", self.h(i + 1, next))
+                };
+                if required {
+                    present
+                } else {
+                    format!("(?:{present}|{})", self.h(i + 1, c))
+                }
+            };
+            self.memo.insert((i, c), r.clone());
+            r
+        }
+    }
+    Counted {
+        members,
+        extra,
+        min,
+        max,
+        w,
+        cap: max.unwrap_or(min.max(1)).max(1),
+        memo: std::collections::HashMap::new(),
+    }
+    .h(0, 0)
 }
 
 /// Decimal integers in `[lo, hi]` (either end open), in canonical form (no `-0`, no leading zeros).
