@@ -23,7 +23,8 @@
 //! - types: `type` (a name or an array of names, `null` included), `enum`, `const` (filtered by the
 //!   schema's other keywords);
 //! - objects: `properties`, `required`, `additionalProperties` (boolean or schema),
-//!   `minProperties`/`maxProperties` (up to 32);
+//!   `minProperties`/`maxProperties` (up to 32), `dependentRequired` (draft 4–7: `dependencies`
+//!   with name lists) over at most 6 declared properties;
 //! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`, `uniqueItems` when
 //!   `maxItems` ≤ 1 (or `false`); `contains` with `minContains` on arrays whose items are otherwise
 //!   unconstrained;
@@ -48,14 +49,17 @@
 //! `contentMediaType`, `contentEncoding`, `contentSchema`.
 //!
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
-//! `patternProperties`, `propertyNames`, `dependentRequired`,
-//! `dependencies`, `dependentSchemas`, other `contains`, `maxContains`, other `uniqueItems: true`,
-//! other `not`, `if`/`then`/`else`, `unevaluatedProperties`, `unevaluatedItems`, `$dynamicRef`,
-//! `$recursiveRef`, other `multipleOf`, bounds on non-integer numbers other than 0, other formats,
-//! `pattern` together with a length or a format, `allOf` branches that set the same other keyword
-//! differently or split a coupled pair (`properties`/`additionalProperties`,
-//! `prefixItems`/`items`), `oneOf` whose branches may overlap, remote references, and recursive
-//! references. (From 2019-09, keywords next to `$ref` are merged into its target.)
+//! `patternProperties`, `propertyNames`, schema-valued `dependencies`, `dependentSchemas`,
+//! dependencies over more than 6 properties or involving additional properties, other `contains`,
+//! `maxContains`, other `uniqueItems: true`, other `not`, `if`/`then`/`else`,
+//! `unevaluatedProperties`, `unevaluatedItems`, `$dynamicRef`, `$recursiveRef`, other
+//! `multipleOf`, bounds on non-integer numbers other than 0, other formats, `pattern` together with
+//! a length or a format, `allOf` branches that set the same other keyword differently or split a
+//! coupled pair (`properties`/`additionalProperties`, `prefixItems`/`items`), `oneOf` whose
+//! branches may overlap, remote references, and recursive references. (From 2019-09, keywords next
+//! to `$ref` are merged into its target.) Keywords that the declared draft does not define
+//! (`dependencies` in 2019-09 and later, `dependentRequired` before) are ignored, as validators of
+//! that draft ignore them.
 //! Any other keyword is [`SchemaError::UnknownKeyword`].
 
 use serde_json::{json, Map, Value};
@@ -184,13 +188,13 @@ const SUPPORTED: &[&str] = &[
     "maxContains",
     "minProperties",
     "maxProperties",
+    "dependentRequired",
+    "dependencies",
 ];
 
 const UNSUPPORTED: &[&str] = &[
     "patternProperties",
     "propertyNames",
-    "dependentRequired",
-    "dependencies",
     "dependentSchemas",
     "if",
     "then",
@@ -823,7 +827,8 @@ impl Translator<'_> {
             .get("maxProperties")
             .map(|v| as_count(v, pointer, "maxProperties"))
             .transpose()?;
-        if min_p.is_some() || max_p.is_some() {
+        let deps = self.dependencies(m, &items, extra.is_some(), pointer)?;
+        if min_p.is_some() || max_p.is_some() || !deps.is_empty() {
             let (lo, hi) = (min_p.unwrap_or(0), max_p);
             if lo > 32 || hi.is_some_and(|h| h > 32) {
                 return Err(unsupported(
@@ -833,7 +838,7 @@ impl Translator<'_> {
                 ));
             }
             let members: Vec<(String, bool)> = items.iter().map(|it| (member(it), it.2)).collect();
-            let body = counted_members(&members, extra.as_deref(), lo, hi, &w);
+            let body = counted_members(&members, extra.as_deref(), lo, hi, &deps, &w);
             return Ok(format!("\\{{{w}{body}{w}\\}}"));
         }
         // head(i): members from i on when none was written yet; tail(i): after one was.
@@ -859,6 +864,82 @@ impl Translator<'_> {
             tail = new_tail;
         }
         Ok(format!("\\{{{w}{head}{w}\\}}"))
+    }
+
+    /// `dependentRequired` (and draft 4–7 `dependencies` with name lists) as (trigger, dependent)
+    /// indexes into `items`. A pair whose trigger is never written is dropped; one that would need
+    /// an additional property tracked is unsupported.
+    fn dependencies(
+        &self,
+        m: &Map<String, Value>,
+        items: &[(String, String, bool)],
+        extras_allowed: bool,
+        pointer: &str,
+    ) -> Result<Vec<(usize, usize)>> {
+        let key = if self.draft >= Draft::D2019 {
+            "dependentRequired"
+        } else {
+            "dependencies"
+        };
+        let Some(deps) = m.get(key) else {
+            return Ok(Vec::new());
+        };
+        let here = child(pointer, key);
+        let deps = deps
+            .as_object()
+            .ok_or_else(|| invalid(&here, "expected an object"))?;
+        let index = |n: &str| items.iter().position(|(name, _, _)| name == n);
+        let mut out = Vec::new();
+        for (trigger, needed) in deps {
+            let Value::Array(needed) = needed else {
+                return Err(unsupported(
+                    key,
+                    &here,
+                    "schema dependencies are not supported yet",
+                ));
+            };
+            let t = match index(trigger) {
+                Some(t) => t,
+                None if extras_allowed => {
+                    return Err(unsupported(
+                        key,
+                        &here,
+                        &format!("trigger {trigger:?} could be an additional property"),
+                    ))
+                }
+                None => continue, // never written: the dependency is vacuous
+            };
+            for d in needed {
+                let d = d
+                    .as_str()
+                    .ok_or_else(|| invalid(&here, "expected property names"))?;
+                match index(d) {
+                    Some(d) => out.push((t, d)),
+                    // The dependent can never be written: the trigger must not be either.
+                    None if !extras_allowed => out.push((t, usize::MAX)),
+                    None => {
+                        return Err(unsupported(
+                            key,
+                            &here,
+                            &format!("dependent {d:?} could only be an additional property"),
+                        ))
+                    }
+                }
+            }
+        }
+        let tracked: std::collections::BTreeSet<usize> = out
+            .iter()
+            .flat_map(|&(a, b)| [a, b])
+            .filter(|&x| x != usize::MAX)
+            .collect();
+        if tracked.len() > 6 {
+            return Err(unsupported(
+                key,
+                &here,
+                "more than 6 properties in dependencies are not supported yet",
+            ));
+        }
+        Ok(out)
     }
 
     fn array(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
@@ -1329,6 +1410,7 @@ fn counted_members(
     extra: Option<&str>,
     min: u64,
     max: Option<u64>,
+    deps: &[(usize, usize)],
     w: &str,
 ) -> String {
     struct Counted<'a> {
@@ -1338,7 +1420,11 @@ fn counted_members(
         max: Option<u64>,
         w: &'a str,
         cap: u64,
-        memo: std::collections::HashMap<(usize, u64), String>,
+        /// (trigger, dependent) as bits of `present`; a dependent bit of 0 can never be set.
+        deps: Vec<(u64, u64)>,
+        /// Member index → its bit in `present`, or 0 when no dependency mentions it.
+        bit: Vec<u64>,
+        memo: std::collections::HashMap<(usize, u64, u64), String>,
     }
     impl Counted<'_> {
         fn bound(lo: u64, hi: Option<u64>) -> String {
@@ -1347,8 +1433,8 @@ fn counted_members(
                 None => format!("{{{lo},}}"),
             }
         }
-        fn h(&mut self, i: usize, c: u64) -> String {
-            if let Some(r) = self.memo.get(&(i, c)) {
+        fn h(&mut self, i: usize, c: u64, present: u64) -> String {
+            if let Some(r) = self.memo.get(&(i, c, present)) {
                 return r.clone();
             }
             let w = self.w;
@@ -1357,7 +1443,13 @@ fn counted_members(
             } else {
                 format!("{w},{w}")
             };
-            let r = if i == self.members.len() {
+            let broken = self
+                .deps
+                .iter()
+                .any(|&(t, d)| present & t != 0 && present & d == 0);
+            let r = if i == self.members.len() && broken {
+                NOTHING.to_owned()
+            } else if i == self.members.len() {
                 let lo = self.min.saturating_sub(c);
                 let hi = self.max.map(|m| m.saturating_sub(c));
                 match self.extra {
@@ -1379,22 +1471,36 @@ fn counted_members(
                 }
             } else {
                 let (mem, required) = self.members[i].clone();
-                let present = if self.max.is_some_and(|m| c + 1 > m) {
+                let with = if self.max.is_some_and(|m| c + 1 > m) {
                     NOTHING.to_owned()
                 } else {
                     let next = (c + 1).min(self.cap);
-                    format!("{sep}{mem}{}", self.h(i + 1, next))
+                    format!("{sep}{mem}{}", self.h(i + 1, next, present | self.bit[i]))
                 };
                 if required {
-                    present
+                    with
                 } else {
-                    format!("(?:{present}|{})", self.h(i + 1, c))
+                    format!("(?:{with}|{})", self.h(i + 1, c, present))
                 }
             };
-            self.memo.insert((i, c), r.clone());
+            self.memo.insert((i, c, present), r.clone());
             r
         }
     }
+    let mut bit = vec![0u64; members.len()];
+    let mut next_bit = 1u64;
+    for &(t, d) in deps {
+        for x in [t, d] {
+            if x != usize::MAX && bit[x] == 0 {
+                bit[x] = next_bit;
+                next_bit <<= 1;
+            }
+        }
+    }
+    let deps = deps
+        .iter()
+        .map(|&(t, d)| (bit[t], if d == usize::MAX { 0 } else { bit[d] }))
+        .collect();
     Counted {
         members,
         extra,
@@ -1402,9 +1508,11 @@ fn counted_members(
         max,
         w,
         cap: max.unwrap_or(min.max(1)).max(1),
+        deps,
+        bit,
         memo: std::collections::HashMap::new(),
     }
-    .h(0, 0)
+    .h(0, 0, 0)
 }
 
 /// Decimal integers in `[lo, hi]` (either end open), in canonical form (no `-0`, no leading zeros).
@@ -1736,6 +1844,30 @@ mod tests {
             json!({"allOf": [{"type": "number"}, {"type": "integer"}]}),
             "7"
         ));
+    }
+
+    #[test]
+    fn dependent_required_and_property_counts() {
+        let s = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "dependentRequired": {"b": ["a"]}, "additionalProperties": false});
+        for (text, want) in [
+            ("{}", true),
+            (r#"{"a":1}"#, true),
+            (r#"{"a":1,"b":2}"#, true),
+            (r#"{"b":2}"#, false),
+        ] {
+            assert_eq!(accepts(s.clone(), text), want, "{text}");
+        }
+        let s = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2, "maxProperties": 3});
+        for (text, want) in [
+            (r#"{"a":1}"#, false),
+            (r#"{"a":1,"x":null}"#, true),
+            (r#"{"x":1,"y":2,"z":3}"#, true),
+            (r#"{"a":1,"x":1,"y":2,"z":3}"#, false),
+            (r#"{"a":1,"a":2}"#, false),
+        ] {
+            assert_eq!(accepts(s.clone(), text), want, "{text}");
+        }
     }
 
     #[test]

@@ -80,7 +80,18 @@ fn gen_schema(rng: &mut SmallRng, depth: u32) -> Value {
             }
             let (n_props, n_required) = (props.len(), required.len());
             let mut s = json!({"type": "object", "properties": props, "required": required});
-            if rng.random_bool(0.3) {
+            let names: Vec<String> = s["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect();
+            if names.len() >= 2 && rng.random_bool(0.4) {
+                let (a, b) = (&names[0], &names[names.len() - 1]);
+                let (t, d) = if rng.random_bool(0.5) { (a, b) } else { (b, a) };
+                s["dependentRequired"] = json!({ t.clone(): [d.clone()] });
+            }
+            if s.get("dependentRequired").is_none() && rng.random_bool(0.3) {
                 // Satisfiable counts: at least the required ones, at most the declared ones.
                 let max = n_required + rng.random_range(0..2);
                 s["maxProperties"] = json!(max);
