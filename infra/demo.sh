@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# What quarry can show today: model facts, tokenization and the chat template, on the real models.
+# What quarry can show today: model facts, tokenization, the chat template and constraints, on the
+# real models.
 # It grows into the extraction demo as the engine and pipeline land.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,3 +23,14 @@ section "A prompt rendered with the model's chat template: quarry chat-template"
 section "The large-vocabulary model: quarry info --model $GEMMA"
 "$Q" info --model "$GEMMA" | grep -v '^chat template'
 "$Q" tokenize --model "$GEMMA" "$SAMPLE"
+
+SCHEMA=schemas/debian-package.json
+section "A JSON Schema as a constraint: quarry grammar compile --schema $SCHEMA"
+"$Q" grammar compile --schema "$SCHEMA"
+
+section "What the model may write after '{\"name\":\"jq\",': quarry grammar mask"
+"$Q" grammar mask --schema "$SCHEMA" --prefix '{"name":"jq",' --json
+
+section "Checking a record through the token path: quarry grammar accepts --canonicalize --explain"
+printf '%s' '{"version": "1.6-2.1", "name": "jq", "maintainer": "ChangZhuo Chen <czchen@debian.org>", "depends": ["libc6 (>= 2.34)"], "summary": "lightweight and flexible command-line JSON processor"}' \
+  | "$Q" grammar accepts --schema "$SCHEMA" --canonicalize --explain
