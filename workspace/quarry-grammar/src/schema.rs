@@ -273,6 +273,38 @@ fn literal(v: &Value) -> String {
     regex_syntax::escape(&serde_json::to_string(v).expect("a Value serializes"))
 }
 
+/// An `enum`/`const` value as a regex: its canonical text, where a number with an integral value
+/// may also be written with `.0` (JSON Schema compares numbers by value: `1` and `1.0` are equal).
+fn value_literal(v: &Value) -> String {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => {
+                let i = f as i64;
+                format!("(?:{i}|{i}\\.0)")
+            }
+            _ => literal(v),
+        },
+        Value::Array(a) => {
+            let items: Vec<String> = a.iter().map(value_literal).collect();
+            format!("\\[{}\\]", items.join(","))
+        }
+        Value::Object(m) => {
+            let members: Vec<String> = m
+                .iter()
+                .map(|(k, x)| {
+                    format!(
+                        "{}:{}",
+                        literal(&Value::String(k.clone())),
+                        value_literal(x)
+                    )
+                })
+                .collect();
+            format!("\\{{{}\\}}", members.join(","))
+        }
+        _ => literal(v),
+    }
+}
+
 fn as_count(v: &Value, pointer: &str, keyword: &str) -> Result<u64> {
     v.as_u64()
         .or_else(|| {
@@ -742,7 +774,7 @@ impl Translator<'_> {
         rest.remove("enum");
         rest.remove("const");
         let keep: Vec<String> = if Self::constraining(&rest, &[]).is_empty() {
-            values.iter().map(literal).collect()
+            values.iter().map(value_literal).collect()
         } else {
             let rest_re = self.value(&Value::Object(rest), pointer)?;
             let full = regex_automata::dfa::regex::Regex::new(&format!("^(?:{rest_re})$"))
@@ -750,7 +782,7 @@ impl Translator<'_> {
             values
                 .iter()
                 .filter(|v| full.is_match(serde_json::to_string(v).unwrap().as_bytes()))
-                .map(literal)
+                .map(value_literal)
                 .collect()
         };
         Ok(alt(&keep))
@@ -1736,12 +1768,39 @@ pub fn canonicalize(instance: &Value, schema: &Value) -> String {
         match v {
             Value::Object(m) => {
                 let mut out = Map::new();
-                let props = s.get("properties").and_then(Value::as_object);
-                if let Some(props) = props {
-                    for (k, ps) in props {
-                        if let Some(x) = m.get(k) {
-                            out.insert(k.clone(), order(x, ps, root, depth + 1));
+                // Declared properties in schema order, following allOf branches as merging does.
+                let mut declared: Vec<(String, Value)> = Vec::new();
+                let mut schemas = vec![s.clone()];
+                while let Some(x) = schemas.pop() {
+                    if let Some(p) = x.get("properties").and_then(Value::as_object) {
+                        for (k, ps) in p {
+                            if !declared.iter().any(|(d, _)| d == k) {
+                                declared.push((k.clone(), ps.clone()));
+                            }
                         }
+                    }
+                    if let Some(bs) = x.get("allOf").and_then(Value::as_array) {
+                        for b in bs.iter().rev() {
+                            let b = match b.get("$ref").and_then(Value::as_str) {
+                                Some(r) => r
+                                    .strip_prefix('#')
+                                    .and_then(|f| {
+                                        if f.is_empty() {
+                                            Some(root)
+                                        } else {
+                                            root.pointer(f)
+                                        }
+                                    })
+                                    .unwrap_or(b),
+                                None => b,
+                            };
+                            schemas.push(b.clone());
+                        }
+                    }
+                }
+                for (k, ps) in &declared {
+                    if let Some(x) = m.get(k) {
+                        out.insert(k.clone(), order(x, ps, root, depth + 1));
                     }
                 }
                 let extra = sub("additionalProperties");

@@ -6,6 +6,8 @@
 //! - Accepting an instance the suite calls invalid is a soundness bug: that count must be 0.
 //! - `json_schema_suite.baseline.json` holds the pass counts; they may only go up.
 //!
+//! `QUARRY_SUITE_VERBOSE=1` also lists the valid instances that were rejected (completeness gaps).
+//!
 //! The suite is in `tests/fixtures/json-schema-test-suite` (with its license), fetched by
 //! `tests/fixtures/fetch_json_schema_test_suite.py`.
 
@@ -104,7 +106,17 @@ fn run(draft: &str, schema_uri: &str, vocab: &Arc<Vocabulary>) -> (Counts, Vec<S
                             case["description"]
                         ));
                     }
-                    _ => counts.rejected_valid += 1,
+                    _ => {
+                        counts.rejected_valid += 1;
+                        if std::env::var_os("QUARRY_SUITE_VERBOSE").is_some() {
+                            println!(
+                                "  valid rejected: {}: {} / {}: {text}",
+                                file.file_name().unwrap().to_string_lossy(),
+                                group["description"],
+                                case["description"]
+                            );
+                        }
+                    }
                 }
             }
         }
