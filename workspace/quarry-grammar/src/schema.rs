@@ -25,8 +25,8 @@
 //! - objects: `properties`, `required`, `additionalProperties` (boolean or schema),
 //!   `minProperties`/`maxProperties` (up to 32), `dependentRequired` (draft 4–7: `dependencies`
 //!   with name lists) over at most 6 declared properties;
-//! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`, `uniqueItems` when
-//!   `maxItems` ≤ 1 (or `false`); `contains` with `minContains` on arrays whose items are otherwise
+//! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`; `uniqueItems` when
+//!   `maxItems` ≤ 1 or the items are at most 6 values (`enum`, `const`, boolean); `contains` with `minContains` on arrays whose items are otherwise
 //!   unconstrained;
 //! - strings: `minLength`, `maxLength` (code points), `pattern` (alone: a search, as ECMA-262 has it),
 //!   `format` for `date`, `time`, `date-time`, `uuid`, `ipv4`, and conservative subsets (every value
@@ -986,10 +986,13 @@ impl Translator<'_> {
             .and_then(Value::as_f64)
             .is_some_and(|x| x <= 1.0);
         if m.get("uniqueItems") == Some(&Value::Bool(true)) && !at_most_one {
+            if let Some(values) = self.finite_items(m) {
+                return self.unique_array(m, &values, pointer);
+            }
             return Err(unsupported(
                 "uniqueItems",
                 pointer,
-                "uniqueItems: true is not supported yet",
+                "uniqueItems: true is supported only over at most 6 enum, const or boolean item values",
             ));
         }
         let min = m
@@ -1093,6 +1096,89 @@ impl Translator<'_> {
             }
         };
         Ok(format!("\\[{w}{body}{w}\\]"))
+    }
+
+    /// The item values of an array whose items form a small finite set: `items` is an `enum`,
+    /// a `const` or `{"type": "boolean"}` (and nothing else), with no prefix items.
+    fn finite_items(&self, m: &Map<String, Value>) -> Option<Vec<Value>> {
+        let allowed = ["items", "uniqueItems", "minItems", "maxItems", "type"];
+        if m.keys()
+            .any(|k| !allowed.contains(&k.as_str()) && !ANNOTATIONS.contains(&k.as_str()))
+        {
+            return None;
+        }
+        let items = m.get("items")?.as_object()?;
+        if !Self::constraining(items, &["enum", "const", "type"]).is_empty() {
+            return None;
+        }
+        let mut values: Vec<Value> =
+            match (items.get("enum"), items.get("const"), items.get("type")) {
+                (Some(Value::Array(e)), None, None) => e.clone(),
+                (None, Some(c), None) => vec![c.clone()],
+                (None, None, Some(t)) if t == "boolean" => vec![json!(false), json!(true)],
+                _ => return None,
+            };
+        // Values equal as JSON Schema compares them count once.
+        let mut distinct: Vec<Value> = Vec::new();
+        for v in values.drain(..) {
+            if !distinct.iter().any(|d| json_equal(d, &v)) {
+                distinct.push(v);
+            }
+        }
+        (distinct.len() <= 6).then_some(distinct)
+    }
+
+    /// Arrays of pairwise different values from `values`: every order of every subset, within
+    /// `minItems`/`maxItems`.
+    fn unique_array(
+        &self,
+        m: &Map<String, Value>,
+        values: &[Value],
+        pointer: &str,
+    ) -> Result<String> {
+        let min = m
+            .get("minItems")
+            .map(|v| as_count(v, pointer, "minItems"))
+            .transpose()?
+            .unwrap_or(0);
+        let max = m
+            .get("maxItems")
+            .map(|v| as_count(v, pointer, "maxItems"))
+            .transpose()?
+            .unwrap_or(u64::MAX)
+            .min(values.len() as u64);
+        let lits: Vec<String> = values.iter().map(value_literal).collect();
+        let w = &self.ws;
+        fn rest(used: u32, lits: &[String], min: u64, max: u64, w: &str) -> String {
+            let n = used.count_ones() as u64;
+            let mut alts = Vec::new();
+            if n < max {
+                for (i, l) in lits.iter().enumerate() {
+                    if used >> i & 1 == 0 {
+                        let sep = if n == 0 {
+                            String::new()
+                        } else {
+                            format!("{w},{w}")
+                        };
+                        alts.push(format!(
+                            "{sep}{l}{}",
+                            rest(used | 1 << i, lits, min, max, w)
+                        ));
+                    }
+                }
+            }
+            if n >= min {
+                alts.push(String::new());
+            }
+            if alts.is_empty() {
+                return NOTHING.to_owned();
+            }
+            format!("(?:{})", alts.join("|"))
+        }
+        if min > max {
+            return Ok(NOTHING.to_owned());
+        }
+        Ok(format!("\\[{w}{}{w}\\]", rest(0, &lits, min, max, w)))
     }
 
     /// `contains` (with `minContains`) on an array whose items are otherwise unconstrained: at least
@@ -1924,6 +2010,22 @@ mod tests {
             (r#"{"x":1,"y":2,"z":3}"#, true),
             (r#"{"a":1,"x":1,"y":2,"z":3}"#, false),
             (r#"{"a":1,"a":2}"#, false),
+        ] {
+            assert_eq!(accepts(s.clone(), text), want, "{text}");
+        }
+    }
+
+    #[test]
+    fn unique_items_over_a_finite_domain() {
+        let s = json!({"type": "array", "items": {"enum": ["a", "b", 1]}, "uniqueItems": true, "minItems": 1});
+        for (text, want) in [
+            ("[]", false),
+            (r#"["a"]"#, true),
+            (r#"["b","a",1]"#, true),
+            (r#"[1.0,"a"]"#, true),
+            (r#"["a","a"]"#, false),
+            (r#"[1,1.0]"#, false),
+            (r#"["a","b",1,"a"]"#, false),
         ] {
             assert_eq!(accepts(s.clone(), text), want, "{text}");
         }

@@ -108,6 +108,20 @@ fn gen_schema(rng: &mut SmallRng, depth: u32) -> Value {
             let k = rng.random_range(0..3);
             json!({"type": "array", "contains": gen_schema(rng, depth - 1), "minContains": k})
         }
+        6 if rng.random_bool(0.3) => {
+            let pool = [
+                json!("a"),
+                json!("b"),
+                json!(1),
+                json!(2.5),
+                json!(true),
+                json!(null),
+            ];
+            let n = rng.random_range(1..5);
+            let values: Vec<Value> = pool[..n].to_vec();
+            json!({"type": "array", "items": {"enum": values}, "uniqueItems": true,
+                   "minItems": rng.random_range(0..=n), "maxItems": n})
+        }
         6 => {
             let min = rng.random_range(0..2);
             json!({"type": "array", "items": gen_schema(rng, depth - 1), "minItems": min, "maxItems": min + rng.random_range(0..3)})
