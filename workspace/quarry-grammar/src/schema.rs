@@ -60,7 +60,8 @@
 //! to `$ref` are merged into its target.) Keywords that the declared draft does not define
 //! (`dependencies` in 2019-09 and later, `dependentRequired` before) are ignored, as validators of
 //! that draft ignore them.
-//! Any other keyword is [`SchemaError::UnknownKeyword`].
+//! Any other keyword is [`SchemaError::UnknownKeyword`], unless
+//! [`SchemaOptions::ignore_unknown_keywords`] is set.
 
 use serde_json::{json, Map, Value};
 
@@ -82,6 +83,10 @@ pub struct SchemaOptions {
     pub strict: bool,
     /// Nesting depth of values generated where the schema allows any value. Default 2.
     pub any_value_depth: usize,
+    /// Treat keywords this module does not know (`markdownDescription`, `x-…` vendor extensions)
+    /// as annotations, as JSON Schema validators do, instead of failing with
+    /// [`SchemaError::UnknownKeyword`]. Default false: a typo such as `propertees` is an error.
+    pub ignore_unknown_keywords: bool,
 }
 
 impl Default for SchemaOptions {
@@ -90,6 +95,7 @@ impl Default for SchemaOptions {
             whitespace: Whitespace::Compact,
             strict: false,
             any_value_depth: 2,
+            ignore_unknown_keywords: false,
         }
     }
 }
@@ -329,7 +335,10 @@ impl Translator<'_> {
             if UNSUPPORTED.contains(&k) {
                 return Err(unsupported(k, pointer, "this keyword is not supported yet"));
             }
-            if !SUPPORTED.contains(&k) && !ANNOTATIONS.contains(&k) {
+            if !SUPPORTED.contains(&k)
+                && !ANNOTATIONS.contains(&k)
+                && !self.options.ignore_unknown_keywords
+            {
                 return Err(SchemaError::UnknownKeyword {
                     keyword: k.into(),
                     pointer: pointer.into(),

@@ -90,6 +90,9 @@ pub struct ConstraintArgs {
     /// With --schema: a missing additionalProperties means false (OpenAI structured outputs).
     #[arg(long, requires = "schema")]
     strict: bool,
+    /// With --schema: treat unknown keywords (`markdownDescription`, `x-…`) as annotations.
+    #[arg(long, requires = "schema")]
+    ignore_unknown_keywords: bool,
     /// With --schema: no whitespace (compact), or up to 8 bytes of it around each token (pretty).
     #[arg(long, value_enum, default_value_t = WhitespaceArg::Compact, requires = "schema")]
     whitespace: WhitespaceArg,
@@ -125,6 +128,7 @@ impl ConstraintArgs {
         if let Some(schema) = self.schema()? {
             let options = SchemaOptions {
                 strict: self.strict,
+                ignore_unknown_keywords: self.ignore_unknown_keywords,
                 whitespace: match self.whitespace {
                     WhitespaceArg::Compact => Whitespace::Compact,
                     WhitespaceArg::Pretty => Whitespace::Pretty { max_run: 8 },

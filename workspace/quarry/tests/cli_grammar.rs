@@ -281,6 +281,18 @@ fn unsupported_schema_keywords_name_the_pointer() {
         "",
     ));
     assert!(err.contains("unknown keyword `propertees` at #"), "{err}");
+    // As annotations, on request (vendor keywords such as `markdownDescription` or `x-…`).
+    let o = quarry(
+        &[
+            "grammar",
+            "compile",
+            "--ignore-unknown-keywords",
+            "--schema",
+            path.to_str().unwrap(),
+        ],
+        "",
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     std::fs::write(&path, "{not json").unwrap();
     let err = error_line(&quarry(
         &["grammar", "compile", "--schema", path.to_str().unwrap()],
