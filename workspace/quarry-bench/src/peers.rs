@@ -74,6 +74,14 @@ impl Walker for Matcher {
     }
 }
 
+/// Peers take one end-of-sequence id; quarry's first one (the others stay special).
+fn single_eos(v: &Vocabulary) -> Result<u32> {
+    v.eos()
+        .first()
+        .copied()
+        .ok_or_else(|| anyhow!("vocabulary has no EOS"))
+}
+
 // ---------------------------------------------------------------------------------------------
 // outlines-core
 
@@ -86,10 +94,7 @@ pub struct Outlines {
 
 impl Outlines {
     pub fn new(v: &Vocabulary) -> Result<Self> {
-        let eos = *v
-            .eos()
-            .first()
-            .ok_or_else(|| anyhow!("vocabulary has no EOS"))?;
+        let eos = single_eos(v)?;
         let mut vocab = outlines_core::vocabulary::Vocabulary::new(eos);
         for id in 0..v.len() as u32 {
             let bytes = v.token_bytes(id).unwrap();
@@ -158,10 +163,7 @@ pub struct Llguidance {
 
 impl Llguidance {
     pub fn new(v: &Vocabulary) -> Result<Self> {
-        let eos = *v
-            .eos()
-            .first()
-            .ok_or_else(|| anyhow!("vocabulary has no EOS"))?;
+        let eos = single_eos(v)?;
         let words: Vec<Vec<u8>> = (0..v.len() as u32)
             .map(|id| {
                 let b = v.token_bytes(id).unwrap();

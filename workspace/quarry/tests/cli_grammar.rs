@@ -192,39 +192,32 @@ fn compile_reports_states_timings_and_density() {
 
 #[test]
 fn bad_or_huge_constraints_are_one_line_exit_2() {
-    let err = error_line(&quarry(&["grammar", "compile", "--regex", "(a"], ""));
-    assert!(err.contains("unclosed group"), "{err}");
-    let err = error_line(&quarry(&["grammar", "compile", "--regex", r"\bword\b"], ""));
-    assert!(err.contains("word boundar"), "{err}");
-    let err = error_line(&quarry(
-        &["grammar", "compile", "--regex", "[ab]*a[ab]{20}"],
-        "",
-    ));
-    assert!(err.contains("exceeds limit"), "{err}");
-    let err = error_line(&quarry(
-        &[
-            "grammar",
-            "compile",
-            "--regex",
-            "[a-z]{30}",
-            "--max-states",
-            "10",
-        ],
-        "",
-    ));
-    assert!(err.contains("max_states"), "{err}");
-    let err = error_line(&quarry(
-        &[
-            "grammar",
-            "accepts",
-            "--regex",
-            "(",
-            "--model",
-            "models/nope.gguf",
-        ],
-        "x",
-    ));
-    assert!(err.contains("not found"), "{err}");
+    // (arguments after `grammar`, stdin, what the one error line must say)
+    let cases: &[(&[&str], &str, &str)] = &[
+        (&["compile", "--regex", "(a"], "", "unclosed group"),
+        (&["compile", "--regex", r"\bword\b"], "", "word boundar"),
+        (
+            &["compile", "--regex", "[ab]*a[ab]{20}"],
+            "",
+            "exceeds limit",
+        ),
+        (
+            &["compile", "--regex", "[a-z]{30}", "--max-states", "10"],
+            "",
+            "max_states",
+        ),
+        (
+            &["accepts", "--regex", "(", "--model", "models/nope.gguf"],
+            "x",
+            "not found",
+        ),
+    ];
+    for (args, stdin, want) in cases {
+        let mut full = vec!["grammar"];
+        full.extend_from_slice(args);
+        let err = error_line(&quarry(&full, stdin));
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
 }
 
 #[test]

@@ -1,0 +1,253 @@
+//! Arrays: prefix items, item counts, `contains`, and `uniqueItems` over finite item domains.
+
+use serde_json::{json, Map, Value};
+
+use super::{
+    as_count, child, count, invalid, json_equal, unsupported, value_literal, Draft, Result,
+    Translator, ANNOTATIONS, NOTHING,
+};
+
+impl Translator<'_> {
+    pub(super) fn array(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        if m.contains_key("contains")
+            || m.contains_key("minContains")
+            || m.contains_key("maxContains")
+        {
+            return self.array_contains(m, pointer);
+        }
+        let at_most_one = m
+            .get("maxItems")
+            .and_then(Value::as_f64)
+            .is_some_and(|x| x <= 1.0);
+        if m.get("uniqueItems") == Some(&Value::Bool(true)) && !at_most_one {
+            if let Some(values) = self.finite_items(m) {
+                return self.unique_array(m, &values, pointer);
+            }
+            return Err(unsupported(
+                "uniqueItems",
+                pointer,
+                "uniqueItems: true is supported only over at most 6 enum, const or boolean item values",
+            ));
+        }
+        let min = count(m, pointer, "minItems")?.unwrap_or(0);
+        let mut max = count(m, pointer, "maxItems")?;
+        let (prefix, rest): (Vec<Value>, Value) = if self.draft >= Draft::D2020 {
+            let prefix = match m.get("prefixItems") {
+                Some(Value::Array(p)) => p.clone(),
+                Some(_) => {
+                    return Err(invalid(&child(pointer, "prefixItems"), "expected an array"))
+                }
+                None => Vec::new(),
+            };
+            (prefix, m.get("items").cloned().unwrap_or(Value::Bool(true)))
+        } else {
+            match m.get("items") {
+                Some(Value::Array(p)) => (
+                    p.clone(),
+                    m.get("additionalItems")
+                        .cloned()
+                        .unwrap_or(Value::Bool(true)),
+                ),
+                Some(s) => (Vec::new(), s.clone()),
+                None => (Vec::new(), Value::Bool(true)),
+            }
+        };
+        let k = prefix.len() as u64;
+        let rest_pointer =
+            if self.draft >= Draft::D2020 || m.get("items").is_some_and(Value::is_object) {
+                child(pointer, "items")
+            } else {
+                child(pointer, "additionalItems")
+            };
+        if rest == Value::Bool(false) {
+            max = Some(max.map_or(k, |x| x.min(k)));
+        }
+        if max.is_some_and(|x| x < min) {
+            return Ok(NOTHING.to_owned());
+        }
+        let prefix_pointer = if self.draft >= Draft::D2020 {
+            "prefixItems"
+        } else {
+            "items"
+        };
+        let mut elems = Vec::new();
+        for (i, p) in prefix.iter().enumerate() {
+            if max.is_some_and(|x| i as u64 >= x) {
+                break;
+            }
+            elems.push(self.value(p, &child(&child(pointer, prefix_pointer), &i.to_string()))?);
+        }
+        let rest_re = if max.is_none_or(|x| x > k) {
+            Some(self.value(&rest, &rest_pointer)?)
+        } else {
+            None
+        };
+        let w = self.ws.clone();
+        // build(i): elements from position i on, after i elements were written (i >= 1).
+        let build_rest = |i: u64| -> String {
+            let Some(r) = &rest_re else {
+                return String::new();
+            };
+            let lo = min.saturating_sub(i);
+            match max {
+                Some(x) if x <= i => String::new(),
+                Some(x) => format!("(?:{w},{w}{r}){{{lo},{}}}", x - i),
+                None => format!("(?:{w},{w}{r}){{{lo},}}"),
+            }
+        };
+        let mut tail = build_rest(k.max(1));
+        // Prefix positions from the last down to 1 (position 0 is the first element).
+        for i in (1..elems.len() as u64).rev() {
+            let e = &elems[i as usize];
+            let cont = format!("{w},{w}{e}{tail}");
+            tail = if i >= min {
+                format!("(?:{cont})?")
+            } else {
+                cont
+            };
+        }
+        let first = match elems.first() {
+            Some(e) => Some(e.clone()),
+            None => rest_re.clone(),
+        };
+        let body = match first {
+            None => String::new(),
+            Some(_) if max == Some(0) => String::new(),
+            Some(f) => {
+                let seq = format!("{f}{tail}");
+                if min == 0 {
+                    format!("(?:{seq})?")
+                } else {
+                    seq
+                }
+            }
+        };
+        Ok(format!("\\[{w}{body}{w}\\]"))
+    }
+
+    /// The item values of an array whose items form a small finite set: `items` is an `enum`,
+    /// a `const` or `{"type": "boolean"}` (and nothing else), with no prefix items.
+    pub(super) fn finite_items(&self, m: &Map<String, Value>) -> Option<Vec<Value>> {
+        let allowed = ["items", "uniqueItems", "minItems", "maxItems", "type"];
+        if m.keys()
+            .any(|k| !allowed.contains(&k.as_str()) && !ANNOTATIONS.contains(&k.as_str()))
+        {
+            return None;
+        }
+        let items = m.get("items")?.as_object()?;
+        if !Self::constraining(items, &["enum", "const", "type"]).is_empty() {
+            return None;
+        }
+        let mut values: Vec<Value> =
+            match (items.get("enum"), items.get("const"), items.get("type")) {
+                (Some(Value::Array(e)), None, None) => e.clone(),
+                (None, Some(c), None) => vec![c.clone()],
+                (None, None, Some(t)) if t == "boolean" => vec![json!(false), json!(true)],
+                _ => return None,
+            };
+        // Values equal as JSON Schema compares them count once.
+        let mut distinct: Vec<Value> = Vec::new();
+        for v in values.drain(..) {
+            if !distinct.iter().any(|d| json_equal(d, &v)) {
+                distinct.push(v);
+            }
+        }
+        (distinct.len() <= 6).then_some(distinct)
+    }
+
+    /// Arrays of pairwise different values from `values`: every order of every subset, within
+    /// `minItems`/`maxItems`.
+    pub(super) fn unique_array(
+        &self,
+        m: &Map<String, Value>,
+        values: &[Value],
+        pointer: &str,
+    ) -> Result<String> {
+        let min = count(m, pointer, "minItems")?.unwrap_or(0);
+        let max = count(m, pointer, "maxItems")?
+            .unwrap_or(u64::MAX)
+            .min(values.len() as u64);
+        let lits: Vec<String> = values.iter().map(value_literal).collect();
+        let w = &self.ws;
+        fn rest(used: u32, lits: &[String], min: u64, max: u64, w: &str) -> String {
+            let n = used.count_ones() as u64;
+            let mut alts = Vec::new();
+            if n < max {
+                for (i, l) in lits.iter().enumerate() {
+                    if used >> i & 1 == 0 {
+                        let sep = if n == 0 {
+                            String::new()
+                        } else {
+                            format!("{w},{w}")
+                        };
+                        alts.push(format!(
+                            "{sep}{l}{}",
+                            rest(used | 1 << i, lits, min, max, w)
+                        ));
+                    }
+                }
+            }
+            if n >= min {
+                alts.push(String::new());
+            }
+            if alts.is_empty() {
+                return NOTHING.to_owned();
+            }
+            format!("(?:{})", alts.join("|"))
+        }
+        if min > max {
+            return Ok(NOTHING.to_owned());
+        }
+        Ok(format!("\\[{w}{}{w}\\]", rest(0, &lits, min, max, w)))
+    }
+
+    /// `contains` (with `minContains`) on an array whose items are otherwise unconstrained: at least
+    /// k elements match, the others are any value.
+    pub(super) fn array_contains(
+        &mut self,
+        m: &Map<String, Value>,
+        pointer: &str,
+    ) -> Result<String> {
+        let others = [
+            "items",
+            "prefixItems",
+            "additionalItems",
+            "minItems",
+            "maxItems",
+            "maxContains",
+            "uniqueItems",
+        ];
+        if let Some(k) = others.iter().find(|k| m.contains_key(**k)) {
+            return Err(unsupported(
+                k,
+                pointer,
+                "`contains` together with this keyword is not supported yet",
+            ));
+        }
+        let Some(c) = m.get("contains") else {
+            // minContains without contains has no effect.
+            return self.array(&Map::new(), pointer);
+        };
+        let k = match m.get("minContains") {
+            Some(v) if self.draft >= Draft::D2019 => as_count(v, pointer, "minContains")?,
+            _ => 1,
+        };
+        let any = self.any_value(self.options.any_value_depth);
+        if k == 0 {
+            let w = &self.ws;
+            return Ok(format!("\\[{w}(?:{any}(?:{w},{w}{any})*)?{w}\\]"));
+        }
+        if k > 16 {
+            return Err(unsupported(
+                "minContains",
+                pointer,
+                "more than 16 is not supported yet",
+            ));
+        }
+        let c = self.value(c, &child(pointer, "contains"))?;
+        let w = self.ws.clone();
+        let lead = format!("(?:{any}{w},{w})*");
+        let more = format!("(?:{w},{w}{lead}{c}){{{}}}", k - 1);
+        Ok(format!("\\[{w}{lead}{c}{more}(?:{w},{w}{any})*{w}\\]"))
+    }
+}

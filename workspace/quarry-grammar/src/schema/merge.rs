@@ -1,0 +1,198 @@
+//! `allOf` merging: the intersection of two schemas as one schema, where merging keyword by
+//! keyword is exact, and `$ref` targets inlined so they can be merged.
+
+use serde_json::{json, Map, Value};
+
+use super::{
+    child, invalid, json_equal, resolve_local, unsupported, Draft, Result, Translator, ANNOTATIONS,
+};
+
+impl Translator<'_> {
+    /// A `$ref`-only schema replaced by its target (with the other keywords merged in, from
+    /// 2019-09 on). Other schemas are returned as they are.
+    pub(super) fn inline_ref(&mut self, s: &Value, pointer: &str, depth: usize) -> Result<Value> {
+        let Some(r) = s.get("$ref") else {
+            return Ok(s.clone());
+        };
+        if depth > 16 {
+            return Err(unsupported(
+                "$ref",
+                pointer,
+                "reference chain too deep to merge",
+            ));
+        }
+        let r = r
+            .as_str()
+            .ok_or_else(|| invalid(&child(pointer, "$ref"), "expected a string"))?;
+        let target = resolve_local(self.root, r)
+            .ok_or_else(|| unsupported("$ref", pointer, &format!("cannot merge {r:?}")))?
+            .clone();
+        let target = self.inline_ref(&target, pointer, depth + 1)?;
+        let mut rest = s.as_object().unwrap().clone();
+        rest.remove("$ref");
+        if self.draft < Draft::D2019 || Self::constraining(&rest, &[]).is_empty() {
+            return Ok(target);
+        }
+        self.merge(&target, &Value::Object(rest), pointer, depth + 1)
+    }
+
+    /// The intersection of two schemas as one schema, where keyword-by-keyword merging is exact.
+    pub(super) fn merge(
+        &mut self,
+        a: &Value,
+        b: &Value,
+        pointer: &str,
+        depth: usize,
+    ) -> Result<Value> {
+        let a = self.inline_ref(a, pointer, depth)?;
+        let b = self.inline_ref(b, pointer, depth)?;
+        let (a, b) = match (a, b) {
+            (Value::Bool(false), _) | (_, Value::Bool(false)) => return Ok(Value::Bool(false)),
+            (Value::Bool(true), x) | (x, Value::Bool(true)) => return Ok(x),
+            (Value::Object(a), Value::Object(b)) => (a, b),
+            _ => return Err(invalid(pointer, "a schema is an object or a boolean")),
+        };
+        // Nested allOf: flatten first.
+        let flatten = |t: &mut Self, m: Map<String, Value>| -> Result<Value> {
+            match m.get("allOf").and_then(Value::as_array).cloned() {
+                Some(bs) => {
+                    let mut rest = m;
+                    rest.remove("allOf");
+                    let mut acc = Value::Object(rest);
+                    for x in &bs {
+                        acc = t.merge(&acc, x, pointer, depth + 1)?;
+                    }
+                    Ok(acc)
+                }
+                None => Ok(Value::Object(m)),
+            }
+        };
+        let (a, b) = (flatten(self, a)?, flatten(self, b)?);
+        let (mut out, b) = match (a, b) {
+            (Value::Object(a), Value::Object(b)) => (a, b),
+            (a, b) => return self.merge(&a, &b, pointer, depth + 1),
+        };
+        // Keywords whose meaning depends on a sibling in the same schema object.
+        const COUPLED: &[(&str, &str)] = &[
+            ("additionalProperties", "properties"),
+            ("items", "prefixItems"),
+            ("additionalItems", "items"),
+        ];
+        for (x, y) in COUPLED {
+            // `x` is read against its own object's `y`: merging is exact only if `y` is the same
+            // on both sides (allOf [{properties: a, additionalProperties: false},
+            // {properties: b, additionalProperties: false}] admits neither a nor b).
+            let same_y = match (out.get(*y), b.get(*y)) {
+                (None, None) => true,
+                (Some(p), Some(q)) => json_equal(p, q),
+                _ => false,
+            };
+            if (out.contains_key(*x) || b.contains_key(*x)) && !same_y {
+                return Err(unsupported(
+                    x,
+                    pointer,
+                    &format!(
+                        "merging `{x}` with `{y}` from another allOf branch is not supported yet"
+                    ),
+                ));
+            }
+        }
+        for (k, vb) in b {
+            if ANNOTATIONS.contains(&k.as_str()) && k != "$defs" && k != "definitions" {
+                continue;
+            }
+            let Some(va) = out.get(&k).cloned() else {
+                out.insert(k, vb);
+                continue;
+            };
+            if json_equal(&va, &vb) {
+                continue;
+            }
+            let merged =
+                match k.as_str() {
+                    "type" => {
+                        let list = |v: &Value| -> Vec<String> {
+                            match v {
+                                Value::String(s) => vec![s.clone()],
+                                Value::Array(a) => a
+                                    .iter()
+                                    .filter_map(|x| x.as_str().map(str::to_owned))
+                                    .collect(),
+                                _ => Vec::new(),
+                            }
+                        };
+                        let (ta, tb) = (list(&va), list(&vb));
+                        let has = |l: &[String], t: &str| l.iter().any(|x| x == t);
+                        let mut both: Vec<Value> = Vec::new();
+                        for t in &ta {
+                            let keep = has(&tb, t) || (t == "integer" && has(&tb, "number"));
+                            if keep {
+                                both.push(json!(t));
+                            } else if t == "number" && has(&tb, "integer") {
+                                both.push(json!("integer"));
+                            }
+                        }
+                        Value::Array(both)
+                    }
+                    "required" => {
+                        let mut r = va.as_array().cloned().unwrap_or_default();
+                        for x in vb.as_array().cloned().unwrap_or_default() {
+                            if !r.contains(&x) {
+                                r.push(x);
+                            }
+                        }
+                        Value::Array(r)
+                    }
+                    "properties" | "$defs" | "definitions" => {
+                        let mut p = va.as_object().cloned().unwrap_or_default();
+                        for (name, s) in vb.as_object().cloned().unwrap_or_default() {
+                            let v = match p.get(&name) {
+                                Some(prev) if k == "properties" => json!({ "allOf": [prev, s] }),
+                                Some(prev) => prev.clone(),
+                                None => s,
+                            };
+                            p.insert(name, v);
+                        }
+                        Value::Object(p)
+                    }
+                    "minimum" | "minLength" | "minItems" => {
+                        json!(va.as_f64().unwrap_or(0.0).max(vb.as_f64().unwrap_or(0.0)))
+                    }
+                    "maximum" | "maxLength" | "maxItems" => {
+                        json!(va
+                            .as_f64()
+                            .unwrap_or(f64::MAX)
+                            .min(vb.as_f64().unwrap_or(f64::MAX)))
+                    }
+                    "exclusiveMinimum" if self.draft > Draft::D4 => {
+                        json!(va.as_f64().unwrap_or(0.0).max(vb.as_f64().unwrap_or(0.0)))
+                    }
+                    "exclusiveMaximum" if self.draft > Draft::D4 => {
+                        json!(va
+                            .as_f64()
+                            .unwrap_or(f64::MAX)
+                            .min(vb.as_f64().unwrap_or(f64::MAX)))
+                    }
+                    "enum" => {
+                        let bv = vb.as_array().cloned().unwrap_or_default();
+                        Value::Array(
+                            va.as_array()
+                                .cloned()
+                                .unwrap_or_default()
+                                .into_iter()
+                                .filter(|x| bv.iter().any(|y| json_equal(x, y)))
+                                .collect(),
+                        )
+                    }
+                    "const" => return Ok(Value::Bool(false)),
+                    other => return Err(unsupported(
+                        other,
+                        pointer,
+                        "two allOf branches set it differently; merging it is not supported yet",
+                    )),
+                };
+            out.insert(k, merged);
+        }
+        Ok(Value::Object(out))
+    }
+}

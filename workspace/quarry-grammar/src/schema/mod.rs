@@ -1,0 +1,679 @@
+//! JSON Schema → a regex over quarry's canonical JSON text, compiled by the same DFA machinery as
+//! any regex constraint.
+//!
+//! # Output form
+//! - Canonical JSON: object properties in schema order (`properties`), then any additional
+//!   properties; strings escaped exactly as `serde_json` writes them (`\"`, `\\`, `\b \f \n \r \t`,
+//!   other control characters as `\u00xx`, everything else raw UTF-8).
+//! - Whitespace: [`Whitespace::Compact`] (none, the default) or [`Whitespace::Pretty`], which allows
+//!   up to `max_run` whitespace bytes around each structural character. Never unbounded.
+//! - Optional properties may be omitted. With `strict`, a missing `additionalProperties` means
+//!   `false` (OpenAI structured-outputs semantics); without it, the schema's own rule applies.
+//! - Where a schema allows *any* value (`true`, an absent `items`, additional properties), the
+//!   values generated are JSON nested at most [`SchemaOptions::any_value_depth`] levels deep.
+//!
+//! # Drafts
+//! `$schema` selects draft 4, 6, 7, 2019-09 or 2020-12 (the default). Where drafts differ, the
+//! declared draft is honoured: `items` as an array with `additionalItems` (before 2020-12) versus
+//! `prefixItems` + `items`; `exclusiveMinimum`/`exclusiveMaximum` as booleans (draft 4) versus
+//! numbers; `$ref` siblings ignored (before 2019-09) versus applied.
+//!
+//! # Keywords: the contract
+//! Supported:
+//! - types: `type` (a name or an array of names, `null` included), `enum`, `const` (filtered by the
+//!   schema's other keywords);
+//! - objects: `properties`, `required`, `additionalProperties` (boolean or schema),
+//!   `minProperties`/`maxProperties` (up to 32), `dependentRequired` (draft 4–7: `dependencies`
+//!   with name lists) over at most 6 declared properties;
+//! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`; `uniqueItems` when
+//!   `maxItems` ≤ 1 or the items are at most 6 values (`enum`, `const`, boolean); `contains` with `minContains` on arrays whose items are otherwise
+//!   unconstrained;
+//! - strings: `minLength`, `maxLength` (code points), `pattern` (alone: a search, as ECMA-262 has it),
+//!   `format` for `date`, `time`, `date-time`, `uuid`, `ipv4`, and conservative subsets (every value
+//!   allowed is valid) of `ipv6` (uncompressed), `hostname`, `email`, `duration`, `uri` and
+//!   `uri-reference`;
+//! - numbers: the exact JSON number grammar (no leading zeros; fraction; exponent), bounded to at
+//!   most 18 integer digits, 18 fraction digits and a 2-digit exponent so every output parses as an
+//!   `f64` and digits cannot run to `max_tokens`; `minimum`,
+//!   `maximum`, `exclusiveMinimum`, `exclusiveMaximum` as exact digit languages for integers;
+//!   for `number`, a lower bound of 0 (inclusive or exclusive); `multipleOf: 1` on integers;
+//! - combinators: `anyOf`; `oneOf` whose branches are of pairwise different types; `allOf`, merged
+//!   keyword by keyword where that is exact (types intersected, `required` united, `properties`
+//!   merged per name, the tighter of two bounds, `enum` intersected); keywords next to
+//!   `anyOf`/`oneOf` are merged into each branch; `not: {type: …}` (and `not: true/false`);
+//! - references: local `$ref` (`#`, `#/$defs/…`, `#/definitions/…`, any JSON Pointer into the
+//!   document), `$defs`, `definitions`.
+//!
+//! Ignored (annotations): `title`, `description`, `examples`, `default`, `$comment`, `deprecated`,
+//! `readOnly`, `writeOnly`, `$schema`, `$id`, `$anchor`, `$dynamicAnchor`, `$vocabulary`,
+//! `contentMediaType`, `contentEncoding`, `contentSchema`.
+//!
+//! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
+//! `patternProperties`, `propertyNames`, schema-valued `dependencies`, `dependentSchemas`,
+//! dependencies over more than 6 properties or involving additional properties, other `contains`,
+//! `maxContains`, other `uniqueItems: true`, other `not`, `if`/`then`/`else`,
+//! `unevaluatedProperties`, `unevaluatedItems`, `$dynamicRef`, `$recursiveRef`, other
+//! `multipleOf`, bounds on non-integer numbers other than 0, other formats, `pattern` together with
+//! a length or a format, `allOf` branches that set the same other keyword differently or split a
+//! coupled pair (`properties`/`additionalProperties`, `prefixItems`/`items`), `oneOf` whose
+//! branches may overlap, remote references, and recursive references. (From 2019-09, keywords next
+//! to `$ref` are merged into its target.) Keywords that the declared draft does not define
+//! (`dependencies` in 2019-09 and later, `dependentRequired` before) are ignored, as validators of
+//! that draft ignore them.
+//! Any other keyword is [`SchemaError::UnknownKeyword`], unless
+//! [`SchemaOptions::ignore_unknown_keywords`] is set.
+
+mod array;
+mod canonical;
+mod merge;
+mod object;
+mod scalar;
+#[cfg(test)]
+mod tests;
+
+pub use canonical::canonicalize;
+
+use serde_json::{Map, Value};
+
+/// Whitespace the output may contain between tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Whitespace {
+    /// No whitespace at all: `{"a":1,"b":[true]}`.
+    #[default]
+    Compact,
+    /// Up to `max_run` bytes of space, tab, CR or LF around each structural character.
+    Pretty { max_run: u8 },
+}
+
+/// How a schema becomes a constraint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchemaOptions {
+    pub whitespace: Whitespace,
+    /// A missing `additionalProperties` means `false`.
+    pub strict: bool,
+    /// Nesting depth of values generated where the schema allows any value. Default 2.
+    pub any_value_depth: usize,
+    /// Treat keywords this module does not know (`markdownDescription`, `x-…` vendor extensions)
+    /// as annotations, as JSON Schema validators do, instead of failing with
+    /// [`SchemaError::UnknownKeyword`]. Default false: a typo such as `propertees` is an error.
+    pub ignore_unknown_keywords: bool,
+}
+
+impl Default for SchemaOptions {
+    fn default() -> Self {
+        Self {
+            whitespace: Whitespace::Compact,
+            strict: false,
+            any_value_depth: 2,
+            ignore_unknown_keywords: false,
+        }
+    }
+}
+
+/// Why a schema cannot be turned into a constraint. `pointer` is the JSON Pointer of the
+/// subschema (`#/properties/age`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SchemaError {
+    #[error("unsupported `{keyword}` at {pointer}: {reason}")]
+    Unsupported {
+        keyword: String,
+        pointer: String,
+        reason: String,
+    },
+    #[error("unknown keyword `{keyword}` at {pointer}")]
+    UnknownKeyword { keyword: String, pointer: String },
+    #[error("invalid schema at {pointer}: {message}")]
+    Invalid { pointer: String, message: String },
+}
+
+type Result<T> = std::result::Result<T, SchemaError>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Draft {
+    D4,
+    D6,
+    D7,
+    D2019,
+    D2020,
+}
+
+/// One code point of a JSON string, as canonical JSON writes it.
+const STR_CHAR: &str = r#"(?:[^"\\\x00-\x1F]|\\["\\bfnrt]|\\u00[01][0-9a-f])"#;
+/// Numbers are bounded so that every output parses as an `f64` (serde_json, Python and JavaScript
+/// refuse or round to infinity beyond ±1.8e308) and a model cannot run digits to `max_tokens`: at
+/// most 18 integer digits, 18 fraction digits and a 2-digit exponent.
+const NUMBER: &str = r"-?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,18})?(?:[eE][+-]?[0-9]{1,2})?";
+const INTEGER: &str = r"-?(?:0|[1-9][0-9]{0,17})";
+const FRAC_EXP: &str = r"(?:\.[0-9]{1,18})?(?:[eE][+-]?[0-9]{1,2})?";
+const EXP: &str = r"(?:[eE][+-]?[0-9]{1,2})?";
+/// A regex with an empty language.
+const NOTHING: &str = r"[^\x00-\x{10FFFF}]";
+
+const ANNOTATIONS: &[&str] = &[
+    "title",
+    "description",
+    "examples",
+    "default",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$schema",
+    "$id",
+    "id",
+    "$anchor",
+    "$dynamicAnchor",
+    "$vocabulary",
+    "contentMediaType",
+    "contentEncoding",
+    "contentSchema",
+    "$defs",
+    "definitions",
+];
+
+const SUPPORTED: &[&str] = &[
+    "type",
+    "enum",
+    "const",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "prefixItems",
+    "additionalItems",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "$ref",
+    "not",
+    "contains",
+    "minContains",
+    "maxContains",
+    "minProperties",
+    "maxProperties",
+    "dependentRequired",
+    "dependencies",
+];
+
+const UNSUPPORTED: &[&str] = &[
+    "patternProperties",
+    "propertyNames",
+    "dependentSchemas",
+    "if",
+    "then",
+    "else",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "$dynamicRef",
+    "$recursiveRef",
+    "$recursiveAnchor",
+];
+
+const TYPES: &[&str] = &["null", "boolean", "object", "array", "number", "string"];
+
+/// The regex (over canonical JSON text, full match) of the instances `schema` accepts.
+pub fn schema_to_regex(schema: &Value, options: &SchemaOptions) -> Result<String> {
+    let draft = match schema.get("$schema").and_then(Value::as_str) {
+        Some(s) if s.contains("draft-04") => Draft::D4,
+        Some(s) if s.contains("draft-06") => Draft::D6,
+        Some(s) if s.contains("draft-07") => Draft::D7,
+        Some(s) if s.contains("2019-09") => Draft::D2019,
+        _ => Draft::D2020,
+    };
+    let ws = match options.whitespace {
+        Whitespace::Compact => String::new(),
+        Whitespace::Pretty { max_run } => format!("[ \\t\\n\\r]{{0,{max_run}}}"),
+    };
+    let mut t = Translator {
+        root: schema,
+        options,
+        draft,
+        ws,
+        refs: Vec::new(),
+    };
+    t.value(schema, "#")
+}
+
+struct Translator<'a> {
+    root: &'a Value,
+    options: &'a SchemaOptions,
+    draft: Draft,
+    /// Whitespace between tokens.
+    ws: String,
+    /// References being expanded (cycle detection).
+    refs: Vec<String>,
+}
+
+fn unsupported(keyword: &str, pointer: &str, reason: &str) -> SchemaError {
+    SchemaError::Unsupported {
+        keyword: keyword.into(),
+        pointer: pointer.into(),
+        reason: reason.into(),
+    }
+}
+
+fn invalid(pointer: &str, message: impl Into<String>) -> SchemaError {
+    SchemaError::Invalid {
+        pointer: pointer.into(),
+        message: message.into(),
+    }
+}
+
+fn child(pointer: &str, key: &str) -> String {
+    format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"))
+}
+
+fn alt(parts: &[String]) -> String {
+    match parts.len() {
+        0 => NOTHING.to_owned(),
+        1 => parts[0].clone(),
+        _ => format!("(?:{})", parts.join("|")),
+    }
+}
+
+/// A value's canonical JSON text as a regex literal.
+fn literal(v: &Value) -> String {
+    regex_syntax::escape(&serde_json::to_string(v).expect("a Value serializes"))
+}
+
+/// An `enum`/`const` value as a regex: its canonical text, where a number with an integral value
+/// may also be written with `.0` (JSON Schema compares numbers by value: `1` and `1.0` are equal).
+fn value_literal(v: &Value) -> String {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => {
+                let i = f as i64;
+                format!("(?:{i}|{i}\\.0)")
+            }
+            _ => literal(v),
+        },
+        Value::Array(a) => {
+            let items: Vec<String> = a.iter().map(value_literal).collect();
+            format!("\\[{}\\]", items.join(","))
+        }
+        Value::Object(m) => {
+            let members: Vec<String> = m
+                .iter()
+                .map(|(k, x)| {
+                    format!(
+                        "{}:{}",
+                        literal(&Value::String(k.clone())),
+                        value_literal(x)
+                    )
+                })
+                .collect();
+            format!("\\{{{}\\}}", members.join(","))
+        }
+        _ => literal(v),
+    }
+}
+
+/// The non-negative integer keyword `key` of `m`, if present.
+fn count(m: &Map<String, Value>, pointer: &str, key: &str) -> Result<Option<u64>> {
+    m.get(key).map(|v| as_count(v, pointer, key)).transpose()
+}
+
+fn as_count(v: &Value, pointer: &str, keyword: &str) -> Result<u64> {
+    v.as_u64()
+        .or_else(|| {
+            v.as_f64()
+                .filter(|f| *f >= 0.0 && f.fract() == 0.0)
+                .map(|f| f as u64)
+        })
+        .ok_or_else(|| invalid(&child(pointer, keyword), "expected a non-negative integer"))
+}
+
+impl Translator<'_> {
+    /// The regex of values that `schema` (at `pointer`) accepts.
+    fn value(&mut self, schema: &Value, pointer: &str) -> Result<String> {
+        let m = match schema {
+            Value::Bool(true) => return Ok(self.any_value(self.options.any_value_depth)),
+            Value::Bool(false) => return Ok(NOTHING.to_owned()),
+            Value::Object(m) => m,
+            _ => return Err(invalid(pointer, "a schema is an object or a boolean")),
+        };
+        for k in m.keys() {
+            let k = k.as_str();
+            if UNSUPPORTED.contains(&k) {
+                return Err(unsupported(k, pointer, "this keyword is not supported yet"));
+            }
+            if !SUPPORTED.contains(&k)
+                && !ANNOTATIONS.contains(&k)
+                && !self.options.ignore_unknown_keywords
+            {
+                return Err(SchemaError::UnknownKeyword {
+                    keyword: k.into(),
+                    pointer: pointer.into(),
+                });
+            }
+        }
+        if let Some(r) = m.get("$ref") {
+            return self.reference(m, r, pointer);
+        }
+        for comb in ["anyOf", "oneOf", "allOf"] {
+            if let Some(branches) = m.get(comb) {
+                return self.combinator(m, comb, branches, pointer);
+            }
+        }
+        if m.contains_key("enum") || m.contains_key("const") {
+            return self.enumeration(m, pointer);
+        }
+        let types: Vec<&str> = match m.get("type") {
+            None => TYPES.to_vec(),
+            Some(Value::String(t)) => vec![t.as_str()],
+            Some(Value::Array(ts)) => ts
+                .iter()
+                .map(|t| {
+                    t.as_str()
+                        .ok_or_else(|| invalid(pointer, "type names are strings"))
+                })
+                .collect::<Result<_>>()?,
+            Some(_) => {
+                return Err(invalid(
+                    &child(pointer, "type"),
+                    "expected a string or array",
+                ))
+            }
+        };
+        let types = self.without_negated_types(m, types, pointer)?;
+        let mut parts = Vec::new();
+        let has_number = types.contains(&"number");
+        for t in &types {
+            let r = match *t {
+                "null" => "null".to_owned(),
+                "boolean" => "(?:true|false)".to_owned(),
+                "object" => self.object(m, pointer)?,
+                "array" => self.array(m, pointer)?,
+                "string" => self.string(m, pointer)?,
+                "number" => self.number(m, pointer)?,
+                // Integers are numbers: covered by "number" when both are listed.
+                "integer" if has_number => continue,
+                "integer" => self.integer(m, pointer)?,
+                other => {
+                    return Err(invalid(
+                        &child(pointer, "type"),
+                        format!("unknown type {other:?}"),
+                    ))
+                }
+            };
+            parts.push(r);
+        }
+        Ok(alt(&parts))
+    }
+
+    /// Applies `not` where it is decidable here: `not: {type: …}` removes those types (`number`
+    /// takes `integer` with it; removing only `integer` from `number` is not supported),
+    /// `not: false` removes nothing. Any other `not` is unsupported.
+    fn without_negated_types<'t>(
+        &self,
+        m: &Map<String, Value>,
+        mut types: Vec<&'t str>,
+        pointer: &str,
+    ) -> Result<Vec<&'t str>> {
+        let Some(not) = m.get("not") else {
+            return Ok(types);
+        };
+        let here = child(pointer, "not");
+        let refuse = || {
+            unsupported(
+                "not",
+                pointer,
+                "only `not: {type: …}` and `not: false` are supported yet",
+            )
+        };
+        let excluded: Vec<String> = match not {
+            Value::Bool(false) => return Ok(types),
+            Value::Bool(true) => return Ok(Vec::new()),
+            Value::Object(n) => {
+                if Self::constraining(n, &[]) != ["type"] {
+                    return Err(refuse());
+                }
+                match &n["type"] {
+                    Value::String(t) => vec![t.clone()],
+                    Value::Array(ts) => ts
+                        .iter()
+                        .map(|t| {
+                            t.as_str()
+                                .map(str::to_owned)
+                                .ok_or_else(|| invalid(&here, "type names are strings"))
+                        })
+                        .collect::<Result<_>>()?,
+                    _ => return Err(invalid(&here, "expected a string or array")),
+                }
+            }
+            _ => return Err(invalid(&here, "a schema is an object or a boolean")),
+        };
+        let gone = |t: &str| {
+            excluded
+                .iter()
+                .any(|e| e == t || (e == "number" && t == "integer"))
+        };
+        if excluded.iter().any(|e| e == "integer") && types.contains(&"number") && !gone("number") {
+            return Err(unsupported(
+                "not",
+                pointer,
+                "numbers that are not integers are not supported yet",
+            ));
+        }
+        types.retain(|t| !gone(t));
+        Ok(types)
+    }
+
+    /// Keywords other than annotations and those listed.
+    fn constraining<'m>(m: &'m Map<String, Value>, except: &[&str]) -> Vec<&'m str> {
+        m.keys()
+            .map(String::as_str)
+            .filter(|k| !ANNOTATIONS.contains(k) && !except.contains(k))
+            .collect()
+    }
+
+    fn reference(&mut self, m: &Map<String, Value>, r: &Value, pointer: &str) -> Result<String> {
+        let r = r
+            .as_str()
+            .ok_or_else(|| invalid(&child(pointer, "$ref"), "expected a string"))?;
+        if self.draft >= Draft::D2019 && !Self::constraining(m, &["$ref"]).is_empty() {
+            // Keywords next to $ref apply too: merge them into the target.
+            let merged = self.inline_ref(&Value::Object(m.clone()), pointer, 0)?;
+            return self.value(&merged, pointer);
+        }
+        let Some(fragment) = r.strip_prefix('#') else {
+            return Err(unsupported(
+                "$ref",
+                pointer,
+                &format!("remote reference {r:?}; only local references (#…) are supported"),
+            ));
+        };
+        if self.refs.iter().any(|x| x == r) {
+            return Err(unsupported(
+                "$ref",
+                pointer,
+                &format!("recursive reference {r:?}"),
+            ));
+        }
+        let target = resolve_fragment(self.root, fragment).ok_or_else(|| {
+            unsupported(
+                "$ref",
+                pointer,
+                &format!("{r:?} does not resolve to a subschema of this document"),
+            )
+        })?;
+        self.refs.push(r.to_owned());
+        let out = self.value(target, r);
+        self.refs.pop();
+        out
+    }
+
+    fn combinator(
+        &mut self,
+        m: &Map<String, Value>,
+        comb: &str,
+        branches: &Value,
+        pointer: &str,
+    ) -> Result<String> {
+        let branches = branches
+            .as_array()
+            .filter(|b| !b.is_empty())
+            .ok_or_else(|| invalid(&child(pointer, comb), "expected a non-empty array"))?;
+        // The schema's own keywords apply to every branch: intersection distributes over union.
+        let mut rest = m.clone();
+        rest.remove(comb);
+        let rest = Value::Object(rest);
+        let has_rest = !Self::constraining(rest.as_object().unwrap(), &[]).is_empty();
+        let here = child(pointer, comb);
+        if comb == "allOf" {
+            let mut acc = rest;
+            for b in branches {
+                acc = self.merge(&acc, b, pointer, 0)?;
+            }
+            return self.value(&acc, pointer);
+        }
+        let branches: Vec<Value> = if has_rest {
+            branches
+                .iter()
+                .map(|b| self.merge(&rest, b, pointer, 0))
+                .collect::<Result<_>>()?
+        } else {
+            branches.clone()
+        };
+        if comb == "oneOf" {
+            // Sound only when no instance can match two branches: require each branch to declare
+            // a single type, all different ("integer" overlaps "number").
+            let mut seen = Vec::new();
+            for b in &branches {
+                let t = match b.get("type").and_then(Value::as_str) {
+                    Some("integer") => Some("number"),
+                    t => t,
+                };
+                match t {
+                    Some(t) if !seen.contains(&t) => seen.push(t),
+                    _ => {
+                        return Err(unsupported(
+                            "oneOf",
+                            pointer,
+                            "branches must be of pairwise different types to be provably disjoint",
+                        ))
+                    }
+                }
+            }
+        }
+        self.branches(&branches, &here)
+    }
+
+    fn branches(&mut self, branches: &[Value], pointer: &str) -> Result<String> {
+        let parts = branches
+            .iter()
+            .enumerate()
+            .map(|(i, b)| self.value(b, &child(pointer, &i.to_string())))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(alt(&parts))
+    }
+
+    /// `enum`/`const`, keeping only the values the rest of the schema accepts.
+    fn enumeration(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        let mut values: Vec<Value> = match m.get("enum") {
+            Some(Value::Array(vs)) => vs.clone(),
+            Some(_) => return Err(invalid(&child(pointer, "enum"), "expected an array")),
+            None => Vec::new(),
+        };
+        if let Some(c) = m.get("const") {
+            values = if m.contains_key("enum") {
+                values.into_iter().filter(|v| json_equal(v, c)).collect()
+            } else {
+                vec![c.clone()]
+            };
+        }
+        let mut rest = m.clone();
+        rest.remove("enum");
+        rest.remove("const");
+        let keep: Vec<String> = if Self::constraining(&rest, &[]).is_empty() {
+            values.iter().map(value_literal).collect()
+        } else {
+            let rest_re = self.value(&Value::Object(rest), pointer)?;
+            let full = regex_automata::dfa::regex::Regex::new(&format!("^(?:{rest_re})$"))
+                .map_err(|e| unsupported("enum", pointer, &format!("filtering the values: {e}")))?;
+            values
+                .iter()
+                .filter(|v| full.is_match(serde_json::to_string(v).unwrap().as_bytes()))
+                .map(value_literal)
+                .collect()
+        };
+        Ok(alt(&keep))
+    }
+
+    fn any_value(&self, depth: usize) -> String {
+        let scalar = format!("(?:null|true|false|{NUMBER}|\"{STR_CHAR}*\")");
+        if depth == 0 {
+            return scalar;
+        }
+        let inner = self.any_value(depth - 1);
+        let w = &self.ws;
+        let member = format!("\"{STR_CHAR}*\"{w}:{w}{inner}");
+        format!(
+            "(?:{scalar}|\\[{w}(?:{inner}(?:{w},{w}{inner})*)?{w}\\]|\\{{{w}(?:{member}(?:{w},{w}{member})*)?{w}\\}})"
+        )
+    }
+}
+
+/// JSON equality as JSON Schema defines it (1 == 1.0).
+fn json_equal(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_equal(a, b))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| json_equal(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// The subschema a local `$ref` points at: `#` (the root) or `#/a/b` (a JSON Pointer, with
+/// percent-encoding undone).
+fn resolve_local<'v>(root: &'v Value, reference: &str) -> Option<&'v Value> {
+    resolve_fragment(root, reference.strip_prefix('#')?)
+}
+
+fn resolve_fragment<'v>(root: &'v Value, fragment: &str) -> Option<&'v Value> {
+    let decoded = percent_decode(fragment);
+    if decoded.is_empty() {
+        Some(root)
+    } else if decoded.starts_with('/') {
+        root.pointer(&decoded)
+    } else {
+        None
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,344 @@
+//! Objects: declared properties in schema order, additional properties with keys proven
+//! different from the declared names, property counts and dependencies.
+
+use serde_json::{Map, Value};
+
+use super::{
+    child, count, invalid, literal, unsupported, Draft, Result, Translator, NOTHING, STR_CHAR,
+};
+
+impl Translator<'_> {
+    pub(super) fn object(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        let empty = Map::new();
+        let props = match m.get("properties") {
+            Some(Value::Object(p)) => p,
+            Some(_) => return Err(invalid(&child(pointer, "properties"), "expected an object")),
+            None => &empty,
+        };
+        let required: Vec<&str> = match m.get("required") {
+            Some(Value::Array(r)) => r
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .ok_or_else(|| invalid(&child(pointer, "required"), "expected strings"))
+                })
+                .collect::<Result<_>>()?,
+            Some(_) => return Err(invalid(&child(pointer, "required"), "expected an array")),
+            None => Vec::new(),
+        };
+        let extra_schema = match m.get("additionalProperties") {
+            Some(s) => s.clone(),
+            None if self.options.strict => Value::Bool(false),
+            None => Value::Bool(true),
+        };
+        // (name, value regex, required) in canonical order; required names the schema does not
+        // describe come after `properties`, with the additional-properties schema.
+        let mut items: Vec<(String, String, bool)> = Vec::new();
+        let pp = child(pointer, "properties");
+        for (name, s) in props {
+            let v = self.value(s, &child(&pp, name))?;
+            items.push((name.clone(), v, required.contains(&name.as_str())));
+        }
+        let ap = child(pointer, "additionalProperties");
+        for name in &required {
+            if !props.contains_key(*name) {
+                let v = self.value(&extra_schema, &ap)?;
+                items.push(((*name).to_owned(), v, true));
+            }
+        }
+        let w = self.ws.clone();
+        let extra = if extra_schema == Value::Bool(false) {
+            None
+        } else {
+            let names: Vec<&str> = items.iter().map(|(n, _, _)| n.as_str()).collect();
+            let key = key_not_in(&names);
+            let v = self.value(&extra_schema, &ap)?;
+            Some(format!("{key}{w}:{w}{v}"))
+        };
+        let member = |(name, v, _): &(String, String, bool)| {
+            format!("{}{w}:{w}{v}", literal(&Value::String(name.clone())))
+        };
+        let min_p = count(m, pointer, "minProperties")?;
+        let max_p = count(m, pointer, "maxProperties")?;
+        let deps = self.dependencies(m, &items, extra.is_some(), pointer)?;
+        if min_p.is_some() || max_p.is_some() || !deps.is_empty() {
+            let (lo, hi) = (min_p.unwrap_or(0), max_p);
+            if lo > 32 || hi.is_some_and(|h| h > 32) {
+                return Err(unsupported(
+                    "maxProperties",
+                    pointer,
+                    "property counts above 32 are not supported yet",
+                ));
+            }
+            let members: Vec<(String, bool)> = items.iter().map(|it| (member(it), it.2)).collect();
+            let body = counted_members(&members, extra.as_deref(), lo, hi, &deps, &w);
+            return Ok(format!("\\{{{w}{body}{w}\\}}"));
+        }
+        // head(i): members from i on when none was written yet; tail(i): after one was.
+        let mut tail = match &extra {
+            Some(e) => format!("(?:{w},{w}{e})*"),
+            None => String::new(),
+        };
+        let mut head = match &extra {
+            Some(e) => format!("(?:{e}{tail})?"),
+            None => String::new(),
+        };
+        for it in items.iter().rev() {
+            let mem = member(it);
+            let (new_head, new_tail) = if it.2 {
+                (format!("{mem}{tail}"), format!("{w},{w}{mem}{tail}"))
+            } else {
+                (
+                    format!("(?:{mem}{tail}|{head})"),
+                    format!("(?:{w},{w}{mem})?{tail}"),
+                )
+            };
+            head = new_head;
+            tail = new_tail;
+        }
+        Ok(format!("\\{{{w}{head}{w}\\}}"))
+    }
+
+    /// `dependentRequired` (and draft 4–7 `dependencies` with name lists) as (trigger, dependent)
+    /// indexes into `items`. A pair whose trigger is never written is dropped; one that would need
+    /// an additional property tracked is unsupported.
+    pub(super) fn dependencies(
+        &self,
+        m: &Map<String, Value>,
+        items: &[(String, String, bool)],
+        extras_allowed: bool,
+        pointer: &str,
+    ) -> Result<Vec<(usize, usize)>> {
+        let key = if self.draft >= Draft::D2019 {
+            "dependentRequired"
+        } else {
+            "dependencies"
+        };
+        let Some(deps) = m.get(key) else {
+            return Ok(Vec::new());
+        };
+        let here = child(pointer, key);
+        let deps = deps
+            .as_object()
+            .ok_or_else(|| invalid(&here, "expected an object"))?;
+        let index = |n: &str| items.iter().position(|(name, _, _)| name == n);
+        let mut out = Vec::new();
+        for (trigger, needed) in deps {
+            let Value::Array(needed) = needed else {
+                return Err(unsupported(
+                    key,
+                    &here,
+                    "schema dependencies are not supported yet",
+                ));
+            };
+            let t = match index(trigger) {
+                Some(t) => t,
+                None if extras_allowed => {
+                    return Err(unsupported(
+                        key,
+                        &here,
+                        &format!("trigger {trigger:?} could be an additional property"),
+                    ))
+                }
+                None => continue, // never written: the dependency is vacuous
+            };
+            for d in needed {
+                let d = d
+                    .as_str()
+                    .ok_or_else(|| invalid(&here, "expected property names"))?;
+                match index(d) {
+                    Some(d) => out.push((t, d)),
+                    // The dependent can never be written: the trigger must not be either.
+                    None if !extras_allowed => out.push((t, usize::MAX)),
+                    None => {
+                        return Err(unsupported(
+                            key,
+                            &here,
+                            &format!("dependent {d:?} could only be an additional property"),
+                        ))
+                    }
+                }
+            }
+        }
+        let tracked: std::collections::BTreeSet<usize> = out
+            .iter()
+            .flat_map(|&(a, b)| [a, b])
+            .filter(|&x| x != usize::MAX)
+            .collect();
+        if tracked.len() > 6 {
+            return Err(unsupported(
+                key,
+                &here,
+                "more than 6 properties in dependencies are not supported yet",
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// A JSON string body (without quotes) that is not one of `names`: a trie over the names, where at
+/// each node the text may leave the trie with a character no name continues with, or end if the
+/// node is not a name.
+pub(super) fn key_not_in(names: &[&str]) -> String {
+    #[derive(Default)]
+    struct Node {
+        children: std::collections::BTreeMap<char, Node>,
+        terminal: bool,
+    }
+    let mut root = Node::default();
+    for n in names {
+        let mut cur = &mut root;
+        for c in n.chars() {
+            cur = cur.children.entry(c).or_default();
+        }
+        cur.terminal = true;
+    }
+    fn encode(c: char) -> String {
+        let s = serde_json::to_string(&c.to_string()).unwrap();
+        regex_syntax::escape(&s[1..s.len() - 1])
+    }
+    fn build(n: &Node) -> String {
+        let plain: String = n
+            .children
+            .keys()
+            .filter(|c| !(**c == '"' || **c == '\\' || (**c as u32) < 0x20))
+            .map(|c| regex_syntax::escape(&c.to_string()))
+            .collect();
+        let needs_escape = n
+            .children
+            .keys()
+            .any(|c| *c == '"' || *c == '\\' || (*c as u32) < 0x20);
+        // A character no name continues with; escapes are left out where a name continues with
+        // an escaped character (sound, slightly narrower).
+        let other = match (plain.is_empty(), needs_escape) {
+            (true, false) => STR_CHAR.to_owned(),
+            (false, false) => {
+                format!(r#"(?:[[^"\\\x00-\x1F]--[{plain}]]|\\["\\bfnrt]|\\u00[01][0-9a-f])"#)
+            }
+            (true, true) => r#"[^"\\\x00-\x1F]"#.to_owned(),
+            (false, true) => format!(r#"[[^"\\\x00-\x1F]--[{plain}]]"#),
+        };
+        let mut parts = vec![format!("{other}{STR_CHAR}*")];
+        for (c, child) in &n.children {
+            parts.push(format!("{}{}", encode(*c), build(child)));
+        }
+        if !n.terminal {
+            parts.push(String::new());
+        }
+        format!("(?:{})", parts.join("|"))
+    }
+    format!("\"{}\"", build(&root))
+}
+
+/// Object members in order (`(regex, required)`), then any number of `extra` members, with the
+/// total count in `[min, max]`. `h(i, c)`: members from `i` on after `c` were written (`c` is capped
+/// where larger counts behave the same), so the regex tracks the count it needs and no more.
+fn counted_members(
+    members: &[(String, bool)],
+    extra: Option<&str>,
+    min: u64,
+    max: Option<u64>,
+    deps: &[(usize, usize)],
+    w: &str,
+) -> String {
+    struct Counted<'a> {
+        members: &'a [(String, bool)],
+        extra: Option<&'a str>,
+        min: u64,
+        max: Option<u64>,
+        w: &'a str,
+        cap: u64,
+        /// (trigger, dependent) as bits of `present`; a dependent bit of 0 can never be set.
+        deps: Vec<(u64, u64)>,
+        /// Member index → its bit in `present`, or 0 when no dependency mentions it.
+        bit: Vec<u64>,
+        memo: std::collections::HashMap<(usize, u64, u64), String>,
+    }
+    impl Counted<'_> {
+        fn bound(lo: u64, hi: Option<u64>) -> String {
+            match hi {
+                Some(h) => format!("{{{lo},{h}}}"),
+                None => format!("{{{lo},}}"),
+            }
+        }
+        fn h(&mut self, i: usize, c: u64, present: u64) -> String {
+            if let Some(r) = self.memo.get(&(i, c, present)) {
+                return r.clone();
+            }
+            let w = self.w;
+            let sep = if c == 0 {
+                String::new()
+            } else {
+                format!("{w},{w}")
+            };
+            let broken = self
+                .deps
+                .iter()
+                .any(|&(t, d)| present & t != 0 && present & d == 0);
+            let r = if i == self.members.len() && broken {
+                NOTHING.to_owned()
+            } else if i == self.members.len() {
+                let lo = self.min.saturating_sub(c);
+                let hi = self.max.map(|m| m.saturating_sub(c));
+                match self.extra {
+                    Some(e) if hi != Some(0) => {
+                        if c == 0 {
+                            let rest = Self::bound(lo.saturating_sub(1), hi.map(|h| h - 1));
+                            let body = format!("{e}(?:{w},{w}{e}){rest}");
+                            if lo == 0 {
+                                format!("(?:{body})?")
+                            } else {
+                                body
+                            }
+                        } else {
+                            format!("(?:{w},{w}{e}){}", Self::bound(lo, hi))
+                        }
+                    }
+                    _ if lo == 0 => String::new(),
+                    _ => NOTHING.to_owned(),
+                }
+            } else {
+                let (mem, required) = self.members[i].clone();
+                let with = if self.max.is_some_and(|m| c + 1 > m) {
+                    NOTHING.to_owned()
+                } else {
+                    let next = (c + 1).min(self.cap);
+                    format!("{sep}{mem}{}", self.h(i + 1, next, present | self.bit[i]))
+                };
+                if required {
+                    with
+                } else {
+                    format!("(?:{with}|{})", self.h(i + 1, c, present))
+                }
+            };
+            self.memo.insert((i, c, present), r.clone());
+            r
+        }
+    }
+    let mut bit = vec![0u64; members.len()];
+    let mut next_bit = 1u64;
+    for &(t, d) in deps {
+        for x in [t, d] {
+            if x != usize::MAX && bit[x] == 0 {
+                bit[x] = next_bit;
+                next_bit <<= 1;
+            }
+        }
+    }
+    let deps = deps
+        .iter()
+        .map(|&(t, d)| (bit[t], if d == usize::MAX { 0 } else { bit[d] }))
+        .collect();
+    Counted {
+        members,
+        extra,
+        min,
+        max,
+        w,
+        cap: max.unwrap_or(min.max(1)).max(1),
+        deps,
+        bit,
+        memo: std::collections::HashMap::new(),
+    }
+    .h(0, 0, 0)
+}

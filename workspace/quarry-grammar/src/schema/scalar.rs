@@ -1,0 +1,413 @@
+//! Strings (lengths, `pattern`, `format`) and numbers (the bounded JSON number grammar, exact
+//! integer ranges).
+
+use serde_json::{Map, Value};
+
+use super::{
+    alt, child, count, invalid, unsupported, Draft, Result, Translator, EXP, FRAC_EXP, INTEGER,
+    NOTHING, NUMBER, STR_CHAR,
+};
+
+impl Translator<'_> {
+    pub(super) fn string(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        let min = count(m, pointer, "minLength")?;
+        let max = count(m, pointer, "maxLength")?;
+        let format = m.get("format").map(|f| {
+            f.as_str()
+                .ok_or_else(|| invalid(&child(pointer, "format"), "expected a string"))
+        });
+        let format = format.transpose()?;
+        let pattern = m.get("pattern").map(|p| {
+            p.as_str()
+                .ok_or_else(|| invalid(&child(pointer, "pattern"), "expected a string"))
+        });
+        let pattern = pattern.transpose()?;
+        let lengths = min.is_some() || max.is_some();
+        if pattern.is_some() && (lengths || format.is_some()) {
+            return Err(unsupported(
+                "pattern",
+                pointer,
+                "pattern together with minLength/maxLength or format is not supported yet",
+            ));
+        }
+        if let Some(f) = format {
+            if lengths {
+                return Err(unsupported(
+                    "format",
+                    pointer,
+                    "format together with minLength/maxLength is not supported yet",
+                ));
+            }
+            let body = match f {
+                "date" => DATE.to_owned(),
+                "time" => TIME.to_owned(),
+                "date-time" => format!("{DATE}[Tt]{TIME}"),
+                "uuid" => {
+                    "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+                        .to_owned()
+                }
+                "ipv4" => {
+                    let o = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])";
+                    format!("{o}\\.{o}\\.{o}\\.{o}")
+                }
+                // The formats below are conservative subsets of their RFCs: every value they
+                // allow is valid, not every valid value is allowed.
+                "ipv6" => "[0-9a-f]{1,4}(?::[0-9a-f]{1,4}){7}".to_owned(),
+                "hostname" => format!("{LABEL}(?:\\.{LABEL})*"),
+                "email" => format!(
+                    "[A-Za-z0-9_%+-]{{1,32}}(?:\\.[A-Za-z0-9_%+-]{{1,15}}){{0,2}}@{LABEL}(?:\\.{LABEL}){{1,4}}"
+                ),
+                "duration" => {
+                    // RFC 3339 appendix A, exactly: each unit may only be followed by the next.
+                    let n = "[0-9]{1,9}";
+                    let sec = format!("{n}S");
+                    let min = format!("{n}M(?:{sec})?");
+                    let hour = format!("{n}H(?:{min})?");
+                    let time = format!("T(?:{hour}|{min}|{sec})");
+                    let day = format!("{n}D");
+                    let month = format!("{n}M(?:{day})?");
+                    let year = format!("{n}Y(?:{month})?");
+                    format!("P(?:(?:{day}|{month}|{year})(?:{time})?|{time}|{n}W)")
+                }
+                "uri" => format!("[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*{QUERY_FRAGMENT}"),
+                "uri-reference" => format!(
+                    "(?:[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*|/(?:{PCHAR}|/)*|{PCHAR_NO_COLON}*(?:/(?:{PCHAR}|/)*)?){QUERY_FRAGMENT}"
+                ),
+                other => {
+                    return Err(unsupported(
+                        "format",
+                        pointer,
+                        &format!("format {other:?} is not supported yet"),
+                    ))
+                }
+            };
+            return Ok(format!("\"{body}\""));
+        }
+        if let Some(p) = pattern {
+            return Ok(format!(
+                "\"{}\"",
+                pattern_in_json(p, &child(pointer, "pattern"))?
+            ));
+        }
+        let lo = min.unwrap_or(0);
+        Ok(match max {
+            Some(hi) if hi < lo => NOTHING.to_owned(),
+            Some(hi) => format!("\"{STR_CHAR}{{{lo},{hi}}}\""),
+            None if lo == 0 => format!("\"{STR_CHAR}*\""),
+            None => format!("\"{STR_CHAR}{{{lo},}}\""),
+        })
+    }
+
+    /// Lower and upper bounds as (value, exclusive), honouring the draft's form of `exclusive*`.
+    pub(super) fn bounds(
+        &self,
+        m: &Map<String, Value>,
+        pointer: &str,
+    ) -> Result<[Option<(f64, bool)>; 2]> {
+        let num = |k: &str| -> Result<Option<f64>> {
+            m.get(k)
+                .map(|v| {
+                    v.as_f64()
+                        .ok_or_else(|| invalid(&child(pointer, k), "expected a number"))
+                })
+                .transpose()
+        };
+        let (min, max) = (num("minimum")?, num("maximum")?);
+        if self.draft == Draft::D4 {
+            let flag = |k: &str| m.get(k).and_then(Value::as_bool).unwrap_or(false);
+            return Ok([
+                min.map(|v| (v, flag("exclusiveMinimum"))),
+                max.map(|v| (v, flag("exclusiveMaximum"))),
+            ]);
+        }
+        let (xmin, xmax) = (num("exclusiveMinimum")?, num("exclusiveMaximum")?);
+        // The tighter of the inclusive and exclusive bound.
+        let lower = match (min, xmin) {
+            (Some(a), Some(b)) if b >= a => Some((b, true)),
+            (Some(a), _) => Some((a, false)),
+            (None, Some(b)) => Some((b, true)),
+            (None, None) => None,
+        };
+        let upper = match (max, xmax) {
+            (Some(a), Some(b)) if b <= a => Some((b, true)),
+            (Some(a), _) => Some((a, false)),
+            (None, Some(b)) => Some((b, true)),
+            (None, None) => None,
+        };
+        Ok([lower, upper])
+    }
+
+    pub(super) fn integer(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        if let Some(x) = m.get("multipleOf") {
+            if x.as_f64() != Some(1.0) {
+                return Err(unsupported(
+                    "multipleOf",
+                    pointer,
+                    "only multipleOf: 1 is supported yet",
+                ));
+            }
+        }
+        let [lower, upper] = self.bounds(m, pointer)?;
+        let lo = lower.map(|(v, x)| if x { v.floor() + 1.0 } else { v.ceil() });
+        let hi = upper.map(|(v, x)| if x { v.ceil() - 1.0 } else { v.floor() });
+        let fits = |v: f64| v.abs() < 1e18;
+        if lo.is_some_and(|v| !fits(v)) || hi.is_some_and(|v| !fits(v)) {
+            return Err(unsupported(
+                "minimum",
+                pointer,
+                "integer bounds beyond ±10^18",
+            ));
+        }
+        Ok(int_range(lo.map(|v| v as i64), hi.map(|v| v as i64)))
+    }
+
+    pub(super) fn number(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        if m.contains_key("multipleOf") {
+            return Err(unsupported(
+                "multipleOf",
+                pointer,
+                "multipleOf on numbers is not supported yet",
+            ));
+        }
+        let [lower, upper] = self.bounds(m, pointer)?;
+        if upper.is_some() {
+            return Err(unsupported(
+                "maximum",
+                pointer,
+                "upper bounds on non-integer numbers are not supported yet",
+            ));
+        }
+        // (bound is zero, exclusive)
+        Ok(match lower.map(|(v, x)| (v == 0.0, x)) {
+            None => NUMBER.to_owned(),
+            Some((true, false)) => format!("(?:0|[1-9][0-9]{{0,17}}){FRAC_EXP}"),
+            Some((true, true)) => format!(
+                r"(?:[1-9][0-9]{{0,17}}(?:\.[0-9]{{1,18}})?{EXP}|0\.0{{0,17}}[1-9][0-9]{{0,17}}{EXP})"
+            ),
+            Some(_) => {
+                return Err(unsupported(
+                    "minimum",
+                    pointer,
+                    "lower bounds other than 0 on non-integer numbers are not supported yet",
+                ))
+            }
+        })
+    }
+}
+
+/// A host name label (RFC 1123): letters, digits and inner hyphens, at most 63.
+const LABEL: &str = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+/// RFC 3986 path characters (`pchar`); without `:` for the first segment of a relative path.
+const PCHAR: &str = "(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})";
+const PCHAR_NO_COLON: &str = "(?:[A-Za-z0-9._~!$&'()*+,;=@-]|%[0-9A-Fa-f]{2})";
+const QUERY_FRAGMENT: &str = "(?:\\?(?:[A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})*)?(?:#(?:[A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})*)?";
+
+/// RFC 3339 full-date, exactly: 30-day months, February 28 days, or 29 in leap years (divisible
+/// by 4, centuries only when divisible by 400).
+const DATE: &str = concat!(
+    "(?:[0-9]{4}-(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])",
+    "|[0-9]{4}-(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)",
+    "|[0-9]{4}-02-(?:0[1-9]|1[0-9]|2[0-8])",
+    "|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)"
+);
+const TIME: &str = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+
+/// Decimal integers in `[lo, hi]` (either end open), in canonical form (no `-0`, no leading zeros).
+pub(super) fn int_range(lo: Option<i64>, hi: Option<i64>) -> String {
+    match (lo, hi) {
+        (None, None) => INTEGER.to_owned(),
+        (Some(l), Some(h)) if l > h => NOTHING.to_owned(),
+        _ => {
+            let mut parts = Vec::new();
+            // Negative part: -[max(-h,1), -l].
+            if lo.is_none_or(|l| l < 0) {
+                let from = hi.map_or(1, |h| if h < 0 { -h as u64 } else { 1 });
+                let to = lo.map(|l| l.unsigned_abs());
+                parts.push(format!("-{}", nonneg_range(from, to)));
+            }
+            // Non-negative part: [max(l,0), h].
+            if hi.is_none_or(|h| h >= 0) {
+                let from = lo.map_or(0, |l| l.max(0) as u64);
+                parts.push(nonneg_range(from, hi.map(|h| h as u64)));
+            }
+            alt(&parts)
+        }
+    }
+}
+
+/// Decimal numbers in `[lo, hi]` (`hi` open when `None`), no leading zeros.
+fn nonneg_range(lo: u64, hi: Option<u64>) -> String {
+    let digits = |v: u64| v.to_string().len() as u32;
+    let mut parts = Vec::new();
+    let top = hi.map_or(digits(lo), digits);
+    for n in digits(lo)..=top {
+        let a = if n == digits(lo) {
+            lo
+        } else {
+            10u64.pow(n - 1)
+        };
+        let b = match hi {
+            Some(h) if n == digits(h) => h,
+            _ => 10u64.saturating_pow(n) - 1,
+        };
+        if a <= b {
+            parts.push(same_length(&a.to_string(), &b.to_string()));
+        }
+    }
+    if hi.is_none() && digits(lo) < 18 {
+        // Longer numbers, up to the 18 digits every number is bounded to.
+        parts.push(format!("[1-9][0-9]{{{},17}}", digits(lo)));
+    }
+    alt(&parts)
+}
+
+/// Digit strings of equal length between `a` and `b` inclusive.
+fn same_length(a: &str, b: &str) -> String {
+    if a.is_empty() {
+        return String::new();
+    }
+    if a == b {
+        return a.to_owned();
+    }
+    let (a0, b0) = (a.as_bytes()[0], b.as_bytes()[0]);
+    let (ar, br) = (&a[1..], &b[1..]);
+    let n = ar.len();
+    if a0 == b0 {
+        return format!("{}{}", a0 as char, same_length(ar, br));
+    }
+    if ar.bytes().all(|c| c == b'0') && br.bytes().all(|c| c == b'9') {
+        return format!("[{}-{}][0-9]{{{n}}}", a0 as char, b0 as char);
+    }
+    let mut parts = vec![format!("{}{}", a0 as char, same_length(ar, &"9".repeat(n)))];
+    if b0 - a0 > 1 {
+        parts.push(format!(
+            "[{}-{}][0-9]{{{n}}}",
+            (a0 + 1) as char,
+            (b0 - 1) as char
+        ));
+    }
+    parts.push(format!("{}{}", b0 as char, same_length(&"0".repeat(n), br)));
+    alt(&parts)
+}
+
+/// An ECMA-262 `pattern` (a search over the decoded string) as a regex over the canonical JSON
+/// encoding of the string, without the quotes.
+fn pattern_in_json(pattern: &str, pointer: &str) -> Result<String> {
+    use regex_syntax::hir::{Class, Hir, HirKind, Look};
+    let hir =
+        regex_syntax::ParserBuilder::new()
+            .build()
+            .parse(pattern)
+            .map_err(|e| {
+                unsupported(
+                    "pattern",
+                    pointer,
+                    &format!(
+                    "not expressible as a DFA regex (look-around and backreferences are not): {}",
+                    e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+                ),
+                )
+            })?;
+    // Strip a leading ^ and a trailing $ (anchors); any other assertion is unsupported.
+    let (mut items, anchored_start, anchored_end) = match hir.kind() {
+        HirKind::Concat(items) => {
+            let mut items = items.clone();
+            let s = matches!(
+                items.first().map(Hir::kind),
+                Some(HirKind::Look(Look::Start))
+            );
+            if s {
+                items.remove(0);
+            }
+            let e = matches!(items.last().map(Hir::kind), Some(HirKind::Look(Look::End)));
+            if e {
+                items.pop();
+            }
+            (items, s, e)
+        }
+        HirKind::Look(Look::Start) => (vec![], true, false),
+        HirKind::Look(Look::End) => (vec![], false, true),
+        _ => (vec![hir.clone()], false, false),
+    };
+    fn encode_char(c: char) -> String {
+        let s = serde_json::to_string(&c.to_string()).unwrap();
+        regex_syntax::escape(&s[1..s.len() - 1])
+    }
+    fn tr(h: &Hir, pointer: &str) -> Result<String> {
+        Ok(match h.kind() {
+            HirKind::Empty => String::new(),
+            HirKind::Literal(lit) => {
+                let s = std::str::from_utf8(&lit.0)
+                    .map_err(|_| unsupported("pattern", pointer, "a byte-level literal"))?;
+                s.chars().map(encode_char).collect()
+            }
+            HirKind::Class(Class::Unicode(cls)) => {
+                // Characters that JSON writes raw stay a class; the others become their escapes.
+                let mut raw = String::new();
+                let mut escaped = Vec::new();
+                for r in cls.ranges() {
+                    let (a, b) = (r.start() as u32, r.end() as u32);
+                    for special in (0..0x20).chain([0x22, 0x5C]) {
+                        if a <= special && special <= b {
+                            escaped.push(encode_char(char::from_u32(special).unwrap()));
+                        }
+                    }
+                    raw.push_str(&format!("\\x{{{a:x}}}-\\x{{{b:x}}}"));
+                }
+                let class = format!(r#"[[{raw}]--[\x00-\x1F"\\]]"#);
+                if escaped.is_empty() {
+                    class
+                } else {
+                    format!("(?:{class}|{})", escaped.join("|"))
+                }
+            }
+            HirKind::Class(Class::Bytes(_)) => {
+                return Err(unsupported("pattern", pointer, "a byte class"))
+            }
+            HirKind::Look(_) => {
+                return Err(unsupported(
+                    "pattern",
+                    pointer,
+                    "anchors or word boundaries inside the pattern",
+                ))
+            }
+            HirKind::Repetition(rep) => {
+                let inner = tr(&rep.sub, pointer)?;
+                let max = rep.max.map_or(String::new(), |m| m.to_string());
+                let q = if rep.max == Some(rep.min) {
+                    format!("{{{}}}", rep.min)
+                } else {
+                    format!("{{{},{max}}}", rep.min)
+                };
+                format!("(?:{inner}){q}")
+            }
+            HirKind::Capture(c) => format!("(?:{})", tr(&c.sub, pointer)?),
+            HirKind::Concat(hs) => hs
+                .iter()
+                .map(|h| tr(h, pointer))
+                .collect::<Result<String>>()?,
+            HirKind::Alternation(hs) => format!(
+                "(?:{})",
+                hs.iter()
+                    .map(|h| tr(h, pointer))
+                    .collect::<Result<Vec<_>>>()?
+                    .join("|")
+            ),
+        })
+    }
+    let body: String = items
+        .drain(..)
+        .map(|h| tr(&h, pointer))
+        .collect::<Result<String>>()?;
+    let pre = if anchored_start {
+        String::new()
+    } else {
+        format!("{STR_CHAR}*")
+    };
+    let post = if anchored_end {
+        String::new()
+    } else {
+        format!("{STR_CHAR}*")
+    };
+    Ok(format!("{pre}(?:{body}){post}"))
+}
