@@ -99,6 +99,12 @@ impl Grammar {
             .thompson(
                 regex_automata::nfa::thompson::Config::new().nfa_size_limit(Some(limits.nfa_bytes)),
             )
+            // Schema regexes may contain byte classes from intersections (see schema::automaton);
+            // user regexes must match UTF-8 only.
+            .syntax(
+                regex_automata::util::syntax::Config::new()
+                    .utf8(!matches!(constraint, Constraint::JsonSchema { .. })),
+            )
             .build(&pattern)
             .map_err(|e| build_error(&pattern, &e, &limits))?;
         let start = dfa

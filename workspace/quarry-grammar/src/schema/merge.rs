@@ -185,6 +185,8 @@ impl Translator<'_> {
                         )
                     }
                     "const" => return Ok(Value::Bool(false)),
+                    "anyOf" => Self::any_of_product(&va, &vb, pointer)?,
+                    "not" => json!({ "anyOf": [va, vb] }),
                     other => return Err(unsupported(
                         other,
                         pointer,

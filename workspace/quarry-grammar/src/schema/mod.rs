@@ -64,16 +64,20 @@
 //! [`SchemaOptions::ignore_unknown_keywords`] is set.
 
 mod array;
+mod automaton;
 mod canonical;
+mod decimal;
 mod merge;
+mod negate;
 mod object;
 mod scalar;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use automaton::schema_syntax;
 pub use canonical::canonicalize;
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 /// Whitespace the output may contain between tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -139,14 +143,16 @@ enum Draft {
 }
 
 /// One code point of a JSON string, as canonical JSON writes it.
-const STR_CHAR: &str = r#"(?:[^"\\\x00-\x1F]|\\["\\bfnrt]|\\u00[01][0-9a-f])"#;
+/// `\u00xx` only for the control characters without a short escape, so that every string has
+/// exactly one text (which `not: {enum: …}` relies on).
+const STR_CHAR: &str = r#"(?:[^"\\\x00-\x1F]|\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f]))"#;
+/// The escapes of [`STR_CHAR`].
+const ESCAPED: &str = r#"\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f])"#;
 /// Numbers are bounded so that every output parses as an `f64` (serde_json, Python and JavaScript
 /// refuse or round to infinity beyond ±1.8e308) and a model cannot run digits to `max_tokens`: at
 /// most 18 integer digits, 18 fraction digits and a 2-digit exponent.
 const NUMBER: &str = r"-?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,18})?(?:[eE][+-]?[0-9]{1,2})?";
 const INTEGER: &str = r"-?(?:0|[1-9][0-9]{0,17})";
-const FRAC_EXP: &str = r"(?:\.[0-9]{1,18})?(?:[eE][+-]?[0-9]{1,2})?";
-const EXP: &str = r"(?:[eE][+-]?[0-9]{1,2})?";
 /// A regex with an empty language.
 const NOTHING: &str = r"[^\x00-\x{10FFFF}]";
 
@@ -206,15 +212,15 @@ const SUPPORTED: &[&str] = &[
     "maxProperties",
     "dependentRequired",
     "dependencies",
+    "dependentSchemas",
+    "if",
+    "then",
+    "else",
 ];
 
 const UNSUPPORTED: &[&str] = &[
     "patternProperties",
     "propertyNames",
-    "dependentSchemas",
-    "if",
-    "then",
-    "else",
     "unevaluatedProperties",
     "unevaluatedItems",
     "$dynamicRef",
@@ -363,6 +369,24 @@ impl Translator<'_> {
         if let Some(r) = m.get("$ref") {
             return self.reference(m, r, pointer);
         }
+        if let Some(expanded) = self.expand_conditionals(m, pointer)? {
+            return self.value(&expanded, pointer);
+        }
+        if let Some((keyword, leaf)) = Self::not_leaf(m) {
+            return self.without_leaf(m, keyword, leaf, pointer);
+        }
+        if let Some(n) = m.get("not") {
+            let type_only = n.is_boolean()
+                || n.as_object()
+                    .is_some_and(|n| Self::constraining(n, &[]) == ["type"]);
+            if !type_only {
+                // m ∧ ¬n, with ¬n spelled out as a schema.
+                let negated = self.negate(n, &child(pointer, "not"), 0)?;
+                let mut rest = m.clone();
+                rest.remove("not");
+                return self.value(&json!({"allOf": [rest, negated]}), pointer);
+            }
+        }
         for comb in ["anyOf", "oneOf", "allOf"] {
             if let Some(branches) = m.get(comb) {
                 return self.combinator(m, comb, branches, pointer);
@@ -399,6 +423,15 @@ impl Translator<'_> {
                 "array" => self.array(m, pointer)?,
                 "string" => self.string(m, pointer)?,
                 "number" => self.number(m, pointer)?,
+                "fractional" => {
+                    let n = self.number(m, pointer)?;
+                    if n == NUMBER {
+                        negate::FRACTIONAL.to_owned()
+                    } else {
+                        automaton::combine(&n, negate::FRACTIONAL, automaton::Op::And)
+                            .map_err(|e| unsupported("not", pointer, &e))?
+                    }
+                }
                 // Integers are numbers: covered by "number" when both are listed.
                 "integer" if has_number => continue,
                 "integer" => self.integer(m, pointer)?,
@@ -414,9 +447,9 @@ impl Translator<'_> {
         Ok(alt(&parts))
     }
 
-    /// Applies `not` where it is decidable here: `not: {type: …}` removes those types (`number`
-    /// takes `integer` with it; removing only `integer` from `number` is not supported),
-    /// `not: false` removes nothing. Any other `not` is unsupported.
+    /// Applies a `not` that only names types: `not: {type: …}` removes those types (`number`
+    /// takes `integer` with it; removing only `integer` from `number` leaves the pseudo-type
+    /// `fractional`), `not: false` removes nothing. Other `not`s were rewritten before.
     fn without_negated_types<'t>(
         &self,
         m: &Map<String, Value>,
@@ -461,14 +494,14 @@ impl Translator<'_> {
                 .iter()
                 .any(|e| e == t || (e == "number" && t == "integer"))
         };
-        if excluded.iter().any(|e| e == "integer") && types.contains(&"number") && !gone("number") {
-            return Err(unsupported(
-                "not",
-                pointer,
-                "numbers that are not integers are not supported yet",
-            ));
-        }
+        let fractional =
+            excluded.iter().any(|e| e == "integer") && types.contains(&"number") && !gone("number");
         types.retain(|t| !gone(t));
+        if fractional {
+            // Numbers that are not integers: a pseudo-type for `value`.
+            types.retain(|t| *t != "number" && *t != "integer");
+            types.push("fractional");
+        }
         Ok(types)
     }
 
@@ -548,27 +581,12 @@ impl Translator<'_> {
         } else {
             branches.clone()
         };
-        if comb == "oneOf" {
-            // Sound only when no instance can match two branches: require each branch to declare
-            // a single type, all different ("integer" overlaps "number").
-            let mut seen = Vec::new();
-            for b in &branches {
-                let t = match b.get("type").and_then(Value::as_str) {
-                    Some("integer") => Some("number"),
-                    t => t,
-                };
-                match t {
-                    Some(t) if !seen.contains(&t) => seen.push(t),
-                    _ => {
-                        return Err(unsupported(
-                            "oneOf",
-                            pointer,
-                            "branches must be of pairwise different types to be provably disjoint",
-                        ))
-                    }
-                }
-            }
-        }
+        let branches = if comb == "oneOf" {
+            // Sound only if no instance matches two branches: see `negate::one_of`.
+            self.one_of(&branches, &here)?
+        } else {
+            branches
+        };
         self.branches(&branches, &here)
     }
 
@@ -602,7 +620,9 @@ impl Translator<'_> {
             values.iter().map(value_literal).collect()
         } else {
             let rest_re = self.value(&Value::Object(rest), pointer)?;
-            let full = regex_automata::dfa::regex::Regex::new(&format!("^(?:{rest_re})$"))
+            let full = regex_automata::dfa::regex::Regex::builder()
+                .syntax(schema_syntax())
+                .build(&format!("^(?:{rest_re})$"))
                 .map_err(|e| unsupported("enum", pointer, &format!("filtering the values: {e}")))?;
             values
                 .iter()

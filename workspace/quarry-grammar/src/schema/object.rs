@@ -4,7 +4,8 @@
 use serde_json::{Map, Value};
 
 use super::{
-    child, count, invalid, literal, unsupported, Draft, Result, Translator, NOTHING, STR_CHAR,
+    child, count, invalid, literal, unsupported, Draft, Result, Translator, ESCAPED, NOTHING,
+    STR_CHAR,
 };
 
 impl Translator<'_> {
@@ -213,7 +214,7 @@ pub(super) fn key_not_in(names: &[&str]) -> String {
         let other = match (plain.is_empty(), needs_escape) {
             (true, false) => STR_CHAR.to_owned(),
             (false, false) => {
-                format!(r#"(?:[[^"\\\x00-\x1F]--[{plain}]]|\\["\\bfnrt]|\\u00[01][0-9a-f])"#)
+                format!(r#"(?:[[^"\\\x00-\x1F]--[{plain}]]|{ESCAPED})"#)
             }
             (true, true) => r#"[^"\\\x00-\x1F]"#.to_owned(),
             (false, true) => format!(r#"[[^"\\\x00-\x1F]--[{plain}]]"#),

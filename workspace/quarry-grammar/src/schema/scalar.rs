@@ -3,9 +3,11 @@
 
 use serde_json::{Map, Value};
 
+use super::automaton::{combine, Op};
+use super::decimal::decimal_range;
 use super::{
-    alt, child, count, invalid, unsupported, Draft, Result, Translator, EXP, FRAC_EXP, INTEGER,
-    NOTHING, NUMBER, STR_CHAR,
+    alt, child, count, invalid, unsupported, Draft, Result, Translator, INTEGER, NOTHING, NUMBER,
+    STR_CHAR,
 };
 
 impl Translator<'_> {
@@ -22,80 +24,43 @@ impl Translator<'_> {
                 .ok_or_else(|| invalid(&child(pointer, "pattern"), "expected a string"))
         });
         let pattern = pattern.transpose()?;
-        let lengths = min.is_some() || max.is_some();
-        if pattern.is_some() && (lengths || format.is_some()) {
-            return Err(unsupported(
-                "pattern",
-                pointer,
-                "pattern together with minLength/maxLength or format is not supported yet",
-            ));
-        }
+        // Each keyword gives a language of string bodies (the text between the quotes); where
+        // several are present, the body must be in all of them.
+        let mut bodies: Vec<(&str, String)> = Vec::new();
         if let Some(f) = format {
-            if lengths {
-                return Err(unsupported(
-                    "format",
-                    pointer,
-                    "format together with minLength/maxLength is not supported yet",
-                ));
-            }
-            let body = match f {
-                "date" => DATE.to_owned(),
-                "time" => TIME.to_owned(),
-                "date-time" => format!("{DATE}[Tt]{TIME}"),
-                "uuid" => {
-                    "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-                        .to_owned()
-                }
-                "ipv4" => {
-                    let o = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])";
-                    format!("{o}\\.{o}\\.{o}\\.{o}")
-                }
-                // The formats below are conservative subsets of their RFCs: every value they
-                // allow is valid, not every valid value is allowed.
-                "ipv6" => "[0-9a-f]{1,4}(?::[0-9a-f]{1,4}){7}".to_owned(),
-                "hostname" => format!("{LABEL}(?:\\.{LABEL})*"),
-                "email" => format!(
-                    "[A-Za-z0-9_%+-]{{1,32}}(?:\\.[A-Za-z0-9_%+-]{{1,15}}){{0,2}}@{LABEL}(?:\\.{LABEL}){{1,4}}"
-                ),
-                "duration" => {
-                    // RFC 3339 appendix A, exactly: each unit may only be followed by the next.
-                    let n = "[0-9]{1,9}";
-                    let sec = format!("{n}S");
-                    let min = format!("{n}M(?:{sec})?");
-                    let hour = format!("{n}H(?:{min})?");
-                    let time = format!("T(?:{hour}|{min}|{sec})");
-                    let day = format!("{n}D");
-                    let month = format!("{n}M(?:{day})?");
-                    let year = format!("{n}Y(?:{month})?");
-                    format!("P(?:(?:{day}|{month}|{year})(?:{time})?|{time}|{n}W)")
-                }
-                "uri" => format!("[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*{QUERY_FRAGMENT}"),
-                "uri-reference" => format!(
-                    "(?:[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*|/(?:{PCHAR}|/)*|{PCHAR_NO_COLON}*(?:/(?:{PCHAR}|/)*)?){QUERY_FRAGMENT}"
-                ),
-                other => {
-                    return Err(unsupported(
-                        "format",
-                        pointer,
-                        &format!("format {other:?} is not supported yet"),
-                    ))
-                }
-            };
-            return Ok(format!("\"{body}\""));
+            bodies.push(("format", format_body(f, pointer)?));
         }
         if let Some(p) = pattern {
-            return Ok(format!(
-                "\"{}\"",
-                pattern_in_json(p, &child(pointer, "pattern"))?
+            bodies.push(("pattern", pattern_in_json(p, &child(pointer, "pattern"))?));
+        }
+        if min.is_some() || max.is_some() || bodies.is_empty() {
+            let lo = min.unwrap_or(0);
+            let body = match max {
+                Some(hi) if hi < lo => return Ok(NOTHING.to_owned()),
+                Some(hi) => format!("{STR_CHAR}{{{lo},{hi}}}"),
+                None if lo == 0 => format!("{STR_CHAR}*"),
+                None => format!("{STR_CHAR}{{{lo},}}"),
+            };
+            bodies.push((
+                if max.is_some() {
+                    "maxLength"
+                } else {
+                    "minLength"
+                },
+                body,
             ));
         }
-        let lo = min.unwrap_or(0);
-        Ok(match max {
-            Some(hi) if hi < lo => NOTHING.to_owned(),
-            Some(hi) => format!("\"{STR_CHAR}{{{lo},{hi}}}\""),
-            None if lo == 0 => format!("\"{STR_CHAR}*\""),
-            None => format!("\"{STR_CHAR}{{{lo},}}\""),
-        })
+        let (_, mut body) = bodies.pop().expect("at least one body");
+        for (keyword, other) in bodies.iter().rev() {
+            body = combine(other, &body, Op::And).map_err(|e| {
+                unsupported(
+                    keyword,
+                    pointer,
+                    &format!("intersecting the string keywords: {e}"),
+                )
+            })?;
+        }
+        Ok(format!("\"{body}\""))
     }
 
     /// Lower and upper bounds as (value, exclusive), honouring the draft's form of `exclusive*`.
@@ -138,15 +103,6 @@ impl Translator<'_> {
     }
 
     pub(super) fn integer(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
-        if let Some(x) = m.get("multipleOf") {
-            if x.as_f64() != Some(1.0) {
-                return Err(unsupported(
-                    "multipleOf",
-                    pointer,
-                    "only multipleOf: 1 is supported yet",
-                ));
-            }
-        }
         let [lower, upper] = self.bounds(m, pointer)?;
         let lo = lower.map(|(v, x)| if x { v.floor() + 1.0 } else { v.ceil() });
         let hi = upper.map(|(v, x)| if x { v.ceil() - 1.0 } else { v.floor() });
@@ -158,40 +114,103 @@ impl Translator<'_> {
                 "integer bounds beyond ±10^18",
             ));
         }
-        Ok(int_range(lo.map(|v| v as i64), hi.map(|v| v as i64)))
-    }
-
-    pub(super) fn number(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
-        if m.contains_key("multipleOf") {
+        let (lo, hi) = (lo.map(|v| v as i64), hi.map(|v| v as i64));
+        let range = int_range(lo, hi);
+        let Some(step) = m.get("multipleOf") else {
+            return Ok(range);
+        };
+        let here = child(pointer, "multipleOf");
+        let step = step
+            .as_f64()
+            .filter(|s| *s > 0.0)
+            .ok_or_else(|| invalid(&here, "expected a number above 0"))?;
+        if step.fract() != 0.0 {
+            // A fractional step: integers that are multiples of it, e.g. any integer for 0.5.
+            let inverse = 1.0 / step;
+            if inverse.fract() == 0.0 {
+                return Ok(range);
+            }
             return Err(unsupported(
                 "multipleOf",
                 pointer,
-                "multipleOf on numbers is not supported yet",
+                "a fractional step that does not divide 1",
             ));
         }
-        let [lower, upper] = self.bounds(m, pointer)?;
-        if upper.is_some() {
-            return Err(unsupported(
-                "maximum",
-                pointer,
-                "upper bounds on non-integer numbers are not supported yet",
-            ));
+        let k = step as u64;
+        if k == 1 {
+            return Ok(range);
         }
-        // (bound is zero, exclusive)
-        Ok(match lower.map(|(v, x)| (v == 0.0, x)) {
-            None => NUMBER.to_owned(),
-            Some((true, false)) => format!("(?:0|[1-9][0-9]{{0,17}}){FRAC_EXP}"),
-            Some((true, true)) => format!(
-                r"(?:[1-9][0-9]{{0,17}}(?:\.[0-9]{{1,18}})?{EXP}|0\.0{{0,17}}[1-9][0-9]{{0,17}}{EXP})"
-            ),
-            Some(_) => {
-                return Err(unsupported(
-                    "minimum",
-                    pointer,
-                    "lower bounds other than 0 on non-integer numbers are not supported yet",
-                ))
+        // Small ranges are listed; otherwise steps that divide a power of ten (at most 1000)
+        // are decided by the last digits.
+        if let (Some(l), Some(h)) = (lo, hi) {
+            if h.saturating_sub(l) <= 256 {
+                let values: Vec<String> = (l..=h)
+                    .filter(|v| v.unsigned_abs() % k == 0)
+                    .map(|v| v.to_string())
+                    .collect();
+                return Ok(alt(&values));
             }
-        })
+        }
+        let Some(m_digits) = (1..=3u32).find(|&d| 10u64.pow(d) % k == 0) else {
+            return Err(unsupported(
+                "multipleOf",
+                pointer,
+                "steps that do not divide 1000 are supported only over ranges of at most 256 integers",
+            ));
+        };
+        let modulus = 10u64.pow(m_digits);
+        let small: Vec<String> = (0..modulus)
+            .step_by(k as usize)
+            .map(|v| v.to_string())
+            .collect();
+        let tails: Vec<String> = (0..modulus)
+            .step_by(k as usize)
+            .map(|v| format!("{v:0width$}", width = m_digits as usize))
+            .collect();
+        let lead = 18 - m_digits;
+        let magnitude = format!(
+            "(?:{}|[1-9][0-9]{{0,{}}}{})",
+            small.join("|"),
+            lead - 1,
+            alt(&tails)
+        );
+        let multiples = format!("(?:{magnitude}|-{})", magnitude.replacen("(?:0|", "(?:", 1));
+        if lo.is_none() && hi.is_none() {
+            return Ok(multiples);
+        }
+        combine(&range, &multiples, Op::And)
+            .map_err(|e| unsupported("multipleOf", pointer, &format!("with bounds: {e}")))
+    }
+
+    pub(super) fn number(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+        let [lower, upper] = self.bounds(m, pointer)?;
+        let mut room = 18;
+        if let Some(step) = m.get("multipleOf") {
+            let here = child(pointer, "multipleOf");
+            let step = step
+                .as_f64()
+                .filter(|s| *s > 0.0)
+                .ok_or_else(|| invalid(&here, "expected a number above 0"))?;
+            if step.fract() == 0.0 {
+                // Multiples of an integer are integers.
+                return self.integer(m, pointer);
+            }
+            // 10^-k: at most k fraction digits.
+            let k = (1..=18).find(|&k| (step * 10f64.powi(k) - 1.0).abs() < 1e-9);
+            let Some(k) = k else {
+                return Err(unsupported(
+                    "multipleOf",
+                    pointer,
+                    "on numbers, only integer steps and powers of ten (0.1, 0.01, …) are supported yet",
+                ));
+            };
+            room = k as usize;
+        }
+        if lower.is_none() && upper.is_none() && room == 18 {
+            return Ok(NUMBER.to_owned());
+        }
+        // Bounded numbers are written without an exponent, so the digits carry the value.
+        Ok(decimal_range(lower, upper, room))
     }
 }
 
@@ -290,9 +309,56 @@ fn same_length(a: &str, b: &str) -> String {
     alt(&parts)
 }
 
+/// The body (the text between the quotes) of strings in `format`.
+fn format_body(format: &str, pointer: &str) -> Result<String> {
+    Ok(match format {
+        "date" => DATE.to_owned(),
+        "time" => TIME.to_owned(),
+        "date-time" => format!("{DATE}[Tt]{TIME}"),
+        "uuid" => {
+            "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+                .to_owned()
+        }
+        "ipv4" => {
+            let o = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])";
+            format!("{o}\\.{o}\\.{o}\\.{o}")
+        }
+        // The formats below are conservative subsets of their RFCs: every value they
+        // allow is valid, not every valid value is allowed.
+        "ipv6" => "[0-9a-f]{1,4}(?::[0-9a-f]{1,4}){7}".to_owned(),
+        "hostname" => format!("{LABEL}(?:\\.{LABEL})*"),
+        "email" => format!(
+            "[A-Za-z0-9_%+-]{{1,32}}(?:\\.[A-Za-z0-9_%+-]{{1,15}}){{0,2}}@{LABEL}(?:\\.{LABEL}){{1,4}}"
+        ),
+        "duration" => {
+            // RFC 3339 appendix A, exactly: each unit may only be followed by the next.
+            let n = "[0-9]{1,9}";
+            let sec = format!("{n}S");
+            let min = format!("{n}M(?:{sec})?");
+            let hour = format!("{n}H(?:{min})?");
+            let time = format!("T(?:{hour}|{min}|{sec})");
+            let day = format!("{n}D");
+            let month = format!("{n}M(?:{day})?");
+            let year = format!("{n}Y(?:{month})?");
+            format!("P(?:(?:{day}|{month}|{year})(?:{time})?|{time}|{n}W)")
+        }
+        "uri" => format!("[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*{QUERY_FRAGMENT}"),
+        "uri-reference" => format!(
+            "(?:[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*|/(?:{PCHAR}|/)*|{PCHAR_NO_COLON}*(?:/(?:{PCHAR}|/)*)?){QUERY_FRAGMENT}"
+        ),
+        other => {
+            return Err(unsupported(
+                "format",
+                pointer,
+                &format!("format {other:?} is not supported yet"),
+            ))
+        }
+    })
+}
+
 /// An ECMA-262 `pattern` (a search over the decoded string) as a regex over the canonical JSON
 /// encoding of the string, without the quotes.
-fn pattern_in_json(pattern: &str, pointer: &str) -> Result<String> {
+pub(super) fn pattern_in_json(pattern: &str, pointer: &str) -> Result<String> {
     use regex_syntax::hir::{Class, Hir, HirKind, Look};
     let hir =
         regex_syntax::ParserBuilder::new()

@@ -5,7 +5,10 @@ use super::scalar::int_range;
 use super::*;
 
 fn full(re: &str) -> regex_automata::dfa::regex::Regex {
-    regex_automata::dfa::regex::Regex::new(&format!("^(?:{re})$")).unwrap()
+    regex_automata::dfa::regex::Regex::builder()
+        .syntax(super::schema_syntax())
+        .build(&format!("^(?:{re})$"))
+        .unwrap()
 }
 
 #[test]

@@ -1,0 +1,476 @@
+//! Negation and the keywords built on it: `not`, `if`/`then`/`else`, `dependentSchemas` (and
+//! draft 4–7 schema `dependencies`), and `oneOf` whose branches are not provably disjoint.
+//!
+//! Negation is exact or refused, never approximated, because an approximate "not" is unsound.
+//! A schema is a conjunction of keywords, so its negation is the union of each keyword's failures
+//! (De Morgan), each restricted to the type the keyword applies to:
+//! - `type` → the other types (`integer` → the other types and numbers with a fraction);
+//! - bounds, lengths and counts → the opposite bound (`minimum: 5` → `exclusiveMaximum: 5`);
+//! - `required: [a, b]` → an object without `a`, or one without `b`;
+//! - `properties: {a: S}` → an object with `a` whose value fails `S`;
+//! - `items: S` → an array that contains an item failing `S`;
+//! - `anyOf` → every branch fails; `allOf` → some branch fails; `not: S` → `S`;
+//! - `enum`/`const` over scalars and `pattern` stay as a `not` leaf: strings, booleans and null are
+//!   removed from the text by automaton difference ([`super::automaton`]; a string has exactly one
+//!   canonical text), numbers by keeping the open intervals between the excluded values (a number
+//!   has many texts: `1`, `1.0`, `1e0`).
+//!
+//! Anything else under `not` is a typed `Unsupported` error.
+
+use serde_json::{json, Map, Value};
+
+use super::automaton::{combine, Op};
+use super::{
+    alt, child, invalid, json_equal, literal, scalar::pattern_in_json, unsupported, Draft, Result,
+    Translator, TYPES,
+};
+
+/// Numbers that are not integers, in canonical decimal form.
+pub(super) const FRACTIONAL: &str = r"-?(?:0|[1-9][0-9]{0,17})\.[0-9]{0,17}[1-9]";
+
+/// How many branches a cross product of `anyOf`s may have.
+const MAX_BRANCHES: usize = 64;
+
+impl Translator<'_> {
+    /// `if`/`then`/`else` and schema dependencies, rewritten as `anyOf`s next to the remaining
+    /// keywords; `None` if the schema has none.
+    pub(super) fn expand_conditionals(
+        &mut self,
+        m: &Map<String, Value>,
+        pointer: &str,
+    ) -> Result<Option<Value>> {
+        let mut rest = m.clone();
+        let mut terms: Vec<Value> = Vec::new();
+        if self.draft >= Draft::D7 {
+            if let Some(cond) = rest.remove("if") {
+                let then = rest.remove("then").unwrap_or(Value::Bool(true));
+                let other = rest.remove("else").unwrap_or(Value::Bool(true));
+                let negated = self.negate(&cond, &child(pointer, "if"), 0)?;
+                terms.push(json!({"anyOf": [
+                    {"allOf": [cond, then]},
+                    {"allOf": [negated, other]},
+                ]}));
+            }
+        }
+        let key = if self.draft >= Draft::D2019 {
+            "dependentSchemas"
+        } else {
+            "dependencies"
+        };
+        if let Some(Value::Object(deps)) = rest.get(key).cloned() {
+            let mut lists = Map::new();
+            for (trigger, s) in deps {
+                if s.is_array() {
+                    lists.insert(trigger, s);
+                    continue;
+                }
+                // Without the trigger, or with it and the dependent schema.
+                terms.push(json!({"anyOf": [
+                    {"properties": {&trigger: false}},
+                    {"allOf": [{"required": [&trigger]}, s]},
+                ]}));
+            }
+            if lists.is_empty() {
+                rest.remove(key);
+            } else {
+                rest.insert(key.to_owned(), Value::Object(lists));
+            }
+        }
+        if terms.is_empty() {
+            return Ok(None);
+        }
+        terms.insert(0, Value::Object(rest));
+        Ok(Some(json!({ "allOf": terms })))
+    }
+
+    /// A schema accepting exactly the instances `schema` rejects, or `Unsupported`.
+    pub(super) fn negate(&mut self, schema: &Value, pointer: &str, depth: usize) -> Result<Value> {
+        if depth > 16 {
+            return Err(unsupported("not", pointer, "negation nested too deeply"));
+        }
+        let refuse = |k: &str| {
+            unsupported(
+                "not",
+                pointer,
+                &format!("negating `{k}` is not supported yet"),
+            )
+        };
+        let s = self.inline_ref(schema, pointer, depth)?;
+        let m = match s {
+            Value::Bool(b) => return Ok(Value::Bool(!b)),
+            Value::Object(m) => m,
+            _ => return Err(invalid(pointer, "a schema is an object or a boolean")),
+        };
+        if let Some(expanded) = self.expand_conditionals(&m, pointer)? {
+            return self.negate(&expanded, pointer, depth + 1);
+        }
+        let d4 = self.draft == Draft::D4;
+        let mut failures: Vec<Value> = Vec::new();
+        for (k, v) in &m {
+            let number = |bound: &str, x: &Value| json!({"type": "number", bound: x});
+            let f = match k.as_str() {
+                k if Self::constraining(&m, &[]).iter().all(|c| *c != k) => continue,
+                "type" => {
+                    let listed: Vec<&str> = match v {
+                        Value::String(t) => vec![t.as_str()],
+                        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+                        _ => return Err(invalid(&child(pointer, "type"), "expected a type")),
+                    };
+                    let others: Vec<&str> = TYPES
+                        .iter()
+                        .copied()
+                        .filter(|t| {
+                            !listed.contains(t) && !(*t == "number" && listed.contains(&"integer"))
+                        })
+                        .collect();
+                    failures.push(json!({ "type": others }));
+                    if listed.contains(&"integer") && !listed.contains(&"number") {
+                        failures.push(json!({"type": "number", "not": {"type": "integer"}}));
+                    }
+                    continue;
+                }
+                "enum" | "const" | "pattern" => json!({"not": {k.as_str(): v}}),
+                "minimum" if d4 && m.get("exclusiveMinimum") == Some(&Value::Bool(true)) => {
+                    number("maximum", v)
+                }
+                "minimum" if d4 => {
+                    json!({"type": "number", "maximum": v, "exclusiveMaximum": true})
+                }
+                "minimum" => number("exclusiveMaximum", v),
+                "maximum" if d4 && m.get("exclusiveMaximum") == Some(&Value::Bool(true)) => {
+                    number("minimum", v)
+                }
+                "maximum" if d4 => {
+                    json!({"type": "number", "minimum": v, "exclusiveMinimum": true})
+                }
+                "maximum" => number("exclusiveMinimum", v),
+                "exclusiveMinimum" | "exclusiveMaximum" if d4 => continue,
+                "exclusiveMinimum" => number("maximum", v),
+                "exclusiveMaximum" => number("minimum", v),
+                "minLength" | "minItems" | "minProperties" => {
+                    let n = super::as_count(v, pointer, k)?;
+                    if n == 0 {
+                        continue;
+                    }
+                    let (t, opposite) = match k.as_str() {
+                        "minLength" => ("string", "maxLength"),
+                        "minItems" => ("array", "maxItems"),
+                        _ => ("object", "maxProperties"),
+                    };
+                    json!({"type": t, opposite: n - 1})
+                }
+                "maxLength" | "maxItems" | "maxProperties" => {
+                    let n = super::as_count(v, pointer, k)?;
+                    let (t, opposite) = match k.as_str() {
+                        "maxLength" => ("string", "minLength"),
+                        "maxItems" => ("array", "minItems"),
+                        _ => ("object", "minProperties"),
+                    };
+                    json!({"type": t, opposite: n + 1})
+                }
+                "required" => {
+                    for name in v.as_array().into_iter().flatten() {
+                        failures.push(json!({"type": "object", "properties": {name.as_str().unwrap_or_default(): false}}));
+                    }
+                    continue;
+                }
+                "properties" => {
+                    let here = child(pointer, "properties");
+                    for (name, p) in v.as_object().into_iter().flatten() {
+                        let n = self.negate(p, &child(&here, name), depth + 1)?;
+                        if n != Value::Bool(false) {
+                            failures.push(json!({"type": "object", "required": [name], "properties": {name: n}}));
+                        }
+                    }
+                    continue;
+                }
+                "items" if v.is_object() || v.is_boolean() => {
+                    let single = self.draft >= Draft::D2020 || !m.contains_key("prefixItems");
+                    if !single || m.contains_key("prefixItems") {
+                        return Err(refuse("items"));
+                    }
+                    let n = self.negate(v, &child(pointer, "items"), depth + 1)?;
+                    json!({"type": "array", "contains": n})
+                }
+                "anyOf" | "allOf" => {
+                    let here = child(pointer, k);
+                    let branches = v
+                        .as_array()
+                        .ok_or_else(|| invalid(&here, "expected an array"))?;
+                    let negated = branches
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| self.negate(b, &child(&here, &i.to_string()), depth + 1))
+                        .collect::<Result<Vec<_>>>()?;
+                    if k == "anyOf" {
+                        json!({ "allOf": negated })
+                    } else {
+                        failures.extend(negated);
+                        continue;
+                    }
+                }
+                "not" => v.clone(),
+                other => return Err(refuse(other)),
+            };
+            failures.push(f);
+        }
+        failures.retain(|f| f != &Value::Bool(false));
+        Ok(match failures.len() {
+            0 => Value::Bool(false),
+            1 => failures.pop().unwrap(),
+            _ => json!({ "anyOf": failures }),
+        })
+    }
+
+    /// `m`'s `not`, if it is a leaf this module applies to text: one keyword out of `enum`,
+    /// `const` (scalar values) or `pattern`.
+    pub(super) fn not_leaf(m: &Map<String, Value>) -> Option<(&str, &Value)> {
+        let n = m.get("not")?.as_object()?;
+        match Self::constraining(n, &[]).as_slice() {
+            [k @ ("enum" | "const" | "pattern")] => Some((k, &n[*k])),
+            _ => None,
+        }
+    }
+
+    /// The regex of `m` without its `not` leaf, minus the texts the leaf accepts.
+    pub(super) fn without_leaf(
+        &mut self,
+        m: &Map<String, Value>,
+        keyword: &str,
+        leaf: &Value,
+        pointer: &str,
+    ) -> Result<String> {
+        let here = child(pointer, "not");
+        let mut rest = m.clone();
+        rest.remove("not");
+        let rest = Value::Object(rest);
+        let fail = |e: String| unsupported("not", pointer, &format!("applying `not`: {e}"));
+        // The leaf only removes texts of some types: the difference is taken on those types'
+        // part of the language alone, which keeps the automata small.
+        let mut numbers: Vec<serde_json::Number> = Vec::new();
+        let (affected, removed): (Vec<&str>, String) = match keyword {
+            "pattern" => {
+                let p = leaf
+                    .as_str()
+                    .ok_or_else(|| invalid(&child(&here, "pattern"), "expected a string"))?;
+                let body = pattern_in_json(p, &child(&here, "pattern"))?;
+                (vec!["string"], format!("\"{body}\""))
+            }
+            _ => {
+                let values: Vec<Value> = match (keyword, leaf) {
+                    ("enum", Value::Array(vs)) => vs.clone(),
+                    ("enum", _) => return Err(invalid(&child(&here, "enum"), "expected an array")),
+                    (_, v) => vec![v.clone()],
+                };
+                let mut affected = Vec::new();
+                let mut texts = Vec::new();
+                for v in &values {
+                    let (t, text) = match v {
+                        Value::Number(n) => {
+                            numbers.push(n.clone());
+                            ("number", String::new())
+                        }
+                        Value::String(_) => ("string", literal(v)),
+                        Value::Bool(_) => ("boolean", literal(v)),
+                        Value::Null => ("null", literal(v)),
+                        Value::Array(_) | Value::Object(_) => {
+                            return Err(unsupported(
+                                "not",
+                                pointer,
+                                "excluding array or object values is not supported yet",
+                            ))
+                        }
+                    };
+                    if !affected.contains(&t) {
+                        affected.push(t);
+                    }
+                    if t != "number" {
+                        texts.push(text);
+                    }
+                }
+                (affected, alt(&texts))
+            }
+        };
+        let mut parts = Vec::new();
+        for t in &affected {
+            if *t == "number" {
+                // Numbers differ from the excluded values by lying strictly between them.
+                let mut cuts: Vec<f64> = numbers.iter().filter_map(|n| n.as_f64()).collect();
+                cuts.sort_by(f64::total_cmp);
+                cuts.dedup();
+                let d4 = self.draft == Draft::D4;
+                let bound = |key: &str, v: f64| -> Map<String, Value> {
+                    let mut b = Map::new();
+                    if d4 {
+                        let plain = if key == "exclusiveMinimum" {
+                            "minimum"
+                        } else {
+                            "maximum"
+                        };
+                        b.insert(plain.into(), json!(v));
+                        b.insert(key.into(), json!(true));
+                    } else {
+                        b.insert(key.into(), json!(v));
+                    }
+                    b
+                };
+                for i in 0..=cuts.len() {
+                    let mut interval = Map::from_iter([("type".to_owned(), json!("number"))]);
+                    if i > 0 {
+                        interval.extend(bound("exclusiveMinimum", cuts[i - 1]));
+                    }
+                    if i < cuts.len() {
+                        interval.extend(bound("exclusiveMaximum", cuts[i]));
+                    }
+                    let typed = self.merge(&rest, &Value::Object(interval), pointer, 0)?;
+                    parts.push(self.value(&typed, pointer)?);
+                }
+                continue;
+            }
+            let typed = self.merge(&rest, &json!({ "type": t }), pointer, 0)?;
+            let base = self.value(&typed, pointer)?;
+            parts.push(combine(&base, &removed, Op::AndNot).map_err(fail)?);
+        }
+        if keyword != "pattern" {
+            // Non-strings satisfy any pattern, so `not: {pattern}` rejects them; other types
+            // are untouched by an `enum`.
+            let others: Vec<&str> = TYPES
+                .iter()
+                .copied()
+                .filter(|t| !affected.contains(t))
+                .collect();
+            let typed = self.merge(&rest, &json!({ "type": others }), pointer, 0)?;
+            parts.push(self.value(&typed, pointer)?);
+        }
+        Ok(alt(&parts))
+    }
+
+    /// Whether no instance can satisfy both schemas, by a sufficient syntactic test: different
+    /// types, disjoint `enum`/`const` values, or a property both require with disjoint schemas.
+    pub(super) fn disjoint(&mut self, a: &Value, b: &Value, pointer: &str, depth: usize) -> bool {
+        if depth > 8 {
+            return false;
+        }
+        let (Ok(a), Ok(b)) = (
+            self.inline_ref(a, pointer, depth),
+            self.inline_ref(b, pointer, depth),
+        ) else {
+            return false;
+        };
+        let (a, b) = match (&a, &b) {
+            (Value::Bool(false), _) | (_, Value::Bool(false)) => return true,
+            (Value::Object(a), Value::Object(b)) => (a, b),
+            _ => return false,
+        };
+        let types = |m: &Map<String, Value>| -> Option<Vec<String>> {
+            match m.get("type")? {
+                Value::String(t) => Some(vec![t.clone()]),
+                Value::Array(ts) => Some(
+                    ts.iter()
+                        .filter_map(|t| t.as_str().map(str::to_owned))
+                        .collect(),
+                ),
+                _ => None,
+            }
+        };
+        if let (Some(ta), Some(tb)) = (types(a), types(b)) {
+            // Integers are numbers.
+            let meet = |t: &str, u: &str| {
+                t == u || matches!((t, u), ("integer", "number") | ("number", "integer"))
+            };
+            if !ta.iter().any(|t| tb.iter().any(|u| meet(t, u))) {
+                return true;
+            }
+        }
+        let values = |m: &Map<String, Value>| -> Option<Vec<Value>> {
+            match (m.get("const"), m.get("enum")) {
+                (Some(c), _) => Some(vec![c.clone()]),
+                (None, Some(Value::Array(e))) => Some(e.clone()),
+                _ => None,
+            }
+        };
+        if let (Some(va), Some(vb)) = (values(a), values(b)) {
+            if !va.iter().any(|x| vb.iter().any(|y| json_equal(x, y))) {
+                return true;
+            }
+        }
+        let required = |m: &Map<String, Value>| -> Vec<String> {
+            m.get("required")
+                .and_then(Value::as_array)
+                .map(|r| {
+                    r.iter()
+                        .filter_map(|x| x.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let (ra, rb) = (required(a), required(b));
+        let only_objects = |m: &Map<String, Value>| m.get("type") == Some(&json!("object"));
+        for name in ra.iter().filter(|n| rb.contains(n)) {
+            let pa = a.get("properties").and_then(|p| p.get(name));
+            let pb = b.get("properties").and_then(|p| p.get(name));
+            if let (Some(pa), Some(pb)) = (pa.cloned(), pb.cloned()) {
+                // Both require `name` only of objects; a non-object could satisfy both.
+                if (only_objects(a) || only_objects(b))
+                    && self.disjoint(&pa, &pb, pointer, depth + 1)
+                {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// `oneOf` as a union: branches proven disjoint stay as they are; each branch that may overlap
+    /// others is intersected with their negations. `Unsupported` if a needed negation is.
+    pub(super) fn one_of(&mut self, branches: &[Value], pointer: &str) -> Result<Vec<Value>> {
+        let n = branches.len();
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut terms = vec![branches[i].clone()];
+            for j in (0..n).filter(|&j| j != i) {
+                if !self.disjoint(&branches[i], &branches[j], pointer, 0) {
+                    let here = child(pointer, &j.to_string());
+                    let negated = self.negate(&branches[j], &here, 0).map_err(|e| {
+                        unsupported(
+                            "oneOf",
+                            pointer,
+                            &format!(
+                                "branches {i} and {j} may overlap, and excluding the overlap failed: {e}"
+                            ),
+                        )
+                    })?;
+                    terms.push(negated);
+                }
+            }
+            out.push(if terms.len() == 1 {
+                terms.pop().unwrap()
+            } else {
+                json!({ "allOf": terms })
+            });
+        }
+        Ok(out)
+    }
+
+    /// The `anyOf` of every combination of one branch from `a` and one from `b` (both `anyOf`s
+    /// applying to the same instance), or `Unsupported` past [`MAX_BRANCHES`].
+    pub(super) fn any_of_product(a: &Value, b: &Value, pointer: &str) -> Result<Value> {
+        let (Some(a), Some(b)) = (a.as_array(), b.as_array()) else {
+            return Err(invalid(pointer, "anyOf is an array"));
+        };
+        if a.len() * b.len() > MAX_BRANCHES {
+            return Err(unsupported(
+                "anyOf",
+                pointer,
+                &format!("combining two anyOf gives more than {MAX_BRANCHES} branches"),
+            ));
+        }
+        let mut out = Vec::new();
+        for x in a {
+            for y in b {
+                out.push(json!({"allOf": [x, y]}));
+            }
+        }
+        Ok(Value::Array(out))
+    }
+}
