@@ -38,6 +38,7 @@ pub(super) fn decimal_range(
     lower: Option<(f64, bool)>,
     upper: Option<(f64, bool)>,
     room: usize,
+    fractional: bool,
 ) -> String {
     // Outside ±10^18 a bound either excludes everything written or nothing.
     let lower = match lower {
@@ -63,7 +64,10 @@ pub(super) fn decimal_range(
             _ => (magnitude(0.0), false),
         };
         let to = lower.map(|(l, lx)| (magnitude(l), !lx));
-        parts.push(format!("-{}", between(&from, from_incl, to.as_ref(), room)));
+        parts.push(format!(
+            "-{}",
+            between(&from, from_incl, to.as_ref(), room, fractional)
+        ));
     }
     // Non-negative values.
     if upper.is_none_or(|(h, hx)| h > 0.0 || (h == 0.0 && !hx)) {
@@ -72,18 +76,32 @@ pub(super) fn decimal_range(
             _ => (magnitude(0.0), true),
         };
         let to = upper.map(|(h, hx)| (magnitude(h), !hx));
-        parts.push(between(&from, from_incl, to.as_ref(), room));
+        parts.push(between(&from, from_incl, to.as_ref(), room, fractional));
     }
     alt(&parts)
 }
 
 /// Unsigned texts with magnitude from `a` (inclusive or not) up to `b` (`(bound, inclusive)`, or
 /// unbounded).
-fn between(a: &Mag, a_incl: bool, b: Option<&(Mag, bool)>, room: usize) -> String {
+/// With `fractional`, only values that are not integers.
+fn between(
+    a: &Mag,
+    a_incl: bool,
+    b: Option<&(Mag, bool)>,
+    room: usize,
+    fractional: bool,
+) -> String {
+    // Without integers: a zero fraction is excluded at every end and in between.
+    let a_incl = a_incl && !(fractional && a.frac.is_empty());
+    let middle = if fractional {
+        ge(&[], false, room)
+    } else {
+        any(room)
+    };
     let ints = |lo: u64, hi: u64| -> Option<String> {
         (lo <= hi).then(|| {
             let r = int_range(Some(lo as i64), Some(hi as i64));
-            format!("{r}{}", suffix(&any(room)))
+            format!("{r}{}", suffix(&middle))
         })
     };
     let mut parts = Vec::new();
@@ -110,7 +128,12 @@ fn between(a: &Mag, a_incl: bool, b: Option<&(Mag, bool)>, room: usize) -> Strin
             }
             if let Some((b, b_incl)) = b {
                 if b.int <= INT_MAX {
-                    parts.push(format!("{}{}", b.int, suffix(&le(&b.frac, *b_incl, room))));
+                    let upper = if fractional {
+                        frac_between(&[], false, &b.frac, *b_incl, room)
+                    } else {
+                        le(&b.frac, *b_incl, room)
+                    };
+                    parts.push(format!("{}{}", b.int, suffix(&upper)));
                 }
             }
         }
@@ -307,15 +330,22 @@ mod tests {
         );
         for &lo in bounds {
             for &hi in bounds {
-                let re = decimal_range(lo, hi, 18);
-                let r = regex_automata::dfa::regex::Regex::new(&format!("^(?:{re})$")).unwrap();
-                for s in &samples {
-                    let v: f64 = s.parse().unwrap();
-                    let negative_zero = s.starts_with('-') && v == 0.0;
-                    let want = !negative_zero
-                        && lo.is_none_or(|(l, x)| if x { v > l } else { v >= l })
-                        && hi.is_none_or(|(h, x)| if x { v < h } else { v <= h });
-                    assert_eq!(r.is_match(s), want, "{s} in {lo:?}..{hi:?}: {re}");
+                for fractional in [false, true] {
+                    let re = decimal_range(lo, hi, 18, fractional);
+                    let r = regex_automata::dfa::regex::Regex::new(&format!("^(?:{re})$")).unwrap();
+                    for s in &samples {
+                        let v: f64 = s.parse().unwrap();
+                        let negative_zero = s.starts_with('-') && v == 0.0;
+                        let want = !negative_zero
+                            && !(fractional && v.fract() == 0.0)
+                            && lo.is_none_or(|(l, x)| if x { v > l } else { v >= l })
+                            && hi.is_none_or(|(h, x)| if x { v < h } else { v <= h });
+                        assert_eq!(
+                            r.is_match(s),
+                            want,
+                            "{s} in {lo:?}..{hi:?} ({fractional}): {re}"
+                        );
+                    }
                 }
             }
         }

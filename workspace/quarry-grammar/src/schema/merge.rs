@@ -87,7 +87,13 @@ impl Translator<'_> {
                 (Some(p), Some(q)) => json_equal(p, q),
                 _ => false,
             };
-            if (out.contains_key(*x) || b.contains_key(*x)) && !same_y {
+            // A side with neither keyword leaves the other's pair as it is.
+            let untouched = |m: &Map<String, Value>| !m.contains_key(*x) && !m.contains_key(*y);
+            if (out.contains_key(*x) || b.contains_key(*x))
+                && !same_y
+                && !untouched(&out)
+                && !untouched(&b)
+            {
                 return Err(unsupported(
                     x,
                     pointer,

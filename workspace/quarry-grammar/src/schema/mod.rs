@@ -422,16 +422,8 @@ impl Translator<'_> {
                 "object" => self.object(m, pointer)?,
                 "array" => self.array(m, pointer)?,
                 "string" => self.string(m, pointer)?,
-                "number" => self.number(m, pointer)?,
-                "fractional" => {
-                    let n = self.number(m, pointer)?;
-                    if n == NUMBER {
-                        negate::FRACTIONAL.to_owned()
-                    } else {
-                        automaton::combine(&n, negate::FRACTIONAL, automaton::Op::And)
-                            .map_err(|e| unsupported("not", pointer, &e))?
-                    }
-                }
+                "number" => self.number(m, pointer, false)?,
+                "fractional" => self.number(m, pointer, true)?,
                 // Integers are numbers: covered by "number" when both are listed.
                 "integer" if has_number => continue,
                 "integer" => self.integer(m, pointer)?,

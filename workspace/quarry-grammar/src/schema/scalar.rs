@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 
 use super::automaton::{combine, Op};
 use super::decimal::decimal_range;
+use super::negate::FRACTIONAL;
 use super::{
     alt, child, count, invalid, unsupported, Draft, Result, Translator, INTEGER, NOTHING, NUMBER,
     STR_CHAR,
@@ -167,7 +168,8 @@ impl Translator<'_> {
             .step_by(k as usize)
             .map(|v| format!("{v:0width$}", width = m_digits as usize))
             .collect();
-        let lead = 18 - m_digits;
+        // At most 15 digits: beyond 2^53 validators that compute in f64 disagree on divisibility.
+        let lead = 15 - m_digits;
         let magnitude = format!(
             "(?:{}|[1-9][0-9]{{0,{}}}{})",
             small.join("|"),
@@ -175,14 +177,26 @@ impl Translator<'_> {
             alt(&tails)
         );
         let multiples = format!("(?:{magnitude}|-{})", magnitude.replacen("(?:0|", "(?:", 1));
-        if lo.is_none() && hi.is_none() {
-            return Ok(multiples);
+        let negative = format!("-{}", magnitude.replacen("(?:0|", "(?:", 1));
+        match (lo, hi) {
+            (None, None) => return Ok(multiples),
+            (Some(0), None) => return Ok(magnitude),
+            (Some(1), None) => return Ok(magnitude.replacen("(?:0|", "(?:", 1)),
+            (None, Some(0)) => return Ok(format!("(?:0|{negative})")),
+            (None, Some(-1)) => return Ok(negative),
+            _ => {}
         }
         combine(&range, &multiples, Op::And)
             .map_err(|e| unsupported("multipleOf", pointer, &format!("with bounds: {e}")))
     }
 
-    pub(super) fn number(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+    /// Numbers; with `fractional`, only those that are not integers (`not: {type: integer}`).
+    pub(super) fn number(
+        &mut self,
+        m: &Map<String, Value>,
+        pointer: &str,
+        fractional: bool,
+    ) -> Result<String> {
         let [lower, upper] = self.bounds(m, pointer)?;
         let mut room = 18;
         if let Some(step) = m.get("multipleOf") {
@@ -193,7 +207,11 @@ impl Translator<'_> {
                 .ok_or_else(|| invalid(&here, "expected a number above 0"))?;
             if step.fract() == 0.0 {
                 // Multiples of an integer are integers.
-                return self.integer(m, pointer);
+                return if fractional {
+                    Ok(NOTHING.to_owned())
+                } else {
+                    self.integer(m, pointer)
+                };
             }
             // 10^-k: at most k fraction digits.
             let k = (1..=18).find(|&k| (step * 10f64.powi(k) - 1.0).abs() < 1e-9);
@@ -207,10 +225,10 @@ impl Translator<'_> {
             room = k as usize;
         }
         if lower.is_none() && upper.is_none() && room == 18 {
-            return Ok(NUMBER.to_owned());
+            return Ok(if fractional { FRACTIONAL } else { NUMBER }.to_owned());
         }
         // Bounded numbers are written without an exponent, so the digits carry the value.
-        Ok(decimal_range(lower, upper, room))
+        Ok(decimal_range(lower, upper, room, fractional))
     }
 }
 
