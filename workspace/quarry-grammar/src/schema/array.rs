@@ -4,7 +4,7 @@ use serde_json::{json, Map, Value};
 
 use super::{
     as_count, child, count, invalid, json_equal, unsupported, value_literal, Draft, Result,
-    Translator, ANNOTATIONS, NOTHING,
+    Translator, ANNOTATIONS, NOTHING, UNEVALUATED_ITEMS,
 };
 
 impl Translator<'_> {
@@ -31,6 +31,19 @@ impl Translator<'_> {
         }
         let min = count(m, pointer, "minItems")?.unwrap_or(0);
         let mut max = count(m, pointer, "maxItems")?;
+        // Without items (additionalItems before 2020-12) for the rest, unevaluatedItems applies.
+        // A branch's own and the enclosing schema's: both apply.
+        let unevaluated: Vec<&Value> = ["unevaluatedItems", UNEVALUATED_ITEMS]
+            .iter()
+            .filter(|_| self.draft >= Draft::D2019)
+            .filter_map(|k| m.get(*k))
+            .collect();
+        let unevaluated = match unevaluated.as_slice() {
+            [] => None,
+            [one] => Some((*one).clone()),
+            both => Some(json!({ "allOf": both })),
+        };
+        let otherwise = unevaluated.unwrap_or(Value::Bool(true));
         let (prefix, rest): (Vec<Value>, Value) = if self.draft >= Draft::D2020 {
             let prefix = match m.get("prefixItems") {
                 Some(Value::Array(p)) => p.clone(),
@@ -39,17 +52,15 @@ impl Translator<'_> {
                 }
                 None => Vec::new(),
             };
-            (prefix, m.get("items").cloned().unwrap_or(Value::Bool(true)))
+            (prefix, m.get("items").cloned().unwrap_or(otherwise))
         } else {
             match m.get("items") {
                 Some(Value::Array(p)) => (
                     p.clone(),
-                    m.get("additionalItems")
-                        .cloned()
-                        .unwrap_or(Value::Bool(true)),
+                    m.get("additionalItems").cloned().unwrap_or(otherwise),
                 ),
                 Some(s) => (Vec::new(), s.clone()),
-                None => (Vec::new(), Value::Bool(true)),
+                None => (Vec::new(), otherwise),
             }
         };
         let k = prefix.len() as u64;
@@ -216,6 +227,8 @@ impl Translator<'_> {
             "maxItems",
             "maxContains",
             "uniqueItems",
+            "unevaluatedItems",
+            UNEVALUATED_ITEMS,
         ];
         if let Some(k) = others.iter().find(|k| m.contains_key(**k)) {
             return Err(unsupported(

@@ -75,6 +75,13 @@ impl Translator<'_> {
         // Keywords whose meaning depends on a sibling in the same schema object.
         const COUPLED: &[(&str, &str)] = &[
             ("additionalProperties", "properties"),
+            ("additionalProperties", "patternProperties"),
+            ("unevaluatedProperties", "properties"),
+            ("unevaluatedProperties", "patternProperties"),
+            ("unevaluatedProperties", "additionalProperties"),
+            ("unevaluatedItems", "items"),
+            ("unevaluatedItems", "prefixItems"),
+            ("unevaluatedItems", "contains"),
             ("items", "prefixItems"),
             ("additionalItems", "items"),
         ];

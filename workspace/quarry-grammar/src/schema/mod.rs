@@ -213,20 +213,26 @@ const SUPPORTED: &[&str] = &[
     "dependentRequired",
     "dependencies",
     "dependentSchemas",
+    "patternProperties",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    UNEVALUATED_PROPERTIES,
+    UNEVALUATED_ITEMS,
     "if",
     "then",
     "else",
 ];
 
-const UNSUPPORTED: &[&str] = &[
-    "patternProperties",
-    "propertyNames",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-    "$dynamicRef",
-    "$recursiveRef",
-    "$recursiveAnchor",
-];
+const UNSUPPORTED: &[&str] = &["$dynamicRef", "$recursiveRef", "$recursiveAnchor"];
+
+/// `unevaluatedProperties`/`unevaluatedItems` of a schema whose in-place applicators (`$ref`,
+/// `allOf`, `anyOf`, `oneOf`) are being merged into it: renamed, so that merging does not read
+/// them against a branch's `properties`, and applied to the merged result like
+/// `additionalProperties`/`items` (every branch written succeeded, so its properties and items
+/// were evaluated).
+const UNEVALUATED_PROPERTIES: &str = "$quarry:unevaluatedProperties";
+const UNEVALUATED_ITEMS: &str = "$quarry:unevaluatedItems";
 
 const TYPES: &[&str] = &["null", "boolean", "object", "array", "number", "string"];
 
@@ -366,6 +372,9 @@ impl Translator<'_> {
                 });
             }
         }
+        if let Some(renamed) = self.hoist_unevaluated(m, pointer)? {
+            return self.value(&renamed, pointer);
+        }
         if let Some(r) = m.get("$ref") {
             return self.reference(m, r, pointer);
         }
@@ -380,6 +389,7 @@ impl Translator<'_> {
                 || n.as_object()
                     .is_some_and(|n| Self::constraining(n, &[]) == ["type"]);
             if !type_only {
+                Self::refuse_with_unevaluated(m, "not", pointer)?;
                 // m ∧ ¬n, with ¬n spelled out as a schema.
                 let negated = self.negate(n, &child(pointer, "not"), 0)?;
                 let mut rest = m.clone();
@@ -495,6 +505,62 @@ impl Translator<'_> {
             types.push("fractional");
         }
         Ok(types)
+    }
+
+    /// A schema with `unevaluated*` next to in-place applicators, with those keywords renamed
+    /// (see [`UNEVALUATED_PROPERTIES`]); `None` if there is nothing to rename. Next to
+    /// conditionals or `not`, whose failed subschemas evaluate nothing, it is unsupported.
+    fn hoist_unevaluated(&self, m: &Map<String, Value>, pointer: &str) -> Result<Option<Value>> {
+        let keys = [
+            ("unevaluatedProperties", UNEVALUATED_PROPERTIES),
+            ("unevaluatedItems", UNEVALUATED_ITEMS),
+        ];
+        let Some((k, _)) = keys.iter().find(|(k, _)| m.contains_key(*k)) else {
+            return Ok(None);
+        };
+        if let Some(c) = ["if", "dependentSchemas", "not"]
+            .iter()
+            .find(|c| m.contains_key(**c))
+        {
+            return Err(unsupported(
+                k,
+                pointer,
+                &format!("together with `{c}` is not supported yet"),
+            ));
+        }
+        let applies = ["allOf", "anyOf", "oneOf"]
+            .iter()
+            .any(|c| m.contains_key(*c))
+            || (m.contains_key("$ref") && self.draft >= Draft::D2019);
+        if !applies {
+            return Ok(None);
+        }
+        let mut out = m.clone();
+        for (k, marker) in keys {
+            if let Some(v) = out.remove(k) {
+                out.insert(marker.to_owned(), v);
+            }
+        }
+        Ok(Some(Value::Object(out)))
+    }
+
+    /// Negation spells out properties and items that a failed subschema would not have
+    /// evaluated, so it cannot be combined with `unevaluated*` in the same object.
+    fn refuse_with_unevaluated(m: &Map<String, Value>, keyword: &str, pointer: &str) -> Result<()> {
+        let uneval = [
+            "unevaluatedProperties",
+            "unevaluatedItems",
+            UNEVALUATED_PROPERTIES,
+            UNEVALUATED_ITEMS,
+        ];
+        match uneval.iter().find(|k| m.contains_key(**k)) {
+            Some(_) => Err(unsupported(
+                keyword,
+                pointer,
+                "negation next to unevaluatedProperties/unevaluatedItems is not supported yet",
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Keywords other than annotations and those listed.

@@ -43,6 +43,7 @@ impl Translator<'_> {
         let mut terms: Vec<Value> = Vec::new();
         if self.draft >= Draft::D7 {
             if let Some(cond) = rest.remove("if") {
+                Self::refuse_with_unevaluated(m, "if", pointer)?;
                 let then = rest.remove("then").unwrap_or(Value::Bool(true));
                 let other = rest.remove("else").unwrap_or(Value::Bool(true));
                 let negated = self.negate(&cond, &child(pointer, "if"), 0)?;
@@ -64,6 +65,7 @@ impl Translator<'_> {
                     lists.insert(trigger, s);
                     continue;
                 }
+                Self::refuse_with_unevaluated(m, key, pointer)?;
                 // Without the trigger, or with it and the dependent schema.
                 terms.push(json!({"anyOf": [
                     {"properties": {&trigger: false}},
@@ -430,6 +432,9 @@ impl Translator<'_> {
             let mut terms = vec![branches[i].clone()];
             for j in (0..n).filter(|&j| j != i) {
                 if !self.disjoint(&branches[i], &branches[j], pointer, 0) {
+                    if let Some(b) = branches[i].as_object() {
+                        Self::refuse_with_unevaluated(b, "oneOf", pointer)?;
+                    }
                     let here = child(pointer, &j.to_string());
                     let negated = self.negate(&branches[j], &here, 0).map_err(|e| {
                         unsupported(

@@ -1,11 +1,14 @@
 //! Objects: declared properties in schema order, additional properties with keys proven
 //! different from the declared names, property counts and dependencies.
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
+
+use super::automaton::{combine, schema_syntax, Op};
+use super::scalar::pattern_in_json;
 
 use super::{
-    child, count, invalid, literal, unsupported, Draft, Result, Translator, ESCAPED, NOTHING,
-    STR_CHAR,
+    alt, child, count, invalid, literal, unsupported, Draft, Result, Translator, ESCAPED, NOTHING,
+    STR_CHAR, UNEVALUATED_PROPERTIES,
 };
 
 impl Translator<'_> {
@@ -27,35 +30,96 @@ impl Translator<'_> {
             Some(_) => return Err(invalid(&child(pointer, "required"), "expected an array")),
             None => Vec::new(),
         };
-        let extra_schema = match m.get("additionalProperties") {
-            Some(s) => s.clone(),
+        // Without additionalProperties, unevaluatedProperties applies to the same names.
+        // A branch's own and the enclosing schema's: both apply.
+        let unevaluated: Vec<&Value> = ["unevaluatedProperties", UNEVALUATED_PROPERTIES]
+            .iter()
+            .filter(|_| self.draft >= Draft::D2019)
+            .filter_map(|k| m.get(*k))
+            .collect();
+        let unevaluated = match unevaluated.as_slice() {
+            [] => None,
+            [one] => Some((*one).clone()),
+            both => Some(json!({ "allOf": both })),
+        };
+        let extra_schema = match m.get("additionalProperties").cloned().or(unevaluated) {
+            Some(s) => s,
             None if self.options.strict => Value::Bool(false),
             None => Value::Bool(true),
         };
+        let patterns = self.pattern_properties(m, pointer)?;
+        let names_schema = m.get("propertyNames").cloned();
+        // A name is allowed if the propertyNames schema accepts it as a string; tested on the
+        // generated language, so a name outside it is left out (sound).
+        let name_ok = match &names_schema {
+            None => None,
+            Some(n) => {
+                let r = self.value(n, &child(pointer, "propertyNames"))?;
+                Some(full_match(&r, &child(pointer, "propertyNames"))?)
+            }
+        };
+        let allowed = |name: &str| {
+            name_ok
+                .as_ref()
+                .is_none_or(|r| r.is_match(serde_json::to_string(name).unwrap().as_bytes()))
+        };
+        // The schema a named property's value must satisfy: its `properties` entry and every
+        // pattern matching the name, or else `additionalProperties`.
+        let value_schema = |name: &str, declared: Option<&Value>| -> Value {
+            let mut all: Vec<Value> = declared.into_iter().cloned().collect();
+            all.extend(
+                patterns
+                    .iter()
+                    .filter(|p| {
+                        p.matcher
+                            .is_match(serde_json::to_string(name).unwrap().as_bytes())
+                    })
+                    .map(|p| p.schema.clone()),
+            );
+            match all.len() {
+                0 => extra_schema.clone(),
+                1 => all.pop().unwrap(),
+                _ => json!({ "allOf": all }),
+            }
+        };
         // (name, value regex, required) in canonical order; required names the schema does not
-        // describe come after `properties`, with the additional-properties schema.
+        // describe come after `properties`.
         let mut items: Vec<(String, String, bool)> = Vec::new();
         let pp = child(pointer, "properties");
+        let mut declared: Vec<&str> = Vec::new();
         for (name, s) in props {
-            let v = self.value(s, &child(&pp, name))?;
-            items.push((name.clone(), v, required.contains(&name.as_str())));
+            declared.push(name);
+            let is_required = required.contains(&name.as_str());
+            let v = if allowed(name) {
+                self.value(&value_schema(name, Some(s)), &child(&pp, name))?
+            } else {
+                NOTHING.to_owned()
+            };
+            if v == NOTHING && !is_required {
+                continue; // can never be written
+            }
+            items.push((name.clone(), v, is_required));
         }
         let ap = child(pointer, "additionalProperties");
         for name in &required {
             if !props.contains_key(*name) {
-                let v = self.value(&extra_schema, &ap)?;
+                declared.push(name);
+                let v = if allowed(name) {
+                    self.value(&value_schema(name, None), &ap)?
+                } else {
+                    NOTHING.to_owned()
+                };
                 items.push(((*name).to_owned(), v, true));
             }
         }
         let w = self.ws.clone();
-        let extra = if extra_schema == Value::Bool(false) {
-            None
-        } else {
-            let names: Vec<&str> = items.iter().map(|(n, _, _)| n.as_str()).collect();
-            let key = key_not_in(&names);
-            let v = self.value(&extra_schema, &ap)?;
-            Some(format!("{key}{w}:{w}{v}"))
-        };
+        let extra = self.extra_members(
+            &declared,
+            &patterns,
+            &extra_schema,
+            names_schema.as_ref(),
+            pointer,
+        )?;
         let member = |(name, v, _): &(String, String, bool)| {
             format!("{}{w}:{w}{v}", literal(&Value::String(name.clone())))
         };
@@ -98,6 +162,83 @@ impl Translator<'_> {
             tail = new_tail;
         }
         Ok(format!("\\{{{w}{head}{w}\\}}"))
+    }
+
+    /// `patternProperties` as (pattern, schema, matcher of quoted names).
+    fn pattern_properties(
+        &mut self,
+        m: &Map<String, Value>,
+        pointer: &str,
+    ) -> Result<Vec<PatternProperty>> {
+        let Some(pp) = m.get("patternProperties") else {
+            return Ok(Vec::new());
+        };
+        let here = child(pointer, "patternProperties");
+        let pp = pp
+            .as_object()
+            .ok_or_else(|| invalid(&here, "expected an object"))?;
+        pp.iter()
+            .map(|(pattern, schema)| {
+                let at = child(&here, pattern);
+                let names = format!("\"{}\"", pattern_in_json(pattern, &at)?);
+                Ok(PatternProperty {
+                    matcher: full_match(&names, &at)?,
+                    names,
+                    schema: schema.clone(),
+                    pointer: at,
+                })
+            })
+            .collect()
+    }
+
+    /// One regex for any additional member: a name not in `declared` (and accepted by
+    /// `propertyNames`), with the value schema that name calls for. Names matching exactly one
+    /// pattern take its schema; names matching none take `additionalProperties`; names matching
+    /// several patterns are left out (sound, and rare).
+    fn extra_members(
+        &mut self,
+        declared: &[&str],
+        patterns: &[PatternProperty],
+        extra_schema: &Value,
+        names_schema: Option<&Value>,
+        pointer: &str,
+    ) -> Result<Option<String>> {
+        let w = self.ws.clone();
+        let mut outside = key_not_in(declared);
+        if let Some(n) = names_schema {
+            let here = child(pointer, "propertyNames");
+            let names = self.value(n, &here)?;
+            outside = combine(&outside, &names, Op::And)
+                .map_err(|e| unsupported("propertyNames", pointer, &e))?;
+        }
+        let fail = |k: &str, e: String| unsupported(k, pointer, &e);
+        let mut members = Vec::new();
+        for (i, p) in patterns.iter().enumerate() {
+            let mut names =
+                combine(&outside, &p.names, Op::And).map_err(|e| fail("patternProperties", e))?;
+            for (j, q) in patterns.iter().enumerate() {
+                if i != j {
+                    names = combine(&names, &q.names, Op::AndNot)
+                        .map_err(|e| fail("patternProperties", e))?;
+                }
+            }
+            if names != NOTHING {
+                let v = self.value(&p.schema, &p.pointer)?;
+                members.push(format!("{names}{w}:{w}{v}"));
+            }
+        }
+        if *extra_schema != Value::Bool(false) {
+            let mut names = outside;
+            for p in patterns {
+                names = combine(&names, &p.names, Op::AndNot)
+                    .map_err(|e| fail("patternProperties", e))?;
+            }
+            if names != NOTHING {
+                let v = self.value(extra_schema, &child(pointer, "additionalProperties"))?;
+                members.push(format!("{names}{w}:{w}{v}"));
+            }
+        }
+        Ok((!members.is_empty()).then(|| alt(&members)))
     }
 
     /// `dependentRequired` (and draft 4–7 `dependencies` with name lists) as (trigger, dependent)
@@ -181,6 +322,9 @@ impl Translator<'_> {
 /// each node the text may leave the trie with a character no name continues with, or end if the
 /// node is not a name.
 pub(super) fn key_not_in(names: &[&str]) -> String {
+    if names.is_empty() {
+        return format!("\"{STR_CHAR}*\"");
+    }
     #[derive(Default)]
     struct Node {
         children: std::collections::BTreeMap<char, Node>,
@@ -342,4 +486,21 @@ fn counted_members(
         memo: std::collections::HashMap::new(),
     }
     .h(0, 0, 0)
+}
+
+/// A `patternProperties` entry.
+struct PatternProperty {
+    /// Quoted names the pattern matches, as a regex.
+    names: String,
+    matcher: regex_automata::dfa::regex::Regex,
+    schema: Value,
+    pointer: String,
+}
+
+/// A full-match regex for testing texts while translating.
+fn full_match(re: &str, pointer: &str) -> Result<regex_automata::dfa::regex::Regex> {
+    regex_automata::dfa::regex::Regex::builder()
+        .syntax(schema_syntax())
+        .build(&format!("^(?:{re})$"))
+        .map_err(|e| unsupported("propertyNames", pointer, &e.to_string()))
 }
