@@ -86,7 +86,16 @@ impl Grammar {
             limit: "compile_time",
             value: limits.compile_time.as_millis() as usize,
         };
-        let pattern = constraint.pattern()?;
+        let pattern = match constraint {
+            Constraint::JsonSchema { schema, options } => {
+                crate::schema::schema_to_regex_by(schema, options, started + limits.compile_time)
+                    .map_err(|e| match e {
+                        crate::schema::SchemaError::OutOfTime { .. } => out_of_time(),
+                        e => e.into(),
+                    })?
+            }
+            _ => constraint.pattern()?,
+        };
         let dfa = dense::Builder::new()
             .configure(
                 dense::DFA::config()

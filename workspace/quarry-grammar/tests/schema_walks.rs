@@ -3,10 +3,12 @@
 //! `jsonschema` crate, an implementation independent of quarry.
 
 mod common;
+#[path = "common/walk.rs"]
+mod walk;
 
 use std::sync::Arc;
 
-use quarry_grammar::{Constraint, Grammar, Limits, Matcher, SchemaOptions, Whitespace};
+use quarry_grammar::{Constraint, Grammar, Limits, SchemaOptions, Whitespace};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
@@ -200,7 +202,6 @@ fn gen_root(rng: &mut SmallRng) -> Value {
 #[test]
 fn completed_outputs_validate_with_jsonschema() {
     let vocab = common::fuzz_case::small_vocab();
-    let eos = vocab.eos()[0];
     // QUARRY_PROPTEST_SEED explores other schemas by hand; CI uses the fixed default.
     let seed = std::env::var("QUARRY_PROPTEST_SEED")
         .ok()
@@ -244,49 +245,12 @@ fn completed_outputs_validate_with_jsonschema() {
             .unwrap();
         schemas += 1;
         for _ in 0..4 {
-            let mut m = Matcher::new(grammar.clone());
-            let mut out = Vec::new();
-            for _ in 0..400 {
-                if !m.forced_bytes().is_empty() && rng.random_bool(0.5) {
-                    let f = m.forced_bytes().to_vec();
-                    m.accept_bytes(&f).unwrap();
-                    out.extend_from_slice(&f);
-                    continue;
-                }
-                m.fill_mask(&mut mask);
-                let allowed: Vec<u32> = (0..vocab.len() as u32)
-                    .filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1)
-                    .collect();
-                // Live states only: the walk can never get stuck (the generator makes no
-                // unsatisfiable schema, so the start has a way forward too).
-                assert!(
-                    !allowed.is_empty(),
-                    "{schema}: dead end after {:?}",
-                    String::from_utf8_lossy(&out)
-                );
-                // Prefer ending and closing, so walks finish.
-                let closing: Vec<u32> = allowed
-                    .iter()
-                    .copied()
-                    .filter(|&t| {
-                        t == eos || matches!(vocab.token_bytes(t), Some(b"\"" | b"]" | b"}"))
-                    })
-                    .collect();
-                let t = if !closing.is_empty() && rng.random_bool(0.4) {
-                    closing[rng.random_range(0..closing.len())]
-                } else {
-                    allowed[rng.random_range(0..allowed.len())]
-                };
-                m.accept_token(t).unwrap();
-                if t == eos {
-                    break;
-                }
-                out.extend_from_slice(vocab.token_bytes(t).unwrap());
+            if grammar.live_state_count() == 0 {
+                panic!("{schema}: the generator makes no unsatisfiable schema");
             }
-            if !m.is_finished() || m.is_accepting() {
+            let Some(text) = walk::walk(&grammar, &vocab, &mut rng, &mut mask, 400) else {
                 continue; // the walk did not end with EOS within the step budget
-            }
-            let text = String::from_utf8(out).expect("outputs are UTF-8");
+            };
             let instance: Value = serde_json::from_str(&text)
                 .unwrap_or_else(|e| panic!("{schema}: output {text:?} is not JSON: {e}"));
             assert!(

@@ -93,6 +93,10 @@ pub struct ConstraintArgs {
     /// With --schema: treat unknown keywords (`markdownDescription`, `x-…`) as annotations.
     #[arg(long, requires = "schema")]
     ignore_unknown_keywords: bool,
+    /// With --schema: unroll recursive $refs this many levels (the deepest level is empty)
+    /// instead of refusing them.
+    #[arg(long, value_name = "N", requires = "schema")]
+    max_recursion_depth: Option<usize>,
     /// With --schema: no whitespace (compact), or up to 8 bytes of it around each token (pretty).
     #[arg(long, value_enum, default_value_t = WhitespaceArg::Compact, requires = "schema")]
     whitespace: WhitespaceArg,
@@ -129,6 +133,7 @@ impl ConstraintArgs {
             let options = SchemaOptions {
                 strict: self.strict,
                 ignore_unknown_keywords: self.ignore_unknown_keywords,
+                max_recursion_depth: self.max_recursion_depth,
                 whitespace: match self.whitespace {
                     WhitespaceArg::Compact => Whitespace::Compact,
                     WhitespaceArg::Pretty => Whitespace::Pretty { max_run: 8 },

@@ -24,6 +24,9 @@ const MAX_REGEX_BYTES: usize = 256 * 1024;
 /// Size limit of each operand's DFA.
 const MAX_DFA_BYTES: usize = 8 << 20;
 
+/// The error [`combine`] returns when the deadline passed.
+pub(super) const OUT_OF_TIME: &str = "out of time";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Op {
     /// Strings in both languages.
@@ -59,7 +62,13 @@ fn start_of(d: &dense::DFA<Vec<u32>>) -> Result<StateID, String> {
 
 /// The regex of `a` ∩ `b` (or `a` ∖ `b`). Both are full-match regexes over the same text. An
 /// `Err` says why the result could not be built within the limits above.
-pub(super) fn combine(a: &str, b: &str, op: Op) -> Result<String, String> {
+pub(super) fn combine(
+    a: &str,
+    b: &str,
+    op: Op,
+    deadline: std::time::Instant,
+) -> Result<String, String> {
+    let late = || std::time::Instant::now() > deadline;
     let (da, db) = (dfa(a)?, dfa(b)?);
     // Bytes that both DFAs treat alike: one representative per pair of classes.
     let (ca, cb) = (da.byte_classes(), db.byte_classes());
@@ -110,6 +119,9 @@ pub(super) fn combine(a: &str, b: &str, op: Op) -> Result<String, String> {
             if id == n {
                 if n >= MAX_STATES {
                     return Err(format!("the product automaton exceeds {MAX_STATES} states"));
+                }
+                if n % 256 == 0 && late() {
+                    return Err(OUT_OF_TIME.into());
                 }
                 pairs.push((nx, ny));
             }
@@ -188,6 +200,9 @@ pub(super) fn combine(a: &str, b: &str, op: Op) -> Result<String, String> {
             .min_by_key(|(_, &k)| inc[k].len() * out[k].len())
             .expect("not empty");
         remaining.swap_remove(pos);
+        if remaining.len() % 64 == 0 && late() {
+            return Err(OUT_OF_TIME.into());
+        }
         let looped = out[k].remove(&k).map(|l| format!("(?:{l})*"));
         inc[k].retain(|&p| p != k);
         let succs: Vec<(usize, String)> = out[k].drain().collect();
@@ -261,6 +276,10 @@ fn byte_set(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    fn far() -> std::time::Instant {
+        std::time::Instant::now() + std::time::Duration::from_secs(60)
+    }
+
     fn full(re: &str) -> regex_automata::dfa::regex::Regex {
         regex_automata::dfa::regex::Regex::builder()
             .syntax(schema_syntax())
@@ -290,7 +309,7 @@ mod tests {
                 ),
                 (Op::AndNot, |x, y| x && !y),
             ] {
-                let re = combine(a, b, op).unwrap();
+                let re = combine(a, b, op, far()).unwrap();
                 let r = full(&re);
                 for s in samples {
                     let expected = want(ra.is_match(s), rb.is_match(s));
@@ -302,9 +321,9 @@ mod tests {
 
     #[test]
     fn empty_results_and_limits() {
-        assert_eq!(combine("a+", "b+", Op::And).unwrap(), NOTHING);
-        assert_eq!(combine("a", "a|b", Op::AndNot).unwrap(), NOTHING);
-        let err = combine("[ab]*a[ab]{14}", "[ab]*", Op::And).unwrap_err();
+        assert_eq!(combine("a+", "b+", Op::And, far()).unwrap(), NOTHING);
+        assert_eq!(combine("a", "a|b", Op::AndNot, far()).unwrap(), NOTHING);
+        let err = combine("[ab]*a[ab]{14}", "[ab]*", Op::And, far()).unwrap_err();
         assert!(err.contains("states"), "{err}");
     }
 }

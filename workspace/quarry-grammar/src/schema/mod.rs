@@ -74,7 +74,6 @@ mod scalar;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use automaton::schema_syntax;
 pub use canonical::canonicalize;
 
 use serde_json::{json, Map, Value};
@@ -101,6 +100,10 @@ pub struct SchemaOptions {
     /// as annotations, as JSON Schema validators do, instead of failing with
     /// [`SchemaError::UnknownKeyword`]. Default false: a typo such as `propertees` is an error.
     pub ignore_unknown_keywords: bool,
+    /// Unroll a recursive `$ref` up to this many times along one path; past it, the reference
+    /// admits nothing (so optional recursive members are left out, and a schema that requires
+    /// deeper nesting admits nothing). `None` (the default): recursion is `Unsupported`.
+    pub max_recursion_depth: Option<usize>,
 }
 
 impl Default for SchemaOptions {
@@ -110,6 +113,7 @@ impl Default for SchemaOptions {
             strict: false,
             any_value_depth: 2,
             ignore_unknown_keywords: false,
+            max_recursion_depth: None,
         }
     }
 }
@@ -129,7 +133,18 @@ pub enum SchemaError {
     UnknownKeyword { keyword: String, pointer: String },
     #[error("invalid schema at {pointer}: {message}")]
     Invalid { pointer: String, message: String },
+    /// Translating took longer than the compile-time limit (reported by [`crate::Grammar`] as
+    /// `LimitExceeded { limit: "compile_time" }`).
+    #[error("translating the schema ran out of time at {pointer}")]
+    OutOfTime { pointer: String },
+    /// The regex of a subschema grew past [`MAX_REGEX_BYTES`]: its automaton would exceed the
+    /// NFA limit anyway (typically many uses of a large `$ref`, or a wide `oneOf`).
+    #[error("the regex for {pointer} exceeds {} MiB", MAX_REGEX_BYTES >> 20)]
+    TooLarge { pointer: String },
 }
+
+/// Longest regex text a subschema may produce.
+pub const MAX_REGEX_BYTES: usize = 4 << 20;
 
 type Result<T> = std::result::Result<T, SchemaError>;
 
@@ -236,8 +251,19 @@ const UNEVALUATED_ITEMS: &str = "$quarry:unevaluatedItems";
 
 const TYPES: &[&str] = &["null", "boolean", "object", "array", "number", "string"];
 
-/// The regex (over canonical JSON text, full match) of the instances `schema` accepts.
+/// The regex (over canonical JSON text, full match) of the instances `schema` accepts, with the
+/// default compile-time limit.
 pub fn schema_to_regex(schema: &Value, options: &SchemaOptions) -> Result<String> {
+    let limit = crate::Limits::default().compile_time;
+    schema_to_regex_by(schema, options, std::time::Instant::now() + limit)
+}
+
+/// [`schema_to_regex`], giving up with [`SchemaError::OutOfTime`] after `deadline`.
+pub fn schema_to_regex_by(
+    schema: &Value,
+    options: &SchemaOptions,
+    deadline: std::time::Instant,
+) -> Result<String> {
     let draft = match schema.get("$schema").and_then(Value::as_str) {
         Some(s) if s.contains("draft-04") => Draft::D4,
         Some(s) if s.contains("draft-06") => Draft::D6,
@@ -255,6 +281,7 @@ pub fn schema_to_regex(schema: &Value, options: &SchemaOptions) -> Result<String
         draft,
         ws,
         refs: Vec::new(),
+        deadline,
     };
     t.value(schema, "#")
 }
@@ -267,6 +294,7 @@ struct Translator<'a> {
     ws: String,
     /// References being expanded (cycle detection).
     refs: Vec<String>,
+    deadline: std::time::Instant,
 }
 
 fn unsupported(keyword: &str, pointer: &str, reason: &str) -> SchemaError {
@@ -351,6 +379,21 @@ fn as_count(v: &Value, pointer: &str, keyword: &str) -> Result<u64> {
 impl Translator<'_> {
     /// The regex of values that `schema` (at `pointer`) accepts.
     fn value(&mut self, schema: &Value, pointer: &str) -> Result<String> {
+        if std::time::Instant::now() > self.deadline {
+            return Err(SchemaError::OutOfTime {
+                pointer: pointer.into(),
+            });
+        }
+        let re = self.value_unchecked(schema, pointer)?;
+        if re.len() > MAX_REGEX_BYTES {
+            return Err(SchemaError::TooLarge {
+                pointer: pointer.into(),
+            });
+        }
+        Ok(re)
+    }
+
+    fn value_unchecked(&mut self, schema: &Value, pointer: &str) -> Result<String> {
         let m = match schema {
             Value::Bool(true) => return Ok(self.any_value(self.options.any_value_depth)),
             Value::Bool(false) => return Ok(NOTHING.to_owned()),
@@ -563,6 +606,26 @@ impl Translator<'_> {
         }
     }
 
+    /// [`automaton::combine`] within the deadline; a failure is `Unsupported` at `keyword`.
+    fn combine(
+        &self,
+        a: &str,
+        b: &str,
+        op: automaton::Op,
+        keyword: &str,
+        pointer: &str,
+    ) -> Result<String> {
+        automaton::combine(a, b, op, self.deadline).map_err(|e| {
+            if e == automaton::OUT_OF_TIME {
+                SchemaError::OutOfTime {
+                    pointer: pointer.into(),
+                }
+            } else {
+                unsupported(keyword, pointer, &format!("combining keywords: {e}"))
+            }
+        })
+    }
+
     /// Keywords other than annotations and those listed.
     fn constraining<'m>(m: &'m Map<String, Value>, except: &[&str]) -> Vec<&'m str> {
         m.keys()
@@ -575,11 +638,6 @@ impl Translator<'_> {
         let r = r
             .as_str()
             .ok_or_else(|| invalid(&child(pointer, "$ref"), "expected a string"))?;
-        if self.draft >= Draft::D2019 && !Self::constraining(m, &["$ref"]).is_empty() {
-            // Keywords next to $ref apply too: merge them into the target.
-            let merged = self.inline_ref(&Value::Object(m.clone()), pointer, 0)?;
-            return self.value(&merged, pointer);
-        }
         let Some(fragment) = r.strip_prefix('#') else {
             return Err(unsupported(
                 "$ref",
@@ -587,12 +645,21 @@ impl Translator<'_> {
                 &format!("remote reference {r:?}; only local references (#…) are supported"),
             ));
         };
-        if self.refs.iter().any(|x| x == r) {
-            return Err(unsupported(
-                "$ref",
-                pointer,
-                &format!("recursive reference {r:?}"),
-            ));
+        let unrolled = self.refs.iter().filter(|x| *x == r).count();
+        if unrolled > 0 {
+            match self.options.max_recursion_depth {
+                Some(d) if unrolled > d => return Ok(NOTHING.to_owned()),
+                Some(_) => {}
+                None => {
+                    return Err(unsupported(
+                        "$ref",
+                        pointer,
+                        &format!(
+                            "recursive reference {r:?} (set max_recursion_depth to unroll it)"
+                        ),
+                    ))
+                }
+            }
         }
         let target = resolve_fragment(self.root, fragment).ok_or_else(|| {
             unsupported(
@@ -602,7 +669,13 @@ impl Translator<'_> {
             )
         })?;
         self.refs.push(r.to_owned());
-        let out = self.value(target, r);
+        let out = if self.draft >= Draft::D2019 && !Self::constraining(m, &["$ref"]).is_empty() {
+            // Keywords next to $ref apply too: merge them into the target.
+            self.inline_ref(&Value::Object(m.clone()), pointer, 0)
+                .and_then(|merged| self.value(&merged, pointer))
+        } else {
+            self.value(target, r)
+        };
         self.refs.pop();
         out
     }
@@ -674,14 +747,41 @@ impl Translator<'_> {
         let mut rest = m.clone();
         rest.remove("enum");
         rest.remove("const");
-        let keep: Vec<String> = if Self::constraining(&rest, &[]).is_empty() {
+        let constraining = Self::constraining(&rest, &[]);
+        let keep: Vec<String> = if constraining.is_empty() {
             values.iter().map(value_literal).collect()
+        } else if constraining == ["type"] {
+            // The common `{type, enum}`: filter by type without building a regex.
+            let types: Vec<&str> = match &rest["type"] {
+                Value::String(t) => vec![t.as_str()],
+                Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+                _ => {
+                    return Err(invalid(
+                        &child(pointer, "type"),
+                        "expected a string or array",
+                    ))
+                }
+            };
+            let of_type = |v: &Value| match v {
+                Value::Null => types.contains(&"null"),
+                Value::Bool(_) => types.contains(&"boolean"),
+                Value::String(_) => types.contains(&"string"),
+                Value::Array(_) => types.contains(&"array"),
+                Value::Object(_) => types.contains(&"object"),
+                Value::Number(n) => {
+                    types.contains(&"number")
+                        || (types.contains(&"integer")
+                            && n.as_f64().is_some_and(|f| f.fract() == 0.0))
+                }
+            };
+            values
+                .iter()
+                .filter(|v| of_type(v))
+                .map(value_literal)
+                .collect()
         } else {
             let rest_re = self.value(&Value::Object(rest), pointer)?;
-            let full = regex_automata::dfa::regex::Regex::builder()
-                .syntax(schema_syntax())
-                .build(&format!("^(?:{rest_re})$"))
-                .map_err(|e| unsupported("enum", pointer, &format!("filtering the values: {e}")))?;
+            let full = object::full_match(&rest_re, "enum", pointer)?;
             values
                 .iter()
                 .filter(|v| full.is_match(serde_json::to_string(v).unwrap().as_bytes()))

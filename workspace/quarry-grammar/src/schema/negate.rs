@@ -19,7 +19,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::automaton::{combine, Op};
+use super::automaton::Op;
 use super::{
     alt, child, invalid, json_equal, literal, scalar::pattern_in_json, unsupported, Draft, Result,
     Translator, TYPES,
@@ -246,7 +246,6 @@ impl Translator<'_> {
         let mut rest = m.clone();
         rest.remove("not");
         let rest = Value::Object(rest);
-        let fail = |e: String| unsupported("not", pointer, &format!("applying `not`: {e}"));
         // The leaf only removes texts of some types: the difference is taken on those types'
         // part of the language alone, which keeps the automata small.
         let mut numbers: Vec<serde_json::Number> = Vec::new();
@@ -331,7 +330,7 @@ impl Translator<'_> {
             }
             let typed = self.merge(&rest, &json!({ "type": t }), pointer, 0)?;
             let base = self.value(&typed, pointer)?;
-            parts.push(combine(&base, &removed, Op::AndNot).map_err(fail)?);
+            parts.push(self.combine(&base, &removed, Op::AndNot, "not", pointer)?);
         }
         if keyword != "pattern" {
             // Non-strings satisfy any pattern, so `not: {pattern}` rejects them; other types

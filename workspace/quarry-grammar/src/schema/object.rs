@@ -3,7 +3,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::automaton::{combine, schema_syntax, Op};
+use super::automaton::{schema_syntax, Op};
 use super::scalar::pattern_in_json;
 
 use super::{
@@ -55,7 +55,11 @@ impl Translator<'_> {
             None => None,
             Some(n) => {
                 let r = self.value(n, &child(pointer, "propertyNames"))?;
-                Some(full_match(&r, &child(pointer, "propertyNames"))?)
+                Some(full_match(
+                    &r,
+                    "propertyNames",
+                    &child(pointer, "propertyNames"),
+                )?)
             }
         };
         let allowed = |name: &str| {
@@ -182,7 +186,7 @@ impl Translator<'_> {
                 let at = child(&here, pattern);
                 let names = format!("\"{}\"", pattern_in_json(pattern, &at)?);
                 Ok(PatternProperty {
-                    matcher: full_match(&names, &at)?,
+                    matcher: full_match(&names, "patternProperties", &at)?,
                     names,
                     schema: schema.clone(),
                     pointer: at,
@@ -208,18 +212,15 @@ impl Translator<'_> {
         if let Some(n) = names_schema {
             let here = child(pointer, "propertyNames");
             let names = self.value(n, &here)?;
-            outside = combine(&outside, &names, Op::And)
-                .map_err(|e| unsupported("propertyNames", pointer, &e))?;
+            outside = self.combine(&outside, &names, Op::And, "propertyNames", pointer)?;
         }
-        let fail = |k: &str, e: String| unsupported(k, pointer, &e);
+        let pp = "patternProperties";
         let mut members = Vec::new();
         for (i, p) in patterns.iter().enumerate() {
-            let mut names =
-                combine(&outside, &p.names, Op::And).map_err(|e| fail("patternProperties", e))?;
+            let mut names = self.combine(&outside, &p.names, Op::And, pp, pointer)?;
             for (j, q) in patterns.iter().enumerate() {
                 if i != j {
-                    names = combine(&names, &q.names, Op::AndNot)
-                        .map_err(|e| fail("patternProperties", e))?;
+                    names = self.combine(&names, &q.names, Op::AndNot, pp, pointer)?;
                 }
             }
             if names != NOTHING {
@@ -230,8 +231,7 @@ impl Translator<'_> {
         if *extra_schema != Value::Bool(false) {
             let mut names = outside;
             for p in patterns {
-                names = combine(&names, &p.names, Op::AndNot)
-                    .map_err(|e| fail("patternProperties", e))?;
+                names = self.combine(&names, &p.names, Op::AndNot, pp, pointer)?;
             }
             if names != NOTHING {
                 let v = self.value(extra_schema, &child(pointer, "additionalProperties"))?;
@@ -492,15 +492,21 @@ fn counted_members(
 struct PatternProperty {
     /// Quoted names the pattern matches, as a regex.
     names: String,
-    matcher: regex_automata::dfa::regex::Regex,
+    matcher: regex_automata::meta::Regex,
     schema: Value,
     pointer: String,
 }
 
-/// A full-match regex for testing texts while translating.
-fn full_match(re: &str, pointer: &str) -> Result<regex_automata::dfa::regex::Regex> {
-    regex_automata::dfa::regex::Regex::builder()
+/// A full-match regex for testing a few short texts while translating: a lazy DFA, so a large
+/// regex costs only the states those texts visit.
+pub(super) fn full_match(
+    re: &str,
+    keyword: &str,
+    pointer: &str,
+) -> Result<regex_automata::meta::Regex> {
+    regex_automata::meta::Regex::builder()
         .syntax(schema_syntax())
+        .configure(regex_automata::meta::Config::new().nfa_size_limit(Some(16 << 20)))
         .build(&format!("^(?:{re})$"))
-        .map_err(|e| unsupported("propertyNames", pointer, &e.to_string()))
+        .map_err(|e| unsupported(keyword, pointer, &e.to_string()))
 }

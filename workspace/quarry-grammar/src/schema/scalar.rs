@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::automaton::{combine, Op};
+use super::automaton::Op;
 use super::decimal::decimal_range;
 use super::negate::FRACTIONAL;
 use super::{
@@ -29,12 +29,24 @@ impl Translator<'_> {
         // several are present, the body must be in all of them.
         let mut bodies: Vec<(&str, String)> = Vec::new();
         if let Some(f) = format {
-            bodies.push(("format", format_body(f, pointer)?));
+            // Formats JSON Schema does not define (`AWS::EC2::VPC.Id`) are annotations to
+            // validators; with ignore_unknown_keywords they are to us too.
+            let vendor = !STANDARD_FORMATS.contains(&f);
+            if !(vendor && self.options.ignore_unknown_keywords) {
+                bodies.push(("format", format_body(f, pointer)?));
+            }
         }
+        let mut length_applied = false;
         if let Some(p) = pattern {
-            bodies.push(("pattern", pattern_in_json(p, &child(pointer, "pattern"))?));
+            let length = (min.is_some() || max.is_some()).then(|| (min.unwrap_or(0), max));
+            let (body, applied) = pattern_with_length(p, length, &child(pointer, "pattern"))?;
+            if body == NOTHING {
+                return Ok(NOTHING.to_owned());
+            }
+            length_applied = applied;
+            bodies.push(("pattern", body));
         }
-        if min.is_some() || max.is_some() || bodies.is_empty() {
+        if (min.is_some() || max.is_some()) && !length_applied || bodies.is_empty() {
             let lo = min.unwrap_or(0);
             let body = match max {
                 Some(hi) if hi < lo => return Ok(NOTHING.to_owned()),
@@ -53,13 +65,7 @@ impl Translator<'_> {
         }
         let (_, mut body) = bodies.pop().expect("at least one body");
         for (keyword, other) in bodies.iter().rev() {
-            body = combine(other, &body, Op::And).map_err(|e| {
-                unsupported(
-                    keyword,
-                    pointer,
-                    &format!("intersecting the string keywords: {e}"),
-                )
-            })?;
+            body = self.combine(other, &body, Op::And, keyword, pointer)?;
         }
         Ok(format!("\"{body}\""))
     }
@@ -186,8 +192,7 @@ impl Translator<'_> {
             (None, Some(-1)) => return Ok(negative),
             _ => {}
         }
-        combine(&range, &multiples, Op::And)
-            .map_err(|e| unsupported("multipleOf", pointer, &format!("with bounds: {e}")))
+        self.combine(&range, &multiples, Op::And, "multipleOf", pointer)
     }
 
     /// Numbers; with `fractional`, only those that are not integers (`not: {type: integer}`).
@@ -231,6 +236,29 @@ impl Translator<'_> {
         Ok(decimal_range(lower, upper, room, fractional))
     }
 }
+
+/// The formats JSON Schema (2020-12) defines.
+const STANDARD_FORMATS: &[&str] = &[
+    "date-time",
+    "date",
+    "time",
+    "duration",
+    "email",
+    "idn-email",
+    "hostname",
+    "idn-hostname",
+    "ipv4",
+    "ipv6",
+    "uri",
+    "uri-reference",
+    "iri",
+    "iri-reference",
+    "uuid",
+    "uri-template",
+    "json-pointer",
+    "relative-json-pointer",
+    "regex",
+];
 
 /// A host name label (RFC 1123): letters, digits and inner hyphens, at most 63.
 const LABEL: &str = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
@@ -377,11 +405,24 @@ fn format_body(format: &str, pointer: &str) -> Result<String> {
 /// An ECMA-262 `pattern` (a search over the decoded string) as a regex over the canonical JSON
 /// encoding of the string, without the quotes.
 pub(super) fn pattern_in_json(pattern: &str, pointer: &str) -> Result<String> {
+    Ok(pattern_with_length(pattern, None, pointer)?.0)
+}
+
+/// [`pattern_in_json`], and with `length` (`minLength`, `maxLength` in code points) also applied
+/// where that is cheap: an anchored pattern whose parts have fixed lengths but for one repeated
+/// fixed-length part (`^arn:[0-9]{12}:[a-z-]+$`) gets that repetition's bounds narrowed. The flag
+/// says whether the length was applied (otherwise the caller intersects).
+pub(super) fn pattern_with_length(
+    pattern: &str,
+    length: Option<(u64, Option<u64>)>,
+    pointer: &str,
+) -> Result<(String, bool)> {
     use regex_syntax::hir::{Class, Hir, HirKind, Look};
+    let ecma = ecma_classes(pattern);
     let hir =
         regex_syntax::ParserBuilder::new()
             .build()
-            .parse(pattern)
+            .parse(&ecma)
             .map_err(|e| {
                 unsupported(
                     "pattern",
@@ -479,6 +520,20 @@ pub(super) fn pattern_in_json(pattern: &str, pointer: &str) -> Result<String> {
             ),
         })
     }
+    let mut applied = false;
+    let (mut anchored_start, mut anchored_end) = (anchored_start, anchored_end);
+    if let Some((lo, hi)) = length {
+        // With a length, the pattern is matched in full rather than searched for (a full match
+        // is a search match: sound, narrower). Text around a match would be more variable parts
+        // whose counts the automaton must track together.
+        match narrow_to_length(&mut items, lo, hi) {
+            Some(true) => (anchored_start, anchored_end, applied) = (true, true, true),
+            Some(false) if anchored_start && anchored_end => {
+                return Ok((NOTHING.to_owned(), true));
+            }
+            _ => {}
+        }
+    }
     let body: String = items
         .drain(..)
         .map(|h| tr(&h, pointer))
@@ -493,5 +548,161 @@ pub(super) fn pattern_in_json(pattern: &str, pointer: &str) -> Result<String> {
     } else {
         format!("{STR_CHAR}*")
     };
-    Ok(format!("{pre}(?:{body}){post}"))
+    Ok((format!("{pre}(?:{body}){post}"), applied))
+}
+
+/// ECMA-262 meanings of `\\d`, `\\w`, `\\s` and `.` where regex-syntax's Unicode ones are wider
+/// (Unicode digits and letters; U+0085 in `\\s`; `\\r`, U+2028 and U+2029 in `.`). The
+/// negated forms are left alone: theirs are narrower, which is sound.
+fn ecma_classes(pattern: &str) -> String {
+    const SPACE: &str = r"\t\n\x0B\x0C\r \xA0\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}\x{FEFF}";
+    let mut out = String::with_capacity(pattern.len());
+    let mut in_class = false;
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                let Some(e) = chars.next() else {
+                    out.push(c);
+                    break;
+                };
+                let (inside, outside) = match e {
+                    'd' => ("0-9", "[0-9]"),
+                    'w' => ("A-Za-z0-9_", "[A-Za-z0-9_]"),
+                    's' => (SPACE, ""),
+                    _ => {
+                        out.push(c);
+                        out.push(e);
+                        continue;
+                    }
+                };
+                if in_class {
+                    out.push_str(inside);
+                } else if e == 's' {
+                    out.push_str(&format!("[{SPACE}]"));
+                } else {
+                    out.push_str(outside);
+                }
+            }
+            '[' if !in_class => {
+                in_class = true;
+                out.push(c);
+                // A `]` right after `[` or `[^` is a literal.
+                if chars.peek() == Some(&'^') {
+                    out.push(chars.next().unwrap());
+                }
+                if chars.peek() == Some(&']') {
+                    out.push_str("\\]");
+                    chars.next();
+                }
+            }
+            ']' if in_class => {
+                in_class = false;
+                out.push(c);
+            }
+            '.' if !in_class => out.push_str(r"[^\n\r\x{2028}\x{2029}]"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// The length in code points of every string `h` matches, if they all have the same.
+fn fixed_len(h: &regex_syntax::hir::Hir) -> Option<u64> {
+    use regex_syntax::hir::HirKind;
+    match h.kind() {
+        HirKind::Empty => Some(0),
+        HirKind::Literal(l) => std::str::from_utf8(&l.0)
+            .ok()
+            .map(|s| s.chars().count() as u64),
+        HirKind::Class(_) => Some(1),
+        HirKind::Capture(c) => fixed_len(&c.sub),
+        HirKind::Concat(hs) => hs.iter().map(fixed_len).sum(),
+        HirKind::Alternation(hs) => {
+            let first = fixed_len(&hs[0])?;
+            hs.iter()
+                .all(|h| fixed_len(h) == Some(first))
+                .then_some(first)
+        }
+        HirKind::Repetition(r) if r.max == Some(r.min) => Some(r.min as u64 * fixed_len(&r.sub)?),
+        _ => None,
+    }
+}
+
+/// Narrows the variable-length repetitions in `items` (a full-match concatenation) so the whole
+/// has a length in `[lo, hi]`: `Some(true)` when done, `Some(false)` when no length fits, `None`
+/// when some part is not a repetition of a fixed-length piece. With one such repetition this is
+/// exact; with several, each gets an equal share of the budget (sound, narrower), and the first
+/// takes up any shortfall below `lo`.
+fn narrow_to_length(
+    items: &mut [regex_syntax::hir::Hir],
+    lo: u64,
+    hi: Option<u64>,
+) -> Option<bool> {
+    use regex_syntax::hir::{Hir, HirKind, Repetition};
+    let lens: Vec<Option<u64>> = items.iter().map(fixed_len).collect();
+    let fixed: u64 = lens.iter().flatten().sum();
+    let mut reps: Vec<(usize, Repetition, u64)> = Vec::new();
+    for i in (0..items.len()).filter(|&i| lens[i].is_none()) {
+        let mut h = &items[i];
+        while let HirKind::Capture(c) = h.kind() {
+            h = &c.sub;
+        }
+        let HirKind::Repetition(r) = h.kind() else {
+            return None;
+        };
+        let k = fixed_len(&r.sub).filter(|&k| k > 0)?;
+        reps.push((i, r.clone(), k));
+    }
+    if reps.is_empty() {
+        return Some(fixed >= lo && hi.is_none_or(|h| fixed <= h));
+    }
+    let n = reps.len() as u64;
+    let budget = match hi {
+        Some(h) => Some(h.checked_sub(fixed)?),
+        None => None,
+    };
+    let mut bounds: Vec<(u64, Option<u64>)> = reps
+        .iter()
+        .map(|(_, r, k)| {
+            let share = budget.map(|b| if n == 1 { b / k } else { b / n / k });
+            let max = match (share, r.max) {
+                (Some(s), Some(m)) => Some(s.min(m as u64)),
+                (s, m) => s.or(m.map(u64::from)),
+            };
+            (r.min as u64, max)
+        })
+        .collect();
+    let least: u64 = bounds
+        .iter()
+        .zip(&reps)
+        .map(|((min, _), (_, _, k))| min * k)
+        .sum();
+    let shortfall = lo.saturating_sub(fixed + least);
+    if shortfall > 0 {
+        let k = reps[0].2;
+        bounds[0].0 += shortfall.div_ceil(k);
+    }
+    if bounds
+        .iter()
+        .any(|(min, max)| max.is_some_and(|m| m < *min))
+    {
+        // With one part that is exact: nothing fits. With several, the shares may be too
+        // narrow: leave it to the intersection.
+        return if n == 1 { Some(false) } else { None };
+    }
+    for ((i, r, _), (min, max)) in reps.iter().zip(bounds) {
+        let min = u32::try_from(min).ok()?;
+        let max = match max {
+            Some(m) => Some(u32::try_from(m).ok()?),
+            None => None,
+        };
+        items[*i] = Hir::repetition(Repetition {
+            min,
+            max,
+            greedy: r.greedy,
+            sub: r.sub.clone(),
+        });
+    }
+    Some(true)
 }

@@ -6,7 +6,7 @@ use super::*;
 
 fn full(re: &str) -> regex_automata::dfa::regex::Regex {
     regex_automata::dfa::regex::Regex::builder()
-        .syntax(super::schema_syntax())
+        .syntax(super::automaton::schema_syntax())
         .build(&format!("^(?:{re})$"))
         .unwrap()
 }
@@ -125,4 +125,95 @@ fn keys_outside_a_set() {
     ] {
         assert_eq!(re.is_match(k.as_bytes()), want, "{k}");
     }
+}
+
+#[test]
+fn recursion_is_refused_or_unrolled() {
+    let tree = json!({
+        "$defs": {"node": {"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 3},
+            "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}
+        }, "required": ["name"], "additionalProperties": false}},
+        "$ref": "#/$defs/node"
+    });
+    let err = schema_to_regex(&tree, &SchemaOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("max_recursion_depth"), "{err}");
+    let options = SchemaOptions {
+        max_recursion_depth: Some(2),
+        ..SchemaOptions::default()
+    };
+    let re = full(&schema_to_regex(&tree, &options).unwrap());
+    let nest = |depth: usize| {
+        let mut v = json!({"name": "x"});
+        for _ in 0..depth {
+            v = json!({"name": "p", "children": [v]});
+        }
+        v.to_string()
+    };
+    for depth in 0..=2 {
+        assert!(re.is_match(nest(depth).as_bytes()), "depth {depth}");
+    }
+    // One level past the limit: the innermost reference admits nothing.
+    assert!(!re.is_match(nest(3).as_bytes()));
+    // A sibling keyword next to a recursive $ref (2019-09 on) terminates too.
+    let s = json!({"$defs": {"l": {"type": "array", "items": {"$ref": "#/$defs/l", "maxItems": 1}}},
+                   "$ref": "#/$defs/l"});
+    assert!(schema_to_regex(&s, &SchemaOptions::default()).is_err());
+    assert!(schema_to_regex(&s, &options).is_ok());
+}
+
+#[test]
+fn patterns_follow_ecma_and_combine_with_lengths() {
+    // ECMA-262 \d is ASCII only, `.` stops at \r; regex-syntax's Unicode ones are wider.
+    let s = json!({"type": "string", "pattern": "^\\d+$"});
+    assert!(accepts(s.clone(), r#""42""#));
+    assert!(!accepts(s, "\"\u{0663}\""));
+    assert!(!accepts(
+        json!({"type": "string", "pattern": "^.$"}),
+        r#""\r""#
+    ));
+    // One variable part: the length is exact.
+    let arn = json!({"type": "string", "pattern": "^arn:[a-z]+$", "minLength": 6, "maxLength": 8});
+    for (text, ok) in [
+        ("arn:a", false),
+        ("arn:ab", true),
+        ("arn:abcd", true),
+        ("arn:abcde", false),
+    ] {
+        assert_eq!(accepts(arn.clone(), &format!("\"{text}\"")), ok, "{text}");
+    }
+    // A search with a length is matched in full (sound, narrower: "abc" would be valid).
+    let s = json!({"type": "string", "pattern": "b+", "maxLength": 3});
+    for (text, ok) in [("b", true), ("bbb", true), ("abc", false), ("bbbb", false)] {
+        assert_eq!(accepts(s.clone(), &format!("\"{text}\"")), ok, "{text}");
+    }
+    // Two variable parts share the length budget; a pattern with a format: both must hold.
+    let s = json!({"type": "string", "pattern": "^a*-b*$", "maxLength": 5});
+    for (text, ok) in [
+        ("-", true),
+        ("aa-bb", true),
+        ("aaaa-", false),
+        ("aa-bbb", false),
+    ] {
+        assert_eq!(accepts(s.clone(), &format!("\"{text}\"")), ok, "{text}");
+    }
+    let s = json!({"type": "string", "format": "date", "pattern": "^2026-"});
+    assert!(accepts(s.clone(), r#""2026-11-22""#));
+    assert!(!accepts(s.clone(), r#""2025-11-22""#));
+    assert!(!accepts(s, r#""2026-13-01""#));
+}
+
+#[test]
+fn property_names_and_pattern_properties() {
+    let s = json!({
+        "type": "object",
+        "properties": {"id": {"type": "integer"}},
+        "patternProperties": {"^x-": {"type": "string"}, "^n_": {"type": "integer"}},
+        "additionalProperties": false,
+        "propertyNames": {"maxLength": 4}
+    });
+    assert!(accepts(s.clone(), r#"{"id":1,"x-a":"v","n_b":2}"#));
+    assert!(!accepts(s.clone(), r#"{"x-a":3}"#)); // wrong value type for the pattern
+    assert!(!accepts(s.clone(), r#"{"other":1}"#)); // no pattern: additionalProperties false
+    assert!(!accepts(s, r#"{"x-abc":"v"}"#)); // name longer than 4
 }
