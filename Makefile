@@ -12,7 +12,7 @@ QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-.PHONY: setup build demo test lint fixtures bench-grammar fuzz
+.PHONY: setup build demo test lint fixtures bench-grammar bench-schemas fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -40,6 +40,10 @@ fixtures: setup
 # results go to BENCHMARKS.md. Pass options with ARGS, e.g. `make bench-grammar ARGS="--only email"`.
 bench-grammar: setup
 	$(CARGO) run --release -p quarry-bench --bin grammar-bench -- --out $(CARGO_TARGET_DIR)/bench/grammar.json $(ARGS)
+
+# JSON Schema compile times on the real-schema corpus, quarry vs llguidance (BENCHMARKS.md).
+bench-schemas: setup
+	$(CARGO) run --release -p quarry-bench --bin schema-bench -- --out $(CARGO_TARGET_DIR)/bench/schemas.json $(ARGS)
 
 # Fuzzes the grammar matcher against the oracle on a stable toolchain (needs `cargo install cargo-fuzz`).
 FUZZ_SECONDS ?= 600

@@ -138,3 +138,40 @@ fn compile_time_is_bounded() {
         }
     );
 }
+
+/// A schema whose regex grows exponentially with its `$ref` fan-out: a typed error, quickly.
+#[test]
+fn exploding_schema_is_a_typed_error() {
+    let mut defs = serde_json::Map::new();
+    for level in 0..9 {
+        let next = serde_json::json!({"$ref": format!("#/$defs/l{}", level + 1)});
+        let props: serde_json::Map<String, serde_json::Value> =
+            (0..5).map(|i| (format!("p{i}"), next.clone())).collect();
+        defs.insert(
+            format!("l{level}"),
+            serde_json::json!({"type": "object", "properties": props}),
+        );
+    }
+    defs.insert("l9".into(), serde_json::json!({"type": "integer"}));
+    let schema = serde_json::json!({"$defs": defs, "$ref": "#/$defs/l0"});
+    let err = Grammar::compile(
+        &Constraint::JsonSchema {
+            schema,
+            options: Default::default(),
+        },
+        tiny_vocab(),
+        Limits::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GrammarError::Schema(quarry_grammar::SchemaError::TooLarge { .. })
+                | GrammarError::LimitExceeded {
+                    limit: "compile_time",
+                    ..
+                }
+        ),
+        "{err}"
+    );
+}

@@ -120,7 +120,7 @@ pub(super) fn combine(
                 if n >= MAX_STATES {
                     return Err(format!("the product automaton exceeds {MAX_STATES} states"));
                 }
-                if n % 256 == 0 && late() {
+                if n.is_multiple_of(256) && late() {
                     return Err(OUT_OF_TIME.into());
                 }
                 pairs.push((nx, ny));
@@ -200,7 +200,7 @@ pub(super) fn combine(
             .min_by_key(|(_, &k)| inc[k].len() * out[k].len())
             .expect("not empty");
         remaining.swap_remove(pos);
-        if remaining.len() % 64 == 0 && late() {
+        if remaining.len().is_multiple_of(64) && late() {
             return Err(OUT_OF_TIME.into());
         }
         let looped = out[k].remove(&k).map(|l| format!("(?:{l})*"));

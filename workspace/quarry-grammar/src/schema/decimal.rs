@@ -336,8 +336,7 @@ mod tests {
                     for s in &samples {
                         let v: f64 = s.parse().unwrap();
                         let negative_zero = s.starts_with('-') && v == 0.0;
-                        let want = !negative_zero
-                            && !(fractional && v.fract() == 0.0)
+                        let want = !(negative_zero || fractional && v.fract() == 0.0)
                             && lo.is_none_or(|(l, x)| if x { v > l } else { v >= l })
                             && hi.is_none_or(|(h, x)| if x { v < h } else { v <= h });
                         assert_eq!(

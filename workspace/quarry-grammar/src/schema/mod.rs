@@ -23,45 +23,69 @@
 //! - types: `type` (a name or an array of names, `null` included), `enum`, `const` (filtered by the
 //!   schema's other keywords);
 //! - objects: `properties`, `required`, `additionalProperties` (boolean or schema),
+//!   `patternProperties` (a declared name takes every matching pattern's schema too; an
+//!   additional name matching exactly one pattern takes its schema, one matching none takes
+//!   `additionalProperties`; names matching several patterns are not generated), `propertyNames`,
 //!   `minProperties`/`maxProperties` (up to 32), `dependentRequired` (draft 4–7: `dependencies`
-//!   with name lists) over at most 6 declared properties;
+//!   with name lists) over at most 6 declared properties, `dependentSchemas` (draft 4–7:
+//!   `dependencies` with schemas), expanded to "without the trigger, or with it and the schema";
+//!   `unevaluatedProperties` as `additionalProperties` of the object that `$ref`/`allOf`/`anyOf`/
+//!   `oneOf` merge to (every branch written succeeded, so its properties were evaluated);
 //! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`; `uniqueItems` when
-//!   `maxItems` ≤ 1 or the items are at most 6 values (`enum`, `const`, boolean); `contains` with `minContains` on arrays whose items are otherwise
-//!   unconstrained;
-//! - strings: `minLength`, `maxLength` (code points), `pattern` (alone: a search, as ECMA-262 has it),
-//!   `format` for `date`, `time`, `date-time`, `uuid`, `ipv4`, and conservative subsets (every value
-//!   allowed is valid) of `ipv6` (uncompressed), `hostname`, `email`, `duration`, `uri` and
-//!   `uri-reference`;
+//!   `maxItems` ≤ 1 or the items are at most 6 values (`enum`, `const`, boolean); `contains` with
+//!   `minContains` on arrays whose items are otherwise unconstrained; `unevaluatedItems` like
+//!   `unevaluatedProperties`;
+//! - strings: `minLength`, `maxLength` (code points), `pattern` (ECMA-262: a search; `\d`, `\w`,
+//!   `\s` and `.` with their ECMA meanings), `format` for `date`, `time`, `date-time`, `uuid`,
+//!   `ipv4`, and conservative subsets (every value allowed is valid) of `ipv6` (uncompressed),
+//!   `hostname`, `email`, `duration`, `uri` and `uri-reference`. Several of these on one string
+//!   must all hold: they are intersected exactly (DFA product, turned back into a regex), except that a `pattern` with a
+//!   length is matched in full rather than searched, and where it has several variable-length
+//!   parts they share the length budget (both sound, narrower);
 //! - numbers: the exact JSON number grammar (no leading zeros; fraction; exponent), bounded to at
 //!   most 18 integer digits, 18 fraction digits and a 2-digit exponent so every output parses as an
-//!   `f64` and digits cannot run to `max_tokens`; `minimum`,
-//!   `maximum`, `exclusiveMinimum`, `exclusiveMaximum` as exact digit languages for integers;
-//!   for `number`, a lower bound of 0 (inclusive or exclusive); `multipleOf: 1` on integers;
-//! - combinators: `anyOf`; `oneOf` whose branches are of pairwise different types; `allOf`, merged
-//!   keyword by keyword where that is exact (types intersected, `required` united, `properties`
-//!   merged per name, the tighter of two bounds, `enum` intersected); keywords next to
-//!   `anyOf`/`oneOf` are merged into each branch; `not: {type: …}` (and `not: true/false`);
+//!   `f64` and digits cannot run to `max_tokens`; `minimum`, `maximum`, `exclusiveMinimum`,
+//!   `exclusiveMaximum` as exact digit languages, for integers and for decimals (bounded numbers
+//!   are written without an exponent); `multipleOf` on integers for steps dividing 1000 (at most
+//!   15 digits, where `f64` validators agree) or over ranges of at most 256 integers, and powers
+//!   of ten on numbers (`0.01`: at most two fraction digits);
+//! - combinators: `anyOf`; `oneOf`, sound: branches proven disjoint (different types, disjoint
+//!   `enum`/`const`, a required property with disjoint schemas) stay as they are, others are
+//!   intersected with the negation of the branches they may overlap; `allOf`, merged keyword by
+//!   keyword where that is exact (types intersected, `required` united, `properties` merged per
+//!   name, the tighter of two bounds, `enum` intersected, two `anyOf`s multiplied out); keywords
+//!   next to `anyOf`/`oneOf` are merged into each branch; `not` by exact negation (De Morgan:
+//!   types, bounds, lengths, counts, `required`, `properties`, `items`, `enum`/`const` of scalars,
+//!   `pattern`, and `anyOf`/`allOf`/`not` of those); `if`/`then`/`else` expanded to
+//!   `(if ∧ then) ∨ (¬if ∧ else)`;
 //! - references: local `$ref` (`#`, `#/$defs/…`, `#/definitions/…`, any JSON Pointer into the
-//!   document), `$defs`, `definitions`.
+//!   document), `$defs`, `definitions`; recursive references unrolled to
+//!   [`SchemaOptions::max_recursion_depth`] when it is set.
 //!
 //! Ignored (annotations): `title`, `description`, `examples`, `default`, `$comment`, `deprecated`,
 //! `readOnly`, `writeOnly`, `$schema`, `$id`, `$anchor`, `$dynamicAnchor`, `$vocabulary`,
 //! `contentMediaType`, `contentEncoding`, `contentSchema`.
 //!
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
-//! `patternProperties`, `propertyNames`, schema-valued `dependencies`, `dependentSchemas`,
 //! dependencies over more than 6 properties or involving additional properties, other `contains`,
-//! `maxContains`, other `uniqueItems: true`, other `not`, `if`/`then`/`else`,
-//! `unevaluatedProperties`, `unevaluatedItems`, `$dynamicRef`, `$recursiveRef`, other
-//! `multipleOf`, bounds on non-integer numbers other than 0, other formats, `pattern` together with
-//! a length or a format, `allOf` branches that set the same other keyword differently or split a
-//! coupled pair (`properties`/`additionalProperties`, `prefixItems`/`items`), `oneOf` whose
-//! branches may overlap, remote references, and recursive references. (From 2019-09, keywords next
-//! to `$ref` are merged into its target.) Keywords that the declared draft does not define
-//! (`dependencies` in 2019-09 and later, `dependentRequired` before) are ignored, as validators of
-//! that draft ignore them.
+//! `maxContains`, other `uniqueItems: true`, negations of other keywords (`format`,
+//! `additionalProperties`, `uniqueItems`, …), `unevaluated*` next to `not`, `if` or
+//! `dependentSchemas`, `$dynamicRef`, `$recursiveRef`, other `multipleOf`, other formats,
+//! intersections or differences whose automaton exceeds 4096 states, `allOf` branches that set
+//! the same other keyword differently or split a coupled pair (`properties`/
+//! `additionalProperties`, `prefixItems`/`items`), remote references, and recursive references
+//! without `max_recursion_depth`. (From 2019-09, keywords next to `$ref` are merged into its
+//! target.) Keywords that the declared draft does not define (`dependencies` in 2019-09 and
+//! later, `dependentRequired` before, `if` before draft 7) are ignored, as validators of that
+//! draft ignore them.
 //! Any other keyword is [`SchemaError::UnknownKeyword`], unless
-//! [`SchemaOptions::ignore_unknown_keywords`] is set.
+//! [`SchemaOptions::ignore_unknown_keywords`] is set (which also treats formats JSON Schema does
+//! not define, such as `AWS::EC2::VPC.Id`, as annotations).
+//!
+//! # Limits
+//! Translation stops with [`SchemaError::OutOfTime`] at the compile-time limit and with
+//! [`SchemaError::TooLarge`] when a subschema's regex passes [`MAX_REGEX_BYTES`]; the automaton
+//! limits of [`crate::Limits`] apply after.
 
 mod array;
 mod automaton;

@@ -122,7 +122,7 @@ impl Translator<'_> {
                         .iter()
                         .copied()
                         .filter(|t| {
-                            !listed.contains(t) && !(*t == "number" && listed.contains(&"integer"))
+                            !(listed.contains(t) || *t == "number" && listed.contains(&"integer"))
                         })
                         .collect();
                     failures.push(json!({ "type": others }));

@@ -1,0 +1,217 @@
+//! `schema-bench`: JSON Schema compile time on a corpus of real schemas, quarry against
+//! llguidance, in one run on the same vocabulary. For each schema and engine: whether it compiles,
+//! the median compile time (schema → automaton or parser) and the median time to the first token
+//! mask. Prints a summary and writes JSON (see `BENCHMARKS.md`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use quarry_bench::peers::Llguidance;
+use quarry_bench::ModelVocab;
+use quarry_grammar::{Constraint, Grammar, Limits, Matcher, SchemaOptions};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+#[command(about = "JSON Schema compile times on real schemas: quarry vs llguidance")]
+struct Args {
+    /// Directory of schemas (searched one level deep).
+    #[arg(long, default_value = "tests/fixtures/schema-corpus")]
+    corpus: PathBuf,
+    /// GGUF file whose vocabulary is used.
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    model: PathBuf,
+    /// Compiles per engine and schema; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Where to write the JSON results.
+    #[arg(long, default_value = "target/bench/schemas.json")]
+    out: PathBuf,
+}
+
+fn schemas(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            out.extend(schemas(&path)?);
+        } else if path.extension().is_some_and(|e| e == "json") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn quantile(xs: &[f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut xs = xs.to_vec();
+    xs.sort_by(f64::total_cmp);
+    xs[((xs.len() - 1) as f64 * q).round() as usize]
+}
+
+/// (compile ms, first-mask ms) medians, or the error.
+fn quarry(
+    schema: &Value,
+    vocab: &Arc<quarry_grammar::Vocabulary>,
+    reps: usize,
+) -> Result<(f64, f64, Value)> {
+    let constraint = Constraint::JsonSchema {
+        schema: schema.clone(),
+        options: SchemaOptions {
+            ignore_unknown_keywords: true,
+            ..SchemaOptions::default()
+        },
+    };
+    let (mut compile, mut first) = (Vec::new(), Vec::new());
+    let mut stats = Value::Null;
+    let mut mask = vec![0u32; vocab.mask_words()];
+    for _ in 0..reps {
+        let t = Instant::now();
+        let g = Arc::new(Grammar::compile(
+            &constraint,
+            vocab.clone(),
+            Limits::default(),
+        )?);
+        compile.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        Matcher::new(g.clone()).fill_mask(&mut mask);
+        first.push(t.elapsed().as_secs_f64() * 1e3);
+        stats = json!({"states": g.live_state_count(), "dfa_bytes": g.dfa_bytes()});
+    }
+    Ok((median(compile), median(first), stats))
+}
+
+fn llguidance(schema: &Value, llg: &Llguidance, reps: usize) -> Result<(f64, f64)> {
+    let (mut compile, mut first) = (Vec::new(), Vec::new());
+    for _ in 0..reps {
+        let t = Instant::now();
+        let grammar = llguidance::api::TopLevelGrammar::from_json_schema(schema.clone());
+        let parser = llg.factory.create_parser(grammar)?;
+        compile.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        let mut m = llguidance::Matcher::new(Ok(parser));
+        m.compute_mask()?;
+        first.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok((median(compile), median(first)))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let mv = ModelVocab::load(&args.model)?;
+    let llg = Llguidance::new(&mv.vocab)?;
+    let files = schemas(&args.corpus)?;
+    let mut rows = Vec::new();
+    println!(
+        "{:<48} {:>12} {:>10} {:>9} {:>12} {:>10}",
+        "schema", "quarry ms", "q TTFM ms", "states", "llg ms", "l TTFM ms"
+    );
+    for file in &files {
+        let name = file
+            .strip_prefix(&args.corpus)
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        let schema: Value = serde_json::from_slice(&std::fs::read(file)?)?;
+        let q = quarry(&schema, &mv.vocab, args.reps);
+        let l = llguidance(&schema, &llg, args.reps);
+        let cell = |r: &Result<(f64, f64)>| match r {
+            Ok((c, f)) => (format!("{c:.2}"), format!("{f:.2}")),
+            Err(_) => ("-".into(), "-".into()),
+        };
+        let qs = cell(
+            &q.as_ref()
+                .map(|(c, f, _)| (*c, *f))
+                .map_err(|e| anyhow::anyhow!("{e}")),
+        );
+        let ls = cell(&l.as_ref().map(|x| *x).map_err(|e| anyhow::anyhow!("{e}")));
+        let states = q
+            .as_ref()
+            .map(|(_, _, s)| s["states"].to_string())
+            .unwrap_or_else(|_| "-".into());
+        println!(
+            "{:<48} {:>12} {:>10} {:>9} {:>12} {:>10}",
+            name, qs.0, qs.1, states, ls.0, ls.1
+        );
+        rows.push(json!({
+            "schema": name,
+            "quarry": match &q {
+                Ok((c, f, s)) => json!({"compile_ms": c, "first_mask_ms": f, "states": s["states"], "dfa_bytes": s["dfa_bytes"]}),
+                Err(e) => json!({"error": format!("{e:#}")}),
+            },
+            "llguidance": match &l {
+                Ok((c, f)) => json!({"compile_ms": c, "first_mask_ms": f}),
+                Err(e) => json!({"error": format!("{e:#}")}),
+            },
+        }));
+    }
+    // Summary: each engine over what it compiles, then both over what both compile.
+    let times = |engine: &str, key: &str, both: bool| -> Vec<f64> {
+        rows.iter()
+            .filter(|r| {
+                !both
+                    || (r["quarry"].get("error").is_none()
+                        && r["llguidance"].get("error").is_none())
+            })
+            .filter_map(|r| r[engine][key].as_f64())
+            .collect()
+    };
+    let mut summary = Vec::new();
+    println!(
+        "\n{} schemas, vocabulary of {} tokens, median of {} compiles",
+        files.len(),
+        mv.vocab.len(),
+        args.reps
+    );
+    println!(
+        "{:<12} {:<10} {:>9} {:>11} {:>11} {:>11} {:>11}",
+        "engine", "set", "compiled", "p50 ms", "p99 ms", "TTFM p50", "TTFM p99"
+    );
+    for both in [false, true] {
+        for engine in ["quarry", "llguidance"] {
+            let c = times(engine, "compile_ms", both);
+            let f = times(engine, "first_mask_ms", both);
+            let set = if both { "both" } else { "own" };
+            println!(
+                "{:<12} {:<10} {:>9} {:>11.2} {:>11.2} {:>11.2} {:>11.2}",
+                engine,
+                set,
+                c.len(),
+                quantile(&c, 0.5),
+                quantile(&c, 0.99),
+                quantile(&f, 0.5),
+                quantile(&f, 0.99)
+            );
+            summary.push(json!({
+                "engine": engine, "set": set, "compiled": c.len(),
+                "compile_p50_ms": quantile(&c, 0.5), "compile_p99_ms": quantile(&c, 0.99),
+                "first_mask_p50_ms": quantile(&f, 0.5), "first_mask_p99_ms": quantile(&f, 0.99),
+            }));
+        }
+    }
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(
+        &args.out,
+        serde_json::to_string_pretty(&json!({
+            "versions": {"quarry-grammar": env!("CARGO_PKG_VERSION"), "llguidance": "1.9.1"},
+            "model": args.model.display().to_string(),
+            "reps": args.reps,
+            "summary": summary,
+            "schemas": rows,
+        }))?,
+    )?;
+    println!("\nwrote {}", args.out.display());
+    Ok(())
+}
