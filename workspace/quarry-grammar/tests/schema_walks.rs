@@ -158,8 +158,13 @@ fn gen_schema(rng: &mut SmallRng, depth: u32) -> Value {
             // Negation and conditionals.
             let a = gen_schema(rng, depth - 1);
             let b = gen_schema(rng, depth - 1);
-            match rng.random_range(0..4) {
+            match rng.random_range(0..5) {
                 0 => json!({"not": {"enum": [scalar(rng), scalar(rng)]}}),
+                4 => {
+                    json!({"type": "array", "items": {"type": ["integer", "string"], "maxLength": 2},
+                    "contains": {"type": "integer", "minimum": 0},
+                    "minContains": rng.random_range(0..2), "maxContains": 2})
+                }
                 1 => json!({"type": "object",
                     "properties": {"kind": {"enum": ["a", "b"]}, "v": {}},
                     "required": ["kind"],

@@ -3,7 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    as_count, child, count, invalid, json_equal, unsupported, value_literal, Draft, Result,
+    alt, as_count, child, count, invalid, json_equal, unsupported, value_literal, Draft, Result,
     Translator, ANNOTATIONS, NOTHING, UNEVALUATED_ITEMS,
 };
 
@@ -212,20 +212,20 @@ impl Translator<'_> {
         Ok(format!("\\[{w}{}{w}\\]", rest(0, &lits, min, max, w)))
     }
 
-    /// `contains` (with `minContains`) on an array whose items are otherwise unconstrained: at least
-    /// k elements match, the others are any value.
+    /// `contains` with `minContains`/`maxContains` (2019-09 on) and a schema-valued `items`: the
+    /// elements are M (an item that matches `contains`) or N (an item that does not, or any item
+    /// when there is no `maxContains`), with between `minContains` and `maxContains` Ms. Other
+    /// array keywords next to `contains` are unsupported, except a `minItems` the Ms already
+    /// satisfy.
     pub(super) fn array_contains(
         &mut self,
         m: &Map<String, Value>,
         pointer: &str,
     ) -> Result<String> {
         let others = [
-            "items",
             "prefixItems",
             "additionalItems",
-            "minItems",
             "maxItems",
-            "maxContains",
             "uniqueItems",
             "unevaluatedItems",
             UNEVALUATED_ITEMS,
@@ -237,30 +237,81 @@ impl Translator<'_> {
                 "`contains` together with this keyword is not supported yet",
             ));
         }
-        let Some(c) = m.get("contains") else {
-            // minContains without contains has no effect.
-            return self.array(&Map::new(), pointer);
+        let items = match m.get("items") {
+            None => Value::Bool(true),
+            Some(Value::Array(_)) => {
+                return Err(unsupported(
+                    "items",
+                    pointer,
+                    "`contains` with an array of items is not supported yet",
+                ))
+            }
+            Some(s) => s.clone(),
         };
-        let k = match m.get("minContains") {
-            Some(v) if self.draft >= Draft::D2019 => as_count(v, pointer, "minContains")?,
+        let Some(c) = m.get("contains") else {
+            // minContains/maxContains without contains have no effect.
+            let mut rest = m.clone();
+            rest.remove("minContains");
+            rest.remove("maxContains");
+            return self.array(&rest, pointer);
+        };
+        let counts = self.draft >= Draft::D2019;
+        let min = match m.get("minContains") {
+            Some(v) if counts => as_count(v, pointer, "minContains")?,
             _ => 1,
         };
-        let any = self.any_value(self.options.any_value_depth);
-        if k == 0 {
-            let w = &self.ws;
-            return Ok(format!("\\[{w}(?:{any}(?:{w},{w}{any})*)?{w}\\]"));
+        let max = match m.get("maxContains") {
+            Some(v) if counts => Some(as_count(v, pointer, "maxContains")?),
+            _ => None,
+        };
+        let min_items = count(m, pointer, "minItems")?.unwrap_or(0);
+        if min_items > min.max(1) || (min == 0 && min_items > 0) {
+            return Err(unsupported(
+                "minItems",
+                pointer,
+                "`contains` with a minItems above minContains is not supported yet",
+            ));
         }
-        if k > 16 {
+        if min > 16 || max.is_some_and(|x| x > 16) {
             return Err(unsupported(
                 "minContains",
                 pointer,
-                "more than 16 is not supported yet",
+                "counts above 16 are not supported yet",
             ));
         }
-        let c = self.value(c, &child(pointer, "contains"))?;
+        if max.is_some_and(|x| x < min) {
+            return Ok(NOTHING.to_owned());
+        }
+        let here = child(pointer, "contains");
+        let matching = self.value(&json!({"allOf": [items, c]}), &here)?;
+        let other = match max {
+            // Without an upper bound, the other elements may match `contains` too.
+            None => self.value(&items, &child(pointer, "items"))?,
+            Some(_) => {
+                let not_c = self.negate(c, &here, 0)?;
+                self.value(&json!({"allOf": [items, not_c]}), &here)?
+            }
+        };
         let w = self.ws.clone();
-        let lead = format!("(?:{any}{w},{w})*");
-        let more = format!("(?:{w},{w}{lead}{c}){{{}}}", k - 1);
-        Ok(format!("\\[{w}{lead}{c}{more}(?:{w},{w}{any})*{w}\\]"))
+        let sep = format!("{w},{w}");
+        // Exactly k ≥ 1 matching elements, others around them.
+        let with = |lo: u64, hi: Option<u64>| {
+            let more = match hi {
+                Some(h) => format!("{{{},{}}}", lo - 1, h - 1),
+                None => format!("{{{},}}", lo - 1),
+            };
+            format!(
+                "(?:{other}{sep})*{matching}(?:{sep}{other})*(?:{sep}{matching}(?:{sep}{other})*){more}"
+            )
+        };
+        let mut bodies = Vec::new();
+        if min == 0 {
+            bodies.push(String::new());
+            bodies.push(format!("{other}(?:{sep}{other})*"));
+        }
+        if max != Some(0) {
+            bodies.push(with(min.max(1), max));
+        }
+        Ok(format!("\\[{w}{}{w}\\]", alt(&bodies)))
     }
 }

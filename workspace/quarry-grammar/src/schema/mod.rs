@@ -33,7 +33,8 @@
 //!   `oneOf` merge to (every branch written succeeded, so its properties were evaluated);
 //! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`; `uniqueItems` when
 //!   `maxItems` ≤ 1 or the items are at most 6 values (`enum`, `const`, boolean); `contains` with
-//!   `minContains` on arrays whose items are otherwise unconstrained; `unevaluatedItems` like
+//!   `minContains`/`maxContains` (up to 16) next to a schema-valued `items` (with `maxContains`,
+//!   the other items are those failing `contains`, by negation); `unevaluatedItems` like
 //!   `unevaluatedProperties`;
 //! - strings: `minLength`, `maxLength` (code points), `pattern` (ECMA-262: a search; `\d`, `\w`,
 //!   `\s` and `.` with their ECMA meanings), `format` for `date`, `time`, `date-time`, `uuid`,
@@ -67,8 +68,8 @@
 //! `contentMediaType`, `contentEncoding`, `contentSchema`.
 //!
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
-//! dependencies over more than 6 properties or involving additional properties, other `contains`,
-//! `maxContains`, other `uniqueItems: true`, negations of other keywords (`format`,
+//! dependencies over more than 6 properties or involving additional properties, `contains` next
+//! to `prefixItems`, `maxItems` or `uniqueItems`, other `uniqueItems: true`, negations of other keywords (`format`,
 //! `additionalProperties`, `uniqueItems`, …), `unevaluated*` next to `not`, `if` or
 //! `dependentSchemas`, `$dynamicRef`, `$recursiveRef`, other `multipleOf`, other formats,
 //! intersections or differences whose automaton exceeds 4096 states, `allOf` branches that set
