@@ -68,10 +68,13 @@ impl Translator<'_> {
             }
         };
         let (a, b) = (flatten(self, a)?, flatten(self, b)?);
-        let (mut out, b) = match (a, b) {
+        let (out, b) = match (a, b) {
             (Value::Object(a), Value::Object(b)) => (a, b),
             (a, b) => return self.merge(&a, &b, pointer, depth + 1),
         };
+        // additionalProperties read against each side's own properties, made explicit: a name
+        // one side declares and the other does not takes the other's additionalProperties.
+        let (mut out, b) = Self::close_properties(out, b);
         // Keywords whose meaning depends on a sibling in the same schema object.
         const COUPLED: &[(&str, &str)] = &[
             ("additionalProperties", "properties"),
@@ -91,6 +94,10 @@ impl Translator<'_> {
             // {properties: b, additionalProperties: false}] admits neither a nor b).
             let same_y = match (out.get(*y), b.get(*y)) {
                 (None, None) => true,
+                // For properties only the names matter: which names are "additional".
+                (Some(Value::Object(p)), Some(Value::Object(q))) if *y == "properties" => {
+                    p.len() == q.len() && p.keys().all(|k| q.contains_key(k))
+                }
                 (Some(p), Some(q)) => json_equal(p, q),
                 _ => false,
             };
@@ -198,6 +205,8 @@ impl Translator<'_> {
                         )
                     }
                     "const" => return Ok(Value::Bool(false)),
+                    // Both apply to the same names (see close_properties).
+                    "additionalProperties" => json!({ "allOf": [va, vb] }),
                     "anyOf" => Self::any_of_product(&va, &vb, pointer)?,
                     "not" => json!({ "anyOf": [va, vb] }),
                     other => return Err(unsupported(
@@ -209,5 +218,41 @@ impl Translator<'_> {
             out.insert(k, merged);
         }
         Ok(Value::Object(out))
+    }
+
+    /// For two objects without `patternProperties` where at least one has
+    /// `additionalProperties`: each name declared on only one side gets the other side's
+    /// `additionalProperties` in an `allOf`, and both get the same `properties` keys, so the merge
+    /// below is exact (`additionalProperties` is then merged as any other keyword).
+    fn close_properties(
+        mut a: Map<String, Value>,
+        mut b: Map<String, Value>,
+    ) -> (Map<String, Value>, Map<String, Value>) {
+        let ap = "additionalProperties";
+        let pattern = |m: &Map<String, Value>| m.contains_key("patternProperties");
+        if pattern(&a) || pattern(&b) || (!a.contains_key(ap) && !b.contains_key(ap)) {
+            return (a, b);
+        }
+        let names = |m: &Map<String, Value>| -> Vec<String> {
+            m.get("properties")
+                .and_then(Value::as_object)
+                .map(|p| p.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        let (na, nb) = (names(&a), names(&b));
+        let widen = |m: &mut Map<String, Value>, own: &[String], theirs: &[String]| {
+            let extra = m.get(ap).cloned().unwrap_or(Value::Bool(true));
+            let props = m
+                .entry("properties")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(p) = props {
+                for n in theirs.iter().filter(|n| !own.contains(n)) {
+                    p.insert(n.clone(), extra.clone());
+                }
+            }
+        };
+        widen(&mut a, &na, &nb);
+        widen(&mut b, &nb, &na);
+        (a, b)
     }
 }

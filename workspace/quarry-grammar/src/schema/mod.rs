@@ -73,8 +73,10 @@
 //! `additionalProperties`, `uniqueItems`, …), `unevaluated*` next to `not`, `if` or
 //! `dependentSchemas`, `$dynamicRef`, `$recursiveRef`, other `multipleOf`, other formats,
 //! intersections or differences whose automaton exceeds 4096 states, `allOf` branches that set
-//! the same other keyword differently or split a coupled pair (`properties`/
-//! `additionalProperties`, `prefixItems`/`items`), remote references, and recursive references
+//! the same other keyword differently or split a coupled pair that cannot be merged exactly
+//! (`prefixItems`/`items`, `additionalProperties` next to `patternProperties`; `properties`/
+//! `additionalProperties` are merged exactly: a name one branch declares takes the other's
+//! `additionalProperties`), remote references, and recursive references
 //! without `max_recursion_depth`. (From 2019-09, keywords next to `$ref` are merged into its
 //! target.) Keywords that the declared draft does not define (`dependencies` in 2019-09 and
 //! later, `dependentRequired` before, `if` before draft 7) are ignored, as validators of that

@@ -49,16 +49,28 @@ fn all_of_merges_exactly_or_refuses() {
     assert!(!accepts(s.clone(), r#"{"a":10,"b":"x"}"#));
     assert!(!accepts(s.clone(), r#"{"a":3}"#));
     assert!(!accepts(s, r#"{"a":-1,"b":"x"}"#));
-    // Each branch's additionalProperties is read against its own properties: not mergeable.
+    // Each branch's additionalProperties is read against its own properties: a name only the
+    // other branch declares must satisfy it too (here: neither a nor b may appear).
     let s = json!({"allOf": [
         {"properties": {"a": {}}, "additionalProperties": false},
         {"properties": {"b": {}}, "additionalProperties": false}
     ]});
-    let err = schema_to_regex(&s, &SchemaOptions::default()).unwrap_err();
-    assert!(
-        matches!(err, SchemaError::Unsupported { ref keyword, .. } if keyword == "additionalProperties"),
-        "{err}"
-    );
+    assert!(accepts(s.clone(), "{}"));
+    assert!(!accepts(s.clone(), r#"{"a":1}"#));
+    assert!(!accepts(s, r#"{"b":1}"#));
+    let s = json!({"allOf": [
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+        {"properties": {"b": {"maxLength": 2}}}
+    ]});
+    assert!(accepts(s.clone(), r#"{"a":1,"b":"xy"}"#));
+    assert!(!accepts(s.clone(), r#"{"b":"xyz"}"#)); // b's own bound
+    assert!(!accepts(s, r#"{"b":3}"#)); // additionalProperties of the first branch
+                                        // Coupled pairs that cannot be merged exactly are refused.
+    let s = json!({"allOf": [
+        {"prefixItems": [{"type": "integer"}], "items": false},
+        {"prefixItems": [{}, {}]}
+    ]});
+    assert!(schema_to_regex(&s, &SchemaOptions::default()).is_err());
     // Contradictory types leave nothing.
     assert!(!accepts(
         json!({"allOf": [{"type": "string"}, {"type": "integer"}]}),
