@@ -212,6 +212,14 @@ impl Translator<'_> {
                     }
                 }
                 "not" => v.clone(),
+                // Vendor keywords are annotations when the options say so.
+                other
+                    if self.options.ignore_unknown_keywords
+                        && !super::SUPPORTED.contains(&other)
+                        && !super::UNSUPPORTED.contains(&other) =>
+                {
+                    continue
+                }
                 other => return Err(refuse(other)),
             };
             failures.push(f);
