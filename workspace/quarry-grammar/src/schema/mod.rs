@@ -30,7 +30,9 @@
 //!   with name lists) over at most 6 declared properties, `dependentSchemas` (draft 4–7:
 //!   `dependencies` with schemas), expanded to "without the trigger, or with it and the schema";
 //!   `unevaluatedProperties` as `additionalProperties` of the object that `$ref`/`allOf`/`anyOf`/
-//!   `oneOf` merge to (every branch written succeeded, so its properties were evaluated);
+//!   `oneOf`/`if`/`not` merge to (every branch written succeeded, so its properties were
+//!   evaluated; negations there leave out alternatives that would write a property only the
+//!   failed subschema names, which is narrower and sound);
 //! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`; `uniqueItems` when
 //!   `maxItems` ≤ 1 or the items are at most 6 values (`enum`, `const`, boolean); `contains` with
 //!   `minContains`/`maxContains` (up to 16) next to a schema-valued `items` (with `maxContains`,
@@ -70,8 +72,7 @@
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
 //! dependencies over more than 6 properties or involving additional properties, `contains` next
 //! to `prefixItems`, `maxItems` or `uniqueItems`, other `uniqueItems: true`, negations of other keywords (`format`,
-//! `additionalProperties`, `uniqueItems`, …), `unevaluated*` next to `not`, `if` or
-//! `dependentSchemas`, `$dynamicRef`, `$recursiveRef`, other `multipleOf`, other formats,
+//! `additionalProperties`, `uniqueItems`, …), a double `not` next to `unevaluated*`, `$dynamicRef`, `$recursiveRef`, other `multipleOf`, other formats,
 //! intersections or differences whose automaton exceeds 4096 states, `allOf` branches that set
 //! the same other keyword differently or split a coupled pair that cannot be merged exactly
 //! (`prefixItems`/`items`, `additionalProperties` next to `patternProperties`; `properties`/
@@ -309,6 +310,7 @@ pub fn schema_to_regex_by(
         ws,
         refs: Vec::new(),
         deadline,
+        keep_evaluated: false,
     };
     t.value(schema, "#")
 }
@@ -322,6 +324,8 @@ struct Translator<'a> {
     /// References being expanded (cycle detection).
     refs: Vec<String>,
     deadline: std::time::Instant,
+    /// Negating next to `unevaluated*` (see [`Translator::negate_keeping`]).
+    keep_evaluated: bool,
 }
 
 fn unsupported(keyword: &str, pointer: &str, reason: &str) -> SchemaError {
@@ -442,7 +446,7 @@ impl Translator<'_> {
                 });
             }
         }
-        if let Some(renamed) = self.hoist_unevaluated(m, pointer)? {
+        if let Some(renamed) = self.hoist_unevaluated(m) {
             return self.value(&renamed, pointer);
         }
         if let Some(r) = m.get("$ref") {
@@ -459,9 +463,9 @@ impl Translator<'_> {
                 || n.as_object()
                     .is_some_and(|n| Self::constraining(n, &[]) == ["type"]);
             if !type_only {
-                Self::refuse_with_unevaluated(m, "not", pointer)?;
                 // m ∧ ¬n, with ¬n spelled out as a schema.
-                let negated = self.negate(n, &child(pointer, "not"), 0)?;
+                let keep = Self::has_unevaluated(m);
+                let negated = self.negate_keeping(n, &child(pointer, "not"), keep)?;
                 let mut rest = m.clone();
                 rest.remove("not");
                 return self.value(&json!({"allOf": [rest, negated]}), pointer);
@@ -577,33 +581,31 @@ impl Translator<'_> {
         Ok(types)
     }
 
-    /// A schema with `unevaluated*` next to in-place applicators, with those keywords renamed
-    /// (see [`UNEVALUATED_PROPERTIES`]); `None` if there is nothing to rename. Next to
-    /// conditionals or `not`, whose failed subschemas evaluate nothing, it is unsupported.
-    fn hoist_unevaluated(&self, m: &Map<String, Value>, pointer: &str) -> Result<Option<Value>> {
+    /// A schema with `unevaluated*` next to in-place applicators (`$ref`, `allOf`, `anyOf`,
+    /// `oneOf`, and the conditionals and `not` that are rewritten into them), with those keywords
+    /// renamed (see [`UNEVALUATED_PROPERTIES`]); `None` if there is nothing to rename.
+    fn hoist_unevaluated(&self, m: &Map<String, Value>) -> Option<Value> {
         let keys = [
             ("unevaluatedProperties", UNEVALUATED_PROPERTIES),
             ("unevaluatedItems", UNEVALUATED_ITEMS),
         ];
-        let Some((k, _)) = keys.iter().find(|(k, _)| m.contains_key(*k)) else {
-            return Ok(None);
-        };
-        if let Some(c) = ["if", "dependentSchemas", "not"]
-            .iter()
-            .find(|c| m.contains_key(**c))
-        {
-            return Err(unsupported(
-                k,
-                pointer,
-                &format!("together with `{c}` is not supported yet"),
-            ));
+        if !keys.iter().any(|(k, _)| m.contains_key(*k)) {
+            return None;
         }
-        let applies = ["allOf", "anyOf", "oneOf"]
-            .iter()
-            .any(|c| m.contains_key(*c))
+        let applies = [
+            "allOf",
+            "anyOf",
+            "oneOf",
+            "if",
+            "dependentSchemas",
+            "dependencies",
+            "not",
+        ]
+        .iter()
+        .any(|c| m.contains_key(*c))
             || (m.contains_key("$ref") && self.draft >= Draft::D2019);
         if !applies {
-            return Ok(None);
+            return None;
         }
         let mut out = m.clone();
         for (k, marker) in keys {
@@ -611,26 +613,35 @@ impl Translator<'_> {
                 out.insert(marker.to_owned(), v);
             }
         }
-        Ok(Some(Value::Object(out)))
+        Some(Value::Object(out))
     }
 
-    /// Negation spells out properties and items that a failed subschema would not have
-    /// evaluated, so it cannot be combined with `unevaluated*` in the same object.
-    fn refuse_with_unevaluated(m: &Map<String, Value>, keyword: &str, pointer: &str) -> Result<()> {
-        let uneval = [
+    /// Whether `m` carries `unevaluated*` (its own or an enclosing schema's).
+    fn has_unevaluated(m: &Map<String, Value>) -> bool {
+        [
             "unevaluatedProperties",
             "unevaluatedItems",
             UNEVALUATED_PROPERTIES,
             UNEVALUATED_ITEMS,
-        ];
-        match uneval.iter().find(|k| m.contains_key(**k)) {
-            Some(_) => Err(unsupported(
-                keyword,
-                pointer,
-                "negation next to unevaluatedProperties/unevaluatedItems is not supported yet",
-            )),
-            None => Ok(()),
-        }
+        ]
+        .iter()
+        .any(|k| m.contains_key(*k))
+    }
+
+    /// [`Self::negate`]; with `keep_evaluated`, alternatives that would write properties or items
+    /// only the failed subschema names are left out (a failed subschema evaluates nothing, so
+    /// `unevaluated*` would apply to them): narrower, still sound.
+    fn negate_keeping(
+        &mut self,
+        schema: &Value,
+        pointer: &str,
+        keep_evaluated: bool,
+    ) -> Result<Value> {
+        let old = self.keep_evaluated;
+        self.keep_evaluated |= keep_evaluated;
+        let out = self.negate(schema, pointer, 0);
+        self.keep_evaluated = old;
+        out
     }
 
     /// [`automaton::combine`] within the deadline; a failure is `Unsupported` at `keyword`.

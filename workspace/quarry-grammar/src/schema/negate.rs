@@ -43,10 +43,10 @@ impl Translator<'_> {
         let mut terms: Vec<Value> = Vec::new();
         if self.draft >= Draft::D7 {
             if let Some(cond) = rest.remove("if") {
-                Self::refuse_with_unevaluated(m, "if", pointer)?;
                 let then = rest.remove("then").unwrap_or(Value::Bool(true));
                 let other = rest.remove("else").unwrap_or(Value::Bool(true));
-                let negated = self.negate(&cond, &child(pointer, "if"), 0)?;
+                let keep = Self::has_unevaluated(m);
+                let negated = self.negate_keeping(&cond, &child(pointer, "if"), keep)?;
                 terms.push(json!({"anyOf": [
                     {"allOf": [cond, then]},
                     {"allOf": [negated, other]},
@@ -65,7 +65,6 @@ impl Translator<'_> {
                     lists.insert(trigger, s);
                     continue;
                 }
-                Self::refuse_with_unevaluated(m, key, pointer)?;
                 // Without the trigger, or with it and the dependent schema.
                 terms.push(json!({"anyOf": [
                     {"properties": {&trigger: false}},
@@ -176,6 +175,10 @@ impl Translator<'_> {
                     }
                     continue;
                 }
+                // Would write a property only the failed schema names: left out next to
+                // unevaluatedProperties (see negate_keeping).
+                "properties" | "items" if self.keep_evaluated => continue,
+                "not" if self.keep_evaluated => return Err(refuse("not")),
                 "properties" => {
                     let here = child(pointer, "properties");
                     for (name, p) in v.as_object().into_iter().flatten() {
@@ -439,11 +442,9 @@ impl Translator<'_> {
             let mut terms = vec![branches[i].clone()];
             for j in (0..n).filter(|&j| j != i) {
                 if !self.disjoint(&branches[i], &branches[j], pointer, 0) {
-                    if let Some(b) = branches[i].as_object() {
-                        Self::refuse_with_unevaluated(b, "oneOf", pointer)?;
-                    }
+                    let keep = branches[i].as_object().is_some_and(Self::has_unevaluated);
                     let here = child(pointer, &j.to_string());
-                    let negated = self.negate(&branches[j], &here, 0).map_err(|e| {
+                    let negated = self.negate_keeping(&branches[j], &here, keep).map_err(|e| {
                         unsupported(
                             "oneOf",
                             pointer,
