@@ -27,7 +27,8 @@
 //!   additional name matching exactly one pattern takes its schema, one matching none takes
 //!   `additionalProperties`; names matching several patterns are not generated), `propertyNames`,
 //!   `minProperties`/`maxProperties` (up to 32), `dependentRequired` (draft 4–7: `dependencies`
-//!   with name lists) over at most 6 declared properties, `dependentSchemas` (draft 4–7:
+//!   with name lists) over at most 6 properties (a name it mentions that only an additional
+//!   property could have gets a slot after the declared properties), `dependentSchemas` (draft 4–7:
 //!   `dependencies` with schemas), expanded to "without the trigger, or with it and the schema";
 //!   `unevaluatedProperties` as `additionalProperties` of the object that `$ref`/`allOf`/`anyOf`/
 //!   `oneOf`/`if`/`not` merge to (every branch written succeeded, so its properties were
@@ -70,7 +71,7 @@
 //! `contentMediaType`, `contentEncoding`, `contentSchema`.
 //!
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
-//! dependencies over more than 6 properties or involving additional properties, `contains` next
+//! dependencies over more than 6 properties, `contains` next
 //! to `prefixItems`, `maxItems` or `uniqueItems`, other `uniqueItems: true`, negations of other keywords (`format`,
 //! `additionalProperties`, `uniqueItems`, …), a double `not` next to `unevaluated*`, `$dynamicRef`, `$recursiveRef`, other `multipleOf`, other formats,
 //! intersections or differences whose automaton exceeds 4096 states, `allOf` branches that set

@@ -116,6 +116,42 @@ impl Translator<'_> {
                 items.push(((*name).to_owned(), v, true));
             }
         }
+        // Names that dependencies mention but `properties` does not could be additional
+        // properties: give them a slot after the declared ones, so the dependency can be tracked
+        // (an instance writing them among other additional properties is written in that slot
+        // first: sound, slightly narrower).
+        let dep_key = if self.draft >= Draft::D2019 {
+            "dependentRequired"
+        } else {
+            "dependencies"
+        };
+        let mut mentioned: Vec<String> = Vec::new();
+        if let Some(Value::Object(deps)) = m.get(dep_key) {
+            for (trigger, needed) in deps {
+                if let Value::Array(needed) = needed {
+                    mentioned.push(trigger.clone());
+                    mentioned.extend(needed.iter().filter_map(|n| n.as_str().map(str::to_owned)));
+                }
+            }
+        }
+        let mut slots: Vec<String> = Vec::new();
+        for name in mentioned {
+            if !declared.contains(&name.as_str()) && !slots.contains(&name) {
+                slots.push(name);
+            }
+        }
+        for name in &slots {
+            let schema = value_schema(name, None);
+            let v = if allowed(name) && schema != Value::Bool(false) {
+                self.value(&schema, &ap)?
+            } else {
+                NOTHING.to_owned()
+            };
+            if v != NOTHING {
+                items.push((name.clone(), v, false));
+            }
+        }
+        declared.extend(slots.iter().map(String::as_str));
         let w = self.ws.clone();
         let extra = self.extra_members(
             &declared,
@@ -129,7 +165,7 @@ impl Translator<'_> {
         };
         let min_p = count(m, pointer, "minProperties")?;
         let max_p = count(m, pointer, "maxProperties")?;
-        let deps = self.dependencies(m, &items, extra.is_some(), pointer)?;
+        let deps = self.dependencies(m, &items, extra.is_some(), &declared, pointer)?;
         if min_p.is_some() || max_p.is_some() || !deps.is_empty() {
             let (lo, hi) = (min_p.unwrap_or(0), max_p);
             if lo > 32 || hi.is_some_and(|h| h > 32) {
@@ -249,8 +285,11 @@ impl Translator<'_> {
         m: &Map<String, Value>,
         items: &[(String, String, bool)],
         extras_allowed: bool,
+        declared: &[&str],
         pointer: &str,
     ) -> Result<Vec<(usize, usize)>> {
+        // A name with a slot that is not among the items can never be written.
+        let extra_name = |n: &str| extras_allowed && !declared.contains(&n);
         let key = if self.draft >= Draft::D2019 {
             "dependentRequired"
         } else {
@@ -275,7 +314,7 @@ impl Translator<'_> {
             };
             let t = match index(trigger) {
                 Some(t) => t,
-                None if extras_allowed => {
+                None if extra_name(trigger) => {
                     return Err(unsupported(
                         key,
                         &here,
@@ -291,7 +330,7 @@ impl Translator<'_> {
                 match index(d) {
                     Some(d) => out.push((t, d)),
                     // The dependent can never be written: the trigger must not be either.
-                    None if !extras_allowed => out.push((t, usize::MAX)),
+                    None if !extra_name(d) => out.push((t, usize::MAX)),
                     None => {
                         return Err(unsupported(
                             key,
