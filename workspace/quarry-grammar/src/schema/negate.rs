@@ -178,6 +178,9 @@ impl Translator<'_> {
                 // Would write a property only the failed schema names: left out next to
                 // unevaluatedProperties (see negate_keeping).
                 "properties" | "items" if self.keep_evaluated => continue,
+                // An enclosing schema's unevaluated* (merged into a oneOf branch): it holds
+                // next to the negation anyway; leaving out its failures is narrower, sound.
+                super::UNEVALUATED_PROPERTIES | super::UNEVALUATED_ITEMS => continue,
                 "not" if self.keep_evaluated => return Err(refuse("not")),
                 "properties" => {
                     let here = child(pointer, "properties");
