@@ -179,29 +179,26 @@ impl Translator<'_> {
             let body = counted_members(&members, extra.as_deref(), lo, hi, &deps, &w);
             return Ok(format!("\\{{{w}{body}{w}\\}}"));
         }
-        // head(i): members from i on when none was written yet; tail(i): after one was.
-        let mut tail = match &extra {
-            Some(e) => format!("(?:{w},{w}{e})*"),
-            None => String::new(),
-        };
-        let mut head = match &extra {
-            Some(e) => format!("(?:{e}{tail})?"),
-            None => String::new(),
-        };
-        for it in items.iter().rev() {
-            let mem = member(it);
-            let (new_head, new_tail) = if it.2 {
-                (format!("{mem}{tail}"), format!("{w},{w}{mem}{tail}"))
-            } else {
-                (
-                    format!("(?:{mem}{tail}|{head})"),
-                    format!("(?:{w},{w}{mem})?{tail}"),
-                )
-            };
-            head = new_head;
-            tail = new_tail;
+        // Members in order, each optional or required, then any number of extras. The text
+        // starts with a non-empty "head" (no leading comma) followed by the rest as a "tail"
+        // (each member with a leading comma); see `ordered_members`.
+        let members: Vec<(String, bool)> = items.iter().map(|it| (member(it), it.2)).collect();
+        let extras = extra
+            .as_ref()
+            .map(|e| format!("(?:{w},{w}{e})*"))
+            .unwrap_or_default();
+        let mut alts = Vec::new();
+        let (first, may_be_empty) = ordered_members(&members, &w);
+        if let Some(first) = first {
+            alts.push(format!("{first}{extras}"));
         }
-        Ok(format!("\\{{{w}{head}{w}\\}}"))
+        if may_be_empty {
+            alts.push(match &extra {
+                Some(e) => format!("(?:{e}{extras})?"),
+                None => String::new(),
+            });
+        }
+        Ok(format!("\\{{{w}{}{w}\\}}", alt(&alts)))
     }
 
     /// `patternProperties` as (pattern, schema, matcher of quoted names).
@@ -548,4 +545,41 @@ pub(super) fn full_match(
         .configure(regex_automata::meta::Config::new().nfa_size_limit(Some(16 << 20)))
         .build(&format!("^(?:{re})$"))
         .map_err(|e| unsupported(keyword, pointer, &e.to_string()))
+}
+
+/// Comma-separated members in order, optional ones omissible: the regex of the non-empty
+/// sequences (`None` if there are none), and whether the empty sequence is allowed (all optional).
+///
+/// Split in halves A and B: a non-empty sequence either starts in A (a non-empty sequence of A,
+/// then B as a tail, each member with a leading comma) or, if A may be empty, lies in B. Each
+/// member appears O(log n) times, where the direct form (for each first member, the rest as a
+/// tail) repeats the tail n times: an object with n optional properties was O(n²) regex.
+fn ordered_members(members: &[(String, bool)], w: &str) -> (Option<String>, bool) {
+    match members {
+        [] => (None, true),
+        [(m, required)] => (Some(m.clone()), !required),
+        _ => {
+            let (a, b) = members.split_at(members.len() / 2);
+            let (a_first, a_empty) = ordered_members(a, w);
+            let (b_first, b_empty) = ordered_members(b, w);
+            let tail: String = b
+                .iter()
+                .map(|(m, required)| {
+                    if *required {
+                        format!("{w},{w}{m}")
+                    } else {
+                        format!("(?:{w},{w}{m})?")
+                    }
+                })
+                .collect();
+            let mut alts = Vec::new();
+            if let Some(f) = a_first {
+                alts.push(format!("{f}{tail}"));
+            }
+            if a_empty {
+                alts.extend(b_first);
+            }
+            ((!alts.is_empty()).then(|| alt(&alts)), a_empty && b_empty)
+        }
+    }
 }

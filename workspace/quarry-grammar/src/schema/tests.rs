@@ -229,3 +229,43 @@ fn property_names_and_pattern_properties() {
     assert!(!accepts(s.clone(), r#"{"other":1}"#)); // no pattern: additionalProperties false
     assert!(!accepts(s, r#"{"x-abc":"v"}"#)); // name longer than 4
 }
+
+#[test]
+fn optional_members_in_order_any_subset() {
+    let names = ["a", "b", "c", "d", "e"];
+    let props: serde_json::Map<String, Value> = names
+        .iter()
+        .map(|n| (n.to_string(), json!({"type": "integer"})))
+        .collect();
+    for required in [vec![], vec!["c"]] {
+        let s = json!({"type": "object", "properties": props, "required": required,
+                       "additionalProperties": false});
+        let re = full(&schema_to_regex(&s, &SchemaOptions::default()).unwrap());
+        for subset in 0u32..32 {
+            let members: Vec<String> = (0..5)
+                .filter(|i| subset >> i & 1 == 1)
+                .map(|i| format!("\"{}\":{i}", names[i]))
+                .collect();
+            let text = format!("{{{}}}", members.join(","));
+            let want = required.is_empty() || subset >> 2 & 1 == 1;
+            assert_eq!(
+                re.is_match(text.as_bytes()),
+                want,
+                "{text} required {required:?}"
+            );
+        }
+        // Out of order is not canonical.
+        assert!(!re.is_match(br#"{"c":1,"a":0}"#));
+    }
+    // Many optional properties: the regex grows as n log n, not n^2.
+    let many: serde_json::Map<String, Value> = (0..256)
+        .map(|i| (format!("p{i}"), json!({"type": "boolean"})))
+        .collect();
+    let re = schema_to_regex(
+        &json!({"properties": many, "additionalProperties": false}),
+        &SchemaOptions::default(),
+    )
+    .unwrap();
+    let member = r#""p100":(?:true|false)"#.len();
+    assert!(re.len() < 256 * member * 12, "{} bytes", re.len());
+}
