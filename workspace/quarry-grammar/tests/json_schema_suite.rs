@@ -11,6 +11,9 @@
 //! The suite is in `tests/fixtures/json-schema-test-suite` (with its license), fetched by
 //! `tests/fixtures/fetch_json_schema_test_suite.py`.
 
+#[path = "common/vocab.rs"]
+mod vocab;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,19 +32,6 @@ struct Counts {
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn byte_vocab() -> Arc<Vocabulary> {
-    let toks: Vec<Vec<u8>> = (0..=255u8)
-        .map(|b| vec![b])
-        .chain([b"<eos>".to_vec()])
-        .collect();
-    Arc::new(Vocabulary::new(
-        toks.iter()
-            .enumerate()
-            .map(|(i, t)| (t.as_slice(), i == 256)),
-        &[256],
-    ))
 }
 
 /// Why groups were refused: the error message with the JSON Pointer taken out, and how many cases.
@@ -126,7 +116,7 @@ fn run(draft: &str, schema_uri: &str, vocab: &Arc<Vocabulary>) -> (Counts, Vec<S
 
 #[test]
 fn official_suite_ratchet() {
-    let vocab = byte_vocab();
+    let vocab = vocab::byte_vocab();
     let baseline: BTreeMap<String, usize> = serde_json::from_slice(
         &std::fs::read(
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/json_schema_suite.baseline.json"),

@@ -9,26 +9,16 @@
 #[path = "common/walk.rs"]
 mod walk;
 
+#[path = "common/vocab.rs"]
+mod vocab;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use quarry_grammar::{Constraint, Grammar, GrammarError, Limits, SchemaOptions, Vocabulary};
+use quarry_grammar::{Constraint, Grammar, GrammarError, Limits, SchemaOptions};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use serde_json::Value;
-
-fn byte_vocab() -> Arc<Vocabulary> {
-    let toks: Vec<Vec<u8>> = (0..=255u8)
-        .map(|b| vec![b])
-        .chain([b"<eos>".to_vec()])
-        .collect();
-    Arc::new(Vocabulary::new(
-        toks.iter()
-            .enumerate()
-            .map(|(i, t)| (t.as_slice(), i == 256)),
-        &[256],
-    ))
-}
 
 #[test]
 fn real_schemas_compile_or_refuse_with_a_typed_error() {
@@ -41,7 +31,7 @@ fn real_schemas_compile_or_refuse_with_a_typed_error() {
         .collect();
     files.sort();
     assert!(files.len() > 100, "corpus missing: {}", root.display());
-    let vocab = byte_vocab();
+    let vocab = vocab::byte_vocab();
     let mut mask = vec![0u32; vocab.mask_words()];
     let mut rng = SmallRng::seed_from_u64(7);
     let (mut compiled, mut walks) = (0usize, 0usize);

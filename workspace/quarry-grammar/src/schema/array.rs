@@ -32,17 +32,7 @@ impl Translator<'_> {
         let min = count(m, pointer, "minItems")?.unwrap_or(0);
         let mut max = count(m, pointer, "maxItems")?;
         // Without items (additionalItems before 2020-12) for the rest, unevaluatedItems applies.
-        // A branch's own and the enclosing schema's: both apply.
-        let unevaluated: Vec<&Value> = ["unevaluatedItems", UNEVALUATED_ITEMS]
-            .iter()
-            .filter(|_| self.draft >= Draft::D2019)
-            .filter_map(|k| m.get(*k))
-            .collect();
-        let unevaluated = match unevaluated.as_slice() {
-            [] => None,
-            [one] => Some((*one).clone()),
-            both => Some(json!({ "allOf": both })),
-        };
+        let unevaluated = self.unevaluated(m, "unevaluatedItems", UNEVALUATED_ITEMS);
         let otherwise = unevaluated.unwrap_or(Value::Bool(true));
         let (prefix, rest): (Vec<Value>, Value) = if self.draft >= Draft::D2020 {
             let prefix = match m.get("prefixItems") {

@@ -617,6 +617,21 @@ impl Translator<'_> {
         Some(Value::Object(out))
     }
 
+    /// The schema `unevaluated*` (`keyword`, or its `marker` from an enclosing schema) imposes on
+    /// what the rest of `m` leaves unevaluated: both apply when both are present. Drafts before
+    /// 2019-09 do not have the keyword.
+    fn unevaluated(&self, m: &Map<String, Value>, keyword: &str, marker: &str) -> Option<Value> {
+        if self.draft < Draft::D2019 {
+            return None;
+        }
+        let present: Vec<&Value> = [keyword, marker].iter().filter_map(|k| m.get(*k)).collect();
+        match present.as_slice() {
+            [] => None,
+            [one] => Some((*one).clone()),
+            both => Some(json!({ "allOf": both })),
+        }
+    }
+
     /// Whether `m` carries `unevaluated*` (its own or an enclosing schema's).
     fn has_unevaluated(m: &Map<String, Value>) -> bool {
         [

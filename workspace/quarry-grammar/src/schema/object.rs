@@ -31,17 +31,7 @@ impl Translator<'_> {
             None => Vec::new(),
         };
         // Without additionalProperties, unevaluatedProperties applies to the same names.
-        // A branch's own and the enclosing schema's: both apply.
-        let unevaluated: Vec<&Value> = ["unevaluatedProperties", UNEVALUATED_PROPERTIES]
-            .iter()
-            .filter(|_| self.draft >= Draft::D2019)
-            .filter_map(|k| m.get(*k))
-            .collect();
-        let unevaluated = match unevaluated.as_slice() {
-            [] => None,
-            [one] => Some((*one).clone()),
-            both => Some(json!({ "allOf": both })),
-        };
+        let unevaluated = self.unevaluated(m, "unevaluatedProperties", UNEVALUATED_PROPERTIES);
         let extra_schema = match m.get("additionalProperties").cloned().or(unevaluated) {
             Some(s) => s,
             None if self.options.strict => Value::Bool(false),
