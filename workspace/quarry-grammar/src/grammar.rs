@@ -2,11 +2,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use regex_automata::dfa::{dense, Automaton, StartKind};
-use regex_automata::util::primitives::StateID;
-use regex_automata::util::start;
-use regex_automata::{Anchored, MatchKind};
-
+use crate::deriv::Terms;
+use crate::dfa::{Grow, LazyDfa, Overflow, DEAD};
 use crate::error::GrammarError;
 use crate::limits::Limits;
 use crate::schema::{schema_to_regex, SchemaOptions};
@@ -42,40 +39,32 @@ impl Constraint {
     }
 }
 
-/// No transition: the byte leads outside the language.
-const DEAD: u32 = u32::MAX;
-
-/// A compiled constraint over one vocabulary. Immutable apart from its caches, `Send + Sync`, and
-/// shared through an `Arc` by every sequence and thread that uses the same constraint.
+/// A compiled constraint over one vocabulary. `Send + Sync`, and shared through an `Arc` by every
+/// sequence and thread that uses the same constraint.
 ///
-/// The regex-automata DFA is only used while compiling. What is kept is a dense table over the
-/// *live* states (those from which a match is still reachable), so a step is one load and leaving
-/// the language is the `DEAD` entry, with no separate liveness check on the hot path.
+/// Compiling parses the regex into a term and stops: the DFA ([`crate::dfa`]) grows one row at a
+/// time as matchers and mask walks step through it, so a big schema costs only the states its
+/// outputs visit. Every state is live (a match is still reachable), so a step is one atomic load and
+/// leaving the language is the `DEAD` entry, with no separate liveness check.
 #[derive(Debug)]
 pub struct Grammar {
-    /// Byte → equivalence class.
-    classes: [u8; 256],
-    nclasses: usize,
-    /// `trans[s * nclasses + class]`: the next live state, or `DEAD`.
-    trans: Vec<u32>,
-    accepting: Vec<bool>,
-    /// Per state: a run of byte groups ([`crate::vocab::BYTE_GROUP`]) that can be read without
-    /// leaving the language. See [`Run`].
-    runs: Vec<Run>,
-    start: u32,
+    dfa: LazyDfa,
     vocab: Arc<Vocabulary>,
     limits: Limits,
-    /// States reachable from the start in the regex-automata DFA (live or not).
-    reachable: usize,
+    /// Per state: a run of byte groups that can be read without leaving the language ([`Run`]).
+    runs: Grow<OnceLock<Run>>,
+    /// Per state: the byte groups that lead to one successor, and that successor ([`Run`]).
+    firsts: Grow<OnceLock<(u64, u32)>>,
     /// Per state: its token mask, computed on first use.
-    masks: Vec<OnceLock<Box<[u32]>>>,
+    masks: Grow<OnceLock<Box<[u32]>>>,
     /// Per state: its forced bytes, computed on first use.
-    forced: Vec<OnceLock<Box<[u8]>>>,
+    forced: Grow<OnceLock<Box<[u8]>>>,
 }
 
 impl Grammar {
-    /// Compiles `constraint` for `vocab`. Only the automaton is built here; token masks and forced
-    /// bytes are computed per state on first use (or all at once with [`Grammar::precompute`]).
+    /// Compiles `constraint` for `vocab`: the regex is parsed into a term and nothing more. DFA
+    /// states, token masks and forced bytes are computed per state on first use (or all at once
+    /// with [`Grammar::precompute`]).
     pub fn compile(
         constraint: &Constraint,
         vocab: Arc<Vocabulary>,
@@ -96,146 +85,40 @@ impl Grammar {
             }
             _ => constraint.pattern()?,
         };
-        let dfa = dense::Builder::new()
-            .configure(
-                dense::DFA::config()
-                    // All, not leftmost-first: we need the whole language, not the preferred match.
-                    .match_kind(MatchKind::All)
-                    .start_kind(StartKind::Anchored)
-                    .dfa_size_limit(Some(limits.dfa_bytes))
-                    .determinize_size_limit(Some(limits.determinize_bytes)),
-            )
-            .thompson(
-                regex_automata::nfa::thompson::Config::new().nfa_size_limit(Some(limits.nfa_bytes)),
-            )
-            // Schema regexes may contain byte classes from intersections (see schema::automaton);
-            // user regexes must match UTF-8 only.
-            .syntax(
-                regex_automata::util::syntax::Config::new()
-                    .utf8(!matches!(constraint, Constraint::JsonSchema { .. })),
-            )
-            .build(&pattern)
-            .map_err(|e| build_error(&pattern, &e, &limits))?;
-        let start = dfa
-            .start_state(&start::Config::new().anchored(Anchored::Yes))
-            .map_err(|e| GrammarError::InvalidRegex {
+        if pattern.len() > limits.max_regex_bytes {
+            return Err(GrammarError::LimitExceeded {
+                limit: "max_regex_bytes",
+                value: limits.max_regex_bytes,
+            });
+        }
+        let mut terms = Terms::new();
+        // Schema regexes may contain byte classes from intersections (see schema::automaton);
+        // user regexes must match UTF-8 only.
+        let bytes = matches!(constraint, Constraint::JsonSchema { .. });
+        let root = crate::parse::parse(&mut terms, &pattern, bytes).map_err(|message| {
+            GrammarError::InvalidRegex {
                 pattern: pattern.clone(),
-                message: e.to_string(),
-            })?;
-        // Reachable states, their predecessor lists (one byte per equivalence class), then which of
-        // them can still reach a match. regex-automata reports matches one byte late, so a state
-        // after a completed match can be "not dead" yet have no way forward; only co-reachable
-        // ("live") states may be entered.
-        let stride2 = dfa.stride2();
-        let reps: Vec<u8> = dfa
-            .byte_classes()
-            .representatives(0..=255u8)
-            .filter_map(|u| u.as_u8())
-            .collect();
-        let slot = |s: StateID| s.as_usize() >> stride2;
-        let mut seen: Vec<bool> = Vec::new();
-        let mut preds: Vec<Vec<u32>> = Vec::new();
-        let mut accepting_slots: Vec<usize> = Vec::new();
-        let mut order: Vec<StateID> = Vec::new();
-        let mut stack = vec![start];
-        let grow = |v: &mut Vec<bool>, p: &mut Vec<Vec<u32>>, i: usize| {
-            if i >= v.len() {
-                v.resize(i + 1, false);
-                p.resize(i + 1, Vec::new());
+                message,
             }
-        };
-        grow(&mut seen, &mut preds, slot(start));
-        seen[slot(start)] = true;
-        while let Some(s) = stack.pop() {
-            order.push(s);
-            if order.len() > limits.max_states {
-                return Err(GrammarError::LimitExceeded {
-                    limit: "max_states",
-                    value: limits.max_states,
-                });
-            }
-            if order.len().is_multiple_of(1024) && started.elapsed() > limits.compile_time {
-                return Err(out_of_time());
-            }
-            if dfa.is_match_state(dfa.next_eoi_state(s)) {
-                accepting_slots.push(slot(s));
-            }
-            for &b in &reps {
-                let n = dfa.next_state(s, b);
-                if dfa.is_dead_state(n) {
-                    continue;
-                }
-                grow(&mut seen, &mut preds, slot(n));
-                preds[slot(n)].push(slot(s) as u32);
-                if !seen[slot(n)] {
-                    seen[slot(n)] = true;
-                    stack.push(n);
-                }
-            }
-        }
-        let mut live = vec![false; seen.len()];
-        let mut work = accepting_slots.clone();
-        for &i in &work {
-            live[i] = true;
-        }
-        while let Some(i) = work.pop() {
-            for &p in &preds[i] {
-                if !live[p as usize] {
-                    live[p as usize] = true;
-                    work.push(p as usize);
-                }
-            }
-        }
-        drop(preds);
-        // Dense numbering: the start first (kept even when the language is empty, so a matcher
-        // has somewhere to stand), then every other live state.
-        let mut dense_of = vec![DEAD; seen.len()];
-        let mut states: Vec<StateID> = vec![start];
-        dense_of[slot(start)] = 0;
-        for &s in &order {
-            if live[slot(s)] && dense_of[slot(s)] == DEAD {
-                dense_of[slot(s)] = states.len() as u32;
-                states.push(s);
-            }
-        }
-        let classes_of = dfa.byte_classes();
-        let mut classes = [0u8; 256];
-        for b in 0..=255u8 {
-            classes[b as usize] = classes_of.get(b);
-        }
-        let nclasses = classes_of.alphabet_len() - 1; // without the end-of-input class
-        let mut class_rep = vec![0u8; nclasses];
-        for b in (0..=255u8).rev() {
-            class_rep[classes[b as usize] as usize] = b;
-        }
-        let mut trans = vec![DEAD; states.len() * nclasses];
-        let mut accepting = vec![false; states.len()];
-        for (i, &s) in states.iter().enumerate() {
-            accepting[i] = dfa.is_match_state(dfa.next_eoi_state(s));
-            for (c, &b) in class_rep.iter().enumerate() {
-                let n = dfa.next_state(s, b);
-                if !dfa.is_dead_state(n) && live[slot(n)] {
-                    trans[i * nclasses + c] = dense_of[slot(n)];
-                }
-            }
+        })?;
+        if terms.len() > limits.max_terms {
+            return Err(GrammarError::LimitExceeded {
+                limit: "max_terms",
+                value: limits.max_terms,
+            });
         }
         if started.elapsed() > limits.compile_time {
             return Err(out_of_time());
         }
-        let runs = Run::all(&trans, &classes, nclasses, vocab.trie().max_depth);
-        let n = states.len();
+        let dfa = LazyDfa::new(terms, root, limits.max_states, limits.max_terms);
         Ok(Self {
-            classes,
-            nclasses,
-            trans,
-            accepting,
-            runs,
-            start: 0,
+            dfa,
             vocab,
             limits,
-            reachable: order.len(),
-            masks: (0..n).map(|_| OnceLock::new()).collect(),
-            forced: (0..n).map(|_| OnceLock::new()).collect(),
+            runs: Grow::new(1, OnceLock::new),
+            firsts: Grow::new(1, OnceLock::new),
+            masks: Grow::new(1, OnceLock::new),
+            forced: Grow::new(1, OnceLock::new),
         })
     }
 
@@ -243,44 +126,110 @@ impl Grammar {
         &self.vocab
     }
 
-    /// DFA states reachable from the start.
+    /// DFA states built so far. The DFA grows as it is used; [`Grammar::explore`] builds all of it.
     pub fn state_count(&self) -> usize {
-        self.reachable
+        self.dfa.state_count()
     }
 
-    /// States kept: the live ones (a match is still reachable), plus the start.
-    pub fn live_state_count(&self) -> usize {
-        self.accepting.len()
+    /// Regex terms built so far (parsing plus derivatives), bounded by [`Limits::max_terms`].
+    pub fn term_count(&self) -> usize {
+        self.dfa.term_count()
     }
 
-    /// Heap bytes of the transition table kept for matching.
+    /// Heap bytes of the transition rows built so far.
     pub fn dfa_bytes(&self) -> usize {
-        self.trans.len() * 4
+        self.state_count() * self.dfa.nclasses * 4
+    }
+
+    /// The constraint accepts nothing at all (for example `allOf` of two different `const`s).
+    pub fn is_empty_language(&self) -> bool {
+        self.dfa.is_empty_language()
+    }
+
+    /// Builds every state reachable from the start and returns how many there are, or
+    /// `LimitExceeded` (`max_states` or `max_terms`) where the automaton is larger than the limits
+    /// allow. Used for statistics and ahead-of-time warming; decoding never needs it.
+    pub fn explore(&self) -> Result<usize, GrammarError> {
+        let mut s = 0;
+        while s < self.dfa.state_count() {
+            for c in 0..self.dfa.nclasses {
+                self.dfa.next(s as u32, c);
+            }
+            s += 1;
+        }
+        self.overflow_error().map_or(Ok(s), Err)
+    }
+
+    /// Where the DFA stopped growing because of [`Limits::max_states`] or [`Limits::max_terms`],
+    /// the error naming the limit. From then on, steps into states that would have been new are
+    /// dead: outputs stay inside the language (sound) but some valid continuations are refused.
+    pub fn overflow_error(&self) -> Option<GrammarError> {
+        self.dfa.overflow().map(|o| match o {
+            Overflow::States => GrammarError::LimitExceeded {
+                limit: "max_states",
+                value: self.limits.max_states,
+            },
+            Overflow::Terms => GrammarError::LimitExceeded {
+                limit: "max_terms",
+                value: self.limits.max_terms,
+            },
+        })
     }
 
     pub(crate) fn start(&self) -> u32 {
-        self.start
+        0
     }
 
     #[inline]
     pub(crate) fn step(&self, s: u32, b: u8) -> Option<u32> {
-        let n = self.trans[s as usize * self.nclasses + self.classes[b as usize] as usize];
+        let n = self.dfa.step(s, b);
         (n != DEAD).then_some(n)
     }
 
     pub(crate) fn is_accepting(&self, s: u32) -> bool {
-        self.accepting[s as usize]
+        self.dfa.is_accepting(s)
     }
 
     /// No byte can follow state `s`.
     pub(crate) fn is_finished(&self, s: u32) -> bool {
-        let row = &self.trans[s as usize * self.nclasses..][..self.nclasses];
-        row.iter().all(|&n| n == DEAD)
+        (0..self.dfa.nclasses).all(|c| self.dfa.next(s, c) == DEAD)
+    }
+
+    fn run(&self, s: u32) -> Run {
+        *self.runs.at(s as usize).get_or_init(|| {
+            let (groups, _) = self.first(s);
+            if groups == 0 {
+                return Run { groups, len: 0 };
+            }
+            let cap = self.vocab.trie().max_depth.min(u16::MAX as usize);
+            let (mut cur, mut len) = (s, 0usize);
+            while len < cap {
+                let (g, next) = self.first(cur);
+                if groups & !g != 0 {
+                    break;
+                }
+                cur = next;
+                len += 1;
+            }
+            Run {
+                groups,
+                len: len as u16,
+            }
+        })
+    }
+
+    fn first(&self, s: u32) -> (u64, u32) {
+        *self
+            .firsts
+            .at(s as usize)
+            .get_or_init(|| Run::first(|b| self.dfa.step(s, b)))
     }
 
     /// The token mask of state `s`, computed once and cached.
     pub(crate) fn mask(&self, s: u32) -> &[u32] {
-        self.masks[s as usize].get_or_init(|| self.compute_mask(s))
+        self.masks
+            .at(s as usize)
+            .get_or_init(|| self.compute_mask(s))
     }
 
     fn compute_mask(&self, s: u32) -> Box<[u32]> {
@@ -288,7 +237,7 @@ impl Grammar {
         let trie = self.vocab.trie();
         let nodes = &trie.nodes;
         let ids = &trie.token_ids;
-        let (trans, classes, nc) = (&self.trans, &self.classes, self.nclasses);
+        let (dfa, classes) = (&self.dfa, &self.dfa.classes);
         // states[d] is the state after the first d bytes of the current trie path.
         let mut states = vec![s; trie.max_depth + 1];
         let mut set = |range: std::ops::Range<u32>| {
@@ -300,10 +249,10 @@ impl Grammar {
         while i < nodes.len() {
             let n = &nodes[i];
             let d = n.depth as usize;
-            let next = trans[states[d - 1] as usize * nc + classes[n.byte as usize] as usize];
+            let next = dfa.next(states[d - 1], classes[n.byte as usize] as usize);
             if next == DEAD {
                 i = n.subtree_end as usize;
-            } else if self.runs[next as usize].covers(n.below, n.height) {
+            } else if self.run(next).covers(n.below, n.height) {
                 // Every path below stays in the language: the whole subtree is allowed.
                 set(n.tokens_start..n.subtree_tokens_end);
                 i = n.subtree_end as usize;
@@ -321,20 +270,14 @@ impl Grammar {
         mask
     }
 
-    /// Computes the mask and forced bytes of every state now, on `threads` threads (at least
-    /// one), instead of on first use. Call it from a background thread on an `Arc<Grammar>` to warm
-    /// a grammar while sequences already use it; results are identical either way. Returns the
-    /// number of states computed.
+    /// Builds every state ([`Grammar::explore`]) and computes its mask and forced bytes now, on
+    /// `threads` threads (at least one), instead of on first use. Call it from a background thread
+    /// on an `Arc<Grammar>` to warm a grammar while sequences already use it; results are identical
+    /// either way. Returns the number of states computed (up to the limits).
     pub fn precompute(&self, threads: usize) -> usize {
-        let n = self.accepting.len();
+        let _ = self.explore();
+        let n = self.state_count();
         let threads = threads.clamp(1, n);
-        if threads == 1 {
-            for s in 0..n {
-                self.mask(s as u32);
-                self.forced(s as u32);
-            }
-            return n;
-        }
         std::thread::scope(|scope| {
             for t in 0..threads {
                 scope.spawn(move || {
@@ -351,7 +294,7 @@ impl Grammar {
     /// The forced bytes of state `s`: each step has exactly one live byte and passes no accepting
     /// state. Computed once and cached; at most `Limits::max_forced_bytes` long.
     pub(crate) fn forced(&self, s: u32) -> &[u8] {
-        self.forced[s as usize].get_or_init(|| {
+        self.forced.at(s as usize).get_or_init(|| {
             let mut out = Vec::new();
             let mut cur = s;
             while out.len() < self.limits.max_forced_bytes && !self.is_accepting(cur) {
@@ -392,106 +335,40 @@ impl Run {
         below & !self.groups == 0 && height <= self.len
     }
 
-    fn all(trans: &[u32], classes: &[u8; 256], nclasses: usize, max_len: usize) -> Vec<Run> {
-        let n = trans.len() / nclasses.max(1);
-        // Per state: (groups, successor).
-        let mut first: Vec<(u64, u32)> = Vec::with_capacity(n);
-        for s in 0..n {
-            let row = &trans[s * nclasses..][..nclasses];
-            // Successor of each group, or DEAD when its bytes disagree or leave the language.
-            let mut group_next = [None::<u32>; 64];
-            let mut mixed = 0u64;
-            for b in 0..256 {
-                let g = BYTE_GROUP[b] as usize;
-                let next = row[classes[b] as usize];
-                match group_next[g] {
-                    _ if mixed >> g & 1 == 1 => {}
-                    None => group_next[g] = Some(next),
-                    Some(prev) if prev != next => mixed |= 1 << g,
-                    Some(_) => {}
+    /// The byte groups whose bytes all lead to one and the same live successor (the successor
+    /// that takes the most whole groups), and that successor; `(0, DEAD)` when there is none.
+    fn first(step: impl Fn(u8) -> u32) -> (u64, u32) {
+        // Successor of each group, or `mixed` when its bytes disagree.
+        let mut group_next = [None::<u32>; 64];
+        let mut mixed = 0u64;
+        for b in 0..=255u8 {
+            let g = BYTE_GROUP[b as usize] as usize;
+            if mixed >> g & 1 == 1 {
+                continue;
+            }
+            let next = step(b);
+            match group_next[g] {
+                None => group_next[g] = Some(next),
+                Some(prev) if prev != next => mixed |= 1 << g,
+                Some(_) => {}
+            }
+        }
+        let mut best = (0u64, DEAD);
+        for g in 0..64 {
+            let Some(next) = group_next[g] else { continue };
+            if next == DEAD || mixed >> g & 1 == 1 || best.0 >> g & 1 == 1 {
+                continue;
+            }
+            let mut set = 0u64;
+            for (h, &n2) in group_next.iter().enumerate() {
+                if n2 == Some(next) && mixed >> h & 1 == 0 {
+                    set |= 1 << h;
                 }
             }
-            let mut best = (0u64, DEAD);
-            for g in 0..64 {
-                let Some(next) = group_next[g] else { continue };
-                if next == DEAD || mixed >> g & 1 == 1 || best.0 >> g & 1 == 1 {
-                    continue;
-                }
-                let mut set = 0u64;
-                for (h, &n2) in group_next.iter().enumerate() {
-                    if n2 == Some(next) && mixed >> h & 1 == 0 {
-                        set |= 1 << h;
-                    }
-                }
-                if set.count_ones() > best.0.count_ones() {
-                    best = (set, next);
-                }
+            if set.count_ones() > best.0.count_ones() {
+                best = (set, next);
             }
-            first.push(best);
         }
-        let cap = max_len.min(u16::MAX as usize);
-        (0..n)
-            .map(|s| {
-                let (groups, _) = first[s];
-                if groups == 0 {
-                    return Run { groups, len: 0 };
-                }
-                let (mut cur, mut len) = (s, 0usize);
-                while len < cap && groups & !first[cur].0 == 0 {
-                    cur = first[cur].1 as usize;
-                    len += 1;
-                }
-                Run {
-                    groups,
-                    len: len as u16,
-                }
-            })
-            .collect()
-    }
-}
-
-fn build_error(pattern: &str, e: &dense::BuildError, limits: &Limits) -> GrammarError {
-    if e.is_size_limit_exceeded() {
-        // The DFA or determinizer limit; the message says which, map it to our field names.
-        let msg = e.to_string();
-        if msg.contains("determiniz") {
-            return GrammarError::LimitExceeded {
-                limit: "determinize_bytes",
-                value: limits.determinize_bytes,
-            };
-        }
-        return GrammarError::LimitExceeded {
-            limit: "dfa_bytes",
-            value: limits.dfa_bytes,
-        };
-    }
-    let msg = e.to_string();
-    // The whole cause chain: the parser's message (with its position) is several levels down.
-    let mut source = String::new();
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        if !source.is_empty() {
-            source.push_str(": ");
-        }
-        let text = c.to_string();
-        source.push_str(&text.split_whitespace().collect::<Vec<_>>().join(" "));
-        cause = c.source();
-    }
-    let nfa_limit = std::error::Error::source(e)
-        .and_then(|c| c.downcast_ref::<regex_automata::nfa::thompson::BuildError>())
-        .and_then(|b| b.size_limit());
-    if nfa_limit.is_some() {
-        return GrammarError::LimitExceeded {
-            limit: "nfa_bytes",
-            value: limits.nfa_bytes,
-        };
-    }
-    GrammarError::InvalidRegex {
-        pattern: pattern.to_owned(),
-        message: if source.is_empty() {
-            msg
-        } else {
-            format!("{msg}: {source}")
-        },
+        best
     }
 }

@@ -51,10 +51,13 @@
 //! Status: regex and choice constraints; JSON Schema for the keywords listed in [`schema`].
 //! Grammars are next.
 
+mod deriv;
+mod dfa;
 mod error;
 mod grammar;
 mod limits;
 mod matcher;
+mod parse;
 pub mod schema;
 mod vocab;
 

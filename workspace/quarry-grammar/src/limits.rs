@@ -1,33 +1,31 @@
-/// Bounds on compiling a constraint. Exceeding one is a [`crate::GrammarError::LimitExceeded`]
-/// naming the field; it never runs out of memory or hangs.
+/// Bounds on compiling and growing a constraint. Exceeding one at compile time is a
+/// [`crate::GrammarError::LimitExceeded`] naming the field; it never runs out of memory or hangs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Heap bytes the Thompson NFA may use. Default 16 MiB. Catches huge counted repetitions
-    /// (`a{100000}`) before determinization starts.
-    pub nfa_bytes: usize,
-    /// Heap bytes the dense DFA may use. Default 64 MiB. This is the bound that stops the classic
-    /// exponential blow-ups (`[ab]*a[ab]{20}`); determinization time grows with it, so it is also the
-    /// compile-time bound (about 1 s per 64 MiB here).
-    pub dfa_bytes: usize,
-    /// Scratch memory the determinizer may use. Default 64 MiB.
-    pub determinize_bytes: usize,
-    /// DFA states reachable from the start. Default 100,000. Each visited state may cache one token
-    /// mask (6 KiB at 49k tokens, 32 KiB at 262k), so this also bounds mask-cache memory.
+    /// Longest regex text accepted (a schema's derived regex included). Default 4 MiB.
+    pub max_regex_bytes: usize,
+    /// Regex terms (parse nodes plus the derivatives built while the DFA grows). Default 2 million,
+    /// about 100 MiB. At compile time exceeding it is an error; while decoding, see `max_states`.
+    pub max_terms: usize,
+    /// DFA states. Default 100,000. The DFA is built lazily, so this bounds the states that
+    /// decoding and mask walks actually visit; each may cache one token mask (6 KiB at 49k tokens,
+    /// 32 KiB at 262k), so it also bounds mask-cache memory. A step that would create a state past
+    /// this bound (or terms past `max_terms`) is refused instead: outputs stay inside the language,
+    /// some continuations are lost, and [`crate::Grammar::overflow_error`] names the limit.
+    /// [`crate::Grammar::explore`] reports it as an error. Classic blow-ups such as
+    /// `[ab]*a[ab]{20}` reach it; schemas do not.
     pub max_states: usize,
     /// Longest forced (jump-forward) byte run computed at once. Default 4,096.
     pub max_forced_bytes: usize,
-    /// Wall-clock bound on compiling. Default 5 s. Checked while the reachable states are explored
-    /// and tabulated; determinization itself cannot be interrupted, and is bounded by `dfa_bytes`
-    /// and `determinize_bytes` instead.
+    /// Wall-clock bound on compiling (translating a schema and parsing the regex). Default 5 s.
     pub compile_time: std::time::Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            nfa_bytes: 16 << 20,
-            dfa_bytes: 64 << 20,
-            determinize_bytes: 64 << 20,
+            max_regex_bytes: 4 << 20,
+            max_terms: 2_000_000,
             max_states: 100_000,
             max_forced_bytes: 4096,
             compile_time: std::time::Duration::from_secs(5),

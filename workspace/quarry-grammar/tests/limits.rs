@@ -17,49 +17,85 @@ fn compile(re: &str, limits: Limits) -> Result<Grammar, GrammarError> {
 }
 
 #[test]
-fn exponential_dfa_is_a_limit_error() {
+fn exponential_dfa_compiles_lazily_and_stops_at_the_state_limit() {
+    // 2^20 states in full; compiling builds none of them.
     let limits = Limits {
-        dfa_bytes: 1 << 20,
-        determinize_bytes: 1 << 20,
+        max_states: 1000,
         ..Limits::default()
     };
-    let err = compile("[ab]*a[ab]{20}", limits).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            GrammarError::LimitExceeded {
-                limit: "dfa_bytes" | "determinize_bytes",
-                ..
-            }
-        ),
-        "{err}"
+    let g = compile("[ab]*a[ab]{20}", limits).unwrap();
+    assert_eq!(g.state_count(), 1);
+    assert_eq!(
+        g.explore().unwrap_err(),
+        GrammarError::LimitExceeded {
+            limit: "max_states",
+            value: 1000
+        }
+    );
+    assert_eq!(g.state_count(), 1000);
+    assert!(g.overflow_error().is_some());
+}
+
+#[test]
+fn huge_repetitions_stay_symbolic() {
+    // A Thompson NFA would hold 200,000 copies; here it is two repetition terms.
+    let g = compile("a{100000}b{100000}", Limits::default()).unwrap();
+    assert!(g.term_count() < 16, "{} terms", g.term_count());
+    let g = Arc::new(compile("a{1000}b{1000}", Limits::default()).unwrap());
+    let mut m = Matcher::new(g.clone());
+    m.accept_bytes(&[b'a'; 1000]).unwrap();
+    assert_eq!(m.accept_bytes(b"a"), Err(Rejection::Bytes { offset: 0 }));
+    m.accept_bytes(&[b'b'; 1000]).unwrap();
+    assert!(m.is_accepting() && m.is_finished());
+    assert_eq!(g.state_count(), 2001);
+    // Exploring all of a{2000000} is what the state limit is for.
+    let g = compile("a{2000000}", Limits::default()).unwrap();
+    assert_eq!(
+        g.explore().unwrap_err(),
+        GrammarError::LimitExceeded {
+            limit: "max_states",
+            value: 100_000
+        }
     );
 }
 
 #[test]
-fn huge_repetition_is_a_limit_error() {
-    // The NFA is small enough here (a few MiB); the DFA's state count is what stops it.
-    let err = compile("a{100000}b{100000}", Limits::default()).unwrap_err();
-    assert!(matches!(err, GrammarError::LimitExceeded { .. }), "{err}");
-    // Here the NFA itself would exceed 16 MiB, and is stopped before determinization starts.
-    for re in ["a{2000000}", r"(\w{100}){100}"] {
-        assert_eq!(
-            compile(re, Limits::default()).unwrap_err(),
-            GrammarError::LimitExceeded {
-                limit: "nfa_bytes",
-                value: 16 << 20
+fn state_limit_refuses_new_states_soundly() {
+    let g = Arc::new(
+        compile(
+            "[ab]{0,40}",
+            Limits {
+                max_states: 10,
+                ..Limits::default()
             },
-            "{re}"
-        );
-    }
+        )
+        .unwrap(),
+    );
+    let mut m = Matcher::new(g.clone());
+    // Nine bytes reach the tenth state; the tenth byte would need an eleventh.
+    m.accept_bytes(b"abababab").unwrap();
+    m.accept_bytes(b"a").unwrap();
+    assert_eq!(m.accept_bytes(b"b"), Err(Rejection::Bytes { offset: 0 }));
+    assert!(
+        m.is_accepting(),
+        "what was reached is still in the language"
+    );
+    assert_eq!(
+        g.overflow_error(),
+        Some(GrammarError::LimitExceeded {
+            limit: "max_states",
+            value: 10
+        })
+    );
 }
 
 #[test]
-fn state_limit_is_enforced() {
+fn regex_and_term_limits_are_errors() {
+    let long = "a".repeat(100);
     let err = compile(
-        "[ab]{0,40}",
+        &long,
         Limits {
-            max_states: 10,
+            max_regex_bytes: 99,
             ..Limits::default()
         },
     )
@@ -67,8 +103,24 @@ fn state_limit_is_enforced() {
     assert_eq!(
         err,
         GrammarError::LimitExceeded {
-            limit: "max_states",
-            value: 10
+            limit: "max_regex_bytes",
+            value: 99
+        }
+    );
+    let words: Vec<String> = (0..500).map(|i| format!("w{i}x")).collect();
+    let err = compile(
+        &words.join("|"),
+        Limits {
+            max_terms: 1000,
+            ..Limits::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        GrammarError::LimitExceeded {
+            limit: "max_terms",
+            value: 1000
         }
     );
 }
@@ -76,12 +128,21 @@ fn state_limit_is_enforced() {
 #[test]
 fn ambiguous_star_compiles_small() {
     let g = compile("(a|aa)*b", Limits::default()).unwrap();
-    assert!(g.state_count() <= 4, "{}", g.state_count());
+    assert!(g.explore().unwrap() <= 4, "{}", g.state_count());
 }
 
 #[test]
 fn unsupported_syntax_is_an_invalid_regex_error() {
-    for re in ["(?=a)b", r"(a)\1", "a(", r"\bword\b"] {
+    for re in [
+        "(?=a)b",
+        r"(a)\1",
+        "a(",
+        r"\bword\b",
+        r"(?-u:\b)x",
+        "a^b",
+        "a$b",
+        "(?m)^a",
+    ] {
         let err = compile(re, Limits::default()).unwrap_err();
         assert!(
             matches!(err, GrammarError::InvalidRegex { .. }),

@@ -98,8 +98,6 @@ pub fn run_case(data: &[u8], vocab: &Arc<Vocabulary>) {
     };
     let limits = Limits {
         max_states: 2_000,
-        dfa_bytes: 4 << 20,
-        determinize_bytes: 4 << 20,
         ..Limits::default()
     };
     // Any input may fail to compile, but only with a typed error, never a panic.
@@ -108,8 +106,11 @@ pub fn run_case(data: &[u8], vocab: &Arc<Vocabulary>) {
         return;
     };
     let grammar = Arc::new(grammar);
-    let mut oracle = Oracle::new(&pattern);
-    let mut m = Matcher::new(grammar);
+    // Patterns whose full DFA is too big for the oracle are only checked for not panicking.
+    let Some(mut oracle) = Oracle::try_new(&pattern, 4 << 20) else {
+        return;
+    };
+    let mut m = Matcher::new(grammar.clone());
     let mut os = oracle.start();
     // Oracle state before each accepted token, mirroring the matcher's rollback history.
     let mut history = Vec::new();
@@ -124,7 +125,15 @@ pub fn run_case(data: &[u8], vocab: &Arc<Vocabulary>) {
             oracle.mask(os, vocab)
         };
         if !terminated {
-            assert_eq!(m.mask(), want.as_slice(), "{pattern:?}: mask");
+            let mask = m.mask();
+            if grammar.overflow_error().is_some() {
+                // Past `max_states` the grammar refuses new states: still sound, not complete.
+                for (got, all) in mask.iter().zip(&want) {
+                    assert_eq!(got & !all, 0, "{pattern:?}: unsound mask after overflow");
+                }
+                return;
+            }
+            assert_eq!(mask, want.as_slice(), "{pattern:?}: mask");
         }
         let mut filled = vec![u32::MAX; vocab.mask_words()];
         m.fill_mask(&mut filled);

@@ -21,18 +21,24 @@ pub struct Oracle {
 
 impl Oracle {
     pub fn new(pattern: &str) -> Self {
+        Self::try_new(pattern, usize::MAX).unwrap()
+    }
+    /// `None` when the pattern's DFA needs more than `dfa_bytes`.
+    pub fn try_new(pattern: &str, dfa_bytes: usize) -> Option<Self> {
         let dfa = dense::Builder::new()
             .configure(
                 dense::DFA::config()
                     .match_kind(MatchKind::All)
-                    .start_kind(StartKind::Anchored),
+                    .start_kind(StartKind::Anchored)
+                    .dfa_size_limit(Some(dfa_bytes))
+                    .determinize_size_limit(Some(dfa_bytes)),
             )
             .build(pattern)
-            .unwrap();
-        Oracle {
+            .ok()?;
+        Some(Oracle {
             dfa,
             memo: HashMap::new(),
-        }
+        })
     }
     pub fn start(&self) -> StateID {
         self.dfa

@@ -1,0 +1,303 @@
+//! Regular expressions as hash-consed terms over bytes, and their Brzozowski derivatives.
+//!
+//! This is what a [`crate::Grammar`] runs on. A constraint's regex is parsed once into a term
+//! ([`crate::parse`]); each DFA state *is* a term, and the state reached by byte `b` is the
+//! derivative of that term by `b`, computed the first time it is needed ([`crate::dfa`]). Nothing is
+//! determinized up front, and counted repetitions stay symbolic: `x{0,64}` is one node whose
+//! derivative is `x'·x{0,63}`, where a Thompson NFA would hold 64 copies of `x`.
+//!
+//! Terms are normalized as they are built (`∅` absorbs concatenation, `ε` is its unit,
+//! concatenation is right-nested, alternatives are flattened, sorted, deduplicated and their byte
+//! sets merged), so equal languages reached by the usual routes are one node, and a term has
+//! finitely many derivatives (Brzozowski's similarity). Every term other than [`NOTHING`] has a
+//! non-empty language (the constructors remove `∅` wherever it appears), so every state other than
+//! the dead one can still reach a match: liveness costs nothing.
+
+use rustc_hash::FxHashMap;
+
+/// A term: an index into [`Terms`].
+pub(crate) type Id = u32;
+/// The empty language.
+pub(crate) const NOTHING: Id = 0;
+/// The language of the empty string.
+pub(crate) const EMPTY: Id = 1;
+/// No upper bound on a repetition.
+pub(crate) const INF: u32 = u32::MAX;
+
+/// A set of bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub(crate) struct ByteSet([u64; 4]);
+
+impl ByteSet {
+    pub(crate) fn range(lo: u8, hi: u8) -> Self {
+        let mut s = Self::default();
+        s.insert_range(lo, hi);
+        s
+    }
+
+    pub(crate) fn insert_range(&mut self, lo: u8, hi: u8) {
+        for b in lo..=hi {
+            self.0[b as usize / 64] |= 1 << (b % 64);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn contains(&self, b: u8) -> bool {
+        self.0[b as usize / 64] >> (b % 64) & 1 == 1
+    }
+
+    fn union(&self, other: &Self) -> Self {
+        Self(std::array::from_fn(|i| self.0[i] | other.0[i]))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0 == [0; 4]
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Node {
+    Nothing,
+    Empty,
+    Bytes(ByteSet),
+    /// Right-nested: the head is never a `Concat`.
+    Concat(Id, Id),
+    /// At least two alternatives, sorted, none an `Or`, at most one `Bytes`.
+    Or(Box<[Id]>),
+    /// `x{min,max}`, `max` = [`INF`] for no bound.
+    Repeat(Id, u32, u32),
+}
+
+/// The store of terms: construction, nullability and derivatives, all memoized.
+pub(crate) struct Terms {
+    nodes: Vec<Node>,
+    nullable: Vec<bool>,
+    intern: FxHashMap<Node, Id>,
+    /// `(term, byte class) → derivative`.
+    derivs: FxHashMap<(Id, u16), Id>,
+    spine: Vec<Id>,
+}
+
+impl std::fmt::Debug for Terms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Terms({} nodes)", self.nodes.len())
+    }
+}
+
+impl Terms {
+    pub(crate) fn new() -> Self {
+        let mut t = Self {
+            nodes: Vec::new(),
+            nullable: Vec::new(),
+            intern: FxHashMap::default(),
+            derivs: FxHashMap::default(),
+            spine: Vec::new(),
+        };
+        t.intern(Node::Nothing);
+        t.intern(Node::Empty);
+        t
+    }
+
+    /// Number of terms built so far (the memory bound, `Limits::max_terms`).
+    pub(crate) fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub(crate) fn nullable(&self, e: Id) -> bool {
+        self.nullable[e as usize]
+    }
+
+    fn intern(&mut self, node: Node) -> Id {
+        if let Some(&id) = self.intern.get(&node) {
+            return id;
+        }
+        let id = self.nodes.len() as Id;
+        let nullable = match &node {
+            Node::Nothing | Node::Bytes(_) => false,
+            Node::Empty => true,
+            Node::Concat(a, b) => self.nullable(*a) && self.nullable(*b),
+            Node::Or(xs) => xs.iter().any(|&x| self.nullable(x)),
+            Node::Repeat(x, min, _) => *min == 0 || self.nullable(*x),
+        };
+        self.nodes.push(node.clone());
+        self.nullable.push(nullable);
+        self.intern.insert(node, id);
+        id
+    }
+
+    pub(crate) fn bytes(&mut self, set: ByteSet) -> Id {
+        if set.is_empty() {
+            return NOTHING;
+        }
+        self.intern(Node::Bytes(set))
+    }
+
+    pub(crate) fn byte(&mut self, b: u8) -> Id {
+        self.bytes(ByteSet::range(b, b))
+    }
+
+    /// `a·b`.
+    pub(crate) fn concat(&mut self, a: Id, b: Id) -> Id {
+        if a == NOTHING || b == NOTHING {
+            return NOTHING;
+        }
+        if a == EMPTY {
+            return b;
+        }
+        if b == EMPTY {
+            return a;
+        }
+        if !matches!(self.nodes[a as usize], Node::Concat(..)) {
+            return self.intern(Node::Concat(a, b));
+        }
+        // Re-nest (x·y)·b as x·(y·b), iteratively: literals make long spines.
+        let mut spine = std::mem::take(&mut self.spine);
+        spine.clear();
+        let mut x = a;
+        while let Node::Concat(h, t) = self.nodes[x as usize] {
+            spine.push(h);
+            x = t;
+        }
+        let mut acc = self.intern(Node::Concat(x, b));
+        for &h in spine.iter().rev() {
+            acc = self.intern(Node::Concat(h, acc));
+        }
+        self.spine = spine;
+        acc
+    }
+
+    /// `a₀|a₁|…`.
+    pub(crate) fn or(&mut self, items: &[Id]) -> Id {
+        let mut v: Vec<Id> = Vec::with_capacity(items.len() + 1);
+        let mut set = ByteSet::default();
+        let mut push = |x: Id, nodes: &[Node], v: &mut Vec<Id>| match &nodes[x as usize] {
+            Node::Nothing => {}
+            Node::Bytes(s) => set = set.union(s),
+            _ => v.push(x),
+        };
+        for &x in items {
+            if let Node::Or(xs) = &self.nodes[x as usize] {
+                for &y in xs.iter() {
+                    push(y, &self.nodes, &mut v);
+                }
+            } else {
+                push(x, &self.nodes, &mut v);
+            }
+        }
+        if !set.is_empty() {
+            v.push(self.bytes(set));
+        }
+        v.sort_unstable();
+        v.dedup();
+        // ε is redundant next to another nullable alternative.
+        if v.len() > 1 && v[0] == EMPTY && v[1..].iter().any(|&x| self.nullable(x)) {
+            v.remove(0);
+        }
+        match v.len() {
+            0 => NOTHING,
+            1 => v[0],
+            _ => self.intern(Node::Or(v.into_boxed_slice())),
+        }
+    }
+
+    /// `x{min,max}` (`max` = [`INF`] for no bound).
+    pub(crate) fn repeat(&mut self, x: Id, min: u32, max: u32) -> Id {
+        if max == 0 || x == EMPTY || min > max {
+            return if min > max { NOTHING } else { EMPTY };
+        }
+        if x == NOTHING {
+            return if min == 0 { EMPTY } else { NOTHING };
+        }
+        if min == 1 && max == 1 {
+            return x;
+        }
+        self.intern(Node::Repeat(x, min, max))
+    }
+
+    /// The derivative of `e` by byte `b`, whose equivalence class is `class` (the memo key).
+    pub(crate) fn deriv(&mut self, e: Id, b: u8, class: u16) -> Id {
+        if e == NOTHING || e == EMPTY {
+            return NOTHING;
+        }
+        if let Some(&d) = self.derivs.get(&(e, class)) {
+            return d;
+        }
+        let d = match self.nodes[e as usize] {
+            Node::Nothing | Node::Empty => NOTHING,
+            Node::Bytes(s) => {
+                if s.contains(b) {
+                    EMPTY
+                } else {
+                    NOTHING
+                }
+            }
+            Node::Concat(..) => {
+                // (h·t)' = h'·t | t' when h is nullable, along the spine.
+                let mut terms = Vec::new();
+                let mut x = e;
+                loop {
+                    let Node::Concat(h, t) = self.nodes[x as usize] else {
+                        terms.push(self.deriv(x, b, class));
+                        break;
+                    };
+                    let dh = self.deriv(h, b, class);
+                    terms.push(self.concat(dh, t));
+                    if !self.nullable(h) {
+                        break;
+                    }
+                    x = t;
+                }
+                self.or(&terms)
+            }
+            Node::Or(ref xs) => {
+                let n = xs.len();
+                let mut terms = Vec::with_capacity(n);
+                for i in 0..n {
+                    let Node::Or(xs) = &self.nodes[e as usize] else {
+                        unreachable!()
+                    };
+                    let x = xs[i];
+                    terms.push(self.deriv(x, b, class));
+                }
+                self.or(&terms)
+            }
+            Node::Repeat(x, min, max) => {
+                // x{n,m}' = x'·x{n-1,m-1}
+                let dx = self.deriv(x, b, class);
+                let rest = self.repeat(
+                    x,
+                    min.saturating_sub(1),
+                    if max == INF { INF } else { max - 1 },
+                );
+                self.concat(dx, rest)
+            }
+        };
+        self.derivs.insert((e, class), d);
+        d
+    }
+
+    /// Byte equivalence classes: bytes no byte set among the terms built so far tells apart.
+    /// Returns the class of each byte and the number of classes. Derivatives only ever build
+    /// unions of existing byte sets, so the classes stay valid for every derivative.
+    pub(crate) fn byte_classes(&self) -> ([u8; 256], usize) {
+        let mut class = [0u8; 256];
+        let mut n = 1usize;
+        // Terms are hash-consed, so each `Bytes` node is a distinct set.
+        for node in &self.nodes {
+            let Node::Bytes(s) = node else { continue };
+            // Split every class by membership in `s`: (class, member) → new class.
+            let mut remap = [u16::MAX; 512];
+            let mut fresh = 0u16;
+            for b in 0..=255u8 {
+                let key = class[b as usize] as usize * 2 + s.contains(b) as usize;
+                if remap[key] == u16::MAX {
+                    remap[key] = fresh;
+                    fresh += 1;
+                }
+                class[b as usize] = remap[key] as u8;
+            }
+            n = fresh as usize;
+        }
+        (class, n)
+    }
+}

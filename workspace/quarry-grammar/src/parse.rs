@@ -1,0 +1,558 @@
+//! Regex text → a [`Terms`] term.
+//!
+//! Two routes build the same term (a test checks that they agree on every regex the schema suite
+//! and corpus produce):
+//! - a direct parser for the common dialect: literals, escapes of punctuation and `\t \n \r \f \v`,
+//!   `\xHH` and `\x{H…}`, classes of characters and ranges (negated or not), `.`, groups `( )`,
+//!   `(?: )` and `(?-u: )` (byte mode), alternation and the repetitions `* + ? {n} {n,} {n,m}`
+//!   (lazy or not). JSON Schema regexes are written in it, and it is several times faster than
+//!   going through regex-syntax's AST and HIR, which dominated compile time;
+//! - regex-syntax for everything else (`\d`, `\p{…}`, flags, nested classes, named groups…), whose
+//!   HIR is then converted. Errors (syntax, look-around, backreferences) come from it.
+//!
+//! Anchors `^ $ \A \z` are accepted at the very start and end of the pattern (the whole output is
+//! matched anyway); anywhere else, and word boundaries, they are an error.
+
+use regex_syntax::hir::{Class, ClassBytes, ClassBytesRange, ClassUnicode, ClassUnicodeRange};
+use regex_syntax::hir::{Hir, HirKind, Look};
+
+use crate::deriv::{ByteSet, Id, Terms, EMPTY, INF};
+
+/// Deepest group nesting accepted (the derivative recursion follows it).
+const NEST_LIMIT: u32 = 400;
+
+/// Parses `pattern`. `bytes`: byte-mode groups may match invalid UTF-8 (schema regexes, whose
+/// intersections split code points); user regexes must match UTF-8 only.
+pub(crate) fn parse(terms: &mut Terms, pattern: &str, bytes: bool) -> Result<Id, String> {
+    let mut fast = Fast {
+        t: terms,
+        src: pattern,
+        s: pattern.as_bytes(),
+        i: 0,
+        allow_bytes: bytes,
+        depth: 0,
+        negated: false,
+    };
+    if let Some(id) = fast.alternation(false) {
+        if fast.i == fast.s.len() {
+            return Ok(id);
+        }
+    }
+    let hir = regex_syntax::ParserBuilder::new()
+        .utf8(!bytes)
+        .nest_limit(NEST_LIMIT)
+        .build()
+        .parse(pattern)
+        .map_err(|e| e.to_string())?;
+    from_hir(terms, &hir, true, true)
+}
+
+/// The term of a regex-syntax HIR. `at_start`/`at_end`: nothing can precede/follow this node.
+pub(crate) fn from_hir(t: &mut Terms, h: &Hir, at_start: bool, at_end: bool) -> Result<Id, String> {
+    Ok(match h.kind() {
+        HirKind::Empty => EMPTY,
+        HirKind::Literal(lit) => literal(t, &lit.0),
+        HirKind::Class(Class::Bytes(c)) => byte_class(t, c),
+        HirKind::Class(Class::Unicode(c)) => unicode_class(t, c),
+        HirKind::Look(look) => match look {
+            Look::Start if at_start => EMPTY,
+            Look::End if at_end => EMPTY,
+            _ => {
+                return Err(format!(
+                    "the assertion {look:?} is not supported: anchors (^ $ \\A \\z) only at the \
+                     start or end of the pattern, since the whole output is matched, and no word \
+                     boundaries"
+                ))
+            }
+        },
+        HirKind::Repetition(r) => {
+            let x = from_hir(t, &r.sub, false, false)?;
+            t.repeat(x, r.min, r.max.unwrap_or(INF))
+        }
+        HirKind::Capture(c) => from_hir(t, &c.sub, at_start, at_end)?,
+        HirKind::Concat(xs) => {
+            let mut acc = EMPTY;
+            for (i, x) in xs.iter().enumerate().rev() {
+                let x = from_hir(t, x, at_start && i == 0, at_end && i + 1 == xs.len())?;
+                acc = t.concat(x, acc);
+            }
+            acc
+        }
+        HirKind::Alternation(xs) => {
+            let items = xs
+                .iter()
+                .map(|x| from_hir(t, x, at_start, at_end))
+                .collect::<Result<Vec<_>, _>>()?;
+            t.or(&items)
+        }
+    })
+}
+
+fn literal(t: &mut Terms, bytes: &[u8]) -> Id {
+    let mut acc = EMPTY;
+    for &b in bytes.iter().rev() {
+        let x = t.byte(b);
+        acc = t.concat(x, acc);
+    }
+    acc
+}
+
+fn byte_class(t: &mut Terms, c: &ClassBytes) -> Id {
+    let mut set = ByteSet::default();
+    for r in c.iter() {
+        set.insert_range(r.start(), r.end());
+    }
+    t.bytes(set)
+}
+
+/// A class of code points as the alternation of its UTF-8 byte sequences.
+fn unicode_class(t: &mut Terms, c: &ClassUnicode) -> Id {
+    let mut items = Vec::new();
+    for r in c.iter() {
+        for seq in regex_syntax::utf8::Utf8Sequences::new(r.start(), r.end()) {
+            let mut acc = EMPTY;
+            for range in seq.as_slice().iter().rev() {
+                let x = t.bytes(ByteSet::range(range.start, range.end));
+                acc = t.concat(x, acc);
+            }
+            items.push(acc);
+        }
+    }
+    t.or(&items)
+}
+
+/// The direct parser. Each method returns `None` where the pattern leaves the dialect (or is
+/// invalid); the caller then goes through regex-syntax, which either handles it or says why not.
+struct Fast<'a> {
+    t: &'a mut Terms,
+    src: &'a str,
+    s: &'a [u8],
+    i: usize,
+    allow_bytes: bool,
+    depth: u32,
+    /// Whether the class just opened by [`Fast::bracket`] is negated.
+    negated: bool,
+}
+
+impl Fast<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.i).copied()
+    }
+
+    fn eat(&mut self, prefix: &[u8]) -> bool {
+        if self.s[self.i..].starts_with(prefix) {
+            self.i += prefix.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// `a|b|…` up to `)` or the end.
+    fn alternation(&mut self, bytes: bool) -> Option<Id> {
+        let mut items = vec![self.concatenation(bytes)?];
+        while self.eat(b"|") {
+            items.push(self.concatenation(bytes)?);
+        }
+        Some(self.t.or(&items))
+    }
+
+    fn concatenation(&mut self, bytes: bool) -> Option<Id> {
+        let mut parts: Vec<Id> = Vec::new();
+        while let Some(c) = self.peek() {
+            if c == b'|' || c == b')' {
+                break;
+            }
+            let atom = self.atom(bytes)?;
+            let atom = self.repetitions(atom)?;
+            parts.push(atom);
+        }
+        let mut acc = EMPTY;
+        for &p in parts.iter().rev() {
+            acc = self.t.concat(p, acc);
+        }
+        Some(acc)
+    }
+
+    fn repetitions(&mut self, atom: Id) -> Option<Id> {
+        let (min, max) = match self.peek() {
+            Some(b'*') => (0, INF),
+            Some(b'+') => (1, INF),
+            Some(b'?') => (0, 1),
+            Some(b'{') => {
+                let close = self.s[self.i..].iter().position(|&c| c == b'}')?;
+                let body = std::str::from_utf8(&self.s[self.i + 1..self.i + close]).ok()?;
+                let num = |x: &str| -> Option<u32> {
+                    (!x.is_empty() && x.len() <= 6 && x.bytes().all(|c| c.is_ascii_digit()))
+                        .then(|| x.parse().ok())
+                        .flatten()
+                };
+                let (min, max) = match body.split_once(',') {
+                    None => (num(body)?, num(body)?),
+                    Some((a, "")) => (num(a)?, INF),
+                    Some((a, b)) => (num(a)?, num(b)?),
+                };
+                if min > max {
+                    return None;
+                }
+                self.i += close; // to the `}`, consumed below
+                (min, max)
+            }
+            _ => return Some(atom),
+        };
+        self.i += 1;
+        self.eat(b"?"); // laziness does not change the language
+        if matches!(self.peek(), Some(b'*' | b'+' | b'?' | b'{')) {
+            return None; // stacked repetitions: regex-syntax decides
+        }
+        Some(self.t.repeat(atom, min, max))
+    }
+
+    fn atom(&mut self, bytes: bool) -> Option<Id> {
+        let c = self.peek()?;
+        match c {
+            b'(' => {
+                self.depth += 1;
+                if self.depth > NEST_LIMIT {
+                    return None;
+                }
+                let inner_bytes = if self.eat(b"(?:") {
+                    bytes
+                } else if self.eat(b"(?-u:") {
+                    if !self.allow_bytes {
+                        return None;
+                    }
+                    true
+                } else if self.s.get(self.i + 1) == Some(&b'?') {
+                    return None; // flags, named groups
+                } else {
+                    self.i += 1;
+                    bytes
+                };
+                let x = self.alternation(inner_bytes)?;
+                if !self.eat(b")") {
+                    return None;
+                }
+                self.depth -= 1;
+                Some(x)
+            }
+            b'[' => self.class(bytes),
+            b'.' if !bytes => {
+                self.i += 1;
+                let any = ClassUnicode::new([
+                    ClassUnicodeRange::new('\0', '\x09'),
+                    ClassUnicodeRange::new('\x0B', char::MAX),
+                ]);
+                Some(unicode_class(self.t, &any))
+            }
+            b'\\' => {
+                let ch = self.escape(bytes)?;
+                Some(self.char_term(ch, bytes))
+            }
+            b'^' | b'$' | b'.' | b'*' | b'+' | b'?' | b'{' | b'}' | b']' | b')' => None,
+            _ => {
+                let ch = self.char(bytes)?;
+                Some(self.char_term(ch, bytes))
+            }
+        }
+    }
+
+    fn char_term(&mut self, ch: u32, bytes: bool) -> Id {
+        if bytes {
+            return self.t.byte(ch as u8);
+        }
+        let c = char::from_u32(ch).expect("checked by the caller");
+        let mut buf = [0u8; 4];
+        literal(self.t, c.encode_utf8(&mut buf).as_bytes())
+    }
+
+    /// One literal character (a byte in byte mode), not an escape.
+    fn char(&mut self, bytes: bool) -> Option<u32> {
+        let c = self.src.get(self.i..)?.chars().next()?;
+        if bytes && !c.is_ascii() {
+            return None;
+        }
+        self.i += c.len_utf8();
+        Some(c as u32)
+    }
+
+    /// An escape: a code point (a byte in byte mode). `None` for classes such as `\d`.
+    fn escape(&mut self, bytes: bool) -> Option<u32> {
+        let c = *self.s.get(self.i + 1)?;
+        self.i += 2;
+        let v = match c {
+            b't' => 0x09,
+            b'n' => 0x0A,
+            b'v' => 0x0B,
+            b'f' => 0x0C,
+            b'r' => 0x0D,
+            b'x' => {
+                let (digits, skip) = if self.peek() == Some(b'{') {
+                    let close = self.s[self.i..].iter().position(|&c| c == b'}')?;
+                    (&self.s[self.i + 1..self.i + close], close + 1)
+                } else {
+                    (self.s.get(self.i..self.i + 2)?, 2)
+                };
+                if digits.is_empty()
+                    || digits.len() > 8
+                    || !digits.iter().all(u8::is_ascii_hexdigit)
+                {
+                    return None;
+                }
+                self.i += skip;
+                u32::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()?
+            }
+            b'\\' | b'.' | b'+' | b'*' | b'?' | b'(' | b')' | b'|' | b'[' | b']' | b'{' | b'}'
+            | b'^' | b'$' | b'#' | b'&' | b'-' | b'~' => c as u32,
+            _ => return None,
+        };
+        if bytes {
+            (v <= 0xFF).then_some(v)
+        } else {
+            char::from_u32(v).map(|_| v)
+        }
+    }
+
+    fn class(&mut self, bytes: bool) -> Option<Id> {
+        if bytes {
+            let ranges = self.bracket(true)?;
+            let mut class = ClassBytes::new(
+                ranges
+                    .iter()
+                    .map(|r| ClassBytesRange::new(r.start() as u8, r.end() as u8)),
+            );
+            if self.negated {
+                class.negate();
+            }
+            Some(byte_class(self.t, &class))
+        } else {
+            let class = self.unicode_bracket()?;
+            Some(unicode_class(self.t, &class))
+        }
+    }
+
+    /// A Unicode class `[…]`, with nested classes and the set operations `--`, `&&`, `~~`
+    /// (left-associative, as in regex-syntax).
+    fn unicode_bracket(&mut self) -> Option<ClassUnicode> {
+        let first = self.bracket(false)?;
+        let negated = self.negated;
+        let mut acc = first;
+        loop {
+            let op = match self.s.get(self.i..)? {
+                [b'-', b'-', ..] | [b'&', b'&', ..] | [b'~', b'~', ..] => self.s[self.i],
+                [b']', ..] => {
+                    self.i += 1;
+                    break;
+                }
+                _ => return None,
+            };
+            self.i += 2;
+            let rhs = self.items(false, false)?;
+            match op {
+                b'-' => acc.difference(&rhs),
+                b'&' => acc.intersect(&rhs),
+                _ => acc.symmetric_difference(&rhs),
+            }
+        }
+        if negated {
+            acc.negate();
+        }
+        Some(acc)
+    }
+
+    /// Opens a class: `[`, an optional `^` (left in `self.negated`), and its first items. In byte
+    /// mode the class must close right there (no nesting or set operations).
+    fn bracket(&mut self, bytes: bool) -> Option<ClassUnicode> {
+        self.i += 1; // `[`
+        let negated = self.eat(b"^");
+        let items = self.items(bytes, true)?;
+        self.negated = negated;
+        if bytes {
+            if !self.eat(b"]") {
+                return None;
+            }
+            if items.iter().any(|r| r.end() as u32 > 0xFF) {
+                return None;
+            }
+        }
+        Some(items)
+    }
+
+    /// Class items up to (not including) a closing `]` or a set operator. `first`: a `]` here is
+    /// a literal.
+    fn items(&mut self, bytes: bool, first: bool) -> Option<ClassUnicode> {
+        let mut class = ClassUnicode::empty();
+        let mut ranges: Vec<ClassUnicodeRange> = Vec::new();
+        let mut first = first;
+        loop {
+            let c = self.peek()?;
+            if c == b']' && !first {
+                break;
+            }
+            if matches!(c, b'-' | b'&' | b'~') && self.s.get(self.i + 1) == Some(&c) {
+                break;
+            }
+            first = false;
+            if c == b'[' {
+                if bytes || self.s.get(self.i + 1) == Some(&b':') {
+                    // POSIX classes (`[:alpha:]`) are regex-syntax's.
+                    return None;
+                }
+                let nested = self.unicode_bracket()?;
+                class.union(&nested);
+                continue;
+            }
+            let lo = self.class_char(bytes)?;
+            let hi = if self.peek() == Some(b'-')
+                && !matches!(self.s.get(self.i + 1), Some(b']' | b'-'))
+            {
+                self.i += 1;
+                self.class_char(bytes)?
+            } else {
+                lo
+            };
+            if lo > hi {
+                return None;
+            }
+            ranges.push(ClassUnicodeRange::new(
+                char::from_u32(lo)?,
+                char::from_u32(hi)?,
+            ));
+        }
+        class.union(&ClassUnicode::new(ranges));
+        Some(class)
+    }
+
+    fn class_char(&mut self, bytes: bool) -> Option<u32> {
+        match self.peek()? {
+            b'\\' => self.escape(bytes),
+            b'[' => None,
+            _ => self.char(bytes),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashSet, VecDeque};
+    use std::path::PathBuf;
+
+    use super::*;
+
+    /// Both routes, in one store so that their terms can be compared.
+    fn routes(pattern: &str, bytes: bool) -> (Terms, Option<Id>, Id) {
+        let mut t = Terms::new();
+        let mut fast = Fast {
+            t: &mut t,
+            src: pattern,
+            s: pattern.as_bytes(),
+            i: 0,
+            allow_bytes: bytes,
+            depth: 0,
+            negated: false,
+        };
+        let direct = fast.alternation(false).filter(|_| fast.i == pattern.len());
+        let hir = regex_syntax::ParserBuilder::new()
+            .utf8(!bytes)
+            .build()
+            .parse(pattern)
+            .unwrap_or_else(|e| panic!("{pattern:?}: {e}"));
+        let via_hir = from_hir(&mut t, &hir, true, true).unwrap();
+        (t, direct, via_hir)
+    }
+
+    /// Same language: a breadth-first walk of pairs of derivatives, nullability compared at each,
+    /// up to `budget` pairs. Returns the pairs visited, or the first difference.
+    fn same_language(t: &mut Terms, a: Id, b: Id, budget: usize) -> Result<usize, Vec<u8>> {
+        let (classes, n) = t.byte_classes();
+        let mut reps = vec![0u8; n];
+        for x in (0..=255u8).rev() {
+            reps[classes[x as usize] as usize] = x;
+        }
+        let mut seen = HashSet::from([(a, b)]);
+        let mut queue = VecDeque::from([(a, b, Vec::new())]);
+        while let Some((x, y, path)) = queue.pop_front() {
+            if t.nullable(x) != t.nullable(y) {
+                return Err(path);
+            }
+            if seen.len() >= budget {
+                continue;
+            }
+            for (c, &r) in reps.iter().enumerate() {
+                let pair = (t.deriv(x, r, c as u16), t.deriv(y, r, c as u16));
+                if seen.insert(pair) {
+                    let mut p = path.clone();
+                    p.push(r);
+                    queue.push_back((pair.0, pair.1, p));
+                }
+            }
+        }
+        Ok(seen.len())
+    }
+
+    #[test]
+    fn direct_parser_agrees_with_regex_syntax() {
+        let cases = [
+            (r"abc|abd|a", false),
+            (r"[^a-c\x00-\x1F]+x?", false),
+            (r"(?:é|ü){2,5}[α-ω]", false),
+            (r"[]a-]|[^]]|\.\*\\", false),
+            (r"(a(b(c)))*d{3}e{2,}f{0,1}?", false),
+            (r".\t\n\x{1F600}", false),
+            (r"(?-u:[\x80-\xBF]\xFF)a|b", true),
+            (
+                r#"(?:[^"\\\x00-\x1F]|\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f]))"#,
+                false,
+            ),
+            (r"[^\x00-\x{10FFFF}]", false),
+            (
+                r#"[[^"\\\x00-\x1F]--[bf]]x|[[a-z]&&[^aeiou]]|[a-f~~[d-k]]|[[a]b[c-d]]"#,
+                false,
+            ),
+        ];
+        for (pattern, bytes) in cases {
+            let (mut t, direct, via_hir) = routes(pattern, bytes);
+            let direct = direct.unwrap_or_else(|| panic!("{pattern:?}: left the direct parser"));
+            if let Err(path) = same_language(&mut t, direct, via_hir, usize::MAX) {
+                panic!("{pattern:?}: the routes differ after {path:?}");
+            }
+        }
+        // Outside the dialect the direct parser steps aside.
+        for pattern in [r"\d", r"(?i)a", r"^a", r"[[:alpha:]]", r"(?P<x>a)", r"a**"] {
+            assert!(routes(pattern, false).1.is_none(), "{pattern:?}");
+        }
+    }
+
+    /// Every regex the schema suite derives is in the direct parser's dialect (the speed claim),
+    /// and means what regex-syntax says it means.
+    #[test]
+    fn schema_regexes_take_the_direct_route_and_agree() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/json-schema-test-suite/tests/draft2020-12");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        let mut checked = 0;
+        for file in files {
+            let groups: Vec<serde_json::Value> =
+                serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+            for group in groups {
+                let Ok(re) = crate::schema::schema_to_regex(&group["schema"], &Default::default())
+                else {
+                    continue;
+                };
+                let (mut t, direct, via_hir) = routes(&re, true);
+                let direct = direct.unwrap_or_else(|| {
+                    panic!("{}: a regex left the direct parser", file.display())
+                });
+                if let Err(path) = same_language(&mut t, direct, via_hir, 400) {
+                    panic!("{}: the routes differ after {path:?}", file.display());
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 250, "{checked} schemas");
+    }
+}
