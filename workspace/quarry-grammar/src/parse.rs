@@ -24,15 +24,7 @@ const NEST_LIMIT: u32 = 400;
 /// Parses `pattern`. `bytes`: byte-mode groups may match invalid UTF-8 (schema regexes, whose
 /// intersections split code points); user regexes must match UTF-8 only.
 pub(crate) fn parse(terms: &mut Terms, pattern: &str, bytes: bool) -> Result<Id, String> {
-    let mut fast = Fast {
-        t: terms,
-        src: pattern,
-        s: pattern.as_bytes(),
-        i: 0,
-        allow_bytes: bytes,
-        depth: 0,
-        negated: false,
-    };
+    let mut fast = Fast::new(terms, pattern, bytes);
     if let Some(id) = fast.alternation(false) {
         if fast.i == fast.s.len() {
             return Ok(id);
@@ -43,7 +35,13 @@ pub(crate) fn parse(terms: &mut Terms, pattern: &str, bytes: bool) -> Result<Id,
         .nest_limit(NEST_LIMIT)
         .build()
         .parse(pattern)
-        .map_err(|e| e.to_string())?;
+        // One line: regex-syntax draws the pattern with a caret under the error.
+        .map_err(|e| {
+            e.to_string()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })?;
     from_hir(terms, &hir, true, true)
 }
 
@@ -132,9 +130,100 @@ struct Fast<'a> {
     depth: u32,
     /// Whether the class just opened by [`Fast::bracket`] is negated.
     negated: bool,
+    /// For each `(` and outermost `[`, the index of its closing bracket (`u32::MAX` elsewhere), or
+    /// empty when the pre-scan could not tell.
+    close: Vec<u32>,
+    /// Groups and classes already parsed, by their text and mode: a schema regex repeats the same
+    /// string, number and member groups hundreds of times, and equal text means an equal term.
+    memo: rustc_hash::FxHashMap<(&'a str, bool), Id>,
 }
 
-impl Fast<'_> {
+/// For each `(` and outermost `[` of `s`, the index of its closing bracket; `None` when the
+/// brackets do not balance (the parser then reports or defers the error).
+fn closing_brackets(s: &[u8]) -> Option<Vec<u32>> {
+    let mut close = vec![u32::MAX; s.len()];
+    let mut groups: Vec<usize> = Vec::new();
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'\\' => i += 1,
+            b'(' => groups.push(i),
+            b')' => close[groups.pop()?] = i as u32,
+            b'[' => {
+                let open = i;
+                let mut depth = 0usize;
+                loop {
+                    // After `[` or `[^`, a `]` is a literal.
+                    i += 1;
+                    if s.get(i) == Some(&b'^') {
+                        i += 1;
+                    }
+                    if s.get(i) == Some(&b']') {
+                        i += 1;
+                    }
+                    loop {
+                        match *s.get(i)? {
+                            b'\\' => i += 2,
+                            b'[' => break,
+                            b']' if depth == 0 => {
+                                close[open] = i as u32;
+                                break;
+                            }
+                            b']' => {
+                                depth -= 1;
+                                i += 1;
+                            }
+                            _ => i += 1,
+                        }
+                    }
+                    if close[open] != u32::MAX {
+                        break;
+                    }
+                    depth += 1; // a nested `[`
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    groups.is_empty().then_some(close)
+}
+
+impl<'a> Fast<'a> {
+    fn new(t: &'a mut Terms, pattern: &'a str, allow_bytes: bool) -> Self {
+        Self {
+            t,
+            src: pattern,
+            s: pattern.as_bytes(),
+            i: 0,
+            allow_bytes,
+            depth: 0,
+            negated: false,
+            close: closing_brackets(pattern.as_bytes()).unwrap_or_default(),
+            memo: Default::default(),
+        }
+    }
+
+    /// Parses the group or class at `self.i` with `parse`, or takes it from the memo.
+    fn memoized(&mut self, bytes: bool, parse: fn(&mut Self, bool) -> Option<Id>) -> Option<Id> {
+        let close = self.close.get(self.i).copied().unwrap_or(u32::MAX);
+        if close == u32::MAX {
+            return parse(self, bytes);
+        }
+        let end = close as usize + 1;
+        let key = (&self.src[self.i..end], bytes);
+        if let Some(&id) = self.memo.get(&key) {
+            self.i = end;
+            return Some(id);
+        }
+        let id = parse(self, bytes)?;
+        if self.i != end {
+            return None; // the pre-scan and the parser disagree: leave it to regex-syntax
+        }
+        self.memo.insert(key, id);
+        Some(id)
+    }
+
     fn peek(&self) -> Option<u8> {
         self.s.get(self.i).copied()
     }
@@ -211,32 +300,8 @@ impl Fast<'_> {
     fn atom(&mut self, bytes: bool) -> Option<Id> {
         let c = self.peek()?;
         match c {
-            b'(' => {
-                self.depth += 1;
-                if self.depth > NEST_LIMIT {
-                    return None;
-                }
-                let inner_bytes = if self.eat(b"(?:") {
-                    bytes
-                } else if self.eat(b"(?-u:") {
-                    if !self.allow_bytes {
-                        return None;
-                    }
-                    true
-                } else if self.s.get(self.i + 1) == Some(&b'?') {
-                    return None; // flags, named groups
-                } else {
-                    self.i += 1;
-                    bytes
-                };
-                let x = self.alternation(inner_bytes)?;
-                if !self.eat(b")") {
-                    return None;
-                }
-                self.depth -= 1;
-                Some(x)
-            }
-            b'[' => self.class(bytes),
+            b'(' => self.memoized(bytes, Self::group),
+            b'[' => self.memoized(bytes, Self::class),
             b'.' if !bytes => {
                 self.i += 1;
                 let any = ClassUnicode::new([
@@ -255,6 +320,32 @@ impl Fast<'_> {
                 Some(self.char_term(ch, bytes))
             }
         }
+    }
+
+    fn group(&mut self, bytes: bool) -> Option<Id> {
+        self.depth += 1;
+        if self.depth > NEST_LIMIT {
+            return None;
+        }
+        let inner_bytes = if self.eat(b"(?:") {
+            bytes
+        } else if self.eat(b"(?-u:") {
+            if !self.allow_bytes {
+                return None;
+            }
+            true
+        } else if self.s.get(self.i + 1) == Some(&b'?') {
+            return None; // flags, named groups
+        } else {
+            self.i += 1;
+            bytes
+        };
+        let x = self.alternation(inner_bytes)?;
+        if !self.eat(b")") {
+            return None;
+        }
+        self.depth -= 1;
+        Some(x)
     }
 
     fn char_term(&mut self, ch: u32, bytes: bool) -> Id {
@@ -442,15 +533,7 @@ mod tests {
     /// Both routes, in one store so that their terms can be compared.
     fn routes(pattern: &str, bytes: bool) -> (Terms, Option<Id>, Id) {
         let mut t = Terms::new();
-        let mut fast = Fast {
-            t: &mut t,
-            src: pattern,
-            s: pattern.as_bytes(),
-            i: 0,
-            allow_bytes: bytes,
-            depth: 0,
-            negated: false,
-        };
+        let mut fast = Fast::new(&mut t, pattern, bytes);
         let direct = fast.alternation(false).filter(|_| fast.i == pattern.len());
         let hir = regex_syntax::ParserBuilder::new()
             .utf8(!bytes)
