@@ -3,8 +3,8 @@
 //! # Key types
 //! - [`Vocabulary`]: token id → bytes, special and EOS ids. Plain data built by the caller.
 //! - [`Constraint`]: a regex (full match), a choice list, or a JSON Schema ([`schema`]).
-//! - [`Grammar`]: the compiled constraint: an anchored byte DFA (regex-automata) with per-state
-//!   token masks and forced bytes computed on first use and cached. Immutable, `Send + Sync`,
+//! - [`Grammar`]: the compiled constraint: a byte DFA grown lazily from regex derivatives, with
+//!   per-state token masks and forced bytes computed on first use and cached. `Send + Sync`,
 //!   shared by `Arc`.
 //! - [`Matcher`]: one sequence's state plus its rollback history.
 //!
@@ -32,20 +32,26 @@
 //! # Semantics
 //! - Soundness: a token is in the mask only if its bytes keep the DFA alive; completeness: every
 //!   such token is. EOS is allowed exactly in accepting states; other special tokens never.
-//! - Regexes use regex-automata's syntax (Unicode on, so `.` and classes are whole UTF-8
-//!   characters). Look-around and backreferences are rejected by the parser; Unicode word
-//!   boundaries cannot be expressed in a DFA and are an [`GrammarError::InvalidRegex`] error.
+//! - Regexes use regex-syntax's syntax (Unicode on, so `.` and classes are whole UTF-8
+//!   characters). Look-around and backreferences are rejected by the parser; anchors (`^ $ \A \z`)
+//!   are accepted only at the start or end of the pattern (the whole output is matched anyway), and
+//!   word boundaries and multi-line anchors are an [`GrammarError::InvalidRegex`] error.
 //! - Tokens longer than 65,534 bytes are never allowed (no real vocabulary has one).
 //!
 //! # Cost
-//! - Compile: regex-automata determinizes the regex; the states that can still reach a match are
-//!   renumbered into a dense table (one `u32` per state and byte class), so a step is one load.
+//! - Compile: the regex is parsed into hash-consed terms (`deriv`, `parse`) and nothing else is
+//!   built. Each DFA state is a term; the successor of a state by a byte is the term's Brzozowski
+//!   derivative, computed the first time any thread takes that step (`dfa`). Counted repetitions
+//!   stay symbolic (`x{0,64}` is one term), so a big JSON Schema costs what its outputs visit, not
+//!   the size of its full automaton. Every state other than the dead one can reach a match, so
+//!   steps need no liveness check. [`Limits::max_states`] bounds the states built.
 //! - A state's mask is computed on first use by walking the vocabulary's byte trie (built once per
 //!   [`Vocabulary`]) from that state, skipping dead subtrees. Where the state has a *run* (a set of
 //!   byte groups that keeps it in the language for `n` steps: a self-loop such as `[a-z]*`, or the
 //!   k-th step of `[a-z]{1,40}`), whole subtrees whose bytes fit the run are added without being
 //!   visited. Masks are then cached in the grammar and shared by every matcher.
-//! - [`Grammar::precompute`] fills every state's mask ahead of time, on N threads.
+//! - [`Grammar::precompute`] builds every state and fills its mask ahead of time, on N threads;
+//!   [`Grammar::explore`] builds every state (for statistics, or to check the limits up front).
 //! - `BENCHMARKS.md` has the numbers against outlines-core and llguidance.
 //!
 //! Status: regex and choice constraints; JSON Schema for the keywords listed in [`schema`].
