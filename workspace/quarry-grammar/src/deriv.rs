@@ -73,8 +73,8 @@ pub(crate) struct Terms {
     nodes: Vec<Node>,
     nullable: Vec<bool>,
     intern: FxHashMap<Node, Id>,
-    /// `(term, byte class) → derivative`.
-    derivs: FxHashMap<(Id, u16), Id>,
+    /// `term → its derivative by each byte class` ([`Terms::deriv_row`]).
+    rows: FxHashMap<Id, Box<[Id]>>,
     spine: Vec<Id>,
 }
 
@@ -90,7 +90,7 @@ impl Terms {
             nodes: Vec::new(),
             nullable: Vec::new(),
             intern: FxHashMap::default(),
-            derivs: FxHashMap::default(),
+            rows: FxHashMap::default(),
             spine: Vec::new(),
         };
         t.intern(Node::Nothing);
@@ -214,66 +214,77 @@ impl Terms {
         self.intern(Node::Repeat(x, min, max))
     }
 
-    /// The derivative of `e` by byte `b`, whose equivalence class is `class` (the memo key).
-    pub(crate) fn deriv(&mut self, e: Id, b: u8, class: u16) -> Id {
-        if e == NOTHING || e == EMPTY {
-            return NOTHING;
-        }
-        if let Some(&d) = self.derivs.get(&(e, class)) {
-            return d;
-        }
-        let d = match self.nodes[e as usize] {
-            Node::Nothing | Node::Empty => NOTHING,
-            Node::Bytes(s) => {
-                if s.contains(b) {
-                    EMPTY
-                } else {
-                    NOTHING
-                }
+    /// `row[c] |= part[c]` for every class.
+    fn merge(&mut self, row: &mut [Id], part: impl Iterator<Item = Id>) {
+        for (r, d) in row.iter_mut().zip(part) {
+            if d != NOTHING {
+                *r = if *r == NOTHING { d } else { self.or(&[*r, d]) };
             }
+        }
+    }
+
+    /// The derivative of `e` by every byte class at once (`reps[c]` is a byte of class `c`): one
+    /// memo entry per term instead of one per (term, class), and plain array work for the classes
+    /// a term cannot start with, which are most of them. This is what fills a DFA row.
+    pub(crate) fn deriv_row(&mut self, e: Id, reps: &[u8]) -> Box<[Id]> {
+        if let Some(row) = self.rows.get(&e) {
+            return row.clone();
+        }
+        let n = reps.len();
+        let row: Box<[Id]> = match self.nodes[e as usize] {
+            Node::Nothing | Node::Empty => vec![NOTHING; n].into(),
+            Node::Bytes(s) => reps
+                .iter()
+                .map(|&b| if s.contains(b) { EMPTY } else { NOTHING })
+                .collect(),
             Node::Concat(..) => {
-                // (h·t)' = h'·t | t' when h is nullable, along the spine.
-                let mut terms = Vec::new();
+                // (h·t)' = h'·t | t' when h is nullable, iteratively along the spine.
+                let mut row = vec![NOTHING; n];
                 let mut x = e;
                 loop {
                     let Node::Concat(h, t) = self.nodes[x as usize] else {
-                        terms.push(self.deriv(x, b, class));
+                        let dx = self.deriv_row(x, reps);
+                        self.merge(&mut row, dx.iter().copied());
                         break;
                     };
-                    let dh = self.deriv(h, b, class);
-                    terms.push(self.concat(dh, t));
+                    let dh = self.deriv_row(h, reps);
+                    let part: Vec<Id> = dh.iter().map(|&d| self.concat(d, t)).collect();
+                    self.merge(&mut row, part.into_iter());
                     if !self.nullable(h) {
                         break;
                     }
                     x = t;
                 }
-                self.or(&terms)
+                row.into()
             }
             Node::Or(ref xs) => {
-                let n = xs.len();
-                let mut terms = Vec::with_capacity(n);
-                for i in 0..n {
-                    let Node::Or(xs) = &self.nodes[e as usize] else {
-                        unreachable!()
-                    };
-                    let x = xs[i];
-                    terms.push(self.deriv(x, b, class));
-                }
-                self.or(&terms)
+                let xs = xs.clone();
+                let rows: Vec<Box<[Id]>> = xs.iter().map(|&x| self.deriv_row(x, reps)).collect();
+                let mut items = Vec::new();
+                (0..n)
+                    .map(|c| {
+                        items.clear();
+                        items.extend(rows.iter().map(|r| r[c]).filter(|&d| d != NOTHING));
+                        match items.len() {
+                            0 => NOTHING,
+                            1 => items[0],
+                            _ => self.or(&items),
+                        }
+                    })
+                    .collect()
             }
             Node::Repeat(x, min, max) => {
-                // x{n,m}' = x'·x{n-1,m-1}
-                let dx = self.deriv(x, b, class);
+                let dx = self.deriv_row(x, reps);
                 let rest = self.repeat(
                     x,
                     min.saturating_sub(1),
                     if max == INF { INF } else { max - 1 },
                 );
-                self.concat(dx, rest)
+                dx.iter().map(|&d| self.concat(d, rest)).collect()
             }
         };
-        self.derivs.insert((e, class), d);
-        d
+        self.rows.insert(e, row.clone());
+        row
     }
 
     /// Byte equivalence classes: bytes no byte set among the terms built so far tells apart.

@@ -197,8 +197,9 @@ impl LazyDfa {
             return;
         }
         let e = inner.term_of[s as usize];
+        let derivs = inner.terms.deriv_row(e, &self.reps);
         for c in (0..self.nclasses).rev() {
-            let d = inner.terms.deriv(e, self.reps[c], c as u16);
+            let d = derivs[c];
             let t = if d == NOTHING {
                 DEAD
             } else if let Some(&t) = inner.state_of.get(&d) {

@@ -561,8 +561,9 @@ mod tests {
             if seen.len() >= budget {
                 continue;
             }
+            let (dx, dy) = (t.deriv_row(x, &reps), t.deriv_row(y, &reps));
             for (c, &r) in reps.iter().enumerate() {
-                let pair = (t.deriv(x, r, c as u16), t.deriv(y, r, c as u16));
+                let pair = (dx[c], dy[c]);
                 if seen.insert(pair) {
                     let mut p = path.clone();
                     p.push(r);
