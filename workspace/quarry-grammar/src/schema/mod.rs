@@ -89,8 +89,10 @@
 //!
 //! # Limits
 //! Translation stops with [`SchemaError::OutOfTime`] at the compile-time limit and with
-//! [`SchemaError::TooLarge`] when a subschema's regex passes [`MAX_REGEX_BYTES`]; the automaton
-//! limits of [`crate::Limits`] apply after.
+//! [`SchemaError::TooLarge`] when a subschema's regex passes [`MAX_REGEX_BYTES`]; the limits of
+//! [`crate::Limits`] apply after. The DFA is built lazily, so its state limit bounds what decoding
+//! visits ([`crate::Grammar::overflow_error`]); [`crate::Grammar::explore`] checks a whole schema
+//! against it up front.
 
 mod array;
 mod automaton;
@@ -166,8 +168,8 @@ pub enum SchemaError {
     /// `LimitExceeded { limit: "compile_time" }`).
     #[error("translating the schema ran out of time at {pointer}")]
     OutOfTime { pointer: String },
-    /// The regex of a subschema grew past [`MAX_REGEX_BYTES`]: its automaton would exceed the
-    /// NFA limit anyway (typically many uses of a large `$ref`, or a wide `oneOf`).
+    /// The regex of a subschema grew past [`MAX_REGEX_BYTES`] (typically many uses of a large
+    /// `$ref`, or a wide `oneOf`).
     #[error("the regex for {pointer} exceeds {} MiB", MAX_REGEX_BYTES >> 20)]
     TooLarge { pointer: String },
 }
