@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-/// Errors from loading or running a model. Each names the file, key or tensor involved.
+/// Errors from loading or running a model. Each names the file, key, tensor or sequence involved.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ModelError {
@@ -23,6 +23,46 @@ pub enum ModelError {
     MissingKey { key: String },
     #[error("GGUF metadata key `{key}` is invalid: {message}")]
     InvalidKey { key: String, message: String },
+    #[error("architecture `{architecture}` is not supported (supported: {supported})")]
+    UnsupportedArchitecture {
+        architecture: String,
+        supported: String,
+    },
+    #[error("tensor `{tensor}` is missing from the GGUF file")]
+    MissingTensor { tensor: String },
+    #[error("tensor `{tensor}` has shape {found}, expected {expected}")]
+    TensorShape {
+        tensor: String,
+        expected: String,
+        found: String,
+    },
+    #[error("cannot load tensor `{tensor}`: {message}")]
+    LoadTensor { tensor: String, message: String },
+    /// `--device` named something this build cannot run on.
+    #[error("device `{device}`: {message}")]
+    Device { device: String, message: String },
+    /// The KV pool cannot be created with these settings (zero pages, or more memory than allowed).
+    #[error("KV pool: {message}")]
+    Pool { message: String },
+    /// A sequence of a forward batch is malformed (bad token id, page id, position or block table).
+    #[error("batch sequence {seq}: {message}")]
+    Batch { seq: usize, message: String },
+    /// The pool was made for a different model shape or device.
+    #[error("the KV pool does not fit this model: {message}")]
+    PoolMismatch { message: String },
+    #[error("sampling: {message}")]
+    Sampling { message: String },
+    /// A tensor operation failed inside the forward pass (a bug or a device error, not bad input).
+    #[error("forward pass: {message}")]
+    Forward { message: String },
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+impl From<candle_core::Error> for ModelError {
+    fn from(e: candle_core::Error) -> Self {
+        ModelError::Forward {
+            message: crate::info::candle_message(e),
+        }
+    }
+}

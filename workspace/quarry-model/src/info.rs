@@ -127,14 +127,14 @@ impl ModelInfo {
     }
 }
 
-fn invalid(key: &str, e: candle_core::Error) -> ModelError {
+pub(crate) fn invalid(key: &str, e: candle_core::Error) -> ModelError {
     ModelError::InvalidKey {
         key: key.to_owned(),
         message: candle_message(e),
     }
 }
 
-fn as_u64(v: &Value) -> candle_core::Result<u64> {
+pub(crate) fn as_u64(v: &Value) -> candle_core::Result<u64> {
     match v {
         Value::U8(x) => Ok(*x as u64),
         Value::U16(x) => Ok(*x as u64),
@@ -148,7 +148,7 @@ fn as_u64(v: &Value) -> candle_core::Result<u64> {
     }
 }
 
-fn as_f64(v: &Value) -> candle_core::Result<f64> {
+pub(crate) fn as_f64(v: &Value) -> candle_core::Result<f64> {
     match v {
         Value::F32(x) => Ok(*x as f64),
         Value::F64(x) => Ok(*x),

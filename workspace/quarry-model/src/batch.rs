@@ -1,0 +1,175 @@
+//! One forward call's input (a ragged batch of sequences) and output (logits rows).
+
+use std::ops::Range;
+
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::pool::{KvPool, PageId};
+
+/// One sequence's part of a forward batch: a prefill, an extend or a single-token decode.
+///
+/// The new tokens take positions `start..start + tokens.len()`; positions `0..start` must already
+/// be in the pool (written by earlier calls, possibly for another sequence that shares the pages).
+#[derive(Debug, Clone, Copy)]
+pub struct SeqInput<'a> {
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`.
+    pub start: usize,
+    /// Block table: page `i` holds positions `i * page_size .. (i + 1) * page_size`. It must cover
+    /// every position up to `start + tokens.len()`.
+    pub pages: &'a [PageId],
+    /// Return logits at every new position (for verifying several tokens), not only the last.
+    pub all_logits: bool,
+}
+
+impl<'a> SeqInput<'a> {
+    /// New tokens at `start`, last-position logits only.
+    pub fn new(tokens: &'a [u32], start: usize, pages: &'a [PageId]) -> Self {
+        Self {
+            tokens,
+            start,
+            pages,
+            all_logits: false,
+        }
+    }
+
+    pub fn with_all_logits(mut self) -> Self {
+        self.all_logits = true;
+        self
+    }
+
+    /// Position after the last new token: the sequence's length once this call has run.
+    pub fn end(&self) -> usize {
+        self.start + self.tokens.len()
+    }
+}
+
+/// The flattened view of a validated batch that the layers work on.
+pub(crate) struct Plan {
+    pub tokens: Vec<u32>,
+    pub positions: Vec<u32>,
+    /// Pool row written by each new token.
+    pub slots: Vec<u32>,
+    /// Rows of the flattened batch that belong to each sequence.
+    pub seq_rows: Vec<Range<usize>>,
+    /// Flattened rows whose logits are returned, in output order.
+    pub logit_rows: Vec<u32>,
+    /// Output rows per sequence (into `logit_rows`).
+    pub out_rows: Vec<Range<usize>>,
+}
+
+impl Plan {
+    pub(crate) fn new(batch: &[SeqInput], pool: &KvPool, config: &LlamaConfig) -> Result<Self> {
+        let total: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        let mut plan = Plan {
+            tokens: Vec::with_capacity(total),
+            positions: Vec::with_capacity(total),
+            slots: Vec::with_capacity(total),
+            seq_rows: Vec::with_capacity(batch.len()),
+            logit_rows: Vec::with_capacity(batch.len()),
+            out_rows: Vec::with_capacity(batch.len()),
+        };
+        let ps = pool.page_size();
+        for (i, seq) in batch.iter().enumerate() {
+            let err = |message: String| ModelError::Batch { seq: i, message };
+            if seq.tokens.is_empty() {
+                return Err(err("no new tokens".into()));
+            }
+            if seq.end() > config.context_length {
+                return Err(err(format!(
+                    "positions up to {} exceed the model's context length {}",
+                    seq.end(),
+                    config.context_length
+                )));
+            }
+            let needed = seq.end().div_ceil(ps);
+            if seq.pages.len() < needed {
+                return Err(err(format!(
+                    "{} positions need {needed} pages of {ps}, the block table has {}",
+                    seq.end(),
+                    seq.pages.len()
+                )));
+            }
+            if let Some(&p) = seq.pages[..needed]
+                .iter()
+                .find(|&&p| !pool.is_allocated(p))
+            {
+                return Err(err(format!(
+                    "page {p} is not allocated in the pool of {} pages",
+                    pool.num_pages()
+                )));
+            }
+            if let Some(&t) = seq
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= config.vocab_size)
+            {
+                return Err(err(format!(
+                    "token id {t} is outside the vocabulary of {}",
+                    config.vocab_size
+                )));
+            }
+            let first = plan.tokens.len();
+            plan.tokens.extend_from_slice(seq.tokens);
+            for p in seq.start..seq.end() {
+                plan.positions.push(p as u32);
+                plan.slots
+                    .push((seq.pages[p / ps] as usize * ps + p % ps) as u32);
+            }
+            let rows = first..plan.tokens.len();
+            let out_first = plan.logit_rows.len();
+            if seq.all_logits {
+                plan.logit_rows.extend(rows.clone().map(|r| r as u32));
+            } else {
+                plan.logit_rows.push(rows.end as u32 - 1);
+            }
+            plan.out_rows.push(out_first..plan.logit_rows.len());
+            plan.seq_rows.push(rows);
+        }
+        Ok(plan)
+    }
+}
+
+/// Logits returned by a forward call, one row of `vocab` values per returned position.
+/// Reused across calls so the buffer is allocated once.
+#[derive(Debug, Default, Clone)]
+pub struct Logits {
+    pub(crate) data: Vec<f32>,
+    pub(crate) vocab: usize,
+    pub(crate) rows: Vec<Range<usize>>,
+}
+
+impl Logits {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of sequences in the batch that produced these logits.
+    pub fn num_seqs(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    /// Logits after the last new token of sequence `seq`.
+    pub fn last(&self, seq: usize) -> &[f32] {
+        let r = self.rows[seq].end - 1;
+        &self.data[r * self.vocab..(r + 1) * self.vocab]
+    }
+
+    /// Mutable logits after the last new token of `seq`, for masking in place before sampling.
+    pub fn last_mut(&mut self, seq: usize) -> &mut [f32] {
+        let r = self.rows[seq].end - 1;
+        &mut self.data[r * self.vocab..(r + 1) * self.vocab]
+    }
+
+    /// Logits after each new token of `seq`: every position when it asked for all logits,
+    /// otherwise only the last.
+    pub fn positions(&self, seq: usize) -> impl ExactSizeIterator<Item = &[f32]> + '_ {
+        self.rows[seq]
+            .clone()
+            .map(move |r| &self.data[r * self.vocab..(r + 1) * self.vocab])
+    }
+}

@@ -1,0 +1,249 @@
+//! The llama architecture: GGUF weights and the batched ragged forward pass.
+
+use std::path::Path;
+
+use candle_core::quantized::{gguf_file::Content, QTensor};
+use candle_core::{DType, Device, Tensor};
+
+use crate::attention::{self, Heads};
+use crate::batch::{Logits, Plan, SeqInput};
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::info::candle_message;
+use crate::linear::Linear;
+use crate::pool::{KvPool, KvStorage};
+
+struct Layer {
+    attn_norm: Tensor,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    wo: Linear,
+    ffn_norm: Tensor,
+    w_gate: Linear,
+    w_up: Linear,
+    w_down: Linear,
+}
+
+/// A llama-architecture model (Llama 2/3, SmolLM, Mistral without sliding windows, …) loaded from
+/// GGUF. Weights stay in their GGUF type (Q4_0, Q4_1, Q8_0, K-quants; F16 and F32 are used as
+/// dense tensors) and are multiplied by candle's quantized kernels.
+///
+/// The model holds no per-sequence state: every call to [`Llama::forward`] names the KV pages it
+/// reads and writes, so any number of sequences can be in flight at once.
+pub struct Llama {
+    config: LlamaConfig,
+    device: Device,
+    /// Token embeddings, dequantized once: `[vocab, embedding_length]`.
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Linear,
+    /// RoPE tables `[context_length, head_dim / 2]`.
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Llama {
+    /// Loads a llama-architecture GGUF file onto `device`.
+    pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
+        let path = path.as_ref();
+        let io = |source| ModelError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file_bytes = std::fs::metadata(path).map_err(io)?.len();
+        let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
+        let content = Content::read(&mut file).map_err(|e| ModelError::Gguf {
+            path: path.to_owned(),
+            message: candle_message(e),
+        })?;
+        // Reports a truncated file by name before any tensor read fails on it.
+        crate::ModelInfo::from_content(&content, file_bytes)?;
+        Self::from_content(&content, &mut file, device)
+    }
+
+    /// Loads the weights described by `content` from `reader`.
+    pub fn from_content<R: std::io::Read + std::io::Seek>(
+        content: &Content,
+        reader: &mut R,
+        device: &Device,
+    ) -> Result<Self> {
+        let config = LlamaConfig::from_content(content)?;
+        let mut get = |name: &str, dims: &[usize]| -> Result<QTensor> {
+            if !content.tensor_infos.contains_key(name) {
+                return Err(ModelError::MissingTensor {
+                    tensor: name.into(),
+                });
+            }
+            let t = content
+                .tensor(reader, name, device)
+                .map_err(|e| ModelError::LoadTensor {
+                    tensor: name.into(),
+                    message: candle_message(e),
+                })?;
+            if t.shape().dims() != dims {
+                return Err(ModelError::TensorShape {
+                    tensor: name.into(),
+                    expected: format!("{dims:?}"),
+                    found: format!("{:?}", t.shape().dims()),
+                });
+            }
+            Ok(t)
+        };
+        let c = &config;
+        let (e, hd) = (c.embedding_length, c.head_dim);
+        let dense = |t: QTensor| -> Result<Tensor> { Ok(t.dequantize(device)?) };
+        let mm = |t: QTensor| Linear::new(t, device);
+        let embed_q = get("token_embd.weight", &[c.vocab_size, e])?;
+        let embed = embed_q.dequantize(device)?;
+        let lm_head = if content.tensor_infos.contains_key("output.weight") {
+            mm(get("output.weight", &[c.vocab_size, e])?)?
+        } else {
+            // Tied embeddings (SmolLM2): the output projection is the embedding matrix.
+            mm(embed_q)?
+        };
+        let mut layers = Vec::with_capacity(c.block_count);
+        for i in 0..c.block_count {
+            let mut t = |suffix: &str, dims: &[usize]| get(&format!("blk.{i}.{suffix}"), dims);
+            layers.push(Layer {
+                attn_norm: dense(t("attn_norm.weight", &[e])?)?,
+                wq: mm(t("attn_q.weight", &[c.head_count * hd, e])?)?,
+                wk: mm(t("attn_k.weight", &[c.head_count_kv * hd, e])?)?,
+                wv: mm(t("attn_v.weight", &[c.head_count_kv * hd, e])?)?,
+                wo: mm(t("attn_output.weight", &[e, c.head_count * hd])?)?,
+                ffn_norm: dense(t("ffn_norm.weight", &[e])?)?,
+                w_gate: mm(t("ffn_gate.weight", &[c.feed_forward_length, e])?)?,
+                w_up: mm(t("ffn_up.weight", &[c.feed_forward_length, e])?)?,
+                w_down: mm(t("ffn_down.weight", &[e, c.feed_forward_length])?)?,
+            });
+        }
+        let norm = dense(get("output_norm.weight", &[e])?)?;
+        let (cos, sin) = rope_tables(c, device)?;
+        Ok(Self {
+            config,
+            device: device.clone(),
+            embed,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+        })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Runs one forward pass over a ragged batch.
+    ///
+    /// For every sequence, writes the keys and values of its new tokens into `pool` at the slots
+    /// its block table names, attends over positions `0..=p` for each new position `p`, and puts
+    /// its logits in `out`: after the last new token, or after every new token when it asked for
+    /// all of them. Sequences may share pages for positions before their new tokens. Two sequences
+    /// must not write the same slot in one call.
+    pub fn forward(&self, batch: &[SeqInput], pool: &mut KvPool, out: &mut Logits) -> Result<()> {
+        pool.check_shape(&self.config, &self.device)?;
+        out.vocab = self.config.vocab_size;
+        out.rows.clear();
+        out.data.clear();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let plan = Plan::new(batch, pool, &self.config)?;
+        let c = &self.config;
+        let t = plan.tokens.len();
+        let heads = Heads {
+            n_head: c.head_count,
+            n_kv: c.head_count_kv,
+            head_dim: c.head_dim,
+            page_size: pool.page_size(),
+        };
+        let dev = &self.device;
+        let tokens = Tensor::from_slice(&plan.tokens, t, dev)?;
+        let positions = Tensor::from_slice(&plan.positions, t, dev)?;
+        let slots = match pool.storage {
+            KvStorage::Tensor { .. } => Some(Tensor::from_slice(&plan.slots, t, dev)?),
+            KvStorage::Host { .. } => None,
+        };
+        let half = c.head_dim / 2;
+        let cos = self.cos.index_select(&positions, 0)?.reshape((t, 1, half))?;
+        let sin = self.sin.index_select(&positions, 0)?.reshape((t, 1, half))?;
+        let eps = c.rms_norm_eps;
+
+        let mut x = self.embed.index_select(&tokens, 0)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
+            let rope = |w: &Linear, n: usize| -> Result<Tensor> {
+                let y = w.forward(&h)?.reshape((t, n, 1, c.head_dim))?;
+                Ok(candle_nn::rotary_emb::rope_i(&y, &cos, &sin)?.reshape((t, n, c.head_dim))?)
+            };
+            let q = rope(&layer.wq, c.head_count)?;
+            let k = rope(&layer.wk, c.head_count_kv)?.reshape((t, c.kv_dim()))?;
+            let v = layer.wv.forward(&h)?;
+            let attn = match &mut pool.storage {
+                KvStorage::Host { k: kp, v: vp } => {
+                    attention::with_host_slice(&k, |s| {
+                        attention::write_host(&mut kp[l], s, &plan.slots, c.kv_dim())
+                    })?;
+                    attention::with_host_slice(&v, |s| {
+                        attention::write_host(&mut vp[l], s, &plan.slots, c.kv_dim())
+                    })?;
+                    let o = attention::with_host_slice(&q, |qs| {
+                        attention::attend_host(qs, &kp[l], &vp[l], &plan, batch, heads)
+                    })?;
+                    Tensor::from_vec(o, (t, c.head_count * c.head_dim), dev)?
+                }
+                KvStorage::Tensor { k: kp, v: vp } => {
+                    let slots = slots.as_ref().expect("tensor layout has slots");
+                    attention::write_tensor(&kp[l], &k, slots)?;
+                    attention::write_tensor(&vp[l], &v, slots)?;
+                    attention::attend_tensor(&q, &kp[l], &vp[l], &plan, batch, heads, dev)?
+                }
+            };
+            x = (x + layer.wo.forward(&attn)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
+            let gate = layer.w_gate.forward(&h)?.silu()?;
+            let up = layer.w_up.forward(&h)?;
+            x = (x + layer.w_down.forward(&(gate * up)?)?)?;
+        }
+        // Only the rows whose logits are wanted go through the final norm and the vocabulary
+        // projection, the largest matmul of a decode step.
+        let rows = Tensor::from_slice(&plan.logit_rows, plan.logit_rows.len(), dev)?;
+        let x = candle_nn::ops::rms_norm(&x.index_select(&rows, 0)?, &self.norm, eps)?;
+        let logits = self.lm_head.forward(&x)?;
+        if dev.is_cpu() {
+            attention::with_host_slice(&logits, |s| out.data.extend_from_slice(s))?;
+        } else {
+            out.data = logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+        }
+        out.rows = plan.out_rows;
+        Ok(())
+    }
+}
+
+/// `cos(p * θ_i)` and `sin(p * θ_i)` for every position and frequency, `θ_i = base^(-2i/d)`.
+fn rope_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+    let half = c.head_dim / 2;
+    let inv: Vec<f64> = (0..half)
+        .map(|i| (c.rope_freq_base as f64).powf(-2.0 * i as f64 / c.head_dim as f64))
+        .collect();
+    let mut cos = Vec::with_capacity(c.context_length * half);
+    let mut sin = Vec::with_capacity(c.context_length * half);
+    for p in 0..c.context_length {
+        for f in &inv {
+            let a = p as f64 * f;
+            cos.push(a.cos() as f32);
+            sin.push(a.sin() as f32);
+        }
+    }
+    Ok((
+        Tensor::from_vec(cos, (c.context_length, half), device)?,
+        Tensor::from_vec(sin, (c.context_length, half), device)?,
+    ))
+}

@@ -1,0 +1,217 @@
+//! The KV page pool: fixed-size pages of keys and values for every layer, owned by the engine.
+//!
+//! A sequence's KV lives in the pages of its *block table*: position `p` is row `p % page_size` of
+//! page `table[p / page_size]`. The engine allocates pages here and decides which sequences share
+//! them (a radix prefix cache hands the same leading pages to every sequence with that prefix). The
+//! model only writes the rows of the new tokens it is given and reads the rows its block tables name;
+//! it never copies or concatenates a cache.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+
+/// Index of a page in a [`KvPool`].
+pub type PageId = u32;
+
+/// How the pool stores pages, which also picks the attention implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvLayout {
+    /// Plain host memory read in place by the paged attention kernel (CPU only; the default there).
+    Host,
+    /// One candle tensor per layer and K/V, written with `scatter_set` and gathered per sequence for
+    /// attention with tensor ops. Runs on any device (the CUDA path); on CPU it is the cross-check.
+    Tensor,
+}
+
+/// Storage for `slots = num_pages * page_size` rows of `kv_dim` values per layer, for K and for V.
+pub(crate) enum KvStorage {
+    Host { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+    Tensor { k: Vec<Tensor>, v: Vec<Tensor> },
+}
+
+/// Fixed-size KV pages for every layer of one model, with a free list.
+pub struct KvPool {
+    page_size: usize,
+    num_pages: usize,
+    layers: usize,
+    kv_dim: usize,
+    device: Device,
+    pub(crate) storage: KvStorage,
+    free: Vec<PageId>,
+    in_use: Vec<bool>,
+}
+
+impl KvPool {
+    /// A pool of `num_pages` pages of `page_size` token positions each, shaped for `config`, on
+    /// `device`. `layout` defaults to [`KvLayout::Host`] on CPU and [`KvLayout::Tensor`] elsewhere.
+    pub fn new(
+        config: &LlamaConfig,
+        page_size: usize,
+        num_pages: usize,
+        device: &Device,
+        layout: Option<KvLayout>,
+    ) -> Result<Self> {
+        let pool_err = |message: String| ModelError::Pool { message };
+        if page_size == 0 || num_pages == 0 {
+            return Err(pool_err(format!(
+                "page size ({page_size}) and page count ({num_pages}) must be positive"
+            )));
+        }
+        if num_pages > PageId::MAX as usize {
+            return Err(pool_err(format!("{num_pages} pages is more than {}", PageId::MAX)));
+        }
+        let layers = config.block_count;
+        let kv_dim = config.kv_dim();
+        let per_layer = num_pages
+            .checked_mul(page_size)
+            .and_then(|s| s.checked_mul(kv_dim))
+            .ok_or_else(|| pool_err(format!("{num_pages} pages of {page_size} overflow")))?;
+        let layout = layout.unwrap_or(if device.is_cpu() {
+            KvLayout::Host
+        } else {
+            KvLayout::Tensor
+        });
+        if layout == KvLayout::Host && !device.is_cpu() {
+            return Err(pool_err("the host layout needs the CPU device".into()));
+        }
+        let storage = match layout {
+            KvLayout::Host => {
+                let buffer = || -> Result<Vec<f32>> {
+                    let mut b = Vec::new();
+                    b.try_reserve_exact(per_layer).map_err(|_| {
+                        pool_err(format!(
+                            "cannot allocate {} MiB for one layer's keys",
+                            per_layer * 4 >> 20
+                        ))
+                    })?;
+                    b.resize(per_layer, 0.0);
+                    Ok(b)
+                };
+                KvStorage::Host {
+                    k: (0..layers).map(|_| buffer()).collect::<Result<_>>()?,
+                    v: (0..layers).map(|_| buffer()).collect::<Result<_>>()?,
+                }
+            }
+            KvLayout::Tensor => {
+                let slots = num_pages * page_size;
+                let zeros = || Tensor::zeros((slots, kv_dim), DType::F32, device);
+                KvStorage::Tensor {
+                    k: (0..layers).map(|_| zeros()).collect::<candle_core::Result<_>>()?,
+                    v: (0..layers).map(|_| zeros()).collect::<candle_core::Result<_>>()?,
+                }
+            }
+        };
+        Ok(Self {
+            page_size,
+            num_pages,
+            layers,
+            kv_dim,
+            device: device.clone(),
+            storage,
+            // Popped from the back, so pages are handed out in increasing order.
+            free: (0..num_pages as PageId).rev().collect(),
+            in_use: vec![false; num_pages],
+        })
+    }
+
+    /// Bytes one page takes across all layers (keys and values, f32).
+    pub fn bytes_per_page(config: &LlamaConfig, page_size: usize) -> usize {
+        2 * config.block_count * config.kv_dim() * page_size * std::mem::size_of::<f32>()
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    pub fn num_pages(&self) -> usize {
+        self.num_pages
+    }
+
+    pub fn free_pages(&self) -> usize {
+        self.free.len()
+    }
+
+    pub fn layout(&self) -> KvLayout {
+        match self.storage {
+            KvStorage::Host { .. } => KvLayout::Host,
+            KvStorage::Tensor { .. } => KvLayout::Tensor,
+        }
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Pages needed to hold `tokens` positions.
+    pub fn pages_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.page_size)
+    }
+
+    /// Takes one free page, or `None` when the pool is full (the engine then evicts or waits).
+    pub fn alloc(&mut self) -> Option<PageId> {
+        let page = self.free.pop()?;
+        self.in_use[page as usize] = true;
+        Some(page)
+    }
+
+    /// Appends `n` pages to `table`, all or nothing: `false` (and `table` unchanged) when fewer are free.
+    pub fn alloc_into(&mut self, n: usize, table: &mut Vec<PageId>) -> bool {
+        if self.free.len() < n {
+            return false;
+        }
+        for _ in 0..n {
+            let page = self.free.pop().expect("checked above");
+            self.in_use[page as usize] = true;
+            table.push(page);
+        }
+        true
+    }
+
+    /// Returns a page to the free list. Freeing a page that is not allocated is an error, so a
+    /// reference-count bug in the engine shows up instead of corrupting another sequence's KV.
+    pub fn free(&mut self, page: PageId) -> Result<()> {
+        match self.in_use.get_mut(page as usize) {
+            Some(used) if *used => {
+                *used = false;
+                self.free.push(page);
+                Ok(())
+            }
+            Some(_) => Err(ModelError::Pool {
+                message: format!("page {page} freed twice"),
+            }),
+            None => Err(ModelError::Pool {
+                message: format!("page {page} is outside the pool of {}", self.num_pages),
+            }),
+        }
+    }
+
+    pub fn is_allocated(&self, page: PageId) -> bool {
+        self.in_use.get(page as usize).copied().unwrap_or(false)
+    }
+
+    /// Checks that the pool was made for a model of this shape.
+    pub(crate) fn check_shape(&self, config: &LlamaConfig, device: &Device) -> Result<()> {
+        if self.layers != config.block_count || self.kv_dim != config.kv_dim() {
+            return Err(ModelError::PoolMismatch {
+                message: format!(
+                    "pool has {} layers of width {}, model has {} of width {}",
+                    self.layers,
+                    self.kv_dim,
+                    config.block_count,
+                    config.kv_dim()
+                ),
+            });
+        }
+        if !self.device.same_device(device) {
+            return Err(ModelError::PoolMismatch {
+                message: format!(
+                    "pool is on {:?}, model on {:?}",
+                    self.device.location(),
+                    device.location()
+                ),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,257 @@
+//! Sampling primitives on a row of logits: greedy, temperature, top-k, top-p, seeded.
+//!
+//! Masked tokens carry `-inf` logits and are never drawn. The random stream is ChaCha8 seeded from
+//! the request's seed, which rand documents as reproducible across platforms and versions, so the
+//! same seed and logits give the same tokens.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::error::{ModelError, Result};
+
+/// How to pick a token. `temperature == 0` is greedy (the others are then ignored).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p`; 1 keeps all.
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self::greedy()
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        }
+    }
+
+    /// Checks the ranges: a finite temperature ≥ 0 and `0 < top_p ≤ 1`.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(ModelError::Sampling {
+                message: format!(
+                    "temperature must be finite and >= 0, got {}",
+                    self.temperature
+                ),
+            });
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(ModelError::Sampling {
+                message: format!("top_p must be in (0, 1], got {}", self.top_p),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Index of the largest logit (the first on ties), or `None` when every logit is `-inf` or NaN.
+pub fn argmax(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(u32, f32)> = None;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > f32::NEG_INFINITY && best.is_none_or(|(_, b)| x > b) {
+            best = Some((i as u32, x));
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
+/// One sequence's sampler: its parameters, its random stream and reusable scratch space, so that
+/// drawing a token allocates nothing once the scratch has grown.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+    candidates: Vec<(f32, u32)>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Result<Self> {
+        params.validate()?;
+        Ok(Self {
+            params,
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            candidates: Vec::new(),
+        })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Draws a token from `logits`. Fails only when no token is possible (all `-inf`) or a logit
+    /// is NaN.
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
+        if let Some(i) = logits.iter().position(|x| x.is_nan()) {
+            return Err(ModelError::Sampling {
+                message: format!("logit of token {i} is NaN"),
+            });
+        }
+        let none = || ModelError::Sampling {
+            message: "every token is masked (all logits are -inf)".into(),
+        };
+        let p = self.params;
+        if p.temperature == 0.0 {
+            return argmax(logits).ok_or_else(none);
+        }
+        let c = &mut self.candidates;
+        c.clear();
+        c.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, &x)| x > f32::NEG_INFINITY)
+                .map(|(i, &x)| (x, i as u32)),
+        );
+        if c.is_empty() {
+            return Err(none());
+        }
+        // Most likely first; ties broken by token id so the order does not depend on the sort.
+        let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if p.top_k > 0 && p.top_k < c.len() {
+            c.select_nth_unstable_by(p.top_k - 1, order);
+            c.truncate(p.top_k);
+        }
+        let max = c.iter().map(|x| x.0).fold(f32::NEG_INFINITY, f32::max);
+        let inv_t = 1.0 / p.temperature;
+        // Unnormalized probabilities, in f64 so long tails do not lose mass.
+        let total: f64 = c
+            .iter_mut()
+            .map(|x| {
+                x.0 = ((x.0 - max) * inv_t).exp();
+                x.0 as f64
+            })
+            .sum();
+        let keep = if p.top_p < 1.0 {
+            // Sort a growing head of the candidates until it holds top_p of the mass: usually a
+            // few dozen tokens, never a sort of the whole vocabulary.
+            let by_prob = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+            let target = p.top_p as f64 * total;
+            let mut head = 64.min(c.len());
+            loop {
+                if head < c.len() {
+                    c.select_nth_unstable_by(head - 1, by_prob);
+                }
+                c[..head].sort_unstable_by(by_prob);
+                let mut acc = 0.0;
+                let found = c[..head].iter().position(|x| {
+                    acc += x.0 as f64;
+                    acc >= target
+                });
+                match found {
+                    Some(i) => break i + 1,
+                    None if head == c.len() => break head,
+                    None => head = (head * 4).min(c.len()),
+                }
+            }
+        } else {
+            c.len()
+        };
+        let kept = &c[..keep];
+        let mass: f64 = kept.iter().map(|x| x.0 as f64).sum();
+        let mut u = self.rng.random::<f64>() * mass;
+        for &(w, id) in kept {
+            u -= w as f64;
+            if u < 0.0 {
+                return Ok(id);
+            }
+        }
+        Ok(kept[keep - 1].1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            seed,
+        }
+    }
+
+    fn draws(p: SamplingParams, logits: &[f32], n: usize) -> Vec<u32> {
+        let mut s = Sampler::new(p).unwrap();
+        (0..n).map(|_| s.sample(logits).unwrap()).collect()
+    }
+
+    #[test]
+    fn greedy_takes_the_first_maximum_and_skips_masked() {
+        let l = [1.0, 3.0, f32::NEG_INFINITY, 3.0];
+        assert_eq!(draws(SamplingParams::greedy(), &l, 3), vec![1, 1, 1]);
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 4]), None);
+        let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
+        assert!(s.sample(&[f32::NEG_INFINITY; 3]).is_err());
+        assert!(s.sample(&[0.0, f32::NAN]).is_err());
+    }
+
+    #[test]
+    fn same_seed_same_tokens_other_seed_other_tokens() {
+        let logits: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 997) as f32 / 100.0).collect();
+        let a = draws(params(1.0, 0, 1.0, 42), &logits, 200);
+        assert_eq!(a, draws(params(1.0, 0, 1.0, 42), &logits, 200));
+        assert_ne!(a, draws(params(1.0, 0, 1.0, 43), &logits, 200));
+    }
+
+    #[test]
+    fn top_k_and_top_p_restrict_the_support() {
+        // Probabilities proportional to 8, 4, 2, 1, 1 (at temperature 1).
+        let logits: Vec<f32> = [8f32, 4., 2., 1., 1.].iter().map(|x| x.ln()).collect();
+        let k2 = draws(params(1.0, 2, 1.0, 1), &logits, 500);
+        assert!(k2.iter().all(|&t| t < 2), "{k2:?}");
+        assert!(k2.contains(&0) && k2.contains(&1));
+        // 8/16 = 0.5 is not enough for 0.6; 12/16 = 0.75 is: tokens 0 and 1 only.
+        let p = draws(params(1.0, 0, 0.6, 2), &logits, 500);
+        assert!(p.iter().all(|&t| t < 2) && p.contains(&1), "{p:?}");
+        // 0.5 exactly is reached by the first token alone.
+        let p = draws(params(1.0, 0, 0.5, 3), &logits, 100);
+        assert!(p.iter().all(|&t| t == 0));
+    }
+
+    #[test]
+    fn frequencies_follow_the_temperature_scaled_softmax() {
+        // p ∝ exp(l / T): logits 0 and ln 3 at T = 1 give 1:3; at T = 0.5 they give 1:9.
+        let logits = [0.0, 3f32.ln()];
+        let n = 20_000;
+        let share = |t: f32| {
+            draws(params(t, 0, 1.0, 7), &logits, n)
+                .iter()
+                .filter(|&&x| x == 1)
+                .count() as f64
+                / n as f64
+        };
+        assert!((share(1.0) - 0.75).abs() < 0.015, "{}", share(1.0));
+        assert!((share(0.5) - 0.9).abs() < 0.015, "{}", share(0.5));
+    }
+
+    #[test]
+    fn top_p_over_a_large_vocabulary_grows_its_head() {
+        // A flat distribution over 10,000 tokens: top_p 0.5 must keep about 5,000, which needs the
+        // head to grow past its first 64 candidates.
+        let logits = vec![0.0f32; 10_000];
+        let d = draws(params(1.0, 0, 0.5, 9), &logits, 2000);
+        assert!(d.iter().all(|&t| t < 5000), "ties keep the lowest ids");
+        assert!(d.iter().any(|&t| t > 4000));
+    }
+
+    #[test]
+    fn invalid_parameters_are_typed_errors() {
+        assert!(Sampler::new(params(-1.0, 0, 1.0, 0)).is_err());
+        assert!(Sampler::new(params(f32::NAN, 0, 1.0, 0)).is_err());
+        assert!(Sampler::new(params(1.0, 0, 0.0, 0)).is_err());
+        assert!(Sampler::new(params(1.0, 0, 1.5, 0)).is_err());
+    }
+}

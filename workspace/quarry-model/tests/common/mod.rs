@@ -1,0 +1,61 @@
+//! Shared set-up for the model tests: the real SmolLM2 GGUF and its llama.cpp fixtures.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use candle_core::Device;
+use quarry_model::{KvLayout, KvPool, Llama, Logits, PageId, SeqInput};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn smollm2_path() -> PathBuf {
+    let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} is missing: run `make setup` first",
+        path.display()
+    );
+    path
+}
+
+/// The model, loaded once per test binary.
+pub fn smollm2() -> &'static Llama {
+    static MODEL: OnceLock<Llama> = OnceLock::new();
+    MODEL.get_or_init(|| Llama::load(smollm2_path(), &Device::Cpu).unwrap())
+}
+
+/// A CPU pool of `pages` pages of `page_size`.
+pub fn pool(page_size: usize, pages: usize, layout: KvLayout) -> KvPool {
+    KvPool::new(
+        smollm2().config(),
+        page_size,
+        pages,
+        &Device::Cpu,
+        Some(layout),
+    )
+    .unwrap()
+}
+
+/// Runs `tokens` as one prefill of a fresh sequence and returns the logits at every position.
+pub fn prefill_all(tokens: &[u32], page_size: usize, layout: KvLayout) -> Vec<Vec<f32>> {
+    let mut p = pool(page_size, tokens.len().div_ceil(page_size), layout);
+    let mut table: Vec<PageId> = Vec::new();
+    assert!(p.alloc_into(p.pages_for(tokens.len()), &mut table));
+    let mut out = Logits::new();
+    smollm2()
+        .forward(
+            &[SeqInput::new(tokens, 0, &table).with_all_logits()],
+            &mut p,
+            &mut out,
+        )
+        .unwrap();
+    out.positions(0).map(<[f32]>::to_vec).collect()
+}
+
+pub fn log_sum_exp(row: &[f32]) -> f64 {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln()
+}
