@@ -1,12 +1,13 @@
 //! The `quarry` command line.
 //!
 //! Subcommands today: `info` (what a model file is), `tokenize` (ids and token strings),
-//! `chat-template` (a rendered prompt) and `grammar` (compile a constraint, check a text, print a
-//! mask). Extraction jobs join as the engine and pipeline land.
+//! `chat-template` (a rendered prompt), `grammar` (compile a constraint, check a text, print a
+//! mask) and `generate` (unconstrained text generation). Extraction jobs join as the engine and pipeline land.
 //!
 //! Exit codes, as grep has them: 0 success or "yes", 1 a "no" answer (`grammar accepts`), 2 an
 //! error (one line on stderr).
 
+mod generate_cmd;
 mod grammar_cmd;
 
 use std::io::Write;
@@ -75,6 +76,8 @@ enum Command {
     /// Compile regex and choice constraints against the model's vocabulary; check texts and masks.
     #[command(subcommand)]
     Grammar(grammar_cmd::GrammarCommand),
+    /// Generate text from a prompt on the CPU or a GPU, streamed, ending with tokens/s (stderr).
+    Generate(generate_cmd::GenerateArgs),
 }
 
 #[derive(Args)]
@@ -110,6 +113,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<bool> {
     match cli.command {
         Command::Grammar(cmd) => return grammar_cmd::run(cmd),
+        Command::Generate(args) => generate_cmd::run(args)?,
         Command::Info { model, json } => info(&model.model, json)?,
         Command::Tokenize {
             model,
