@@ -12,13 +12,30 @@ QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-.PHONY: setup build demo test lint fixtures bench-grammar bench-schemas fuzz
+.PHONY: setup build build-cuda demo test lint fixtures bench-grammar bench-schemas bench-model fuzz
 
 setup:
 	@bash infra/setup.sh
 
 build: setup
 	$(CARGO) build -p quarry
+
+# The CUDA build (`--device cuda:0`). Not part of `make test` or CI, which need no GPU.
+# nvcc comes from PyPI's CUDA 12 compiler package (the 12.x PTX loads under driver 580 / CUDA 13.0),
+# installed into $(QUARRY_CACHE)/cudavenv. Variables:
+#   CUDA_COMPUTE_CAP  GPU compute capability without the dot (90 for H100/H200)
+#   NVCC_CCBIN        host compiler for nvcc, if the default one is too new for it
+# The target puts nvcc on PATH and its headers on CPATH (CUDA_ROOT points at the package root).
+CUDA_COMPUTE_CAP ?= 90
+CUDA_VENV := $(QUARRY_CACHE)/cudavenv
+CUDA_PY_ROOT = $(shell $(CUDA_VENV)/bin/python -c 'import nvidia.cuda_nvcc, os; print(os.path.dirname(list(nvidia.cuda_nvcc.__path__)[0]))' 2>/dev/null)
+build-cuda: setup
+	test -x $(CUDA_VENV)/bin/python || python3 -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/pip install --quiet "nvidia-cuda-nvcc-cu12>=12.4,<13" "nvidia-cuda-runtime-cu12>=12.4,<13" "nvidia-cublas-cu12>=12.4,<13" "nvidia-curand-cu12>=10.3,<11"
+	PATH="$(CUDA_PY_ROOT)/cuda_nvcc/bin:$$PATH" CUDA_ROOT="$(CUDA_PY_ROOT)/cuda_nvcc" \
+	  CPATH="$(CUDA_PY_ROOT)/cuda_runtime/include:$(CUDA_PY_ROOT)/cuda_nvcc/include:$$CPATH" \
+	  CUDA_COMPUTE_CAP=$(CUDA_COMPUTE_CAP) \
+	  $(CARGO) build --release -p quarry --features cuda
 
 demo: build
 	@QUARRY=$(QUARRY) bash infra/demo.sh
@@ -44,6 +61,11 @@ bench-grammar: setup
 # JSON Schema compile times on the real-schema corpus, quarry vs llguidance (BENCHMARKS.md).
 bench-schemas: setup
 	$(CARGO) run --release -p quarry-bench --bin schema-bench -- --out $(CARGO_TARGET_DIR)/bench/schemas.json $(ARGS)
+
+# Model runtime throughput, quarry vs llama.cpp (2 threads, same GGUF and token ids). Needs the
+# `make fixtures` venv for llama.cpp; results go to BENCHMARKS.md.
+bench-model: setup
+	$(CARGO) run --release -p quarry-bench --bin model-bench -- --out $(CARGO_TARGET_DIR)/bench/model.json $(ARGS)
 
 # Fuzzes the grammar matcher against the oracle on a stable toolchain (needs `cargo install cargo-fuzz`).
 FUZZ_SECONDS ?= 600

@@ -34,3 +34,6 @@ section "What the model may write after '{\"name\":\"jq\",': quarry grammar mask
 section "Checking a record through the token path: quarry grammar accepts --canonicalize --explain"
 printf '%s' '{"version": "1.6-2.1", "name": "jq", "maintainer": "ChangZhuo Chen <czchen@debian.org>", "depends": ["libc6 (>= 2.34)"], "summary": "lightweight and flexible command-line JSON processor"}' \
   | "$Q" grammar accepts --schema "$SCHEMA" --canonicalize --explain
+
+section "The model runtime: quarry generate --chat (greedy, CPU)"
+"$Q" generate --chat --prompt "What is the Debian package manager called? Answer in one sentence." --max-tokens 48

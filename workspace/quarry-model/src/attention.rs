@@ -46,6 +46,9 @@ pub(crate) fn write_host(dst: &mut [f32], src: &[f32], slots: &[u32], kv_dim: us
 
 /// The host kernel. `q` is `[T, n_head, head_dim]`, `k`/`v` are one layer of the pool
 /// (`[slots, kv_dim]`); the result is `[T, n_head * head_dim]`.
+///
+/// Work items are (new token, query head) pairs on candle's CPU worker pool: a decode step of one
+/// sequence still has `n_head` items to share between the workers.
 pub(crate) fn attend_host(
     q: &[f32],
     k: &[f32],
@@ -55,80 +58,157 @@ pub(crate) fn attend_host(
     h: Heads,
 ) -> Vec<f32> {
     let t_total = plan.tokens.len();
-    let d = h.head_dim;
-    let group = h.group();
-    let kv_dim = h.kv_dim();
-    let ps = h.page_size;
-    let scale = h.scale();
-    let mut out = vec![0f32; t_total * h.n_head * d];
+    let mut out = vec![0f32; t_total * h.n_head * h.head_dim];
     let out_ptr = out.as_mut_ptr() as usize;
-    // Which sequence each flattened row belongs to.
-    let seq_of = |t: usize| plan.seq_rows.partition_point(|r| r.end <= t);
-    thread_local! {
-        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    let avx = has_avx2();
+    // Tiles of up to TILE consecutive new tokens of one sequence: each key and value row read
+    // serves the whole tile, which is what makes long prefills cheap.
+    let mut tiles: Vec<(u32, u32)> = Vec::new();
+    for (s, rows) in plan.seq_rows.iter().enumerate() {
+        let mut t = rows.start;
+        while t < rows.end {
+            let n = TILE.min(rows.end - t);
+            tiles.push((t as u32, s as u32));
+            t += n;
+        }
     }
-    let work = |t: usize, g: usize| {
-        let pages = batch[seq_of(t)].pages;
-        let ctx = plan.positions[t] as usize + 1;
-        SCORES.with(|cell| {
-            let mut scores = cell.borrow_mut();
-            scores.clear();
-            scores.resize(group * ctx, 0.0);
-            let q0 = (t * h.n_head + g * group) * d;
-            let qs = &q[q0..q0 + group * d];
-            // Scores, page by page.
-            let mut j = 0;
-            for &page in pages {
-                if j == ctx {
-                    break;
-                }
-                let rows = ps.min(ctx - j);
-                let base = page as usize * ps;
-                for r in 0..rows {
-                    let at = (base + r) * kv_dim + g * d;
-                    let krow = &k[at..at + d];
-                    for (hh, qh) in qs.chunks_exact(d).enumerate() {
-                        scores[hh * ctx + j + r] = dot(qh, krow) * scale;
-                    }
-                }
-                j += rows;
-            }
-            for row in scores.chunks_exact_mut(ctx) {
-                softmax_in_place(row);
-            }
-            // SAFETY: the item (t, g) alone writes heads g*group..(g+1)*group of row t.
-            let o = unsafe {
-                std::slice::from_raw_parts_mut((out_ptr as *mut f32).add(q0), group * d)
-            };
-            let mut j = 0;
-            for &page in pages {
-                if j == ctx {
-                    break;
-                }
-                let rows = ps.min(ctx - j);
-                let base = page as usize * ps;
-                for r in 0..rows {
-                    let at = (base + r) * kv_dim + g * d;
-                    let vrow = &v[at..at + d];
-                    for (hh, oh) in o.chunks_exact_mut(d).enumerate() {
-                        axpy(oh, scores[hh * ctx + j + r], vrow);
-                    }
-                }
-                j += rows;
-            }
-        });
+    let job = Job {
+        q,
+        k,
+        v,
+        plan,
+        batch,
+        h,
+        out: out_ptr,
     };
-    let items = t_total * h.n_kv;
-    candle_core::utils::barrier_pool().execute_chunked(items, |range| {
+    candle_core::utils::barrier_pool().execute_chunked(tiles.len() * h.n_head, |range| {
         for item in range {
-            work(item / h.n_kv, item % h.n_kv)
+            let (t0, seq) = tiles[item / h.n_head];
+            let head = item % h.n_head;
+            #[cfg(target_arch = "x86_64")]
+            if avx {
+                // SAFETY: AVX2 and FMA were detected at run time.
+                unsafe { job.tile_avx2(t0 as usize, seq as usize, head) };
+                continue;
+            }
+            let _ = avx;
+            job.tile(t0 as usize, seq as usize, head);
         }
     });
     out
 }
 
+/// New tokens attended together by one work item.
+const TILE: usize = 4;
+
+struct Job<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    plan: &'a Plan,
+    batch: &'a [SeqInput<'a>],
+    h: Heads,
+    /// `[T, n_head * head_dim]` output; each (tile, head) item writes only its own slices.
+    out: usize,
+}
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Job<'_> {
+    /// The same code compiled for AVX2 and FMA, so the dot products and sums use 8-wide FMAs.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile_avx2(&self, t0: usize, seq: usize, head: usize) {
+        self.tile(t0, seq, head)
+    }
+
+    /// Attention for query head `head` of the new tokens `t0..t0 + n` (consecutive positions of
+    /// sequence `seq`): scores over positions `0..=p` through the block table, softmax, then the
+    /// weighted sum of values.
+    #[inline(always)]
+    fn tile(&self, t0: usize, seq: usize, head: usize) {
+        let h = self.h;
+        let (d, ps, kv_dim) = (h.head_dim, h.page_size, h.kv_dim());
+        let g = head / h.group();
+        let rows = &self.plan.seq_rows[seq];
+        let n = TILE.min(rows.end - t0);
+        let pages = self.batch[seq].pages;
+        let p0 = self.plan.positions[t0] as usize;
+        // Token i of the tile sees positions 0..=p0 + i.
+        let ctx = p0 + n;
+        let scale = h.scale();
+        let stride = h.n_head * d;
+        let q: [&[f32]; TILE] = std::array::from_fn(|i| {
+            let at = (t0 + i.min(n - 1)) * stride + head * d;
+            &self.q[at..at + d]
+        });
+        SCORES.with(|cell| {
+            let mut scores = cell.borrow_mut();
+            scores.clear();
+            scores.resize(TILE * ctx, 0.0);
+            let mut j = 0;
+            for &page in pages {
+                if j == ctx {
+                    break;
+                }
+                let m = ps.min(ctx - j);
+                let base = (page as usize * ps) * kv_dim + g * d;
+                for r in 0..m {
+                    let at = base + r * kv_dim;
+                    let krow = &self.k[at..at + d];
+                    for i in 0..n {
+                        scores[i * ctx + j + r] = dot(q[i], krow) * scale;
+                    }
+                }
+                j += m;
+            }
+            for i in 0..n {
+                softmax_in_place(&mut scores[i * ctx..i * ctx + p0 + i + 1]);
+            }
+            let out: [&mut [f32]; TILE] = std::array::from_fn(|i| {
+                // SAFETY: this item alone writes head `head` of rows t0..t0+n; rows past n are
+                // never touched (they alias row n - 1 only as an unused, empty slice).
+                let len = if i < n { d } else { 0 };
+                let at = (t0 + i.min(n - 1)) * stride + head * d;
+                unsafe { std::slice::from_raw_parts_mut((self.out as *mut f32).add(at), len) }
+            });
+            let mut j = 0;
+            for &page in pages {
+                if j == ctx {
+                    break;
+                }
+                let m = ps.min(ctx - j);
+                let base = (page as usize * ps) * kv_dim + g * d;
+                for r in 0..m {
+                    let at = base + r * kv_dim;
+                    let vrow = &self.v[at..at + d];
+                    let pos = j + r;
+                    // Token i sees this position when pos <= p0 + i.
+                    for i in pos.saturating_sub(p0)..n {
+                        axpy(out[i], scores[i * ctx + pos], vrow);
+                    }
+                }
+                j += m;
+            }
+        });
+    }
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Dot product with eight independent accumulators, which the compiler vectorizes.
-#[inline]
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -147,13 +227,14 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `y += a * x`.
-#[inline]
+#[inline(always)]
 fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += a * xi;
     }
 }
 
+#[inline(always)]
 fn softmax_in_place(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
@@ -170,7 +251,10 @@ fn softmax_in_place(row: &mut [f32]) {
 /// Writes each new token's key and value into its slot of a tensor-layout pool layer.
 pub(crate) fn write_tensor(pool: &Tensor, src: &Tensor, slots: &Tensor) -> Result<()> {
     let (t, kv_dim) = src.dims2()?;
-    let index = slots.reshape((t, 1))?.broadcast_as((t, kv_dim))?.contiguous()?;
+    let index = slots
+        .reshape((t, 1))?
+        .broadcast_as((t, kv_dim))?
+        .contiguous()?;
     pool.scatter_set(&index, src, 0)?;
     Ok(())
 }
@@ -219,8 +303,11 @@ pub(crate) fn attend_tensor(
             })
             .collect();
         let mask = Tensor::from_vec(mask, (n, ctx), device)?;
-        let w = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?
-            .reshape((h.n_kv, group * n, ctx))?;
+        let w = candle_nn::ops::softmax_last_dim(&scores.broadcast_add(&mask)?)?.reshape((
+            h.n_kv,
+            group * n,
+            ctx,
+        ))?;
         let o = w
             .matmul(&v)?
             .reshape((h.n_head, n, d))?

@@ -90,10 +90,7 @@ impl Plan {
                     seq.pages.len()
                 )));
             }
-            if let Some(&p) = seq.pages[..needed]
-                .iter()
-                .find(|&&p| !pool.is_allocated(p))
-            {
+            if let Some(&p) = seq.pages[..needed].iter().find(|&&p| !pool.is_allocated(p)) {
                 return Err(err(format!(
                     "page {p} is not allocated in the pool of {} pages",
                     pool.num_pages()

@@ -98,7 +98,9 @@ impl LlamaConfig {
             if v != head_dim {
                 return Err(ModelError::InvalidKey {
                     key: format!("{architecture}.attention.value_length"),
-                    message: format!("value width {v} differs from key width {head_dim}, which is not supported"),
+                    message: format!(
+                        "value width {v} differs from key width {head_dim}, which is not supported"
+                    ),
                 });
             }
         }

@@ -22,7 +22,8 @@ pub fn parse_device(name: &str) -> Result<Device> {
     };
     if !cfg!(feature = "cuda") {
         return Err(err(
-            "this build has no CUDA support; rebuild with `make build-cuda` (the `cuda` feature)".into(),
+            "this build has no CUDA support; rebuild with `make build-cuda` (the `cuda` feature)"
+                .into(),
         ));
     }
     Device::new_cuda(ordinal).map_err(|e| err(crate::info::candle_message(e)))

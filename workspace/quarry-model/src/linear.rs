@@ -26,7 +26,7 @@ pub(crate) enum Linear {
 impl Linear {
     pub(crate) fn new(t: QTensor, device: &Device) -> Result<Self> {
         if t.dtype() == GgmlDType::Q4_1 && device.is_cpu() {
-            return Ok(Linear::Q41(Q41Matrix::new(&t)?));
+            return Ok(Linear::Q41(Q41Matrix::new(&[t])?));
         }
         Ok(Linear::Candle(QMatMul::from_qtensor(t)?))
     }
@@ -35,6 +35,46 @@ impl Linear {
         match self {
             Linear::Candle(m) => Ok(m.forward(x)?),
             Linear::Q41(m) => m.forward(x),
+        }
+    }
+}
+
+/// Projections of the same input (Q, K and V; gate and up). Q4_1 weights on CPU are stacked into
+/// one matrix, so the input is quantized once and the worker pool is woken once instead of per
+/// projection; other types keep one candle matmul each.
+pub(crate) enum Fused {
+    Stacked(Q41Matrix, Vec<usize>),
+    Separate(Vec<Linear>),
+}
+
+impl Fused {
+    pub(crate) fn new(parts: Vec<QTensor>, device: &Device) -> Result<Self> {
+        if device.is_cpu() && parts.iter().all(|t| t.dtype() == GgmlDType::Q4_1) {
+            let widths = parts.iter().map(|t| t.shape().dims()[0]).collect();
+            return Ok(Fused::Stacked(Q41Matrix::new(&parts)?, widths));
+        }
+        Ok(Fused::Separate(
+            parts
+                .into_iter()
+                .map(|t| Linear::new(t, device))
+                .collect::<Result<_>>()?,
+        ))
+    }
+
+    /// One output per part, each `[rows, width]` and contiguous.
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+        match self {
+            Fused::Separate(ls) => ls.iter().map(|l| l.forward(x)).collect(),
+            Fused::Stacked(m, widths) => {
+                let y = m.forward(x)?;
+                let mut at = 0;
+                let mut out = Vec::with_capacity(widths.len());
+                for &w in widths {
+                    out.push(y.narrow(1, at, w)?.contiguous()?);
+                    at += w;
+                }
+                Ok(out)
+            }
         }
     }
 }
@@ -58,31 +98,39 @@ struct QuantRows {
     s: Vec<f32>,
 }
 
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
 /// Activation rows multiplied against one loaded weight block at a time.
 const ROW_TILE: usize = 4;
 
 impl Q41Matrix {
-    fn new(t: &QTensor) -> Result<Self> {
-        let (rows, cols) = t.shape().dims2()?;
-        if cols % QK != 0 {
-            return Err(crate::ModelError::Forward {
-                message: format!("Q4_1 matrix width {cols} is not a multiple of {QK}"),
-            });
-        }
-        let raw = t.data()?;
-        let nb = rows * cols / QK;
-        debug_assert_eq!(raw.len(), nb * BLOCK_BYTES);
+    /// The rows of `parts` (all Q4_1, all the same width), stacked in order.
+    fn new(parts: &[QTensor]) -> Result<Self> {
+        let cols = parts[0].shape().dims2()?.1;
         let mut m = Self {
-            rows,
+            rows: 0,
             cols,
-            qs: Vec::with_capacity(nb * QK / 2),
-            d: Vec::with_capacity(nb),
-            m: Vec::with_capacity(nb),
+            qs: Vec::new(),
+            d: Vec::new(),
+            m: Vec::new(),
         };
-        for b in raw.chunks_exact(BLOCK_BYTES) {
-            m.d.push(f16::from_le_bytes([b[0], b[1]]).to_f32());
-            m.m.push(f16::from_le_bytes([b[2], b[3]]).to_f32());
-            m.qs.extend_from_slice(&b[4..]);
+        for t in parts {
+            let (rows, c) = t.shape().dims2()?;
+            if c % QK != 0 || c != cols {
+                return Err(crate::ModelError::Forward {
+                    message: format!(
+                        "Q4_1 matrix width {c} is not {cols} or not a multiple of {QK}"
+                    ),
+                });
+            }
+            let raw = t.data()?;
+            debug_assert_eq!(raw.len(), rows * cols / QK * BLOCK_BYTES);
+            for b in raw.chunks_exact(BLOCK_BYTES) {
+                m.d.push(f16::from_le_bytes([b[0], b[1]]).to_f32());
+                m.m.push(f16::from_le_bytes([b[2], b[3]]).to_f32());
+                m.qs.extend_from_slice(&b[4..]);
+            }
+            m.rows += rows;
         }
         Ok(m)
     }
@@ -173,7 +221,9 @@ fn quantize_rows(xs: &[f32], m: usize, k: usize) -> QuantRows {
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let mut sum = 0i32;
         for (qi, &xi) in q.iter_mut().zip(x) {
-            *qi = (xi * id).round_ties_even() as i8;
+            // Round half to even, as llama.cpp's SIMD quantizer does; |x·id| ≤ 127, so adding and
+            // subtracting 1.5·2^23 rounds in the FPU's default mode without a libm call.
+            *qi = (((xi * id) + ROUND_MAGIC) - ROUND_MAGIC) as i8;
             sum += *qi as i32;
         }
         out.d.push(f16::from_f32(d).to_f32());
@@ -233,7 +283,10 @@ unsafe fn dot_avx2<const R: usize>(w: &Weights, a: [Act; R]) -> [f32; R] {
     }
     let mut out = [0f32; R];
     for r in 0..R {
-        let h = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+        let h = _mm_add_ps(
+            _mm256_castps256_ps128(acc[r]),
+            _mm256_extractf128_ps(acc[r], 1),
+        );
         let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
         let h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
         out[r] = _mm_cvtss_f32(h) + mins[r];
@@ -255,7 +308,7 @@ mod tests {
         let exact = q.dequantize(&dev).unwrap();
         let x = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap();
         let want = x.matmul(&exact.t().unwrap()).unwrap();
-        let mat = Q41Matrix::new(&q).unwrap();
+        let mat = Q41Matrix::new(std::slice::from_ref(&q)).unwrap();
         let got = mat.forward(&x).unwrap();
         let diff = (got - &want)
             .unwrap()
@@ -265,7 +318,13 @@ mod tests {
             .unwrap()
             .to_scalar::<f32>()
             .unwrap();
-        let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let scale = want
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         // 8-bit activations: about 1% of the largest output.
         assert!(diff < 0.02 * scale, "{diff} vs {scale}");
         // The SIMD and scalar paths compute the same integer sums.

@@ -10,18 +10,17 @@ use crate::batch::{Logits, Plan, SeqInput};
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::info::candle_message;
-use crate::linear::Linear;
+use crate::linear::{Fused, Linear};
 use crate::pool::{KvPool, KvStorage};
 
 struct Layer {
     attn_norm: Tensor,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
+    /// Q, K and V.
+    qkv: Fused,
     wo: Linear,
     ffn_norm: Tensor,
-    w_gate: Linear,
-    w_up: Linear,
+    /// Gate and up.
+    gate_up: Fused,
     w_down: Linear,
 }
 
@@ -108,13 +107,23 @@ impl Llama {
             let mut t = |suffix: &str, dims: &[usize]| get(&format!("blk.{i}.{suffix}"), dims);
             layers.push(Layer {
                 attn_norm: dense(t("attn_norm.weight", &[e])?)?,
-                wq: mm(t("attn_q.weight", &[c.head_count * hd, e])?)?,
-                wk: mm(t("attn_k.weight", &[c.head_count_kv * hd, e])?)?,
-                wv: mm(t("attn_v.weight", &[c.head_count_kv * hd, e])?)?,
+                qkv: Fused::new(
+                    vec![
+                        t("attn_q.weight", &[c.head_count * hd, e])?,
+                        t("attn_k.weight", &[c.head_count_kv * hd, e])?,
+                        t("attn_v.weight", &[c.head_count_kv * hd, e])?,
+                    ],
+                    device,
+                )?,
                 wo: mm(t("attn_output.weight", &[e, c.head_count * hd])?)?,
                 ffn_norm: dense(t("ffn_norm.weight", &[e])?)?,
-                w_gate: mm(t("ffn_gate.weight", &[c.feed_forward_length, e])?)?,
-                w_up: mm(t("ffn_up.weight", &[c.feed_forward_length, e])?)?,
+                gate_up: Fused::new(
+                    vec![
+                        t("ffn_gate.weight", &[c.feed_forward_length, e])?,
+                        t("ffn_up.weight", &[c.feed_forward_length, e])?,
+                    ],
+                    device,
+                )?,
                 w_down: mm(t("ffn_down.weight", &[e, c.feed_forward_length])?)?,
             });
         }
@@ -172,26 +181,33 @@ impl Llama {
             KvStorage::Host { .. } => None,
         };
         let half = c.head_dim / 2;
-        let cos = self.cos.index_select(&positions, 0)?.reshape((t, 1, half))?;
-        let sin = self.sin.index_select(&positions, 0)?.reshape((t, 1, half))?;
+        let cos = self
+            .cos
+            .index_select(&positions, 0)?
+            .reshape((t, 1, half))?;
+        let sin = self
+            .sin
+            .index_select(&positions, 0)?
+            .reshape((t, 1, half))?;
         let eps = c.rms_norm_eps;
 
         let mut x = self.embed.index_select(&tokens, 0)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let rope = |w: &Linear, n: usize| -> Result<Tensor> {
-                let y = w.forward(&h)?.reshape((t, n, 1, c.head_dim))?;
+            let rope = |y: &Tensor, n: usize| -> Result<Tensor> {
+                let y = y.reshape((t, n, 1, c.head_dim))?;
                 Ok(candle_nn::rotary_emb::rope_i(&y, &cos, &sin)?.reshape((t, n, c.head_dim))?)
             };
-            let q = rope(&layer.wq, c.head_count)?;
-            let k = rope(&layer.wk, c.head_count_kv)?.reshape((t, c.kv_dim()))?;
-            let v = layer.wv.forward(&h)?;
+            let qkv = layer.qkv.forward(&h)?;
+            let q = rope(&qkv[0], c.head_count)?;
+            let k = rope(&qkv[1], c.head_count_kv)?.reshape((t, c.kv_dim()))?;
+            let v = &qkv[2];
             let attn = match &mut pool.storage {
                 KvStorage::Host { k: kp, v: vp } => {
                     attention::with_host_slice(&k, |s| {
                         attention::write_host(&mut kp[l], s, &plan.slots, c.kv_dim())
                     })?;
-                    attention::with_host_slice(&v, |s| {
+                    attention::with_host_slice(v, |s| {
                         attention::write_host(&mut vp[l], s, &plan.slots, c.kv_dim())
                     })?;
                     let o = attention::with_host_slice(&q, |qs| {
@@ -202,14 +218,14 @@ impl Llama {
                 KvStorage::Tensor { k: kp, v: vp } => {
                     let slots = slots.as_ref().expect("tensor layout has slots");
                     attention::write_tensor(&kp[l], &k, slots)?;
-                    attention::write_tensor(&vp[l], &v, slots)?;
+                    attention::write_tensor(&vp[l], v, slots)?;
                     attention::attend_tensor(&q, &kp[l], &vp[l], &plan, batch, heads, dev)?
                 }
             };
             x = (x + layer.wo.forward(&attn)?)?;
             let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-            let gate = layer.w_gate.forward(&h)?.silu()?;
-            let up = layer.w_up.forward(&h)?;
+            let gu = layer.gate_up.forward(&h)?;
+            let (gate, up) = (gu[0].silu()?, &gu[1]);
             x = (x + layer.w_down.forward(&(gate * up)?)?)?;
         }
         // Only the rows whose logits are wanted go through the final norm and the vocabulary

@@ -59,7 +59,10 @@ impl KvPool {
             )));
         }
         if num_pages > PageId::MAX as usize {
-            return Err(pool_err(format!("{num_pages} pages is more than {}", PageId::MAX)));
+            return Err(pool_err(format!(
+                "{num_pages} pages is more than {}",
+                PageId::MAX
+            )));
         }
         let layers = config.block_count;
         let kv_dim = config.kv_dim();
@@ -82,7 +85,7 @@ impl KvPool {
                     b.try_reserve_exact(per_layer).map_err(|_| {
                         pool_err(format!(
                             "cannot allocate {} MiB for one layer's keys",
-                            per_layer * 4 >> 20
+                            (per_layer * 4) >> 20
                         ))
                     })?;
                     b.resize(per_layer, 0.0);
@@ -97,8 +100,12 @@ impl KvPool {
                 let slots = num_pages * page_size;
                 let zeros = || Tensor::zeros((slots, kv_dim), DType::F32, device);
                 KvStorage::Tensor {
-                    k: (0..layers).map(|_| zeros()).collect::<candle_core::Result<_>>()?,
-                    v: (0..layers).map(|_| zeros()).collect::<candle_core::Result<_>>()?,
+                    k: (0..layers)
+                        .map(|_| zeros())
+                        .collect::<candle_core::Result<_>>()?,
+                    v: (0..layers)
+                        .map(|_| zeros())
+                        .collect::<candle_core::Result<_>>()?,
                 }
             }
         };

@@ -200,7 +200,9 @@ mod tests {
 
     #[test]
     fn same_seed_same_tokens_other_seed_other_tokens() {
-        let logits: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 997) as f32 / 100.0).collect();
+        let logits: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 997) as f32 / 100.0)
+            .collect();
         let a = draws(params(1.0, 0, 1.0, 42), &logits, 200);
         assert_eq!(a, draws(params(1.0, 0, 1.0, 42), &logits, 200));
         assert_ne!(a, draws(params(1.0, 0, 1.0, 43), &logits, 200));

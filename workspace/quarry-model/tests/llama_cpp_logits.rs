@@ -80,7 +80,10 @@ fn prompt_logits_match_llama_cpp() {
                 diffs.push(d);
             }
         }
-        eprintln!("{name}: {} positions, worst log-softmax difference {case_worst:.4}", tokens.len());
+        eprintln!(
+            "{name}: {} positions, worst log-softmax difference {case_worst:.4}",
+            tokens.len()
+        );
     }
     diffs.sort_by(f64::total_cmp);
     let q = |p: f64| diffs[((diffs.len() - 1) as f64 * p) as usize];
@@ -93,15 +96,33 @@ fn prompt_logits_match_llama_cpp() {
         q(0.99),
         q(1.0)
     );
-    assert!(long_seen, "the fixture must hold a prompt over 1,000 tokens");
+    assert!(
+        long_seen,
+        "the fixture must hold a prompt over 1,000 tokens"
+    );
     assert!(
         agreement >= f16_agreement,
         "top-1 agreement {agreement} is below llama.cpp's own {f16_agreement}"
     );
-    assert!(clear_misses.is_empty(), "top-1 differs where the reference gap is >= {GAP_TOL}: {clear_misses:?}");
-    assert!(q(0.5) <= LOGPROB_MEDIAN_TOL, "median log-softmax difference {}", q(0.5));
-    assert!(q(0.99) <= LOGPROB_P99_TOL, "p99 log-softmax difference {}", q(0.99));
-    assert!(q(1.0) <= LOGPROB_MAX_TOL, "worst log-softmax difference {}", q(1.0));
+    assert!(
+        clear_misses.is_empty(),
+        "top-1 differs where the reference gap is >= {GAP_TOL}: {clear_misses:?}"
+    );
+    assert!(
+        q(0.5) <= LOGPROB_MEDIAN_TOL,
+        "median log-softmax difference {}",
+        q(0.5)
+    );
+    assert!(
+        q(0.99) <= LOGPROB_P99_TOL,
+        "p99 log-softmax difference {}",
+        q(0.99)
+    );
+    assert!(
+        q(1.0) <= LOGPROB_MAX_TOL,
+        "worst log-softmax difference {}",
+        q(1.0)
+    );
 }
 
 #[test]
@@ -136,14 +157,25 @@ fn greedy_continuations_match_llama_cpp() {
                     want[step],
                     gaps[step]
                 );
-                eprintln!("{name}: diverges at step {step} where llama.cpp's top-2 gap is {}", gaps[step]);
+                eprintln!(
+                    "{name}: diverges at step {step} where llama.cpp's top-2 gap is {}",
+                    gaps[step]
+                );
                 break;
             }
             let pos = prompt.len() + step;
             model
-                .forward(&[SeqInput::new(&want[step..=step], pos, &table)], &mut pool, &mut out)
+                .forward(
+                    &[SeqInput::new(&want[step..=step], pos, &table)],
+                    &mut pool,
+                    &mut out,
+                )
                 .unwrap();
         }
-        eprintln!("{name}: {} of {} greedy tokens identical", got.iter().zip(&want).take_while(|(a, b)| a == b).count(), want.len());
+        eprintln!(
+            "{name}: {} of {} greedy tokens identical",
+            got.iter().zip(&want).take_while(|(a, b)| a == b).count(),
+            want.len()
+        );
     }
 }

@@ -11,9 +11,10 @@ use quarry_model::{KvLayout, Logits, ModelError, PageId, SeqInput};
 /// Real token ids: the fixture prompts' text, so the model sees natural input.
 fn text_tokens(n: usize, offset: usize) -> Vec<u32> {
     let path = root().join("tests/fixtures/model/smollm2.logits.json.gz");
-    let fx: serde_json::Value =
-        serde_json::from_reader(flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap()))
-            .unwrap();
+    let fx: serde_json::Value = serde_json::from_reader(flate2::read::GzDecoder::new(
+        std::fs::File::open(path).unwrap(),
+    ))
+    .unwrap();
     let long = fx["cases"]
         .as_array()
         .unwrap()
@@ -27,7 +28,10 @@ fn text_tokens(n: usize, offset: usize) -> Vec<u32> {
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// Pages of the pool in a scrambled (but fixed) order.
@@ -51,7 +55,11 @@ fn check(page_size: usize, layout: KvLayout, tol: f32) {
         .collect();
 
     let pages_for = |n: usize| n.div_ceil(page_size);
-    let mut pool = pool(page_size, pages_for(40) + pages_for(30) + pages_for(25) + pages_for(8), layout);
+    let mut pool = pool(
+        page_size,
+        pages_for(40) + pages_for(30) + pages_for(25) + pages_for(8),
+        layout,
+    );
     let mut free = scrambled(&mut pool).into_iter();
     let mut take = |n: usize| -> Vec<PageId> { (0..n).map(|_| free.next().unwrap()).collect() };
     let ta = take(pages_for(40));
@@ -105,7 +113,10 @@ fn check(page_size: usize, layout: KvLayout, tol: f32) {
         worst = worst.max(max_diff(row, &reference[3][32 + i]));
     }
     eprintln!("page size {page_size}, {layout:?}: worst logit difference {worst:e}");
-    assert!(worst <= tol, "page size {page_size}, {layout:?}: {worst} > {tol}");
+    assert!(
+        worst <= tol,
+        "page size {page_size}, {layout:?}: {worst} > {tol}"
+    );
 }
 
 // Each layout computes a row exactly as it does for a sequence alone: the same kernels, in the same
@@ -142,13 +153,19 @@ fn host_kernel_agrees_with_tensor_ops() {
     let mut same_top1 = 0;
     for (h, t) in host.iter().zip(&tensor) {
         let (lh, lt) = (log_sum_exp(h), log_sum_exp(t));
-        diffs.extend(h.iter().zip(t).map(|(x, y)| ((*x as f64 - lh) - (*y as f64 - lt)).abs()));
+        diffs.extend(
+            h.iter()
+                .zip(t)
+                .map(|(x, y)| ((*x as f64 - lh) - (*y as f64 - lt)).abs()),
+        );
         same_top1 += (quarry_model::argmax(h) == quarry_model::argmax(t)) as usize;
     }
     diffs.sort_by(f64::total_cmp);
     let median = diffs[diffs.len() / 2];
     let share = same_top1 as f64 / host.len() as f64;
-    eprintln!("host vs tensor: top-1 agreement {share:.3}, log-softmax difference median {median:.4}");
+    eprintln!(
+        "host vs tensor: top-1 agreement {share:.3}, log-softmax difference median {median:.4}"
+    );
     // Measured 2026-11-22: median 0.11 nats, top-1 97%; a masking or paging bug moves whole rows.
     assert!(median < 0.25, "median {median}");
     assert!(share >= 0.95, "top-1 agreement {share}");
@@ -168,7 +185,10 @@ fn malformed_batches_are_typed_errors() {
     assert!(matches!(e, ModelError::Batch { seq: 0, .. }), "{e}");
     // A token outside the vocabulary, in the second sequence.
     let bad = [49152u32];
-    let e = run(&[SeqInput::new(&toks, 0, &table), SeqInput::new(&bad, 0, &table)]);
+    let e = run(&[
+        SeqInput::new(&toks, 0, &table),
+        SeqInput::new(&bad, 0, &table),
+    ]);
     assert!(matches!(e, ModelError::Batch { seq: 1, .. }), "{e}");
     // A page that was never allocated.
     let e = run(&[SeqInput::new(&toks, 0, &[3])]);

@@ -82,7 +82,13 @@ pub(crate) fn run(args: GenerateArgs) -> Result<()> {
     let max_new = args.max_tokens.min(ctx - prompt.len());
     let page_size = 16;
     let total = prompt.len() + max_new;
-    let mut pool = KvPool::new(model.config(), page_size, total.div_ceil(page_size), &device, None)?;
+    let mut pool = KvPool::new(
+        model.config(),
+        page_size,
+        total.div_ceil(page_size),
+        &device,
+        None,
+    )?;
     let mut table = Vec::new();
     pool.alloc_into(pool.num_pages(), &mut table);
     let stops = &tok.special_tokens().end_of_generation;
@@ -119,7 +125,11 @@ pub(crate) fn run(args: GenerateArgs) -> Result<()> {
         }
         let pos = prompt.len() + generated.len() - 1;
         model.forward(
-            &[SeqInput::new(&generated[generated.len() - 1..], pos, &table)],
+            &[SeqInput::new(
+                &generated[generated.len() - 1..],
+                pos,
+                &table,
+            )],
             &mut pool,
             &mut out,
         )?;
@@ -134,7 +144,11 @@ pub(crate) fn run(args: GenerateArgs) -> Result<()> {
         prompt.len() as f64 / prefill_s,
         generated.len(),
         generated.len() as f64 / decode_s.max(1e-9),
-        if stopped { "stopped at end of turn" } else { "reached --max-tokens" }
+        if stopped {
+            "stopped at end of turn"
+        } else {
+            "reached --max-tokens"
+        }
     );
     Ok(())
 }

@@ -160,3 +160,71 @@ fn truncated_model_is_detected() {
     let err = one_line_error(&quarry(&["info", "--model", cut.to_str().unwrap()]));
     assert!(err.contains("truncated"), "{err}");
 }
+
+#[test]
+fn generate_is_deterministic_greedy_and_seeded() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--prompt",
+            "The capital of France is",
+            "--max-tokens",
+            "12",
+        ];
+        args.extend_from_slice(extra);
+        let o = quarry(&args);
+        let text = stdout(&o);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(err.contains("tok/s"), "speed line missing: {err}");
+        text
+    };
+    let greedy = run(&[]);
+    assert!(!greedy.trim().is_empty());
+    assert_eq!(
+        greedy,
+        run(&[]),
+        "greedy output must not change between runs"
+    );
+    let seeded = run(&["--temperature", "1.0", "--top-p", "0.9", "--seed", "5"]);
+    assert_eq!(
+        seeded,
+        run(&["--temperature", "1.0", "--top-p", "0.9", "--seed", "5"])
+    );
+}
+
+#[test]
+fn generate_chat_stops_at_end_of_turn_and_bad_input_is_one_line() {
+    let o = quarry(&[
+        "generate",
+        "--chat",
+        "--prompt",
+        "Say hello.",
+        "--max-tokens",
+        "200",
+    ]);
+    stdout(&o);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("stopped at end of turn"), "{err}");
+    for (args, needle) in [
+        (
+            vec!["generate", "--prompt", "x", "--device", "cuda:0"],
+            "no CUDA support",
+        ),
+        (
+            vec!["generate", "--prompt", "x", "--device", "tpu"],
+            "expected `cpu`",
+        ),
+        (
+            vec!["generate", "--prompt", "x", "--temperature", "-1"],
+            "temperature",
+        ),
+        (vec!["generate", "--prompt", "x", "--top-p", "0"], "top_p"),
+        (vec!["generate", "--prompt", ""], "prompt is empty"),
+    ] {
+        let o = quarry(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
