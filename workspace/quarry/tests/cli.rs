@@ -215,7 +215,7 @@ fn generate_chat_stops_at_end_of_turn_and_bad_input_is_one_line() {
             "expected `cpu`",
         ),
         (
-            vec!["generate", "--prompt", "x", "--temperature", "-1"],
+            vec!["generate", "--prompt", "x", "--temperature=-1"],
             "temperature",
         ),
         (vec!["generate", "--prompt", "x", "--top-p", "0"], "top_p"),
