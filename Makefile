@@ -20,22 +20,11 @@ setup:
 build: setup
 	$(CARGO) build -p quarry
 
-# The CUDA build (`--device cuda:0`). Not part of `make test` or CI, which need no GPU.
-# nvcc comes from PyPI's CUDA 12 compiler package (the 12.x PTX loads under driver 580 / CUDA 13.0),
-# installed into $(QUARRY_CACHE)/cudavenv. Variables:
-#   CUDA_COMPUTE_CAP  GPU compute capability without the dot (90 for H100/H200)
-#   NVCC_CCBIN        host compiler for nvcc, if the default one is too new for it
-# The target puts nvcc on PATH and its headers on CPATH (CUDA_ROOT points at the package root).
-CUDA_COMPUTE_CAP ?= 90
-CUDA_VENV := $(QUARRY_CACHE)/cudavenv
-CUDA_PY_ROOT = $(shell $(CUDA_VENV)/bin/python -c 'import nvidia.cuda_nvcc, os; print(os.path.dirname(list(nvidia.cuda_nvcc.__path__)[0]))' 2>/dev/null)
+# The CUDA build (`--device cuda:0`), with nvcc from PyPI's CUDA 12 compiler package; see
+# infra/build-cuda.sh for the variables (CUDA_COMPUTE_CAP, default 90 for H100/H200). Not part of
+# `make test` or CI, which need no GPU.
 build-cuda: setup
-	test -x $(CUDA_VENV)/bin/python || python3 -m venv $(CUDA_VENV)
-	$(CUDA_VENV)/bin/pip install --quiet "nvidia-cuda-nvcc-cu12>=12.4,<13" "nvidia-cuda-runtime-cu12>=12.4,<13" "nvidia-cublas-cu12>=12.4,<13" "nvidia-curand-cu12>=10.3,<11"
-	PATH="$(CUDA_PY_ROOT)/cuda_nvcc/bin:$$PATH" CUDA_ROOT="$(CUDA_PY_ROOT)/cuda_nvcc" \
-	  CPATH="$(CUDA_PY_ROOT)/cuda_runtime/include:$(CUDA_PY_ROOT)/cuda_nvcc/include:$$CPATH" \
-	  CUDA_COMPUTE_CAP=$(CUDA_COMPUTE_CAP) \
-	  $(CARGO) build --release -p quarry --features cuda
+	@bash infra/build-cuda.sh
 
 demo: build
 	@QUARRY=$(QUARRY) bash infra/demo.sh

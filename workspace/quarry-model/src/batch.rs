@@ -123,7 +123,31 @@ impl Plan {
             plan.out_rows.push(out_first..plan.logit_rows.len());
             plan.seq_rows.push(rows);
         }
+        plan.check_distinct_slots(batch.len())?;
         Ok(plan)
+    }
+
+    /// Two new tokens writing one pool row would race and leave one sequence reading the other's
+    /// keys: a block-table bug in the caller, reported by sequence instead of corrupting the cache.
+    fn check_distinct_slots(&self, seqs: usize) -> Result<()> {
+        if seqs < 2 {
+            return Ok(()); // one sequence's positions are distinct, so are its slots
+        }
+        let mut owned: Vec<(u32, usize)> = Vec::with_capacity(self.slots.len());
+        for (seq, rows) in self.seq_rows.iter().enumerate() {
+            owned.extend(rows.clone().map(|r| (self.slots[r], seq)));
+        }
+        owned.sort_unstable();
+        match owned.windows(2).find(|w| w[0].0 == w[1].0) {
+            Some(w) => Err(ModelError::Batch {
+                seq: w[1].1,
+                message: format!(
+                    "writes pool row {} that sequence {} also writes in this call (shared pages must hold only positions before both sequences' new tokens)",
+                    w[1].0, w[0].1
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 }
 

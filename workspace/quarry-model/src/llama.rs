@@ -154,8 +154,8 @@ impl Llama {
     /// For every sequence, writes the keys and values of its new tokens into `pool` at the slots
     /// its block table names, attends over positions `0..=p` for each new position `p`, and puts
     /// its logits in `out`: after the last new token, or after every new token when it asked for
-    /// all of them. Sequences may share pages for positions before their new tokens. Two sequences
-    /// must not write the same slot in one call.
+    /// all of them. Sequences may share pages for positions before their new tokens; two
+    /// sequences writing the same pool row in one call is a typed error.
     pub fn forward(&self, batch: &[SeqInput], pool: &mut KvPool, out: &mut Logits) -> Result<()> {
         pool.check_shape(&self.config, &self.device)?;
         out.vocab = self.config.vocab_size;

@@ -199,6 +199,13 @@ fn malformed_batches_are_typed_errors() {
     // Past the context length.
     let e = run(&[SeqInput::new(&toks, 8192, &table)]);
     assert!(e.to_string().contains("context length"), "{e}");
+    // Two sequences writing the same pool rows (a shared page past the shared prefix).
+    let e = run(&[
+        SeqInput::new(&toks, 0, &table),
+        SeqInput::new(&toks, 0, &table),
+    ]);
+    assert!(matches!(e, ModelError::Batch { seq: 1, .. }), "{e}");
+    assert!(e.to_string().contains("also writes"), "{e}");
     // Freeing twice is caught.
     pool.free(table[0]).unwrap();
     assert!(pool.free(table[0]).is_err());
