@@ -20,9 +20,9 @@ setup:
 build: setup
 	$(CARGO) build -p quarry
 
-# The CUDA build (`--device cuda:0`), with nvcc from PyPI's CUDA 12 compiler package; see
-# infra/build-cuda.sh for the variables (CUDA_COMPUTE_CAP, default 90 for H100/H200). Not part of
-# `make test` or CI, which need no GPU.
+# The CUDA build (`--device cuda:0`), with the CUDA 13.0 toolchain from PyPI; see infra/build-cuda.sh
+# for why 13.0 and for the variables (CUDA_COMPUTE_CAP, default 90 for H100/H200; CHECK_ONLY=1).
+# Not part of `make test` or CI, which need no GPU.
 build-cuda: setup
 	@bash infra/build-cuda.sh
 
@@ -41,6 +41,7 @@ fixtures: setup
 	test -x $(QUARRY_CACHE)/refvenv/bin/python || python3 -m venv $(QUARRY_CACHE)/refvenv
 	$(QUARRY_CACHE)/refvenv/bin/pip install --quiet --no-binary llama-cpp-python $(LLAMA_CPP_PYTHON) jinja2
 	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_tokenizer_fixtures.py
+	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_model_fixtures.py
 
 # quarry vs outlines-core vs llguidance on the same regexes and vocabularies (release build). By hand;
 # results go to BENCHMARKS.md. Pass options with ARGS, e.g. `make bench-grammar ARGS="--only email"`.

@@ -113,6 +113,23 @@ impl LlamaConfig {
                 ),
             });
         }
+        // Scaled RoPE (Llama 3.1's `rope_freqs`, linear or YaRN scaling) changes every position's
+        // rotation; running such a model with plain RoPE would be silently wrong.
+        let scaling = md
+            .get(&format!("{architecture}.rope.scaling.type"))
+            .and_then(|v| v.to_string().ok().cloned());
+        if let Some(kind) = scaling.filter(|k| k != "none") {
+            return Err(ModelError::InvalidKey {
+                key: format!("{architecture}.rope.scaling.type"),
+                message: format!("RoPE scaling `{kind}` is not supported"),
+            });
+        }
+        if content.tensor_infos.contains_key("rope_freqs.weight") {
+            return Err(ModelError::InvalidKey {
+                key: "rope_freqs.weight".into(),
+                message: "per-frequency RoPE factors (Llama 3.1 style) are not supported".into(),
+            });
+        }
         let embd = content
             .tensor_infos
             .get("token_embd.weight")
