@@ -2,8 +2,10 @@
 //!
 //! Two implementations, picked by the pool's [`KvLayout`](crate::KvLayout):
 //! - **host**: a CPU kernel that reads each sequence's keys and values in place through its block
-//!   table. Work items are (new token, KV head) pairs, so the query heads sharing a KV head (GQA)
-//!   read its rows once. They run on candle's CPU worker pool, the one its matmuls use.
+//!   table. Work items are (tile of up to four consecutive new tokens of one sequence, query head):
+//!   each key and value row read serves the whole tile, and a single-token decode still has one item
+//!   per head for the workers to share. They run on candle's CPU worker pool, the one its matmuls
+//!   use, compiled for AVX2/FMA when the CPU has them.
 //! - **tensor**: device-agnostic candle ops. Each sequence's rows are gathered with `index_select`
 //!   and attended with batched matmuls under a causal mask. This is the CUDA path, and on CPU the
 //!   independent cross-check of the host kernel.
@@ -47,8 +49,7 @@ pub(crate) fn write_host(dst: &mut [f32], src: &[f32], slots: &[u32], kv_dim: us
 /// The host kernel. `q` is `[T, n_head, head_dim]`, `k`/`v` are one layer of the pool
 /// (`[slots, kv_dim]`); the result is `[T, n_head * head_dim]`.
 ///
-/// Work items are (new token, query head) pairs on candle's CPU worker pool: a decode step of one
-/// sequence still has `n_head` items to share between the workers.
+/// Work items are (token tile, query head) pairs on candle's CPU worker pool (see the module doc).
 pub(crate) fn attend_host(
     q: &[f32],
     k: &[f32],
