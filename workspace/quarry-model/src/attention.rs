@@ -16,6 +16,7 @@ use candle_core::{Device, Tensor};
 
 use crate::batch::{Plan, SeqInput};
 use crate::error::Result;
+use crate::pool::PageId;
 
 /// Shapes shared by both implementations.
 #[derive(Clone, Copy)]
@@ -149,22 +150,13 @@ impl Job<'_> {
             let mut scores = cell.borrow_mut();
             scores.clear();
             scores.resize(TILE * ctx, 0.0);
-            let mut j = 0;
-            for &page in pages {
-                if j == ctx {
-                    break;
+            let head_offset = g * d;
+            for_each_row(pages, ps, ctx, kv_dim, head_offset, |pos, at| {
+                let krow = &self.k[at..at + d];
+                for i in 0..n {
+                    scores[i * ctx + pos] = dot(q[i], krow) * scale;
                 }
-                let m = ps.min(ctx - j);
-                let base = (page as usize * ps) * kv_dim + g * d;
-                for r in 0..m {
-                    let at = base + r * kv_dim;
-                    let krow = &self.k[at..at + d];
-                    for i in 0..n {
-                        scores[i * ctx + j + r] = dot(q[i], krow) * scale;
-                    }
-                }
-                j += m;
-            }
+            });
             for i in 0..n {
                 softmax_in_place(&mut scores[i * ctx..i * ctx + p0 + i + 1]);
             }
@@ -175,24 +167,13 @@ impl Job<'_> {
                 let at = (t0 + i.min(n - 1)) * stride + head * d;
                 unsafe { std::slice::from_raw_parts_mut((self.out as *mut f32).add(at), len) }
             });
-            let mut j = 0;
-            for &page in pages {
-                if j == ctx {
-                    break;
+            for_each_row(pages, ps, ctx, kv_dim, head_offset, |pos, at| {
+                let vrow = &self.v[at..at + d];
+                // Token i sees this position when pos <= p0 + i.
+                for i in pos.saturating_sub(p0)..n {
+                    axpy(out[i], scores[i * ctx + pos], vrow);
                 }
-                let m = ps.min(ctx - j);
-                let base = (page as usize * ps) * kv_dim + g * d;
-                for r in 0..m {
-                    let at = base + r * kv_dim;
-                    let vrow = &self.v[at..at + d];
-                    let pos = j + r;
-                    // Token i sees this position when pos <= p0 + i.
-                    for i in pos.saturating_sub(p0)..n {
-                        axpy(out[i], scores[i * ctx + pos], vrow);
-                    }
-                }
-                j += m;
-            }
+            });
         });
     }
 }
@@ -205,6 +186,31 @@ fn has_avx2() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
+    }
+}
+
+/// Calls `f(position, offset)` for positions `0..ctx` of a sequence, in order, where `offset` is
+/// where that position's row (plus `head_offset`) starts in a pool layer.
+#[inline(always)]
+fn for_each_row(
+    pages: &[PageId],
+    page_size: usize,
+    ctx: usize,
+    kv_dim: usize,
+    head_offset: usize,
+    mut f: impl FnMut(usize, usize),
+) {
+    let mut pos = 0;
+    for &page in pages {
+        if pos == ctx {
+            break;
+        }
+        let rows = page_size.min(ctx - pos);
+        let base = page as usize * page_size * kv_dim + head_offset;
+        for r in 0..rows {
+            f(pos + r, base + r * kv_dim);
+        }
+        pos += rows;
     }
 }
 

@@ -3,7 +3,7 @@
 use candle_core::quantized::gguf_file::{Content, Value};
 
 use crate::error::{ModelError, Result};
-use crate::info::{as_f64, as_u64, invalid};
+use crate::info::{architecture, as_f64, as_u64, invalid};
 
 /// The architectures whose tensors and forward pass [`crate::Llama`] implements.
 pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama"];
@@ -30,17 +30,7 @@ impl LlamaConfig {
     /// Reads the hyper-parameters from GGUF metadata. `vocab_size` comes from the embedding tensor.
     pub fn from_content(content: &Content) -> Result<Self> {
         let md = &content.metadata;
-        let architecture = match md.get("general.architecture") {
-            Some(v) => v
-                .to_string()
-                .map_err(|e| invalid("general.architecture", e))?
-                .clone(),
-            None => {
-                return Err(ModelError::MissingKey {
-                    key: "general.architecture".into(),
-                })
-            }
-        };
+        let architecture = architecture(content)?;
         if !SUPPORTED_ARCHITECTURES.contains(&architecture.as_str()) {
             return Err(ModelError::UnsupportedArchitecture {
                 architecture,

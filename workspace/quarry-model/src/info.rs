@@ -34,17 +34,7 @@ pub struct ModelInfo {
 impl ModelInfo {
     /// Reads the header of the GGUF file at `path`.
     pub fn from_gguf(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let io = |source| ModelError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let file_bytes = std::fs::metadata(path).map_err(io)?.len();
-        let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
-        let content = Content::read(&mut file).map_err(|e| ModelError::Gguf {
-            path: path.to_owned(),
-            message: candle_message(e),
-        })?;
+        let (content, file_bytes, _) = read_gguf(path.as_ref())?;
         Self::from_content(&content, file_bytes)
     }
 
@@ -52,17 +42,7 @@ impl ModelInfo {
     /// check that every tensor's data is present.
     pub fn from_content(content: &Content, file_bytes: u64) -> Result<Self> {
         let md = &content.metadata;
-        let architecture = match md.get("general.architecture") {
-            Some(v) => v
-                .to_string()
-                .map_err(|e| invalid("general.architecture", e))?
-                .clone(),
-            None => {
-                return Err(ModelError::MissingKey {
-                    key: "general.architecture".into(),
-                })
-            }
-        };
+        let architecture = architecture(content)?;
         let arch_key = |k: &str| format!("{architecture}.{k}");
         let uint = |k: &str| -> Result<Option<u64>> {
             let key = arch_key(k);
@@ -124,6 +104,35 @@ impl ModelInfo {
             tensor_dtypes,
             architecture,
         })
+    }
+}
+
+/// Opens a GGUF file and reads its header: the content, the file's length, and the reader
+/// positioned for loading tensors.
+pub(crate) fn read_gguf(path: &Path) -> Result<(Content, u64, std::io::BufReader<std::fs::File>)> {
+    let io = |source| ModelError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file_bytes = std::fs::metadata(path).map_err(io)?.len();
+    let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
+    let content = Content::read(&mut file).map_err(|e| ModelError::Gguf {
+        path: path.to_owned(),
+        message: candle_message(e),
+    })?;
+    Ok((content, file_bytes, file))
+}
+
+/// `general.architecture`, which names the prefix of every other model key.
+pub(crate) fn architecture(content: &Content) -> Result<String> {
+    match content.metadata.get("general.architecture") {
+        Some(v) => Ok(v
+            .to_string()
+            .map_err(|e| invalid("general.architecture", e))?
+            .clone()),
+        None => Err(ModelError::MissingKey {
+            key: "general.architecture".into(),
+        }),
     }
 }
 

@@ -46,17 +46,7 @@ pub struct Llama {
 impl Llama {
     /// Loads a llama-architecture GGUF file onto `device`.
     pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
-        let path = path.as_ref();
-        let io = |source| ModelError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let file_bytes = std::fs::metadata(path).map_err(io)?.len();
-        let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
-        let content = Content::read(&mut file).map_err(|e| ModelError::Gguf {
-            path: path.to_owned(),
-            message: candle_message(e),
-        })?;
+        let (content, file_bytes, mut file) = crate::info::read_gguf(path.as_ref())?;
         // Reports a truncated file by name before any tensor read fails on it.
         crate::ModelInfo::from_content(&content, file_bytes)?;
         Self::from_content(&content, &mut file, device)

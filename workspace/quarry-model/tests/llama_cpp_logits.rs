@@ -22,26 +22,11 @@ mod common;
 
 use common::*;
 use quarry_model::{argmax, KvLayout, Logits, PageId, SeqInput};
-use serde_json::Value;
 
 const GAP_TOL: f64 = 0.5;
 const LOGPROB_MEDIAN_TOL: f64 = 0.15;
 const LOGPROB_P99_TOL: f64 = 0.75;
 const LOGPROB_MAX_TOL: f64 = 1.5;
-
-fn fixture() -> Value {
-    let path = root().join("tests/fixtures/model/smollm2.logits.json.gz");
-    let file = std::fs::File::open(&path).unwrap();
-    serde_json::from_reader(flate2::read::GzDecoder::new(file)).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 #[test]
 fn prompt_logits_match_llama_cpp() {

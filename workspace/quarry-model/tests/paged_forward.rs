@@ -10,21 +10,14 @@ use quarry_model::{KvLayout, Logits, ModelError, PageId, SeqInput};
 
 /// Real token ids: the fixture prompts' text, so the model sees natural input.
 fn text_tokens(n: usize, offset: usize) -> Vec<u32> {
-    let path = root().join("tests/fixtures/model/smollm2.logits.json.gz");
-    let fx: serde_json::Value = serde_json::from_reader(flate2::read::GzDecoder::new(
-        std::fs::File::open(path).unwrap(),
-    ))
-    .unwrap();
+    let fx = fixture();
     let long = fx["cases"]
         .as_array()
         .unwrap()
         .iter()
         .find(|c| c["tokens"].as_array().unwrap().len() > 1000)
         .unwrap();
-    long["tokens"].as_array().unwrap()[offset..offset + n]
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect()
+    ids(&long["tokens"])[offset..offset + n].to_vec()
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -59,3 +59,19 @@ pub fn log_sum_exp(row: &[f32]) -> f64 {
     let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln()
 }
+
+/// The llama.cpp logits fixture (`tests/fixtures/gen_model_fixtures.py`).
+pub fn fixture() -> serde_json::Value {
+    let path = root().join("tests/fixtures/model/smollm2.logits.json.gz");
+    let file = std::fs::File::open(&path).unwrap();
+    serde_json::from_reader(flate2::read::GzDecoder::new(file)).unwrap()
+}
+
+/// A JSON array of token ids.
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
