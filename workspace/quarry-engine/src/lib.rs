@@ -1,5 +1,52 @@
-//! The extraction engine.
+//! The extraction engine: requests in, constrained completions out, as many at once as the model's
+//! batch and KV pool allow.
 //!
-//! Not built yet: this crate will hold requests, the continuous-batching scheduler, the radix-tree
-//! prefix cache that owns the model's KV pages, the sampler and logit processors, constrained decoding
-//! with `quarry-grammar` matchers, and jump-forward that reuses KV through the radix cache.
+//! # Key types
+//! - [`Request`]: a prompt (text or chat messages), a constraint ([`ConstraintSpec`]: regex,
+//!   choice, JSON Schema, any JSON object), sampling parameters, `max_tokens`, stop strings, logit
+//!   [`Processor`]s and an optional [`Reasoning`] mode. Plain serde data: nothing a job file says
+//!   can run code on a worker.
+//! - [`Engine`]: [`Engine::submit`] queues a request (a full queue is
+//!   [`EngineError::QueueFull`], the backpressure signal); [`Engine::step`] runs one scheduler step
+//!   and returns the [`Completion`]s that finished; [`Engine::run_batch`] runs an offline batch.
+//! - [`RadixCache`]: the prefix cache over token ids that owns KV pages of the model's pool.
+//!
+//! # A step
+//! 1. **Admit** waiting requests while fewer than `max_running` run. Each looks up its prompt in
+//!    the radix cache, locks the matched path and takes pages for the rest. A request whose prefix
+//!    another request is still prefilling waits one step, so the prefix is computed once.
+//!    [`Engine::run_batch`] submits in depth-first order of the radix tree (prompts sorted by
+//!    token ids).
+//! 2. **Plan** the forward pass within `step_tokens`: every decode (one token, or a jump-forward
+//!    extend) first, then prefill chunks. When the pool is full the cache evicts unlocked leaves
+//!    (LRU); when that is not enough the newest sequence is retracted to the queue.
+//! 3. **Forward** the ragged batch. Meanwhile a second thread fills the token masks of every
+//!    constrained sequence that samples this step (rayon over sequences) into one reusable `u32`
+//!    buffer: a mask depends only on the matcher state, which is known before the logits are.
+//! 4. **Sample**: processors, then the mask (`-inf` for refused tokens; EOS only where the
+//!    constraint accepts), then the request's sampler. The matcher takes the token; when the
+//!    constraint then forces bytes, **jump-forward** appends them without sampling (see
+//!    [`EngineConfig::retokenize`] and [`EngineConfig::keep_back`]): the boundary is re-encoded
+//!    canonically, the matcher rolled back and moved forward, and the next step extends the
+//!    sequence in one pass that keeps every KV page before the change.
+//! 5. **Release** finished sequences: their computed tokens go into the radix cache (pages the
+//!    cache already had are freed) and their completions are returned.
+//!
+//! # Finish reasons
+//! `stop` (end of generation or a stop string), `length` (`max_tokens`, the context, or the pool;
+//! a constrained output cut short is never reported valid), `constraint_complete`, and `error`
+//! with the cause (bad constraint, prompt too long, nothing allowed).
+
+mod engine;
+mod error;
+pub mod logits;
+pub mod radix;
+mod request;
+mod sequence;
+
+pub use engine::{Engine, EngineConfig, EngineStats};
+pub use error::EngineError;
+pub use radix::{CacheStats, RadixCache};
+pub use request::{
+    Completion, ConstraintSpec, FinishReason, Processor, Prompt, Reasoning, Request, RequestStats,
+};

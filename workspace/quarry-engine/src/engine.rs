@@ -1,0 +1,841 @@
+//! The engine: admission, the per-step batch, the forward pass with masks filled alongside it,
+//! sampling, and returning pages to the radix cache.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use quarry_grammar::{Grammar, Limits, Matcher, SchemaOptions, Vocabulary};
+use quarry_model::{KvPool, Llama, Logits, PageId, Sampler, SeqInput};
+use quarry_tokenizer::{EncodeOptions, Tokenizer};
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
+
+use crate::error::EngineError;
+use crate::logits::{apply_mask, apply_processors};
+use crate::radix::{CacheStats, RadixCache, ROOT};
+use crate::request::{Completion, FinishReason, Processor, Prompt, Request, RequestStats};
+use crate::sequence::{Phase, Sequence, TokenCtx};
+
+/// Engine settings. The defaults suit the CPU and SmolLM2; see the README's configuration table.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// KV pool capacity in token positions (the radix cache lives in it too).
+    pub kv_tokens: usize,
+    /// Sequences decoding at once.
+    pub max_running: usize,
+    /// Tokens per forward pass: decodes first, then prefill chunks fill the rest.
+    pub step_tokens: usize,
+    /// Requests waiting for admission; [`Engine::submit`] refuses more (backpressure).
+    pub max_waiting: usize,
+    /// Reuse KV across requests through the radix prefix cache.
+    pub radix_cache: bool,
+    /// Append forced bytes without sampling.
+    pub jump_forward: bool,
+    /// Output tokens re-encoded with the forced bytes at a jump-forward boundary.
+    pub retokenize: usize,
+    /// Trailing tokens of that encoding left for the model (llguidance: ≥ 2 avoids non-canonical
+    /// tokenizations).
+    pub keep_back: usize,
+    /// Compiled constraints kept for reuse.
+    pub grammar_cache: usize,
+    #[serde(skip)]
+    pub schema_options: SchemaOptions,
+    #[serde(skip)]
+    pub limits: Limits,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            kv_tokens: 16_384,
+            max_running: 32,
+            step_tokens: 512,
+            max_waiting: 4096,
+            radix_cache: true,
+            jump_forward: true,
+            retokenize: 2,
+            keep_back: 2,
+            grammar_cache: 64,
+            schema_options: SchemaOptions::default(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// Engine-wide counters.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct EngineStats {
+    pub steps: u64,
+    pub forward_passes: u64,
+    /// Tokens computed by forward passes (prefill, extends and decodes).
+    pub forward_tokens: u64,
+    pub sampled_tokens: u64,
+    /// Output tokens appended without sampling (jump-forward, forced thinking end).
+    pub forced_tokens: u64,
+    /// Positions computed again after jump-forward re-tokenized a boundary.
+    pub retokenized_tokens: u64,
+    /// Time spent filling constraint masks (overlapped with the forward pass), and the steps that
+    /// filled any.
+    pub mask_s: f64,
+    pub mask_steps: u64,
+    pub masks_filled: u64,
+    /// Time in forward passes.
+    pub forward_s: f64,
+    /// Time in the rest of a step (scheduling, radix cache, masking logits, sampling).
+    pub schedule_s: f64,
+    /// Sequences sent back to the queue because the pool ran out of pages.
+    pub retracted: u64,
+    pub completed: u64,
+    pub cache: CacheStats,
+}
+
+impl EngineStats {
+    /// Forced share of output tokens.
+    pub fn forced_share(&self) -> f64 {
+        let out = self.sampled_tokens + self.forced_tokens;
+        if out == 0 {
+            0.0
+        } else {
+            self.forced_tokens as f64 / out as f64
+        }
+    }
+
+    /// Mean mask-filling time per step that filled masks, in microseconds.
+    pub fn mask_us_per_step(&self) -> f64 {
+        if self.mask_steps == 0 {
+            0.0
+        } else {
+            self.mask_s * 1e6 / self.mask_steps as f64
+        }
+    }
+}
+
+/// Continuous-batching extraction engine over one model.
+pub struct Engine {
+    model: Arc<Llama>,
+    tok: Arc<Tokenizer>,
+    vocab: Arc<Vocabulary>,
+    cfg: EngineConfig,
+    pool: KvPool,
+    cache: RadixCache,
+    grammars: FxHashMap<String, Arc<Grammar>>,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    done: Vec<Completion>,
+    logits: Logits,
+    masks: Vec<u32>,
+    freed: Vec<PageId>,
+    next_id: u64,
+    stats: EngineStats,
+}
+
+/// What one sequence contributes to a step.
+#[derive(Clone, Copy)]
+struct Slot {
+    seq: usize,
+    tokens: usize,
+    /// The chunk reaches the end of the sequence, so a token is chosen after it.
+    samples: bool,
+}
+
+impl Engine {
+    /// An engine for `model`, whose tokenizer is `tok`.
+    pub fn new(model: Arc<Llama>, tok: Arc<Tokenizer>, cfg: EngineConfig) -> Result<Self, EngineError> {
+        if cfg.max_running == 0 || cfg.step_tokens == 0 || cfg.kv_tokens == 0 {
+            return Err(EngineError::Config(
+                "kv_tokens, max_running and step_tokens must be positive".into(),
+            ));
+        }
+        if cfg.step_tokens < cfg.max_running {
+            return Err(EngineError::Config(format!(
+                "step_tokens ({}) must be at least max_running ({}): every running sequence decodes each step",
+                cfg.step_tokens, cfg.max_running
+            )));
+        }
+        let vocab = Arc::new(Vocabulary::new(
+            tok.token_table()
+                .iter()
+                .map(|(_, b, k)| (b, k.is_special())),
+            &tok.special_tokens().end_of_generation,
+        ));
+        let pool = KvPool::new(model.config(), 1, cfg.kv_tokens, model.device(), None)?;
+        Ok(Self {
+            model,
+            tok,
+            vocab,
+            pool,
+            cache: RadixCache::new(),
+            grammars: FxHashMap::default(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            done: Vec::new(),
+            logits: Logits::new(),
+            masks: Vec::new(),
+            freed: Vec::new(),
+            next_id: 0,
+            stats: EngineStats::default(),
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tok
+    }
+
+    pub fn vocabulary(&self) -> &Arc<Vocabulary> {
+        &self.vocab
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let mut s = self.stats.clone();
+        s.cache = self.cache.stats();
+        s
+    }
+
+    /// Requests submitted and not yet returned by [`Engine::step`].
+    pub fn in_flight(&self) -> usize {
+        self.waiting.len() + self.running.len() + self.done.len()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.in_flight() == 0
+    }
+
+    /// The output bytes a running request has produced so far (for streaming). Bytes once
+    /// returned never change; later calls only add to them.
+    pub fn partial_output(&self, id: u64) -> Option<&[u8]> {
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .find(|s| s.id == id)
+            .map(|s| &s.out_bytes[..])
+    }
+
+    /// Queues a request and returns its id. A request that cannot run (bad constraint, empty or
+    /// too long prompt, bad sampling parameters) is not an error here: it comes back from the next
+    /// [`Engine::step`] with [`FinishReason::Error`]. The only error is a full queue.
+    pub fn submit(&mut self, req: Request) -> Result<u64, EngineError> {
+        if self.waiting.len() >= self.cfg.max_waiting {
+            return Err(EngineError::QueueFull {
+                capacity: self.cfg.max_waiting,
+            });
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let submitted = Instant::now();
+        match self.prepare(id, req.clone(), submitted) {
+            Ok(seq) => self.waiting.push_back(seq),
+            Err(message) => self.done.push(Completion {
+                id,
+                text: String::new(),
+                reasoning: None,
+                tokens: Vec::new(),
+                finish: FinishReason::Error(message),
+                stats: RequestStats {
+                    total_s: submitted.elapsed().as_secs_f64(),
+                    ..RequestStats::default()
+                },
+            }),
+        }
+        Ok(id)
+    }
+
+    /// Runs `requests` to completion, admitted in the radix tree's depth-first order (prompts
+    /// sorted by token ids) so a shared prefix is computed once and then reused. Returns the
+    /// completions in the order of `requests`.
+    pub fn run_batch(&mut self, requests: Vec<Request>) -> Result<Vec<Completion>, EngineError> {
+        let n = requests.len();
+        let mut prepared: Vec<(usize, Result<Sequence, String>)> = requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let id = self.next_id + i as u64;
+                (i, self.prepare(id, r, Instant::now()))
+            })
+            .collect();
+        let first = self.next_id;
+        self.next_id += n as u64;
+        prepared.sort_by(|a, b| match (&a.1, &b.1) {
+            (Ok(x), Ok(y)) => x.tokens.cmp(&y.tokens),
+            (Ok(_), Err(_)) => std::cmp::Ordering::Greater,
+            (Err(_), Ok(_)) => std::cmp::Ordering::Less,
+            (Err(_), Err(_)) => a.0.cmp(&b.0),
+        });
+        let mut results: Vec<Option<Completion>> = vec![None; n];
+        let mut queue = prepared.into_iter().peekable();
+        loop {
+            while self.waiting.len() < self.cfg.max_waiting {
+                let Some((i, p)) = queue.next() else { break };
+                match p {
+                    Ok(seq) => self.waiting.push_back(seq),
+                    Err(message) => {
+                        results[i] = Some(Completion {
+                            id: first + i as u64,
+                            text: String::new(),
+                            reasoning: None,
+                            tokens: Vec::new(),
+                            finish: FinishReason::Error(message),
+                            stats: RequestStats::default(),
+                        })
+                    }
+                }
+            }
+            if self.is_idle() && queue.peek().is_none() {
+                break;
+            }
+            for c in self.step()? {
+                if let Some(i) = c.id.checked_sub(first).filter(|&i| i < n as u64) {
+                    results[i as usize] = Some(c);
+                }
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|c| c.expect("every request completes"))
+            .collect())
+    }
+
+    /// Tokenizes the prompt, compiles the constraint and validates the request.
+    fn prepare(&mut self, id: u64, req: Request, submitted: Instant) -> Result<Sequence, String> {
+        let sampler = Sampler::new(req.sampling()).map_err(|e| e.to_string())?;
+        for p in &req.processors {
+            match p {
+                Processor::ThinkingBudget { .. } if req.reasoning.is_none() => {
+                    return Err("the thinking_budget processor needs a reasoning mode".into())
+                }
+                Processor::NoRepeatNgram { n, window, .. } if *n == 0 || window < n => {
+                    return Err(format!(
+                        "no_repeat_ngram needs n >= 1 and window >= n (got n = {n}, window = {window})"
+                    ))
+                }
+                Processor::DisallowTokens { ids } => {
+                    if let Some(id) = ids.iter().find(|&&i| i as usize >= self.vocab.len()) {
+                        return Err(format!(
+                            "disallow_tokens: id {id} is outside the vocabulary of {}",
+                            self.vocab.len()
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(r) = &req.reasoning {
+            if r.end_marker.is_empty() {
+                return Err("reasoning.end_marker is empty".into());
+            }
+        }
+        let tokens = self.encode_prompt(&req.prompt)?;
+        let ctx = self.model.config().context_length;
+        if tokens.len() >= ctx {
+            return Err(format!(
+                "the prompt has {} tokens; the model's context is {ctx}",
+                tokens.len()
+            ));
+        }
+        if tokens.len() >= self.cfg.kv_tokens {
+            return Err(format!(
+                "the prompt has {} tokens; the KV pool holds {} (engine kv_tokens)",
+                tokens.len(),
+                self.cfg.kv_tokens
+            ));
+        }
+        if req.max_tokens == 0 {
+            return Err("max_tokens must be at least 1".into());
+        }
+        let matcher = match req.constraint.to_constraint(self.cfg.schema_options) {
+            None => None,
+            Some(c) => Some(Matcher::with_capacity(
+                self.grammar(&c).map_err(|e| format!("constraint: {e}"))?,
+                req.max_tokens,
+            )),
+        };
+        let phase = if req.reasoning.is_some() {
+            Phase::Thinking
+        } else {
+            Phase::Output
+        };
+        let prompt_len = tokens.len();
+        Ok(Sequence {
+            id,
+            req,
+            tokens,
+            prompt_len,
+            kv_len: 0,
+            slots: Vec::new(),
+            shared_len: 0,
+            node: ROOT,
+            matcher,
+            sampler,
+            phase,
+            out_bytes: Vec::new(),
+            answer_start: 0,
+            constrained_from: prompt_len,
+            thinking_tokens: 0,
+            finish: None,
+            stats: RequestStats {
+                prompt_tokens: prompt_len,
+                ..RequestStats::default()
+            },
+            submitted,
+            started: None,
+        })
+    }
+
+    fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>, String> {
+        let (text, chat) = match prompt {
+            Prompt::Text(t) => (t.clone(), false),
+            Prompt::Chat(messages) => (
+                self.tok
+                    .apply_chat_template(messages, true)
+                    .map_err(|e| format!("chat template: {e}"))?,
+                true,
+            ),
+        };
+        let tokens = self
+            .tok
+            .encode_with(
+                &text,
+                EncodeOptions {
+                    add_bos: self.tok.add_bos_by_default(),
+                    parse_special: chat,
+                },
+            )
+            .map_err(|e| format!("tokenizing the prompt: {e}"))?;
+        if tokens.is_empty() {
+            return Err("the prompt is empty".into());
+        }
+        Ok(tokens)
+    }
+
+    /// The compiled grammar for `c`, shared by every request with the same constraint.
+    fn grammar(
+        &mut self,
+        c: &quarry_grammar::Constraint,
+    ) -> Result<Arc<Grammar>, quarry_grammar::GrammarError> {
+        let key = format!("{c:?}");
+        if let Some(g) = self.grammars.get(&key) {
+            return Ok(g.clone());
+        }
+        let g = Arc::new(Grammar::compile(c, self.vocab.clone(), self.cfg.limits)?);
+        if g.is_empty_language() {
+            return Err(quarry_grammar::GrammarError::InvalidRegex {
+                pattern: c.pattern().unwrap_or_default(),
+                message: "the constraint matches no text at all".into(),
+            });
+        }
+        if self.grammars.len() >= self.cfg.grammar_cache {
+            self.grammars.clear();
+        }
+        self.grammars.insert(key, g.clone());
+        Ok(g)
+    }
+
+    /// One scheduler step: admit, run one forward pass over decodes and prefill chunks, choose
+    /// tokens, and return the requests that finished.
+    pub fn step(&mut self) -> Result<Vec<Completion>, EngineError> {
+        let t0 = Instant::now();
+        self.stats.steps += 1;
+        self.admit()?;
+        let plan = self.plan()?;
+        let mut forward_s = 0.0;
+        if !plan.is_empty() {
+            forward_s = self.forward(&plan)?;
+            self.after_forward(&plan)?;
+        }
+        self.release_finished()?;
+        self.stats.forward_s += forward_s;
+        self.stats.schedule_s += t0.elapsed().as_secs_f64() - forward_s;
+        Ok(std::mem::take(&mut self.done))
+    }
+
+    /// Moves waiting requests into the running set while there is room in the batch and pages in
+    /// the pool.
+    fn admit(&mut self) -> Result<(), EngineError> {
+        while self.running.len() < self.cfg.max_running {
+            let Some(seq) = self.waiting.front() else {
+                break;
+            };
+            // A prompt sharing more than the cache holds with one still being prefilled waits
+            // for that prefill to land in the cache (in-batch prefix sharing).
+            let waits_for_prefix = self.cfg.radix_cache && {
+                let shared = self
+                    .running
+                    .iter()
+                    .filter(|r| r.kv_len < r.prompt_len)
+                    .map(|r| common_len(&r.tokens, &seq.tokens))
+                    .max()
+                    .unwrap_or(0);
+                let tokens = &seq.tokens[..seq.tokens.len() - 1];
+                shared >= 32 && shared >= self.cache.match_prefix(tokens).pages.len() + 32
+            };
+            if waits_for_prefix {
+                break;
+            }
+            let mut seq = self.waiting.pop_front().expect("peeked");
+            self.unlock(&mut seq);
+            seq.slots.clear();
+            seq.kv_len = 0;
+            seq.shared_len = 0;
+            if self.cfg.radix_cache {
+                // At least the last token is computed: its logits choose the next one.
+                let m = self.cache.match_prefix(&seq.tokens[..seq.tokens.len() - 1]);
+                self.cache.lock(m.node);
+                seq.node = m.node;
+                seq.kv_len = m.pages.len();
+                seq.shared_len = m.pages.len();
+                seq.slots = m.pages;
+            }
+            let need = seq.tokens.len() - seq.kv_len
+                + (seq.req.max_tokens.min(16)).saturating_sub(seq.output().len());
+            if !self.ensure_free(need) {
+                self.unlock(&mut seq);
+                seq.slots.clear();
+                seq.kv_len = 0;
+                seq.shared_len = 0;
+                if self.running.is_empty() {
+                    seq.finish = Some(FinishReason::Error(format!(
+                        "needs {need} KV positions but the pool has {} (engine kv_tokens)",
+                        self.pool.num_pages()
+                    )));
+                    let c = seq.completion();
+                    self.done.push(c);
+                    continue;
+                }
+                self.waiting.push_front(seq);
+                break;
+            }
+            if seq.started.is_none() {
+                seq.started = Some(Instant::now());
+                seq.stats.queue_s = seq.submitted.elapsed().as_secs_f64();
+                seq.stats.cached_tokens = seq.kv_len;
+                self.cache
+                    .record_lookup(seq.kv_len, seq.prompt_len - seq.kv_len);
+            }
+            self.running.push(seq);
+        }
+        Ok(())
+    }
+
+    /// Makes `n` pages free, evicting from the cache where needed.
+    fn ensure_free(&mut self, n: usize) -> bool {
+        let free = self.pool.free_pages();
+        if free >= n {
+            return true;
+        }
+        self.freed.clear();
+        self.cache.evict(n - free, &mut self.freed);
+        for &p in &self.freed {
+            self.pool.free(p).expect("evicted pages are allocated");
+        }
+        self.pool.free_pages() >= n
+    }
+
+    /// Chooses each running sequence's tokens for this step and gives them pages.
+    fn plan(&mut self) -> Result<Vec<Slot>, EngineError> {
+        let mut budget = self.cfg.step_tokens;
+        let mut plan = Vec::with_capacity(self.running.len());
+        // Decodes and short extends first, oldest first; then prefill chunks.
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        order.sort_by_key(|&i| (self.running[i].pending() > 16, i));
+        for i in order {
+            if budget == 0 {
+                break;
+            }
+            let pending = self.running[i].pending();
+            let tokens = pending.min(budget);
+            budget -= tokens;
+            plan.push(Slot {
+                seq: i,
+                tokens,
+                samples: tokens == pending,
+            });
+        }
+        // Pages for the positions written this step; retract the newest others if the pool is full.
+        let mut k = 0;
+        while k < plan.len() {
+            let s = plan[k];
+            let seq = &self.running[s.seq];
+            let need = (seq.kv_len + s.tokens).saturating_sub(seq.slots.len());
+            if need > 0 && !self.ensure_free(need) {
+                if let Some(victim) = self.pick_victim(&plan, k) {
+                    if plan[..k].iter().any(|s| s.seq == victim) {
+                        k -= 1;
+                    }
+                    self.retract(victim, &mut plan);
+                    continue;
+                }
+                // Alone and still out of pages: the pool cannot hold this sequence.
+                self.running[s.seq].finish = Some(FinishReason::Length);
+                plan.remove(k);
+                continue;
+            }
+            let seq = &mut self.running[s.seq];
+            let ok = self.pool.alloc_into(need, &mut seq.slots);
+            debug_assert!(ok);
+            k += 1;
+        }
+        Ok(plan)
+    }
+
+    /// The most recently admitted running sequence other than `plan[k]`'s.
+    fn pick_victim(&self, plan: &[Slot], k: usize) -> Option<usize> {
+        let me = plan[k].seq;
+        (0..self.running.len())
+            .rev()
+            .find(|&i| i != me && self.running[i].finish.is_none())
+    }
+
+    /// Sends a running sequence back to the queue, freeing its private pages (it keeps its tokens,
+    /// matcher and sampler, and recomputes its KV when admitted again).
+    fn retract(&mut self, victim: usize, plan: &mut Vec<Slot>) {
+        let mut seq = self.running.remove(victim);
+        self.stats.retracted += 1;
+        for &p in &seq.slots[seq.shared_len..] {
+            self.pool.free(p).expect("private page is allocated");
+        }
+        seq.slots.truncate(seq.shared_len);
+        seq.kv_len = seq.kv_len.min(seq.shared_len);
+        self.waiting.push_front(seq);
+        plan.retain(|s| s.seq != victim);
+        for s in plan.iter_mut() {
+            if s.seq > victim {
+                s.seq -= 1;
+            }
+        }
+    }
+
+    /// Runs the forward pass; the masks of the constrained sequences that sample this step are
+    /// filled on another thread meanwhile. Returns the forward time.
+    fn forward(&mut self, plan: &[Slot]) -> Result<f64, EngineError> {
+        let words = self.vocab.mask_words();
+        let rows: Vec<usize> = plan
+            .iter()
+            .filter(|s| s.samples && self.running[s.seq].is_constrained_now())
+            .map(|s| s.seq)
+            .collect();
+        self.masks.resize(rows.len() * words, 0);
+        let Engine {
+            model,
+            pool,
+            logits,
+            masks,
+            running,
+            stats,
+            ..
+        } = self;
+        let inputs: Vec<SeqInput> = plan
+            .iter()
+            .map(|s| {
+                let seq = &running[s.seq];
+                SeqInput::new(
+                    &seq.tokens[seq.kv_len..seq.kv_len + s.tokens],
+                    seq.kv_len,
+                    &seq.slots,
+                )
+            })
+            .collect();
+        let running = &*running;
+        let (fwd, mask_s) = std::thread::scope(|scope| {
+            let filler = (!rows.is_empty()).then(|| {
+                scope.spawn(|| {
+                    let t = Instant::now();
+                    masks
+                        .par_chunks_mut(words)
+                        .zip(rows.par_iter())
+                        .for_each(|(out, &i)| {
+                            running[i].matcher.as_ref().expect("constrained").fill_mask(out)
+                        });
+                    t.elapsed().as_secs_f64()
+                })
+            });
+            let t = Instant::now();
+            let r = model.forward(&inputs, pool, logits);
+            let fwd = t.elapsed().as_secs_f64();
+            let mask_s = filler.map(|h| h.join().expect("mask thread panicked"));
+            (r.map(|_| fwd), mask_s)
+        });
+        if let Some(s) = mask_s {
+            stats.mask_s += s;
+            stats.mask_steps += 1;
+            stats.masks_filled += rows.len() as u64;
+        }
+        let fwd = fwd?;
+        stats.forward_passes += 1;
+        stats.forward_tokens += plan.iter().map(|s| s.tokens as u64).sum::<u64>();
+        Ok(fwd)
+    }
+
+    /// Chooses the next token of every sequence whose chunk reached its end.
+    fn after_forward(&mut self, plan: &[Slot]) -> Result<(), EngineError> {
+        let words = self.vocab.mask_words();
+        let ctx = TokenCtx {
+            tok: &self.tok,
+            jump_forward: self.cfg.jump_forward,
+            keep_back: self.cfg.keep_back,
+            retokenize: self.cfg.retokenize,
+            context_length: self.model.config().context_length,
+        };
+        let eog = &self.tok.special_tokens().end_of_generation;
+        let mut mask_row = 0;
+        let mut inserts = Vec::new();
+        for (row, s) in plan.iter().enumerate() {
+            let seq = &mut self.running[s.seq];
+            seq.kv_len += s.tokens;
+            seq.stats.forward_passes += 1;
+            if !s.samples {
+                continue;
+            }
+            if seq.kv_len >= seq.prompt_len && seq.shared_len < seq.prompt_len {
+                inserts.push(s.seq);
+            }
+            let logits = self.logits.last_mut(row);
+            apply_processors(logits, &seq.req.processors, &seq.tokens[seq.prompt_len..]);
+            let constrained = seq.is_constrained_now();
+            if constrained {
+                apply_mask(logits, &self.masks[mask_row * words..(mask_row + 1) * words]);
+                mask_row += 1;
+            } else if seq.phase == Phase::Thinking && seq.matcher.is_some() {
+                // The answer must still come: no end of generation while thinking.
+                for &e in eog {
+                    if let Some(x) = logits.get_mut(e as usize) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            match seq.sampler.sample(logits) {
+                Ok(id) => {
+                    self.stats.sampled_tokens += 1;
+                    let forced_before = seq.stats.forced_tokens;
+                    let retok_before = seq.stats.retokenized_tokens;
+                    seq.take_token(id, &ctx);
+                    self.stats.forced_tokens += (seq.stats.forced_tokens - forced_before) as u64;
+                    self.stats.retokenized_tokens +=
+                        (seq.stats.retokenized_tokens - retok_before) as u64;
+                }
+                Err(e) => {
+                    let overflow = seq
+                        .matcher
+                        .as_ref()
+                        .and_then(|m| m.grammar().overflow_error())
+                        .map(|o| format!(" ({o})"))
+                        .unwrap_or_default();
+                    seq.finish = Some(FinishReason::Error(format!(
+                        "no token can follow: {e}{overflow}"
+                    )));
+                }
+            }
+        }
+        // Prompts whose prefill just finished go into the cache, so requests admitted next reuse them.
+        for i in inserts {
+            self.cache_prefix(i)?;
+        }
+        Ok(())
+    }
+
+    /// Puts a running sequence's computed prompt into the radix tree and pins it.
+    fn cache_prefix(&mut self, i: usize) -> Result<(), EngineError> {
+        if !self.cfg.radix_cache {
+            return Ok(());
+        }
+        let seq = &mut self.running[i];
+        let len = seq.prompt_len.min(seq.kv_len);
+        self.freed.clear();
+        let node = self
+            .cache
+            .insert(&seq.tokens[..len], &mut seq.slots[..len], &mut self.freed);
+        self.cache.lock(node);
+        if seq.node != ROOT {
+            self.cache.unlock(seq.node);
+        }
+        seq.node = node;
+        seq.shared_len = len;
+        for &p in &self.freed {
+            self.pool.free(p)?;
+        }
+        Ok(())
+    }
+
+    /// Returns the pages of finished sequences (to the cache or the pool) and their completions.
+    fn release_finished(&mut self) -> Result<(), EngineError> {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].finish.is_none() {
+                i += 1;
+                continue;
+            }
+            let mut seq = self.running.swap_remove(i);
+            self.freed.clear();
+            let computed = seq.kv_len.min(seq.slots.len());
+            if self.cfg.radix_cache {
+                let node = self.cache.insert(
+                    &seq.tokens[..computed],
+                    &mut seq.slots[..computed],
+                    &mut self.freed,
+                );
+                // Insert then unlock: the new path is the cache's now.
+                let _ = node;
+                self.freed.extend_from_slice(&seq.slots[computed..]);
+            } else {
+                self.freed.extend_from_slice(&seq.slots[seq.shared_len..]);
+            }
+            self.unlock(&mut seq);
+            for &p in &self.freed {
+                self.pool.free(p)?;
+            }
+            self.stats.completed += 1;
+            self.done.push(seq.completion());
+        }
+        Ok(())
+    }
+
+    fn unlock(&mut self, seq: &mut Sequence) {
+        if seq.holds_lock() {
+            self.cache.unlock(seq.node);
+            seq.node = ROOT;
+        }
+    }
+
+    /// Checks that every page is accounted for exactly once: free, in the cache, or held by one
+    /// running sequence (shared prefixes excepted). For tests.
+    pub fn check_pages(&self) -> Result<(), String> {
+        let mut owner = vec![0u8; self.pool.num_pages()];
+        for p in self.cache.pages() {
+            owner[p as usize] += 1;
+        }
+        for s in &self.running {
+            for &p in &s.slots[s.shared_len..] {
+                owner[p as usize] += 1;
+            }
+        }
+        for (p, &n) in owner.iter().enumerate() {
+            let allocated = self.pool.is_allocated(p as u32);
+            if (n == 0 && allocated) || (n > 0 && !allocated) || n > 1 {
+                return Err(format!(
+                    "page {p}: {n} owners, allocated = {allocated}"
+                ));
+            }
+        }
+        let mut locks = FxHashMap::default();
+        for s in &self.running {
+            if s.holds_lock() {
+                *locks.entry(s.node).or_insert(0) += 1;
+            }
+        }
+        for s in &self.waiting {
+            if s.holds_lock() {
+                *locks.entry(s.node).or_insert(0) += 1;
+            }
+        }
+        self.cache.check(&locks)
+    }
+}
+
+fn common_len(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}

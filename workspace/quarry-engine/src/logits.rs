@@ -1,0 +1,123 @@
+//! Edits of one row of logits before sampling: the constraint's token mask and the built-in logit
+//! processors. Everything works in place on the row the model returned; nothing is allocated.
+
+use crate::request::Processor;
+
+/// Sets the logits of tokens whose bit is clear in `mask` to `-inf` (bit `i % 32` of word `i / 32`
+/// is token `i`). Tokens past the mask (a model vocabulary padded beyond the tokenizer's) are
+/// masked too.
+pub fn apply_mask(logits: &mut [f32], mask: &[u32]) {
+    let covered = (mask.len() * 32).min(logits.len());
+    for (w, &bits) in mask.iter().enumerate() {
+        if bits == u32::MAX {
+            continue;
+        }
+        let base = w * 32;
+        let end = (base + 32).min(covered);
+        if bits == 0 {
+            logits[base..end].fill(f32::NEG_INFINITY);
+            continue;
+        }
+        let mut clear = !bits;
+        while clear != 0 {
+            let i = base + clear.trailing_zeros() as usize;
+            if i >= end {
+                break;
+            }
+            logits[i] = f32::NEG_INFINITY;
+            clear &= clear - 1;
+        }
+    }
+    logits[covered..].fill(f32::NEG_INFINITY);
+}
+
+/// Bans the listed ids.
+pub fn disallow(logits: &mut [f32], ids: &[u32]) {
+    for &id in ids {
+        if let Some(x) = logits.get_mut(id as usize) {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Bans every token that would complete an `n`-gram already present in the last `window` tokens
+/// of `history`, except the `whitelist`ed ones. Costs `O(window · n)`.
+pub fn no_repeat_ngram(
+    logits: &mut [f32],
+    history: &[u32],
+    n: usize,
+    window: usize,
+    whitelist: &[u32],
+) {
+    if n == 0 || history.len() < n {
+        return;
+    }
+    let recent = &history[history.len().saturating_sub(window)..];
+    // The n-1 tokens the next token would extend.
+    let tail = &history[history.len() - (n - 1)..];
+    if recent.len() < n {
+        return;
+    }
+    for start in 0..=recent.len() - n {
+        // Only earlier n-grams: the candidate n-gram ends at the next position.
+        if start + n > recent.len() {
+            break;
+        }
+        if &recent[start..start + n - 1] == tail {
+            let banned = recent[start + n - 1];
+            if !whitelist.contains(&banned) {
+                if let Some(x) = logits.get_mut(banned as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
+/// Applies the processors that act on logits (the thinking budget acts on the sequence instead).
+pub fn apply_processors(logits: &mut [f32], processors: &[Processor], output: &[u32]) {
+    for p in processors {
+        match p {
+            Processor::DisallowTokens { ids } => disallow(logits, ids),
+            Processor::NoRepeatNgram {
+                n,
+                window,
+                whitelist,
+            } => no_repeat_ngram(logits, output, *n, *window, whitelist),
+            Processor::ThinkingBudget { .. } => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_keeps_exactly_the_set_bits() {
+        let mut logits = vec![1.0f32; 70];
+        let mut mask = vec![0u32; 2];
+        for id in [0usize, 5, 31, 32, 63] {
+            mask[id / 32] |= 1 << (id % 32);
+        }
+        apply_mask(&mut logits, &mask);
+        let kept: Vec<usize> = (0..70).filter(|&i| logits[i] == 1.0).collect();
+        assert_eq!(kept, vec![0, 5, 31, 32, 63]);
+    }
+
+    #[test]
+    fn ngram_bans_only_repeats() {
+        let mut logits = vec![0.0f32; 10];
+        // history: 1 2 3 1 2 -> "1 2" was followed by 3, so 3 is banned; 2-grams only.
+        no_repeat_ngram(&mut logits, &[1, 2, 3, 1, 2], 3, 100, &[]);
+        let banned: Vec<usize> = (0..10).filter(|&i| logits[i].is_infinite()).collect();
+        assert_eq!(banned, vec![3]);
+        let mut logits = vec![0.0f32; 10];
+        no_repeat_ngram(&mut logits, &[1, 2, 3, 1, 2], 3, 100, &[3]);
+        assert!(logits.iter().all(|x| x.is_finite()));
+        // Outside the window the earlier n-gram no longer counts.
+        let mut logits = vec![0.0f32; 10];
+        no_repeat_ngram(&mut logits, &[1, 2, 3, 9, 9, 9, 1, 2], 3, 4, &[]);
+        assert!(logits.iter().all(|x| x.is_finite()));
+    }
+}

@@ -1,0 +1,331 @@
+//! One running request: its tokens, where its KV is, its constraint matcher and sampler, and what
+//! happens when a token is chosen (stop checks, reasoning phases, jump-forward).
+
+use std::time::Instant;
+
+use quarry_grammar::Matcher;
+use quarry_model::{PageId, Sampler};
+use quarry_tokenizer::{EncodeOptions, Tokenizer};
+
+use crate::radix::{NodeId, ROOT};
+use crate::request::{Completion, FinishReason, Processor, Request, RequestStats};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Reasoning mode before the end-of-thinking marker: free text.
+    Thinking,
+    /// The answer, constrained when the request has a constraint.
+    Output,
+}
+
+pub(crate) struct Sequence {
+    pub id: u64,
+    pub req: Request,
+    /// Prompt then output tokens. Positions `0..kv_len` have KV in the pool; the rest are the next
+    /// forward pass's input.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    pub kv_len: usize,
+    /// Block table, one page (one position) per token.
+    pub slots: Vec<PageId>,
+    /// Positions `0..shared_len` are pages of the radix tree, pinned by the lock on `node`.
+    pub shared_len: usize,
+    pub node: NodeId,
+    pub matcher: Option<Matcher>,
+    pub sampler: Sampler,
+    pub phase: Phase,
+    /// Output bytes so far (thinking included).
+    pub out_bytes: Vec<u8>,
+    /// Byte offset in `out_bytes` where the answer starts (after the end-of-thinking marker).
+    pub answer_start: usize,
+    /// Index in `tokens` of the first token the matcher saw.
+    pub constrained_from: usize,
+    /// Tokens produced while thinking.
+    pub thinking_tokens: usize,
+    pub finish: Option<FinishReason>,
+    pub stats: RequestStats,
+    pub submitted: Instant,
+    pub started: Option<Instant>,
+}
+
+/// Engine-wide knobs a sequence needs when it takes a token.
+pub(crate) struct TokenCtx<'a> {
+    pub tok: &'a Tokenizer,
+    pub jump_forward: bool,
+    pub keep_back: usize,
+    pub retokenize: usize,
+    pub context_length: usize,
+}
+
+impl Sequence {
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    /// Tokens the next forward pass must compute.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.kv_len
+    }
+
+    pub fn is_constrained_now(&self) -> bool {
+        self.phase == Phase::Output && self.matcher.is_some()
+    }
+
+    fn thinking_budget(&self) -> Option<usize> {
+        self.req.processors.iter().find_map(|p| match p {
+            Processor::ThinkingBudget { max_tokens } => Some(*max_tokens),
+            _ => None,
+        })
+    }
+
+    /// Appends a sampled token and applies everything that follows from it.
+    pub fn take_token(&mut self, id: u32, ctx: &TokenCtx) {
+        if ctx.tok.special_tokens().end_of_generation.binary_search(&id).is_ok() {
+            // The mask allowed EOS only where the constraint accepts.
+            self.finish = Some(if self.is_constrained_now() {
+                FinishReason::ConstraintComplete
+            } else if self.phase == Phase::Thinking && self.matcher.is_some() {
+                FinishReason::Error("the model ended while still thinking".into())
+            } else {
+                FinishReason::Stop
+            });
+            return;
+        }
+        if let Some(m) = self.matcher.as_mut().filter(|_| self.phase == Phase::Output) {
+            if let Err(e) = m.accept_token(id) {
+                self.finish = Some(FinishReason::Error(format!(
+                    "sampled token {id} that the constraint refuses: {e}"
+                )));
+                return;
+            }
+        }
+        self.push(id, ctx.tok);
+        self.stats.output_tokens += 1;
+        if self.phase == Phase::Thinking {
+            self.thinking_tokens += 1;
+            self.after_thinking_token(ctx);
+        }
+        self.after_token(ctx);
+    }
+
+    fn push(&mut self, id: u32, tok: &Tokenizer) {
+        self.tokens.push(id);
+        if let Ok(b) = tok.token_bytes(id) {
+            self.out_bytes.extend_from_slice(b);
+        }
+    }
+
+    /// Stop strings, the end-of-thinking marker and the thinking budget.
+    fn after_thinking_token(&mut self, ctx: &TokenCtx) {
+        let marker = self.req.reasoning.as_ref().map(|r| r.end_marker.as_bytes());
+        let Some(marker) = marker else { return };
+        // Only the tail can hold a marker the last token completed.
+        let from = self.out_bytes.len().saturating_sub(marker.len() + 64);
+        if let Some(at) = find_from(&self.out_bytes, marker, from) {
+            self.start_answer(at + marker.len());
+            return;
+        }
+        if self.thinking_budget().is_some_and(|b| self.thinking_tokens >= b) {
+            // Force a newline and the marker, in one extend pass.
+            let text = format!("\n{}", String::from_utf8_lossy(marker));
+            let opts = EncodeOptions {
+                add_bos: false,
+                parse_special: true,
+            };
+            match ctx.tok.encode_with(&text, opts) {
+                Ok(ids) => {
+                    for &t in &ids {
+                        self.push(t, ctx.tok);
+                    }
+                    self.stats.output_tokens += ids.len();
+                    self.stats.forced_tokens += ids.len();
+                    let end = self.out_bytes.len();
+                    self.start_answer(end);
+                }
+                Err(e) => {
+                    self.finish = Some(FinishReason::Error(format!(
+                        "cannot tokenize the end-of-thinking marker: {e}"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Leaves the thinking phase; bytes after the marker (in the same token) go to the matcher.
+    fn start_answer(&mut self, at: usize) {
+        self.phase = Phase::Output;
+        self.answer_start = at;
+        self.constrained_from = self.tokens.len();
+        if let Some(m) = self.matcher.as_mut() {
+            let rest = &self.out_bytes[at..];
+            if let Err(e) = m.accept_bytes(rest) {
+                self.finish = Some(FinishReason::Error(format!(
+                    "the text after the end-of-thinking marker breaks the constraint: {e}"
+                )));
+            }
+        }
+    }
+
+    /// Completion, stop strings, limits and jump-forward after the output grew.
+    pub fn after_token(&mut self, ctx: &TokenCtx) {
+        if self.finish.is_some() {
+            return;
+        }
+        if self.is_constrained_now() {
+            let m = self.matcher.as_ref().expect("constrained");
+            if m.is_finished() {
+                self.finish = Some(FinishReason::ConstraintComplete);
+                return;
+            }
+            if ctx.jump_forward && !m.forced_bytes().is_empty() {
+                self.jump_forward(ctx);
+                if self.matcher.as_ref().is_some_and(|m| m.is_finished()) {
+                    self.finish = Some(FinishReason::ConstraintComplete);
+                    return;
+                }
+            }
+        } else if let Some(cut) = self.find_stop() {
+            self.out_bytes.truncate(cut);
+            self.finish = Some(FinishReason::Stop);
+            return;
+        }
+        if self.output().len() >= self.req.max_tokens || self.tokens.len() >= ctx.context_length {
+            self.finish = Some(FinishReason::Length);
+        }
+    }
+
+    /// Byte offset where the first stop string starts, looking only where the last token could
+    /// have completed one.
+    fn find_stop(&self) -> Option<usize> {
+        let longest = self.req.stop.iter().map(|s| s.len()).max()?;
+        let from = self
+            .out_bytes
+            .len()
+            .saturating_sub(longest + 64)
+            .max(self.answer_start);
+        self.req
+            .stop
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| find_from(&self.out_bytes, s.as_bytes(), from))
+            .min()
+    }
+
+    /// Appends the constraint's forced bytes without sampling. The last `retokenize` output tokens
+    /// plus the forced bytes are encoded again so the boundary is tokenized as the tokenizer would
+    /// (canonically); the last `keep_back` tokens of that encoding are left for the model, since a
+    /// following token could merge with them. The matcher is rolled back and moved forward to
+    /// match, and positions from the change on lose their KV: the next forward pass recomputes
+    /// them in one extend that reuses every page before the change.
+    fn jump_forward(&mut self, ctx: &TokenCtx) {
+        let accepted = self.matcher.as_ref().map_or(0, |m| m.tokens_accepted());
+        let budget = self.req.max_tokens.saturating_sub(self.tokens.len() - self.prompt_len);
+        let floor = self.constrained_from.max(self.shared_len);
+        let k = ctx.retokenize.min(self.tokens.len() - floor).min(accepted);
+        let cut = self.tokens.len() - k;
+        let old_start = self.out_bytes.len() - self.token_bytes_len(cut, ctx.tok);
+        let m = self.matcher.as_mut().expect("constrained");
+        let mut text = self.out_bytes[old_start..].to_vec();
+        let old_len = text.len();
+        text.extend_from_slice(m.forced_bytes());
+        // A forced run may end inside a UTF-8 character; the tokenizer takes whole characters.
+        let valid = match std::str::from_utf8(&text) {
+            Ok(s) => s.len(),
+            Err(e) => e.valid_up_to(),
+        };
+        if valid <= old_len {
+            return;
+        }
+        let text = std::str::from_utf8(&text[..valid]).expect("checked");
+        let Ok(new) = ctx.tok.encode_with(text, EncodeOptions::default()) else {
+            return;
+        };
+        // The encoding must spell exactly these bytes (a tokenizer that adds a prefix space does not).
+        let mut spelled = 0;
+        for &t in &new {
+            match ctx.tok.token_bytes(t) {
+                Ok(b) if text.as_bytes()[spelled..].starts_with(b) => spelled += b.len(),
+                _ => return,
+            }
+        }
+        if spelled != text.len() {
+            return;
+        }
+        m.rollback(k);
+        let restore = |m: &mut Matcher, accepted: usize, old: &[u32]| {
+            m.rollback(accepted);
+            for &t in old {
+                m.accept_token(t).expect("accepted before");
+            }
+        };
+        for (i, &t) in new.iter().enumerate() {
+            if m.accept_token(t).is_err() {
+                restore(m, i, &self.tokens[cut..]);
+                return;
+            }
+        }
+        let keep = if m.is_finished() {
+            0
+        } else {
+            ctx.keep_back.min(new.len())
+        };
+        let retained = (new.len() - keep).min(budget + k);
+        m.rollback(new.len() - retained);
+        let retained_bytes: usize = new[..retained]
+            .iter()
+            .map(|&t| ctx.tok.token_bytes(t).map_or(0, |b| b.len()))
+            .sum();
+        if retained_bytes <= old_len {
+            restore(m, retained, &self.tokens[cut..]);
+            return;
+        }
+        self.tokens.truncate(cut);
+        self.tokens.extend_from_slice(&new[..retained]);
+        self.out_bytes.truncate(old_start);
+        self.out_bytes.extend_from_slice(&text.as_bytes()[..retained_bytes]);
+        if self.kv_len > cut {
+            self.stats.retokenized_tokens += self.kv_len - cut;
+            self.kv_len = cut;
+        }
+        self.stats.output_tokens = self.stats.output_tokens + retained - k;
+        self.stats.forced_tokens += retained.saturating_sub(k);
+    }
+
+    fn token_bytes_len(&self, from: usize, tok: &Tokenizer) -> usize {
+        self.tokens[from..]
+            .iter()
+            .map(|&t| tok.token_bytes(t).map_or(0, |b| b.len()))
+            .sum()
+    }
+
+    /// The finished request's result.
+    pub fn completion(&mut self) -> Completion {
+        let now = Instant::now();
+        self.stats.total_s = (now - self.submitted).as_secs_f64();
+        let answer = String::from_utf8_lossy(&self.out_bytes[self.answer_start.min(self.out_bytes.len())..])
+            .into_owned();
+        let reasoning = self.req.reasoning.as_ref().map(|_| {
+            String::from_utf8_lossy(&self.out_bytes[..self.answer_start.min(self.out_bytes.len())])
+                .into_owned()
+        });
+        Completion {
+            id: self.id,
+            text: answer,
+            reasoning,
+            tokens: self.tokens[self.prompt_len.min(self.tokens.len())..].to_vec(),
+            finish: self.finish.clone().unwrap_or(FinishReason::Length),
+            stats: self.stats.clone(),
+        }
+    }
+
+    pub fn holds_lock(&self) -> bool {
+        self.node != ROOT
+    }
+}
+
+fn find_from(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+    if needle.is_empty() || hay.len() < needle.len() {
+        return None;
+    }
+    (from..=hay.len() - needle.len()).find(|&i| &hay[i..i + needle.len()] == needle)
+}
