@@ -92,6 +92,18 @@ pub struct EngineStats {
 }
 
 impl EngineStats {
+    /// The radix cache's time as a share of all step time.
+    pub fn cache_overhead(&self) -> f64 {
+        let total = self.forward_s + self.schedule_s;
+        if total == 0.0 {
+            0.0
+        } else {
+            self.cache.busy_ns as f64 * 1e-9 / total
+        }
+    }
+}
+
+impl EngineStats {
     /// Forced share of output tokens.
     pub fn forced_share(&self) -> f64 {
         let out = self.sampled_tokens + self.forced_tokens;

@@ -43,6 +43,8 @@ pub struct CacheStats {
     pub evicted_pages: u64,
     /// Leaves removed by eviction.
     pub evictions: u64,
+    /// Time spent in lookups, inserts and evictions (the cache's whole overhead), in nanoseconds.
+    pub busy_ns: u64,
 }
 
 impl CacheStats {
@@ -122,6 +124,13 @@ impl RadixCache {
     /// The longest cached prefix of `tokens`. Splits a node where the match ends inside it, so the
     /// returned node's path is exactly the matched tokens. Does not lock.
     pub fn match_prefix(&mut self, tokens: &[u32]) -> Match {
+        let t = std::time::Instant::now();
+        let m = self.match_inner(tokens);
+        self.stats.busy_ns += t.elapsed().as_nanos() as u64;
+        m
+    }
+
+    fn match_inner(&mut self, tokens: &[u32]) -> Match {
         let now = self.tick();
         let mut node = ROOT;
         let mut pages = Vec::new();
@@ -150,6 +159,18 @@ impl RadixCache {
     /// holds a token, the tree's page is kept: `pages[i]` is replaced by it and the caller's page
     /// is pushed to `duplicates` for the caller to free. Returns the node at the end of the path.
     pub fn insert(
+        &mut self,
+        tokens: &[u32],
+        pages: &mut [PageId],
+        duplicates: &mut Vec<PageId>,
+    ) -> NodeId {
+        let t = std::time::Instant::now();
+        let node = self.insert_inner(tokens, pages, duplicates);
+        self.stats.busy_ns += t.elapsed().as_nanos() as u64;
+        node
+    }
+
+    fn insert_inner(
         &mut self,
         tokens: &[u32],
         pages: &mut [PageId],
@@ -231,6 +252,13 @@ impl RadixCache {
     /// Evicts unlocked leaves, least recently used first, until at least `want` pages were
     /// pushed to `freed` or nothing unlocked is left. Returns the number of pages freed.
     pub fn evict(&mut self, want: usize, freed: &mut Vec<PageId>) -> usize {
+        let t = std::time::Instant::now();
+        let got = self.evict_inner(want, freed);
+        self.stats.busy_ns += t.elapsed().as_nanos() as u64;
+        got
+    }
+
+    fn evict_inner(&mut self, want: usize, freed: &mut Vec<PageId>) -> usize {
         let mut heap: BinaryHeap<Reverse<(u64, NodeId)>> = self
             .nodes
             .iter()

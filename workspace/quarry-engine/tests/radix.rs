@@ -179,4 +179,5 @@ fn eviction_is_least_recently_used_first() {
     let s = c.stats();
     // Leaves [4], [5,6], [3] and then the split-off stem [1,2].
     assert_eq!((s.evicted_pages, s.evictions), (6, 4));
+    assert!(s.busy_ns > 0);
 }

@@ -1,0 +1,393 @@
+//! The engine on the real SmolLM2 model and tokenizer: determinism, batching, constraints,
+//! jump-forward, the prefix cache, logit processors and per-request errors.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use quarry_engine::{
+    Completion, ConstraintSpec, Engine, EngineConfig, EngineError, FinishReason, Processor, Prompt,
+    Reasoning, Request,
+};
+use quarry_model::{parse_device, Llama, SamplingParams};
+use quarry_tokenizer::{ChatMessage, Tokenizer};
+use serde_json::json;
+
+fn model_path() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "{} is missing: run `make setup`", p.display());
+    p
+}
+
+fn model() -> (Arc<Llama>, Arc<Tokenizer>) {
+    static M: OnceLock<(Arc<Llama>, Arc<Tokenizer>)> = OnceLock::new();
+    M.get_or_init(|| {
+        let dev = parse_device("cpu").unwrap();
+        (
+            Arc::new(Llama::load(model_path(), &dev).unwrap()),
+            Arc::new(Tokenizer::from_gguf(model_path()).unwrap()),
+        )
+    })
+    .clone()
+}
+
+fn engine(cfg: EngineConfig) -> Engine {
+    let (m, t) = model();
+    Engine::new(m, t, cfg).unwrap()
+}
+
+fn small() -> EngineConfig {
+    EngineConfig {
+        kv_tokens: 8192,
+        max_running: 8,
+        step_tokens: 256,
+        ..EngineConfig::default()
+    }
+}
+
+fn chat(text: &str) -> Prompt {
+    Prompt::Chat(vec![ChatMessage::new("user", text)])
+}
+
+const QUESTIONS: [&str; 6] = [
+    "What is the capital of France?",
+    "Name a colour of the sky.",
+    "Write one word about cats.",
+    "How many legs does a spider have?",
+    "What do bees make?",
+    "Describe the sea in five words.",
+];
+
+fn run(e: &mut Engine, reqs: Vec<Request>) -> Vec<Completion> {
+    let out = e.run_batch(reqs).unwrap();
+    e.check_pages().unwrap();
+    out
+}
+
+#[test]
+fn greedy_is_deterministic_and_batched_equals_sequential() {
+    let reqs: Vec<Request> = QUESTIONS
+        .iter()
+        .map(|q| Request::new(chat(q)).with_max_tokens(20))
+        .collect();
+    let mut batched = engine(small());
+    let a = run(&mut batched, reqs.clone());
+    let b = run(&mut batched, reqs.clone());
+    let mut one = engine(EngineConfig {
+        max_running: 1,
+        radix_cache: false,
+        ..small()
+    });
+    for (i, r) in reqs.into_iter().enumerate() {
+        let s = run(&mut one, vec![r]).remove(0);
+        assert_eq!(s.tokens, a[i].tokens, "request {i}: batched differs from sequential");
+        assert_eq!(s.text, a[i].text);
+    }
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.tokens, y.tokens, "a second run differs");
+        assert!(!x.tokens.is_empty());
+        assert!(matches!(x.finish, FinishReason::Stop | FinishReason::Length));
+    }
+    // The second run found every prompt in the cache (all but its last token).
+    let s = batched.stats();
+    assert!(s.cache.hit_tokens > 0, "{s:?}");
+}
+
+fn full_match(pattern: &str, text: &str) -> bool {
+    let re = regex_automata::meta::Regex::new(&format!("^(?:{pattern})$")).unwrap();
+    re.is_match(text)
+}
+
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.9,
+        top_k: 0,
+        top_p: 0.95,
+        seed,
+    }
+}
+
+#[test]
+fn regex_and_choice_outputs_always_match() {
+    let mut e = engine(small());
+    let pattern = r"[A-Z][a-z]{2,12}, [0-9]{1,3} (apples|pears)";
+    let choices = vec!["red".to_string(), "green".into(), "blue".into(), "dark blue".into()];
+    let mut reqs = Vec::new();
+    for (i, q) in QUESTIONS.iter().enumerate() {
+        for seed in 0..3 {
+            reqs.push(
+                Request::new(chat(q))
+                    .with_constraint(ConstraintSpec::Regex(pattern.into()))
+                    .with_sampling(sampled(seed + 10 * i as u64))
+                    .with_max_tokens(40),
+            );
+            reqs.push(
+                Request::new(chat(q))
+                    .with_constraint(ConstraintSpec::Choice(choices.clone()))
+                    .with_sampling(sampled(seed))
+                    .with_max_tokens(10),
+            );
+        }
+    }
+    for (r, c) in reqs.iter().zip(run(&mut e, reqs.clone())) {
+        assert_eq!(c.finish, FinishReason::ConstraintComplete, "{c:?}");
+        match &r.constraint {
+            ConstraintSpec::Regex(p) => assert!(full_match(p, &c.text), "{:?} !~ {p}", c.text),
+            ConstraintSpec::Choice(ch) => assert!(ch.contains(&c.text), "{:?}", c.text),
+            _ => unreachable!(),
+        }
+    }
+}
+
+fn package_schema() -> serde_json::Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 30},
+            "version": {"type": "string", "pattern": "^[0-9][0-9a-z.+~-]{0,20}$"},
+            "essential": {"type": "boolean"},
+            "priority": {"enum": ["required", "important", "standard", "optional"]},
+            "depends": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4}
+        },
+        "required": ["name", "version", "essential", "priority", "depends"],
+        "additionalProperties": false
+    })
+}
+
+const PACKAGES: [&str; 4] = [
+    "Package: coreutils\nEssential: yes\nPriority: required\nVersion: 9.1-1\nPre-Depends: libacl1, libattr1\nDescription: GNU core utilities",
+    "Package: curl\nPriority: optional\nVersion: 7.88.1-10\nDepends: libc6, libcurl4, zlib1g\nDescription: command line tool for transferring data with URL syntax",
+    "Package: tzdata\nPriority: required\nVersion: 2024a-0\nDepends: debconf\nDescription: time zone and daylight-saving time data",
+    "Package: git\nPriority: optional\nVersion: 1:2.39.2-1.1\nDepends: libc6, libcurl3-gnutls, libexpat1, perl\nDescription: fast, scalable, distributed revision control system",
+];
+
+fn extraction(doc: &str) -> Prompt {
+    chat(&format!("Extract the package as JSON.\n\n{doc}"))
+}
+
+#[test]
+fn json_schema_outputs_validate_with_and_without_jump_forward() {
+    let schema = package_schema();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let mut reqs = Vec::new();
+    for (i, doc) in PACKAGES.iter().enumerate() {
+        reqs.push(
+            Request::new(extraction(doc))
+                .with_constraint(ConstraintSpec::JsonSchema(schema.clone()))
+                .with_max_tokens(120),
+        );
+        reqs.push(
+            Request::new(extraction(doc))
+                .with_constraint(ConstraintSpec::JsonSchema(schema.clone()))
+                .with_sampling(sampled(i as u64))
+                .with_max_tokens(120),
+        );
+    }
+    let mut passes = Vec::new();
+    for jump_forward in [false, true] {
+        let mut e = engine(EngineConfig {
+            jump_forward,
+            ..small()
+        });
+        let out = run(&mut e, reqs.clone());
+        for c in &out {
+            assert_eq!(c.finish, FinishReason::ConstraintComplete, "{c:?}");
+            let v: serde_json::Value = serde_json::from_str(&c.text).unwrap();
+            assert!(validator.is_valid(&v), "jump_forward={jump_forward}: {}", c.text);
+        }
+        let s = e.stats();
+        if jump_forward {
+            assert!(s.forced_tokens > 0, "{s:?}");
+        } else {
+            assert_eq!(s.forced_tokens, 0);
+        }
+        passes.push(out.iter().map(|c| c.stats.forward_passes).sum::<usize>());
+    }
+    assert!(
+        passes[1] < passes[0],
+        "jump-forward should need fewer forward passes: {passes:?}"
+    );
+}
+
+#[test]
+fn json_object_is_an_object() {
+    let mut e = engine(small());
+    let c = run(
+        &mut e,
+        vec![Request::new(extraction(PACKAGES[1]))
+            .with_constraint(ConstraintSpec::JsonObject)
+            .with_max_tokens(200)],
+    )
+    .remove(0);
+    if c.finish == FinishReason::ConstraintComplete {
+        let v: serde_json::Value = serde_json::from_str(&c.text).unwrap();
+        assert!(v.is_object(), "{}", c.text);
+    } else {
+        assert_eq!(c.finish, FinishReason::Length);
+    }
+}
+
+#[test]
+fn max_tokens_inside_a_constraint_is_length() {
+    let mut e = engine(small());
+    let c = run(
+        &mut e,
+        vec![Request::new(extraction(PACKAGES[0]))
+            .with_constraint(ConstraintSpec::JsonSchema(package_schema()))
+            .with_max_tokens(5)],
+    )
+    .remove(0);
+    assert_eq!(c.finish, FinishReason::Length);
+    assert!(!c.is_complete());
+    assert!(c.tokens.len() <= 5, "{}", c.tokens.len());
+    assert!(serde_json::from_str::<serde_json::Value>(&c.text).is_err());
+}
+
+#[test]
+fn shared_prefix_is_computed_once() {
+    let instruction = "You read Debian package records and answer questions about them. ".repeat(12);
+    let reqs: Vec<Request> = PACKAGES
+        .iter()
+        .map(|d| Request::text(format!("{instruction}\n{d}\nThe package name is")).with_max_tokens(4))
+        .collect();
+    let mut on = engine(small());
+    let a = run(&mut on, reqs.clone());
+    let mut off = engine(EngineConfig {
+        radix_cache: false,
+        ..small()
+    });
+    let b = run(&mut off, reqs);
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.tokens, y.tokens, "cached KV changed the output");
+    }
+    let s = on.stats();
+    // The instruction's tokens, less one where it meets the document.
+    let (_, tok) = model();
+    let prefix = tok.encode(&instruction).unwrap().len() - 1;
+    assert!(
+        s.cache.hit_tokens as usize >= 3 * prefix,
+        "three of four prompts should reuse the instruction: {s:?}"
+    );
+    assert!(on.stats().forward_tokens < off.stats().forward_tokens);
+    assert_eq!(off.stats().cache.hit_tokens, 0);
+}
+
+#[test]
+fn eviction_and_retraction_under_a_small_pool() {
+    // Room for about two sequences at a time: requests wait, the cache evicts, outputs stay the same.
+    let reqs: Vec<Request> = QUESTIONS
+        .iter()
+        .map(|q| Request::new(chat(q)).with_max_tokens(40))
+        .collect();
+    let mut roomy = engine(small());
+    let want = run(&mut roomy, reqs.clone());
+    let mut tight = engine(EngineConfig {
+        kv_tokens: 130,
+        ..small()
+    });
+    let got = run(&mut tight, reqs);
+    for (x, y) in want.iter().zip(&got) {
+        assert_eq!(x.tokens, y.tokens);
+    }
+    let s = tight.stats();
+    assert!(s.cache.evicted_pages > 0, "{s:?}");
+}
+
+#[test]
+fn disallowed_tokens_never_appear() {
+    let (_, tok) = model();
+    let req = Request::new(chat(QUESTIONS[0])).with_max_tokens(16);
+    let mut e = engine(small());
+    let base = run(&mut e, vec![req.clone()]).remove(0);
+    let banned: Vec<u32> = base.tokens.iter().copied().take(3).collect();
+    let mut r = req;
+    r.processors.push(Processor::DisallowTokens { ids: banned.clone() });
+    let c = run(&mut e, vec![r]).remove(0);
+    assert!(!c.tokens.is_empty());
+    assert!(
+        c.tokens.iter().all(|t| !banned.contains(t)),
+        "banned {:?} in {:?}",
+        tok.decode(&banned, false),
+        c.text
+    );
+}
+
+#[test]
+fn no_repeat_ngram_removes_repeats() {
+    // Greedy decoding of a list prompt repeats itself.
+    let prompt = Prompt::Text("one two three one two three one two three one two".into());
+    let mut e = engine(small());
+    let base = run(&mut e, vec![Request::new(prompt.clone()).with_max_tokens(24)]).remove(0);
+    let repeats = |t: &[u32], n: usize| {
+        (0..t.len().saturating_sub(n)).any(|i| (i + 1..=t.len() - n).any(|j| t[i..i + n] == t[j..j + n]))
+    };
+    assert!(repeats(&base.tokens, 3), "the base output should repeat: {:?}", base.text);
+    let mut r = Request::new(prompt).with_max_tokens(24);
+    r.processors.push(Processor::NoRepeatNgram {
+        n: 3,
+        window: 64,
+        whitelist: vec![],
+    });
+    let c = run(&mut e, vec![r]).remove(0);
+    assert!(!repeats(&c.tokens, 3), "{:?}", c.text);
+}
+
+#[test]
+fn thinking_budget_then_constraint() {
+    let (_, tok) = model();
+    let mut r = Request::new(chat("Think, then say yes or no: is the sky blue?"))
+        .with_constraint(ConstraintSpec::Choice(vec!["yes".into(), "no".into()]))
+        .with_max_tokens(40);
+    r.reasoning = Some(Reasoning::default());
+    r.processors.push(Processor::ThinkingBudget { max_tokens: 6 });
+    let mut e = engine(small());
+    let c = run(&mut e, vec![r]).remove(0);
+    assert_eq!(c.finish, FinishReason::ConstraintComplete, "{c:?}");
+    assert!(c.text == "yes" || c.text == "no", "{:?}", c.text);
+    let thinking = c.reasoning.unwrap();
+    assert!(thinking.ends_with("\n</think>"), "{thinking:?}");
+    // Six thinking tokens, then the forced newline and marker.
+    let forced = tok
+        .encode_with("\n</think>", quarry_tokenizer::EncodeOptions { add_bos: false, parse_special: true })
+        .unwrap();
+    assert_eq!(&c.tokens[6..6 + forced.len()], &forced[..]);
+    assert_eq!(c.stats.forced_tokens, forced.len());
+}
+
+#[test]
+fn bad_requests_fail_alone() {
+    let mut e = engine(EngineConfig {
+        max_waiting: 4,
+        ..small()
+    });
+    let good = Request::new(chat(QUESTIONS[1])).with_max_tokens(4);
+    let reqs = vec![
+        Request::new(chat("x")).with_constraint(ConstraintSpec::Regex("(".into())),
+        good.clone(),
+        Request::text(""),
+        Request::text("hi").with_sampling(SamplingParams {
+            top_p: 0.0,
+            ..SamplingParams::greedy()
+        }),
+        Request::text("a ".repeat(9000)),
+        Request {
+            processors: vec![Processor::ThinkingBudget { max_tokens: 3 }],
+            ..good.clone()
+        },
+    ];
+    let out = run(&mut e, reqs);
+    let msg = |c: &Completion| match &c.finish {
+        FinishReason::Error(m) => m.clone(),
+        f => panic!("expected an error, got {f:?}"),
+    };
+    assert!(msg(&out[0]).contains("constraint"), "{}", msg(&out[0]));
+    assert!(out[1].is_complete() || out[1].finish == FinishReason::Length);
+    assert!(msg(&out[2]).contains("empty"));
+    assert!(msg(&out[3]).contains("top_p"));
+    assert!(msg(&out[4]).contains("context") || msg(&out[4]).contains("KV pool"));
+    assert!(msg(&out[5]).contains("reasoning"));
+    // Backpressure: a full queue refuses, and says so.
+    for _ in 0..4 {
+        e.submit(good.clone()).unwrap();
+    }
+    assert!(matches!(e.submit(good), Err(EngineError::QueueFull { capacity: 4 })));
+}
