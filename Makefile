@@ -12,7 +12,7 @@ QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-.PHONY: setup build build-cuda demo test lint fixtures bench-grammar bench-schemas bench-model fuzz
+.PHONY: setup build build-cuda demo test lint fixtures bench-grammar bench-schemas bench-model bench-engine fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -56,6 +56,10 @@ bench-schemas: setup
 # `make fixtures` venv for llama.cpp; results go to BENCHMARKS.md.
 bench-model: setup
 	$(CARGO) run --release -p quarry-bench --bin model-bench -- --out $(CARGO_TARGET_DIR)/bench/model.json $(ARGS)
+
+# Engine: JSON extraction from 50 Debian package records, configurations (a)–(d) (BENCHMARKS.md).
+bench-engine: setup
+	$(CARGO) run --release -p quarry-bench --bin engine-bench -- --out $(CARGO_TARGET_DIR)/bench/engine.json $(ARGS)
 
 # Fuzzes the grammar matcher against the oracle on a stable toolchain (needs `cargo install cargo-fuzz`).
 FUZZ_SECONDS ?= 600

@@ -6,9 +6,10 @@ use quarry_model::SamplingParams;
 use quarry_tokenizer::ChatMessage;
 use serde::{Deserialize, Serialize};
 
-/// The text the model continues.
+/// The text the model continues. In JSON: a string (text) or a list of `{"role", "content"}`
+/// messages (chat).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(untagged)]
 pub enum Prompt {
     /// Plain text, tokenized as it is (with the model's BOS where it uses one). Control-token text
     /// inside it stays text.
@@ -17,7 +18,8 @@ pub enum Prompt {
     Chat(Vec<ChatMessage>),
 }
 
-/// What the output must match.
+/// What the output must match. In JSON: `"none"`, `"json_object"`, `{"regex": "…"}`,
+/// `{"choice": ["…"]}` or `{"json_schema": {…}}`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ConstraintSpec {

@@ -1,12 +1,19 @@
-//! `quarry generate`: unconstrained text generation, streamed, ending with the measured speed.
+//! `quarry generate`: text generation through the engine, free or constrained, one prompt streamed
+//! or a JSONL batch, ending with the measured speed (and the engine's counters with `--stats`).
 
-use std::io::Write;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use quarry_model::{parse_device, KvPool, Llama, Logits, Sampler, SamplingParams, SeqInput};
-use quarry_tokenizer::{ChatMessage, EncodeOptions};
+use quarry_engine::{
+    Completion, ConstraintSpec, Engine, EngineConfig, EngineStats, FinishReason, Prompt, Request,
+};
+use quarry_model::{parse_device, Llama, SamplingParams};
+use quarry_tokenizer::ChatMessage;
+use serde_json::{json, Value};
 
 use crate::ModelArg;
 
@@ -14,19 +21,46 @@ use crate::ModelArg;
 #[command(after_help = "Examples:
   quarry generate --prompt 'The capital of France is'
   quarry generate --chat --prompt 'Name three Debian package managers.' --max-tokens 64
-  quarry generate --prompt 'Once upon a time' --temperature 0.8 --top-p 0.95 --seed 7")]
+  quarry generate --prompt 'Once upon a time' --temperature 0.8 --top-p 0.95 --seed 7
+  quarry generate --chat --prompt 'Is the sky blue?' --choice yes --choice no
+  quarry generate --chat --prompt 'Describe curl as JSON' --schema schemas/package.json --stats
+  quarry generate --batch prompts.jsonl --json-object --chat > results.jsonl
+
+A --batch file has one request per line: {\"prompt\": \"text\"} or
+{\"prompt\": [{\"role\": \"user\", \"content\": \"…\"}]}, optionally with \"constraint\"
+({\"regex\": …}, {\"choice\": […]}, {\"json_schema\": {…}}, \"json_object\"), \"max_tokens\",
+\"temperature\", \"top_p\", \"top_k\", \"seed\", \"stop\", \"processors\" and \"reasoning\".
+Keys a line leaves out come from the command line. Results are JSON lines in input order.")]
 pub(crate) struct GenerateArgs {
     #[command(flatten)]
     model: ModelArg,
     /// The prompt text.
-    #[arg(long)]
-    prompt: String,
-    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long, required_unless_present = "batch", conflicts_with = "batch")]
+    prompt: Option<String>,
+    /// A JSONL file of requests, run together (continuous batching, shared prefixes cached).
+    #[arg(long, value_name = "FILE.jsonl")]
+    batch: Option<PathBuf>,
+    /// Wrap text prompts in the model's chat template as a user message.
     #[arg(long)]
     chat: bool,
+    /// The output must match this regex.
+    #[arg(long, group = "constraint")]
+    regex: Option<String>,
+    /// The output must be one of these strings (repeat the flag).
+    #[arg(long, group = "constraint")]
+    choice: Vec<String>,
+    /// The output must be compact JSON valid against this JSON Schema file.
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    schema: Option<PathBuf>,
+    /// The output must be a compact JSON object.
+    #[arg(long, group = "constraint")]
+    json_object: bool,
     /// Stop after this many new tokens.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
+    /// Stop before this string (free text; repeat the flag).
+    #[arg(long)]
+    stop: Vec<String>,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
@@ -39,116 +73,230 @@ pub(crate) struct GenerateArgs {
     /// Seed of the sampling stream: the same seed gives the same text.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Sample every token, even where the constraint forces the next bytes (for A/B runs).
+    #[arg(long)]
+    no_jump_forward: bool,
+    /// Recompute every prompt instead of reusing cached prefixes (for A/B runs).
+    #[arg(long)]
+    no_prefix_cache: bool,
+    /// Sequences decoding at once.
+    #[arg(long, default_value_t = EngineConfig::default().max_running)]
+    max_running: usize,
+    /// Print forward passes, forced tokens, cache hits and mask time (stderr).
+    #[arg(long)]
+    stats: bool,
     /// `cpu`, or `cuda:N` in a build with CUDA (`make build-cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
 }
 
-pub(crate) fn run(args: GenerateArgs) -> Result<()> {
-    let params = SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed: args.seed,
-    };
-    let mut sampler = Sampler::new(params)?;
-    let device = parse_device(&args.device)?;
-    let tok = crate::load_tokenizer(&args.model.model)?;
-    let model = Llama::load(&args.model.model, &device)
-        .with_context(|| format!("loading {}", args.model.model.display()))?;
-    let text = if args.chat {
-        tok.apply_chat_template(&[ChatMessage::new("user", args.prompt.as_str())], true)?
-    } else {
-        args.prompt.clone()
-    };
-    let prompt = tok.encode_with(
-        &text,
-        EncodeOptions {
-            add_bos: tok.add_bos_by_default(),
-            // A rendered template's control tokens are real; a plain prompt's text stays text.
-            parse_special: args.chat,
-        },
-    )?;
-    if prompt.is_empty() {
-        bail!("the prompt is empty. To fix: pass some text with --prompt");
+impl GenerateArgs {
+    fn constraint(&self) -> Result<ConstraintSpec> {
+        Ok(if let Some(r) = &self.regex {
+            ConstraintSpec::Regex(r.clone())
+        } else if !self.choice.is_empty() {
+            ConstraintSpec::Choice(self.choice.clone())
+        } else if let Some(path) = &self.schema {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the schema {}", path.display()))?;
+            ConstraintSpec::JsonSchema(
+                serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not JSON", path.display()))?,
+            )
+        } else if self.json_object {
+            ConstraintSpec::JsonObject
+        } else {
+            ConstraintSpec::None
+        })
     }
-    let ctx = model.config().context_length;
-    if prompt.len() >= ctx {
-        bail!(
-            "the prompt has {} tokens; the model's context is {ctx}. To fix: shorten the prompt",
-            prompt.len()
-        );
-    }
-    let max_new = args.max_tokens.min(ctx - prompt.len());
-    let page_size = 16;
-    let total = prompt.len() + max_new;
-    let mut pool = KvPool::new(
-        model.config(),
-        page_size,
-        total.div_ceil(page_size),
-        &device,
-        None,
-    )?;
-    let mut table = Vec::new();
-    pool.alloc_into(pool.num_pages(), &mut table);
-    let stops = &tok.special_tokens().end_of_generation;
 
-    let mut out = Logits::new();
+    /// The request the command-line flags describe, as JSON (batch lines override its keys).
+    fn defaults(&self) -> Result<Value> {
+        let sampling = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+        };
+        sampling.validate()?;
+        let r = Request::text("")
+            .with_constraint(self.constraint()?)
+            .with_sampling(sampling)
+            .with_max_tokens(self.max_tokens);
+        let mut v = serde_json::to_value(Request { stop: self.stop.clone(), ..r })?;
+        v.as_object_mut().expect("a request is an object").remove("prompt");
+        Ok(v)
+    }
+
+    fn prompt(&self, text: String) -> Prompt {
+        if self.chat {
+            Prompt::Chat(vec![ChatMessage::new("user", text)])
+        } else {
+            Prompt::Text(text)
+        }
+    }
+}
+
+pub(crate) fn run(args: GenerateArgs) -> Result<()> {
+    let defaults = args.defaults()?;
+    let device = parse_device(&args.device)?;
+    let tok = Arc::new(crate::load_tokenizer(&args.model.model)?);
+    let model = Arc::new(
+        Llama::load(&args.model.model, &device)
+            .with_context(|| format!("loading {}", args.model.model.display()))?,
+    );
+    let cfg = EngineConfig {
+        jump_forward: !args.no_jump_forward,
+        radix_cache: !args.no_prefix_cache,
+        max_running: args.max_running,
+        step_tokens: EngineConfig::default().step_tokens.max(args.max_running),
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(model, tok, cfg)?;
     let started = Instant::now();
-    model.forward(&[SeqInput::new(&prompt, 0, &table)], &mut pool, &mut out)?;
-    let prefill_s = started.elapsed().as_secs_f64();
-    let decode_start = Instant::now();
-    let mut generated: Vec<u32> = Vec::with_capacity(max_new);
-    let mut printed = 0usize;
+    let completions = match &args.batch {
+        Some(path) => {
+            let requests = read_batch(path, &defaults, &args)?;
+            let out = engine.run_batch(requests)?;
+            let stdout = std::io::stdout();
+            let mut w = stdout.lock();
+            for (i, c) in out.iter().enumerate() {
+                writeln!(w, "{}", result_line(i, c))?;
+            }
+            out
+        }
+        None => {
+            let text = args.prompt.clone().expect("clap requires --prompt without --batch");
+            let mut v = defaults;
+            v["prompt"] = serde_json::to_value(args.prompt(text))?;
+            let req: Request = serde_json::from_value(v)?;
+            vec![stream_one(&mut engine, req)?]
+        }
+    };
+    report(&engine.stats(), &completions, started.elapsed().as_secs_f64(), args.stats);
+    if let [c] = &completions[..] {
+        if let FinishReason::Error(m) = &c.finish {
+            bail!("{m}");
+        }
+    }
+    Ok(())
+}
+
+/// Runs one request, printing its output as it grows (whole UTF-8 characters only).
+fn stream_one(engine: &mut Engine, req: Request) -> Result<Completion> {
+    // Bytes that could still turn out to start a stop string are shown only at the end.
+    let hold = req.stop.iter().map(|s| s.len()).max().unwrap_or(0);
+    let id = engine.submit(req)?;
     let stdout = std::io::stdout();
     let mut w = stdout.lock();
-    let mut stopped = false;
-    while generated.len() < max_new {
-        let next = sampler.sample(out.last(0))?;
-        if stops.binary_search(&next).is_ok() {
-            stopped = true;
-            break;
+    let mut printed = 0usize;
+    loop {
+        let mut done = engine.step()?;
+        if let Some(c) = done.pop() {
+            let bytes = c.text.as_bytes();
+            // The completion's text is final (a stop string may have cut what was shown).
+            if printed <= bytes.len() {
+                w.write_all(&bytes[printed..])?;
+            }
+            writeln!(w)?;
+            return Ok(c);
         }
-        generated.push(next);
-        // Print what has become complete UTF-8; a character split across tokens waits.
-        let bytes = tok.decode_bytes(&generated)?;
-        let complete = match std::str::from_utf8(&bytes[printed..]) {
-            Ok(s) => s.len(),
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => bytes.len() - printed,
-        };
-        w.write_all(&bytes[printed..printed + complete])?;
-        w.flush()?;
-        printed += complete;
-        if generated.len() == max_new {
-            break;
+        if let Some(out) = engine.partial_output(id) {
+            let out = &out[..out.len().saturating_sub(hold).max(printed)];
+            let complete = match std::str::from_utf8(&out[printed..]) {
+                Ok(s) => s.len(),
+                Err(e) => e.valid_up_to(),
+            };
+            w.write_all(&out[printed..printed + complete])?;
+            w.flush()?;
+            printed += complete;
         }
-        let pos = prompt.len() + generated.len() - 1;
-        model.forward(
-            &[SeqInput::new(
-                &generated[generated.len() - 1..],
-                pos,
-                &table,
-            )],
-            &mut pool,
-            &mut out,
-        )?;
     }
-    let bytes = tok.decode_bytes(&generated)?;
-    w.write_all(&bytes[printed..])?;
-    writeln!(w)?;
-    let decode_s = decode_start.elapsed().as_secs_f64();
-    eprintln!(
-        "[{} prompt tokens at {:.0} tok/s; {} new tokens at {:.1} tok/s; {}]",
-        prompt.len(),
-        prompt.len() as f64 / prefill_s,
-        generated.len(),
-        generated.len() as f64 / decode_s.max(1e-9),
-        if stopped {
-            "stopped at end of turn"
-        } else {
-            "reached --max-tokens"
+}
+
+fn read_batch(path: &PathBuf, defaults: &Value, args: &GenerateArgs) -> Result<Vec<Request>> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("reading {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
         }
+        let at = || format!("{} line {}", path.display(), n + 1);
+        let mut v: Value = serde_json::from_str(&line).with_context(at)?;
+        let Some(obj) = v.as_object_mut() else {
+            bail!("{}: a request must be a JSON object", at());
+        };
+        for (k, dv) in defaults.as_object().expect("object") {
+            obj.entry(k.clone()).or_insert_with(|| dv.clone());
+        }
+        let mut req: Request = serde_json::from_value(v).with_context(at)?;
+        if let Prompt::Text(t) = &req.prompt {
+            req.prompt = args.prompt(t.clone());
+        }
+        out.push(req);
+    }
+    if out.is_empty() {
+        bail!("{} holds no requests", path.display());
+    }
+    Ok(out)
+}
+
+fn result_line(index: usize, c: &Completion) -> Value {
+    let mut v = json!({
+        "index": index,
+        "text": c.text,
+        "finish": c.finish.as_str(),
+        "output_tokens": c.stats.output_tokens,
+        "forced_tokens": c.stats.forced_tokens,
+        "cached_tokens": c.stats.cached_tokens,
+        "forward_passes": c.stats.forward_passes,
+    });
+    if let FinishReason::Error(m) = &c.finish {
+        v["error"] = json!(m);
+    }
+    if let Some(r) = &c.reasoning {
+        v["reasoning"] = json!(r);
+    }
+    v
+}
+
+fn report(s: &EngineStats, done: &[Completion], wall_s: f64, verbose: bool) {
+    let prompt: usize = done.iter().map(|c| c.stats.prompt_tokens).sum();
+    let output: usize = done.iter().map(|c| c.stats.output_tokens).sum();
+    let finishes = {
+        let mut f: Vec<(&str, usize)> = Vec::new();
+        for c in done {
+            match f.iter_mut().find(|(k, _)| *k == c.finish.as_str()) {
+                Some(e) => e.1 += 1,
+                None => f.push((c.finish.as_str(), 1)),
+            }
+        }
+        f.iter().map(|(k, n)| format!("{n} {k}")).collect::<Vec<_>>().join(", ")
+    };
+    eprintln!(
+        "[{} request(s): {prompt} prompt tokens, {output} output tokens in {wall_s:.2} s, {:.1} output tok/s; {finishes}]",
+        done.len(),
+        output as f64 / wall_s.max(1e-9),
     );
-    Ok(())
+    if verbose {
+        eprintln!(
+            "[forward passes {} ({} tokens, {:.2} s); sampled {} and forced {} tokens ({:.1}% forced); \
+             cache hits {} of {} prompt tokens ({:.1}%), {} pages evicted; mask {:.1} µs/step over {} steps; \
+             cache overhead {:.3}% of step time]",
+            s.forward_passes,
+            s.forward_tokens,
+            s.forward_s,
+            s.sampled_tokens,
+            s.forced_tokens,
+            100.0 * s.forced_share(),
+            s.cache.hit_tokens,
+            s.cache.hit_tokens + s.cache.miss_tokens,
+            100.0 * s.cache.hit_rate(),
+            s.cache.evicted_pages,
+            s.mask_us_per_step(),
+            s.mask_steps,
+            100.0 * s.cache_overhead(),
+        );
+    }
 }
