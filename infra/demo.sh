@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What quarry can show today: model facts, tokenization, the chat template and constraints, on the
 # real models.
-# It grows into the extraction demo as the engine and pipeline land.
+# It grows into the extraction demo as the pipeline lands.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 Q="${QUARRY:?set QUARRY to the quarry binary}"
@@ -37,3 +37,16 @@ printf '%s' '{"version": "1.6-2.1", "name": "jq", "maintainer": "ChangZhuo Chen 
 
 section "The model runtime: quarry generate --chat (greedy, CPU)"
 "$Q" generate --chat --prompt "What is the Debian package manager called? Answer in one sentence." --max-tokens 48
+
+section "Constrained generation through the engine: quarry generate --schema $SCHEMA --stats"
+"$Q" generate --chat --schema "$SCHEMA" --max-tokens 160 --stats --prompt "Extract the package as JSON.
+
+Package: jq
+Version: 1.6-2.1
+Maintainer: ChangZhuo Chen <czchen@debian.org>
+Depends: libjq1 (= 1.6-2.1), libc6 (>= 2.34)
+Homepage: https://github.com/stedolan/jq
+Description: lightweight and flexible command-line JSON processor"
+
+section "A choice constraint: quarry generate --choice yes --choice no"
+"$Q" generate --chat --prompt "Is jq a command-line JSON processor? Answer yes or no." --choice yes --choice no

@@ -154,7 +154,11 @@ struct Slot {
 
 impl Engine {
     /// An engine for `model`, whose tokenizer is `tok`.
-    pub fn new(model: Arc<Llama>, tok: Arc<Tokenizer>, cfg: EngineConfig) -> Result<Self, EngineError> {
+    pub fn new(
+        model: Arc<Llama>,
+        tok: Arc<Tokenizer>,
+        cfg: EngineConfig,
+    ) -> Result<Self, EngineError> {
         if cfg.max_running == 0 || cfg.step_tokens == 0 || cfg.kv_tokens == 0 {
             return Err(EngineError::Config(
                 "kv_tokens, max_running and step_tokens must be positive".into(),
@@ -661,7 +665,11 @@ impl Engine {
                         .par_chunks_mut(words)
                         .zip(rows.par_iter())
                         .for_each(|(out, &i)| {
-                            running[i].matcher.as_ref().expect("constrained").fill_mask(out)
+                            running[i]
+                                .matcher
+                                .as_ref()
+                                .expect("constrained")
+                                .fill_mask(out)
                         });
                     t.elapsed().as_secs_f64()
                 })
@@ -710,7 +718,10 @@ impl Engine {
             apply_processors(logits, &seq.req.processors, &seq.tokens[seq.prompt_len..]);
             let constrained = seq.is_constrained_now();
             if constrained {
-                apply_mask(logits, &self.masks[mask_row * words..(mask_row + 1) * words]);
+                apply_mask(
+                    logits,
+                    &self.masks[mask_row * words..(mask_row + 1) * words],
+                );
                 mask_row += 1;
             } else if seq.phase == Phase::Thinking && seq.matcher.is_some() {
                 // The answer must still come: no end of generation while thinking.
@@ -828,9 +839,7 @@ impl Engine {
         for (p, &n) in owner.iter().enumerate() {
             let allocated = self.pool.is_allocated(p as u32);
             if (n == 0 && allocated) || (n > 0 && !allocated) || n > 1 {
-                return Err(format!(
-                    "page {p}: {n} owners, allocated = {allocated}"
-                ));
+                return Err(format!("page {p}: {n} owners, allocated = {allocated}"));
             }
         }
         let mut locks = FxHashMap::default();

@@ -80,7 +80,13 @@ impl Sequence {
 
     /// Appends a sampled token and applies everything that follows from it.
     pub fn take_token(&mut self, id: u32, ctx: &TokenCtx) {
-        if ctx.tok.special_tokens().end_of_generation.binary_search(&id).is_ok() {
+        if ctx
+            .tok
+            .special_tokens()
+            .end_of_generation
+            .binary_search(&id)
+            .is_ok()
+        {
             // The mask allowed EOS only where the constraint accepts.
             self.finish = Some(if self.is_constrained_now() {
                 FinishReason::ConstraintComplete
@@ -91,7 +97,11 @@ impl Sequence {
             });
             return;
         }
-        if let Some(m) = self.matcher.as_mut().filter(|_| self.phase == Phase::Output) {
+        if let Some(m) = self
+            .matcher
+            .as_mut()
+            .filter(|_| self.phase == Phase::Output)
+        {
             if let Err(e) = m.accept_token(id) {
                 self.finish = Some(FinishReason::Error(format!(
                     "sampled token {id} that the constraint refuses: {e}"
@@ -125,7 +135,10 @@ impl Sequence {
             self.start_answer(at + marker.len());
             return;
         }
-        if self.thinking_budget().is_some_and(|b| self.thinking_tokens >= b) {
+        if self
+            .thinking_budget()
+            .is_some_and(|b| self.thinking_tokens >= b)
+        {
             // Force a newline and the marker, in one extend pass.
             let text = format!("\n{}", String::from_utf8_lossy(marker));
             let opts = EncodeOptions {
@@ -219,7 +232,10 @@ impl Sequence {
     /// them in one extend that reuses every page before the change.
     fn jump_forward(&mut self, ctx: &TokenCtx) {
         let accepted = self.matcher.as_ref().map_or(0, |m| m.tokens_accepted());
-        let budget = self.req.max_tokens.saturating_sub(self.tokens.len() - self.prompt_len);
+        let budget = self
+            .req
+            .max_tokens
+            .saturating_sub(self.tokens.len() - self.prompt_len);
         let floor = self.constrained_from.max(self.shared_len);
         let k = ctx.retokenize.min(self.tokens.len() - floor).min(accepted);
         let cut = self.tokens.len() - k;
@@ -282,7 +298,8 @@ impl Sequence {
         self.tokens.truncate(cut);
         self.tokens.extend_from_slice(&new[..retained]);
         self.out_bytes.truncate(old_start);
-        self.out_bytes.extend_from_slice(&text.as_bytes()[..retained_bytes]);
+        self.out_bytes
+            .extend_from_slice(&text.as_bytes()[..retained_bytes]);
         if self.kv_len > cut {
             self.stats.retokenized_tokens += self.kv_len - cut;
             self.kv_len = cut;
@@ -302,8 +319,9 @@ impl Sequence {
     pub fn completion(&mut self) -> Completion {
         let now = Instant::now();
         self.stats.total_s = (now - self.submitted).as_secs_f64();
-        let answer = String::from_utf8_lossy(&self.out_bytes[self.answer_start.min(self.out_bytes.len())..])
-            .into_owned();
+        let answer =
+            String::from_utf8_lossy(&self.out_bytes[self.answer_start.min(self.out_bytes.len())..])
+                .into_owned();
         let reasoning = self.req.reasoning.as_ref().map(|_| {
             String::from_utf8_lossy(&self.out_bytes[..self.answer_start.min(self.out_bytes.len())])
                 .into_owned()

@@ -13,7 +13,8 @@ use quarry_tokenizer::{ChatMessage, Tokenizer};
 use serde_json::json;
 
 fn model_path() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(p.exists(), "{} is missing: run `make setup`", p.display());
     p
 }
@@ -79,13 +80,19 @@ fn greedy_is_deterministic_and_batched_equals_sequential() {
     });
     for (i, r) in reqs.into_iter().enumerate() {
         let s = run(&mut one, vec![r]).remove(0);
-        assert_eq!(s.tokens, a[i].tokens, "request {i}: batched differs from sequential");
+        assert_eq!(
+            s.tokens, a[i].tokens,
+            "request {i}: batched differs from sequential"
+        );
         assert_eq!(s.text, a[i].text);
     }
     for (x, y) in a.iter().zip(&b) {
         assert_eq!(x.tokens, y.tokens, "a second run differs");
         assert!(!x.tokens.is_empty());
-        assert!(matches!(x.finish, FinishReason::Stop | FinishReason::Length));
+        assert!(matches!(
+            x.finish,
+            FinishReason::Stop | FinishReason::Length
+        ));
     }
     // The second run found every prompt in the cache (all but its last token).
     let s = batched.stats();
@@ -110,7 +117,12 @@ fn sampled(seed: u64) -> SamplingParams {
 fn regex_and_choice_outputs_always_match() {
     let mut e = engine(small());
     let pattern = r"[A-Z][a-z]{2,12}, [0-9]{1,3} (apples|pears)";
-    let choices = vec!["red".to_string(), "green".into(), "blue".into(), "dark blue".into()];
+    let choices = vec![
+        "red".to_string(),
+        "green".into(),
+        "blue".into(),
+        "dark blue".into(),
+    ];
     let mut reqs = Vec::new();
     for (i, q) in QUESTIONS.iter().enumerate() {
         for seed in 0..3 {
@@ -192,7 +204,11 @@ fn json_schema_outputs_validate_with_and_without_jump_forward() {
         for c in &out {
             assert_eq!(c.finish, FinishReason::ConstraintComplete, "{c:?}");
             let v: serde_json::Value = serde_json::from_str(&c.text).unwrap();
-            assert!(validator.is_valid(&v), "jump_forward={jump_forward}: {}", c.text);
+            assert!(
+                validator.is_valid(&v),
+                "jump_forward={jump_forward}: {}",
+                c.text
+            );
         }
         let s = e.stats();
         if jump_forward {
@@ -244,10 +260,13 @@ fn max_tokens_inside_a_constraint_is_length() {
 
 #[test]
 fn shared_prefix_is_computed_once() {
-    let instruction = "You read Debian package records and answer questions about them. ".repeat(12);
+    let instruction =
+        "You read Debian package records and answer questions about them. ".repeat(12);
     let reqs: Vec<Request> = PACKAGES
         .iter()
-        .map(|d| Request::text(format!("{instruction}\n{d}\nThe package name is")).with_max_tokens(4))
+        .map(|d| {
+            Request::text(format!("{instruction}\n{d}\nThe package name is")).with_max_tokens(4)
+        })
         .collect();
     let mut on = engine(small());
     let a = run(&mut on, reqs.clone());
@@ -300,7 +319,9 @@ fn disallowed_tokens_never_appear() {
     let base = run(&mut e, vec![req.clone()]).remove(0);
     let banned: Vec<u32> = base.tokens.iter().copied().take(3).collect();
     let mut r = req;
-    r.processors.push(Processor::DisallowTokens { ids: banned.clone() });
+    r.processors.push(Processor::DisallowTokens {
+        ids: banned.clone(),
+    });
     let c = run(&mut e, vec![r]).remove(0);
     assert!(!c.tokens.is_empty());
     assert!(
@@ -316,11 +337,20 @@ fn no_repeat_ngram_removes_repeats() {
     // Greedy decoding of a list prompt repeats itself.
     let prompt = Prompt::Text("one two three one two three one two three one two".into());
     let mut e = engine(small());
-    let base = run(&mut e, vec![Request::new(prompt.clone()).with_max_tokens(24)]).remove(0);
+    let base = run(
+        &mut e,
+        vec![Request::new(prompt.clone()).with_max_tokens(24)],
+    )
+    .remove(0);
     let repeats = |t: &[u32], n: usize| {
-        (0..t.len().saturating_sub(n)).any(|i| (i + 1..=t.len() - n).any(|j| t[i..i + n] == t[j..j + n]))
+        (0..t.len().saturating_sub(n))
+            .any(|i| (i + 1..=t.len() - n).any(|j| t[i..i + n] == t[j..j + n]))
     };
-    assert!(repeats(&base.tokens, 3), "the base output should repeat: {:?}", base.text);
+    assert!(
+        repeats(&base.tokens, 3),
+        "the base output should repeat: {:?}",
+        base.text
+    );
     let mut r = Request::new(prompt).with_max_tokens(24);
     r.processors.push(Processor::NoRepeatNgram {
         n: 3,
@@ -338,7 +368,8 @@ fn thinking_budget_then_constraint() {
         .with_constraint(ConstraintSpec::Choice(vec!["yes".into(), "no".into()]))
         .with_max_tokens(40);
     r.reasoning = Some(Reasoning::default());
-    r.processors.push(Processor::ThinkingBudget { max_tokens: 6 });
+    r.processors
+        .push(Processor::ThinkingBudget { max_tokens: 6 });
     let mut e = engine(small());
     let c = run(&mut e, vec![r]).remove(0);
     assert_eq!(c.finish, FinishReason::ConstraintComplete, "{c:?}");
@@ -347,7 +378,13 @@ fn thinking_budget_then_constraint() {
     assert!(thinking.ends_with("\n</think>"), "{thinking:?}");
     // Six thinking tokens, then the forced newline and marker.
     let forced = tok
-        .encode_with("\n</think>", quarry_tokenizer::EncodeOptions { add_bos: false, parse_special: true })
+        .encode_with(
+            "\n</think>",
+            quarry_tokenizer::EncodeOptions {
+                add_bos: false,
+                parse_special: true,
+            },
+        )
         .unwrap();
     assert_eq!(&c.tokens[6..6 + forced.len()], &forced[..]);
     assert_eq!(c.stats.forced_tokens, forced.len());
@@ -389,5 +426,8 @@ fn bad_requests_fail_alone() {
     for _ in 0..4 {
         e.submit(good.clone()).unwrap();
     }
-    assert!(matches!(e.submit(good), Err(EngineError::QueueFull { capacity: 4 })));
+    assert!(matches!(
+        e.submit(good),
+        Err(EngineError::QueueFull { capacity: 4 })
+    ));
 }

@@ -42,7 +42,11 @@ impl World {
         tree.extend_from_slice(&self.free);
         tree.sort_unstable();
         tree.dedup();
-        assert_eq!(tree.len(), PAGES as usize, "step {step}: a page is lost or doubled");
+        assert_eq!(
+            tree.len(),
+            PAGES as usize,
+            "step {step}: a page is lost or doubled"
+        );
     }
 }
 
@@ -82,7 +86,8 @@ fn random_operations_keep_the_tree_consistent() {
                         pages.push(w.free.pop().unwrap());
                     }
                     // Sometimes the caller computed the whole sequence itself (duplicates).
-                    if rng.random_bool(0.3) && !m.pages.is_empty() && w.free.len() >= m.pages.len() {
+                    if rng.random_bool(0.3) && !m.pages.is_empty() && w.free.len() >= m.pages.len()
+                    {
                         for p in pages.iter_mut().take(m.pages.len()) {
                             *p = w.free.pop().unwrap();
                         }
@@ -135,7 +140,10 @@ fn random_operations_keep_the_tree_consistent() {
             // Locked paths are never evicted: each still matches with the same pages.
             for (_, tokens, pages) in w.locks.clone() {
                 let m = w.cache.match_prefix(&tokens);
-                assert_eq!(m.pages, pages, "seed {seed} step {step}: a locked path lost pages");
+                assert_eq!(
+                    m.pages, pages,
+                    "seed {seed} step {step}: a locked path lost pages"
+                );
             }
         }
         // Unlock everything: the whole tree becomes evictable and eviction empties it.

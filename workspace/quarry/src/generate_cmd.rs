@@ -123,8 +123,13 @@ impl GenerateArgs {
             .with_constraint(self.constraint()?)
             .with_sampling(sampling)
             .with_max_tokens(self.max_tokens);
-        let mut v = serde_json::to_value(Request { stop: self.stop.clone(), ..r })?;
-        v.as_object_mut().expect("a request is an object").remove("prompt");
+        let mut v = serde_json::to_value(Request {
+            stop: self.stop.clone(),
+            ..r
+        })?;
+        v.as_object_mut()
+            .expect("a request is an object")
+            .remove("prompt");
         Ok(v)
     }
 
@@ -166,19 +171,28 @@ pub(crate) fn run(args: GenerateArgs) -> Result<()> {
             out
         }
         None => {
-            let text = args.prompt.clone().expect("clap requires --prompt without --batch");
+            let text = args
+                .prompt
+                .clone()
+                .expect("clap requires --prompt without --batch");
             let mut v = defaults;
             v["prompt"] = serde_json::to_value(args.prompt(text))?;
             let req: Request = serde_json::from_value(v)?;
             vec![stream_one(&mut engine, req)?]
         }
     };
-    report(&engine.stats(), &completions, started.elapsed().as_secs_f64(), args.stats);
-    if let [c] = &completions[..] {
+    // A single prompt that could not run is the command's error (one line, exit 2).
+    if let (None, [c]) = (&args.batch, &completions[..]) {
         if let FinishReason::Error(m) = &c.finish {
             bail!("{m}");
         }
     }
+    report(
+        &engine.stats(),
+        &completions,
+        started.elapsed().as_secs_f64(),
+        args.stats,
+    );
     Ok(())
 }
 
@@ -272,7 +286,10 @@ fn report(s: &EngineStats, done: &[Completion], wall_s: f64, verbose: bool) {
                 None => f.push((c.finish.as_str(), 1)),
             }
         }
-        f.iter().map(|(k, n)| format!("{n} {k}")).collect::<Vec<_>>().join(", ")
+        f.iter()
+            .map(|(k, n)| format!("{n} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     eprintln!(
         "[{} request(s): {prompt} prompt tokens, {output} output tokens in {wall_s:.2} s, {:.1} output tok/s; {finishes}]",

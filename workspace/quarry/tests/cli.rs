@@ -204,7 +204,7 @@ fn generate_chat_stops_at_end_of_turn_and_bad_input_is_one_line() {
     ]);
     stdout(&o);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("stopped at end of turn"), "{err}");
+    assert!(err.contains("1 stop"), "{err}");
     for (args, needle) in [
         (
             vec!["generate", "--prompt", "x", "--device", "cuda:0"],
@@ -227,4 +227,89 @@ fn generate_chat_stops_at_end_of_turn_and_bad_input_is_one_line() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn generate_follows_constraints_and_reports_stats() {
+    let choice = stdout(&quarry(&[
+        "generate",
+        "--chat",
+        "--prompt",
+        "Is the sky blue?",
+        "--choice",
+        "yes",
+        "--choice",
+        "no",
+    ]));
+    assert!(["yes", "no"].contains(&choice.trim_end()), "{choice:?}");
+    let o = quarry(&[
+        "generate",
+        "--chat",
+        "--prompt",
+        "Pick a number.",
+        "--regex",
+        "[1-9][0-9]{2}",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "3",
+    ]);
+    let n = stdout(&o);
+    let n = n.trim_end();
+    assert!(
+        n.len() == 3 && n.bytes().all(|b| b.is_ascii_digit()) && !n.starts_with('0'),
+        "{n:?}"
+    );
+    let o = quarry(&[
+        "generate", "--chat", "--prompt",
+        "Package: jq\nVersion: 1.6-2.1\nMaintainer: ChangZhuo Chen <czchen@debian.org>\nDescription: lightweight JSON processor",
+        "--schema", "schemas/debian-package.json", "--max-tokens", "200", "--stats",
+    ]);
+    let v: Value = serde_json::from_str(stdout(&o).trim_end()).expect("schema output is JSON");
+    assert!(v["name"].is_string() && v["depends"].is_array(), "{v}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("forward passes") && err.contains("forced"),
+        "{err}"
+    );
+    let err = one_line_error(&quarry(&["generate", "--prompt", "x", "--regex", "("]));
+    assert!(err.contains("regex"), "{err}");
+}
+
+#[test]
+fn generate_batch_runs_jsonl_in_order() {
+    let path = scratch("batch.jsonl");
+    std::fs::write(
+        &path,
+        concat!(
+            "{\"prompt\": \"Name a fruit.\", \"constraint\": {\"choice\": [\"apple\", \"pear\"]}}\n",
+            "\n",
+            "{\"prompt\": \"x\", \"constraint\": {\"regex\": \"(\"}}\n",
+            "{\"prompt\": [{\"role\": \"user\", \"content\": \"Say hi\"}], \"max_tokens\": 3}\n",
+        ),
+    )
+    .unwrap();
+    let out = stdout(&quarry(&[
+        "generate",
+        "--batch",
+        path.to_str().unwrap(),
+        "--chat",
+    ]));
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["index"], i);
+    }
+    assert!(["apple", "pear"].contains(&lines[0]["text"].as_str().unwrap()));
+    assert_eq!(lines[0]["finish"], "constraint_complete");
+    assert_eq!(lines[1]["finish"], "error");
+    assert!(lines[1]["error"].as_str().unwrap().contains("regex"));
+    assert_eq!(lines[2]["finish"], "length");
+    assert_eq!(lines[2]["output_tokens"], 3);
+    std::fs::write(&path, "{\"prompt\": \"ok\"}\n{\"prompt\": 3}\n").unwrap();
+    let err = one_line_error(&quarry(&["generate", "--batch", path.to_str().unwrap()]));
+    assert!(err.contains("line 2"), "{err}");
 }

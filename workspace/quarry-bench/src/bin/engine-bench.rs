@@ -42,6 +42,9 @@ struct Args {
     /// Configurations to run, from a, b, c, d.
     #[arg(long, value_delimiter = ',', default_value = "a,b,c,d")]
     configs: Vec<String>,
+    /// Jump-forward: tokens of the re-encoded boundary left for the model.
+    #[arg(long, default_value_t = EngineConfig::default().keep_back)]
+    keep_back: usize,
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -49,10 +52,20 @@ struct Args {
 /// Package records with a homepage and a description, spread over the database, each cut to its
 /// fields and the first lines of its description.
 fn documents(path: &PathBuf, n: usize) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let keep = [
-        "Package", "Version", "Maintainer", "Depends", "Pre-Depends", "Homepage", "Description",
-        "Priority", "Section", "Installed-Size", "Essential",
+        "Package",
+        "Version",
+        "Maintainer",
+        "Depends",
+        "Pre-Depends",
+        "Homepage",
+        "Description",
+        "Priority",
+        "Section",
+        "Installed-Size",
+        "Essential",
     ];
     let mut records: Vec<String> = text
         .split("\n\n")
@@ -85,7 +98,11 @@ fn documents(path: &PathBuf, n: usize) -> Result<Vec<String>> {
         .collect();
     records.sort();
     if records.len() < n {
-        bail!("{} has only {} usable package records", path.display(), records.len());
+        bail!(
+            "{} has only {} usable package records",
+            path.display(),
+            records.len()
+        );
     }
     let step = records.len() / n;
     Ok((0..n).map(|i| records[i * step].clone()).collect())
@@ -106,7 +123,10 @@ fn instruction() -> String {
      same order; use an empty list when the package has no dependencies. The summary is the \
      first line of the description only. Do not invent values that the record does not \
      contain, do not add explanations, and do not wrap the JSON in code fences. Answer with the \
-     JSON object and nothing else.\n\n"
+     JSON object and nothing else. Keep the keys in the order given above, write every string \
+     on one line, escape quotation marks inside values as JSON requires, and keep email \
+     addresses inside angle brackets exactly as the record shows them. If a field appears \
+     twice, use its first occurrence.\n\n"
         .into()
 }
 
@@ -119,10 +139,34 @@ struct Config {
 }
 
 const CONFIGS: [Config; 4] = [
-    Config { name: "a", label: "no constraint", constrained: false, jump_forward: true, radix_cache: true },
-    Config { name: "b", label: "schema, no jump-forward", constrained: true, jump_forward: false, radix_cache: true },
-    Config { name: "c", label: "schema + jump-forward", constrained: true, jump_forward: true, radix_cache: true },
-    Config { name: "d", label: "as (c), no prefix cache", constrained: true, jump_forward: true, radix_cache: false },
+    Config {
+        name: "a",
+        label: "no constraint",
+        constrained: false,
+        jump_forward: true,
+        radix_cache: true,
+    },
+    Config {
+        name: "b",
+        label: "schema, no jump-forward",
+        constrained: true,
+        jump_forward: false,
+        radix_cache: true,
+    },
+    Config {
+        name: "c",
+        label: "schema + jump-forward",
+        constrained: true,
+        jump_forward: true,
+        radix_cache: true,
+    },
+    Config {
+        name: "d",
+        label: "as (c), no prefix cache",
+        constrained: true,
+        jump_forward: true,
+        radix_cache: false,
+    },
 ];
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -143,20 +187,29 @@ fn main() -> Result<()> {
     let requests = |constrained: bool| -> Vec<Request> {
         docs.iter()
             .map(|d| {
-                let prompt = Prompt::Chat(vec![ChatMessage::new("user", format!("{instruction}{d}"))]);
+                let prompt =
+                    Prompt::Chat(vec![ChatMessage::new("user", format!("{instruction}{d}"))]);
                 let c = if constrained {
                     ConstraintSpec::JsonSchema(schema.clone())
                 } else {
                     ConstraintSpec::None
                 };
-                Request::new(prompt).with_constraint(c).with_max_tokens(args.max_tokens)
+                Request::new(prompt)
+                    .with_constraint(c)
+                    .with_max_tokens(args.max_tokens)
             })
             .collect()
     };
     let prefix_tokens = tok.encode(&instruction)?.len();
-    eprintln!("{} documents; shared instruction of {prefix_tokens} tokens", docs.len());
+    eprintln!(
+        "{} documents; shared instruction of {prefix_tokens} tokens",
+        docs.len()
+    );
     let mut rows = Vec::new();
-    for cfg in CONFIGS.iter().filter(|c| args.configs.iter().any(|n| n == c.name)) {
+    for cfg in CONFIGS
+        .iter()
+        .filter(|c| args.configs.iter().any(|n| n == c.name))
+    {
         let mut runs = Vec::new();
         for rep in 0..args.repeats {
             let mut engine = Engine::new(
@@ -166,6 +219,7 @@ fn main() -> Result<()> {
                     jump_forward: cfg.jump_forward,
                     radix_cache: cfg.radix_cache,
                     max_running: args.max_running,
+                    keep_back: args.keep_back,
                     ..EngineConfig::default()
                 },
             )?;
@@ -174,7 +228,12 @@ fn main() -> Result<()> {
             let wall = t.elapsed().as_secs_f64();
             let s = engine.stats();
             let output: usize = out.iter().map(|c| c.stats.output_tokens).sum();
-            let complete = out.iter().filter(|c| c.finish == FinishReason::ConstraintComplete || c.finish == FinishReason::Stop).count();
+            let complete = out
+                .iter()
+                .filter(|c| {
+                    c.finish == FinishReason::ConstraintComplete || c.finish == FinishReason::Stop
+                })
+                .count();
             let valid = out
                 .iter()
                 .filter(|c| {
@@ -184,9 +243,14 @@ fn main() -> Result<()> {
             if cfg.constrained {
                 if let Some(bad) = out.iter().find(|c| {
                     c.finish == FinishReason::ConstraintComplete
-                        && !serde_json::from_str::<Value>(&c.text).is_ok_and(|v| validator.is_valid(&v))
+                        && !serde_json::from_str::<Value>(&c.text)
+                            .is_ok_and(|v| validator.is_valid(&v))
                 }) {
-                    bail!("config {}: a complete output fails the schema: {}", cfg.name, bad.text);
+                    bail!(
+                        "config {}: a complete output fails the schema: {}",
+                        cfg.name,
+                        bad.text
+                    );
                 }
             }
             let run = json!({
@@ -244,9 +308,17 @@ fn main() -> Result<()> {
             docs.len(),
         );
     }
-    let by = |n: &str| rows.iter().find(|r| r["config"] == n).map(|r| r["docs_per_s"].as_f64().unwrap());
+    let by = |n: &str| {
+        rows.iter()
+            .find(|r| r["config"] == n)
+            .map(|r| r["docs_per_s"].as_f64().unwrap())
+    };
     let mut ratios = serde_json::Map::new();
-    for (name, x, y) in [("c_over_b", "c", "b"), ("c_over_a", "c", "a"), ("c_over_d", "c", "d")] {
+    for (name, x, y) in [
+        ("c_over_b", "c", "b"),
+        ("c_over_a", "c", "a"),
+        ("c_over_d", "c", "d"),
+    ] {
         if let (Some(a), Some(b)) = (by(x), by(y)) {
             println!("{name}: {:.2}x", a / b);
             ratios.insert(name.into(), json!(a / b));
@@ -264,6 +336,7 @@ fn main() -> Result<()> {
             "threads": args.threads,
             "max_running": args.max_running,
             "max_tokens": args.max_tokens,
+            "keep_back": args.keep_back,
             "quarry_version": env!("CARGO_PKG_VERSION"),
             "configs": rows,
             "ratios": ratios,
