@@ -2,7 +2,8 @@
 //!
 //! Subcommands today: `info` (what a model file is), `tokenize` (ids and token strings),
 //! `chat-template` (a rendered prompt), `grammar` (compile a constraint, check a text, print a
-//! mask) and `generate` (unconstrained text generation). Extraction jobs join as the engine and pipeline land.
+//! mask) and `generate` (free or constrained generation through the engine, one prompt or a JSONL
+//! batch). Extraction jobs join as the pipeline lands.
 //!
 //! Exit codes, as grep has them: 0 success or "yes", 1 a "no" answer (`grammar accepts`), 2 an
 //! error (one line on stderr).
