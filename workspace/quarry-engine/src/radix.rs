@@ -136,19 +136,8 @@ impl RadixCache {
         let mut pages = Vec::new();
         let mut at = 0;
         self.nodes[ROOT as usize].last_access = now;
-        while at < tokens.len() {
-            let Some(&child) = self.nodes[node as usize].children.get(&tokens[at]) else {
-                break;
-            };
-            let common = common_len(&self.nodes[child as usize].key, &tokens[at..]);
-            let child = if common < self.nodes[child as usize].key.len() {
-                self.split(child, common)
-            } else {
-                child
-            };
-            let c = &mut self.nodes[child as usize];
-            c.last_access = now;
-            pages.extend_from_slice(&c.pages);
+        while let Some((child, common)) = self.descend(node, &tokens[at..], now) {
+            pages.extend_from_slice(&self.nodes[child as usize].pages);
             at += common;
             node = child;
         }
@@ -181,16 +170,9 @@ impl RadixCache {
         let mut node = ROOT;
         let mut at = 0;
         while at < tokens.len() {
-            match self.nodes[node as usize].children.get(&tokens[at]).copied() {
-                Some(child) => {
-                    let common = common_len(&self.nodes[child as usize].key, &tokens[at..]);
-                    let child = if common < self.nodes[child as usize].key.len() {
-                        self.split(child, common)
-                    } else {
-                        child
-                    };
-                    let c = &mut self.nodes[child as usize];
-                    c.last_access = now;
+            match self.descend(node, &tokens[at..], now) {
+                Some((child, common)) => {
+                    let c = &self.nodes[child as usize];
                     for (mine, theirs) in pages[at..at + common].iter_mut().zip(&c.pages) {
                         if *mine != *theirs {
                             duplicates.push(*mine);
@@ -298,6 +280,20 @@ impl RadixCache {
                 (self.nodes.len() - 1) as NodeId
             }
         }
+    }
+
+    /// The child of `node` that shares a first token with `rest`, split so that its key is exactly
+    /// the part it shares, and that length; marks it used at `now`. `None` when no child matches.
+    fn descend(&mut self, node: NodeId, rest: &[u32], now: u64) -> Option<(NodeId, usize)> {
+        let &child = self.nodes[node as usize].children.get(rest.first()?)?;
+        let common = common_len(&self.nodes[child as usize].key, rest);
+        let child = if common < self.nodes[child as usize].key.len() {
+            self.split(child, common)
+        } else {
+            child
+        };
+        self.nodes[child as usize].last_access = now;
+        Some((child, common))
     }
 
     /// Splits `child` after `at` tokens; returns the new upper node (holding the first `at`).
