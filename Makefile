@@ -12,7 +12,7 @@ QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-.PHONY: setup build build-cuda demo test lint fixtures bench-grammar bench-schemas bench-model bench-engine fuzz
+.PHONY: setup build build-cuda demo test lint fixtures bench-grammar bench-schemas bench-model bench-engine bench-pipeline fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -34,6 +34,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test: setup lint
+	@bash infra/setup-test.sh
 	@bash infra/run-tests.sh
 
 # Regenerates the committed reference fixtures with llama.cpp. By hand only, never from `make test`.
@@ -60,6 +61,10 @@ bench-model: setup
 # Engine: JSON extraction from 50 Debian package records, configurations (a)–(d) (BENCHMARKS.md).
 bench-engine: setup
 	$(CARGO) run --release -p quarry-bench --bin engine-bench -- --out $(CARGO_TARGET_DIR)/bench/engine.json $(ARGS)
+
+# Pipeline overhead: the dataset job vs the engine alone on the same documents (BENCHMARKS.md).
+bench-pipeline: setup
+	$(CARGO) run --release -p quarry-bench --bin pipeline-bench -- --out $(CARGO_TARGET_DIR)/bench/pipeline.json $(ARGS)
 
 # Fuzzes the grammar matcher against the oracle on a stable toolchain (needs `cargo install cargo-fuzz`).
 FUZZ_SECONDS ?= 600

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What quarry can show today: model facts, tokenization, the chat template and constraints, on the
 # real models.
-# It grows into the extraction demo as the pipeline lands.
+# Ends with a dataset job: real package records to Parquet (target/demo/out/).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 Q="${QUARRY:?set QUARRY to the quarry binary}"
@@ -50,3 +50,9 @@ Description: lightweight and flexible command-line JSON processor"
 
 section "A choice constraint: quarry generate --choice yes --choice no"
 "$Q" generate --chat --prompt "Is jq a command-line JSON processor? Answer yes or no." --choice yes --choice no
+
+section "A dataset job: quarry extract --pipeline pipelines/debian-packages.toml"
+python3 infra/dpkg_jsonl.py target/demo/packages --packages 16 --shard-size 8
+"$Q" extract --pipeline pipelines/debian-packages.toml
+echo "(run it again: every shard is already published, so nothing is redone)"
+"$Q" extract --pipeline pipelines/debian-packages.toml

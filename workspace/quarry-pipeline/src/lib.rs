@@ -1,5 +1,30 @@
-//! The job runner around the engine.
+//! quarry-pipeline: the job runner around the engine.
 //!
-//! Not built yet: this crate will hold the Kafka and object-store sources, JSON Schema validation of
-//! outputs, the Arrow/Parquet sink (files named by offset range, published create-if-absent), offset
-//! commits after publish, the rejects dataset and metrics.
+//! Rooms, in data-flow order:
+//! - [`config`]: job definitions (`pipelines/*.toml`);
+//! - [`record`]: documents, lineage, and the typed causes of rejects;
+//! - [`dataset`] and [`kafka`]: the two sources and their job loops;
+//! - [`extract`]: prompt template, the engine behind the [`extract::Extractor`] trait, and JSON Schema
+//!   validation;
+//! - [`flow`]: documents grouped into output files, and the effectively-once publish protocol;
+//! - [`columns`] and [`encode`]: the Arrow schema derived from the JSON Schema, and Parquet bytes;
+//! - [`store`]: object-store locations, create-if-absent publishing with retries;
+//! - [`metrics`] and [`shutdown`]: operations.
+
+pub mod columns;
+pub mod config;
+pub mod dataset;
+pub mod encode;
+pub mod error;
+pub mod extract;
+pub mod faults;
+pub mod flow;
+pub mod job;
+pub mod kafka;
+pub mod metrics;
+pub mod record;
+pub mod shutdown;
+pub mod store;
+
+pub use config::PipelineConfig;
+pub use error::PipelineError;

@@ -3,13 +3,15 @@
 //! Subcommands today: `info` (what a model file is), `tokenize` (ids and token strings),
 //! `chat-template` (a rendered prompt), `grammar` (compile a constraint, check a text, print a
 //! mask) and `generate` (free or constrained generation through the engine, one prompt or a JSONL
-//! batch). Extraction jobs join as the pipeline lands.
+//! batch), `extract` (a dataset job from a `pipelines/*.toml` definition) and `worker` (a Kafka
+//! consumer-group member running such a definition).
 //!
 //! Exit codes, as grep has them: 0 success or "yes", 1 a "no" answer (`grammar accepts`), 2 an
 //! error (one line on stderr).
 
 mod generate_cmd;
 mod grammar_cmd;
+mod pipeline_cmd;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -79,6 +81,10 @@ enum Command {
     Grammar(grammar_cmd::GrammarCommand),
     /// Generate text from a prompt on the CPU or a GPU, streamed, ending with tokens/s (stderr).
     Generate(generate_cmd::GenerateArgs),
+    /// Run a dataset job: documents under an object-store prefix to Parquet (resumable).
+    Extract(pipeline_cmd::ExtractArgs),
+    /// Run a Kafka worker: a consumer-group member writing Parquet, effectively once.
+    Worker(pipeline_cmd::WorkerArgs),
 }
 
 #[derive(Args)]
@@ -115,6 +121,8 @@ fn run(cli: Cli) -> Result<bool> {
     match cli.command {
         Command::Grammar(cmd) => return grammar_cmd::run(cmd),
         Command::Generate(args) => generate_cmd::run(args)?,
+        Command::Extract(args) => pipeline_cmd::extract(args)?,
+        Command::Worker(args) => pipeline_cmd::worker(args)?,
         Command::Info { model, json } => info(&model.model, json)?,
         Command::Tokenize {
             model,

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# A local Kafka-protocol broker for development and tests: tansu on 127.0.0.1 with SQLite storage.
+#   infra/local-kafka.sh start [PORT]   # prints the bootstrap address; state under $QUARRY_RUN
+#   infra/local-kafka.sh stop
+# tansu advertises 127.0.0.1 (not localhost), as clients must reach exactly that address.
+set -euo pipefail
+QUARRY_CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
+RUN="${QUARRY_RUN:-$QUARRY_CACHE/run}"
+TANSU="${QUARRY_TANSU:-$QUARRY_CACHE/tools/bin/tansu}"
+mkdir -p "$RUN"
+case "${1:-}" in
+start)
+    PORT="${2:-19092}"
+    [[ -x "$TANSU" ]] || { echo "tansu not found at $TANSU: run infra/setup-test.sh" >&2; exit 1; }
+    "$0" stop >/dev/null 2>&1 || true
+    rm -f "$RUN"/tansu.db*
+    nohup "$TANSU" broker \
+        --listener-url "tcp://127.0.0.1:$PORT" \
+        --advertised-listener-url "tcp://127.0.0.1:$PORT" \
+        --storage-engine "sqlite://$RUN/tansu.db" >"$RUN/tansu.log" 2>&1 &
+    echo $! >"$RUN/tansu.pid"
+    for _ in $(seq 1 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then echo "127.0.0.1:$PORT"; exit 0; fi
+        sleep 0.1
+    done
+    echo "tansu did not start; see $RUN/tansu.log" >&2; exit 1 ;;
+stop)
+    if [[ -f "$RUN/tansu.pid" ]]; then kill "$(cat "$RUN/tansu.pid")" 2>/dev/null || true; rm -f "$RUN/tansu.pid"; fi ;;
+*) echo "usage: $0 start [PORT] | stop" >&2; exit 2 ;;
+esac

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Set-up that only `make test` needs, idempotent and cached outside the clone:
+#   1. the test venv ($QUARRY_CACHE/testvenv): pyarrow (the independent Parquet reader) and
+#      moto (a real S3 API, moto_server) with boto3;
+#   2. tansu, a Kafka-protocol broker from crates.io ($QUARRY_CACHE/tools/bin/tansu; about 14
+#      minutes to build the first time on 2 cores, then reused).
+set -euo pipefail
+QUARRY_CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
+VENV="$QUARRY_CACHE/testvenv"
+TANSU_VERSION=0.6.0
+
+if ! "$VENV/bin/python" -c 'import pyarrow, moto, boto3' >/dev/null 2>&1; then
+    echo "setup-test: installing pyarrow and moto into $VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check \
+        "pyarrow==22.*" "moto[server]==5.*" "boto3==1.*"
+fi
+
+TANSU="$QUARRY_CACHE/tools/bin/tansu"
+if [[ ! -x "$TANSU" ]] || ! "$TANSU" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
+    echo "setup-test: building tansu $TANSU_VERSION (one time, about 14 minutes on 2 cores)"
+    cargo install tansu --version "$TANSU_VERSION" --locked --features libsql \
+        --root "$QUARRY_CACHE/tools" --target-dir "$QUARRY_CACHE/tansu-target" --quiet
+fi

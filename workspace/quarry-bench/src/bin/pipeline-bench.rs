@@ -1,0 +1,159 @@
+//! Pipeline overhead: the same documents and prompts through (1) the engine alone
+//! (`Engine::run_batch`, results kept in memory) and (2) the whole dataset job (JSONL shards read
+//! from disk, validation, Arrow, Parquet with zstd, create-if-absent publish of accepted and
+//! rejects). Runs alternate, each on a fresh engine (empty prefix cache); medians are reported.
+//! Target: the pipeline within 3% of the engine's docs/s.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use quarry_engine::{ConstraintSpec, Engine, EngineConfig, Request};
+use quarry_model::{parse_device, Llama};
+use quarry_pipeline::dataset::{run_dataset, DatasetOptions};
+use quarry_pipeline::extract::{EngineExtractor, PromptBuilder};
+use quarry_pipeline::flow::Flow;
+use quarry_pipeline::job::Prepared;
+use quarry_pipeline::metrics::Metrics;
+use quarry_pipeline::record::{Document, Lineage};
+use quarry_pipeline::shutdown::Shutdown;
+use quarry_pipeline::store::Location;
+use quarry_pipeline::PipelineConfig;
+use quarry_tokenizer::Tokenizer;
+use serde_json::json;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value = "pipelines/debian-packages.toml")]
+    pipeline: PathBuf,
+    #[arg(long, default_value = "/var/lib/dpkg/status")]
+    status: PathBuf,
+    #[arg(long, default_value_t = 40)]
+    docs: usize,
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn packages(path: &PathBuf, n: usize) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let mut recs: Vec<String> = text
+        .split("\n\n")
+        .filter(|r| r.starts_with("Package: ") && r.contains("\nDescription: "))
+        .map(|r| r.lines().filter(|l| !l.starts_with(' ')).collect::<Vec<_>>().join("\n") + "\n")
+        .collect();
+    recs.sort();
+    anyhow::ensure!(recs.len() >= n, "only {} records", recs.len());
+    let step = recs.len() / n;
+    Ok((0..n).map(|i| recs[i * step].clone()).collect())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    std::env::set_var("RAYON_NUM_THREADS", args.threads.to_string());
+    let cfg = PipelineConfig::load(&args.pipeline)?;
+    let job = Prepared::new(cfg)?;
+    let docs = packages(&args.status, args.docs)?;
+    let device = parse_device(&job.cfg.model.device)?;
+    let model = Arc::new(Llama::load(&job.cfg.model_path(), &device)?);
+    let tok = Arc::new(Tokenizer::from_gguf(job.cfg.model_path())?);
+    let ecfg = EngineConfig {
+        max_running: job.cfg.batching.max_running,
+        step_tokens: EngineConfig::default().step_tokens.max(job.cfg.batching.max_running),
+        ..EngineConfig::default()
+    };
+    let work = std::env::temp_dir().join(format!("quarry-pipeline-bench-{}", std::process::id()));
+    let input_dir = work.join("in");
+    std::fs::create_dir_all(&input_dir)?;
+    let lines: Vec<String> =
+        docs.iter().enumerate().map(|(i, d)| json!({"id": i.to_string(), "text": d}).to_string()).collect();
+    std::fs::write(input_dir.join("docs.jsonl"), lines.join("\n") + "\n")?;
+    let input = Location::open_input(input_dir.to_str().unwrap())?;
+
+    // The engine alone, with exactly the prompts the pipeline builds.
+    let prompts = PromptBuilder::new(&job.cfg.prompt, Some(&tok))?;
+    let requests = || -> Result<Vec<Request>> {
+        docs.iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let doc = Document {
+                    id: i.to_string(),
+                    text: d.clone(),
+                    fields: serde_json::Map::new(),
+                    lineage: Lineage::new("bench", None, i as i64),
+                };
+                let p = prompts.build(&doc).map_err(|e| anyhow::anyhow!("{}", e.detail()))?;
+                Ok(Request::new(p)
+                    .with_constraint(ConstraintSpec::JsonSchema(job.schema.clone()))
+                    .with_max_tokens(job.cfg.sampling.max_tokens))
+            })
+            .collect()
+    };
+    let mut engine_rates = Vec::new();
+    let mut pipeline_rates = Vec::new();
+    for rep in 0..args.repeats {
+        let mut engine = Engine::new(model.clone(), tok.clone(), ecfg.clone())?;
+        let reqs = requests()?;
+        let t = Instant::now();
+        let out = engine.run_batch(reqs)?;
+        let e_wall = t.elapsed().as_secs_f64();
+        engine_rates.push(out.len() as f64 / e_wall);
+
+        let out_dir = work.join(format!("out-{rep}"));
+        let publisher = job.publisher(
+            Some(out_dir.join("accepted").to_str().unwrap()),
+            Some(out_dir.join("rejects").to_str().unwrap()),
+        )?;
+        let extractor = EngineExtractor::new(model.clone(), tok.clone(), ecfg.clone(), &job.cfg, &job.schema)?;
+        let mut flow = Flow::new(extractor, job.validator()?);
+        let t = Instant::now();
+        let s = run_dataset(
+            &job.cfg,
+            &input,
+            &mut flow,
+            &publisher,
+            &Metrics::new(),
+            &Shutdown::manual(),
+            &DatasetOptions::default(),
+        )?;
+        let p_wall = t.elapsed().as_secs_f64();
+        pipeline_rates.push(s.consumed as f64 / p_wall);
+        eprintln!(
+            "rep {rep}: engine {:.3} docs/s ({e_wall:.1}s), pipeline {:.3} docs/s ({p_wall:.1}s; {} accepted, {} rejected)",
+            engine_rates[rep], pipeline_rates[rep], s.accepted, s.rejected
+        );
+    }
+    let e = median(engine_rates.clone());
+    let p = median(pipeline_rates.clone());
+    let overhead = 1.0 - p / e;
+    println!("engine alone: {e:.3} docs/s (median of {})", args.repeats);
+    println!("pipeline:     {p:.3} docs/s (median of {})", args.repeats);
+    println!("overhead:     {:.1}% (target < 3%)", overhead * 100.0);
+    if let Some(path) = args.out {
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let v = json!({
+            "docs": args.docs,
+            "threads": args.threads,
+            "engine_docs_per_s": engine_rates,
+            "pipeline_docs_per_s": pipeline_rates,
+            "engine_median": e,
+            "pipeline_median": p,
+            "overhead": overhead,
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&v)?)?;
+    }
+    std::fs::remove_dir_all(&work)?;
+    Ok(())
+}

@@ -1,0 +1,368 @@
+//! Job definitions: `pipelines/*.toml`, loaded with `deny_unknown_fields` and errors that name the
+//! file and the key.
+//!
+//! Relative paths inside a definition (schema, model) are resolved against the definition's own
+//! folder, so `pipelines/x.toml` says `schema = "../schemas/x.json"` and works from any working
+//! directory.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::PipelineError;
+
+/// One job: where documents come from, how they become prompts, what they must become, where the
+/// records go.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Names the job in file metadata, metrics and logs.
+    pub name: String,
+    pub source: SourceConfig,
+    pub prompt: PromptConfig,
+    /// The JSON Schema every record must satisfy; it is also the decoding constraint.
+    pub schema: PathBuf,
+    #[serde(default)]
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub sampling: SamplingConfig,
+    #[serde(default)]
+    pub batching: BatchingConfig,
+    pub output: OutputConfig,
+    pub rejects: RejectsConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+    /// Folder of the definition file; relative paths are resolved against it.
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+/// Where documents come from.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SourceConfig {
+    /// Always-on: a Kafka topic read by a consumer group.
+    Kafka(KafkaSource),
+    /// Scheduled or reprocessing: files under an object-store prefix.
+    Dataset(DatasetSource),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSource {
+    /// `host:port[,host:port]`; `quarry worker --brokers` overrides it.
+    pub brokers: String,
+    pub topic: String,
+    /// Consumer group; `quarry worker --group` overrides it.
+    pub group: String,
+    /// How a message value becomes a document.
+    #[serde(default)]
+    pub value: ValueFormat,
+    #[serde(default)]
+    pub fields: DocFields,
+    /// Extra librdkafka settings (`security.protocol`, `sasl.*`, ...), applied last.
+    #[serde(default)]
+    pub properties: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSource {
+    /// `file:///abs/path/`, `s3://bucket/prefix/`, `gs://`, `az://`, `memory:///`, or a local
+    /// path; `quarry extract --input` overrides it.
+    pub input: String,
+    pub format: InputFormat,
+    #[serde(default)]
+    pub fields: DocFields,
+    /// Files per shard for `format = "text"` (one document per file).
+    #[serde(default = "default_text_shard_files")]
+    pub text_shard_files: usize,
+}
+
+fn default_text_shard_files() -> usize {
+    256
+}
+
+/// Input files of a dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputFormat {
+    /// One JSON object per line; each file is a shard.
+    Jsonl,
+    /// One document per file; `text_shard_files` files make a shard.
+    Text,
+    /// Parquet with a string column named by `fields.text`; each file is a shard.
+    Parquet,
+}
+
+/// A Kafka message value's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ValueFormat {
+    /// The value is the document text (UTF-8).
+    #[default]
+    Text,
+    /// The value is a JSON object with the text and id fields named by `fields`.
+    Json,
+}
+
+/// Where a structured input keeps the text and the id.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DocFields {
+    #[serde(default = "default_text_field")]
+    pub text: String,
+    /// Optional: without it, the document id is the lineage (`source:partition:offset`).
+    #[serde(default)]
+    pub id: Option<String>,
+}
+
+impl Default for DocFields {
+    fn default() -> Self {
+        Self { text: default_text_field(), id: None }
+    }
+}
+
+fn default_text_field() -> String {
+    "text".into()
+}
+
+/// How a document becomes the model's prompt.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptConfig {
+    /// minijinja template of the user message (or of the whole prompt when `chat = false`).
+    /// Variables: `text`, `id`, and `doc` (the input's JSON fields, when it has any).
+    pub template: String,
+    /// Optional system message (chat only).
+    #[serde(default)]
+    pub system: Option<String>,
+    /// Wrap the prompt in the model's chat template.
+    #[serde(default = "yes")]
+    pub chat: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// GGUF file; relative to the definition's folder.
+    #[serde(default = "default_model")]
+    pub path: PathBuf,
+    /// `cpu` or `cuda:N`.
+    #[serde(default = "default_device")]
+    pub device: String,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self { path: default_model(), device: default_device() }
+    }
+}
+
+fn default_model() -> PathBuf {
+    "../models/SmolLM2-135M-Instruct.Q4_1.gguf".into()
+}
+
+fn default_device() -> String {
+    "cpu".into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingConfig {
+    /// 0 is greedy (the default: extraction wants the most likely record).
+    #[serde(default)]
+    pub temperature: f32,
+    #[serde(default = "one")]
+    pub top_p: f32,
+    #[serde(default)]
+    pub top_k: usize,
+    /// Base seed; each document's seed also mixes in its lineage, so a rerun draws the same.
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+}
+
+impl Default for SamplingConfig {
+    fn default() -> Self {
+        Self { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0, max_tokens: default_max_tokens() }
+    }
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+fn default_max_tokens() -> usize {
+    256
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchingConfig {
+    /// Sequences decoding at once in the engine.
+    #[serde(default = "default_max_running")]
+    pub max_running: usize,
+    /// Most documents in one output file (one Kafka partition's offset range, or one shard's
+    /// slice).
+    #[serde(default = "default_file_docs")]
+    pub file_docs: usize,
+    /// Kafka: publish a partition's file at least this often, even when it is not full.
+    #[serde(default = "default_flush_ms")]
+    pub flush_ms: u64,
+    /// Kafka: a partition with this many documents waiting is paused until they drain.
+    #[serde(default = "default_max_buffered")]
+    pub max_buffered: usize,
+    /// Documents larger than this are rejected (`too_large`) without reaching the model.
+    #[serde(default = "default_max_doc_bytes")]
+    pub max_doc_bytes: usize,
+}
+
+impl Default for BatchingConfig {
+    fn default() -> Self {
+        Self {
+            max_running: default_max_running(),
+            file_docs: default_file_docs(),
+            flush_ms: default_flush_ms(),
+            max_buffered: default_max_buffered(),
+            max_doc_bytes: default_max_doc_bytes(),
+        }
+    }
+}
+
+fn default_max_running() -> usize {
+    16
+}
+fn default_file_docs() -> usize {
+    1000
+}
+fn default_flush_ms() -> u64 {
+    30_000
+}
+fn default_max_buffered() -> usize {
+    256
+}
+fn default_max_doc_bytes() -> usize {
+    1 << 20
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputConfig {
+    /// Prefix the accepted records go under; `--output` overrides it.
+    pub url: String,
+    /// Rows per Parquet row group.
+    #[serde(default = "default_row_group_rows")]
+    pub row_group_rows: usize,
+    /// zstd level (1–22).
+    #[serde(default = "default_zstd_level")]
+    pub zstd_level: i32,
+}
+
+fn default_row_group_rows() -> usize {
+    10_000
+}
+fn default_zstd_level() -> i32 {
+    3
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RejectsConfig {
+    /// Prefix of the rejects dataset (same file naming as the output).
+    pub url: String,
+    /// Kafka only: also send each reject, as JSON, to this topic.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `host:port` of the Prometheus endpoint (`GET /metrics`); none by default.
+    #[serde(default)]
+    pub listen: Option<String>,
+}
+
+impl PipelineConfig {
+    /// Reads and checks a definition file.
+    pub fn load(path: &Path) -> Result<Self, PipelineError> {
+        let text = std::fs::read_to_string(path).map_err(|e| PipelineError::Config {
+            path: path.display().to_string(),
+            message: format!("cannot read: {e}"),
+        })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Self::parse(&text, &path.display().to_string(), base)
+    }
+
+    /// Parses a definition; `origin` names it in errors, `base_dir` resolves relative paths.
+    pub fn parse(text: &str, origin: &str, base_dir: PathBuf) -> Result<Self, PipelineError> {
+        let mut cfg: PipelineConfig = toml::from_str(text).map_err(|e| PipelineError::Config {
+            path: origin.to_string(),
+            message: e.to_string().trim().replace('\n', " "),
+        })?;
+        cfg.base_dir = base_dir;
+        cfg.check().map_err(|message| PipelineError::Config { path: origin.to_string(), message })?;
+        Ok(cfg)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.name.trim().is_empty() {
+            return Err("`name` is empty".into());
+        }
+        let b = &self.batching;
+        if b.max_running == 0 || b.file_docs == 0 || b.max_buffered == 0 {
+            return Err("batching.max_running, file_docs and max_buffered must be at least 1".into());
+        }
+        if self.output.row_group_rows == 0 {
+            return Err("output.row_group_rows must be at least 1".into());
+        }
+        if !(1..=22).contains(&self.output.zstd_level) {
+            return Err(format!("output.zstd_level {} is outside 1..=22", self.output.zstd_level));
+        }
+        if self.sampling.max_tokens == 0 {
+            return Err("sampling.max_tokens must be at least 1".into());
+        }
+        if let SourceConfig::Dataset(d) = &self.source {
+            if d.text_shard_files == 0 {
+                return Err("source.text_shard_files must be at least 1".into());
+            }
+        }
+        if self.output.url == self.rejects.url {
+            return Err("output.url and rejects.url must differ".into());
+        }
+        Ok(())
+    }
+
+    /// A path from the definition, resolved against its folder.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir.join(p)
+        }
+    }
+
+    /// A URL from the definition: a relative local path is resolved against its folder; URLs
+    /// with a scheme are kept.
+    pub fn resolve_url(&self, url: &str) -> String {
+        if url.contains("://") || Path::new(url).is_absolute() {
+            url.to_string()
+        } else {
+            self.base_dir.join(url).display().to_string()
+        }
+    }
+
+    pub fn schema_path(&self) -> PathBuf {
+        self.resolve(&self.schema)
+    }
+
+    pub fn model_path(&self) -> PathBuf {
+        self.resolve(&self.model.path)
+    }
+}

@@ -1,0 +1,339 @@
+//! From documents to validated outcomes: the prompt template, the engine behind the
+//! [`Extractor`] trait, and the JSON Schema validator that decides accepted or rejected.
+//!
+//! The job loops only see [`Extractor`]: `submit` documents, `step` until they come back. The real
+//! one is [`EngineExtractor`]; unit tests of the loops use a fake.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use minijinja::Environment;
+use quarry_engine::{
+    ConstraintSpec, Engine, EngineConfig, EngineStats, FinishReason, Prompt, Request,
+};
+use quarry_model::{parse_device, Llama};
+use quarry_tokenizer::{ChatMessage, Tokenizer};
+use serde_json::Value;
+
+use crate::config::{PipelineConfig, PromptConfig, SamplingConfig};
+use crate::error::PipelineError;
+use crate::record::{DocStats, Document, Outcome, RejectCause};
+
+/// What the model produced for one document, before validation.
+#[derive(Debug, Clone)]
+pub struct Generated {
+    pub text: String,
+    pub finish: FinishReason,
+    pub stats: DocStats,
+}
+
+/// Runs documents through a model, many at a time.
+pub trait Extractor {
+    /// Queues a document under `key`. A document that cannot become a request (its template
+    /// fails) is refused with the cause, and nothing is queued.
+    fn submit(&mut self, key: u64, doc: &Document) -> Result<(), RejectCause>;
+    /// Advances all queued work by one step and returns what finished.
+    fn step(&mut self) -> Result<Vec<(u64, Generated)>, PipelineError>;
+    /// Documents submitted and not yet returned.
+    fn in_flight(&self) -> usize;
+    /// Documents worth keeping queued (more only adds latency).
+    fn capacity(&self) -> usize;
+    /// Engine counters for metrics and summaries.
+    fn engine_stats(&self) -> Option<EngineStats> {
+        None
+    }
+}
+
+/// Renders a document into the prompt the model sees.
+pub struct PromptBuilder {
+    env: Environment<'static>,
+    system: Option<String>,
+    chat: bool,
+    /// Control-token spellings (`<|im_start|>`, ...) defused in document text, so a document can
+    /// never inject a turn into the chat template.
+    specials: Vec<String>,
+}
+
+impl PromptBuilder {
+    pub fn new(cfg: &PromptConfig, tokenizer: Option<&Tokenizer>) -> Result<Self, PipelineError> {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+        env.add_template_owned("prompt", cfg.template.clone())
+            .map_err(|e| PipelineError::Template(e.to_string()))?;
+        let mut specials: Vec<String> = tokenizer
+            .map(|t| {
+                t.token_table()
+                    .iter()
+                    .filter(|(_, _, kind)| kind.is_special())
+                    .filter_map(|(_, bytes, _)| std::str::from_utf8(bytes).ok())
+                    .filter(|s| s.chars().count() >= 2)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        specials.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        Ok(Self { env, system: cfg.system.clone(), chat: cfg.chat, specials })
+    }
+
+    /// `text` with every control-token spelling broken by a zero-width space after its first
+    /// character.
+    pub fn defuse(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for s in &self.specials {
+            if out.contains(s.as_str()) {
+                let mut chars = s.chars();
+                let first = chars.next().expect("specials have two chars or more");
+                out = out.replace(s.as_str(), &format!("{first}\u{200b}{}", chars.as_str()));
+            }
+        }
+        out
+    }
+
+    fn defuse_value(&self, v: &Value) -> Value {
+        match v {
+            Value::String(s) => Value::String(self.defuse(s)),
+            Value::Array(a) => Value::Array(a.iter().map(|x| self.defuse_value(x)).collect()),
+            Value::Object(m) => {
+                Value::Object(m.iter().map(|(k, x)| (k.clone(), self.defuse_value(x))).collect())
+            }
+            other => other.clone(),
+        }
+    }
+
+    pub fn build(&self, doc: &Document) -> Result<Prompt, RejectCause> {
+        let fields = self.defuse_value(&Value::Object(doc.fields.clone()));
+        let user = self
+            .env
+            .get_template("prompt")
+            .and_then(|t| {
+                t.render(minijinja::context! {
+                    text => self.defuse(&doc.text),
+                    id => doc.id.clone(),
+                    doc => minijinja::Value::from(minijinja::value::Serde(&fields)),
+                })
+            })
+            .map_err(|e| RejectCause::Template(format!("{e:#}")))?;
+        if !self.chat {
+            return Ok(Prompt::Text(user));
+        }
+        let mut messages = Vec::with_capacity(2);
+        if let Some(s) = &self.system {
+            messages.push(ChatMessage::new("system", s.clone()));
+        }
+        messages.push(ChatMessage::new("user", user));
+        Ok(Prompt::Chat(messages))
+    }
+}
+
+/// Decides accepted or rejected: parse, then validate with the `jsonschema` crate.
+pub struct Validator {
+    compiled: jsonschema::Validator,
+}
+
+impl Validator {
+    pub fn new(schema: &Value, origin: &str) -> Result<Self, PipelineError> {
+        let compiled = jsonschema::validator_for(schema).map_err(|e| PipelineError::Schema {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(Self { compiled })
+    }
+
+    pub fn judge(&self, g: Generated) -> Outcome {
+        let reject = |cause| Outcome::Rejected {
+            cause,
+            raw_output: Some(g.text.clone()),
+            finish: Some(g.finish.as_str().to_string()),
+            stats: g.stats,
+        };
+        match &g.finish {
+            FinishReason::Error(e) => return reject(RejectCause::Engine(e.clone())),
+            FinishReason::Length => return reject(RejectCause::Truncated),
+            FinishReason::Stop | FinishReason::ConstraintComplete => {}
+        }
+        let value: Value = match serde_json::from_str(&g.text) {
+            Ok(v) => v,
+            Err(e) => return reject(RejectCause::InvalidJson(e.to_string())),
+        };
+        if let Some(err) = self.compiled.iter_errors(&value).next() {
+            let at = err.instance_path().to_string();
+            let at = if at.is_empty() { "/".to_string() } else { at };
+            return reject(RejectCause::SchemaViolation(format!("at {at}: {err}")));
+        }
+        Outcome::Accepted {
+            record: value,
+            finish: g.finish.as_str().to_string(),
+            stats: g.stats,
+        }
+    }
+}
+
+/// The real extractor: quarry's engine with the job's schema as the constraint.
+pub struct EngineExtractor {
+    engine: Engine,
+    prompts: PromptBuilder,
+    constraint: ConstraintSpec,
+    sampling: SamplingConfig,
+    keys: HashMap<u64, u64>,
+    max_running: usize,
+}
+
+impl EngineExtractor {
+    /// Loads the job's model and tokenizer and starts an engine.
+    pub fn load(cfg: &PipelineConfig, schema: &Value) -> Result<Self, PipelineError> {
+        let path = cfg.model_path();
+        let device = parse_device(&cfg.model.device).map_err(|e| PipelineError::Engine(e.to_string()))?;
+        let model = Llama::load(&path, &device)
+            .map_err(|e| PipelineError::Engine(format!("{}: {e}", path.display())))?;
+        let tok = Tokenizer::from_gguf(&path)
+            .map_err(|e| PipelineError::Engine(format!("{}: {e}", path.display())))?;
+        let ecfg = EngineConfig {
+            max_running: cfg.batching.max_running,
+            step_tokens: EngineConfig::default().step_tokens.max(cfg.batching.max_running),
+            ..EngineConfig::default()
+        };
+        Self::new(Arc::new(model), Arc::new(tok), ecfg, cfg, schema)
+    }
+
+    pub fn new(
+        model: Arc<Llama>,
+        tok: Arc<Tokenizer>,
+        ecfg: EngineConfig,
+        cfg: &PipelineConfig,
+        schema: &Value,
+    ) -> Result<Self, PipelineError> {
+        let max_running = ecfg.max_running;
+        let prompts = PromptBuilder::new(&cfg.prompt, Some(&tok))?;
+        let engine = Engine::new(model, tok, ecfg).map_err(|e| PipelineError::Engine(e.to_string()))?;
+        Ok(Self {
+            engine,
+            prompts,
+            constraint: ConstraintSpec::JsonSchema(schema.clone()),
+            sampling: cfg.sampling.clone(),
+            keys: HashMap::new(),
+            max_running,
+        })
+    }
+
+    fn seed(&self, doc: &Document) -> u64 {
+        // FNV-1a over the lineage: the same document draws the same on every rerun.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ self.sampling.seed;
+        let l = &doc.lineage;
+        let tail = [l.partition.unwrap_or(-1) as i64, l.offset];
+        for b in l.source.bytes().chain(tail.iter().flat_map(|x| x.to_le_bytes())) {
+            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+        h
+    }
+}
+
+impl Extractor for EngineExtractor {
+    fn submit(&mut self, key: u64, doc: &Document) -> Result<(), RejectCause> {
+        let prompt = self.prompts.build(doc)?;
+        let s = &self.sampling;
+        let mut req = Request::new(prompt)
+            .with_constraint(self.constraint.clone())
+            .with_max_tokens(s.max_tokens);
+        req.temperature = s.temperature;
+        req.top_p = s.top_p;
+        req.top_k = s.top_k;
+        req.seed = self.seed(doc);
+        let id = self.engine.submit(req).map_err(|e| RejectCause::Engine(e.to_string()))?;
+        self.keys.insert(id, key);
+        Ok(())
+    }
+
+    fn step(&mut self) -> Result<Vec<(u64, Generated)>, PipelineError> {
+        let done = self.engine.step().map_err(|e| PipelineError::Engine(e.to_string()))?;
+        Ok(done
+            .into_iter()
+            .filter_map(|c| {
+                let key = self.keys.remove(&c.id)?;
+                let stats = DocStats {
+                    prompt_tokens: c.stats.prompt_tokens as u64,
+                    cached_tokens: c.stats.cached_tokens as u64,
+                    output_tokens: c.stats.output_tokens as u64,
+                    forced_tokens: c.stats.forced_tokens as u64,
+                };
+                Some((key, Generated { text: c.text, finish: c.finish, stats }))
+            })
+            .collect())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn capacity(&self) -> usize {
+        // Enough waiting to refill every slot as sequences finish.
+        self.max_running * 2
+    }
+
+    fn engine_stats(&self) -> Option<EngineStats> {
+        Some(self.engine.stats())
+    }
+}
+
+/// The SHA-256 of the schema file's bytes, hex (the `_schema_sha256` column).
+pub fn schema_sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Reads and parses the job's schema; the error names the file.
+pub fn read_schema(path: &Path) -> Result<(Value, String), PipelineError> {
+    let err = |message: String| PipelineError::Schema { path: path.display().to_string(), message };
+    let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    let value: Value = serde_json::from_slice(&bytes).map_err(|e| err(format!("not JSON: {e}")))?;
+    Ok((value, schema_sha256(&bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Lineage;
+
+    fn doc(text: &str) -> Document {
+        Document {
+            id: "d1".into(),
+            text: text.into(),
+            fields: serde_json::json!({"title": "T"}).as_object().unwrap().clone(),
+            lineage: Lineage::new("s", None, 0),
+        }
+    }
+
+    #[test]
+    fn templates_see_text_id_and_fields_and_fail_per_document() {
+        let cfg = PromptConfig {
+            template: "[{{ id }}] {{ doc.title }}: {{ text }}".into(),
+            system: Some("sys".into()),
+            chat: false,
+        };
+        let b = PromptBuilder::new(&cfg, None).unwrap();
+        assert_eq!(b.build(&doc("hello")).unwrap(), Prompt::Text("[d1] T: hello".into()));
+        let cfg = PromptConfig { template: "{{ doc.missing.deeper }}".into(), system: None, chat: true };
+        let err = PromptBuilder::new(&cfg, None).unwrap().build(&doc("x")).unwrap_err();
+        assert_eq!(err.name(), "template");
+    }
+
+    #[test]
+    fn validator_sorts_outputs() {
+        let v = Validator::new(
+            &serde_json::json!({"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}),
+            "t",
+        )
+        .unwrap();
+        let g = |text: &str, finish| Generated { text: text.into(), finish, stats: DocStats::default() };
+        let cause = |o: Outcome| match o {
+            Outcome::Rejected { cause, .. } => cause.name(),
+            Outcome::Accepted { .. } => "accepted",
+        };
+        assert_eq!(cause(v.judge(g(r#"{"a":1}"#, FinishReason::ConstraintComplete))), "accepted");
+        assert_eq!(cause(v.judge(g(r#"{"a":"#, FinishReason::Length))), "truncated");
+        assert_eq!(cause(v.judge(g(r#"{"a":"x"}"#, FinishReason::Stop))), "schema_violation");
+        assert_eq!(cause(v.judge(g("nope", FinishReason::Stop))), "invalid_json");
+        assert_eq!(cause(v.judge(g("", FinishReason::Error("too long".into())))), "engine_error");
+    }
+}

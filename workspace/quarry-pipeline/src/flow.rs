@@ -1,0 +1,639 @@
+//! The part both job kinds share: documents grouped into output files, fed through an
+//! [`Extractor`], judged by the [`Validator`], and published once every document of a file has an
+//! outcome.
+//!
+//! ## The publish protocol (effectively once)
+//! A file of documents (one Kafka partition's offset range, or one dataset shard) is published as
+//! up to two objects with the same name:
+//! 1. the accepted records, only when there are any, create-if-absent;
+//! 2. the rejects, **always** (possibly with no rows), create-if-absent. The rejects file is the
+//!    commit marker: a range or shard is done exactly when its rejects file exists.
+//!
+//! A crash between 1 and 2 leaves an accepted file without its marker. The replay finds it
+//! (`AlreadyExists`), reads its `_offset`s, and writes to rejects only what that file lacks: the
+//! documents rejected now, and (were decoding not deterministic) documents accepted now but not
+//! then, with cause `replay_mismatch`. Every document therefore lands in exactly one of the two
+//! datasets, exactly once.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use crate::columns::RecordShape;
+use crate::encode::{accepted_batch, read_offsets, rejects_batch, to_parquet, AcceptedRow, FileContext, RejectRow};
+use crate::error::PipelineError;
+use crate::extract::{Extractor, Validator};
+use crate::record::{DocStats, Input, Outcome, RejectCause};
+use crate::store::{Location, Published};
+
+/// A file being filled: its documents in order and their outcomes as they arrive.
+#[derive(Debug)]
+pub struct OpenFile {
+    /// Name under the output and rejects prefixes (`…/000…-000….parquet`).
+    pub name: String,
+    /// Files of one group (a Kafka partition) are published in creation order.
+    pub group: String,
+    pub inputs: Vec<Input>,
+    outcomes: Vec<Option<Outcome>>,
+    remaining: usize,
+    /// No more documents will join.
+    pub sealed: bool,
+    /// Extra footer metadata (offset range, shard).
+    pub metadata: Vec<(String, String)>,
+}
+
+impl OpenFile {
+    pub fn first_offset(&self) -> Option<i64> {
+        self.inputs.first().map(|i| i.lineage.offset)
+    }
+    pub fn last_offset(&self) -> Option<i64> {
+        self.inputs.last().map(|i| i.lineage.offset)
+    }
+    pub fn len(&self) -> usize {
+        self.inputs.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.inputs.is_empty()
+    }
+    fn is_done(&self) -> bool {
+        self.sealed && self.remaining == 0
+    }
+}
+
+/// Counts of one published file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FileReport {
+    pub name: String,
+    pub group: String,
+    pub consumed: u64,
+    pub accepted: u64,
+    pub rejected: u64,
+    /// The accepted file was already there (a replay after a crash).
+    pub replayed: bool,
+    pub first_offset: Option<i64>,
+    pub last_offset: Option<i64>,
+    pub stats: DocStats,
+    /// Rejects by cause name.
+    pub causes: BTreeMap<&'static str, u64>,
+    /// The rejects as JSON messages for a dead-letter topic: (key, value).
+    pub dead_letters: Vec<(Option<Vec<u8>>, serde_json::Value)>,
+}
+
+/// Documents in flight across open files, and the extractor they go through.
+pub struct Flow<E: Extractor> {
+    pub extractor: E,
+    validator: Validator,
+    files: BTreeMap<u64, OpenFile>,
+    next_file: u64,
+    /// Extractor key → (file id, index).
+    keys: HashMap<u64, (u64, usize)>,
+    next_key: u64,
+    /// Documents waiting for room in the extractor.
+    queue: VecDeque<u64>,
+}
+
+impl<E: Extractor> Flow<E> {
+    pub fn new(extractor: E, validator: Validator) -> Self {
+        Self {
+            extractor,
+            validator,
+            files: BTreeMap::new(),
+            next_file: 0,
+            keys: HashMap::new(),
+            next_key: 0,
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// Starts a file; documents join it with [`Flow::push`].
+    pub fn open(&mut self, name: String, group: String, metadata: Vec<(String, String)>) -> u64 {
+        let id = self.next_file;
+        self.next_file += 1;
+        self.files.insert(
+            id,
+            OpenFile {
+                name,
+                group,
+                inputs: Vec::new(),
+                outcomes: Vec::new(),
+                remaining: 0,
+                sealed: false,
+                metadata,
+            },
+        );
+        id
+    }
+
+    pub fn file(&self, id: u64) -> Option<&OpenFile> {
+        self.files.get(&id)
+    }
+
+    pub fn file_mut_metadata(&mut self, id: u64) -> Option<&mut Vec<(String, String)>> {
+        self.files.get_mut(&id).map(|f| &mut f.metadata)
+    }
+
+    /// Adds a document to an open file. Inputs that are already rejects get their outcome now.
+    pub fn push(&mut self, file: u64, input: Input) {
+        let f = self.files.get_mut(&file).expect("push into an open file");
+        debug_assert!(!f.sealed, "push into a sealed file");
+        let idx = f.inputs.len();
+        let outcome = match &input.doc {
+            Ok(_) => {
+                let key = self.next_key;
+                self.next_key += 1;
+                self.keys.insert(key, (file, idx));
+                self.queue.push_back(key);
+                f.remaining += 1;
+                None
+            }
+            Err(cause) => Some(Outcome::Rejected {
+                cause: cause.clone(),
+                raw_output: None,
+                finish: None,
+                stats: DocStats::default(),
+            }),
+        };
+        f.inputs.push(input);
+        f.outcomes.push(outcome);
+    }
+
+    pub fn seal(&mut self, file: u64) {
+        if let Some(f) = self.files.get_mut(&file) {
+            f.sealed = true;
+        }
+    }
+
+    /// Seals a file under its final name (a Kafka range is named once its last offset is known).
+    pub fn seal_as(&mut self, file: u64, name: String) {
+        if let Some(f) = self.files.get_mut(&file) {
+            f.name = name;
+            f.sealed = true;
+        }
+    }
+
+    /// Files opened and not yet taken by [`Flow::take_ready`] (or abandoned).
+    pub fn open_files(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Documents not yet judged, across all files.
+    pub fn pending(&self) -> usize {
+        self.files.values().map(|f| f.remaining).sum()
+    }
+
+    /// Pending documents of one group.
+    pub fn pending_in(&self, group: &str) -> usize {
+        self.files.values().filter(|f| f.group == group).map(|f| f.remaining).sum()
+    }
+
+    /// Drops every file of a group (a revoked partition). Their documents still in the extractor
+    /// are ignored when they come back.
+    pub fn abandon(&mut self, group: &str) -> usize {
+        let ids: Vec<u64> = self.files.iter().filter(|(_, f)| f.group == group).map(|(id, _)| *id).collect();
+        let mut dropped = 0;
+        for id in &ids {
+            dropped += self.files.remove(id).map(|f| f.len()).unwrap_or(0);
+        }
+        self.keys.retain(|_, (file, _)| !ids.contains(file));
+        let keys = &self.keys;
+        self.queue.retain(|k| keys.contains_key(k));
+        dropped
+    }
+
+    /// Feeds the extractor up to its capacity, runs one step when it has work, and files the
+    /// outcomes. Returns whether any work was done.
+    pub fn pump(&mut self) -> Result<bool, PipelineError> {
+        while self.extractor.in_flight() < self.extractor.capacity() {
+            let Some(key) = self.queue.pop_front() else { break };
+            let Some(&(file, idx)) = self.keys.get(&key) else { continue };
+            let f = self.files.get_mut(&file).expect("queued keys belong to open files");
+            let doc = f.inputs[idx].doc.as_ref().expect("only documents are queued");
+            if let Err(cause) = self.extractor.submit(key, doc) {
+                self.keys.remove(&key);
+                f.outcomes[idx] = Some(Outcome::Rejected {
+                    cause,
+                    raw_output: None,
+                    finish: None,
+                    stats: DocStats::default(),
+                });
+                f.remaining -= 1;
+            }
+        }
+        if self.extractor.in_flight() == 0 {
+            return Ok(false);
+        }
+        for (key, generated) in self.extractor.step()? {
+            let Some((file, idx)) = self.keys.remove(&key) else { continue };
+            let outcome = self.validator.judge(generated);
+            if let Some(f) = self.files.get_mut(&file) {
+                f.outcomes[idx] = Some(outcome);
+                f.remaining -= 1;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Files whose every document has an outcome, in publish order: per group, only the oldest
+    /// files, up to the first one still busy.
+    pub fn take_ready(&mut self) -> Vec<OpenFile> {
+        let mut blocked: HashSet<String> = HashSet::new();
+        let mut ready = Vec::new();
+        for (id, f) in &self.files {
+            if blocked.contains(&f.group) {
+                continue;
+            }
+            if f.is_done() {
+                ready.push(*id);
+            } else {
+                blocked.insert(f.group.clone());
+            }
+        }
+        ready.into_iter().filter_map(|id| self.files.remove(&id)).collect()
+    }
+}
+
+/// Writes finished files to the output and rejects datasets.
+pub struct Publisher {
+    pub shape: RecordShape,
+    pub output: Location,
+    pub rejects: Location,
+    pub pipeline: String,
+    pub model: String,
+    pub schema_sha256: String,
+    pub row_group_rows: usize,
+    pub zstd_level: i32,
+}
+
+impl Publisher {
+    fn context(&self) -> FileContext {
+        FileContext {
+            pipeline: self.pipeline.clone(),
+            model: self.model.clone(),
+            schema_sha256: self.schema_sha256.clone(),
+            extracted_at_us: chrono::Utc::now().timestamp_micros(),
+        }
+    }
+
+    fn metadata(&self, file: &OpenFile, kind: &str) -> Vec<(String, String)> {
+        let mut m = vec![
+            ("quarry.pipeline".to_string(), self.pipeline.clone()),
+            ("quarry.version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+            ("quarry.dataset".to_string(), kind.to_string()),
+            ("quarry.model".to_string(), self.model.clone()),
+            ("quarry.schema_sha256".to_string(), self.schema_sha256.clone()),
+        ];
+        if let (Some(a), Some(b)) = (file.first_offset(), file.last_offset()) {
+            m.push(("quarry.offset_first".into(), a.to_string()));
+            m.push(("quarry.offset_last".into(), b.to_string()));
+        }
+        m.extend(file.metadata.iter().cloned());
+        m
+    }
+
+    /// Publishes one finished file by the protocol in the module docs.
+    pub fn publish(&self, file: OpenFile) -> Result<FileReport, PipelineError> {
+        let ctx = self.context();
+        let accepted_meta = self.metadata(&file, "accepted");
+        let rejects_meta = self.metadata(&file, "rejects");
+        let mut report = FileReport {
+            name: file.name.clone(),
+            group: file.group.clone(),
+            consumed: file.len() as u64,
+            first_offset: file.first_offset(),
+            last_offset: file.last_offset(),
+            ..FileReport::default()
+        };
+        let mut accepted = Vec::new();
+        let mut rejected = Vec::new();
+        for (input, outcome) in file.inputs.into_iter().zip(file.outcomes) {
+            let outcome = outcome.expect("published files are complete");
+            let doc_id = match &input.doc {
+                Ok(d) => d.id.clone(),
+                Err(_) => input.lineage.default_id(),
+            };
+            match outcome {
+                Outcome::Accepted { record, finish, stats } => {
+                    add(&mut report.stats, &stats);
+                    accepted.push(AcceptedRow { lineage: input.lineage, doc_id, finish, record });
+                }
+                Outcome::Rejected { cause, raw_output, finish, stats } => {
+                    add(&mut report.stats, &stats);
+                    rejected.push(RejectRow {
+                        lineage: input.lineage,
+                        doc_id,
+                        finish,
+                        cause,
+                        raw_output,
+                        input_preview: input.preview,
+                    });
+                }
+            }
+        }
+
+        let (batch, unencodable) = accepted_batch(&self.shape, &ctx, accepted);
+        for (row, why) in unencodable {
+            rejected.push(RejectRow {
+                lineage: row.lineage,
+                doc_id: row.doc_id,
+                finish: Some(row.finish),
+                cause: RejectCause::Encoding(why),
+                raw_output: Some(row.record.to_string()),
+                input_preview: String::new(),
+            });
+        }
+        let mut accepted_offsets: Option<HashSet<i64>> = None;
+        crate::faults::crash_point("before_publish");
+        if batch.num_rows() > 0 {
+            let bytes = to_parquet(&batch, &accepted_meta, self.row_group_rows, self.zstd_level)
+                .map_err(|message| PipelineError::Parquet { location: file.name.clone(), message })?;
+            if self.output.publish(&file.name, bytes)? == Published::AlreadyExists {
+                accepted_offsets = Some(self.published_offsets(&file.name)?);
+            }
+        } else if self.output.exists(&file.name)? {
+            accepted_offsets = Some(self.published_offsets(&file.name)?);
+        }
+
+        crate::faults::crash_point("between_files");
+        let batch_rows = batch.num_rows() as u64;
+        match &accepted_offsets {
+            None => report.accepted = batch_rows,
+            Some(published) => {
+                // Replay: the accepted file of an earlier run stands; everything it lacks goes to
+                // rejects, so each offset lands once.
+                report.replayed = true;
+                report.accepted = published.len() as u64;
+                rejected.retain(|r| !published.contains(&r.lineage.offset));
+                let offsets = offsets_of(&batch);
+                for (i, off) in offsets.iter().enumerate() {
+                    if !published.contains(off) {
+                        rejected.push(replay_mismatch(&batch, i, *off));
+                    }
+                }
+            }
+        }
+        rejected.sort_by_key(|r| r.lineage.offset);
+        for r in &rejected {
+            *report.causes.entry(r.cause.name()).or_default() += 1;
+            report.dead_letters.push((
+                r.lineage.key.clone(),
+                serde_json::json!({
+                    "pipeline": self.pipeline,
+                    "source": r.lineage.source,
+                    "partition": r.lineage.partition,
+                    "offset": r.lineage.offset,
+                    "doc_id": r.doc_id,
+                    "cause": r.cause.name(),
+                    "detail": r.cause.detail(),
+                    "finish_reason": r.finish,
+                    "raw_output": r.raw_output,
+                    "input_preview": r.input_preview,
+                }),
+            ));
+        }
+        report.rejected = rejected.len() as u64;
+        let batch = rejects_batch(&ctx, &rejected);
+        let bytes = to_parquet(&batch, &rejects_meta, self.row_group_rows, self.zstd_level)
+            .map_err(|message| PipelineError::Parquet { location: file.name.clone(), message })?;
+        self.rejects.publish(&file.name, bytes)?;
+        if report.accepted + report.rejected != report.consumed {
+            return Err(PipelineError::Conservation(format!(
+                "{}: accepted {} + rejected {} != consumed {}",
+                file.name, report.accepted, report.rejected, report.consumed
+            )));
+        }
+        Ok(report)
+    }
+
+    fn published_offsets(&self, name: &str) -> Result<HashSet<i64>, PipelineError> {
+        let bytes = self.output.read(&self.output.path(name))?;
+        let offsets = read_offsets(bytes)
+            .map_err(|message| PipelineError::Parquet { location: name.to_string(), message })?;
+        Ok(offsets.into_iter().collect())
+    }
+}
+
+fn add(total: &mut DocStats, s: &DocStats) {
+    total.prompt_tokens += s.prompt_tokens;
+    total.cached_tokens += s.cached_tokens;
+    total.output_tokens += s.output_tokens;
+    total.forced_tokens += s.forced_tokens;
+}
+
+fn offsets_of(batch: &arrow_array::RecordBatch) -> Vec<i64> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    batch
+        .column_by_name("_offset")
+        .map(|c| c.as_primitive::<Int64Type>().values().to_vec())
+        .unwrap_or_default()
+}
+
+/// A document accepted on replay that the earlier run's accepted file lacks.
+fn replay_mismatch(batch: &arrow_array::RecordBatch, row: usize, offset: i64) -> RejectRow {
+    use arrow_array::cast::AsArray;
+    let text = |name: &str| {
+        batch
+            .column_by_name(name)
+            .map(|c| c.as_string::<i32>().value(row).to_string())
+            .unwrap_or_default()
+    };
+    let partition = batch.column_by_name("_partition").and_then(|c| {
+        use arrow_array::types::Int32Type;
+        let a = c.as_primitive::<Int32Type>();
+        (!arrow_array::Array::is_null(a, row)).then(|| a.value(row))
+    });
+    let lineage = crate::record::Lineage::new(text("_source"), partition, offset);
+    let one = batch.slice(row, 1);
+    let mut buf = Vec::new();
+    {
+        let mut w = arrow_json::LineDelimitedWriter::new(&mut buf);
+        let _ = w.write(&one);
+        let _ = w.finish();
+    }
+    RejectRow {
+        lineage,
+        doc_id: text("_doc_id"),
+        finish: Some(text("_finish_reason")),
+        cause: RejectCause::ReplayMismatch,
+        raw_output: Some(String::from_utf8_lossy(&buf).trim().to_string()),
+        input_preview: String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DocFields, ValueFormat};
+    use crate::extract::Generated;
+    use crate::record::{decode, Document, Lineage};
+    use quarry_engine::FinishReason;
+    use serde_json::json;
+
+    /// Answers each document with its text as the record, one step later; "slow" documents take
+    /// two steps; texts starting with `cut` come back truncated.
+    struct Fake {
+        queued: Vec<(u64, String, u32)>,
+        refuse: bool,
+    }
+
+    impl Extractor for Fake {
+        fn submit(&mut self, key: u64, doc: &Document) -> Result<(), RejectCause> {
+            if self.refuse && doc.text.contains("refuse") {
+                return Err(RejectCause::Template("refused".into()));
+            }
+            let steps = if doc.text.contains("slow") { 2 } else { 1 };
+            self.queued.push((key, doc.text.clone(), steps));
+            Ok(())
+        }
+        fn step(&mut self) -> Result<Vec<(u64, Generated)>, PipelineError> {
+            let mut done = Vec::new();
+            self.queued.retain_mut(|(k, text, steps)| {
+                *steps -= 1;
+                if *steps > 0 {
+                    return true;
+                }
+                let (out, finish) = if let Some(rest) = text.strip_prefix("cut") {
+                    (format!("{{\"name\":\"{rest}"), FinishReason::Length)
+                } else {
+                    (json!({"name": text}).to_string(), FinishReason::ConstraintComplete)
+                };
+                done.push((*k, Generated { text: out, finish, stats: DocStats::default() }));
+                false
+            });
+            Ok(done)
+        }
+        fn in_flight(&self) -> usize {
+            self.queued.len()
+        }
+        fn capacity(&self) -> usize {
+            3
+        }
+    }
+
+    fn schema() -> serde_json::Value {
+        json!({"type": "object", "required": ["name"], "properties": {"name": {"type": "string", "maxLength": 8}}})
+    }
+
+    fn setup(tag: &str, fake: Fake) -> (Flow<Fake>, Publisher) {
+        let shape = RecordShape::derive(&schema()).unwrap();
+        let publisher = Publisher {
+            shape,
+            output: Location::open(&format!("memory://flow-{tag}/out")).unwrap(),
+            rejects: Location::open(&format!("memory://flow-{tag}/rej")).unwrap(),
+            pipeline: "test".into(),
+            model: "fake".into(),
+            schema_sha256: "0".into(),
+            row_group_rows: 2,
+            zstd_level: 3,
+        };
+        (Flow::new(fake, Validator::new(&schema(), "s").unwrap()), publisher)
+    }
+
+    fn input(off: i64, text: &[u8]) -> Input {
+        decode(text, ValueFormat::Text, &DocFields::default(), 64, Lineage::new("t", Some(0), off))
+    }
+
+    fn run_file(flow: &mut Flow<Fake>, group: &str, name: &str, docs: &[&[u8]], first: i64) -> u64 {
+        let id = flow.open(String::new(), group.into(), Vec::new());
+        for (i, d) in docs.iter().enumerate() {
+            flow.push(id, input(first + i as i64, d));
+        }
+        flow.seal_as(id, name.into());
+        id
+    }
+
+    fn drain(flow: &mut Flow<Fake>) -> Vec<OpenFile> {
+        let mut out = Vec::new();
+        for _ in 0..100 {
+            flow.pump().unwrap();
+            out.extend(flow.take_ready());
+            if flow.pending() == 0 {
+                out.extend(flow.take_ready());
+                break;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn outcomes_are_sorted_and_counts_conserved() {
+        let (mut flow, publisher) = setup("sorted", Fake { queued: vec![], refuse: true });
+        let docs: Vec<&[u8]> = vec![b"ok", b"\xff", b"", b"far too long a name", b"cutx", b"refuse", b"slow"];
+        run_file(&mut flow, "g", "a.parquet", &docs, 0);
+        let files = drain(&mut flow);
+        assert_eq!(files.len(), 1);
+        let r = publisher.publish(files.into_iter().next().unwrap()).unwrap();
+        assert_eq!((r.consumed, r.accepted, r.rejected), (7, 2, 5));
+        let causes: Vec<_> = r.causes.keys().copied().collect();
+        assert_eq!(causes, ["empty", "invalid_utf8", "schema_violation", "template", "truncated"]);
+        let acc = read_offsets(publisher.output.read(&publisher.output.path("a.parquet")).unwrap()).unwrap();
+        let rej = read_offsets(publisher.rejects.read(&publisher.rejects.path("a.parquet")).unwrap()).unwrap();
+        assert_eq!(acc, vec![0, 6]);
+        assert_eq!(rej, vec![1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn files_of_a_group_publish_in_order() {
+        let (mut flow, _) = setup("order", Fake { queued: vec![], refuse: false });
+        run_file(&mut flow, "g", "1", &[b"slow"], 0);
+        run_file(&mut flow, "g", "2", &[b"fast"], 1);
+        run_file(&mut flow, "h", "3", &[b"fast"], 0);
+        flow.pump().unwrap();
+        let names: Vec<String> = flow.take_ready().into_iter().map(|f| f.name).collect();
+        assert_eq!(names, ["3"], "file 2 waits for file 1 of its group");
+        flow.pump().unwrap();
+        let names: Vec<String> = flow.take_ready().into_iter().map(|f| f.name).collect();
+        assert_eq!(names, ["1", "2"]);
+    }
+
+    #[test]
+    fn a_replay_after_a_crash_between_files_lands_each_offset_once() {
+        let (mut flow, publisher) = setup("replay", Fake { queued: vec![], refuse: false });
+        run_file(&mut flow, "g", "r.parquet", &[b"a", b"bb", b"nine char"], 0);
+        let first = drain(&mut flow).pop().unwrap();
+        // The crash: the accepted part of an earlier run, and no rejects marker.
+        let mut earlier = first;
+        earlier.outcomes[1] = Some(Outcome::Rejected {
+            cause: RejectCause::Truncated,
+            raw_output: None,
+            finish: None,
+            stats: DocStats::default(),
+        });
+        let ctx = publisher.context();
+        let mut rows = Vec::new();
+        for (i, o) in earlier.outcomes.iter().enumerate() {
+            if let Some(Outcome::Accepted { record, finish, .. }) = o {
+                rows.push(AcceptedRow {
+                    lineage: earlier.inputs[i].lineage.clone(),
+                    doc_id: "x".into(),
+                    finish: finish.clone(),
+                    record: record.clone(),
+                });
+            }
+        }
+        let (batch, _) = accepted_batch(&publisher.shape, &ctx, rows);
+        publisher.output.publish("r.parquet", to_parquet(&batch, &[], 10, 3).unwrap()).unwrap();
+
+        // The replay accepts offset 1 this time; the earlier file stands and 1 goes to rejects.
+        run_file(&mut flow, "g", "r.parquet", &[b"a", b"bb", b"nine char"], 0);
+        let r = publisher.publish(drain(&mut flow).pop().unwrap()).unwrap();
+        assert!(r.replayed);
+        assert_eq!((r.accepted, r.rejected), (1, 2));
+        assert_eq!(r.causes.get("replay_mismatch"), Some(&1));
+        let acc = read_offsets(publisher.output.read(&publisher.output.path("r.parquet")).unwrap()).unwrap();
+        let mut rej = read_offsets(publisher.rejects.read(&publisher.rejects.path("r.parquet")).unwrap()).unwrap();
+        rej.sort();
+        assert_eq!(acc, vec![0]);
+        assert_eq!(rej, vec![1, 2]);
+    }
+
+    #[test]
+    fn abandoned_groups_drop_their_work() {
+        let (mut flow, _) = setup("abandon", Fake { queued: vec![], refuse: false });
+        run_file(&mut flow, "g", "1", &[b"slow", b"x"], 0);
+        run_file(&mut flow, "h", "2", &[b"slow"], 0);
+        flow.pump().unwrap();
+        assert_eq!(flow.abandon("g"), 2);
+        let names: Vec<String> = drain(&mut flow).into_iter().map(|f| f.name).collect();
+        assert_eq!(names, ["2"]);
+        assert_eq!(flow.pending(), 0);
+    }
+}

@@ -1,0 +1,384 @@
+//! Object-store locations (`file://`, `s3://`, `gs://`, `az://`, `memory://`, or a plain local
+//! path), create-if-absent publishing with retries, listing, and a fault-injecting wrapper for
+//! tests.
+//!
+//! The pipeline's loops are synchronous (the engine steps on this thread); object-store calls run
+//! on one small shared tokio runtime and are awaited with `block_on`.
+//!
+//! Credentials and endpoints come from the usual environment variables (`AWS_ENDPOINT`,
+//! `AWS_ACCESS_KEY_ID`, `AWS_ALLOW_HTTP`, `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`,
+//! ...), read by object_store's builders. S3 publishing uses `If-None-Match: *` (object_store's
+//! default `aws_conditional_put = etag`).
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::TryStreamExt;
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    ObjectStoreExt, PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+
+use crate::error::PipelineError;
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("quarry-io")
+            .enable_all()
+            .build()
+            .expect("the I/O runtime starts")
+    })
+}
+
+/// Runs an object-store future to completion on the I/O runtime.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    runtime().block_on(f)
+}
+
+/// Attempts per publish or read before the error is surfaced.
+pub const ATTEMPTS: u32 = 5;
+
+/// A prefix in an object store.
+#[derive(Clone)]
+pub struct Location {
+    pub store: Arc<dyn ObjectStore>,
+    pub prefix: Path,
+    /// The URL as given, for messages and lineage.
+    pub url: String,
+}
+
+impl fmt::Debug for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Location({})", self.url)
+    }
+}
+
+/// What a create-if-absent put found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Published {
+    Created,
+    /// The name was taken: an earlier run (or attempt) published it.
+    AlreadyExists,
+}
+
+/// In-process stores by name, so that `memory://name/` means the same store for the whole
+/// process (tests, dry runs).
+fn memory_store(name: &str) -> Arc<dyn ObjectStore> {
+    static STORES: OnceLock<std::sync::Mutex<std::collections::HashMap<String, Arc<InMemory>>>> =
+        OnceLock::new();
+    let mut map = STORES.get_or_init(Default::default).lock().expect("memory stores lock");
+    map.entry(name.to_string()).or_insert_with(|| Arc::new(InMemory::new())).clone()
+}
+
+impl Location {
+    /// Opens an input URL or local path; a local folder must exist.
+    pub fn open_input(url: &str) -> Result<Self, PipelineError> {
+        let local = url.strip_prefix("file://").unwrap_or(url);
+        if !url.contains("://") || url.starts_with("file://") {
+            if !std::path::Path::new(local).is_dir() {
+                return Err(PipelineError::Url {
+                    url: url.to_string(),
+                    message: "the input folder does not exist".into(),
+                });
+            }
+        }
+        Self::open(url)
+    }
+
+    /// Opens a URL or a local path (created if missing).
+    pub fn open(url: &str) -> Result<Self, PipelineError> {
+        let bad = |message: String| PipelineError::Url { url: url.to_string(), message };
+        let (store, prefix): (Arc<dyn ObjectStore>, Path) = if let Some((scheme, rest)) =
+            url.split_once("://")
+        {
+            match scheme {
+                "file" => return Self::local(std::path::Path::new(rest), url),
+                "memory" => {
+                    let (name, path) = rest.split_once('/').unwrap_or((rest, ""));
+                    (memory_store(name), Path::from(path))
+                }
+                "s3" | "s3a" => {
+                    let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+                    let bucket = parsed.host_str().ok_or_else(|| bad("no bucket".into()))?;
+                    let s = object_store::aws::AmazonS3Builder::from_env()
+                        .with_bucket_name(bucket)
+                        .build()
+                        .map_err(|e| bad(e.to_string()))?;
+                    (Arc::new(s), Path::from(parsed.path()))
+                }
+                "gs" => {
+                    let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+                    let s = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                        .with_url(url)
+                        .build()
+                        .map_err(|e| bad(e.to_string()))?;
+                    (Arc::new(s), Path::from(parsed.path()))
+                }
+                "az" | "abfs" | "abfss" | "azure" => {
+                    let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+                    let s = object_store::azure::MicrosoftAzureBuilder::from_env()
+                        .with_url(url)
+                        .build()
+                        .map_err(|e| bad(e.to_string()))?;
+                    (Arc::new(s), Path::from(parsed.path()))
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown scheme `{other}`; use file://, s3://, gs://, az:// or memory://"
+                    )))
+                }
+            }
+        } else {
+            return Self::local(std::path::Path::new(url), url);
+        };
+        Ok(Self { store, prefix, url: url.to_string() })
+    }
+
+    fn local(path: &std::path::Path, url: &str) -> Result<Self, PipelineError> {
+        let bad = |message: String| PipelineError::Url { url: url.to_string(), message };
+        std::fs::create_dir_all(path).map_err(|e| bad(format!("cannot create the folder: {e}")))?;
+        let root = path.canonicalize().map_err(|e| bad(e.to_string()))?;
+        let store = LocalFileSystem::new_with_prefix(&root).map_err(|e| bad(e.to_string()))?;
+        Ok(Self { store: Arc::new(store), prefix: Path::default(), url: url.to_string() })
+    }
+
+    /// The same location over another store (fault injection in tests).
+    pub fn with_store(mut self, store: Arc<dyn ObjectStore>) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// The full path of `name` (a relative path under the prefix).
+    pub fn path(&self, name: &str) -> Path {
+        let mut p = self.prefix.clone();
+        for part in name.split('/').filter(|s| !s.is_empty()) {
+            p = p.clone().join(part);
+        }
+        p
+    }
+
+    /// The name of a full path relative to the prefix.
+    pub fn relative(&self, p: &Path) -> String {
+        match p.prefix_match(&self.prefix) {
+            Some(parts) => parts.map(|p| p.as_ref().to_string()).collect::<Vec<_>>().join("/"),
+            None => p.to_string(),
+        }
+    }
+
+    /// Publishes `bytes` as `name` only if nothing is there yet, retrying transient failures.
+    /// `AlreadyExists` after a failed attempt means that attempt's write landed.
+    pub fn publish(&self, name: &str, bytes: Bytes) -> Result<Published, PipelineError> {
+        let path = self.path(name);
+        let mut last = String::new();
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                std::thread::sleep(backoff(attempt));
+            }
+            let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+            match block_on(self.store.put_opts(&path, PutPayload::from_bytes(bytes.clone()), opts)) {
+                Ok(_) => return Ok(Published::Created),
+                Err(object_store::Error::AlreadyExists { .. }) => return Ok(Published::AlreadyExists),
+                Err(e @ object_store::Error::NotImplemented { .. }) => {
+                    return Err(self.err("put", &path, format!("{e}; the store cannot create-if-absent")))
+                }
+                Err(e) => {
+                    tracing::warn!(location = %path, attempt, error = %e, "put failed; retrying");
+                    last = e.to_string();
+                }
+            }
+        }
+        Err(self.err("put", &path, format!("{last} (after {ATTEMPTS} attempts)")))
+    }
+
+    /// Every object under `sub` (relative to the prefix), sorted by path.
+    pub fn list(&self, sub: &str) -> Result<Vec<ObjectMeta>, PipelineError> {
+        let path = self.path(sub);
+        let prefix = if sub.is_empty() { &self.prefix } else { &path };
+        let mut out: Vec<ObjectMeta> = self.retry("list", prefix, || async {
+            self.store.list(Some(prefix)).try_collect::<Vec<_>>().await
+        })?;
+        out.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(out)
+    }
+
+    /// Whether `name` exists.
+    pub fn exists(&self, name: &str) -> Result<bool, PipelineError> {
+        let path = self.path(name);
+        match block_on(self.store.head(&path)) {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.err("head", &path, e.to_string())),
+        }
+    }
+
+    /// Reads a whole object.
+    pub fn read(&self, path: &Path) -> Result<Bytes, PipelineError> {
+        self.retry("get", path, || async { self.store.get(path).await?.bytes().await })
+    }
+
+    fn retry<T, F, Fut>(&self, op: &'static str, path: &Path, f: F) -> Result<T, PipelineError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = object_store::Result<T>>,
+    {
+        let mut last = String::new();
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                std::thread::sleep(backoff(attempt));
+            }
+            match block_on(f()) {
+                Ok(v) => return Ok(v),
+                Err(e @ object_store::Error::NotFound { .. }) => {
+                    return Err(self.err(op, path, e.to_string()))
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(self.err(op, path, format!("{last} (after {ATTEMPTS} attempts)")))
+    }
+
+    fn err(&self, op: &'static str, path: &Path, message: String) -> PipelineError {
+        PipelineError::Store { op, location: format!("{} ({path})", self.url), message }
+    }
+}
+
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(50u64 << attempt.min(6))
+}
+
+/// Wraps a store and fails the next `fail_puts` puts with a transient error (and, with
+/// `land_then_fail`, lets the write land before failing, as a lost response does).
+#[derive(Debug)]
+pub struct FaultyStore {
+    inner: Arc<dyn ObjectStore>,
+    fail_puts: AtomicUsize,
+    land_then_fail: bool,
+    pub puts_seen: AtomicUsize,
+}
+
+impl FaultyStore {
+    pub fn new(inner: Arc<dyn ObjectStore>, fail_puts: usize, land_then_fail: bool) -> Self {
+        Self { inner, fail_puts: AtomicUsize::new(fail_puts), land_then_fail, puts_seen: AtomicUsize::new(0) }
+    }
+}
+
+impl fmt::Display for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for FaultyStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.puts_seen.fetch_add(1, Ordering::SeqCst);
+        let fail = self
+            .fail_puts
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if !fail {
+            return self.inner.put_opts(location, payload, opts).await;
+        }
+        if self.land_then_fail {
+            self.inner.put_opts(location, payload, opts).await?;
+        }
+        Err(object_store::Error::Generic {
+            store: "faulty",
+            source: "injected put failure (connection reset)".into(),
+        })
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publish_is_create_if_absent() {
+        let dir = std::env::temp_dir().join(format!("quarry-store-{}", std::process::id()));
+        let loc = Location::open(dir.to_str().unwrap()).unwrap();
+        assert_eq!(loc.publish("a/b.bin", Bytes::from_static(b"1")).unwrap(), Published::Created);
+        assert_eq!(loc.publish("a/b.bin", Bytes::from_static(b"2")).unwrap(), Published::AlreadyExists);
+        let files = loc.list("a").unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(loc.relative(&files[0].location), "a/b.bin");
+        assert_eq!(&loc.read(&files[0].location).unwrap()[..], b"1");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn transient_put_failures_are_retried_and_lost_responses_are_not_duplicates() {
+        let base = Location::open("memory://faults/x").unwrap();
+        let faulty = Arc::new(FaultyStore::new(base.store.clone(), 2, false));
+        let loc = base.clone().with_store(faulty.clone());
+        assert_eq!(loc.publish("f", Bytes::from_static(b"1")).unwrap(), Published::Created);
+        assert_eq!(faulty.puts_seen.load(Ordering::SeqCst), 3);
+
+        let landed = Arc::new(FaultyStore::new(base.store.clone(), 1, true));
+        let loc = base.clone().with_store(landed);
+        // The first attempt lands but reports failure; the retry finds it there.
+        assert_eq!(loc.publish("g", Bytes::from_static(b"1")).unwrap(), Published::AlreadyExists);
+        assert!(base.exists("g").unwrap());
+    }
+
+    #[test]
+    fn persistent_failures_surface_with_the_location() {
+        let base = Location::open("memory://faults2/y").unwrap();
+        let loc = base.clone().with_store(Arc::new(FaultyStore::new(base.store.clone(), 99, false)));
+        let err = loc.publish("h", Bytes::from_static(b"1")).unwrap_err().to_string();
+        assert!(err.contains("injected put failure") && err.contains("memory://faults2/y"), "{err}");
+        assert!(!base.exists("h").unwrap(), "nothing half-written");
+    }
+
+    #[test]
+    fn unknown_schemes_are_named() {
+        let err = Location::open("ftp://x/y").unwrap_err().to_string();
+        assert!(err.contains("ftp"), "{err}");
+    }
+}

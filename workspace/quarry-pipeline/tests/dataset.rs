@@ -1,0 +1,189 @@
+//! A dataset job end to end on the real model: real package records and bad documents in JSONL
+//! shards, the shipped `pipelines/debian-packages.toml`, Parquet read back with pyarrow, a rerun
+//! that skips everything, and a replay after a crash between the two halves of a publish.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use quarry_pipeline::dataset::{run_dataset, DatasetOptions};
+use quarry_pipeline::extract::EngineExtractor;
+use quarry_pipeline::flow::Flow;
+use quarry_pipeline::job::Prepared;
+use quarry_pipeline::metrics::Metrics;
+use quarry_pipeline::shutdown::Shutdown;
+use quarry_pipeline::store::Location;
+use quarry_pipeline::PipelineConfig;
+use serde_json::{json, Value};
+
+fn line(id: &str, text: &str) -> String {
+    json!({"id": id, "text": text}).to_string()
+}
+
+fn write_inputs(dir: &std::path::Path) -> BTreeMap<String, usize> {
+    let docs = packages(5);
+    let input = dir.join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let a = [line("a0", &docs[0]), line("a1", &docs[1])].join("\n") + "\n";
+    let b = [line("b0", &docs[2]), line("b1", &docs[3])].join("\n") + "\n";
+    std::fs::write(input.join("a.jsonl"), a).unwrap();
+    std::fs::write(input.join("b.jsonl"), b).unwrap();
+    let mut bad: Vec<u8> = Vec::new();
+    bad.extend_from_slice(b"{\"id\": \"u\", \"text\": \"caf\xc3\x28\"}\n"); // 0 invalid UTF-8
+    bad.extend_from_slice(line("e", "   ").as_bytes()); // 1 empty
+    bad.push(b'\n');
+    bad.extend_from_slice(b"Package: not json at all\n"); // 2 not JSON
+    bad.extend_from_slice(b"{\"id\": \"m\", \"body\": \"no text field\"}\n"); // 3 missing field
+    bad.extend_from_slice(line("big", &"x".repeat(10 << 20)).as_bytes()); // 4 10 MB
+    bad.push(b'\n');
+    // 5: far longer than the model's 8,192-token context, under max_doc_bytes.
+    let long = docs[4].repeat(400_000 / docs[4].len() + 1);
+    bad.extend_from_slice(line("long", &long[..400_000]).as_bytes());
+    bad.push(b'\n');
+    bad.extend_from_slice(line("ok", &docs[4]).as_bytes()); // 6 a good one after the bad ones
+    bad.push(b'\n');
+    std::fs::write(input.join("bad.jsonl"), bad).unwrap();
+    // Hidden and non-JSONL files are not inputs.
+    std::fs::write(input.join("_SUCCESS"), b"").unwrap();
+    std::fs::write(input.join("notes.txt"), b"not an input").unwrap();
+    BTreeMap::from([("a.jsonl".into(), 2), ("b.jsonl".into(), 2), ("bad.jsonl".into(), 7)])
+}
+
+struct Run {
+    job: Prepared,
+    input: Location,
+    out: String,
+    rej: String,
+}
+
+impl Run {
+    fn new(dir: &std::path::Path) -> Self {
+        let mut cfg = PipelineConfig::load(&root().join("pipelines/debian-packages.toml")).unwrap();
+        cfg.batching.max_running = 8;
+        cfg.output.row_group_rows = 1;
+        Run {
+            job: Prepared::new(cfg).unwrap(),
+            input: Location::open_input(dir.join("in").to_str().unwrap()).unwrap(),
+            out: dir.join("out").display().to_string(),
+            rej: dir.join("rej").display().to_string(),
+        }
+    }
+
+    fn go(&self) -> quarry_pipeline::dataset::JobSummary {
+        let publisher = self.job.publisher(Some(&self.out), Some(&self.rej)).unwrap();
+        let extractor = EngineExtractor::load(&self.job.cfg, &self.job.schema).unwrap();
+        let mut flow = Flow::new(extractor, self.job.validator().unwrap());
+        run_dataset(
+            &self.job.cfg,
+            &self.input,
+            &mut flow,
+            &publisher,
+            &Metrics::new(),
+            &Shutdown::manual(),
+            &DatasetOptions::default(),
+        )
+        .unwrap()
+    }
+}
+
+/// Every input line appears once across accepted and rejects, and nowhere twice.
+fn assert_exactly_once(run: &Run, expected: &BTreeMap<String, usize>) -> (Vec<Value>, Vec<Value>) {
+    let acc = rows(&dump(&run.out, &[]));
+    let rej = rows(&dump(&run.rej, &[]));
+    let mut all = keys(&acc);
+    all.extend(keys(&rej));
+    all.sort();
+    let mut want = Vec::new();
+    for (file, n) in expected {
+        let src = format!("{}/{file}", run.input.url.trim_end_matches('/'));
+        want.extend((0..*n as i64).map(|o| (src.clone(), o)));
+    }
+    want.sort();
+    assert_eq!(all, want, "each input line once across accepted and rejects");
+    (acc, rej)
+}
+
+#[test]
+fn dataset_job_end_to_end() {
+    let dir = temp_dir("dataset-e2e");
+    let expected = write_inputs(&dir);
+    let run = Run::new(&dir);
+
+    let s = run.go();
+    assert_eq!((s.shards, s.shards_skipped, s.shards_done), (3, 0, 3));
+    assert_eq!(s.consumed, 11);
+    assert_eq!(s.accepted + s.rejected, s.consumed);
+    let (acc, rej) = assert_exactly_once(&run, &expected);
+
+    // Bad documents are rejects with their cause, and the good one after them is not lost.
+    let cause_at = |o: i64| {
+        rej.iter()
+            .find(|r| r["_source"].as_str().unwrap().ends_with("bad.jsonl") && r["_offset"] == o)
+            .map(|r| r["cause"].as_str().unwrap().to_string())
+    };
+    assert_eq!(cause_at(0).as_deref(), Some("invalid_utf8"));
+    assert_eq!(cause_at(1).as_deref(), Some("empty"));
+    assert_eq!(cause_at(2).as_deref(), Some("not_json"));
+    assert_eq!(cause_at(3).as_deref(), Some("missing_field"));
+    assert_eq!(cause_at(4).as_deref(), Some("too_large"));
+    assert_eq!(cause_at(5).as_deref(), Some("engine_error"));
+    let long = rej.iter().find(|r| r["_doc_id"] == "long").unwrap();
+    assert!(long["detail"].as_str().unwrap().contains("context"), "{long}");
+
+    // Accepted rows hold valid records: validate them again, independently of the pipeline.
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("schemas/debian-package.json")).unwrap(),
+    )
+    .unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    for r in &acc {
+        let mut rec = serde_json::Map::new();
+        for (k, v) in r.as_object().unwrap() {
+            let optional_null = v.is_null() && !["homepage"].contains(&k.as_str());
+            if !k.starts_with('_') && !optional_null {
+                rec.insert(k.clone(), v.clone());
+            }
+        }
+        let rec = Value::Object(rec);
+        assert!(validator.is_valid(&rec), "accepted row breaks the schema: {rec}");
+        assert_eq!(r["_model"], "SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert_eq!(r["_schema_sha256"].as_str().unwrap().len(), 64);
+    }
+    for r in acc.iter().chain(&rej) {
+        assert!(r["_extracted_at"].as_str().unwrap().starts_with("20"), "{r}");
+    }
+
+    // Files: the derived Arrow schema, zstd, metadata, one row group per row here.
+    let files = dump(&run.out, &[])["files"].as_array().unwrap().clone();
+    assert!(!files.is_empty());
+    for f in &files {
+        let schema: Vec<(String, String, bool)> = serde_json::from_value(f["schema"].clone()).unwrap();
+        let col = |n: &str| schema.iter().find(|c| c.0 == n).unwrap().clone();
+        assert_eq!(col("name"), ("name".into(), "string".into(), false));
+        assert_eq!(col("depends").1, "list<item: string>");
+        assert_eq!(col("essential"), ("essential".into(), "bool".into(), true));
+        assert_eq!(col("installed_size_kib").1, "int64");
+        assert_eq!(col("_offset"), ("_offset".into(), "int64".into(), false));
+        assert_eq!(col("_extracted_at").1, "timestamp[us, tz=UTC]");
+        assert_eq!(f["compression"], "ZSTD");
+        assert_eq!(f["metadata"]["quarry.pipeline"], "debian-packages");
+        assert_eq!(f["metadata"]["quarry.version"], env!("CARGO_PKG_VERSION"));
+        assert!(f["metadata"]["quarry.offset_first"].is_string());
+        assert_eq!(f["row_groups"], f["rows"]);
+    }
+
+    // A rerun finds every shard's marker and does nothing.
+    let again = run.go();
+    assert_eq!((again.shards_skipped, again.shards_done, again.consumed), (3, 0, 0));
+
+    // A crash between the accepted file and the marker: remove a marker with accepted rows, and
+    // the rerun replays that shard alone; still exactly once.
+    let a_accepted = acc.iter().any(|r| r["_source"].as_str().unwrap().ends_with("/a.jsonl"));
+    let shard = if a_accepted { "a.parquet" } else { "b.parquet" };
+    std::fs::remove_file(dir.join("rej").join(shard)).unwrap();
+    let replay = run.go();
+    assert_eq!((replay.shards_skipped, replay.shards_done), (2, 1));
+    assert_exactly_once(&run, &expected);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

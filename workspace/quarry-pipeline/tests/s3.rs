@@ -1,0 +1,122 @@
+//! A dataset job from S3 to S3 on a real S3 API (moto_server, started by `make test` as
+//! QUARRY_S3_ENDPOINT) and the real model; create-if-absent and lost put responses on the same
+//! server; the output read back from S3 by pyarrow.
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::*;
+use quarry_pipeline::dataset::{run_dataset, DatasetOptions};
+use quarry_pipeline::extract::EngineExtractor;
+use quarry_pipeline::flow::Flow;
+use quarry_pipeline::job::Prepared;
+use quarry_pipeline::metrics::Metrics;
+use quarry_pipeline::shutdown::Shutdown;
+use quarry_pipeline::store::{FaultyStore, Location, Published};
+use quarry_pipeline::PipelineConfig;
+use serde_json::json;
+
+fn endpoint() -> String {
+    std::env::var("QUARRY_S3_ENDPOINT").expect(
+        "QUARRY_S3_ENDPOINT is not set: run the tests with `make test`, which starts moto_server \
+         (or infra/local-s3.sh start and export QUARRY_S3_ENDPOINT)",
+    )
+}
+
+fn boto(script: &str) {
+    let st = Command::new(python())
+        .args(["-c", &format!("import boto3\ns3 = boto3.client('s3', endpoint_url='{}', aws_access_key_id='test', aws_secret_access_key='test', region_name='us-east-1')\n{script}", endpoint())])
+        .status()
+        .unwrap();
+    assert!(st.success(), "boto3: {script}");
+}
+
+#[test]
+fn s3_to_s3_dataset_job_with_create_if_absent_and_lost_responses() {
+    // object_store reads these; the test binary has this one test, so setting them is safe.
+    std::env::set_var("AWS_ENDPOINT", endpoint());
+    std::env::set_var("AWS_ALLOW_HTTP", "true");
+    std::env::set_var("AWS_ACCESS_KEY_ID", "test");
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
+    std::env::set_var("AWS_REGION", "us-east-1");
+    let bucket = format!("quarry-test-{}", std::process::id());
+    boto(&format!("s3.create_bucket(Bucket='{bucket}')"));
+
+    // Create-if-absent on this server, and a put whose response is lost but whose write landed.
+    let probe = Location::open(&format!("s3://{bucket}/probe")).unwrap();
+    assert_eq!(probe.publish("x", Bytes::from_static(b"1")).unwrap(), Published::Created);
+    assert_eq!(probe.publish("x", Bytes::from_static(b"2")).unwrap(), Published::AlreadyExists);
+    let lossy = probe.clone().with_store(Arc::new(FaultyStore::new(probe.store.clone(), 1, true)));
+    assert_eq!(lossy.publish("y", Bytes::from_static(b"1")).unwrap(), Published::AlreadyExists);
+    let failing = probe.clone().with_store(Arc::new(FaultyStore::new(probe.store.clone(), 2, false)));
+    assert_eq!(failing.publish("z", Bytes::from_static(b"1")).unwrap(), Published::Created);
+
+    let docs = packages(3);
+    let input = Location::open(&format!("s3://{bucket}/in")).unwrap();
+    let shard = |ds: &[&String]| {
+        let lines: Vec<String> =
+            ds.iter().enumerate().map(|(i, d)| json!({"id": i, "text": d}).to_string()).collect();
+        Bytes::from(lines.join("\n") + "\n")
+    };
+    input.publish("part-0.jsonl", shard(&[&docs[0], &docs[1]])).unwrap();
+    input.publish("part-1.jsonl", shard(&[&docs[2]])).unwrap();
+
+    let cfg = PipelineConfig::parse(
+        &format!(
+            r#"name = "s3-test"
+schema = "schemas/package-id.json"
+[source]
+kind = "dataset"
+input = "s3://{bucket}/in/"
+format = "jsonl"
+fields = {{ text = "text", id = "id" }}
+[prompt]
+system = "Extract the package's name and version from this Debian package record as JSON."
+template = "{{{{ text }}}}"
+[model]
+path = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+[sampling]
+max_tokens = 48
+[output]
+url = "s3://{bucket}/out/"
+[rejects]
+url = "s3://{bucket}/rejects/"
+"#
+        ),
+        "s3-test.toml",
+        root(),
+    )
+    .unwrap();
+    let job = Prepared::new(cfg).unwrap();
+    let publisher = job.publisher(None, None).unwrap();
+    let run = || {
+        let extractor = EngineExtractor::load(&job.cfg, &job.schema).unwrap();
+        let mut flow = Flow::new(extractor, job.validator().unwrap());
+        run_dataset(
+            &job.cfg,
+            &input,
+            &mut flow,
+            &publisher,
+            &Metrics::new(),
+            &Shutdown::manual(),
+            &DatasetOptions::default(),
+        )
+        .unwrap()
+    };
+    let s = run();
+    assert_eq!((s.shards, s.shards_done, s.consumed), (2, 2, 3));
+    let ep = endpoint();
+    let acc = rows(&dump(&format!("s3://{bucket}/out"), &["--s3-endpoint", &ep]));
+    let rej = rows(&dump(&format!("s3://{bucket}/rejects"), &["--s3-endpoint", &ep]));
+    let mut all = keys(&acc);
+    all.extend(keys(&rej));
+    all.sort();
+    let src = |f: &str| format!("s3://{bucket}/in/{f}");
+    assert_eq!(all, vec![(src("part-0.jsonl"), 0), (src("part-0.jsonl"), 1), (src("part-1.jsonl"), 0)]);
+    // Both shards have their marker; a rerun does nothing.
+    let again = run();
+    assert_eq!((again.shards_skipped, again.consumed), (2, 0));
+}

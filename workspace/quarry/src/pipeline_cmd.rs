@@ -1,0 +1,207 @@
+//! `quarry extract` (a dataset job) and `quarry worker` (a Kafka consumer-group member): both
+//! run a `pipelines/*.toml` definition through quarry-pipeline.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use quarry_pipeline::dataset::{run_dataset, DatasetOptions, JobSummary};
+use quarry_pipeline::extract::EngineExtractor;
+use quarry_pipeline::flow::Flow;
+use quarry_pipeline::job::Prepared;
+use quarry_pipeline::kafka::{Worker, WorkerOptions};
+use quarry_pipeline::metrics::Metrics;
+use quarry_pipeline::shutdown::Shutdown;
+use quarry_pipeline::store::Location;
+use quarry_pipeline::PipelineConfig;
+
+#[derive(Args)]
+#[command(after_help = "Examples:\n  \
+    quarry extract --pipeline pipelines/debian-packages.toml\n  \
+    quarry extract --pipeline pipelines/reprocess-s3.toml --input s3://bucket/docs/ --output s3://bucket/out/\n\n\
+    A rerun skips shards whose rejects marker is published, so a crashed job resumes.")]
+pub(crate) struct ExtractArgs {
+    /// Job definition (TOML, `source.kind = "dataset"`).
+    #[arg(long)]
+    pipeline: PathBuf,
+    /// Input prefix URL (overrides `source.input`).
+    #[arg(long)]
+    input: Option<String>,
+    /// Output prefix URL (overrides `output.url`).
+    #[arg(long)]
+    output: Option<String>,
+    /// Rejects prefix URL (overrides `rejects.url`).
+    #[arg(long)]
+    rejects: Option<String>,
+    /// Process at most N shards (those not yet published).
+    #[arg(long)]
+    limit_shards: Option<usize>,
+    /// Device (overrides `model.device`): cpu or cuda:N.
+    #[arg(long)]
+    device: Option<String>,
+    /// Print the summary as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Log format on stderr.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+#[derive(Args)]
+#[command(after_help = "Examples:\n  \
+    quarry worker --pipeline pipelines/kafka-support-tickets.toml\n  \
+    quarry worker --pipeline pipelines/kafka-support-tickets.toml --brokers 127.0.0.1:9092 --group extract-1\n\n\
+    SIGTERM or SIGINT: stop fetching, finish and publish what is held, commit, exit 0.\n\
+    A second signal abandons in-flight work (uncommitted; the next owner redoes it).")]
+pub(crate) struct WorkerArgs {
+    /// Job definition (TOML, `source.kind = "kafka"`).
+    #[arg(long)]
+    pipeline: PathBuf,
+    /// Bootstrap brokers, host:port[,host:port] (overrides `source.brokers`).
+    #[arg(long)]
+    brokers: Option<String>,
+    /// Consumer group (overrides `source.group`).
+    #[arg(long)]
+    group: Option<String>,
+    /// Output prefix URL (overrides `output.url`).
+    #[arg(long)]
+    output: Option<String>,
+    /// Rejects prefix URL (overrides `rejects.url`).
+    #[arg(long)]
+    rejects: Option<String>,
+    /// Prometheus endpoint host:port (overrides `metrics.listen`).
+    #[arg(long)]
+    metrics: Option<String>,
+    /// Exit gracefully after this many seconds with nothing to do (drain a topic and stop).
+    #[arg(long)]
+    idle_exit: Option<f64>,
+    /// Device (overrides `model.device`): cpu or cuda:N.
+    #[arg(long)]
+    device: Option<String>,
+    /// Log format on stderr.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+fn init_logs(format: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if format == "json" { b.json().try_init() } else { b.try_init() };
+}
+
+fn load(pipeline: &PathBuf, device: &Option<String>) -> Result<Prepared> {
+    let mut cfg = PipelineConfig::load(pipeline)?;
+    if let Some(d) = device {
+        cfg.model.device = d.clone();
+    }
+    let model = cfg.model_path();
+    if !model.is_file() {
+        anyhow::bail!(
+            "model file {} (model.path in {}) not found: run `make setup`, or fix the path",
+            model.display(),
+            pipeline.display()
+        );
+    }
+    Ok(Prepared::new(cfg)?)
+}
+
+fn serve_metrics(metrics: &Arc<Metrics>, listen: Option<&str>) -> Result<()> {
+    if let Some(addr) = listen {
+        let bound = metrics.serve(addr)?;
+        tracing::info!(%bound, "metrics at http://{bound}/metrics");
+    }
+    Ok(())
+}
+
+pub(crate) fn extract(args: ExtractArgs) -> Result<()> {
+    init_logs(&args.log_format);
+    let job = load(&args.pipeline, &args.device)?;
+    let quarry_pipeline::config::SourceConfig::Dataset(src) = &job.cfg.source else {
+        anyhow::bail!(
+            "{}: source.kind is \"kafka\"; run it with `quarry worker`",
+            args.pipeline.display()
+        );
+    };
+    let input = match &args.input {
+        Some(u) => Location::open_input(u)?,
+        None => Location::open_input(&job.cfg.resolve_url(&src.input))?,
+    };
+    let publisher = job.publisher(args.output.as_deref(), args.rejects.as_deref())?;
+    let metrics = Arc::new(Metrics::new());
+    serve_metrics(&metrics, job.cfg.metrics.listen.as_deref())?;
+    let extractor = EngineExtractor::load(&job.cfg, &job.schema)?;
+    let mut flow = Flow::new(extractor, job.validator()?);
+    let shutdown = Shutdown::install()?;
+    let opts = DatasetOptions { limit_shards: args.limit_shards, progress: !args.json };
+    let summary = run_dataset(&job.cfg, &input, &mut flow, &publisher, &metrics, &shutdown, &opts)
+        .with_context(|| format!("pipeline {}", job.cfg.name))?;
+    let engine = flow.extractor.engine_stats();
+    if args.json {
+        let mut v = serde_json::to_value(&summary)?;
+        v["output"] = publisher.output.url.clone().into();
+        v["rejects"] = publisher.rejects.url.clone().into();
+        if let Some(s) = &engine {
+            v["forced_share"] = s.forced_share().into();
+            v["mask_us_per_step"] = s.mask_us_per_step().into();
+        }
+        println!("{v}");
+    } else {
+        print_summary(&summary, engine.as_ref(), &publisher.output.url, &publisher.rejects.url);
+    }
+    if summary.interrupted {
+        eprintln!("interrupted: rerun the same command to finish the remaining shards");
+    }
+    Ok(())
+}
+
+fn print_summary(s: &JobSummary, e: Option<&quarry_engine::EngineStats>, out: &str, rej: &str) {
+    let rate = |n: u64| n as f64 / s.wall_s.max(1e-9);
+    println!(
+        "shards: {} ({} done now, {} already published)",
+        s.shards, s.shards_done, s.shards_skipped
+    );
+    println!(
+        "documents: {} consumed, {} accepted, {} rejected",
+        s.consumed, s.accepted, s.rejected
+    );
+    for (cause, n) in &s.causes {
+        println!("  rejected {cause}: {n}");
+    }
+    println!(
+        "throughput: {:.2} docs/s, {:.1} output tokens/s, {:.1}s wall",
+        rate(s.consumed),
+        rate(s.output_tokens),
+        s.wall_s
+    );
+    let hit = if s.prompt_tokens > 0 { s.cached_tokens as f64 / s.prompt_tokens as f64 } else { 0.0 };
+    let forced = e.map(|e| e.forced_share()).unwrap_or(0.0);
+    println!(
+        "engine: forced-token share {:.1}%, prefix-cache hit rate {:.1}%",
+        forced * 100.0,
+        hit * 100.0
+    );
+    println!("output: {out}\nrejects: {rej}");
+}
+
+pub(crate) fn worker(args: WorkerArgs) -> Result<()> {
+    init_logs(&args.log_format);
+    let job = load(&args.pipeline, &args.device)?;
+    let publisher = job.publisher(args.output.as_deref(), args.rejects.as_deref())?;
+    let metrics = Arc::new(Metrics::new());
+    serve_metrics(&metrics, args.metrics.as_deref().or(job.cfg.metrics.listen.as_deref()))?;
+    let extractor = EngineExtractor::load(&job.cfg, &job.schema)?;
+    let mut flow = Flow::new(extractor, job.validator()?);
+    let shutdown = Shutdown::install()?;
+    let opts = WorkerOptions {
+        brokers: args.brokers.clone(),
+        group: args.group.clone(),
+        idle_exit: args.idle_exit.map(Duration::from_secs_f64),
+    };
+    let worker = Worker::new(&job.cfg, &opts, &mut flow, &publisher, &metrics)?;
+    let summary = worker.run(&shutdown, &opts).with_context(|| format!("pipeline {}", job.cfg.name))?;
+    eprintln!("worker stopped: {}", serde_json::to_string(&summary)?);
+    Ok(())
+}

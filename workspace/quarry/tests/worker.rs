@@ -1,0 +1,331 @@
+//! `quarry worker` end to end against a real Kafka-protocol broker (tansu, started by
+//! `make test` as QUARRY_BROKERS) and the real model: lineage, bad messages, metrics, SIGKILL at
+//! every crash point followed by a restart, and rebalances across two and three workers. After
+//! every scenario the invariant checker reads all output with pyarrow and asserts each produced
+//! (topic, partition, offset) appears exactly once across accepted and rejects.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use serde_json::{json, Value};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn brokers() -> String {
+    std::env::var("QUARRY_BROKERS").expect(
+        "QUARRY_BROKERS is not set: run the tests with `make test`, which starts tansu \
+         (or start one with infra/local-kafka.sh start and export QUARRY_BROKERS)",
+    )
+}
+
+fn python() -> PathBuf {
+    let venv = std::env::var_os("QUARRY_TESTVENV").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/quarry/testvenv")
+    });
+    venv.join("bin/python")
+}
+
+fn tansu() -> PathBuf {
+    std::env::var_os("QUARRY_TANSU").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/quarry/tools/bin/tansu")
+    })
+}
+
+fn create_topic(name: &str, partitions: i32) {
+    let st = Command::new(tansu())
+        .args(["topic", "create", "--broker", &format!("tcp://{}", brokers()), name])
+        .args(["--partitions", &partitions.to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .expect("tansu runs");
+    assert!(st.success(), "creating topic {name}");
+}
+
+/// Real package records (the fields only).
+fn packages(n: usize) -> Vec<String> {
+    let text = std::fs::read_to_string("/var/lib/dpkg/status").unwrap();
+    let mut recs: Vec<String> = text
+        .split("\n\n")
+        .filter(|r| r.starts_with("Package: "))
+        .map(|r| r.lines().filter(|l| !l.starts_with(' ')).take(6).collect::<Vec<_>>().join("\n"))
+        .collect();
+    recs.sort();
+    let step = recs.len() / n;
+    (0..n).map(|i| recs[i * step].clone()).collect()
+}
+
+/// Produces `values` round-robin over `partitions`; returns the (partition, offset) of each, in
+/// the order produced per partition (offsets assigned by the broker, counted per partition).
+fn produce(topic: &str, partitions: i32, values: &[Vec<u8>]) -> BTreeMap<i32, i64> {
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("message.max.bytes", "12000000")
+        .create()
+        .unwrap();
+    let mut counts = BTreeMap::new();
+    for (i, v) in values.iter().enumerate() {
+        let part = i as i32 % partitions;
+        let key = format!("k{i}");
+        let headers = OwnedHeaders::new().insert(Header { key: "origin", value: Some("test") });
+        p.send(BaseRecord::to(topic).partition(part).key(&key).payload(v).headers(headers))
+            .map_err(|(e, _)| e)
+            .unwrap();
+        *counts.entry(part).or_insert(0i64) += 1;
+        p.poll(Duration::ZERO);
+    }
+    p.flush(Duration::from_secs(30)).unwrap();
+    counts
+}
+
+fn doc(i: usize, text: &str) -> Vec<u8> {
+    json!({"id": format!("d{i}"), "text": text}).to_string().into_bytes()
+}
+
+struct Job {
+    dir: PathBuf,
+    pipeline: PathBuf,
+    topic: String,
+}
+
+impl Job {
+    fn new(tag: &str, file_docs: usize) -> Self {
+        let dir = std::env::temp_dir().join(format!("quarry-worker-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let topic = format!("{tag}-{}", std::process::id());
+        let root = root();
+        let pipeline = dir.join("job.toml");
+        std::fs::write(
+            &pipeline,
+            format!(
+                r#"name = "test-{tag}"
+schema = "{schema}"
+[source]
+kind = "kafka"
+brokers = "{brokers}"
+topic = "{topic}"
+group = "g-{topic}"
+value = "json"
+fields = {{ text = "text", id = "id" }}
+properties = {{ "fetch.max.bytes" = "20000000", "max.partition.fetch.bytes" = "20000000", "session.timeout.ms" = "10000" }}
+[prompt]
+system = "Extract the package's name and version from this Debian package record as JSON."
+template = "{{{{ text }}}}"
+[model]
+path = "{model}"
+[sampling]
+max_tokens = 48
+[batching]
+max_running = 8
+file_docs = {file_docs}
+flush_ms = 2000
+max_buffered = 16
+max_doc_bytes = 1000000
+[output]
+url = "{out}"
+row_group_rows = 1
+[rejects]
+url = "{rej}"
+"#,
+                schema = root.join("schemas/package-id.json").display(),
+                model = root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf").display(),
+                brokers = brokers(),
+                out = dir.join("out").display(),
+                rej = dir.join("rej").display(),
+            ),
+        )
+        .unwrap();
+        Job { dir, pipeline, topic }
+    }
+
+    fn spawn(&self, extra_env: &[(&str, &str)], extra_args: &[&str]) -> Child {
+        self.spawn_idle(6, extra_env, extra_args)
+    }
+
+    fn spawn_idle(&self, idle_s: u32, extra_env: &[(&str, &str)], extra_args: &[&str]) -> Child {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_quarry"));
+        cmd.args(["worker", "--pipeline"])
+            .arg(&self.pipeline)
+            .args(["--idle-exit", &idle_s.to_string()])
+            .args(extra_args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        cmd.spawn().expect("quarry worker starts")
+    }
+
+    fn dump(&self, which: &str) -> Value {
+        let out = Command::new(python())
+            .arg(root().join("tests/pipeline/pq_dump.py"))
+            .arg(self.dir.join(which))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "pq_dump: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The invariant: every produced (topic, partition, offset) exactly once across accepted and
+    /// rejects, and every footer readable (pq_dump fails otherwise).
+    fn check_exactly_once(&self, produced: &BTreeMap<i32, i64>) -> (Vec<Value>, Vec<Value>) {
+        let acc = self.dump("out")["rows"].as_array().unwrap().clone();
+        let rej = self.dump("rej")["rows"].as_array().unwrap().clone();
+        let mut seen: Vec<(String, i64, i64)> = acc
+            .iter()
+            .chain(&rej)
+            .map(|r| {
+                (
+                    r["_source"].as_str().unwrap().to_string(),
+                    r["_partition"].as_i64().unwrap(),
+                    r["_offset"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        seen.sort();
+        let mut want = Vec::new();
+        for (p, n) in produced {
+            want.extend((0..*n).map(|o| (self.topic.clone(), *p as i64, o)));
+        }
+        assert_eq!(seen, want, "each produced offset exactly once across accepted and rejects");
+        (acc, rej)
+    }
+}
+
+fn wait(mut child: Child, limit: Duration) -> (std::process::ExitStatus, String) {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            return (st, err);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("worker still running after {limit:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn worker_extracts_with_lineage_rejects_bad_messages_and_serves_metrics() {
+    let job = Job::new("e2e", 3);
+    create_topic(&job.topic, 2);
+    let docs = packages(4);
+    let mut values: Vec<Vec<u8>> = docs.iter().enumerate().map(|(i, d)| doc(i, d)).collect();
+    values.push(b"{\"id\": \"u\", \"text\": \"caf\xc3\x28\"}".to_vec()); // invalid UTF-8
+    values.push(doc(5, "  ")); // empty
+    values.push(b"Package: not json".to_vec()); // not JSON, JSON expected
+    values.push(doc(7, &"y".repeat(10 << 20))); // 10 MB
+    values.push(doc(8, &docs[0].repeat(50_000 / docs[0].len() + 1))); // past the context
+    let produced = produce(&job.topic, 2, &values);
+
+    let child = job.spawn(&[], &["--metrics", "127.0.0.1:19465"]);
+    // Scrape the endpoint while the worker runs.
+    let mut scraped = String::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(300) {
+        if let Ok(mut s) = std::net::TcpStream::connect("127.0.0.1:19465") {
+            use std::io::{Read, Write};
+            let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
+            let mut body = String::new();
+            let _ = s.read_to_string(&mut body);
+            if body.contains("quarry_docs_consumed_total") && !body.contains("quarry_docs_consumed_total 0") {
+                scraped = body;
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (st, err) = wait(child, Duration::from_secs(600));
+    assert!(st.success(), "worker failed: {err}");
+    assert!(scraped.contains("quarry_docs_rejected_total"), "metrics: {scraped}");
+    assert!(scraped.contains("quarry_step_seconds_bucket"), "metrics: {scraped}");
+    assert!(scraped.contains("quarry_consumer_lag"), "metrics: {scraped}");
+
+    let (acc, rej) = job.check_exactly_once(&produced);
+    let cause = |id: &str| {
+        rej.iter().find(|r| r["_doc_id"] == id).map(|r| r["cause"].as_str().unwrap().to_string())
+    };
+    let by_key = |k: &str| rej.iter().chain(&acc).find(|r| r["_key"] == hex(k)).cloned();
+    assert_eq!(by_key("k4").unwrap()["cause"], "invalid_utf8");
+    assert_eq!(cause("d5").as_deref(), Some("empty"));
+    assert_eq!(by_key("k6").unwrap()["cause"], "not_json");
+    assert_eq!(cause("d7").as_deref(), Some("too_large"));
+    assert_eq!(cause("d8").as_deref(), Some("engine_error"));
+    assert!(!acc.is_empty(), "some package was extracted");
+    for r in acc.iter().chain(&rej) {
+        assert_eq!(r["_headers"], r#"{"origin":"test"}"#);
+        assert!(r["_timestamp"].as_str().unwrap().starts_with("20"));
+    }
+    // Files are named by their offset ranges and carry them in their metadata.
+    for f in job.dump("rej")["files"].as_array().unwrap() {
+        let path = f["path"].as_str().unwrap();
+        let (a, b) = range_of(path);
+        assert_eq!(f["metadata"]["quarry.offset_first"], a.to_string(), "{path}");
+        assert_eq!(f["metadata"]["quarry.offset_last"], b.to_string(), "{path}");
+        assert!(path.contains(&format!("topic={}/partition=", job.topic)), "{path}");
+    }
+    assert!(err.contains("worker stopped"), "{err}");
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn range_of(path: &str) -> (i64, i64) {
+    let stem = path.rsplit('/').next().unwrap().trim_end_matches(".parquet");
+    let (a, b) = stem.split_once('-').unwrap();
+    (a.parse().unwrap(), b.parse().unwrap())
+}
+
+#[test]
+fn worker_is_exactly_once_across_sigkill_at_every_crash_point() {
+    let docs = packages(5);
+    for point in ["before_publish", "mid_write", "between_files", "before_commit"] {
+        let job = Job::new(&format!("crash-{}", point.replace('_', "-")), 2);
+        create_topic(&job.topic, 1);
+        let mut values: Vec<Vec<u8>> = docs.iter().enumerate().map(|(i, d)| doc(i, d)).collect();
+        values.insert(1, doc(99, "")); // a reject in every file pair
+        let produced = produce(&job.topic, 1, &values);
+        // Crash on the second file, so the first is published and committed before.
+        let child = job.spawn(&[("QUARRY_CRASH_AT", point), ("QUARRY_CRASH_AFTER", "1")], &[]);
+        let (st, err) = wait(child, Duration::from_secs(600));
+        assert_eq!(st.signal(), Some(9), "{point}: the worker should die by SIGKILL: {err}");
+        assert!(err.contains(&format!("crash point {point}")), "{err}");
+        let (st, err) = wait(job.spawn(&[], &[]), Duration::from_secs(600));
+        assert!(st.success(), "{point}: restart failed: {err}");
+        job.check_exactly_once(&produced);
+    }
+}
+
+#[test]
+fn rebalances_across_two_then_three_workers_keep_exactly_once() {
+    let job = Job::new("rebalance", 2);
+    create_topic(&job.topic, 6);
+    let docs = packages(18);
+    let values: Vec<Vec<u8>> = docs.iter().enumerate().map(|(i, d)| doc(i, d)).collect();
+    let produced = produce(&job.topic, 6, &values);
+    let a = job.spawn_idle(20, &[], &[]);
+    std::thread::sleep(Duration::from_secs(8));
+    let b = job.spawn_idle(20, &[], &[]);
+    std::thread::sleep(Duration::from_secs(8));
+    let c = job.spawn_idle(20, &[], &[]);
+    for w in [a, b, c] {
+        let (st, err) = wait(w, Duration::from_secs(900));
+        assert!(st.success(), "worker failed: {err}");
+    }
+    job.check_exactly_once(&produced);
+}
