@@ -14,10 +14,11 @@ start)
     [[ -x "$TANSU" ]] || { echo "tansu not found at $TANSU: run infra/setup-test.sh" >&2; exit 1; }
     "$0" stop >/dev/null 2>&1 || true
     rm -f "$RUN"/tansu.db*
-    nohup "$TANSU" broker \
+    # tansu resolves a sqlite:// path against its working directory, so it runs in $RUN.
+    (cd "$RUN" && exec nohup "$TANSU" broker \
         --listener-url "tcp://127.0.0.1:$PORT" \
         --advertised-listener-url "tcp://127.0.0.1:$PORT" \
-        --storage-engine "sqlite://$RUN/tansu.db" >"$RUN/tansu.log" 2>&1 &
+        --storage-engine "sqlite://tansu.db" >"$RUN/tansu.log" 2>&1) &
     echo $! >"$RUN/tansu.pid"
     for _ in $(seq 1 100); do
         if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then echo "127.0.0.1:$PORT"; exit 0; fi

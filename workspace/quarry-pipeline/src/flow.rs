@@ -305,10 +305,7 @@ impl Publisher {
         let mut rejected = Vec::new();
         for (input, outcome) in file.inputs.into_iter().zip(file.outcomes) {
             let outcome = outcome.expect("published files are complete");
-            let doc_id = match &input.doc {
-                Ok(d) => d.id.clone(),
-                Err(_) => input.lineage.default_id(),
-            };
+            let doc_id = input.id.clone().unwrap_or_else(|| input.lineage.default_id());
             match outcome {
                 Outcome::Accepted { record, finish, stats } => {
                     add(&mut report.stats, &stats);

@@ -158,6 +158,9 @@ pub struct DocStats {
 #[derive(Debug, Clone)]
 pub struct Input {
     pub lineage: Lineage,
+    /// The document's id when the input got far enough to have one (a JSON object with the id
+    /// field), also for rejects.
+    pub id: Option<String>,
     /// The first bytes of the raw input, lossily decoded, for the rejects row.
     pub preview: String,
     pub doc: Result<Document, RejectCause>,
@@ -180,7 +183,14 @@ pub fn decode(
     lineage: Lineage,
 ) -> Input {
     let doc = decode_doc(bytes, format, fields, max_bytes, &lineage);
-    Input { preview: preview(bytes), lineage, doc }
+    let id = match &doc {
+        Ok(d) => Some(d.id.clone()),
+        Err(_) if format == ValueFormat::Json && bytes.len() <= max_bytes => {
+            serde_json::from_slice::<Value>(bytes).ok().and_then(|v| id_field(&v, fields))
+        }
+        Err(_) => None,
+    };
+    Input { preview: preview(bytes), lineage, id, doc }
 }
 
 fn decode_doc(
@@ -247,6 +257,14 @@ pub fn from_object(
         Some(other) => other.to_string(),
     };
     Ok(Document { id, text, fields: map, lineage: lineage.clone() })
+}
+
+fn id_field(v: &Value, fields: &DocFields) -> Option<String> {
+    match v.get(fields.id.as_ref()?)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    }
 }
 
 fn json_kind(v: &Value) -> &'static str {

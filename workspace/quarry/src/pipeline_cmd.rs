@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use quarry_pipeline::dataset::{run_dataset, DatasetOptions, JobSummary};
-use quarry_pipeline::extract::EngineExtractor;
+use quarry_pipeline::extract::{EngineExtractor, Extractor};
 use quarry_pipeline::flow::Flow;
 use quarry_pipeline::job::Prepared;
 use quarry_pipeline::kafka::{Worker, WorkerOptions};
