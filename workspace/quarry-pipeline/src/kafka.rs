@@ -104,7 +104,24 @@ struct WorkerContext {
     events: Mutex<Vec<Event>>,
 }
 
-impl ClientContext for WorkerContext {}
+impl ClientContext for WorkerContext {
+    /// librdkafka's log lines go to `tracing` (target `librdkafka`).
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, msg: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error => {
+                tracing::error!(target: "librdkafka", fac, "{msg}")
+            }
+            L::Warning => tracing::warn!(target: "librdkafka", fac, "{msg}"),
+            L::Notice | L::Info => tracing::info!(target: "librdkafka", fac, "{msg}"),
+            L::Debug => tracing::debug!(target: "librdkafka", fac, "{msg}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(target: "librdkafka", %error, "{reason}");
+    }
+}
 
 impl ConsumerContext for WorkerContext {
     fn rebalance(
@@ -164,6 +181,9 @@ impl ConsumerContext for WorkerContext {
 pub struct WorkerOptions {
     pub brokers: Option<String>,
     pub group: Option<String>,
+    /// Static group membership (`group.instance.id`): a restarted worker with the same id takes
+    /// its partitions back at once instead of waiting for the group to expire its old session.
+    pub instance_id: Option<String>,
     /// Stop gracefully after this long with nothing consumed and nothing in flight.
     pub idle_exit: Option<Duration>,
 }
@@ -235,9 +255,18 @@ impl<'a, E: Extractor> Worker<'a, E> {
             .set("auto.offset.reset", "earliest")
             .set("partition.assignment.strategy", "cooperative-sticky")
             .set("client.id", format!("quarry-{}", cfg.name));
+        if let Some(id) = &opts.instance_id {
+            cc.set("group.instance.id", id);
+        }
         for (k, v) in &src.properties {
             cc.set(k, v);
         }
+        // Without a `log` logger rdkafka would silence librdkafka; its lines go to tracing.
+        cc.set_log_level(if src.properties.contains_key("debug") {
+            rdkafka::config::RDKafkaLogLevel::Debug
+        } else {
+            rdkafka::config::RDKafkaLogLevel::Info
+        });
         let ctx = WorkerContext {
             topic: src.topic.clone(),
             output: publisher.output.clone(),
@@ -290,7 +319,11 @@ impl<'a, E: Extractor> Worker<'a, E> {
                 tracing::warn!(abandoned = n, "second signal: in-flight work abandoned, uncommitted");
                 break;
             }
-            if (shutdown.requested() || idle(opts, last_activity)) && !draining {
+            // Idle only counts once partitions are assigned (a restarted member waits for the
+            // group to expire its predecessor), or after 60 s more with none.
+            let idle_now = idle(opts, last_activity)
+                && (!self.parts.is_empty() || idle(opts, started + Duration::from_secs(60)));
+            if (shutdown.requested() || idle_now) && !draining {
                 draining = true;
                 tracing::info!("draining: no new messages; finishing and publishing what is held");
                 self.pause_all()?;
@@ -352,7 +385,11 @@ impl<'a, E: Extractor> Worker<'a, E> {
                     None => break,
                 }
             }
+            let before = self.parts.len();
             self.handle_events()?;
+            if self.parts.len() > before {
+                last_activity = Instant::now();
+            }
             self.flush_timers();
             let t = Instant::now();
             if self.flow.pump()? {

@@ -65,6 +65,10 @@ pub(crate) struct WorkerArgs {
     /// Consumer group (overrides `source.group`).
     #[arg(long)]
     group: Option<String>,
+    /// Static group membership id (`group.instance.id`), e.g. the pod name of a StatefulSet: a
+    /// restarted worker takes its partitions back at once.
+    #[arg(long, env = "QUARRY_INSTANCE_ID")]
+    instance_id: Option<String>,
     /// Output prefix URL (overrides `output.url`).
     #[arg(long)]
     output: Option<String>,
@@ -198,6 +202,7 @@ pub(crate) fn worker(args: WorkerArgs) -> Result<()> {
     let opts = WorkerOptions {
         brokers: args.brokers.clone(),
         group: args.group.clone(),
+        instance_id: args.instance_id.clone(),
         idle_exit: args.idle_exit.map(Duration::from_secs_f64),
     };
     let worker = Worker::new(&job.cfg, &opts, &mut flow, &publisher, &metrics)?;

@@ -114,7 +114,7 @@ topic = "{topic}"
 group = "g-{topic}"
 value = "json"
 fields = {{ text = "text", id = "id" }}
-properties = {{ "session.timeout.ms" = "10000" }}
+properties = {{ "session.timeout.ms" = "10000", "max.poll.interval.ms" = "20000" }}
 [prompt]
 system = "Extract the package's name and version from this Debian package record as JSON."
 template = "{{{{ text }}}}"
@@ -302,11 +302,14 @@ fn worker_is_exactly_once_across_sigkill_at_every_crash_point() {
         values.insert(1, doc(99, "")); // a reject in every file pair
         let produced = produce(&job.topic, 1, &values);
         // Crash on the second file, so the first is published and committed before.
-        let child = job.spawn(&[("QUARRY_CRASH_AT", point), ("QUARRY_CRASH_AFTER", "1")], &[]);
+        // Static membership: the restart takes the partition back without waiting for the group
+        // to expire the killed member's session.
+        let id = ["--instance-id", "w1"];
+        let child = job.spawn(&[("QUARRY_CRASH_AT", point), ("QUARRY_CRASH_AFTER", "1")], &id);
         let (st, err) = wait(child, Duration::from_secs(600));
         assert_eq!(st.signal(), Some(9), "{point}: the worker should die by SIGKILL: {err}");
         assert!(err.contains(&format!("crash point {point}")), "{err}");
-        let (st, err) = wait(job.spawn(&[], &[]), Duration::from_secs(600));
+        let (st, err) = wait(job.spawn(&[], &id), Duration::from_secs(600));
         assert!(st.success(), "{point}: restart failed: {err}");
         job.check_exactly_once(&produced);
     }
@@ -319,11 +322,11 @@ fn rebalances_across_two_then_three_workers_keep_exactly_once() {
     let docs = packages(18);
     let values: Vec<Vec<u8>> = docs.iter().enumerate().map(|(i, d)| doc(i, d)).collect();
     let produced = produce(&job.topic, 6, &values);
-    let a = job.spawn_idle(20, &[], &[]);
+    let a = job.spawn_idle(20, &[], &["--instance-id", "a"]);
     std::thread::sleep(Duration::from_secs(8));
-    let b = job.spawn_idle(20, &[], &[]);
+    let b = job.spawn_idle(20, &[], &["--instance-id", "b"]);
     std::thread::sleep(Duration::from_secs(8));
-    let c = job.spawn_idle(20, &[], &[]);
+    let c = job.spawn_idle(20, &[], &["--instance-id", "c"]);
     for w in [a, b, c] {
         let (st, err) = wait(w, Duration::from_secs(900));
         assert!(st.success(), "worker failed: {err}");
