@@ -102,6 +102,8 @@ struct WorkerContext {
     output: Location,
     rejects: Location,
     events: Mutex<Vec<Event>>,
+    /// Consumer lag per partition from librdkafka's statistics (no broker round trip).
+    lag: Mutex<HashMap<i32, i64>>,
 }
 
 impl ClientContext for WorkerContext {
@@ -115,6 +117,17 @@ impl ClientContext for WorkerContext {
             L::Warning => tracing::warn!(target: "librdkafka", fac, "{msg}"),
             L::Notice | L::Info => tracing::info!(target: "librdkafka", fac, "{msg}"),
             L::Debug => tracing::debug!(target: "librdkafka", fac, "{msg}"),
+        }
+    }
+
+    fn stats(&self, stats: rdkafka::Statistics) {
+        if let Some(t) = stats.topics.get(&self.topic) {
+            let mut lag = self.lag.lock().expect("lag lock");
+            for (p, part) in &t.partitions {
+                if *p >= 0 && part.consumer_lag >= 0 {
+                    lag.insert(*p, part.consumer_lag);
+                }
+            }
         }
     }
 
@@ -254,7 +267,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("client.id", format!("quarry-{}", cfg.name));
+            .set("client.id", format!("quarry-{}", cfg.name))
+            .set("statistics.interval.ms", "5000");
         if let Some(id) = &opts.instance_id {
             cc.set("group.instance.id", id);
         }
@@ -272,6 +286,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
             output: publisher.output.clone(),
             rejects: publisher.rejects.clone(),
             events: Mutex::new(Vec::new()),
+            lag: Mutex::new(HashMap::new()),
         };
         let consumer: BaseConsumer<WorkerContext> =
             cc.create_with_context(ctx).map_err(|e| kafka_err("consumer", e))?;
@@ -405,7 +420,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
                 self.after_publish(&report)?;
             }
             self.resume_drained()?;
-            if last_lag.elapsed() > Duration::from_secs(5) {
+            if last_lag.elapsed() > Duration::from_secs(1) {
                 self.update_lag();
                 last_lag = Instant::now();
             }
@@ -572,13 +587,13 @@ impl<'a, E: Extractor> Worker<'a, E> {
     }
 
     fn update_lag(&self) {
-        for (p, part) in &self.parts {
-            if let Ok((_, high)) = self.consumer.fetch_watermarks(&self.src.topic, *p, Duration::from_millis(500)) {
-                let lag = part.next.map(|n| (high - n).max(0)).unwrap_or(high);
+        let lag = self.consumer.context().lag.lock().expect("lag lock").clone();
+        for (p, n) in lag {
+            if self.parts.contains_key(&p) {
                 self.metrics
                     .lag
-                    .get_or_create(&PartitionLabel { topic: self.src.topic.clone(), partition: *p })
-                    .set(lag);
+                    .get_or_create(&PartitionLabel { topic: self.src.topic.clone(), partition: p })
+                    .set(n);
             }
         }
     }
