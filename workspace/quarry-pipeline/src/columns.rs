@@ -118,7 +118,11 @@ impl RecordShape {
                 ));
             }
         }
-        Ok(Self { root, fields, wrapped })
+        Ok(Self {
+            root,
+            fields,
+            wrapped,
+        })
     }
 
     /// A record conformed to the columns, as one JSON object keyed by column name.
@@ -136,8 +140,11 @@ impl RecordShape {
 
     /// The accepted dataset's schema: record columns, then lineage.
     pub fn accepted_schema(&self) -> SchemaRef {
-        let mut fields: Vec<Field> =
-            self.fields.iter().map(|(n, s, null)| Field::new(n, s.data_type(), *null)).collect();
+        let mut fields: Vec<Field> = self
+            .fields
+            .iter()
+            .map(|(n, s, null)| Field::new(n, s.data_type(), *null))
+            .collect();
         fields.extend(lineage_fields());
         Arc::new(Schema::new(fields))
     }
@@ -169,7 +176,11 @@ pub fn lineage_fields() -> Vec<Field> {
             false,
         ),
         Field::new("_key", DataType::Binary, true),
-        Field::new("_timestamp", DataType::Timestamp(TimeUnit::Millisecond, Some(utc)), true),
+        Field::new(
+            "_timestamp",
+            DataType::Timestamp(TimeUnit::Millisecond, Some(utc)),
+            true,
+        ),
         Field::new("_headers", DataType::Utf8, true),
     ]
 }
@@ -199,8 +210,10 @@ fn shape_of(s: &Value, root: &Value, depth: usize) -> (Shape, bool) {
     }
     for key in ["anyOf", "oneOf"] {
         if let Some(Value::Array(branches)) = obj.get(key) {
-            let shapes: Vec<(Shape, bool)> =
-                branches.iter().map(|b| shape_of(b, root, depth + 1)).collect();
+            let shapes: Vec<(Shape, bool)> = branches
+                .iter()
+                .map(|b| shape_of(b, root, depth + 1))
+                .collect();
             return unify(shapes);
         }
     }
@@ -287,7 +300,12 @@ fn unify(shapes: Vec<(Shape, bool)>) -> (Shape, bool) {
     match kinds.as_slice() {
         [] => (Shape::Null, true),
         [one] => (one.clone(), nullable),
-        [a, b] if matches!((a, b), (Shape::Int, Shape::Float) | (Shape::Float, Shape::Int)) => {
+        [a, b]
+            if matches!(
+                (a, b),
+                (Shape::Int, Shape::Float) | (Shape::Float, Shape::Int)
+            ) =>
+        {
             (Shape::Float, nullable)
         }
         _ => (Shape::Json, nullable),
@@ -356,7 +374,9 @@ mod tests {
         assert_eq!(get("ok").1, DataType::Boolean);
         assert_eq!(get("kind").1, DataType::Utf8);
         assert!(matches!(get("tags").1, DataType::List(f) if f.data_type() == &DataType::Utf8));
-        let DataType::Struct(owner) = get("owner").1 else { panic!("owner is not a struct") };
+        let DataType::Struct(owner) = get("owner").1 else {
+            panic!("owner is not a struct")
+        };
         assert!(!owner[0].is_nullable() && owner[0].data_type() == &DataType::Int64);
         assert!(owner[1].is_nullable());
         assert_eq!(get("mixed").1, DataType::Utf8, "a mixed union is JSON text");
@@ -392,8 +412,10 @@ mod tests {
 
     #[test]
     fn lineage_names_are_reserved() {
-        let err = RecordShape::derive(&json!({"type": "object", "properties": {"_offset": {"type": "integer"}}}))
-            .unwrap_err();
+        let err = RecordShape::derive(
+            &json!({"type": "object", "properties": {"_offset": {"type": "integer"}}}),
+        )
+        .unwrap_err();
         assert!(err.contains("_offset"), "{err}");
     }
 

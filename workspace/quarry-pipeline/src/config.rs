@@ -119,7 +119,10 @@ pub struct DocFields {
 
 impl Default for DocFields {
     fn default() -> Self {
-        Self { text: default_text_field(), id: None }
+        Self {
+            text: default_text_field(),
+            id: None,
+        }
     }
 }
 
@@ -159,7 +162,10 @@ pub struct ModelConfig {
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        Self { path: default_model(), device: default_device() }
+        Self {
+            path: default_model(),
+            device: default_device(),
+        }
     }
 }
 
@@ -190,7 +196,13 @@ pub struct SamplingConfig {
 
 impl Default for SamplingConfig {
     fn default() -> Self {
-        Self { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0, max_tokens: default_max_tokens() }
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+            max_tokens: default_max_tokens(),
+        }
     }
 }
 
@@ -307,7 +319,10 @@ impl PipelineConfig {
             message: e.to_string().trim().replace('\n', " "),
         })?;
         cfg.base_dir = base_dir;
-        cfg.check().map_err(|message| PipelineError::Config { path: origin.to_string(), message })?;
+        cfg.check().map_err(|message| PipelineError::Config {
+            path: origin.to_string(),
+            message,
+        })?;
         Ok(cfg)
     }
 
@@ -317,13 +332,18 @@ impl PipelineConfig {
         }
         let b = &self.batching;
         if b.max_running == 0 || b.file_docs == 0 || b.max_buffered == 0 {
-            return Err("batching.max_running, file_docs and max_buffered must be at least 1".into());
+            return Err(
+                "batching.max_running, file_docs and max_buffered must be at least 1".into(),
+            );
         }
         if self.output.row_group_rows == 0 {
             return Err("output.row_group_rows must be at least 1".into());
         }
         if !(1..=22).contains(&self.output.zstd_level) {
-            return Err(format!("output.zstd_level {} is outside 1..=22", self.output.zstd_level));
+            return Err(format!(
+                "output.zstd_level {} is outside 1..=22",
+                self.output.zstd_level
+            ));
         }
         if self.sampling.max_tokens == 0 {
             return Err("sampling.max_tokens must be at least 1".into());

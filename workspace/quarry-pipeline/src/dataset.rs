@@ -71,7 +71,8 @@ pub fn shards(input: &Location, src: &DatasetSource) -> Result<Vec<Shard>, Pipel
     let objects = input.list("")?;
     let visible = objects.into_iter().map(|m| m.location).filter(|p| {
         let rel = input.relative(p);
-        !rel.split('/').any(|part| part.starts_with('.') || part.starts_with('_'))
+        !rel.split('/')
+            .any(|part| part.starts_with('.') || part.starts_with('_'))
     });
     let with_ext = |p: &Path, exts: &[&str]| p.extension().is_some_and(|e| exts.contains(&e));
     let renamed = |p: &Path| {
@@ -84,18 +85,27 @@ pub fn shards(input: &Location, src: &DatasetSource) -> Result<Vec<Shard>, Pipel
     Ok(match src.format {
         InputFormat::Jsonl => visible
             .filter(|p| with_ext(p, &["jsonl", "ndjson", "json"]))
-            .map(|p| Shard { name: renamed(&p), files: vec![p] })
+            .map(|p| Shard {
+                name: renamed(&p),
+                files: vec![p],
+            })
             .collect(),
         InputFormat::Parquet => visible
             .filter(|p| with_ext(p, &["parquet"]))
-            .map(|p| Shard { name: renamed(&p), files: vec![p] })
+            .map(|p| Shard {
+                name: renamed(&p),
+                files: vec![p],
+            })
             .collect(),
         InputFormat::Text => {
             let files: Vec<Path> = visible.collect();
             files
                 .chunks(src.text_shard_files)
                 .enumerate()
-                .map(|(k, chunk)| Shard { name: format!("text-{k:06}.parquet"), files: chunk.to_vec() })
+                .map(|(k, chunk)| Shard {
+                    name: format!("text-{k:06}.parquet"),
+                    files: chunk.to_vec(),
+                })
                 .collect()
         }
     })
@@ -111,7 +121,11 @@ pub fn read_shard(
 ) -> Result<Vec<Input>, PipelineError> {
     let mut out = Vec::new();
     for (fi, path) in shard.files.iter().enumerate() {
-        let source = format!("{}/{}", input.url.trim_end_matches('/'), input.relative(path));
+        let source = format!(
+            "{}/{}",
+            input.url.trim_end_matches('/'),
+            input.relative(path)
+        );
         let bytes = input.read(path)?;
         match src.format {
             InputFormat::Text => out.push(decode(
@@ -146,7 +160,13 @@ pub fn read_shard(
                 for (i, row) in rows.into_iter().enumerate() {
                     let lineage = Lineage::new(source.clone(), None, i as i64);
                     let raw = serde_json::to_vec(&row).unwrap_or_default();
-                    out.push(decode(&raw, ValueFormat::Json, &src.fields, max_doc_bytes, lineage));
+                    out.push(decode(
+                        &raw,
+                        ValueFormat::Json,
+                        &src.fields,
+                        max_doc_bytes,
+                        lineage,
+                    ));
                 }
             }
         }
@@ -168,7 +188,8 @@ fn parquet_rows(bytes: bytes::Bytes) -> Result<Vec<serde_json::Value>, String> {
         w.write(&batch).map_err(|e| e.to_string())?;
         w.finish().map_err(|e| e.to_string())?;
         if !buf.is_empty() {
-            let v: Vec<serde_json::Value> = serde_json::from_slice(&buf).map_err(|e| e.to_string())?;
+            let v: Vec<serde_json::Value> =
+                serde_json::from_slice(&buf).map_err(|e| e.to_string())?;
             rows.extend(v);
         }
     }
@@ -202,7 +223,10 @@ pub fn run_dataset<E: Extractor>(
     };
     let started = Instant::now();
     let all = shards(input, src)?;
-    let mut summary = JobSummary { shards: all.len(), ..Default::default() };
+    let mut summary = JobSummary {
+        shards: all.len(),
+        ..Default::default()
+    };
     let mut todo = Vec::new();
     for s in all {
         if publisher.rejects.exists(&s.name)? {
@@ -292,7 +316,11 @@ struct Progress {
 impl Progress {
     fn new(enabled: bool, total: usize) -> Self {
         if !enabled {
-            return Self { bar: None, plain: false, total };
+            return Self {
+                bar: None,
+                plain: false,
+                total,
+            };
         }
         if std::io::stderr().is_terminal() {
             let bar = indicatif::ProgressBar::new(total as u64);
@@ -302,9 +330,17 @@ impl Progress {
                 )
                 .expect("static template"),
             );
-            Self { bar: Some(bar), plain: false, total }
+            Self {
+                bar: Some(bar),
+                plain: false,
+                total,
+            }
         } else {
-            Self { bar: None, plain: true, total }
+            Self {
+                bar: None,
+                plain: true,
+                total,
+            }
         }
     }
 
@@ -312,7 +348,10 @@ impl Progress {
         let rate = s.consumed as f64 / elapsed.as_secs_f64().max(1e-9);
         if let Some(bar) = &self.bar {
             bar.inc(1);
-            bar.set_message(format!("{} docs, {} rejected, {rate:.2} docs/s", s.consumed, s.rejected));
+            bar.set_message(format!(
+                "{} docs, {} rejected, {rate:.2} docs/s",
+                s.consumed, s.rejected
+            ));
         } else if self.plain {
             let done = s.shards_done;
             let eta = if done > 0 {

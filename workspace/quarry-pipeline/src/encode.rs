@@ -12,8 +12,8 @@ use arrow_schema::SchemaRef;
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::WriterProperties;
 use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
 use serde_json::Value;
 
 use crate::columns::{rejects_schema, RecordShape};
@@ -135,10 +135,12 @@ pub fn accepted_batch(
             (keep, keep_vals, failed)
         }
     };
-    let mut columns = record_arrays(shape, &conformed).expect("rows that decoded alone decode together");
+    let mut columns =
+        record_arrays(shape, &conformed).expect("rows that decoded alone decode together");
     columns.extend(lineage_arrays(
         ctx,
-        rows.iter().map(|r| (&r.lineage, r.doc_id.as_str(), Some(r.finish.as_str()))),
+        rows.iter()
+            .map(|r| (&r.lineage, r.doc_id.as_str(), Some(r.finish.as_str()))),
     ));
     let batch = RecordBatch::try_new(shape.accepted_schema(), columns)
         .expect("columns are built from the schema they are checked against");
@@ -147,8 +149,11 @@ pub fn accepted_batch(
 
 /// The rejects batch.
 pub fn rejects_batch(ctx: &FileContext, rows: &[RejectRow]) -> RecordBatch {
-    let mut columns =
-        lineage_arrays(ctx, rows.iter().map(|r| (&r.lineage, r.doc_id.as_str(), r.finish.as_deref())));
+    let mut columns = lineage_arrays(
+        ctx,
+        rows.iter()
+            .map(|r| (&r.lineage, r.doc_id.as_str(), r.finish.as_deref())),
+    );
     let mut cause = StringBuilder::new();
     let mut detail = StringBuilder::new();
     let mut raw = StringBuilder::new();
@@ -179,7 +184,10 @@ pub fn to_parquet(
         .set_compression(Compression::ZSTD(level))
         .set_max_row_group_row_count(Some(row_group_rows.max(1)))
         .set_key_value_metadata(Some(
-            metadata.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect(),
+            metadata
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
+                .collect(),
         ))
         .build();
     let schema: SchemaRef = batch.schema();
@@ -213,9 +221,20 @@ pub fn read_offsets(bytes: Bytes) -> Result<Vec<i64>, String> {
         .map_err(|_| "the file has no _offset column".to_string())?;
     let mask = parquet::arrow::ProjectionMask::roots(reader.parquet_schema(), [idx]);
     let mut out = Vec::new();
-    for batch in reader.with_projection(mask).build().map_err(|e| e.to_string())? {
+    for batch in reader
+        .with_projection(mask)
+        .build()
+        .map_err(|e| e.to_string())?
+    {
         let batch = batch.map_err(|e| e.to_string())?;
-        out.extend(batch.column(0).as_primitive::<Int64Type>().values().iter().copied());
+        out.extend(
+            batch
+                .column(0)
+                .as_primitive::<Int64Type>()
+                .values()
+                .iter()
+                .copied(),
+        );
     }
     Ok(out)
 }
@@ -246,7 +265,11 @@ mod tests {
             finish: "constraint_complete".into(),
             record: v,
         };
-        let rows = vec![row(0, json!({"n": 1})), row(1, json!({"n": "x"})), row(2, json!({"n": 3}))];
+        let rows = vec![
+            row(0, json!({"n": 1})),
+            row(1, json!({"n": "x"})),
+            row(2, json!({"n": 3})),
+        ];
         let (batch, failed) = accepted_batch(&shape, &ctx(), rows);
         assert_eq!(batch.num_rows(), 2);
         assert_eq!(failed.len(), 1);

@@ -13,7 +13,11 @@ pub enum PipelineError {
     Schema { path: String, message: String },
     /// An object-store operation that failed after its retries.
     #[error("object store: {op} {location}: {message}")]
-    Store { op: &'static str, location: String, message: String },
+    Store {
+        op: &'static str,
+        location: String,
+        message: String,
+    },
     /// A URL we cannot open.
     #[error("url {url}: {message}")]
     Url { url: String, message: String },

@@ -73,7 +73,12 @@ impl PromptBuilder {
             })
             .unwrap_or_default();
         specials.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        Ok(Self { env, system: cfg.system.clone(), chat: cfg.chat, specials })
+        Ok(Self {
+            env,
+            system: cfg.system.clone(),
+            chat: cfg.chat,
+            specials,
+        })
     }
 
     /// `text` with every control-token spelling broken by a zero-width space after its first
@@ -94,9 +99,11 @@ impl PromptBuilder {
         match v {
             Value::String(s) => Value::String(self.defuse(s)),
             Value::Array(a) => Value::Array(a.iter().map(|x| self.defuse_value(x)).collect()),
-            Value::Object(m) => {
-                Value::Object(m.iter().map(|(k, x)| (k.clone(), self.defuse_value(x))).collect())
-            }
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(k, x)| (k.clone(), self.defuse_value(x)))
+                    .collect(),
+            ),
             other => other.clone(),
         }
     }
@@ -183,14 +190,17 @@ impl EngineExtractor {
     /// Loads the job's model and tokenizer and starts an engine.
     pub fn load(cfg: &PipelineConfig, schema: &Value) -> Result<Self, PipelineError> {
         let path = cfg.model_path();
-        let device = parse_device(&cfg.model.device).map_err(|e| PipelineError::Engine(e.to_string()))?;
+        let device =
+            parse_device(&cfg.model.device).map_err(|e| PipelineError::Engine(e.to_string()))?;
         let model = Llama::load(&path, &device)
             .map_err(|e| PipelineError::Engine(format!("{}: {e}", path.display())))?;
         let tok = Tokenizer::from_gguf(&path)
             .map_err(|e| PipelineError::Engine(format!("{}: {e}", path.display())))?;
         let ecfg = EngineConfig {
             max_running: cfg.batching.max_running,
-            step_tokens: EngineConfig::default().step_tokens.max(cfg.batching.max_running),
+            step_tokens: EngineConfig::default()
+                .step_tokens
+                .max(cfg.batching.max_running),
             ..EngineConfig::default()
         };
         Self::new(Arc::new(model), Arc::new(tok), ecfg, cfg, schema)
@@ -205,7 +215,8 @@ impl EngineExtractor {
     ) -> Result<Self, PipelineError> {
         let max_running = ecfg.max_running;
         let prompts = PromptBuilder::new(&cfg.prompt, Some(&tok))?;
-        let engine = Engine::new(model, tok, ecfg).map_err(|e| PipelineError::Engine(e.to_string()))?;
+        let engine =
+            Engine::new(model, tok, ecfg).map_err(|e| PipelineError::Engine(e.to_string()))?;
         Ok(Self {
             engine,
             prompts,
@@ -221,7 +232,11 @@ impl EngineExtractor {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ self.sampling.seed;
         let l = &doc.lineage;
         let tail = [l.partition.unwrap_or(-1) as i64, l.offset];
-        for b in l.source.bytes().chain(tail.iter().flat_map(|x| x.to_le_bytes())) {
+        for b in l
+            .source
+            .bytes()
+            .chain(tail.iter().flat_map(|x| x.to_le_bytes()))
+        {
             h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
         }
         h
@@ -239,13 +254,19 @@ impl Extractor for EngineExtractor {
         req.top_p = s.top_p;
         req.top_k = s.top_k;
         req.seed = self.seed(doc);
-        let id = self.engine.submit(req).map_err(|e| RejectCause::Engine(e.to_string()))?;
+        let id = self
+            .engine
+            .submit(req)
+            .map_err(|e| RejectCause::Engine(e.to_string()))?;
         self.keys.insert(id, key);
         Ok(())
     }
 
     fn step(&mut self) -> Result<Vec<(u64, Generated)>, PipelineError> {
-        let done = self.engine.step().map_err(|e| PipelineError::Engine(e.to_string()))?;
+        let done = self
+            .engine
+            .step()
+            .map_err(|e| PipelineError::Engine(e.to_string()))?;
         Ok(done
             .into_iter()
             .filter_map(|c| {
@@ -256,7 +277,14 @@ impl Extractor for EngineExtractor {
                     output_tokens: c.stats.output_tokens as u64,
                     forced_tokens: c.stats.forced_tokens as u64,
                 };
-                Some((key, Generated { text: c.text, finish: c.finish, stats }))
+                Some((
+                    key,
+                    Generated {
+                        text: c.text,
+                        finish: c.finish,
+                        stats,
+                    },
+                ))
             })
             .collect())
     }
@@ -284,7 +312,10 @@ pub fn schema_sha256(bytes: &[u8]) -> String {
 
 /// Reads and parses the job's schema; the error names the file.
 pub fn read_schema(path: &Path) -> Result<(Value, String), PipelineError> {
-    let err = |message: String| PipelineError::Schema { path: path.display().to_string(), message };
+    let err = |message: String| PipelineError::Schema {
+        path: path.display().to_string(),
+        message,
+    };
     let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| err(format!("not JSON: {e}")))?;
     Ok((value, schema_sha256(&bytes)))
@@ -299,7 +330,10 @@ mod tests {
         Document {
             id: "d1".into(),
             text: text.into(),
-            fields: serde_json::json!({"title": "T"}).as_object().unwrap().clone(),
+            fields: serde_json::json!({"title": "T"})
+                .as_object()
+                .unwrap()
+                .clone(),
             lineage: Lineage::new("s", None, 0),
         }
     }
@@ -312,9 +346,19 @@ mod tests {
             chat: false,
         };
         let b = PromptBuilder::new(&cfg, None).unwrap();
-        assert_eq!(b.build(&doc("hello")).unwrap(), Prompt::Text("[d1] T: hello".into()));
-        let cfg = PromptConfig { template: "{{ doc.missing.deeper }}".into(), system: None, chat: true };
-        let err = PromptBuilder::new(&cfg, None).unwrap().build(&doc("x")).unwrap_err();
+        assert_eq!(
+            b.build(&doc("hello")).unwrap(),
+            Prompt::Text("[d1] T: hello".into())
+        );
+        let cfg = PromptConfig {
+            template: "{{ doc.missing.deeper }}".into(),
+            system: None,
+            chat: true,
+        };
+        let err = PromptBuilder::new(&cfg, None)
+            .unwrap()
+            .build(&doc("x"))
+            .unwrap_err();
         assert_eq!(err.name(), "template");
     }
 
@@ -325,15 +369,34 @@ mod tests {
             "t",
         )
         .unwrap();
-        let g = |text: &str, finish| Generated { text: text.into(), finish, stats: DocStats::default() };
+        let g = |text: &str, finish| Generated {
+            text: text.into(),
+            finish,
+            stats: DocStats::default(),
+        };
         let cause = |o: Outcome| match o {
             Outcome::Rejected { cause, .. } => cause.name(),
             Outcome::Accepted { .. } => "accepted",
         };
-        assert_eq!(cause(v.judge(g(r#"{"a":1}"#, FinishReason::ConstraintComplete))), "accepted");
-        assert_eq!(cause(v.judge(g(r#"{"a":"#, FinishReason::Length))), "truncated");
-        assert_eq!(cause(v.judge(g(r#"{"a":"x"}"#, FinishReason::Stop))), "schema_violation");
-        assert_eq!(cause(v.judge(g("nope", FinishReason::Stop))), "invalid_json");
-        assert_eq!(cause(v.judge(g("", FinishReason::Error("too long".into())))), "engine_error");
+        assert_eq!(
+            cause(v.judge(g(r#"{"a":1}"#, FinishReason::ConstraintComplete))),
+            "accepted"
+        );
+        assert_eq!(
+            cause(v.judge(g(r#"{"a":"#, FinishReason::Length))),
+            "truncated"
+        );
+        assert_eq!(
+            cause(v.judge(g(r#"{"a":"x"}"#, FinishReason::Stop))),
+            "schema_violation"
+        );
+        assert_eq!(
+            cause(v.judge(g("nope", FinishReason::Stop))),
+            "invalid_json"
+        );
+        assert_eq!(
+            cause(v.judge(g("", FinishReason::Error("too long".into())))),
+            "engine_error"
+        );
     }
 }

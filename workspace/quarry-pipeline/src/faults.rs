@@ -12,7 +12,10 @@ fn armed() -> Option<&'static (String, usize)> {
     ARMED
         .get_or_init(|| {
             let point = std::env::var("QUARRY_CRASH_AT").ok()?;
-            let after = std::env::var("QUARRY_CRASH_AFTER").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+            let after = std::env::var("QUARRY_CRASH_AFTER")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
             Some((point, after))
         })
         .as_ref()
@@ -21,7 +24,9 @@ fn armed() -> Option<&'static (String, usize)> {
 /// Kills the process here if the environment armed this point.
 pub fn crash_point(point: &str) {
     static HITS: AtomicUsize = AtomicUsize::new(0);
-    let Some((armed_point, after)) = armed() else { return };
+    let Some((armed_point, after)) = armed() else {
+        return;
+    };
     if armed_point != point {
         return;
     }

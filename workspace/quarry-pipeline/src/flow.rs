@@ -18,7 +18,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use crate::columns::RecordShape;
-use crate::encode::{accepted_batch, read_offsets, rejects_batch, to_parquet, AcceptedRow, FileContext, RejectRow};
+use crate::encode::{
+    accepted_batch, read_offsets, rejects_batch, to_parquet, AcceptedRow, FileContext, RejectRow,
+};
 use crate::error::PipelineError;
 use crate::extract::{Extractor, Validator};
 use crate::record::{DocStats, Input, Outcome, RejectCause};
@@ -181,13 +183,22 @@ impl<E: Extractor> Flow<E> {
 
     /// Pending documents of one group.
     pub fn pending_in(&self, group: &str) -> usize {
-        self.files.values().filter(|f| f.group == group).map(|f| f.remaining).sum()
+        self.files
+            .values()
+            .filter(|f| f.group == group)
+            .map(|f| f.remaining)
+            .sum()
     }
 
     /// Drops every file of a group (a revoked partition). Their documents still in the extractor
     /// are ignored when they come back.
     pub fn abandon(&mut self, group: &str) -> usize {
-        let ids: Vec<u64> = self.files.iter().filter(|(_, f)| f.group == group).map(|(id, _)| *id).collect();
+        let ids: Vec<u64> = self
+            .files
+            .iter()
+            .filter(|(_, f)| f.group == group)
+            .map(|(id, _)| *id)
+            .collect();
         let mut dropped = 0;
         for id in &ids {
             dropped += self.files.remove(id).map(|f| f.len()).unwrap_or(0);
@@ -202,10 +213,20 @@ impl<E: Extractor> Flow<E> {
     /// outcomes. Returns whether any work was done.
     pub fn pump(&mut self) -> Result<bool, PipelineError> {
         while self.extractor.in_flight() < self.extractor.capacity() {
-            let Some(key) = self.queue.pop_front() else { break };
-            let Some(&(file, idx)) = self.keys.get(&key) else { continue };
-            let f = self.files.get_mut(&file).expect("queued keys belong to open files");
-            let doc = f.inputs[idx].doc.as_ref().expect("only documents are queued");
+            let Some(key) = self.queue.pop_front() else {
+                break;
+            };
+            let Some(&(file, idx)) = self.keys.get(&key) else {
+                continue;
+            };
+            let f = self
+                .files
+                .get_mut(&file)
+                .expect("queued keys belong to open files");
+            let doc = f.inputs[idx]
+                .doc
+                .as_ref()
+                .expect("only documents are queued");
             if let Err(cause) = self.extractor.submit(key, doc) {
                 self.keys.remove(&key);
                 f.outcomes[idx] = Some(Outcome::Rejected {
@@ -221,7 +242,9 @@ impl<E: Extractor> Flow<E> {
             return Ok(false);
         }
         for (key, generated) in self.extractor.step()? {
-            let Some((file, idx)) = self.keys.remove(&key) else { continue };
+            let Some((file, idx)) = self.keys.remove(&key) else {
+                continue;
+            };
             let outcome = self.validator.judge(generated);
             if let Some(f) = self.files.get_mut(&file) {
                 f.outcomes[idx] = Some(outcome);
@@ -246,7 +269,10 @@ impl<E: Extractor> Flow<E> {
                 blocked.insert(f.group.clone());
             }
         }
-        ready.into_iter().filter_map(|id| self.files.remove(&id)).collect()
+        ready
+            .into_iter()
+            .filter_map(|id| self.files.remove(&id))
+            .collect()
     }
 }
 
@@ -275,10 +301,16 @@ impl Publisher {
     fn metadata(&self, file: &OpenFile, kind: &str) -> Vec<(String, String)> {
         let mut m = vec![
             ("quarry.pipeline".to_string(), self.pipeline.clone()),
-            ("quarry.version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+            (
+                "quarry.version".to_string(),
+                env!("CARGO_PKG_VERSION").to_string(),
+            ),
             ("quarry.dataset".to_string(), kind.to_string()),
             ("quarry.model".to_string(), self.model.clone()),
-            ("quarry.schema_sha256".to_string(), self.schema_sha256.clone()),
+            (
+                "quarry.schema_sha256".to_string(),
+                self.schema_sha256.clone(),
+            ),
         ];
         if let (Some(a), Some(b)) = (file.first_offset(), file.last_offset()) {
             m.push(("quarry.offset_first".into(), a.to_string()));
@@ -305,13 +337,30 @@ impl Publisher {
         let mut rejected = Vec::new();
         for (input, outcome) in file.inputs.into_iter().zip(file.outcomes) {
             let outcome = outcome.expect("published files are complete");
-            let doc_id = input.id.clone().unwrap_or_else(|| input.lineage.default_id());
+            let doc_id = input
+                .id
+                .clone()
+                .unwrap_or_else(|| input.lineage.default_id());
             match outcome {
-                Outcome::Accepted { record, finish, stats } => {
+                Outcome::Accepted {
+                    record,
+                    finish,
+                    stats,
+                } => {
                     add(&mut report.stats, &stats);
-                    accepted.push(AcceptedRow { lineage: input.lineage, doc_id, finish, record });
+                    accepted.push(AcceptedRow {
+                        lineage: input.lineage,
+                        doc_id,
+                        finish,
+                        record,
+                    });
                 }
-                Outcome::Rejected { cause, raw_output, finish, stats } => {
+                Outcome::Rejected {
+                    cause,
+                    raw_output,
+                    finish,
+                    stats,
+                } => {
                     add(&mut report.stats, &stats);
                     rejected.push(RejectRow {
                         lineage: input.lineage,
@@ -340,7 +389,10 @@ impl Publisher {
         crate::faults::crash_point("before_publish");
         if batch.num_rows() > 0 {
             let bytes = to_parquet(&batch, &accepted_meta, self.row_group_rows, self.zstd_level)
-                .map_err(|message| PipelineError::Parquet { location: file.name.clone(), message })?;
+                .map_err(|message| PipelineError::Parquet {
+                    location: file.name.clone(),
+                    message,
+                })?;
             if self.output.publish(&file.name, bytes)? == Published::AlreadyExists {
                 accepted_offsets = Some(self.published_offsets(&file.name)?);
             }
@@ -388,7 +440,10 @@ impl Publisher {
         report.rejected = rejected.len() as u64;
         let batch = rejects_batch(&ctx, &rejected);
         let bytes = to_parquet(&batch, &rejects_meta, self.row_group_rows, self.zstd_level)
-            .map_err(|message| PipelineError::Parquet { location: file.name.clone(), message })?;
+            .map_err(|message| PipelineError::Parquet {
+                location: file.name.clone(),
+                message,
+            })?;
         self.rejects.publish(&file.name, bytes)?;
         if report.accepted + report.rejected != report.consumed {
             return Err(PipelineError::Conservation(format!(
@@ -401,8 +456,10 @@ impl Publisher {
 
     fn published_offsets(&self, name: &str) -> Result<HashSet<i64>, PipelineError> {
         let bytes = self.output.read(&self.output.path(name))?;
-        let offsets = read_offsets(bytes)
-            .map_err(|message| PipelineError::Parquet { location: name.to_string(), message })?;
+        let offsets = read_offsets(bytes).map_err(|message| PipelineError::Parquet {
+            location: name.to_string(),
+            message,
+        })?;
         Ok(offsets.into_iter().collect())
     }
 }
@@ -490,9 +547,19 @@ mod tests {
                 let (out, finish) = if let Some(rest) = text.strip_prefix("cut") {
                     (format!("{{\"name\":\"{rest}"), FinishReason::Length)
                 } else {
-                    (json!({"name": text}).to_string(), FinishReason::ConstraintComplete)
+                    (
+                        json!({"name": text}).to_string(),
+                        FinishReason::ConstraintComplete,
+                    )
                 };
-                done.push((*k, Generated { text: out, finish, stats: DocStats::default() }));
+                done.push((
+                    *k,
+                    Generated {
+                        text: out,
+                        finish,
+                        stats: DocStats::default(),
+                    },
+                ));
                 false
             });
             Ok(done)
@@ -521,11 +588,20 @@ mod tests {
             row_group_rows: 2,
             zstd_level: 3,
         };
-        (Flow::new(fake, Validator::new(&schema(), "s").unwrap()), publisher)
+        (
+            Flow::new(fake, Validator::new(&schema(), "s").unwrap()),
+            publisher,
+        )
     }
 
     fn input(off: i64, text: &[u8]) -> Input {
-        decode(text, ValueFormat::Text, &DocFields::default(), 64, Lineage::new("t", Some(0), off))
+        decode(
+            text,
+            ValueFormat::Text,
+            &DocFields::default(),
+            64,
+            Lineage::new("t", Some(0), off),
+        )
     }
 
     fn run_file(flow: &mut Flow<Fake>, group: &str, name: &str, docs: &[&[u8]], first: i64) -> u64 {
@@ -552,24 +628,67 @@ mod tests {
 
     #[test]
     fn outcomes_are_sorted_and_counts_conserved() {
-        let (mut flow, publisher) = setup("sorted", Fake { queued: vec![], refuse: true });
-        let docs: Vec<&[u8]> = vec![b"ok", b"\xff", b"", b"far too long a name", b"cutx", b"refuse", b"slow"];
+        let (mut flow, publisher) = setup(
+            "sorted",
+            Fake {
+                queued: vec![],
+                refuse: true,
+            },
+        );
+        let docs: Vec<&[u8]> = vec![
+            b"ok",
+            b"\xff",
+            b"",
+            b"far too long a name",
+            b"cutx",
+            b"refuse",
+            b"slow",
+        ];
         run_file(&mut flow, "g", "a.parquet", &docs, 0);
         let files = drain(&mut flow);
         assert_eq!(files.len(), 1);
-        let r = publisher.publish(files.into_iter().next().unwrap()).unwrap();
+        let r = publisher
+            .publish(files.into_iter().next().unwrap())
+            .unwrap();
         assert_eq!((r.consumed, r.accepted, r.rejected), (7, 2, 5));
         let causes: Vec<_> = r.causes.keys().copied().collect();
-        assert_eq!(causes, ["empty", "invalid_utf8", "schema_violation", "template", "truncated"]);
-        let acc = read_offsets(publisher.output.read(&publisher.output.path("a.parquet")).unwrap()).unwrap();
-        let rej = read_offsets(publisher.rejects.read(&publisher.rejects.path("a.parquet")).unwrap()).unwrap();
+        assert_eq!(
+            causes,
+            [
+                "empty",
+                "invalid_utf8",
+                "schema_violation",
+                "template",
+                "truncated"
+            ]
+        );
+        let acc = read_offsets(
+            publisher
+                .output
+                .read(&publisher.output.path("a.parquet"))
+                .unwrap(),
+        )
+        .unwrap();
+        let rej = read_offsets(
+            publisher
+                .rejects
+                .read(&publisher.rejects.path("a.parquet"))
+                .unwrap(),
+        )
+        .unwrap();
         assert_eq!(acc, vec![0, 6]);
         assert_eq!(rej, vec![1, 2, 3, 4, 5]);
     }
 
     #[test]
     fn files_of_a_group_publish_in_order() {
-        let (mut flow, _) = setup("order", Fake { queued: vec![], refuse: false });
+        let (mut flow, _) = setup(
+            "order",
+            Fake {
+                queued: vec![],
+                refuse: false,
+            },
+        );
         run_file(&mut flow, "g", "1", &[b"slow"], 0);
         run_file(&mut flow, "g", "2", &[b"fast"], 1);
         run_file(&mut flow, "h", "3", &[b"fast"], 0);
@@ -583,7 +702,13 @@ mod tests {
 
     #[test]
     fn a_replay_after_a_crash_between_files_lands_each_offset_once() {
-        let (mut flow, publisher) = setup("replay", Fake { queued: vec![], refuse: false });
+        let (mut flow, publisher) = setup(
+            "replay",
+            Fake {
+                queued: vec![],
+                refuse: false,
+            },
+        );
         run_file(&mut flow, "g", "r.parquet", &[b"a", b"bb", b"nine char"], 0);
         let first = drain(&mut flow).pop().unwrap();
         // The crash: the accepted part of an earlier run, and no rejects marker.
@@ -607,7 +732,10 @@ mod tests {
             }
         }
         let (batch, _) = accepted_batch(&publisher.shape, &ctx, rows);
-        publisher.output.publish("r.parquet", to_parquet(&batch, &[], 10, 3).unwrap()).unwrap();
+        publisher
+            .output
+            .publish("r.parquet", to_parquet(&batch, &[], 10, 3).unwrap())
+            .unwrap();
 
         // The replay accepts offset 1 this time; the earlier file stands and 1 goes to rejects.
         run_file(&mut flow, "g", "r.parquet", &[b"a", b"bb", b"nine char"], 0);
@@ -615,8 +743,20 @@ mod tests {
         assert!(r.replayed);
         assert_eq!((r.accepted, r.rejected), (1, 2));
         assert_eq!(r.causes.get("replay_mismatch"), Some(&1));
-        let acc = read_offsets(publisher.output.read(&publisher.output.path("r.parquet")).unwrap()).unwrap();
-        let mut rej = read_offsets(publisher.rejects.read(&publisher.rejects.path("r.parquet")).unwrap()).unwrap();
+        let acc = read_offsets(
+            publisher
+                .output
+                .read(&publisher.output.path("r.parquet"))
+                .unwrap(),
+        )
+        .unwrap();
+        let mut rej = read_offsets(
+            publisher
+                .rejects
+                .read(&publisher.rejects.path("r.parquet"))
+                .unwrap(),
+        )
+        .unwrap();
         rej.sort();
         assert_eq!(acc, vec![0]);
         assert_eq!(rej, vec![1, 2]);
@@ -624,7 +764,13 @@ mod tests {
 
     #[test]
     fn abandoned_groups_drop_their_work() {
-        let (mut flow, _) = setup("abandon", Fake { queued: vec![], refuse: false });
+        let (mut flow, _) = setup(
+            "abandon",
+            Fake {
+                queued: vec![],
+                refuse: false,
+            },
+        );
         run_file(&mut flow, "g", "1", &[b"slow", b"x"], 0);
         run_file(&mut flow, "h", "2", &[b"slow"], 0);
         flow.pump().unwrap();

@@ -32,7 +32,13 @@ impl Prepared {
         })?;
         // Compile once here so a schema the validator refuses fails the job up front.
         Validator::new(&schema, &schema_path.display().to_string())?;
-        Ok(Self { cfg, schema, schema_sha256, schema_path, shape })
+        Ok(Self {
+            cfg,
+            schema,
+            schema_sha256,
+            schema_path,
+            shape,
+        })
     }
 
     pub fn validator(&self) -> Result<Validator, PipelineError> {
@@ -49,7 +55,11 @@ impl Prepared {
     }
 
     /// The publisher over the given output and rejects URLs (the definition's unless overridden).
-    pub fn publisher(&self, output: Option<&str>, rejects: Option<&str>) -> Result<Publisher, PipelineError> {
+    pub fn publisher(
+        &self,
+        output: Option<&str>,
+        rejects: Option<&str>,
+    ) -> Result<Publisher, PipelineError> {
         let output = match output {
             Some(u) => Location::open(u)?,
             None => Location::open(&self.cfg.resolve_url(&self.cfg.output.url))?,

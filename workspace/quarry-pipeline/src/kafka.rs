@@ -34,7 +34,10 @@ use crate::store::Location;
 
 /// The file name of an offset range.
 pub fn range_name(topic: &str, partition: i32, first: i64, last: i64) -> String {
-    format!("{}/{first:020}-{last:020}.parquet", partition_dir(topic, partition))
+    format!(
+        "{}/{first:020}-{last:020}.parquet",
+        partition_dir(topic, partition)
+    )
 }
 
 pub fn partition_dir(topic: &str, partition: i32) -> String {
@@ -88,7 +91,10 @@ pub fn reconcile(
         (Some((_, first, _)), None) => Some(*first),
         (None, None) => None,
     };
-    Ok(Reconciled { resume, replay: orphan })
+    Ok(Reconciled {
+        resume,
+        replay: orphan,
+    })
 }
 
 enum Event {
@@ -163,11 +169,21 @@ impl ConsumerContext for WorkerContext {
                     }
                 }
                 for ev in events.iter() {
-                    if let Event::Assigned(p, Reconciled { resume: Some(o), .. }) = ev {
+                    if let Event::Assigned(
+                        p,
+                        Reconciled {
+                            resume: Some(o), ..
+                        },
+                    ) = ev
+                    {
                         let _ = tpl.set_partition_offset(&self.topic, *p, Offset::Offset(*o));
                     }
                 }
-                let r = if cooperative { base.incremental_assign(tpl) } else { base.assign(tpl) };
+                let r = if cooperative {
+                    base.incremental_assign(tpl)
+                } else {
+                    base.assign(tpl)
+                };
                 if let Err(e) = r {
                     events.push(Event::Fatal(format!("assign failed: {e}")));
                 }
@@ -175,11 +191,19 @@ impl ConsumerContext for WorkerContext {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 for el in tpl.elements() {
                     if el.topic() == self.topic {
-                        tracing::info!(partition = el.partition(), lost = base.assignment_lost(), "revoked");
+                        tracing::info!(
+                            partition = el.partition(),
+                            lost = base.assignment_lost(),
+                            "revoked"
+                        );
                         events.push(Event::Revoked(el.partition()));
                     }
                 }
-                let r = if cooperative { base.incremental_unassign(tpl) } else { base.unassign() };
+                let r = if cooperative {
+                    base.incremental_unassign(tpl)
+                } else {
+                    base.unassign()
+                };
                 if let Err(e) = r {
                     tracing::warn!(error = %e, "unassign failed");
                 }
@@ -288,9 +312,12 @@ impl<'a, E: Extractor> Worker<'a, E> {
             events: Mutex::new(Vec::new()),
             lag: Mutex::new(HashMap::new()),
         };
-        let consumer: BaseConsumer<WorkerContext> =
-            cc.create_with_context(ctx).map_err(|e| kafka_err("consumer", e))?;
-        consumer.subscribe(&[&src.topic]).map_err(|e| kafka_err("subscribe", e))?;
+        let consumer: BaseConsumer<WorkerContext> = cc
+            .create_with_context(ctx)
+            .map_err(|e| kafka_err("consumer", e))?;
+        consumer
+            .subscribe(&[&src.topic])
+            .map_err(|e| kafka_err("subscribe", e))?;
         let producer = match &cfg.rejects.dead_letter_topic {
             Some(topic) => {
                 let mut pc = ClientConfig::new();
@@ -298,7 +325,9 @@ impl<'a, E: Extractor> Worker<'a, E> {
                 for (k, v) in &src.properties {
                     pc.set(k, v);
                 }
-                let p: BaseProducer = pc.create().map_err(|e| kafka_err("dead-letter producer", e))?;
+                let p: BaseProducer = pc
+                    .create()
+                    .map_err(|e| kafka_err("dead-letter producer", e))?;
                 Some((p, topic.clone()))
             }
             None => None,
@@ -321,7 +350,11 @@ impl<'a, E: Extractor> Worker<'a, E> {
     }
 
     /// Runs until a signal (or `idle_exit`) stops it.
-    pub fn run(mut self, shutdown: &Shutdown, opts: &WorkerOptions) -> Result<WorkerSummary, PipelineError> {
+    pub fn run(
+        mut self,
+        shutdown: &Shutdown,
+        opts: &WorkerOptions,
+    ) -> Result<WorkerSummary, PipelineError> {
         let started = Instant::now();
         let mut last_activity = Instant::now();
         let mut last_lag = Instant::now() - Duration::from_secs(60);
@@ -329,9 +362,19 @@ impl<'a, E: Extractor> Worker<'a, E> {
         loop {
             self.metrics.beat();
             if shutdown.abandon() {
-                let n: usize = self.parts.keys().map(|p| self.group(*p)).collect::<Vec<_>>().iter().map(|g| self.flow.abandon(g)).sum();
+                let n: usize = self
+                    .parts
+                    .keys()
+                    .map(|p| self.group(*p))
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .map(|g| self.flow.abandon(g))
+                    .sum();
                 self.summary.abandoned += n as u64;
-                tracing::warn!(abandoned = n, "second signal: in-flight work abandoned, uncommitted");
+                tracing::warn!(
+                    abandoned = n,
+                    "second signal: in-flight work abandoned, uncommitted"
+                );
                 break;
             }
             // Idle only counts once partitions are assigned (a restarted member waits for the
@@ -361,7 +404,11 @@ impl<'a, E: Extractor> Worker<'a, E> {
             let busy = self.flow.pending() > 0;
             let mut taken = 0;
             loop {
-                let timeout = if busy || taken > 0 { Duration::ZERO } else { Duration::from_millis(100) };
+                let timeout = if busy || taken > 0 {
+                    Duration::ZERO
+                } else {
+                    Duration::from_millis(100)
+                };
                 match self.consumer.poll(timeout) {
                     Some(Ok(msg)) => {
                         let (p, off) = (msg.partition(), msg.offset());
@@ -372,7 +419,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
                             let map: serde_json::Map<String, serde_json::Value> = h
                                 .iter()
                                 .map(|x| {
-                                    let v = x.value.map(|b| String::from_utf8_lossy(b).into_owned());
+                                    let v =
+                                        x.value.map(|b| String::from_utf8_lossy(b).into_owned());
                                     (x.key.to_string(), v.into())
                                 })
                                 .collect();
@@ -460,7 +508,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
         if full {
             self.seal_open(p);
         }
-        if !self.parts[&p].paused && self.flow.pending_in(&group) >= self.cfg.batching.max_buffered {
+        if !self.parts[&p].paused && self.flow.pending_in(&group) >= self.cfg.batching.max_buffered
+        {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&self.src.topic, p);
             if self.consumer.pause(&tpl).is_ok() {
@@ -472,10 +521,18 @@ impl<'a, E: Extractor> Worker<'a, E> {
 
     /// Seals a partition's open file under its range name (or the replayed name).
     fn seal_open(&mut self, p: i32) {
-        let Some(part) = self.parts.get_mut(&p) else { return };
-        let Some((file, _)) = part.open.take() else { return };
-        let Some(f) = self.flow.file(file) else { return };
-        let (Some(first), Some(last)) = (f.first_offset(), f.last_offset()) else { return };
+        let Some(part) = self.parts.get_mut(&p) else {
+            return;
+        };
+        let Some((file, _)) = part.open.take() else {
+            return;
+        };
+        let Some(f) = self.flow.file(file) else {
+            return;
+        };
+        let (Some(first), Some(last)) = (f.first_offset(), f.last_offset()) else {
+            return;
+        };
         let name = match part.replay.take() {
             Some((name, _, _)) => name,
             None => range_name(&self.src.topic, p, first, last),
@@ -498,17 +555,29 @@ impl<'a, E: Extractor> Worker<'a, E> {
     }
 
     fn handle_events(&mut self) -> Result<(), PipelineError> {
-        let events = std::mem::take(&mut *self.consumer.context().events.lock().expect("events lock"));
+        let events =
+            std::mem::take(&mut *self.consumer.context().events.lock().expect("events lock"));
         for ev in events {
             match ev {
                 Event::Assigned(p, r) => {
-                    self.parts.insert(p, Part { next: r.resume, open: None, replay: r.replay, paused: false });
+                    self.parts.insert(
+                        p,
+                        Part {
+                            next: r.resume,
+                            open: None,
+                            replay: r.replay,
+                            paused: false,
+                        },
+                    );
                 }
                 Event::Revoked(p) => {
                     let dropped = self.flow.abandon(&self.group(p));
                     self.summary.abandoned += dropped as u64;
                     self.parts.remove(&p);
-                    self.metrics.lag.remove(&PartitionLabel { topic: self.src.topic.clone(), partition: p });
+                    self.metrics.lag.remove(&PartitionLabel {
+                        topic: self.src.topic.clone(),
+                        partition: p,
+                    });
                 }
                 Event::Fatal(msg) => return Err(PipelineError::Kafka(msg)),
             }
@@ -537,10 +606,14 @@ impl<'a, E: Extractor> Worker<'a, E> {
                     return Err(kafka_err("dead-letter send", e));
                 }
             }
-            producer.flush(Duration::from_secs(30)).map_err(|e| kafka_err("dead-letter flush", e))?;
+            producer
+                .flush(Duration::from_secs(30))
+                .map_err(|e| kafka_err("dead-letter flush", e))?;
         }
         crate::faults::crash_point("before_commit");
-        let (Some(p), Some(last)) = (parse_partition(&r.group), r.last_offset) else { return Ok(()) };
+        let (Some(p), Some(last)) = (parse_partition(&r.group), r.last_offset) else {
+            return Ok(());
+        };
         if !self.parts.contains_key(&p) {
             return Ok(());
         }
@@ -556,9 +629,14 @@ impl<'a, E: Extractor> Worker<'a, E> {
     }
 
     fn pause_all(&mut self) -> Result<(), PipelineError> {
-        let assignment = self.consumer.assignment().map_err(|e| kafka_err("assignment", e))?;
+        let assignment = self
+            .consumer
+            .assignment()
+            .map_err(|e| kafka_err("assignment", e))?;
         if assignment.count() > 0 {
-            self.consumer.pause(&assignment).map_err(|e| kafka_err("pause", e))?;
+            self.consumer
+                .pause(&assignment)
+                .map_err(|e| kafka_err("pause", e))?;
         }
         for part in self.parts.values_mut() {
             part.paused = true;
@@ -580,19 +658,30 @@ impl<'a, E: Extractor> Worker<'a, E> {
         for p in ready {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&self.src.topic, p);
-            self.consumer.resume(&tpl).map_err(|e| kafka_err("resume", e))?;
+            self.consumer
+                .resume(&tpl)
+                .map_err(|e| kafka_err("resume", e))?;
             self.parts.get_mut(&p).expect("present").paused = false;
         }
         Ok(())
     }
 
     fn update_lag(&self) {
-        let lag = self.consumer.context().lag.lock().expect("lag lock").clone();
+        let lag = self
+            .consumer
+            .context()
+            .lag
+            .lock()
+            .expect("lag lock")
+            .clone();
         for (p, n) in lag {
             if self.parts.contains_key(&p) {
                 self.metrics
                     .lag
-                    .get_or_create(&PartitionLabel { topic: self.src.topic.clone(), partition: p })
+                    .get_or_create(&PartitionLabel {
+                        topic: self.src.topic.clone(),
+                        partition: p,
+                    })
                     .set(n);
             }
         }
@@ -624,7 +713,13 @@ mod tests {
     fn reconcile_resumes_after_the_marker_and_replays_an_orphan() {
         let out = Location::open("memory://reconcile/out").unwrap();
         let rej = Location::open("memory://reconcile/rej").unwrap();
-        assert_eq!(reconcile(&out, &rej, "t", 0).unwrap(), Reconciled { resume: None, replay: None });
+        assert_eq!(
+            reconcile(&out, &rej, "t", 0).unwrap(),
+            Reconciled {
+                resume: None,
+                replay: None
+            }
+        );
         let b = || bytes::Bytes::from_static(b"x");
         out.publish(&range_name("t", 0, 0, 9), b()).unwrap();
         rej.publish(&range_name("t", 0, 0, 9), b()).unwrap();

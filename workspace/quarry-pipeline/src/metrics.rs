@@ -78,24 +78,68 @@ impl Metrics {
         m.conservation_ok.set(1);
         {
             let mut r = m.registry.lock().expect("registry lock");
-            r.register("docs_consumed", "Documents taken from the source", m.docs_consumed.clone());
-            r.register("docs_accepted", "Documents written as valid records", m.docs_accepted.clone());
-            r.register("docs_rejected", "Documents written to rejects, by cause", m.docs_rejected.clone());
-            r.register("files_published", "Output files published (rejects markers)", m.files_published.clone());
-            r.register("replays", "Files whose accepted part an earlier run had published", m.replays.clone());
+            r.register(
+                "docs_consumed",
+                "Documents taken from the source",
+                m.docs_consumed.clone(),
+            );
+            r.register(
+                "docs_accepted",
+                "Documents written as valid records",
+                m.docs_accepted.clone(),
+            );
+            r.register(
+                "docs_rejected",
+                "Documents written to rejects, by cause",
+                m.docs_rejected.clone(),
+            );
+            r.register(
+                "files_published",
+                "Output files published (rejects markers)",
+                m.files_published.clone(),
+            );
+            r.register(
+                "replays",
+                "Files whose accepted part an earlier run had published",
+                m.replays.clone(),
+            );
             r.register("prompt_tokens", "Prompt tokens", m.prompt_tokens.clone());
-            r.register("cached_tokens", "Prompt tokens served from the radix cache", m.cached_tokens.clone());
+            r.register(
+                "cached_tokens",
+                "Prompt tokens served from the radix cache",
+                m.cached_tokens.clone(),
+            );
             r.register("output_tokens", "Output tokens", m.output_tokens.clone());
-            r.register("forced_tokens", "Output tokens appended by jump-forward", m.forced_tokens.clone());
+            r.register(
+                "forced_tokens",
+                "Output tokens appended by jump-forward",
+                m.forced_tokens.clone(),
+            );
             r.register(
                 "conservation_ok",
                 "1 while accepted + rejected = consumed for every published file",
                 m.conservation_ok.clone(),
             );
-            r.register("consumer_lag", "Messages behind the partition's high watermark", m.lag.clone());
-            r.register("in_flight_docs", "Documents read and not yet published", m.in_flight.clone());
-            r.register("cache_hit_rate", "Radix cache hit tokens / prompt tokens", m.cache_hit_rate.clone());
-            r.register("step_seconds", "Engine step latency", m.step_seconds.clone());
+            r.register(
+                "consumer_lag",
+                "Messages behind the partition's high watermark",
+                m.lag.clone(),
+            );
+            r.register(
+                "in_flight_docs",
+                "Documents read and not yet published",
+                m.in_flight.clone(),
+            );
+            r.register(
+                "cache_hit_rate",
+                "Radix cache hit tokens / prompt tokens",
+                m.cache_hit_rate.clone(),
+            );
+            r.register(
+                "step_seconds",
+                "Engine step latency",
+                m.step_seconds.clone(),
+            );
         }
         m.beat();
         m
@@ -106,7 +150,11 @@ impl Metrics {
         self.docs_consumed.inc_by(r.consumed);
         self.docs_accepted.inc_by(r.accepted);
         for (cause, n) in &r.causes {
-            self.docs_rejected.get_or_create(&CauseLabel { cause: cause.to_string() }).inc_by(*n);
+            self.docs_rejected
+                .get_or_create(&CauseLabel {
+                    cause: cause.to_string(),
+                })
+                .inc_by(*n);
         }
         self.files_published.inc();
         if r.replayed {
@@ -124,7 +172,8 @@ impl Metrics {
     pub fn engine(&self, s: &EngineStats) {
         let total = s.cache.hit_tokens + s.cache.miss_tokens;
         if total > 0 {
-            self.cache_hit_rate.set(s.cache.hit_tokens as f64 / total as f64);
+            self.cache_hit_rate
+                .set(s.cache.hit_tokens as f64 / total as f64);
         }
     }
 
@@ -134,7 +183,8 @@ impl Metrics {
 
     /// Marks the job loop alive.
     pub fn beat(&self) {
-        self.heartbeat.store(chrono::Utc::now().timestamp(), Ordering::Relaxed);
+        self.heartbeat
+            .store(chrono::Utc::now().timestamp(), Ordering::Relaxed);
     }
 
     fn alive(&self, stale_after: Duration) -> bool {
@@ -157,7 +207,10 @@ impl Metrics {
         let bound = server
             .server_addr()
             .to_ip()
-            .ok_or_else(|| PipelineError::Config { path: "metrics.listen".into(), message: "not an IP address".into() })?;
+            .ok_or_else(|| PipelineError::Config {
+                path: "metrics.listen".into(),
+                message: "not an IP address".into(),
+            })?;
         let me = Arc::clone(self);
         std::thread::Builder::new()
             .name("quarry-metrics".into())
@@ -165,21 +218,38 @@ impl Metrics {
                 let started = Instant::now();
                 for req in server.incoming_requests() {
                     let (code, body, ctype) = match req.url() {
-                        "/metrics" => (200, me.render(), "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+                        "/metrics" => (
+                            200,
+                            me.render(),
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        ),
                         "/healthz" => {
                             // A model step on a slow CPU can take seconds; ten minutes of silence
                             // means the loop is stuck.
-                            let ok = me.alive(Duration::from_secs(600)) || started.elapsed() < Duration::from_secs(600);
-                            (if ok { 200 } else { 503 }, if ok { "ok\n" } else { "stuck\n" }.to_string(), "text/plain")
+                            let ok = me.alive(Duration::from_secs(600))
+                                || started.elapsed() < Duration::from_secs(600);
+                            (
+                                if ok { 200 } else { 503 },
+                                if ok { "ok\n" } else { "stuck\n" }.to_string(),
+                                "text/plain",
+                            )
                         }
                         _ => (404, "not found\n".to_string(), "text/plain"),
                     };
-                    let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], ctype.as_bytes())
-                        .expect("static header");
-                    let _ = req.respond(tiny_http::Response::from_string(body).with_status_code(code).with_header(header));
+                    let header =
+                        tiny_http::Header::from_bytes(&b"Content-Type"[..], ctype.as_bytes())
+                            .expect("static header");
+                    let _ = req.respond(
+                        tiny_http::Response::from_string(body)
+                            .with_status_code(code)
+                            .with_header(header),
+                    );
                 }
             })
-            .map_err(|e| PipelineError::Config { path: "metrics.listen".into(), message: e.to_string() })?;
+            .map_err(|e| PipelineError::Config {
+                path: "metrics.listen".into(),
+                message: e.to_string(),
+            })?;
         Ok(bound)
     }
 }
@@ -191,12 +261,20 @@ mod tests {
     #[test]
     fn counters_render_with_total_suffix() {
         let m = Metrics::new();
-        let mut r = FileReport { consumed: 3, accepted: 2, rejected: 1, ..Default::default() };
+        let mut r = FileReport {
+            consumed: 3,
+            accepted: 2,
+            rejected: 1,
+            ..Default::default()
+        };
         r.causes.insert("empty", 1);
         m.file(&r);
         let text = m.render();
         assert!(text.contains("quarry_docs_consumed_total 3"), "{text}");
-        assert!(text.contains("quarry_docs_rejected_total{cause=\"empty\"} 1"), "{text}");
+        assert!(
+            text.contains("quarry_docs_rejected_total{cause=\"empty\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("quarry_conservation_ok 1"), "{text}");
     }
 }

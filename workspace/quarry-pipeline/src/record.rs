@@ -186,11 +186,18 @@ pub fn decode(
     let id = match &doc {
         Ok(d) => Some(d.id.clone()),
         Err(_) if format == ValueFormat::Json && bytes.len() <= max_bytes => {
-            serde_json::from_slice::<Value>(bytes).ok().and_then(|v| id_field(&v, fields))
+            serde_json::from_slice::<Value>(bytes)
+                .ok()
+                .and_then(|v| id_field(&v, fields))
         }
         Err(_) => None,
     };
-    Input { preview: preview(bytes), lineage, id, doc }
+    Input {
+        preview: preview(bytes),
+        lineage,
+        id,
+        doc,
+    }
 }
 
 fn decode_doc(
@@ -201,7 +208,10 @@ fn decode_doc(
     lineage: &Lineage,
 ) -> Result<Document, RejectCause> {
     if bytes.len() > max_bytes {
-        return Err(RejectCause::TooLarge { bytes: bytes.len(), limit: max_bytes });
+        return Err(RejectCause::TooLarge {
+            bytes: bytes.len(),
+            limit: max_bytes,
+        });
     }
     let s = std::str::from_utf8(bytes).map_err(|e| {
         RejectCause::InvalidUtf8(format!("invalid UTF-8 at byte {}", e.valid_up_to()))
@@ -219,7 +229,8 @@ fn decode_doc(
             })
         }
         ValueFormat::Json => {
-            let v: Value = serde_json::from_str(s).map_err(|e| RejectCause::NotJson(e.to_string()))?;
+            let v: Value =
+                serde_json::from_str(s).map_err(|e| RejectCause::NotJson(e.to_string()))?;
             match v {
                 Value::Object(map) => from_object(map, fields, lineage),
                 other => Err(RejectCause::NotJson(format!(
@@ -246,7 +257,12 @@ pub fn from_object(
                 json_kind(other)
             )))
         }
-        None => return Err(RejectCause::MissingField(format!("no field `{}`", fields.text))),
+        None => {
+            return Err(RejectCause::MissingField(format!(
+                "no field `{}`",
+                fields.text
+            )))
+        }
     };
     if text.trim().is_empty() {
         return Err(RejectCause::Empty);
@@ -256,7 +272,12 @@ pub fn from_object(
         Some(Value::Null) | None => lineage.default_id(),
         Some(other) => other.to_string(),
     };
-    Ok(Document { id, text, fields: map, lineage: lineage.clone() })
+    Ok(Document {
+        id,
+        text,
+        fields: map,
+        lineage: lineage.clone(),
+    })
 }
 
 fn id_field(v: &Value, fields: &DocFields) -> Option<String> {
@@ -290,25 +311,54 @@ mod tests {
     fn bad_inputs_get_typed_causes() {
         let f = DocFields::default();
         let d = |b: &[u8], fmt| decode(b, fmt, &f, 100, lin()).doc;
-        assert_eq!(d(b"\xff\xfe", ValueFormat::Text).unwrap_err().name(), "invalid_utf8");
-        assert_eq!(d(b"  \n", ValueFormat::Text).unwrap_err(), RejectCause::Empty);
-        assert_eq!(d(&[b'a'; 101], ValueFormat::Text).unwrap_err().name(), "too_large");
-        assert_eq!(d(b"plain", ValueFormat::Json).unwrap_err().name(), "not_json");
+        assert_eq!(
+            d(b"\xff\xfe", ValueFormat::Text).unwrap_err().name(),
+            "invalid_utf8"
+        );
+        assert_eq!(
+            d(b"  \n", ValueFormat::Text).unwrap_err(),
+            RejectCause::Empty
+        );
+        assert_eq!(
+            d(&[b'a'; 101], ValueFormat::Text).unwrap_err().name(),
+            "too_large"
+        );
+        assert_eq!(
+            d(b"plain", ValueFormat::Json).unwrap_err().name(),
+            "not_json"
+        );
         assert_eq!(d(b"[1]", ValueFormat::Json).unwrap_err().name(), "not_json");
-        assert_eq!(d(b"{\"x\":1}", ValueFormat::Json).unwrap_err().name(), "missing_field");
-        assert_eq!(d(b"{\"text\":2}", ValueFormat::Json).unwrap_err().name(), "missing_field");
+        assert_eq!(
+            d(b"{\"x\":1}", ValueFormat::Json).unwrap_err().name(),
+            "missing_field"
+        );
+        assert_eq!(
+            d(b"{\"text\":2}", ValueFormat::Json).unwrap_err().name(),
+            "missing_field"
+        );
     }
 
     #[test]
     fn json_documents_keep_fields_and_ids() {
-        let f = DocFields { text: "body".into(), id: Some("key".into()) };
-        let doc = decode(br#"{"body":"hello","key":"k1","n":5}"#, ValueFormat::Json, &f, 100, lin())
-            .doc
-            .unwrap();
+        let f = DocFields {
+            text: "body".into(),
+            id: Some("key".into()),
+        };
+        let doc = decode(
+            br#"{"body":"hello","key":"k1","n":5}"#,
+            ValueFormat::Json,
+            &f,
+            100,
+            lin(),
+        )
+        .doc
+        .unwrap();
         assert_eq!(doc.text, "hello");
         assert_eq!(doc.id, "k1");
         assert_eq!(doc.fields["n"], 5);
-        let plain = decode(b"hello", ValueFormat::Text, &f, 100, lin()).doc.unwrap();
+        let plain = decode(b"hello", ValueFormat::Text, &f, 100, lin())
+            .doc
+            .unwrap();
         assert_eq!(plain.id, "docs:3:42");
     }
 }

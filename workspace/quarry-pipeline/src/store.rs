@@ -76,80 +76,97 @@ pub enum Published {
 fn memory_store(name: &str) -> Arc<dyn ObjectStore> {
     static STORES: OnceLock<std::sync::Mutex<std::collections::HashMap<String, Arc<InMemory>>>> =
         OnceLock::new();
-    let mut map = STORES.get_or_init(Default::default).lock().expect("memory stores lock");
-    map.entry(name.to_string()).or_insert_with(|| Arc::new(InMemory::new())).clone()
+    let mut map = STORES
+        .get_or_init(Default::default)
+        .lock()
+        .expect("memory stores lock");
+    map.entry(name.to_string())
+        .or_insert_with(|| Arc::new(InMemory::new()))
+        .clone()
 }
 
 impl Location {
     /// Opens an input URL or local path; a local folder must exist.
     pub fn open_input(url: &str) -> Result<Self, PipelineError> {
         let local = url.strip_prefix("file://").unwrap_or(url);
-        if !url.contains("://") || url.starts_with("file://") {
-            if !std::path::Path::new(local).is_dir() {
-                return Err(PipelineError::Url {
-                    url: url.to_string(),
-                    message: "the input folder does not exist".into(),
-                });
-            }
+        let local_path = !url.contains("://") || url.starts_with("file://");
+        if local_path && !std::path::Path::new(local).is_dir() {
+            return Err(PipelineError::Url {
+                url: url.to_string(),
+                message: "the input folder does not exist".into(),
+            });
         }
         Self::open(url)
     }
 
     /// Opens a URL or a local path (created if missing).
     pub fn open(url: &str) -> Result<Self, PipelineError> {
-        let bad = |message: String| PipelineError::Url { url: url.to_string(), message };
-        let (store, prefix): (Arc<dyn ObjectStore>, Path) = if let Some((scheme, rest)) =
-            url.split_once("://")
-        {
-            match scheme {
-                "file" => return Self::local(std::path::Path::new(rest), url),
-                "memory" => {
-                    let (name, path) = rest.split_once('/').unwrap_or((rest, ""));
-                    (memory_store(name), Path::from(path))
-                }
-                "s3" | "s3a" => {
-                    let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
-                    let bucket = parsed.host_str().ok_or_else(|| bad("no bucket".into()))?;
-                    let s = object_store::aws::AmazonS3Builder::from_env()
-                        .with_bucket_name(bucket)
-                        .build()
-                        .map_err(|e| bad(e.to_string()))?;
-                    (Arc::new(s), Path::from(parsed.path()))
-                }
-                "gs" => {
-                    let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
-                    let s = object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                        .with_url(url)
-                        .build()
-                        .map_err(|e| bad(e.to_string()))?;
-                    (Arc::new(s), Path::from(parsed.path()))
-                }
-                "az" | "abfs" | "abfss" | "azure" => {
-                    let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
-                    let s = object_store::azure::MicrosoftAzureBuilder::from_env()
-                        .with_url(url)
-                        .build()
-                        .map_err(|e| bad(e.to_string()))?;
-                    (Arc::new(s), Path::from(parsed.path()))
-                }
-                other => {
-                    return Err(bad(format!(
+        let bad = |message: String| PipelineError::Url {
+            url: url.to_string(),
+            message,
+        };
+        let (store, prefix): (Arc<dyn ObjectStore>, Path) =
+            if let Some((scheme, rest)) = url.split_once("://") {
+                match scheme {
+                    "file" => return Self::local(std::path::Path::new(rest), url),
+                    "memory" => {
+                        let (name, path) = rest.split_once('/').unwrap_or((rest, ""));
+                        (memory_store(name), Path::from(path))
+                    }
+                    "s3" | "s3a" => {
+                        let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+                        let bucket = parsed.host_str().ok_or_else(|| bad("no bucket".into()))?;
+                        let s = object_store::aws::AmazonS3Builder::from_env()
+                            .with_bucket_name(bucket)
+                            .build()
+                            .map_err(|e| bad(e.to_string()))?;
+                        (Arc::new(s), Path::from(parsed.path()))
+                    }
+                    "gs" => {
+                        let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+                        let s = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                            .with_url(url)
+                            .build()
+                            .map_err(|e| bad(e.to_string()))?;
+                        (Arc::new(s), Path::from(parsed.path()))
+                    }
+                    "az" | "abfs" | "abfss" | "azure" => {
+                        let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+                        let s = object_store::azure::MicrosoftAzureBuilder::from_env()
+                            .with_url(url)
+                            .build()
+                            .map_err(|e| bad(e.to_string()))?;
+                        (Arc::new(s), Path::from(parsed.path()))
+                    }
+                    other => {
+                        return Err(bad(format!(
                         "unknown scheme `{other}`; use file://, s3://, gs://, az:// or memory://"
                     )))
+                    }
                 }
-            }
-        } else {
-            return Self::local(std::path::Path::new(url), url);
-        };
-        Ok(Self { store, prefix, url: url.to_string() })
+            } else {
+                return Self::local(std::path::Path::new(url), url);
+            };
+        Ok(Self {
+            store,
+            prefix,
+            url: url.to_string(),
+        })
     }
 
     fn local(path: &std::path::Path, url: &str) -> Result<Self, PipelineError> {
-        let bad = |message: String| PipelineError::Url { url: url.to_string(), message };
+        let bad = |message: String| PipelineError::Url {
+            url: url.to_string(),
+            message,
+        };
         std::fs::create_dir_all(path).map_err(|e| bad(format!("cannot create the folder: {e}")))?;
         let root = path.canonicalize().map_err(|e| bad(e.to_string()))?;
         let store = LocalFileSystem::new_with_prefix(&root).map_err(|e| bad(e.to_string()))?;
-        Ok(Self { store: Arc::new(store), prefix: Path::default(), url: url.to_string() })
+        Ok(Self {
+            store: Arc::new(store),
+            prefix: Path::default(),
+            url: url.to_string(),
+        })
     }
 
     /// The same location over another store (fault injection in tests).
@@ -170,7 +187,10 @@ impl Location {
     /// The name of a full path relative to the prefix.
     pub fn relative(&self, p: &Path) -> String {
         match p.prefix_match(&self.prefix) {
-            Some(parts) => parts.map(|p| p.as_ref().to_string()).collect::<Vec<_>>().join("/"),
+            Some(parts) => parts
+                .map(|p| p.as_ref().to_string())
+                .collect::<Vec<_>>()
+                .join("/"),
             None => p.to_string(),
         }
     }
@@ -184,12 +204,24 @@ impl Location {
             if attempt > 0 {
                 std::thread::sleep(backoff(attempt));
             }
-            let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
-            match block_on(self.store.put_opts(&path, PutPayload::from_bytes(bytes.clone()), opts)) {
+            let opts = PutOptions {
+                mode: PutMode::Create,
+                ..Default::default()
+            };
+            match block_on(
+                self.store
+                    .put_opts(&path, PutPayload::from_bytes(bytes.clone()), opts),
+            ) {
                 Ok(_) => return Ok(Published::Created),
-                Err(object_store::Error::AlreadyExists { .. }) => return Ok(Published::AlreadyExists),
+                Err(object_store::Error::AlreadyExists { .. }) => {
+                    return Ok(Published::AlreadyExists)
+                }
                 Err(e @ object_store::Error::NotImplemented { .. }) => {
-                    return Err(self.err("put", &path, format!("{e}; the store cannot create-if-absent")))
+                    return Err(self.err(
+                        "put",
+                        &path,
+                        format!("{e}; the store cannot create-if-absent"),
+                    ))
                 }
                 Err(e) => {
                     tracing::warn!(location = %path, attempt, error = %e, "put failed; retrying");
@@ -223,7 +255,9 @@ impl Location {
 
     /// Reads a whole object.
     pub fn read(&self, path: &Path) -> Result<Bytes, PipelineError> {
-        self.retry("get", path, || async { self.store.get(path).await?.bytes().await })
+        self.retry("get", path, || async {
+            self.store.get(path).await?.bytes().await
+        })
     }
 
     fn retry<T, F, Fut>(&self, op: &'static str, path: &Path, f: F) -> Result<T, PipelineError>
@@ -248,7 +282,11 @@ impl Location {
     }
 
     fn err(&self, op: &'static str, path: &Path, message: String) -> PipelineError {
-        PipelineError::Store { op, location: format!("{} ({path})", self.url), message }
+        PipelineError::Store {
+            op,
+            location: format!("{} ({path})", self.url),
+            message,
+        }
     }
 }
 
@@ -268,7 +306,12 @@ pub struct FaultyStore {
 
 impl FaultyStore {
     pub fn new(inner: Arc<dyn ObjectStore>, fail_puts: usize, land_then_fail: bool) -> Self {
-        Self { inner, fail_puts: AtomicUsize::new(fail_puts), land_then_fail, puts_seen: AtomicUsize::new(0) }
+        Self {
+            inner,
+            fail_puts: AtomicUsize::new(fail_puts),
+            land_then_fail,
+            puts_seen: AtomicUsize::new(0),
+        }
     }
 }
 
@@ -311,7 +354,11 @@ impl ObjectStore for FaultyStore {
         self.inner.put_multipart_opts(location, opts).await
     }
 
-    async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
         self.inner.get_opts(location, options).await
     }
 
@@ -330,7 +377,12 @@ impl ObjectStore for FaultyStore {
         self.inner.list_with_delimiter(prefix).await
     }
 
-    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> object_store::Result<()> {
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
         self.inner.copy_opts(from, to, options).await
     }
 }
@@ -343,8 +395,14 @@ mod tests {
     fn publish_is_create_if_absent() {
         let dir = std::env::temp_dir().join(format!("quarry-store-{}", std::process::id()));
         let loc = Location::open(dir.to_str().unwrap()).unwrap();
-        assert_eq!(loc.publish("a/b.bin", Bytes::from_static(b"1")).unwrap(), Published::Created);
-        assert_eq!(loc.publish("a/b.bin", Bytes::from_static(b"2")).unwrap(), Published::AlreadyExists);
+        assert_eq!(
+            loc.publish("a/b.bin", Bytes::from_static(b"1")).unwrap(),
+            Published::Created
+        );
+        assert_eq!(
+            loc.publish("a/b.bin", Bytes::from_static(b"2")).unwrap(),
+            Published::AlreadyExists
+        );
         let files = loc.list("a").unwrap();
         assert_eq!(files.len(), 1);
         assert_eq!(loc.relative(&files[0].location), "a/b.bin");
@@ -357,22 +415,36 @@ mod tests {
         let base = Location::open("memory://faults/x").unwrap();
         let faulty = Arc::new(FaultyStore::new(base.store.clone(), 2, false));
         let loc = base.clone().with_store(faulty.clone());
-        assert_eq!(loc.publish("f", Bytes::from_static(b"1")).unwrap(), Published::Created);
+        assert_eq!(
+            loc.publish("f", Bytes::from_static(b"1")).unwrap(),
+            Published::Created
+        );
         assert_eq!(faulty.puts_seen.load(Ordering::SeqCst), 3);
 
         let landed = Arc::new(FaultyStore::new(base.store.clone(), 1, true));
         let loc = base.clone().with_store(landed);
         // The first attempt lands but reports failure; the retry finds it there.
-        assert_eq!(loc.publish("g", Bytes::from_static(b"1")).unwrap(), Published::AlreadyExists);
+        assert_eq!(
+            loc.publish("g", Bytes::from_static(b"1")).unwrap(),
+            Published::AlreadyExists
+        );
         assert!(base.exists("g").unwrap());
     }
 
     #[test]
     fn persistent_failures_surface_with_the_location() {
         let base = Location::open("memory://faults2/y").unwrap();
-        let loc = base.clone().with_store(Arc::new(FaultyStore::new(base.store.clone(), 99, false)));
-        let err = loc.publish("h", Bytes::from_static(b"1")).unwrap_err().to_string();
-        assert!(err.contains("injected put failure") && err.contains("memory://faults2/y"), "{err}");
+        let loc =
+            base.clone()
+                .with_store(Arc::new(FaultyStore::new(base.store.clone(), 99, false)));
+        let err = loc
+            .publish("h", Bytes::from_static(b"1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("injected put failure") && err.contains("memory://faults2/y"),
+            "{err}"
+        );
         assert!(!base.exists("h").unwrap(), "nothing half-written");
     }
 

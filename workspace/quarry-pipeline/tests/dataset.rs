@@ -47,7 +47,11 @@ fn write_inputs(dir: &std::path::Path) -> BTreeMap<String, usize> {
     // Hidden and non-JSONL files are not inputs.
     std::fs::write(input.join("_SUCCESS"), b"").unwrap();
     std::fs::write(input.join("notes.txt"), b"not an input").unwrap();
-    BTreeMap::from([("a.jsonl".into(), 2), ("b.jsonl".into(), 2), ("bad.jsonl".into(), 7)])
+    BTreeMap::from([
+        ("a.jsonl".into(), 2),
+        ("b.jsonl".into(), 2),
+        ("bad.jsonl".into(), 7),
+    ])
 }
 
 struct Run {
@@ -71,7 +75,10 @@ impl Run {
     }
 
     fn go(&self) -> quarry_pipeline::dataset::JobSummary {
-        let publisher = self.job.publisher(Some(&self.out), Some(&self.rej)).unwrap();
+        let publisher = self
+            .job
+            .publisher(Some(&self.out), Some(&self.rej))
+            .unwrap();
         let extractor = EngineExtractor::load(&self.job.cfg, &self.job.schema).unwrap();
         let mut flow = Flow::new(extractor, self.job.validator().unwrap());
         run_dataset(
@@ -100,7 +107,10 @@ fn assert_exactly_once(run: &Run, expected: &BTreeMap<String, usize>) -> (Vec<Va
         want.extend((0..*n as i64).map(|o| (src.clone(), o)));
     }
     want.sort();
-    assert_eq!(all, want, "each input line once across accepted and rejects");
+    assert_eq!(
+        all, want,
+        "each input line once across accepted and rejects"
+    );
     (acc, rej)
 }
 
@@ -129,7 +139,10 @@ fn dataset_job_end_to_end() {
     assert_eq!(cause_at(4).as_deref(), Some("too_large"));
     assert_eq!(cause_at(5).as_deref(), Some("engine_error"));
     let long = rej.iter().find(|r| r["_doc_id"] == "long").unwrap();
-    assert!(long["detail"].as_str().unwrap().contains("context"), "{long}");
+    assert!(
+        long["detail"].as_str().unwrap().contains("context"),
+        "{long}"
+    );
 
     // Accepted rows hold valid records: validate them again, independently of the pipeline.
     let schema: Value = serde_json::from_str(
@@ -146,19 +159,26 @@ fn dataset_job_end_to_end() {
             }
         }
         let rec = Value::Object(rec);
-        assert!(validator.is_valid(&rec), "accepted row breaks the schema: {rec}");
+        assert!(
+            validator.is_valid(&rec),
+            "accepted row breaks the schema: {rec}"
+        );
         assert_eq!(r["_model"], "SmolLM2-135M-Instruct.Q4_1.gguf");
         assert_eq!(r["_schema_sha256"].as_str().unwrap().len(), 64);
     }
     for r in acc.iter().chain(&rej) {
-        assert!(r["_extracted_at"].as_str().unwrap().starts_with("20"), "{r}");
+        assert!(
+            r["_extracted_at"].as_str().unwrap().starts_with("20"),
+            "{r}"
+        );
     }
 
     // Files: the derived Arrow schema, zstd, metadata, one row group per row here.
     let files = dump(&run.out, &[])["files"].as_array().unwrap().clone();
     assert!(!files.is_empty());
     for f in &files {
-        let schema: Vec<(String, String, bool)> = serde_json::from_value(f["schema"].clone()).unwrap();
+        let schema: Vec<(String, String, bool)> =
+            serde_json::from_value(f["schema"].clone()).unwrap();
         let col = |n: &str| schema.iter().find(|c| c.0 == n).unwrap().clone();
         assert_eq!(col("name"), ("name".into(), "string".into(), false));
         assert_eq!(col("depends").1, "list<item: string>");
@@ -175,11 +195,16 @@ fn dataset_job_end_to_end() {
 
     // A rerun finds every shard's marker and does nothing.
     let again = run.go();
-    assert_eq!((again.shards_skipped, again.shards_done, again.consumed), (3, 0, 0));
+    assert_eq!(
+        (again.shards_skipped, again.shards_done, again.consumed),
+        (3, 0, 0)
+    );
 
     // A crash between the accepted file and the marker: remove a marker with accepted rows, and
     // the rerun replays that shard alone; still exactly once.
-    let a_accepted = acc.iter().any(|r| r["_source"].as_str().unwrap().ends_with("/a.jsonl"));
+    let a_accepted = acc
+        .iter()
+        .any(|r| r["_source"].as_str().unwrap().ends_with("/a.jsonl"));
     let shard = if a_accepted { "a.parquet" } else { "b.parquet" };
     std::fs::remove_file(dir.join("rej").join(shard)).unwrap();
     let replay = run.go();

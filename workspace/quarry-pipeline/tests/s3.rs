@@ -47,21 +47,43 @@ fn s3_to_s3_dataset_job_with_create_if_absent_and_lost_responses() {
 
     // Create-if-absent on this server, and a put whose response is lost but whose write landed.
     let probe = Location::open(&format!("s3://{bucket}/probe")).unwrap();
-    assert_eq!(probe.publish("x", Bytes::from_static(b"1")).unwrap(), Published::Created);
-    assert_eq!(probe.publish("x", Bytes::from_static(b"2")).unwrap(), Published::AlreadyExists);
-    let lossy = probe.clone().with_store(Arc::new(FaultyStore::new(probe.store.clone(), 1, true)));
-    assert_eq!(lossy.publish("y", Bytes::from_static(b"1")).unwrap(), Published::AlreadyExists);
-    let failing = probe.clone().with_store(Arc::new(FaultyStore::new(probe.store.clone(), 2, false)));
-    assert_eq!(failing.publish("z", Bytes::from_static(b"1")).unwrap(), Published::Created);
+    assert_eq!(
+        probe.publish("x", Bytes::from_static(b"1")).unwrap(),
+        Published::Created
+    );
+    assert_eq!(
+        probe.publish("x", Bytes::from_static(b"2")).unwrap(),
+        Published::AlreadyExists
+    );
+    let lossy = probe
+        .clone()
+        .with_store(Arc::new(FaultyStore::new(probe.store.clone(), 1, true)));
+    assert_eq!(
+        lossy.publish("y", Bytes::from_static(b"1")).unwrap(),
+        Published::AlreadyExists
+    );
+    let failing =
+        probe
+            .clone()
+            .with_store(Arc::new(FaultyStore::new(probe.store.clone(), 2, false)));
+    assert_eq!(
+        failing.publish("z", Bytes::from_static(b"1")).unwrap(),
+        Published::Created
+    );
 
     let docs = packages(3);
     let input = Location::open(&format!("s3://{bucket}/in")).unwrap();
     let shard = |ds: &[&String]| {
-        let lines: Vec<String> =
-            ds.iter().enumerate().map(|(i, d)| json!({"id": i, "text": d}).to_string()).collect();
+        let lines: Vec<String> = ds
+            .iter()
+            .enumerate()
+            .map(|(i, d)| json!({"id": i, "text": d}).to_string())
+            .collect();
         Bytes::from(lines.join("\n") + "\n")
     };
-    input.publish("part-0.jsonl", shard(&[&docs[0], &docs[1]])).unwrap();
+    input
+        .publish("part-0.jsonl", shard(&[&docs[0], &docs[1]]))
+        .unwrap();
     input.publish("part-1.jsonl", shard(&[&docs[2]])).unwrap();
 
     let cfg = PipelineConfig::parse(
@@ -109,13 +131,26 @@ url = "s3://{bucket}/rejects/"
     let s = run();
     assert_eq!((s.shards, s.shards_done, s.consumed), (2, 2, 3));
     let ep = endpoint();
-    let acc = rows(&dump(&format!("s3://{bucket}/out"), &["--s3-endpoint", &ep]));
-    let rej = rows(&dump(&format!("s3://{bucket}/rejects"), &["--s3-endpoint", &ep]));
+    let acc = rows(&dump(
+        &format!("s3://{bucket}/out"),
+        &["--s3-endpoint", &ep],
+    ));
+    let rej = rows(&dump(
+        &format!("s3://{bucket}/rejects"),
+        &["--s3-endpoint", &ep],
+    ));
     let mut all = keys(&acc);
     all.extend(keys(&rej));
     all.sort();
     let src = |f: &str| format!("s3://{bucket}/in/{f}");
-    assert_eq!(all, vec![(src("part-0.jsonl"), 0), (src("part-0.jsonl"), 1), (src("part-1.jsonl"), 0)]);
+    assert_eq!(
+        all,
+        vec![
+            (src("part-0.jsonl"), 0),
+            (src("part-0.jsonl"), 1),
+            (src("part-1.jsonl"), 0)
+        ]
+    );
     // Both shards have their marker; a rerun does nothing.
     let again = run();
     assert_eq!((again.shards_skipped, again.consumed), (2, 0));

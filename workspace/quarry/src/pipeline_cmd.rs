@@ -92,11 +92,17 @@ pub(crate) struct WorkerArgs {
 fn init_logs(format: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = if format == "json" { b.json().try_init() } else { b.try_init() };
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if format == "json" {
+        b.json().try_init()
+    } else {
+        b.try_init()
+    };
 }
 
-fn load(pipeline: &PathBuf, device: &Option<String>) -> Result<Prepared> {
+fn load(pipeline: &std::path::Path, device: &Option<String>) -> Result<Prepared> {
     let mut cfg = PipelineConfig::load(pipeline)?;
     if let Some(d) = device {
         cfg.model.device = d.clone();
@@ -139,9 +145,14 @@ pub(crate) fn extract(args: ExtractArgs) -> Result<()> {
     let extractor = EngineExtractor::load(&job.cfg, &job.schema)?;
     let mut flow = Flow::new(extractor, job.validator()?);
     let shutdown = Shutdown::install()?;
-    let opts = DatasetOptions { limit_shards: args.limit_shards, progress: !args.json };
-    let summary = run_dataset(&job.cfg, &input, &mut flow, &publisher, &metrics, &shutdown, &opts)
-        .with_context(|| format!("pipeline {}", job.cfg.name))?;
+    let opts = DatasetOptions {
+        limit_shards: args.limit_shards,
+        progress: !args.json,
+    };
+    let summary = run_dataset(
+        &job.cfg, &input, &mut flow, &publisher, &metrics, &shutdown, &opts,
+    )
+    .with_context(|| format!("pipeline {}", job.cfg.name))?;
     let engine = flow.extractor.engine_stats();
     if args.json {
         let mut v = serde_json::to_value(&summary)?;
@@ -153,7 +164,12 @@ pub(crate) fn extract(args: ExtractArgs) -> Result<()> {
         }
         println!("{v}");
     } else {
-        print_summary(&summary, engine.as_ref(), &publisher.output.url, &publisher.rejects.url);
+        print_summary(
+            &summary,
+            engine.as_ref(),
+            &publisher.output.url,
+            &publisher.rejects.url,
+        );
     }
     if summary.interrupted {
         eprintln!("interrupted: rerun the same command to finish the remaining shards");
@@ -180,7 +196,11 @@ fn print_summary(s: &JobSummary, e: Option<&quarry_engine::EngineStats>, out: &s
         rate(s.output_tokens),
         s.wall_s
     );
-    let hit = if s.prompt_tokens > 0 { s.cached_tokens as f64 / s.prompt_tokens as f64 } else { 0.0 };
+    let hit = if s.prompt_tokens > 0 {
+        s.cached_tokens as f64 / s.prompt_tokens as f64
+    } else {
+        0.0
+    };
     let forced = e.map(|e| e.forced_share()).unwrap_or(0.0);
     println!(
         "engine: forced-token share {:.1}%, prefix-cache hit rate {:.1}%",
@@ -195,7 +215,12 @@ pub(crate) fn worker(args: WorkerArgs) -> Result<()> {
     let job = load(&args.pipeline, &args.device)?;
     let publisher = job.publisher(args.output.as_deref(), args.rejects.as_deref())?;
     let metrics = Arc::new(Metrics::new());
-    serve_metrics(&metrics, args.metrics.as_deref().or(job.cfg.metrics.listen.as_deref()))?;
+    serve_metrics(
+        &metrics,
+        args.metrics
+            .as_deref()
+            .or(job.cfg.metrics.listen.as_deref()),
+    )?;
     let extractor = EngineExtractor::load(&job.cfg, &job.schema)?;
     let mut flow = Flow::new(extractor, job.validator()?);
     let shutdown = Shutdown::install()?;
@@ -206,7 +231,9 @@ pub(crate) fn worker(args: WorkerArgs) -> Result<()> {
         idle_exit: args.idle_exit.map(Duration::from_secs_f64),
     };
     let worker = Worker::new(&job.cfg, &opts, &mut flow, &publisher, &metrics)?;
-    let summary = worker.run(&shutdown, &opts).with_context(|| format!("pipeline {}", job.cfg.name))?;
+    let summary = worker
+        .run(&shutdown, &opts)
+        .with_context(|| format!("pipeline {}", job.cfg.name))?;
     eprintln!("worker stopped: {}", serde_json::to_string(&summary)?);
     Ok(())
 }

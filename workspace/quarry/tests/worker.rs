@@ -16,7 +16,10 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::{json, Value};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 fn brokers() -> String {
@@ -27,21 +30,31 @@ fn brokers() -> String {
 }
 
 fn python() -> PathBuf {
-    let venv = std::env::var_os("QUARRY_TESTVENV").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/quarry/testvenv")
-    });
+    let venv = std::env::var_os("QUARRY_TESTVENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/quarry/testvenv")
+        });
     venv.join("bin/python")
 }
 
 fn tansu() -> PathBuf {
-    std::env::var_os("QUARRY_TANSU").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/quarry/tools/bin/tansu")
-    })
+    std::env::var_os("QUARRY_TANSU")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/quarry/tools/bin/tansu")
+        })
 }
 
 fn create_topic(name: &str, partitions: i32) {
     let st = Command::new(tansu())
-        .args(["topic", "create", "--broker", &format!("tcp://{}", brokers()), name])
+        .args([
+            "topic",
+            "create",
+            "--broker",
+            &format!("tcp://{}", brokers()),
+            name,
+        ])
         .args(["--partitions", &partitions.to_string()])
         .stdout(Stdio::null())
         .status()
@@ -55,7 +68,12 @@ fn packages(n: usize) -> Vec<String> {
     let mut recs: Vec<String> = text
         .split("\n\n")
         .filter(|r| r.starts_with("Package: "))
-        .map(|r| r.lines().filter(|l| !l.starts_with(' ')).collect::<Vec<_>>().join("\n"))
+        .map(|r| {
+            r.lines()
+                .filter(|l| !l.starts_with(' '))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
         .collect();
     recs.sort();
     let step = recs.len() / n;
@@ -68,7 +86,12 @@ fn produce(topic: &str, partitions: i32, values: &[Vec<u8>]) -> BTreeMap<i32, i6
     produce_to(&brokers(), topic, partitions, values)
 }
 
-fn produce_to(brokers: &str, topic: &str, partitions: i32, values: &[Vec<u8>]) -> BTreeMap<i32, i64> {
+fn produce_to(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    values: &[Vec<u8>],
+) -> BTreeMap<i32, i64> {
     let p: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
@@ -77,10 +100,19 @@ fn produce_to(brokers: &str, topic: &str, partitions: i32, values: &[Vec<u8>]) -
     for (i, v) in values.iter().enumerate() {
         let part = i as i32 % partitions;
         let key = format!("k{i}");
-        let headers = OwnedHeaders::new().insert(Header { key: "origin", value: Some("test") });
-        p.send(BaseRecord::to(topic).partition(part).key(&key).payload(v).headers(headers))
-            .map_err(|(e, _)| e)
-            .unwrap();
+        let headers = OwnedHeaders::new().insert(Header {
+            key: "origin",
+            value: Some("test"),
+        });
+        p.send(
+            BaseRecord::to(topic)
+                .partition(part)
+                .key(&key)
+                .payload(v)
+                .headers(headers),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
         *counts.entry(part).or_insert(0i64) += 1;
         p.poll(Duration::ZERO);
     }
@@ -89,7 +121,9 @@ fn produce_to(brokers: &str, topic: &str, partitions: i32, values: &[Vec<u8>]) -
 }
 
 fn doc(i: usize, text: &str) -> Vec<u8> {
-    json!({"id": format!("d{i}"), "text": text}).to_string().into_bytes()
+    json!({"id": format!("d{i}"), "text": text})
+        .to_string()
+        .into_bytes()
 }
 
 struct Job {
@@ -143,14 +177,20 @@ row_group_rows = 1
 url = "{rej}"
 "#,
                 schema = root.join("schemas/package-id.json").display(),
-                model = root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf").display(),
+                model = root
+                    .join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+                    .display(),
                 brokers = brokers,
                 out = dir.join("out").display(),
                 rej = dir.join("rej").display(),
             ),
         )
         .unwrap();
-        Job { dir, pipeline, topic }
+        Job {
+            dir,
+            pipeline,
+            topic,
+        }
     }
 
     fn spawn(&self, extra_env: &[(&str, &str)], extra_args: &[&str]) -> Child {
@@ -178,7 +218,11 @@ url = "{rej}"
             .arg(self.dir.join(which))
             .output()
             .unwrap();
-        assert!(out.status.success(), "pq_dump: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "pq_dump: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
@@ -203,7 +247,10 @@ url = "{rej}"
         for (p, n) in produced {
             want.extend((0..*n).map(|o| (self.topic.clone(), *p as i64, o)));
         }
-        assert_eq!(seen, want, "each produced offset exactly once across accepted and rejects");
+        assert_eq!(
+            seen, want,
+            "each produced offset exactly once across accepted and rejects"
+        );
         (acc, rej)
     }
 }
@@ -214,13 +261,21 @@ fn wait(mut child: Child, limit: Duration) -> (std::process::ExitStatus, String)
         if let Some(st) = child.try_wait().unwrap() {
             let mut err = String::new();
             use std::io::Read;
-            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
             return (st, err);
         }
         if start.elapsed() > limit {
             let _ = child.kill();
             let out = child.wait_with_output().unwrap();
-            panic!("worker still running after {limit:?}: {}", String::from_utf8_lossy(&out.stderr));
+            panic!(
+                "worker still running after {limit:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -235,10 +290,13 @@ fn worker_extracts_with_lineage_rejects_bad_messages_and_serves_metrics() {
     values.push(b"{\"id\": \"u\", \"text\": \"caf\xc3\x28\"}".to_vec()); // invalid UTF-8
     values.push(doc(5, "  ")); // empty
     values.push(b"Package: not json".to_vec()); // not JSON, JSON expected
-    // Over max_doc_bytes (100 kB here). The 10 MB case is in the dataset test: Kafka brokers cap
-    // messages at 1 MB by default, and tansu did not deliver a 10 MB one at all.
+                                                // Over max_doc_bytes (100 kB here). The 10 MB case is in the dataset test: Kafka brokers cap
+                                                // messages at 1 MB by default, and tansu did not deliver a 10 MB one at all.
     values.push(doc(7, &"y".repeat(200_000)));
-    values.push(doc(8, &docs[0].repeat(60_000 / docs[0].len() + 1)[..60_000])); // past the context
+    values.push(doc(
+        8,
+        &docs[0].repeat(60_000 / docs[0].len() + 1)[..60_000],
+    )); // past the context
     let produced = produce(&job.topic, 2, &values);
 
     let child = job.spawn(&[], &["--metrics", "127.0.0.1:19465"]);
@@ -263,15 +321,31 @@ fn worker_extracts_with_lineage_rejects_bad_messages_and_serves_metrics() {
     }
     let (st, err) = wait(child, Duration::from_secs(600));
     assert!(st.success(), "worker failed: {err}");
-    assert!(scraped.contains("quarry_docs_rejected_total"), "metrics: {scraped}");
-    assert!(scraped.contains("quarry_step_seconds_bucket"), "metrics: {scraped}");
-    assert!(scraped.contains("quarry_consumer_lag{"), "metrics: {scraped}");
+    assert!(
+        scraped.contains("quarry_docs_rejected_total"),
+        "metrics: {scraped}"
+    );
+    assert!(
+        scraped.contains("quarry_step_seconds_bucket"),
+        "metrics: {scraped}"
+    );
+    assert!(
+        scraped.contains("quarry_consumer_lag{"),
+        "metrics: {scraped}"
+    );
 
     let (acc, rej) = job.check_exactly_once(&produced);
     let cause = |id: &str| {
-        rej.iter().find(|r| r["_doc_id"] == id).map(|r| r["cause"].as_str().unwrap().to_string())
+        rej.iter()
+            .find(|r| r["_doc_id"] == id)
+            .map(|r| r["cause"].as_str().unwrap().to_string())
     };
-    let by_key = |k: &str| rej.iter().chain(&acc).find(|r| r["_key"] == hex(k)).cloned();
+    let by_key = |k: &str| {
+        rej.iter()
+            .chain(&acc)
+            .find(|r| r["_key"] == hex(k))
+            .cloned()
+    };
     assert_eq!(by_key("k4").unwrap()["cause"], "invalid_utf8");
     assert_eq!(cause("d5").as_deref(), Some("empty"));
     assert_eq!(by_key("k6").unwrap()["cause"], "not_json");
@@ -286,9 +360,16 @@ fn worker_extracts_with_lineage_rejects_bad_messages_and_serves_metrics() {
     for f in job.dump("rej")["files"].as_array().unwrap() {
         let path = f["path"].as_str().unwrap();
         let (a, b) = range_of(path);
-        assert_eq!(f["metadata"]["quarry.offset_first"], a.to_string(), "{path}");
+        assert_eq!(
+            f["metadata"]["quarry.offset_first"],
+            a.to_string(),
+            "{path}"
+        );
         assert_eq!(f["metadata"]["quarry.offset_last"], b.to_string(), "{path}");
-        assert!(path.contains(&format!("topic={}/partition=", job.topic)), "{path}");
+        assert!(
+            path.contains(&format!("topic={}/partition=", job.topic)),
+            "{path}"
+        );
     }
     assert!(err.contains("worker stopped"), "{err}");
 }
@@ -298,7 +379,11 @@ fn hex(s: &str) -> String {
 }
 
 fn range_of(path: &str) -> (i64, i64) {
-    let stem = path.rsplit('/').next().unwrap().trim_end_matches(".parquet");
+    let stem = path
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .trim_end_matches(".parquet");
     let (a, b) = stem.split_once('-').unwrap();
     (a.parse().unwrap(), b.parse().unwrap())
 }
@@ -306,7 +391,12 @@ fn range_of(path: &str) -> (i64, i64) {
 #[test]
 fn worker_is_exactly_once_across_sigkill_at_every_crash_point() {
     let docs = packages(5);
-    for point in ["before_publish", "mid_write", "between_files", "before_commit"] {
+    for point in [
+        "before_publish",
+        "mid_write",
+        "between_files",
+        "before_commit",
+    ] {
         let job = Job::new(&format!("crash-{}", point.replace('_', "-")), 2);
         create_topic(&job.topic, 1);
         let mut values: Vec<Vec<u8>> = docs.iter().enumerate().map(|(i, d)| doc(i, d)).collect();
@@ -316,9 +406,16 @@ fn worker_is_exactly_once_across_sigkill_at_every_crash_point() {
         // Static membership: the restart takes the partition back without waiting for the group
         // to expire the killed member's session.
         let id = ["--instance-id", "w1"];
-        let child = job.spawn(&[("QUARRY_CRASH_AT", point), ("QUARRY_CRASH_AFTER", "1")], &id);
+        let child = job.spawn(
+            &[("QUARRY_CRASH_AT", point), ("QUARRY_CRASH_AFTER", "1")],
+            &id,
+        );
         let (st, err) = wait(child, Duration::from_secs(600));
-        assert_eq!(st.signal(), Some(9), "{point}: the worker should die by SIGKILL: {err}");
+        assert_eq!(
+            st.signal(),
+            Some(9),
+            "{point}: the worker should die by SIGKILL: {err}"
+        );
         assert!(err.contains(&format!("crash point {point}")), "{err}");
         let (st, err) = wait(job.spawn(&[], &id), Duration::from_secs(600));
         assert!(st.success(), "{point}: restart failed: {err}");
@@ -349,7 +446,10 @@ fn rebalances_across_two_then_three_workers_keep_exactly_once() {
         assert!(st.success(), "worker failed: {err}");
         publishers += err.contains("published") as usize;
     }
-    assert!(publishers >= 2, "the partitions were shared: {publishers} workers published");
+    assert!(
+        publishers >= 2,
+        "the partitions were shared: {publishers} workers published"
+    );
     job.check_exactly_once(&produced);
     drop(cluster);
 }

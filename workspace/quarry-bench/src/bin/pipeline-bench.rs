@@ -45,7 +45,13 @@ fn packages(path: &PathBuf, n: usize) -> Result<Vec<String>> {
     let mut recs: Vec<String> = text
         .split("\n\n")
         .filter(|r| r.starts_with("Package: ") && r.contains("\nDescription: "))
-        .map(|r| r.lines().filter(|l| !l.starts_with(' ')).collect::<Vec<_>>().join("\n") + "\n")
+        .map(|r| {
+            r.lines()
+                .filter(|l| !l.starts_with(' '))
+                .collect::<Vec<_>>()
+                .join("\n")
+                + "\n"
+        })
         .collect();
     recs.sort();
     anyhow::ensure!(recs.len() >= n, "only {} records", recs.len());
@@ -65,18 +71,23 @@ fn main() -> Result<()> {
     let job = Prepared::new(cfg)?;
     let docs = packages(&args.status, args.docs)?;
     let device = parse_device(&job.cfg.model.device)?;
-    let model = Arc::new(Llama::load(&job.cfg.model_path(), &device)?);
+    let model = Arc::new(Llama::load(job.cfg.model_path(), &device)?);
     let tok = Arc::new(Tokenizer::from_gguf(job.cfg.model_path())?);
     let ecfg = EngineConfig {
         max_running: job.cfg.batching.max_running,
-        step_tokens: EngineConfig::default().step_tokens.max(job.cfg.batching.max_running),
+        step_tokens: EngineConfig::default()
+            .step_tokens
+            .max(job.cfg.batching.max_running),
         ..EngineConfig::default()
     };
     let work = std::env::temp_dir().join(format!("quarry-pipeline-bench-{}", std::process::id()));
     let input_dir = work.join("in");
     std::fs::create_dir_all(&input_dir)?;
-    let lines: Vec<String> =
-        docs.iter().enumerate().map(|(i, d)| json!({"id": i.to_string(), "text": d}).to_string()).collect();
+    let lines: Vec<String> = docs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| json!({"id": i.to_string(), "text": d}).to_string())
+        .collect();
     std::fs::write(input_dir.join("docs.jsonl"), lines.join("\n") + "\n")?;
     let input = Location::open_input(input_dir.to_str().unwrap())?;
 
@@ -92,7 +103,9 @@ fn main() -> Result<()> {
                     fields: serde_json::Map::new(),
                     lineage: Lineage::new("bench", None, i as i64),
                 };
-                let p = prompts.build(&doc).map_err(|e| anyhow::anyhow!("{}", e.detail()))?;
+                let p = prompts
+                    .build(&doc)
+                    .map_err(|e| anyhow::anyhow!("{}", e.detail()))?;
                 Ok(Request::new(p)
                     .with_constraint(ConstraintSpec::JsonSchema(job.schema.clone()))
                     .with_max_tokens(job.cfg.sampling.max_tokens))
@@ -114,7 +127,13 @@ fn main() -> Result<()> {
             Some(out_dir.join("accepted").to_str().unwrap()),
             Some(out_dir.join("rejects").to_str().unwrap()),
         )?;
-        let extractor = EngineExtractor::new(model.clone(), tok.clone(), ecfg.clone(), &job.cfg, &job.schema)?;
+        let extractor = EngineExtractor::new(
+            model.clone(),
+            tok.clone(),
+            ecfg.clone(),
+            &job.cfg,
+            &job.schema,
+        )?;
         let mut flow = Flow::new(extractor, job.validator()?);
         let t = Instant::now();
         let s = run_dataset(

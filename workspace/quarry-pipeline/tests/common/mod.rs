@@ -9,14 +9,19 @@ use std::process::Command;
 use serde_json::Value;
 
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 /// The test venv's python (pyarrow, moto); `make test` creates it.
 pub fn python() -> PathBuf {
-    let venv = std::env::var_os("QUARRY_TESTVENV").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/quarry/testvenv")
-    });
+    let venv = std::env::var_os("QUARRY_TESTVENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/quarry/testvenv")
+        });
     let py = venv.join("bin/python");
     assert!(
         py.is_file(),
@@ -71,7 +76,12 @@ pub fn packages(n: usize) -> Vec<String> {
 pub fn keys(rows: &[Value]) -> Vec<(String, i64)> {
     let mut k: Vec<(String, i64)> = rows
         .iter()
-        .map(|r| (r["_source"].as_str().unwrap().to_string(), r["_offset"].as_i64().unwrap()))
+        .map(|r| {
+            (
+                r["_source"].as_str().unwrap().to_string(),
+                r["_offset"].as_i64().unwrap(),
+            )
+        })
         .collect();
     k.sort();
     k
