@@ -313,3 +313,79 @@ fn generate_batch_runs_jsonl_in_order() {
     let err = one_line_error(&quarry(&["generate", "--batch", path.to_str().unwrap()]));
     assert!(err.contains("line 2"), "{err}");
 }
+
+#[test]
+fn bad_job_definitions_are_one_line_errors_naming_file_and_key() {
+    let def = scratch("typo.toml");
+    let text = std::fs::read_to_string(root().join("pipelines/debian-packages.toml"))
+        .unwrap()
+        .replace("[batching]", "[batching]\nmax_runing = 4");
+    std::fs::write(&def, text).unwrap();
+    let err = one_line_error(&quarry(&["extract", "--pipeline", def.to_str().unwrap()]));
+    assert!(
+        err.contains("typo.toml") && err.contains("max_runing"),
+        "{err}"
+    );
+
+    let err = one_line_error(&quarry(&[
+        "extract",
+        "--pipeline",
+        "pipelines/kafka-packages.toml",
+    ]));
+    assert!(err.contains("quarry worker"), "{err}");
+
+    let err = one_line_error(&quarry(&[
+        "extract",
+        "--pipeline",
+        "pipelines/debian-packages.toml",
+        "--input",
+        "/nonexistent/quarry-input",
+    ]));
+    assert!(
+        err.contains("/nonexistent/quarry-input") && err.contains("does not exist"),
+        "{err}"
+    );
+}
+
+#[test]
+fn extract_writes_parquet_and_a_rerun_skips_published_shards() {
+    let dir = scratch("extract-run");
+    let _ = std::fs::remove_dir_all(&dir);
+    let input = dir.join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let status = std::fs::read_to_string("/var/lib/dpkg/status").unwrap();
+    let entry = status
+        .split("\n\n")
+        .find(|e| e.starts_with("Package: "))
+        .unwrap();
+    let line = serde_json::json!({"id": "p0", "text": entry}).to_string();
+    std::fs::write(
+        input.join("one.jsonl"),
+        format!("{line}\n{{\"id\": \"bad\"}}\n"),
+    )
+    .unwrap();
+    let (out, rej) = (dir.join("out"), dir.join("rej"));
+    let run = |json: bool| {
+        let (i, o, r) = (
+            input.display().to_string(),
+            out.display().to_string(),
+            rej.display().to_string(),
+        );
+        let mut a = vec!["extract", "--pipeline", "pipelines/debian-packages.toml"];
+        a.extend(["--input", &i, "--output", &o, "--rejects", &r]);
+        if json {
+            a.push("--json");
+        }
+        quarry(&a)
+    };
+    let v: serde_json::Value = serde_json::from_str(&stdout(&run(true))).unwrap();
+    assert_eq!(v["consumed"], 2);
+    assert_eq!(
+        v["accepted"].as_u64().unwrap() + v["rejected"].as_u64().unwrap(),
+        2
+    );
+    assert_eq!(v["causes"]["missing_field"], 1);
+    assert!(rej.join("one.parquet").is_file());
+    let again = stdout(&run(false));
+    assert!(again.contains("0 done now, 1 already published"), "{again}");
+}
