@@ -364,7 +364,7 @@ impl PipelineConfig {
         if p.is_absolute() {
             p.to_path_buf()
         } else {
-            self.base_dir.join(p)
+            lexical(&self.base_dir.join(p))
         }
     }
 
@@ -374,7 +374,7 @@ impl PipelineConfig {
         if url.contains("://") || Path::new(url).is_absolute() {
             url.to_string()
         } else {
-            self.base_dir.join(url).display().to_string()
+            self.resolve(Path::new(url)).display().to_string()
         }
     }
 
@@ -384,5 +384,71 @@ impl PipelineConfig {
 
     pub fn model_path(&self) -> PathBuf {
         self.resolve(&self.model.path)
+    }
+}
+
+/// `a/b/../c` → `a/c`, without touching the file system (`..` at the start stays).
+fn lexical(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
+            {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_definitions_load_and_resolve_against_their_folder() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../pipelines");
+        for name in [
+            "debian-packages.toml",
+            "kafka-packages.toml",
+            "reprocess-s3.toml",
+        ] {
+            let cfg = PipelineConfig::load(&root.join(name)).unwrap();
+            assert!(
+                cfg.schema_path().is_file(),
+                "{name}: {}",
+                cfg.schema_path().display()
+            );
+        }
+        let cfg = PipelineConfig::load(&root.join("debian-packages.toml")).unwrap();
+        assert!(
+            !cfg.resolve_url(&cfg.output.url).contains(".."),
+            "{}",
+            cfg.output.url
+        );
+        assert_eq!(cfg.resolve_url("s3://b/x"), "s3://b/x");
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_problem() {
+        let base = "name = \"x\"\nschema = \"s.json\"\n[source]\nkind = \"dataset\"\ninput = \"in\"\nformat = \"jsonl\"\n[prompt]\ntemplate = \"{{ text }}\"\n[output]\nurl = \"o\"\n[rejects]\nurl = \"r\"\n";
+        assert!(PipelineConfig::parse(base, "a.toml", PathBuf::new()).is_ok());
+        let bad = |t: &str| {
+            PipelineConfig::parse(t, "a.toml", PathBuf::new())
+                .unwrap_err()
+                .to_string()
+        };
+        let e = bad(&base.replace("format = \"jsonl\"", "format = \"csv\""));
+        assert!(e.contains("a.toml") && e.contains("csv"), "{e}");
+        let e = bad(&base.replace("[output]", "[output]\nrow_group_rows = 0"));
+        assert!(e.contains("row_group_rows"), "{e}");
+        let e = bad(&base.replace("url = \"r\"", "url = \"o\""));
+        assert!(e.contains("must differ"), "{e}");
+        let e = bad(&base.replace("kind = \"dataset\"", "kind = \"dataset\"\nbrokers = \"x\""));
+        assert!(e.contains("brokers"), "{e}");
     }
 }
