@@ -44,6 +44,9 @@ pub struct JobSummary {
     pub output_tokens: u64,
     pub forced_tokens: u64,
     pub wall_s: f64,
+    /// Of `wall_s`, the time spent reading shards and encoding and publishing files (the
+    /// pipeline's own work; validation runs per document between engine steps, in microseconds).
+    pub io_s: f64,
     /// Stopped by a signal before every shard was done.
     pub interrupted: bool,
     pub files: Vec<String>,
@@ -263,7 +266,9 @@ pub fn run_dataset<E: Extractor>(
         while !exhausted && flow.pending() < low_water {
             match next.next() {
                 Some(shard) => {
+                    let t = Instant::now();
                     let inputs = read_shard(input, &shard, src, cfg.batching.max_doc_bytes)?;
+                    summary.io_s += t.elapsed().as_secs_f64();
                     let id = flow.open(shard.name.clone(), shard.name.clone(), Vec::new());
                     for i in inputs {
                         flow.push(id, i);
@@ -280,7 +285,9 @@ pub fn run_dataset<E: Extractor>(
         }
         metrics.in_flight.set(flow.pending() as i64);
         for file in flow.take_ready() {
+            let t = Instant::now();
             let report = publisher.publish(file)?;
+            summary.io_s += t.elapsed().as_secs_f64();
             metrics.file(&report);
             summary.add(&report);
             progress.shard(&report, &summary, started.elapsed());
