@@ -92,8 +92,11 @@ pub(crate) struct WorkerArgs {
 fn init_logs(format: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    // Colours only on a terminal: logs collected from files and pods stay plain text.
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = if format == "json" {
         b.json().try_init()
