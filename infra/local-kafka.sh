@@ -8,6 +8,8 @@ QUARRY_CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
 RUN="${QUARRY_RUN:-$QUARRY_CACHE/run}"
 TANSU="${QUARRY_TANSU:-$QUARRY_CACHE/tools/bin/tansu}"
 mkdir -p "$RUN"
+# shellcheck source=infra/service-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/service-lib.sh"
 case "${1:-}" in
 start)
     PORT="${2:-19092}"
@@ -20,12 +22,8 @@ start)
         --advertised-listener-url "tcp://127.0.0.1:$PORT" \
         --storage-engine "sqlite://tansu.db" >"$RUN/tansu.log" 2>&1) &
     echo $! >"$RUN/tansu.pid"
-    for _ in $(seq 1 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then echo "127.0.0.1:$PORT"; exit 0; fi
-        sleep 0.1
-    done
-    echo "tansu did not start; see $RUN/tansu.log" >&2; exit 1 ;;
+    wait_port "$PORT" tansu "$RUN/tansu.log" "127.0.0.1:$PORT" ;;
 stop)
-    if [[ -f "$RUN/tansu.pid" ]]; then kill "$(cat "$RUN/tansu.pid")" 2>/dev/null || true; rm -f "$RUN/tansu.pid"; fi ;;
+    stop_pidfile "$RUN/tansu.pid" ;;
 *) echo "usage: $0 start [PORT] | stop" >&2; exit 2 ;;
 esac

@@ -9,6 +9,8 @@ QUARRY_CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
 RUN="${QUARRY_RUN:-$QUARRY_CACHE/run}"
 VENV="${QUARRY_TESTVENV:-$QUARRY_CACHE/testvenv}"
 mkdir -p "$RUN"
+# shellcheck source=infra/service-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/service-lib.sh"
 case "${1:-}" in
 start)
     PORT="${2:-15000}"
@@ -16,12 +18,8 @@ start)
     "$0" stop >/dev/null 2>&1 || true
     nohup "$VENV/bin/moto_server" -H 127.0.0.1 -p "$PORT" >"$RUN/moto.log" 2>&1 &
     echo $! >"$RUN/moto.pid"
-    for _ in $(seq 1 100); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then echo "http://127.0.0.1:$PORT"; exit 0; fi
-        sleep 0.1
-    done
-    echo "moto_server did not start; see $RUN/moto.log" >&2; exit 1 ;;
+    wait_port "$PORT" moto_server "$RUN/moto.log" "http://127.0.0.1:$PORT" ;;
 stop)
-    if [[ -f "$RUN/moto.pid" ]]; then kill "$(cat "$RUN/moto.pid")" 2>/dev/null || true; rm -f "$RUN/moto.pid"; fi ;;
+    stop_pidfile "$RUN/moto.pid" ;;
 *) echo "usage: $0 start [PORT] | stop" >&2; exit 2 ;;
 esac

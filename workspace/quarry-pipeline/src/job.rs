@@ -7,9 +7,14 @@ use serde_json::Value;
 
 use crate::columns::RecordShape;
 use crate::config::PipelineConfig;
+use crate::dataset::{run_dataset, DatasetOptions, JobSummary};
 use crate::error::PipelineError;
+use crate::extract::Extractor;
 use crate::extract::{read_schema, Validator};
+use crate::flow::Flow;
 use crate::flow::Publisher;
+use crate::metrics::Metrics;
+use crate::shutdown::Shutdown;
 use crate::store::Location;
 
 /// A job definition made ready: every error a bad definition can cause is raised here, before
@@ -78,5 +83,25 @@ impl Prepared {
             row_group_rows: self.cfg.output.row_group_rows,
             zstd_level: self.cfg.output.zstd_level,
         })
+    }
+
+    /// Runs this dataset job to the end with `extractor`: no signal handling, metrics endpoint or
+    /// progress output (tests, benchmarks, embedding). `quarry extract` wires those in itself.
+    pub fn run_dataset_plain<E: Extractor>(
+        &self,
+        extractor: E,
+        input: &Location,
+        publisher: &Publisher,
+    ) -> Result<JobSummary, PipelineError> {
+        let mut flow = Flow::new(extractor, self.validator()?);
+        run_dataset(
+            &self.cfg,
+            input,
+            &mut flow,
+            publisher,
+            &Metrics::new(),
+            &Shutdown::manual(),
+            &DatasetOptions::default(),
+        )
     }
 }

@@ -7,12 +7,8 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
-use quarry_pipeline::dataset::{run_dataset, DatasetOptions};
 use quarry_pipeline::extract::EngineExtractor;
-use quarry_pipeline::flow::Flow;
 use quarry_pipeline::job::Prepared;
-use quarry_pipeline::metrics::Metrics;
-use quarry_pipeline::shutdown::Shutdown;
 use quarry_pipeline::store::Location;
 use quarry_pipeline::PipelineConfig;
 use serde_json::{json, Value};
@@ -80,17 +76,9 @@ impl Run {
             .publisher(Some(&self.out), Some(&self.rej))
             .unwrap();
         let extractor = EngineExtractor::load(&self.job.cfg, &self.job.schema).unwrap();
-        let mut flow = Flow::new(extractor, self.job.validator().unwrap());
-        run_dataset(
-            &self.job.cfg,
-            &self.input,
-            &mut flow,
-            &publisher,
-            &Metrics::new(),
-            &Shutdown::manual(),
-            &DatasetOptions::default(),
-        )
-        .unwrap()
+        self.job
+            .run_dataset_plain(extractor, &self.input, &publisher)
+            .unwrap()
     }
 }
 

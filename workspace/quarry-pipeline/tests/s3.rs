@@ -9,12 +9,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::*;
-use quarry_pipeline::dataset::{run_dataset, DatasetOptions};
 use quarry_pipeline::extract::EngineExtractor;
-use quarry_pipeline::flow::Flow;
 use quarry_pipeline::job::Prepared;
-use quarry_pipeline::metrics::Metrics;
-use quarry_pipeline::shutdown::Shutdown;
 use quarry_pipeline::store::{FaultyStore, Location, Published};
 use quarry_pipeline::PipelineConfig;
 use serde_json::json;
@@ -116,17 +112,8 @@ url = "s3://{bucket}/rejects/"
     let publisher = job.publisher(None, None).unwrap();
     let run = || {
         let extractor = EngineExtractor::load(&job.cfg, &job.schema).unwrap();
-        let mut flow = Flow::new(extractor, job.validator().unwrap());
-        run_dataset(
-            &job.cfg,
-            &input,
-            &mut flow,
-            &publisher,
-            &Metrics::new(),
-            &Shutdown::manual(),
-            &DatasetOptions::default(),
-        )
-        .unwrap()
+        job.run_dataset_plain(extractor, &input, &publisher)
+            .unwrap()
     };
     let s = run();
     assert_eq!((s.shards, s.shards_done, s.consumed), (2, 2, 3));

@@ -9,6 +9,7 @@
 //! prefix cache is worth. Each configuration runs `--repeats` times on a fresh engine; the table
 //! gives medians. Constrained outputs are validated with the jsonschema crate.
 
+use quarry_bench::median;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -168,11 +169,6 @@ const CONFIGS: [Config; 4] = [
         radix_cache: false,
     },
 ];
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn main() -> Result<()> {
     let args = Args::parse();

@@ -8,6 +8,7 @@
 //! The prompts are real text: the 1,100-token Apache License prompt of the model fixtures. llama.cpp
 //! runs in a child process (`scripts/llama_cpp_model_bench.py` under the reference venv).
 
+use quarry_bench::median;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -122,11 +123,6 @@ fn long_prompt(root: &std::path::Path) -> Result<Vec<u32>> {
         .iter()
         .filter_map(|v| v.as_u64().map(|x| x as u32))
         .collect())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn run_quarry(args: &Args, prefill: &[u32], prompts: &[Vec<u32>]) -> Result<Value> {

@@ -4,6 +4,7 @@
 //! rejects). Runs alternate, each on a fresh engine (empty prefix cache); medians are reported.
 //! Target: the pipeline within 3% of the engine's docs/s.
 
+use quarry_bench::median;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,13 +13,9 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use quarry_engine::{ConstraintSpec, Engine, EngineConfig, Request};
 use quarry_model::{parse_device, Llama};
-use quarry_pipeline::dataset::{run_dataset, DatasetOptions};
 use quarry_pipeline::extract::{EngineExtractor, PromptBuilder};
-use quarry_pipeline::flow::Flow;
 use quarry_pipeline::job::Prepared;
-use quarry_pipeline::metrics::Metrics;
 use quarry_pipeline::record::{Document, Lineage};
-use quarry_pipeline::shutdown::Shutdown;
 use quarry_pipeline::store::Location;
 use quarry_pipeline::PipelineConfig;
 use quarry_tokenizer::Tokenizer;
@@ -57,11 +54,6 @@ fn packages(path: &PathBuf, n: usize) -> Result<Vec<String>> {
     anyhow::ensure!(recs.len() >= n, "only {} records", recs.len());
     let step = recs.len() / n;
     Ok((0..n).map(|i| recs[i * step].clone()).collect())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() -> Result<()> {
@@ -135,17 +127,8 @@ fn main() -> Result<()> {
             &job.cfg,
             &job.schema,
         )?;
-        let mut flow = Flow::new(extractor, job.validator()?);
         let t = Instant::now();
-        let s = run_dataset(
-            &job.cfg,
-            &input,
-            &mut flow,
-            &publisher,
-            &Metrics::new(),
-            &Shutdown::manual(),
-            &DatasetOptions::default(),
-        )?;
+        let s = job.run_dataset_plain(extractor, &input, &publisher)?;
         let p_wall = t.elapsed().as_secs_f64();
         pipeline_rates.push(s.consumed as f64 / p_wall);
         io_shares.push(s.io_s / p_wall);

@@ -3,6 +3,7 @@
 //! the median compile time (schema → automaton or parser) and the median time to the first token
 //! mask. Prints a summary and writes JSON (see `BENCHMARKS.md`).
 
+use quarry_bench::median;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,11 +44,6 @@ fn schemas(dir: &Path) -> Result<Vec<PathBuf>> {
     }
     out.sort();
     Ok(out)
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
 }
 
 fn quantile(xs: &[f64], q: f64) -> f64 {
