@@ -18,12 +18,7 @@ use anyhow::{Context, Result};
 use quarry_grammar::Vocabulary;
 use quarry_tokenizer::Tokenizer;
 
-/// The median of samples (the upper middle one for an even count). The benchmark machines are
-/// noisy, so every benchmark reports medians.
-pub fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
+pub use quarry_pipeline::bench::median;
 
 /// A model's tokenizer and the grammar vocabulary built from its token byte table.
 pub struct ModelVocab {

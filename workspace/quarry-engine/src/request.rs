@@ -230,6 +230,8 @@ pub struct RequestStats {
     pub forward_passes: usize,
     /// Seconds from submission to the first forward pass.
     pub queue_s: f64,
+    /// Seconds from submission to the first sampled output token (time to first token).
+    pub first_token_s: f64,
     /// Seconds from submission to the end.
     pub total_s: f64,
 }

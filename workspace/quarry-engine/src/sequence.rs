@@ -110,6 +110,9 @@ impl Sequence {
             }
         }
         self.push(id, ctx.tok);
+        if self.stats.output_tokens == 0 {
+            self.stats.first_token_s = self.submitted.elapsed().as_secs_f64();
+        }
         self.stats.output_tokens += 1;
         if self.phase == Phase::Thinking {
             self.thinking_tokens += 1;

@@ -259,6 +259,25 @@ pub struct Worker<'a, E: Extractor> {
     summary: WorkerSummary,
 }
 
+/// The prefix of environment variables that set librdkafka properties, so credentials come from a
+/// Kubernetes Secret rather than the job definition: `QUARRY_KAFKA_SASL_PASSWORD` sets
+/// `sasl.password` (lower case, `_` → `.`).
+pub const ENV_PREFIX: &str = "QUARRY_KAFKA_";
+
+/// `source.properties`, then the `QUARRY_KAFKA_*` variables of `env` over them.
+pub fn client_properties(
+    src: &KafkaSource,
+    env: impl Iterator<Item = (String, String)>,
+) -> BTreeMap<String, String> {
+    let mut props = src.properties.clone();
+    for (k, v) in env {
+        if let Some(name) = k.strip_prefix(ENV_PREFIX).filter(|n| !n.is_empty()) {
+            props.insert(name.to_ascii_lowercase().replace('_', "."), v);
+        }
+    }
+    props
+}
+
 fn kafka_err(what: &str, e: KafkaError) -> PipelineError {
     PipelineError::Kafka(format!("{what}: {e}"))
 }
@@ -296,7 +315,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
         if let Some(id) = &opts.instance_id {
             cc.set("group.instance.id", id);
         }
-        for (k, v) in &src.properties {
+        let props = client_properties(&src, std::env::vars());
+        for (k, v) in &props {
             cc.set(k, v);
         }
         // Without a `log` logger rdkafka would silence librdkafka; its lines go to tracing.
@@ -322,7 +342,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
             Some(topic) => {
                 let mut pc = ClientConfig::new();
                 pc.set("bootstrap.servers", &src.brokers);
-                for (k, v) in &src.properties {
+                for (k, v) in &props {
                     pc.set(k, v);
                 }
                 let p: BaseProducer = pc
@@ -707,6 +727,48 @@ mod tests {
         assert!(a < b);
         assert_eq!(parse_range(&b), Some((100, 1000)));
         assert_eq!(parse_partition(&partition_dir("docs", 12)), Some(12));
+    }
+
+    #[test]
+    fn credentials_come_from_the_environment_over_the_definition() {
+        let cfg = crate::PipelineConfig::parse(
+            r#"
+name = "k"
+schema = "s.json"
+[source]
+kind = "kafka"
+brokers = "b:9092"
+topic = "t"
+group = "g"
+properties = { "security.protocol" = "SASL_SSL", "sasl.username" = "from-toml" }
+[prompt]
+template = "{{ text }}"
+[model]
+path = "m.gguf"
+[output]
+url = "memory://o"
+[rejects]
+url = "memory://r"
+"#,
+            "k.toml",
+            std::path::PathBuf::from("."),
+        )
+        .unwrap();
+        let SourceConfig::Kafka(src) = &cfg.source else {
+            panic!("a kafka source")
+        };
+        let env = [
+            ("QUARRY_KAFKA_SASL_USERNAME", "svc"),
+            ("QUARRY_KAFKA_SASL_PASSWORD", "s3cret"),
+            ("QUARRY_KAFKA_", "ignored"),
+            ("HOME", "/root"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let props = client_properties(src, env.into_iter());
+        assert_eq!(props["security.protocol"], "SASL_SSL");
+        assert_eq!(props["sasl.username"], "svc");
+        assert_eq!(props["sasl.password"], "s3cret");
+        assert_eq!(props.len(), 3);
     }
 
     #[test]

@@ -9,8 +9,11 @@
 //! - [`flow`]: documents grouped into output files, and the effectively-once publish protocol;
 //! - [`columns`] and [`encode`]: the Arrow schema derived from the JSON Schema, and Parquet bytes;
 //! - [`store`]: object-store locations, create-if-absent publishing with retries;
-//! - [`metrics`] and [`shutdown`]: operations.
+//! - [`metrics`] and [`shutdown`]: operations;
+//! - [`inspect`]: what a published file holds (`quarry inspect`);
+//! - [`bench`]: the throughput workload behind `quarry bench` and the engine benchmark.
 
+pub mod bench;
 pub mod columns;
 pub mod config;
 pub mod dataset;
@@ -19,6 +22,7 @@ pub mod error;
 pub mod extract;
 pub mod faults;
 pub mod flow;
+pub mod inspect;
 pub mod job;
 pub mod kafka;
 pub mod metrics;

@@ -23,7 +23,7 @@ use crate::ModelArg;
   quarry generate --chat --prompt 'Name three Debian package managers.' --max-tokens 64
   quarry generate --prompt 'Once upon a time' --temperature 0.8 --top-p 0.95 --seed 7
   quarry generate --chat --prompt 'Is the sky blue?' --choice yes --choice no
-  quarry generate --chat --prompt 'Describe curl as JSON' --schema schemas/package.json --stats
+  quarry generate --chat --prompt 'Describe curl as JSON' --schema schemas/debian-package.json --stats
   quarry generate --batch prompts.jsonl --json-object --chat > results.jsonl
 
 A --batch file has one request per line: {\"prompt\": \"text\"} or

@@ -24,7 +24,7 @@ pub enum GrammarCommand {
     #[command(after_help = "Examples:\n  \
         quarry grammar compile --regex '[0-9]{4}-[0-9]{2}-[0-9]{2}'\n  \
         quarry grammar compile --choice yes --choice no --json\n  \
-        quarry grammar compile --schema schemas/person.json --strict")]
+        quarry grammar compile --schema schemas/debian-package.json --strict")]
     Compile {
         #[command(flatten)]
         constraint: ConstraintArgs,
@@ -52,7 +52,7 @@ pub enum GrammarCommand {
     },
     /// Print the regex a constraint compiles from (for a schema, the derived regex).
     #[command(after_help = "Examples:\n  \
-        quarry grammar explain --schema schemas/person.json\n  \
+        quarry grammar explain --schema schemas/debian-package.json\n  \
         quarry grammar explain --choice yes --choice no")]
     Explain {
         #[command(flatten)]

@@ -1,16 +1,18 @@
 //! The `quarry` command line.
 //!
-//! Subcommands today: `info` (what a model file is), `tokenize` (ids and token strings),
-//! `chat-template` (a rendered prompt), `grammar` (compile a constraint, check a text, print a
-//! mask) and `generate` (free or constrained generation through the engine, one prompt or a JSONL
-//! batch), `extract` (a dataset job from a `pipelines/*.toml` definition) and `worker` (a Kafka
-//! consumer-group member running such a definition).
+//! Subcommands: `extract` (a dataset job from a `pipelines/*.toml` definition), `worker` (a Kafka
+//! consumer-group member running such a definition), `inspect` (what published Parquet files
+//! hold), `bench` (the throughput sweep on any device), `generate` (free or constrained generation
+//! through the engine), and the tools underneath: `info`, `tokenize`, `chat-template`, `grammar`.
 //!
-//! Exit codes, as grep has them: 0 success or "yes", 1 a "no" answer (`grammar accepts`), 2 an
-//! error (one line on stderr).
+//! Exit codes ([`EXIT_CODES`]): 0 success or "yes", 1 a "no" answer (`grammar accepts`), 2 an
+//! error (one line on stderr with the cause and a hint), 3 a job stopped by a signal before it
+//! finished (rerun it to resume).
 
+mod bench_cmd;
 mod generate_cmd;
 mod grammar_cmd;
+mod inspect_cmd;
 mod pipeline_cmd;
 
 use std::io::Write;
@@ -25,11 +27,40 @@ use quarry_tokenizer::{ChatMessage, EncodeOptions, TokenKind, Tokenizer, Tokeniz
 /// The model `make setup` installs; every subcommand uses it unless `--model` says otherwise.
 const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// The exit codes, as `quarry --help` and the README state them (a test keeps the README true).
+macro_rules! exit_codes {
+    () => {
+        "Exit codes:
+  0  success (or \"yes\" from `grammar accepts`)
+  1  \"no\" from `grammar accepts` (the text does not match the constraint)
+  2  error: bad arguments, an unreadable job definition, schema or model, a store or broker that
+     keeps failing; one line on stderr with the cause and a hint
+  3  `extract` stopped by SIGTERM/SIGINT before every shard was published; rerun it to resume"
+    };
+}
+#[cfg(test)]
+const EXIT_CODES: &str = exit_codes!();
+
 #[derive(Parser)]
 #[command(
     name = "quarry",
     version,
-    about = "Bulk structured extraction with language models"
+    about = "Bulk structured extraction with language models",
+    long_about = "Bulk structured extraction with language models: documents from Kafka or object \
+storage, a model on CPU or GPU whose every output follows a JSON Schema, regex, choice list or \
+grammar, validated records written to Parquet effectively once.",
+    after_help = concat!("Examples:
+  quarry extract --pipeline pipelines/debian-packages.toml      # a dataset job to Parquet
+  quarry worker --pipeline pipelines/kafka-packages.toml --brokers 127.0.0.1:9092
+  quarry inspect target/demo/out/packages                       # what the job wrote
+  quarry bench --device cuda:0 --batch 1,16,64                  # compare devices
+  quarry generate --chat --schema schemas/debian-package.json --prompt 'Package: jq ...'
+  quarry grammar mask --regex '[0-9]{3}' --prefix 12
+
+Every subcommand has its own --help with examples. The model defaults to
+models/SmolLM2-135M-Instruct.Q4_1.gguf (installed by `make setup`) or $QUARRY_MODEL.
+
+", exit_codes!())
 )]
 struct Cli {
     #[command(subcommand)]
@@ -39,6 +70,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Show a model's architecture, sizes, vocabulary, special tokens and chat template.
+    #[command(after_help = "Examples:
+  quarry info
+  quarry info --model models/gemma-3-270m-q4_k_m.gguf --json | jq .model.block_count")]
     Info {
         #[command(flatten)]
         model: ModelArg,
@@ -47,6 +81,10 @@ enum Command {
         json: bool,
     },
     /// Tokenize TEXT and print the ids and token strings.
+    #[command(after_help = "Examples:
+  quarry tokenize 'Ünïcødé 😀'
+  quarry tokenize --json --bos 'Hello world'
+  quarry tokenize --parse-special '<|im_start|>user'")]
     Tokenize {
         #[command(flatten)]
         model: ModelArg,
@@ -64,6 +102,9 @@ enum Command {
         text: String,
     },
     /// Render a conversation with the model's chat template.
+    #[command(after_help = "Examples:
+  quarry chat-template 'Extract the invoice total.'
+  quarry chat-template --system 'You extract JSON records.' --no-generation-prompt 'Invoice #12'")]
     ChatTemplate {
         #[command(flatten)]
         model: ModelArg,
@@ -77,7 +118,13 @@ enum Command {
         user: String,
     },
     /// Compile regex and choice constraints against the model's vocabulary; check texts and masks.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:
+  quarry grammar compile --schema schemas/debian-package.json
+  quarry grammar mask --regex '[0-9]{3}' --prefix 12 --json
+  printf 2024-02-29 | quarry grammar accepts --regex '[0-9]{4}-[0-9]{2}-[0-9]{2}' --explain"
+    )]
     Grammar(grammar_cmd::GrammarCommand),
     /// Generate text from a prompt on the CPU or a GPU, streamed, ending with tokens/s (stderr).
     Generate(generate_cmd::GenerateArgs),
@@ -85,6 +132,10 @@ enum Command {
     Extract(pipeline_cmd::ExtractArgs),
     /// Run a Kafka worker: a consumer-group member writing Parquet, effectively once.
     Worker(pipeline_cmd::WorkerArgs),
+    /// Show what Parquet files hold: schema, counts, offset ranges, sample rows.
+    Inspect(inspect_cmd::InspectArgs),
+    /// Measure extraction throughput on a device over a batch-size sweep (table + JSON).
+    Bench(bench_cmd::BenchArgs),
 }
 
 #[derive(Args)]
@@ -94,13 +145,24 @@ pub(crate) struct ModelArg {
     pub(crate) model: PathBuf,
 }
 
-/// Exit code of an error (1 is kept for a "no" answer).
+/// How a command ended, for its exit code ([`EXIT_CODES`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exit {
+    Success,
+    /// A "no" answer.
+    No,
+    /// A job stopped by a signal before it finished.
+    Interrupted,
+}
+
+/// Exit code of an error.
 const EXIT_ERROR: u8 = 2;
 
 fn main() -> ExitCode {
     match run(Cli::parse()) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
+        Ok(Exit::Success) => ExitCode::SUCCESS,
+        Ok(Exit::No) => ExitCode::from(1),
+        Ok(Exit::Interrupted) => ExitCode::from(3),
         // A closed pipe (`quarry info | head`) is the reader's choice, not a failure.
         Err(e)
             if e.downcast_ref::<std::io::Error>()
@@ -109,20 +171,55 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            // One line: the cause chain joined, then how to fix it where we know.
-            eprintln!("error: {e:#}");
+            eprintln!("{}", error_line(&e));
             ExitCode::from(EXIT_ERROR)
         }
     }
 }
 
-/// Runs the command; `Ok(false)` is a "no" answer (exit 1).
-fn run(cli: Cli) -> Result<bool> {
+/// An error as one line: the cause chain joined, then how to fix it where the message does not
+/// already say.
+fn error_line(e: &anyhow::Error) -> String {
+    let msg = format!("{e:#}").replace('\n', " ");
+    match hint(e).filter(|_| !msg.contains("To fix") && !msg.contains("run `make")) {
+        Some(h) => format!("error: {msg}. Hint: {h}"),
+        None => format!("error: {msg}"),
+    }
+}
+
+/// A hint for the errors whose fix is the same every time.
+fn hint(e: &anyhow::Error) -> Option<&'static str> {
+    use quarry_pipeline::PipelineError as P;
+    let p = e.chain().find_map(|c| c.downcast_ref::<P>())?;
+    Some(match p {
+        P::Config { .. } => "the keys and their meaning are in pipelines/README.md and the README's configuration table",
+        P::Schema { .. } => "check the file with `quarry grammar compile --schema FILE`",
+        P::Store { .. } => "check the URL, the credentials in the environment (AWS_*, GOOGLE_*, AZURE_*) and that the endpoint is up; nothing was committed, so a rerun is safe",
+        P::Url { .. } => "use a local path or file://, s3://, gs://, az:// or memory://",
+        P::Input { .. } => "check the path or URL and the source's format in the job definition",
+        P::Kafka(_) => "check --brokers and that the broker is reachable (`bash infra/local-kafka.sh start` runs a local one); uncommitted work is redone on restart",
+        P::Parquet { .. } => "the file is not Parquet or was cut short (a published file is never partial: check how it got there)",
+        P::Engine(_) => "check the model file (`quarry info --model FILE`) and --device",
+        P::Conservation(_) => "this is a bug: please report it with the job definition; nothing was committed",
+        P::Template(_) => "prompt.template is a minijinja template over text, id and doc",
+    })
+}
+
+/// Runs the command.
+fn run(cli: Cli) -> Result<Exit> {
     match cli.command {
-        Command::Grammar(cmd) => return grammar_cmd::run(cmd),
+        Command::Grammar(cmd) => {
+            return Ok(if grammar_cmd::run(cmd)? {
+                Exit::Success
+            } else {
+                Exit::No
+            })
+        }
         Command::Generate(args) => generate_cmd::run(args)?,
-        Command::Extract(args) => pipeline_cmd::extract(args)?,
+        Command::Extract(args) => return pipeline_cmd::extract(args),
         Command::Worker(args) => pipeline_cmd::worker(args)?,
+        Command::Inspect(args) => inspect_cmd::run(args)?,
+        Command::Bench(args) => bench_cmd::run(args)?,
         Command::Info { model, json } => info(&model.model, json)?,
         Command::Tokenize {
             model,
@@ -160,7 +257,7 @@ fn run(cli: Cli) -> Result<bool> {
             )?;
         }
     }
-    Ok(true)
+    Ok(Exit::Success)
 }
 
 fn setup_hint(path: &Path) -> String {
@@ -354,4 +451,38 @@ pub(crate) fn show_bytes(bytes: &[u8]) -> String {
         }
     }
     format!("\"{s}\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_states_the_exit_codes() {
+        let readme =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+                .expect("README.md at the repository root");
+        for line in EXIT_CODES.lines().skip(1) {
+            assert!(
+                readme.contains(line.trim()),
+                "README.md lacks the exit-code line {line:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_are_one_line_with_a_hint() {
+        let e = anyhow::Error::new(quarry_pipeline::PipelineError::Url {
+            url: "ftp://x".into(),
+            message: "unsupported scheme\nftp".into(),
+        });
+        let line = error_line(&e);
+        assert!(!line.contains('\n'), "{line}");
+        assert!(
+            line.starts_with("error: url ftp://x: unsupported scheme ftp. Hint: "),
+            "{line}"
+        );
+        let plain = error_line(&anyhow::anyhow!("model file x not found: run `make setup`"));
+        assert_eq!(plain, "error: model file x not found: run `make setup`");
+    }
 }

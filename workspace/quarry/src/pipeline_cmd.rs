@@ -51,8 +51,8 @@ pub(crate) struct ExtractArgs {
 
 #[derive(Args)]
 #[command(after_help = "Examples:\n  \
-    quarry worker --pipeline pipelines/kafka-support-tickets.toml\n  \
-    quarry worker --pipeline pipelines/kafka-support-tickets.toml --brokers 127.0.0.1:9092 --group extract-1\n\n\
+    quarry worker --pipeline pipelines/kafka-packages.toml\n  \
+    quarry worker --pipeline pipelines/kafka-packages.toml --brokers 127.0.0.1:9092 --group extract-1\n\n\
     SIGTERM or SIGINT: stop fetching, finish and publish what is held, commit, exit 0.\n\
     A second signal abandons in-flight work (uncommitted; the next owner redoes it).")]
 pub(crate) struct WorkerArgs {
@@ -129,7 +129,7 @@ fn serve_metrics(metrics: &Arc<Metrics>, listen: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn extract(args: ExtractArgs) -> Result<()> {
+pub(crate) fn extract(args: ExtractArgs) -> Result<crate::Exit> {
     init_logs(&args.log_format);
     let job = load(&args.pipeline, &args.device)?;
     let quarry_pipeline::config::SourceConfig::Dataset(src) = &job.cfg.source else {
@@ -176,8 +176,9 @@ pub(crate) fn extract(args: ExtractArgs) -> Result<()> {
     }
     if summary.interrupted {
         eprintln!("interrupted: rerun the same command to finish the remaining shards");
+        return Ok(crate::Exit::Interrupted);
     }
-    Ok(())
+    Ok(crate::Exit::Success)
 }
 
 fn print_summary(s: &JobSummary, e: Option<&quarry_engine::EngineStats>, out: &str, rej: &str) {

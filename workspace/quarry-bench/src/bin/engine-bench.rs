@@ -12,13 +12,13 @@
 use quarry_bench::median;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use clap::Parser;
-use quarry_engine::{ConstraintSpec, Engine, EngineConfig, FinishReason, Prompt, Request};
+use quarry_engine::EngineConfig;
 use quarry_model::{parse_device, Llama};
-use quarry_tokenizer::{ChatMessage, Tokenizer};
+use quarry_pipeline::bench;
+use quarry_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 #[derive(Parser)]
@@ -48,87 +48,6 @@ struct Args {
     keep_back: usize,
     #[arg(long)]
     out: Option<PathBuf>,
-}
-
-/// Package records with a homepage and a description, spread over the database, each cut to its
-/// fields and the first lines of its description.
-fn documents(path: &PathBuf, n: usize) -> Result<Vec<String>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let keep = [
-        "Package",
-        "Version",
-        "Maintainer",
-        "Depends",
-        "Pre-Depends",
-        "Homepage",
-        "Description",
-        "Priority",
-        "Section",
-        "Installed-Size",
-        "Essential",
-    ];
-    let mut records: Vec<String> = text
-        .split("\n\n")
-        .filter(|r| r.contains("\nHomepage: ") && r.contains("\nDescription: "))
-        .map(|r| {
-            let mut out = String::new();
-            let mut desc_lines = 0;
-            let mut in_kept = false;
-            for line in r.lines() {
-                if line.starts_with(' ') {
-                    if in_kept && desc_lines > 0 && desc_lines < 3 {
-                        out.push_str(line);
-                        out.push('\n');
-                        desc_lines += 1;
-                    }
-                    continue;
-                }
-                let key = line.split(':').next().unwrap_or("");
-                in_kept = keep.contains(&key);
-                if in_kept {
-                    out.push_str(line);
-                    out.push('\n');
-                    if key == "Description" {
-                        desc_lines = 1;
-                    }
-                }
-            }
-            out
-        })
-        .collect();
-    records.sort();
-    if records.len() < n {
-        bail!(
-            "{} has only {} usable package records",
-            path.display(),
-            records.len()
-        );
-    }
-    let step = records.len() / n;
-    Ok((0..n).map(|i| records[i * step].clone()).collect())
-}
-
-fn instruction() -> String {
-    "You are a careful data extraction assistant working on the Debian package database. \
-     You will be shown one package record in the format of /var/lib/dpkg/status. Each record \
-     is a list of fields: Package gives the package name, Version the full version string \
-     including any epoch and Debian revision, Maintainer the name and email address of the \
-     person or team responsible for the package, Depends and Pre-Depends the comma separated \
-     list of packages it needs (each possibly with a version constraint in parentheses and \
-     alternatives separated by a vertical bar), Homepage the upstream project's web site, and \
-     Description a one-line summary followed by a longer description. Extract these facts into \
-     a JSON object with the keys name, version, maintainer, depends, homepage and summary. \
-     Copy values exactly as they appear in the record, without changing spelling or case. The \
-     depends value is a list with one string per dependency as written in the record, in the \
-     same order; use an empty list when the package has no dependencies. The summary is the \
-     first line of the description only. Do not invent values that the record does not \
-     contain, do not add explanations, and do not wrap the JSON in code fences. Answer with the \
-     JSON object and nothing else. Keep the keys in the order given above, write every string \
-     on one line, escape quotation marks inside values as JSON requires, and keep email \
-     addresses inside angle brackets exactly as the record shows them. If a field appears \
-     twice, use its first occurrence.\n\n"
-        .into()
 }
 
 struct Config {
@@ -175,28 +94,11 @@ fn main() -> Result<()> {
     std::env::set_var("RAYON_NUM_THREADS", args.threads.to_string());
     let schema: Value = serde_json::from_str(&std::fs::read_to_string(&args.schema)?)?;
     let validator = jsonschema::validator_for(&schema).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let docs = documents(&args.status, args.docs)?;
+    let docs = bench::package_records(&args.status, args.docs)?;
     let device = parse_device("cpu")?;
     let model = Arc::new(Llama::load(&args.model, &device)?);
     let tok = Arc::new(Tokenizer::from_gguf(&args.model)?);
-    let instruction = instruction();
-    let requests = |constrained: bool| -> Vec<Request> {
-        docs.iter()
-            .map(|d| {
-                let prompt =
-                    Prompt::Chat(vec![ChatMessage::new("user", format!("{instruction}{d}"))]);
-                let c = if constrained {
-                    ConstraintSpec::JsonSchema(schema.clone())
-                } else {
-                    ConstraintSpec::None
-                };
-                Request::new(prompt)
-                    .with_constraint(c)
-                    .with_max_tokens(args.max_tokens)
-            })
-            .collect()
-    };
-    let prefix_tokens = tok.encode(&instruction)?.len();
+    let prefix_tokens = tok.encode(bench::PACKAGE_INSTRUCTION)?.len();
     eprintln!(
         "{} documents; shared instruction of {prefix_tokens} tokens",
         docs.len()
@@ -208,62 +110,16 @@ fn main() -> Result<()> {
     {
         let mut runs = Vec::new();
         for rep in 0..args.repeats {
-            let mut engine = Engine::new(
-                model.clone(),
-                tok.clone(),
-                EngineConfig {
-                    jump_forward: cfg.jump_forward,
-                    radix_cache: cfg.radix_cache,
-                    max_running: args.max_running,
-                    keep_back: args.keep_back,
-                    ..EngineConfig::default()
-                },
-            )?;
-            let t = Instant::now();
-            let out = engine.run_batch(requests(cfg.constrained))?;
-            let wall = t.elapsed().as_secs_f64();
-            let s = engine.stats();
-            let output: usize = out.iter().map(|c| c.stats.output_tokens).sum();
-            let complete = out
-                .iter()
-                .filter(|c| {
-                    c.finish == FinishReason::ConstraintComplete || c.finish == FinishReason::Stop
-                })
-                .count();
-            let valid = out
-                .iter()
-                .filter(|c| {
-                    serde_json::from_str::<Value>(&c.text).is_ok_and(|v| validator.is_valid(&v))
-                })
-                .count();
-            if cfg.constrained {
-                if let Some(bad) = out.iter().find(|c| {
-                    c.finish == FinishReason::ConstraintComplete
-                        && !serde_json::from_str::<Value>(&c.text)
-                            .is_ok_and(|v| validator.is_valid(&v))
-                }) {
-                    bail!(
-                        "config {}: a complete output fails the schema: {}",
-                        cfg.name,
-                        bad.text
-                    );
-                }
-            }
-            let run = json!({
-                "wall_s": wall,
-                "docs_per_s": out.len() as f64 / wall,
-                "output_tokens_per_s": output as f64 / wall,
-                "output_tokens": output,
-                "forward_passes": s.forward_passes,
-                "forward_tokens": s.forward_tokens,
-                "forced_share": s.forced_share(),
-                "hit_rate": s.cache.hit_rate(),
-                "mask_us_per_step": s.mask_us_per_step(),
-                "cache_overhead": s.cache_overhead(),
-                "complete": complete,
-                "schema_valid": valid,
-                "retokenized_tokens": s.retokenized_tokens,
-            });
+            let config = EngineConfig {
+                jump_forward: cfg.jump_forward,
+                radix_cache: cfg.radix_cache,
+                max_running: args.max_running,
+                keep_back: args.keep_back,
+                ..EngineConfig::default()
+            };
+            let reqs = bench::requests(&docs, cfg.constrained.then_some(&schema), args.max_tokens);
+            let run =
+                serde_json::to_value(bench::measure(&model, &tok, config, reqs, &validator)?)?;
             eprintln!("{} ({}) run {}: {run}", cfg.name, cfg.label, rep + 1);
             runs.push(run);
         }

@@ -7,8 +7,33 @@ use std::sync::OnceLock;
 use candle_core::Device;
 use quarry_model::{KvLayout, KvPool, Llama, Logits, PageId, SeqInput};
 
+/// The repository root: `$QUARRY_ROOT` (for test binaries carried to a GPU machine), else the
+/// checkout they were built in.
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    std::env::var_os("QUARRY_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.."))
+}
+
+/// The device the model tests run on: `$QUARRY_TEST_DEVICE` (`cuda:0` in a CUDA build), else the
+/// CPU.
+pub fn device() -> Device {
+    static DEVICE: OnceLock<Device> = OnceLock::new();
+    DEVICE
+        .get_or_init(|| {
+            let name = std::env::var("QUARRY_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+            quarry_model::parse_device(&name).unwrap()
+        })
+        .clone()
+}
+
+/// `layout`, except that host-memory pools exist only on the CPU.
+pub fn layout_for_device(layout: KvLayout) -> KvLayout {
+    if device().is_cpu() {
+        layout
+    } else {
+        KvLayout::Tensor
+    }
 }
 
 pub fn smollm2_path() -> PathBuf {
@@ -24,17 +49,17 @@ pub fn smollm2_path() -> PathBuf {
 /// The model, loaded once per test binary.
 pub fn smollm2() -> &'static Llama {
     static MODEL: OnceLock<Llama> = OnceLock::new();
-    MODEL.get_or_init(|| Llama::load(smollm2_path(), &Device::Cpu).unwrap())
+    MODEL.get_or_init(|| Llama::load(smollm2_path(), &device()).unwrap())
 }
 
-/// A CPU pool of `pages` pages of `page_size`.
+/// A pool of `pages` pages of `page_size` on the test device.
 pub fn pool(page_size: usize, pages: usize, layout: KvLayout) -> KvPool {
     KvPool::new(
         smollm2().config(),
         page_size,
         pages,
-        &Device::Cpu,
-        Some(layout),
+        &device(),
+        Some(layout_for_device(layout)),
     )
     .unwrap()
 }

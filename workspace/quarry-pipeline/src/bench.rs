@@ -1,0 +1,333 @@
+//! The throughput workload behind `quarry bench` (a batch-size sweep on any device) and the
+//! `engine-bench` A/B runs: real package records with a shared instruction and the package
+//! schema, run through the engine on a fresh [`Engine`] per measurement.
+//!
+//! The documents are this machine's Debian package database (`/var/lib/dpkg/status`), or any JSONL
+//! file of objects with a `text` field, so a run on another machine measures the same kind of work.
+//! Every prompt starts with the same instruction of about 300 tokens, which is what the radix cache
+//! shares between documents.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use quarry_engine::{ConstraintSpec, Engine, EngineConfig, Prompt, Request};
+use quarry_model::Llama;
+use quarry_tokenizer::{ChatMessage, Tokenizer};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::PipelineError;
+
+/// The instruction every benchmark prompt starts with (shared prefix of about 300 tokens).
+pub const PACKAGE_INSTRUCTION: &str = "You are a careful data extraction assistant working on the \
+Debian package database. You will be shown one package record in the format of \
+/var/lib/dpkg/status. Each record is a list of fields: Package gives the package name, Version the \
+full version string including any epoch and Debian revision, Maintainer the name and email address \
+of the person or team responsible for the package, Depends and Pre-Depends the comma separated list \
+of packages it needs (each possibly with a version constraint in parentheses and alternatives \
+separated by a vertical bar), Homepage the upstream project's web site, and Description a one-line \
+summary followed by a longer description. Extract these facts into a JSON object with the keys \
+name, version, maintainer, depends, homepage and summary. Copy values exactly as they appear in the \
+record, without changing spelling or case. The depends value is a list with one string per \
+dependency as written in the record, in the same order; use an empty list when the package has no \
+dependencies. The summary is the first line of the description only. Do not invent values that the \
+record does not contain, do not add explanations, and do not wrap the JSON in code fences. Answer \
+with the JSON object and nothing else. Keep the keys in the order given above, write every string \
+on one line, escape quotation marks inside values as JSON requires, and keep email addresses inside \
+angle brackets exactly as the record shows them. If a field appears twice, use its first \
+occurrence.\n\n";
+
+/// The fields of a status entry the workload keeps (the rest, such as file lists and conffiles,
+/// would only lengthen prompts).
+const KEPT_FIELDS: [&str; 11] = [
+    "Package",
+    "Version",
+    "Maintainer",
+    "Depends",
+    "Pre-Depends",
+    "Homepage",
+    "Description",
+    "Priority",
+    "Section",
+    "Installed-Size",
+    "Essential",
+];
+
+/// `n` package records with a homepage and a description, spread evenly over the sorted database,
+/// each cut to [`KEPT_FIELDS`] and the first lines of its description.
+pub fn package_records(status: &Path, n: usize) -> Result<Vec<String>, PipelineError> {
+    let input_err = |message: String| PipelineError::Input {
+        location: status.display().to_string(),
+        message,
+    };
+    let text = std::fs::read(status).map_err(|e| {
+        input_err(format!(
+            "{e} (the package workload needs a Debian package database; pass --input FILE.jsonl \
+             elsewhere)"
+        ))
+    })?;
+    let text = String::from_utf8_lossy(&text);
+    let mut records: Vec<String> = text
+        .split("\n\n")
+        .filter(|r| r.contains("\nHomepage: ") && r.contains("\nDescription: "))
+        .map(cut_record)
+        .collect();
+    records.sort();
+    spread(records, n).map_err(input_err)
+}
+
+fn cut_record(r: &str) -> String {
+    let mut out = String::new();
+    let mut desc_lines = 0;
+    let mut in_kept = false;
+    for line in r.lines() {
+        if line.starts_with(' ') {
+            if in_kept && desc_lines > 0 && desc_lines < 3 {
+                out.push_str(line);
+                out.push('\n');
+                desc_lines += 1;
+            }
+            continue;
+        }
+        let key = line.split(':').next().unwrap_or("");
+        in_kept = KEPT_FIELDS.contains(&key);
+        if in_kept {
+            out.push_str(line);
+            out.push('\n');
+            if key == "Description" {
+                desc_lines = 1;
+            }
+        }
+    }
+    out
+}
+
+/// `n` documents from a JSONL file of objects with a string `text` field, spread over the file.
+pub fn jsonl_records(path: &Path, n: usize) -> Result<Vec<String>, PipelineError> {
+    let input_err = |message: String| PipelineError::Input {
+        location: path.display().to_string(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| input_err(e.to_string()))?;
+    let mut docs = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: Value = serde_json::from_str(line)
+            .map_err(|e| input_err(format!("line {}: not JSON: {e}", i + 1)))?;
+        match v.get("text").and_then(Value::as_str) {
+            Some(t) => docs.push(t.to_string()),
+            None => {
+                return Err(input_err(format!(
+                    "line {}: no string field \"text\"",
+                    i + 1
+                )))
+            }
+        }
+    }
+    spread(docs, n).map_err(input_err)
+}
+
+fn spread(records: Vec<String>, n: usize) -> Result<Vec<String>, String> {
+    if n == 0 {
+        return Err("asked for 0 documents".into());
+    }
+    if records.len() < n {
+        return Err(format!(
+            "has only {} usable documents, {n} asked for",
+            records.len()
+        ));
+    }
+    let step = records.len() / n;
+    Ok((0..n).map(|i| records[i * step].clone()).collect())
+}
+
+/// One request per document: the chat-rendered instruction plus the document, the schema as the
+/// constraint (or none), greedy, at most `max_tokens`.
+pub fn requests(docs: &[String], schema: Option<&Value>, max_tokens: usize) -> Vec<Request> {
+    docs.iter()
+        .map(|d| {
+            let prompt = Prompt::Chat(vec![ChatMessage::new(
+                "user",
+                format!("{PACKAGE_INSTRUCTION}{d}"),
+            )]);
+            let c = schema.map_or(ConstraintSpec::None, |s| {
+                ConstraintSpec::JsonSchema(s.clone())
+            });
+            Request::new(prompt)
+                .with_constraint(c)
+                .with_max_tokens(max_tokens)
+        })
+        .collect()
+}
+
+/// What one measured run gives; every benchmark reports these names.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunMetrics {
+    pub docs: usize,
+    pub wall_s: f64,
+    pub docs_per_s: f64,
+    pub output_tokens: usize,
+    pub output_tokens_per_s: f64,
+    /// Median over requests of the time between output tokens after the first (decode latency).
+    pub tpot_ms: f64,
+    /// Median over requests of the time from submission to the first output token.
+    pub ttft_ms: f64,
+    pub forward_passes: u64,
+    pub forward_tokens: u64,
+    /// Output tokens appended without sampling (jump-forward), over all output tokens.
+    pub forced_share: f64,
+    /// Prompt tokens served from the radix cache, over all prompt tokens looked up.
+    pub hit_rate: f64,
+    /// Mask computation per engine step, in microseconds.
+    pub mask_us_per_step: f64,
+    /// Radix-cache bookkeeping over step time.
+    pub cache_overhead: f64,
+    pub retokenized_tokens: u64,
+    /// Requests that ended complete (constraint complete or stop).
+    pub complete: usize,
+    /// Outputs that parse as JSON and pass the schema (jsonschema crate).
+    pub schema_valid: usize,
+}
+
+/// Runs `requests` on a fresh engine over `model` with `config` and measures it. An output that
+/// the engine reports complete under a constraint but that fails the schema is an error: the
+/// benchmark never counts a wrong answer as throughput.
+pub fn measure(
+    model: &Arc<Llama>,
+    tok: &Arc<Tokenizer>,
+    config: EngineConfig,
+    requests: Vec<Request>,
+    validator: &jsonschema::Validator,
+) -> Result<RunMetrics, PipelineError> {
+    let constrained: Vec<bool> = requests
+        .iter()
+        .map(|r| !matches!(r.constraint, ConstraintSpec::None))
+        .collect();
+    let mut engine = Engine::new(model.clone(), tok.clone(), config)
+        .map_err(|e| PipelineError::Engine(e.to_string()))?;
+    let t = Instant::now();
+    let out = engine
+        .run_batch(requests)
+        .map_err(|e| PipelineError::Engine(e.to_string()))?;
+    let wall_s = t.elapsed().as_secs_f64();
+    let s = engine.stats();
+    let valid =
+        |text: &str| serde_json::from_str::<Value>(text).is_ok_and(|v| validator.is_valid(&v));
+    if let Some((c, _)) = out
+        .iter()
+        .zip(&constrained)
+        .find(|(c, &con)| con && c.is_complete() && !valid(&c.text))
+    {
+        return Err(PipelineError::Engine(format!(
+            "a complete constrained output fails the schema: {}",
+            c.text
+        )));
+    }
+    let output_tokens: usize = out.iter().map(|c| c.stats.output_tokens).sum();
+    let tpot: Vec<f64> = out
+        .iter()
+        .filter(|c| c.stats.output_tokens > 1)
+        .map(|c| {
+            1e3 * (c.stats.total_s - c.stats.first_token_s) / (c.stats.output_tokens - 1) as f64
+        })
+        .collect();
+    let ttft: Vec<f64> = out
+        .iter()
+        .filter(|c| c.stats.output_tokens > 0)
+        .map(|c| 1e3 * c.stats.first_token_s)
+        .collect();
+    Ok(RunMetrics {
+        docs: out.len(),
+        wall_s,
+        docs_per_s: out.len() as f64 / wall_s,
+        output_tokens,
+        output_tokens_per_s: output_tokens as f64 / wall_s,
+        tpot_ms: median(tpot),
+        ttft_ms: median(ttft),
+        forward_passes: s.forward_passes,
+        forward_tokens: s.forward_tokens,
+        forced_share: s.forced_share(),
+        hit_rate: s.cache.hit_rate(),
+        mask_us_per_step: s.mask_us_per_step(),
+        cache_overhead: s.cache_overhead(),
+        retokenized_tokens: s.retokenized_tokens,
+        complete: out.iter().filter(|c| c.is_complete()).count(),
+        schema_valid: out.iter().filter(|c| valid(&c.text)).count(),
+    })
+}
+
+/// The median of samples (the upper middle one for an even count; 0 for none). The benchmark
+/// machines are noisy, so every benchmark reports medians.
+pub fn median(mut xs: Vec<f64>) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+/// The run whose `docs_per_s` is the median of `runs` (so every reported number comes from one
+/// real run rather than mixing medians of different runs).
+pub fn median_run(runs: &[RunMetrics]) -> Option<&RunMetrics> {
+    let mut idx: Vec<usize> = (0..runs.len()).collect();
+    idx.sort_by(|&a, &b| runs[a].docs_per_s.total_cmp(&runs[b].docs_per_s));
+    idx.get(runs.len() / 2).map(|&i| &runs[i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATUS: &str = "Package: b\nVersion: 1\nMaintainer: M <m@x>\nConffiles:\n /etc/b abc\nHomepage: https://b\nDescription: bee\n line one\n line two\n line three\n\nPackage: a\nVersion: 2\nDescription: no homepage\n\nPackage: c\nVersion: 3\nHomepage: https://c\nDescription: sea\n";
+
+    #[test]
+    fn package_records_keep_fields_and_two_description_lines() {
+        let dir = std::env::temp_dir().join(format!("quarry-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("status");
+        std::fs::write(&path, STATUS).unwrap();
+        let docs = package_records(&path, 2).unwrap();
+        assert_eq!(
+            docs[0],
+            "Package: b\nVersion: 1\nMaintainer: M <m@x>\nHomepage: https://b\nDescription: bee\n line one\n line two\n"
+        );
+        assert!(docs[1].starts_with("Package: c\n"));
+        let err = package_records(&path, 3).unwrap_err().to_string();
+        assert!(err.contains("only 2 usable documents"), "{err}");
+        std::fs::write(&path, "{\"text\": \"x\"}\n\n{\"id\": 1}\n").unwrap();
+        let err = jsonl_records(&path, 1).unwrap_err().to_string();
+        assert!(err.contains("line 3: no string field"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn median_run_is_one_real_run() {
+        let run = |d: f64| RunMetrics {
+            docs: 1,
+            wall_s: 1.0 / d,
+            docs_per_s: d,
+            output_tokens: 0,
+            output_tokens_per_s: 0.0,
+            tpot_ms: d,
+            ttft_ms: 0.0,
+            forward_passes: 0,
+            forward_tokens: 0,
+            forced_share: 0.0,
+            hit_rate: 0.0,
+            mask_us_per_step: 0.0,
+            cache_overhead: 0.0,
+            retokenized_tokens: 0,
+            complete: 0,
+            schema_valid: 0,
+        };
+        let runs = [run(3.0), run(1.0), run(2.0)];
+        assert_eq!(median_run(&runs).unwrap().tpot_ms, 2.0);
+        assert!(median_run(&[]).is_none());
+        assert_eq!(median(vec![]), 0.0);
+        assert_eq!(median(vec![5.0, 1.0, 3.0, 2.0]), 3.0);
+    }
+}

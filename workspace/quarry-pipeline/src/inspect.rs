@@ -1,0 +1,396 @@
+//! What a published Parquet file holds, for `quarry inspect`: footer facts, the schema, counts of
+//! accepted and rejected rows (by finish reason or reject cause), offset ranges per source and
+//! partition, and rows as JSON. It reads files through the same object-store locations the jobs
+//! write to, so `quarry inspect s3://bucket/out/` works like a local folder.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int32Type, Int64Type};
+use arrow_array::{Array, RecordBatch};
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::store::Location;
+use crate::PipelineError;
+
+/// One Parquet file, summarised.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileSummary {
+    pub path: String,
+    pub bytes: usize,
+    pub rows: usize,
+    pub row_groups: usize,
+    /// The first column chunk's codec, e.g. `ZSTD` (quarry writes every column with the same one).
+    pub compression: Option<String>,
+    pub created_by: Option<String>,
+    /// `accepted`, `rejects`, or `unknown` for a file quarry did not write.
+    pub dataset: String,
+    /// The footer's key/value metadata (quarry writes `quarry.*` keys).
+    pub metadata: BTreeMap<String, String>,
+    /// Top-level columns: name, Arrow type, nullable.
+    pub schema: Vec<(String, String, bool)>,
+    /// Accepted rows by `_finish_reason`, or rejected rows by `cause`.
+    pub counts: BTreeMap<String, usize>,
+    pub offsets: Vec<OffsetRange>,
+    /// Rows as JSON objects (the first `sample`, or all).
+    pub sample: Vec<Value>,
+}
+
+/// The offsets one file holds for one source and partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OffsetRange {
+    pub source: String,
+    pub partition: Option<i32>,
+    pub first: i64,
+    pub last: i64,
+    pub rows: usize,
+}
+
+/// How many rows to keep as JSON.
+#[derive(Debug, Clone, Copy)]
+pub enum Sample {
+    First(usize),
+    All,
+}
+
+/// Summarises the Parquet file `bytes` (named `path` in messages).
+pub fn summarize(path: &str, bytes: Bytes, sample: Sample) -> Result<FileSummary, PipelineError> {
+    let bad = |message: String| PipelineError::Parquet {
+        location: path.to_string(),
+        message,
+    };
+    let size = bytes.len();
+    let footer = SerializedFileReader::new(bytes.clone())
+        .map_err(|e| bad(format!("not a readable Parquet file: {e}")))?;
+    let meta = footer.metadata();
+    let file_meta = meta.file_metadata();
+    let metadata: BTreeMap<String, String> = file_meta
+        .key_value_metadata()
+        .into_iter()
+        .flatten()
+        .filter(|kv| !kv.key.starts_with("ARROW:"))
+        .map(|kv| (kv.key.clone(), kv.value.clone().unwrap_or_default()))
+        .collect();
+    let compression = meta
+        .row_groups()
+        .first()
+        .and_then(|rg| rg.columns().first())
+        // The codec only: Parquet footers do not record the compression level.
+        .map(|c| {
+            let codec = c.compression().to_string();
+            codec.split('(').next().unwrap_or_default().to_string()
+        });
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| bad(e.to_string()))?;
+    let schema = builder.schema().clone();
+    let reader = builder.build().map_err(|e| bad(e.to_string()))?;
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
+        .collect();
+    let dataset = metadata
+        .get("quarry.dataset")
+        .cloned()
+        .unwrap_or_else(|| "unknown".into());
+    let mut summary = FileSummary {
+        path: path.to_string(),
+        bytes: size,
+        rows: file_meta.num_rows() as usize,
+        row_groups: meta.num_row_groups(),
+        compression,
+        created_by: file_meta.created_by().map(str::to_string),
+        dataset,
+        metadata,
+        schema: columns,
+        counts: BTreeMap::new(),
+        offsets: Vec::new(),
+        sample: Vec::new(),
+    };
+    let mut ranges: BTreeMap<(String, Option<i32>), (i64, i64, usize)> = BTreeMap::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| bad(e.to_string()))?;
+        count(&batch, &mut summary.counts);
+        offsets(&batch, &mut ranges);
+        let room = match sample {
+            Sample::All => batch.num_rows(),
+            Sample::First(n) => n.saturating_sub(summary.sample.len()),
+        };
+        if room > 0 {
+            let part = batch.slice(0, room.min(batch.num_rows()));
+            summary.sample.extend(to_json(&part).map_err(bad)?);
+        }
+    }
+    summary.offsets = ranges
+        .into_iter()
+        .map(|((source, partition), (first, last, rows))| OffsetRange {
+            source,
+            partition,
+            first,
+            last,
+            rows,
+        })
+        .collect();
+    Ok(summary)
+}
+
+/// Rows by `_finish_reason` (accepted files) or `cause` (rejects files).
+fn count(batch: &RecordBatch, counts: &mut BTreeMap<String, usize>) {
+    let Some(col) = batch
+        .column_by_name("cause")
+        .or_else(|| batch.column_by_name("_finish_reason"))
+    else {
+        return;
+    };
+    let Some(strings) = col.as_string_opt::<i32>() else {
+        return;
+    };
+    for i in 0..strings.len() {
+        let key = if strings.is_null(i) {
+            "(null)"
+        } else {
+            strings.value(i)
+        };
+        *counts.entry(key.to_string()).or_default() += 1;
+    }
+}
+
+fn offsets(batch: &RecordBatch, ranges: &mut BTreeMap<(String, Option<i32>), (i64, i64, usize)>) {
+    let (Some(source), Some(offset)) = (
+        batch
+            .column_by_name("_source")
+            .and_then(|c| c.as_string_opt::<i32>()),
+        batch
+            .column_by_name("_offset")
+            .and_then(|c| c.as_primitive_opt::<Int64Type>()),
+    ) else {
+        return;
+    };
+    let partition = batch
+        .column_by_name("_partition")
+        .and_then(|c| c.as_primitive_opt::<Int32Type>());
+    for i in 0..batch.num_rows() {
+        if source.is_null(i) || offset.is_null(i) {
+            continue;
+        }
+        let p = partition.filter(|p| !p.is_null(i)).map(|p| p.value(i));
+        let o = offset.value(i);
+        let e = ranges
+            .entry((source.value(i).to_string(), p))
+            .or_insert((o, o, 0));
+        e.0 = e.0.min(o);
+        e.1 = e.1.max(o);
+        e.2 += 1;
+    }
+}
+
+/// Rows as JSON objects (arrow-json: structs as objects, lists as arrays, binary as hex,
+/// timestamps as RFC 3339 text, nulls kept).
+fn to_json(batch: &RecordBatch) -> Result<Vec<Value>, String> {
+    let batch = &utc_as_offset(batch)?;
+    let mut buf = Vec::new();
+    let mut w = arrow_json::WriterBuilder::new()
+        .with_explicit_nulls(true)
+        .build::<_, arrow_json::writer::JsonArray>(&mut buf);
+    w.write(batch).map_err(|e| e.to_string())?;
+    w.finish().map_err(|e| e.to_string())?;
+    drop(w);
+    if buf.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<Map<String, Value>> = serde_json::from_slice(&buf).map_err(|e| e.to_string())?;
+    Ok(rows.into_iter().map(Value::Object).collect())
+}
+
+/// The same batch with `UTC` timestamp zones spelled `+00:00`: the same instants, in the form
+/// arrow-json formats without a time-zone database.
+fn utc_as_offset(batch: &RecordBatch) -> Result<RecordBatch, String> {
+    use arrow_array::types::{
+        TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
+        TimestampSecondType,
+    };
+    use arrow_schema::{DataType, Field, Schema, TimeUnit};
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
+        let (field, col): (Field, arrow_array::ArrayRef) = match f.data_type() {
+            DataType::Timestamp(unit, Some(tz)) if tz.as_ref() == "UTC" => {
+                let col: arrow_array::ArrayRef = match unit {
+                    TimeUnit::Second => Arc::new(
+                        c.as_primitive::<TimestampSecondType>()
+                            .clone()
+                            .with_timezone("+00:00"),
+                    ),
+                    TimeUnit::Millisecond => Arc::new(
+                        c.as_primitive::<TimestampMillisecondType>()
+                            .clone()
+                            .with_timezone("+00:00"),
+                    ),
+                    TimeUnit::Microsecond => Arc::new(
+                        c.as_primitive::<TimestampMicrosecondType>()
+                            .clone()
+                            .with_timezone("+00:00"),
+                    ),
+                    TimeUnit::Nanosecond => Arc::new(
+                        c.as_primitive::<TimestampNanosecondType>()
+                            .clone()
+                            .with_timezone("+00:00"),
+                    ),
+                };
+                (
+                    f.as_ref().clone().with_data_type(col.data_type().clone()),
+                    col,
+                )
+            }
+            _ => (f.as_ref().clone(), c.clone()),
+        };
+        fields.push(field);
+        columns.push(col);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| e.to_string())
+}
+
+/// The Parquet files a command-line target names: a `.parquet` file, or every `.parquet` file
+/// under a folder or object-store prefix (sorted), each with its bytes read on demand.
+pub fn files(
+    target: &str,
+) -> Result<Vec<(String, Arc<Location>, object_store::path::Path)>, PipelineError> {
+    let local = target.strip_prefix("file://").unwrap_or(target);
+    let is_local = !target.contains("://") || target.starts_with("file://");
+    if is_local && !std::path::Path::new(local).exists() {
+        return Err(PipelineError::Input {
+            location: target.to_string(),
+            message: "no such file or folder".into(),
+        });
+    }
+    let single = if is_local {
+        std::path::Path::new(local).is_file()
+    } else {
+        target.ends_with(".parquet")
+    };
+    if single {
+        let (dir, name) = match target.rsplit_once('/') {
+            Some((d, n)) if !d.is_empty() && !d.ends_with(':') && !d.ends_with('/') => (d, n),
+            _ => (".", target),
+        };
+        let loc = Arc::new(Location::open_input(dir).or_else(|_| Location::open(dir))?);
+        let path = loc.path(name);
+        return Ok(vec![(target.to_string(), loc, path)]);
+    }
+    let loc = Arc::new(if is_local {
+        Location::open_input(target)?
+    } else {
+        Location::open(target)?
+    });
+    let base = target.trim_end_matches('/');
+    Ok(loc
+        .list("")?
+        .into_iter()
+        .filter(|m| m.location.as_ref().ends_with(".parquet"))
+        .map(|m| {
+            let shown = format!("{base}/{}", loc.relative(&m.location));
+            (shown, loc.clone(), m.location)
+        })
+        .collect())
+}
+
+/// Reads and summarises every file `target` names.
+pub fn inspect(target: &str, sample: Sample) -> Result<Vec<FileSummary>, PipelineError> {
+    let found = files(target)?;
+    if found.is_empty() {
+        return Err(PipelineError::Input {
+            location: target.to_string(),
+            message: "no .parquet files there".into(),
+        });
+    }
+    found
+        .into_iter()
+        .map(|(shown, loc, path)| summarize(&shown, loc.read(&path)?, sample))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::columns::RecordShape;
+    use crate::encode::{accepted_batch, to_parquet, FileContext};
+    use crate::record::Lineage;
+    use serde_json::json;
+
+    #[test]
+    fn summary_counts_offsets_and_rows() {
+        let shape = RecordShape::derive(&json!({
+            "type": "object", "required": ["n"],
+            "properties": {"n": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}}
+        }))
+        .unwrap();
+        let ctx = FileContext {
+            pipeline: "t".into(),
+            model: "m".into(),
+            schema_sha256: "00".into(),
+            extracted_at_us: 1,
+        };
+        let rows: Vec<_> = (0..5i64)
+            .map(|i| crate::encode::AcceptedRow {
+                lineage: Lineage::new("topic", Some((i % 2) as i32), 10 + i),
+                doc_id: format!("d{i}"),
+                finish: if i == 4 {
+                    "stop"
+                } else {
+                    "constraint_complete"
+                }
+                .into(),
+                record: json!({"n": i, "tags": ["a"]}),
+            })
+            .collect();
+        let (batch, moved) = accepted_batch(&shape, &ctx, rows);
+        assert!(moved.is_empty());
+        let bytes = to_parquet(
+            &batch,
+            &[("quarry.dataset".into(), "accepted".into())],
+            2,
+            3,
+        )
+        .unwrap();
+        let s = summarize("x.parquet", bytes.clone(), Sample::First(2)).unwrap();
+        assert_eq!(
+            (s.rows, s.row_groups, s.dataset.as_str()),
+            (5, 3, "accepted")
+        );
+        assert_eq!(s.compression.as_deref(), Some("ZSTD"));
+        assert_eq!(s.counts["constraint_complete"], 4);
+        assert_eq!(s.counts["stop"], 1);
+        assert_eq!(
+            s.offsets,
+            vec![
+                OffsetRange {
+                    source: "topic".into(),
+                    partition: Some(0),
+                    first: 10,
+                    last: 14,
+                    rows: 3
+                },
+                OffsetRange {
+                    source: "topic".into(),
+                    partition: Some(1),
+                    first: 11,
+                    last: 13,
+                    rows: 2
+                },
+            ]
+        );
+        assert_eq!(s.sample.len(), 2);
+        assert_eq!(s.sample[1]["n"], 1);
+        assert_eq!(s.sample[1]["tags"], json!(["a"]));
+        assert_eq!(s.sample[1]["_doc_id"], "d1");
+        let all = summarize("x.parquet", bytes, Sample::All).unwrap();
+        assert_eq!(all.sample.len(), 5);
+        let err = summarize("bad.parquet", Bytes::from_static(b"nope"), Sample::All).unwrap_err();
+        assert!(err.to_string().contains("bad.parquet"), "{err}");
+    }
+}

@@ -1,0 +1,262 @@
+//! `quarry bench`: the throughput benchmark users run to compare devices. It extracts JSON from
+//! real documents with the package schema at each batch size of a sweep, on a fresh engine per
+//! run, and prints one table (medians over `--repeats`) plus a JSON file with every run.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use quarry_engine::EngineConfig;
+use quarry_model::{parse_device, Llama};
+use quarry_pipeline::bench::{self, RunMetrics};
+use serde_json::{json, Value};
+
+use crate::ModelArg;
+
+#[derive(Args)]
+#[command(after_help = "Examples:
+  quarry bench                                      # CPU, batch sizes 1, 8 and 32
+  quarry bench --device cuda:0 --batch 1,16,64,128 --docs 256
+  quarry bench --docs 8 --batch 4 --repeats 3 --out cpu.json
+  quarry bench --input my-docs.jsonl --schema schemas/my-schema.json
+
+The documents are Debian package records from /var/lib/dpkg/status (real text, the same on every
+Debian or Ubuntu machine of a release), or --input, a JSONL file of {\"text\": …} objects. Every
+prompt starts with the same instruction of about 300 tokens; outputs are constrained by --schema
+and checked with the jsonschema crate. Columns: docs/s and output tok/s over the wall time of the
+run; TPOT, the median time per output token after the first, per request; TTFT, the median time to
+the first output token; mask µs, the constraint mask time per engine step; forced, the share of
+output tokens jump-forward appended without sampling; cache hit, prompt tokens served by the radix
+cache. Results: the table on stdout, every run as JSON in --out.")]
+pub(crate) struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArg,
+    /// `cpu`, or `cuda:N` in a build with CUDA (`make build-cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Batch sizes to sweep (sequences decoding at once), comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    batch: Vec<usize>,
+    /// Documents per run.
+    #[arg(long, default_value_t = 32)]
+    docs: usize,
+    /// Runs per batch size; the table shows the run with the median docs/s.
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
+    /// Output tokens at most per document.
+    #[arg(long, default_value_t = 160)]
+    max_tokens: usize,
+    /// JSON Schema the outputs must follow.
+    #[arg(long, default_value = "schemas/debian-package.json")]
+    schema: PathBuf,
+    /// Debian package database to take documents from.
+    #[arg(long, default_value = "/var/lib/dpkg/status", conflicts_with = "input")]
+    status: PathBuf,
+    /// A JSONL file of {"text": …} documents instead of the package database.
+    #[arg(long, value_name = "FILE.jsonl")]
+    input: Option<PathBuf>,
+    /// Tokens per forward pass (0: 512, or the batch size when larger).
+    #[arg(long, default_value_t = 0)]
+    step_tokens: usize,
+    /// Sample every token, even where the constraint forces bytes (A/B against the default).
+    #[arg(long)]
+    no_jump_forward: bool,
+    /// CPU threads (default: every core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Where the JSON results go (default: quarry-bench-<device>-<time>.json here).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+pub(crate) fn run(args: BenchArgs) -> Result<()> {
+    if args.batch.is_empty() || args.batch.contains(&0) {
+        bail!("--batch needs batch sizes of at least 1, e.g. --batch 1,8,32");
+    }
+    if args.repeats == 0 || args.max_tokens == 0 {
+        bail!("--repeats and --max-tokens must be at least 1");
+    }
+    if let Some(t) = args.threads {
+        // Read by the CPU kernels' thread pools when they first start, which is after this.
+        std::env::set_var("RAYON_NUM_THREADS", t.to_string());
+    }
+    let schema_text = std::fs::read_to_string(&args.schema)
+        .with_context(|| format!("reading the schema {}", args.schema.display()))?;
+    let schema: Value = serde_json::from_str(&schema_text)
+        .with_context(|| format!("{} is not JSON", args.schema.display()))?;
+    let validator = jsonschema::validator_for(&schema)
+        .map_err(|e| anyhow::anyhow!("{}: not a valid JSON Schema: {e}", args.schema.display()))?;
+    let docs = match &args.input {
+        Some(path) => bench::jsonl_records(path, args.docs)?,
+        None => bench::package_records(&args.status, args.docs)?,
+    };
+    let device = parse_device(&args.device)?;
+    let tok = Arc::new(crate::load_tokenizer(&args.model.model)?);
+    let model = Arc::new(
+        Llama::load(&args.model.model, &device)
+            .with_context(|| format!("loading {}", args.model.model.display()))?,
+    );
+    let longest_prompt = bench::requests(&docs, None, 1)
+        .iter()
+        .map(|r| match &r.prompt {
+            quarry_engine::Prompt::Chat(m) => tok.apply_chat_template(m, true),
+            quarry_engine::Prompt::Text(t) => Ok(t.clone()),
+        })
+        .map(|p| Ok(tok.encode(&p?)?.len()))
+        .collect::<Result<Vec<usize>>>()?
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+    let config = |batch: usize| {
+        let d = EngineConfig::default();
+        EngineConfig {
+            max_running: batch,
+            step_tokens: if args.step_tokens > 0 {
+                args.step_tokens
+            } else {
+                d.step_tokens.max(batch)
+            },
+            // Room for every running sequence's whole prompt and output, so the sweep measures
+            // batching rather than eviction.
+            kv_tokens: d
+                .kv_tokens
+                .max(batch * (longest_prompt + args.max_tokens + 16)),
+            jump_forward: !args.no_jump_forward,
+            ..d
+        }
+    };
+    let device_name = describe_device(&args.device);
+    eprintln!(
+        "{} documents (longest prompt {longest_prompt} tokens) on {} ({device_name}); warming up",
+        docs.len(),
+        args.device
+    );
+    // Kernel loading and first-touch allocation stay out of the numbers.
+    let warm = bench::requests(&docs[..docs.len().min(2)], Some(&schema), 8);
+    bench::measure(&model, &tok, config(2), warm, &validator)?;
+
+    let mut results = Vec::new();
+    for &b in &args.batch {
+        let mut runs = Vec::new();
+        for rep in 0..args.repeats {
+            let reqs = bench::requests(&docs, Some(&schema), args.max_tokens);
+            let m = bench::measure(&model, &tok, config(b), reqs, &validator)?;
+            eprintln!(
+                "batch {b} run {}: {:.3} docs/s, {:.1} output tok/s",
+                rep + 1,
+                m.docs_per_s,
+                m.output_tokens_per_s
+            );
+            runs.push(m);
+        }
+        results.push((b, runs));
+    }
+    print_table(&results)?;
+    let out = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from(format!(
+            "quarry-bench-{}-{}.json",
+            args.device.replace(':', ""),
+            chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+        ))
+    });
+    let doc = json!({
+        "bench": "quarry bench",
+        "quarry_version": env!("CARGO_PKG_VERSION"),
+        "date": chrono::Utc::now().to_rfc3339(),
+        "device": args.device,
+        "device_name": device_name,
+        "threads": args.threads,
+        "model": args.model.model.display().to_string(),
+        "schema": args.schema.display().to_string(),
+        "documents": args.input.as_ref().unwrap_or(&args.status).display().to_string(),
+        "docs": docs.len(),
+        "longest_prompt_tokens": longest_prompt,
+        "max_tokens": args.max_tokens,
+        "jump_forward": !args.no_jump_forward,
+        "repeats": args.repeats,
+        "results": results.iter().map(|(b, runs)| json!({
+            "batch": b,
+            "median": bench::median_run(runs),
+            "runs": runs,
+        })).collect::<Vec<_>>(),
+    });
+    write_json(&out, &doc)?;
+    eprintln!("results: {}", out.display());
+    Ok(())
+}
+
+fn print_table(results: &[(usize, Vec<RunMetrics>)]) -> Result<()> {
+    let mut w = std::io::stdout().lock();
+    writeln!(
+        w,
+        "{:>5}  {:>8}  {:>12}  {:>8}  {:>9}  {:>9}  {:>7}  {:>9}  {:>7}",
+        "batch",
+        "docs/s",
+        "output tok/s",
+        "TPOT ms",
+        "TTFT ms",
+        "mask µs",
+        "forced",
+        "cache hit",
+        "valid"
+    )?;
+    for (b, runs) in results {
+        let Some(m) = bench::median_run(runs) else {
+            continue;
+        };
+        writeln!(
+            w,
+            "{b:>5}  {:>8.3}  {:>12.1}  {:>8.2}  {:>9.1}  {:>9.0}  {:>6.1}%  {:>8.1}%  {:>3}/{:<3}",
+            m.docs_per_s,
+            m.output_tokens_per_s,
+            m.tpot_ms,
+            m.ttft_ms,
+            m.mask_us_per_step,
+            100.0 * m.forced_share,
+            100.0 * m.hit_rate,
+            m.schema_valid,
+            m.docs
+        )?;
+    }
+    Ok(())
+}
+
+fn write_json(path: &Path, doc: &Value) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, serde_json::to_string_pretty(doc)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// What the device is, for the results file: the CPU model, or the GPU's name and driver as
+/// `nvidia-smi` reports them.
+fn describe_device(device: &str) -> String {
+    if let Some(n) = device.strip_prefix("cuda:") {
+        let out = std::process::Command::new("nvidia-smi")
+            .args([
+                "--query-gpu=name,driver_version,memory.total",
+                "--format=csv,noheader",
+                "-i",
+                n,
+            ])
+            .output();
+        return match out {
+            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+            _ => device.to_string(),
+        };
+    }
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cpu}, {cores} cores")
+}

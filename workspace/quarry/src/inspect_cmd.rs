@@ -1,0 +1,152 @@
+//! `quarry inspect`: what published Parquet files hold (schema, counts, offsets, sample rows).
+
+use std::io::Write;
+
+use anyhow::Result;
+use clap::Args;
+use quarry_pipeline::inspect::{self, FileSummary, Sample};
+use serde_json::json;
+
+#[derive(Args)]
+#[command(after_help = "Examples:
+  quarry inspect target/demo/out/packages/part-00000.parquet
+  quarry inspect target/demo/out                      # every .parquet file under the folder
+  quarry inspect s3://bucket/quarry/out/ --sample 0   # counts and offsets only
+  quarry inspect out/topic=docs/partition=0 --all --json | jq '.files[0].rows'
+
+Accepted files count rows by _finish_reason, rejects files by cause; offset ranges are the
+_offset values per _source and _partition. Object-store URLs take the usual credentials from the
+environment (AWS_*, GOOGLE_*, AZURE_*).")]
+pub(crate) struct InspectArgs {
+    /// Parquet files, folders or object-store prefixes.
+    #[arg(required = true, value_name = "FILE.parquet|FOLDER|URL")]
+    targets: Vec<String>,
+    /// Rows to show per file.
+    #[arg(long, default_value_t = 3, conflicts_with = "all")]
+    sample: usize,
+    /// Show every row.
+    #[arg(long)]
+    all: bool,
+    /// Print one JSON object: {"files": [...], "totals": {...}}.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn run(args: InspectArgs) -> Result<()> {
+    let sample = if args.all {
+        Sample::All
+    } else {
+        Sample::First(args.sample)
+    };
+    let mut files = Vec::new();
+    for t in &args.targets {
+        files.extend(inspect::inspect(t, sample)?);
+    }
+    let (accepted, rejected) = totals(&files);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let doc = json!({
+            "files": files,
+            "totals": {"files": files.len(), "accepted": accepted, "rejected": rejected},
+        });
+        writeln!(out, "{}", serde_json::to_string(&doc)?)?;
+        return Ok(());
+    }
+    for f in &files {
+        print_file(&mut out, f)?;
+    }
+    writeln!(
+        out,
+        "total: {} file(s), {accepted} accepted row(s), {rejected} rejected row(s)",
+        files.len()
+    )?;
+    Ok(())
+}
+
+fn totals(files: &[FileSummary]) -> (usize, usize) {
+    let sum = |kind: &str| {
+        files
+            .iter()
+            .filter(|f| f.dataset == kind)
+            .map(|f| f.rows)
+            .sum()
+    };
+    (sum("accepted"), sum("rejects"))
+}
+
+fn print_file(out: &mut impl Write, f: &FileSummary) -> Result<()> {
+    let meta = |k: &str| f.metadata.get(k).map(String::as_str).unwrap_or("?");
+    writeln!(out, "{}", f.path)?;
+    writeln!(
+        out,
+        "  dataset   {} (pipeline {}, quarry {})",
+        f.dataset,
+        meta("quarry.pipeline"),
+        meta("quarry.version")
+    )?;
+    writeln!(
+        out,
+        "  rows      {} in {} row group(s), {}, {:.1} KiB",
+        f.rows,
+        f.row_groups,
+        f.compression.as_deref().unwrap_or("no data"),
+        f.bytes as f64 / 1024.0
+    )?;
+    if f.metadata.contains_key("quarry.model") {
+        writeln!(
+            out,
+            "  model     {} · schema sha256 {}",
+            meta("quarry.model"),
+            meta("quarry.schema_sha256")
+        )?;
+    }
+    let counts: Vec<String> = f.counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    if !counts.is_empty() {
+        let label = if f.dataset == "rejects" {
+            "causes"
+        } else {
+            "finish"
+        };
+        writeln!(out, "  {label:<9} {}", counts.join(" · "))?;
+    }
+    for r in &f.offsets {
+        let partition = r
+            .partition
+            .map_or(String::new(), |p| format!(" partition {p}"));
+        writeln!(
+            out,
+            "  offsets   {}{partition}: {}–{} ({} row(s))",
+            r.source, r.first, r.last, r.rows
+        )?;
+    }
+    let other: Vec<String> = f
+        .metadata
+        .iter()
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_str(),
+                "quarry.pipeline"
+                    | "quarry.version"
+                    | "quarry.dataset"
+                    | "quarry.model"
+                    | "quarry.schema_sha256"
+            )
+        })
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    if !other.is_empty() {
+        writeln!(out, "  metadata  {}", other.join(" · "))?;
+    }
+    writeln!(out, "  schema")?;
+    for (name, ty, nullable) in &f.schema {
+        let null = if *nullable { "" } else { " not null" };
+        writeln!(out, "    {name}: {ty}{null}")?;
+    }
+    if !f.sample.is_empty() {
+        writeln!(out, "  rows ({} of {})", f.sample.len(), f.rows)?;
+        for row in &f.sample {
+            writeln!(out, "    {}", serde_json::to_string(row)?)?;
+        }
+    }
+    Ok(())
+}
