@@ -12,7 +12,7 @@ QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-.PHONY: setup build build-cuda demo test lint fixtures bench-grammar bench-schemas bench-model bench-engine bench-pipeline fuzz
+.PHONY: setup build build-cuda demo tour test lint fixtures bench-grammar bench-schemas bench-model bench-engine bench-pipeline fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -28,6 +28,10 @@ build-cuda: setup
 
 demo: build
 	@QUARRY=$(QUARRY) bash infra/demo.sh
+
+# The tools underneath: model facts, tokenizer, chat template, constraints, generation.
+tour: build
+	@QUARRY=$(QUARRY) bash infra/tour.sh
 
 lint:
 	$(CARGO) fmt --all -- --check

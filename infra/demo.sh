@@ -1,58 +1,46 @@
 #!/usr/bin/env bash
-# What quarry can show today: model facts, tokenization, the chat template and constraints, on the
-# real models.
-# Ends with a dataset job: real package records to Parquet (target/demo/out/).
+# `make demo`: a real extraction on this machine, CPU only, no external services.
+#   1. Real documents: every Nth installed package's raw entry in /var/lib/dpkg/status (text nobody
+#      here wrote), as JSONL shards under target/demo/packages/.
+#   2. `quarry extract --pipeline pipelines/debian-packages.toml`: name, version, maintainer,
+#      dependencies, homepage and summary of each package, constrained by
+#      schemas/debian-package.json, to Parquet under target/demo/out/.
+#   3. `quarry inspect`: what was written, with sample rows.
+#   4. Accuracy per field against ground truth parsed from the same entries (infra/demo_report.py).
+#   5. The same job again: every shard is published already, so nothing is redone.
+# DEMO_PACKAGES (default 16) sets the number of documents.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 Q="${QUARRY:?set QUARRY to the quarry binary}"
-GEMMA=models/gemma-3-270m-q4_k_m.gguf
-SAMPLE='{"name": "Ünïcødé 😀", "n": 12345}'
+N="${DEMO_PACKAGES:-16}"
+DEMO=target/demo
 
 section() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-section "Model facts: quarry info"
-"$Q" info
+if [ ! -r /var/lib/dpkg/status ]; then
+  echo "make demo reads the Debian package database (/var/lib/dpkg/status), which this machine lacks." >&2
+  echo "Run it on Debian or Ubuntu, or point pipelines/debian-packages.toml at your own JSONL." >&2
+  exit 2
+fi
 
-section "Tokenizing a sample: quarry tokenize '$SAMPLE'"
-"$Q" tokenize "$SAMPLE"
-"$Q" tokenize --json "$SAMPLE"
+section "1. Real documents: $N package entries from /var/lib/dpkg/status"
+# A fresh run each time (the shards are rebuilt; the outputs from an earlier demo are removed).
+rm -rf "$DEMO/packages" "$DEMO/out"
+python3 infra/dpkg_jsonl.py "$DEMO/packages" --packages "$N" --shard-size 8
+head -c 400 "$DEMO/packages/part-00000.jsonl"; echo " …"
 
-section "A prompt rendered with the model's chat template: quarry chat-template"
-"$Q" chat-template --system "You extract JSON records." "Invoice #12 from ACME, total 19.99 EUR."
-
-section "The large-vocabulary model: quarry info --model $GEMMA"
-"$Q" info --model "$GEMMA" | grep -v '^chat template'
-"$Q" tokenize --model "$GEMMA" "$SAMPLE"
-
-SCHEMA=schemas/debian-package.json
-section "A JSON Schema as a constraint: quarry grammar compile --schema $SCHEMA"
-"$Q" grammar compile --schema "$SCHEMA"
-
-section "What the model may write after '{\"name\":\"jq\",': quarry grammar mask"
-"$Q" grammar mask --schema "$SCHEMA" --prefix '{"name":"jq",' --json
-
-section "Checking a record through the token path: quarry grammar accepts --canonicalize --explain"
-printf '%s' '{"version": "1.6-2.1", "name": "jq", "maintainer": "ChangZhuo Chen <czchen@debian.org>", "depends": ["libc6 (>= 2.34)"], "summary": "lightweight and flexible command-line JSON processor"}' \
-  | "$Q" grammar accepts --schema "$SCHEMA" --canonicalize --explain
-
-section "The model runtime: quarry generate --chat (greedy, CPU)"
-"$Q" generate --chat --prompt "What is the Debian package manager called? Answer in one sentence." --max-tokens 48
-
-section "Constrained generation through the engine: quarry generate --schema $SCHEMA --stats"
-"$Q" generate --chat --schema "$SCHEMA" --max-tokens 160 --stats --prompt "Extract the package as JSON.
-
-Package: jq
-Version: 1.6-2.1
-Maintainer: ChangZhuo Chen <czchen@debian.org>
-Depends: libjq1 (= 1.6-2.1), libc6 (>= 2.34)
-Homepage: https://github.com/stedolan/jq
-Description: lightweight and flexible command-line JSON processor"
-
-section "A choice constraint: quarry generate --choice yes --choice no"
-"$Q" generate --chat --prompt "Is jq a command-line JSON processor? Answer yes or no." --choice yes --choice no
-
-section "A dataset job: quarry extract --pipeline pipelines/debian-packages.toml"
-python3 infra/dpkg_jsonl.py target/demo/packages --packages 16 --shard-size 8
+section "2. Extraction: quarry extract --pipeline pipelines/debian-packages.toml"
 "$Q" extract --pipeline pipelines/debian-packages.toml
-echo "(run it again: every shard is already published, so nothing is redone)"
+
+section "3. What was written: quarry inspect $DEMO/out"
+"$Q" inspect "$DEMO/out" --sample 2 --brief
+
+section "4. Accuracy per field against the dpkg database"
+"$Q" inspect "$DEMO/out/packages" --all --json > "$DEMO/inspect.json"
+python3 infra/demo_report.py "$DEMO/packages" "$DEMO/inspect.json"
+
+section "5. The same job again: published shards are skipped"
 "$Q" extract --pipeline pipelines/debian-packages.toml
+echo
+echo "Parquet files: $DEMO/out/packages/ (records) and $DEMO/out/packages-rejects/ (rejects)."
+echo "Read them with pyarrow, DuckDB or Spark, or: quarry inspect $DEMO/out"

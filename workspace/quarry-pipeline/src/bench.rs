@@ -174,7 +174,8 @@ pub struct RunMetrics {
     pub output_tokens_per_s: f64,
     /// Median over requests of the time between output tokens after the first (decode latency).
     pub tpot_ms: f64,
-    /// Median over requests of the time from submission to the first output token.
+    /// Median over requests of the time from admission (the first forward pass) to the first
+    /// output token: prefill latency, without the wait for a free batch slot.
     pub ttft_ms: f64,
     pub forward_passes: u64,
     pub forward_tokens: u64,
@@ -238,7 +239,7 @@ pub fn measure(
     let ttft: Vec<f64> = out
         .iter()
         .filter(|c| c.stats.output_tokens > 0)
-        .map(|c| 1e3 * c.stats.first_token_s)
+        .map(|c| 1e3 * (c.stats.first_token_s - c.stats.queue_s))
         .collect();
     Ok(RunMetrics {
         docs: out.len(),

@@ -25,11 +25,15 @@ use crate::ModelArg;
 The documents are Debian package records from /var/lib/dpkg/status (real text, the same on every
 Debian or Ubuntu machine of a release), or --input, a JSONL file of {\"text\": …} objects. Every
 prompt starts with the same instruction of about 300 tokens; outputs are constrained by --schema
-and checked with the jsonschema crate. Columns: docs/s and output tok/s over the wall time of the
-run; TPOT, the median time per output token after the first, per request; TTFT, the median time to
-the first output token; mask µs, the constraint mask time per engine step; forced, the share of
-output tokens jump-forward appended without sampling; cache hit, prompt tokens served by the radix
-cache. Results: the table on stdout, every run as JSON in --out.")]
+and checked with the jsonschema crate. Columns:
+  docs/s, output tok/s  over the wall time of the run
+  TPOT ms               median time per output token after the first, per request
+  TTFT ms               median time from admission to the first output token (prefill)
+  mask µs               constraint mask time per engine step
+  forced                share of output tokens jump-forward appended without sampling
+  cache hit             share of prompt tokens served by the radix cache
+  valid                 outputs that parse and pass the schema
+The table goes to stdout, every run as JSON to --out.")]
 pub(crate) struct BenchArgs {
     #[command(flatten)]
     model: ModelArg,

@@ -27,6 +27,9 @@ pub(crate) struct InspectArgs {
     /// Show every row.
     #[arg(long)]
     all: bool,
+    /// Text report without the column list, and sample rows without the lineage (`_…`) columns.
+    #[arg(long)]
+    brief: bool,
     /// Print one JSON object: {"files": [...], "totals": {...}}.
     #[arg(long)]
     json: bool,
@@ -53,7 +56,7 @@ pub(crate) fn run(args: InspectArgs) -> Result<()> {
         return Ok(());
     }
     for f in &files {
-        print_file(&mut out, f)?;
+        print_file(&mut out, f, args.brief)?;
     }
     writeln!(
         out,
@@ -74,7 +77,7 @@ fn totals(files: &[FileSummary]) -> (usize, usize) {
     (sum("accepted"), sum("rejects"))
 }
 
-fn print_file(out: &mut impl Write, f: &FileSummary) -> Result<()> {
+fn print_file(out: &mut impl Write, f: &FileSummary, brief: bool) -> Result<()> {
     let meta = |k: &str| f.metadata.get(k).map(String::as_str).unwrap_or("?");
     writeln!(out, "{}", f.path)?;
     writeln!(
@@ -137,15 +140,21 @@ fn print_file(out: &mut impl Write, f: &FileSummary) -> Result<()> {
     if !other.is_empty() {
         writeln!(out, "  metadata  {}", other.join(" · "))?;
     }
-    writeln!(out, "  schema")?;
-    for (name, ty, nullable) in &f.schema {
-        let null = if *nullable { "" } else { " not null" };
-        writeln!(out, "    {name}: {ty}{null}")?;
+    if !brief {
+        writeln!(out, "  schema")?;
+        for (name, ty, nullable) in &f.schema {
+            let null = if *nullable { "" } else { " not null" };
+            writeln!(out, "    {name}: {ty}{null}")?;
+        }
     }
     if !f.sample.is_empty() {
         writeln!(out, "  rows ({} of {})", f.sample.len(), f.rows)?;
         for row in &f.sample {
-            writeln!(out, "    {}", serde_json::to_string(row)?)?;
+            let mut row = row.clone();
+            if let (true, Some(obj)) = (brief, row.as_object_mut()) {
+                obj.retain(|k, _| !k.starts_with('_'));
+            }
+            writeln!(out, "    {}", serde_json::to_string(&row)?)?;
         }
     }
     Ok(())

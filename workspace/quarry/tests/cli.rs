@@ -5,9 +5,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+use common::{python, root};
 
 /// Runs `quarry ARGS` from the repository root, so the default model path resolves.
 fn quarry(args: &[&str]) -> Output {
@@ -388,4 +387,88 @@ fn extract_writes_parquet_and_a_rerun_skips_published_shards() {
     assert!(rej.join("one.parquet").is_file());
     let again = stdout(&run(false));
     assert!(again.contains("0 done now, 1 already published"), "{again}");
+    for d in [&out, &rej] {
+        inspect_agrees_with_pyarrow(d);
+    }
+    let text = stdout(&quarry(&["inspect", &dir.display().to_string()]));
+    let total = format!(
+        "total: 2 file(s), {} accepted row(s), {} rejected row(s)",
+        v["accepted"], v["rejected"]
+    );
+    assert!(text.contains(&total), "{text}");
+    assert!(text.contains("missing_field 1"), "{text}");
+}
+
+/// `quarry inspect --all --json` and pyarrow (tests/pipeline/pq_dump.py) read the same files the
+/// same way: row and row-group counts, codec, columns and nullability, footer metadata, and every
+/// value of every row.
+fn inspect_agrees_with_pyarrow(dir: &std::path::Path) {
+    let ours: Value = serde_json::from_str(&stdout(&quarry(&[
+        "inspect",
+        &dir.display().to_string(),
+        "--all",
+        "--json",
+    ])))
+    .unwrap();
+    let py = Command::new(python())
+        .arg(root().join("tests/pipeline/pq_dump.py"))
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        py.status.success(),
+        "pq_dump: {}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    let theirs: Value = serde_json::from_slice(&py.stdout).unwrap();
+    let name = |p: &Value| p.as_str().unwrap().rsplit('/').next().unwrap().to_string();
+    let (ours_f, theirs_f) = (
+        ours["files"].as_array().unwrap(),
+        theirs["files"].as_array().unwrap(),
+    );
+    assert_eq!(ours_f.len(), theirs_f.len());
+    assert!(!ours_f.is_empty());
+    // Timestamps: arrow-json writes RFC 3339, pyarrow's str() a space and an offset.
+    let norm = |v: &Value| -> Value {
+        match v.as_str() {
+            Some(s) if s.len() > 19 && s.as_bytes()[10] == b'T' => {
+                Value::String(s.replacen('T', " ", 1).replace('Z', "+00:00"))
+            }
+            _ => v.clone(),
+        }
+    };
+    let mut values = 0;
+    for (o, t) in ours_f.iter().zip(theirs_f) {
+        assert_eq!(name(&o["path"]), name(&t["path"]));
+        assert_eq!(o["rows"], t["rows"]);
+        assert_eq!(o["row_groups"], t["row_groups"]);
+        if o["rows"].as_u64() > Some(0) {
+            assert_eq!(o["compression"], t["compression"]);
+        }
+        assert_eq!(o["metadata"], t["metadata"]);
+        let cols = |v: &Value| -> Vec<(Value, Value)> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|c| (c[0].clone(), c[2].clone()))
+                .collect()
+        };
+        assert_eq!(cols(&o["schema"]), cols(&t["schema"]));
+        let file = t["path"].as_str().unwrap();
+        let rows: Vec<&Value> = theirs["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["_file"] == file)
+            .collect();
+        let ours_rows = o["sample"].as_array().unwrap();
+        assert_eq!(ours_rows.len(), rows.len());
+        for (a, b) in ours_rows.iter().zip(rows) {
+            for (k, va) in a.as_object().unwrap() {
+                assert_eq!(norm(va), norm(&b[k]), "{file}: column {k}");
+                values += 1;
+            }
+        }
+    }
+    assert!(values > 0, "no values compared under {}", dir.display());
 }

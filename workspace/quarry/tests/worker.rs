@@ -15,6 +15,9 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::{json, Value};
 
+mod common;
+use common::python;
+
 /// The scenarios run one at a time: each starts model processes, and on 2 cores parallel runs
 /// only make group joins and timeouts slower.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -35,15 +38,6 @@ fn brokers() -> String {
         "QUARRY_BROKERS is not set: run the tests with `make test`, which starts tansu \
          (or start one with infra/local-kafka.sh start and export QUARRY_BROKERS)",
     )
-}
-
-fn python() -> PathBuf {
-    let venv = std::env::var_os("QUARRY_TESTVENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/quarry/testvenv")
-        });
-    venv.join("bin/python")
 }
 
 fn tansu() -> PathBuf {

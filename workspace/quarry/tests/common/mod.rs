@@ -1,0 +1,19 @@
+//! Shared by the `quarry` binary's test files.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The test venv's Python (pyarrow, the independent Parquet reader), from `infra/setup-test.sh`.
+pub fn python() -> PathBuf {
+    let venv = std::env::var_os("QUARRY_TESTVENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/quarry/testvenv")
+        });
+    venv.join("bin/python")
+}
