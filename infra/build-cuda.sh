@@ -50,7 +50,7 @@ else
   # driver's soname, made from the driver API cudarc declares. The binary then loads the real
   # libcuda.so.1 of the GPU machine it runs on, like the CUDA toolkit's own lib64/stubs.
   echo "no NVIDIA driver here: linking against a stub libcuda.so.1 (the GPU machine's driver is used at run time)"
-  cudarc="$(cargo metadata --format-version 1 --locked | python3 -c 'import json,sys; print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"] == "cudarc").rsplit("/", 1)[0])')"
+  cudarc="$(cargo metadata --format-version 1 --locked --features quarry-model/cuda | python3 -c 'import json,sys; print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"] == "cudarc").rsplit("/", 1)[0])')"
   grep -ho 'fn cu[A-Za-z0-9_]*(' "$cudarc/src/driver/sys/mod.rs" | sort -u \
     | sed 's/^fn \(.*\)($/void \1(void) {}/' > "$LINK/cuda_stub.c"
   cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$LINK/libcuda.so" "$LINK/cuda_stub.c"

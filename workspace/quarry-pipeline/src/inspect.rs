@@ -260,19 +260,14 @@ fn utc_as_offset(batch: &RecordBatch) -> Result<RecordBatch, String> {
 pub fn files(
     target: &str,
 ) -> Result<Vec<(String, Arc<Location>, object_store::path::Path)>, PipelineError> {
-    let local = target.strip_prefix("file://").unwrap_or(target);
-    let is_local = !target.contains("://") || target.starts_with("file://");
-    if is_local && !std::path::Path::new(local).exists() {
+    let local = crate::store::local_path(target);
+    if local.is_some_and(|p| !p.exists()) {
         return Err(PipelineError::Input {
             location: target.to_string(),
             message: "no such file or folder".into(),
         });
     }
-    let single = if is_local {
-        std::path::Path::new(local).is_file()
-    } else {
-        target.ends_with(".parquet")
-    };
+    let single = local.map_or(target.ends_with(".parquet"), |p| p.is_file());
     if single {
         let (dir, name) = match target.rsplit_once('/') {
             Some((d, n)) if !d.is_empty() && !d.ends_with(':') && !d.ends_with('/') => (d, n),
@@ -282,7 +277,7 @@ pub fn files(
         let path = loc.path(name);
         return Ok(vec![(target.to_string(), loc, path)]);
     }
-    let loc = Arc::new(if is_local {
+    let loc = Arc::new(if local.is_some() {
         Location::open_input(target)?
     } else {
         Location::open(target)?

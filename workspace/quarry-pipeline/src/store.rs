@@ -85,12 +85,21 @@ fn memory_store(name: &str) -> Arc<dyn ObjectStore> {
         .clone()
 }
 
+/// The local path a URL names (`file://…` or a plain path), or `None` for an object-store URL.
+pub fn local_path(url: &str) -> Option<&std::path::Path> {
+    if url.starts_with("file://") || !url.contains("://") {
+        Some(std::path::Path::new(
+            url.strip_prefix("file://").unwrap_or(url),
+        ))
+    } else {
+        None
+    }
+}
+
 impl Location {
     /// Opens an input URL or local path; a local folder must exist.
     pub fn open_input(url: &str) -> Result<Self, PipelineError> {
-        let local = url.strip_prefix("file://").unwrap_or(url);
-        let local_path = !url.contains("://") || url.starts_with("file://");
-        if local_path && !std::path::Path::new(local).is_dir() {
+        if local_path(url).is_some_and(|p| !p.is_dir()) {
             return Err(PipelineError::Url {
                 url: url.to_string(),
                 message: "the input folder does not exist".into(),

@@ -192,11 +192,11 @@ fn hint(e: &anyhow::Error) -> Option<&'static str> {
     use quarry_pipeline::PipelineError as P;
     let p = e.chain().find_map(|c| c.downcast_ref::<P>())?;
     Some(match p {
-        P::Config { .. } => "the keys and their meaning are in pipelines/README.md and the README's configuration table",
+        P::Config { .. } => "job definitions are described in pipelines/README.md and the README's configuration reference",
         P::Schema { .. } => "check the file with `quarry grammar compile --schema FILE`",
         P::Store { .. } => "check the URL, the credentials in the environment (AWS_*, GOOGLE_*, AZURE_*) and that the endpoint is up; nothing was committed, so a rerun is safe",
         P::Url { .. } => "use a local path or file://, s3://, gs://, az:// or memory://",
-        P::Input { .. } => "check the path or URL and the source's format in the job definition",
+        P::Input { .. } => "check the path or URL (for a job, also source.format)",
         P::Kafka(_) => "check --brokers and that the broker is reachable (`bash infra/local-kafka.sh start` runs a local one); uncommitted work is redone on restart",
         P::Parquet { .. } => "the file is not Parquet or was cut short (a published file is never partial: check how it got there)",
         P::Engine(_) => "check the model file (`quarry info --model FILE`) and --device",

@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 mod common;
-use common::{python, root};
+use common::{pq_dump, root};
 
 /// Runs `quarry ARGS` from the repository root, so the default model path resolves.
 fn quarry(args: &[&str]) -> Output {
@@ -410,17 +410,7 @@ fn inspect_agrees_with_pyarrow(dir: &std::path::Path) {
         "--json",
     ])))
     .unwrap();
-    let py = Command::new(python())
-        .arg(root().join("tests/pipeline/pq_dump.py"))
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(
-        py.status.success(),
-        "pq_dump: {}",
-        String::from_utf8_lossy(&py.stderr)
-    );
-    let theirs: Value = serde_json::from_slice(&py.stdout).unwrap();
+    let theirs = pq_dump(dir);
     let name = |p: &Value| p.as_str().unwrap().rsplit('/').next().unwrap().to_string();
     let (ours_f, theirs_f) = (
         ours["files"].as_array().unwrap(),

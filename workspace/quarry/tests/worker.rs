@@ -16,7 +16,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::{json, Value};
 
 mod common;
-use common::python;
+use common::pq_dump;
 
 /// The scenarios run one at a time: each starts model processes, and on 2 cores parallel runs
 /// only make group joins and timeouts slower.
@@ -215,17 +215,7 @@ url = "{rej}"
     }
 
     fn dump(&self, which: &str) -> Value {
-        let out = Command::new(python())
-            .arg(root().join("tests/pipeline/pq_dump.py"))
-            .arg(self.dir.join(which))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "pq_dump: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        pq_dump(&self.dir.join(which))
     }
 
     /// The invariant: every produced (topic, partition, offset) exactly once across accepted and

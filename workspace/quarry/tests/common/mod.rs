@@ -17,3 +17,19 @@ pub fn python() -> PathBuf {
         });
     venv.join("bin/python")
 }
+
+/// What pyarrow reads under `dir` (tests/pipeline/pq_dump.py): `{"files": [...], "rows": [...]}`.
+/// Fails the test if any footer is unreadable.
+pub fn pq_dump(dir: &std::path::Path) -> serde_json::Value {
+    let out = std::process::Command::new(python())
+        .arg(root().join("tests/pipeline/pq_dump.py"))
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pq_dump: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
