@@ -195,6 +195,46 @@ url = "{rej}"
         }
     }
 
+    /// Sends rejects to `<topic>-dlq` too (the topic is created here).
+    fn with_dead_letters(self) -> Self {
+        let dlq = self.dead_letter_topic();
+        create_topic(&dlq, 1);
+        let mut text = std::fs::read_to_string(&self.pipeline).unwrap();
+        assert!(text
+            .trim_end()
+            .ends_with(&format!("url = \"{}\"", self.dir.join("rej").display())));
+        text.push_str(&format!("dead_letter_topic = \"{dlq}\"\n"));
+        std::fs::write(&self.pipeline, text).unwrap();
+        self
+    }
+
+    fn dead_letter_topic(&self) -> String {
+        format!("{}-dlq", self.topic)
+    }
+
+    /// Every message on the dead-letter topic, as (key, JSON value), read from the start until
+    /// `n` arrived or 60 s passed.
+    fn dead_letters(&self, n: usize) -> Vec<(Option<Vec<u8>>, Value)> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::Message;
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .set("group.id", format!("dlq-reader-{}", self.topic))
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        c.subscribe(&[&self.dead_letter_topic()]).unwrap();
+        let mut out = Vec::new();
+        let start = Instant::now();
+        while out.len() < n && start.elapsed() < Duration::from_secs(60) {
+            if let Some(Ok(m)) = c.poll(Duration::from_millis(500)) {
+                let v = serde_json::from_slice(m.payload().unwrap()).unwrap();
+                out.push((m.key().map(<[u8]>::to_vec), v));
+            }
+        }
+        out
+    }
+
     fn spawn(&self, extra_env: &[(&str, &str)], extra_args: &[&str]) -> Child {
         self.spawn_idle(6, extra_env, extra_args)
     }
@@ -278,6 +318,7 @@ fn worker_extracts_with_lineage_rejects_bad_messages_and_serves_metrics() {
     let _one_at_a_time = serial();
     let job = Job::new("e2e", 3);
     create_topic(&job.topic, 2);
+    let job = job.with_dead_letters();
     let docs = packages(4);
     let mut values: Vec<Vec<u8>> = docs.iter().enumerate().map(|(i, d)| doc(i, d)).collect();
     values.push(b"{\"id\": \"u\", \"text\": \"caf\xc3\x28\"}".to_vec()); // invalid UTF-8
@@ -365,6 +406,23 @@ fn worker_extracts_with_lineage_rejects_bad_messages_and_serves_metrics() {
         );
     }
     assert!(err.contains("worker stopped"), "{err}");
+
+    // Every reject also went to the dead-letter topic, with its key, cause and place.
+    let letters = job.dead_letters(rej.len());
+    assert_eq!(letters.len(), rej.len(), "dead letters: {letters:?}");
+    for r in &rej {
+        let (key, v) = letters
+            .iter()
+            .find(|(_, v)| v["partition"] == r["_partition"] && v["offset"] == r["_offset"])
+            .unwrap_or_else(|| panic!("no dead letter for {r}"));
+        assert_eq!(v["cause"], r["cause"]);
+        assert_eq!(v["source"], job.topic.as_str());
+        assert_eq!(v["pipeline"], "test-e2e");
+        let key_hex = key
+            .as_ref()
+            .map(|k| k.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        assert_eq!(key_hex.as_deref(), r["_key"].as_str());
+    }
 }
 
 /// Log lines without terminal colour codes.
