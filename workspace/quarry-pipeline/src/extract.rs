@@ -209,11 +209,15 @@ impl EngineExtractor {
     pub fn new(
         model: Arc<Llama>,
         tok: Arc<Tokenizer>,
-        ecfg: EngineConfig,
+        mut ecfg: EngineConfig,
         cfg: &PipelineConfig,
         schema: &Value,
     ) -> Result<Self, PipelineError> {
         let max_running = ecfg.max_running;
+        // The flow never holds more than `capacity()` documents in the engine, so with a queue at
+        // least that long the engine's backpressure error (`QueueFull`) cannot happen: the flow's
+        // own limit is the backpressure, and no document becomes an `engine_error` for it.
+        ecfg.max_waiting = ecfg.max_waiting.max(2 * max_running);
         let prompts = PromptBuilder::new(&cfg.prompt, Some(&tok))?;
         let engine =
             Engine::new(model, tok, ecfg).map_err(|e| PipelineError::Engine(e.to_string()))?;
@@ -294,7 +298,8 @@ impl Extractor for EngineExtractor {
     }
 
     fn capacity(&self) -> usize {
-        // Enough waiting to refill every slot as sequences finish.
+        // Enough waiting to refill every slot as sequences finish (and within `max_waiting`, see
+        // `new`).
         self.max_running * 2
     }
 
