@@ -179,6 +179,9 @@ pub struct RunMetrics {
     pub ttft_ms: f64,
     pub forward_passes: u64,
     pub forward_tokens: u64,
+    /// Seconds inside the model's forward passes (the rest of the wall time is scheduling,
+    /// sampling and masks not hidden behind the forward pass).
+    pub forward_s: f64,
     /// Output tokens appended without sampling (jump-forward), over all output tokens.
     pub forced_share: f64,
     /// Prompt tokens served from the radix cache, over all prompt tokens looked up.
@@ -251,6 +254,7 @@ pub fn measure(
         ttft_ms: median(ttft),
         forward_passes: s.forward_passes,
         forward_tokens: s.forward_tokens,
+        forward_s: s.forward_s,
         forced_share: s.forced_share(),
         hit_rate: s.cache.hit_rate(),
         mask_us_per_step: s.mask_us_per_step(),
@@ -317,6 +321,7 @@ mod tests {
             ttft_ms: 0.0,
             forward_passes: 0,
             forward_tokens: 0,
+            forward_s: 0.0,
             forced_share: 0.0,
             hit_rate: 0.0,
             mask_us_per_step: 0.0,

@@ -20,6 +20,7 @@ use crate::ModelArg;
   quarry bench                                      # CPU, batch sizes 1, 8 and 32
   quarry bench --device cuda:0 --batch 1,16,64,128 --docs 256
   quarry bench --docs 8 --batch 4 --repeats 3 --out cpu.json
+  quarry bench --device cuda:0 --batch 1,64 --modes a,b,c    # what constraints and jump-forward cost
   quarry bench --input my-docs.jsonl --schema schemas/my-schema.json
 
 The documents are Debian package records from /var/lib/dpkg/status (real text, the same on every
@@ -33,6 +34,7 @@ and checked with the jsonschema crate. Columns:
   forced                share of output tokens jump-forward appended without sampling
   cache hit             share of prompt tokens served by the radix cache
   valid                 outputs that parse and pass the schema
+  fwd ms/pass           model time per forward pass
 The table goes to stdout, every run as JSON to --out.")]
 pub(crate) struct BenchArgs {
     #[command(flatten)]
@@ -64,9 +66,10 @@ pub(crate) struct BenchArgs {
     /// Tokens per forward pass (0: 512, or the batch size when larger).
     #[arg(long, default_value_t = 0)]
     step_tokens: usize,
-    /// Sample every token, even where the constraint forces bytes (A/B against the default).
-    #[arg(long)]
-    no_jump_forward: bool,
+    /// Modes to run at each batch size: `c` the schema with jump-forward (quarry's default), `b`
+    /// the schema without jump-forward, `a` no constraint (the prompt alone asks for JSON).
+    #[arg(long, value_delimiter = ',', default_value = "c", value_parser = ["a", "b", "c"])]
+    modes: Vec<String>,
     /// CPU threads (default: every core).
     #[arg(long)]
     threads: Option<usize>,
@@ -113,7 +116,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         .into_iter()
         .max()
         .unwrap_or(0);
-    let config = |batch: usize| {
+    let config = |batch: usize, jump_forward: bool| {
         let d = EngineConfig::default();
         EngineConfig {
             max_running: batch,
@@ -127,7 +130,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             kv_tokens: d
                 .kv_tokens
                 .max(batch * (longest_prompt + args.max_tokens + 16)),
-            jump_forward: !args.no_jump_forward,
+            jump_forward,
             ..d
         }
     };
@@ -139,23 +142,26 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     );
     // Kernel loading and first-touch allocation stay out of the numbers.
     let warm = bench::requests(&docs[..docs.len().min(2)], Some(&schema), 8);
-    bench::measure(&model, &tok, config(2), warm, &validator)?;
+    bench::measure(&model, &tok, config(2, true), warm, &validator)?;
 
     let mut results = Vec::new();
     for &b in &args.batch {
-        let mut runs = Vec::new();
-        for rep in 0..args.repeats {
-            let reqs = bench::requests(&docs, Some(&schema), args.max_tokens);
-            let m = bench::measure(&model, &tok, config(b), reqs, &validator)?;
-            eprintln!(
-                "batch {b} run {}: {:.3} docs/s, {:.1} output tok/s",
-                rep + 1,
-                m.docs_per_s,
-                m.output_tokens_per_s
-            );
-            runs.push(m);
+        for mode in &args.modes {
+            let constrained = mode != "a";
+            let mut runs = Vec::new();
+            for rep in 0..args.repeats {
+                let reqs = bench::requests(&docs, constrained.then_some(&schema), args.max_tokens);
+                let m = bench::measure(&model, &tok, config(b, mode != "b"), reqs, &validator)?;
+                eprintln!(
+                    "batch {b} mode {mode} run {}: {:.3} docs/s, {:.1} output tok/s",
+                    rep + 1,
+                    m.docs_per_s,
+                    m.output_tokens_per_s
+                );
+                runs.push(m);
+            }
+            results.push((b, mode.clone(), runs));
         }
-        results.push((b, runs));
     }
     print_table(&results)?;
     let out = args.out.clone().unwrap_or_else(|| {
@@ -178,10 +184,11 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         "docs": docs.len(),
         "longest_prompt_tokens": longest_prompt,
         "max_tokens": args.max_tokens,
-        "jump_forward": !args.no_jump_forward,
+        "modes": {"a": "no constraint", "b": "schema, no jump-forward", "c": "schema + jump-forward"},
         "repeats": args.repeats,
-        "results": results.iter().map(|(b, runs)| json!({
+        "results": results.iter().map(|(b, mode, runs)| json!({
             "batch": b,
+            "mode": mode,
             "median": bench::median_run(runs),
             "runs": runs,
         })).collect::<Vec<_>>(),
@@ -191,12 +198,13 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn print_table(results: &[(usize, Vec<RunMetrics>)]) -> Result<()> {
+fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
     let mut w = std::io::stdout().lock();
     writeln!(
         w,
-        "{:>5}  {:>8}  {:>12}  {:>8}  {:>9}  {:>9}  {:>7}  {:>9}  {:>7}",
+        "{:>5} {:>4}  {:>8}  {:>12}  {:>8}  {:>9}  {:>9}  {:>7}  {:>9}  {:>7}  {:>11}",
         "batch",
+        "mode",
         "docs/s",
         "output tok/s",
         "TPOT ms",
@@ -204,15 +212,16 @@ fn print_table(results: &[(usize, Vec<RunMetrics>)]) -> Result<()> {
         "mask µs",
         "forced",
         "cache hit",
-        "valid"
+        "valid",
+        "fwd ms/pass"
     )?;
-    for (b, runs) in results {
+    for (b, mode, runs) in results {
         let Some(m) = bench::median_run(runs) else {
             continue;
         };
         writeln!(
             w,
-            "{b:>5}  {:>8.3}  {:>12.1}  {:>8.2}  {:>9.1}  {:>9.0}  {:>6.1}%  {:>8.1}%  {:>3}/{:<3}",
+            "{b:>5} {mode:>4}  {:>8.3}  {:>12.1}  {:>8.2}  {:>9.1}  {:>9.0}  {:>6.1}%  {:>8.1}%  {:>3}/{:<3}  {:>11.2}",
             m.docs_per_s,
             m.output_tokens_per_s,
             m.tpot_ms,
@@ -221,7 +230,8 @@ fn print_table(results: &[(usize, Vec<RunMetrics>)]) -> Result<()> {
             100.0 * m.forced_share,
             100.0 * m.hit_rate,
             m.schema_valid,
-            m.docs
+            m.docs,
+            1e3 * m.forward_s / m.forward_passes.max(1) as f64
         )?;
     }
     Ok(())
