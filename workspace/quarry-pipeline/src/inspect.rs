@@ -210,42 +210,15 @@ fn to_json(batch: &RecordBatch) -> Result<Vec<Value>, String> {
 /// The same batch with `UTC` timestamp zones spelled `+00:00`: the same instants, in the form
 /// arrow-json formats without a time-zone database.
 fn utc_as_offset(batch: &RecordBatch) -> Result<RecordBatch, String> {
-    use arrow_array::types::{
-        TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
-        TimestampSecondType,
-    };
-    use arrow_schema::{DataType, Field, Schema, TimeUnit};
+    use arrow_schema::{DataType, Schema};
     let mut fields = Vec::new();
     let mut columns = Vec::new();
     for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
-        let (field, col): (Field, arrow_array::ArrayRef) = match f.data_type() {
+        let (field, col) = match f.data_type() {
             DataType::Timestamp(unit, Some(tz)) if tz.as_ref() == "UTC" => {
-                let col: arrow_array::ArrayRef = match unit {
-                    TimeUnit::Second => Arc::new(
-                        c.as_primitive::<TimestampSecondType>()
-                            .clone()
-                            .with_timezone("+00:00"),
-                    ),
-                    TimeUnit::Millisecond => Arc::new(
-                        c.as_primitive::<TimestampMillisecondType>()
-                            .clone()
-                            .with_timezone("+00:00"),
-                    ),
-                    TimeUnit::Microsecond => Arc::new(
-                        c.as_primitive::<TimestampMicrosecondType>()
-                            .clone()
-                            .with_timezone("+00:00"),
-                    ),
-                    TimeUnit::Nanosecond => Arc::new(
-                        c.as_primitive::<TimestampNanosecondType>()
-                            .clone()
-                            .with_timezone("+00:00"),
-                    ),
-                };
-                (
-                    f.as_ref().clone().with_data_type(col.data_type().clone()),
-                    col,
-                )
+                let to = DataType::Timestamp(*unit, Some("+00:00".into()));
+                let col = arrow_cast::cast(c, &to).map_err(|e| e.to_string())?;
+                (f.as_ref().clone().with_data_type(to), col)
             }
             _ => (f.as_ref().clone(), c.clone()),
         };
