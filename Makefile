@@ -21,7 +21,9 @@ build: setup
 	$(CARGO) build -p quarry
 
 # The CUDA build (`--device cuda:0`), with the CUDA 13.0 toolchain from PyPI; see infra/build-cuda.sh
-# for why 13.0 and for the variables (CUDA_COMPUTE_CAP, default 90 for H100/H200; CHECK_ONLY=1).
+# for why 13.0 and for the variables (CUDA_COMPUTE_CAP, default 90 for H100/H200; CUDA_TESTS=1 also
+# builds the model tests for infra/gpu-check.sh; CHECK_ONLY=1). Without an NVIDIA driver it links
+# against a stub libcuda.so.1, so the binary can be built here and run on a GPU machine.
 # Not part of `make test` or CI, which need no GPU.
 build-cuda: setup
 	@bash infra/build-cuda.sh
