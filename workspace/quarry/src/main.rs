@@ -47,8 +47,8 @@ const EXIT_CODES: &str = exit_codes!();
     version,
     about = "Bulk structured extraction with language models",
     long_about = "Bulk structured extraction with language models: documents from Kafka or object \
-storage, a model on CPU or GPU whose every output follows a JSON Schema, regex, choice list or \
-grammar, validated records written to Parquet effectively once.",
+storage, a model on CPU or GPU whose every output follows a JSON Schema, a regex or a choice list, \
+validated records written to Parquet effectively once.",
     after_help = concat!("Examples:
   quarry extract --pipeline pipelines/debian-packages.toml      # a dataset job to Parquet
   quarry worker --pipeline pipelines/kafka-packages.toml --brokers 127.0.0.1:9092

@@ -462,3 +462,43 @@ fn inspect_agrees_with_pyarrow(dir: &std::path::Path) {
     }
     assert!(values > 0, "no values compared under {}", dir.display());
 }
+
+#[test]
+fn every_help_carries_examples_and_the_exit_codes_are_listed() {
+    let top = stdout(&quarry(&["--help"]));
+    assert!(
+        top.contains("Exit codes:") && top.contains("  3  "),
+        "{top}"
+    );
+    let commands = [
+        vec!["extract"],
+        vec!["worker"],
+        vec!["inspect"],
+        vec!["bench"],
+        vec!["generate"],
+        vec!["info"],
+        vec!["tokenize"],
+        vec!["chat-template"],
+        vec!["grammar"],
+        vec!["grammar", "compile"],
+        vec!["grammar", "accepts"],
+        vec!["grammar", "explain"],
+        vec!["grammar", "mask"],
+    ];
+    for c in commands {
+        let mut args = c.clone();
+        args.push("--help");
+        let help = stdout(&quarry(&args));
+        assert!(
+            help.contains("Examples:\n  "),
+            "`quarry {}` has no examples",
+            c.join(" ")
+        );
+        // Every command of the list is listed in the top-level help.
+        assert!(
+            top.contains(&format!("  {} ", c[0])),
+            "{} missing from --help",
+            c[0]
+        );
+    }
+}
