@@ -4,12 +4,9 @@
 #   infra/local-kafka.sh stop
 # tansu advertises 127.0.0.1 (not localhost), as clients must reach exactly that address.
 set -euo pipefail
-QUARRY_CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
-RUN="${QUARRY_RUN:-$QUARRY_CACHE/run}"
-TANSU="${QUARRY_TANSU:-$QUARRY_CACHE/tools/bin/tansu}"
-mkdir -p "$RUN"
 # shellcheck source=infra/service-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/service-lib.sh"
+TANSU="${QUARRY_TANSU:-$QUARRY_CACHE/tools/bin/tansu}"
 case "${1:-}" in
 start)
     PORT="${2:-19092}"

@@ -5,12 +5,9 @@
 # Clients: AWS_ENDPOINT=<url> AWS_ALLOW_HTTP=true AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test
 # AWS_REGION=us-east-1.
 set -euo pipefail
-QUARRY_CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
-RUN="${QUARRY_RUN:-$QUARRY_CACHE/run}"
-VENV="${QUARRY_TESTVENV:-$QUARRY_CACHE/testvenv}"
-mkdir -p "$RUN"
 # shellcheck source=infra/service-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/service-lib.sh"
+VENV="${QUARRY_TESTVENV:-$QUARRY_CACHE/testvenv}"
 case "${1:-}" in
 start)
     PORT="${2:-15000}"

@@ -1,5 +1,9 @@
-# Shared by infra/local-kafka.sh and infra/local-s3.sh (sourced, not run): waiting for a
-# loopback port and stopping a service by its pid file.
+# Shared by infra/local-kafka.sh and infra/local-s3.sh (sourced, not run): the cache and run
+# folders, waiting for a loopback port, and stopping a service by its pid file.
+
+QUARRY_CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
+RUN="${QUARRY_RUN:-$QUARRY_CACHE/run}"
+mkdir -p "$RUN"
 
 # wait_port PORT WHAT LOG PRINT: up to 10 s for 127.0.0.1:PORT to accept, then prints PRINT;
 # otherwise says where WHAT logged and fails.

@@ -49,4 +49,5 @@ pub use error::EngineError;
 pub use radix::{CacheStats, RadixCache};
 pub use request::{
     Completion, ConstraintSpec, FinishReason, Processor, Prompt, Reasoning, Request, RequestStats,
+    DEFAULT_MAX_TOKENS,
 };

@@ -129,8 +129,11 @@ pub struct Request {
     pub reasoning: Option<Reasoning>,
 }
 
+/// `max_tokens` when a request or a job definition leaves it out.
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
 fn default_max_tokens() -> usize {
-    256
+    DEFAULT_MAX_TOKENS
 }
 
 fn one() -> f32 {

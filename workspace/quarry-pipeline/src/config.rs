@@ -177,41 +177,42 @@ fn default_device() -> String {
     "cpu".into()
 }
 
+/// The `[sampling]` section: the engine's sampling parameters plus `max_tokens`, with the engine's
+/// defaults (greedy: extraction wants the most likely record).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct SamplingConfig {
-    /// 0 is greedy (the default: extraction wants the most likely record).
-    #[serde(default)]
     pub temperature: f32,
-    #[serde(default = "one")]
     pub top_p: f32,
-    #[serde(default)]
     pub top_k: usize,
     /// Base seed; each document's seed also mixes in its lineage, so a rerun draws the same.
-    #[serde(default)]
     pub seed: u64,
-    #[serde(default = "default_max_tokens")]
     pub max_tokens: usize,
 }
 
 impl Default for SamplingConfig {
     fn default() -> Self {
+        let p = quarry_model::SamplingParams::greedy();
         Self {
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed: 0,
-            max_tokens: default_max_tokens(),
+            temperature: p.temperature,
+            top_p: p.top_p,
+            top_k: p.top_k,
+            seed: p.seed,
+            max_tokens: quarry_engine::DEFAULT_MAX_TOKENS,
         }
     }
 }
 
-fn one() -> f32 {
-    1.0
-}
-
-fn default_max_tokens() -> usize {
-    256
+impl SamplingConfig {
+    /// The parameters as the engine takes them (the seed is the base seed, before lineage).
+    pub fn params(&self) -> quarry_model::SamplingParams {
+        quarry_model::SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -251,13 +251,14 @@ impl Extractor for EngineExtractor {
     fn submit(&mut self, key: u64, doc: &Document) -> Result<(), RejectCause> {
         let prompt = self.prompts.build(doc)?;
         let s = &self.sampling;
-        let mut req = Request::new(prompt)
+        let params = quarry_model::SamplingParams {
+            seed: self.seed(doc),
+            ..s.params()
+        };
+        let req = Request::new(prompt)
             .with_constraint(self.constraint.clone())
+            .with_sampling(params)
             .with_max_tokens(s.max_tokens);
-        req.temperature = s.temperature;
-        req.top_p = s.top_p;
-        req.top_k = s.top_k;
-        req.seed = self.seed(doc);
         let id = self
             .engine
             .submit(req)
