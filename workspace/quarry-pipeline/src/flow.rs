@@ -521,6 +521,11 @@ mod tests {
     use quarry_engine::FinishReason;
     use serde_json::json;
 
+    /// The `_offset` values of the published file `name` under `loc`.
+    fn offsets_of(loc: &Location, name: &str) -> Vec<i64> {
+        read_offsets(loc.read(&loc.path(name)).unwrap()).unwrap()
+    }
+
     /// Answers each document with its text as the record, one step later; "slow" documents take
     /// two steps; texts starting with `cut` come back truncated.
     struct Fake {
@@ -662,22 +667,11 @@ mod tests {
                 "truncated"
             ]
         );
-        let acc = read_offsets(
-            publisher
-                .output
-                .read(&publisher.output.path("a.parquet"))
-                .unwrap(),
-        )
-        .unwrap();
-        let rej = read_offsets(
-            publisher
-                .rejects
-                .read(&publisher.rejects.path("a.parquet"))
-                .unwrap(),
-        )
-        .unwrap();
-        assert_eq!(acc, vec![0, 6]);
-        assert_eq!(rej, vec![1, 2, 3, 4, 5]);
+        assert_eq!(offsets_of(&publisher.output, "a.parquet"), vec![0, 6]);
+        assert_eq!(
+            offsets_of(&publisher.rejects, "a.parquet"),
+            vec![1, 2, 3, 4, 5]
+        );
     }
 
     #[test]
@@ -743,20 +737,8 @@ mod tests {
         assert!(r.replayed);
         assert_eq!((r.accepted, r.rejected), (1, 2));
         assert_eq!(r.causes.get("replay_mismatch"), Some(&1));
-        let acc = read_offsets(
-            publisher
-                .output
-                .read(&publisher.output.path("r.parquet"))
-                .unwrap(),
-        )
-        .unwrap();
-        let mut rej = read_offsets(
-            publisher
-                .rejects
-                .read(&publisher.rejects.path("r.parquet"))
-                .unwrap(),
-        )
-        .unwrap();
+        let acc = offsets_of(&publisher.output, "r.parquet");
+        let mut rej = offsets_of(&publisher.rejects, "r.parquet");
         rej.sort();
         assert_eq!(acc, vec![0]);
         assert_eq!(rej, vec![1, 2]);
