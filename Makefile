@@ -46,7 +46,7 @@ test: setup lint
 # Regenerates the committed reference fixtures with llama.cpp. By hand only, never from `make test`.
 fixtures: setup
 	test -x $(QUARRY_CACHE)/refvenv/bin/python || python3 -m venv $(QUARRY_CACHE)/refvenv
-	$(QUARRY_CACHE)/refvenv/bin/pip install --quiet --no-binary llama-cpp-python $(LLAMA_CPP_PYTHON) jinja2
+	$(QUARRY_CACHE)/refvenv/bin/pip install --quiet --no-binary llama-cpp-python $(LLAMA_CPP_PYTHON) jinja2 gguf==0.19.0
 	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_tokenizer_fixtures.py
 	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_model_fixtures.py
 

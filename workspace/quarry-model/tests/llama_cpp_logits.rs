@@ -1,17 +1,26 @@
-//! quarry's SmolLM2 forward pass against llama.cpp's on the same GGUF (fixtures written by
-//! `tests/fixtures/gen_model_fixtures.py`).
+//! quarry's SmolLM2 forward pass against llama.cpp's on the same weights (fixtures written by
+//! `tests/fixtures/gen_model_fixtures.py`), twice:
 //!
-//! The reference runs with an f32 KV cache and no flash attention (see the script), so both sides
-//! round only where the Q4_1 and Q8_0 kernels quantize activations to 8 bits, and quarry does that
-//! bit for bit as llama.cpp does. What remains is summation order in attention, which a 30-layer
-//! model with 8-bit activation quantization amplifies into logit differences of tenths of a nat.
-//! llama.cpp itself moves as much when only its KV cache precision changes: its own top-1 with the
-//! default f16 cache agrees with its f32 one on about 96.5% of positions (recorded in the fixture).
+//! **F32 weights** (the Q4_1 file with every tensor dequantized to F32, on both sides). Neither side
+//! rounds activations, so this sees the forward pass itself — RoPE, RMS norms, grouped-query
+//! attention, SwiGLU, tied embeddings — at float precision, and holds it to the issue's bar: top-1
+//! agreement on at least 99% of positions, log-softmax within `F32_LOGPROB_MAX_TOL`, greedy
+//! continuations identical.
 //!
-//! So the checks, with their tolerances:
+//! **Q4_1 weights as stored.** Both sides quantize activations to 8 bits per 32-block before every
+//! Q4_1 and Q8_0 matmul, and quarry does that bit for bit as llama.cpp does; what remains is
+//! summation order in attention, norms and `exp`. That is enough to flip 8-bit roundings, and a
+//! flipped rounding in one of 30 layers moves the logits by hundredths to tenths of a nat, so two
+//! correct implementations disagree at a few percent of near-tied positions:
+//! - llama.cpp against itself with its default f16 KV cache: top-1 agreement about 96.5% (recorded
+//!   in the fixture);
+//! - quarry's two attention kernels (host and tensor layouts, which differ only in summation order)
+//!   against each other on the first 200 positions of each prompt: 96.7% (measured 2026-11-22).
+//!
+//! So the Q4_1 checks, with their tolerances, are:
 //! - top-1 agreement at least llama.cpp's own f16-vs-f32 agreement (less one point of slack for
-//!   which near-ties happen to flip), and complete wherever the
-//!   reference's top-2 gap is at least `GAP_TOL` nats (a clear choice);
+//!   which near-ties happen to flip), and complete wherever the reference's top-2 gap is at least
+//!   `GAP_TOL` nats (a clear choice);
 //! - log-softmax of the reference top-20 within `LOGPROB_MEDIAN_TOL` at the median,
 //!   `LOGPROB_P99_TOL` at the 99th percentile and `LOGPROB_MAX_TOL` at worst (measured 2026-11-22:
 //!   0.079, 0.46 and 1.06 nats);
@@ -21,101 +30,159 @@
 mod common;
 
 use common::*;
-use quarry_model::{argmax, KvLayout, Logits, PageId, SeqInput};
+use quarry_model::{argmax, KvLayout, Llama, Logits, PageId, SeqInput};
 
 const GAP_TOL: f64 = 0.5;
 const LOGPROB_MEDIAN_TOL: f64 = 0.15;
 const LOGPROB_P99_TOL: f64 = 0.75;
 const LOGPROB_MAX_TOL: f64 = 1.5;
 
-#[test]
-fn prompt_logits_match_llama_cpp() {
-    let fx = fixture();
-    let (mut positions, mut top1_same, mut f16_same) = (0usize, 0usize, 0usize);
-    let mut diffs: Vec<f64> = Vec::new();
-    let mut clear_misses = Vec::new();
-    let mut long_seen = false;
-    for case in fx["cases"].as_array().unwrap() {
-        let name = case["name"].as_str().unwrap();
-        let tokens = ids(&case["tokens"]);
-        long_seen |= tokens.len() > 1000;
-        let ours = prefill_all(&tokens, 16, KvLayout::Host);
-        assert_eq!(ours.len(), tokens.len());
-        let f16_top1 = ids(&case["f16_kv_top1"]);
-        let mut case_worst = 0f64;
-        for (pos, row) in ours.iter().enumerate() {
-            let ref_ids = ids(&case["top_ids"][pos]);
-            let ref_logits: Vec<f64> = case["top_logits"][pos]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect();
-            let ref_lse = case["lse"][pos].as_f64().unwrap();
-            let lse = log_sum_exp(row);
-            positions += 1;
-            f16_same += (f16_top1[pos] == ref_ids[0]) as usize;
-            if argmax(row) == Some(ref_ids[0]) {
-                top1_same += 1;
-            } else if ref_logits[0] - ref_logits[1] >= GAP_TOL {
-                clear_misses.push(format!("{name}@{pos}"));
+/// F32 weights: the worst log-softmax difference on the reference top-20, and the top-2 gap below
+/// which a greedy step may differ (float summation order alone).
+const F32_LOGPROB_MAX_TOL: f64 = 0.005;
+const F32_GAP_TOL: f64 = 0.01;
+
+/// quarry's prompt logits against one fixture.
+struct Comparison {
+    positions: usize,
+    top1_same: usize,
+    /// Positions where llama.cpp's default (f16) KV cache gives its f32 top-1 (Q4_1 fixture only).
+    f16_same: usize,
+    /// Positions where quarry's top-1 differs although the reference's top-2 gap is at least
+    /// `gap_tol`.
+    clear_misses: Vec<String>,
+    /// |log-softmax difference| over every reference top-20 entry, sorted.
+    diffs: Vec<f64>,
+    long_seen: bool,
+}
+
+impl Comparison {
+    fn run(model: &Llama, fx: &serde_json::Value, gap_tol: f64) -> Self {
+        let mut c = Comparison {
+            positions: 0,
+            top1_same: 0,
+            f16_same: 0,
+            clear_misses: Vec::new(),
+            diffs: Vec::new(),
+            long_seen: false,
+        };
+        for case in fx["cases"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let tokens = ids(&case["tokens"]);
+            c.long_seen |= tokens.len() > 1000;
+            let ours = prefill_all_with(model, &tokens, 16, KvLayout::Host);
+            assert_eq!(ours.len(), tokens.len());
+            let f16_top1 = case.get("f16_kv_top1").map(ids);
+            let mut case_worst = 0f64;
+            for (pos, row) in ours.iter().enumerate() {
+                let ref_ids = ids(&case["top_ids"][pos]);
+                let ref_logits: Vec<f64> = case["top_logits"][pos]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap())
+                    .collect();
+                let ref_lse = case["lse"][pos].as_f64().unwrap();
+                let lse = log_sum_exp(row);
+                c.positions += 1;
+                if let Some(f16) = &f16_top1 {
+                    c.f16_same += (f16[pos] == ref_ids[0]) as usize;
+                }
+                if argmax(row) == Some(ref_ids[0]) {
+                    c.top1_same += 1;
+                } else if ref_logits[0] - ref_logits[1] >= gap_tol {
+                    c.clear_misses.push(format!("{name}@{pos}"));
+                }
+                for (&id, &l) in ref_ids.iter().zip(&ref_logits) {
+                    let d = (row[id as usize] as f64 - lse - (l - ref_lse)).abs();
+                    case_worst = case_worst.max(d);
+                    c.diffs.push(d);
+                }
             }
-            for (&id, &l) in ref_ids.iter().zip(&ref_logits) {
-                let d = (row[id as usize] as f64 - lse - (l - ref_lse)).abs();
-                case_worst = case_worst.max(d);
-                diffs.push(d);
-            }
+            eprintln!(
+                "{name}: {} positions, worst log-softmax difference {case_worst:.4}",
+                tokens.len()
+            );
         }
+        c.diffs.sort_by(f64::total_cmp);
         eprintln!(
-            "{name}: {} positions, worst log-softmax difference {case_worst:.4}",
-            tokens.len()
+            "top-1 agreement {}/{} = {:.4}; log-softmax difference median {:.5}, p99 {:.5}, max {:.5}",
+            c.top1_same,
+            c.positions,
+            c.agreement(),
+            c.quantile(0.5),
+            c.quantile(0.99),
+            c.quantile(1.0)
         );
+        assert!(
+            c.long_seen,
+            "the fixture must hold a prompt over 1,000 tokens"
+        );
+        c
     }
-    diffs.sort_by(f64::total_cmp);
-    let q = |p: f64| diffs[((diffs.len() - 1) as f64 * p) as usize];
-    let agreement = top1_same as f64 / positions as f64;
-    let f16_agreement = f16_same as f64 / positions as f64;
-    eprintln!(
-        "top-1 agreement {top1_same}/{positions} = {agreement:.4} (llama.cpp f16 vs f32 KV: {f16_agreement:.4}); \
-         log-softmax difference median {:.4}, p99 {:.4}, max {:.4}",
-        q(0.5),
-        q(0.99),
-        q(1.0)
+
+    fn agreement(&self) -> f64 {
+        self.top1_same as f64 / self.positions as f64
+    }
+
+    fn quantile(&self, p: f64) -> f64 {
+        self.diffs[((self.diffs.len() - 1) as f64 * p) as usize]
+    }
+}
+
+#[test]
+fn f32_weights_prompt_logits_match_llama_cpp() {
+    let c = Comparison::run(smollm2_f32(), &fixture_f32(), F32_GAP_TOL);
+    assert!(
+        c.agreement() >= 0.99,
+        "top-1 agreement {} is below 99%",
+        c.agreement()
     );
     assert!(
-        long_seen,
-        "the fixture must hold a prompt over 1,000 tokens"
-    );
-    // One point of slack: which near-ties flip is chance, and 1% of 1,236 positions is 12 of them.
-    assert!(
-        agreement >= f16_agreement - 0.01,
-        "top-1 agreement {agreement} is below llama.cpp's own {f16_agreement}"
+        c.clear_misses.is_empty(),
+        "top-1 differs where the reference gap is >= {F32_GAP_TOL}: {:?}",
+        c.clear_misses
     );
     assert!(
-        clear_misses.is_empty(),
-        "top-1 differs where the reference gap is >= {GAP_TOL}: {clear_misses:?}"
-    );
-    assert!(
-        q(0.5) <= LOGPROB_MEDIAN_TOL,
-        "median log-softmax difference {}",
-        q(0.5)
-    );
-    assert!(
-        q(0.99) <= LOGPROB_P99_TOL,
-        "p99 log-softmax difference {}",
-        q(0.99)
-    );
-    assert!(
-        q(1.0) <= LOGPROB_MAX_TOL,
+        c.quantile(1.0) <= F32_LOGPROB_MAX_TOL,
         "worst log-softmax difference {}",
-        q(1.0)
+        c.quantile(1.0)
     );
 }
 
 #[test]
-fn greedy_continuations_match_llama_cpp() {
-    let fx = fixture();
-    let model = smollm2();
+fn prompt_logits_match_llama_cpp() {
+    let c = Comparison::run(smollm2(), &fixture(), GAP_TOL);
+    let f16_agreement = c.f16_same as f64 / c.positions as f64;
+    eprintln!("llama.cpp f16 vs f32 KV top-1 agreement: {f16_agreement:.4}");
+    // One point of slack: which near-ties flip is chance, and 1% of 1,236 positions is 12 of them.
+    assert!(
+        c.agreement() >= f16_agreement - 0.01,
+        "top-1 agreement {} is below llama.cpp's own {f16_agreement}",
+        c.agreement()
+    );
+    assert!(
+        c.clear_misses.is_empty(),
+        "top-1 differs where the reference gap is >= {GAP_TOL}: {:?}",
+        c.clear_misses
+    );
+    let checks = [
+        ("median", 0.5, LOGPROB_MEDIAN_TOL),
+        ("p99", 0.99, LOGPROB_P99_TOL),
+        ("worst", 1.0, LOGPROB_MAX_TOL),
+    ];
+    for (what, p, tol) in checks {
+        assert!(
+            c.quantile(p) <= tol,
+            "{what} log-softmax difference {} > {tol}",
+            c.quantile(p)
+        );
+    }
+}
+
+/// Greedy decoding one token at a time after each fixture prompt: identical to llama.cpp's, or
+/// leaving it only at a step whose reference top-2 gap is below `gap_tol`.
+fn greedy_matches(model: &Llama, fx: &serde_json::Value, gap_tol: f64) {
     for case in fx["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         let prompt = ids(&case["tokens"]);
@@ -126,7 +193,8 @@ fn greedy_continuations_match_llama_cpp() {
             .iter()
             .map(|g| g.as_f64().unwrap())
             .collect();
-        let mut pool = pool(16, (prompt.len() + want.len()).div_ceil(16), KvLayout::Host);
+        let pages = (prompt.len() + want.len()).div_ceil(16);
+        let mut pool = pool_for(model, 16, pages, KvLayout::Host);
         let mut table: Vec<PageId> = Vec::new();
         assert!(pool.alloc_into(pool.num_pages(), &mut table));
         let mut out = Logits::new();
@@ -139,7 +207,7 @@ fn greedy_continuations_match_llama_cpp() {
             got.push(next);
             if next != want[step] {
                 assert!(
-                    gaps[step] < GAP_TOL,
+                    gaps[step] < gap_tol,
                     "{name}: step {step} chose {next}, llama.cpp {} with a top-2 gap of {}",
                     want[step],
                     gaps[step]
@@ -165,4 +233,14 @@ fn greedy_continuations_match_llama_cpp() {
             want.len()
         );
     }
+}
+
+#[test]
+fn greedy_continuations_match_llama_cpp() {
+    greedy_matches(smollm2(), &fixture(), GAP_TOL);
+}
+
+#[test]
+fn f32_weights_greedy_continuations_match_llama_cpp() {
+    greedy_matches(smollm2_f32(), &fixture_f32(), F32_GAP_TOL);
 }

@@ -54,8 +54,13 @@ pub fn smollm2() -> &'static Llama {
 
 /// A pool of `pages` pages of `page_size` on the test device.
 pub fn pool(page_size: usize, pages: usize, layout: KvLayout) -> KvPool {
+    pool_for(smollm2(), page_size, pages, layout)
+}
+
+/// [`pool`] shaped for `model`.
+pub fn pool_for(model: &Llama, page_size: usize, pages: usize, layout: KvLayout) -> KvPool {
     KvPool::new(
-        smollm2().config(),
+        model.config(),
         page_size,
         pages,
         &device(),
@@ -66,11 +71,21 @@ pub fn pool(page_size: usize, pages: usize, layout: KvLayout) -> KvPool {
 
 /// Runs `tokens` as one prefill of a fresh sequence and returns the logits at every position.
 pub fn prefill_all(tokens: &[u32], page_size: usize, layout: KvLayout) -> Vec<Vec<f32>> {
-    let mut p = pool(page_size, tokens.len().div_ceil(page_size), layout);
+    prefill_all_with(smollm2(), tokens, page_size, layout)
+}
+
+/// [`prefill_all`] with `model`.
+pub fn prefill_all_with(
+    model: &Llama,
+    tokens: &[u32],
+    page_size: usize,
+    layout: KvLayout,
+) -> Vec<Vec<f32>> {
+    let mut p = pool_for(model, page_size, tokens.len().div_ceil(page_size), layout);
     let mut table: Vec<PageId> = Vec::new();
     assert!(p.alloc_into(p.pages_for(tokens.len()), &mut table));
     let mut out = Logits::new();
-    smollm2()
+    model
         .forward(
             &[SeqInput::new(tokens, 0, &table).with_all_logits()],
             &mut p,
@@ -87,7 +102,11 @@ pub fn log_sum_exp(row: &[f32]) -> f64 {
 
 /// The llama.cpp logits fixture (`tests/fixtures/gen_model_fixtures.py`).
 pub fn fixture() -> serde_json::Value {
-    let path = root().join("tests/fixtures/model/smollm2.logits.json.gz");
+    read_fixture("smollm2.logits.json.gz")
+}
+
+fn read_fixture(name: &str) -> serde_json::Value {
+    let path = root().join("tests/fixtures/model").join(name);
     let file = std::fs::File::open(&path).unwrap();
     serde_json::from_reader(flate2::read::GzDecoder::new(file)).unwrap()
 }
@@ -99,4 +118,56 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
         .iter()
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
+}
+
+/// SmolLM2 with every weight dequantized to F32, loaded once per test binary. candle's GGUF writer
+/// puts the copy in a temporary file, which is loaded through quarry's ordinary F32 path and removed.
+pub fn smollm2_f32() -> &'static Llama {
+    static MODEL: OnceLock<Llama> = OnceLock::new();
+    MODEL.get_or_init(|| {
+        use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+        let src = smollm2_path();
+        let mut file = std::fs::File::open(&src).unwrap();
+        let content = gguf_file::Content::read(&mut file).unwrap();
+        let cpu = Device::Cpu;
+        let tensors: Vec<(String, QTensor)> = content
+            .tensor_infos
+            .keys()
+            .map(|name| {
+                let t = content.tensor(&mut file, name, &cpu).unwrap();
+                let dense = t.dequantize(&cpu).unwrap();
+                (
+                    name.clone(),
+                    QTensor::quantize(&dense, GgmlDType::F32).unwrap(),
+                )
+            })
+            .collect();
+        let file_type = gguf_file::Value::U32(0); // LLAMA_FTYPE_ALL_F32
+        let metadata: Vec<(&str, &gguf_file::Value)> = content
+            .metadata
+            .iter()
+            .map(|(k, v)| {
+                if k == "general.file_type" {
+                    (k.as_str(), &file_type)
+                } else {
+                    (k.as_str(), v)
+                }
+            })
+            .collect();
+        let tensor_refs: Vec<(&str, &QTensor)> =
+            tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let path =
+            std::env::temp_dir().join(format!("quarry-smollm2-f32-{}.gguf", std::process::id()));
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        gguf_file::write(&mut out, &metadata, &tensor_refs).unwrap();
+        drop(out);
+        let model = Llama::load(&path, &device());
+        std::fs::remove_file(&path).unwrap();
+        model.unwrap()
+    })
+}
+
+/// The llama.cpp logits fixture of the F32 copy of SmolLM2 (`tests/fixtures/gen_model_fixtures.py`).
+pub fn fixture_f32() -> serde_json::Value {
+    read_fixture("smollm2-f32.logits.json.gz")
 }
