@@ -436,9 +436,8 @@ mod tests {
         for c in 0..n {
             let w = mat.row(c);
             if has_avx2() {
-                let four = unsafe {
-                    dot_avx2::<4>(mat.format, &w, std::array::from_fn(|r| a.row(r, k)))
-                };
+                let four =
+                    unsafe { dot_avx2::<4>(mat.format, &w, std::array::from_fn(|r| a.row(r, k))) };
                 for (r, v) in four.iter().enumerate() {
                     let s = dot_scalar(mat.format, &w, &a.row(r, k));
                     assert!((s - v).abs() <= 1e-4 * s.abs().max(1.0), "{s} vs {v}");
