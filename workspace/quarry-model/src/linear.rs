@@ -220,6 +220,8 @@ impl QuantMatrix {
         }
         let x = x.contiguous()?;
         let a = crate::attention::with_host_slice(&x, |xs| quantize_rows(xs, m, k))?;
+        // Row views made once, not per weight row and tile.
+        let acts: Vec<Act> = (0..m).map(|r| a.row(r, k)).collect();
         let n = self.rows;
         let mut dst = vec![0f32; m * n];
         let dst_ptr = dst.as_mut_ptr() as usize;
@@ -231,7 +233,7 @@ impl QuantMatrix {
                 let mut r = 0;
                 while r < m {
                     let tile = ROW_TILE.min(m - r);
-                    let act = |i: usize| a.row(r + i.min(tile - 1), k);
+                    let act = |i: usize| acts[r + i.min(tile - 1)];
                     let out: [f32; ROW_TILE] = if avx && tile == ROW_TILE {
                         // SAFETY: AVX2 and FMA were detected at run time.
                         unsafe { dot_avx2::<ROW_TILE>(format, &w, std::array::from_fn(act)) }
@@ -263,6 +265,7 @@ struct Weights<'a> {
 }
 
 /// One quantized activation row.
+#[derive(Clone, Copy)]
 struct Act<'a> {
     qs: &'a [i8],
     d: &'a [f32],
