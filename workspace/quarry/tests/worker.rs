@@ -475,14 +475,17 @@ fn worker_is_exactly_once_across_sigkill_at_every_crash_point() {
         let mut values: Vec<Vec<u8>> = docs.iter().enumerate().map(|(i, d)| doc(i, d)).collect();
         values.insert(1, doc(99, "")); // a reject in every file pair
         let produced = produce(&job.topic, 1, &values);
-        // Crash on the second file, so the first is published and committed before.
-        // Static membership: the restart takes the partition back without waiting for the group
-        // to expire the killed member's session.
-        let id = ["--instance-id", "w1"];
-        let child = job.spawn(
-            &[("QUARRY_CRASH_AT", point), ("QUARRY_CRASH_AFTER", "1")],
-            &id,
-        );
+        // Crash on the second file, so the first is published and committed before. A short
+        // session lets tansu expire the killed member within seconds (with the default 45 s it
+        // took minutes here), so the restart rejoins the same group: where it resumes comes from
+        // its committed offset and from reconciling with the published files together.
+        let session = [
+            ("QUARRY_KAFKA_SESSION_TIMEOUT_MS", "6000"),
+            ("QUARRY_KAFKA_HEARTBEAT_INTERVAL_MS", "1000"),
+        ];
+        let mut crash = session.to_vec();
+        crash.extend([("QUARRY_CRASH_AT", point), ("QUARRY_CRASH_AFTER", "1")]);
+        let child = job.spawn(&crash, &[]);
         let (st, err) = wait(child, Duration::from_secs(600));
         assert_eq!(
             st.signal(),
@@ -490,14 +493,8 @@ fn worker_is_exactly_once_across_sigkill_at_every_crash_point() {
             "{point}: the worker should die by SIGKILL: {err}"
         );
         assert!(err.contains(&format!("crash point {point}")), "{err}");
-        // The restart joins a fresh group, so it has no committed offset at all: where it resumes
-        // comes only from reconciling with the published files (tansu can also take minutes to
-        // expire the killed member of the old group).
-        let fresh = format!("g-{}-restart", job.topic);
-        let (st, err) = wait(
-            job.spawn(&[], &["--group", &fresh]),
-            Duration::from_secs(600),
-        );
+        // Idle for up to 30 s: the group hands the partition back once the old session expires.
+        let (st, err) = wait(job.spawn_idle(30, &session, &[]), Duration::from_secs(600));
         assert!(st.success(), "{point}: restart failed: {err}");
         let plain = strip_ansi(&err);
         assert!(
