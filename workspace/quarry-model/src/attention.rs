@@ -2,9 +2,10 @@
 //!
 //! Two implementations, picked by the pool's [`KvLayout`](crate::KvLayout):
 //! - **host**: a CPU kernel that reads each sequence's keys and values in place through its block
-//!   table. Work items are (tile of up to four consecutive new tokens of one sequence, query head):
-//!   each key and value row read serves the whole tile, and a single-token decode still has one item
-//!   per head for the workers to share. They run on candle's CPU worker pool, the one its matmuls
+//!   table. Work items are (tile of up to four consecutive new tokens of one sequence, the query
+//!   heads of one key-value head): each key and value row read serves the whole tile and every
+//!   query head of its grouped-query group. A single decode, too small to share out that way, has
+//!   one item per query head instead. They run on candle's CPU worker pool, the one its matmuls
 //!   use, compiled for AVX2/FMA when the CPU has them.
 //! - **tensor**: device-agnostic candle ops. Each sequence's rows are gathered with `index_select`
 //!   and attended with batched matmuls under a causal mask. This is the CUDA path, and on CPU the
@@ -83,18 +84,26 @@ pub(crate) fn attend_host(
         h,
         out: out_ptr,
     };
-    candle_core::utils::barrier_pool().execute_chunked(tiles.len() * h.n_head, |range| {
+    // Query heads per work item: a whole GQA group shares each key and value row read, unless that
+    // leaves too few items to keep every worker busy (a single decode).
+    let heads = if tiles.len() * h.n_kv >= 4 * candle_core::utils::get_num_threads() {
+        h.group()
+    } else {
+        1
+    };
+    let per_tile = h.n_head / heads;
+    candle_core::utils::barrier_pool().execute_chunked(tiles.len() * per_tile, |range| {
         for item in range {
-            let (t0, seq) = tiles[item / h.n_head];
-            let head = item % h.n_head;
+            let (t0, seq) = tiles[item / per_tile];
+            let head0 = (item % per_tile) * heads;
             #[cfg(target_arch = "x86_64")]
             if avx {
                 // SAFETY: AVX2 and FMA were detected at run time.
-                unsafe { job.tile_avx2(t0 as usize, seq as usize, head) };
+                unsafe { job.tile_avx2(t0 as usize, seq as usize, head0, heads) };
                 continue;
             }
             let _ = avx;
-            job.tile(t0 as usize, seq as usize, head);
+            job.tile(t0 as usize, seq as usize, head0, heads);
         }
     });
     out
@@ -122,18 +131,19 @@ impl Job<'_> {
     /// The same code compiled for AVX2 and FMA, so the dot products and sums use 8-wide FMAs.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile_avx2(&self, t0: usize, seq: usize, head: usize) {
-        self.tile(t0, seq, head)
+    unsafe fn tile_avx2(&self, t0: usize, seq: usize, head0: usize, heads: usize) {
+        self.tile(t0, seq, head0, heads)
     }
 
-    /// Attention for query head `head` of the new tokens `t0..t0 + n` (consecutive positions of
-    /// sequence `seq`): scores over positions `0..=p` through the block table, softmax, then the
-    /// weighted sum of values.
+    /// Attention for query heads `head0..head0 + heads` (of one key-value head) of the new tokens
+    /// `t0..t0 + n` (consecutive positions of sequence `seq`): scores over positions `0..=p`
+    /// through the block table, softmax, then the weighted sum of values. Each (token, head) is
+    /// summed in the same order whatever `heads` is, so the grouping changes no result.
     #[inline(always)]
-    fn tile(&self, t0: usize, seq: usize, head: usize) {
+    fn tile(&self, t0: usize, seq: usize, head0: usize, heads: usize) {
         let h = self.h;
         let (d, ps, kv_dim) = (h.head_dim, h.page_size, h.kv_dim());
-        let g = head / h.group();
+        let g = head0 / h.group();
         let rows = &self.plan.seq_rows[seq];
         let n = TILE.min(rows.end - t0);
         let pages = self.batch[seq].pages;
@@ -142,36 +152,40 @@ impl Job<'_> {
         let ctx = p0 + n;
         let scale = h.scale();
         let stride = h.n_head * d;
-        let q: [&[f32]; TILE] = std::array::from_fn(|i| {
-            let at = (t0 + i.min(n - 1)) * stride + head * d;
-            &self.q[at..at + d]
-        });
+        // Row `j·n + i` of the scores and outputs is head `head0 + j`, token `t0 + i`.
+        let at = |j: usize, i: usize| (t0 + i) * stride + (head0 + j) * d;
         SCORES.with(|cell| {
             let mut scores = cell.borrow_mut();
             scores.clear();
-            scores.resize(TILE * ctx, 0.0);
+            scores.resize(heads * n * ctx, 0.0);
             let head_offset = g * d;
-            for_each_row(pages, ps, ctx, kv_dim, head_offset, |pos, at| {
-                let krow = &self.k[at..at + d];
-                for i in 0..n {
-                    scores[i * ctx + pos] = dot(q[i], krow) * scale;
+            for_each_row(pages, ps, ctx, kv_dim, head_offset, |pos, kat| {
+                let krow = &self.k[kat..kat + d];
+                for j in 0..heads {
+                    for i in 0..n {
+                        let q = &self.q[at(j, i)..at(j, i) + d];
+                        scores[(j * n + i) * ctx + pos] = dot(q, krow) * scale;
+                    }
                 }
             });
-            for i in 0..n {
-                softmax_in_place(&mut scores[i * ctx..i * ctx + p0 + i + 1]);
+            for j in 0..heads {
+                for i in 0..n {
+                    let row = (j * n + i) * ctx;
+                    softmax_in_place(&mut scores[row..row + p0 + i + 1]);
+                }
             }
-            let out: [&mut [f32]; TILE] = std::array::from_fn(|i| {
-                // SAFETY: this item alone writes head `head` of rows t0..t0+n; rows past n are
-                // never touched (they alias row n - 1 only as an unused, empty slice).
-                let len = if i < n { d } else { 0 };
-                let at = (t0 + i.min(n - 1)) * stride + head * d;
-                unsafe { std::slice::from_raw_parts_mut((self.out as *mut f32).add(at), len) }
-            });
-            for_each_row(pages, ps, ctx, kv_dim, head_offset, |pos, at| {
-                let vrow = &self.v[at..at + d];
-                // Token i sees this position when pos <= p0 + i.
-                for i in pos.saturating_sub(p0)..n {
-                    axpy(out[i], scores[i * ctx + pos], vrow);
+            for_each_row(pages, ps, ctx, kv_dim, head_offset, |pos, vat| {
+                let vrow = &self.v[vat..vat + d];
+                for j in 0..heads {
+                    // Token i sees this position when pos <= p0 + i.
+                    for i in pos.saturating_sub(p0)..n {
+                        // SAFETY: this item alone writes heads head0..head0+heads of rows
+                        // t0..t0+n, and `at(j, i) + d` is within the output.
+                        let out = unsafe {
+                            std::slice::from_raw_parts_mut((self.out as *mut f32).add(at(j, i)), d)
+                        };
+                        axpy(out, scores[(j * n + i) * ctx + pos], vrow);
+                    }
                 }
             });
         });
