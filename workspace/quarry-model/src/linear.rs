@@ -447,13 +447,13 @@ unsafe fn group_avx2<const R: usize>(w: &Group, a: [Act; R]) -> [[f32; LANES]; R
                     let packed = _mm256_loadu_si256(qs.add(32 * p) as *const __m256i);
                     let lo = _mm256_and_si256(packed, low);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-                    for r in 0..R {
-                        let at = i * QK + 2 * STEP * p;
+                    let at = i * QK + 2 * STEP * p;
+                    for (r, int) in ints.iter_mut().enumerate() {
                         let s = _mm256_add_epi16(
                             _mm256_maddubs_epi16(lo, bcast(r, at)),
                             _mm256_maddubs_epi16(hi, bcast(r, at + STEP)),
                         );
-                        ints[r] = _mm256_add_epi16(ints[r], s);
+                        *int = _mm256_add_epi16(*int, s);
                     }
                 }
                 for int in ints.iter_mut() {
@@ -465,10 +465,10 @@ unsafe fn group_avx2<const R: usize>(w: &Group, a: [Act; R]) -> [[f32; LANES]; R
                     let wq = _mm256_loadu_si256(qs.add(32 * s) as *const __m256i);
                     // maddubs takes unsigned × signed: |w| against a with w's sign.
                     let wabs = _mm256_sign_epi8(wq, wq);
-                    for r in 0..R {
+                    for (r, int) in ints.iter_mut().enumerate() {
                         let signed = _mm256_sign_epi8(bcast(r, i * QK + STEP * s), wq);
                         let pairs = _mm256_maddubs_epi16(wabs, signed);
-                        ints[r] = _mm256_add_epi32(ints[r], _mm256_madd_epi16(pairs, ones));
+                        *int = _mm256_add_epi32(*int, _mm256_madd_epi16(pairs, ones));
                     }
                 }
             }
@@ -527,12 +527,12 @@ mod tests {
         let got = got.to_vec2::<f32>().unwrap();
         for g in 0..n.div_ceil(LANES) {
             let w = mat.group(g);
-            for r in 0..m {
+            for (r, got) in got.iter().enumerate() {
                 let s = group_scalar(&w, &a.row(r, k));
                 let cols = LANES.min(n - g * LANES);
                 assert_eq!(
                     s[..cols],
-                    got[r][g * LANES..g * LANES + cols],
+                    got[g * LANES..g * LANES + cols],
                     "{dtype:?} row {r}"
                 );
                 if has_avx2() {
@@ -606,7 +606,7 @@ mod tests {
         let raw = q.data().unwrap();
         let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]).to_f32() as f64;
         for (c, row) in raw.chunks_exact(k / QK * 20).enumerate() {
-            for r in 0..m {
+            for (r, got) in got.iter().enumerate() {
                 let act = a.row(r, k);
                 let mut want = 0f64;
                 for (i, b) in row.chunks_exact(20).enumerate() {
@@ -618,7 +618,7 @@ mod tests {
                     want += isum as f64 * half(&b[0..2]) * act.d[i] as f64
                         + half(&b[2..4]) * act.s[i] as f64;
                 }
-                let err = (got[r][c] as f64 - want).abs();
+                let err = (got[c] as f64 - want).abs();
                 assert!(err <= 1e-5 * want.abs().max(1.0), "row {r} col {c}: {err}");
             }
         }
