@@ -40,28 +40,24 @@ impl Heads {
     }
 }
 
-/// Copies each new token's key and value row into its pool slot.
-pub(crate) fn write_host(dst: &mut [f32], src: &[f32], slots: &[u32], kv_dim: usize) {
-    for (row, &slot) in src.chunks_exact(kv_dim).zip(slots) {
-        let at = slot as usize * kv_dim;
-        dst[at..at + kv_dim].copy_from_slice(row);
-    }
-}
-
-/// The host kernel. `q` is `[T, n_head, head_dim]`, `k`/`v` are one layer of the pool
-/// (`[slots, kv_dim]`); the result is `[T, n_head * head_dim]`.
+/// The host kernel. Row `t` of `q` starts at `t * q_stride` and holds `n_head * head_dim` query
+/// values (the stacked Q/K/V output has room for K and V after them); `k`/`v` are one layer of the
+/// pool (`[slots, kv_dim]`). The result is added to `out`, `[T, n_head * head_dim]`, which the
+/// caller zeroes.
 ///
-/// Work items are (token tile, query head) pairs on candle's CPU worker pool (see the module doc).
+/// Work items are (token tile, query heads) pairs on candle's CPU worker pool (see the module doc).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_host(
     q: &[f32],
+    q_stride: usize,
     k: &[f32],
     v: &[f32],
     plan: &Plan,
     batch: &[SeqInput],
     h: Heads,
-) -> Vec<f32> {
-    let t_total = plan.tokens.len();
-    let mut out = vec![0f32; t_total * h.n_head * h.head_dim];
+    out: &mut [f32],
+) {
+    assert_eq!(out.len(), plan.tokens.len() * h.n_head * h.head_dim);
     let out_ptr = out.as_mut_ptr() as usize;
     let avx = has_avx2();
     // Tiles of up to TILE consecutive new tokens of one sequence: each key and value row read
@@ -77,6 +73,7 @@ pub(crate) fn attend_host(
     }
     let job = Job {
         q,
+        q_stride,
         k,
         v,
         plan,
@@ -96,17 +93,9 @@ pub(crate) fn attend_host(
         for item in range {
             let (t0, seq) = tiles[item / per_tile];
             let head0 = (item % per_tile) * heads;
-            #[cfg(target_arch = "x86_64")]
-            if avx {
-                // SAFETY: AVX2 and FMA were detected at run time.
-                unsafe { job.tile_avx2(t0 as usize, seq as usize, head0, heads) };
-                continue;
-            }
-            let _ = avx;
-            job.tile(t0 as usize, seq as usize, head0, heads);
+            job.tile(t0 as usize, seq as usize, head0, heads, avx);
         }
     });
-    out
 }
 
 /// New tokens attended together by one work item.
@@ -114,6 +103,7 @@ const TILE: usize = 4;
 
 struct Job<'a> {
     q: &'a [f32],
+    q_stride: usize,
     k: &'a [f32],
     v: &'a [f32],
     plan: &'a Plan,
@@ -123,72 +113,154 @@ struct Job<'a> {
     out: usize,
 }
 
+/// A work item's scratch: its score rows, and the pool offsets of the positions it reads.
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    offsets: Vec<usize>,
+}
+
 thread_local! {
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 impl Job<'_> {
-    /// The same code compiled for AVX2 and FMA, so the dot products and sums use 8-wide FMAs.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn tile_avx2(&self, t0: usize, seq: usize, head0: usize, heads: usize) {
-        self.tile(t0, seq, head0, heads)
-    }
-
     /// Attention for query heads `head0..head0 + heads` (of one key-value head) of the new tokens
     /// `t0..t0 + n` (consecutive positions of sequence `seq`): scores over positions `0..=p`
-    /// through the block table, softmax, then the weighted sum of values. Each (token, head) is
-    /// summed in the same order whatever `heads` is, so the grouping changes no result.
-    #[inline(always)]
-    fn tile(&self, t0: usize, seq: usize, head0: usize, heads: usize) {
+    /// through the block table, softmax, then the weighted sum of values. Every (token, head) row
+    /// is computed the same way whatever the tile and grouping, so batching changes no result.
+    fn tile(&self, t0: usize, seq: usize, head0: usize, heads: usize, avx: bool) {
         let h = self.h;
-        let (d, ps, kv_dim) = (h.head_dim, h.page_size, h.kv_dim());
+        let d = h.head_dim;
         let g = head0 / h.group();
         let rows = &self.plan.seq_rows[seq];
         let n = TILE.min(rows.end - t0);
-        let pages = self.batch[seq].pages;
         let p0 = self.plan.positions[t0] as usize;
         // Token i of the tile sees positions 0..=p0 + i.
         let ctx = p0 + n;
         let scale = h.scale();
         let stride = h.n_head * d;
-        // Row `j·n + i` of the scores and outputs is head `head0 + j`, token `t0 + i`.
-        let at = |j: usize, i: usize| (t0 + i) * stride + (head0 + j) * d;
-        SCORES.with(|cell| {
-            let mut scores = cell.borrow_mut();
-            scores.clear();
+        SCRATCH.with(|cell| {
+            let scratch = &mut *cell.borrow_mut();
+            let Scratch { scores, offsets } = scratch;
+            offsets.clear();
+            let pages = self.batch[seq].pages;
+            for_each_row(pages, h.page_size, ctx, h.kv_dim(), g * d, |_, at| {
+                offsets.push(at)
+            });
             scores.resize(heads * n * ctx, 0.0);
-            let head_offset = g * d;
-            for_each_row(pages, ps, ctx, kv_dim, head_offset, |pos, kat| {
-                let krow = &self.k[kat..kat + d];
-                for j in 0..heads {
-                    for i in 0..n {
-                        let q = &self.q[at(j, i)..at(j, i) + d];
-                        scores[(j * n + i) * ctx + pos] = dot(q, krow) * scale;
-                    }
-                }
-            });
-            for j in 0..heads {
-                for i in 0..n {
-                    let row = (j * n + i) * ctx;
-                    softmax_in_place(&mut scores[row..row + p0 + i + 1]);
-                }
+            // Query row `j·n + i` is head `head0 + j` of token `t0 + i`.
+            for (r, row) in scores.chunks_exact_mut(ctx).enumerate() {
+                let (j, i) = (r / n, r % n);
+                let at = (t0 + i) * self.q_stride + (head0 + j) * d;
+                let q = &self.q[at..at + d];
+                let seen = p0 + i + 1;
+                score_row(q, self.k, &offsets[..seen], &mut row[..seen], scale, avx);
+                softmax_in_place(&mut row[..seen]);
+                // SAFETY: this item alone writes heads head0..head0+heads of rows t0..t0+n, and
+                // the slice lies within the `[T, n_head * head_dim]` output.
+                let out = unsafe {
+                    let at = (t0 + i) * stride + (head0 + j) * d;
+                    std::slice::from_raw_parts_mut((self.out as *mut f32).add(at), d)
+                };
+                weighted_sum(&row[..seen], self.v, &offsets[..seen], out, avx);
             }
-            for_each_row(pages, ps, ctx, kv_dim, head_offset, |pos, vat| {
-                let vrow = &self.v[vat..vat + d];
-                for j in 0..heads {
-                    // Token i sees this position when pos <= p0 + i.
-                    for i in pos.saturating_sub(p0)..n {
-                        // SAFETY: this item alone writes heads head0..head0+heads of rows
-                        // t0..t0+n, and `at(j, i) + d` is within the output.
-                        let out = unsafe {
-                            std::slice::from_raw_parts_mut((self.out as *mut f32).add(at(j, i)), d)
-                        };
-                        axpy(out, scores[(j * n + i) * ctx + pos], vrow);
-                    }
-                }
-            });
         });
+    }
+}
+
+/// `row[p] = q·k[offsets[p]..] · scale` for every position.
+#[inline]
+fn score_row(q: &[f32], k: &[f32], offsets: &[usize], row: &mut [f32], scale: f32, avx: bool) {
+    let d = q.len();
+    #[cfg(target_arch = "x86_64")]
+    if avx && d % 8 == 0 {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        unsafe { score_row_avx2(q, k, offsets, row, scale) };
+        return;
+    }
+    let _ = avx;
+    for (s, &at) in row.iter_mut().zip(offsets) {
+        *s = dot(q, &k[at..at + d]) * scale;
+    }
+}
+
+/// `out = Σ_p w[p] · v[offsets[p]..]`.
+#[inline]
+fn weighted_sum(w: &[f32], v: &[f32], offsets: &[usize], out: &mut [f32], avx: bool) {
+    let d = out.len();
+    #[cfg(target_arch = "x86_64")]
+    if avx && d % 64 == 0 {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        unsafe { weighted_sum_avx2(w, v, offsets, out) };
+        return;
+    }
+    let _ = avx;
+    out.fill(0.0);
+    for (&wp, &at) in w.iter().zip(offsets) {
+        axpy(out, wp, &v[at..at + d]);
+    }
+}
+
+/// Eight positions at a time: eight independent accumulators (one per key row) share each query
+/// chunk, and one transposing reduction turns them into eight adjacent scores. A dot product per
+/// position would be one dependent chain of FMAs and a horizontal sum each.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn score_row_avx2(q: &[f32], k: &[f32], offsets: &[usize], row: &mut [f32], scale: f32) {
+    use std::arch::x86_64::*;
+    let d = q.len();
+    let chunks = d / 8;
+    let scale8 = _mm256_set1_ps(scale);
+    let mut blocks = offsets.chunks_exact(8);
+    let mut p = 0;
+    for block in blocks.by_ref() {
+        let keys: [*const f32; 8] = std::array::from_fn(|j| k[block[j]..block[j] + d].as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for c in 0..chunks {
+            let qc = _mm256_loadu_ps(q.as_ptr().add(8 * c));
+            for (a, key) in acc.iter_mut().zip(&keys) {
+                *a = _mm256_fmadd_ps(qc, _mm256_loadu_ps(key.add(8 * c)), *a);
+            }
+        }
+        // Pairwise sums until lane j holds key j's total.
+        let t0 = _mm256_hadd_ps(acc[0], acc[1]);
+        let t1 = _mm256_hadd_ps(acc[2], acc[3]);
+        let t2 = _mm256_hadd_ps(acc[4], acc[5]);
+        let t3 = _mm256_hadd_ps(acc[6], acc[7]);
+        let u0 = _mm256_hadd_ps(t0, t1);
+        let u1 = _mm256_hadd_ps(t2, t3);
+        let sums = _mm256_add_ps(
+            _mm256_permute2f128_ps(u0, u1, 0x20),
+            _mm256_permute2f128_ps(u0, u1, 0x31),
+        );
+        _mm256_storeu_ps(row[p..p + 8].as_mut_ptr(), _mm256_mul_ps(sums, scale8));
+        p += 8;
+    }
+    for (s, &at) in row[p..].iter_mut().zip(blocks.remainder()) {
+        *s = dot(q, &k[at..at + d]) * scale;
+    }
+}
+
+/// Sixty-four output values at a time, held in eight registers while every value row streams
+/// past, so the sum never goes through memory.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weighted_sum_avx2(w: &[f32], v: &[f32], offsets: &[usize], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let d = out.len();
+    for slab in (0..d).step_by(64) {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (&wp, &at) in w.iter().zip(offsets) {
+            let row = v[at + slab..at + slab + 64].as_ptr();
+            let wp = _mm256_set1_ps(wp);
+            for (c, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(wp, _mm256_loadu_ps(row.add(8 * c)), *a);
+            }
+        }
+        for (c, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out[slab + 8 * c..slab + 8 * c + 8].as_mut_ptr(), *a);
+        }
     }
 }
 

@@ -47,6 +47,20 @@ impl Linear {
             Linear::Quant(m) => m.forward(x),
         }
     }
+
+    /// The host forward's form: `m` rows of `xs` into `dst` (`[m, outputs]`, resized).
+    pub(crate) fn forward_host(&self, xs: &[f32], m: usize, dst: &mut Vec<f32>) -> Result<()> {
+        match self {
+            Linear::Quant(q) => q.forward_host(xs, m, dst),
+            Linear::Candle(_) => {
+                // Types without a kernel here (K-quants, F16, F32) go through candle.
+                let x = Tensor::from_slice(xs, (m, xs.len() / m.max(1)), &Device::Cpu)?;
+                let y = self.forward(&x)?;
+                dst.clear();
+                crate::attention::with_host_slice(&y, |ys| dst.extend_from_slice(ys))
+            }
+        }
+    }
 }
 
 /// Projections of the same input (Q, K and V; gate and up). On CPU, parts of one type with a kernel
@@ -88,6 +102,31 @@ impl Fused {
                     at += w;
                 }
                 Ok(out)
+            }
+        }
+    }
+
+    /// The host forward's form: every part's outputs side by side in one `[m, Σ widths]` buffer,
+    /// as the stacked matrix produces them.
+    pub(crate) fn forward_host(&self, xs: &[f32], m: usize, dst: &mut Vec<f32>) -> Result<()> {
+        match self {
+            Fused::Stacked(q, _) => q.forward_host(xs, m, dst),
+            Fused::Separate(ls) => {
+                let parts: Vec<Vec<f32>> = ls
+                    .iter()
+                    .map(|l| {
+                        let mut y = Vec::new();
+                        l.forward_host(xs, m, &mut y).map(|()| y)
+                    })
+                    .collect::<Result<_>>()?;
+                dst.clear();
+                for r in 0..m {
+                    for p in &parts {
+                        let w = p.len() / m;
+                        dst.extend_from_slice(&p[r * w..(r + 1) * w]);
+                    }
+                }
+                Ok(())
             }
         }
     }
@@ -159,6 +198,7 @@ pub(crate) struct QuantMatrix {
 }
 
 /// Activation rows quantized to 8 bits per 32-block.
+#[derive(Default)]
 struct QuantRows {
     qs: Vec<i8>,
     d: Vec<f32>,
@@ -266,61 +306,122 @@ impl QuantMatrix {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (m, k) = x.dims2()?;
-        if k != self.cols {
+        let (m, _) = x.dims2()?;
+        let x = x.contiguous()?;
+        let mut dst = Vec::new();
+        crate::attention::with_host_slice(&x, |xs| self.forward_host(xs, m, &mut dst))??;
+        Ok(Tensor::from_vec(dst, (m, self.rows), x.device())?)
+    }
+
+    /// `m` rows of `xs` times the weights into `dst` (`[m, rows]`). `dst` is resized, not cleared:
+    /// every element is written, so a buffer reused across calls is never zeroed.
+    fn forward_host(&self, xs: &[f32], m: usize, dst: &mut Vec<f32>) -> Result<()> {
+        let k = self.cols;
+        if xs.len() != m * k {
             return Err(crate::ModelError::Forward {
                 message: format!(
-                    "{:?} matmul: input width {k}, weights {}",
-                    self.format, self.cols
+                    "{:?} matmul: input of {} values is not {m} rows of width {k}",
+                    self.format,
+                    xs.len()
                 ),
             });
         }
-        let x = x.contiguous()?;
-        let a = crate::attention::with_host_slice(&x, |xs| quantize_rows(xs, m, k))?;
-        // Row views made once, not per group and tile.
-        let acts: Vec<Act> = (0..m).map(|r| a.row(r, k)).collect();
         let n = self.rows;
-        let mut dst = vec![0f32; m * n];
-        let dst_ptr = dst.as_mut_ptr() as usize;
-        let avx = has_avx2();
-        // A work item is one group: its weights stay in L1 while every activation row streams
-        // past, so they are read from memory once per call whatever the number of rows.
-        candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(LANES), |range| {
-            for g in range {
-                let w = self.group(g);
-                let cols = LANES.min(n - g * LANES);
-                let store = |r: usize, out: &[f32; LANES]| {
-                    // SAFETY: each (row, column) is written by exactly one work item, and
-                    // `g·LANES + cols <= n`.
-                    let at = unsafe { (dst_ptr as *mut f32).add(r * n + g * LANES) };
-                    unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), at, cols) };
-                };
-                let mut r = 0;
-                while r < m {
-                    if avx && m - r >= ROW_TILE {
-                        // SAFETY: AVX2 and FMA were detected at run time.
-                        let out = unsafe {
-                            group_avx2::<ROW_TILE>(&w, std::array::from_fn(|i| acts[r + i]))
-                        };
-                        for (i, o) in out.iter().enumerate() {
-                            store(r + i, o);
-                        }
-                        r += ROW_TILE;
-                    } else {
-                        let out = if avx {
-                            // SAFETY: as above.
-                            unsafe { group_avx2::<1>(&w, [acts[r]])[0] }
+        dst.resize(m * n, 0.0);
+        let dst_ptr = SharedMut::new(dst);
+        ACTS.with(|cell| {
+            let mut a = cell.borrow_mut();
+            quantize_rows(xs, m, k, &mut a);
+            // Row views made once, not per group and tile.
+            let acts: Vec<Act> = (0..m).map(|r| a.row(r, k)).collect();
+            let avx = has_avx2();
+            // A work item is one group: its weights stay in L1 while every activation row streams
+            // past, so they are read from memory once per call whatever the number of rows.
+            candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(LANES), |range| {
+                for g in range {
+                    let w = self.group(g);
+                    let cols = LANES.min(n - g * LANES);
+                    let store = |r: usize, out: &[f32; LANES]| {
+                        // SAFETY: each (row, column) is written by exactly one work item, and
+                        // `g·LANES + cols <= n`.
+                        let to = unsafe { dst_ptr.slice(r * n + g * LANES, cols) };
+                        if let Ok(full) = <&mut [f32; LANES]>::try_from(&mut *to) {
+                            // A fixed-size copy, not a `memmove` call per row and group.
+                            *full = *out;
                         } else {
-                            group_scalar(&w, &acts[r])
-                        };
-                        store(r, &out);
-                        r += 1;
+                            to.copy_from_slice(&out[..cols]);
+                        }
+                    };
+                    let mut r = 0;
+                    while r < m {
+                        if avx && m - r >= ROW_TILE {
+                            // SAFETY: AVX2 and FMA were detected at run time.
+                            let out = unsafe {
+                                group_avx2::<ROW_TILE>(&w, std::array::from_fn(|i| acts[r + i]))
+                            };
+                            for (i, o) in out.iter().enumerate() {
+                                store(r + i, o);
+                            }
+                            r += ROW_TILE;
+                        } else {
+                            let out = if avx {
+                                // SAFETY: as above.
+                                unsafe { group_avx2::<1>(&w, [acts[r]])[0] }
+                            } else {
+                                group_scalar(&w, &acts[r])
+                            };
+                            store(r, &out);
+                            r += 1;
+                        }
                     }
                 }
-            }
+            });
         });
-        Ok(Tensor::from_vec(dst, (m, n), x.device())?)
+        Ok(())
     }
+}
+
+/// A mutable buffer that work items on the pool write in disjoint parts.
+pub(crate) struct SharedMut<T = f32> {
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T> Clone for SharedMut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<T> {}
+
+// SAFETY: users write disjoint ranges only (see `slice`).
+unsafe impl<T: Send> Send for SharedMut<T> {}
+unsafe impl<T: Send> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    pub(crate) fn new(buf: &mut [T]) -> Self {
+        Self {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+        }
+    }
+
+    /// `len` values from `at`.
+    ///
+    /// # Safety
+    /// No two live slices may overlap, and the buffer must outlive them.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice(&self, at: usize, len: usize) -> &mut [T] {
+        assert!(at + len <= self.len, "{at}+{len} past {}", self.len);
+        std::slice::from_raw_parts_mut(self.ptr.add(at), len)
+    }
+}
+
+thread_local! {
+    /// Quantized activations, reused across calls.
+    static ACTS: std::cell::RefCell<QuantRows> = const {
+        std::cell::RefCell::new(QuantRows { qs: Vec::new(), d: Vec::new(), s: Vec::new() })
+    };
 }
 
 /// One group of [`LANES`] weight rows.
@@ -351,15 +452,46 @@ impl QuantRows {
 }
 
 /// llama.cpp's `quantize_row_q8_1` (and, ignoring `s`, `quantize_row_q8_0`): per block,
-/// `d = max|x| / 127`, `q = round(x·127/max|x|)`, `s = d·Σq`.
-fn quantize_rows(xs: &[f32], m: usize, k: usize) -> QuantRows {
+/// `d = max|x| / 127`, `q = round(x·127/max|x|)`, `s = d·Σq`. Rows are shared out on the pool
+/// when there are several.
+fn quantize_rows(xs: &[f32], m: usize, k: usize, out: &mut QuantRows) {
     let nb = m * k / QK;
-    let mut out = QuantRows {
-        qs: vec![0; m * k],
-        d: Vec::with_capacity(nb),
-        s: Vec::with_capacity(nb),
+    out.qs.resize(m * k, 0);
+    out.d.resize(nb, 0.0);
+    out.s.resize(nb, 0.0);
+    let per_row = k / QK;
+    let (qs, d, s) = (
+        SharedMut::new(&mut out.qs),
+        SharedMut::new(&mut out.d),
+        SharedMut::new(&mut out.s),
+    );
+    let rows = |range: std::ops::Range<usize>| {
+        for r in range {
+            // SAFETY: each row's values, scales and sums are written by one work item only.
+            let (q, d, s) = unsafe {
+                (
+                    qs.slice(r * k, k),
+                    d.slice(r * per_row, per_row),
+                    s.slice(r * per_row, per_row),
+                )
+            };
+            quantize_row(&xs[r * k..(r + 1) * k], q, d, s);
+        }
     };
-    for (x, q) in xs.chunks_exact(QK).zip(out.qs.chunks_exact_mut(QK)) {
+    if m >= 4 {
+        candle_core::utils::barrier_pool().execute_chunked(m, rows);
+    } else {
+        rows(0..m);
+    }
+}
+
+fn quantize_row(xs: &[f32], qs: &mut [i8], ds: &mut [f32], ss: &mut [f32]) {
+    for (((x, q), d_out), s_out) in xs
+        .chunks_exact(QK)
+        .zip(qs.chunks_exact_mut(QK))
+        .zip(ds.iter_mut())
+        .zip(ss.iter_mut())
+    {
         let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
         let d = amax / 127.0;
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
@@ -370,10 +502,9 @@ fn quantize_rows(xs: &[f32], m: usize, k: usize) -> QuantRows {
             *qi = (((xi * id) + ROUND_MAGIC) - ROUND_MAGIC) as i8;
             sum += *qi as i32;
         }
-        out.d.push(f16::from_f32(d).to_f32());
-        out.s.push(f16::from_f32(d * sum as f32).to_f32());
+        *d_out = f16::from_f32(d).to_f32();
+        *s_out = f16::from_f32(d * sum as f32).to_f32();
     }
-    out
 }
 
 /// The group's [`LANES`] dot products with one activation row, in the SIMD path's order: per
@@ -523,7 +654,8 @@ mod tests {
         // The SIMD path, in tiles of 4 and 1, and the scalar one compute the same integer sums
         // and round the same float operations.
         let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let a = quantize_rows(&xs, m, k);
+        let mut a = QuantRows::default();
+        quantize_rows(&xs, m, k, &mut a);
         let got = got.to_vec2::<f32>().unwrap();
         for g in 0..n.div_ceil(LANES) {
             let w = mat.group(g);
@@ -602,7 +734,8 @@ mod tests {
             .to_vec2::<f32>()
             .unwrap();
         let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let a = quantize_rows(&xs, m, k);
+        let mut a = QuantRows::default();
+        quantize_rows(&xs, m, k, &mut a);
         let raw = q.data().unwrap();
         let half = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]).to_f32() as f64;
         for (c, row) in raw.chunks_exact(k / QK * 20).enumerate() {

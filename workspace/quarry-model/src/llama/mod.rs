@@ -13,6 +13,8 @@ use crate::info::candle_message;
 use crate::linear::{Fused, Linear};
 use crate::pool::{KvPool, KvStorage};
 
+mod host;
+
 struct Layer {
     attn_norm: Tensor,
     /// Q, K and V.
@@ -41,6 +43,8 @@ pub struct Llama {
     /// RoPE tables `[context_length, head_dim / 2]`.
     cos: Tensor,
     sin: Tensor,
+    /// The norms and RoPE tables as plain vectors, for the host forward (CPU only).
+    host: Option<host::HostParams>,
 }
 
 impl Llama {
@@ -119,6 +123,24 @@ impl Llama {
         }
         let norm = dense(get("output_norm.weight", &[e])?)?;
         let (cos, sin) = rope_tables(c, device)?;
+        let host = if device.is_cpu() {
+            let vec = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1()?) };
+            Some(host::HostParams {
+                attn_norm: layers
+                    .iter()
+                    .map(|l| vec(&l.attn_norm))
+                    .collect::<Result<_>>()?,
+                ffn_norm: layers
+                    .iter()
+                    .map(|l| vec(&l.ffn_norm))
+                    .collect::<Result<_>>()?,
+                norm: vec(&norm)?,
+                cos: vec(&cos)?,
+                sin: vec(&sin)?,
+            })
+        } else {
+            None
+        };
         Ok(Self {
             config,
             device: device.clone(),
@@ -128,6 +150,7 @@ impl Llama {
             lm_head,
             cos,
             sin,
+            host,
         })
     }
 
@@ -150,26 +173,43 @@ impl Llama {
         pool.check_shape(&self.config, &self.device)?;
         out.vocab = self.config.vocab_size;
         out.rows.clear();
-        out.data.clear();
         if batch.is_empty() {
+            out.data.clear();
             return Ok(());
         }
         let plan = Plan::new(batch, pool, &self.config)?;
         let c = &self.config;
-        let t = plan.tokens.len();
         let heads = Heads {
             n_head: c.head_count,
             n_kv: c.head_count_kv,
             head_dim: c.head_dim,
             page_size: pool.page_size(),
         };
+        match &mut pool.storage {
+            KvStorage::Host { k, v } => self.forward_host(batch, &plan, k, v, heads, out)?,
+            KvStorage::Tensor { k, v } => self.forward_tensor(batch, &plan, k, v, heads, out)?,
+        }
+        out.rows = plan.out_rows;
+        Ok(())
+    }
+
+    /// The forward pass in candle tensor ops, over the tensor KV layout: the path for CUDA, and on
+    /// CPU the cross-check of [`Llama::forward_host`].
+    fn forward_tensor(
+        &self,
+        batch: &[SeqInput],
+        plan: &Plan,
+        k_pool: &[Tensor],
+        v_pool: &[Tensor],
+        heads: Heads,
+        out: &mut Logits,
+    ) -> Result<()> {
+        let c = &self.config;
+        let t = plan.tokens.len();
         let dev = &self.device;
         let tokens = Tensor::from_slice(&plan.tokens, t, dev)?;
         let positions = Tensor::from_slice(&plan.positions, t, dev)?;
-        let slots = match pool.storage {
-            KvStorage::Tensor { .. } => Some(Tensor::from_slice(&plan.slots, t, dev)?),
-            KvStorage::Host { .. } => None,
-        };
+        let slots = Tensor::from_slice(&plan.slots, t, dev)?;
         let half = c.head_dim / 2;
         let cos = self
             .cos
@@ -192,26 +232,10 @@ impl Llama {
             let q = rope(&qkv[0], c.head_count)?;
             let k = rope(&qkv[1], c.head_count_kv)?.reshape((t, c.kv_dim()))?;
             let v = &qkv[2];
-            let attn = match &mut pool.storage {
-                KvStorage::Host { k: kp, v: vp } => {
-                    attention::with_host_slice(&k, |s| {
-                        attention::write_host(&mut kp[l], s, &plan.slots, c.kv_dim())
-                    })?;
-                    attention::with_host_slice(v, |s| {
-                        attention::write_host(&mut vp[l], s, &plan.slots, c.kv_dim())
-                    })?;
-                    let o = attention::with_host_slice(&q, |qs| {
-                        attention::attend_host(qs, &kp[l], &vp[l], &plan, batch, heads)
-                    })?;
-                    Tensor::from_vec(o, (t, c.head_count * c.head_dim), dev)?
-                }
-                KvStorage::Tensor { k: kp, v: vp } => {
-                    let slots = slots.as_ref().expect("tensor layout has slots");
-                    attention::write_tensor(&kp[l], &k, slots)?;
-                    attention::write_tensor(&vp[l], v, slots)?;
-                    attention::attend_tensor(&q, &kp[l], &vp[l], &plan, batch, heads, dev)?
-                }
-            };
+            attention::write_tensor(&k_pool[l], &k, &slots)?;
+            attention::write_tensor(&v_pool[l], v, &slots)?;
+            let attn =
+                attention::attend_tensor(&q, &k_pool[l], &v_pool[l], plan, batch, heads, dev)?;
             x = (x + layer.wo.forward(&attn)?)?;
             let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
             let gu = layer.gate_up.forward(&h)?;
@@ -224,11 +248,11 @@ impl Llama {
         let x = candle_nn::ops::rms_norm(&x.index_select(&rows, 0)?, &self.norm, eps)?;
         let logits = self.lm_head.forward(&x)?;
         if dev.is_cpu() {
+            out.data.clear();
             attention::with_host_slice(&logits, |s| out.data.extend_from_slice(s))?;
         } else {
             out.data = logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         }
-        out.rows = plan.out_rows;
         Ok(())
     }
 }

@@ -1,0 +1,217 @@
+//! The forward pass over the host KV layout (the CPU default).
+//!
+//! Every step works on plain `f32` slices in buffers reused across layers, and each is shared out
+//! on candle's barrier pool, the pool the matmul and attention kernels use:
+//! - the residual add is fused with the RMS norm that follows it;
+//! - RoPE is applied in place on the stacked Q/K/V output, and the same pass writes each new
+//!   token's key and value into its pool slot;
+//! - attention reads the queries from that stacked output;
+//! - `silu(gate)·up` reads the stacked gate/up output;
+//! - the logits go straight into the caller's [`Logits`] buffer.
+//!
+//! Built on candle tensor ops instead, each step of a batch-32 decode allocated and copied its
+//! output, several ran serially (or on rayon's pool, so two pools competed for two cores), and the
+//! Q/K/V and gate/up splits were copies of their own. [`Llama::forward_tensor`] keeps that form
+//! for devices without a host layout, and on CPU it is the cross-check of this one.
+
+use std::ops::Range;
+
+use crate::attention::{self, Heads};
+use crate::batch::{Logits, Plan, SeqInput};
+use crate::error::Result;
+use crate::linear::SharedMut;
+
+use super::Llama;
+
+/// Host copies of the small dense parameters, made at load on CPU.
+pub(super) struct HostParams {
+    pub attn_norm: Vec<Vec<f32>>,
+    pub ffn_norm: Vec<Vec<f32>>,
+    pub norm: Vec<f32>,
+    /// `[context_length, head_dim / 2]`, as in [`Llama`]'s RoPE tables.
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+}
+
+/// One forward call's activations, each `[tokens, width]`, reused by every layer.
+#[derive(Default)]
+struct Buffers {
+    /// The residual stream.
+    x: Vec<f32>,
+    /// Its normalized form, the input of the next projection.
+    h: Vec<f32>,
+    /// Q, K and V side by side.
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    /// A projection's output, added to `x` by the next norm.
+    y: Vec<f32>,
+    /// Gate and up side by side.
+    gate_up: Vec<f32>,
+    act: Vec<f32>,
+}
+
+impl Llama {
+    pub(super) fn forward_host(
+        &self,
+        batch: &[SeqInput],
+        plan: &Plan,
+        k_pool: &mut [Vec<f32>],
+        v_pool: &mut [Vec<f32>],
+        heads: Heads,
+        out: &mut Logits,
+    ) -> Result<()> {
+        let p = self.host.as_ref().expect("a CPU model has host parameters");
+        let c = &self.config;
+        let (t, e, eps) = (plan.tokens.len(), c.embedding_length, c.rms_norm_eps as f32);
+        let (q_w, kv_w) = (c.head_count * c.head_dim, c.kv_dim());
+        let mut b = Buffers::default();
+        attention::with_host_slice(&self.embed, |emb| {
+            b.x.reserve(t * e);
+            for &tok in &plan.tokens {
+                let at = tok as usize * e;
+                b.x.extend_from_slice(&emb[at..at + e]);
+            }
+        })?;
+        let rope = Rope {
+            q_w,
+            kv_w,
+            head_dim: c.head_dim,
+            cos: &p.cos,
+            sin: &p.sin,
+        };
+        for (l, layer) in self.layers.iter().enumerate() {
+            // The previous layer's down projection joins the residual here.
+            let y = (l > 0).then_some(b.y.as_slice());
+            add_norm(&mut b.x, y, &p.attn_norm[l], eps, &mut b.h);
+            layer.qkv.forward_host(&b.h, t, &mut b.qkv)?;
+            rope.apply_and_store(&mut b.qkv, plan, &mut k_pool[l], &mut v_pool[l]);
+            b.attn.clear();
+            b.attn.resize(t * q_w, 0.0);
+            let qkv_w = q_w + 2 * kv_w;
+            attention::attend_host(
+                &b.qkv,
+                qkv_w,
+                &k_pool[l],
+                &v_pool[l],
+                plan,
+                batch,
+                heads,
+                &mut b.attn,
+            );
+            layer.wo.forward_host(&b.attn, t, &mut b.y)?;
+            add_norm(&mut b.x, Some(&b.y), &p.ffn_norm[l], eps, &mut b.h);
+            layer.gate_up.forward_host(&b.h, t, &mut b.gate_up)?;
+            swiglu(&b.gate_up, c.feed_forward_length, &mut b.act);
+            layer.w_down.forward_host(&b.act, t, &mut b.y)?;
+        }
+        // Only the rows whose logits are wanted get the last residual add, the final norm and the
+        // vocabulary projection, the largest matmul of a decode step.
+        let mut last = Vec::with_capacity(plan.logit_rows.len() * e);
+        for &r in &plan.logit_rows {
+            let r = r as usize * e..(r as usize + 1) * e;
+            last.extend(b.x[r.clone()].iter().zip(&b.y[r]).map(|(x, y)| x + y));
+        }
+        add_norm(&mut last, None, &p.norm, eps, &mut b.h);
+        self.lm_head
+            .forward_host(&b.h, plan.logit_rows.len(), &mut out.data)
+    }
+}
+
+/// Runs `f` over `0..rows`, shared out on the pool when the work is worth waking it for.
+fn par_rows(rows: usize, width: usize, f: impl Fn(Range<usize>) + Sync) {
+    if rows >= 2 && rows * width >= 4096 {
+        candle_core::utils::barrier_pool().execute_chunked(rows, f);
+    } else {
+        f(0..rows);
+    }
+}
+
+/// `x += y` (when given), then `h = x / rms(x) · w` per row, as candle's `rms_norm` computes it.
+fn add_norm(x: &mut [f32], y: Option<&[f32]>, w: &[f32], eps: f32, h: &mut Vec<f32>) {
+    let e = w.len();
+    h.resize(x.len(), 0.0);
+    let (xs, hs) = (SharedMut::new(x), SharedMut::new(h));
+    par_rows(x.len() / e, e, |rows| {
+        for r in rows {
+            // SAFETY: row `r` of `x` and `h` is touched by this work item only.
+            let (x, h) = unsafe { (xs.slice(r * e, e), hs.slice(r * e, e)) };
+            if let Some(y) = y {
+                for (x, y) in x.iter_mut().zip(&y[r * e..(r + 1) * e]) {
+                    *x += y;
+                }
+            }
+            let sum2: f32 = x.iter().map(|v| v * v).sum();
+            let m = (sum2 / e as f32 + eps).sqrt();
+            for ((h, x), w) in h.iter_mut().zip(x.iter()).zip(w) {
+                *h = x / m * w;
+            }
+        }
+    });
+}
+
+/// `act = silu(gate) · up` per row of the stacked `[gate | up]` output (`f` values each).
+fn swiglu(gate_up: &[f32], f: usize, act: &mut Vec<f32>) {
+    let rows = gate_up.len() / (2 * f);
+    act.resize(rows * f, 0.0);
+    let out = SharedMut::new(act);
+    par_rows(rows, 2 * f, |range| {
+        for r in range {
+            let (gate, up) = gate_up[r * 2 * f..(r + 1) * 2 * f].split_at(f);
+            // SAFETY: row `r` is written by this work item only.
+            let a = unsafe { out.slice(r * f, f) };
+            for ((a, &g), &u) in a.iter_mut().zip(gate).zip(up) {
+                *a = g / (1.0 + (-g).exp()) * u;
+            }
+        }
+    });
+}
+
+/// Rotary embeddings on the stacked Q/K/V rows (pairs `(2i, 2i+1)` rotate by `p·θ_i`, the GGUF
+/// llama layout), and the KV writes.
+struct Rope<'a> {
+    q_w: usize,
+    kv_w: usize,
+    head_dim: usize,
+    cos: &'a [f32],
+    sin: &'a [f32],
+}
+
+impl Rope<'_> {
+    fn apply_and_store(
+        &self,
+        qkv: &mut [f32],
+        plan: &Plan,
+        k_pool: &mut [f32],
+        v_pool: &mut [f32],
+    ) {
+        let (q_w, kv_w, half) = (self.q_w, self.kv_w, self.head_dim / 2);
+        let width = q_w + 2 * kv_w;
+        let (rows, kp, vp) = (
+            SharedMut::new(qkv),
+            SharedMut::new(k_pool),
+            SharedMut::new(v_pool),
+        );
+        par_rows(plan.tokens.len(), width, |range| {
+            for r in range {
+                let pos = plan.positions[r] as usize;
+                let (cos, sin) = (
+                    &self.cos[pos * half..(pos + 1) * half],
+                    &self.sin[pos * half..(pos + 1) * half],
+                );
+                // SAFETY: row `r` of the stacked output, and the pool row of its slot, are touched
+                // by this work item only: the plan gives every new token its own slot.
+                let row = unsafe { rows.slice(r * width, width) };
+                for head in row[..q_w + kv_w].chunks_exact_mut(self.head_dim) {
+                    for (pair, (&c, &s)) in head.chunks_exact_mut(2).zip(cos.iter().zip(sin)) {
+                        let (x0, x1) = (pair[0], pair[1]);
+                        pair[0] = x0 * c - x1 * s;
+                        pair[1] = x0 * s + x1 * c;
+                    }
+                }
+                let slot = plan.slots[r] as usize * kv_w;
+                unsafe { kp.slice(slot, kv_w) }.copy_from_slice(&row[q_w..q_w + kv_w]);
+                unsafe { vp.slice(slot, kv_w) }.copy_from_slice(&row[q_w + kv_w..]);
+            }
+        });
+    }
+}
