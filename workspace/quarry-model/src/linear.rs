@@ -356,9 +356,7 @@ impl QuantMatrix {
                     while r < m {
                         if avx && m - r >= ROW_TILE {
                             // SAFETY: AVX2 and FMA were detected at run time.
-                            let out = unsafe {
-                                group_avx2::<ROW_TILE>(&w, std::array::from_fn(|i| acts[r + i]))
-                            };
+                            let out = unsafe { group_avx2::<ROW_TILE>(&w, &acts[r..r + ROW_TILE]) };
                             for (i, o) in out.iter().enumerate() {
                                 store(r + i, o);
                             }
@@ -366,7 +364,7 @@ impl QuantMatrix {
                         } else {
                             let out = if avx {
                                 // SAFETY: as above.
-                                unsafe { group_avx2::<1>(&w, [acts[r]])[0] }
+                                unsafe { group_avx2::<1>(&w, &acts[r..r + 1])[0] }
                             } else {
                                 group_scalar(&w, &acts[r])
                             };
@@ -465,6 +463,7 @@ fn quantize_rows(xs: &[f32], m: usize, k: usize, out: &mut QuantRows) {
         SharedMut::new(&mut out.d),
         SharedMut::new(&mut out.s),
     );
+    let avx = has_avx2();
     let rows = |range: std::ops::Range<usize>| {
         for r in range {
             // SAFETY: each row's values, scales and sums are written by one work item only.
@@ -475,13 +474,64 @@ fn quantize_rows(xs: &[f32], m: usize, k: usize, out: &mut QuantRows) {
                     s.slice(r * per_row, per_row),
                 )
             };
-            quantize_row(&xs[r * k..(r + 1) * k], q, d, s);
+            let x = &xs[r * k..(r + 1) * k];
+            #[cfg(target_arch = "x86_64")]
+            if avx {
+                // SAFETY: AVX2 and FMA were detected at run time.
+                unsafe { quantize_row_avx2(x, q, d, s) };
+                continue;
+            }
+            quantize_row(x, q, d, s);
         }
     };
     if m >= 4 {
         candle_core::utils::barrier_pool().execute_chunked(m, rows);
     } else {
         rows(0..m);
+    }
+}
+
+/// [`quantize_row`] in AVX2: the same products `x·id`, rounded half to even by `cvtps` under the
+/// default rounding mode, so the bytes are identical.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_row_avx2(xs: &[f32], qs: &mut [i8], ds: &mut [f32], ss: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let sign = _mm256_set1_ps(-0.0);
+    for (((x, q), d_out), s_out) in xs
+        .chunks_exact(QK)
+        .zip(qs.chunks_exact_mut(QK))
+        .zip(ds.iter_mut())
+        .zip(ss.iter_mut())
+    {
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(8 * i)));
+        let abs = |v| _mm256_andnot_ps(sign, v);
+        let m = _mm256_max_ps(
+            _mm256_max_ps(abs(v[0]), abs(v[1])),
+            _mm256_max_ps(abs(v[2]), abs(v[3])),
+        );
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let i: [__m256i; 4] = std::array::from_fn(|j| _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id)));
+        let sum = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        let sum = _mm_add_epi32(
+            _mm256_castsi256_si128(sum),
+            _mm256_extracti128_si256(sum, 1),
+        );
+        let sum = _mm_add_epi32(sum, _mm_unpackhi_epi64(sum, sum));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32(sum, 1)));
+        // Packing works per 128-bit lane; the permute puts the 32 bytes back in order.
+        let bytes = _mm256_packs_epi16(
+            _mm256_packs_epi32(i[0], i[1]),
+            _mm256_packs_epi32(i[2], i[3]),
+        );
+        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, bytes);
+        *d_out = f16::from_f32(d).to_f32();
+        *s_out = f16::from_f32(d * sum as f32).to_f32();
     }
 }
 
@@ -547,7 +597,7 @@ fn has_avx2() -> bool {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn group_avx2<const R: usize>(_: &Group, _: [Act; R]) -> [[f32; LANES]; R] {
+unsafe fn group_avx2<const R: usize>(_: &Group, _: &[Act]) -> [[f32; LANES]; R] {
     unreachable!("has_avx2() is false off x86-64")
 }
 
@@ -559,8 +609,10 @@ unsafe fn group_avx2<const R: usize>(_: &Group, _: [Act; R]) -> [[f32; LANES]; R
 /// every step.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn group_avx2<const R: usize>(w: &Group, a: [Act; R]) -> [[f32; LANES]; R] {
+unsafe fn group_avx2<const R: usize>(w: &Group, a: &[Act]) -> [[f32; LANES]; R] {
     use std::arch::x86_64::*;
+    // A slice, not an array of `R` rows: building that array per call was a `memmove`.
+    let a: &[Act; R] = a.try_into().expect("R activation rows");
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let gb = w.format.group_bytes();
@@ -668,11 +720,45 @@ mod tests {
                     "{dtype:?} row {r}"
                 );
                 if has_avx2() {
-                    let one = unsafe { group_avx2::<1>(&w, [a.row(r, k)]) };
+                    let one = unsafe { group_avx2::<1>(&w, &[a.row(r, k)]) };
                     assert_eq!(s, one[0], "{dtype:?} row {r}");
                 }
             }
         }
+    }
+
+    /// The AVX2 activation quantizer writes the scalar one's bytes, scales and sums, on random
+    /// rows, an all-zero block and a block of exact halves (`x·127/max|x|` = k + 0.5, which must
+    /// round to even).
+    #[test]
+    fn quantizers_agree() {
+        if !has_avx2() {
+            return;
+        }
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut x: Vec<f32> = (0..QK * 64)
+            .map(|_| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
+            })
+            .collect();
+        x[..QK].fill(0.0);
+        for (j, v) in x[QK..2 * QK].iter_mut().enumerate() {
+            // max|x| = 127, so id = 1 and x itself is rounded.
+            *v = if j == 0 { 127.0 } else { j as f32 - 16.5 };
+        }
+        let nb = x.len() / QK;
+        let (mut qa, mut da, mut sa) = (vec![0i8; x.len()], vec![0f32; nb], vec![0f32; nb]);
+        let (mut qb, mut db, mut sb) = (qa.clone(), da.clone(), sa.clone());
+        quantize_row(&x, &mut qa, &mut da, &mut sa);
+        unsafe { quantize_row_avx2(&x, &mut qb, &mut db, &mut sb) };
+        assert_eq!(qa, qb);
+        assert_eq!(da, db);
+        assert_eq!(sa, sb);
+        assert_eq!(qa[QK + 1], -16, "-15.5 rounds to even");
+        assert_eq!(qa[QK + 2], -14, "-14.5 rounds to even");
     }
 
     #[test]
