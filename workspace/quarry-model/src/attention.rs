@@ -18,6 +18,7 @@ use candle_core::{Device, Tensor};
 use crate::batch::{Plan, SeqInput};
 use crate::error::Result;
 use crate::pool::PageId;
+use crate::simd::{has_avx2, softmax_in_place};
 
 /// Shapes shared by both implementations.
 #[derive(Clone, Copy)]
@@ -156,7 +157,7 @@ impl Job<'_> {
                 let q = &self.q[at..at + d];
                 let seen = p0 + i + 1;
                 score_row(q, self.k, &offsets[..seen], &mut row[..seen], scale, avx);
-                softmax_in_place(&mut row[..seen]);
+                softmax_in_place(&mut row[..seen], avx);
                 // SAFETY: this item alone writes heads head0..head0+heads of rows t0..t0+n, and
                 // the slice lies within the `[T, n_head * head_dim]` output.
                 let out = unsafe {
@@ -174,7 +175,7 @@ impl Job<'_> {
 fn score_row(q: &[f32], k: &[f32], offsets: &[usize], row: &mut [f32], scale: f32, avx: bool) {
     let d = q.len();
     #[cfg(target_arch = "x86_64")]
-    if avx && d % 8 == 0 {
+    if avx && d.is_multiple_of(8) {
         // SAFETY: AVX2 and FMA were detected at run time.
         unsafe { score_row_avx2(q, k, offsets, row, scale) };
         return;
@@ -190,7 +191,7 @@ fn score_row(q: &[f32], k: &[f32], offsets: &[usize], row: &mut [f32], scale: f3
 fn weighted_sum(w: &[f32], v: &[f32], offsets: &[usize], out: &mut [f32], avx: bool) {
     let d = out.len();
     #[cfg(target_arch = "x86_64")]
-    if avx && d % 64 == 0 {
+    if avx && d.is_multiple_of(64) {
         // SAFETY: AVX2 and FMA were detected at run time.
         unsafe { weighted_sum_avx2(w, v, offsets, out) };
         return;
@@ -264,17 +265,6 @@ unsafe fn weighted_sum_avx2(w: &[f32], v: &[f32], offsets: &[usize], out: &mut [
     }
 }
 
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// Calls `f(position, offset)` for positions `0..ctx` of a sequence, in order, where `offset` is
 /// where that position's row (plus `head_offset`) starts in a pool layer.
 #[inline(always)]
@@ -324,20 +314,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += a * xi;
-    }
-}
-
-#[inline(always)]
-fn softmax_in_place(row: &mut [f32]) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for x in row.iter_mut() {
-        *x = (*x - max).exp();
-        sum += *x;
-    }
-    let inv = 1.0 / sum;
-    for x in row.iter_mut() {
-        *x *= inv;
     }
 }
 

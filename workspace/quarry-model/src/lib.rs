@@ -28,6 +28,7 @@ mod linear;
 mod llama;
 mod pool;
 mod sampling;
+mod simd;
 
 pub use batch::{Logits, SeqInput};
 pub use config::{LlamaConfig, SUPPORTED_ARCHITECTURES};

@@ -24,6 +24,7 @@ use candle_core::{Device, Module, Tensor};
 use half::f16;
 
 use crate::error::Result;
+use crate::simd::has_avx2;
 
 const QK: usize = 32;
 
@@ -583,17 +584,6 @@ fn group_scalar(w: &Group, a: &Act) -> [f32; LANES] {
         }
     }
     acc
-}
-
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -20,6 +20,7 @@ use crate::attention::{self, Heads};
 use crate::batch::{Logits, Plan, SeqInput};
 use crate::error::Result;
 use crate::linear::SharedMut;
+use crate::simd;
 
 use super::Llama;
 
@@ -62,7 +63,7 @@ impl Llama {
     ) -> Result<()> {
         let p = self.host.as_ref().expect("a CPU model has host parameters");
         let c = &self.config;
-        let (t, e, eps) = (plan.tokens.len(), c.embedding_length, c.rms_norm_eps as f32);
+        let (t, e, eps) = (plan.tokens.len(), c.embedding_length, c.rms_norm_eps);
         let (q_w, kv_w) = (c.head_count * c.head_dim, c.kv_dim());
         let mut b = Buffers::default();
         attention::with_host_slice(&self.embed, |emb| {
@@ -154,14 +155,12 @@ fn swiglu(gate_up: &[f32], f: usize, act: &mut Vec<f32>) {
     let rows = gate_up.len() / (2 * f);
     act.resize(rows * f, 0.0);
     let out = SharedMut::new(act);
+    let avx = simd::has_avx2();
     par_rows(rows, 2 * f, |range| {
         for r in range {
             let (gate, up) = gate_up[r * 2 * f..(r + 1) * 2 * f].split_at(f);
             // SAFETY: row `r` is written by this work item only.
-            let a = unsafe { out.slice(r * f, f) };
-            for ((a, &g), &u) in a.iter_mut().zip(gate).zip(up) {
-                *a = g / (1.0 + (-g).exp()) * u;
-            }
+            simd::swiglu(gate, up, unsafe { out.slice(r * f, f) }, avx);
         }
     });
 }

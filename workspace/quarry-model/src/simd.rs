@@ -1,0 +1,168 @@
+//! Shared pieces of the CPU kernels: the run-time feature check and the elementwise functions
+//! (`exp`, and through it softmax and SiLU) that the attention and MLP steps apply to whole rows.
+//!
+//! Each has a scalar form with the same contract, used where AVX2 and FMA are missing. The vector
+//! `exp` is a range reduction to `2^n·e^r`, `|r| ≤ ln2/2`, with a degree-6 polynomial for `e^r`:
+//! within 2·10⁻⁷ relative of `f32::exp` (tested), where libm's call per value was a tenth of a
+//! batch-32 decode step.
+
+/// Whether the AVX2 + FMA kernels can run here (checked once per call site, not per value).
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `row = softmax(row)`.
+pub(crate) fn softmax_in_place(row: &mut [f32], avx: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        // SAFETY: the caller detected AVX2 and FMA.
+        unsafe { softmax_avx2(row) };
+        return;
+    }
+    let _ = avx;
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for x in row.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    let inv = 1.0 / sum;
+    for x in row.iter_mut() {
+        *x *= inv;
+    }
+}
+
+/// `out = silu(gate) · up`, `silu(g) = g / (1 + e^-g)`.
+pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32], avx: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if avx {
+        // SAFETY: the caller detected AVX2 and FMA.
+        unsafe { swiglu_avx2(gate, up, out) };
+        return;
+    }
+    let _ = avx;
+    for ((a, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *a = g / (1.0 + (-g).exp()) * u;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// `e^x` per lane; inputs are clamped to where the result is a normal float.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn exp_avx2(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(-87.0)),
+        _mm256_set1_ps(88.0),
+    );
+    let n = _mm256_round_ps(
+        _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+    );
+    // r = x - n·ln2, with ln2 split so that n·LN2_HI is exact.
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm256_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let scale = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+        23,
+    );
+    _mm256_mul_ps(p, _mm256_castsi256_ps(scale))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_avx2(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let m = _mm256_set1_ps(max);
+    let mut sum8 = _mm256_setzero_ps();
+    let mut chunks = row.chunks_exact_mut(8);
+    for c in chunks.by_ref() {
+        let e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), m));
+        sum8 = _mm256_add_ps(sum8, e);
+        _mm256_storeu_ps(c.as_mut_ptr(), e);
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), sum8);
+    let mut sum: f32 = lanes.iter().sum();
+    for x in chunks.into_remainder() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    let inv = 1.0 / sum;
+    for x in row.iter_mut() {
+        *x *= inv;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let n = out.len().min(gate.len()).min(up.len());
+    let one = _mm256_set1_ps(1.0);
+    let mut i = 0;
+    while i + 8 <= n {
+        let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+        let u = _mm256_loadu_ps(up.as_ptr().add(i));
+        let e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        let a = _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u);
+        _mm256_storeu_ps(out.as_mut_ptr().add(i), a);
+        i += 8;
+    }
+    for j in i..n {
+        out[j] = gate[j] / (1.0 + (-gate[j]).exp()) * up[j];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vector `exp` against `f32::exp` over the range softmax and SiLU use, and the vector
+    /// softmax and SiLU against their scalar forms.
+    #[test]
+    fn vector_exp_softmax_and_silu_match_scalar() {
+        if !has_avx2() {
+            return;
+        }
+        let xs: Vec<f32> = (0..20_001).map(|i| -80.0 + i as f32 * 0.008).collect();
+        let mut worst = 0f32;
+        for c in xs.chunks_exact(8) {
+            let mut got = [0f32; 8];
+            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), exp_avx2(_mm256_loadu_ps(c.as_ptr()))) };
+            for (g, x) in got.iter().zip(c) {
+                worst = worst.max((g - x.exp()).abs() / x.exp());
+            }
+        }
+        assert!(worst < 2e-7, "relative error {worst}");
+        let row: Vec<f32> = (0..37)
+            .map(|i| ((i * 7919) % 23) as f32 * 0.9 - 10.0)
+            .collect();
+        let (mut a, mut b) = (row.clone(), row.clone());
+        softmax_in_place(&mut a, false);
+        softmax_in_place(&mut b, true);
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-6 * x.max(1e-30), "{x} vs {y}");
+        }
+        let (gate, up): (Vec<f32>, Vec<f32>) = row.iter().map(|&g| (g, 1.0 - g * 0.1)).unzip();
+        let (mut a, mut b) = (vec![0f32; 37], vec![0f32; 37]);
+        swiglu(&gate, &up, &mut a, false);
+        swiglu(&gate, &up, &mut b, true);
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-6 * x.abs().max(1e-6), "{x} vs {y}");
+        }
+    }
+}
