@@ -1,12 +1,15 @@
-//! Attention over the paged KV pool, and the KV writes that precede it.
+//! Attention over the paged KV pool (and, for the tensor layout, the KV writes; the host forward
+//! writes keys and values in its RoPE pass).
 //!
 //! Two implementations, picked by the pool's [`KvLayout`](crate::KvLayout):
 //! - **host**: a CPU kernel that reads each sequence's keys and values in place through its block
 //!   table. Work items are (tile of up to four consecutive new tokens of one sequence, the query
-//!   heads of one key-value head): each key and value row read serves the whole tile and every
-//!   query head of its grouped-query group. A single decode, too small to share out that way, has
-//!   one item per query head instead. They run on candle's CPU worker pool, the one its matmuls
-//!   use, compiled for AVX2/FMA when the CPU has them.
+//!   heads of one key-value head), so the tile's key and value rows stay in cache for all its
+//!   query rows; a single decode, too small to share out that way, has one item per query head.
+//!   They run on candle's CPU worker pool, the one the matmuls use. With AVX2 and FMA, scores come
+//!   eight keys at a time (eight independent accumulators and one transposing reduction, instead
+//!   of a dependent chain and a horizontal sum per key) and each query row's weighted sum of
+//!   values stays in registers, 64 values at a time.
 //! - **tensor**: device-agnostic candle ops. Each sequence's rows are gathered with `index_select`
 //!   and attended with batched matmuls under a causal mask. This is the CUDA path, and on CPU the
 //!   independent cross-check of the host kernel.

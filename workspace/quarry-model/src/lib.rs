@@ -13,10 +13,12 @@
 //! - [`parse_device`]: `cpu`, or `cuda:N` in a build with the `cuda` feature.
 //!
 //! # Where the time goes
-//! The matmuls run on candle's quantized kernels over all new tokens of the batch at once, so a
-//! weight is read once per step however many sequences are in it. Attention on CPU is a kernel of
-//! this crate that reads pages in place ([`KvLayout::Host`]); on other devices it gathers each
-//! sequence's rows with tensor ops ([`KvLayout::Tensor`]).
+//! On CPU the forward pass runs on plain slices (`llama/host.rs`): the Q4_1 and Q8_0 matmuls are
+//! kernels of this crate over all new tokens of the batch at once, so a weight is read once per
+//! step however many sequences are in it; attention reads the KV pages in place
+//! ([`KvLayout::Host`]); norms, RoPE and SiLU are fused passes. Every step is shared out on
+//! candle's barrier pool. On other devices the forward pass is candle tensor ops, and attention
+//! gathers each sequence's rows ([`KvLayout::Tensor`]).
 
 mod attention;
 mod batch;

@@ -28,7 +28,7 @@ struct Layer {
 
 /// A llama-architecture model (Llama 2/3, SmolLM, Mistral without sliding windows, …) loaded from
 /// GGUF. Weights stay in their GGUF type (Q4_0, Q4_1, Q8_0, K-quants; F16 and F32 are used as
-/// dense tensors) and are multiplied by candle's quantized kernels.
+/// dense tensors) and are multiplied by this crate's Q4_1/Q8_0 kernels on CPU, candle's otherwise.
 ///
 /// The model holds no per-sequence state: every call to [`Llama::forward`] names the KV pages it
 /// reads and writes, so any number of sequences can be in flight at once.
