@@ -86,7 +86,6 @@ impl Llama {
             add_norm(&mut b.x, y, &p.attn_norm[l], eps, &mut b.h);
             layer.qkv.forward_host(&b.h, t, &mut b.qkv)?;
             rope.apply_and_store(&mut b.qkv, plan, &mut k_pool[l], &mut v_pool[l]);
-            b.attn.clear();
             b.attn.resize(t * q_w, 0.0);
             let qkv_w = q_w + 2 * kv_w;
             attention::attend_host(
