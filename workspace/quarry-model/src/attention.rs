@@ -410,27 +410,21 @@ pub(crate) fn with_host_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simd::testing::{avx2_or_say, values};
 
     /// The AVX2 score and value-sum kernels against the plain loops, over scattered rows (as a
     /// block table gives them), 19 positions (two blocks of eight and a remainder) and head sizes
     /// 64 and 128.
     #[test]
     fn blocked_kernels_match_the_plain_loops() {
-        if !has_avx2() {
+        if !avx2_or_say("blocked_kernels_match_the_plain_loops") {
             return;
         }
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            (rng >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        };
         for d in [64, 128] {
             let rows = 40;
-            let k: Vec<f32> = (0..rows * d).map(|_| next()).collect();
-            let v: Vec<f32> = (0..rows * d).map(|_| next()).collect();
-            let q: Vec<f32> = (0..d).map(|_| next()).collect();
+            let k = values(0x9e37_79b9_7f4a_7c15, rows * d, -0.5, 0.5);
+            let v = values(0x2545_f491_4f6c_dd1d, rows * d, -0.5, 0.5);
+            let q = values(0x5851_f42d_4c95_7f2d, d, -0.5, 0.5);
             let offsets: Vec<usize> = (0..19).map(|p| ((p * 17 + 5) % rows) * d).collect();
             let (mut plain, mut fast) = (vec![0f32; 19], vec![0f32; 19]);
             score_row(&q, &k, &offsets, &mut plain, 0.125, false);

@@ -722,18 +722,10 @@ mod tests {
     /// round to even).
     #[test]
     fn quantizers_agree() {
-        if !has_avx2() {
+        if !crate::simd::testing::avx2_or_say("quantizers_agree") {
             return;
         }
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut x: Vec<f32> = (0..QK * 64)
-            .map(|_| {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
-            })
-            .collect();
+        let mut x = crate::simd::testing::values(0x2545_f491_4f6c_dd1d, QK * 64, -4.0, 4.0);
         x[..QK].fill(0.0);
         for (j, v) in x[QK..2 * QK].iter_mut().enumerate() {
             // max|x| = 127, so id = 1 and x itself is rounded.
