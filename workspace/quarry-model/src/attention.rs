@@ -30,6 +30,10 @@ pub(crate) struct Heads {
     pub n_kv: usize,
     pub head_dim: usize,
     pub page_size: usize,
+    /// Multiplier of the query-key dot products.
+    pub scale: f32,
+    /// Sliding window: a query at position `p` sees positions `p + 1 - window ..= p` only.
+    pub window: Option<usize>,
 }
 
 impl Heads {
@@ -39,8 +43,9 @@ impl Heads {
     fn kv_dim(&self) -> usize {
         self.n_kv * self.head_dim
     }
-    fn scale(&self) -> f32 {
-        1.0 / (self.head_dim as f32).sqrt()
+    /// The first position a query at `pos` attends to.
+    fn first_seen(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
     }
 }
 
@@ -142,7 +147,7 @@ impl Job<'_> {
         let p0 = self.plan.positions[t0] as usize;
         // Token i of the tile sees positions 0..=p0 + i.
         let ctx = p0 + n;
-        let scale = h.scale();
+        let scale = h.scale;
         let stride = h.n_head * d;
         SCRATCH.with(|cell| {
             let scratch = &mut *cell.borrow_mut();
@@ -158,16 +163,17 @@ impl Job<'_> {
                 let (j, i) = (r / n, r % n);
                 let at = (t0 + i) * self.q_stride + (head0 + j) * d;
                 let q = &self.q[at..at + d];
-                let seen = p0 + i + 1;
-                score_row(q, self.k, &offsets[..seen], &mut row[..seen], scale, avx);
-                softmax_in_place(&mut row[..seen], avx);
+                let seen = h.first_seen(p0 + i)..p0 + i + 1;
+                let row = &mut row[seen.clone()];
+                score_row(q, self.k, &offsets[seen.clone()], row, scale, avx);
+                softmax_in_place(row, avx);
                 // SAFETY: this item alone writes heads head0..head0+heads of rows t0..t0+n, and
                 // the slice lies within the `[T, n_head * head_dim]` output.
                 let out = unsafe {
                     let at = (t0 + i) * stride + (head0 + j) * d;
                     std::slice::from_raw_parts_mut((self.out as *mut f32).add(at), d)
                 };
-                weighted_sum(&row[..seen], self.v, &offsets[..seen], out, avx);
+                weighted_sum(row, self.v, &offsets[seen], out, avx);
             }
         });
     }
@@ -362,11 +368,12 @@ pub(crate) fn attend_tensor(
             .transpose(0, 1)?
             .contiguous()?
             .reshape((h.n_kv, group * n, d))?;
-        let scores = (qs.matmul(&k.t()?)? * h.scale() as f64)?.reshape((h.n_kv, group, n, ctx))?;
+        let scores = (qs.matmul(&k.t()?)? * h.scale as f64)?.reshape((h.n_kv, group, n, ctx))?;
         let mask: Vec<f32> = (0..n)
             .flat_map(|i| {
+                let seen = h.first_seen(seq.start + i)..seq.start + i + 1;
                 (0..ctx).map(move |j| {
-                    if j <= seq.start + i {
+                    if seen.contains(&j) {
                         0.0
                     } else {
                         f32::NEG_INFINITY

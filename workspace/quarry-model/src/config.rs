@@ -1,4 +1,11 @@
 //! Llama-family hyper-parameters, read from GGUF metadata.
+//!
+//! Gemma 3 is a llama with a few switches flipped, so it shares the config and the forward pass:
+//! a scaled embedding, RoPE over the two halves of each head instead of adjacent pairs, RMS norms
+//! over each head's queries and keys, norms of the attention and feed-forward outputs before the
+//! residual add, a GELU-gated feed-forward, and local layers that attend over a sliding window with
+//! their own RoPE base. Each difference is a field below, set from the architecture as llama.cpp's
+//! `llama-model.cpp` sets it.
 
 use candle_core::quantized::gguf_file::{Content, Value};
 
@@ -6,7 +13,36 @@ use crate::error::{ModelError, Result};
 use crate::info::{architecture, as_f64, as_u64, invalid};
 
 /// The architectures whose tensors and forward pass [`crate::Llama`] implements.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "gemma3"];
+
+/// How a head's dimensions pair up for RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RopeStyle {
+    /// Pairs `(2i, 2i + 1)`: GGUF llama files (the converter permutes Q and K into this order).
+    Interleaved,
+    /// Pairs `(i, i + head_dim / 2)` (llama.cpp's NEOX style): Gemma.
+    Halves,
+}
+
+/// The gate's activation in the gated feed-forward `down(act(gate(x)) · up(x))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// SwiGLU (llama).
+    Silu,
+    /// GELU, tanh approximation (GeGLU; Gemma).
+    GeluTanh,
+}
+
+/// Local attention layers (Gemma 3): every `pattern`-th layer is global, the others attend only to
+/// the last `size` positions (the query's own included) and use RoPE base `rope_freq_base`.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct SlidingWindow {
+    pub size: usize,
+    pub pattern: usize,
+    pub rope_freq_base: f32,
+}
 
 /// What the forward pass needs to know about a llama-architecture model.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -24,6 +60,18 @@ pub struct LlamaConfig {
     /// The training context; positions at or past it are refused.
     pub context_length: usize,
     pub vocab_size: usize,
+    /// Multiplier of the token embeddings: `√embedding_length` for Gemma, else 1.
+    pub embedding_scale: f32,
+    /// Scale of the query-key dot products, `1/√head_dim` (Gemma 3 27B: `1/√(embedding/heads)`).
+    pub attention_scale: f32,
+    pub rope_style: RopeStyle,
+    pub activation: Activation,
+    /// RMS norms over each head's queries and keys before RoPE (`attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: bool,
+    /// RMS norms of the attention and feed-forward outputs before the residual add
+    /// (`post_attention_norm`, `post_ffw_norm`).
+    pub post_norms: bool,
+    pub sliding_window: Option<SlidingWindow>,
 }
 
 impl LlamaConfig {
@@ -136,8 +184,32 @@ impl LlamaConfig {
                 })
             }
         };
+        let gemma = architecture == "gemma3";
+        let sliding_window = match uint("attention.sliding_window")? {
+            // llama.cpp: Gemma 3's pattern is five local layers to one global, the local RoPE base
+            // 10,000 whatever the file says for the global layers.
+            Some(size) if gemma => Some(SlidingWindow {
+                size,
+                pattern: 6,
+                rope_freq_base: 10_000.0,
+            }),
+            Some(_) => {
+                return Err(ModelError::InvalidKey {
+                    key: format!("{architecture}.attention.sliding_window"),
+                    message: "sliding-window attention is only supported for gemma3".into(),
+                })
+            }
+            None => None,
+        };
+        let block_count = required("block_count")?;
+        let attention_scale = if gemma && block_count == 62 {
+            // Gemma 3 27B scales by the query width per head, not the head size (as llama.cpp).
+            1.0 / ((embedding_length / head_count) as f32).sqrt()
+        } else {
+            1.0 / (head_dim as f32).sqrt()
+        };
         Ok(Self {
-            block_count: required("block_count")?,
+            block_count,
             embedding_length,
             feed_forward_length: required("feed_forward_length")?,
             head_count,
@@ -147,6 +219,25 @@ impl LlamaConfig {
             rms_norm_eps: float("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5) as f32,
             context_length: required("context_length")?,
             vocab_size,
+            embedding_scale: if gemma {
+                (embedding_length as f32).sqrt()
+            } else {
+                1.0
+            },
+            attention_scale,
+            rope_style: if gemma {
+                RopeStyle::Halves
+            } else {
+                RopeStyle::Interleaved
+            },
+            activation: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            qk_norm: gemma,
+            post_norms: gemma,
+            sliding_window,
             architecture,
         })
     }
@@ -154,5 +245,23 @@ impl LlamaConfig {
     /// Width of one token's keys (or values) in one layer: `head_count_kv * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.head_count_kv * self.head_dim
+    }
+
+    /// The positions layer `layer` attends over before a query: its sliding window, or `None` for
+    /// all of them.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.local(layer).map(|w| w.size)
+    }
+
+    /// Layer `layer`'s RoPE base.
+    pub fn rope_base(&self, layer: usize) -> f32 {
+        self.local(layer)
+            .map_or(self.rope_freq_base, |w| w.rope_freq_base)
+    }
+
+    fn local(&self, layer: usize) -> Option<&SlidingWindow> {
+        self.sliding_window
+            .as_ref()
+            .filter(|w| layer % w.pattern < w.pattern - 1)
     }
 }

@@ -33,7 +33,7 @@ mod sampling;
 mod simd;
 
 pub use batch::{Logits, SeqInput};
-pub use config::{LlamaConfig, SUPPORTED_ARCHITECTURES};
+pub use config::{Activation, LlamaConfig, RopeStyle, SlidingWindow, SUPPORTED_ARCHITECTURES};
 pub use device::parse_device;
 pub use error::{ModelError, Result};
 pub use info::ModelInfo;

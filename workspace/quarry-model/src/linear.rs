@@ -44,6 +44,14 @@ impl Linear {
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
+            Linear::Candle(m) if single_row_differs(m, x) => {
+                // candle-core 0.11's x86 Q6_K matmul runs a GEMV for one activation row and a
+                // tiled kernel for more, which sum in different orders. A lone row goes through
+                // the tiled kernel (stacked twice), so that a decode computes exactly what the
+                // same row computes inside a batch: batching never changes a result.
+                let y = m.forward(&Tensor::cat(&[x, x], 0)?)?;
+                Ok(y.narrow(0, 0, 1)?)
+            }
             Linear::Candle(m) => Ok(m.forward(x)?),
             Linear::Quant(m) => m.forward(x),
         }
@@ -62,6 +70,15 @@ impl Linear {
             }
         }
     }
+}
+
+/// Whether candle would multiply `x`, a single row, by a kernel other than the one it uses for
+/// several rows (see [`Linear::forward`]).
+fn single_row_differs(m: &QMatMul, x: &Tensor) -> bool {
+    cfg!(target_arch = "x86_64")
+        && x.device().is_cpu()
+        && matches!(x.dims(), [1, _])
+        && matches!(m, QMatMul::QTensor(t) if t.dtype() == GgmlDType::Q6K)
 }
 
 /// Projections of the same input (Q, K and V; gate and up). On CPU, parts of one type with a kernel

@@ -39,17 +39,42 @@ pub(crate) fn softmax_in_place(row: &mut [f32], avx: bool) {
     }
 }
 
-/// `out = silu(gate) · up`, `silu(g) = g / (1 + e^-g)`.
+/// `out = silu(gate) · up` (SwiGLU).
 pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32], avx: bool) {
+    gated::<false>(gate, up, out, avx)
+}
+
+/// `out = gelu(gate) · up` (GeGLU), GELU in its tanh approximation,
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, computed as `x·sigmoid(2·√(2/π)·(…))`.
+pub(crate) fn geglu(gate: &[f32], up: &[f32], out: &mut [f32], avx: bool) {
+    gated::<true>(gate, up, out, avx)
+}
+
+/// `√(2/π)`, doubled: GELU's sigmoid argument is `GELU_K · (x + GELU_C · x³)`.
+const GELU_K: f32 = 2.0 * 0.797_884_6;
+const GELU_C: f32 = 0.044_715;
+
+/// `x · sigmoid(a)` with `a = x` (SiLU) or GELU's argument: both activations are `x / (1 + e^-a)`.
+#[inline(always)]
+fn gate_scalar<const GELU: bool>(x: f32) -> f32 {
+    let a = if GELU {
+        GELU_K * (x + GELU_C * x * x * x)
+    } else {
+        x
+    };
+    x / (1.0 + (-a).exp())
+}
+
+fn gated<const GELU: bool>(gate: &[f32], up: &[f32], out: &mut [f32], avx: bool) {
     #[cfg(target_arch = "x86_64")]
     if avx {
         // SAFETY: the caller detected AVX2 and FMA.
-        unsafe { swiglu_avx2(gate, up, out) };
+        unsafe { gated_avx2::<GELU>(gate, up, out) };
         return;
     }
     let _ = avx;
     for ((a, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        *a = g / (1.0 + (-g).exp()) * u;
+        *a = gate_scalar::<GELU>(g) * u;
     }
 }
 
@@ -110,20 +135,27 @@ unsafe fn softmax_avx2(row: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn swiglu_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
+unsafe fn gated_avx2<const GELU: bool>(gate: &[f32], up: &[f32], out: &mut [f32]) {
     let n = out.len().min(gate.len()).min(up.len());
     let one = _mm256_set1_ps(1.0);
     let mut i = 0;
     while i + 8 <= n {
         let g = _mm256_loadu_ps(gate.as_ptr().add(i));
         let u = _mm256_loadu_ps(up.as_ptr().add(i));
-        let e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        let arg = if GELU {
+            let g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+            let inner = _mm256_fmadd_ps(_mm256_set1_ps(GELU_C), g3, g);
+            _mm256_mul_ps(_mm256_set1_ps(GELU_K), inner)
+        } else {
+            g
+        };
+        let e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), arg));
         let a = _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u);
         _mm256_storeu_ps(out.as_mut_ptr().add(i), a);
         i += 8;
     }
     for j in i..n {
-        out[j] = gate[j] / (1.0 + (-gate[j]).exp()) * up[j];
+        out[j] = gate_scalar::<GELU>(gate[j]) * up[j];
     }
 }
 
@@ -185,11 +217,23 @@ mod tests {
             assert!((x - y).abs() <= 1e-6 * x.max(1e-30), "{x} vs {y}");
         }
         let (gate, up): (Vec<f32>, Vec<f32>) = row.iter().map(|&g| (g, 1.0 - g * 0.1)).unzip();
-        let (mut a, mut b) = (vec![0f32; 37], vec![0f32; 37]);
-        swiglu(&gate, &up, &mut a, false);
-        swiglu(&gate, &up, &mut b, true);
-        for (x, y) in a.iter().zip(&b) {
-            assert!((x - y).abs() <= 1e-6 * x.abs().max(1e-6), "{x} vs {y}");
+        for gelu in [false, true] {
+            let (mut a, mut b) = (vec![0f32; 37], vec![0f32; 37]);
+            let f = if gelu { geglu } else { swiglu };
+            f(&gate, &up, &mut a, false);
+            f(&gate, &up, &mut b, true);
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-6 * x.abs().max(1e-6), "{x} vs {y}");
+            }
+        }
+        // The GELU form against its textbook tanh definition.
+        for &x in &row {
+            let want = 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh());
+            let got = gate_scalar::<true>(x);
+            assert!(
+                (want - got).abs() <= 1e-6 * want.abs().max(1.0),
+                "gelu({x}) {got} vs {want}"
+            );
         }
     }
 }

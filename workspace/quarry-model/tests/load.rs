@@ -5,7 +5,7 @@ mod common;
 
 use candle_core::Device;
 use common::*;
-use quarry_model::{KvLayout, KvPool, Llama, ModelError, ModelInfo};
+use quarry_model::{Activation, KvLayout, KvPool, Llama, ModelError, ModelInfo, RopeStyle};
 
 #[test]
 fn smollm2_config_comes_from_metadata() {
@@ -23,14 +23,55 @@ fn smollm2_config_comes_from_metadata() {
     assert!((c.rope_freq_base as f64 - info.rope_freq_base.unwrap()).abs() < 1e-3);
 }
 
+/// Gemma 3: the llama switches it flips, from its metadata (llama.cpp's choices where the file
+/// says nothing: five local layers to one global, local RoPE base 10,000).
+#[test]
+fn gemma3_config_comes_from_metadata() {
+    let c = gemma3().config();
+    let info = ModelInfo::from_gguf(gemma3_path()).unwrap();
+    assert_eq!(c.architecture, "gemma3");
+    assert_eq!(Some(c.block_count as u64), info.block_count);
+    assert_eq!(Some(c.head_count as u64), info.head_count);
+    assert_eq!(Some(c.head_count_kv as u64), info.head_count_kv);
+    assert_eq!(c.vocab_size, 262_144);
+    assert_eq!(c.rope_style, RopeStyle::Halves);
+    assert_eq!(c.activation, Activation::GeluTanh);
+    assert!(c.qk_norm && c.post_norms);
+    assert_eq!(c.embedding_scale, (c.embedding_length as f32).sqrt());
+    assert_eq!(c.attention_scale, 1.0 / (c.head_dim as f32).sqrt());
+    let window = c.sliding_window.expect("gemma3 has a sliding window");
+    let global: Vec<usize> = (0..c.block_count)
+        .filter(|&l| c.window(l).is_none())
+        .collect();
+    assert_eq!(global, vec![5, 11, 17]);
+    assert_eq!(c.window(0), Some(window.size));
+    assert_eq!(c.rope_base(0), 10_000.0);
+    assert!((c.rope_base(5) as f64 - info.rope_freq_base.unwrap()).abs() < 1e-3);
+    // SmolLM2 has none of it.
+    let s = smollm2().config();
+    assert_eq!(
+        (s.rope_style, s.activation),
+        (RopeStyle::Interleaved, Activation::Silu)
+    );
+    assert!(!s.qk_norm && !s.post_norms && s.sliding_window.is_none());
+    assert_eq!(s.embedding_scale, 1.0);
+}
+
+/// A GGUF of another architecture is refused by name, listing what is supported.
 #[test]
 fn unsupported_and_broken_files_are_typed_errors() {
-    let gemma = root().join("models/gemma-3-270m-q4_k_m.gguf");
-    let e = Llama::load(&gemma, &Device::Cpu)
+    use candle_core::quantized::gguf_file;
+    let other = std::env::temp_dir().join(format!("quarry-qwen2-{}.gguf", std::process::id()));
+    let arch = gguf_file::Value::String("qwen2".into());
+    let mut f = std::fs::File::create(&other).unwrap();
+    gguf_file::write(&mut f, &[("general.architecture", &arch)], &[]).unwrap();
+    drop(f);
+    let e = Llama::load(&other, &Device::Cpu)
         .err()
-        .expect("gemma3 is refused");
+        .expect("qwen2 is refused");
+    std::fs::remove_file(&other).ok();
     assert!(
-        matches!(e, ModelError::UnsupportedArchitecture { ref architecture, .. } if architecture == "gemma3"),
+        matches!(e, ModelError::UnsupportedArchitecture { ref architecture, ref supported } if architecture == "qwen2" && supported.contains("gemma3")),
         "{e}"
     );
     let e = Llama::load("/nonexistent/m.gguf", &Device::Cpu)

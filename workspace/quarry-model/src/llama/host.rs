@@ -16,22 +16,59 @@
 
 use std::ops::Range;
 
+use candle_core::Tensor;
+
 use crate::attention::{self, Heads};
 use crate::batch::{Logits, Plan, SeqInput};
+use crate::config::{Activation, RopeStyle};
 use crate::error::Result;
 use crate::linear::SharedMut;
 use crate::simd;
 
-use super::Llama;
+use super::{Layer, Llama, RopeTable};
 
 /// Host copies of the small dense parameters, made at load on CPU.
 pub(super) struct HostParams {
-    pub attn_norm: Vec<Vec<f32>>,
-    pub ffn_norm: Vec<Vec<f32>>,
-    pub norm: Vec<f32>,
-    /// `[context_length, head_dim / 2]`, as in [`Llama`]'s RoPE tables.
-    pub cos: Vec<f32>,
-    pub sin: Vec<f32>,
+    layers: Vec<LayerNorms>,
+    norm: Vec<f32>,
+    /// `(cos, sin)`, each `[context_length, head_dim / 2]`, per RoPE base as in [`Llama`].
+    rope: Vec<(Vec<f32>, Vec<f32>)>,
+}
+
+struct LayerNorms {
+    attn: Vec<f32>,
+    ffn: Vec<f32>,
+    /// Per-head query and key norms.
+    qk: Option<(Vec<f32>, Vec<f32>)>,
+    /// Attention and feed-forward output norms.
+    post: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl HostParams {
+    pub(super) fn new(layers: &[Layer], norm: &Tensor, rope: &[RopeTable]) -> Result<Self> {
+        let vec = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1()?) };
+        let pair = |p: &Option<(Tensor, Tensor)>| -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+            p.as_ref().map(|(a, b)| Ok((vec(a)?, vec(b)?))).transpose()
+        };
+        Ok(Self {
+            layers: layers
+                .iter()
+                .map(|l| {
+                    Ok(LayerNorms {
+                        attn: vec(&l.attn_norm)?,
+                        ffn: vec(&l.ffn_norm)?,
+                        qk: pair(&l.qk_norm)?,
+                        post: pair(&l.post_norms)?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+            norm: vec(norm)?,
+            rope: rope
+                .iter()
+                .map(|r| Ok((vec(&r.cos)?, vec(&r.sin)?)))
+                .collect::<Result<_>>()?,
+        })
+    }
 }
 
 /// One forward call's activations, each `[tokens, width]`, reused by every layer.
@@ -73,18 +110,28 @@ impl Llama {
                 b.x.extend_from_slice(&emb[at..at + e]);
             }
         })?;
-        let rope = Rope {
-            q_w,
-            kv_w,
-            head_dim: c.head_dim,
-            cos: &p.cos,
-            sin: &p.sin,
-        };
+        if c.embedding_scale != 1.0 {
+            b.x.iter_mut().for_each(|v| *v *= c.embedding_scale);
+        }
         for (l, layer) in self.layers.iter().enumerate() {
+            let norms = &p.layers[l];
             // The previous layer's down projection joins the residual here.
             let y = (l > 0).then_some(b.y.as_slice());
-            add_norm(&mut b.x, y, &p.attn_norm[l], eps, &mut b.h);
+            add_norm(&mut b.x, y, &norms.attn, eps, &mut b.h);
             layer.qkv.forward_host(&b.h, t, &mut b.qkv)?;
+            let (cos, sin) = &p.rope[layer.rope];
+            let rope = Rope {
+                q_w,
+                kv_w,
+                head_dim: c.head_dim,
+                style: c.rope_style,
+                cos,
+                sin,
+                qk_norm: norms
+                    .qk
+                    .as_ref()
+                    .map(|(q, k)| (q.as_slice(), k.as_slice(), eps)),
+            };
             rope.apply_and_store(&mut b.qkv, plan, &mut k_pool[l], &mut v_pool[l]);
             b.attn.resize(t * q_w, 0.0);
             let qkv_w = q_w + 2 * kv_w;
@@ -95,17 +142,27 @@ impl Llama {
                 &v_pool[l],
                 plan,
                 batch,
-                heads,
+                Heads {
+                    window: c.window(l),
+                    ..heads
+                },
                 &mut b.attn,
             );
             layer.wo.forward_host(&b.attn, t, &mut b.y)?;
-            add_norm(&mut b.x, Some(&b.y), &p.ffn_norm[l], eps, &mut b.h);
+            if let Some((post_attn, _)) = &norms.post {
+                norm_in_place(&mut b.y, post_attn, eps);
+            }
+            add_norm(&mut b.x, Some(&b.y), &norms.ffn, eps, &mut b.h);
             layer.gate_up.forward_host(&b.h, t, &mut b.gate_up)?;
-            swiglu(&b.gate_up, c.feed_forward_length, &mut b.act);
+            gated(&b.gate_up, c.feed_forward_length, c.activation, &mut b.act);
             layer.w_down.forward_host(&b.act, t, &mut b.y)?;
+            if let Some((_, post_ffw)) = &norms.post {
+                norm_in_place(&mut b.y, post_ffw, eps);
+            }
         }
         // Only the rows whose logits are wanted get the last residual add, the final norm and the
         // vocabulary projection, the largest matmul of a decode step.
+        // (With output norms, the last `y` was normalized in the loop.)
         let mut last = Vec::with_capacity(plan.logit_rows.len() * e);
         for &r in &plan.logit_rows {
             let r = r as usize * e..(r as usize + 1) * e;
@@ -140,17 +197,36 @@ fn add_norm(x: &mut [f32], y: Option<&[f32]>, w: &[f32], eps: f32, h: &mut Vec<f
                     *x += y;
                 }
             }
-            let sum2: f32 = x.iter().map(|v| v * v).sum();
-            let m = (sum2 / e as f32 + eps).sqrt();
-            for ((h, x), w) in h.iter_mut().zip(x.iter()).zip(w) {
-                *h = x / m * w;
-            }
+            h.copy_from_slice(x);
+            rms_norm_row(h, w, eps);
         }
     });
 }
 
-/// `act = silu(gate) · up` per row of the stacked `[gate | up]` output (`f` values each).
-fn swiglu(gate_up: &[f32], f: usize, act: &mut Vec<f32>) {
+/// `y = y / rms(y) · w` per row, in place (Gemma's output norms).
+fn norm_in_place(y: &mut [f32], w: &[f32], eps: f32) {
+    let e = w.len();
+    let ys = SharedMut::new(y);
+    par_rows(y.len() / e, e, |rows| {
+        for r in rows {
+            // SAFETY: row `r` is touched by this work item only.
+            rms_norm_row(unsafe { ys.slice(r * e, e) }, w, eps);
+        }
+    });
+}
+
+/// One row of [`norm_in_place`].
+#[inline]
+fn rms_norm_row(y: &mut [f32], w: &[f32], eps: f32) {
+    let sum2: f32 = y.iter().map(|v| v * v).sum();
+    let m = (sum2 / y.len() as f32 + eps).sqrt();
+    for (y, w) in y.iter_mut().zip(w) {
+        *y = *y / m * w;
+    }
+}
+
+/// `act = activation(gate) · up` per row of the stacked `[gate | up]` output (`f` values each).
+fn gated(gate_up: &[f32], f: usize, activation: Activation, act: &mut Vec<f32>) {
     let rows = gate_up.len() / (2 * f);
     act.resize(rows * f, 0.0);
     let out = SharedMut::new(act);
@@ -159,19 +235,26 @@ fn swiglu(gate_up: &[f32], f: usize, act: &mut Vec<f32>) {
         for r in range {
             let (gate, up) = gate_up[r * 2 * f..(r + 1) * 2 * f].split_at(f);
             // SAFETY: row `r` is written by this work item only.
-            simd::swiglu(gate, up, unsafe { out.slice(r * f, f) }, avx);
+            let out = unsafe { out.slice(r * f, f) };
+            match activation {
+                Activation::Silu => simd::swiglu(gate, up, out, avx),
+                Activation::GeluTanh => simd::geglu(gate, up, out, avx),
+            }
         }
     });
 }
 
-/// Rotary embeddings on the stacked Q/K/V rows (pairs `(2i, 2i+1)` rotate by `p·θ_i`, the GGUF
-/// llama layout), and the KV writes.
+/// Rotary embeddings on the stacked Q/K/V rows (each pair of [`RopeStyle`] rotates by `p·θ_i`),
+/// after the per-head query and key norms when the model has them, and the KV writes.
 struct Rope<'a> {
     q_w: usize,
     kv_w: usize,
     head_dim: usize,
+    style: RopeStyle,
     cos: &'a [f32],
     sin: &'a [f32],
+    /// Query norm, key norm, epsilon.
+    qk_norm: Option<(&'a [f32], &'a [f32], f32)>,
 }
 
 impl Rope<'_> {
@@ -199,11 +282,33 @@ impl Rope<'_> {
                 // SAFETY: row `r` of the stacked output, and the pool row of its slot, are touched
                 // by this work item only: the plan gives every new token its own slot.
                 let row = unsafe { rows.slice(r * width, width) };
-                for head in row[..q_w + kv_w].chunks_exact_mut(self.head_dim) {
-                    for (pair, (&c, &s)) in head.chunks_exact_mut(2).zip(cos.iter().zip(sin)) {
-                        let (x0, x1) = (pair[0], pair[1]);
-                        pair[0] = x0 * c - x1 * s;
-                        pair[1] = x0 * s + x1 * c;
+                for (i, head) in row[..q_w + kv_w]
+                    .chunks_exact_mut(self.head_dim)
+                    .enumerate()
+                {
+                    if let Some((qn, kn, eps)) = self.qk_norm {
+                        rms_norm_row(head, if i * self.head_dim < q_w { qn } else { kn }, eps);
+                    }
+                    match self.style {
+                        RopeStyle::Interleaved => {
+                            for (pair, (&c, &s)) in
+                                head.chunks_exact_mut(2).zip(cos.iter().zip(sin))
+                            {
+                                let (x0, x1) = (pair[0], pair[1]);
+                                pair[0] = x0 * c - x1 * s;
+                                pair[1] = x0 * s + x1 * c;
+                            }
+                        }
+                        RopeStyle::Halves => {
+                            let (lo, hi) = head.split_at_mut(half);
+                            for ((x0, x1), (&c, &s)) in
+                                lo.iter_mut().zip(hi.iter_mut()).zip(cos.iter().zip(sin))
+                            {
+                                let (a, b) = (*x0, *x1);
+                                *x0 = a * c - b * s;
+                                *x1 = a * s + b * c;
+                            }
+                        }
                     }
                 }
                 let slot = plan.slots[r] as usize * kv_w;

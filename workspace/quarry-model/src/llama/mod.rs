@@ -1,4 +1,5 @@
-//! The llama architecture: GGUF weights and the batched ragged forward pass.
+//! The llama architecture (and Gemma 3, a llama with the switches of [`LlamaConfig`]): GGUF weights
+//! and the batched ragged forward pass.
 
 use std::path::Path;
 
@@ -7,7 +8,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::attention::{self, Heads};
 use crate::batch::{Logits, Plan, SeqInput};
-use crate::config::LlamaConfig;
+use crate::config::{Activation, LlamaConfig, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::info::candle_message;
 use crate::linear::{Fused, Linear};
@@ -24,10 +25,22 @@ struct Layer {
     /// Gate and up.
     gate_up: Fused,
     w_down: Linear,
+    /// Per-head query and key norms (`[head_dim]` each), when the config has them.
+    qk_norm: Option<(Tensor, Tensor)>,
+    /// Norms of the attention and feed-forward outputs, when the config has them.
+    post_norms: Option<(Tensor, Tensor)>,
+    /// Index into [`Llama::rope`]: 0 global, 1 local (sliding-window) layers.
+    rope: usize,
 }
 
-/// A llama-architecture model (Llama 2/3, SmolLM, Mistral without sliding windows, …) loaded from
-/// GGUF. Weights stay in their GGUF type (Q4_0, Q4_1, Q8_0, K-quants; F16 and F32 are used as
+/// RoPE tables `[context_length, head_dim / 2]` for one base.
+struct RopeTable {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// A llama-architecture model (Llama 2/3, SmolLM, Mistral without sliding windows, …) or a Gemma 3
+/// loaded from GGUF. Weights stay in their GGUF type (Q4_0, Q4_1, Q8_0, K-quants; F16 and F32 are used as
 /// dense tensors) and are multiplied by this crate's Q4_1/Q8_0 kernels on CPU, candle's otherwise.
 ///
 /// The model holds no per-sequence state: every call to [`Llama::forward`] names the KV pages it
@@ -40,9 +53,8 @@ pub struct Llama {
     layers: Vec<Layer>,
     norm: Tensor,
     lm_head: Linear,
-    /// RoPE tables `[context_length, head_dim / 2]`.
-    cos: Tensor,
-    sin: Tensor,
+    /// One table per RoPE base: the global layers', then the local layers' when there are any.
+    rope: Vec<RopeTable>,
     /// The norms and RoPE tables as plain vectors, for the host forward (CPU only).
     host: Option<host::HostParams>,
 }
@@ -99,7 +111,26 @@ impl Llama {
         let mut layers = Vec::with_capacity(c.block_count);
         for i in 0..c.block_count {
             let mut t = |suffix: &str, dims: &[usize]| get(&format!("blk.{i}.{suffix}"), dims);
+            let qk_norm = if c.qk_norm {
+                Some((
+                    dense(t("attn_q_norm.weight", &[hd])?)?,
+                    dense(t("attn_k_norm.weight", &[hd])?)?,
+                ))
+            } else {
+                None
+            };
+            let post_norms = if c.post_norms {
+                Some((
+                    dense(t("post_attention_norm.weight", &[e])?)?,
+                    dense(t("post_ffw_norm.weight", &[e])?)?,
+                ))
+            } else {
+                None
+            };
             layers.push(Layer {
+                qk_norm,
+                post_norms,
+                rope: usize::from(c.window(i).is_some()),
                 attn_norm: dense(t("attn_norm.weight", &[e])?)?,
                 qkv: Fused::new(
                     vec![
@@ -122,22 +153,12 @@ impl Llama {
             });
         }
         let norm = dense(get("output_norm.weight", &[e])?)?;
-        let (cos, sin) = rope_tables(c, device)?;
+        let mut rope = vec![rope_table(c, c.rope_freq_base, device)?];
+        if let Some(w) = &c.sliding_window {
+            rope.push(rope_table(c, w.rope_freq_base, device)?);
+        }
         let host = if device.is_cpu() {
-            let vec = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1()?) };
-            Some(host::HostParams {
-                attn_norm: layers
-                    .iter()
-                    .map(|l| vec(&l.attn_norm))
-                    .collect::<Result<_>>()?,
-                ffn_norm: layers
-                    .iter()
-                    .map(|l| vec(&l.ffn_norm))
-                    .collect::<Result<_>>()?,
-                norm: vec(&norm)?,
-                cos: vec(&cos)?,
-                sin: vec(&sin)?,
-            })
+            Some(host::HostParams::new(&layers, &norm, &rope)?)
         } else {
             None
         };
@@ -148,8 +169,7 @@ impl Llama {
             layers,
             norm,
             lm_head,
-            cos,
-            sin,
+            rope,
             host,
         })
     }
@@ -184,6 +204,8 @@ impl Llama {
             n_kv: c.head_count_kv,
             head_dim: c.head_dim,
             page_size: pool.page_size(),
+            scale: c.attention_scale,
+            window: None,
         };
         match &mut pool.storage {
             KvStorage::Host { k, v } => self.forward_host(batch, &plan, k, v, heads, out)?,
@@ -211,36 +233,70 @@ impl Llama {
         let positions = Tensor::from_slice(&plan.positions, t, dev)?;
         let slots = Tensor::from_slice(&plan.slots, t, dev)?;
         let half = c.head_dim / 2;
-        let cos = self
-            .cos
-            .index_select(&positions, 0)?
-            .reshape((t, 1, half))?;
-        let sin = self
-            .sin
-            .index_select(&positions, 0)?
-            .reshape((t, 1, half))?;
+        let tables = self
+            .rope
+            .iter()
+            .map(|r| -> Result<(Tensor, Tensor)> {
+                let pick = |tab: &Tensor| -> Result<Tensor> {
+                    Ok(tab.index_select(&positions, 0)?.reshape((t, 1, half))?)
+                };
+                Ok((pick(&r.cos)?, pick(&r.sin)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let eps = c.rms_norm_eps;
 
         let mut x = self.embed.index_select(&tokens, 0)?;
+        if c.embedding_scale != 1.0 {
+            x = (x * c.embedding_scale as f64)?;
+        }
         for (l, layer) in self.layers.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let rope = |y: &Tensor, n: usize| -> Result<Tensor> {
+            let (cos, sin) = &tables[layer.rope];
+            let rope = |y: &Tensor, n: usize, norm: Option<&Tensor>| -> Result<Tensor> {
+                let mut y = y.reshape((t, n, c.head_dim))?;
+                if let Some(w) = norm {
+                    y = candle_nn::ops::rms_norm(&y, w, eps)?;
+                }
                 let y = y.reshape((t, n, 1, c.head_dim))?;
-                Ok(candle_nn::rotary_emb::rope_i(&y, &cos, &sin)?.reshape((t, n, c.head_dim))?)
+                let y = match c.rope_style {
+                    RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&y, cos, sin)?,
+                    RopeStyle::Halves => candle_nn::rotary_emb::rope(&y, cos, sin)?,
+                };
+                Ok(y.reshape((t, n, c.head_dim))?)
+            };
+            let (q_norm, k_norm) = match &layer.qk_norm {
+                Some((q, k)) => (Some(q), Some(k)),
+                None => (None, None),
             };
             let qkv = layer.qkv.forward(&h)?;
-            let q = rope(&qkv[0], c.head_count)?;
-            let k = rope(&qkv[1], c.head_count_kv)?.reshape((t, c.kv_dim()))?;
+            let q = rope(&qkv[0], c.head_count, q_norm)?;
+            let k = rope(&qkv[1], c.head_count_kv, k_norm)?.reshape((t, c.kv_dim()))?;
             let v = &qkv[2];
             attention::write_tensor(&k_pool[l], &k, &slots)?;
             attention::write_tensor(&v_pool[l], v, &slots)?;
+            let heads = Heads {
+                window: c.window(l),
+                ..heads
+            };
             let attn =
                 attention::attend_tensor(&q, &k_pool[l], &v_pool[l], plan, batch, heads, dev)?;
-            x = (x + layer.wo.forward(&attn)?)?;
+            let post = |y: Tensor, which: usize| -> Result<Tensor> {
+                Ok(match &layer.post_norms {
+                    Some(norms) => {
+                        let w = if which == 0 { &norms.0 } else { &norms.1 };
+                        candle_nn::ops::rms_norm(&y, w, eps)?
+                    }
+                    None => y,
+                })
+            };
+            x = (x + post(layer.wo.forward(&attn)?, 0)?)?;
             let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
             let gu = layer.gate_up.forward(&h)?;
-            let (gate, up) = (gu[0].silu()?, &gu[1]);
-            x = (x + layer.w_down.forward(&(gate * up)?)?)?;
+            let gate = match c.activation {
+                Activation::Silu => gu[0].silu()?,
+                Activation::GeluTanh => gu[0].gelu()?,
+            };
+            x = (x + post(layer.w_down.forward(&(gate * &gu[1])?)?, 1)?)?;
         }
         // Only the rows whose logits are wanted go through the final norm and the vocabulary
         // projection, the largest matmul of a decode step.
@@ -258,10 +314,10 @@ impl Llama {
 }
 
 /// `cos(p * θ_i)` and `sin(p * θ_i)` for every position and frequency, `θ_i = base^(-2i/d)`.
-fn rope_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+fn rope_table(c: &LlamaConfig, base: f32, device: &Device) -> Result<RopeTable> {
     let half = c.head_dim / 2;
     let inv: Vec<f64> = (0..half)
-        .map(|i| (c.rope_freq_base as f64).powf(-2.0 * i as f64 / c.head_dim as f64))
+        .map(|i| (base as f64).powf(-2.0 * i as f64 / c.head_dim as f64))
         .collect();
     let mut cos = Vec::with_capacity(c.context_length * half);
     let mut sin = Vec::with_capacity(c.context_length * half);
@@ -272,8 +328,8 @@ fn rope_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
             sin.push(a.sin() as f32);
         }
     }
-    Ok((
-        Tensor::from_vec(cos, (c.context_length, half), device)?,
-        Tensor::from_vec(sin, (c.context_length, half), device)?,
-    ))
+    Ok(RopeTable {
+        cos: Tensor::from_vec(cos, (c.context_length, half), device)?,
+        sin: Tensor::from_vec(sin, (c.context_length, half), device)?,
+    })
 }

@@ -1,4 +1,5 @@
-//! Shared set-up for the model tests: the real SmolLM2 GGUF and its llama.cpp fixtures.
+//! Shared set-up for the model tests: the real SmolLM2 and Gemma 3 GGUFs and their llama.cpp
+//! fixtures.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -37,7 +38,15 @@ pub fn layout_for_device(layout: KvLayout) -> KvLayout {
 }
 
 pub fn smollm2_path() -> PathBuf {
-    let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    model_path("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+pub fn gemma3_path() -> PathBuf {
+    model_path("gemma-3-270m-q4_k_m.gguf")
+}
+
+fn model_path(file: &str) -> PathBuf {
+    let path = root().join("models").join(file);
     assert!(
         path.exists(),
         "{} is missing: run `make setup` first",
@@ -50,6 +59,12 @@ pub fn smollm2_path() -> PathBuf {
 pub fn smollm2() -> &'static Llama {
     static MODEL: OnceLock<Llama> = OnceLock::new();
     MODEL.get_or_init(|| Llama::load(smollm2_path(), &device()).unwrap())
+}
+
+/// Gemma 3 270M, loaded once per test binary.
+pub fn gemma3() -> &'static Llama {
+    static MODEL: OnceLock<Llama> = OnceLock::new();
+    MODEL.get_or_init(|| Llama::load(gemma3_path(), &device()).unwrap())
 }
 
 /// A pool of `pages` pages of `page_size` on the test device.
@@ -105,7 +120,7 @@ pub fn fixture() -> serde_json::Value {
     read_fixture("smollm2.logits.json.gz")
 }
 
-fn read_fixture(name: &str) -> serde_json::Value {
+pub fn read_fixture(name: &str) -> serde_json::Value {
     let path = root().join("tests/fixtures/model").join(name);
     let file = std::fs::File::open(&path).unwrap();
     serde_json::from_reader(flate2::read::GzDecoder::new(file)).unwrap()
@@ -120,51 +135,57 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
-/// SmolLM2 with every weight dequantized to F32, loaded once per test binary. candle's GGUF writer
-/// puts the copy in a temporary file, which is loaded through quarry's ordinary F32 path and removed.
+/// SmolLM2 with every weight dequantized to F32, loaded once per test binary.
 pub fn smollm2_f32() -> &'static Llama {
     static MODEL: OnceLock<Llama> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
-        let src = smollm2_path();
-        let mut file = std::fs::File::open(&src).unwrap();
-        let content = gguf_file::Content::read(&mut file).unwrap();
-        let cpu = Device::Cpu;
-        let tensors: Vec<(String, QTensor)> = content
-            .tensor_infos
-            .keys()
-            .map(|name| {
-                let t = content.tensor(&mut file, name, &cpu).unwrap();
-                let dense = t.dequantize(&cpu).unwrap();
-                (
-                    name.clone(),
-                    QTensor::quantize(&dense, GgmlDType::F32).unwrap(),
-                )
-            })
-            .collect();
-        let file_type = gguf_file::Value::U32(0); // LLAMA_FTYPE_ALL_F32
-        let metadata: Vec<(&str, &gguf_file::Value)> = content
-            .metadata
-            .iter()
-            .map(|(k, v)| {
-                if k == "general.file_type" {
-                    (k.as_str(), &file_type)
-                } else {
-                    (k.as_str(), v)
-                }
-            })
-            .collect();
-        let tensor_refs: Vec<(&str, &QTensor)> =
-            tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        let path =
-            std::env::temp_dir().join(format!("quarry-smollm2-f32-{}.gguf", std::process::id()));
-        let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-        gguf_file::write(&mut out, &metadata, &tensor_refs).unwrap();
-        drop(out);
-        let model = Llama::load(&path, &device());
-        std::fs::remove_file(&path).unwrap();
-        model.unwrap()
-    })
+    MODEL.get_or_init(|| load_f32(&smollm2_path(), "smollm2"))
+}
+
+/// Gemma 3 with every weight dequantized to F32, loaded once per test binary.
+pub fn gemma3_f32() -> &'static Llama {
+    static MODEL: OnceLock<Llama> = OnceLock::new();
+    MODEL.get_or_init(|| load_f32(&gemma3_path(), "gemma3"))
+}
+
+/// `src` with every weight dequantized to F32. candle's GGUF writer puts the copy in a temporary
+/// file, which is loaded through quarry's ordinary F32 path and removed.
+fn load_f32(src: &std::path::Path, name: &str) -> Llama {
+    use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+    let mut file = std::fs::File::open(src).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let cpu = Device::Cpu;
+    let tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|name| {
+            let t = content.tensor(&mut file, name, &cpu).unwrap();
+            let dense = t.dequantize(&cpu).unwrap();
+            (
+                name.clone(),
+                QTensor::quantize(&dense, GgmlDType::F32).unwrap(),
+            )
+        })
+        .collect();
+    let file_type = gguf_file::Value::U32(0); // LLAMA_FTYPE_ALL_F32
+    let metadata: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| {
+            if k == "general.file_type" {
+                (k.as_str(), &file_type)
+            } else {
+                (k.as_str(), v)
+            }
+        })
+        .collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let path = std::env::temp_dir().join(format!("quarry-{name}-f32-{}.gguf", std::process::id()));
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    gguf_file::write(&mut out, &metadata, &tensor_refs).unwrap();
+    drop(out);
+    let model = Llama::load(&path, &device());
+    std::fs::remove_file(&path).unwrap();
+    model.unwrap()
 }
 
 /// The llama.cpp logits fixture of the F32 copy of SmolLM2 (`tests/fixtures/gen_model_fixtures.py`).
