@@ -1,4 +1,5 @@
-//! Weight matrices: candle's quantized matmul, plus kernels of our own for Q4_1 and Q8_0 on CPU.
+//! Weight matrices: candle's quantized matmul, plus kernels of our own for Q4_1 and Q8_0 on CPU
+//! (and Q5_0, whose blocks are repacked into the Q8_0 kernel's form: see [`Format::of`]).
 //!
 //! candle-core 0.11 multiplies Q4_1 weights with a scalar dot product (no SIMD path), which made
 //! the required SmolLM2 Q4_1 model about 10× slower than its Q4_0 and Q8_0 kernels; and its Q8_0
@@ -91,10 +92,10 @@ pub(crate) enum Fused {
 
 impl Fused {
     pub(crate) fn new(parts: Vec<QTensor>, device: &Device) -> Result<Self> {
-        let dtype = parts[0].dtype();
+        let format = Format::of(parts[0].dtype());
         if device.is_cpu()
-            && Format::of(dtype).is_some()
-            && parts.iter().all(|t| t.dtype() == dtype)
+            && format.is_some()
+            && parts.iter().all(|t| Format::of(t.dtype()) == format)
         {
             let widths = parts.iter().map(|t| t.shape().dims()[0]).collect();
             return Ok(Fused::Stacked(QuantMatrix::new(&parts)?, widths));
@@ -160,19 +161,15 @@ enum Format {
 }
 
 impl Format {
+    /// The kernel for GGUF type `dtype`. Q5_0 (`w = d·(q - 16)`, `q` in 0..32) runs as Q8_0: its
+    /// values are exact signed bytes, and llama.cpp's `ggml_vec_dot_q5_0_q8_0` is the same sum,
+    /// `d_w·d_a·Σ(q_w·q_a)` per block, as Q8_0's. candle-core 0.11 has no SIMD path for Q5_0,
+    /// which Gemma 3's Q4_K_M file uses for most of its projections.
     fn of(dtype: GgmlDType) -> Option<Self> {
         match dtype {
             GgmlDType::Q4_1 => Some(Format::Q4_1),
-            GgmlDType::Q8_0 => Some(Format::Q8_0),
+            GgmlDType::Q8_0 | GgmlDType::Q5_0 => Some(Format::Q8_0),
             _ => None,
-        }
-    }
-
-    /// Bytes of one GGUF block.
-    fn block_bytes(self) -> usize {
-        match self {
-            Format::Q4_1 => 20,
-            Format::Q8_0 => 34,
         }
     }
 
@@ -234,12 +231,34 @@ impl Format {
         LANES * self.qs_bytes()
     }
 
-    /// Value `j` (0..32) of a GGUF block.
-    fn gguf_value(self, block: &[u8], j: usize) -> u8 {
-        match self {
-            Format::Q4_1 if j < QK / 2 => block[4 + j] & 0x0F,
-            Format::Q4_1 => block[4 + j - QK / 2] >> 4,
-            Format::Q8_0 => block[2 + j],
+    /// Bytes of one GGUF block of `dtype`, one of the types [`Format::of`] maps here.
+    fn block_bytes(dtype: GgmlDType) -> usize {
+        match dtype {
+            GgmlDType::Q4_1 => 20,
+            GgmlDType::Q5_0 => 22,
+            _ => 34,
+        }
+    }
+
+    /// Value `j` (0..32) of a GGUF block of `dtype`, as this format stores it: a Q4_1 nibble, or a
+    /// Q8_0 signed byte.
+    fn gguf_value(dtype: GgmlDType, block: &[u8], j: usize) -> u8 {
+        match dtype {
+            GgmlDType::Q4_1 if j < QK / 2 => block[4 + j] & 0x0F,
+            GgmlDType::Q4_1 => block[4 + j - QK / 2] >> 4,
+            GgmlDType::Q5_0 => {
+                // f16 d, 32 high bits (bit j for value j), then 16 bytes of low nibbles (values j
+                // and j + 16 share byte j).
+                let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                let low = if j < QK / 2 {
+                    block[6 + j] & 0x0F
+                } else {
+                    block[6 + j - QK / 2] >> 4
+                };
+                let q = (low | (((qh >> j) & 1) << 4) as u8) as i8 - 16;
+                q as u8
+            }
+            _ => block[2 + j],
         }
     }
 
@@ -258,7 +277,8 @@ impl QuantMatrix {
     fn new(parts: &[QTensor]) -> Result<Self> {
         let format = Format::of(parts[0].dtype()).expect("a format with a kernel");
         let cols = parts[0].shape().dims2()?.1;
-        let mut raw = Vec::new();
+        // Each part's GGUF blocks, with its type (Q5_0 and Q8_0 parts stack).
+        let mut raw: Vec<(GgmlDType, std::borrow::Cow<'_, [u8]>)> = Vec::new();
         let mut rows = 0;
         for t in parts {
             let (r, c) = t.shape().dims2()?;
@@ -272,8 +292,8 @@ impl QuantMatrix {
                 });
             }
             let data = t.data()?;
-            debug_assert_eq!(data.len(), r * cols / QK * format.block_bytes());
-            raw.extend_from_slice(&data);
+            debug_assert_eq!(data.len(), r * cols / QK * Format::block_bytes(t.dtype()));
+            raw.push((t.dtype(), data));
             rows += r;
         }
         let nb = cols / QK;
@@ -291,7 +311,11 @@ impl QuantMatrix {
         };
         let half = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
         let gb = format.group_bytes();
-        for (n, block) in raw.chunks_exact(format.block_bytes()).enumerate() {
+        let blocks = raw.iter().flat_map(|(dtype, data)| {
+            data.chunks_exact(Format::block_bytes(*dtype))
+                .map(move |b| (*dtype, b))
+        });
+        for (n, (dtype, block)) in blocks.enumerate() {
             let (row, i) = (n / nb, n % nb);
             let (at, c) = ((row / LANES) * nb + i, row % LANES);
             m.d[at * LANES + c] = half(block, 0);
@@ -301,7 +325,7 @@ impl QuantMatrix {
             let out = &mut m.qs[at * gb..(at + 1) * gb];
             for j in 0..QK {
                 let (byte, shift) = format.packed_at(c, j);
-                out[byte] |= format.gguf_value(block, j) << shift;
+                out[byte] |= Format::gguf_value(dtype, block, j) << shift;
             }
         }
         Ok(m)
@@ -770,7 +794,14 @@ mod tests {
         matches_dequantized_weights(GgmlDType::Q8_0);
     }
 
-    /// candle's Q8_0 matmul quantizes activations the same way and sums the same integer products,
+    /// Q5_0 runs on the Q8_0 kernel: its unpacking (high bits, nibble order, the offset of 16) is
+    /// checked against candle's own dequantization of the same blocks.
+    #[test]
+    fn q5_0_matmul_matches_dequantized_weights() {
+        matches_dequantized_weights(GgmlDType::Q5_0);
+    }
+
+    /// candle's Q8_0 (and Q5_0) matmul quantizes activations the same way and sums the same integer products,
     /// so the kernel agrees with it to float rounding. (Its Q4_1 rounds `s` as `f16(Σq)·f16(d)`,
     /// not `f16(d·Σq)` as llama.cpp does, so Q4_1 is checked against the block formula instead.)
     #[test]
@@ -784,22 +815,25 @@ mod tests {
             (0..len).map(|i| (i as f32 * f).sin() * 2.0).collect()
         };
         let w = Tensor::from_vec(wave(n * k, 0.37), (n, k), &dev).unwrap();
-        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
         let x = Tensor::from_vec(wave(m * k, 0.71), (m, k), &dev).unwrap();
-        let ours = QuantMatrix::new(std::slice::from_ref(&q))
-            .unwrap()
-            .forward(&x)
-            .unwrap();
-        let theirs = QMatMul::from_qtensor(q).unwrap().forward(&x).unwrap();
-        let diff = (ours - theirs)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        assert!(diff < 1e-3, "{diff}");
+        // Q5_0 too: candle multiplies it against the same 8-bit activations (ggml's `q5_0·q8_0`).
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q5_0] {
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let ours = QuantMatrix::new(std::slice::from_ref(&q))
+                .unwrap()
+                .forward(&x)
+                .unwrap();
+            let theirs = QMatMul::from_qtensor(q).unwrap().forward(&x).unwrap();
+            let diff = (ours - theirs)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(diff < 1e-3, "{dtype:?}: {diff}");
+        }
     }
 
     /// The repacked kernel against llama.cpp's `ggml_vec_dot_q4_1_q8_1` formula evaluated on the

@@ -46,7 +46,7 @@ fn main() -> Result<()> {
     // candle's CPU worker pool reads this before its first matmul.
     std::env::set_var("RAYON_NUM_THREADS", args.threads.to_string());
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let text = long_prompt(&root)?;
+    let text = long_prompt(&root, &args.model)?;
     if text.len() < args.prefill {
         bail!(
             "the fixture prompt has {} tokens, fewer than --prefill",
@@ -109,10 +109,26 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-fn long_prompt(root: &std::path::Path) -> Result<Vec<u32>> {
-    let path = root.join("tests/fixtures/model/smollm2.logits.json.gz");
-    let file = std::fs::File::open(&path).with_context(|| path.display().to_string())?;
-    let fx: Value = serde_json::from_reader(flate2::read::GzDecoder::new(file))?;
+/// The long prompt's token ids from the model fixture made for `model` (SmolLM2's or Gemma 3's:
+/// token ids belong to one vocabulary).
+fn long_prompt(root: &std::path::Path, model: &std::path::Path) -> Result<Vec<u32>> {
+    let file_name = model.file_name().map(|f| f.to_string_lossy().to_string());
+    let mut fx = None;
+    for name in ["smollm2.logits.json.gz", "gemma3.logits.json.gz"] {
+        let path = root.join("tests/fixtures/model").join(name);
+        let file = std::fs::File::open(&path).with_context(|| path.display().to_string())?;
+        let v: Value = serde_json::from_reader(flate2::read::GzDecoder::new(file))?;
+        if v["model"].as_str().map(str::to_string) == file_name {
+            fx = Some(v);
+            break;
+        }
+    }
+    let Some(fx) = fx else {
+        bail!(
+            "no model fixture was made for {}: the benchmark prompts are token ids of SmolLM2-135M-Instruct.Q4_1.gguf or gemma-3-270m-q4_k_m.gguf",
+            model.display()
+        );
+    };
     let case = fx["cases"]
         .as_array()
         .and_then(|c| c.iter().find(|c| c["name"] == "long_apache_license"))

@@ -41,7 +41,8 @@ struct RopeTable {
 
 /// A llama-architecture model (Llama 2/3, SmolLM, Mistral without sliding windows, …) or a Gemma 3
 /// loaded from GGUF. Weights stay in their GGUF type (Q4_0, Q4_1, Q8_0, K-quants; F16 and F32 are used as
-/// dense tensors) and are multiplied by this crate's Q4_1/Q8_0 kernels on CPU, candle's otherwise.
+/// dense tensors) and are multiplied by this crate's Q4_1/Q8_0 kernels on CPU (Q5_0 repacked for
+/// the Q8_0 one), candle's otherwise.
 ///
 /// The model holds no per-sequence state: every call to [`Llama::forward`] names the KV pages it
 /// reads and writes, so any number of sequences can be in flight at once.
