@@ -170,24 +170,48 @@ impl Comparison {
     }
 }
 
+impl Comparison {
+    /// The quantized-weights top-1 checks: agreement at least llama.cpp's with itself under f16 KV
+    /// (`f16_agreement`) less one point of slack (which near-ties flip is chance, and 1% of
+    /// 1,236 positions is 12 of them), and complete where the reference gap is at least `GAP_TOL`.
+    fn assert_quantized_top1(&self, f16_agreement: f64) {
+        assert!(
+            self.agreement() >= f16_agreement - 0.01,
+            "top-1 agreement {} is below llama.cpp's own {f16_agreement}",
+            self.agreement()
+        );
+        assert!(
+            self.clear_misses.is_empty(),
+            "top-1 differs where the reference gap is >= {GAP_TOL}: {:?}",
+            self.clear_misses
+        );
+    }
+
+    /// The bar for F32 weights: top-1 agreement of at least 99%, complete wherever the
+    /// reference gap is at least `gap_tol`, and log-softmax within `max_tol` everywhere.
+    fn assert_f32_bar(&self, gap_tol: f64, max_tol: f64) {
+        assert!(
+            self.agreement() >= 0.99,
+            "top-1 agreement {} is below 99%",
+            self.agreement()
+        );
+        assert!(
+            self.clear_misses.is_empty(),
+            "top-1 differs where the reference gap is >= {gap_tol}: {:?}",
+            self.clear_misses
+        );
+        assert!(
+            self.quantile(1.0) <= max_tol,
+            "worst log-softmax difference {}",
+            self.quantile(1.0)
+        );
+    }
+}
+
 #[test]
 fn f32_weights_prompt_logits_match_llama_cpp() {
-    let c = Comparison::run(smollm2_f32(), &fixture_f32(), F32_GAP_TOL);
-    assert!(
-        c.agreement() >= 0.99,
-        "top-1 agreement {} is below 99%",
-        c.agreement()
-    );
-    assert!(
-        c.clear_misses.is_empty(),
-        "top-1 differs where the reference gap is >= {F32_GAP_TOL}: {:?}",
-        c.clear_misses
-    );
-    assert!(
-        c.quantile(1.0) <= F32_LOGPROB_MAX_TOL,
-        "worst log-softmax difference {}",
-        c.quantile(1.0)
-    );
+    Comparison::run(smollm2_f32(), &fixture_f32(), F32_GAP_TOL)
+        .assert_f32_bar(F32_GAP_TOL, F32_LOGPROB_MAX_TOL);
 }
 
 #[test]
@@ -195,17 +219,7 @@ fn prompt_logits_match_llama_cpp() {
     let c = Comparison::run(smollm2(), &fixture(), GAP_TOL);
     let f16_agreement = c.f16_same as f64 / c.positions as f64;
     eprintln!("llama.cpp f16 vs f32 KV top-1 agreement: {f16_agreement:.4}");
-    // One point of slack: which near-ties flip is chance, and 1% of 1,236 positions is 12 of them.
-    assert!(
-        c.agreement() >= f16_agreement - 0.01,
-        "top-1 agreement {} is below llama.cpp's own {f16_agreement}",
-        c.agreement()
-    );
-    assert!(
-        c.clear_misses.is_empty(),
-        "top-1 differs where the reference gap is >= {GAP_TOL}: {:?}",
-        c.clear_misses
-    );
+    c.assert_quantized_top1(f16_agreement);
     let checks = [
         ("median", 0.5, LOGPROB_MEDIAN_TOL),
         ("p99", 0.99, LOGPROB_P99_TOL),
@@ -291,26 +305,12 @@ fn f32_weights_greedy_continuations_match_llama_cpp() {
 
 #[test]
 fn gemma3_f32_weights_prompt_logits_match_llama_cpp() {
-    let c = Comparison::run(
+    Comparison::run(
         gemma3_f32(),
         &read_fixture("gemma3-f32.logits.json.gz"),
         GEMMA_F32_GAP_TOL,
-    );
-    assert!(
-        c.agreement() >= 0.99,
-        "top-1 agreement {} is below 99%",
-        c.agreement()
-    );
-    assert!(
-        c.clear_misses.is_empty(),
-        "top-1 differs where the reference gap is >= {GEMMA_F32_GAP_TOL}: {:?}",
-        c.clear_misses
-    );
-    assert!(
-        c.quantile(1.0) <= GEMMA_F32_LOGPROB_MAX_TOL,
-        "worst log-softmax difference {}",
-        c.quantile(1.0)
-    );
+    )
+    .assert_f32_bar(GEMMA_F32_GAP_TOL, GEMMA_F32_LOGPROB_MAX_TOL);
 }
 
 /// The tensor layout (candle ops: the CUDA path) held to the same bar with F32 weights, where the
@@ -318,22 +318,13 @@ fn gemma3_f32_weights_prompt_logits_match_llama_cpp() {
 /// past position 512 of the long prompt leave llama.cpp's.
 #[test]
 fn gemma3_f32_weights_tensor_layout_matches_llama_cpp() {
-    let c = Comparison::run_on(
+    Comparison::run_on(
         gemma3_f32(),
         &read_fixture("gemma3-f32.logits.json.gz"),
         GEMMA_F32_GAP_TOL,
         KvLayout::Tensor,
-    );
-    assert!(
-        c.agreement() >= 0.99,
-        "top-1 agreement {} is below 99%",
-        c.agreement()
-    );
-    assert!(
-        c.quantile(1.0) <= GEMMA_F32_LOGPROB_MAX_TOL,
-        "worst log-softmax difference {}",
-        c.quantile(1.0)
-    );
+    )
+    .assert_f32_bar(GEMMA_F32_GAP_TOL, GEMMA_F32_LOGPROB_MAX_TOL);
 }
 
 /// Gemma 3 Q4_K_M, against llama.cpp's own spread. Its fixture records the log-softmax that
@@ -366,16 +357,7 @@ fn gemma3_prompt_logits_match_llama_cpp() {
         own_q(0.99),
         own_q(1.0)
     );
-    assert!(
-        c.agreement() >= f16_agreement - 0.01,
-        "top-1 agreement {} is below llama.cpp's own {f16_agreement}",
-        c.agreement()
-    );
-    assert!(
-        c.clear_misses.is_empty(),
-        "top-1 differs where the reference gap is >= {GAP_TOL}: {:?}",
-        c.clear_misses
-    );
+    c.assert_quantized_top1(f16_agreement);
     for (what, p, slack) in [
         ("median", 0.5, 1.25),
         ("p99", 0.99, 1.25),
