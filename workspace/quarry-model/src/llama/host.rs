@@ -3,10 +3,11 @@
 //! Every step works on plain `f32` slices in buffers reused across layers, and each is shared out
 //! on candle's barrier pool, the pool the matmul and attention kernels use:
 //! - the residual add is fused with the RMS norm that follows it;
-//! - RoPE is applied in place on the stacked Q/K/V output, and the same pass writes each new
-//!   token's key and value into its pool slot;
-//! - attention reads the queries from that stacked output;
-//! - `silu(gate)·up` reads the stacked gate/up output;
+//! - RoPE (after Gemma's per-head query and key norms) is applied in place on the stacked Q/K/V
+//!   output, and the same pass writes each new token's key and value into its pool slot;
+//! - attention reads the queries from that stacked output, over each layer's window;
+//! - `silu(gate)·up` (or Gemma's `gelu(gate)·up`) reads the stacked gate/up output;
+//! - Gemma's output norms run in place on a projection's output before the residual add;
 //! - the logits go straight into the caller's [`Logits`] buffer.
 //!
 //! Built on candle tensor ops instead, each step of a batch-32 decode allocated and copied its
