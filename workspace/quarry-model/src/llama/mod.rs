@@ -281,23 +281,25 @@ impl Llama {
             };
             let attn =
                 attention::attend_tensor(&q, &k_pool[l], &v_pool[l], plan, batch, heads, dev)?;
-            let post = |y: Tensor, which: usize| -> Result<Tensor> {
-                Ok(match &layer.post_norms {
-                    Some(norms) => {
-                        let w = if which == 0 { &norms.0 } else { &norms.1 };
-                        candle_nn::ops::rms_norm(&y, w, eps)?
-                    }
+            // Gemma's output norms, applied before the residual add when the model has them.
+            let (post_attn, post_ffw) = match &layer.post_norms {
+                Some((a, f)) => (Some(a), Some(f)),
+                None => (None, None),
+            };
+            let post = |y: Tensor, norm: Option<&Tensor>| -> Result<Tensor> {
+                Ok(match norm {
+                    Some(w) => candle_nn::ops::rms_norm(&y, w, eps)?,
                     None => y,
                 })
             };
-            x = (x + post(layer.wo.forward(&attn)?, 0)?)?;
+            x = (x + post(layer.wo.forward(&attn)?, post_attn)?)?;
             let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
             let gu = layer.gate_up.forward(&h)?;
             let gate = match c.activation {
                 Activation::Silu => gu[0].silu()?,
                 Activation::GeluTanh => gu[0].gelu()?,
             };
-            x = (x + post(layer.w_down.forward(&(gate * &gu[1])?)?, 1)?)?;
+            x = (x + post(layer.w_down.forward(&(gate * &gu[1])?)?, post_ffw)?)?;
         }
         // Only the rows whose logits are wanted go through the final norm and the vocabulary
         // projection, the largest matmul of a decode step.
