@@ -5,22 +5,30 @@ mod common;
 
 use candle_core::Device;
 use common::*;
-use quarry_model::{Activation, KvLayout, KvPool, Llama, ModelError, ModelInfo, RopeStyle};
+use quarry_model::{
+    Activation, KvLayout, KvPool, Llama, LlamaConfig, ModelError, ModelInfo, RopeStyle,
+};
 
-#[test]
-fn smollm2_config_comes_from_metadata() {
-    let c = smollm2().config();
-    // The header as ModelInfo reads it (itself checked against llama.cpp in llama_cpp_header.rs).
-    let info = ModelInfo::from_gguf(smollm2_path()).unwrap();
-    assert_eq!(c.architecture, "llama");
+/// The config's header fields against the header as ModelInfo reads it (itself checked against
+/// llama.cpp in llama_cpp_header.rs).
+fn assert_header_matches(c: &LlamaConfig, path: std::path::PathBuf, architecture: &str) {
+    let info = ModelInfo::from_gguf(path).unwrap();
+    assert_eq!(c.architecture, architecture);
     assert_eq!(Some(c.block_count as u64), info.block_count);
     assert_eq!(Some(c.embedding_length as u64), info.embedding_length);
     assert_eq!(Some(c.head_count as u64), info.head_count);
     assert_eq!(Some(c.head_count_kv as u64), info.head_count_kv);
     assert_eq!(Some(c.context_length as u64), info.context_length);
+    // The file's RoPE base (Gemma's global layers).
+    assert!((c.rope_freq_base as f64 - info.rope_freq_base.unwrap()).abs() < 1e-3);
+}
+
+#[test]
+fn smollm2_config_comes_from_metadata() {
+    let c = smollm2().config();
+    assert_header_matches(c, smollm2_path(), "llama");
     assert_eq!(c.head_dim * c.head_count, c.embedding_length);
     assert_eq!(c.vocab_size, 49152);
-    assert!((c.rope_freq_base as f64 - info.rope_freq_base.unwrap()).abs() < 1e-3);
 }
 
 /// Gemma 3: the llama switches it flips, from its metadata (llama.cpp's choices where the file
@@ -28,11 +36,7 @@ fn smollm2_config_comes_from_metadata() {
 #[test]
 fn gemma3_config_comes_from_metadata() {
     let c = gemma3().config();
-    let info = ModelInfo::from_gguf(gemma3_path()).unwrap();
-    assert_eq!(c.architecture, "gemma3");
-    assert_eq!(Some(c.block_count as u64), info.block_count);
-    assert_eq!(Some(c.head_count as u64), info.head_count);
-    assert_eq!(Some(c.head_count_kv as u64), info.head_count_kv);
+    assert_header_matches(c, gemma3_path(), "gemma3");
     assert_eq!(c.vocab_size, 262_144);
     assert_eq!(c.rope_style, RopeStyle::Halves);
     assert_eq!(c.activation, Activation::GeluTanh);
@@ -46,7 +50,7 @@ fn gemma3_config_comes_from_metadata() {
     assert_eq!(global, vec![5, 11, 17]);
     assert_eq!(c.window(0), Some(window.size));
     assert_eq!(c.rope_base(0), 10_000.0);
-    assert!((c.rope_base(5) as f64 - info.rope_freq_base.unwrap()).abs() < 1e-3);
+    assert_eq!(c.rope_base(5), c.rope_freq_base);
     // SmolLM2 has none of it.
     let s = smollm2().config();
     assert_eq!(

@@ -112,22 +112,18 @@ impl Llama {
         let mut layers = Vec::with_capacity(c.block_count);
         for i in 0..c.block_count {
             let mut t = |suffix: &str, dims: &[usize]| get(&format!("blk.{i}.{suffix}"), dims);
-            let qk_norm = if c.qk_norm {
-                Some((
-                    dense(t("attn_q_norm.weight", &[hd])?)?,
-                    dense(t("attn_k_norm.weight", &[hd])?)?,
-                ))
-            } else {
-                None
+            // A pair of norm vectors of width `w` that the config may or may not have.
+            let mut norms = |has: bool, a: &str, b: &str, w: usize| -> Result<_> {
+                has.then(|| Ok((dense(t(a, &[w])?)?, dense(t(b, &[w])?)?)))
+                    .transpose()
             };
-            let post_norms = if c.post_norms {
-                Some((
-                    dense(t("post_attention_norm.weight", &[e])?)?,
-                    dense(t("post_ffw_norm.weight", &[e])?)?,
-                ))
-            } else {
-                None
-            };
+            let qk_norm = norms(c.qk_norm, "attn_q_norm.weight", "attn_k_norm.weight", hd)?;
+            let post_norms = norms(
+                c.post_norms,
+                "post_attention_norm.weight",
+                "post_ffw_norm.weight",
+                e,
+            )?;
             layers.push(Layer {
                 qk_norm,
                 post_norms,
