@@ -35,8 +35,12 @@ pub struct EngineConfig {
     pub jump_forward: bool,
     /// Output tokens re-encoded with the forced bytes at a jump-forward boundary.
     pub retokenize: usize,
-    /// Trailing tokens of that encoding left for the model (llguidance: ≥ 2 avoids non-canonical
-    /// tokenizations).
+    /// Which trailing tokens of that encoding are left for the model, because a following token
+    /// could merge with them.
+    pub keep_back_rule: KeepBack,
+    /// Trailing tokens left for the model under [`KeepBack::Count`], and under
+    /// [`KeepBack::Settled`] where the tokenizer knows no settled prefix (llguidance: ≥ 2 avoids
+    /// non-canonical tokenizations).
     pub keep_back: usize,
     /// Compiled constraints kept for reuse.
     pub grammar_cache: usize,
@@ -56,12 +60,28 @@ impl Default for EngineConfig {
             radix_cache: true,
             jump_forward: true,
             retokenize: 2,
+            keep_back_rule: KeepBack::Settled,
             keep_back: 2,
             grammar_cache: 64,
             schema_options: SchemaOptions::default(),
             limits: Limits::default(),
         }
     }
+}
+
+/// How jump-forward chooses the trailing tokens it leaves for the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeepBack {
+    /// Commit every token of the settled prefix ([`Tokenizer::settled_len`]): only the last
+    /// pre-token, which a following token could still merge with, waits. That is exactly the part
+    /// whose tokenization can change, so the committed tokens are canonical and nothing more is
+    /// held back. Tokenizers without a settled prefix (SentencePiece-style BPE) keep back
+    /// [`EngineConfig::keep_back`] tokens.
+    #[default]
+    Settled,
+    /// Always keep back [`EngineConfig::keep_back`] tokens.
+    Count,
 }
 
 /// Engine-wide counters.
@@ -698,6 +718,7 @@ impl Engine {
             tok: &self.tok,
             jump_forward: self.cfg.jump_forward,
             keep_back: self.cfg.keep_back,
+            settle: self.cfg.keep_back_rule == KeepBack::Settled,
             retokenize: self.cfg.retokenize,
             context_length: self.model.config().context_length,
         };

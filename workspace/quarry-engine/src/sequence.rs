@@ -53,6 +53,8 @@ pub(crate) struct TokenCtx<'a> {
     pub tok: &'a Tokenizer,
     pub jump_forward: bool,
     pub keep_back: usize,
+    /// Keep back only what follows the tokenizer's settled prefix, where it knows one.
+    pub settle: bool,
     pub retokenize: usize,
     pub context_length: usize,
 }
@@ -229,8 +231,9 @@ impl Sequence {
 
     /// Appends the constraint's forced bytes without sampling. The last `retokenize` output tokens
     /// plus the forced bytes are encoded again so the boundary is tokenized as the tokenizer would
-    /// (canonically); the last `keep_back` tokens of that encoding are left for the model, since a
-    /// following token could merge with them. The matcher is rolled back and moved forward to
+    /// (canonically). The tail of that encoding that a following token could merge with is left for
+    /// the model: the tokens after the tokenizer's settled prefix, or the last `keep_back` tokens
+    /// (see [`crate::KeepBack`]). The matcher is rolled back and moved forward to
     /// match, and positions from the change on lose their KV: the next forward pass recomputes
     /// them in one extend that reuses every page before the change.
     fn jump_forward(&mut self, ctx: &TokenCtx) {
@@ -283,12 +286,15 @@ impl Sequence {
                 return;
             }
         }
-        let keep = if m.is_finished() {
-            0
+        let settled = if m.is_finished() {
+            new.len()
         } else {
-            ctx.keep_back.min(new.len())
+            match ctx.settle.then(|| ctx.tok.settled_len(text)).flatten() {
+                Some(at) => tokens_within(&new, at, ctx.tok),
+                None => new.len() - ctx.keep_back.min(new.len()),
+            }
         };
-        let retained = (new.len() - keep).min(budget + k);
+        let retained = settled.min(budget + k);
         m.rollback(new.len() - retained);
         let retained_bytes: usize = new[..retained]
             .iter()
@@ -342,6 +348,17 @@ impl Sequence {
     pub fn holds_lock(&self) -> bool {
         self.node != ROOT
     }
+}
+
+/// How many leading tokens of `ids` fit in the first `bytes` bytes.
+fn tokens_within(ids: &[u32], bytes: usize, tok: &Tokenizer) -> usize {
+    let mut end = 0;
+    ids.iter()
+        .take_while(|&&t| {
+            end += tok.token_bytes(t).map_or(0, |b| b.len());
+            end <= bytes
+        })
+        .count()
 }
 
 fn find_from(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use quarry_engine::{
-    Completion, ConstraintSpec, Engine, EngineConfig, EngineError, FinishReason, Processor, Prompt,
-    Reasoning, Request,
+    Completion, ConstraintSpec, Engine, EngineConfig, EngineError, FinishReason, KeepBack,
+    Processor, Prompt, Reasoning, Request,
 };
 use quarry_model::{parse_device, Llama, SamplingParams};
 use quarry_tokenizer::{ChatMessage, Tokenizer};
@@ -221,6 +221,72 @@ fn json_schema_outputs_validate_with_and_without_jump_forward() {
     assert!(
         passes[1] < passes[0],
         "jump-forward should need fewer forward passes: {passes:?}"
+    );
+}
+
+/// The settled keep-back commits every forced token the tokenizer cannot change, so it forces more
+/// than keeping back a fixed 2 tokens; outputs stay valid, and the committed text is tokenized
+/// the way the tokenizer tokenizes it.
+#[test]
+fn settled_keep_back_forces_more_and_commits_canonical_tokens() {
+    let (_, tok) = model();
+    let schema = package_schema();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    // After the choice, the rest is forced: a long literal with words, punctuation and spaces.
+    let pattern = r"(yes|no), the package (is|is not) essential to the system's boot";
+    let mut reqs = Vec::new();
+    for (i, doc) in PACKAGES.iter().enumerate() {
+        reqs.push(
+            Request::new(extraction(doc))
+                .with_constraint(ConstraintSpec::JsonSchema(schema.clone()))
+                .with_max_tokens(120),
+        );
+        reqs.push(
+            Request::new(chat(&format!("Is this package essential?\n\n{doc}")))
+                .with_constraint(ConstraintSpec::Regex(pattern.into()))
+                .with_sampling(sampled(i as u64))
+                .with_max_tokens(40),
+        );
+    }
+    let mut forced = Vec::new();
+    for rule in [KeepBack::Count, KeepBack::Settled] {
+        let mut e = engine(EngineConfig {
+            keep_back_rule: rule,
+            ..small()
+        });
+        let out = run(&mut e, reqs.clone());
+        for (r, c) in reqs.iter().zip(&out) {
+            assert_eq!(
+                c.finish,
+                FinishReason::ConstraintComplete,
+                "{rule:?}: {c:?}"
+            );
+            match &r.constraint {
+                ConstraintSpec::Regex(p) => {
+                    assert!(full_match(p, &c.text), "{rule:?}: {:?} !~ {p}", c.text);
+                    // Only the choices were sampled, and jump-forward re-encodes the tokens
+                    // before each forced run, so up to the settled prefix the output is
+                    // tokenized as the tokenizer would.
+                    let settled = tok.settled_len(&c.text).unwrap();
+                    let canonical = tok.encode(&c.text[..settled]).unwrap();
+                    assert_eq!(
+                        c.tokens.get(..canonical.len()),
+                        Some(&canonical[..]),
+                        "{rule:?}: {:?}",
+                        c.text
+                    );
+                }
+                _ => {
+                    let v: serde_json::Value = serde_json::from_str(&c.text).unwrap();
+                    assert!(validator.is_valid(&v), "{rule:?}: {}", c.text);
+                }
+            }
+        }
+        forced.push(e.stats().forced_tokens);
+    }
+    assert!(
+        forced[1] > forced[0],
+        "settled keep-back should force more tokens than a fixed count: {forced:?}"
     );
 }
 

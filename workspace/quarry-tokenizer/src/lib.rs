@@ -34,6 +34,7 @@ mod byte_level;
 mod chat;
 mod error;
 mod gguf;
+mod settle;
 mod spm;
 mod table;
 mod tokenizer;

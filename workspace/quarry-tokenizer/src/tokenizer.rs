@@ -18,6 +18,7 @@ use crate::byte_level::CharToByte;
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::error::{tk_err, Result, TokenizerError};
 use crate::gguf::{read_content, GgufVocab};
+use crate::settle::{settled_len, Settling};
 use crate::spm;
 use crate::table::{TokenKind, TokenTable};
 
@@ -77,6 +78,7 @@ pub struct Tokenizer {
     add_bos: bool,
     strip_leading_space: bool,
     chat_template: Option<ChatTemplate>,
+    settling: Settling,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -244,6 +246,11 @@ impl Tokenizer {
         plain_tk.set_encode_special_tokens(true);
 
         let special = special_tokens(&v, &table);
+        // Both byte-level branches above use the GPT-2 regex; SentencePiece has no pre-tokenizer.
+        let settling = Settling {
+            gpt2_regex: kind == VocabKind::ByteLevelBpe,
+            plain_added: plain_added(&inner),
+        };
         let chat_template = match &v.chat_template {
             Some(src) => {
                 let text =
@@ -263,6 +270,7 @@ impl Tokenizer {
                 && v.add_space_prefix.unwrap_or(true),
             special,
             chat_template,
+            settling,
         })
     }
 
@@ -377,6 +385,12 @@ impl Tokenizer {
             )?),
             None => None,
         };
+        let settling = Settling {
+            gpt2_regex: kind == VocabKind::ByteLevelBpe
+                && doc["normalizer"].is_null()
+                && gpt2_regex_pre_tokenizer(&doc["pre_tokenizer"]),
+            plain_added: plain_added(&inner),
+        };
         let mut plain = inner.clone();
         plain.set_encode_special_tokens(true);
         Ok(Self {
@@ -389,6 +403,7 @@ impl Tokenizer {
             strip_leading_space: false,
             special,
             chat_template,
+            settling,
         })
     }
 
@@ -445,6 +460,17 @@ impl Tokenizer {
             Ok(s) => s,
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
         })
+    }
+
+    /// The longest prefix of `text`, in bytes, whose tokens no continuation can change: the tokens
+    /// of `encode(text)` that lie within `text[..n]` are the first tokens of `encode(text + s)`
+    /// for every string `s`. (Encoding `text[..n]` alone can differ: a whitespace run at its end
+    /// splits otherwise.) Known for byte-level BPE with the GPT-2 pre-tokenizer (with or without
+    /// the digit split), where only the last pre-token (and a `'` before a final `r`, `v` or `l`)
+    /// can still change; `None` for SentencePiece-style BPE, whose merges may cross any boundary,
+    /// and for `tokenizer.json` pre-tokenizers that are not that one.
+    pub fn settled_len(&self, text: &str) -> Option<usize> {
+        settled_len(&self.settling, self.plain.get_pre_tokenizer(), text)
     }
 
     /// The exact bytes token `id` stands for.
@@ -506,6 +532,37 @@ impl Tokenizer {
     /// The underlying `tokenizers::Tokenizer` (with control-token parsing on).
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.parsing
+    }
+}
+
+/// Texts of the added tokens that match in plain text (control tokens match only when parsed).
+fn plain_added(tk: &tokenizers::Tokenizer) -> Vec<String> {
+    tk.get_added_tokens_decoder()
+        .into_values()
+        .filter(|t| !t.special)
+        .map(|t| t.content)
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// Whether a `tokenizer.json` pre-tokenizer is the GPT-2 regex, alone or after splitting digits
+/// one by one (the two shapes [`Tokenizer::settled_len`] knows).
+fn gpt2_regex_pre_tokenizer(pre: &serde_json::Value) -> bool {
+    let byte_level = |p: &serde_json::Value| {
+        p["type"] == "ByteLevel"
+            && p["use_regex"].as_bool().unwrap_or(true)
+            && !p["add_prefix_space"].as_bool().unwrap_or(false)
+    };
+    match pre["type"].as_str() {
+        Some("ByteLevel") => byte_level(pre),
+        Some("Sequence") => match pre["pretokenizers"].as_array().map(Vec::as_slice) {
+            Some([p]) => byte_level(p),
+            Some([d, p]) => {
+                d["type"] == "Digits" && d["individual_digits"] == true && byte_level(p)
+            }
+            _ => false,
+        },
+        _ => false,
     }
 }
 

@@ -3,25 +3,11 @@
 use std::io::Read;
 use std::path::PathBuf;
 
+use common::{model, root};
 use quarry_tokenizer::{ChatMessage, EncodeOptions, Tokenizer};
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn model(file: &str) -> Tokenizer {
-    let dir = std::env::var_os("QUARRY_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or(root().join("models"));
-    let path = dir.join(file);
-    assert!(
-        path.exists(),
-        "{} is missing: run `make setup` first",
-        path.display()
-    );
-    Tokenizer::from_gguf(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
-}
+mod common;
 
 fn fixture(name: &str) -> Value {
     let path = root().join("tests/fixtures/tokenizer").join(name);

@@ -3,7 +3,9 @@
 //! - (a) no constraint (the prompt asks for JSON, the model writes what it likes);
 //! - (b) the schema as a constraint, jump-forward off;
 //! - (c) the schema with jump-forward (quarry's default);
-//! - (d) as (c) with the radix prefix cache off.
+//! - (d) as (c) with the radix prefix cache off;
+//! - (e), on request: as (c) with the fixed keep-back of `--keep-back` tokens instead of the
+//!   tokenizer's settled prefix, to measure what the settled rule is worth.
 //!
 //! Every prompt starts with the same instruction of about 300 tokens, so (c) vs (d) shows what the
 //! prefix cache is worth. Each configuration runs `--repeats` times on a fresh engine; the table
@@ -15,7 +17,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use clap::Parser;
-use quarry_engine::EngineConfig;
+use quarry_engine::{EngineConfig, KeepBack};
 use quarry_model::{parse_device, Llama};
 use quarry_pipeline::bench;
 use quarry_tokenizer::Tokenizer;
@@ -40,10 +42,11 @@ struct Args {
     max_running: usize,
     #[arg(long, default_value_t = 1)]
     repeats: usize,
-    /// Configurations to run, from a, b, c, d.
+    /// Configurations to run, from a, b, c, d, e.
     #[arg(long, value_delimiter = ',', default_value = "a,b,c,d")]
     configs: Vec<String>,
-    /// Jump-forward: tokens of the re-encoded boundary left for the model.
+    /// Jump-forward: tokens of the re-encoded boundary left for the model in (e), and wherever the
+    /// tokenizer has no settled prefix.
     #[arg(long, default_value_t = EngineConfig::default().keep_back)]
     keep_back: usize,
     #[arg(long)]
@@ -56,15 +59,17 @@ struct Config {
     constrained: bool,
     jump_forward: bool,
     radix_cache: bool,
+    keep_back_rule: KeepBack,
 }
 
-const CONFIGS: [Config; 4] = [
+const CONFIGS: [Config; 5] = [
     Config {
         name: "a",
         label: "no constraint",
         constrained: false,
         jump_forward: true,
         radix_cache: true,
+        keep_back_rule: KeepBack::Settled,
     },
     Config {
         name: "b",
@@ -72,6 +77,7 @@ const CONFIGS: [Config; 4] = [
         constrained: true,
         jump_forward: false,
         radix_cache: true,
+        keep_back_rule: KeepBack::Settled,
     },
     Config {
         name: "c",
@@ -79,6 +85,7 @@ const CONFIGS: [Config; 4] = [
         constrained: true,
         jump_forward: true,
         radix_cache: true,
+        keep_back_rule: KeepBack::Settled,
     },
     Config {
         name: "d",
@@ -86,6 +93,15 @@ const CONFIGS: [Config; 4] = [
         constrained: true,
         jump_forward: true,
         radix_cache: false,
+        keep_back_rule: KeepBack::Settled,
+    },
+    Config {
+        name: "e",
+        label: "as (c), fixed keep-back",
+        constrained: true,
+        jump_forward: true,
+        radix_cache: true,
+        keep_back_rule: KeepBack::Count,
     },
 ];
 
@@ -115,6 +131,7 @@ fn main() -> Result<()> {
                 radix_cache: cfg.radix_cache,
                 max_running: args.max_running,
                 keep_back: args.keep_back,
+                keep_back_rule: cfg.keep_back_rule,
                 ..EngineConfig::default()
             };
             let reqs = bench::requests(&docs, cfg.constrained.then_some(&schema), args.max_tokens);
@@ -170,6 +187,7 @@ fn main() -> Result<()> {
         ("c_over_b", "c", "b"),
         ("c_over_a", "c", "a"),
         ("c_over_d", "c", "d"),
+        ("c_over_e", "c", "e"),
     ] {
         if let (Some(a), Some(b)) = (by(x), by(y)) {
             println!("{name}: {:.2}x", a / b);
