@@ -289,7 +289,13 @@ impl Sequence {
         let settled = if m.is_finished() {
             new.len()
         } else {
-            match ctx.settle.then(|| ctx.tok.settled_len(text)).flatten() {
+            // The bytes the constraint allows next decide whether the last pre-token can grow.
+            let allowed = |b: u8| m.allows_byte(b);
+            match ctx
+                .settle
+                .then(|| ctx.tok.settled_len(text, allowed))
+                .flatten()
+            {
                 Some(at) => tokens_within(&new, at, ctx.tok),
                 None => new.len() - ctx.keep_back.min(new.len()),
             }

@@ -267,7 +267,7 @@ fn settled_keep_back_forces_more_and_commits_canonical_tokens() {
                     // Only the choices were sampled, and jump-forward re-encodes the tokens
                     // before each forced run, so up to the settled prefix the output is
                     // tokenized as the tokenizer would.
-                    let settled = tok.settled_len(&c.text).unwrap();
+                    let settled = tok.settled_len(&c.text, |_| true).unwrap();
                     let canonical = tok.encode(&c.text[..settled]).unwrap();
                     assert_eq!(
                         c.tokens.get(..canonical.len()),

@@ -103,6 +103,11 @@ impl Matcher {
         !self.terminated && self.grammar.is_accepting(self.state)
     }
 
+    /// Whether byte `b` may come next: the first byte of every token the mask allows passes.
+    pub fn allows_byte(&self, b: u8) -> bool {
+        !self.terminated && self.grammar.step(self.state, b).is_some()
+    }
+
     /// No further byte can be added (EOS was accepted, or the language has no longer word).
     pub fn is_finished(&self) -> bool {
         self.terminated || self.grammar.is_finished(self.state)

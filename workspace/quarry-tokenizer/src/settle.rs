@@ -1,6 +1,7 @@
 //! Where a text's tokenization is settled: the longest prefix such that the tokens of the text's
-//! encoding inside it are the same whatever follows the text. Jump-forward commits forced bytes only up to there, so the tokens it appends are
-//! the ones the tokenizer itself would produce for the finished output.
+//! encoding inside it are the same whatever follows the text. Jump-forward commits forced bytes
+//! only up to there, so the tokens it appends are the ones the tokenizer itself would produce for
+//! the finished output.
 //!
 //! Byte-level BPE merges only inside a pre-token, so a token boundary is settled when the
 //! pre-token split before it is. For the GPT-2 pre-tokenizer regex
@@ -11,6 +12,11 @@
 //! a final `r`, `v` or `l` is two pre-tokens now but becomes `'re`, `'ve` or `'ll` if the right
 //! letter follows. So the settled prefix ends where the last pre-token starts, or where that `'`
 //! starts.
+//!
+//! When the caller knows which bytes may come next (a constraint does), the last pre-token is
+//! settled too if none of them can join it: a letter run grows only by a letter, a digit by a
+//! digit, a punctuation run by punctuation, and a lone `'` by a letter (a contraction). A
+//! whitespace run, a non-ASCII character or a control byte on either side counts as joining.
 //!
 //! Added tokens that match in plain text are split out before pre-tokenization, so a text whose
 //! tail could begin one is settled only before that tail.
@@ -31,12 +37,14 @@ pub(crate) struct Settling {
     pub plain_added: Vec<String>,
 }
 
-/// The settled prefix of `text` in bytes (a character boundary), or `None` when `settling` says
-/// the pre-tokenizer is not one whose boundaries are known.
+/// The settled prefix of `text` in bytes (a character boundary), given that the next byte, if
+/// any, is one for which `may_follow` holds; `None` when `settling` says the pre-tokenizer is not
+/// one whose boundaries are known.
 pub(crate) fn settled_len(
     settling: &Settling,
     pre: Option<&impl PreTokenizer>,
     text: &str,
+    may_follow: impl Fn(u8) -> bool,
 ) -> Option<usize> {
     if !settling.gpt2_regex {
         return None;
@@ -52,7 +60,14 @@ pub(crate) fn settled_len(
         {
             *prev
         }
-        [.., (_, (last, _), _)] => *last,
+        [.., (_, (last, end), _)] => {
+            let open = (0..=255u8).any(|b| joins(&text[*last..*end], b) && may_follow(b));
+            if open {
+                *last
+            } else {
+                *end
+            }
+        }
     };
     // An added token is split out before pre-tokenization, so the text before the first one is
     // pre-tokenized on its own whatever follows; a tail that could begin one is not settled.
@@ -73,4 +88,36 @@ pub(crate) fn settled_len(
         }
     }
     Some(settled)
+}
+
+/// The GPT-2 regex's character classes, for ASCII; anything else is `Other`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Letter,
+    Digit,
+    Punct,
+    Space,
+    Other,
+}
+
+fn class(b: u8) -> Class {
+    match b {
+        b'a'..=b'z' | b'A'..=b'Z' => Class::Letter,
+        b'0'..=b'9' => Class::Digit,
+        b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c => Class::Space,
+        0x21..=0x7e => Class::Punct,
+        _ => Class::Other,
+    }
+}
+
+/// Whether byte `b` after the final pre-token `last` could make it another pre-token.
+fn joins(last: &str, b: u8) -> bool {
+    let Some(&end) = last.as_bytes().last() else {
+        return true;
+    };
+    match (class(end), class(b)) {
+        (Class::Other | Class::Space, _) | (_, Class::Other) => true,
+        (Class::Punct, Class::Letter) => last == "'",
+        (x, y) => x == y,
+    }
 }

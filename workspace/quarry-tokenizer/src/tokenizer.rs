@@ -464,13 +464,22 @@ impl Tokenizer {
 
     /// The longest prefix of `text`, in bytes, whose tokens no continuation can change: the tokens
     /// of `encode(text)` that lie within `text[..n]` are the first tokens of `encode(text + s)`
-    /// for every string `s`. (Encoding `text[..n]` alone can differ: a whitespace run at its end
-    /// splits otherwise.) Known for byte-level BPE with the GPT-2 pre-tokenizer (with or without
-    /// the digit split), where only the last pre-token (and a `'` before a final `r`, `v` or `l`)
-    /// can still change; `None` for SentencePiece-style BPE, whose merges may cross any boundary,
-    /// and for `tokenizer.json` pre-tokenizers that are not that one.
-    pub fn settled_len(&self, text: &str) -> Option<usize> {
-        settled_len(&self.settling, self.plain.get_pre_tokenizer(), text)
+    /// for every string `s` whose first byte satisfies `may_follow` (pass `|_| true` when anything
+    /// may follow). Encoding `text[..n]` alone can differ: a whitespace run at its end splits
+    /// otherwise.
+    ///
+    /// Known for byte-level BPE with the GPT-2 pre-tokenizer (with or without the digit split):
+    /// only the last pre-token (and a `'` before a final `r`, `v` or `l`) can still change, and
+    /// the last one cannot when no byte that may follow would join it. `None` for
+    /// SentencePiece-style BPE, whose merges may cross any boundary, and for `tokenizer.json`
+    /// pre-tokenizers that are not that one.
+    pub fn settled_len(&self, text: &str, may_follow: impl Fn(u8) -> bool) -> Option<usize> {
+        settled_len(
+            &self.settling,
+            self.plain.get_pre_tokenizer(),
+            text,
+            may_follow,
+        )
     }
 
     /// The exact bytes token `id` stands for.

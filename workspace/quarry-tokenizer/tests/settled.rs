@@ -100,10 +100,13 @@ fn tokens_within(tok: &Tokenizer, text: &str, bytes: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Checks the settled prefix of `text` against `text + cont`; the failure message names both.
-fn check(tok: &Tokenizer, text: &str, cont: &str) {
+/// Checks the settled prefix of `text` against `text + cont`, and returns it. With `next_known`
+/// the tokenizer is told the one byte that follows (as a constraint would tell it the bytes it
+/// allows); otherwise anything may follow. The failure message names both strings.
+fn check(tok: &Tokenizer, text: &str, cont: &str, next_known: bool) -> usize {
+    let next = cont.as_bytes().first().copied();
     let n = tok
-        .settled_len(text)
+        .settled_len(text, |b| !next_known || Some(b) == next)
         .expect("byte-level BPE with the GPT-2 regex");
     assert!(n <= text.len() && text.is_char_boundary(n));
     let settled = tokens_within(tok, text, n);
@@ -115,28 +118,35 @@ fn check(tok: &Tokenizer, text: &str, cont: &str) {
     let full = tok.encode(&format!("{text}{cont}")).unwrap();
     assert!(
         full.starts_with(&settled),
-        "{text:?} settled at {n} ({:?} -> {settled:?}), but {:?} encodes as {full:?}",
+        "{text:?} settled at {n} ({:?} -> {settled:?}, next byte known: {next_known}), but {:?} \
+         encodes as {full:?}",
         &text[..n],
         format!("{text}{cont}"),
     );
+    n
 }
 
 #[test]
 fn settled_prefix_survives_every_continuation_smollm2() {
     let tok = model(SMOLLM2);
     let mut rng = SmallRng::seed_from_u64(0x5e7713d);
-    let mut settled_bytes = 0;
-    let mut total_bytes = 0;
+    let (mut total, mut settled, mut whole, mut nonempty) = (0, 0, 0, 0);
     for _ in 0..20_000 {
         let text = random_text(&mut rng, 12);
         let cont = random_continuation(&mut rng);
-        check(&tok, &text, &cont);
-        settled_bytes += tok.settled_len(&text).unwrap();
-        total_bytes += text.len();
+        settled += check(&tok, &text, &cont, false);
+        total += text.len();
+        if check(&tok, &text, &cont, true) == text.len() && !text.is_empty() {
+            whole += 1;
+        }
+        nonempty += usize::from(!text.is_empty());
     }
-    // The rule must settle most of a text, or jump-forward gains nothing from it.
-    let share = settled_bytes as f64 / total_bytes as f64;
+    // The rule must settle most of a text, or jump-forward gains nothing from it; knowing the
+    // next byte must settle whole texts often (a letter after punctuation, a space after a word).
+    let share = settled as f64 / total as f64;
     assert!(share > 0.6, "only {share:.2} of the bytes settled");
+    let whole = whole as f64 / nonempty as f64;
+    assert!(whole > 0.2, "only {whole:.2} of the texts settled whole");
 }
 
 /// Where the rule draws the line, on cases worked out by hand from the GPT-2 regex.
@@ -157,11 +167,33 @@ fn settled_prefix_ends_before_the_last_pre_token() {
         // Digits are split one by one, but the last piece is still kept.
         ("x12", 2),
     ] {
-        assert_eq!(tok.settled_len(text), Some(settled), "{text:?}");
-        check(&tok, text, "e");
-        check(&tok, text, "ll");
-        check(&tok, text, " b");
+        assert_eq!(tok.settled_len(text, |_| true), Some(settled), "{text:?}");
+        for cont in ["e", "ll", " b", "1", "\"", "'s", ""] {
+            check(&tok, text, cont, false);
+            check(&tok, text, cont, true);
+        }
     }
+}
+
+/// Where a constraint says what comes next, the last pre-token settles when nothing allowed can
+/// join it.
+#[test]
+fn the_next_bytes_settle_the_last_pre_token() {
+    let tok = model(SMOLLM2);
+    let key = ",\"essential\":";
+    let letter = |b: u8| b.is_ascii_lowercase();
+    let quote = |b: u8| b == b'"' || b == b'[';
+    // `true`/`false` after `":`: a letter never joins a punctuation run.
+    assert_eq!(tok.settled_len(key, letter), Some(key.len()));
+    // A string or an array after it: `":"` and `":[` are single pre-tokens.
+    assert_eq!(tok.settled_len(key, quote), Some(",\"essential".len()));
+    // A word followed by a space or a quote is complete; by a letter it is not.
+    assert_eq!(tok.settled_len("a word", |b| b == b' '), Some(6));
+    assert_eq!(tok.settled_len("a word", letter), Some(1));
+    // A lone `'` takes a letter (`'s`), whatever the class rule says.
+    assert_eq!(tok.settled_len("it'", letter), Some(2));
+    // Nothing may follow (the constraint is complete): all of it.
+    assert_eq!(tok.settled_len("a  ", |_| false), Some(3));
 }
 
 /// The contraction exception is needed: without it the first case above would be settled at 3,
@@ -180,7 +212,7 @@ fn a_contraction_can_reach_back_over_a_pre_token() {
 #[test]
 fn sentencepiece_has_no_settled_prefix() {
     let tok = model("gemma-3-270m-q4_k_m.gguf");
-    assert_eq!(tok.settled_len(",\"version\":\""), None);
+    assert_eq!(tok.settled_len(",\"version\":\"", |_| true), None);
 }
 
 /// A `tokenizer.json` with the same pre-tokenizer settles the same prefixes.
@@ -195,7 +227,11 @@ fn tokenizer_json_settles_like_gguf() {
     let mut rng = SmallRng::seed_from_u64(7);
     for _ in 0..2_000 {
         let text = random_text(&mut rng, 12);
-        assert_eq!(json.settled_len(&text), gguf.settled_len(&text), "{text:?}");
+        assert_eq!(
+            json.settled_len(&text, |_| true),
+            gguf.settled_len(&text, |_| true),
+            "{text:?}"
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }
