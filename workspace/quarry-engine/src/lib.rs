@@ -26,10 +26,9 @@
 //! 4. **Sample**: processors, then the mask (`-inf` for refused tokens; EOS only where the
 //!    constraint accepts), then the request's sampler. The matcher takes the token; when the
 //!    constraint then forces bytes, **jump-forward** appends them without sampling (see
-//!    [`EngineConfig::retokenize`] and [`KeepBack`]): the boundary is re-encoded canonically, the
-//!    tokens up to the tokenizer's settled prefix are committed (the last pre-token waits for the
-//!    model), the matcher rolled back and moved forward, and the next step extends the sequence in
-//!    one pass that keeps every KV page before the change.
+//!    [`EngineConfig::retokenize`] and [`KeepBack`]): the boundary is re-encoded canonically, its
+//!    last tokens are left for the model, the matcher rolled back and moved forward, and the next
+//!    step extends the sequence in one pass that keeps every KV page before the change.
 //! 5. **Release** finished sequences: their computed tokens go into the radix cache (pages the
 //!    cache already had are freed) and their completions are returned.
 //!

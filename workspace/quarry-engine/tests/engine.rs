@@ -176,23 +176,21 @@ fn extraction(doc: &str) -> Prompt {
     chat(&format!("Extract the package as JSON.\n\n{doc}"))
 }
 
+/// A greedy request to extract `doc` under [`package_schema`].
+fn schema_request(doc: &str) -> Request {
+    Request::new(extraction(doc))
+        .with_constraint(ConstraintSpec::JsonSchema(package_schema()))
+        .with_max_tokens(120)
+}
+
 #[test]
 fn json_schema_outputs_validate_with_and_without_jump_forward() {
     let schema = package_schema();
     let validator = jsonschema::validator_for(&schema).unwrap();
     let mut reqs = Vec::new();
     for (i, doc) in PACKAGES.iter().enumerate() {
-        reqs.push(
-            Request::new(extraction(doc))
-                .with_constraint(ConstraintSpec::JsonSchema(schema.clone()))
-                .with_max_tokens(120),
-        );
-        reqs.push(
-            Request::new(extraction(doc))
-                .with_constraint(ConstraintSpec::JsonSchema(schema.clone()))
-                .with_sampling(sampled(i as u64))
-                .with_max_tokens(120),
-        );
+        reqs.push(schema_request(doc));
+        reqs.push(schema_request(doc).with_sampling(sampled(i as u64)));
     }
     let mut passes = Vec::new();
     for jump_forward in [false, true] {
@@ -236,11 +234,7 @@ fn settled_keep_back_forces_more_and_commits_canonical_tokens() {
     let pattern = r"(yes|no), the package (is|is not) essential to the system's boot";
     let mut reqs = Vec::new();
     for (i, doc) in PACKAGES.iter().enumerate() {
-        reqs.push(
-            Request::new(extraction(doc))
-                .with_constraint(ConstraintSpec::JsonSchema(schema.clone()))
-                .with_max_tokens(120),
-        );
+        reqs.push(schema_request(doc));
         reqs.push(
             Request::new(chat(&format!("Is this package essential?\n\n{doc}")))
                 .with_constraint(ConstraintSpec::Regex(pattern.into()))

@@ -4,8 +4,8 @@
 //! - (b) the schema as a constraint, jump-forward off;
 //! - (c) the schema with jump-forward (quarry's default);
 //! - (d) as (c) with the radix prefix cache off;
-//! - (e), on request: as (c) with the fixed keep-back of `--keep-back` tokens instead of the
-//!   tokenizer's settled prefix, to measure what the settled rule is worth.
+//! - (e), on request: as (c) with [`KeepBack::Settled`] (commit the tokenizer's settled prefix)
+//!   instead of keeping back `--keep-back` tokens, to measure what the settled rule is worth.
 //!
 //! Every prompt starts with the same instruction of about 300 tokens, so (c) vs (d) shows what the
 //! prefix cache is worth. Each configuration runs `--repeats` times on a fresh engine; the table
@@ -45,10 +45,13 @@ struct Args {
     /// Configurations to run, from a, b, c, d, e.
     #[arg(long, value_delimiter = ',', default_value = "a,b,c,d")]
     configs: Vec<String>,
-    /// Jump-forward: tokens of the re-encoded boundary left for the model in (e), and wherever the
-    /// tokenizer has no settled prefix.
+    /// Jump-forward: tokens of the re-encoded boundary left for the model (in (e) only where the
+    /// tokenizer has no settled prefix).
     #[arg(long, default_value_t = EngineConfig::default().keep_back)]
     keep_back: usize,
+    /// Jump-forward: sampled tokens re-encoded with the forced bytes at a boundary.
+    #[arg(long, default_value_t = EngineConfig::default().retokenize)]
+    retokenize: usize,
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -69,7 +72,7 @@ const CONFIGS: [Config; 5] = [
         constrained: false,
         jump_forward: true,
         radix_cache: true,
-        keep_back_rule: KeepBack::Settled,
+        keep_back_rule: KeepBack::Count,
     },
     Config {
         name: "b",
@@ -77,7 +80,7 @@ const CONFIGS: [Config; 5] = [
         constrained: true,
         jump_forward: false,
         radix_cache: true,
-        keep_back_rule: KeepBack::Settled,
+        keep_back_rule: KeepBack::Count,
     },
     Config {
         name: "c",
@@ -85,7 +88,7 @@ const CONFIGS: [Config; 5] = [
         constrained: true,
         jump_forward: true,
         radix_cache: true,
-        keep_back_rule: KeepBack::Settled,
+        keep_back_rule: KeepBack::Count,
     },
     Config {
         name: "d",
@@ -93,15 +96,15 @@ const CONFIGS: [Config; 5] = [
         constrained: true,
         jump_forward: true,
         radix_cache: false,
-        keep_back_rule: KeepBack::Settled,
+        keep_back_rule: KeepBack::Count,
     },
     Config {
         name: "e",
-        label: "as (c), fixed keep-back",
+        label: "as (c), settled keep-back",
         constrained: true,
         jump_forward: true,
         radix_cache: true,
-        keep_back_rule: KeepBack::Count,
+        keep_back_rule: KeepBack::Settled,
     },
 ];
 
@@ -132,6 +135,7 @@ fn main() -> Result<()> {
                 max_running: args.max_running,
                 keep_back: args.keep_back,
                 keep_back_rule: cfg.keep_back_rule,
+                retokenize: args.retokenize,
                 ..EngineConfig::default()
             };
             let reqs = bench::requests(&docs, cfg.constrained.then_some(&schema), args.max_tokens);
@@ -207,6 +211,7 @@ fn main() -> Result<()> {
             "max_running": args.max_running,
             "max_tokens": args.max_tokens,
             "keep_back": args.keep_back,
+            "retokenize": args.retokenize,
             "quarry_version": env!("CARGO_PKG_VERSION"),
             "configs": rows,
             "ratios": ratios,
