@@ -1,7 +1,6 @@
 //! quarry's tokenizer against llama.cpp, on fixtures made by `tests/fixtures/gen_tokenizer_fixtures.py`.
 
 use std::io::Read;
-use std::path::PathBuf;
 
 use common::{model, root};
 use quarry_tokenizer::{ChatMessage, EncodeOptions, Tokenizer};
