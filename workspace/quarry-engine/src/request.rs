@@ -30,9 +30,10 @@ pub enum ConstraintSpec {
     Regex(String),
     /// The output is exactly one of these strings.
     Choice(Vec<String>),
-    /// Compact JSON that this JSON Schema accepts.
+    /// JSON that this JSON Schema accepts, laid out as [`crate::EngineConfig::schema_options`]
+    /// says.
     JsonSchema(serde_json::Value),
-    /// Any compact JSON object.
+    /// Any JSON object, laid out the same way.
     JsonObject,
 }
 

@@ -5,6 +5,9 @@
 //! - A schema quarry refuses (a typed error) makes its cases "unsupported".
 //! - Accepting an instance the suite calls invalid is a soundness bug: that count must be 0.
 //! - `json_schema_suite.baseline.json` holds the pass counts; they may only go up.
+//! - The layout must not change what is accepted: the suite runs again with
+//!   [`Whitespace::Spaced`] (instances written with `", "` and `": "`), and its counts must equal
+//!   the compact run's.
 //!
 //! `QUARRY_SUITE_VERBOSE=1` also lists the valid instances that were rejected (completeness gaps).
 //!
@@ -19,10 +22,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use quarry_grammar::schema::canonicalize;
-use quarry_grammar::{Constraint, Grammar, Limits, Matcher, SchemaOptions, Vocabulary};
+use quarry_grammar::{Constraint, Grammar, Limits, Matcher, SchemaOptions, Vocabulary, Whitespace};
 use serde_json::{json, Value};
 
-#[derive(Default, Debug)]
+#[derive(Default, Debug, PartialEq, Eq)]
 struct Counts {
     passed: usize,
     unsupported: usize,
@@ -37,7 +40,12 @@ fn root() -> PathBuf {
 /// Why groups were refused: the error message with the JSON Pointer taken out, and how many cases.
 type Reasons = BTreeMap<String, usize>;
 
-fn run(draft: &str, schema_uri: &str, vocab: &Arc<Vocabulary>) -> (Counts, Vec<String>, Reasons) {
+fn run(
+    draft: &str,
+    schema_uri: &str,
+    vocab: &Arc<Vocabulary>,
+    whitespace: Whitespace,
+) -> (Counts, Vec<String>, Reasons) {
     let dir = root()
         .join("tests/fixtures/json-schema-test-suite/tests")
         .join(draft);
@@ -62,7 +70,10 @@ fn run(draft: &str, schema_uri: &str, vocab: &Arc<Vocabulary>) -> (Counts, Vec<S
             }
             let constraint = Constraint::JsonSchema {
                 schema: schema.clone(),
-                options: SchemaOptions::default(),
+                options: SchemaOptions {
+                    whitespace,
+                    ..SchemaOptions::default()
+                },
             };
             let grammar = match Grammar::compile(&constraint, vocab.clone(), limits) {
                 Ok(g) => Some(Arc::new(g)),
@@ -82,7 +93,7 @@ fn run(draft: &str, schema_uri: &str, vocab: &Arc<Vocabulary>) -> (Counts, Vec<S
                     counts.unsupported += 1;
                     continue;
                 };
-                let text = canonicalize(&case["data"], &schema);
+                let text = canonicalize(&case["data"], &schema, whitespace);
                 let mut m = Matcher::new(g.clone());
                 let accepted = m.accept_bytes(text.as_bytes()).is_ok() && m.is_accepting();
                 match (accepted, valid) {
@@ -132,7 +143,7 @@ fn official_suite_ratchet() {
         ),
         ("draft7", "http://json-schema.org/draft-07/schema#"),
     ] {
-        let (c, unsound, reasons) = run(draft, uri, &vocab);
+        let (c, unsound, reasons) = run(draft, uri, &vocab, Whitespace::Compact);
         let total = c.passed + c.unsupported + c.rejected_valid + c.accepted_invalid;
         println!(
             "{draft}: {} of {total} passed, {} unsupported, {} valid rejected, {} invalid accepted",
@@ -157,4 +168,23 @@ fn official_suite_ratchet() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The same suite with `", "` and `": "` separators: what is accepted must not depend on the
+/// layout, so every count equals the compact run's (and nothing invalid is accepted).
+#[test]
+fn official_suite_spaced_equals_compact() {
+    let vocab = vocab::byte_vocab();
+    for (draft, uri) in [
+        (
+            "draft2020-12",
+            "https://json-schema.org/draft/2020-12/schema",
+        ),
+        ("draft7", "http://json-schema.org/draft-07/schema#"),
+    ] {
+        let (compact, _, _) = run(draft, uri, &vocab, Whitespace::Compact);
+        let (spaced, unsound, _) = run(draft, uri, &vocab, Whitespace::Spaced);
+        assert!(unsound.is_empty(), "{draft}: {}", unsound.join("\n"));
+        assert_eq!(spaced, compact, "{draft}: spaced layout against compact");
+    }
 }

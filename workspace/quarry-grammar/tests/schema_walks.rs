@@ -222,10 +222,10 @@ fn completed_outputs_validate_with_jsonschema() {
         let strict = rng.random_bool(0.3) && !schema.to_string().contains("allOf");
         let options = SchemaOptions {
             strict,
-            whitespace: if i % 3 == 0 {
-                Whitespace::Pretty { max_run: 2 }
-            } else {
-                Whitespace::Compact
+            whitespace: match i % 3 {
+                0 => Whitespace::Pretty { max_run: 2 },
+                1 => Whitespace::Spaced,
+                _ => Whitespace::Compact,
             },
             ..SchemaOptions::default()
         };
@@ -263,12 +263,46 @@ fn completed_outputs_validate_with_jsonschema() {
                 "{schema} (strict {}): output {text} is invalid",
                 options.strict
             );
+            if let Some(bad) = layout_error(&text, options.whitespace) {
+                panic!("{schema} ({:?}): output {text}: {bad}", options.whitespace);
+            }
             completed += 1;
         }
     }
     assert_eq!(schemas, 200);
     println!("{completed} completed walks over {schemas} schemas, all valid");
     assert!(completed >= 300, "only {completed} walks completed");
+}
+
+/// Where `text` (valid JSON) departs from the layout: whitespace outside strings only as one space
+/// after each `,` and `:` (`Spaced`), never (`Compact`); `Pretty` allows any.
+fn layout_error(text: &str, whitespace: Whitespace) -> Option<String> {
+    let b = text.as_bytes();
+    let (mut in_string, mut escaped) = (false, false);
+    for (i, &c) in b.iter().enumerate() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        let space_expected =
+            whitespace == Whitespace::Spaced && i > 0 && matches!(b[i - 1], b',' | b':');
+        if space_expected && c != b' ' {
+            return Some(format!("no space after byte {}", i - 1));
+        }
+        match c {
+            b'"' => in_string = true,
+            b' ' | b'\t' | b'\n' | b'\r' if matches!(whitespace, Whitespace::Pretty { .. }) => {}
+            b' ' if space_expected => {}
+            b' ' | b'\t' | b'\n' | b'\r' => return Some(format!("whitespace at byte {i}")),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// The schema with `additionalProperties: false` added to every object schema that has none.

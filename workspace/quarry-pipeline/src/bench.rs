@@ -145,6 +145,76 @@ fn spread(records: Vec<String>, n: usize) -> Result<Vec<String>, String> {
     Ok((0..n).map(|i| records[i * step].clone()).collect())
 }
 
+/// The value of `key` in a package record (its first occurrence, first line), if present.
+fn record_field<'a>(record: &'a str, key: &str) -> Option<&'a str> {
+    record
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
+/// The facts each package output is scored on by [`facts_correct`].
+pub const FACTS: [&str; 6] = [
+    "name",
+    "version",
+    "maintainer",
+    "depends",
+    "homepage",
+    "summary",
+];
+
+/// How many of the [`FACTS`] the output states as the record does, by the rules of the demo's
+/// accuracy report (`infra/demo_report.py`): `name`, `version`, `maintainer` and `homepage` are
+/// the Package, Version, Maintainer and Homepage fields, `summary` the first line of the
+/// description, `depends` the Depends field split at commas (empty when absent); strings compare
+/// after trimming spaces. The output's first JSON object counts, so a free-text answer wrapped in
+/// a code fence is scored too; truncated JSON scores nothing.
+pub fn facts_correct(record: &str, output: &str) -> usize {
+    let Some(start) = output.find('{') else {
+        return 0;
+    };
+    let Some(Ok(Value::Object(got))) = serde_json::Deserializer::from_str(&output[start..])
+        .into_iter::<Value>()
+        .next()
+    else {
+        return 0;
+    };
+    let depends: Vec<&str> = record_field(record, "Depends")
+        .map(|d| {
+            d.split(',')
+                .map(str::trim)
+                .filter(|x| !x.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let same = |key: &str, want: Option<&str>| match (got.get(key), want) {
+        (Some(Value::String(v)), Some(w)) => v.trim() == w,
+        (Some(Value::Null) | None, None) => true,
+        _ => false,
+    };
+    let mut n = [
+        ("name", "Package"),
+        ("version", "Version"),
+        ("maintainer", "Maintainer"),
+        ("homepage", "Homepage"),
+        ("summary", "Description"),
+    ]
+    .iter()
+    .filter(|(fact, field)| same(fact, record_field(record, field)))
+    .count();
+    if let Some(Value::Array(list)) = got.get("depends") {
+        if list.len() == depends.len()
+            && list
+                .iter()
+                .zip(&depends)
+                .all(|(v, w)| v.as_str().is_some_and(|v| v.trim() == *w))
+        {
+            n += 1;
+        }
+    }
+    n
+}
+
 /// One request per document: the chat-rendered instruction plus the document, the schema as the
 /// constraint (or none), greedy, at most `max_tokens`.
 pub fn requests(docs: &[String], schema: Option<&Value>, max_tokens: usize) -> Vec<Request> {
@@ -195,6 +265,10 @@ pub struct RunMetrics {
     pub complete: usize,
     /// Outputs that parse as JSON and pass the schema (jsonschema crate).
     pub schema_valid: usize,
+    /// Each request's output text and finish reason, in request order (not serialized: the
+    /// benchmarks write them separately on request).
+    #[serde(skip)]
+    pub outputs: Vec<(String, String)>,
 }
 
 /// Runs `requests` on a fresh engine over `model` with `config` and measures it. An output that
@@ -262,6 +336,10 @@ pub fn measure(
         retokenized_tokens: s.retokenized_tokens,
         complete: out.iter().filter(|c| c.is_complete()).count(),
         schema_valid: out.iter().filter(|c| valid(&c.text)).count(),
+        outputs: out
+            .iter()
+            .map(|c| (c.text.clone(), c.finish.as_str().to_owned()))
+            .collect(),
     })
 }
 
@@ -329,11 +407,70 @@ mod tests {
             retokenized_tokens: 0,
             complete: 0,
             schema_valid: 0,
+            outputs: Vec::new(),
         };
         let runs = [run(3.0), run(1.0), run(2.0)];
         assert_eq!(median_run(&runs).unwrap().tpot_ms, 2.0);
         assert!(median_run(&[]).is_none());
         assert_eq!(median(vec![]), 0.0);
         assert_eq!(median(vec![5.0, 1.0, 3.0, 2.0]), 3.0);
+    }
+
+    #[test]
+    fn facts_are_scored_against_the_record() {
+        let record = "Package: bzip2\nVersion: 1.0.8-5+b1\nMaintainer: A <a@x>\nPre-Depends: libc6 (>= 2.34)\nDepends: libbz2-1.0 (= 1.0.8-5+b1), dpkg\nHomepage: https://sourceware.org/bzip2/\nDescription: high-quality block-sorting file compressor\n more text\n";
+        let out = |depends: &str, summary: &str| {
+            format!(
+                r#"{{"name": "bzip2", "version": "1.0.8-5+b1", "maintainer": "A <a@x>", "depends": {depends}, "homepage": "https://sourceware.org/bzip2/", "summary": "{summary}"}}"#
+            )
+        };
+        let deps = r#"["libbz2-1.0 (= 1.0.8-5+b1)", "dpkg"]"#;
+        let summary = "high-quality block-sorting file compressor";
+        assert_eq!(facts_correct(record, &out(deps, summary)), FACTS.len());
+        // Depends only, as the demo's report counts it: Pre-Depends entries added are wrong.
+        let pre_first = r#"["libc6 (>= 2.34)", "libbz2-1.0 (= 1.0.8-5+b1)", "dpkg"]"#;
+        assert_eq!(facts_correct(record, &out(pre_first, summary)), 5);
+        // Spaces around values do not count.
+        assert_eq!(
+            facts_correct(
+                record,
+                &out(
+                    r#"[" libbz2-1.0 (= 1.0.8-5+b1) ", "dpkg"]"#,
+                    &format!(" {summary}")
+                )
+            ),
+            6
+        );
+        // Wrong order, an empty list, a summary with the second line: each costs one fact.
+        assert_eq!(
+            facts_correct(
+                record,
+                &out(r#"["dpkg", "libbz2-1.0 (= 1.0.8-5+b1)"]"#, summary)
+            ),
+            5
+        );
+        assert_eq!(facts_correct(record, &out("[]", summary)), 5);
+        assert_eq!(
+            facts_correct(
+                record,
+                &out(deps, "high-quality block-sorting file compressor more text")
+            ),
+            5
+        );
+        // A fenced free-text answer counts; trailing text after the object is ignored.
+        let fenced = format!("```json\n{}\n```\nHope this helps", out(deps, summary));
+        assert_eq!(facts_correct(record, &fenced), 6);
+        // Not JSON, truncated JSON, or not an object: nothing.
+        assert_eq!(facts_correct(record, "bzip2 1.0.8"), 0);
+        assert_eq!(facts_correct(record, r#"{"name": "bzip2", "vers"#), 0);
+        assert_eq!(facts_correct(record, r#"["bzip2"]"#), 0);
+        // Without a Depends line the truth is an empty list.
+        // Without a Depends line the truth is an empty list; without a Homepage, null or absent.
+        let bare = "Package: a\nVersion: 1\nMaintainer: M\nDescription: s\n";
+        let got = r#"{"name": "a", "version": "1", "maintainer": "M", "depends": [], "homepage": null, "summary": "s"}"#;
+        assert_eq!(facts_correct(bare, got), 6);
+        let got =
+            r#"{"name": "a", "version": "1", "maintainer": "M", "depends": [], "summary": "s"}"#;
+        assert_eq!(facts_correct(bare, got), 6);
     }
 }

@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use quarry_grammar::Whitespace;
 use serde::Deserialize;
 
 use crate::error::PipelineError;
@@ -22,6 +23,13 @@ pub struct PipelineConfig {
     pub prompt: PromptConfig,
     /// The JSON Schema every record must satisfy; it is also the decoding constraint.
     pub schema: PathBuf,
+    /// Layout of the JSON the model writes: `compact`, `spaced` (`", "` and `": "`), `pretty` or
+    /// `pretty:N`. Defaults to the engine's default.
+    #[serde(
+        default = "default_whitespace",
+        deserialize_with = "deserialize_whitespace"
+    )]
+    pub whitespace: Whitespace,
     #[serde(default)]
     pub model: ModelConfig,
     #[serde(default)]
@@ -77,6 +85,17 @@ pub struct DatasetSource {
     /// Files per shard for `format = "text"` (one document per file).
     #[serde(default = "default_text_shard_files")]
     pub text_shard_files: usize,
+}
+
+fn default_whitespace() -> Whitespace {
+    quarry_engine::EngineConfig::default()
+        .schema_options
+        .whitespace
+}
+
+fn deserialize_whitespace<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Whitespace, D::Error> {
+    let name = String::deserialize(d)?;
+    name.parse().map_err(serde::de::Error::custom)
 }
 
 fn default_text_shard_files() -> usize {
@@ -451,5 +470,31 @@ mod tests {
         assert!(e.contains("must differ"), "{e}");
         let e = bad(&base.replace("kind = \"dataset\"", "kind = \"dataset\"\nbrokers = \"x\""));
         assert!(e.contains("brokers"), "{e}");
+    }
+
+    #[test]
+    fn whitespace_defaults_to_the_engine_and_parses_by_name() {
+        let base = "name = \"x\"\nschema = \"s.json\"\n[source]\nkind = \"dataset\"\ninput = \"in\"\nformat = \"jsonl\"\n[prompt]\ntemplate = \"{{ text }}\"\n[output]\nurl = \"o\"\n[rejects]\nurl = \"r\"\n";
+        let parse = |t: &str| PipelineConfig::parse(t, "a.toml", PathBuf::new());
+        assert_eq!(
+            parse(base).unwrap().whitespace,
+            quarry_engine::EngineConfig::default()
+                .schema_options
+                .whitespace
+        );
+        let with = |w: &str| base.replace("[source]", &format!("whitespace = \"{w}\"\n[source]"));
+        assert_eq!(
+            parse(&with("spaced")).unwrap().whitespace,
+            Whitespace::Spaced
+        );
+        assert_eq!(
+            parse(&with("pretty:2")).unwrap().whitespace,
+            Whitespace::Pretty { max_run: 2 }
+        );
+        let e = parse(&with("tabs")).unwrap_err().to_string();
+        assert!(
+            e.contains("a.toml") && e.contains("whitespace") && e.contains("tabs"),
+            "{e}"
+        );
     }
 }

@@ -218,6 +218,7 @@ impl EngineExtractor {
         // least that long the engine's backpressure error (`QueueFull`) cannot happen: the flow's
         // own limit is the backpressure, and no document becomes an `engine_error` for it.
         ecfg.max_waiting = ecfg.max_waiting.max(2 * max_running);
+        ecfg.schema_options.whitespace = cfg.whitespace;
         let prompts = PromptBuilder::new(&cfg.prompt, Some(&tok))?;
         let engine =
             Engine::new(model, tok, ecfg).map_err(|e| PipelineError::Engine(e.to_string()))?;

@@ -11,6 +11,7 @@ use clap::Args;
 use quarry_engine::{
     Completion, ConstraintSpec, Engine, EngineConfig, EngineStats, FinishReason, Prompt, Request,
 };
+use quarry_grammar::{SchemaOptions, Whitespace};
 use quarry_model::{parse_device, Llama, SamplingParams};
 use quarry_tokenizer::ChatMessage;
 use serde_json::{json, Value};
@@ -49,12 +50,16 @@ pub(crate) struct GenerateArgs {
     /// The output must be one of these strings (repeat the flag).
     #[arg(long, group = "constraint")]
     choice: Vec<String>,
-    /// The output must be compact JSON valid against this JSON Schema file.
+    /// The output must be JSON valid against this JSON Schema file.
     #[arg(long, value_name = "FILE", group = "constraint")]
     schema: Option<PathBuf>,
-    /// The output must be a compact JSON object.
+    /// The output must be a JSON object.
     #[arg(long, group = "constraint")]
     json_object: bool,
+    /// Layout of --schema and --json-object output: compact (`{"a":1,"b":2}`), spaced
+    /// (`{"a": 1, "b": 2}`), pretty (up to 8 whitespace bytes around each token) or pretty:N.
+    #[arg(long, value_name = "LAYOUT", default_value_t = EngineConfig::default().schema_options.whitespace)]
+    whitespace: Whitespace,
     /// Stop after this many new tokens.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
@@ -155,6 +160,10 @@ pub(crate) fn run(args: GenerateArgs) -> Result<()> {
         radix_cache: !args.no_prefix_cache,
         max_running: args.max_running,
         step_tokens: EngineConfig::default().step_tokens.max(args.max_running),
+        schema_options: SchemaOptions {
+            whitespace: args.whitespace,
+            ..EngineConfig::default().schema_options
+        },
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(model, tok, cfg)?;

@@ -97,9 +97,10 @@ pub struct ConstraintArgs {
     /// instead of refusing them.
     #[arg(long, value_name = "N", requires = "schema")]
     max_recursion_depth: Option<usize>,
-    /// With --schema: no whitespace (compact), or up to 8 bytes of it around each token (pretty).
-    #[arg(long, value_enum, default_value_t = WhitespaceArg::Compact, requires = "schema")]
-    whitespace: WhitespaceArg,
+    /// With --schema: the layout, compact (`{"a":1,"b":2}`), spaced (`{"a": 1, "b": 2}`), pretty
+    /// (up to 8 whitespace bytes around each token) or pretty:N.
+    #[arg(long, value_name = "LAYOUT", default_value_t = SchemaOptions::default().whitespace, requires = "schema")]
+    whitespace: Whitespace,
     /// Most DFA states the constraint may build (the DFA grows lazily as it is used).
     #[arg(long, default_value_t = Limits::default().max_states)]
     max_states: usize,
@@ -108,12 +109,6 @@ pub struct ConstraintArgs {
     max_terms: usize,
     #[command(flatten)]
     model: ModelArg,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub enum WhitespaceArg {
-    Compact,
-    Pretty,
 }
 
 impl ConstraintArgs {
@@ -134,10 +129,7 @@ impl ConstraintArgs {
                 strict: self.strict,
                 ignore_unknown_keywords: self.ignore_unknown_keywords,
                 max_recursion_depth: self.max_recursion_depth,
-                whitespace: match self.whitespace {
-                    WhitespaceArg::Compact => Whitespace::Compact,
-                    WhitespaceArg::Pretty => Whitespace::Pretty { max_run: 8 },
-                },
+                whitespace: self.whitespace,
                 ..SchemaOptions::default()
             };
             return Ok(Constraint::JsonSchema { schema, options });
@@ -307,7 +299,7 @@ fn accepts_cmd(args: &ConstraintArgs, explain: bool, chomp: bool, canonical: boo
         let instance: serde_json::Value =
             serde_json::from_str(&text).context("--canonicalize: stdin is not JSON")?;
         let schema = args.schema()?.unwrap_or_default();
-        text = canonicalize(&instance, &schema);
+        text = canonicalize(&instance, &schema, args.whitespace);
     }
     let Loaded { tok, vocab } = load(args)?;
     let grammar = compile(args, &vocab)?;

@@ -273,6 +273,47 @@ fn generate_follows_constraints_and_reports_stats() {
     );
     let err = one_line_error(&quarry(&["generate", "--prompt", "x", "--regex", "("]));
     assert!(err.contains("regex"), "{err}");
+    // --whitespace spaced: the same schema, one space after every separator.
+    let o = quarry(&[
+        "generate",
+        "--chat",
+        "--prompt",
+        "Describe jq (version 1.6) as a JSON object.",
+        "--json-object",
+        "--whitespace",
+        "spaced",
+        "--max-tokens",
+        "60",
+    ]);
+    let text = stdout(&o);
+    let text = text.trim_end();
+    assert!(text.starts_with('{') && text.len() > 4, "{text:?}");
+    assert_spaced(text);
+}
+
+/// Outside strings, each `,` and `:` is followed by exactly one space, and there is no other
+/// whitespace (what `--whitespace spaced` writes; a truncated text passes too).
+fn assert_spaced(text: &str) {
+    let b = text.as_bytes();
+    let (mut in_string, mut escaped) = (false, false);
+    for (i, &c) in b.iter().enumerate() {
+        if in_string {
+            (in_string, escaped) = match (escaped, c) {
+                (true, _) => (true, false),
+                (false, b'\\') => (true, true),
+                (false, b'"') => (false, false),
+                _ => (true, false),
+            };
+            continue;
+        }
+        let after_sep = i > 0 && matches!(b[i - 1], b',' | b':');
+        assert_eq!(c == b' ', after_sep, "byte {i} of {text:?}");
+        assert!(
+            !c.is_ascii_whitespace() || c == b' ',
+            "byte {i} of {text:?}"
+        );
+        in_string = c == b'"';
+    }
 }
 
 #[test]

@@ -256,6 +256,70 @@ fn schema_constraints_compile_accept_and_explain() {
 }
 
 #[test]
+fn schema_layouts_are_chosen_by_whitespace() {
+    let schema = "schemas/debian-package.json";
+    let compact =
+        r#"{"name":"jq","version":"1","maintainer":"x","depends":["a","b"],"summary":"s"}"#;
+    let spaced = r#"{"name": "jq", "version": "1", "maintainer": "x", "depends": ["a", "b"], "summary": "s"}"#;
+    let accepts = |layout: Option<&str>, text: &str| {
+        let mut args = vec!["grammar", "accepts", "--schema", schema];
+        if let Some(l) = layout {
+            args.extend(["--whitespace", l]);
+        }
+        quarry(&args, text).status.code()
+    };
+    // Compact is the default; spaced wants exactly one space after each separator.
+    assert_eq!(accepts(None, compact), Some(0));
+    assert_eq!(accepts(None, spaced), Some(1));
+    assert_eq!(accepts(Some("spaced"), spaced), Some(0));
+    assert_eq!(accepts(Some("spaced"), compact), Some(1));
+    assert_eq!(accepts(Some("pretty:1"), spaced), Some(0));
+    assert_eq!(accepts(Some("pretty:1"), compact), Some(0));
+    // --canonicalize writes the instance in the chosen layout.
+    let v = r#"{"version": "1", "name": "jq", "maintainer": "x", "depends": ["a", "b"], "summary": "s"}"#;
+    for layout in ["compact", "spaced"] {
+        let args = [
+            "grammar",
+            "accepts",
+            "--schema",
+            schema,
+            "--whitespace",
+            layout,
+            "--canonicalize",
+        ];
+        assert_eq!(quarry(&args, v).status.code(), Some(0), "{layout}");
+    }
+    // After a key, spaced forces `": "`.
+    let v = json_out(&[
+        "grammar",
+        "mask",
+        "--json",
+        "--schema",
+        schema,
+        "--whitespace",
+        "spaced",
+        "--prefix",
+        r#"{"name": "jq", "#,
+    ]);
+    assert_eq!(v["forced"], r#""version": ""#);
+    // A usage error (clap's, exit 2) that names the accepted layouts.
+    let o = quarry(
+        &[
+            "grammar",
+            "compile",
+            "--schema",
+            schema,
+            "--whitespace",
+            "tabs",
+        ],
+        "",
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("expected compact, spaced"), "{err}");
+}
+
+#[test]
 fn unsupported_schema_keywords_name_the_pointer() {
     let path = std::env::temp_dir().join(format!("quarry-schema-{}.json", std::process::id()));
     std::fs::write(

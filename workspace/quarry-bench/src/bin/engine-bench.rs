@@ -9,7 +9,9 @@
 //!
 //! Every prompt starts with the same instruction of about 300 tokens, so (c) vs (d) shows what the
 //! prefix cache is worth. Each configuration runs `--repeats` times on a fresh engine; the table
-//! gives medians. Constrained outputs are validated with the jsonschema crate.
+//! gives medians. Constrained outputs are validated with the jsonschema crate, and every output is
+//! scored on the six facts the instruction asks for against the record itself
+//! ([`bench::facts_correct`]): speed counts only next to correctness.
 
 use quarry_bench::median;
 use std::path::PathBuf;
@@ -18,6 +20,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use clap::Parser;
 use quarry_engine::{EngineConfig, KeepBack};
+use quarry_grammar::{SchemaOptions, Whitespace};
 use quarry_model::{parse_device, Llama};
 use quarry_pipeline::bench;
 use quarry_tokenizer::Tokenizer;
@@ -52,8 +55,15 @@ struct Args {
     /// Jump-forward: sampled tokens re-encoded with the forced bytes at a boundary.
     #[arg(long, default_value_t = EngineConfig::default().retokenize)]
     retokenize: usize,
+    /// Layout of the constrained JSON: compact, spaced, pretty or pretty:N.
+    #[arg(long, default_value_t = EngineConfig::default().schema_options.whitespace)]
+    whitespace: Whitespace,
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Also write each configuration's outputs (first run) to DIR/<config>.jsonl, one
+    /// {"text", "finish"} line per document, to see what the model wrote.
+    #[arg(long, value_name = "DIR")]
+    outputs: Option<PathBuf>,
 }
 
 struct Config {
@@ -136,11 +146,33 @@ fn main() -> Result<()> {
                 keep_back: args.keep_back,
                 keep_back_rule: cfg.keep_back_rule,
                 retokenize: args.retokenize,
+                schema_options: SchemaOptions {
+                    whitespace: args.whitespace,
+                    ..EngineConfig::default().schema_options
+                },
                 ..EngineConfig::default()
             };
             let reqs = bench::requests(&docs, cfg.constrained.then_some(&schema), args.max_tokens);
-            let run =
-                serde_json::to_value(bench::measure(&model, &tok, config, reqs, &validator)?)?;
+            let metrics = bench::measure(&model, &tok, config, reqs, &validator)?;
+            if let (Some(dir), 0) = (&args.outputs, rep) {
+                std::fs::create_dir_all(dir)?;
+                let lines: Vec<String> = metrics
+                    .outputs
+                    .iter()
+                    .map(|(text, finish)| json!({"text": text, "finish": finish}).to_string())
+                    .collect();
+                std::fs::write(
+                    dir.join(format!("{}.jsonl", cfg.name)),
+                    lines.join("\n") + "\n",
+                )?;
+            }
+            let facts: usize = docs
+                .iter()
+                .zip(&metrics.outputs)
+                .map(|(d, (text, _))| bench::facts_correct(d, text))
+                .sum();
+            let mut run = serde_json::to_value(&metrics)?;
+            run["facts_correct"] = json!(facts as f64 / (docs.len() * bench::FACTS.len()) as f64);
             eprintln!("{} ({}) run {}: {run}", cfg.name, cfg.label, rep + 1);
             runs.push(run);
         }
@@ -157,16 +189,17 @@ fn main() -> Result<()> {
             "cache_overhead": med("cache_overhead"),
             "complete": med("complete"),
             "schema_valid": med("schema_valid"),
+            "facts_correct": med("facts_correct"),
             "runs": runs,
         }));
     }
     println!(
-        "| config | docs/s | output tok/s | forward passes | forced share | cache hit rate | mask µs/step | complete | schema-valid |"
+        "| config | docs/s | output tok/s | forward passes | forced share | cache hit rate | mask µs/step | complete | schema-valid | facts correct |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
-            "| ({}) {} | {:.3} | {:.1} | {:.0} | {:.1}% | {:.1}% | {:.0} | {:.0}/{} | {:.0}/{} |",
+            "| ({}) {} | {:.3} | {:.1} | {:.0} | {:.1}% | {:.1}% | {:.0} | {:.0}/{} | {:.0}/{} | {:.1}% |",
             r["config"].as_str().unwrap(),
             r["label"].as_str().unwrap(),
             r["docs_per_s"].as_f64().unwrap(),
@@ -179,6 +212,7 @@ fn main() -> Result<()> {
             docs.len(),
             r["schema_valid"].as_f64().unwrap(),
             docs.len(),
+            100.0 * r["facts_correct"].as_f64().unwrap(),
         );
     }
     let by = |n: &str| {
@@ -212,6 +246,7 @@ fn main() -> Result<()> {
             "max_tokens": args.max_tokens,
             "keep_back": args.keep_back,
             "retokenize": args.retokenize,
+            "whitespace": args.whitespace.to_string(),
             "quarry_version": env!("CARGO_PKG_VERSION"),
             "configs": rows,
             "ratios": ratios,

@@ -83,7 +83,7 @@ impl Translator<'_> {
         } else {
             None
         };
-        let w = self.ws.clone();
+        let (pad, comma) = (&self.sep.pad, &self.sep.comma);
         // build(i): elements from position i on, after i elements were written (i >= 1).
         let build_rest = |i: u64| -> String {
             let Some(r) = &rest_re else {
@@ -92,15 +92,15 @@ impl Translator<'_> {
             let lo = min.saturating_sub(i);
             match max {
                 Some(x) if x <= i => String::new(),
-                Some(x) => format!("(?:{w},{w}{r}){{{lo},{}}}", x - i),
-                None => format!("(?:{w},{w}{r}){{{lo},}}"),
+                Some(x) => format!("(?:{comma}{r}){{{lo},{}}}", x - i),
+                None => format!("(?:{comma}{r}){{{lo},}}"),
             }
         };
         let mut tail = build_rest(k.max(1));
         // Prefix positions from the last down to 1 (position 0 is the first element).
         for i in (1..elems.len() as u64).rev() {
             let e = &elems[i as usize];
-            let cont = format!("{w},{w}{e}{tail}");
+            let cont = format!("{comma}{e}{tail}");
             tail = if i >= min {
                 format!("(?:{cont})?")
             } else {
@@ -123,7 +123,7 @@ impl Translator<'_> {
                 }
             }
         };
-        Ok(format!("\\[{w}{body}{w}\\]"))
+        Ok(format!("\\[{pad}{body}{pad}\\]"))
     }
 
     /// The item values of an array whose items form a small finite set: `items` is an `enum`,
@@ -168,22 +168,18 @@ impl Translator<'_> {
         let max = count(m, pointer, "maxItems")?
             .unwrap_or(u64::MAX)
             .min(values.len() as u64);
-        let lits: Vec<String> = values.iter().map(value_literal).collect();
-        let w = &self.ws;
-        fn rest(used: u32, lits: &[String], min: u64, max: u64, w: &str) -> String {
+        let lits: Vec<String> = values.iter().map(|v| value_literal(v, &self.sep)).collect();
+        let (pad, comma) = (&self.sep.pad, &self.sep.comma);
+        fn rest(used: u32, lits: &[String], min: u64, max: u64, comma: &str) -> String {
             let n = used.count_ones() as u64;
             let mut alts = Vec::new();
             if n < max {
                 for (i, l) in lits.iter().enumerate() {
                     if used >> i & 1 == 0 {
-                        let sep = if n == 0 {
-                            String::new()
-                        } else {
-                            format!("{w},{w}")
-                        };
+                        let sep = if n == 0 { "" } else { comma };
                         alts.push(format!(
                             "{sep}{l}{}",
-                            rest(used | 1 << i, lits, min, max, w)
+                            rest(used | 1 << i, lits, min, max, comma)
                         ));
                     }
                 }
@@ -199,7 +195,10 @@ impl Translator<'_> {
         if min > max {
             return Ok(NOTHING.to_owned());
         }
-        Ok(format!("\\[{w}{}{w}\\]", rest(0, &lits, min, max, w)))
+        Ok(format!(
+            "\\[{pad}{}{pad}\\]",
+            rest(0, &lits, min, max, comma)
+        ))
     }
 
     /// `contains` with `minContains`/`maxContains` (2019-09 on) and a schema-valued `items`: the
@@ -282,8 +281,7 @@ impl Translator<'_> {
                 self.value(&json!({"allOf": [items, not_c]}), &here)?
             }
         };
-        let w = self.ws.clone();
-        let sep = format!("{w},{w}");
+        let (pad, sep) = (&self.sep.pad, &self.sep.comma);
         // Exactly k ≥ 1 matching elements, others around them.
         let with = |lo: u64, hi: Option<u64>| {
             let more = match hi {
@@ -302,6 +300,6 @@ impl Translator<'_> {
         if max != Some(0) {
             bodies.push(with(min.max(1), max));
         }
-        Ok(format!("\\[{w}{}{w}\\]", alt(&bodies)))
+        Ok(format!("\\[{pad}{}{pad}\\]", alt(&bodies)))
     }
 }

@@ -2,11 +2,12 @@
 
 use serde_json::{Map, Value};
 
-use super::resolve_local;
+use super::{resolve_local, Whitespace};
 
-/// `instance` re-serialized in quarry's canonical form for `schema`: compact, object properties in
-/// the order the schema lists them, then the others in their own order.
-pub fn canonicalize(instance: &Value, schema: &Value) -> String {
+/// `instance` re-serialized in quarry's canonical form for `schema`: laid out as `whitespace`
+/// writes it (see [`Whitespace::render`]), object properties in the order the schema lists them,
+/// then the others in their own order.
+pub fn canonicalize(instance: &Value, schema: &Value, whitespace: Whitespace) -> String {
     fn order(v: &Value, s: &Value, root: &Value, depth: usize) -> Value {
         let s = match s.get("$ref").and_then(Value::as_str) {
             Some(r) if depth < 32 => resolve_local(root, r).unwrap_or(s),
@@ -73,5 +74,5 @@ pub fn canonicalize(instance: &Value, schema: &Value) -> String {
             other => other.clone(),
         }
     }
-    serde_json::to_string(&order(instance, schema, schema, 0)).expect("a Value serializes")
+    whitespace.render(&order(instance, schema, schema, 0))
 }

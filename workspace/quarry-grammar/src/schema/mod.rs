@@ -115,8 +115,132 @@ pub enum Whitespace {
     /// No whitespace at all: `{"a":1,"b":[true]}`.
     #[default]
     Compact,
+    /// Exactly one space after each `,` and `:` and none elsewhere, as Python's `json.dumps` and
+    /// most chat models write JSON: `{"a": 1, "b": [true]}`. As deterministic as `Compact` (the
+    /// separators are forced bytes for jump-forward), in the form models saw in training.
+    Spaced,
     /// Up to `max_run` bytes of space, tab, CR or LF around each structural character.
     Pretty { max_run: u8 },
+}
+
+impl Whitespace {
+    /// `v` as this layout writes it: the text quarry's constraint produces for that value (for
+    /// `Pretty`, its whitespace-free form, which `Pretty` accepts).
+    pub fn render(&self, v: &Value) -> String {
+        match self {
+            Whitespace::Compact | Whitespace::Pretty { .. } => {
+                serde_json::to_string(v).expect("a Value serializes")
+            }
+            Whitespace::Spaced => {
+                let mut out = Vec::new();
+                let mut ser = serde_json::Serializer::with_formatter(&mut out, SpacedFormatter);
+                serde::Serialize::serialize(v, &mut ser).expect("a Value serializes");
+                String::from_utf8(out).expect("serde_json writes UTF-8")
+            }
+        }
+    }
+
+    /// The regexes of an item separator (`,`), a key separator (`:`) and the padding inside
+    /// brackets.
+    fn separators(&self) -> Separators {
+        match self {
+            Whitespace::Compact => Separators {
+                pad: String::new(),
+                comma: ",".into(),
+                colon: ":".into(),
+            },
+            Whitespace::Spaced => Separators {
+                pad: String::new(),
+                comma: ", ".into(),
+                colon: ": ".into(),
+            },
+            Whitespace::Pretty { max_run } => {
+                let ws = format!("[ \\t\\n\\r]{{0,{max_run}}}");
+                Separators {
+                    comma: format!("{ws},{ws}"),
+                    colon: format!("{ws}:{ws}"),
+                    pad: ws,
+                }
+            }
+        }
+    }
+}
+
+/// `compact`, `spaced`, `pretty` (up to 8 whitespace bytes) or `pretty:N`: the names the CLI and
+/// job files use.
+impl std::str::FromStr for Whitespace {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "compact" => Ok(Whitespace::Compact),
+            "spaced" => Ok(Whitespace::Spaced),
+            "pretty" => Ok(Whitespace::Pretty { max_run: 8 }),
+            _ => match s.strip_prefix("pretty:").map(str::parse::<u8>) {
+                Some(Ok(max_run)) if max_run > 0 => Ok(Whitespace::Pretty { max_run }),
+                _ => Err(format!(
+                    "unknown whitespace {s:?}: expected compact, spaced, pretty or pretty:N (N from 1 to 255)"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Whitespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Whitespace::Compact => f.write_str("compact"),
+            Whitespace::Spaced => f.write_str("spaced"),
+            Whitespace::Pretty { max_run } => write!(f, "pretty:{max_run}"),
+        }
+    }
+}
+
+/// serde_json's compact form with a space after each `,` and `:`.
+struct SpacedFormatter;
+
+impl serde_json::ser::Formatter for SpacedFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
+
+/// The regexes around structure, from [`Whitespace`].
+#[derive(Clone)]
+struct Separators {
+    /// After `[`/`{` and before `]`/`}`.
+    pad: String,
+    /// Between array items and between object members.
+    comma: String,
+    /// Between a key and its value.
+    colon: String,
 }
 
 /// How a schema becomes a constraint.
@@ -302,15 +426,11 @@ pub fn schema_to_regex_by(
         Some(s) if s.contains("2019-09") => Draft::D2019,
         _ => Draft::D2020,
     };
-    let ws = match options.whitespace {
-        Whitespace::Compact => String::new(),
-        Whitespace::Pretty { max_run } => format!("[ \\t\\n\\r]{{0,{max_run}}}"),
-    };
     let mut t = Translator {
         root: schema,
         options,
         draft,
-        ws,
+        sep: options.whitespace.separators(),
         refs: Vec::new(),
         deadline,
         keep_evaluated: false,
@@ -322,8 +442,8 @@ struct Translator<'a> {
     root: &'a Value,
     options: &'a SchemaOptions,
     draft: Draft,
-    /// Whitespace between tokens.
-    ws: String,
+    /// What goes between tokens.
+    sep: Separators,
     /// References being expanded (cycle detection).
     refs: Vec<String>,
     deadline: std::time::Instant,
@@ -363,9 +483,10 @@ fn literal(v: &Value) -> String {
     regex_syntax::escape(&serde_json::to_string(v).expect("a Value serializes"))
 }
 
-/// An `enum`/`const` value as a regex: its canonical text, where a number with an integral value
-/// may also be written with `.0` (JSON Schema compares numbers by value: `1` and `1.0` are equal).
-fn value_literal(v: &Value) -> String {
+/// An `enum`/`const` value as a regex: its canonical text in the layout `sep`, where a number
+/// with an integral value may also be written with `.0` (JSON Schema compares numbers by value: `1`
+/// and `1.0` are equal).
+fn value_literal(v: &Value, sep: &Separators) -> String {
     match v {
         Value::Number(n) => match n.as_f64() {
             Some(f) if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => {
@@ -375,21 +496,22 @@ fn value_literal(v: &Value) -> String {
             _ => literal(v),
         },
         Value::Array(a) => {
-            let items: Vec<String> = a.iter().map(value_literal).collect();
-            format!("\\[{}\\]", items.join(","))
+            let items: Vec<String> = a.iter().map(|x| value_literal(x, sep)).collect();
+            format!("\\[{p}{}{p}\\]", items.join(&sep.comma), p = sep.pad)
         }
         Value::Object(m) => {
             let members: Vec<String> = m
                 .iter()
                 .map(|(k, x)| {
                     format!(
-                        "{}:{}",
+                        "{}{}{}",
                         literal(&Value::String(k.clone())),
-                        value_literal(x)
+                        sep.colon,
+                        value_literal(x, sep)
                     )
                 })
                 .collect();
-            format!("\\{{{}\\}}", members.join(","))
+            format!("\\{{{p}{}{p}\\}}", members.join(&sep.comma), p = sep.pad)
         }
         _ => literal(v),
     }
@@ -805,7 +927,7 @@ impl Translator<'_> {
         rest.remove("const");
         let constraining = Self::constraining(&rest, &[]);
         let keep: Vec<String> = if constraining.is_empty() {
-            values.iter().map(value_literal).collect()
+            values.iter().map(|v| value_literal(v, &self.sep)).collect()
         } else if constraining == ["type"] {
             // The common `{type, enum}`: filter by type without building a regex.
             let types: Vec<&str> = match &rest["type"] {
@@ -833,15 +955,15 @@ impl Translator<'_> {
             values
                 .iter()
                 .filter(|v| of_type(v))
-                .map(value_literal)
+                .map(|v| value_literal(v, &self.sep))
                 .collect()
         } else {
             let rest_re = self.value(&Value::Object(rest), pointer)?;
             let full = object::full_match(&rest_re, "enum", pointer)?;
             values
                 .iter()
-                .filter(|v| full.is_match(serde_json::to_string(v).unwrap().as_bytes()))
-                .map(value_literal)
+                .filter(|v| full.is_match(self.options.whitespace.render(v).as_bytes()))
+                .map(|v| value_literal(v, &self.sep))
                 .collect()
         };
         Ok(alt(&keep))
@@ -853,10 +975,10 @@ impl Translator<'_> {
             return scalar;
         }
         let inner = self.any_value(depth - 1);
-        let w = &self.ws;
-        let member = format!("\"{STR_CHAR}*\"{w}:{w}{inner}");
+        let Separators { pad, comma, colon } = &self.sep;
+        let member = format!("\"{STR_CHAR}*\"{colon}{inner}");
         format!(
-            "(?:{scalar}|\\[{w}(?:{inner}(?:{w},{w}{inner})*)?{w}\\]|\\{{{w}(?:{member}(?:{w},{w}{member})*)?{w}\\}})"
+            "(?:{scalar}|\\[{pad}(?:{inner}(?:{comma}{inner})*)?{pad}\\]|\\{{{pad}(?:{member}(?:{comma}{member})*)?{pad}\\}})"
         )
     }
 }

@@ -7,8 +7,8 @@ use super::automaton::{schema_syntax, Op};
 use super::scalar::pattern_in_json;
 
 use super::{
-    alt, child, count, invalid, literal, unsupported, Draft, Result, Translator, ESCAPED, NOTHING,
-    STR_CHAR, UNEVALUATED_PROPERTIES,
+    alt, child, count, invalid, literal, unsupported, Draft, Result, Separators, Translator,
+    ESCAPED, NOTHING, STR_CHAR, UNEVALUATED_PROPERTIES,
 };
 
 impl Translator<'_> {
@@ -142,7 +142,7 @@ impl Translator<'_> {
             }
         }
         declared.extend(slots.iter().map(String::as_str));
-        let w = self.ws.clone();
+        let Separators { pad, comma, colon } = self.sep.clone();
         let extra = self.extra_members(
             &declared,
             &patterns,
@@ -151,7 +151,7 @@ impl Translator<'_> {
             pointer,
         )?;
         let member = |(name, v, _): &(String, String, bool)| {
-            format!("{}{w}:{w}{v}", literal(&Value::String(name.clone())))
+            format!("{}{colon}{v}", literal(&Value::String(name.clone())))
         };
         let min_p = count(m, pointer, "minProperties")?;
         let max_p = count(m, pointer, "maxProperties")?;
@@ -166,8 +166,8 @@ impl Translator<'_> {
                 ));
             }
             let members: Vec<(String, bool)> = items.iter().map(|it| (member(it), it.2)).collect();
-            let body = counted_members(&members, extra.as_deref(), lo, hi, &deps, &w);
-            return Ok(format!("\\{{{w}{body}{w}\\}}"));
+            let body = counted_members(&members, extra.as_deref(), lo, hi, &deps, &comma);
+            return Ok(format!("\\{{{pad}{body}{pad}\\}}"));
         }
         // Members in order, each optional or required, then any number of extras. The text
         // starts with a non-empty "head" (no leading comma) followed by the rest as a "tail"
@@ -175,10 +175,10 @@ impl Translator<'_> {
         let members: Vec<(String, bool)> = items.iter().map(|it| (member(it), it.2)).collect();
         let extras = extra
             .as_ref()
-            .map(|e| format!("(?:{w},{w}{e})*"))
+            .map(|e| format!("(?:{comma}{e})*"))
             .unwrap_or_default();
         let mut alts = Vec::new();
-        let (first, may_be_empty) = ordered_members(&members, &w);
+        let (first, may_be_empty) = ordered_members(&members, &comma);
         if let Some(first) = first {
             alts.push(format!("{first}{extras}"));
         }
@@ -188,7 +188,7 @@ impl Translator<'_> {
                 None => String::new(),
             });
         }
-        Ok(format!("\\{{{w}{}{w}\\}}", alt(&alts)))
+        Ok(format!("\\{{{pad}{}{pad}\\}}", alt(&alts)))
     }
 
     /// `patternProperties` as (pattern, schema, matcher of quoted names).
@@ -230,7 +230,7 @@ impl Translator<'_> {
         names_schema: Option<&Value>,
         pointer: &str,
     ) -> Result<Option<String>> {
-        let w = self.ws.clone();
+        let colon = self.sep.colon.clone();
         let mut outside = key_not_in(declared);
         if let Some(n) = names_schema {
             let here = child(pointer, "propertyNames");
@@ -248,7 +248,7 @@ impl Translator<'_> {
             }
             if names != NOTHING {
                 let v = self.value(&p.schema, &p.pointer)?;
-                members.push(format!("{names}{w}:{w}{v}"));
+                members.push(format!("{names}{colon}{v}"));
             }
         }
         if *extra_schema != Value::Bool(false) {
@@ -258,7 +258,7 @@ impl Translator<'_> {
             }
             if names != NOTHING {
                 let v = self.value(extra_schema, &child(pointer, "additionalProperties"))?;
-                members.push(format!("{names}{w}:{w}{v}"));
+                members.push(format!("{names}{colon}{v}"));
             }
         }
         Ok((!members.is_empty()).then(|| alt(&members)))
@@ -410,14 +410,14 @@ fn counted_members(
     min: u64,
     max: Option<u64>,
     deps: &[(usize, usize)],
-    w: &str,
+    comma: &str,
 ) -> String {
     struct Counted<'a> {
         members: &'a [(String, bool)],
         extra: Option<&'a str>,
         min: u64,
         max: Option<u64>,
-        w: &'a str,
+        comma: &'a str,
         cap: u64,
         /// (trigger, dependent) as bits of `present`; a dependent bit of 0 can never be set.
         deps: Vec<(u64, u64)>,
@@ -436,12 +436,8 @@ fn counted_members(
             if let Some(r) = self.memo.get(&(i, c, present)) {
                 return r.clone();
             }
-            let w = self.w;
-            let sep = if c == 0 {
-                String::new()
-            } else {
-                format!("{w},{w}")
-            };
+            let comma = self.comma;
+            let sep = if c == 0 { "" } else { comma };
             let broken = self
                 .deps
                 .iter()
@@ -455,14 +451,14 @@ fn counted_members(
                     Some(e) if hi != Some(0) => {
                         if c == 0 {
                             let rest = Self::bound(lo.saturating_sub(1), hi.map(|h| h - 1));
-                            let body = format!("{e}(?:{w},{w}{e}){rest}");
+                            let body = format!("{e}(?:{comma}{e}){rest}");
                             if lo == 0 {
                                 format!("(?:{body})?")
                             } else {
                                 body
                             }
                         } else {
-                            format!("(?:{w},{w}{e}){}", Self::bound(lo, hi))
+                            format!("(?:{comma}{e}){}", Self::bound(lo, hi))
                         }
                     }
                     _ if lo == 0 => String::new(),
@@ -505,7 +501,7 @@ fn counted_members(
         extra,
         min,
         max,
-        w,
+        comma,
         cap: max.unwrap_or(min.max(1)).max(1),
         deps,
         bit,
@@ -544,21 +540,21 @@ pub(super) fn full_match(
 /// then B as a tail, each member with a leading comma) or, if A may be empty, lies in B. Each
 /// member appears O(log n) times, where the direct form (for each first member, the rest as a
 /// tail) repeats the tail n times: an object with n optional properties was O(n²) regex.
-fn ordered_members(members: &[(String, bool)], w: &str) -> (Option<String>, bool) {
+fn ordered_members(members: &[(String, bool)], comma: &str) -> (Option<String>, bool) {
     match members {
         [] => (None, true),
         [(m, required)] => (Some(m.clone()), !required),
         _ => {
             let (a, b) = members.split_at(members.len() / 2);
-            let (a_first, a_empty) = ordered_members(a, w);
-            let (b_first, b_empty) = ordered_members(b, w);
+            let (a_first, a_empty) = ordered_members(a, comma);
+            let (b_first, b_empty) = ordered_members(b, comma);
             let tail: String = b
                 .iter()
                 .map(|(m, required)| {
                     if *required {
-                        format!("{w},{w}{m}")
+                        format!("{comma}{m}")
                     } else {
-                        format!("(?:{w},{w}{m})?")
+                        format!("(?:{comma}{m})?")
                     }
                 })
                 .collect();

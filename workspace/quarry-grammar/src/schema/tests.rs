@@ -283,3 +283,69 @@ fn optional_members_in_order_any_subset() {
     let member = r#""p100":(?:true|false)"#.len();
     assert!(re.len() < 256 * member * 12, "{} bytes", re.len());
 }
+
+#[test]
+fn spaced_layout_writes_one_space_after_each_separator() {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "array", "items": {"type": "boolean"}},
+            "c": {"enum": [{"x": [1, 2]}, "y:z, w"]},
+            "d": {"type": "object"}
+        },
+        "required": ["a", "b"]
+    });
+    let opts = |whitespace| SchemaOptions {
+        whitespace,
+        ..SchemaOptions::default()
+    };
+    let spaced = full(&schema_to_regex(&schema, &opts(Whitespace::Spaced)).unwrap());
+    let compact = full(&schema_to_regex(&schema, &opts(Whitespace::Compact)).unwrap());
+    let pretty = full(&schema_to_regex(&schema, &opts(Whitespace::Pretty { max_run: 2 })).unwrap());
+    for v in [
+        json!({"a": 1, "b": []}),
+        json!({"a": -3, "b": [true, false], "c": {"x": [1, 2]}}),
+        json!({"a": 0, "b": [false], "c": "y:z, w", "d": {"k": [null, {"m": "n"}]}}),
+    ] {
+        let s = Whitespace::Spaced.render(&v);
+        let c = Whitespace::Compact.render(&v);
+        assert_eq!(serde_json::from_str::<Value>(&s).unwrap(), v);
+        assert!(spaced.is_match(s.as_bytes()), "spaced {s}");
+        assert!(
+            !spaced.is_match(c.as_bytes()),
+            "spaced accepted compact {c}"
+        );
+        assert!(compact.is_match(c.as_bytes()), "compact {c}");
+        assert!(
+            !compact.is_match(s.as_bytes()),
+            "compact accepted spaced {s}"
+        );
+        assert!(pretty.is_match(s.as_bytes()) && pretty.is_match(c.as_bytes()));
+    }
+    // Inside strings nothing changes; a space before a separator is not the layout.
+    assert_eq!(
+        Whitespace::Spaced.render(&json!({"k": "a,b: c", "l": [1]})),
+        r#"{"k": "a,b: c", "l": [1]}"#
+    );
+    assert!(!spaced.is_match(br#"{"a" : 1, "b": []}"#));
+    assert!(!spaced.is_match(br#"{"a": 1,  "b": []}"#));
+    assert!(!spaced.is_match(br#"{ "a": 1, "b": [] }"#));
+}
+
+#[test]
+fn whitespace_names_round_trip() {
+    for w in [
+        Whitespace::Compact,
+        Whitespace::Spaced,
+        Whitespace::Pretty { max_run: 1 },
+        Whitespace::Pretty { max_run: 255 },
+    ] {
+        assert_eq!(w.to_string().parse::<Whitespace>(), Ok(w));
+    }
+    assert_eq!("pretty".parse(), Ok(Whitespace::Pretty { max_run: 8 }));
+    for bad in ["", "Spaced", "pretty:0", "pretty:256", "pretty:x", "tabs"] {
+        let e = bad.parse::<Whitespace>().unwrap_err();
+        assert!(e.contains("expected compact, spaced"), "{bad}: {e}");
+    }
+}
