@@ -199,17 +199,22 @@ impl std::fmt::Display for Whitespace {
 /// serde_json's compact form with a space after each `,` and `:`.
 struct SpacedFormatter;
 
+/// `", "` before every array item and object member but the first.
+fn spaced_comma<W: ?Sized + std::io::Write>(writer: &mut W, first: bool) -> std::io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        writer.write_all(b", ")
+    }
+}
+
 impl serde_json::ser::Formatter for SpacedFormatter {
     fn begin_array_value<W: ?Sized + std::io::Write>(
         &mut self,
         writer: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
+        spaced_comma(writer, first)
     }
 
     fn begin_object_key<W: ?Sized + std::io::Write>(
@@ -217,11 +222,7 @@ impl serde_json::ser::Formatter for SpacedFormatter {
         writer: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
+        spaced_comma(writer, first)
     }
 
     fn begin_object_value<W: ?Sized + std::io::Write>(
