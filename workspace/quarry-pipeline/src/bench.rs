@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use quarry_engine::{ConstraintSpec, Engine, EngineConfig, Prompt, Request};
+use quarry_grammar::{Grammar, Matcher};
 use quarry_model::Llama;
 use quarry_tokenizer::{ChatMessage, Tokenizer};
 use serde::Serialize;
@@ -215,6 +216,49 @@ pub fn facts_correct(record: &str, output: &str) -> usize {
     n
 }
 
+/// Which bytes of `text` its grammar forces: walking the text from the start, wherever the
+/// grammar leaves one continuation ([`Matcher::forced_bytes`]) those bytes are marked. This is the
+/// most any jump-forward could append without sampling, whatever its keep-back rule. Errors
+/// (naming the byte offset) when `text` does not follow the grammar.
+pub fn forced_byte_mask(grammar: &Arc<Grammar>, text: &[u8]) -> Result<Vec<bool>, PipelineError> {
+    let mut m = Matcher::new(grammar.clone());
+    let mut mask = vec![false; text.len()];
+    let mut pos = 0;
+    let off_grammar = |at: usize| PipelineError::Input {
+        location: format!("output byte {at}"),
+        message: "the text does not follow the grammar".into(),
+    };
+    while pos < text.len() {
+        let forced = m.forced_bytes().len();
+        let (n, is_forced) = if forced > 0 && text[pos..].starts_with(m.forced_bytes()) {
+            (forced, true)
+        } else {
+            (1, false)
+        };
+        m.accept_bytes(&text[pos..pos + n])
+            .map_err(|_| off_grammar(pos))?;
+        mask[pos..pos + n].fill(is_forced);
+        pos += n;
+    }
+    Ok(mask)
+}
+
+/// How many of `tokens` (the byte strings of a tokenization of the text `mask` covers, in order)
+/// lie wholly in forced bytes. Of a canonical tokenization, that is the ceiling on the share of
+/// output tokens jump-forward can force.
+pub fn forced_tokens<'a>(mask: &[bool], tokens: impl IntoIterator<Item = &'a [u8]>) -> usize {
+    let mut pos = 0;
+    let mut n = 0;
+    for t in tokens {
+        let end = (pos + t.len()).min(mask.len());
+        if end > pos && mask[pos..end].iter().all(|&f| f) {
+            n += 1;
+        }
+        pos = end;
+    }
+    n
+}
+
 /// One request per document: the chat-rendered instruction plus the document, the schema as the
 /// constraint (or none), greedy, at most `max_tokens`.
 pub fn requests(docs: &[String], schema: Option<&Value>, max_tokens: usize) -> Vec<Request> {
@@ -385,6 +429,48 @@ mod tests {
         let err = jsonl_records(&path, 1).unwrap_err().to_string();
         assert!(err.contains("line 3: no string field"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn forced_bytes_are_the_grammar_s_single_continuations() {
+        use quarry_grammar::{Constraint, Limits, SchemaOptions, Vocabulary};
+        // A vocabulary of every single byte: masks do not matter here, only the automaton.
+        let bytes: Vec<[u8; 1]> = (0..=255u8).map(|b| [b]).collect();
+        let vocab = Arc::new(Vocabulary::new(bytes.iter().map(|b| (&b[..], false)), &[]));
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+            "required": ["name", "tags"],
+            "additionalProperties": false
+        });
+        let constraint = Constraint::JsonSchema {
+            schema,
+            options: SchemaOptions::default(),
+        };
+        let g = Arc::new(Grammar::compile(&constraint, vocab, Limits::default()).unwrap());
+        let text = br#"{"name":"ab","tags":["x"]}"#;
+        let mask = forced_byte_mask(&g, text).unwrap();
+        let marked: String = text
+            .iter()
+            .zip(&mask)
+            .map(|(&b, &f)| if f { b as char } else { '_' })
+            .collect();
+        // The opening and the first key are forced. A string may always go on, so its closing
+        // quote is a choice; after it the next key is forced, and after the last value the `}`.
+        assert_eq!(marked, r#"{"name":"___,"tags":[____}"#);
+        // Tokens wholly inside forced runs count; one straddling a choice does not.
+        let toks: [&[u8]; 6] = [
+            br#"{"name":""#,
+            b"ab",
+            br#"",""#,
+            br#"tags":["#,
+            br#""x""#,
+            b"]}",
+        ];
+        assert_eq!(forced_tokens(&mask, toks), 2);
+        // Text off the grammar is an error naming the byte.
+        let err = forced_byte_mask(&g, br#"{"nam":"#).unwrap_err().to_string();
+        assert!(err.contains("output byte"), "{err}");
     }
 
     #[test]

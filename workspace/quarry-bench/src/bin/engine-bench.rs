@@ -20,7 +20,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use clap::Parser;
 use quarry_engine::{EngineConfig, KeepBack};
-use quarry_grammar::{SchemaOptions, Whitespace};
+use quarry_grammar::{Constraint, Grammar, Limits, SchemaOptions, Vocabulary, Whitespace};
 use quarry_model::{parse_device, Llama};
 use quarry_pipeline::bench;
 use quarry_tokenizer::Tokenizer;
@@ -173,6 +173,11 @@ fn main() -> Result<()> {
                 .sum();
             let mut run = serde_json::to_value(&metrics)?;
             run["facts_correct"] = json!(facts as f64 / (docs.len() * bench::FACTS.len()) as f64);
+            if cfg.constrained {
+                let (bytes, tokens) = forced_ceiling(&tok, &schema, args.whitespace, &metrics)?;
+                run["forced_bytes_share"] = json!(bytes);
+                run["forced_ceiling"] = json!(tokens);
+            }
             eprintln!("{} ({}) run {}: {run}", cfg.name, cfg.label, rep + 1);
             runs.push(run);
         }
@@ -190,16 +195,20 @@ fn main() -> Result<()> {
             "complete": med("complete"),
             "schema_valid": med("schema_valid"),
             "facts_correct": med("facts_correct"),
+            "forced_ceiling": runs[0].get("forced_ceiling").cloned(),
             "runs": runs,
         }));
     }
     println!(
-        "| config | docs/s | output tok/s | forward passes | forced share | cache hit rate | mask µs/step | complete | schema-valid | facts correct |"
+        "| config | docs/s | output tok/s | forward passes | forced share | forced ceiling | cache hit rate | mask µs/step | complete | schema-valid | facts correct |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
+        let ceiling = r["forced_ceiling"]
+            .as_f64()
+            .map_or("—".to_string(), |c| format!("{:.1}%", 100.0 * c));
         println!(
-            "| ({}) {} | {:.3} | {:.1} | {:.0} | {:.1}% | {:.1}% | {:.0} | {:.0}/{} | {:.0}/{} | {:.1}% |",
+            "| ({}) {} | {:.3} | {:.1} | {:.0} | {:.1}% | {ceiling} | {:.1}% | {:.0} | {:.0}/{} | {:.0}/{} | {:.1}% |",
             r["config"].as_str().unwrap(),
             r["label"].as_str().unwrap(),
             r["docs_per_s"].as_f64().unwrap(),
@@ -254,4 +263,49 @@ fn main() -> Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())
+}
+
+/// Over the outputs of a run (truncated ones included, as in the measured forced share): the
+/// share of their bytes the schema forces, and the share of their canonical tokens lying wholly
+/// in forced bytes ([`bench::forced_tokens`]). The latter is the most any jump-forward could force
+/// on these outputs, the ceiling for the measured forced share: each forced token saves at most
+/// one forward pass.
+fn forced_ceiling(
+    tok: &Tokenizer,
+    schema: &Value,
+    whitespace: Whitespace,
+    metrics: &bench::RunMetrics,
+) -> Result<(f64, f64)> {
+    let vocab = Arc::new(Vocabulary::new(
+        tok.token_table()
+            .iter()
+            .map(|(_, b, k)| (b, k.is_special())),
+        &tok.special_tokens().end_of_generation,
+    ));
+    let constraint = Constraint::JsonSchema {
+        schema: schema.clone(),
+        options: SchemaOptions {
+            whitespace,
+            ..EngineConfig::default().schema_options
+        },
+    };
+    let grammar = Arc::new(Grammar::compile(&constraint, vocab, Limits::default())?);
+    let (mut bytes, mut forced_bytes, mut tokens, mut forced) = (0, 0, 0, 0);
+    for (text, finish) in &metrics.outputs {
+        if finish == "error" {
+            continue;
+        }
+        let mask = bench::forced_byte_mask(&grammar, text.as_bytes())?;
+        let ids = tok.encode(text)?;
+        let spans = ids
+            .iter()
+            .map(|&id| tok.token_bytes(id))
+            .collect::<Result<Vec<_>, _>>()?;
+        bytes += mask.len();
+        forced_bytes += mask.iter().filter(|&&f| f).count();
+        tokens += ids.len();
+        forced += bench::forced_tokens(&mask, spans);
+    }
+    let share = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    Ok((share(forced_bytes, bytes), share(forced, tokens)))
 }
