@@ -81,6 +81,10 @@ pub(crate) struct GenerateArgs {
     /// Sample every token, even where the constraint forces the next bytes (for A/B runs).
     #[arg(long)]
     no_jump_forward: bool,
+    /// Jump-forward: tokens at the end of a re-encoded boundary left for the model to choose
+    /// (0 forces every forced byte; the engine benchmark in BENCHMARKS.md compares 0, 1 and 2).
+    #[arg(long, value_name = "N", default_value_t = EngineConfig::default().keep_back)]
+    keep_back: usize,
     /// Recompute every prompt instead of reusing cached prefixes (for A/B runs).
     #[arg(long)]
     no_prefix_cache: bool,
@@ -157,6 +161,7 @@ pub(crate) fn run(args: GenerateArgs) -> Result<()> {
     );
     let cfg = EngineConfig {
         jump_forward: !args.no_jump_forward,
+        keep_back: args.keep_back,
         radix_cache: !args.no_prefix_cache,
         max_running: args.max_running,
         step_tokens: EngineConfig::default().step_tokens.max(args.max_running),

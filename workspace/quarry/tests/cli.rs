@@ -271,6 +271,26 @@ fn generate_follows_constraints_and_reports_stats() {
         err.contains("forward passes") && err.contains("forced"),
         "{err}"
     );
+    // --keep-back: leaving nothing for the model forces more than leaving every boundary to it.
+    let forced = |keep_back: &str| {
+        let o = quarry(&[
+            "generate", "--chat", "--prompt",
+            "Package: jq\nVersion: 1.6-2.1\nMaintainer: ChangZhuo Chen <czchen@debian.org>\nDescription: lightweight JSON processor",
+            "--schema", "schemas/debian-package.json", "--max-tokens", "200", "--stats",
+            "--keep-back", keep_back,
+        ]);
+        let v: Value = serde_json::from_str(stdout(&o).trim_end()).expect("schema output is JSON");
+        assert!(v["name"].is_string(), "{v}");
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        let n = err
+            .split("forced ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse::<usize>().ok());
+        n.unwrap_or_else(|| panic!("no forced count in {err}"))
+    };
+    let (all, none) = (forced("0"), forced("1000"));
+    assert!(all > none, "keep-back 0 forced {all}, 1000 forced {none}");
     let err = one_line_error(&quarry(&["generate", "--prompt", "x", "--regex", "("]));
     assert!(err.contains("regex"), "{err}");
     // --whitespace spaced: the same schema, one space after every separator.
