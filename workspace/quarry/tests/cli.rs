@@ -259,29 +259,27 @@ fn generate_follows_constraints_and_reports_stats() {
         n.len() == 3 && n.bytes().all(|b| b.is_ascii_digit()) && !n.starts_with('0'),
         "{n:?}"
     );
-    let o = quarry(&[
-        "generate", "--chat", "--prompt",
-        "Package: jq\nVersion: 1.6-2.1\nMaintainer: ChangZhuo Chen <czchen@debian.org>\nDescription: lightweight JSON processor",
-        "--schema", "schemas/debian-package.json", "--max-tokens", "200", "--stats",
-    ]);
-    let v: Value = serde_json::from_str(stdout(&o).trim_end()).expect("schema output is JSON");
-    assert!(v["name"].is_string() && v["depends"].is_array(), "{v}");
-    let err = String::from_utf8_lossy(&o.stderr);
+    // The package schema on one record, with --stats: the output and the stats line.
+    let jq = |extra: &[&str]| {
+        let mut args = vec![
+            "generate", "--chat", "--prompt",
+            "Package: jq\nVersion: 1.6-2.1\nMaintainer: ChangZhuo Chen <czchen@debian.org>\nDescription: lightweight JSON processor",
+            "--schema", "schemas/debian-package.json", "--max-tokens", "200", "--stats",
+        ];
+        args.extend_from_slice(extra);
+        let o = quarry(&args);
+        let v: Value = serde_json::from_str(stdout(&o).trim_end()).expect("schema output is JSON");
+        assert!(v["name"].is_string() && v["depends"].is_array(), "{v}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = jq(&[]);
     assert!(
         err.contains("forward passes") && err.contains("forced"),
         "{err}"
     );
     // --keep-back: leaving nothing for the model forces more than leaving every boundary to it.
     let forced = |keep_back: &str| {
-        let o = quarry(&[
-            "generate", "--chat", "--prompt",
-            "Package: jq\nVersion: 1.6-2.1\nMaintainer: ChangZhuo Chen <czchen@debian.org>\nDescription: lightweight JSON processor",
-            "--schema", "schemas/debian-package.json", "--max-tokens", "200", "--stats",
-            "--keep-back", keep_back,
-        ]);
-        let v: Value = serde_json::from_str(stdout(&o).trim_end()).expect("schema output is JSON");
-        assert!(v["name"].is_string(), "{v}");
-        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        let err = jq(&["--keep-back", keep_back]);
         let n = err
             .split("forced ")
             .nth(1)

@@ -32,6 +32,15 @@ fn quarry(args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// The bytes `grammar mask` says the schema forces after `prefix`, with `extra` options.
+fn forced_after(schema: &str, extra: &[&str], prefix: &str) -> Value {
+    let mut args = vec![
+        "grammar", "mask", "--json", "--schema", schema, "--prefix", prefix,
+    ];
+    args.extend_from_slice(extra);
+    json_out(&args)["forced"].take()
+}
+
 fn json_out(args: &[&str]) -> Value {
     let o = quarry(args, "");
     assert!(
@@ -238,16 +247,10 @@ fn schema_constraints_compile_accept_and_explain() {
     let missing = r#"{"name": "jq", "version": "1", "maintainer": "x", "depends": []}"#;
     assert_eq!(quarry(&canon, missing).status.code(), Some(1));
     // The mask after a property forces the next key.
-    let v = json_out(&[
-        "grammar",
-        "mask",
-        "--json",
-        "--schema",
-        schema,
-        "--prefix",
-        r#"{"name":"jq","#,
-    ]);
-    assert_eq!(v["forced"], r#""version":""#);
+    assert_eq!(
+        forced_after(schema, &[], r#"{"name":"jq","#),
+        r#""version":""#
+    );
     let o = quarry(&["grammar", "explain", "--schema", schema], "");
     assert!(o.status.success());
     assert!(String::from_utf8(o.stdout)
@@ -290,18 +293,8 @@ fn schema_layouts_are_chosen_by_whitespace() {
         assert_eq!(quarry(&args, v).status.code(), Some(0), "{layout}");
     }
     // After a key, spaced forces `": "`.
-    let v = json_out(&[
-        "grammar",
-        "mask",
-        "--json",
-        "--schema",
-        schema,
-        "--whitespace",
-        "spaced",
-        "--prefix",
-        r#"{"name": "jq", "#,
-    ]);
-    assert_eq!(v["forced"], r#""version": ""#);
+    let forced = forced_after(schema, &["--whitespace", "spaced"], r#"{"name": "jq", "#);
+    assert_eq!(forced, r#""version": ""#);
     // A usage error (clap's, exit 2) that names the accepted layouts.
     let o = quarry(
         &[
