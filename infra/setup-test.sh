@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set-up that only `make test` needs, idempotent and cached outside the clone:
-#   1. the test venv ($QUARRY_CACHE/testvenv): pyarrow (the independent Parquet reader) and
-#      moto (a real S3 API, moto_server) with boto3;
+#   1. the test venv ($QUARRY_CACHE/testvenv): pyarrow (the independent Parquet reader),
+#      moto (a real S3 API, moto_server) with boto3, and kafka-python (a Kafka client that is not
+#      librdkafka) with its codecs (lz4, python-snappy, zstandard), the producer of the codec tests;
 #   2. tansu, a Kafka-protocol broker from crates.io ($QUARRY_CACHE/tools/bin/tansu; about 14
 #      minutes to build the first time on 2 cores, then reused).
 set -euo pipefail
@@ -9,11 +10,12 @@ QUARRY_CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
 VENV="$QUARRY_CACHE/testvenv"
 TANSU_VERSION=0.6.0
 
-if ! "$VENV/bin/python" -c 'import pyarrow, moto, boto3' >/dev/null 2>&1; then
-    echo "setup-test: installing pyarrow and moto into $VENV"
+if ! "$VENV/bin/python" -c 'import pyarrow, moto, boto3, kafka, lz4, snappy, zstandard' >/dev/null 2>&1; then
+    echo "setup-test: installing pyarrow, moto and kafka-python into $VENV"
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check \
-        "pyarrow==22.*" "moto[server]==5.*" "boto3==1.*"
+        "pyarrow==22.*" "moto[server]==5.*" "boto3==1.*" \
+        "kafka-python==2.3.3" "lz4==4.*" "python-snappy==0.7.*" "zstandard==0.*"
 fi
 
 TANSU="$QUARRY_CACHE/tools/bin/tansu"

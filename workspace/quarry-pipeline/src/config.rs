@@ -71,6 +71,33 @@ pub struct KafkaSource {
     /// Extra librdkafka settings (`security.protocol`, `sasl.*`, ...), applied last.
     #[serde(default)]
     pub properties: std::collections::BTreeMap<String, String>,
+    /// What a message with no value (a tombstone, as compacted topics use to delete a key)
+    /// becomes: `reject` (default: a rejects row with cause `tombstone`) or `skip` (no row; counted
+    /// as `skipped` in the summary, the file's metadata and `quarry_docs_skipped_total`).
+    #[serde(default)]
+    pub tombstones: TombstonePolicy,
+    /// Seconds a partition may sit behind its high watermark with nothing delivered (a batch the
+    /// client cannot decode, a fetch error that repeats) before the worker drains, names the
+    /// partition and offset, and exits non-zero so that the orchestrator restarts it and the
+    /// operator sees it. The records are never skipped. Default 120; `quarry worker
+    /// --stall-timeout` overrides it. A paused partition (its buffer full) is never stalled.
+    #[serde(default = "default_stall_timeout_s")]
+    pub stall_timeout_s: u64,
+}
+
+fn default_stall_timeout_s() -> u64 {
+    120
+}
+
+/// What a Kafka tombstone (a message with a null value) becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TombstonePolicy {
+    /// A rejects row with cause `tombstone` (and a dead letter when configured).
+    #[default]
+    Reject,
+    /// No row: the offset is covered by the range file and counted as skipped.
+    Skip,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -368,10 +395,14 @@ impl PipelineConfig {
         if self.sampling.max_tokens == 0 {
             return Err("sampling.max_tokens must be at least 1".into());
         }
-        if let SourceConfig::Dataset(d) = &self.source {
-            if d.text_shard_files == 0 {
+        match &self.source {
+            SourceConfig::Dataset(d) if d.text_shard_files == 0 => {
                 return Err("source.text_shard_files must be at least 1".into());
             }
+            SourceConfig::Kafka(k) if k.stall_timeout_s == 0 => {
+                return Err("source.stall_timeout_s must be at least 1".into());
+            }
+            _ => {}
         }
         if self.output.url == self.rejects.url {
             return Err("output.url and rejects.url must differ".into());
@@ -470,6 +501,29 @@ mod tests {
         assert!(e.contains("must differ"), "{e}");
         let e = bad(&base.replace("kind = \"dataset\"", "kind = \"dataset\"\nbrokers = \"x\""));
         assert!(e.contains("brokers"), "{e}");
+    }
+
+    #[test]
+    fn kafka_tombstones_and_stall_timeout_have_defaults_and_checked_values() {
+        let base = "name = \"x\"\nschema = \"s.json\"\n[source]\nkind = \"kafka\"\nbrokers = \"b:9092\"\ntopic = \"t\"\ngroup = \"g\"\n[prompt]\ntemplate = \"{{ text }}\"\n[output]\nurl = \"o\"\n[rejects]\nurl = \"r\"\n";
+        let parse = |t: &str| PipelineConfig::parse(t, "k.toml", PathBuf::new());
+        let kafka = |t: &str| match parse(t).unwrap().source {
+            SourceConfig::Kafka(k) => k,
+            SourceConfig::Dataset(_) => panic!("a kafka source"),
+        };
+        let k = kafka(base);
+        assert_eq!(k.tombstones, TombstonePolicy::Reject);
+        assert_eq!(k.stall_timeout_s, 120);
+        let with = |line: &str| base.replace("group = \"g\"", &format!("group = \"g\"\n{line}"));
+        let k = kafka(&with("tombstones = \"skip\"\nstall_timeout_s = 30"));
+        assert_eq!(k.tombstones, TombstonePolicy::Skip);
+        assert_eq!(k.stall_timeout_s, 30);
+        let e = parse(&with("tombstones = \"drop\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("k.toml") && e.contains("drop"), "{e}");
+        let e = parse(&with("stall_timeout_s = 0")).unwrap_err().to_string();
+        assert!(e.contains("stall_timeout_s"), "{e}");
     }
 
     #[test]

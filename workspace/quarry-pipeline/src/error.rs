@@ -3,6 +3,44 @@
 
 use thiserror::Error;
 
+/// How far one partition is from its high watermark when a worker stops.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PartitionLag {
+    pub partition: i32,
+    /// The group's committed offset; `None` when nothing was committed or it could not be read.
+    pub committed: Option<i64>,
+    /// The offset after the last range this worker published. The output is the source of truth
+    /// for progress: a commit refused in a rebalance (`IllegalGeneration`) leaves the committed
+    /// offset behind what is durably published, and the next owner resumes from the output.
+    pub published: Option<i64>,
+    /// The partition's high watermark; `None` when it could not be read.
+    pub high_watermark: Option<i64>,
+    /// `high_watermark - max(committed, published, low watermark)`; `None` when unknown.
+    pub lag: Option<i64>,
+}
+
+impl PartitionLag {
+    /// Caught up: the lag is known and zero.
+    pub fn is_done(&self) -> bool {
+        self.lag == Some(0)
+    }
+}
+
+fn lag_list(parts: &[PartitionLag]) -> String {
+    let one = |p: &PartitionLag| {
+        let opt = |v: Option<i64>| v.map_or("unknown".to_string(), |v| v.to_string());
+        format!(
+            "partition {} lag {} (committed {}, published {}, high watermark {})",
+            p.partition,
+            opt(p.lag),
+            opt(p.committed),
+            opt(p.published),
+            opt(p.high_watermark)
+        )
+    };
+    parts.iter().map(one).collect::<Vec<_>>().join("; ")
+}
+
 #[derive(Debug, Error)]
 pub enum PipelineError {
     /// A job definition that cannot be used.
@@ -27,6 +65,29 @@ pub enum PipelineError {
     /// Kafka client errors (broker unreachable, commit failed, ...).
     #[error("kafka: {0}")]
     Kafka(String),
+    /// A partition sat behind its high watermark with nothing delivered for longer than
+    /// `source.stall_timeout_s`. Its records were not skipped: a restart starts from them again.
+    #[error(
+        "kafka topic {topic} partition {partition}: stalled at offset {offset} (high watermark \
+         {high_watermark}) for {stalled_s} s, over source.stall_timeout_s = {limit_s}; cause: \
+         {cause}; the records were not skipped"
+    )]
+    Stalled {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        high_watermark: i64,
+        stalled_s: u64,
+        limit_s: u64,
+        cause: String,
+    },
+    /// `--idle-exit` stopped with records left: a committed offset short of its high watermark
+    /// (or one that could not be read).
+    #[error("kafka topic {topic}: idle exit with records left: {}", lag_list(.partitions))]
+    LagLeft {
+        topic: String,
+        partitions: Vec<PartitionLag>,
+    },
     /// Arrow or Parquet encoding failed for a whole file.
     #[error("parquet {location}: {message}")]
     Parquet { location: String, message: String },

@@ -384,6 +384,7 @@ mod tests {
         let cause = |o: Outcome| match o {
             Outcome::Rejected { cause, .. } => cause.name(),
             Outcome::Accepted { .. } => "accepted",
+            Outcome::Skipped { .. } => "skipped",
         };
         assert_eq!(
             cause(v.judge(g(r#"{"a":1}"#, FinishReason::ConstraintComplete))),

@@ -68,6 +68,10 @@ pub struct FileReport {
     pub consumed: u64,
     pub accepted: u64,
     pub rejected: u64,
+    /// Left out by configuration (tombstones with `source.tombstones = "skip"`); no row anywhere.
+    pub skipped: u64,
+    /// Skips by cause name.
+    pub skipped_causes: BTreeMap<&'static str, u64>,
     /// The accepted file was already there (a replay after a crash).
     pub replayed: bool,
     pub first_offset: Option<i64>,
@@ -155,6 +159,19 @@ impl<E: Extractor> Flow<E> {
         };
         f.inputs.push(input);
         f.outcomes.push(outcome);
+    }
+
+    /// Adds an input that configuration leaves out (see [`Outcome::Skipped`]): it takes its place
+    /// in the file's offset range and counts, but becomes no row.
+    pub fn push_skipped(&mut self, file: u64, input: Input) {
+        let f = self.files.get_mut(&file).expect("push into an open file");
+        debug_assert!(!f.sealed, "push into a sealed file");
+        let cause = match &input.doc {
+            Err(cause) => cause.clone(),
+            Ok(_) => RejectCause::Empty,
+        };
+        f.inputs.push(input);
+        f.outcomes.push(Some(Outcome::Skipped { cause }));
     }
 
     pub fn seal(&mut self, file: u64) {
@@ -316,6 +333,14 @@ impl Publisher {
             m.push(("quarry.offset_first".into(), a.to_string()));
             m.push(("quarry.offset_last".into(), b.to_string()));
         }
+        let skipped = file
+            .outcomes
+            .iter()
+            .filter(|o| matches!(o, Some(Outcome::Skipped { .. })))
+            .count();
+        if skipped > 0 {
+            m.push(("quarry.skipped".into(), skipped.to_string()));
+        }
         m.extend(file.metadata.iter().cloned());
         m
     }
@@ -354,6 +379,10 @@ impl Publisher {
                         finish,
                         record,
                     });
+                }
+                Outcome::Skipped { cause } => {
+                    report.skipped += 1;
+                    *report.skipped_causes.entry(cause.name()).or_default() += 1;
                 }
                 Outcome::Rejected {
                     cause,
@@ -445,10 +474,10 @@ impl Publisher {
                 message,
             })?;
         self.rejects.publish(&file.name, bytes)?;
-        if report.accepted + report.rejected != report.consumed {
+        if report.accepted + report.rejected + report.skipped != report.consumed {
             return Err(PipelineError::Conservation(format!(
-                "{}: accepted {} + rejected {} != consumed {}",
-                file.name, report.accepted, report.rejected, report.consumed
+                "{}: accepted {} + rejected {} + skipped {} != consumed {}",
+                file.name, report.accepted, report.rejected, report.skipped, report.consumed
             )));
         }
         Ok(report)

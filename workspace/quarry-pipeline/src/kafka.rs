@@ -10,6 +10,23 @@
 //!
 //! The loop never blocks on the model for long: it polls the consumer between engine steps, and a
 //! partition with `batching.max_buffered` documents waiting is paused (not left) until they drain.
+//!
+//! ## Input the worker cannot move past
+//! Every codec Kafka defines is decoded (none, gzip, snappy, lz4, zstd). When a partition still
+//! cannot move (a corrupt batch, a fetch error that repeats), librdkafka retries the same offset
+//! forever and reports errors without saying which partition they belong to. So the worker watches
+//! each partition instead: one that stays behind its high watermark (librdkafka's statistics) with
+//! nothing delivered is *stalled*. After [`STALL_WARN`] it is counted in
+//! `quarry_stalled_partitions` and logged once, naming topic, partition, offset and the consumer
+//! errors seen since it last moved; after `source.stall_timeout_s` the worker drains what it holds
+//! and stops with [`PipelineError::Stalled`] (a non-zero exit). Nothing is ever skipped.
+//! Consumer errors are counted by kind in `quarry_consumer_errors_total` and logged once per kind
+//! a minute, not once per retry.
+//!
+//! ## Stopping
+//! Every stop reports each assigned partition's lag (committed offset against high watermark).
+//! `--idle-exit` succeeds only when all of them are zero; otherwise [`WorkerSummary::verdict`]
+//! is [`PipelineError::LagLeft`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -23,12 +40,12 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::config::{KafkaSource, PipelineConfig, SourceConfig};
-use crate::error::PipelineError;
+use crate::config::{KafkaSource, PipelineConfig, SourceConfig, TombstonePolicy};
+use crate::error::{PartitionLag, PipelineError};
 use crate::extract::Extractor;
 use crate::flow::{FileReport, Flow, Publisher};
-use crate::metrics::{Metrics, PartitionLabel};
-use crate::record::{decode, Lineage};
+use crate::metrics::{ErrorKindLabel, Metrics, PartitionLabel};
+use crate::record::{decode, tombstone, Lineage};
 use crate::shutdown::Shutdown;
 use crate::store::Location;
 
@@ -103,13 +120,70 @@ enum Event {
     Fatal(String),
 }
 
+/// A partition as librdkafka's statistics last saw it (every 5 s, no broker round trip).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct FetchStats {
+    /// Messages behind the high watermark, from the committed offset.
+    consumer_lag: i64,
+    hi_offset: i64,
+    lo_offset: i64,
+    committed_offset: i64,
+    /// The offset the fetcher asks the broker for next (negative while it has none).
+    next_offset: i64,
+}
+
+impl FetchStats {
+    /// The partition has records beyond `position` that the fetcher has not got past.
+    fn behind(&self, position: Option<i64>) -> bool {
+        let start = position.unwrap_or(if self.committed_offset >= 0 {
+            self.committed_offset
+        } else {
+            self.lo_offset
+        });
+        self.hi_offset > start.max(self.next_offset)
+    }
+}
+
+/// How often a repeating log line may be written.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Logs a repeating line once per key and [`LOG_EVERY`], with how many were held back.
+#[derive(Default)]
+struct Throttle {
+    seen: HashMap<String, (Instant, u64)>,
+}
+
+impl Throttle {
+    /// `Some(suppressed since the last line)` when this occurrence should be logged.
+    fn admit(&mut self, key: &str) -> Option<u64> {
+        let now = Instant::now();
+        match self.seen.get_mut(key) {
+            None => {
+                self.seen.insert(key.to_string(), (now, 0));
+                Some(0)
+            }
+            Some((last, held)) if now.duration_since(*last) >= LOG_EVERY => {
+                let n = *held;
+                *last = now;
+                *held = 0;
+                Some(n)
+            }
+            Some((_, held)) => {
+                *held += 1;
+                None
+            }
+        }
+    }
+}
+
 struct WorkerContext {
     topic: String,
     output: Location,
     rejects: Location,
     events: Mutex<Vec<Event>>,
-    /// Consumer lag per partition from librdkafka's statistics (no broker round trip).
-    lag: Mutex<HashMap<i32, i64>>,
+    fetch: Mutex<HashMap<i32, FetchStats>>,
+    /// Client-level errors (a broker down) repeat at every retry.
+    errors_logged: Mutex<Throttle>,
 }
 
 impl ClientContext for WorkerContext {
@@ -128,17 +202,34 @@ impl ClientContext for WorkerContext {
 
     fn stats(&self, stats: rdkafka::Statistics) {
         if let Some(t) = stats.topics.get(&self.topic) {
-            let mut lag = self.lag.lock().expect("lag lock");
+            let mut fetch = self.fetch.lock().expect("fetch lock");
             for (p, part) in &t.partitions {
-                if *p >= 0 && part.consumer_lag >= 0 {
-                    lag.insert(*p, part.consumer_lag);
+                if *p >= 0 && part.hi_offset >= 0 {
+                    fetch.insert(
+                        *p,
+                        FetchStats {
+                            consumer_lag: part.consumer_lag,
+                            hi_offset: part.hi_offset,
+                            lo_offset: part.lo_offset,
+                            committed_offset: part.committed_offset,
+                            next_offset: part.next_offset,
+                        },
+                    );
                 }
             }
         }
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(target: "librdkafka", %error, "{reason}");
+        let key = error_kind(&error);
+        if let Some(held) = self
+            .errors_logged
+            .lock()
+            .expect("throttle lock")
+            .admit(&key)
+        {
+            tracing::warn!(target: "librdkafka", %error, held_back = held, "{reason}");
+        }
     }
 }
 
@@ -223,19 +314,94 @@ pub struct WorkerOptions {
     pub instance_id: Option<String>,
     /// Stop gracefully after this long with nothing consumed and nothing in flight.
     pub idle_exit: Option<Duration>,
+    /// Overrides `source.stall_timeout_s`.
+    pub stall_timeout: Option<Duration>,
+}
+
+/// Why a worker stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// SIGTERM or SIGINT: drained and committed what it held.
+    #[default]
+    Signal,
+    /// `--idle-exit`: nothing to do for that long.
+    Idle,
+    /// A partition stalled past `source.stall_timeout_s`.
+    Stalled,
+    /// A second signal: in-flight work abandoned, uncommitted.
+    Abandoned,
+}
+
+/// A partition that stopped the worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stall {
+    pub partition: i32,
+    pub offset: i64,
+    pub high_watermark: i64,
+    pub stalled: Duration,
+    pub cause: String,
 }
 
 /// What a worker did before it stopped.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct WorkerSummary {
+    pub topic: String,
+    pub stop: StopReason,
     pub consumed: u64,
     pub accepted: u64,
     pub rejected: u64,
+    /// Left out by configuration (`source.tombstones = "skip"`).
+    pub skipped: u64,
     pub files: u64,
     pub replays: u64,
     pub abandoned: u64,
     pub causes: BTreeMap<String, u64>,
+    /// Consumer errors by kind (see `quarry_consumer_errors_total`).
+    pub consumer_errors: BTreeMap<String, u64>,
+    /// Each assigned partition's lag when the worker stopped.
+    pub lag: Vec<PartitionLag>,
+    /// The records left in the assigned partitions (the sum of `lag`; unknown ones not counted).
+    pub lag_total: i64,
     pub wall_s: f64,
+    #[serde(skip)]
+    pub stall: Option<Stall>,
+    #[serde(skip)]
+    pub stall_limit: Duration,
+}
+
+impl WorkerSummary {
+    /// Whether the stop is a success: a stall never is, and an idle exit only with every
+    /// assigned partition committed up to its high watermark.
+    pub fn verdict(&self) -> Result<(), PipelineError> {
+        match self.stop {
+            StopReason::Stalled => {
+                let s = self.stall.clone().unwrap_or(Stall {
+                    partition: -1,
+                    offset: -1,
+                    high_watermark: -1,
+                    stalled: Duration::ZERO,
+                    cause: "unknown".into(),
+                });
+                Err(PipelineError::Stalled {
+                    topic: self.topic.clone(),
+                    partition: s.partition,
+                    offset: s.offset,
+                    high_watermark: s.high_watermark,
+                    stalled_s: s.stalled.as_secs(),
+                    limit_s: self.stall_limit.as_secs(),
+                    cause: s.cause,
+                })
+            }
+            StopReason::Idle if !self.lag.iter().all(PartitionLag::is_done) => {
+                Err(PipelineError::LagLeft {
+                    topic: self.topic.clone(),
+                    partitions: self.lag.iter().filter(|l| !l.is_done()).cloned().collect(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 struct Part {
@@ -244,6 +410,58 @@ struct Part {
     open: Option<(u64, Instant)>,
     replay: Option<(String, i64, i64)>,
     paused: bool,
+    /// The last time this partition moved (a delivery), was assigned or resumed, or had nothing
+    /// left to read: the stall clock.
+    progress: Instant,
+    /// Counted in `quarry_stalled_partitions` and logged.
+    stalled: bool,
+    /// The offset after the last published range, and whether committing it failed (a
+    /// rebalance in progress): retried when the worker stops, so the lag it reports is true.
+    published_next: Option<i64>,
+    commit_pending: bool,
+}
+
+impl Part {
+    fn new(next: Option<i64>, replay: Option<(String, i64, i64)>) -> Self {
+        Self {
+            next,
+            open: None,
+            replay,
+            paused: false,
+            progress: Instant::now(),
+            stalled: false,
+            // Reconciled from the output: everything before it has its rejects marker.
+            published_next: next,
+            commit_pending: false,
+        }
+    }
+}
+
+/// A partition with nothing delivered for this long while behind is counted and logged as stalled
+/// (the worker stops only at `source.stall_timeout_s`).
+pub const STALL_WARN: Duration = Duration::from_secs(15);
+
+/// Broker round trips at stop (committed offsets, watermarks) give up after this long.
+const STOP_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A librdkafka error as a metric label: its code in snake case (a bounded set).
+fn error_kind(e: &KafkaError) -> String {
+    let name = match e.rdkafka_error_code() {
+        Some(code) => format!("{code:?}"),
+        None => return "client".into(),
+    };
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// A running worker.
@@ -257,6 +475,12 @@ pub struct Worker<'a, E: Extractor> {
     metrics: &'a Metrics,
     parts: HashMap<i32, Part>,
     summary: WorkerSummary,
+    stall_limit: Duration,
+    /// Consumer errors by kind: how many, and when the last one came.
+    errors: BTreeMap<String, (u64, Instant)>,
+    errors_total: u64,
+    errors_logged: Throttle,
+    stop: StopReason,
 }
 
 /// The prefix of environment variables that set librdkafka properties, so credentials come from a
@@ -330,7 +554,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
             output: publisher.output.clone(),
             rejects: publisher.rejects.clone(),
             events: Mutex::new(Vec::new()),
-            lag: Mutex::new(HashMap::new()),
+            fetch: Mutex::new(HashMap::new()),
+            errors_logged: Mutex::new(Throttle::default()),
         };
         let consumer: BaseConsumer<WorkerContext> = cc
             .create_with_context(ctx)
@@ -352,6 +577,14 @@ impl<'a, E: Extractor> Worker<'a, E> {
             }
             None => None,
         };
+        let stall_limit = opts
+            .stall_timeout
+            .unwrap_or(Duration::from_secs(src.stall_timeout_s));
+        let summary = WorkerSummary {
+            topic: src.topic.clone(),
+            stall_limit,
+            ..WorkerSummary::default()
+        };
         Ok(Self {
             src,
             cfg,
@@ -361,7 +594,12 @@ impl<'a, E: Extractor> Worker<'a, E> {
             publisher,
             metrics,
             parts: HashMap::new(),
-            summary: WorkerSummary::default(),
+            summary,
+            stall_limit,
+            errors: BTreeMap::new(),
+            errors_total: 0,
+            errors_logged: Throttle::default(),
+            stop: StopReason::Signal,
         })
     }
 
@@ -382,6 +620,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
         loop {
             self.metrics.beat();
             if shutdown.abandon() {
+                self.stop = StopReason::Abandoned;
                 let n: usize = self
                     .parts
                     .keys()
@@ -401,9 +640,17 @@ impl<'a, E: Extractor> Worker<'a, E> {
             // group to expire its predecessor), or after 60 s more with none.
             let idle_now = idle(opts, last_activity)
                 && (!self.parts.is_empty() || idle(opts, started + Duration::from_secs(60)));
-            if (shutdown.requested() || idle_now) && !draining {
+            let stalled = self.summary.stall.is_some();
+            if (shutdown.requested() || idle_now || stalled) && !draining {
                 draining = true;
-                tracing::info!("draining: no new messages; finishing and publishing what is held");
+                self.stop = if stalled {
+                    StopReason::Stalled
+                } else if shutdown.requested() {
+                    StopReason::Signal
+                } else {
+                    StopReason::Idle
+                };
+                tracing::info!(stop = ?self.stop, "draining: no new messages; finishing and publishing what is held");
                 self.pause_all()?;
             }
             if draining {
@@ -446,23 +693,36 @@ impl<'a, E: Extractor> Worker<'a, E> {
                                 .collect();
                             serde_json::Value::Object(map).to_string()
                         });
-                        let input = decode(
-                            msg.payload().unwrap_or_default(),
-                            self.src.value,
-                            &self.src.fields,
-                            self.cfg.batching.max_doc_bytes,
-                            lineage,
-                        );
+                        let (input, skip) = match msg.payload() {
+                            Some(bytes) => (
+                                decode(
+                                    bytes,
+                                    self.src.value,
+                                    &self.src.fields,
+                                    self.cfg.batching.max_doc_bytes,
+                                    lineage,
+                                ),
+                                false,
+                            ),
+                            None => (
+                                tombstone(lineage),
+                                self.src.tombstones == TombstonePolicy::Skip,
+                            ),
+                        };
                         drop(msg);
-                        self.take_message(p, off, input);
+                        self.take_message(p, off, input, skip);
                         taken += 1;
                         last_activity = Instant::now();
                         if taken >= 1000 {
                             break;
                         }
                     }
+                    Some(Err(KafkaError::PartitionEOF(_))) => {}
+                    Some(Err(e @ KafkaError::MessageConsumptionFatal(_))) => {
+                        return Err(kafka_err("fatal consumer error", e));
+                    }
                     Some(Err(e)) => {
-                        tracing::warn!(error = %e, "consumer error");
+                        self.consumer_error(&e);
                         break;
                     }
                     None => break,
@@ -490,17 +750,214 @@ impl<'a, E: Extractor> Worker<'a, E> {
             self.resume_drained()?;
             if last_lag.elapsed() > Duration::from_secs(1) {
                 self.update_lag();
+                if !draining {
+                    self.check_stalls();
+                }
                 last_lag = Instant::now();
             }
             if draining && self.flow.open_files() == 0 {
                 break;
             }
         }
+        self.summary.stop = self.stop;
+        self.retry_commits();
+        self.summary.lag = self.final_lag();
+        self.summary.lag_total = self.summary.lag.iter().filter_map(|l| l.lag).sum();
+        self.summary.consumer_errors = self
+            .errors
+            .iter()
+            .map(|(k, (n, _))| (k.clone(), *n))
+            .collect();
         self.summary.wall_s = started.elapsed().as_secs_f64();
         Ok(self.summary)
     }
 
-    fn take_message(&mut self, p: i32, off: i64, input: crate::record::Input) {
+    /// Counts a consumer error and logs it once per kind and [`LOG_EVERY`]. librdkafka does not
+    /// say which partition a fetch error belongs to; [`Worker::check_stalls`] finds that out.
+    fn consumer_error(&mut self, e: &KafkaError) {
+        let kind = error_kind(e);
+        self.metrics
+            .consumer_errors
+            .get_or_create(&ErrorKindLabel { kind: kind.clone() })
+            .inc();
+        self.errors_total += 1;
+        let entry = self
+            .errors
+            .entry(kind.clone())
+            .or_insert((0, Instant::now()));
+        entry.0 += 1;
+        entry.1 = Instant::now();
+        if let Some(held) = self.errors_logged.admit(&kind) {
+            tracing::warn!(topic = %self.src.topic, error = %e, kind = %kind, held_back = held, total = entry.0, "consumer error");
+        }
+    }
+
+    /// The consumer errors seen since `since`, for a stall's cause.
+    fn errors_since(&self, since: Instant) -> String {
+        let recent: Vec<String> = self
+            .errors
+            .iter()
+            .filter(|(_, (_, last))| *last >= since)
+            .map(|(k, (n, _))| format!("{k} ({n} so far)"))
+            .collect();
+        if recent.is_empty() {
+            "nothing delivered and no consumer error reported (a fetch that never completes?)"
+                .into()
+        } else {
+            format!("consumer errors {}", recent.join(", "))
+        }
+    }
+
+    /// Finds partitions that are behind with nothing delivered: logs and counts them after
+    /// [`STALL_WARN`], and stops the worker after the stall timeout.
+    fn check_stalls(&mut self) {
+        let fetch = self
+            .consumer
+            .context()
+            .fetch
+            .lock()
+            .expect("fetch lock")
+            .clone();
+        let now = Instant::now();
+        let warn_after = STALL_WARN.min(self.stall_limit);
+        let mut found: Option<Stall> = None;
+        let mut count = 0;
+        let ps: Vec<i32> = self.parts.keys().copied().collect();
+        for p in ps {
+            let part = &self.parts[&p];
+            let st = fetch.get(&p);
+            let behind = !part.paused && st.is_some_and(|st| st.behind(part.next));
+            if !behind {
+                let part = self.parts.get_mut(&p).expect("present");
+                part.progress = now;
+                if part.stalled {
+                    tracing::info!(topic = %self.src.topic, partition = p, "partition moves again");
+                }
+                part.stalled = false;
+                continue;
+            }
+            let st = st.expect("behind needs statistics");
+            let idle_for = now.duration_since(part.progress);
+            if idle_for < warn_after {
+                continue;
+            }
+            count += 1;
+            let offset = part
+                .next
+                .unwrap_or(st.next_offset.max(st.committed_offset).max(st.lo_offset));
+            let stall = Stall {
+                partition: p,
+                offset,
+                high_watermark: st.hi_offset,
+                stalled: idle_for,
+                cause: self.errors_since(part.progress),
+            };
+            if !part.stalled {
+                tracing::error!(
+                    topic = %self.src.topic,
+                    partition = p,
+                    offset,
+                    high_watermark = st.hi_offset,
+                    stalled_s = idle_for.as_secs(),
+                    stall_timeout_s = self.stall_limit.as_secs(),
+                    cause = %stall.cause,
+                    "partition stalled: nothing delivered while behind; the worker stops at the stall timeout unless it moves"
+                );
+                self.parts.get_mut(&p).expect("present").stalled = true;
+            }
+            if idle_for >= self.stall_limit && found.is_none() {
+                found = Some(stall);
+            }
+        }
+        self.metrics.stalled_partitions.set(count);
+        if let Some(stall) = found {
+            tracing::error!(
+                topic = %self.src.topic,
+                partition = stall.partition,
+                offset = stall.offset,
+                cause = %stall.cause,
+                "stall timeout: draining and stopping with a non-zero exit"
+            );
+            self.summary.stall = Some(stall);
+        }
+    }
+
+    /// Commits again the published ranges whose commit failed.
+    fn retry_commits(&mut self) {
+        let mut tpl = TopicPartitionList::new();
+        for (p, part) in &self.parts {
+            if let (true, Some(next)) = (part.commit_pending, part.published_next) {
+                if tpl
+                    .add_partition_offset(&self.src.topic, *p, Offset::Offset(next))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        match self.consumer.commit(&tpl, CommitMode::Sync) {
+            Ok(()) => {
+                tracing::info!(partitions = tpl.count(), "failed commits retried at stop");
+                for part in self.parts.values_mut() {
+                    part.commit_pending = false;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "failed commits still fail at stop; the lag shows them")
+            }
+        }
+    }
+
+    /// Every assigned partition's committed offset against its high watermark, from the broker.
+    fn final_lag(&self) -> Vec<PartitionLag> {
+        let committed: HashMap<i32, i64> = match self.consumer.committed(STOP_QUERY_TIMEOUT) {
+            Ok(tpl) => tpl
+                .elements_for_topic(&self.src.topic)
+                .iter()
+                .filter_map(|e| match e.offset() {
+                    Offset::Offset(o) => Some((e.partition(), o)),
+                    _ => None,
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the committed offsets");
+                HashMap::new()
+            }
+        };
+        let mut ps: Vec<i32> = self.parts.keys().copied().collect();
+        ps.sort();
+        ps.into_iter()
+            .map(|p| {
+                let marks = self
+                    .consumer
+                    .fetch_watermarks(&self.src.topic, p, STOP_QUERY_TIMEOUT);
+                let c = committed.get(&p).copied();
+                let published = self.parts[&p].published_next;
+                let (high, lag) = match marks {
+                    Ok((low, high)) => {
+                        let done = [c, published].into_iter().flatten().fold(low, i64::max);
+                        (Some(high), Some((high - done).max(0)))
+                    }
+                    Err(e) => {
+                        tracing::warn!(partition = p, error = %e, "cannot read the watermarks");
+                        (None, None)
+                    }
+                };
+                PartitionLag {
+                    partition: p,
+                    committed: c,
+                    published,
+                    high_watermark: high,
+                    lag,
+                }
+            })
+            .collect()
+    }
+
+    fn take_message(&mut self, p: i32, off: i64, input: crate::record::Input, skip: bool) {
         let group = self.group(p);
         let Some(part) = self.parts.get_mut(&p) else {
             // Delivered for a partition revoked since: the new owner will read it.
@@ -510,6 +967,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
             return;
         }
         part.next = Some(off + 1);
+        part.progress = Instant::now();
         let file = match part.open {
             Some((f, _)) => f,
             None => {
@@ -518,7 +976,11 @@ impl<'a, E: Extractor> Worker<'a, E> {
                 f
             }
         };
-        self.flow.push(file, input);
+        if skip {
+            self.flow.push_skipped(file, input);
+        } else {
+            self.flow.push(file, input);
+        }
         let len = self.flow.file(file).map(|f| f.len()).unwrap_or(0);
         let replay_end = part.replay.as_ref().map(|r| r.2);
         let full = match replay_end {
@@ -580,15 +1042,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
         for ev in events {
             match ev {
                 Event::Assigned(p, r) => {
-                    self.parts.insert(
-                        p,
-                        Part {
-                            next: r.resume,
-                            open: None,
-                            replay: r.replay,
-                            paused: false,
-                        },
-                    );
+                    self.parts.insert(p, Part::new(r.resume, r.replay));
                 }
                 Event::Revoked(p) => {
                     let dropped = self.flow.abandon(&self.group(p));
@@ -610,6 +1064,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
         self.summary.consumed += r.consumed;
         self.summary.accepted += r.accepted;
         self.summary.rejected += r.rejected;
+        self.summary.skipped += r.skipped;
         self.summary.files += 1;
         self.summary.replays += r.replayed as u64;
         for (c, n) in &r.causes {
@@ -640,11 +1095,16 @@ impl<'a, E: Extractor> Worker<'a, E> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.src.topic, p, Offset::Offset(last + 1))
             .map_err(|e| kafka_err("commit list", e))?;
-        // A failed commit loses nothing: the next owner reconciles from the published files.
-        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
-            tracing::warn!(partition = p, error = %e, "commit failed; the output stays authoritative");
+        // A failed commit loses nothing: the next owner reconciles from the published files, and
+        // this worker tries again when it stops.
+        let part = self.parts.get_mut(&p).expect("present");
+        part.published_next = Some(last + 1);
+        let committed = self.consumer.commit(&tpl, CommitMode::Sync);
+        part.commit_pending = committed.is_err();
+        if let Err(e) = committed {
+            tracing::warn!(partition = p, error = %e, "commit failed; the output stays authoritative, retried at stop");
         }
-        tracing::info!(file = %r.name, accepted = r.accepted, rejected = r.rejected, "published");
+        tracing::info!(file = %r.name, accepted = r.accepted, rejected = r.rejected, skipped = r.skipped, "published");
         Ok(())
     }
 
@@ -681,19 +1141,24 @@ impl<'a, E: Extractor> Worker<'a, E> {
             self.consumer
                 .resume(&tpl)
                 .map_err(|e| kafka_err("resume", e))?;
-            self.parts.get_mut(&p).expect("present").paused = false;
+            let part = self.parts.get_mut(&p).expect("present");
+            part.paused = false;
+            part.progress = Instant::now();
         }
         Ok(())
     }
 
     fn update_lag(&self) {
-        let lag = self
+        let lag: Vec<(i32, i64)> = self
             .consumer
             .context()
-            .lag
+            .fetch
             .lock()
-            .expect("lag lock")
-            .clone();
+            .expect("fetch lock")
+            .iter()
+            .filter(|(_, f)| f.consumer_lag >= 0)
+            .map(|(p, f)| (*p, f.consumer_lag))
+            .collect();
         for (p, n) in lag {
             if self.parts.contains_key(&p) {
                 self.metrics
@@ -719,6 +1184,109 @@ fn parse_partition(group: &str) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stats(hi: i64, next: i64, committed: i64) -> FetchStats {
+        FetchStats {
+            consumer_lag: -1,
+            hi_offset: hi,
+            lo_offset: 0,
+            committed_offset: committed,
+            next_offset: next,
+        }
+    }
+
+    #[test]
+    fn a_partition_is_behind_only_with_records_neither_delivered_nor_fetched_past() {
+        // Stuck: the fetcher sits at offset 2, the worker expects 2, the log ends at 5.
+        assert!(stats(5, 2, -1001).behind(Some(2)));
+        // Caught up.
+        assert!(!stats(5, 5, 5).behind(Some(5)));
+        // The fetcher is past the last records (a transaction marker the consumer never sees).
+        assert!(!stats(5, 5, 4).behind(Some(4)));
+        // Nothing delivered yet: start from the committed offset, else the log start.
+        assert!(stats(5, -1001, 3).behind(None));
+        assert!(!stats(3, -1001, 3).behind(None));
+        assert!(stats(1, -1001, -1001).behind(None));
+        assert!(!stats(0, -1001, -1001).behind(None));
+    }
+
+    #[test]
+    fn repeating_errors_are_logged_once_per_kind_and_interval() {
+        let mut t = Throttle::default();
+        assert_eq!(t.admit("bad_compression"), Some(0));
+        assert_eq!(t.admit("bad_compression"), None);
+        assert_eq!(t.admit("bad_compression"), None);
+        assert_eq!(t.admit("transport"), Some(0));
+        // After the interval the next one is logged with the count held back.
+        t.seen.get_mut("bad_compression").unwrap().0 -= LOG_EVERY;
+        assert_eq!(t.admit("bad_compression"), Some(2));
+        assert_eq!(t.admit("bad_compression"), None);
+    }
+
+    #[test]
+    fn error_kinds_are_snake_case_error_codes() {
+        use rdkafka::error::RDKafkaErrorCode;
+        assert_eq!(
+            error_kind(&KafkaError::MessageConsumption(
+                RDKafkaErrorCode::BadCompression
+            )),
+            "bad_compression"
+        );
+        assert_eq!(
+            error_kind(&KafkaError::MessageConsumption(
+                RDKafkaErrorCode::NotImplemented
+            )),
+            "not_implemented"
+        );
+        assert_eq!(error_kind(&KafkaError::Canceled), "client");
+    }
+
+    #[test]
+    fn the_verdict_fails_a_stall_and_an_idle_exit_with_lag_left() {
+        let lag = |partition, committed, high| PartitionLag {
+            partition,
+            committed,
+            published: None,
+            high_watermark: high,
+            lag: match (committed, high) {
+                (Some(c), Some(h)) => Some(h - c),
+                _ => None,
+            },
+        };
+        let mut s = WorkerSummary {
+            topic: "docs".into(),
+            stop: StopReason::Idle,
+            lag: vec![lag(0, Some(5), Some(5)), lag(1, Some(2), Some(2))],
+            ..Default::default()
+        };
+        assert!(s.verdict().is_ok());
+        s.lag.push(lag(2, Some(2), Some(5)));
+        s.lag.push(lag(3, None, None));
+        let e = s.verdict().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "kafka topic docs: idle exit with records left: partition 2 lag 3 (committed 2, \
+             published unknown, high watermark 5); partition 3 lag unknown (committed unknown, \
+             published unknown, high watermark unknown)"
+        );
+        // A signal is a stop, not a finish: lag left is reported, not an error.
+        s.stop = StopReason::Signal;
+        assert!(s.verdict().is_ok());
+        s.stop = StopReason::Stalled;
+        s.stall_limit = Duration::from_secs(120);
+        s.stall = Some(Stall {
+            partition: 2,
+            offset: 2,
+            high_watermark: 5,
+            stalled: Duration::from_secs(121),
+            cause: "consumer errors bad_compression (40 so far)".into(),
+        });
+        let e = s.verdict().unwrap_err().to_string();
+        assert!(
+            e.starts_with("kafka topic docs partition 2: stalled at offset 2 (high watermark 5) for 121 s, over source.stall_timeout_s = 120"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn range_names_round_trip_and_sort_by_offset() {

@@ -22,6 +22,12 @@ pub struct CauseLabel {
     pub cause: String,
 }
 
+/// A Kafka client error, by librdkafka's error code in snake case (a bounded set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorKindLabel {
+    pub kind: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PartitionLabel {
     pub topic: String,
@@ -34,6 +40,7 @@ pub struct Metrics {
     pub docs_consumed: Counter,
     pub docs_accepted: Counter,
     pub docs_rejected: Family<CauseLabel, Counter>,
+    pub docs_skipped: Family<CauseLabel, Counter>,
     pub files_published: Counter,
     pub replays: Counter,
     pub prompt_tokens: Counter,
@@ -42,6 +49,8 @@ pub struct Metrics {
     pub forced_tokens: Counter,
     pub conservation_ok: Gauge,
     pub lag: Family<PartitionLabel, Gauge>,
+    pub consumer_errors: Family<ErrorKindLabel, Counter>,
+    pub stalled_partitions: Gauge,
     pub in_flight: Gauge,
     pub cache_hit_rate: Gauge<f64, AtomicU64>,
     pub step_seconds: Histogram,
@@ -62,6 +71,7 @@ impl Metrics {
             docs_consumed: Counter::default(),
             docs_accepted: Counter::default(),
             docs_rejected: Family::default(),
+            docs_skipped: Family::default(),
             files_published: Counter::default(),
             replays: Counter::default(),
             prompt_tokens: Counter::default(),
@@ -70,6 +80,8 @@ impl Metrics {
             forced_tokens: Counter::default(),
             conservation_ok: Gauge::default(),
             lag: Family::default(),
+            consumer_errors: Family::default(),
+            stalled_partitions: Gauge::default(),
             in_flight: Gauge::default(),
             cache_hit_rate: Gauge::default(),
             step_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
@@ -92,6 +104,11 @@ impl Metrics {
                 "docs_rejected",
                 "Documents written to rejects, by cause",
                 m.docs_rejected.clone(),
+            );
+            r.register(
+                "docs_skipped",
+                "Documents left out by configuration (tombstones with source.tombstones = skip)",
+                m.docs_skipped.clone(),
             );
             r.register(
                 "files_published",
@@ -117,13 +134,23 @@ impl Metrics {
             );
             r.register(
                 "conservation_ok",
-                "1 while accepted + rejected = consumed for every published file",
+                "1 while accepted + rejected + skipped = consumed for every published file",
                 m.conservation_ok.clone(),
             );
             r.register(
                 "consumer_lag",
                 "Messages behind the partition's high watermark",
                 m.lag.clone(),
+            );
+            r.register(
+                "consumer_errors",
+                "Kafka consumer errors (undecodable batches, fetch errors), by librdkafka error code",
+                m.consumer_errors.clone(),
+            );
+            r.register(
+                "stalled_partitions",
+                "Assigned partitions behind their high watermark with nothing delivered for a while",
+                m.stalled_partitions.clone(),
             );
             r.register(
                 "in_flight_docs",
@@ -156,6 +183,13 @@ impl Metrics {
                 })
                 .inc_by(*n);
         }
+        for (cause, n) in &r.skipped_causes {
+            self.docs_skipped
+                .get_or_create(&CauseLabel {
+                    cause: cause.to_string(),
+                })
+                .inc_by(*n);
+        }
         self.files_published.inc();
         if r.replayed {
             self.replays.inc();
@@ -164,7 +198,7 @@ impl Metrics {
         self.cached_tokens.inc_by(r.stats.cached_tokens);
         self.output_tokens.inc_by(r.stats.output_tokens);
         self.forced_tokens.inc_by(r.stats.forced_tokens);
-        if r.accepted + r.rejected != r.consumed {
+        if r.accepted + r.rejected + r.skipped != r.consumed {
             self.conservation_ok.set(0);
         }
     }
@@ -269,12 +303,33 @@ mod tests {
         };
         r.causes.insert("empty", 1);
         m.file(&r);
+        m.file(&FileReport {
+            consumed: 2,
+            skipped: 2,
+            skipped_causes: [("tombstone", 2)].into(),
+            ..Default::default()
+        });
+        m.consumer_errors
+            .get_or_create(&ErrorKindLabel {
+                kind: "bad_compression".into(),
+            })
+            .inc();
+        m.stalled_partitions.set(1);
         let text = m.render();
-        assert!(text.contains("quarry_docs_consumed_total 3"), "{text}");
+        assert!(text.contains("quarry_docs_consumed_total 5"), "{text}");
         assert!(
             text.contains("quarry_docs_rejected_total{cause=\"empty\"} 1"),
             "{text}"
         );
         assert!(text.contains("quarry_conservation_ok 1"), "{text}");
+        assert!(
+            text.contains("quarry_docs_skipped_total{cause=\"tombstone\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("quarry_consumer_errors_total{kind=\"bad_compression\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("quarry_stalled_partitions 1"), "{text}");
     }
 }

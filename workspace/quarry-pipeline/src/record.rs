@@ -57,6 +57,8 @@ pub struct Document {
 /// Why a document produced no record. Each becomes a rejects row with this cause and a detail.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RejectCause {
+    /// A Kafka message with no value (a tombstone): compacted topics use them to delete a key.
+    Tombstone,
     /// The input bytes are not UTF-8.
     InvalidUtf8(String),
     /// No text to extract from.
@@ -88,6 +90,7 @@ impl RejectCause {
     /// The `cause` column: a short stable name to group by.
     pub fn name(&self) -> &'static str {
         match self {
+            RejectCause::Tombstone => "tombstone",
             RejectCause::InvalidUtf8(_) => "invalid_utf8",
             RejectCause::Empty => "empty",
             RejectCause::TooLarge { .. } => "too_large",
@@ -115,6 +118,10 @@ impl RejectCause {
             | RejectCause::SchemaViolation(d)
             | RejectCause::Encoding(d) => d.clone(),
             RejectCause::Empty => "the document has no text".into(),
+            RejectCause::Tombstone => {
+                "the message has no value (a tombstone); source.tombstones = \"skip\" skips them"
+                    .into()
+            }
             RejectCause::TooLarge { bytes, limit } => {
                 format!("{bytes} bytes, over batching.max_doc_bytes = {limit}")
             }
@@ -143,6 +150,9 @@ pub enum Outcome {
         finish: Option<String>,
         stats: DocStats,
     },
+    /// Deliberately left out by configuration (a tombstone with `source.tombstones = "skip"`):
+    /// no row in either dataset, counted as skipped, its offset covered by the file's range.
+    Skipped { cause: RejectCause },
 }
 
 /// Per-document engine numbers, summed into the job's metrics.
@@ -172,6 +182,16 @@ pub const PREVIEW_BYTES: usize = 1024;
 fn preview(bytes: &[u8]) -> String {
     let cut = bytes.len().min(PREVIEW_BYTES);
     String::from_utf8_lossy(&bytes[..cut]).into_owned()
+}
+
+/// A Kafka message without a value: a tombstone, never a document.
+pub fn tombstone(lineage: Lineage) -> Input {
+    Input {
+        lineage,
+        id: None,
+        preview: String::new(),
+        doc: Err(RejectCause::Tombstone),
+    }
 }
 
 /// Turns raw input bytes into a document, or the reason it cannot be one.
@@ -216,18 +236,17 @@ fn decode_doc(
     let s = std::str::from_utf8(bytes).map_err(|e| {
         RejectCause::InvalidUtf8(format!("invalid UTF-8 at byte {}", e.valid_up_to()))
     })?;
+    // An empty value is `empty` in every format, never a JSON syntax error.
+    if s.trim().is_empty() {
+        return Err(RejectCause::Empty);
+    }
     match format {
-        ValueFormat::Text => {
-            if s.trim().is_empty() {
-                return Err(RejectCause::Empty);
-            }
-            Ok(Document {
-                id: lineage.default_id(),
-                text: s.to_string(),
-                fields: Map::new(),
-                lineage: lineage.clone(),
-            })
-        }
+        ValueFormat::Text => Ok(Document {
+            id: lineage.default_id(),
+            text: s.to_string(),
+            fields: Map::new(),
+            lineage: lineage.clone(),
+        }),
         ValueFormat::Json => {
             let v: Value =
                 serde_json::from_str(s).map_err(|e| RejectCause::NotJson(e.to_string()))?;
@@ -328,6 +347,16 @@ mod tests {
             "not_json"
         );
         assert_eq!(d(b"[1]", ValueFormat::Json).unwrap_err().name(), "not_json");
+        // An empty value is `empty` in both formats; a missing value (tombstone) is its own cause.
+        assert_eq!(d(b"", ValueFormat::Json).unwrap_err(), RejectCause::Empty);
+        assert_eq!(
+            d(b" \n", ValueFormat::Json).unwrap_err(),
+            RejectCause::Empty
+        );
+        assert_eq!(d(b"", ValueFormat::Text).unwrap_err(), RejectCause::Empty);
+        let t = tombstone(lin());
+        assert_eq!(t.doc.unwrap_err().name(), "tombstone");
+        assert_eq!(t.lineage, lin());
         assert_eq!(
             d(b"{\"x\":1}", ValueFormat::Json).unwrap_err().name(),
             "missing_field"

@@ -198,6 +198,8 @@ fn hint(e: &anyhow::Error) -> Option<&'static str> {
         P::Url { .. } => "use a local path or file://, s3://, gs://, az:// or memory://",
         P::Input { .. } => "check the path or URL (for a job, also source.format)",
         P::Kafka(_) => "check --brokers and that the broker is reachable (`bash infra/local-kafka.sh start` runs a local one); uncommitted work is redone on restart",
+        P::Stalled { .. } => "the partition's next batch cannot be read (a codec this build lacks, a corrupt batch, a broker fetch error): see docs/kafka.md; raise source.stall_timeout_s only for a slow broker",
+        P::LagLeft { .. } => "the worker stopped before every assigned partition was committed to its high watermark; rerun it (it resumes), or look for a stalled partition in the log",
         P::Parquet { .. } => "the file is not Parquet or was cut short (a published file is never partial: check how it got there)",
         P::Engine(_) => "check the model file (`quarry info --model FILE`) and --device",
         P::Conservation(_) => "this is a bug: please report it with the job definition; nothing was committed",

@@ -54,7 +54,11 @@ pub(crate) struct ExtractArgs {
     quarry worker --pipeline pipelines/kafka-packages.toml\n  \
     quarry worker --pipeline pipelines/kafka-packages.toml --brokers 127.0.0.1:9092 --group extract-1\n\n\
     SIGTERM or SIGINT: stop fetching, finish and publish what is held, commit, exit 0.\n\
-    A second signal abandons in-flight work (uncommitted; the next owner redoes it).")]
+    A second signal abandons in-flight work (uncommitted; the next owner redoes it).\n\
+    --idle-exit exits 0 only when every assigned partition is committed up to its high watermark;\n\
+    otherwise it exits non-zero and prints each partition's lag. A partition stalled past the\n\
+    stall timeout (a batch that cannot be decoded, a fetch error that repeats) makes the worker\n\
+    drain, name the partition and offset, and exit non-zero. The summary line always has the lag.")]
 pub(crate) struct WorkerArgs {
     /// Job definition (TOML, `source.kind = "kafka"`).
     #[arg(long)]
@@ -78,9 +82,14 @@ pub(crate) struct WorkerArgs {
     /// Prometheus endpoint host:port (overrides `metrics.listen`).
     #[arg(long)]
     metrics: Option<String>,
-    /// Exit gracefully after this many seconds with nothing to do (drain a topic and stop).
+    /// Exit after this many seconds with nothing to do (drain a topic and stop); the exit is 0
+    /// only when every assigned partition is committed up to its high watermark.
     #[arg(long)]
     idle_exit: Option<f64>,
+    /// Seconds a partition may stay behind with nothing delivered before the worker stops with a
+    /// non-zero exit (overrides `source.stall_timeout_s`, default 120).
+    #[arg(long)]
+    stall_timeout: Option<f64>,
     /// Device (overrides `model.device`): cpu or cuda:N.
     #[arg(long)]
     device: Option<String>,
@@ -214,6 +223,15 @@ fn print_summary(s: &JobSummary, e: Option<&quarry_engine::EngineStats>, out: &s
     println!("output: {out}\nrejects: {rej}");
 }
 
+/// A flag's seconds as a duration: negative, infinite or NaN is an error, not a panic.
+fn seconds(v: Option<f64>, flag: &str) -> Result<Option<Duration>> {
+    v.map(|s| {
+        Duration::try_from_secs_f64(s)
+            .map_err(|_| anyhow::anyhow!("{flag} {s}: expected a number of seconds >= 0"))
+    })
+    .transpose()
+}
+
 pub(crate) fn worker(args: WorkerArgs) -> Result<()> {
     init_logs(&args.log_format);
     let job = load(&args.pipeline, &args.device)?;
@@ -232,12 +250,16 @@ pub(crate) fn worker(args: WorkerArgs) -> Result<()> {
         brokers: args.brokers.clone(),
         group: args.group.clone(),
         instance_id: args.instance_id.clone(),
-        idle_exit: args.idle_exit.map(Duration::from_secs_f64),
+        idle_exit: seconds(args.idle_exit, "--idle-exit")?,
+        stall_timeout: seconds(args.stall_timeout, "--stall-timeout")?,
     };
     let worker = Worker::new(&job.cfg, &opts, &mut flow, &publisher, &metrics)?;
     let summary = worker
         .run(&shutdown, &opts)
         .with_context(|| format!("pipeline {}", job.cfg.name))?;
     eprintln!("worker stopped: {}", serde_json::to_string(&summary)?);
+    summary
+        .verdict()
+        .with_context(|| format!("pipeline {}", job.cfg.name))?;
     Ok(())
 }

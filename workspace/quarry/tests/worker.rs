@@ -208,6 +208,19 @@ url = "{rej}"
         self
     }
 
+    /// Adds a line to the `[source]` section (after its `properties` line).
+    fn with_source_line(self, line: &str) -> Self {
+        let text = std::fs::read_to_string(&self.pipeline).unwrap();
+        let anchor = "\"max.poll.interval.ms\" = \"20000\" }\n";
+        assert!(text.contains(anchor));
+        std::fs::write(
+            &self.pipeline,
+            text.replace(anchor, &format!("{anchor}{line}\n")),
+        )
+        .unwrap();
+        self
+    }
+
     fn dead_letter_topic(&self) -> String {
         format!("{}-dlq", self.topic)
     }
@@ -261,6 +274,15 @@ url = "{rej}"
     /// The invariant: every produced (topic, partition, offset) exactly once across accepted and
     /// rejects, and every footer readable (pq_dump fails otherwise).
     fn check_exactly_once(&self, produced: &BTreeMap<i32, i64>) -> (Vec<Value>, Vec<Value>) {
+        let want: Vec<(i32, i64)> = produced
+            .iter()
+            .flat_map(|(p, n)| (0..*n).map(move |o| (*p, o)))
+            .collect();
+        self.check_exactly_once_of(&want)
+    }
+
+    /// The same for an explicit set of (partition, offset).
+    fn check_exactly_once_of(&self, offsets: &[(i32, i64)]) -> (Vec<Value>, Vec<Value>) {
         let acc = self.dump("out")["rows"].as_array().unwrap().clone();
         let rej = self.dump("rej")["rows"].as_array().unwrap().clone();
         let mut seen: Vec<(String, i64, i64)> = acc
@@ -275,10 +297,11 @@ url = "{rej}"
             })
             .collect();
         seen.sort();
-        let mut want = Vec::new();
-        for (p, n) in produced {
-            want.extend((0..*n).map(|o| (self.topic.clone(), *p as i64, o)));
-        }
+        let mut want: Vec<(String, i64, i64)> = offsets
+            .iter()
+            .map(|(p, o)| (self.topic.clone(), *p as i64, *o))
+            .collect();
+        want.sort();
         assert_eq!(
             seen, want,
             "each produced offset exactly once across accepted and rejects"
@@ -561,5 +584,276 @@ fn rebalances_on_the_mock_cluster_keep_exactly_once() {
     let job = Job::on(&bootstrap, "rebalance-mock", 2);
     cluster.create_topic(&job.topic, 6, 1).unwrap();
     rebalance_scenario(&bootstrap, &job, 15);
+    drop(cluster);
+}
+
+// ---- Input from any producer: codecs, tombstones, stalls and an idle exit that tells the truth.
+
+/// One record of a `tests/pipeline/kafka_produce.py` plan: a JSON document, a tombstone (`None`) or
+/// an empty value (`Some("")`).
+fn plan_record(partition: i32, key: &str, value: Option<&str>) -> Value {
+    json!({"partition": partition, "key": key, "value": value, "headers": {"origin": "py"}})
+}
+
+/// Produces a plan with kafka-python (not librdkafka); the (partition, offset) of each record, in
+/// plan order.
+fn produce_foreign(bootstrap: &str, topic: &str, plan: &Value) -> Vec<(i32, i64)> {
+    use std::io::Write;
+    let mut child = Command::new(common::python())
+        .arg(root().join("tests/pipeline/kafka_produce.py"))
+        .args([bootstrap, topic])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the test venv's python runs (infra/setup-test.sh)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(plan.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kafka_produce.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let placed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    placed
+        .iter()
+        .map(|p| {
+            (
+                p["partition"].as_i64().unwrap() as i32,
+                p["offset"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The JSON object after `worker stopped: ` in a worker's log.
+fn stop_summary(log: &str) -> Value {
+    let plain = strip_ansi(log);
+    let line = plain
+        .lines()
+        .find_map(|l| l.split_once("worker stopped: ").map(|(_, j)| j.to_string()))
+        .unwrap_or_else(|| panic!("no summary line in: {plain}"));
+    serde_json::from_str(&line).unwrap()
+}
+
+/// A batch of `codec` over two partitions: two package documents, a tombstone and an empty value.
+fn codec_batch(codec: &str, docs: &[String], first: usize) -> Value {
+    let d = |i: usize| String::from_utf8(doc(first + i, &docs[i])).unwrap();
+    json!({"codec": codec, "records": [
+        plan_record(0, &format!("{codec}-a"), Some(&d(0))),
+        plan_record(1, &format!("{codec}-b"), Some(&d(1))),
+        plan_record(0, &format!("{codec}-tomb"), None),
+        plan_record(1, &format!("{codec}-empty"), Some("")),
+    ]})
+}
+
+/// Every codec tansu serves, from kafka-python: each record exactly once across accepted and
+/// rejects, each reject also a dead letter, tombstones and empty values told apart, lineage kept,
+/// and an idle exit of 0 only because nothing is left.
+#[test]
+fn every_codec_from_a_foreign_producer_is_consumed_exactly_once() {
+    let _one_at_a_time = serial();
+    let job = Job::new("codecs", 100);
+    create_topic(&job.topic, 2);
+    let job = job.with_dead_letters();
+    let docs = packages(8);
+    // tansu 0.6.0 (the newest on crates.io, 2026-11-24) stores snappy batches but fails every
+    // fetch that reaches one (`UnexpectedType("Snappy")`): snappy is covered on the mock cluster.
+    let codecs = ["none", "gzip", "lz4", "zstd"];
+    let plan: Vec<Value> = codecs
+        .iter()
+        .enumerate()
+        .map(|(i, c)| codec_batch(c, &docs[2 * i..2 * i + 2], 2 * i))
+        .collect();
+    let placed = produce_foreign(&brokers(), &job.topic, &Value::Array(plan));
+    assert_eq!(placed.len(), 16);
+
+    let (st, err) = wait(job.spawn(&[], &[]), Duration::from_secs(600));
+    assert!(st.success(), "worker failed: {err}");
+    let summary = stop_summary(&err);
+    assert_eq!(summary["stop"], "idle", "{summary}");
+    assert_eq!(summary["lag_total"], 0, "{summary}");
+    assert_eq!(summary["consumed"], 16, "{summary}");
+    assert!(
+        summary["lag"].as_array().unwrap().len() == 2,
+        "both partitions reported: {summary}"
+    );
+
+    let (acc, rej) = job.check_exactly_once_of(&placed);
+    let row = |key: &str| {
+        acc.iter()
+            .chain(&rej)
+            .find(|r| r["_key"] == hex(key))
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for key {key}"))
+    };
+    for c in codecs {
+        assert_eq!(row(&format!("{c}-tomb"))["cause"], "tombstone", "{c}");
+        assert_eq!(row(&format!("{c}-empty"))["cause"], "empty", "{c}");
+        for k in ["a", "b"] {
+            let r = row(&format!("{c}-{k}"));
+            assert_eq!(r["_headers"], r#"{"origin":"py"}"#, "{c}: {r}");
+            assert!(r["_doc_id"].as_str().unwrap().starts_with('d'), "{c}: {r}");
+        }
+    }
+    assert!(!acc.is_empty(), "some package was extracted");
+    let letters = job.dead_letters(rej.len());
+    assert_eq!(
+        letters.len(),
+        rej.len(),
+        "a dead letter per reject: {letters:?}"
+    );
+}
+
+/// Snappy (which tansu cannot serve) from kafka-python on librdkafka's mock cluster, whose broker
+/// hands batches back as they were produced; tombstones skipped by configuration take their place
+/// in the file's offset range, are counted, and become no row.
+#[test]
+fn snappy_batches_and_skipped_tombstones_on_the_mock_cluster() {
+    let _one_at_a_time = serial();
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let job = Job::on(&bootstrap, "snappy-mock", 100).with_source_line("tombstones = \"skip\"");
+    cluster.create_topic(&job.topic, 2, 1).unwrap();
+    let docs = packages(2);
+    let placed = produce_foreign(
+        &bootstrap,
+        &job.topic,
+        &json!([codec_batch("snappy", &docs, 0)]),
+    );
+    let (st, err) = wait(
+        job.spawn_idle(10, &[], &["--metrics", "127.0.0.1:19466"]),
+        Duration::from_secs(600),
+    );
+    assert!(st.success(), "worker failed: {err}");
+    let summary = stop_summary(&err);
+    assert_eq!(summary["skipped"], 1, "{summary}");
+    assert_eq!(summary["consumed"], 4, "{summary}");
+    assert_eq!(summary["lag_total"], 0, "{summary}");
+    // The tombstone is the third record of the plan: every other offset has a row.
+    let rows: Vec<(i32, i64)> = placed
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 2)
+        .map(|(_, p)| *p)
+        .collect();
+    let (acc, rej) = job.check_exactly_once_of(&rows);
+    assert!(
+        acc.iter().chain(&rej).all(|r| r["cause"] != "tombstone"),
+        "no tombstone rows"
+    );
+    let marker = job.dump("rej")["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"].as_str().unwrap().contains("partition=0/"))
+        .cloned()
+        .expect("partition 0 has a marker");
+    assert_eq!(marker["metadata"]["quarry.skipped"], "1", "{marker}");
+    drop(cluster);
+}
+
+/// A plan that stops partition 0 at offset 2: two documents, then a gzip batch whose bytes are not
+/// gzip (a real batch no consumer can decode), then one more document.
+fn stuck_plan(docs: &[String]) -> Value {
+    let d = |i: usize| String::from_utf8(doc(i, &docs[i])).unwrap();
+    json!([
+        {"codec": "none", "records": [plan_record(0, "s0", Some(&d(0))), plan_record(0, "s1", Some(&d(1)))]},
+        {"codec": "gzip", "corrupt": true, "records": [plan_record(0, "s2", Some(&d(2))), plan_record(0, "s3", Some(&d(3)))]},
+        {"codec": "none", "records": [plan_record(0, "s4", Some(&d(4)))]},
+    ])
+}
+
+/// A partition stuck on a batch it cannot decode: the worker publishes what came before, names
+/// the partition and offset, and exits non-zero within the stall timeout; the consumer error is
+/// counted, and logged once rather than at every retry.
+#[test]
+fn a_partition_stuck_on_an_undecodable_batch_stops_the_worker_naming_it() {
+    let _one_at_a_time = serial();
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let job = Job::on(&bootstrap, "stuck-mock", 100);
+    cluster.create_topic(&job.topic, 1, 1).unwrap();
+    produce_foreign(&bootstrap, &job.topic, &stuck_plan(&packages(5)));
+    let started = Instant::now();
+    let child = job.spawn_idle(
+        600,
+        &[],
+        &["--stall-timeout", "20", "--metrics", "127.0.0.1:19467"],
+    );
+    // The gauge and the error counter while it is stalled.
+    let mut scraped = String::new();
+    while started.elapsed() < Duration::from_secs(300) {
+        if let Ok(mut s) = std::net::TcpStream::connect("127.0.0.1:19467") {
+            use std::io::{Read, Write};
+            let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
+            let mut body = String::new();
+            let _ = s.read_to_string(&mut body);
+            if body.contains("quarry_stalled_partitions 1") {
+                scraped = body;
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let (st, err) = wait(child, Duration::from_secs(600));
+    let took = started.elapsed();
+    let plain = strip_ansi(&err);
+    assert!(!st.success(), "a stalled worker must fail: {plain}");
+    assert!(
+        scraped.contains("quarry_consumer_errors_total{kind="),
+        "consumer errors counted: {scraped}"
+    );
+    assert!(
+        plain.contains("partition 0: stalled at offset 2"),
+        "names partition and offset: {plain}"
+    );
+    assert!(plain.contains("the records were not skipped"), "{plain}");
+    // 20 s of stall after the first two documents, plus start-up and the model: well under this.
+    assert!(took < Duration::from_secs(240), "exited after {took:?}");
+    let errors_logged = plain.matches("consumer error topic=").count();
+    assert!(
+        (1..=4).contains(&errors_logged),
+        "consumer errors logged once per kind and minute, not per retry ({errors_logged}): {plain}"
+    );
+    let summary = stop_summary(&err);
+    assert_eq!(summary["stop"], "stalled", "{summary}");
+    assert_eq!(summary["lag_total"], 3, "{summary}");
+    // What came before the stuck batch is published and committed; nothing after it is.
+    job.check_exactly_once_of(&[(0, 0), (0, 1)]);
+    drop(cluster);
+}
+
+/// `--idle-exit` with records left behind a stuck batch exits non-zero and prints each
+/// partition's lag.
+#[test]
+fn idle_exit_with_lag_left_exits_non_zero_and_prints_the_lag() {
+    let _one_at_a_time = serial();
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let job = Job::on(&bootstrap, "lagleft-mock", 100);
+    cluster.create_topic(&job.topic, 1, 1).unwrap();
+    produce_foreign(&bootstrap, &job.topic, &stuck_plan(&packages(5)));
+    let (st, err) = wait(
+        job.spawn_idle(8, &[], &["--stall-timeout", "600"]),
+        Duration::from_secs(600),
+    );
+    let plain = strip_ansi(&err);
+    assert!(!st.success(), "lag left must fail the idle exit: {plain}");
+    assert!(
+        plain.contains(
+            "idle exit with records left: partition 0 lag 3 (committed 2, published 2, high watermark 5)"
+        ),
+        "{plain}"
+    );
+    let summary = stop_summary(&err);
+    assert_eq!(summary["stop"], "idle", "{summary}");
+    assert_eq!(summary["lag"][0]["lag"], 3, "{summary}");
+    job.check_exactly_once_of(&[(0, 0), (0, 1)]);
     drop(cluster);
 }
