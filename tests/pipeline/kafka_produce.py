@@ -11,6 +11,9 @@ plan.json is a list of batches, each produced by its own producer so that it has
 
 A record's "value" may be null (a tombstone) or "" (an empty value). Prints one JSON list with the
 (partition, offset) the broker gave each record, in plan order.
+
+kafka-python sends a batch uncompressed when compressing does not make it smaller; a test of a
+codec would then test nothing, so that makes this script fail (exit 3) instead.
 """
 
 import json
@@ -29,6 +32,21 @@ def set_corrupt(corrupt):
     garbage = lambda data: b"\x00not-compressed\x00" + bytes(len(data) % 7)  # noqa: E731
     for name in ENCODERS:
         setattr(default_records, name, garbage if corrupt else REAL[name])
+
+
+# Batches that asked for a codec but went out uncompressed.
+UNCOMPRESSED = []
+_maybe_compress = default_records.DefaultRecordBatchBuilder._maybe_compress
+
+
+def checked_maybe_compress(self):
+    compressed = _maybe_compress(self)
+    if self._compression_type != self.CODEC_NONE and not compressed:
+        UNCOMPRESSED.append(self._compression_type)
+    return compressed
+
+
+default_records.DefaultRecordBatchBuilder._maybe_compress = checked_maybe_compress
 
 
 def main():
@@ -64,6 +82,10 @@ def main():
             md = f.get(timeout=60)
             placed.append({"partition": md.partition, "offset": md.offset})
         producer.close(timeout=10)
+    if UNCOMPRESSED:
+        print(f"batches sent uncompressed (compression did not pay): codec ids {UNCOMPRESSED}",
+              file=sys.stderr)
+        sys.exit(3)
     json.dump(placed, sys.stdout)
 
 

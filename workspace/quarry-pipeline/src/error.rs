@@ -26,9 +26,13 @@ impl PartitionLag {
     }
 }
 
+fn known(v: Option<i64>) -> String {
+    v.map_or("unknown".to_string(), |v| v.to_string())
+}
+
 fn lag_list(parts: &[PartitionLag]) -> String {
     let one = |p: &PartitionLag| {
-        let opt = |v: Option<i64>| v.map_or("unknown".to_string(), |v| v.to_string());
+        let opt = known;
         format!(
             "partition {} lag {} (committed {}, published {}, high watermark {})",
             p.partition,
@@ -68,15 +72,19 @@ pub enum PipelineError {
     /// A partition sat behind its high watermark with nothing delivered for longer than
     /// `source.stall_timeout_s`. Its records were not skipped: a restart starts from them again.
     #[error(
-        "kafka topic {topic} partition {partition}: stalled at offset {offset} (high watermark \
-         {high_watermark}) for {stalled_s} s, over source.stall_timeout_s = {limit_s}; cause: \
-         {cause}; the records were not skipped"
+        "kafka topic {topic} partition {partition}: stalled at offset {} (high watermark \
+         {}) for {stalled_s} s, over source.stall_timeout_s = {limit_s}; cause: {cause}; the \
+         records were not skipped",
+        known(*.offset),
+        known(*.high_watermark)
     )]
     Stalled {
         topic: String,
         partition: i32,
-        offset: i64,
-        high_watermark: i64,
+        /// `None` when neither the worker nor the broker could say (nothing delivered yet).
+        offset: Option<i64>,
+        /// `None` when the broker could not say where the partition ends.
+        high_watermark: Option<i64>,
         stalled_s: u64,
         limit_s: u64,
         cause: String,

@@ -337,8 +337,10 @@ pub enum StopReason {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stall {
     pub partition: i32,
-    pub offset: i64,
-    pub high_watermark: i64,
+    /// The first offset not delivered; `None` when neither the worker nor the broker knows.
+    pub offset: Option<i64>,
+    /// `None` when the broker could not say where the partition ends.
+    pub high_watermark: Option<i64>,
     pub stalled: Duration,
     pub cause: String,
 }
@@ -378,8 +380,8 @@ impl WorkerSummary {
             StopReason::Stalled => {
                 let s = self.stall.clone().unwrap_or(Stall {
                     partition: -1,
-                    offset: -1,
-                    high_watermark: -1,
+                    offset: None,
+                    high_watermark: None,
                     stalled: Duration::ZERO,
                     cause: "unknown".into(),
                 });
@@ -415,6 +417,9 @@ struct Part {
     progress: Instant,
     /// Counted in `quarry_stalled_partitions` and logged.
     stalled: bool,
+    /// When the broker was last asked for this partition's watermarks by the stall check, and
+    /// its answer (kept until the next question).
+    asked: Option<(Instant, Standing)>,
     /// The offset after the last published range, and whether committing it failed (a
     /// rebalance in progress): retried when the worker stops, so the lag it reports is true.
     published_next: Option<i64>,
@@ -430,6 +435,7 @@ impl Part {
             paused: false,
             progress: Instant::now(),
             stalled: false,
+            asked: None,
             // Reconciled from the output: everything before it has its rejects marker.
             published_next: next,
             commit_pending: false,
@@ -443,6 +449,24 @@ pub const STALL_WARN: Duration = Duration::from_secs(15);
 
 /// Broker round trips at stop (committed offsets, watermarks) give up after this long.
 const STOP_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The stall check's watermark query blocks the loop at most this long (rare: only for a quiet
+/// partition whose end librdkafka's statistics do not know).
+const WATERMARK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A partition against its high watermark, for the stall check.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Standing {
+    /// Nothing left to read, or paused by the worker: the stall clock restarts.
+    CaughtUp,
+    /// Records from `offset` on are not delivered (`high_watermark` `None`: the broker cannot say).
+    Behind {
+        offset: Option<i64>,
+        high_watermark: Option<i64>,
+    },
+    /// Not known yet: the clock keeps running.
+    Unknown,
+}
 
 /// A librdkafka error as a metric label: its code in snake case (a bounded set).
 fn error_kind(e: &KafkaError) -> String {
@@ -808,6 +832,64 @@ impl<'a, E: Extractor> Worker<'a, E> {
         }
     }
 
+    /// Where a partition stands against its high watermark: from librdkafka's statistics, or,
+    /// when they do not know its end (a broker that drops every fetch never reports one), from
+    /// the broker, asked at most once per [`STALL_WARN`] and only for a partition that is quiet.
+    fn standing(&mut self, p: i32, stats: Option<&FetchStats>, quiet: bool) -> Standing {
+        let part = &self.parts[&p];
+        if part.paused {
+            return Standing::CaughtUp;
+        }
+        if let Some(st) = stats {
+            return if st.behind(part.next) {
+                let offset = part
+                    .next
+                    .unwrap_or(st.next_offset.max(st.committed_offset).max(st.lo_offset));
+                Standing::Behind {
+                    offset: Some(offset),
+                    high_watermark: Some(st.hi_offset),
+                }
+            } else {
+                Standing::CaughtUp
+            };
+        }
+        if !quiet {
+            return Standing::Unknown;
+        }
+        if let Some((at, answer)) = part.asked {
+            if at.elapsed() < STALL_WARN && at >= part.progress {
+                return answer;
+            }
+        }
+        let next = part.next;
+        let since = part.progress;
+        let answer = match self
+            .consumer
+            .fetch_watermarks(&self.src.topic, p, WATERMARK_TIMEOUT)
+        {
+            Ok((low, high)) => {
+                let offset = next.unwrap_or(low).max(low);
+                if high > offset {
+                    Standing::Behind {
+                        offset: Some(offset),
+                        high_watermark: Some(high),
+                    }
+                } else {
+                    Standing::CaughtUp
+                }
+            }
+            // The broker cannot even say where the partition ends: behind if the client keeps
+            // failing since the partition last moved.
+            Err(_) if self.errors.values().any(|(_, last)| *last >= since) => Standing::Behind {
+                offset: next,
+                high_watermark: None,
+            },
+            Err(_) => Standing::Unknown,
+        };
+        self.parts.get_mut(&p).expect("present").asked = Some((Instant::now(), answer));
+        answer
+    }
+
     /// Finds partitions that are behind with nothing delivered: logs and counts them after
     /// [`STALL_WARN`], and stops the worker after the stall timeout.
     fn check_stalls(&mut self) {
@@ -822,42 +904,47 @@ impl<'a, E: Extractor> Worker<'a, E> {
         let warn_after = STALL_WARN.min(self.stall_limit);
         let mut found: Option<Stall> = None;
         let mut count = 0;
-        let ps: Vec<i32> = self.parts.keys().copied().collect();
+        let mut ps: Vec<i32> = self.parts.keys().copied().collect();
+        ps.sort();
         for p in ps {
-            let part = &self.parts[&p];
-            let st = fetch.get(&p);
-            let behind = !part.paused && st.is_some_and(|st| st.behind(part.next));
-            if !behind {
-                let part = self.parts.get_mut(&p).expect("present");
-                part.progress = now;
-                if part.stalled {
-                    tracing::info!(topic = %self.src.topic, partition = p, "partition moves again");
+            let idle_for = now.duration_since(self.parts[&p].progress);
+            let (offset, high_watermark) = match self.standing(
+                p,
+                fetch.get(&p),
+                idle_for >= warn_after,
+            ) {
+                Standing::Behind {
+                    offset,
+                    high_watermark,
+                } => (offset, high_watermark),
+                Standing::Unknown => continue,
+                Standing::CaughtUp => {
+                    let part = self.parts.get_mut(&p).expect("present");
+                    part.progress = now;
+                    if part.stalled {
+                        tracing::info!(topic = %self.src.topic, partition = p, "partition moves again");
+                    }
+                    part.stalled = false;
+                    continue;
                 }
-                part.stalled = false;
-                continue;
-            }
-            let st = st.expect("behind needs statistics");
-            let idle_for = now.duration_since(part.progress);
+            };
             if idle_for < warn_after {
                 continue;
             }
             count += 1;
-            let offset = part
-                .next
-                .unwrap_or(st.next_offset.max(st.committed_offset).max(st.lo_offset));
             let stall = Stall {
                 partition: p,
                 offset,
-                high_watermark: st.hi_offset,
+                high_watermark,
                 stalled: idle_for,
-                cause: self.errors_since(part.progress),
+                cause: self.errors_since(self.parts[&p].progress),
             };
-            if !part.stalled {
+            if !self.parts[&p].stalled {
                 tracing::error!(
                     topic = %self.src.topic,
                     partition = p,
-                    offset,
-                    high_watermark = st.hi_offset,
+                    offset = ?offset,
+                    high_watermark = ?high_watermark,
                     stalled_s = idle_for.as_secs(),
                     stall_timeout_s = self.stall_limit.as_secs(),
                     cause = %stall.cause,
@@ -874,7 +961,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
             tracing::error!(
                 topic = %self.src.topic,
                 partition = stall.partition,
-                offset = stall.offset,
+                offset = ?stall.offset,
                 cause = %stall.cause,
                 "stall timeout: draining and stopping with a non-zero exit"
             );
@@ -1276,8 +1363,8 @@ mod tests {
         s.stall_limit = Duration::from_secs(120);
         s.stall = Some(Stall {
             partition: 2,
-            offset: 2,
-            high_watermark: 5,
+            offset: Some(2),
+            high_watermark: Some(5),
             stalled: Duration::from_secs(121),
             cause: "consumer errors bad_compression (40 so far)".into(),
         });

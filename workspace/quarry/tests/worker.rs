@@ -642,8 +642,13 @@ fn stop_summary(log: &str) -> Value {
 }
 
 /// A batch of `codec` over two partitions: two package documents, a tombstone and an empty value.
+/// Each document carries a field the prompt ignores, repetitive enough that every codec pays off
+/// (kafka_produce.py fails a batch that goes out uncompressed).
 fn codec_batch(codec: &str, docs: &[String], first: usize) -> Value {
-    let d = |i: usize| String::from_utf8(doc(first + i, &docs[i])).unwrap();
+    let d = |i: usize| {
+        json!({"id": format!("d{}", first + i), "text": docs[i], "note": "compressible ".repeat(40)})
+            .to_string()
+    };
     json!({"codec": codec, "records": [
         plan_record(0, &format!("{codec}-a"), Some(&d(0))),
         plan_record(1, &format!("{codec}-b"), Some(&d(1))),
@@ -856,4 +861,46 @@ fn idle_exit_with_lag_left_exits_non_zero_and_prints_the_lag() {
     assert_eq!(summary["lag"][0]["lag"], 3, "{summary}");
     job.check_exactly_once_of(&[(0, 0), (0, 1)]);
     drop(cluster);
+}
+
+/// A broker error that repeats: tansu 0.6.0 (pinned by `infra/setup-test.sh`) stores a compressed
+/// snappy batch but answers every fetch that reaches it by dropping the connection
+/// (`UnexpectedType("Snappy")` in its log), so librdkafka never even learns where the partition
+/// ends. The worker asks the broker, names the partition, and exits non-zero within the bound.
+/// (Should a later tansu serve snappy, this test needs another broker fault.)
+#[test]
+fn a_broker_that_fails_every_fetch_stops_the_worker_naming_the_partition() {
+    let _one_at_a_time = serial();
+    let job = Job::new("fetchfail", 100);
+    create_topic(&job.topic, 1);
+    let docs = packages(2);
+    let d = |i: usize| String::from_utf8(doc(i, &docs[i])).unwrap();
+    produce_foreign(
+        &brokers(),
+        &job.topic,
+        &json!([{"codec": "snappy", "records": [
+            plan_record(0, "f0", Some(&d(0))),
+            plan_record(0, "f1", Some(&d(1))),
+        ]}]),
+    );
+    let started = Instant::now();
+    let (st, err) = wait(
+        job.spawn_idle(600, &[], &["--stall-timeout", "20"]),
+        Duration::from_secs(600),
+    );
+    let took = started.elapsed();
+    let plain = strip_ansi(&err);
+    assert!(!st.success(), "a stalled worker must fail: {plain}");
+    assert!(
+        plain.contains(&format!(
+            "kafka topic {} partition 0: stalled at offset",
+            job.topic
+        )),
+        "{plain}"
+    );
+    assert!(took < Duration::from_secs(180), "exited after {took:?}");
+    let summary = stop_summary(&err);
+    assert_eq!(summary["stop"], "stalled", "{summary}");
+    assert_eq!(summary["consumed"], 0, "{summary}");
+    assert_eq!(summary["lag_total"], 2, "{summary}");
 }
