@@ -44,11 +44,17 @@ test: setup lint
 	@bash infra/run-tests.sh
 
 # Regenerates the committed reference fixtures with llama.cpp. By hand only, never from `make test`.
+# llama.cpp is built for AVX2 without native tuning: a native build on a CPU with AMX crashes
+# (general protection fault in libggml-cpu) on any batch of more than one token.
+# `make fixtures FIXTURE_ARGS="--only qwen25" MODEL_FIXTURE_ARGS=qwen25` regenerates one model's fixtures.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
 fixtures: setup
 	test -x $(QUARRY_CACHE)/refvenv/bin/python || python3 -m venv $(QUARRY_CACHE)/refvenv
-	$(QUARRY_CACHE)/refvenv/bin/pip install --quiet --no-binary llama-cpp-python $(LLAMA_CPP_PYTHON) jinja2 gguf==0.19.0
-	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_tokenizer_fixtures.py
-	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_model_fixtures.py
+	$(QUARRY_CACHE)/refvenv/bin/python -c 'import llama_cpp, jinja2, gguf' 2>/dev/null || \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(QUARRY_CACHE)/refvenv/bin/pip install --quiet --no-cache-dir \
+		--no-binary llama-cpp-python $(LLAMA_CPP_PYTHON) jinja2 gguf==0.19.0
+	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_tokenizer_fixtures.py $(FIXTURE_ARGS)
+	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_model_fixtures.py $(MODEL_FIXTURE_ARGS)
 
 # quarry vs outlines-core vs llguidance on the same regexes and vocabularies (release build). By hand;
 # results go to BENCHMARKS.md. Pass options with ARGS, e.g. `make bench-grammar ARGS="--only email"`.

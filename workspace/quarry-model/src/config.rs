@@ -6,6 +6,10 @@
 //! residual add, a GELU-gated feed-forward, and local layers that attend over a sliding window with
 //! their own RoPE base. Each difference is a field below, set from the architecture as llama.cpp's
 //! `llama-model.cpp` sets it.
+//!
+//! Qwen2 (Qwen2 and Qwen2.5) is a llama with biases on the Q, K and V projections, RoPE over head
+//! halves (llama.cpp's NEOX rope type: its converter does not permute Q and K), and an output
+//! projection tied to the embeddings in the small models.
 
 use candle_core::quantized::gguf_file::{Content, Value};
 
@@ -13,7 +17,7 @@ use crate::error::{ModelError, Result};
 use crate::info::{architecture, as_f64, as_u64, invalid};
 
 /// The architectures whose tensors and forward pass [`crate::Llama`] implements.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "gemma3"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "gemma3", "qwen2"];
 
 /// How a head's dimensions pair up for RoPE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -21,7 +25,7 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "gemma3"];
 pub enum RopeStyle {
     /// Pairs `(2i, 2i + 1)`: GGUF llama files (the converter permutes Q and K into this order).
     Interleaved,
-    /// Pairs `(i, i + head_dim / 2)` (llama.cpp's NEOX style): Gemma.
+    /// Pairs `(i, i + head_dim / 2)` (llama.cpp's NEOX style): Gemma, Qwen2.
     Halves,
 }
 
@@ -71,6 +75,9 @@ pub struct LlamaConfig {
     /// RMS norms of the attention and feed-forward outputs before the residual add
     /// (`post_attention_norm`, `post_ffw_norm`).
     pub post_norms: bool,
+    /// Biases added to the Q, K and V projections (`attn_q.bias`, `attn_k.bias`, `attn_v.bias`):
+    /// Qwen2.
+    pub qkv_bias: bool,
     pub sliding_window: Option<SlidingWindow>,
 }
 
@@ -185,6 +192,7 @@ impl LlamaConfig {
             }
         };
         let gemma = architecture == "gemma3";
+        let qwen2 = architecture == "qwen2";
         let sliding_window = match uint("attention.sliding_window")? {
             // llama.cpp: Gemma 3's pattern is five local layers to one global, the local RoPE base
             // 10,000 whatever the file says for the global layers.
@@ -225,7 +233,7 @@ impl LlamaConfig {
                 1.0
             },
             attention_scale,
-            rope_style: if gemma {
+            rope_style: if gemma || qwen2 {
                 RopeStyle::Halves
             } else {
                 RopeStyle::Interleaved
@@ -237,6 +245,7 @@ impl LlamaConfig {
             },
             qk_norm: gemma,
             post_norms: gemma,
+            qkv_bias: qwen2,
             sliding_window,
             architecture,
         })

@@ -335,8 +335,16 @@ fn gemma3_f32_weights_tensor_layout_matches_llama_cpp() {
 /// its worst within 1.5 times.
 #[test]
 fn gemma3_prompt_logits_match_llama_cpp() {
-    let fx = read_fixture("gemma3.logits.json.gz");
-    let c = Comparison::run(gemma3(), &fx, GAP_TOL);
+    assert_within_llama_cpp_spread("gemma3", gemma3(), "gemma3.logits.json.gz");
+}
+
+/// A quantized model's logits against llama.cpp's, with tolerances taken from llama.cpp's own
+/// distance from itself under its default f16 KV cache (recorded in the fixture): top-1 agreement
+/// at least that less one point, median and p99 log-softmax difference within 1.25 times, the
+/// worst within 1.5 times.
+fn assert_within_llama_cpp_spread(name: &str, model: &Llama, fixture: &str) {
+    let fx = read_fixture(fixture);
+    let c = Comparison::run(model, &fx, GAP_TOL);
     let f16_agreement = c.f16_same as f64 / c.positions as f64;
     let mut own: Vec<f64> = Vec::new();
     for case in fx["cases"].as_array().unwrap() {
@@ -352,7 +360,7 @@ fn gemma3_prompt_logits_match_llama_cpp() {
     own.sort_by(f64::total_cmp);
     let own_q = |p: f64| own[((own.len() - 1) as f64 * p) as usize];
     eprintln!(
-        "gemma3: llama.cpp f16 vs f32 KV: top-1 agreement {f16_agreement:.4}, log-softmax difference median {:.5}, p99 {:.5}, max {:.5}",
+        "{name}: llama.cpp f16 vs f32 KV: top-1 agreement {f16_agreement:.4}, log-softmax difference median {:.5}, p99 {:.5}, max {:.5}",
         own_q(0.5),
         own_q(0.99),
         own_q(1.0)
@@ -365,7 +373,7 @@ fn gemma3_prompt_logits_match_llama_cpp() {
     ] {
         assert!(
             c.quantile(p) <= own_q(p) * slack,
-            "{what} log-softmax difference {} > {slack} x llama.cpp's own {}",
+            "{name}: {what} log-softmax difference {} > {slack} x llama.cpp's own {}",
             c.quantile(p),
             own_q(p)
         );
@@ -383,5 +391,48 @@ fn gemma3_f32_weights_greedy_continuations_match_llama_cpp() {
         gemma3_f32(),
         &read_fixture("gemma3-f32.logits.json.gz"),
         GEMMA_F32_GAP_TOL,
+    );
+}
+
+// Qwen2.5-Coder 0.5B Instruct (Q4_K_M: Q5_0, Q8_0, Q4_K and Q6_K weights): biases on Q, K and V,
+// RoPE over head halves, grouped queries (14 heads, 2 KV heads), tied output weights, 151,936 ids.
+
+#[test]
+fn qwen25_f32_weights_prompt_logits_match_llama_cpp() {
+    Comparison::run(
+        qwen25_f32(),
+        &read_fixture("qwen25-f32.logits.json.gz"),
+        F32_GAP_TOL,
+    )
+    .assert_f32_bar(F32_GAP_TOL, F32_LOGPROB_MAX_TOL);
+}
+
+#[test]
+fn qwen25_f32_weights_tensor_layout_matches_llama_cpp() {
+    Comparison::run_on(
+        qwen25_f32(),
+        &read_fixture("qwen25-f32.logits.json.gz"),
+        F32_GAP_TOL,
+        KvLayout::Tensor,
+    )
+    .assert_f32_bar(F32_GAP_TOL, F32_LOGPROB_MAX_TOL);
+}
+
+#[test]
+fn qwen25_prompt_logits_match_llama_cpp() {
+    assert_within_llama_cpp_spread("qwen25", qwen25(), "qwen25.logits.json.gz");
+}
+
+#[test]
+fn qwen25_greedy_continuations_match_llama_cpp() {
+    greedy_matches(qwen25(), &read_fixture("qwen25.logits.json.gz"), GAP_TOL);
+}
+
+#[test]
+fn qwen25_f32_weights_greedy_continuations_match_llama_cpp() {
+    greedy_matches(
+        qwen25_f32(),
+        &read_fixture("qwen25-f32.logits.json.gz"),
+        F32_GAP_TOL,
     );
 }

@@ -65,17 +65,17 @@ fn gemma3_config_comes_from_metadata() {
 #[test]
 fn unsupported_and_broken_files_are_typed_errors() {
     use candle_core::quantized::gguf_file;
-    let other = std::env::temp_dir().join(format!("quarry-qwen2-{}.gguf", std::process::id()));
-    let arch = gguf_file::Value::String("qwen2".into());
+    let other = std::env::temp_dir().join(format!("quarry-mamba-{}.gguf", std::process::id()));
+    let arch = gguf_file::Value::String("mamba".into());
     let mut f = std::fs::File::create(&other).unwrap();
     gguf_file::write(&mut f, &[("general.architecture", &arch)], &[]).unwrap();
     drop(f);
     let e = Llama::load(&other, &Device::Cpu)
         .err()
-        .expect("qwen2 is refused");
+        .expect("mamba is refused");
     std::fs::remove_file(&other).ok();
     assert!(
-        matches!(e, ModelError::UnsupportedArchitecture { ref architecture, ref supported } if architecture == "qwen2" && supported.contains("gemma3")),
+        matches!(e, ModelError::UnsupportedArchitecture { ref architecture, ref supported } if architecture == "mamba" && supported.contains("qwen2")),
         "{e}"
     );
     let e = Llama::load("/nonexistent/m.gguf", &Device::Cpu)
@@ -116,4 +116,22 @@ fn pool_rejects_bad_shapes_and_other_models() {
     assert!(!pool.alloc_into(1, &mut table));
     pool.free(table[0]).unwrap();
     assert_eq!(pool.free_pages(), 1);
+}
+
+/// Qwen2.5's switches come from its architecture and metadata, as llama.cpp reads them.
+#[test]
+fn qwen25_config_comes_from_its_metadata() {
+    let c = qwen25().config();
+    assert_eq!(c.architecture, "qwen2");
+    assert_eq!(
+        (c.block_count, c.head_count, c.head_count_kv, c.head_dim),
+        (24, 14, 2, 64)
+    );
+    assert_eq!(c.vocab_size, 151_936);
+    assert_eq!(c.rope_freq_base, 1_000_000.0);
+    assert_eq!(c.rope_style, RopeStyle::Halves);
+    assert_eq!(c.activation, Activation::Silu);
+    assert!(c.qkv_bias);
+    assert!(!c.qk_norm && !c.post_norms && c.sliding_window.is_none());
+    assert!(!smollm2().config().qkv_bias && !gemma3().config().qkv_bias);
 }

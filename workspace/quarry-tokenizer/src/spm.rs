@@ -26,6 +26,8 @@ pub(crate) fn token_bytes(token: &str, kind: TokenKind, out: &mut Vec<u8>) {
                 out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
             }
         }
+        // llama.cpp's `token_to_piece` gives unused (reserved) tokens no bytes at all.
+        TokenKind::Unused => {}
         // llama.cpp copies the text of user-defined and special tokens verbatim.
         _ => out.extend_from_slice(token.as_bytes()),
     }

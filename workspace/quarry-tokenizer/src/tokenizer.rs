@@ -12,6 +12,8 @@ use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizerSequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper};
 
 use crate::byte_level::CharToByte;
@@ -103,6 +105,28 @@ const DIGITS_THEN_GPT2: &[&str] = &[
     "minerva",
 ];
 
+/// The split regex of llama.cpp's `qwen2` pre-tokenizer (Qwen2/2.5, and the GGUF names llama.cpp
+/// maps to it): the GPT-2 shape with case-insensitive contractions, one digit per pre-token, and
+/// punctuation runs that keep their trailing newlines. Written as llama.cpp writes it (its
+/// `(?:'[sS]|…)` for the `(?i:'s|…)` of Qwen's `tokenizer.json`).
+const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The split regex of llama.cpp's `llama3` pre-tokenizer (`llama-bpe` in Llama 3 GGUF files): as
+/// [`QWEN2_SPLIT`] but with up to three digits per pre-token.
+const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// GGUF pre-tokenizer names and the split regex llama.cpp gives each (followed by the byte-level
+/// mapping, without the GPT-2 regex).
+const SPLIT_THEN_BYTES: &[(&str, &str)] = &[
+    ("qwen2", QWEN2_SPLIT),
+    ("deepseek-r1-qwen", QWEN2_SPLIT),
+    ("megrez", QWEN2_SPLIT),
+    ("llama3", LLAMA3_SPLIT),
+    ("llama-v3", LLAMA3_SPLIT),
+    ("llama-bpe", LLAMA3_SPLIT),
+    ("falcon3", LLAMA3_SPLIT),
+];
+
 /// Texts that end a turn although the metadata does not call them EOS. Like llama.cpp, a token with
 /// one of these texts is treated as a control token whatever its GGUF type (Gemma 3 stores `</s>` as
 /// user-defined; llama.cpp matches it only when special tokens are parsed, and so do we).
@@ -146,10 +170,26 @@ impl Tokenizer {
                     .into()
                 } else if pre_name == "gpt-2" || pre_name == "gpt2" {
                     ByteLevel::new(false, true, true).into()
+                } else if let Some((_, regex)) =
+                    SPLIT_THEN_BYTES.iter().find(|(name, _)| *name == pre_name)
+                {
+                    let split = Split::new(
+                        SplitPattern::Regex((*regex).to_string()),
+                        SplitDelimiterBehavior::Isolated,
+                        false,
+                    )
+                    .map_err(tk_err)?;
+                    PreTokenizerSequence::new(vec![
+                        split.into(),
+                        ByteLevel::new(false, false, false).into(),
+                    ])
+                    .into()
                 } else {
+                    let split: Vec<&str> = SPLIT_THEN_BYTES.iter().map(|(n, _)| *n).collect();
                     return Err(TokenizerError::Unsupported(format!(
-                        "byte-level BPE pre-tokenizer `{pre_name}` (supported: gpt-2, {})",
-                        DIGITS_THEN_GPT2.join(", ")
+                        "byte-level BPE pre-tokenizer `{pre_name}` (supported: gpt-2, {}, {})",
+                        DIGITS_THEN_GPT2.join(", "),
+                        split.join(", ")
                     )));
                 };
                 let merges = v
@@ -246,9 +286,15 @@ impl Tokenizer {
         plain_tk.set_encode_special_tokens(true);
 
         let special = special_tokens(&v, &table);
-        // Both byte-level branches above use the GPT-2 regex; SentencePiece has no pre-tokenizer.
+        // [`Tokenizer::settled_len`]'s analysis covers the GPT-2 regex (with or without the digit
+        // split) only; SentencePiece has no pre-tokenizer, and the split-regex families are not
+        // analysed (the engine then keeps back a fixed count).
+        let gpt2_family = v
+            .pre
+            .as_deref()
+            .is_none_or(|p| DIGITS_THEN_GPT2.contains(&p) || p == "gpt-2" || p == "gpt2");
         let settling = Settling {
-            gpt2_regex: kind == VocabKind::ByteLevelBpe,
+            gpt2_regex: kind == VocabKind::ByteLevelBpe && gpt2_family,
             plain_added: plain_added(&inner),
         };
         let chat_template = match &v.chat_template {
@@ -589,6 +635,12 @@ fn byte_level_table(tokens: &[String], kinds: &[TokenKind]) -> TokenTable {
     let mut buf = Vec::new();
     for (tok, k) in tokens.iter().zip(kinds) {
         buf.clear();
+        // Unused (reserved) tokens have no bytes, as llama.cpp's `token_to_piece` gives them
+        // (Qwen2.5 pads its vocabulary with 271 `[PAD…]` ids); they are special, so never allowed.
+        if *k == TokenKind::Unused {
+            table.push(&buf, *k);
+            continue;
+        }
         // Control and user-defined tokens are stored as plain text, not byte-level spelled; a
         // normal token with a character outside the byte map is also taken as its UTF-8 text,
         // as llama.cpp does.

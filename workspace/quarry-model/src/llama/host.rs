@@ -43,6 +43,8 @@ struct LayerNorms {
     qk: Option<(Vec<f32>, Vec<f32>)>,
     /// Attention and feed-forward output norms.
     post: Option<(Vec<f32>, Vec<f32>)>,
+    /// Q, K and V biases side by side.
+    qkv_bias: Option<Vec<f32>>,
 }
 
 impl HostParams {
@@ -60,6 +62,7 @@ impl HostParams {
                         ffn: vec(&l.ffn_norm)?,
                         qk: pair(&l.qk_norm)?,
                         post: pair(&l.post_norms)?,
+                        qkv_bias: l.qkv_bias.as_ref().map(vec).transpose()?,
                     })
                 })
                 .collect::<Result<_>>()?,
@@ -120,6 +123,11 @@ impl Llama {
             let y = (l > 0).then_some(b.y.as_slice());
             add_norm(&mut b.x, y, &norms.attn, eps, &mut b.h);
             layer.qkv.forward_host(&b.h, t, &mut b.qkv)?;
+            if let Some(bias) = &norms.qkv_bias {
+                for row in b.qkv.chunks_exact_mut(bias.len()) {
+                    row.iter_mut().zip(bias).for_each(|(y, b)| *y += b);
+                }
+            }
             let (cos, sin) = &p.rope[layer.rope];
             let rope = Rope {
                 q_w,

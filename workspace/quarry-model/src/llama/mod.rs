@@ -29,6 +29,8 @@ struct Layer {
     qk_norm: Option<(Tensor, Tensor)>,
     /// Norms of the attention and feed-forward outputs, when the config has them.
     post_norms: Option<(Tensor, Tensor)>,
+    /// Q, K and V biases side by side (`[q_w + 2 * kv_w]`), when the config has them (Qwen2).
+    qkv_bias: Option<Tensor>,
     /// Index into [`Llama::rope`]: 0 global, 1 local (sliding-window) layers.
     rope: usize,
 }
@@ -124,9 +126,21 @@ impl Llama {
                 "post_ffw_norm.weight",
                 e,
             )?;
+            let (q_w, kv_w) = (c.head_count * hd, c.kv_dim());
+            let qkv_bias = if c.qkv_bias {
+                let parts = [
+                    dense(t("attn_q.bias", &[q_w])?)?,
+                    dense(t("attn_k.bias", &[kv_w])?)?,
+                    dense(t("attn_v.bias", &[kv_w])?)?,
+                ];
+                Some(Tensor::cat(&parts, 0)?)
+            } else {
+                None
+            };
             layers.push(Layer {
                 qk_norm,
                 post_norms,
+                qkv_bias,
                 rope: usize::from(c.window(i).is_some()),
                 attn_norm: dense(t("attn_norm.weight", &[e])?)?,
                 qkv: Fused::new(
@@ -265,7 +279,15 @@ impl Llama {
                 Some((q, k)) => (Some(q), Some(k)),
                 None => (None, None),
             };
-            let qkv = layer.qkv.forward(&h)?;
+            let mut qkv = layer.qkv.forward(&h)?;
+            if let Some(bias) = &layer.qkv_bias {
+                let mut at = 0;
+                for y in qkv.iter_mut() {
+                    let w = y.dim(1)?;
+                    *y = y.broadcast_add(&bias.narrow(0, at, w)?)?;
+                    at += w;
+                }
+            }
             let q = rope(&qkv[0], c.head_count, q_norm)?;
             let k = rope(&qkv[1], c.head_count_kv, k_norm)?.reshape((t, c.kv_dim()))?;
             let v = &qkv[2];

@@ -45,6 +45,22 @@ pub fn gemma3_path() -> PathBuf {
     model_path("gemma-3-270m-q4_k_m.gguf")
 }
 
+pub fn qwen25_path() -> PathBuf {
+    model_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+}
+
+/// Qwen2.5-Coder 0.5B Instruct, loaded once per test binary.
+pub fn qwen25() -> &'static Llama {
+    static MODEL: OnceLock<Llama> = OnceLock::new();
+    MODEL.get_or_init(|| Llama::load(qwen25_path(), &device()).unwrap())
+}
+
+/// Qwen2.5 with every weight dequantized to F32, loaded once per test binary.
+pub fn qwen25_f32() -> &'static Llama {
+    static MODEL: OnceLock<Llama> = OnceLock::new();
+    MODEL.get_or_init(|| load_f32(&qwen25_path(), "qwen25"))
+}
+
 fn model_path(file: &str) -> PathBuf {
     let path = root().join("models").join(file);
     assert!(
