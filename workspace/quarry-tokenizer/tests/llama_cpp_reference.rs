@@ -143,11 +143,11 @@ fn gemma3_token_byte_table_equals_llama_cpp() {
     );
 }
 
-#[test]
-fn gemma3_ids_equal_llama_cpp_on_every_fixture_string() {
-    let tok = model("gemma-3-270m-q4_k_m.gguf");
-    let fx = fixture("gemma3.cases.json");
-    let (n, bad) = id_mismatches(&tok, &fx);
+/// Every fixture case and the default-BOS "Hello" encode as llama.cpp encoded them.
+fn assert_ids_equal_llama_cpp(tok: &Tokenizer, fixture_name: &str) {
+    let fx = fixture(fixture_name);
+    let (n, bad) = id_mismatches(tok, &fx);
+    assert!(n >= 600, "fixture too small: {n} cases");
     assert!(
         bad.is_empty(),
         "{} of {n} cases differ:\n{}",
@@ -162,6 +162,11 @@ fn gemma3_ids_equal_llama_cpp_on_every_fixture_string() {
         tok.encode_with("Hello", opts).unwrap(),
         ids(&fx["hello_with_default_bos"])
     );
+}
+
+#[test]
+fn gemma3_ids_equal_llama_cpp_on_every_fixture_string() {
+    assert_ids_equal_llama_cpp(&model("gemma-3-270m-q4_k_m.gguf"), "gemma3.cases.json");
 }
 
 /// Qwen2.5 (GGUF pre-tokenizer `qwen2`: a split regex, then bytes), 151,936 ids.
@@ -178,23 +183,7 @@ fn qwen25_token_byte_table_equals_llama_cpp() {
 fn qwen25_ids_equal_llama_cpp_on_every_fixture_string() {
     let tok = model(QWEN25);
     assert_eq!(tok.pre_tokenizer(), Some("qwen2"));
-    let fx = fixture("qwen25.cases.json");
-    let (n, bad) = id_mismatches(&tok, &fx);
-    assert!(n >= 600, "fixture too small: {n} cases");
-    assert!(
-        bad.is_empty(),
-        "{} of {n} cases differ:\n{}",
-        bad.len(),
-        bad.join("\n")
-    );
-    let opts = EncodeOptions {
-        add_bos: tok.add_bos_by_default(),
-        parse_special: false,
-    };
-    assert_eq!(
-        tok.encode_with("Hello", opts).unwrap(),
-        ids(&fx["hello_with_default_bos"])
-    );
+    assert_ids_equal_llama_cpp(&tok, "qwen25.cases.json");
 }
 
 #[test]

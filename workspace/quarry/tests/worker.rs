@@ -774,17 +774,29 @@ fn stuck_plan(docs: &[String]) -> Value {
     ])
 }
 
+/// A one-partition topic on a fresh mock cluster holding [`stuck_plan`]; keep the cluster alive
+/// while the job runs.
+fn stuck_job(
+    tag: &str,
+) -> (
+    rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    Job,
+) {
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let job = Job::on(&bootstrap, tag, 100);
+    cluster.create_topic(&job.topic, 1, 1).unwrap();
+    produce_foreign(&bootstrap, &job.topic, &stuck_plan(&packages(5)));
+    (cluster, job)
+}
+
 /// A partition stuck on a batch it cannot decode: the worker publishes what came before, names
 /// the partition and offset, and exits non-zero within the stall timeout; the consumer error is
 /// counted, and logged once rather than at every retry.
 #[test]
 fn a_partition_stuck_on_an_undecodable_batch_stops_the_worker_naming_it() {
     let _one_at_a_time = serial();
-    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let job = Job::on(&bootstrap, "stuck-mock", 100);
-    cluster.create_topic(&job.topic, 1, 1).unwrap();
-    produce_foreign(&bootstrap, &job.topic, &stuck_plan(&packages(5)));
+    let (cluster, job) = stuck_job("stuck-mock");
     let started = Instant::now();
     let child = job.spawn_idle(
         600,
@@ -839,11 +851,7 @@ fn a_partition_stuck_on_an_undecodable_batch_stops_the_worker_naming_it() {
 #[test]
 fn idle_exit_with_lag_left_exits_non_zero_and_prints_the_lag() {
     let _one_at_a_time = serial();
-    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let job = Job::on(&bootstrap, "lagleft-mock", 100);
-    cluster.create_topic(&job.topic, 1, 1).unwrap();
-    produce_foreign(&bootstrap, &job.topic, &stuck_plan(&packages(5)));
+    let (cluster, job) = stuck_job("lagleft-mock");
     let (st, err) = wait(
         job.spawn_idle(8, &[], &["--stall-timeout", "600"]),
         Duration::from_secs(600),
