@@ -188,16 +188,7 @@ fn qwen25_ids_equal_llama_cpp_on_every_fixture_string() {
 
 #[test]
 fn qwen25_chat_template_renders_like_llama_cpp_jinja2() {
-    let tok = model(QWEN25);
-    let fx = fixture("qwen25.chat.json");
-    for r in fx["renders"].as_array().unwrap() {
-        let msgs: Vec<ChatMessage> = serde_json::from_value(r["messages"].clone()).unwrap();
-        let add = r["add_generation_prompt"].as_bool().unwrap();
-        assert_eq!(
-            tok.apply_chat_template(&msgs, add).unwrap(),
-            r["text"].as_str().unwrap()
-        );
-    }
+    assert_chat_renders_like_llama_cpp(&model(QWEN25), "qwen25.chat.json");
 }
 
 #[test]
@@ -228,8 +219,15 @@ fn decoding_round_trips_every_fixture_string() {
 
 #[test]
 fn smollm2_chat_template_renders_like_llama_cpp_jinja2() {
-    let tok = model("SmolLM2-135M-Instruct.Q4_1.gguf");
-    let fx = fixture("smollm2.chat.json");
+    assert_chat_renders_like_llama_cpp(
+        &model("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "smollm2.chat.json",
+    );
+}
+
+/// Every conversation in the fixture renders as llama-cpp-python's Jinja2 rendered it.
+fn assert_chat_renders_like_llama_cpp(tok: &Tokenizer, fixture_name: &str) {
+    let fx = fixture(fixture_name);
     for r in fx["renders"].as_array().unwrap() {
         let msgs: Vec<ChatMessage> = serde_json::from_value(r["messages"].clone()).unwrap();
         let add = r["add_generation_prompt"].as_bool().unwrap();
