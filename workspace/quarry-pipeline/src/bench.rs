@@ -171,14 +171,21 @@ pub const FACTS: [&str; 6] = [
 /// after trimming spaces. The output's first JSON object counts, so a free-text answer wrapped in
 /// a code fence is scored too; truncated JSON scores nothing.
 pub fn facts_correct(record: &str, output: &str) -> usize {
+    facts_right(record, output).iter().filter(|&&r| r).count()
+}
+
+/// Which of the [`FACTS`] (in that order) the output states as the record does, by the rules of
+/// [`facts_correct`].
+pub fn facts_right(record: &str, output: &str) -> [bool; 6] {
+    let mut right = [false; 6];
     let Some(start) = output.find('{') else {
-        return 0;
+        return right;
     };
     let Some(Ok(Value::Object(got))) = serde_json::Deserializer::from_str(&output[start..])
         .into_iter::<Value>()
         .next()
     else {
-        return 0;
+        return right;
     };
     let depends: Vec<&str> = record_field(record, "Depends")
         .map(|d| {
@@ -193,27 +200,25 @@ pub fn facts_correct(record: &str, output: &str) -> usize {
         (Some(Value::Null) | None, None) => true,
         _ => false,
     };
-    let mut n = [
-        ("name", "Package"),
-        ("version", "Version"),
-        ("maintainer", "Maintainer"),
-        ("homepage", "Homepage"),
-        ("summary", "Description"),
-    ]
-    .iter()
-    .filter(|(fact, field)| same(fact, record_field(record, field)))
-    .count();
+    for (i, fact) in FACTS.iter().enumerate() {
+        let field = match *fact {
+            "name" => "Package",
+            "version" => "Version",
+            "maintainer" => "Maintainer",
+            "homepage" => "Homepage",
+            "summary" => "Description",
+            _ => continue,
+        };
+        right[i] = same(fact, record_field(record, field));
+    }
     if let Some(Value::Array(list)) = got.get("depends") {
-        if list.len() == depends.len()
+        right[3] = list.len() == depends.len()
             && list
                 .iter()
                 .zip(&depends)
-                .all(|(v, w)| v.as_str().is_some_and(|v| v.trim() == *w))
-        {
-            n += 1;
-        }
+                .all(|(v, w)| v.as_str().is_some_and(|v| v.trim() == *w));
     }
-    n
+    right
 }
 
 /// Which bytes of `text` its grammar forces: walking the text from the start, wherever the
@@ -536,6 +541,11 @@ mod tests {
             5
         );
         assert_eq!(facts_correct(record, &out("[]", summary)), 5);
+        // Which fact was lost, in the order of FACTS.
+        assert_eq!(
+            facts_right(record, &out("[]", summary)),
+            [true, true, true, false, true, true]
+        );
         assert_eq!(
             facts_correct(
                 record,
@@ -550,7 +560,6 @@ mod tests {
         assert_eq!(facts_correct(record, "bzip2 1.0.8"), 0);
         assert_eq!(facts_correct(record, r#"{"name": "bzip2", "vers"#), 0);
         assert_eq!(facts_correct(record, r#"["bzip2"]"#), 0);
-        // Without a Depends line the truth is an empty list.
         // Without a Depends line the truth is an empty list; without a Homepage, null or absent.
         let bare = "Package: a\nVersion: 1\nMaintainer: M\nDescription: s\n";
         let got = r#"{"name": "a", "version": "1", "maintainer": "M", "depends": [], "homepage": null, "summary": "s"}"#;

@@ -166,13 +166,21 @@ fn main() -> Result<()> {
                     lines.join("\n") + "\n",
                 )?;
             }
-            let facts: usize = docs
-                .iter()
-                .zip(&metrics.outputs)
-                .map(|(d, (text, _))| bench::facts_correct(d, text))
-                .sum();
+            let mut by_fact = [0usize; 6];
+            for (d, (text, _)) in docs.iter().zip(&metrics.outputs) {
+                for (n, right) in by_fact.iter_mut().zip(bench::facts_right(d, text)) {
+                    *n += usize::from(right);
+                }
+            }
+            let facts: usize = by_fact.iter().sum();
             let mut run = serde_json::to_value(&metrics)?;
             run["facts_correct"] = json!(facts as f64 / (docs.len() * bench::FACTS.len()) as f64);
+            // Per fact: how many of the documents state it right.
+            run["facts_right"] = json!(bench::FACTS
+                .iter()
+                .zip(by_fact)
+                .map(|(f, n)| (f.to_string(), json!(n)))
+                .collect::<serde_json::Map<_, _>>());
             if cfg.constrained {
                 let (bytes, tokens) = forced_ceiling(&tok, &schema, args.whitespace, &metrics)?;
                 run["forced_bytes_share"] = json!(bytes);
@@ -222,6 +230,20 @@ fn main() -> Result<()> {
             r["schema_valid"].as_f64().unwrap(),
             docs.len(),
             100.0 * r["facts_correct"].as_f64().unwrap(),
+        );
+    }
+    for r in &rows {
+        let per: Vec<String> = bench::FACTS
+            .iter()
+            .map(|f| {
+                let n = r["runs"][0]["facts_right"][*f].as_u64().unwrap_or(0);
+                format!("{f} {n}/{}", docs.len())
+            })
+            .collect();
+        println!(
+            "({}) facts right per field (run 1): {}",
+            r["config"].as_str().unwrap(),
+            per.join(", ")
         );
     }
     let by = |n: &str| {
