@@ -502,7 +502,6 @@ pub struct Worker<'a, E: Extractor> {
     stall_limit: Duration,
     /// Consumer errors by kind: how many, and when the last one came.
     errors: BTreeMap<String, (u64, Instant)>,
-    errors_total: u64,
     errors_logged: Throttle,
     stop: StopReason,
 }
@@ -621,7 +620,6 @@ impl<'a, E: Extractor> Worker<'a, E> {
             summary,
             stall_limit,
             errors: BTreeMap::new(),
-            errors_total: 0,
             errors_logged: Throttle::default(),
             stop: StopReason::Signal,
         })
@@ -804,7 +802,6 @@ impl<'a, E: Extractor> Worker<'a, E> {
             .consumer_errors
             .get_or_create(&ErrorKindLabel { kind: kind.clone() })
             .inc();
-        self.errors_total += 1;
         let entry = self
             .errors
             .entry(kind.clone())
