@@ -17,7 +17,7 @@ use crate::radix::{CacheStats, RadixCache, ROOT};
 use crate::request::{Completion, FinishReason, Processor, Prompt, Request, RequestStats};
 use crate::sequence::{Phase, Sequence, TokenCtx};
 
-/// Engine settings. The defaults suit the CPU and SmolLM2; see the README's configuration table.
+/// Engine settings. The defaults suit the CPU and SmolLM2; see the configuration reference in docs/pipelines.md.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineConfig {

@@ -27,7 +27,7 @@ use quarry_tokenizer::{ChatMessage, EncodeOptions, TokenKind, Tokenizer, Tokeniz
 /// The model `make setup` installs; every subcommand uses it unless `--model` says otherwise.
 const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-/// The exit codes, as `quarry --help` and the README state them (a test keeps the README true).
+/// The exit codes, as `quarry --help` and `docs/cli.md` state them (a test keeps the page true).
 macro_rules! exit_codes {
     () => {
         "Exit codes:
@@ -192,7 +192,7 @@ fn hint(e: &anyhow::Error) -> Option<&'static str> {
     use quarry_pipeline::PipelineError as P;
     let p = e.chain().find_map(|c| c.downcast_ref::<P>())?;
     Some(match p {
-        P::Config { .. } => "job definitions are described in pipelines/README.md and the README's configuration reference",
+        P::Config { .. } => "job definitions are described in pipelines/README.md and the configuration reference in docs/pipelines.md",
         P::Schema { .. } => "check the file with `quarry grammar compile --schema FILE`",
         P::Store { .. } => "check the URL, the credentials in the environment (AWS_*, GOOGLE_*, AZURE_*) and that the endpoint is up; nothing was committed, so a rerun is safe",
         P::Url { .. } => "use a local path or file://, s3://, gs://, az:// or memory://",
@@ -460,14 +460,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_readme_states_the_exit_codes() {
-        let readme =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
-                .expect("README.md at the repository root");
+    fn the_cli_page_states_the_exit_codes() {
+        let page =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/cli.md"))
+                .expect("docs/cli.md at the repository root");
         for line in EXIT_CODES.lines().skip(1) {
             assert!(
-                readme.contains(line.trim()),
-                "README.md lacks the exit-code line {line:?}"
+                page.contains(line.trim()),
+                "docs/cli.md lacks the exit-code line {line:?}"
             );
         }
     }
