@@ -1,5 +1,6 @@
 //! Weight matrices: candle's quantized matmul, plus kernels of our own for Q4_1 and Q8_0 on CPU
-//! (and Q5_0, whose blocks are repacked into the Q8_0 kernel's form: see [`Format::of`]).
+//! (and Q5_0, Q4_K and Q6_K, whose blocks are repacked exactly into those kernels' forms: see
+//! [`Format::of`]).
 //!
 //! candle-core 0.11 multiplies Q4_1 weights with a scalar dot product (no SIMD path), which made
 //! the required SmolLM2 Q4_1 model about 10× slower than its Q4_0 and Q8_0 kernels; and its Q8_0
@@ -45,14 +46,6 @@ impl Linear {
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Linear::Candle(m) if single_row_differs(m, x) => {
-                // candle-core 0.11's x86 Q6_K matmul runs a GEMV for one activation row and a
-                // tiled kernel for more, which sum in different orders. A lone row goes through
-                // the tiled kernel (stacked twice), so that a decode computes exactly what the
-                // same row computes inside a batch: batching never changes a result.
-                let y = m.forward(&Tensor::cat(&[x, x], 0)?)?;
-                Ok(y.narrow(0, 0, 1)?)
-            }
             Linear::Candle(m) => Ok(m.forward(x)?),
             Linear::Quant(m) => m.forward(x),
         }
@@ -71,15 +64,6 @@ impl Linear {
             }
         }
     }
-}
-
-/// Whether candle would multiply `x`, a single row, by a kernel other than the one it uses for
-/// several rows (see [`Linear::forward`]).
-fn single_row_differs(m: &QMatMul, x: &Tensor) -> bool {
-    cfg!(target_arch = "x86_64")
-        && x.device().is_cpu()
-        && matches!(x.dims(), [1, _])
-        && matches!(m, QMatMul::QTensor(t) if t.dtype() == GgmlDType::Q6K)
 }
 
 /// Projections of the same input (Q, K and V; gate and up). On CPU, parts of one type with a kernel
@@ -154,21 +138,35 @@ impl Fused {
 /// The block formats with a kernel here.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Format {
-    /// f16 `d`, f16 `m`, 16 bytes of nibbles: `w = d·q + m`, `q` in 0..16.
+    /// A scale `d` and a minimum `m` per 32 values, 4-bit `q` in 0..16: `w = d·q + m`.
     Q4_1,
-    /// f16 `d`, 32 signed bytes: `w = d·q`.
+    /// A scale `d` per 32 values, signed bytes: `w = d·q`.
     Q8_0,
+    /// Signed bytes with a scale per 16 values: `w = d_h·q` in half `h` of each 32-block.
+    Q8x16,
 }
 
 impl Format {
-    /// The kernel for GGUF type `dtype`. Q5_0 (`w = d·(q - 16)`, `q` in 0..32) runs as Q8_0: its
-    /// values are exact signed bytes, and llama.cpp's `ggml_vec_dot_q5_0_q8_0` is the same sum,
-    /// `d_w·d_a·Σ(q_w·q_a)` per block, as Q8_0's. candle-core 0.11 has no SIMD path for Q5_0,
-    /// which Gemma 3's Q4_K_M file uses for most of its projections.
+    /// The kernel for GGUF type `dtype`. Every mapping is exact: each weight the kernel sees is
+    /// the value llama.cpp's `dequantize_row_*` computes, in f32.
+    /// - Q5_0 (`w = d·(q - 16)`, `q` in 0..32) runs as Q8_0: its values are exact signed bytes,
+    ///   and llama.cpp's `ggml_vec_dot_q5_0_q8_0` is the same sum, `d_w·d_a·Σ(q_w·q_a)` per
+    ///   block, as Q8_0's. candle-core 0.11 has no SIMD path for Q5_0, which Gemma 3's and
+    ///   Qwen2.5's Q4_K_M files use for most of their projections.
+    /// - Q4_K (256-value super-blocks of eight 32-value sub-blocks, `w = d·sc_j·q - dmin·m_j` with
+    ///   6-bit `sc_j`, `m_j`) runs as Q4_1 with `d = d·sc_j` and `m = -dmin·m_j`: both products
+    ///   are exact in f32 (an 11-bit mantissa times 6 bits), and the repacked matrix keeps its
+    ///   scales in f32.
+    /// - Q6_K (sixteen 16-value sub-blocks, `w = d·sc_j·(q - 32)` with signed 8-bit `sc_j`) runs
+    ///   as Q8x16 with `d_h = d·sc_j`, also exact in f32.
+    ///
+    /// candle multiplies the two K-quants by whole 256-value rows per activation row; here they
+    /// join the repacked kernel, whose weights are read once per call whatever the batch.
     fn of(dtype: GgmlDType) -> Option<Self> {
         match dtype {
-            GgmlDType::Q4_1 => Some(Format::Q4_1),
+            GgmlDType::Q4_1 | GgmlDType::Q4K => Some(Format::Q4_1),
             GgmlDType::Q8_0 | GgmlDType::Q5_0 => Some(Format::Q8_0),
+            GgmlDType::Q6K => Some(Format::Q8x16),
             _ => None,
         }
     }
@@ -177,9 +175,26 @@ impl Format {
     fn qs_bytes(self) -> usize {
         match self {
             Format::Q4_1 => QK / 2,
-            Format::Q8_0 => QK,
+            Format::Q8_0 | Format::Q8x16 => QK,
         }
     }
+
+    /// Weight scales per 32-value block.
+    const fn scales(self) -> usize {
+        match self {
+            Format::Q8x16 => 2,
+            Format::Q4_1 | Format::Q8_0 => 1,
+        }
+    }
+}
+
+/// One 32-value block of weights decoded from GGUF: the values as [`Format::gguf_blocks`]'s
+/// format stores them (a Q4_1 nibble, or a signed byte), the scales of its halves (both the same
+/// when the block has one), and the Q4_1 minimum.
+struct Block32 {
+    q: [u8; QK],
+    d: [f32; 2],
+    m: f32,
 }
 
 /// Weight rows are interleaved in groups of this many. One 256-bit register holds [`STEP`]
@@ -231,34 +246,95 @@ impl Format {
         LANES * self.qs_bytes()
     }
 
-    /// Bytes of one GGUF block of `dtype`, one of the types [`Format::of`] maps here.
-    fn block_bytes(dtype: GgmlDType) -> usize {
-        match dtype {
-            GgmlDType::Q4_1 => 20,
-            GgmlDType::Q5_0 => 22,
-            _ => 34,
-        }
-    }
-
-    /// Value `j` (0..32) of a GGUF block of `dtype`, as this format stores it: a Q4_1 nibble, or a
-    /// Q8_0 signed byte.
-    fn gguf_value(dtype: GgmlDType, block: &[u8], j: usize) -> u8 {
-        match dtype {
-            GgmlDType::Q4_1 if j < QK / 2 => block[4 + j] & 0x0F,
-            GgmlDType::Q4_1 => block[4 + j - QK / 2] >> 4,
-            GgmlDType::Q5_0 => {
-                // f16 d, 32 high bits (bit j for value j), then 16 bytes of low nibbles (values j
-                // and j + 16 share byte j).
-                let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
-                let low = if j < QK / 2 {
-                    block[6 + j] & 0x0F
-                } else {
-                    block[6 + j - QK / 2] >> 4
-                };
-                let q = (low | (((qh >> j) & 1) << 4) as u8) as i8 - 16;
-                q as u8
+    /// The 32-value blocks of `data`, GGUF blocks of `dtype` (a type [`Format::of`] maps here),
+    /// in order, each passed to `f`.
+    fn gguf_blocks(dtype: GgmlDType, data: &[u8], mut f: impl FnMut(&Block32)) {
+        let half = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        let mut out = Block32 {
+            q: [0; QK],
+            d: [0.0; 2],
+            m: 0.0,
+        };
+        let size = dtype.type_size();
+        for block in data.chunks_exact(size) {
+            match dtype {
+                GgmlDType::Q4_1 => {
+                    let d = half(block, 0);
+                    for j in 0..QK / 2 {
+                        out.q[j] = block[4 + j] & 0x0F;
+                        out.q[j + QK / 2] = block[4 + j] >> 4;
+                    }
+                    (out.d, out.m) = ([d, d], half(block, 2));
+                    f(&out);
+                }
+                GgmlDType::Q5_0 => {
+                    // f16 d, 32 high bits (bit j for value j), then 16 bytes of low nibbles
+                    // (values j and j + 16 share byte j).
+                    let d = half(block, 0);
+                    let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+                    for j in 0..QK {
+                        let low = if j < QK / 2 {
+                            block[6 + j] & 0x0F
+                        } else {
+                            block[6 + j - QK / 2] >> 4
+                        };
+                        out.q[j] = ((low | (((qh >> j) & 1) << 4) as u8) as i8 - 16) as u8;
+                    }
+                    out.d = [d, d];
+                    f(&out);
+                }
+                GgmlDType::Q4K => {
+                    // f16 d, f16 dmin, 12 bytes of packed 6-bit scales and minimums, then 128
+                    // bytes: 64-value chunk i in bytes 32i..32i+32, sub-block 2i in the low
+                    // nibbles and 2i + 1 in the high ones.
+                    let (d, dmin) = (half(block, 0), half(block, 2));
+                    let (scales, qs) = (&block[4..16], &block[16..144]);
+                    for j in 0..8 {
+                        let (sc, mn) = if j < 4 {
+                            (scales[j] & 63, scales[j + 4] & 63)
+                        } else {
+                            (
+                                (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4),
+                                (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
+                            )
+                        };
+                        let shift = 4 * (j % 2);
+                        for (l, q) in out.q.iter_mut().enumerate() {
+                            *q = (qs[32 * (j / 2) + l] >> shift) & 0x0F;
+                        }
+                        let ds = d * sc as f32;
+                        (out.d, out.m) = ([ds, ds], -(dmin * mn as f32));
+                        f(&out);
+                    }
+                }
+                GgmlDType::Q6K => {
+                    // 128 bytes of low nibbles, 64 bytes of 2-bit high parts, 16 signed scales,
+                    // f16 d. Per 128-value half n: values 32k + l take low bits from
+                    // ql[64n + l + 32(k % 2)] (low nibble for k < 2) and high bits 2k..2k+2
+                    // of qh[32n + l]; 16-value sub-block 8n + 2k + l / 16 scales them.
+                    let (ql, qh, sc) = (&block[..128], &block[128..192], &block[192..208]);
+                    let d = half(block, 208);
+                    for n in 0..2 {
+                        for k in 0..4 {
+                            for l in 0..QK {
+                                let low = ql[64 * n + l + 32 * (k % 2)] >> (4 * (k / 2));
+                                let high = (qh[32 * n + l] >> (2 * k)) & 3;
+                                out.q[l] = (((low & 0x0F) | (high << 4)) as i8 - 32) as u8;
+                            }
+                            let scale = |h: usize| d * (sc[8 * n + 2 * k + h] as i8) as f32;
+                            out.d = [scale(0), scale(1)];
+                            f(&out);
+                        }
+                    }
+                }
+                _ => {
+                    // Q8_0: f16 d, 32 signed bytes.
+                    let d = half(block, 0);
+                    out.q.copy_from_slice(&block[2..2 + QK]);
+                    out.d = [d, d];
+                    f(&out);
+                }
             }
-            _ => block[2 + j],
         }
     }
 
@@ -267,7 +343,7 @@ impl Format {
         let (s, t) = (j / STEP, j % STEP);
         match self {
             Format::Q4_1 => ((s / 2) * 32 + STEP * c + t, 4 * (s % 2) as u32),
-            Format::Q8_0 => (s * 32 + STEP * c + t, 0),
+            Format::Q8_0 | Format::Q8x16 => (s * 32 + STEP * c + t, 0),
         }
     }
 }
@@ -277,56 +353,62 @@ impl QuantMatrix {
     fn new(parts: &[QTensor]) -> Result<Self> {
         let format = Format::of(parts[0].dtype()).expect("a format with a kernel");
         let cols = parts[0].shape().dims2()?.1;
-        // Each part's GGUF blocks, with its type (Q5_0 and Q8_0 parts stack).
+        // Each part's GGUF blocks, with its type (Q5_0 and Q8_0 parts stack, as do Q4_K and Q4_1).
         let mut raw: Vec<(GgmlDType, std::borrow::Cow<'_, [u8]>)> = Vec::new();
         let mut rows = 0;
         for t in parts {
             let (r, c) = t.shape().dims2()?;
-            if c % QK != 0 || c != cols || Format::of(t.dtype()) != Some(format) {
+            let dtype = t.dtype();
+            if c % dtype.block_size() != 0 || c != cols || Format::of(dtype) != Some(format) {
                 return Err(crate::ModelError::Forward {
                     message: format!(
-                        "{format:?} matrix: a {:?} part of width {c} does not stack with width \
-                         {cols} (a multiple of {QK})",
-                        t.dtype()
+                        "{format:?} matrix: a {dtype:?} part of width {c} does not stack with \
+                         width {cols} (a multiple of {})",
+                        dtype.block_size()
                     ),
                 });
             }
             let data = t.data()?;
-            debug_assert_eq!(data.len(), r * cols / QK * Format::block_bytes(t.dtype()));
-            raw.push((t.dtype(), data));
+            debug_assert_eq!(
+                data.len(),
+                r * cols / dtype.block_size() * dtype.type_size()
+            );
+            raw.push((dtype, data));
             rows += r;
         }
         let nb = cols / QK;
         let blocks = rows.div_ceil(LANES) * nb;
+        let scales = format.scales();
         let mut m = Self {
             format,
             rows,
             cols,
             qs: vec![0; blocks * format.group_bytes()],
-            d: vec![0.0; blocks * LANES],
+            d: vec![0.0; blocks * scales * LANES],
             m: match format {
                 Format::Q4_1 => vec![0.0; blocks * LANES],
-                Format::Q8_0 => Vec::new(),
+                Format::Q8_0 | Format::Q8x16 => Vec::new(),
             },
         };
-        let half = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
         let gb = format.group_bytes();
-        let blocks = raw.iter().flat_map(|(dtype, data)| {
-            data.chunks_exact(Format::block_bytes(*dtype))
-                .map(move |b| (*dtype, b))
-        });
-        for (n, (dtype, block)) in blocks.enumerate() {
-            let (row, i) = (n / nb, n % nb);
-            let (at, c) = ((row / LANES) * nb + i, row % LANES);
-            m.d[at * LANES + c] = half(block, 0);
-            if format == Format::Q4_1 {
-                m.m[at * LANES + c] = half(block, 2);
-            }
-            let out = &mut m.qs[at * gb..(at + 1) * gb];
-            for j in 0..QK {
-                let (byte, shift) = format.packed_at(c, j);
-                out[byte] |= Format::gguf_value(dtype, block, j) << shift;
-            }
+        let mut n = 0;
+        for (dtype, data) in &raw {
+            Format::gguf_blocks(*dtype, data, |block| {
+                let (row, i) = (n / nb, n % nb);
+                let (at, c) = ((row / LANES) * nb + i, row % LANES);
+                for h in 0..scales {
+                    m.d[(at * scales + h) * LANES + c] = block.d[h];
+                }
+                if format == Format::Q4_1 {
+                    m.m[at * LANES + c] = block.m;
+                }
+                let out = &mut m.qs[at * gb..(at + 1) * gb];
+                for (j, &q) in block.q.iter().enumerate() {
+                    let (byte, shift) = format.packed_at(c, j);
+                    out[byte] |= q << shift;
+                }
+                n += 1;
+            });
         }
         Ok(m)
     }
@@ -336,13 +418,15 @@ impl QuantMatrix {
         let nb = self.cols / QK;
         let gb = self.format.group_bytes();
         let scales = g * nb * LANES..(g + 1) * nb * LANES;
+        let d = self.format.scales() * LANES;
         Group {
             format: self.format,
+            blocks: nb,
             qs: &self.qs[g * nb * gb..(g + 1) * nb * gb],
-            d: &self.d[scales.clone()],
+            d: &self.d[g * nb * d..(g + 1) * nb * d],
             m: match self.format {
                 Format::Q4_1 => &self.m[scales],
-                Format::Q8_0 => &[],
+                Format::Q8_0 | Format::Q8x16 => &[],
             },
         }
     }
@@ -467,6 +551,8 @@ thread_local! {
 /// One group of [`LANES`] weight rows.
 struct Group<'a> {
     format: Format,
+    /// 32-value blocks per row.
+    blocks: usize,
     qs: &'a [u8],
     d: &'a [f32],
     m: &'a [f32],
@@ -600,27 +686,32 @@ fn quantize_row(xs: &[f32], qs: &mut [i8], ds: &mut [f32], ss: &mut [f32]) {
 }
 
 /// The group's [`LANES`] dot products with one activation row, in the SIMD path's order: per
-/// block, `acc = fma(d_w·d_a, Σq_w·q_a, acc)`, then for Q4_1 `acc = fma(m_w, s_a, acc)`.
+/// block (per half-block for Q8x16), `acc = fma(d_w·d_a, Σq_w·q_a, acc)`, then for Q4_1
+/// `acc = fma(m_w, s_a, acc)`.
 fn group_scalar(w: &Group, a: &Act) -> [f32; LANES] {
     let gb = w.format.group_bytes();
+    let scales = w.format.scales();
+    let span = QK / scales;
     let mut acc = [0f32; LANES];
     for (i, x) in a.qs.chunks_exact(QK).enumerate() {
         let block = &w.qs[i * gb..(i + 1) * gb];
         for (c, acc) in acc.iter_mut().enumerate() {
-            let isum: i32 = (0..QK)
-                .map(|j| {
-                    let (byte, shift) = w.format.packed_at(c, j);
-                    let q = match w.format {
-                        Format::Q4_1 => ((block[byte] >> shift) & 0x0F) as i32,
-                        Format::Q8_0 => block[byte] as i8 as i32,
-                    };
-                    q * x[j] as i32
-                })
-                .sum();
-            let lane = i * LANES + c;
-            *acc = (w.d[lane] * a.d[i]).mul_add(isum as f32, *acc);
+            for h in 0..scales {
+                let isum: i32 = (h * span..(h + 1) * span)
+                    .map(|j| {
+                        let (byte, shift) = w.format.packed_at(c, j);
+                        let q = match w.format {
+                            Format::Q4_1 => ((block[byte] >> shift) & 0x0F) as i32,
+                            Format::Q8_0 | Format::Q8x16 => block[byte] as i8 as i32,
+                        };
+                        q * x[j] as i32
+                    })
+                    .sum();
+                let d = w.d[(i * scales + h) * LANES + c];
+                *acc = (d * a.d[i]).mul_add(isum as f32, *acc);
+            }
             if w.format == Format::Q4_1 {
-                *acc = w.m[lane].mul_add(a.s[i], *acc);
+                *acc = w.m[i * LANES + c].mul_add(a.s[i], *acc);
             }
         }
     }
@@ -637,7 +728,7 @@ unsafe fn group_avx2<const R: usize>(_: &Group, _: &[Act]) -> [[f32; LANES]; R] 
 ///
 /// Q4_1 sums a block's eight steps in 16-bit lanes before widening: a step's `maddubs` pair is at
 /// most 2·15·127 = 3,810, so eight of them stay below 2^15. Q8_0 pairs reach 2·127·127 and widen
-/// every step.
+/// every step. Q8x16 sums each half-block's four steps apart, to scale them apart.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn group_avx2<const R: usize>(w: &Group, a: &[Act]) -> [[f32; LANES]; R] {
@@ -652,11 +743,34 @@ unsafe fn group_avx2<const R: usize>(w: &Group, a: &[Act]) -> [[f32; LANES]; R] 
         _mm256_set1_epi32((a[r].qs.as_ptr().add(at) as *const i32).read_unaligned())
     };
     let mut acc = [_mm256_setzero_ps(); R];
-    for i in 0..w.d.len() / LANES {
-        let qs = w.qs.as_ptr().add(i * gb);
+    // `ints` into `acc` with the weight scales at `wd`: `acc = fma(d_w·d_a, Σ, acc)`.
+    let scale_into = |acc: &mut [__m256; R], ints: &[__m256i; R], wd: *const f32, i: usize| {
+        let wd = _mm256_loadu_ps(wd);
+        for r in 0..R {
+            let scale = _mm256_mul_ps(wd, _mm256_set1_ps(*a[r].d.get_unchecked(i)));
+            acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(ints[r]), acc[r]);
+        }
+    };
+    // Steps `steps` of a signed-byte group-block into fresh 32-bit sums.
+    let signed_steps = |qs: *const u8, i: usize, steps: std::ops::Range<usize>| {
         let mut ints = [_mm256_setzero_si256(); R];
+        for s in steps {
+            let wq = _mm256_loadu_si256(qs.add(32 * s) as *const __m256i);
+            // maddubs takes unsigned × signed: |w| against a with w's sign.
+            let wabs = _mm256_sign_epi8(wq, wq);
+            for (r, int) in ints.iter_mut().enumerate() {
+                let signed = _mm256_sign_epi8(bcast(r, i * QK + STEP * s), wq);
+                let pairs = _mm256_maddubs_epi16(wabs, signed);
+                *int = _mm256_add_epi32(*int, _mm256_madd_epi16(pairs, ones));
+            }
+        }
+        ints
+    };
+    for i in 0..w.blocks {
+        let qs = w.qs.as_ptr().add(i * gb);
         match w.format {
             Format::Q4_1 => {
+                let mut ints = [_mm256_setzero_si256(); R];
                 for p in 0..STEPS / 2 {
                     let packed = _mm256_loadu_si256(qs.add(32 * p) as *const __m256i);
                     let lo = _mm256_and_si256(packed, low);
@@ -673,29 +787,21 @@ unsafe fn group_avx2<const R: usize>(w: &Group, a: &[Act]) -> [[f32; LANES]; R] 
                 for int in ints.iter_mut() {
                     *int = _mm256_madd_epi16(*int, ones);
                 }
-            }
-            Format::Q8_0 => {
-                for s in 0..STEPS {
-                    let wq = _mm256_loadu_si256(qs.add(32 * s) as *const __m256i);
-                    // maddubs takes unsigned × signed: |w| against a with w's sign.
-                    let wabs = _mm256_sign_epi8(wq, wq);
-                    for (r, int) in ints.iter_mut().enumerate() {
-                        let signed = _mm256_sign_epi8(bcast(r, i * QK + STEP * s), wq);
-                        let pairs = _mm256_maddubs_epi16(wabs, signed);
-                        *int = _mm256_add_epi32(*int, _mm256_madd_epi16(pairs, ones));
-                    }
+                scale_into(&mut acc, &ints, w.d.as_ptr().add(i * LANES), i);
+                let wm = _mm256_loadu_ps(w.m.as_ptr().add(i * LANES));
+                for r in 0..R {
+                    acc[r] = _mm256_fmadd_ps(wm, _mm256_set1_ps(*a[r].s.get_unchecked(i)), acc[r]);
                 }
             }
-        }
-        let wd = _mm256_loadu_ps(w.d.as_ptr().add(i * LANES));
-        for r in 0..R {
-            let scale = _mm256_mul_ps(wd, _mm256_set1_ps(*a[r].d.get_unchecked(i)));
-            acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(ints[r]), acc[r]);
-        }
-        if w.format == Format::Q4_1 {
-            let wm = _mm256_loadu_ps(w.m.as_ptr().add(i * LANES));
-            for r in 0..R {
-                acc[r] = _mm256_fmadd_ps(wm, _mm256_set1_ps(*a[r].s.get_unchecked(i)), acc[r]);
+            Format::Q8_0 => {
+                let ints = signed_steps(qs, i, 0..STEPS);
+                scale_into(&mut acc, &ints, w.d.as_ptr().add(i * LANES), i);
+            }
+            Format::Q8x16 => {
+                for h in 0..2 {
+                    let ints = signed_steps(qs, i, h * STEPS / 2..(h + 1) * STEPS / 2);
+                    scale_into(&mut acc, &ints, w.d.as_ptr().add((2 * i + h) * LANES), i);
+                }
             }
         }
     }
@@ -714,8 +820,9 @@ mod tests {
     /// against the scalar one.
     fn matches_dequantized_weights(dtype: GgmlDType) {
         let dev = Device::Cpu;
-        // 43 rows: a last group with 3 real rows; 6 activation rows: a tile of 4 and two single rows.
-        let (n, k, m) = (43, 96, 6);
+        // 43 rows: a last group with 3 real rows; 6 activation rows: a tile of 4 and two single rows;
+        // two super-blocks of the K-quants.
+        let (n, k, m) = (43, 512, 6);
         let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
         let q = QTensor::quantize(&w, dtype).unwrap();
         let exact = q.dequantize(&dev).unwrap();
@@ -799,6 +906,55 @@ mod tests {
     #[test]
     fn q5_0_matmul_matches_dequantized_weights() {
         matches_dequantized_weights(GgmlDType::Q5_0);
+    }
+
+    /// Q4_K runs on the Q4_1 kernel (packed 6-bit scales and minimums, sub-block nibble order),
+    /// Q6_K on Q8x16 (split low and high bits, sixteen signed scales).
+    #[test]
+    fn k_quant_matmuls_match_dequantized_weights() {
+        matches_dequantized_weights(GgmlDType::Q4K);
+        matches_dequantized_weights(GgmlDType::Q6K);
+    }
+
+    /// The repacked weights are exactly candle's (and llama.cpp's) dequantized values: every
+    /// format's decoding of a GGUF block times its scale, against `QTensor::dequantize`, bit for
+    /// bit.
+    #[test]
+    fn decoded_blocks_equal_dequantized_weights() {
+        let dev = Device::Cpu;
+        let (n, k) = (3, 512);
+        let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
+        for dtype in [
+            GgmlDType::Q4_1,
+            GgmlDType::Q8_0,
+            GgmlDType::Q5_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ] {
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let want = q
+                .dequantize(&dev)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let format = Format::of(dtype).unwrap();
+            let mut got = Vec::new();
+            Format::gguf_blocks(dtype, &q.data().unwrap(), |b| {
+                for (j, &v) in b.q.iter().enumerate() {
+                    let d = b.d[j * format.scales() / QK];
+                    got.push(match format {
+                        Format::Q4_1 => d * v as f32 + b.m,
+                        Format::Q8_0 | Format::Q8x16 => d * v as i8 as f32,
+                    });
+                }
+            });
+            assert_eq!(got.len(), want.len(), "{dtype:?}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "{dtype:?} value {i}: {g} vs {w}");
+            }
+        }
     }
 
     /// candle's Q8_0 (and Q5_0) matmul quantizes activations the same way and sums the same integer products,

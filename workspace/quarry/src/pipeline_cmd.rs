@@ -41,6 +41,9 @@ pub(crate) struct ExtractArgs {
     /// Device (overrides `model.device`): cpu or cuda:N.
     #[arg(long)]
     device: Option<String>,
+    /// GGUF model file, relative to the current folder (overrides `model.path`).
+    #[arg(long)]
+    model: Option<PathBuf>,
     /// Print the summary as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -93,6 +96,9 @@ pub(crate) struct WorkerArgs {
     /// Device (overrides `model.device`): cpu or cuda:N.
     #[arg(long)]
     device: Option<String>,
+    /// GGUF model file, relative to the current folder (overrides `model.path`).
+    #[arg(long)]
+    model: Option<PathBuf>,
     /// Log format on stderr.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -114,17 +120,27 @@ fn init_logs(format: &str) {
     };
 }
 
-fn load(pipeline: &std::path::Path, device: &Option<String>) -> Result<Prepared> {
+fn load(
+    pipeline: &std::path::Path,
+    device: &Option<String>,
+    model: &Option<PathBuf>,
+) -> Result<Prepared> {
     let mut cfg = PipelineConfig::load(pipeline)?;
     if let Some(d) = device {
         cfg.model.device = d.clone();
     }
-    let model = cfg.model_path();
-    if !model.is_file() {
+    if let Some(m) = model {
+        cfg.model.path = std::path::absolute(m)?;
+    }
+    let path = cfg.model_path();
+    if !path.is_file() {
+        let from = match model {
+            Some(_) => "--model".to_string(),
+            None => format!("model.path in {}", pipeline.display()),
+        };
         anyhow::bail!(
-            "model file {} (model.path in {}) not found: run `make setup`, or fix the path",
-            model.display(),
-            pipeline.display()
+            "model file {} ({from}) not found: run `make setup`, or fix the path",
+            path.display()
         );
     }
     Ok(Prepared::new(cfg)?)
@@ -140,7 +156,7 @@ fn serve_metrics(metrics: &Arc<Metrics>, listen: Option<&str>) -> Result<()> {
 
 pub(crate) fn extract(args: ExtractArgs) -> Result<crate::Exit> {
     init_logs(&args.log_format);
-    let job = load(&args.pipeline, &args.device)?;
+    let job = load(&args.pipeline, &args.device, &args.model)?;
     let quarry_pipeline::config::SourceConfig::Dataset(src) = &job.cfg.source else {
         anyhow::bail!(
             "{}: source.kind is \"kafka\"; run it with `quarry worker`",
@@ -234,7 +250,7 @@ fn seconds(v: Option<f64>, flag: &str) -> Result<Option<Duration>> {
 
 pub(crate) fn worker(args: WorkerArgs) -> Result<()> {
     init_logs(&args.log_format);
-    let job = load(&args.pipeline, &args.device)?;
+    let job = load(&args.pipeline, &args.device, &args.model)?;
     let publisher = job.publisher(args.output.as_deref(), args.rejects.as_deref())?;
     let metrics = Arc::new(Metrics::new());
     serve_metrics(

@@ -109,12 +109,16 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// The long prompt's token ids from the model fixture made for `model` (SmolLM2's or Gemma 3's:
-/// token ids belong to one vocabulary).
+/// The long prompt's token ids from the model fixture made for `model` (SmolLM2's, Gemma 3's or
+/// Qwen2.5's: token ids belong to one vocabulary).
 fn long_prompt(root: &std::path::Path, model: &std::path::Path) -> Result<Vec<u32>> {
     let file_name = model.file_name().map(|f| f.to_string_lossy().to_string());
     let mut fx = None;
-    for name in ["smollm2.logits.json.gz", "gemma3.logits.json.gz"] {
+    for name in [
+        "smollm2.logits.json.gz",
+        "gemma3.logits.json.gz",
+        "qwen25.logits.json.gz",
+    ] {
         let path = root.join("tests/fixtures/model").join(name);
         let file = std::fs::File::open(&path).with_context(|| path.display().to_string())?;
         let v: Value = serde_json::from_reader(flate2::read::GzDecoder::new(file))?;
@@ -125,7 +129,7 @@ fn long_prompt(root: &std::path::Path, model: &std::path::Path) -> Result<Vec<u3
     }
     let Some(fx) = fx else {
         bail!(
-            "no model fixture was made for {}: the benchmark prompts are token ids of SmolLM2-135M-Instruct.Q4_1.gguf or gemma-3-270m-q4_k_m.gguf",
+            "no model fixture was made for {}: the benchmark prompts are token ids of SmolLM2-135M-Instruct.Q4_1.gguf, gemma-3-270m-q4_k_m.gguf or qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
             model.display()
         );
     };
