@@ -8,12 +8,15 @@
 #   3. `quarry inspect`: what was written, with sample rows.
 #   4. Accuracy per field against ground truth parsed from the same entries (infra/demo_report.py).
 #   5. The same job again: every shard is published already, so nothing is redone.
-# DEMO_PACKAGES (default 16) sets the number of documents.
+# DEMO_PACKAGES (default 16) sets the number of documents; DEMO_MODEL (a GGUF path) runs another model
+# than the job file's, e.g. DEMO_MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 Q="${QUARRY:?set QUARRY to the quarry binary}"
 N="${DEMO_PACKAGES:-16}"
 DEMO=target/demo
+MODEL=()
+[ -n "${DEMO_MODEL:-}" ] && MODEL=(--model "$DEMO_MODEL")
 
 section() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
@@ -30,7 +33,7 @@ python3 infra/dpkg_jsonl.py "$DEMO/packages" --packages "$N" --shard-size 8
 head -c 400 "$DEMO/packages/part-00000.jsonl"; echo " …"
 
 section "2. Extraction: quarry extract --pipeline pipelines/debian-packages.toml"
-"$Q" extract --pipeline pipelines/debian-packages.toml
+"$Q" extract --pipeline pipelines/debian-packages.toml "${MODEL[@]}"
 
 section "3. What was written: quarry inspect $DEMO/out"
 "$Q" inspect "$DEMO/out" --sample 2 --brief
@@ -40,7 +43,7 @@ section "4. Accuracy per field against the dpkg database"
 python3 infra/demo_report.py "$DEMO/packages" "$DEMO/inspect.json"
 
 section "5. The same job again: published shards are skipped"
-"$Q" extract --pipeline pipelines/debian-packages.toml
+"$Q" extract --pipeline pipelines/debian-packages.toml "${MODEL[@]}"
 echo
 echo "Parquet files: $DEMO/out/packages/ (records) and $DEMO/out/packages-rejects/ (rejects)."
 echo "Read them with pyarrow, DuckDB or Spark, or: quarry inspect $DEMO/out"

@@ -403,6 +403,18 @@ fn bad_job_definitions_are_one_line_errors_naming_file_and_key() {
         err.contains("/nonexistent/quarry-input") && err.contains("does not exist"),
         "{err}"
     );
+
+    let err = one_line_error(&quarry(&[
+        "extract",
+        "--pipeline",
+        "pipelines/debian-packages.toml",
+        "--model",
+        "models/nope.gguf",
+    ]));
+    assert!(
+        err.contains("models/nope.gguf") && err.contains("--model"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -431,6 +443,8 @@ fn extract_writes_parquet_and_a_rerun_skips_published_shards() {
         );
         let mut a = vec!["extract", "--pipeline", "pipelines/debian-packages.toml"];
         a.extend(["--input", &i, "--output", &o, "--rejects", &r]);
+        // `--model` replaces the job's model (Qwen2.5) with the small one, which the rows record.
+        a.extend(["--model", "models/SmolLM2-135M-Instruct.Q4_1.gguf"]);
         if json {
             a.push("--json");
         }
@@ -456,6 +470,28 @@ fn extract_writes_parquet_and_a_rerun_skips_published_shards() {
     );
     assert!(text.contains(&total), "{text}");
     assert!(text.contains("missing_field 1"), "{text}");
+    // Every row names the model that `--model` chose, not the job file's.
+    let rows: Value = serde_json::from_str(&stdout(&quarry(&[
+        "inspect",
+        &rej.display().to_string(),
+        "--all",
+        "--json",
+    ])))
+    .unwrap();
+    let models: Vec<&str> = rows["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|f| f["sample"].as_array().unwrap())
+        .map(|r| r["_model"].as_str().unwrap())
+        .collect();
+    assert!(!models.is_empty());
+    assert!(
+        models
+            .iter()
+            .all(|m| *m == "SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "{models:?}"
+    );
 }
 
 /// `quarry inspect --all --json` and pyarrow (tests/pipeline/pq_dump.py) read the same files the
