@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 #[derive(Parser)]
 #[command(about = "Constraint compile and mask times: quarry vs outlines-core vs llguidance")]
 struct Args {
-    /// GGUF files whose vocabularies are used.
-    #[arg(long, default_values = ["models/SmolLM2-135M-Instruct.Q4_1.gguf", "models/gemma-3-270m-q4_k_m.gguf"])]
+    /// GGUF files whose vocabularies are used (49k, 262k and 152k tokens).
+    #[arg(long, default_values = ["models/SmolLM2-135M-Instruct.Q4_1.gguf", "models/gemma-3-270m-q4_k_m.gguf", "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"])]
     model: Vec<PathBuf>,
     /// Fresh compiles per engine and case (each walked once, cold).
     #[arg(long, default_value_t = 5)]

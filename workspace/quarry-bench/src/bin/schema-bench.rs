@@ -21,9 +21,10 @@ struct Args {
     /// Directory of schemas (searched one level deep).
     #[arg(long, default_value = "tests/fixtures/schema-corpus")]
     corpus: PathBuf,
-    /// GGUF file whose vocabulary is used.
-    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
-    model: PathBuf,
+    /// GGUF files whose vocabularies are used, one run each (SmolLM2's 49k tokens and
+    /// Qwen2.5's 152k).
+    #[arg(long, default_values = ["models/SmolLM2-135M-Instruct.Q4_1.gguf", "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"])]
+    model: Vec<PathBuf>,
     /// Compiles per engine and schema; the median is reported.
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -108,15 +109,38 @@ fn llguidance(schema: &Value, llg: &Llguidance, reps: usize) -> Result<(f64, f64
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let mv = ModelVocab::load(&args.model)?;
-    let llg = Llguidance::new(&mv.vocab)?;
     let files = schemas(&args.corpus)?;
+    let mut runs = Vec::new();
+    for model in &args.model {
+        runs.push(run(&args, model, &files)?);
+    }
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(
+        &args.out,
+        serde_json::to_string_pretty(&json!({
+            "versions": {"quarry-grammar": env!("CARGO_PKG_VERSION"), "llguidance": "1.9.1"},
+            "reps": args.reps,
+            "runs": runs,
+        }))?,
+    )?;
+    println!("\nwrote {}", args.out.display());
+    Ok(())
+}
+
+/// Every schema of `files` compiled by both engines over `model`'s vocabulary: the table, the
+/// summary, and the run's JSON.
+fn run(args: &Args, model: &Path, files: &[PathBuf]) -> Result<Value> {
+    let mv = ModelVocab::load(model)?;
+    let llg = Llguidance::new(&mv.vocab)?;
     let mut rows = Vec::new();
+    println!("\n{}: {} tokens", model.display(), mv.vocab.len());
     println!(
         "{:<48} {:>12} {:>10} {:>9} {:>12} {:>10}",
         "schema", "quarry ms", "q TTFM ms", "states", "llg ms", "l TTFM ms"
     );
-    for file in &files {
+    for file in files {
         let name = file
             .strip_prefix(&args.corpus)
             .unwrap_or(file)
@@ -199,19 +223,10 @@ fn main() -> Result<()> {
             }));
         }
     }
-    if let Some(dir) = args.out.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(
-        &args.out,
-        serde_json::to_string_pretty(&json!({
-            "versions": {"quarry-grammar": env!("CARGO_PKG_VERSION"), "llguidance": "1.9.1"},
-            "model": args.model.display().to_string(),
-            "reps": args.reps,
-            "summary": summary,
-            "schemas": rows,
-        }))?,
-    )?;
-    println!("\nwrote {}", args.out.display());
-    Ok(())
+    Ok(json!({
+        "model": model.display().to_string(),
+        "vocab": mv.vocab.len(),
+        "summary": summary,
+        "schemas": rows,
+    }))
 }
