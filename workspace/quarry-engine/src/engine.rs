@@ -45,6 +45,13 @@ pub struct EngineConfig {
     /// against 1.0%; BENCHMARKS.md, 2026-11-24). 0 forces the most but costs facts (SmolLM2 22.3%
     /// against 29.7%).
     pub keep_back: usize,
+    /// Append the kept-back tokens anyway, as drafts, and let the next forward pass verify them:
+    /// it returns logits at the position before each draft too, the engine samples there under
+    /// the constraint, and a draft stays only if that sample is the draft itself. A confirmed draft
+    /// costs no pass of its own; a refused one is replaced by the model's token, as if it had been
+    /// kept back. With the same sampler draws in the same order, the output is the one keep-back
+    /// alone gives (greedy: byte for byte), with fewer forward passes.
+    pub draft_kept_back: bool,
     /// Compiled constraints kept for reuse.
     pub grammar_cache: usize,
     #[serde(skip)]
@@ -65,6 +72,7 @@ impl Default for EngineConfig {
             retokenize: 2,
             keep_back_rule: KeepBack::Count,
             keep_back: 1,
+            draft_kept_back: true,
             grammar_cache: 64,
             schema_options: SchemaOptions::default(),
             limits: Limits::default(),
@@ -107,6 +115,9 @@ pub struct EngineStats {
     pub forced_tokens: u64,
     /// Positions computed again after jump-forward re-tokenized a boundary.
     pub retokenized_tokens: u64,
+    /// Drafts the model confirmed (counted in `forced_tokens` too) and refused.
+    pub drafts_confirmed: u64,
+    pub drafts_refused: u64,
     /// Time spent filling constraint masks (overlapped with the forward pass), and the steps that
     /// filled any.
     pub mask_s: f64,
@@ -169,6 +180,8 @@ pub struct Engine {
     done: Vec<Completion>,
     logits: Logits,
     masks: Vec<u32>,
+    /// The mask at the state before a draft, while verifying it.
+    verify_mask: Vec<u32>,
     freed: Vec<PageId>,
     next_id: u64,
     stats: EngineStats,
@@ -220,6 +233,7 @@ impl Engine {
             done: Vec::new(),
             logits: Logits::new(),
             masks: Vec::new(),
+            verify_mask: Vec::new(),
             freed: Vec::new(),
             next_id: 0,
             stats: EngineStats::default(),
@@ -425,6 +439,7 @@ impl Engine {
             constrained_from: prompt_len,
             thinking_tokens: 0,
             finish: None,
+            drafts: 0,
             stats: RequestStats {
                 prompt_tokens: prompt_len,
                 ..RequestStats::default()
@@ -594,7 +609,13 @@ impl Engine {
             if budget == 0 {
                 break;
             }
-            let pending = self.running[i].pending();
+            let mut pending = self.running[i].pending();
+            if pending > budget && self.running[i].drafts > 0 {
+                // Drafts are verified by the pass that computes the rest of the sequence; split
+                // across passes, the model writes them instead.
+                self.running[i].drop_drafts(&self.tok);
+                pending = self.running[i].pending();
+            }
             let tokens = pending.min(budget);
             budget -= tokens;
             plan.push(Slot {
@@ -680,11 +701,17 @@ impl Engine {
             .iter()
             .map(|s| {
                 let seq = &running[s.seq];
-                SeqInput::new(
+                let input = SeqInput::new(
                     &seq.tokens[seq.kv_len..seq.kv_len + s.tokens],
                     seq.kv_len,
                     &seq.slots,
-                )
+                );
+                if s.samples && seq.drafts > 0 {
+                    // The position before each draft, and the last one.
+                    input.with_last_logits(seq.drafts + 1)
+                } else {
+                    input
+                }
             })
             .collect();
         let running = &*running;
@@ -730,6 +757,7 @@ impl Engine {
             jump_forward: self.cfg.jump_forward,
             keep_back: self.cfg.keep_back,
             settle: self.cfg.keep_back_rule == KeepBack::Settled,
+            draft: self.cfg.draft_kept_back,
             retokenize: self.cfg.retokenize,
             context_length: self.model.config().context_length,
         };
@@ -746,6 +774,32 @@ impl Engine {
             if seq.kv_len >= seq.prompt_len && seq.shared_len < seq.prompt_len {
                 inserts.push(s.seq);
             }
+            if seq.drafts > 0 {
+                let verdict = verify_drafts(
+                    seq,
+                    &mut self.logits,
+                    row,
+                    &mut self.verify_mask,
+                    &mut self.stats,
+                    &self.tok,
+                );
+                match verdict {
+                    Verdict::Confirmed => {}
+                    Verdict::Replaced(id) => {
+                        // The model's own token replaces the refused draft; the mask filled for
+                        // the state after the drafts goes unused.
+                        mask_row += 1;
+                        take(&mut self.running[s.seq], &mut self.stats, id, &ctx);
+                        continue;
+                    }
+                    Verdict::Failed(e) => {
+                        mask_row += 1;
+                        seq.finish = Some(FinishReason::Error(e));
+                        continue;
+                    }
+                }
+            }
+            let seq = &mut self.running[s.seq];
             let logits = self.logits.last_mut(row);
             apply_processors(logits, &seq.req.processors, &seq.tokens[seq.prompt_len..]);
             let constrained = seq.is_constrained_now();
@@ -766,12 +820,7 @@ impl Engine {
             match seq.sampler.sample(logits) {
                 Ok(id) => {
                     self.stats.sampled_tokens += 1;
-                    let forced_before = seq.stats.forced_tokens;
-                    let retok_before = seq.stats.retokenized_tokens;
-                    seq.take_token(id, &ctx);
-                    self.stats.forced_tokens += (seq.stats.forced_tokens - forced_before) as u64;
-                    self.stats.retokenized_tokens +=
-                        (seq.stats.retokenized_tokens - retok_before) as u64;
+                    take(seq, &mut self.stats, id, &ctx);
                 }
                 Err(e) => {
                     let overflow = seq
@@ -891,4 +940,76 @@ impl Engine {
 
 fn common_len(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Appends sampled token `id` to `seq`, with what follows from it, counted in `stats`.
+fn take(seq: &mut Sequence, stats: &mut EngineStats, id: u32, ctx: &TokenCtx) {
+    let forced_before = seq.stats.forced_tokens;
+    let retok_before = seq.stats.retokenized_tokens;
+    seq.take_token(id, ctx);
+    stats.forced_tokens += (seq.stats.forced_tokens - forced_before) as u64;
+    stats.retokenized_tokens += (seq.stats.retokenized_tokens - retok_before) as u64;
+}
+
+/// What the pass said about a sequence's drafts.
+enum Verdict {
+    /// Every draft is confirmed; the last row samples as usual.
+    Confirmed,
+    /// A draft was refused: it and those after it are gone, and this token, the model's own
+    /// choice there, is to be appended.
+    Replaced(u32),
+    /// Nothing could be sampled before a draft (a processor banned the only token allowed).
+    Failed(String),
+}
+
+/// Checks `seq`'s drafts against the logits the pass returned at the position before each (rows
+/// `0..drafts` of `row`): the matcher steps back to the state before a draft, the step's mask and
+/// processors apply, and the sampler draws. A draw equal to the draft confirms it, as a forced
+/// token; the first other draw replaces it. When every draft is confirmed the matcher is where it
+/// was.
+fn verify_drafts(
+    seq: &mut Sequence,
+    logits: &mut Logits,
+    row: usize,
+    mask: &mut Vec<u32>,
+    stats: &mut EngineStats,
+    tok: &Tokenizer,
+) -> Verdict {
+    let drafts = seq.drafts;
+    let first = seq.tokens.len() - drafts;
+    let m = seq.matcher.as_mut().expect("drafts are constrained");
+    m.rollback(drafts);
+    mask.resize(m.grammar().vocabulary().mask_words(), 0);
+    for i in 0..drafts {
+        let draft = seq.tokens[first + i];
+        let m = seq.matcher.as_mut().expect("drafts are constrained");
+        m.fill_mask(mask);
+        let l = logits.position_mut(row, i);
+        apply_processors(
+            l,
+            &seq.req.processors,
+            &seq.tokens[seq.prompt_len..first + i],
+        );
+        apply_mask(l, mask);
+        match seq.sampler.sample(l) {
+            Ok(id) if id == draft => {
+                m.accept_token(draft).expect("accepted as a draft");
+                seq.confirm_draft();
+                stats.forced_tokens += 1;
+                stats.drafts_confirmed += 1;
+            }
+            Ok(id) => {
+                // The matcher stands before this draft: cut it and the rest from the output.
+                stats.drafts_refused += seq.drafts as u64;
+                seq.discard_drafts(tok);
+                stats.sampled_tokens += 1;
+                return Verdict::Replaced(id);
+            }
+            Err(e) => {
+                seq.discard_drafts(tok);
+                return Verdict::Failed(format!("no token can follow: {e}"));
+            }
+        }
+    }
+    Verdict::Confirmed
 }

@@ -43,6 +43,11 @@ pub(crate) struct Sequence {
     /// Tokens produced while thinking.
     pub thinking_tokens: usize,
     pub finish: Option<FinishReason>,
+    /// The last `drafts` tokens are drafts: the tail of a forced run that jump-forward appended
+    /// (and the matcher accepted) before the model confirmed them. The next forward pass returns
+    /// logits at the position before each, and [`crate::Engine`] keeps a draft only if the model,
+    /// sampling there under the constraint, chooses it.
+    pub drafts: usize,
     pub stats: RequestStats,
     pub submitted: Instant,
     pub started: Option<Instant>,
@@ -55,6 +60,8 @@ pub(crate) struct TokenCtx<'a> {
     pub keep_back: usize,
     /// Keep back only what follows the tokenizer's settled prefix, where it knows one.
     pub settle: bool,
+    /// Append the kept-back tokens as drafts for the next pass to verify.
+    pub draft: bool,
     pub retokenize: usize,
     pub context_length: usize,
 }
@@ -208,6 +215,8 @@ impl Sequence {
             return;
         }
         if self.output().len() >= self.req.max_tokens || self.tokens.len() >= ctx.context_length {
+            // What is returned was written or confirmed by the model.
+            self.drop_drafts(ctx.tok);
             self.finish = Some(FinishReason::Length);
         }
     }
@@ -300,7 +309,22 @@ impl Sequence {
                 None => new.len() - ctx.keep_back.min(new.len()),
             }
         };
-        let retained = settled.min(budget + k);
+        let settled = settled.min(budget + k);
+        // Drafts: the kept-back tail, appended for the next pass to verify. They must lie wholly in
+        // the forced bytes: a draft spelling bytes the model chose itself would undo its choice
+        // (it wrote `"` where the draft says `":"`), and be refused again, forever. The position
+        // before the first draft must be computed in that pass (for its logits), and may not be
+        // a shared page of the radix tree.
+        let mut retained = settled;
+        if ctx.draft && settled < new.len() && cut + settled > self.shared_len {
+            let settled_bytes: usize = new[..settled]
+                .iter()
+                .map(|&t| ctx.tok.token_bytes(t).map_or(0, |b| b.len()))
+                .sum();
+            if settled_bytes >= old_len {
+                retained = new.len().min(budget + k);
+            }
+        }
         m.rollback(new.len() - retained);
         let retained_bytes: usize = new[..retained]
             .iter()
@@ -319,8 +343,47 @@ impl Sequence {
             self.stats.retokenized_tokens += self.kv_len - cut;
             self.kv_len = cut;
         }
+        self.drafts = retained - settled;
+        if self.drafts > 0 {
+            // The pass must compute the token before the first draft, for its logits.
+            let verify_at = cut + settled - 1;
+            if self.kv_len > verify_at {
+                self.stats.retokenized_tokens += self.kv_len - verify_at;
+                self.kv_len = verify_at;
+            }
+        }
         self.stats.output_tokens = self.stats.output_tokens + retained - k;
-        self.stats.forced_tokens += retained.saturating_sub(k);
+        self.stats.forced_tokens += (retained - self.drafts).saturating_sub(k);
+    }
+
+    /// Removes the unverified drafts: the model writes those bytes itself, as if they had been
+    /// kept back.
+    pub fn drop_drafts(&mut self, tok: &Tokenizer) {
+        if let Some(m) = self.matcher.as_mut() {
+            m.rollback(self.drafts);
+        }
+        self.discard_drafts(tok);
+    }
+
+    /// Cuts the drafts from the tokens, the output and the cache (where a pass computed them),
+    /// leaving the matcher alone: the caller has already stepped it back.
+    pub fn discard_drafts(&mut self, tok: &Tokenizer) {
+        if self.drafts == 0 {
+            return;
+        }
+        let keep = self.tokens.len() - self.drafts;
+        let bytes = self.token_bytes_len(keep, tok);
+        self.tokens.truncate(keep);
+        self.out_bytes.truncate(self.out_bytes.len() - bytes);
+        self.kv_len = self.kv_len.min(keep);
+        self.stats.output_tokens -= self.drafts;
+        self.drafts = 0;
+    }
+
+    /// The first draft is confirmed: it stays, and counts as forced.
+    pub fn confirm_draft(&mut self) {
+        self.drafts -= 1;
+        self.stats.forced_tokens += 1;
     }
 
     fn token_bytes_len(&self, from: usize, tok: &Tokenizer) -> usize {

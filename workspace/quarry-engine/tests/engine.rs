@@ -246,6 +246,8 @@ fn settled_keep_back_forces_more_and_commits_canonical_tokens() {
     for rule in [KeepBack::Count, KeepBack::Settled] {
         let mut e = engine(EngineConfig {
             keep_back_rule: rule,
+            // The rules themselves, without drafts (which force the kept-back tail after all).
+            draft_kept_back: false,
             ..small()
         });
         let out = run(&mut e, reqs.clone());
@@ -282,6 +284,44 @@ fn settled_keep_back_forces_more_and_commits_canonical_tokens() {
         forced[1] > forced[0],
         "settled keep-back should force more tokens than a fixed count: {forced:?}"
     );
+}
+
+/// Drafts change how many tokens are forced and how many passes a sequence takes, never what it
+/// writes: greedy and seeded sampled outputs equal keeping back, token for token. The model
+/// confirms most drafts and refuses some (SmolLM2 writes `":` then `"` where the canonical
+/// draft is `":"`), so both paths run.
+#[test]
+fn drafts_give_the_kept_back_outputs_with_more_forced_tokens() {
+    let mut reqs = Vec::new();
+    for (i, doc) in PACKAGES.iter().enumerate() {
+        reqs.push(schema_request(doc));
+        reqs.push(schema_request(doc).with_sampling(sampled(i as u64)));
+    }
+    let mut runs = Vec::new();
+    for draft_kept_back in [false, true] {
+        // One sequence at a time, so a sequence's passes are the engine's.
+        let mut e = engine(EngineConfig {
+            draft_kept_back,
+            max_running: 1,
+            ..small()
+        });
+        let out = run(&mut e, reqs.clone());
+        runs.push((out, e.stats()));
+    }
+    let ((kept, ks), (drafted, ds)) = (&runs[0], &runs[1]);
+    for (k, d) in kept.iter().zip(drafted) {
+        assert_eq!(k.text, d.text);
+        assert_eq!(k.tokens, d.tokens, "{}", k.text);
+        assert_eq!(k.finish, d.finish);
+    }
+    assert_eq!((ks.drafts_confirmed, ks.drafts_refused), (0, 0));
+    assert!(ds.drafts_confirmed > 0 && ds.drafts_refused > 0, "{ds:?}");
+    assert_eq!(
+        ds.forced_tokens,
+        ks.forced_tokens + ds.drafts_confirmed,
+        "{ds:?} {ks:?}"
+    );
+    assert!(ds.forward_passes < ks.forward_passes, "{ds:?} {ks:?}");
 }
 
 #[test]

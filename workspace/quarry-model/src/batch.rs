@@ -18,8 +18,9 @@ pub struct SeqInput<'a> {
     /// Block table: page `i` holds positions `i * page_size .. (i + 1) * page_size`. It must cover
     /// every position up to `start + tokens.len()`.
     pub pages: &'a [PageId],
-    /// Return logits at every new position (for verifying several tokens), not only the last.
-    pub all_logits: bool,
+    /// Return logits at this many of the last new positions (for verifying drafted tokens; at
+    /// least 1, and `usize::MAX` for every position).
+    pub logits: usize,
 }
 
 impl<'a> SeqInput<'a> {
@@ -29,12 +30,19 @@ impl<'a> SeqInput<'a> {
             tokens,
             start,
             pages,
-            all_logits: false,
+            logits: 1,
         }
     }
 
+    /// Logits at every new position.
     pub fn with_all_logits(mut self) -> Self {
-        self.all_logits = true;
+        self.logits = usize::MAX;
+        self
+    }
+
+    /// Logits at the last `n` new positions (all of them if there are fewer).
+    pub fn with_last_logits(mut self, n: usize) -> Self {
+        self.logits = n.max(1);
         self
     }
 
@@ -115,11 +123,9 @@ impl Plan {
             }
             let rows = first..plan.tokens.len();
             let out_first = plan.logit_rows.len();
-            if seq.all_logits {
-                plan.logit_rows.extend(rows.clone().map(|r| r as u32));
-            } else {
-                plan.logit_rows.push(rows.end as u32 - 1);
-            }
+            let n = seq.logits.clamp(1, rows.len().max(1));
+            plan.logit_rows
+                .extend((rows.end - n..rows.end).map(|r| r as u32));
             plan.out_rows.push(out_first..plan.logit_rows.len());
             plan.seq_rows.push(rows);
         }
@@ -186,8 +192,17 @@ impl Logits {
         &mut self.data[r * self.vocab..(r + 1) * self.vocab]
     }
 
-    /// Logits after each new token of `seq`: every position when it asked for all logits,
-    /// otherwise only the last.
+    /// Mutable logits at returned position `i` of `seq` (0 is the first position it asked for).
+    pub fn position_mut(&mut self, seq: usize, i: usize) -> &mut [f32] {
+        let r = self.rows[seq].start + i;
+        assert!(
+            r < self.rows[seq].end,
+            "position {i} was not returned for sequence {seq}"
+        );
+        &mut self.data[r * self.vocab..(r + 1) * self.vocab]
+    }
+
+    /// Logits after each new token of `seq` that it asked logits for (the last, by default).
     pub fn positions(&self, seq: usize) -> impl ExactSizeIterator<Item = &[f32]> + '_ {
         self.rows[seq]
             .clone()

@@ -85,6 +85,10 @@ pub(crate) struct GenerateArgs {
     /// (0 forces every forced byte; the engine benchmark in BENCHMARKS.md compares 0, 1 and 2).
     #[arg(long, value_name = "N", default_value_t = EngineConfig::default().keep_back)]
     keep_back: usize,
+    /// Jump-forward: leave the kept-back tokens to the model outright, instead of appending them
+    /// as drafts that the next forward pass verifies (same output, more passes; for A/B runs).
+    #[arg(long)]
+    no_drafts: bool,
     /// Recompute every prompt instead of reusing cached prefixes (for A/B runs).
     #[arg(long)]
     no_prefix_cache: bool,
@@ -162,6 +166,7 @@ pub(crate) fn run(args: GenerateArgs) -> Result<()> {
     let cfg = EngineConfig {
         jump_forward: !args.no_jump_forward,
         keep_back: args.keep_back,
+        draft_kept_back: !args.no_drafts,
         radix_cache: !args.no_prefix_cache,
         max_running: args.max_running,
         step_tokens: EngineConfig::default().step_tokens.max(args.max_running),

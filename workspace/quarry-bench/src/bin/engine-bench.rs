@@ -52,6 +52,10 @@ struct Args {
     /// tokenizer has no settled prefix).
     #[arg(long, default_value_t = EngineConfig::default().keep_back)]
     keep_back: usize,
+    /// Jump-forward: keep back the tail of a forced run outright instead of appending it as drafts
+    /// for the next pass to verify.
+    #[arg(long)]
+    no_drafts: bool,
     /// Jump-forward: sampled tokens re-encoded with the forced bytes at a boundary.
     #[arg(long, default_value_t = EngineConfig::default().retokenize)]
     retokenize: usize,
@@ -145,6 +149,7 @@ fn main() -> Result<()> {
                 max_running: args.max_running,
                 keep_back: args.keep_back,
                 keep_back_rule: cfg.keep_back_rule,
+                draft_kept_back: !args.no_drafts,
                 retokenize: args.retokenize,
                 schema_options: SchemaOptions {
                     whitespace: args.whitespace,
@@ -276,6 +281,7 @@ fn main() -> Result<()> {
             "max_running": args.max_running,
             "max_tokens": args.max_tokens,
             "keep_back": args.keep_back,
+            "drafts": !args.no_drafts,
             "retokenize": args.retokenize,
             "whitespace": args.whitespace.to_string(),
             "quarry_version": env!("CARGO_PKG_VERSION"),
