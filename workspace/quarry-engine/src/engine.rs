@@ -784,6 +784,12 @@ impl Engine {
                     &self.tok,
                 );
                 match verdict {
+                    Verdict::Confirmed if seq.output().len() >= seq.req.max_tokens => {
+                        // The drafts used the last of the budget, as the kept-back tokens would.
+                        mask_row += 1;
+                        seq.finish = Some(FinishReason::Length);
+                        continue;
+                    }
                     Verdict::Confirmed => {}
                     Verdict::Replaced(id) => {
                         // The model's own token replaces the refused draft; the mask filled for

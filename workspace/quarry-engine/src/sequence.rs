@@ -214,7 +214,9 @@ impl Sequence {
             self.finish = Some(FinishReason::Stop);
             return;
         }
-        if self.output().len() >= self.req.max_tokens || self.tokens.len() >= ctx.context_length {
+        // Drafts are not output yet: a pass confirms them first (and they fit the budget).
+        let written = self.output().len() - self.drafts;
+        if written >= self.req.max_tokens || self.tokens.len() >= ctx.context_length {
             // What is returned was written or confirmed by the model.
             self.drop_drafts(ctx.tok);
             self.finish = Some(FinishReason::Length);

@@ -297,6 +297,10 @@ fn drafts_give_the_kept_back_outputs_with_more_forced_tokens() {
         reqs.push(schema_request(doc));
         reqs.push(schema_request(doc).with_sampling(sampled(i as u64)));
     }
+    // Budgets that run out inside the output, at every point of its first forced runs.
+    for max_tokens in 4..=24 {
+        reqs.push(schema_request(PACKAGES[1]).with_max_tokens(max_tokens));
+    }
     let mut runs = Vec::new();
     for draft_kept_back in [false, true] {
         // One sequence at a time, so a sequence's passes are the engine's.
@@ -309,11 +313,18 @@ fn drafts_give_the_kept_back_outputs_with_more_forced_tokens() {
         runs.push((out, e.stats()));
     }
     let ((kept, ks), (drafted, ds)) = (&runs[0], &runs[1]);
-    for (k, d) in kept.iter().zip(drafted) {
+    for ((k, d), r) in kept.iter().zip(drafted).zip(&reqs) {
         assert_eq!(k.text, d.text);
         assert_eq!(k.tokens, d.tokens, "{}", k.text);
         assert_eq!(k.finish, d.finish);
+        assert!(
+            d.tokens.len() <= r.max_tokens,
+            "{} > {}",
+            d.tokens.len(),
+            r.max_tokens
+        );
     }
+    assert!(kept.iter().any(|c| c.finish == FinishReason::Length));
     assert_eq!((ks.drafts_confirmed, ks.drafts_refused), (0, 0));
     assert!(ds.drafts_confirmed > 0 && ds.drafts_refused > 0, "{ds:?}");
     assert_eq!(
