@@ -334,6 +334,12 @@ impl Sequence {
             .sum();
         if retained_bytes <= old_len {
             restore(m, retained, &self.tokens[cut..]);
+            if ctx.draft && budget > 0 {
+                // Nothing settles past the model's own bytes: the forced bytes alone, tokenized
+                // apart from them, become the drafts. Not canonical, but the model decides.
+                let forced = text[old_len..].to_string();
+                self.draft_forced(&forced, budget, ctx);
+            }
             return;
         }
         self.tokens.truncate(cut);
@@ -356,6 +362,40 @@ impl Sequence {
         }
         self.stats.output_tokens = self.stats.output_tokens + retained - k;
         self.stats.forced_tokens += (retained - self.drafts).saturating_sub(k);
+    }
+
+    /// Appends `forced`, tokenized on its own, as drafts after the model's last token (at most
+    /// `budget` of them). The matcher accepts them; if it refuses one (a tokenization the
+    /// constraint does not allow), nothing is appended.
+    fn draft_forced(&mut self, forced: &str, budget: usize, ctx: &TokenCtx) {
+        let Ok(ids) = ctx.tok.encode_with(forced, EncodeOptions::default()) else {
+            return;
+        };
+        if ids.is_empty() || ids.len() > budget || self.tokens.len() <= self.shared_len {
+            return;
+        }
+        // They must spell exactly the forced bytes (a tokenizer that adds a prefix space does not).
+        let spelled: Vec<u8> = ids
+            .iter()
+            .flat_map(|&t| ctx.tok.token_bytes(t).unwrap_or(&[]).iter().copied())
+            .collect();
+        if spelled != forced.as_bytes() {
+            return;
+        }
+        let m = self.matcher.as_mut().expect("constrained");
+        for (i, &t) in ids.iter().enumerate() {
+            if m.accept_token(t).is_err() {
+                m.rollback(i);
+                return;
+            }
+        }
+        // The model's last token is the verifying position: it must be computed by the pass.
+        self.kv_len = self.kv_len.min(self.tokens.len() - 1);
+        for &t in &ids {
+            self.push(t, ctx.tok);
+        }
+        self.drafts = ids.len();
+        self.stats.output_tokens += ids.len();
     }
 
     /// Removes the unverified drafts: the model writes those bytes itself, as if they had been
