@@ -268,14 +268,14 @@ impl Engine {
         self.in_flight() == 0
     }
 
-    /// The output bytes a running request has produced so far (for streaming). Bytes once
-    /// returned never change; later calls only add to them.
+    /// The output bytes a running request has produced so far (for streaming), without its
+    /// unconfirmed drafts. Bytes once returned never change; later calls only add to them.
     pub fn partial_output(&self, id: u64) -> Option<&[u8]> {
         self.running
             .iter()
             .chain(self.waiting.iter())
             .find(|s| s.id == id)
-            .map(|s| &s.out_bytes[..])
+            .map(|s| s.written_bytes(&self.tok))
     }
 
     /// Queues a request and returns its id. A request that cannot run (bad constraint, empty or
@@ -561,6 +561,7 @@ impl Engine {
                 seq.kv_len = 0;
                 seq.shared_len = 0;
                 if self.running.is_empty() {
+                    seq.drop_drafts(&self.tok);
                     seq.finish = Some(FinishReason::Error(format!(
                         "needs {need} KV positions but the pool has {} (engine kv_tokens)",
                         self.pool.num_pages()
@@ -639,6 +640,7 @@ impl Engine {
                     continue;
                 }
                 // Alone and still out of pages: the pool cannot hold this sequence.
+                self.running[s.seq].drop_drafts(&self.tok);
                 self.running[s.seq].finish = Some(FinishReason::Length);
                 plan.remove(k);
                 continue;

@@ -428,6 +428,12 @@ impl Sequence {
         self.stats.forced_tokens += 1;
     }
 
+    /// The output bytes without the unconfirmed drafts.
+    pub fn written_bytes(&self, tok: &Tokenizer) -> &[u8] {
+        let drafts = self.token_bytes_len(self.tokens.len() - self.drafts, tok);
+        &self.out_bytes[..self.out_bytes.len() - drafts]
+    }
+
     fn token_bytes_len(&self, from: usize, tok: &Tokenizer) -> usize {
         self.tokens[from..]
             .iter()

@@ -333,6 +333,28 @@ fn drafts_give_the_kept_back_outputs_with_more_forced_tokens() {
         "{ds:?} {ks:?}"
     );
     assert!(ds.forward_passes < ks.forward_passes, "{ds:?} {ks:?}");
+
+    // Streaming shows only what the model wrote or confirmed: each partial output extends the
+    // last, even when a draft is refused.
+    let mut e = engine(EngineConfig {
+        max_running: 1,
+        ..small()
+    });
+    for r in reqs.iter().take(8) {
+        let id = e.submit(r.clone()).unwrap();
+        let mut shown: Vec<u8> = Vec::new();
+        let done = loop {
+            let mut done = e.step().unwrap();
+            if let Some(c) = done.pop() {
+                break c;
+            }
+            let now = e.partial_output(id).unwrap().to_vec();
+            assert!(now.starts_with(&shown), "{shown:?} then {now:?}");
+            shown = now;
+        };
+        assert!(done.text.as_bytes().starts_with(&shown));
+    }
+    assert!(e.stats().drafts_refused > 0, "{:?}", e.stats());
 }
 
 #[test]

@@ -277,9 +277,15 @@ fn generate_follows_constraints_and_reports_stats() {
         err.contains("forward passes") && err.contains("forced"),
         "{err}"
     );
-    // --keep-back: leaving nothing for the model forces more than leaving every boundary to it.
-    let forced = |keep_back: &str| {
-        let err = jq(&["--keep-back", keep_back]);
+    // --keep-back: leaving nothing for the model forces more than leaving every boundary to it
+    // (without drafts, which would append the kept-back tokens anyway); drafts force more than
+    // keeping back alone.
+    let forced = |keep_back: &str, drafts: bool| {
+        let mut extra = vec!["--keep-back", keep_back];
+        if !drafts {
+            extra.push("--no-drafts");
+        }
+        let err = jq(&extra);
         let n = err
             .split("forced ")
             .nth(1)
@@ -287,8 +293,13 @@ fn generate_follows_constraints_and_reports_stats() {
             .and_then(|n| n.parse::<usize>().ok());
         n.unwrap_or_else(|| panic!("no forced count in {err}"))
     };
-    let (all, none) = (forced("0"), forced("1000"));
+    let (all, none) = (forced("0", false), forced("1000", false));
     assert!(all > none, "keep-back 0 forced {all}, 1000 forced {none}");
+    let (kept, drafted) = (forced("1", false), forced("1", true));
+    assert!(
+        drafted > kept,
+        "drafts forced {drafted}, keep-back alone {kept}"
+    );
     let err = one_line_error(&quarry(&["generate", "--prompt", "x", "--regex", "("]));
     assert!(err.contains("regex"), "{err}");
     // --whitespace spaced: the same schema, one space after every separator.
