@@ -786,7 +786,10 @@ impl Engine {
                     &self.tok,
                 );
                 match verdict {
-                    Verdict::Confirmed if seq.output().len() >= seq.req.max_tokens => {
+                    Verdict::Confirmed
+                        if seq.output().len() >= seq.req.max_tokens
+                            || seq.tokens.len() >= ctx.context_length =>
+                    {
                         // The drafts used the last of the budget, as the kept-back tokens would.
                         mask_row += 1;
                         seq.finish = Some(FinishReason::Length);
