@@ -396,36 +396,32 @@ fn bad_job_definitions_are_one_line_errors_naming_file_and_key() {
         "{err}"
     );
 
-    let err = one_line_error(&quarry(&[
-        "extract",
-        "--pipeline",
-        "pipelines/kafka-packages.toml",
-    ]));
-    assert!(err.contains("quarry worker"), "{err}");
-
-    let err = one_line_error(&quarry(&[
-        "extract",
-        "--pipeline",
-        "pipelines/debian-packages.toml",
-        "--input",
-        "/nonexistent/quarry-input",
-    ]));
-    assert!(
-        err.contains("/nonexistent/quarry-input") && err.contains("does not exist"),
-        "{err}"
-    );
-
-    let err = one_line_error(&quarry(&[
-        "extract",
-        "--pipeline",
-        "pipelines/debian-packages.toml",
-        "--model",
-        "models/nope.gguf",
-    ]));
-    assert!(
-        err.contains("models/nope.gguf") && err.contains("--model"),
-        "{err}"
-    );
+    // Each wrong command line names what is wrong.
+    let cases: [(&[&str], &[&str]); 3] = [
+        (&["pipelines/kafka-packages.toml"], &["quarry worker"]),
+        (
+            &[
+                "pipelines/debian-packages.toml",
+                "--input",
+                "/nonexistent/quarry-input",
+            ],
+            &["/nonexistent/quarry-input", "does not exist"],
+        ),
+        (
+            &[
+                "pipelines/debian-packages.toml",
+                "--model",
+                "models/nope.gguf",
+            ],
+            &["models/nope.gguf", "--model"],
+        ),
+    ];
+    for (args, wants) in cases {
+        let mut a = vec!["extract", "--pipeline"];
+        a.extend_from_slice(args);
+        let err = one_line_error(&quarry(&a));
+        assert!(wants.iter().all(|w| err.contains(w)), "{args:?}: {err}");
+    }
 }
 
 #[test]
@@ -482,13 +478,7 @@ fn extract_writes_parquet_and_a_rerun_skips_published_shards() {
     assert!(text.contains(&total), "{text}");
     assert!(text.contains("missing_field 1"), "{text}");
     // Every row names the model that `--model` chose, not the job file's.
-    let rows: Value = serde_json::from_str(&stdout(&quarry(&[
-        "inspect",
-        &rej.display().to_string(),
-        "--all",
-        "--json",
-    ])))
-    .unwrap();
+    let rows = inspect_json(&rej);
     let models: Vec<&str> = rows["files"]
         .as_array()
         .unwrap()
@@ -505,17 +495,22 @@ fn extract_writes_parquet_and_a_rerun_skips_published_shards() {
     );
 }
 
-/// `quarry inspect --all --json` and pyarrow (tests/pipeline/pq_dump.py) read the same files the
-/// same way: row and row-group counts, codec, columns and nullability, footer metadata, and every
-/// value of every row.
-fn inspect_agrees_with_pyarrow(dir: &std::path::Path) {
-    let ours: Value = serde_json::from_str(&stdout(&quarry(&[
+/// What `quarry inspect DIR --all --json` prints.
+fn inspect_json(dir: &std::path::Path) -> Value {
+    let out = stdout(&quarry(&[
         "inspect",
         &dir.display().to_string(),
         "--all",
         "--json",
-    ])))
-    .unwrap();
+    ]));
+    serde_json::from_str(&out).unwrap()
+}
+
+/// `quarry inspect --all --json` and pyarrow (tests/pipeline/pq_dump.py) read the same files the
+/// same way: row and row-group counts, codec, columns and nullability, footer metadata, and every
+/// value of every row.
+fn inspect_agrees_with_pyarrow(dir: &std::path::Path) {
+    let ours = inspect_json(dir);
     let theirs = pq_dump(dir);
     let name = |p: &Value| p.as_str().unwrap().rsplit('/').next().unwrap().to_string();
     let (ours_f, theirs_f) = (
