@@ -66,6 +66,10 @@ enum Node {
     Or(Box<[Id]>),
     /// `x{min,max}`, `max` = [`INF`] for no bound.
     Repeat(Id, u32, u32),
+    /// A reference to rule `r` of a context-free grammar ([`crate::cfg`]): an opaque symbol here,
+    /// never nullable, with no byte derivative. The pushdown layer ([`crate::dfa`]) enters the
+    /// rule's body where a term can start with it ([`Terms::ref_row`]).
+    Ref(u32),
 }
 
 /// The store of terms: construction, nullability and derivatives, all memoized.
@@ -75,6 +79,8 @@ pub(crate) struct Terms {
     intern: FxHashMap<Node, Id>,
     /// `term → its derivative by each byte class` ([`Terms::deriv_row`]).
     rows: FxHashMap<Id, Box<[Id]>>,
+    /// `term → its derivative by each rule it can start with` ([`Terms::ref_row`]).
+    ref_rows: FxHashMap<Id, Box<[(u32, Id)]>>,
     spine: Vec<Id>,
 }
 
@@ -91,6 +97,7 @@ impl Terms {
             nullable: Vec::new(),
             intern: FxHashMap::default(),
             rows: FxHashMap::default(),
+            ref_rows: FxHashMap::default(),
             spine: Vec::new(),
         };
         t.intern(Node::Nothing);
@@ -113,7 +120,7 @@ impl Terms {
         }
         let id = self.nodes.len() as Id;
         let nullable = match &node {
-            Node::Nothing | Node::Bytes(_) => false,
+            Node::Nothing | Node::Bytes(_) | Node::Ref(_) => false,
             Node::Empty => true,
             Node::Concat(a, b) => self.nullable(*a) && self.nullable(*b),
             Node::Or(xs) => xs.iter().any(|&x| self.nullable(x)),
@@ -214,6 +221,190 @@ impl Terms {
         self.intern(Node::Repeat(x, min, max))
     }
 
+    /// A reference to rule `r` ([`Node::Ref`]).
+    pub(crate) fn rule_ref(&mut self, r: u32) -> Id {
+        self.intern(Node::Ref(r))
+    }
+
+    /// The derivative of `e` by each rule symbol it can start with, sorted by rule, none `∅`:
+    /// `d_r(r) = ε`, and otherwise the byte rules (`(h·t)' = h'·t | t'` when `h` is nullable, …).
+    /// Memoized; this is what the pushdown layer calls a rule with.
+    pub(crate) fn ref_row(&mut self, e: Id) -> Box<[(u32, Id)]> {
+        if let Some(row) = self.ref_rows.get(&e) {
+            return row.clone();
+        }
+        let mut out: Vec<(u32, Id)> = Vec::new();
+        match self.nodes[e as usize].clone() {
+            Node::Nothing | Node::Empty | Node::Bytes(_) => {}
+            Node::Ref(r) => out.push((r, EMPTY)),
+            Node::Concat(..) => {
+                let mut x = e;
+                loop {
+                    let Node::Concat(h, t) = self.nodes[x as usize] else {
+                        out.extend(self.ref_row(x).iter().copied());
+                        break;
+                    };
+                    for &(r, d) in self.ref_row(h).iter() {
+                        let d = self.concat(d, t);
+                        out.push((r, d));
+                    }
+                    if !self.nullable(h) {
+                        break;
+                    }
+                    x = t;
+                }
+            }
+            Node::Or(xs) => {
+                for &x in xs.iter() {
+                    out.extend(self.ref_row(x).iter().copied());
+                }
+            }
+            Node::Repeat(x, min, max) => {
+                let rest = self.repeat(
+                    x,
+                    min.saturating_sub(1),
+                    if max == INF { INF } else { max - 1 },
+                );
+                for &(r, d) in self.ref_row(x).iter() {
+                    let d = self.concat(d, rest);
+                    out.push((r, d));
+                }
+            }
+        }
+        // One entry per rule: the union of its derivatives.
+        out.sort_unstable();
+        let mut row: Vec<(u32, Id)> = Vec::with_capacity(out.len());
+        for (r, d) in out {
+            match row.last_mut() {
+                Some(last) if last.0 == r => last.1 = self.or(&[last.1, d]),
+                _ if d != NOTHING => row.push((r, d)),
+                _ => {}
+            }
+        }
+        let row: Box<[(u32, Id)]> = row.into();
+        self.ref_rows.insert(e, row.clone());
+        row
+    }
+
+    /// `e` with every reference to a rule `r` for which `f(r)` is `Some(x)` replaced by `x`
+    /// (memoized in `memo` across calls with the same `f`).
+    pub(crate) fn substitute(
+        &mut self,
+        e: Id,
+        f: &dyn Fn(u32) -> Option<Id>,
+        memo: &mut FxHashMap<Id, Id>,
+    ) -> Id {
+        if let Some(&x) = memo.get(&e) {
+            return x;
+        }
+        let out = match self.nodes[e as usize].clone() {
+            Node::Nothing | Node::Empty | Node::Bytes(_) => e,
+            Node::Ref(r) => f(r).unwrap_or(e),
+            Node::Concat(..) => {
+                // Along the spine iteratively: literals make long ones.
+                let mut heads = Vec::new();
+                let mut x = e;
+                while let Node::Concat(h, t) = self.nodes[x as usize] {
+                    heads.push(h);
+                    x = t;
+                }
+                let mut acc = self.substitute(x, f, memo);
+                for &h in heads.iter().rev() {
+                    let h = self.substitute(h, f, memo);
+                    acc = self.concat(h, acc);
+                }
+                acc
+            }
+            Node::Or(xs) => {
+                let items: Vec<Id> = xs.iter().map(|&x| self.substitute(x, f, memo)).collect();
+                self.or(&items)
+            }
+            Node::Repeat(x, min, max) => {
+                let x = self.substitute(x, f, memo);
+                self.repeat(x, min, max)
+            }
+        };
+        memo.insert(e, out);
+        out
+    }
+
+    /// Folds `e` bottom-up as a boolean formula over its rule references: `leaf(r)` for a
+    /// reference, and `bytes` for a byte set: false gives nullability, true productivity (the
+    /// language is not empty). Used by the grammar checks in [`crate::cfg`].
+    pub(crate) fn eval(
+        &self,
+        e: Id,
+        bytes: bool,
+        leaf: &dyn Fn(u32) -> bool,
+        memo: &mut FxHashMap<Id, bool>,
+    ) -> bool {
+        if let Some(&x) = memo.get(&e) {
+            return x;
+        }
+        let out = match &self.nodes[e as usize] {
+            Node::Nothing => false,
+            Node::Empty => true,
+            Node::Bytes(_) => bytes,
+            Node::Ref(r) => leaf(*r),
+            Node::Concat(..) => {
+                let mut x = e;
+                loop {
+                    let Node::Concat(h, t) = self.nodes[x as usize] else {
+                        break self.eval(x, bytes, leaf, memo);
+                    };
+                    if !self.eval(h, bytes, leaf, memo) {
+                        break false;
+                    }
+                    x = t;
+                }
+            }
+            Node::Or(xs) => xs.iter().any(|&x| self.eval(x, bytes, leaf, memo)),
+            Node::Repeat(x, min, _) => *min == 0 || self.eval(*x, bytes, leaf, memo),
+        };
+        memo.insert(e, out);
+        out
+    }
+
+    /// The rules `e` can start with, given which rules can match the empty string.
+    pub(crate) fn head_refs(&self, e: Id, nullable_rule: &[bool], out: &mut Vec<u32>) {
+        match &self.nodes[e as usize] {
+            Node::Nothing | Node::Empty | Node::Bytes(_) => {}
+            Node::Ref(r) => out.push(*r),
+            Node::Concat(h, t) => {
+                self.head_refs(*h, nullable_rule, out);
+                let mut memo = FxHashMap::default();
+                if self.eval(*h, false, &|r| nullable_rule[r as usize], &mut memo) {
+                    self.head_refs(*t, nullable_rule, out);
+                }
+            }
+            Node::Or(xs) => xs
+                .iter()
+                .for_each(|&x| self.head_refs(x, nullable_rule, out)),
+            Node::Repeat(x, _, _) => self.head_refs(*x, nullable_rule, out),
+        }
+    }
+
+    /// Every rule `e` refers to.
+    pub(crate) fn refs(&self, e: Id, seen: &mut rustc_hash::FxHashSet<Id>, out: &mut Vec<u32>) {
+        if !seen.insert(e) {
+            return;
+        }
+        match &self.nodes[e as usize] {
+            Node::Nothing | Node::Empty | Node::Bytes(_) => {}
+            Node::Ref(r) => out.push(*r),
+            Node::Concat(..) => {
+                let mut x = e;
+                while let Node::Concat(h, t) = self.nodes[x as usize] {
+                    self.refs(h, seen, out);
+                    x = t;
+                }
+                self.refs(x, seen, out);
+            }
+            Node::Or(xs) => xs.iter().for_each(|&x| self.refs(x, seen, out)),
+            Node::Repeat(x, _, _) => self.refs(*x, seen, out),
+        }
+    }
+
     /// `row[c] |= part[c]` for every class.
     fn merge(&mut self, row: &mut [Id], part: impl Iterator<Item = Id>) {
         for (r, d) in row.iter_mut().zip(part) {
@@ -232,7 +423,7 @@ impl Terms {
         }
         let n = reps.len();
         let row: Box<[Id]> = match self.nodes[e as usize] {
-            Node::Nothing | Node::Empty => vec![NOTHING; n].into(),
+            Node::Nothing | Node::Empty | Node::Ref(_) => vec![NOTHING; n].into(),
             Node::Bytes(s) => reps
                 .iter()
                 .map(|&b| if s.contains(b) { EMPTY } else { NOTHING })

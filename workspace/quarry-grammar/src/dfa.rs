@@ -7,13 +7,31 @@
 //! load with no lock; only filling a row takes the mutex that guards the term store. State numbers
 //! are stable for the grammar's lifetime, so masks and forced bytes can be cached per state and
 //! matchers can hold states across threads.
+//!
+//! # Grammars with recursion
+//! For a context-free grammar ([`crate::cfg`]) a state is a *configuration* of a pushdown
+//! automaton instead of one term: a set of stacks, each stack a list of terms (the rule body being
+//! read on top, and below it what each caller still has to read once the rule ends). Stacks are
+//! hash-consed into a tree, so equal stacks are one id, and a configuration is the sorted set of its
+//! stack ids, interned like a term. A step by a byte steps every stack's top by its derivative and
+//! then closes the set under the two moves that read nothing: *call* (the top can start with a rule
+//! reference: replace it by its derivative by that rule and push the rule's body) and *return*
+//! (the top is nullable: pop it). Everything else (rows, masks, runs, forced bytes, rollback by
+//! state number) is the same code for both kinds, which is why the matcher API does not change.
+//!
+//! A return frame with nothing left to read is never pushed (a tail call), so right recursion
+//! (`list ::= item ("," list)?`) keeps stacks as deep as the nesting, not the length. Left
+//! recursion would push forever and is refused when the grammar is built. Ambiguous grammars can
+//! still make sets large: [`crate::Limits::max_parser_stacks`] bounds the stacks one closure may
+//! visit, and a step past it is refused like a state past `max_states` (a typed error through
+//! [`crate::Grammar::overflow_error`], never a hang).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use rustc_hash::FxHashMap;
 
-use crate::deriv::{Id, Terms, NOTHING};
+use crate::deriv::{Id, Terms, EMPTY, NOTHING};
 
 /// No transition: the byte leads outside the language.
 pub(crate) const DEAD: u32 = u32::MAX;
@@ -25,6 +43,7 @@ const UNKNOWN: u32 = u32::MAX - 1;
 pub(crate) enum Overflow {
     States,
     Terms,
+    Stacks,
 }
 
 /// An append-only table of rows of `width` items each, in segments of 64·2ᵏ rows allocated on
@@ -76,6 +95,193 @@ struct Inner {
     terms: Terms,
     state_of: FxHashMap<Id, u32>,
     term_of: Vec<Id>,
+    /// The pushdown layer, for grammars with recursion (then `state_of`/`term_of` are unused).
+    pda: Option<Pda>,
+}
+
+/// The bottom of every stack: the node below the root's frame.
+const BOTTOM: u32 = 0;
+
+/// The stacks and configurations of a grammar with recursion (see the module doc).
+///
+/// Stacks form a graph-structured stack: node `k` is `(term, parent set)`, standing for every
+/// stack with that term on top of a stack of one of its parents. A configuration maps each top
+/// term to the set of parents it sits on, so two parses that reach the same top with different
+/// histories are one entry with two parents, not two stacks. That keeps configurations
+/// polynomial on ambiguous grammars, where lists of whole stacks grow exponentially.
+struct Pda {
+    /// The body term of each rule that is still referenced after inlining.
+    bodies: Vec<Id>,
+    /// Node `k` is `(term, parent set)`; node 0 is the bottom.
+    nodes: Vec<(Id, u32)>,
+    node_of: FxHashMap<(Id, u32), u32>,
+    /// Interned sorted sets of nodes.
+    psets: Vec<Box<[u32]>>,
+    pset_of: FxHashMap<Box<[u32]>, u32>,
+    /// The configuration of each state: `(top term, parent set)`, sorted by term.
+    configs: Vec<Box<[(Id, u32)]>>,
+    config_of: FxHashMap<Box<[(Id, u32)]>, u32>,
+    max_entries: usize,
+    /// Scratch for [`Pda::close`].
+    seen: rustc_hash::FxHashSet<(Id, u32)>,
+    /// [`Pda::merged`] of each node list already merged.
+    merged_of: FxHashMap<Box<[u32]>, u32>,
+}
+
+impl Pda {
+    fn new(bodies: Vec<Id>, max_entries: usize) -> Self {
+        let mut pda = Pda {
+            bodies,
+            nodes: vec![(NOTHING, 0)],
+            node_of: FxHashMap::default(),
+            psets: Vec::new(),
+            pset_of: FxHashMap::default(),
+            configs: Vec::new(),
+            config_of: FxHashMap::default(),
+            max_entries: max_entries.max(1),
+            seen: Default::default(),
+            merged_of: FxHashMap::default(),
+        };
+        pda.pset(vec![BOTTOM]);
+        pda
+    }
+
+    fn pset(&mut self, set: Vec<u32>) -> u32 {
+        if let Some(&k) = self.pset_of.get(set.as_slice()) {
+            return k;
+        }
+        let k = self.psets.len() as u32;
+        let set: Box<[u32]> = set.into();
+        self.pset_of.insert(set.clone(), k);
+        self.psets.push(set);
+        k
+    }
+
+    fn node(&mut self, term: Id, parents: u32) -> u32 {
+        let next = self.nodes.len() as u32;
+        *self.node_of.entry((term, parents)).or_insert_with(|| {
+            self.nodes.push((term, parents));
+            next
+        })
+    }
+
+    /// Closes `entries` (`(top term, parent node)` pairs) under calls and returns (see the module
+    /// doc) and groups them into a configuration, or `None` past `max_entries` pairs.
+    fn close(&mut self, terms: &mut Terms, entries: &[(Id, u32)]) -> Option<Box<[(Id, u32)]>> {
+        let mut seen = std::mem::take(&mut self.seen);
+        seen.clear();
+        let mut work: Vec<(Id, u32)> = Vec::new();
+        for &e in entries {
+            if seen.insert(e) {
+                work.push(e);
+            }
+        }
+        while let Some((top, parent)) = work.pop() {
+            if seen.len() > self.max_entries {
+                self.seen = seen;
+                return None;
+            }
+            let mut add = |e: (Id, u32), work: &mut Vec<(Id, u32)>| {
+                if seen.insert(e) {
+                    work.push(e);
+                }
+            };
+            if parent != BOTTOM && terms.nullable(top) {
+                // Return: the parent's term is on top again, over the parent's parents.
+                let (t, ps) = self.nodes[parent as usize];
+                for &m in self.psets[ps as usize].iter() {
+                    add((t, m), &mut work);
+                }
+            }
+            for &(r, rest) in terms.ref_row(top).iter() {
+                let body = self.bodies[r as usize];
+                // A call: the rule's body on top of what the caller still has to read, or
+                // straight on the caller's parent when nothing is left (a tail call).
+                let below = if rest == EMPTY {
+                    parent
+                } else {
+                    let ps = self.pset(vec![parent]);
+                    self.node(rest, ps)
+                };
+                add((body, below), &mut work);
+            }
+        }
+        let mut pairs: Vec<(Id, u32)> = seen
+            .drain()
+            .filter(|&(t, p)| t != EMPTY || p == BOTTOM)
+            .collect();
+        self.seen = seen;
+        pairs.sort_unstable();
+        let mut config = Vec::new();
+        let mut i = 0;
+        while i < pairs.len() {
+            let top = pairs[i].0;
+            let j = i + pairs[i..].iter().take_while(|p| p.0 == top).count();
+            let set = pairs[i..j].iter().map(|p| p.1).collect();
+            config.push((top, self.merged(set)));
+            i = j;
+        }
+        Some(config.into())
+    }
+
+    /// The parent set of `nodes` with nodes of equal terms merged: `(t, P₁)` and `(t, P₂)` stand
+    /// for the same stacks as `(t, P₁ ∪ P₂)`, merged again one level down. Without it, every
+    /// way an ambiguous grammar can split the input leaves its own chain of nodes and sets grow
+    /// exponentially; with it, a set holds one node per term at each level.
+    fn merged(&mut self, mut nodes: Vec<u32>) -> u32 {
+        nodes.sort_unstable_by_key(|&n| (self.nodes[n as usize].0, n));
+        nodes.dedup();
+        if let Some(&k) = self.merged_of.get(nodes.as_slice()) {
+            return k;
+        }
+        let key: Box<[u32]> = nodes.as_slice().into();
+        let mut out = Vec::with_capacity(nodes.len());
+        let mut i = 0;
+        while i < nodes.len() {
+            let term = self.nodes[nodes[i] as usize].0;
+            let j = i + nodes[i..]
+                .iter()
+                .take_while(|&&n| self.nodes[n as usize].0 == term)
+                .count();
+            if j - i == 1 || nodes[i] == BOTTOM {
+                out.extend_from_slice(&nodes[i..j]);
+            } else {
+                let below: Vec<u32> = nodes[i..j]
+                    .iter()
+                    .flat_map(|&n| {
+                        self.psets[self.nodes[n as usize].1 as usize]
+                            .iter()
+                            .copied()
+                    })
+                    .collect();
+                let ps = self.merged(below);
+                out.push(self.node(term, ps));
+            }
+            i = j;
+        }
+        out.sort_unstable();
+        out.dedup();
+        let k = self.pset(out);
+        self.merged_of.insert(key, k);
+        k
+    }
+
+    fn accepting(&self, terms: &Terms, config: &[(Id, u32)]) -> bool {
+        config
+            .iter()
+            .any(|&(t, ps)| terms.nullable(t) && self.psets[ps as usize].first() == Some(&BOTTOM))
+    }
+
+    /// Interns `config` as state `t` (the caller checked it is new).
+    fn add_config(&mut self, config: Box<[(Id, u32)]>, t: u32) {
+        self.config_of.insert(config.clone(), t);
+        self.configs.push(config);
+    }
+
+    /// Nodes and parent sets held (counted with terms against `max_terms`).
+    fn size(&self) -> usize {
+        self.nodes.len() + self.psets.len() + self.merged_of.len()
+    }
 }
 
 pub(crate) struct LazyDfa {
@@ -103,6 +309,40 @@ impl std::fmt::Debug for LazyDfa {
 }
 
 impl LazyDfa {
+    /// The DFA of a grammar with recursion: `bodies[r]` is the body of rule `r` (the rules `root`
+    /// refers to). [`crate::Limits::max_parser_stacks`] bounds one closure.
+    pub(crate) fn with_rules(
+        terms: Terms,
+        root: Id,
+        bodies: Vec<Id>,
+        limits: &crate::Limits,
+    ) -> Self {
+        let dfa = Self::new(terms, root, limits.max_states, limits.max_terms);
+        let mut guard = dfa.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let inner = &mut *guard;
+        let mut pda = Pda::new(bodies, limits.max_parser_stacks);
+        let config = match pda.close(&mut inner.terms, &[(root, BOTTOM)]) {
+            Some(c) => c,
+            None => {
+                dfa.overflow
+                    .store(1 + Overflow::Stacks as u8, Ordering::Relaxed);
+                Box::default()
+            }
+        };
+        dfa.accepting
+            .at(0)
+            .store(pda.accepting(&inner.terms, &config), Ordering::Relaxed);
+        if config.is_empty() {
+            for slot in dfa.rows.row(0) {
+                slot.store(DEAD, Ordering::Relaxed);
+            }
+        }
+        pda.add_config(config, 0);
+        inner.pda = Some(pda);
+        drop(guard);
+        dfa
+    }
+
     pub(crate) fn new(terms: Terms, root: Id, max_states: usize, max_terms: usize) -> Self {
         let (classes, nclasses) = terms.byte_classes();
         let mut reps = vec![0u8; nclasses];
@@ -120,6 +360,7 @@ impl LazyDfa {
                 state_of: FxHashMap::from_iter([(root, 0)]),
                 term_of: vec![root],
                 terms,
+                pda: None,
             }),
             max_states: max_states.max(1),
             max_terms,
@@ -168,7 +409,10 @@ impl LazyDfa {
     /// The language is empty (the start term is `∅`).
     pub(crate) fn is_empty_language(&self) -> bool {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        inner.term_of[0] == NOTHING
+        match &inner.pda {
+            Some(pda) => pda.configs[0].is_empty(),
+            None => inner.term_of[0] == NOTHING,
+        }
     }
 
     /// Terms built so far.
@@ -183,7 +427,8 @@ impl LazyDfa {
         match self.overflow.load(Ordering::Relaxed) {
             0 => None,
             1 => Some(Overflow::States),
-            _ => Some(Overflow::Terms),
+            2 => Some(Overflow::Terms),
+            _ => Some(Overflow::Stacks),
         }
     }
 
@@ -195,6 +440,9 @@ impl LazyDfa {
         let row = self.rows.row(s as usize);
         if row[0].load(Ordering::Acquire) != UNKNOWN {
             return;
+        }
+        if inner.pda.is_some() {
+            return self.fill_pda(inner, s, row);
         }
         let e = inner.term_of[s as usize];
         let derivs = inner.terms.deriv_row(e, &self.reps);
@@ -221,6 +469,64 @@ impl LazyDfa {
                 inner.state_of.insert(d, t);
                 self.states.store(t + 1, Ordering::Release);
                 t
+            };
+            row[c].store(t, Ordering::Release);
+        }
+    }
+
+    /// [`LazyDfa::fill`] for a configuration: every top term steps by the class's byte, then the
+    /// result is closed and interned.
+    fn fill_pda(&self, inner: &mut Inner, s: u32, row: &[AtomicU32]) {
+        let Inner { terms, pda, .. } = inner;
+        let pda = pda.as_mut().expect("a pushdown grammar");
+        let config = pda.configs[s as usize].clone();
+        let derivs: Vec<Box<[Id]>> = config
+            .iter()
+            .map(|&(t, _)| terms.deriv_row(t, &self.reps))
+            .collect();
+        let mut entries: Vec<(Id, u32)> = Vec::new();
+        for c in (0..self.nclasses).rev() {
+            entries.clear();
+            for (i, &(_, ps)) in config.iter().enumerate() {
+                let d = derivs[i][c];
+                if d != NOTHING {
+                    entries.extend(pda.psets[ps as usize].iter().map(|&p| (d, p)));
+                }
+            }
+            let next = if entries.is_empty() {
+                None
+            } else {
+                let closed = pda.close(terms, &entries);
+                if closed.is_none() {
+                    self.overflow
+                        .store(1 + Overflow::Stacks as u8, Ordering::Relaxed);
+                }
+                closed
+            };
+            let t = match next {
+                None => DEAD,
+                Some(next) if next.is_empty() => DEAD,
+                Some(next) => {
+                    if let Some(&t) = pda.config_of.get(&next) {
+                        t
+                    } else if pda.configs.len() >= self.max_states {
+                        self.overflow
+                            .store(1 + Overflow::States as u8, Ordering::Relaxed);
+                        DEAD
+                    } else if terms.len() + pda.size() > self.max_terms {
+                        self.overflow
+                            .store(1 + Overflow::Terms as u8, Ordering::Relaxed);
+                        DEAD
+                    } else {
+                        let t = pda.configs.len() as u32;
+                        self.accepting
+                            .at(t as usize)
+                            .store(pda.accepting(terms, &next), Ordering::Relaxed);
+                        pda.add_config(next, t);
+                        self.states.store(t + 1, Ordering::Release);
+                        t
+                    }
+                }
             };
             row[c].store(t, Ordering::Release);
         }

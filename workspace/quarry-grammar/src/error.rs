@@ -5,6 +5,18 @@ pub enum GrammarError {
     /// The regex does not parse, or uses a feature a byte DFA cannot express.
     #[error("invalid regex {pattern:?}: {message}")]
     InvalidRegex { pattern: String, message: String },
+    /// A grammar (GBNF) that does not parse; `line` and `column` count from 1 (columns in
+    /// characters).
+    #[error("invalid grammar at line {line}, column {column}: {message}")]
+    InvalidGrammar {
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    /// A grammar whose rules parse but cannot be used: left recursion, or a root that can never
+    /// finish. `rule` names the rule.
+    #[error("grammar rule `{rule}`: {message}")]
+    InvalidRule { rule: String, message: String },
     /// A choice constraint with no alternatives has an empty language.
     #[error("a choice constraint needs at least one alternative")]
     EmptyChoice,

@@ -2,11 +2,12 @@
 
 use std::sync::{Arc, OnceLock};
 
+use crate::cfg::{Prepared, Rules};
 use crate::deriv::Terms;
 use crate::dfa::{Grow, LazyDfa, Overflow, DEAD};
 use crate::error::GrammarError;
 use crate::limits::Limits;
-use crate::schema::{schema_to_regex, SchemaOptions};
+use crate::schema::{schema_to_regex, SchemaOptions, Whitespace};
 use crate::vocab::{Vocabulary, BYTE_GROUP};
 
 /// What the output must match.
@@ -16,18 +17,54 @@ pub enum Constraint {
     Regex(String),
     /// The whole output is exactly one of these strings.
     Choice(Vec<String>),
-    /// The output is canonical JSON that the schema accepts (see [`crate::schema`]).
+    /// The output is canonical JSON that the schema accepts (see [`crate::schema`]). Recursive
+    /// `$ref`s make it a grammar ([`crate::cfg`]).
     JsonSchema {
         schema: serde_json::Value,
         options: SchemaOptions,
     },
+    /// The output is a grammar in GBNF, llama.cpp's syntax ([`crate::gbnf`]).
+    Gbnf(String),
+    /// The output is any JSON value, nested to any depth, laid out like a schema's output.
+    JsonObject { whitespace: Whitespace },
 }
 
 impl Constraint {
-    /// The regex this constraint compiles from (for a schema, the derived regex).
+    /// The constraint as regex text: for a regex or choice list its regex, for a schema (and
+    /// `json_object`) the regex of the root and of each rule recursion needs, as
+    /// `(name, regex)` pairs where `(?P<quarry_rule_k>)` refers to the k-th pair (the root is
+    /// 0). A GBNF grammar is its own text and has no regex form: `InvalidRule`.
+    pub fn rules(&self) -> Result<Vec<(String, String)>, GrammarError> {
+        let deadline = std::time::Instant::now() + Limits::default().compile_time;
+        let (root, rules) = match self {
+            Constraint::JsonSchema { schema, options } => {
+                crate::schema::schema_to_rules_by(schema, options, deadline)?
+            }
+            Constraint::JsonObject { whitespace } => crate::schema::json_object_rules(*whitespace),
+            Constraint::Gbnf(_) => {
+                return Err(GrammarError::InvalidRule {
+                    rule: "root".into(),
+                    message: "a GBNF grammar has no regex form; its text is the constraint".into(),
+                })
+            }
+            _ => (self.pattern()?, Vec::new()),
+        };
+        let mut out = vec![("root".to_owned(), root)];
+        for (k, body) in rules.into_iter().enumerate() {
+            out.push((format!("rule {}", k + 1), body));
+        }
+        Ok(out)
+    }
+
+    /// The regex this constraint compiles from (for a schema, the derived regex). A grammar
+    /// (GBNF, `json_object`, a schema with recursion) has none: see [`Constraint::rules`].
     pub fn pattern(&self) -> Result<String, GrammarError> {
         match self {
             Constraint::JsonSchema { schema, options } => Ok(schema_to_regex(schema, options)?),
+            Constraint::Gbnf(_) | Constraint::JsonObject { .. } => Err(GrammarError::InvalidRule {
+                rule: "root".into(),
+                message: "a grammar has no single regex; see Constraint::rules".into(),
+            }),
             Constraint::Regex(r) => Ok(r.clone()),
             Constraint::Choice(c) if c.is_empty() => Err(GrammarError::EmptyChoice),
             Constraint::Choice(c) => Ok(c
@@ -37,6 +74,72 @@ impl Constraint {
                 .join("|")),
         }
     }
+}
+
+fn check_length(pattern: &str, limits: &Limits) -> Result<(), GrammarError> {
+    if pattern.len() > limits.max_regex_bytes {
+        return Err(GrammarError::LimitExceeded {
+            limit: "max_regex_bytes",
+            value: limits.max_regex_bytes,
+        });
+    }
+    Ok(())
+}
+
+fn check_terms(terms: &Terms, limits: &Limits) -> Result<(), GrammarError> {
+    if terms.len() > limits.max_terms {
+        return Err(GrammarError::LimitExceeded {
+            limit: "max_terms",
+            value: limits.max_terms,
+        });
+    }
+    Ok(())
+}
+
+/// A schema's (or `json_object`'s) regex text for the root and its rules, parsed and prepared.
+/// Schema regexes may contain byte classes from intersections (see `schema::automaton`), so they
+/// are parsed in byte mode; user regexes must match UTF-8 only.
+fn from_regex_rules(
+    root: &str,
+    rules: Vec<String>,
+    limits: &Limits,
+) -> Result<Prepared, GrammarError> {
+    let total = root.len() + rules.iter().map(String::len).sum::<usize>();
+    if total > limits.max_regex_bytes {
+        return Err(GrammarError::LimitExceeded {
+            limit: "max_regex_bytes",
+            value: limits.max_regex_bytes,
+        });
+    }
+    let mut terms = Terms::new();
+    let n = rules.len() as u32 + 1;
+    let parse = |terms: &mut Terms, text: &str| {
+        crate::parse::parse_with_rules(terms, text, true, n).map_err(|message| {
+            GrammarError::InvalidRegex {
+                pattern: text.to_owned(),
+                message,
+            }
+        })
+    };
+    let root = parse(&mut terms, root)?;
+    if rules.is_empty() {
+        return Ok(Prepared {
+            terms,
+            root,
+            bodies: Vec::new(),
+        });
+    }
+    let mut bodies = vec![root];
+    let mut names = vec!["root".to_owned()];
+    for (k, text) in rules.iter().enumerate() {
+        bodies.push(parse(&mut terms, text)?);
+        names.push(format!("rule {}", k + 1));
+    }
+    crate::cfg::prepare(Rules {
+        terms,
+        names,
+        bodies,
+    })
 }
 
 /// A compiled constraint over one vocabulary. `Send + Sync`, and shared through an `Arc` by every
@@ -75,42 +178,56 @@ impl Grammar {
             limit: "compile_time",
             value: limits.compile_time.as_millis() as usize,
         };
-        let pattern = match constraint {
+        let deadline = started + limits.compile_time;
+        let prepared = match constraint {
             Constraint::JsonSchema { schema, options } => {
-                crate::schema::schema_to_regex_by(schema, options, started + limits.compile_time)
+                let (root, rules) = crate::schema::schema_to_rules_by(schema, options, deadline)
                     .map_err(|e| match e {
                         crate::schema::SchemaError::OutOfTime { .. } => out_of_time(),
                         e => e.into(),
-                    })?
+                    })?;
+                from_regex_rules(&root, rules, &limits)?
             }
-            _ => constraint.pattern()?,
+            Constraint::JsonObject { whitespace } => {
+                let (root, rules) = crate::schema::json_object_rules(*whitespace);
+                from_regex_rules(&root, rules, &limits)?
+            }
+            Constraint::Gbnf(text) => {
+                let rules = crate::gbnf::parse(text)?;
+                check_terms(&rules.terms, &limits)?;
+                crate::cfg::prepare(rules)?
+            }
+            _ => {
+                let pattern = constraint.pattern()?;
+                check_length(&pattern, &limits)?;
+                let mut terms = Terms::new();
+                let root = crate::parse::parse(&mut terms, &pattern, false).map_err(|message| {
+                    GrammarError::InvalidRegex {
+                        pattern: pattern.clone(),
+                        message,
+                    }
+                })?;
+                Prepared {
+                    terms,
+                    root,
+                    bodies: Vec::new(),
+                }
+            }
         };
-        if pattern.len() > limits.max_regex_bytes {
-            return Err(GrammarError::LimitExceeded {
-                limit: "max_regex_bytes",
-                value: limits.max_regex_bytes,
-            });
-        }
-        let mut terms = Terms::new();
-        // Schema regexes may contain byte classes from intersections (see schema::automaton);
-        // user regexes must match UTF-8 only.
-        let bytes = matches!(constraint, Constraint::JsonSchema { .. });
-        let root = crate::parse::parse(&mut terms, &pattern, bytes).map_err(|message| {
-            GrammarError::InvalidRegex {
-                pattern: pattern.clone(),
-                message,
-            }
-        })?;
-        if terms.len() > limits.max_terms {
-            return Err(GrammarError::LimitExceeded {
-                limit: "max_terms",
-                value: limits.max_terms,
-            });
-        }
+        check_terms(&prepared.terms, &limits)?;
         if started.elapsed() > limits.compile_time {
             return Err(out_of_time());
         }
-        let dfa = LazyDfa::new(terms, root, limits.max_states, limits.max_terms);
+        let Prepared {
+            terms,
+            root,
+            bodies,
+        } = prepared;
+        let dfa = if bodies.is_empty() {
+            LazyDfa::new(terms, root, limits.max_states, limits.max_terms)
+        } else {
+            LazyDfa::with_rules(terms, root, bodies, &limits)
+        };
         Ok(Self {
             dfa,
             vocab,
@@ -172,6 +289,10 @@ impl Grammar {
             Overflow::Terms => GrammarError::LimitExceeded {
                 limit: "max_terms",
                 value: self.limits.max_terms,
+            },
+            Overflow::Stacks => GrammarError::LimitExceeded {
+                limit: "max_parser_stacks",
+                value: self.limits.max_parser_stacks,
             },
         })
     }

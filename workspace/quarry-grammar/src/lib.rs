@@ -57,9 +57,11 @@
 //! Status: regex and choice constraints; JSON Schema for the keywords listed in [`schema`].
 //! Grammars are next.
 
+mod cfg;
 mod deriv;
 mod dfa;
 mod error;
+mod gbnf;
 mod grammar;
 mod limits;
 mod matcher;

@@ -15,6 +15,12 @@ pub struct Limits {
     /// [`crate::Grammar::explore`] reports it as an error. Classic blow-ups such as
     /// `[ab]*a[ab]{20}` reach it; schemas do not.
     pub max_states: usize,
+    /// Stacks one step of a grammar with recursion may hold (the parser's work per byte, see
+    /// [`crate::cfg`]). Default 2,048. Unambiguous grammars (JSON, schemas, most GBNF files) hold
+    /// a handful; an ambiguous one can hold many, and a step past this bound is refused like a state
+    /// past `max_states` ([`crate::Grammar::overflow_error`] names it), so a mask costs at most
+    /// this many stack steps per trie node and never hangs.
+    pub max_parser_stacks: usize,
     /// Longest forced (jump-forward) byte run computed at once. Default 4,096.
     pub max_forced_bytes: usize,
     /// Wall-clock bound on compiling (translating a schema and parsing the regex). Default 5 s.
@@ -27,6 +33,7 @@ impl Default for Limits {
             max_regex_bytes: 4 << 20,
             max_terms: 2_000_000,
             max_states: 100_000,
+            max_parser_stacks: 2048,
             max_forced_bytes: 4096,
             compile_time: std::time::Duration::from_secs(5),
         }

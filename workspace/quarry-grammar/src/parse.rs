@@ -24,7 +24,30 @@ const NEST_LIMIT: u32 = 400;
 /// Parses `pattern`. `bytes`: byte-mode groups may match invalid UTF-8 (schema regexes, whose
 /// intersections split code points); user regexes must match UTF-8 only.
 pub(crate) fn parse(terms: &mut Terms, pattern: &str, bytes: bool) -> Result<Id, String> {
+    parse_with_rules(terms, pattern, bytes, 0)
+}
+
+/// The name of the empty group that stands for a reference to rule `n` in a schema's regex text
+/// ([`rule_ref_text`]).
+const RULE_GROUP: &str = "quarry_rule_";
+
+/// The regex text of a reference to rule `n`: an empty named group, which [`parse_with_rules`]
+/// reads as [`Terms::rule_ref`] when `n` is below its `rules` and the caller asked for rules.
+/// Only the schema translator writes it; user regexes are parsed with no rules, where it is an
+/// ordinary (empty) group.
+pub(crate) fn rule_ref_text(n: usize) -> String {
+    format!("(?P<{RULE_GROUP}{n}>)")
+}
+
+/// [`parse`], where `(?P<quarry_rule_N>)` with `N < rules` is a reference to rule `N`.
+pub(crate) fn parse_with_rules(
+    terms: &mut Terms,
+    pattern: &str,
+    bytes: bool,
+    rules: u32,
+) -> Result<Id, String> {
     let mut fast = Fast::new(terms, pattern, bytes);
+    fast.rules = rules;
     if let Some(id) = fast.alternation(false) {
         if fast.i == fast.s.len() {
             return Ok(id);
@@ -42,11 +65,17 @@ pub(crate) fn parse(terms: &mut Terms, pattern: &str, bytes: bool) -> Result<Id,
                 .collect::<Vec<_>>()
                 .join(" ")
         })?;
-    from_hir(terms, &hir, true, true)
+    from_hir(terms, &hir, true, true, rules)
 }
 
 /// The term of a regex-syntax HIR. `at_start`/`at_end`: nothing can precede/follow this node.
-pub(crate) fn from_hir(t: &mut Terms, h: &Hir, at_start: bool, at_end: bool) -> Result<Id, String> {
+pub(crate) fn from_hir(
+    t: &mut Terms,
+    h: &Hir,
+    at_start: bool,
+    at_end: bool,
+    rules: u32,
+) -> Result<Id, String> {
     Ok(match h.kind() {
         HirKind::Empty => EMPTY,
         HirKind::Literal(lit) => literal(t, &lit.0),
@@ -64,14 +93,25 @@ pub(crate) fn from_hir(t: &mut Terms, h: &Hir, at_start: bool, at_end: bool) -> 
             }
         },
         HirKind::Repetition(r) => {
-            let x = from_hir(t, &r.sub, false, false)?;
+            let x = from_hir(t, &r.sub, false, false, rules)?;
             t.repeat(x, r.min, r.max.unwrap_or(INF))
         }
-        HirKind::Capture(c) => from_hir(t, &c.sub, at_start, at_end)?,
+        HirKind::Capture(c) => {
+            let rule = c
+                .name
+                .as_deref()
+                .and_then(|n| n.strip_prefix(RULE_GROUP))
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|&n| n < rules && matches!(c.sub.kind(), HirKind::Empty));
+            match rule {
+                Some(n) => t.rule_ref(n),
+                None => from_hir(t, &c.sub, at_start, at_end, rules)?,
+            }
+        }
         HirKind::Concat(xs) => {
             let mut acc = EMPTY;
             for (i, x) in xs.iter().enumerate().rev() {
-                let x = from_hir(t, x, at_start && i == 0, at_end && i + 1 == xs.len())?;
+                let x = from_hir(t, x, at_start && i == 0, at_end && i + 1 == xs.len(), rules)?;
                 acc = t.concat(x, acc);
             }
             acc
@@ -79,14 +119,14 @@ pub(crate) fn from_hir(t: &mut Terms, h: &Hir, at_start: bool, at_end: bool) -> 
         HirKind::Alternation(xs) => {
             let items = xs
                 .iter()
-                .map(|x| from_hir(t, x, at_start, at_end))
+                .map(|x| from_hir(t, x, at_start, at_end, rules))
                 .collect::<Result<Vec<_>, _>>()?;
             t.or(&items)
         }
     })
 }
 
-fn literal(t: &mut Terms, bytes: &[u8]) -> Id {
+pub(crate) fn literal(t: &mut Terms, bytes: &[u8]) -> Id {
     let mut acc = EMPTY;
     for &b in bytes.iter().rev() {
         let x = t.byte(b);
@@ -104,7 +144,7 @@ fn byte_class(t: &mut Terms, c: &ClassBytes) -> Id {
 }
 
 /// A class of code points as the alternation of its UTF-8 byte sequences.
-fn unicode_class(t: &mut Terms, c: &ClassUnicode) -> Id {
+pub(crate) fn unicode_class(t: &mut Terms, c: &ClassUnicode) -> Id {
     let mut items = Vec::new();
     for r in c.iter() {
         for seq in regex_syntax::utf8::Utf8Sequences::new(r.start(), r.end()) {
@@ -127,6 +167,8 @@ struct Fast<'a> {
     s: &'a [u8],
     i: usize,
     allow_bytes: bool,
+    /// Rule references `(?P<quarry_rule_N>)` are read for `N` below this ([`parse_with_rules`]).
+    rules: u32,
     depth: u32,
     /// Whether the class just opened by [`Fast::bracket`] is negated.
     negated: bool,
@@ -197,6 +239,7 @@ impl<'a> Fast<'a> {
             s: pattern.as_bytes(),
             i: 0,
             allow_bytes,
+            rules: 0,
             depth: 0,
             negated: false,
             close: closing_brackets(pattern.as_bytes()).unwrap_or_default(),
@@ -334,6 +377,19 @@ impl<'a> Fast<'a> {
                 return None;
             }
             true
+        } else if self.rules > 0 && self.s[self.i..].starts_with(b"(?P<quarry_rule_") {
+            self.i += b"(?P<quarry_rule_".len();
+            let digits = self.s[self.i..]
+                .iter()
+                .take_while(|c| c.is_ascii_digit())
+                .count();
+            let n: u32 = self.src[self.i..self.i + digits].parse().ok()?;
+            self.i += digits;
+            if n >= self.rules || !self.eat(b">)") {
+                return None;
+            }
+            self.depth -= 1;
+            return Some(self.t.rule_ref(n));
         } else if self.s.get(self.i + 1) == Some(&b'?') {
             return None; // flags, named groups
         } else {
@@ -540,7 +596,7 @@ mod tests {
             .build()
             .parse(pattern)
             .unwrap_or_else(|e| panic!("{pattern:?}: {e}"));
-        let via_hir = from_hir(&mut t, &hir, true, true).unwrap();
+        let via_hir = from_hir(&mut t, &hir, true, true, 0).unwrap();
         (t, direct, via_hir)
     }
 

@@ -414,12 +414,34 @@ pub fn schema_to_regex(schema: &Value, options: &SchemaOptions) -> Result<String
     schema_to_regex_by(schema, options, std::time::Instant::now() + limit)
 }
 
-/// [`schema_to_regex`], giving up with [`SchemaError::OutOfTime`] after `deadline`.
+/// [`schema_to_regex`], giving up with [`SchemaError::OutOfTime`] after `deadline`. A schema
+/// with a recursive `$ref` (and no [`SchemaOptions::max_recursion_depth`]) has no regex: it is a
+/// grammar, which [`crate::Grammar::compile`] builds; here it is `Unsupported`.
 pub fn schema_to_regex_by(
     schema: &Value,
     options: &SchemaOptions,
     deadline: std::time::Instant,
 ) -> Result<String> {
+    let (root, rules) = schema_to_rules_by(schema, options, deadline)?;
+    match rules.first() {
+        None => Ok(root),
+        Some(_) => Err(unsupported(
+            "$ref",
+            "#",
+            "recursive references make a grammar, not a regex (compile the schema as a \
+             constraint, or set max_recursion_depth to unroll them)",
+        )),
+    }
+}
+
+/// The schema as regex text for the root and for each rule a recursive `$ref` needs: rule `k`'s
+/// regex is `rules[k - 1]`, and `(?P<quarry_rule_k>)` in any of them refers to it
+/// ([`crate::parse::rule_ref_text`]). No rules when nothing recurses (or recursion is unrolled).
+pub(crate) fn schema_to_rules_by(
+    schema: &Value,
+    options: &SchemaOptions,
+    deadline: std::time::Instant,
+) -> Result<(String, Vec<String>)> {
     let draft = match schema.get("$schema").and_then(Value::as_str) {
         Some(s) if s.contains("draft-04") => Draft::D4,
         Some(s) if s.contains("draft-06") => Draft::D6,
@@ -435,8 +457,26 @@ pub fn schema_to_regex_by(
         refs: Vec::new(),
         deadline,
         keep_evaluated: false,
+        rules: Vec::new(),
     };
-    t.value(schema, "#")
+    let root = t.value(schema, "#")?;
+    // Each rule's body is its target, translated with only itself on the path: a reference back
+    // to it is the rule again. Bodies may find more rules.
+    let mut bodies = Vec::new();
+    while bodies.len() < t.rules.len() {
+        let r = t.rules[bodies.len()].clone();
+        let fragment = r.strip_prefix('#').expect("rules are local references");
+        let target = resolve_fragment(schema, fragment).expect("resolved when the rule was made");
+        t.refs = vec![r.clone()];
+        bodies.push(t.value(target, &r)?);
+    }
+    Ok((root, bodies))
+}
+
+/// Whether translated regex text contains a rule reference: such text is a grammar, which the
+/// regex-level operations (intersection, negation, test matching) cannot take.
+fn has_rule_ref(re: &str) -> bool {
+    re.contains("(?P<quarry_rule_")
 }
 
 struct Translator<'a> {
@@ -450,6 +490,9 @@ struct Translator<'a> {
     deadline: std::time::Instant,
     /// Negating next to `unevaluated*` (see [`Translator::negate_keeping`]).
     keep_evaluated: bool,
+    /// The references that recurse, as rules: rule `k` is `rules[k - 1]` (see
+    /// [`schema_to_rules_by`]).
+    rules: Vec<String>,
 }
 
 fn unsupported(keyword: &str, pointer: &str, reason: &str) -> SchemaError {
@@ -794,6 +837,14 @@ impl Translator<'_> {
         keyword: &str,
         pointer: &str,
     ) -> Result<String> {
+        if has_rule_ref(a) || has_rule_ref(b) {
+            return Err(unsupported(
+                keyword,
+                pointer,
+                "combining keywords over a recursive reference (set max_recursion_depth to \
+                 unroll it)",
+            ));
+        }
         automaton::combine(a, b, op, self.deadline).map_err(|e| {
             if e == automaton::OUT_OF_TIME {
                 SchemaError::OutOfTime {
@@ -829,14 +880,35 @@ impl Translator<'_> {
             match self.options.max_recursion_depth {
                 Some(d) if unrolled > d => return Ok(NOTHING.to_owned()),
                 Some(_) => {}
-                None => {
+                None if self.draft >= Draft::D2019
+                    && !Self::constraining(m, &["$ref"]).is_empty() =>
+                {
                     return Err(unsupported(
                         "$ref",
                         pointer,
                         &format!(
-                            "recursive reference {r:?} (set max_recursion_depth to unroll it)"
+                            "recursive reference {r:?} with keywords next to it (set \
+                             max_recursion_depth to unroll it)"
                         ),
                     ))
+                }
+                None => {
+                    // A rule of the grammar: the target is translated once, as its body.
+                    if resolve_fragment(self.root, fragment).is_none() {
+                        return Err(unsupported(
+                            "$ref",
+                            pointer,
+                            &format!("{r:?} does not resolve to a subschema of this document"),
+                        ));
+                    }
+                    let k = match self.rules.iter().position(|x| x == r) {
+                        Some(k) => k,
+                        None => {
+                            self.rules.push(r.to_owned());
+                            self.rules.len() - 1
+                        }
+                    };
+                    return Ok(crate::parse::rule_ref_text(k + 1));
                 }
             }
         }
@@ -971,17 +1043,34 @@ impl Translator<'_> {
     }
 
     fn any_value(&self, depth: usize) -> String {
-        let scalar = format!("(?:null|true|false|{NUMBER}|\"{STR_CHAR}*\")");
         if depth == 0 {
-            return scalar;
+            return scalar();
         }
-        let inner = self.any_value(depth - 1);
-        let Separators { pad, comma, colon } = &self.sep;
-        let member = format!("\"{STR_CHAR}*\"{colon}{inner}");
-        format!(
-            "(?:{scalar}|\\[{pad}(?:{inner}(?:{comma}{inner})*)?{pad}\\]|\\{{{pad}(?:{member}(?:{comma}{member})*)?{pad}\\}})"
-        )
+        any_value_over(&self.any_value(depth - 1), &self.sep)
     }
+}
+
+/// Any JSON scalar.
+fn scalar() -> String {
+    format!("(?:null|true|false|{NUMBER}|\"{STR_CHAR}*\")")
+}
+
+/// Any JSON value whose array items and member values are `inner`.
+fn any_value_over(inner: &str, sep: &Separators) -> String {
+    let Separators { pad, comma, colon } = sep;
+    let member = format!("\"{STR_CHAR}*\"{colon}{inner}");
+    format!(
+        "(?:{}|\\[{pad}(?:{inner}(?:{comma}{inner})*)?{pad}\\]|\\{{{pad}(?:{member}(?:{comma}{member})*)?{pad}\\}})",
+        scalar()
+    )
+}
+
+/// `json_object`: any JSON value at any depth, as the root and one recursive rule (the form of
+/// [`schema_to_rules_by`]), laid out as `whitespace` lays out a schema's output.
+pub(crate) fn json_object_rules(whitespace: Whitespace) -> (String, Vec<String>) {
+    let value = crate::parse::rule_ref_text(1);
+    let body = any_value_over(&value, &whitespace.separators());
+    (value, vec![body])
 }
 
 /// JSON equality as JSON Schema defines it (1 == 1.0).

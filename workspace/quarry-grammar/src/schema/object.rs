@@ -526,6 +526,14 @@ pub(super) fn full_match(
     keyword: &str,
     pointer: &str,
 ) -> Result<regex_automata::meta::Regex> {
+    if super::has_rule_ref(re) {
+        return Err(unsupported(
+            keyword,
+            pointer,
+            "a recursive reference where names must be tested (set max_recursion_depth to \
+             unroll it)",
+        ));
+    }
     regex_automata::meta::Regex::builder()
         .syntax(schema_syntax())
         .configure(regex_automata::meta::Config::new().nfa_size_limit(Some(16 << 20)))

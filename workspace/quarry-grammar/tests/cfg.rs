@@ -1,0 +1,705 @@
+//! Context-free constraints: GBNF grammars, `json_object` and recursive JSON Schemas.
+//!
+//! - Random grammars and walks against an independent Earley recognizer (below): a token is
+//!   allowed iff its bytes keep some parse alive, EOS iff the text so far is a sentence.
+//! - The test grammars in `tests/grammars/` (JSON, arithmetic, a SQL subset, CSV), each with
+//!   texts it must accept and texts it must refuse.
+//! - `json_object` and recursive schemas: walks end in JSON that serde_json parses and the
+//!   jsonschema crate validates, at depths a regex could not reach.
+//! - Errors: line and column for malformed grammars, left recursion, the parser work limit.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use quarry_grammar::{
+    Constraint, Grammar, GrammarError, Limits, Matcher, SchemaOptions, Vocabulary, Whitespace,
+};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+#[path = "common/vocab.rs"]
+mod vocab;
+use vocab::byte_vocab;
+
+fn grammar_file(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/grammars")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn compile(c: &Constraint, vocab: &Arc<Vocabulary>) -> Arc<Grammar> {
+    Arc::new(Grammar::compile(c, vocab.clone(), Limits::default()).unwrap())
+}
+
+/// Whether the grammar accepts exactly `text`, fed byte by byte.
+fn accepts(g: &Arc<Grammar>, text: &str) -> bool {
+    let mut m = Matcher::new(g.clone());
+    m.accept_bytes(text.as_bytes()).is_ok() && m.is_accepting()
+}
+
+fn bit(mask: &[u32], id: u32) -> bool {
+    mask[id as usize / 32] >> (id % 32) & 1 == 1
+}
+
+// ---------------------------------------------------------------------------------------------
+// The oracle: a plain Earley recognizer over bytes, sharing nothing with the crate.
+
+/// A symbol: a byte from a set, or a nonterminal.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Sym {
+    Bytes(Vec<u8>),
+    Rule(usize),
+}
+
+/// Rule `i` is `rules[i]`: alternatives of symbol sequences. Rule 0 is the start.
+struct Bnf {
+    rules: Vec<Vec<Vec<Sym>>>,
+}
+
+/// An Earley item: (rule, alternative, dot, origin).
+type Item = (usize, usize, usize, usize);
+
+struct Earley<'g> {
+    g: &'g Bnf,
+    nullable: Vec<bool>,
+    /// `sets[i]` is the Earley set after `i` bytes.
+    sets: Vec<Vec<Item>>,
+}
+
+impl<'g> Earley<'g> {
+    fn new(g: &'g Bnf) -> Self {
+        let mut nullable = vec![false; g.rules.len()];
+        loop {
+            let mut changed = false;
+            for (r, alts) in g.rules.iter().enumerate() {
+                let n = alts
+                    .iter()
+                    .any(|a| a.iter().all(|s| matches!(s, Sym::Rule(x) if nullable[*x])));
+                if n && !nullable[r] {
+                    nullable[r] = true;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        let mut e = Earley {
+            g,
+            nullable,
+            sets: Vec::new(),
+        };
+        let start: Vec<Item> = (0..g.rules[0].len()).map(|a| (0, a, 0, 0)).collect();
+        let s = e.close(start, 0);
+        e.sets.push(s);
+        e
+    }
+
+    /// Predict and complete until nothing changes (Aycock and Horspool's nullable fix).
+    fn close(&self, items: Vec<Item>, pos: usize) -> Vec<Item> {
+        let mut seen: HashSet<Item> = items.iter().copied().collect();
+        let mut work = items;
+        let mut i = 0;
+        while i < work.len() {
+            let (r, a, dot, origin) = work[i];
+            i += 1;
+            let alt = &self.g.rules[r][a];
+            let mut add = |it: Item, work: &mut Vec<Item>| {
+                if seen.insert(it) {
+                    work.push(it);
+                }
+            };
+            match alt.get(dot) {
+                Some(Sym::Rule(x)) => {
+                    for b in 0..self.g.rules[*x].len() {
+                        add((*x, b, 0, pos), &mut work);
+                    }
+                    if self.nullable[*x] {
+                        add((r, a, dot + 1, origin), &mut work);
+                    }
+                }
+                Some(Sym::Bytes(_)) => {}
+                None => {
+                    // Complete: advance every item in the origin set waiting for `r`.
+                    let waiting: Vec<Item> = if origin == pos {
+                        work.clone()
+                    } else {
+                        self.sets[origin].clone()
+                    };
+                    for (r2, a2, d2, o2) in waiting {
+                        if self.g.rules[r2][a2].get(d2) == Some(&Sym::Rule(r)) {
+                            add((r2, a2, d2 + 1, o2), &mut work);
+                        }
+                    }
+                }
+            }
+            // A completion at `pos` may be found after items that wait for it were added.
+            if i == work.len() {
+                let done: Vec<usize> = work
+                    .iter()
+                    .filter(|&&(r, a, d, o)| o == pos && d == self.g.rules[r][a].len())
+                    .map(|&(r, ..)| r)
+                    .collect();
+                let before = work.len();
+                for (r2, a2, d2, o2) in work.clone() {
+                    if let Some(Sym::Rule(x)) = self.g.rules[r2][a2].get(d2) {
+                        if done.contains(x) {
+                            let it = (r2, a2, d2 + 1, o2);
+                            if seen.insert(it) {
+                                work.push(it);
+                            }
+                        }
+                    }
+                }
+                if work.len() == before {
+                    break;
+                }
+            }
+        }
+        work
+    }
+
+    /// Reads `b`; false (and nothing changed) if no parse survives it.
+    fn push(&mut self, b: u8) -> bool {
+        let pos = self.sets.len() - 1;
+        let scanned: Vec<Item> = self.sets[pos]
+            .iter()
+            .filter(|&&(r, a, d, _)| {
+                matches!(self.g.rules[r][a].get(d), Some(Sym::Bytes(set)) if set.contains(&b))
+            })
+            .map(|&(r, a, d, o)| (r, a, d + 1, o))
+            .collect();
+        if scanned.is_empty() {
+            return false;
+        }
+        let s = self.close(scanned, pos + 1);
+        self.sets.push(s);
+        true
+    }
+
+    fn pop(&mut self, n: usize) {
+        self.sets.truncate(self.sets.len() - n);
+    }
+
+    fn accepting(&self) -> bool {
+        self.sets
+            .last()
+            .unwrap()
+            .iter()
+            .any(|&(r, a, d, o)| r == 0 && o == 0 && d == self.g.rules[0][a].len())
+    }
+
+    /// Whether `bytes` keeps a parse alive (every rule is productive, so a live parse can finish).
+    fn allows(&mut self, bytes: &[u8]) -> bool {
+        let mut n = 0;
+        for &b in bytes {
+            if !self.push(b) {
+                break;
+            }
+            n += 1;
+        }
+        self.pop(n);
+        n == bytes.len()
+    }
+}
+
+const ALPHABET: &[u8] = b"ab(),";
+
+/// A random grammar over [`ALPHABET`] without left recursion: before the first byte of an
+/// alternative, only rules with a higher number appear. Every rule has an alternative of bytes
+/// only, so every rule can finish.
+fn random_bnf(rng: &mut SmallRng) -> Bnf {
+    let n = rng.random_range(2..5);
+    let byte = |rng: &mut SmallRng| -> Sym {
+        match rng.random_range(0..4) {
+            0 => Sym::Bytes(b"ab".to_vec()),
+            _ => Sym::Bytes(vec![ALPHABET[rng.random_range(0..ALPHABET.len())]]),
+        }
+    };
+    let rules = (0..n)
+        .map(|r| {
+            let mut alts = vec![(0..rng.random_range(0..3)).map(|_| byte(rng)).collect()];
+            for _ in 0..rng.random_range(1..4) {
+                let mut alt = Vec::new();
+                let mut seen_byte = false;
+                for _ in 0..rng.random_range(1..5) {
+                    if rng.random_bool(0.5) {
+                        alt.push(byte(rng));
+                        seen_byte = true;
+                    } else if seen_byte {
+                        alt.push(Sym::Rule(rng.random_range(0..n)));
+                    } else if r + 1 < n {
+                        alt.push(Sym::Rule(rng.random_range(r + 1..n)));
+                    }
+                }
+                alts.push(alt);
+            }
+            alts
+        })
+        .collect();
+    Bnf { rules }
+}
+
+fn gbnf(g: &Bnf) -> String {
+    let name = |r: usize| {
+        if r == 0 {
+            "root".to_owned()
+        } else {
+            format!("r{r}")
+        }
+    };
+    let mut out = String::new();
+    for (r, alts) in g.rules.iter().enumerate() {
+        let alts: Vec<String> = alts
+            .iter()
+            .map(|alt| {
+                let syms: Vec<String> = alt
+                    .iter()
+                    .map(|s| match s {
+                        Sym::Rule(x) => name(*x),
+                        Sym::Bytes(set) => {
+                            let chars: String = set
+                                .iter()
+                                .map(|&b| match b {
+                                    b'(' | b')' | b',' | b'a' | b'b' => (b as char).to_string(),
+                                    _ => format!("\\x{b:02X}"),
+                                })
+                                .collect();
+                            format!("[{chars}]")
+                        }
+                    })
+                    .collect();
+                if syms.is_empty() {
+                    "\"\"".to_owned()
+                } else {
+                    syms.join(" ")
+                }
+            })
+            .collect();
+        out += &format!("{} ::= {}\n", name(r), alts.join(" | "));
+    }
+    out
+}
+
+/// Every string of 1 to 3 bytes over [`ALPHABET`], then EOS.
+fn alphabet_vocab() -> Arc<Vocabulary> {
+    let mut toks: Vec<Vec<u8>> = Vec::new();
+    for len in 1..=3u32 {
+        for i in 0..ALPHABET.len().pow(len) {
+            let mut t = Vec::new();
+            let mut k = i;
+            for _ in 0..len {
+                t.push(ALPHABET[k % ALPHABET.len()]);
+                k /= ALPHABET.len();
+            }
+            toks.push(t);
+        }
+    }
+    toks.push(b"<eos>".to_vec());
+    let eos = toks.len() as u32 - 1;
+    Arc::new(Vocabulary::new(
+        toks.iter()
+            .enumerate()
+            .map(|(i, t)| (t.as_slice(), i as u32 == eos)),
+        &[eos],
+    ))
+}
+
+#[test]
+fn masks_match_an_earley_oracle_on_random_grammars() {
+    let vocab = alphabet_vocab();
+    let eos = vocab.eos()[0];
+    let mut rng = SmallRng::seed_from_u64(27);
+    let mut mask = vec![0u32; vocab.mask_words()];
+    let (mut grammars, mut steps, mut recursive) = (0, 0, 0);
+    while grammars < 150 {
+        let bnf = random_bnf(&mut rng);
+        let text = gbnf(&bnf);
+        let g = compile(&Constraint::Gbnf(text.clone()), &vocab);
+        grammars += 1;
+        recursive += (g.state_count() > 0
+            && text.contains("r1")
+            && text.matches("root").count() > 1) as usize;
+        for _ in 0..6 {
+            let mut oracle = Earley::new(&bnf);
+            let mut m = Matcher::new(g.clone());
+            for _ in 0..16 {
+                m.fill_mask(&mut mask);
+                for id in 0..vocab.len() as u32 {
+                    let want = if id == eos {
+                        oracle.accepting()
+                    } else {
+                        oracle.allows(vocab.token_bytes(id).unwrap())
+                    };
+                    let got = bit(&mask, id);
+                    assert_eq!(
+                        got,
+                        want,
+                        "grammar\n{text}token {:?} after {} bytes ({:?})",
+                        String::from_utf8_lossy(vocab.token_bytes(id).unwrap()),
+                        oracle.sets.len() - 1,
+                        g.overflow_error()
+                    );
+                }
+                assert_eq!(m.is_accepting(), oracle.accepting(), "{text}");
+                // Forced bytes are the single continuation the oracle sees, byte by byte.
+                let forced = m.forced_bytes().to_vec();
+                for &b in &forced {
+                    let live: Vec<u8> = (0..=255u8).filter(|&c| oracle.allows(&[c])).collect();
+                    assert_eq!(live, vec![b], "{text}: forced bytes {forced:?}");
+                    assert!(
+                        !oracle.accepting(),
+                        "{text}: forced past an accepting point"
+                    );
+                    assert!(oracle.push(b));
+                }
+                oracle.pop(forced.len());
+                let allowed: Vec<u32> = (0..vocab.len() as u32)
+                    .filter(|&i| bit(&mask, i) && i != eos)
+                    .collect();
+                if allowed.is_empty() {
+                    assert!(oracle.accepting(), "{text}: dead end");
+                    break;
+                }
+                let id = allowed[rng.random_range(0..allowed.len())];
+                m.accept_token(id).unwrap();
+                for &b in vocab.token_bytes(id).unwrap() {
+                    assert!(oracle.push(b));
+                }
+                steps += 1;
+            }
+        }
+    }
+    assert!(steps > 3000, "only {steps} steps were checked");
+    assert!(recursive > 30, "only {recursive} grammars recurse");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The test grammars.
+
+#[test]
+fn the_test_grammars_accept_and_refuse_what_they_should() {
+    let vocab = byte_vocab();
+    let cases: &[(&str, &[&str], &[&str])] = &[
+        (
+            "json.gbnf",
+            &[
+                r#"{}"#,
+                r#"{"a": [1, 2.5, -3e10, true, null], "b": {"c": "d\n\u00e9"}}"#,
+                "{\"deep\": [[[[[[[[[[[[[[[[[[[[{\"x\": []}]]]]]]]]]]]]]]]]]]]]}",
+                "{\n  \"k\": \"v\"\n}",
+            ],
+            &[r#"[]"#, r#"{"a" 1}"#, r#"{"a": 01}"#, r#"{"a": [1,]}"#, r#"{"a": "\x"}"#, "{"],
+        ),
+        (
+            "arithmetic.gbnf",
+            &["1", "1 + 2 * 3", "-(4-2)/(1+(2*(3+4)))", "((((((((((1))))))))))"],
+            &["", "1 +", "(1", "1 2", "1 ++ 2", "()"],
+        ),
+        (
+            "sql.gbnf",
+            &[
+                "SELECT * FROM users;",
+                "SELECT id, name FROM users WHERE (age >= 18 AND NOT name = 'x') OR id < 3 ORDER BY name DESC LIMIT 10;",
+            ],
+            &[
+                "SELECT FROM users;",
+                "SELECT * FROM users WHERE;",
+                "SELECT * FROM users LIMIT 0;",
+                "SELECT * FROM users WHERE (a = 1;",
+            ],
+        ),
+        (
+            "csv.gbnf",
+            &["a,b\n1,2", "name,quote\nx,\"he said \"\"hi\"\", then left\"\n", ",\n,"],
+            &["a,b", "a\n\"unterminated", "a\n\"x\"y"],
+        ),
+    ];
+    for (file, good, bad) in cases {
+        let g = compile(&Constraint::Gbnf(grammar_file(file)), &vocab);
+        for text in *good {
+            assert!(accepts(&g, text), "{file} should accept {text:?}");
+        }
+        for text in *bad {
+            assert!(!accepts(&g, text), "{file} should refuse {text:?}");
+        }
+    }
+}
+
+#[test]
+fn arithmetic_nests_deeper_than_any_unrolled_regex() {
+    let g = compile(
+        &Constraint::Gbnf(grammar_file("arithmetic.gbnf")),
+        &byte_vocab(),
+    );
+    let deep = format!("{}1{}", "(".repeat(300), ")".repeat(300));
+    assert!(accepts(&g, &deep));
+    assert!(!accepts(&g, &deep[..deep.len() - 1]));
+    // Closing brackets are forced once the number is read and the nesting can only close.
+    let mut m = Matcher::new(g.clone());
+    m.accept_bytes(b"((((7").unwrap();
+    assert_eq!(m.forced_bytes(), b"");
+    assert!(!m.is_accepting());
+}
+
+// ---------------------------------------------------------------------------------------------
+// json_object and recursive schemas.
+
+/// Random walks to EOS; returns the outputs.
+fn walks(g: &Arc<Grammar>, vocab: &Vocabulary, n: usize, seed: u64) -> Vec<String> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut mask = vec![0u32; vocab.mask_words()];
+    let eos = vocab.eos()[0];
+    let mut out = Vec::new();
+    while out.len() < n {
+        let mut m = Matcher::new(g.clone());
+        let mut text = Vec::new();
+        let mut depth = 0i32;
+        for _ in 0..400 {
+            m.fill_mask(&mut mask);
+            let allowed: Vec<u32> = (0..vocab.len() as u32).filter(|&i| bit(&mask, i)).collect();
+            assert!(
+                !allowed.is_empty(),
+                "dead end after {:?}",
+                String::from_utf8_lossy(&text)
+            );
+            // Open brackets early, close them later, stop when possible near the end.
+            let prefer = |t: u32| match vocab.token_bytes(t) {
+                Some(b"[" | b"{") => depth < 6,
+                Some(b"]" | b"}" | b"\"") => depth >= 3,
+                _ => t == eos,
+            };
+            let preferred: Vec<u32> = allowed.iter().copied().filter(|&t| prefer(t)).collect();
+            let t = if !preferred.is_empty() && rng.random_bool(0.6) {
+                preferred[rng.random_range(0..preferred.len())]
+            } else {
+                allowed[rng.random_range(0..allowed.len())]
+            };
+            m.accept_token(t).unwrap();
+            if t == eos {
+                out.push(String::from_utf8(text).unwrap());
+                break;
+            }
+            let bytes = vocab.token_bytes(t).unwrap();
+            depth += bytes.iter().filter(|&&b| b == b'[' || b == b'{').count() as i32;
+            depth -= bytes.iter().filter(|&&b| b == b']' || b == b'}').count() as i32;
+            text.extend_from_slice(bytes);
+        }
+    }
+    out
+}
+
+fn depth(v: &serde_json::Value) -> usize {
+    match v {
+        serde_json::Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+        serde_json::Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+#[test]
+fn json_object_walks_are_json_at_any_depth() {
+    let vocab = byte_vocab();
+    for ws in [Whitespace::Compact, Whitespace::Spaced] {
+        let g = compile(&Constraint::JsonObject { whitespace: ws }, &vocab);
+        let outs = walks(&g, &vocab, 40, 1);
+        let mut deepest = 0;
+        for text in &outs {
+            let v: serde_json::Value =
+                serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            deepest = deepest.max(depth(&v));
+            // The layout is the schema's: spaces after `:` and `,` exactly when spaced.
+            let outside: String = text.split('"').step_by(2).collect::<Vec<_>>().concat();
+            match ws {
+                Whitespace::Compact => assert!(!outside.contains(' '), "{text}"),
+                _ => assert_eq!(
+                    outside.matches([',', ':']).count(),
+                    outside.matches(", ").count() + outside.matches(": ").count(),
+                    "{text}"
+                ),
+            }
+        }
+        assert!(deepest >= 4, "walks reached depth {deepest} only");
+        let nested = format!("{}1{}", "[".repeat(100), "]".repeat(100));
+        assert!(accepts(&g, &nested));
+        assert!(!accepts(&g, "[1,]"));
+    }
+}
+
+#[test]
+fn recursive_schemas_compile_natively_and_their_outputs_validate() {
+    let vocab = byte_vocab();
+    let schemas = [
+        // A tree through $defs.
+        serde_json::json!({
+            "$defs": {"node": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 8},
+                    "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 3}
+                },
+                "required": ["name", "children"],
+                "additionalProperties": false
+            }},
+            "$ref": "#/$defs/node"
+        }),
+        // The root refers to itself, and a second rule refers back to the first.
+        serde_json::json!({
+            "type": "object",
+            "properties": {
+                "value": {"type": "integer"},
+                "next": {"anyOf": [{"type": "null"}, {"$ref": "#"}]},
+                "alt": {"$ref": "#/$defs/wrap"}
+            },
+            "required": ["value"],
+            "additionalProperties": false,
+            "$defs": {"wrap": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}}
+        }),
+    ];
+    for schema in schemas {
+        let c = Constraint::JsonSchema {
+            schema: schema.clone(),
+            options: SchemaOptions::default(),
+        };
+        let g = compile(&c, &vocab);
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let outs = walks(&g, &vocab, 30, 2);
+        let mut deepest = 0;
+        for text in &outs {
+            let v: serde_json::Value = serde_json::from_str(text).unwrap();
+            assert!(validator.is_valid(&v), "{schema}\n{text} does not validate");
+            deepest = deepest.max(depth(&v));
+        }
+        assert!(deepest >= 4, "{schema}: depth {deepest} only");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors and limits.
+
+#[test]
+fn malformed_grammars_name_the_line_and_column() {
+    let vocab = byte_vocab();
+    let cases: &[(&str, usize, usize, &str)] = &[
+        ("root ::= \"a\"\nx ::= [a-z", 2, 7, "not closed"),
+        ("root ::= a\n", 1, 10, "never defined"),
+        ("root ::= \"a\" )", 1, 14, "without a matching"),
+        ("start ::= \"a\"", 1, 1, "root"),
+        ("root ::= \"a\"\nroot ::= \"b\"", 2, 1, "defined twice"),
+        ("root ::= \"\\q\"", 1, 11, "unknown escape"),
+        ("root ::= [z-a]", 1, 10, "reversed"),
+        ("root ::= \"a\"{3,1}", 1, 13, "empty"),
+        ("root ::= <[42]>", 1, 10, "token references"),
+        ("root ::= x\nx = \"a\"", 2, 3, "::="),
+    ];
+    for &(text, line, column, needle) in cases {
+        match Grammar::compile(
+            &Constraint::Gbnf(text.into()),
+            vocab.clone(),
+            Limits::default(),
+        ) {
+            Err(GrammarError::InvalidGrammar {
+                line: l,
+                column: c,
+                message,
+            }) => {
+                assert_eq!((l, c), (line, column), "{text:?}: {message}");
+                assert!(message.contains(needle), "{text:?}: {message}");
+            }
+            other => panic!("{text:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn left_recursion_and_rules_that_never_finish_are_refused_by_name() {
+    let vocab = byte_vocab();
+    let err = |text: &str| {
+        Grammar::compile(
+            &Constraint::Gbnf(text.into()),
+            vocab.clone(),
+            Limits::default(),
+        )
+        .unwrap_err()
+    };
+    match err("root ::= expr\nexpr ::= expr \"+\" num | num\nnum ::= [0-9]+") {
+        GrammarError::InvalidRule { rule, message } => {
+            assert_eq!(rule, "expr");
+            assert!(
+                message.contains("left recursion (expr -> expr)"),
+                "{message}"
+            );
+        }
+        e => panic!("{e:?}"),
+    }
+    // Through a rule that can be empty.
+    match err("root ::= opt root \"x\" | \"y\"\nopt ::= \"\" | \"o\"") {
+        GrammarError::InvalidRule { message, .. } => {
+            assert!(message.contains("left recursion"), "{message}")
+        }
+        e => panic!("{e:?}"),
+    }
+    match err("root ::= \"(\" root \")\"") {
+        GrammarError::InvalidRule { rule, message } => {
+            assert_eq!(rule, "root");
+            assert!(message.contains("never finish"), "{message}");
+        }
+        e => panic!("{e:?}"),
+    }
+    // A rule that never finishes is only an error where it is needed.
+    let g = compile(
+        &Constraint::Gbnf("root ::= \"a\" | \"b\" loop\nloop ::= \"(\" loop \")\"".into()),
+        &vocab,
+    );
+    assert!(accepts(&g, "a"));
+    assert!(!accepts(&g, "b"));
+    let mut m = Matcher::new(g);
+    assert!(m.accept_bytes(b"b").is_err(), "b leads nowhere");
+}
+
+#[test]
+fn an_ambiguous_grammar_past_the_parser_limit_is_a_typed_error_not_a_hang() {
+    let vocab = byte_vocab();
+    // Every split of a run of a's is a parse: the stacks grow with the input.
+    let text = "root ::= x+\nx ::= \"a\" | \"a\" x \"b\"? | y\ny ::= \"a\"+ x?";
+    let limits = Limits {
+        max_parser_stacks: 64,
+        ..Limits::default()
+    };
+    let g =
+        Arc::new(Grammar::compile(&Constraint::Gbnf(text.into()), vocab.clone(), limits).unwrap());
+    let mut m = Matcher::new(g.clone());
+    let refused = (0..200).any(|_| m.accept_bytes(b"a").is_err());
+    assert!(refused, "the stacks never reached the limit");
+    assert_eq!(
+        g.overflow_error(),
+        Some(GrammarError::LimitExceeded {
+            limit: "max_parser_stacks",
+            value: 64
+        })
+    );
+    // With the default limit the same input is fine.
+    let g = compile(&Constraint::Gbnf(text.into()), &vocab);
+    assert!(accepts(&g, &"a".repeat(200)));
+    assert_eq!(g.overflow_error(), None);
+}
+
+#[test]
+fn a_grammar_without_recursion_takes_the_regular_path() {
+    // Same language, as GBNF and as a regex: the same states and masks.
+    let vocab = byte_vocab();
+    let g = compile(
+        &Constraint::Gbnf("root ::= date\ndate ::= d d d d \"-\" d d\nd ::= [0-9]".into()),
+        &vocab,
+    );
+    let r = compile(&Constraint::Regex("[0-9]{4}-[0-9]{2}".into()), &vocab);
+    let (mut a, mut b) = (Matcher::new(g), Matcher::new(r));
+    for byte in b"2024-11".iter() {
+        assert_eq!(a.mask(), b.mask());
+        a.accept_bytes(&[*byte]).unwrap();
+        b.accept_bytes(&[*byte]).unwrap();
+    }
+    assert!(a.is_accepting() && b.is_accepting());
+    assert_eq!(a.grammar().state_count(), b.grammar().state_count());
+}
