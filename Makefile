@@ -12,7 +12,7 @@ QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-.PHONY: setup build build-cuda demo tour test lint fixtures bench-grammar bench-schemas bench-model bench-engine bench-pipeline fuzz
+.PHONY: setup build build-cuda demo tour test lint fixtures bench-grammar bench-cfg bench-schemas bench-model bench-engine bench-pipeline fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -60,6 +60,10 @@ fixtures: setup
 # results go to BENCHMARKS.md. Pass options with ARGS, e.g. `make bench-grammar ARGS="--only email"`.
 bench-grammar: setup
 	$(CARGO) run --release -p quarry-bench --bin grammar-bench -- --out $(CARGO_TARGET_DIR)/bench/grammar.json $(ARGS)
+
+# Context-free constraints (GBNF, recursive schemas, json_object), quarry vs llguidance (BENCHMARKS.md).
+bench-cfg: setup
+	$(CARGO) run --release -p quarry-bench --bin cfg-bench -- --out $(CARGO_TARGET_DIR)/bench/cfg.json $(ARGS)
 
 # JSON Schema compile times on the real-schema corpus, quarry vs llguidance (BENCHMARKS.md).
 bench-schemas: setup

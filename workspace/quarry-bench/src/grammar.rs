@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use crate::peers::Peer;
+use crate::peers::{Peer, Spec};
 
 /// A regex and a realistic output it matches.
 pub struct Case {
@@ -142,7 +142,7 @@ fn summary(mut v: Vec<f64>) -> Value {
 /// `warm_reps` more walks on the last compile (warm).
 pub fn measure(
     peer: &dyn Peer,
-    regex: &str,
+    spec: &Spec,
     tokens: &[u32],
     mask_words: usize,
     cold_reps: usize,
@@ -156,7 +156,7 @@ pub fn measure(
     let mut last = None;
     for _ in 0..cold_reps.max(1) {
         let t0 = Instant::now();
-        let compiled = peer.compile(regex)?;
+        let compiled = peer.compile_spec(spec)?;
         compile_us.push(t0.elapsed().as_secs_f64() * 1e6);
         let mut w = compiled.walker()?;
         let t1 = Instant::now();

@@ -8,6 +8,7 @@
 //!
 //! It is never a dependency of the other crates.
 
+pub mod cfg;
 pub mod grammar;
 pub mod peers;
 

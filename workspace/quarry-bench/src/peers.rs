@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
-use quarry_grammar::{Constraint, Grammar, Limits, Matcher, Vocabulary};
+use quarry_grammar::{Constraint, Grammar, Limits, Matcher, SchemaOptions, Vocabulary, Whitespace};
 
 /// A compiled constraint's per-sequence walker.
 pub trait Walker {
@@ -15,11 +15,33 @@ pub trait Walker {
     fn accept(&mut self, token: u32) -> bool;
 }
 
+/// A constraint for every peer: the same regex or JSON Schema for all, or a grammar written in
+/// each peer's own syntax (GBNF for quarry, Lark for llguidance: the same language by hand).
+#[derive(Debug, Clone)]
+pub enum Spec {
+    Regex(String),
+    /// A JSON Schema; output is compact JSON (`,` and `:` with no spaces).
+    Schema(serde_json::Value),
+    /// Any JSON object, compact.
+    JsonObject,
+    Grammar {
+        gbnf: String,
+        lark: String,
+    },
+}
+
 /// One engine under test.
 pub trait Peer {
     fn name(&self) -> &'static str;
     /// Compiles `regex` (full match) into something that can start walks.
     fn compile(&self, regex: &str) -> Result<Box<dyn Compiled + '_>>;
+    /// Compiles any [`Spec`]; peers without grammars or schemas refuse those.
+    fn compile_spec(&self, spec: &Spec) -> Result<Box<dyn Compiled + '_>> {
+        match spec {
+            Spec::Regex(r) => self.compile(r),
+            _ => Err(anyhow!("{} takes regexes only", self.name())),
+        }
+    }
 }
 
 /// A compiled constraint; `walker` starts a fresh sequence sharing the compiled state (and, for
@@ -47,11 +69,21 @@ impl Peer for Quarry {
         }
     }
     fn compile(&self, regex: &str) -> Result<Box<dyn Compiled + '_>> {
-        let g = Grammar::compile(
-            &Constraint::Regex(regex.into()),
-            self.vocab.clone(),
-            Limits::default(),
-        )?;
+        self.compile_spec(&Spec::Regex(regex.into()))
+    }
+    fn compile_spec(&self, spec: &Spec) -> Result<Box<dyn Compiled + '_>> {
+        let c = match spec {
+            Spec::Regex(r) => Constraint::Regex(r.clone()),
+            Spec::Schema(s) => Constraint::JsonSchema {
+                schema: s.clone(),
+                options: SchemaOptions::default(),
+            },
+            Spec::JsonObject => Constraint::JsonObject {
+                whitespace: Whitespace::Compact,
+            },
+            Spec::Grammar { gbnf, .. } => Constraint::Gbnf(gbnf.clone()),
+        };
+        let g = Grammar::compile(&c, self.vocab.clone(), Limits::default())?;
         if self.eager {
             g.precompute(1);
         }
@@ -187,7 +219,30 @@ impl Llguidance {
 
 pub struct LlgGrammar<'a> {
     factory: &'a llguidance::ParserFactory,
-    regex: String,
+    grammar: llguidance::api::TopLevelGrammar,
+}
+
+/// llguidance's form of `spec`. Schemas get compact separators and no free whitespace, so that
+/// they describe the same outputs as quarry's compact layout.
+fn llg_grammar(spec: &Spec) -> llguidance::api::TopLevelGrammar {
+    use llguidance::api::TopLevelGrammar;
+    let compact = |mut s: serde_json::Value| {
+        if let Some(m) = s.as_object_mut() {
+            m.insert(
+                "x-guidance".into(),
+                serde_json::json!({"whitespace_flexible": false, "item_separator": ",", "key_separator": ":"}),
+            );
+        }
+        s
+    };
+    match spec {
+        Spec::Regex(r) => TopLevelGrammar::from_regex(r),
+        Spec::Schema(s) => TopLevelGrammar::from_json_schema(compact(s.clone())),
+        Spec::JsonObject => {
+            TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
+        }
+        Spec::Grammar { lark, .. } => TopLevelGrammar::from_lark(lark.clone()),
+    }
 }
 
 impl Peer for Llguidance {
@@ -197,21 +252,22 @@ impl Peer for Llguidance {
     /// llguidance compiles lazily: "compile" creates the parser (grammar → lexer and parser
     /// tables), which is done per sequence.
     fn compile(&self, regex: &str) -> Result<Box<dyn Compiled + '_>> {
+        self.compile_spec(&Spec::Regex(regex.into()))
+    }
+    fn compile_spec(&self, spec: &Spec) -> Result<Box<dyn Compiled + '_>> {
+        let grammar = llg_grammar(spec);
         // Create one parser now so the compile cost and any error are seen here.
-        self.factory
-            .create_parser(llguidance::api::TopLevelGrammar::from_regex(regex))?;
+        self.factory.create_parser(grammar.clone())?;
         Ok(Box::new(LlgGrammar {
             factory: &self.factory,
-            regex: regex.to_owned(),
+            grammar,
         }))
     }
 }
 
 impl Compiled for LlgGrammar<'_> {
     fn walker(&self) -> Result<Box<dyn Walker + '_>> {
-        let parser = self
-            .factory
-            .create_parser(llguidance::api::TopLevelGrammar::from_regex(&self.regex))?;
+        let parser = self.factory.create_parser(self.grammar.clone())?;
         Ok(Box::new(llguidance::Matcher::new(Ok(parser))))
     }
 }

@@ -19,7 +19,7 @@ pub enum Prompt {
 }
 
 /// What the output must match. In JSON: `"none"`, `"json_object"`, `{"regex": "…"}`,
-/// `{"choice": ["…"]}` or `{"json_schema": {…}}`.
+/// `{"choice": ["…"]}`, `{"json_schema": {…}}` or `{"grammar": "root ::= …"}` (GBNF).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ConstraintSpec {
@@ -33,8 +33,10 @@ pub enum ConstraintSpec {
     /// JSON that this JSON Schema accepts, laid out as [`crate::EngineConfig::schema_options`]
     /// says.
     JsonSchema(serde_json::Value),
-    /// Any JSON object, laid out the same way.
+    /// Any JSON object, its values nested to any depth, laid out the same way.
     JsonObject,
+    /// A grammar in GBNF (llama.cpp's syntax), as text.
+    Grammar(String),
 }
 
 impl ConstraintSpec {
@@ -48,10 +50,10 @@ impl ConstraintSpec {
                 schema: s.clone(),
                 options,
             }),
-            ConstraintSpec::JsonObject => Some(Constraint::JsonSchema {
-                schema: serde_json::json!({"type": "object"}),
-                options,
+            ConstraintSpec::JsonObject => Some(Constraint::JsonObject {
+                whitespace: options.whitespace,
             }),
+            ConstraintSpec::Grammar(g) => Some(Constraint::Gbnf(g.clone())),
         }
     }
 }

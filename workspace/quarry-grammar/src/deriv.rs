@@ -286,6 +286,15 @@ impl Terms {
         row
     }
 
+    /// Whether `e` can start with a rule reference ([`Terms::ref_row`] is not empty), without
+    /// copying the row.
+    pub(crate) fn calls(&mut self, e: Id) -> bool {
+        if let Some(row) = self.ref_rows.get(&e) {
+            return !row.is_empty();
+        }
+        !self.ref_row(e).is_empty()
+    }
+
     /// `e` with every reference to a rule `r` for which `f(r)` is `Some(x)` replaced by `x`
     /// (memoized in `memo` across calls with the same `f`).
     pub(crate) fn substitute(

@@ -10,21 +10,26 @@
 //!
 //! # Grammars with recursion
 //! For a context-free grammar ([`crate::cfg`]) a state is a *configuration* of a pushdown
-//! automaton instead of one term: a set of stacks, each stack a list of terms (the rule body being
-//! read on top, and below it what each caller still has to read once the rule ends). Stacks are
-//! hash-consed into a tree, so equal stacks are one id, and a configuration is the sorted set of its
-//! stack ids, interned like a term. A step by a byte steps every stack's top by its derivative and
-//! then closes the set under the two moves that read nothing: *call* (the top can start with a rule
-//! reference: replace it by its derivative by that rule and push the rule's body) and *return*
-//! (the top is nullable: pop it). Everything else (rows, masks, runs, forced bytes, rollback by
-//! state number) is the same code for both kinds, which is why the matcher API does not change.
+//! automaton instead of one term. Stack frames are terms: the rule body being read on top, and
+//! below it what each caller still has to read once the rule ends. Stacks are a graph-structured
+//! stack of hash-consed nodes `(term, set of parent nodes)`, and a configuration maps each top
+//! term to the set of nodes it sits on; configurations are interned like terms. A step by a byte
+//! steps every top by its derivative and then closes the configuration under the two moves that
+//! read nothing: *call* (the top can start with a rule reference: replace it by its derivative by
+//! that rule and push the rule's body) and *return* (the top is nullable: pop it). Everything
+//! else (rows, masks, runs, forced bytes, rollback by state number) is the same code for both
+//! kinds, which is why the matcher API does not change, and why a configuration seen before costs
+//! one atomic load, like a regex state.
 //!
-//! A return frame with nothing left to read is never pushed (a tail call), so right recursion
-//! (`list ::= item ("," list)?`) keeps stacks as deep as the nesting, not the length. Left
-//! recursion would push forever and is refused when the grammar is built. Ambiguous grammars can
-//! still make sets large: [`crate::Limits::max_parser_stacks`] bounds the stacks one closure may
-//! visit, and a step past it is refused like a state past `max_states` (a typed error through
-//! [`crate::Grammar::overflow_error`], never a hang).
+//! - A return frame with nothing left to read is never pushed (a tail call), so right recursion
+//!   (`list ::= item ("," list)?`) keeps stacks as deep as the nesting, not the length.
+//! - Nodes with the same term in one parent set are merged (`(t, P₁)`, `(t, P₂)` → `(t, P₁ ∪ P₂)`,
+//!   the same stacks), level by level. Without it an ambiguous grammar keeps one chain per way of
+//!   splitting the input, exponentially many; with it a set holds one node per term.
+//! - Left recursion would push forever and is refused when the grammar is built.
+//! - [`crate::Limits::max_parser_stacks`] bounds the `(top, parent)` pairs one closure may visit:
+//!   the parser's work per byte. A step past it is refused like a state past `max_states` (a
+//!   typed error through [`crate::Grammar::overflow_error`], never a hang).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -415,6 +420,12 @@ impl LazyDfa {
         }
     }
 
+    /// Whether states are pushdown configurations.
+    pub(crate) fn is_context_free(&self) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.pda.is_some()
+    }
+
     /// Terms built so far.
     pub(crate) fn term_count(&self) -> usize {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
@@ -493,8 +504,30 @@ impl LazyDfa {
                     entries.extend(pda.psets[ps as usize].iter().map(|&p| (d, p)));
                 }
             }
+            // Inside a lexeme (no entry can call or return) the step only moves the tops: the
+            // configuration is the stepped entries as they are, with no closure to run.
+            let plain = config.iter().enumerate().all(|(i, &(_, ps))| {
+                let d = derivs[i][c];
+                d == NOTHING
+                    || (!terms.calls(d)
+                        && (!terms.nullable(d) || pda.psets[ps as usize].as_ref() == [BOTTOM]))
+            });
             let next = if entries.is_empty() {
                 None
+            } else if plain {
+                let mut stepped: Vec<(Id, u32)> = config
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| derivs[i][c] != NOTHING)
+                    .map(|(i, &(_, ps))| (derivs[i][c], ps))
+                    .collect();
+                stepped.sort_unstable();
+                // Two tops may step to the same term: merge their parents.
+                if stepped.windows(2).any(|w| w[0].0 == w[1].0) {
+                    pda.close(terms, &entries)
+                } else {
+                    Some(stepped.into())
+                }
             } else {
                 let closed = pda.close(terms, &entries);
                 if closed.is_none() {

@@ -327,6 +327,9 @@ impl Parser<'_> {
             let mut hi = lo;
             if self.peek() == Some('-') && !self.s[self.i + 1..].starts_with(']') {
                 self.i += 1;
+                if matches!(self.peek(), None | Some('\n' | '\r')) {
+                    return Err(self.error_at(at, "character class is not closed"));
+                }
                 hi = self.char()?;
                 if hi < lo {
                     return Err(self.error_at(at, &format!("range {lo:?}-{hi:?} is reversed")));

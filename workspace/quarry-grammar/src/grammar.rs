@@ -25,7 +25,8 @@ pub enum Constraint {
     },
     /// The output is a grammar in GBNF, llama.cpp's syntax ([`crate::gbnf`]).
     Gbnf(String),
-    /// The output is any JSON value, nested to any depth, laid out like a schema's output.
+    /// The output is a JSON object whose values are any JSON value, nested to any depth, laid
+    /// out like a schema's output (`json_object` in OpenAI's and vLLM's APIs).
     JsonObject { whitespace: Whitespace },
 }
 
@@ -261,6 +262,13 @@ impl Grammar {
     /// The constraint accepts nothing at all (for example `allOf` of two different `const`s).
     pub fn is_empty_language(&self) -> bool {
         self.dfa.is_empty_language()
+    }
+
+    /// Whether the constraint needs the pushdown layer (recursion: a GBNF grammar with recursive
+    /// rules, `json_object`, a schema with a recursive `$ref`). Its configurations are unbounded,
+    /// so [`Grammar::explore`] and [`Grammar::precompute`] stop at [`Limits::max_states`].
+    pub fn is_context_free(&self) -> bool {
+        self.dfa.is_context_free()
     }
 
     /// Builds every state reachable from the start and returns how many there are, or

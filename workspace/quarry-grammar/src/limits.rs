@@ -15,11 +15,12 @@ pub struct Limits {
     /// [`crate::Grammar::explore`] reports it as an error. Classic blow-ups such as
     /// `[ab]*a[ab]{20}` reach it; schemas do not.
     pub max_states: usize,
-    /// Stacks one step of a grammar with recursion may hold (the parser's work per byte, see
-    /// [`crate::cfg`]). Default 2,048. Unambiguous grammars (JSON, schemas, most GBNF files) hold
-    /// a handful; an ambiguous one can hold many, and a step past this bound is refused like a state
-    /// past `max_states` ([`crate::Grammar::overflow_error`] names it), so a mask costs at most
-    /// this many stack steps per trie node and never hangs.
+    /// The parser's work per byte for a grammar with recursion: the `(top, parent)` pairs of the
+    /// graph-structured stack one step may visit (see [`crate::Grammar`]'s pushdown layer).
+    /// Default 2,048. JSON, schemas and the usual GBNF files visit a handful; a very ambiguous
+    /// grammar may visit many, and a step past this bound is refused like a state past
+    /// `max_states` ([`crate::Grammar::overflow_error`] names it), so a mask costs at most this
+    /// much per trie node and never hangs.
     pub max_parser_stacks: usize,
     /// Longest forced (jump-forward) byte run computed at once. Default 4,096.
     pub max_forced_bytes: usize,

@@ -499,7 +499,7 @@ fn depth(v: &serde_json::Value) -> usize {
 }
 
 #[test]
-fn json_object_walks_are_json_at_any_depth() {
+fn json_object_walks_are_json_objects_at_any_depth() {
     let vocab = byte_vocab();
     for ws in [Whitespace::Compact, Whitespace::Spaced] {
         let g = compile(&Constraint::JsonObject { whitespace: ws }, &vocab);
@@ -521,9 +521,19 @@ fn json_object_walks_are_json_at_any_depth() {
             }
         }
         assert!(deepest >= 4, "walks reached depth {deepest} only");
-        let nested = format!("{}1{}", "[".repeat(100), "]".repeat(100));
-        assert!(accepts(&g, &nested));
-        assert!(!accepts(&g, "[1,]"));
+        assert!(
+            outs.iter().all(|t| t.starts_with('{')),
+            "an object at the top"
+        );
+        let nested = format!("{{\"a\":{}1{}}}", "[".repeat(100), "]".repeat(100));
+        let nested = if ws == Whitespace::Spaced {
+            nested.replace(':', ": ")
+        } else {
+            nested
+        };
+        assert!(accepts(&g, &nested), "{nested}");
+        assert!(!accepts(&g, "[1]"));
+        assert!(!accepts(&g, "{\"a\":[1,]}"));
     }
 }
 
@@ -583,6 +593,7 @@ fn malformed_grammars_name_the_line_and_column() {
     let vocab = byte_vocab();
     let cases: &[(&str, usize, usize, &str)] = &[
         ("root ::= \"a\"\nx ::= [a-z", 2, 7, "not closed"),
+        ("root ::= \"a\" |\n  [b-", 2, 3, "not closed"),
         ("root ::= a\n", 1, 10, "never defined"),
         ("root ::= \"a\" )", 1, 14, "without a matching"),
         ("start ::= \"a\"", 1, 1, "root"),

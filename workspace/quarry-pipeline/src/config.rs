@@ -21,8 +21,14 @@ pub struct PipelineConfig {
     pub name: String,
     pub source: SourceConfig,
     pub prompt: PromptConfig,
-    /// The JSON Schema every record must satisfy; it is also the decoding constraint.
+    /// The JSON Schema every record must satisfy; it is also the decoding constraint unless
+    /// `grammar` is set.
     pub schema: PathBuf,
+    /// A GBNF grammar (llama.cpp's syntax) to decode with instead of the schema, for jobs that
+    /// already have one. Records are still validated against `schema`; an output the schema
+    /// refuses is a rejects row (`schema_violation`).
+    #[serde(default)]
+    pub grammar: Option<PathBuf>,
     /// Layout of the JSON the model writes: `compact`, `spaced` (`", "` and `": "`), `pretty` or
     /// `pretty:N`. Defaults to the engine's default.
     #[serde(
@@ -431,6 +437,10 @@ impl PipelineConfig {
 
     pub fn schema_path(&self) -> PathBuf {
         self.resolve(&self.schema)
+    }
+
+    pub fn grammar_path(&self) -> Option<PathBuf> {
+        self.grammar.as_ref().map(|g| self.resolve(g))
     }
 
     pub fn model_path(&self) -> PathBuf {

@@ -176,7 +176,7 @@ impl Validator {
     }
 }
 
-/// The real extractor: quarry's engine with the job's schema as the constraint.
+/// The real extractor: quarry's engine with the job's schema (or grammar) as the constraint.
 pub struct EngineExtractor {
     engine: Engine,
     prompts: PromptBuilder,
@@ -220,12 +220,21 @@ impl EngineExtractor {
         ecfg.max_waiting = ecfg.max_waiting.max(2 * max_running);
         ecfg.schema_options.whitespace = cfg.whitespace;
         let prompts = PromptBuilder::new(&cfg.prompt, Some(&tok))?;
+        let constraint = match cfg.grammar_path() {
+            Some(path) => ConstraintSpec::Grammar(std::fs::read_to_string(&path).map_err(|e| {
+                PipelineError::Config {
+                    path: path.display().to_string(),
+                    message: format!("cannot read the grammar: {e}"),
+                }
+            })?),
+            None => ConstraintSpec::JsonSchema(schema.clone()),
+        };
         let engine =
             Engine::new(model, tok, ecfg).map_err(|e| PipelineError::Engine(e.to_string()))?;
         Ok(Self {
             engine,
             prompts,
-            constraint: ConstraintSpec::JsonSchema(schema.clone()),
+            constraint,
             sampling: cfg.sampling.clone(),
             keys: HashMap::new(),
             max_running,

@@ -26,10 +26,12 @@ use crate::ModelArg;
   quarry generate --chat --prompt 'Is the sky blue?' --choice yes --choice no
   quarry generate --chat --prompt 'Describe curl as JSON' --schema schemas/debian-package.json --stats
   quarry generate --batch prompts.jsonl --json-object --chat > results.jsonl
+  quarry generate --chat --prompt 'Write 12*(3+4) as arithmetic' --grammar workspace/quarry-grammar/tests/grammars/arithmetic.gbnf
 
 A --batch file has one request per line: {\"prompt\": \"text\"} or
 {\"prompt\": [{\"role\": \"user\", \"content\": \"…\"}]}, optionally with \"constraint\"
-({\"regex\": …}, {\"choice\": […]}, {\"json_schema\": {…}}, \"json_object\"), \"max_tokens\",
+({\"regex\": …}, {\"choice\": […]}, {\"json_schema\": {…}}, \"json_object\",
+{\"grammar\": \"root ::= …\"}), \"max_tokens\",
 \"temperature\", \"top_p\", \"top_k\", \"seed\", \"stop\", \"processors\" and \"reasoning\".
 Keys a line leaves out come from the command line. Results are JSON lines in input order.")]
 pub(crate) struct GenerateArgs {
@@ -53,9 +55,12 @@ pub(crate) struct GenerateArgs {
     /// The output must be JSON valid against this JSON Schema file.
     #[arg(long, value_name = "FILE", group = "constraint")]
     schema: Option<PathBuf>,
-    /// The output must be a JSON object.
+    /// The output must be a JSON object (its values nested to any depth).
     #[arg(long, group = "constraint")]
     json_object: bool,
+    /// The output must follow this grammar, in GBNF (llama.cpp's syntax).
+    #[arg(long, value_name = "FILE.gbnf", group = "constraint")]
+    grammar: Option<PathBuf>,
     /// Layout of --schema and --json-object output: compact (`{"a":1,"b":2}`), spaced
     /// (`{"a": 1, "b": 2}`), pretty (up to 8 whitespace bytes around each token) or pretty:N.
     #[arg(long, value_name = "LAYOUT", default_value_t = EngineConfig::default().schema_options.whitespace)]
@@ -115,6 +120,11 @@ impl GenerateArgs {
             ConstraintSpec::JsonSchema(
                 serde_json::from_str(&text)
                     .with_context(|| format!("{} is not JSON", path.display()))?,
+            )
+        } else if let Some(path) = &self.grammar {
+            ConstraintSpec::Grammar(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the grammar {}", path.display()))?,
             )
         } else if self.json_object {
             ConstraintSpec::JsonObject

@@ -1,4 +1,5 @@
-//! `quarry grammar …`: compile a constraint (regex, choice or JSON Schema) against a model's
+//! `quarry grammar …`: compile a constraint (regex, choice, JSON Schema, GBNF grammar or
+//! `json_object`) against a model's
 //! vocabulary and look at it from outside: its size and timings, whether a text passes through the
 //! token path, the raw mask, and the regex a schema becomes.
 
@@ -24,7 +25,9 @@ pub enum GrammarCommand {
     #[command(after_help = "Examples:\n  \
         quarry grammar compile --regex '[0-9]{4}-[0-9]{2}-[0-9]{2}'\n  \
         quarry grammar compile --choice yes --choice no --json\n  \
-        quarry grammar compile --schema schemas/debian-package.json --strict")]
+        quarry grammar compile --schema schemas/debian-package.json --strict\n  \
+        quarry grammar compile --grammar workspace/quarry-grammar/tests/grammars/json.gbnf --json\n  \
+        quarry grammar compile --json-object")]
     Compile {
         #[command(flatten)]
         constraint: ConstraintArgs,
@@ -50,7 +53,8 @@ pub enum GrammarCommand {
         #[arg(long, requires = "schema")]
         canonicalize: bool,
     },
-    /// Print the regex a constraint compiles from (for a schema, the derived regex).
+    /// Print the regex a constraint compiles from (for a schema, the derived regex; for a
+    /// recursive schema or --json-object, one regex per rule).
     #[command(after_help = "Examples:\n  \
         quarry grammar explain --schema schemas/debian-package.json\n  \
         quarry grammar explain --choice yes --choice no")]
@@ -76,7 +80,7 @@ pub enum GrammarCommand {
 }
 
 #[derive(Args)]
-#[group(id = "what", required = true, multiple = false, args = ["regex", "choice", "schema"])]
+#[group(id = "what", required = true, multiple = false, args = ["regex", "choice", "schema", "grammar", "json_object"])]
 pub struct ConstraintArgs {
     /// The output must match this regex in full (regex-automata syntax).
     #[arg(long)]
@@ -87,19 +91,29 @@ pub struct ConstraintArgs {
     /// The output must be canonical JSON that this JSON Schema file accepts.
     #[arg(long, value_name = "FILE")]
     schema: Option<PathBuf>,
+    /// The output must follow this grammar, in GBNF (llama.cpp's syntax).
+    #[arg(long, value_name = "FILE.gbnf")]
+    grammar: Option<PathBuf>,
+    /// The output must be a JSON object, its values nested to any depth.
+    #[arg(long)]
+    json_object: bool,
     /// With --schema: a missing additionalProperties means false (OpenAI structured outputs).
     #[arg(long, requires = "schema")]
     strict: bool,
-    /// With --schema: treat unknown keywords (`markdownDescription`, `x-…`) as annotations.
+    /// With --schema: refuse keywords quarry does not know (typos such as `propertees`, vendor
+    /// keywords such as `x-…`) instead of treating them as annotations, as validators do.
     #[arg(long, requires = "schema")]
+    refuse_unknown_keywords: bool,
+    /// Unknown keywords are annotations by default now; kept so older command lines still run.
+    #[arg(long, hide = true, conflicts_with = "refuse_unknown_keywords")]
     ignore_unknown_keywords: bool,
     /// With --schema: unroll recursive $refs this many levels (the deepest level is empty)
     /// instead of refusing them.
     #[arg(long, value_name = "N", requires = "schema")]
     max_recursion_depth: Option<usize>,
-    /// With --schema: the layout, compact (`{"a":1,"b":2}`), spaced (`{"a": 1, "b": 2}`), pretty
-    /// (up to 8 whitespace bytes around each token) or pretty:N.
-    #[arg(long, value_name = "LAYOUT", default_value_t = SchemaOptions::default().whitespace, requires = "schema")]
+    /// With --schema or --json-object: the layout, compact (`{"a":1,"b":2}`), spaced
+    /// (`{"a": 1, "b": 2}`), pretty (up to 8 whitespace bytes around each token) or pretty:N.
+    #[arg(long, value_name = "LAYOUT", default_value_t = SchemaOptions::default().whitespace)]
     whitespace: Whitespace,
     /// Most DFA states the constraint may build (the DFA grows lazily as it is used).
     #[arg(long, default_value_t = Limits::default().max_states)]
@@ -127,12 +141,22 @@ impl ConstraintArgs {
         if let Some(schema) = self.schema()? {
             let options = SchemaOptions {
                 strict: self.strict,
-                ignore_unknown_keywords: self.ignore_unknown_keywords,
+                ignore_unknown_keywords: !self.refuse_unknown_keywords,
                 max_recursion_depth: self.max_recursion_depth,
                 whitespace: self.whitespace,
                 ..SchemaOptions::default()
             };
             return Ok(Constraint::JsonSchema { schema, options });
+        }
+        if let Some(path) = &self.grammar {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the grammar {}", path.display()))?;
+            return Ok(Constraint::Gbnf(text));
+        }
+        if self.json_object {
+            return Ok(Constraint::JsonObject {
+                whitespace: self.whitespace,
+            });
         }
         Ok(match &self.regex {
             Some(r) => Constraint::Regex(r.clone()),
@@ -185,9 +209,16 @@ pub fn run(cmd: GrammarCommand) -> Result<bool> {
             canonicalize,
         } => accepts_cmd(&constraint, explain, chomp, canonicalize),
         GrammarCommand::Explain { constraint } => {
-            let pattern = constraint.constraint()?.pattern()?;
+            let rules = constraint.constraint()?.rules()?;
             let mut out = std::io::stdout().lock();
-            writeln!(out, "{pattern}")?;
+            if let [(_, pattern)] = rules.as_slice() {
+                writeln!(out, "{pattern}")?;
+            } else {
+                // A grammar: each rule's regex, where (?P<quarry_rule_k>) refers to rule k.
+                for (name, pattern) in &rules {
+                    writeln!(out, "{name}: {pattern}")?;
+                }
+            }
             Ok(true)
         }
         GrammarCommand::Mask {
@@ -225,9 +256,14 @@ fn compile_cmd(args: &ConstraintArgs, json: bool) -> Result<()> {
     let first_mask_s = t1.elapsed().as_secs_f64();
     // Compiling builds no DFA state; build them all for the statistics (and the limit check).
     let t2 = Instant::now();
-    let states = grammar
-        .explore()
-        .context("building every state of the constraint's automaton")?;
+    // A grammar with recursion has unboundedly many states: report those built so far.
+    let states = if grammar.is_context_free() {
+        grammar.state_count()
+    } else {
+        grammar
+            .explore()
+            .context("building every state of the constraint's automaton")?
+    };
     let explore_s = t2.elapsed().as_secs_f64();
     let density = allowed as f64 / vocab.len() as f64;
     let mut out = std::io::stdout().lock();
@@ -237,11 +273,14 @@ fn compile_cmd(args: &ConstraintArgs, json: bool) -> Result<()> {
                 Constraint::Regex(r) => serde_json::json!({ "regex": r }),
                 Constraint::Choice(c) => serde_json::json!({ "choice": c }),
                 Constraint::JsonSchema { .. } => serde_json::json!({ "schema": args.schema }),
+                Constraint::Gbnf(_) => serde_json::json!({ "grammar": args.grammar }),
+                Constraint::JsonObject { .. } => serde_json::json!("json_object"),
             },
             "model": args.model.model,
             "vocab_size": vocab.len(),
             "dfa_states": states,
             "dfa_bytes": grammar.dfa_bytes(),
+            "context_free": grammar.is_context_free(),
             "regex_terms": grammar.term_count(),
             "compile_us": compile_s * 1e6,
             "explore_us": explore_s * 1e6,
@@ -260,11 +299,18 @@ fn compile_cmd(args: &ConstraintArgs, json: bool) -> Result<()> {
         grammar.term_count()
     )?;
     writeln!(out, "compile         {:.1} µs", compile_s * 1e6)?;
-    writeln!(
-        out,
-        "all states      {:.1} µs (decoding builds only the states it visits)",
-        explore_s * 1e6
-    )?;
+    if grammar.is_context_free() {
+        writeln!(
+            out,
+            "context-free    states are parser configurations, built as decoding visits them"
+        )?;
+    } else {
+        writeln!(
+            out,
+            "all states      {:.1} µs (decoding builds only the states it visits)",
+            explore_s * 1e6
+        )?;
+    }
     writeln!(out, "first mask      {:.1} µs", first_mask_s * 1e6)?;
     writeln!(
         out,

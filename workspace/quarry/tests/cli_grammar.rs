@@ -328,22 +328,24 @@ fn unsupported_schema_keywords_name_the_pointer() {
     assert!(err.contains("#/properties/tags"), "{err}");
     std::fs::write(&path, r#"{"type": "object", "propertees": {}}"#).unwrap();
     let err = error_line(&quarry(
-        &["grammar", "compile", "--schema", path.to_str().unwrap()],
-        "",
-    ));
-    assert!(err.contains("unknown keyword `propertees` at #"), "{err}");
-    // As annotations, on request (vendor keywords such as `markdownDescription` or `x-…`).
-    let o = quarry(
         &[
             "grammar",
             "compile",
-            "--ignore-unknown-keywords",
+            "--refuse-unknown-keywords",
             "--schema",
             path.to_str().unwrap(),
         ],
         "",
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    ));
+    assert!(err.contains("unknown keyword `propertees` at #"), "{err}");
+    // By default they are annotations, as validators treat them (vendor keywords such as
+    // `markdownDescription` or `x-…`); the old flag still runs.
+    for extra in [&[][..], &["--ignore-unknown-keywords"][..]] {
+        let mut args = vec!["grammar", "compile", "--schema", path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = quarry(&args, "");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
     std::fs::write(&path, "{not json").unwrap();
     let err = error_line(&quarry(
         &["grammar", "compile", "--schema", path.to_str().unwrap()],

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Parser;
 use quarry_bench::grammar::{cases, measure};
-use quarry_bench::peers::{Llguidance, Outlines, Peer, Quarry};
+use quarry_bench::peers::{Llguidance, Outlines, Peer, Quarry, Spec};
 use quarry_bench::ModelVocab;
 use serde_json::{json, Value};
 
@@ -82,7 +82,7 @@ fn main() -> Result<()> {
             for peer in peers {
                 let r = match measure(
                     peer,
-                    &case.regex,
+                    &Spec::Regex(case.regex.clone()),
                     &tokens,
                     v.mask_words(),
                     args.cold_reps,

@@ -83,9 +83,10 @@
 //! target.) Keywords that the declared draft does not define (`dependencies` in 2019-09 and
 //! later, `dependentRequired` before, `if` before draft 7) are ignored, as validators of that
 //! draft ignore them.
-//! Any other keyword is [`SchemaError::UnknownKeyword`], unless
-//! [`SchemaOptions::ignore_unknown_keywords`] is set (which also treats formats JSON Schema does
-//! not define, such as `AWS::EC2::VPC.Id`, as annotations).
+//! Any other keyword is an annotation, as JSON Schema says and validators do, and so is a format
+//! JSON Schema does not define (`AWS::EC2::VPC.Id`); with
+//! [`SchemaOptions::ignore_unknown_keywords`] off (the strict option) both are
+//! [`SchemaError::UnknownKeyword`] errors instead.
 //!
 //! # Limits
 //! Translation stops with [`SchemaError::OutOfTime`] at the compile-time limit and with
@@ -252,9 +253,12 @@ pub struct SchemaOptions {
     pub strict: bool,
     /// Nesting depth of values generated where the schema allows any value. Default 2.
     pub any_value_depth: usize,
-    /// Treat keywords this module does not know (`markdownDescription`, `x-…` vendor extensions)
-    /// as annotations, as JSON Schema validators do, instead of failing with
-    /// [`SchemaError::UnknownKeyword`]. Default false: a typo such as `propertees` is an error.
+    /// Treat keywords this module does not know (`markdownDescription`, `x-…` vendor extensions,
+    /// `readonly`) as annotations, as JSON Schema says and as validators (the `jsonschema` crate
+    /// included) do. Default true: about one real-world schema in five has such keywords. False
+    /// is the strict option: any unknown keyword is [`SchemaError::UnknownKeyword`], which
+    /// catches typos such as `propertees`. Either way a *validation* keyword quarry does not
+    /// support is an error, never ignored.
     pub ignore_unknown_keywords: bool,
     /// Unroll a recursive `$ref` up to this many times along one path; past it, the reference
     /// admits nothing (so optional recursive members are left out, and a schema that requires
@@ -268,7 +272,7 @@ impl Default for SchemaOptions {
             whitespace: Whitespace::Compact,
             strict: false,
             any_value_depth: 2,
-            ignore_unknown_keywords: false,
+            ignore_unknown_keywords: true,
             max_recursion_depth: None,
         }
     }
@@ -1065,12 +1069,16 @@ fn any_value_over(inner: &str, sep: &Separators) -> String {
     )
 }
 
-/// `json_object`: any JSON value at any depth, as the root and one recursive rule (the form of
-/// [`schema_to_rules_by`]), laid out as `whitespace` lays out a schema's output.
+/// `json_object`: a JSON object whose values are any JSON value at any depth (the root, and one
+/// recursive rule for a value, in the form of [`schema_to_rules_by`]), laid out as `whitespace`
+/// lays out a schema's output. An object at the top, as OpenAI's and vLLM's `json_object` mean.
 pub(crate) fn json_object_rules(whitespace: Whitespace) -> (String, Vec<String>) {
     let value = crate::parse::rule_ref_text(1);
-    let body = any_value_over(&value, &whitespace.separators());
-    (value, vec![body])
+    let sep = whitespace.separators();
+    let Separators { pad, comma, colon } = &sep;
+    let member = format!("\"{STR_CHAR}*\"{colon}{value}");
+    let object = format!("\\{{{pad}(?:{member}(?:{comma}{member})*)?{pad}\\}}");
+    (object, vec![any_value_over(&value, &sep)])
 }
 
 /// JSON equality as JSON Schema defines it (1 == 1.0).
