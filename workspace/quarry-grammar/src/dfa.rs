@@ -106,6 +106,8 @@ struct Inner {
 
 /// The bottom of every stack: the node below the root's frame.
 const BOTTOM: u32 = 0;
+/// The parent set `{BOTTOM}` (the first set interned).
+const BOTTOM_SET: u32 = 0;
 
 /// The stacks and configurations of a grammar with recursion (see the module doc).
 ///
@@ -418,6 +420,33 @@ impl LazyDfa {
             Some(pda) => pda.configs[0].is_empty(),
             None => inner.term_of[0] == NOTHING,
         }
+    }
+
+    /// The state of `s`'s configuration with every parent set replaced by the bottom of the
+    /// stack: the same tops, no context. `None` for a regular state, a state with no context,
+    /// or when that state would pass `max_states`.
+    pub(crate) fn core(&self, s: u32) -> Option<u32> {
+        let mut guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let Inner { terms, pda, .. } = &mut *guard;
+        let pda = pda.as_mut()?;
+        let config = &pda.configs[s as usize];
+        if config.iter().all(|&(_, ps)| ps == BOTTOM_SET) {
+            return None;
+        }
+        let core: Box<[(Id, u32)]> = config.iter().map(|&(t, _)| (t, BOTTOM_SET)).collect();
+        if let Some(&c) = pda.config_of.get(&core) {
+            return Some(c);
+        }
+        if pda.configs.len() >= self.max_states {
+            return None;
+        }
+        let t = pda.configs.len() as u32;
+        self.accepting
+            .at(t as usize)
+            .store(pda.accepting(terms, &core), Ordering::Relaxed);
+        pda.add_config(core, t);
+        self.states.store(t + 1, Ordering::Release);
+        Some(t)
     }
 
     /// Whether states are pushdown configurations.

@@ -8,7 +8,7 @@ use crate::dfa::{Grow, LazyDfa, Overflow, DEAD};
 use crate::error::GrammarError;
 use crate::limits::Limits;
 use crate::schema::{schema_to_regex, SchemaOptions, Whitespace};
-use crate::vocab::{Vocabulary, BYTE_GROUP};
+use crate::vocab::{TokenTrie, Vocabulary, BYTE_GROUP};
 
 /// What the output must match.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,6 +163,13 @@ pub struct Grammar {
     masks: Grow<OnceLock<Box<[u32]>>>,
     /// Per state: its forced bytes, computed on first use.
     forced: Grow<OnceLock<Box<[u8]>>>,
+    /// Per pushdown state: its core (itself when it has no context), see
+    /// [`Grammar::compute_mask`].
+    cores: Grow<OnceLock<u32>>,
+    /// Per core state: its return points.
+    returns: Grow<OnceLock<Returns>>,
+    /// Per state: how the text slice applies ([`Grammar::text_entry`]).
+    text_loops: Grow<OnceLock<Option<TextEntry>>>,
 }
 
 impl Grammar {
@@ -237,6 +244,9 @@ impl Grammar {
             firsts: Grow::new(1, OnceLock::new),
             masks: Grow::new(1, OnceLock::new),
             forced: Grow::new(1, OnceLock::new),
+            cores: Grow::new(1, OnceLock::new),
+            returns: Grow::new(1, OnceLock::new),
+            text_loops: Grow::new(1, OnceLock::new),
         })
     }
 
@@ -328,10 +338,14 @@ impl Grammar {
         *self.runs.at(s as usize).get_or_init(|| {
             let (groups, _) = self.first(s);
             if groups == 0 {
-                return Run { groups, len: 0 };
+                return Run {
+                    groups,
+                    len: 0,
+                    plain: 0,
+                };
             }
             let cap = self.vocab.trie().max_depth.min(u16::MAX as usize);
-            let (mut cur, mut len) = (s, 0usize);
+            let (mut cur, mut len, mut plain) = (s, 0usize, 0usize);
             while len < cap {
                 let (g, next) = self.first(cur);
                 if groups & !g != 0 {
@@ -339,10 +353,14 @@ impl Grammar {
                 }
                 cur = next;
                 len += 1;
+                if plain + 1 == len && !self.is_accepting(cur) {
+                    plain = len;
+                }
             }
             Run {
                 groups,
                 len: len as u16,
+                plain: plain as u16,
             }
         })
     }
@@ -361,27 +379,297 @@ impl Grammar {
             .get_or_init(|| self.compute_mask(s))
     }
 
+    /// A state's mask. For a pushdown configuration whose stacks reach below their tops (a
+    /// context), most of the mask does not depend on that context (XGrammar's
+    /// context-independent split): the tokens that never return past the tops are the mask of the
+    /// *core* (the same tops over the bottom of the stack), cached once per core and shared by
+    /// every context. Only tokens that pass a point where the core could end (a return point,
+    /// found and cached with the core's mask) are walked again, from that point, in this
+    /// context. A JSON string at any nesting depth thus costs one walk of the vocabulary in
+    /// total, not one per depth.
     fn compute_mask(&self, s: u32) -> Box<[u32]> {
         let mut mask = vec![0u32; self.vocab.mask_words()].into_boxed_slice();
-        let trie = self.vocab.trie();
+        let core = self
+            .cores
+            .at(s as usize)
+            .get_or_init(|| self.dfa.core(s).unwrap_or(s));
+        let returns = (*core != s).then(|| self.returns(*core));
+        match returns {
+            Some(r) if !r.root => {
+                mask.copy_from_slice(self.mask(*core));
+                for &e in self.vocab.eos() {
+                    mask[e as usize / 32] &= !(1 << (e % 32));
+                }
+                let trie = if r.in_rest {
+                    &self.vocab.text().rest
+                } else {
+                    self.vocab.trie()
+                };
+                for (node, path) in r.points.iter() {
+                    let mut x = s;
+                    for &b in path.iter() {
+                        x = self.dfa.step(x, b);
+                        if x == DEAD {
+                            break;
+                        }
+                    }
+                    if x != DEAD {
+                        self.walk(&mut mask, x, trie, *node as usize, None);
+                    }
+                }
+                for &t in r.tokens.iter() {
+                    let bytes = self
+                        .vocab
+                        .token_bytes(t)
+                        .expect("a token of the vocabulary");
+                    let mut x = s;
+                    for &b in bytes {
+                        x = self.dfa.step(x, b);
+                        if x == DEAD {
+                            break;
+                        }
+                    }
+                    if x != DEAD {
+                        mask[t as usize / 32] |= 1 << (t % 32);
+                    }
+                }
+            }
+            _ => {
+                self.walk_all(&mut mask, s, None);
+            }
+        }
+        if self.is_accepting(s) {
+            for &e in self.vocab.eos() {
+                mask[e as usize / 32] |= 1 << (e % 32);
+            }
+        }
+        mask
+    }
+
+    /// The return points of core state `s` ([`Grammar::compute_mask`]), computed with its mask
+    /// (which is cached too).
+    fn returns(&self, s: u32) -> &Returns {
+        self.returns.at(s as usize).get_or_init(|| {
+            let mut mask = vec![0u32; self.vocab.mask_words()].into_boxed_slice();
+            let mut points = Points::default();
+            let in_rest = self.walk_all(&mut mask, s, Some(&mut points));
+            if self.is_accepting(s) {
+                for &e in self.vocab.eos() {
+                    mask[e as usize / 32] |= 1 << (e % 32);
+                }
+            }
+            let _ = self.masks.at(s as usize).get_or_init(|| mask);
+            Returns {
+                root: self.is_accepting(s),
+                in_rest,
+                points: points.nodes.into(),
+                tokens: points.tokens.into(),
+            }
+        })
+    }
+
+    /// Adds every token allowed from state `s` to `mask` (with `points`: and records the return
+    /// points). Where plain-text characters lead back to `s` (inside a JSON string, say), the
+    /// vocabulary's text slice is added at once: all of it, but the tokens holding one of the few
+    /// printable bytes that do not loop, which are checked one by one; only the tokens outside
+    /// the slice are walked. Returns whether it was (the points then index that smaller trie).
+    fn walk_all(&self, mask: &mut [u32], s: u32, mut points: Option<&mut Points>) -> bool {
+        // Collecting return points needs a slice that passes no accepting state.
+        let slice = self
+            .text_entry(s)
+            .filter(|e| points.is_none() || e.quiet)
+            .map(|e| e.except);
+        let Some(except) = slice else {
+            self.walk(mask, s, self.vocab.trie(), 0, points.map(|p| &mut p.nodes));
+            return false;
+        };
+        let text = self.vocab.text();
+        for (m, t) in mask.iter_mut().zip(text.mask.iter()) {
+            *m |= t;
+        }
+        let excepted = || {
+            (0u8..0x80)
+                .filter(move |&b| except >> b & 1 == 1)
+                .flat_map(|b| text.containing[b as usize].iter().copied())
+        };
+        for t in excepted() {
+            mask[t as usize / 32] &= !(1 << (t % 32));
+        }
+        for t in excepted() {
+            let mut x = s;
+            let mut passes_end = false;
+            for &b in self
+                .vocab
+                .token_bytes(t)
+                .expect("a token of the vocabulary")
+            {
+                passes_end |= self.is_accepting(x);
+                x = self.dfa.step(x, b);
+                if x == DEAD {
+                    break;
+                }
+            }
+            if x != DEAD {
+                mask[t as usize / 32] |= 1 << (t % 32);
+            }
+            if let Some(p) = points.as_deref_mut() {
+                if passes_end {
+                    p.tokens.push(t);
+                }
+            }
+        }
+        self.walk(mask, s, &text.rest, 0, points.map(|p| &mut p.nodes));
+        true
+    }
+
+    /// Whether the vocabulary's text slice ([`crate::vocab`]: tokens of plain-text characters,
+    /// U+0020 and up but `"`, `\\` and DEL) can be added at once from `s`. That holds when
+    /// plain-text characters lead from `s` to one state `L` that they keep (`L` = `s` inside a
+    /// JSON string; `L` the inside of a field from a CSV field's start): every slice token is
+    /// then allowed, except those with a printable ASCII byte that goes elsewhere (from `s` or
+    /// from `L`), returned as a bit set. `quiet`: no state after the first character accepts, so
+    /// slice tokens hold no return point. `None` when a non-ASCII character goes elsewhere or a
+    /// partial one dies, or when the exceptions cover more than an eighth of the slice (a walk is
+    /// cheaper then). Checked once per state over sets of states (UTF-8 sequences by lead byte):
+    /// a few hundred cached steps.
+    fn text_entry(&self, s: u32) -> Option<TextEntry> {
+        *self.text_loops.at(s as usize).get_or_init(|| {
+            let text = self.vocab.text();
+            let printable = crate::vocab::plain_ascii;
+            // L: where most printable bytes go.
+            let mut counts: Vec<(u32, usize)> = Vec::new();
+            for b in printable() {
+                let t = self.dfa.step(s, b);
+                match counts.iter_mut().find(|(x, _)| *x == t) {
+                    Some((_, n)) => *n += 1,
+                    None => counts.push((t, 1)),
+                }
+            }
+            let (l, _) = *counts.iter().max_by_key(|&&(x, n)| (n, x == s))?;
+            if l == DEAD {
+                return None;
+            }
+            let mut except = 0u128;
+            for b in printable().filter(|&b| self.dfa.step(s, b) != l) {
+                except |= 1 << b;
+            }
+            let mut quiet = !self.is_accepting(l);
+            if l != s {
+                let e = self.text_entry(l).filter(|e| e.is_loop)?;
+                except |= e.except;
+                quiet &= e.quiet;
+            } else {
+                // A loop: what leaves it is an exception too.
+                for b in printable().filter(|&b| self.dfa.step(l, b) != l) {
+                    except |= 1 << b;
+                }
+            }
+            let excepted: usize = (0u8..0x80)
+                .filter(|&b| except >> b & 1 == 1)
+                .map(|b| text.containing[b as usize].len())
+                .sum();
+            if excepted > text.len / 8 {
+                return None;
+            }
+            let utf8 = self.utf8_leads_to(s, l)?;
+            Some(TextEntry {
+                except,
+                is_loop: l == s,
+                quiet: quiet && utf8,
+            })
+        })
+    }
+
+    /// Whether every non-ASCII character (each valid UTF-8 sequence, by lead byte) leads from
+    /// `s` to `target` through states that do not die: `None` if not, else whether none of those
+    /// states accepts.
+    fn utf8_leads_to(&self, s: u32, target: u32) -> Option<bool> {
+        const CONT: std::ops::RangeInclusive<u8> = 0x80..=0xBF;
+        let sequences: [(
+            std::ops::RangeInclusive<u8>,
+            &[std::ops::RangeInclusive<u8>],
+        ); 8] = [
+            (0xC2..=0xDF, &[CONT]),
+            (0xE0..=0xE0, &[0xA0..=0xBF, CONT]),
+            (0xE1..=0xEC, &[CONT, CONT]),
+            (0xED..=0xED, &[0x80..=0x9F, CONT]),
+            (0xEE..=0xEF, &[CONT, CONT]),
+            (0xF0..=0xF0, &[0x90..=0xBF, CONT, CONT]),
+            (0xF1..=0xF3, &[CONT, CONT, CONT]),
+            (0xF4..=0xF4, &[0x80..=0x8F, CONT, CONT]),
+        ];
+        let mut quiet = true;
+        let leads = sequences.iter().all(|(lead, conts)| {
+            let mut set: Vec<u32> = lead.clone().map(|b| self.dfa.step(s, b)).collect();
+            for range in conts.iter() {
+                set.sort_unstable();
+                set.dedup();
+                if set.contains(&DEAD) {
+                    return false;
+                }
+                quiet &= !set.iter().any(|&x| self.is_accepting(x));
+                set = set
+                    .iter()
+                    .flat_map(|&x| range.clone().map(move |b| (x, b)))
+                    .map(|(x, b)| self.dfa.step(x, b))
+                    .collect();
+            }
+            set.iter().all(|&x| x == target)
+        });
+        leads.then_some(quiet)
+    }
+
+    /// Adds to `mask` the tokens below trie node `start` (0: the root, so every token) allowed
+    /// from state `s0` at that node. With `points`, also records every node with children where
+    /// the state accepts (and its path), never skipping a subtree that holds one.
+    fn walk(
+        &self,
+        mask: &mut [u32],
+        s0: u32,
+        trie: &TokenTrie,
+        start: usize,
+        mut points: Option<&mut Vec<NodePoint>>,
+    ) {
+        if trie.nodes.is_empty() {
+            return;
+        }
         let nodes = &trie.nodes;
         let ids = &trie.token_ids;
         let (dfa, classes) = (&self.dfa, &self.dfa.classes);
+        let base = nodes[start].depth as usize;
+        let end = if start == 0 {
+            nodes.len()
+        } else {
+            nodes[start].subtree_end as usize
+        };
         // states[d] is the state after the first d bytes of the current trie path.
-        let mut states = vec![s; trie.max_depth + 1];
+        let mut states = vec![s0; trie.max_depth + 1];
+        let mut path = vec![0u8; trie.max_depth + 1];
         let mut set = |range: std::ops::Range<u32>| {
             for &t in &ids[range.start as usize..range.end as usize] {
                 mask[t as usize / 32] |= 1 << (t % 32);
             }
         };
-        let mut i = 1;
-        while i < nodes.len() {
+        let mut i = start + 1;
+        while i < end {
             let n = &nodes[i];
             let d = n.depth as usize;
             let next = dfa.next(states[d - 1], classes[n.byte as usize] as usize);
             if next == DEAD {
                 i = n.subtree_end as usize;
-            } else if self.run(next).covers(n.below, n.height) {
+                continue;
+            }
+            path[d - 1] = n.byte;
+            let run = self.run(next);
+            let mut skip = run.covers(n.below, n.height);
+            if let Some(points) = points.as_deref_mut() {
+                let has_children = n.subtree_end as usize > i + 1;
+                if has_children && self.is_accepting(next) {
+                    points.push((i as u32, path[base..d].into()));
+                }
+                skip &= n.height <= run.plain;
+            }
+            if skip {
                 // Every path below stays in the language: the whole subtree is allowed.
                 set(n.tokens_start..n.subtree_tokens_end);
                 i = n.subtree_end as usize;
@@ -391,12 +679,6 @@ impl Grammar {
                 i += 1;
             }
         }
-        if self.is_accepting(s) {
-            for &e in self.vocab.eos() {
-                mask[e as usize / 32] |= 1 << (e % 32);
-            }
-        }
-        mask
     }
 
     /// Builds every state ([`Grammar::explore`]) and computes its mask and forced bytes now, on
@@ -456,6 +738,42 @@ impl Grammar {
 struct Run {
     groups: u64,
     len: u16,
+    /// How many of the first steps of the run reach no accepting state (return points, see
+    /// [`Grammar::compute_mask`]).
+    plain: u16,
+}
+
+/// Where a core state could end inside a token (see [`Grammar::compute_mask`]): at the start
+/// (`root`), or after the bytes of each trie node listed (the node's index and its path).
+#[derive(Debug)]
+struct Returns {
+    root: bool,
+    /// The points index the text slice's `rest` trie (the walk used the slice).
+    in_rest: bool,
+    points: Box<[NodePoint]>,
+    /// Tokens checked one by one ([`Grammar::walk_all`]) that pass an accepting state.
+    tokens: Box<[u32]>,
+}
+
+/// How the text slice applies to a state ([`Grammar::text_entry`]).
+#[derive(Debug, Clone, Copy)]
+struct TextEntry {
+    /// Printable ASCII bytes whose tokens are checked one by one.
+    except: u128,
+    /// The state is its own `L`.
+    is_loop: bool,
+    /// No state inside a slice token accepts.
+    quiet: bool,
+}
+
+/// A trie node where a state accepts, and the bytes of its path.
+type NodePoint = (u32, Box<[u8]>);
+
+/// Return points found by a walk: trie nodes with their paths, and single tokens.
+#[derive(Debug, Default)]
+struct Points {
+    nodes: Vec<NodePoint>,
+    tokens: Vec<u32>,
 }
 
 impl Run {

@@ -12,6 +12,47 @@ pub struct Vocabulary {
     special: Vec<bool>,
     eos: Vec<u32>,
     trie: TokenTrie,
+    text: TextSlice,
+}
+
+/// The tokens that are plain text (llguidance calls such a precomputed set a slice): UTF-8 of
+/// characters from U+0020 up but `"`, `\\` and DEL, possibly ending in the first bytes of a
+/// character (byte-level BPE splits characters). In a JSON string, and in any state that every
+/// such character leads back to, all of them are allowed (but those holding a few excepted
+/// bytes), so a mask walk there adds this set at once and walks only `rest`, the trie of the
+/// other tokens. At 152k tokens the slice holds most of the vocabulary. Control characters
+/// (tab, LF) stay out: a JSON string refuses them, and the walk of `rest` prunes them at once.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TextSlice {
+    pub(crate) mask: Box<[u32]>,
+    pub(crate) rest: TokenTrie,
+    /// Tokens in the slice.
+    pub(crate) len: usize,
+    /// For each ASCII byte, the slice's tokens that contain it: a state where a few such bytes
+    /// do not loop (`'` in a SQL string, `,` in a CSV field) takes the slice but these, which it
+    /// checks one by one.
+    pub(crate) containing: Box<[Box<[u32]>]>,
+}
+
+/// The ASCII bytes plain text may hold: `0x20..=0x7E` but `"` and `\\`.
+pub(crate) fn plain_ascii() -> impl Iterator<Item = u8> {
+    (0x20u8..=0x7E).filter(|&b| b != b'"' && b != b'\\')
+}
+
+/// Whether `bytes` is plain text for [`TextSlice`].
+fn is_plain_text(bytes: &[u8]) -> bool {
+    let ok = |s: &str| {
+        s.chars()
+            .all(|c| c >= ' ' && c != '"' && c != '\\' && c != '\x7f')
+    };
+    match std::str::from_utf8(bytes) {
+        Ok(s) => !s.is_empty() && ok(s),
+        // Valid up to an incomplete character at the end.
+        Err(e) if e.error_len().is_none() => {
+            ok(std::str::from_utf8(&bytes[..e.valid_up_to()]).expect("valid up to here"))
+        }
+        Err(_) => false,
+    }
 }
 
 impl Vocabulary {
@@ -24,6 +65,7 @@ impl Vocabulary {
             special: Vec::new(),
             eos: Vec::new(),
             trie: TokenTrie::default(),
+            text: TextSlice::default(),
         };
         for (b, special) in tokens {
             v.bytes.extend_from_slice(b);
@@ -37,12 +79,43 @@ impl Vocabulary {
             .collect();
         v.eos.sort_unstable();
         v.eos.dedup();
-        v.trie = TokenTrie::new(&v);
+        v.trie = TokenTrie::new(&v, |_| true);
+        let mut mask = vec![0u32; v.mask_words()].into_boxed_slice();
+        for id in 0..v.len() as u32 {
+            if !v.is_special(id) && is_plain_text(v.token_bytes(id).unwrap()) {
+                mask[id as usize / 32] |= 1 << (id % 32);
+            }
+        }
+        let rest = TokenTrie::new(&v, |id| mask[id as usize / 32] >> (id % 32) & 1 == 0);
+        let mut containing: Vec<Vec<u32>> = vec![Vec::new(); 0x80];
+        let mut len = 0;
+        for id in 0..v.len() as u32 {
+            if mask[id as usize / 32] >> (id % 32) & 1 == 1 {
+                len += 1;
+                let mut seen = 0u128;
+                for &b in v.token_bytes(id).unwrap() {
+                    if b < 0x80 && seen >> b & 1 == 0 {
+                        seen |= 1 << b;
+                        containing[b as usize].push(id);
+                    }
+                }
+            }
+        }
+        v.text = TextSlice {
+            mask,
+            rest,
+            len,
+            containing: containing.into_iter().map(Vec::into_boxed_slice).collect(),
+        };
         v
     }
 
     pub(crate) fn trie(&self) -> &TokenTrie {
         &self.trie
+    }
+
+    pub(crate) fn text(&self) -> &TextSlice {
+        &self.text
     }
 
     pub fn len(&self) -> usize {
@@ -135,9 +208,12 @@ pub(crate) const BYTE_GROUP: [u8; 256] = {
 };
 
 impl TokenTrie {
-    pub(crate) fn new(vocab: &Vocabulary) -> Self {
+    /// The trie of the non-special, non-empty tokens `keep` accepts.
+    pub(crate) fn new(vocab: &Vocabulary, keep: impl Fn(u32) -> bool) -> Self {
         let mut ids: Vec<u32> = (0..vocab.len() as u32)
-            .filter(|&i| !vocab.is_special(i) && !vocab.token_bytes(i).unwrap().is_empty())
+            .filter(|&i| {
+                !vocab.is_special(i) && !vocab.token_bytes(i).unwrap().is_empty() && keep(i)
+            })
             .collect();
         ids.sort_by(|&a, &b| vocab.token_bytes(a).cmp(&vocab.token_bytes(b)));
         let node = |byte: u8, depth: usize, first_token: usize| Node {

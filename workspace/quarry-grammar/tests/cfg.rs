@@ -714,3 +714,114 @@ fn a_grammar_without_recursion_takes_the_regular_path() {
     assert!(a.is_accepting() && b.is_accepting());
     assert_eq!(a.grammar().state_count(), b.grammar().state_count());
 }
+
+// ---------------------------------------------------------------------------------------------
+// A real vocabulary: masks against the token path.
+
+/// A model's vocabulary: SmolLM2 (49,152 tokens) or Qwen2.5 (151,936, many of them pieces of
+/// characters, as byte-level BPE splits them).
+fn model_vocab(file: &str) -> Arc<Vocabulary> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models")
+        .join(file);
+    assert!(
+        path.exists(),
+        "{} is missing: run `make setup` first",
+        path.display()
+    );
+    let tok = quarry_tokenizer::Tokenizer::from_gguf(&path).unwrap();
+    Arc::new(Vocabulary::new(
+        tok.token_table()
+            .iter()
+            .map(|(_, b, k)| (b, k.is_special())),
+        &tok.special_tokens().end_of_generation,
+    ))
+}
+
+/// On a real vocabulary every bit of every mask along random walks equals what accepting that
+/// token says (every live state can finish, so "accepted" and "allowed" are the same). Masks
+/// come from trie walks, the text slice and the context-independent split; acceptance from
+/// plain byte steps: two routes to one answer.
+#[test]
+fn masks_equal_token_acceptance_on_real_vocabularies() {
+    for (file, walks) in [
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", 2),
+        ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 1),
+    ] {
+        check_acceptance(&model_vocab(file), walks);
+    }
+}
+
+fn check_acceptance(vocab: &Arc<Vocabulary>, walks: usize) {
+    let constraints = [
+        Constraint::JsonObject {
+            whitespace: Whitespace::Compact,
+        },
+        Constraint::Gbnf(grammar_file("json.gbnf")),
+        Constraint::Gbnf(grammar_file("sql.gbnf")),
+        Constraint::Gbnf(grammar_file("csv.gbnf")),
+        Constraint::JsonSchema {
+            schema: serde_json::json!({
+                "type": "object",
+                "properties": {
+                    "text": {"type": "string"},
+                    "replies": {"type": "array", "items": {"$ref": "#"}}
+                },
+                "required": ["text", "replies"],
+                "additionalProperties": false
+            }),
+            options: SchemaOptions::default(),
+        },
+    ];
+    let mut rng = SmallRng::seed_from_u64(5);
+    let mut mask = vec![0u32; vocab.mask_words()];
+    let mut contexts = 0;
+    for c in &constraints {
+        let g = compile(c, vocab);
+        for _ in 0..walks {
+            let mut m = Matcher::new(g.clone());
+            let mut depth = 0i32;
+            for _ in 0..14 {
+                m.fill_mask(&mut mask);
+                for id in 0..vocab.len() as u32 {
+                    let accepted = m.fork().accept_token(id).is_ok();
+                    assert_eq!(
+                        bit(&mask, id),
+                        accepted,
+                        "{c:?}: token {id} {:?}",
+                        vocab.token_bytes(id).map(String::from_utf8_lossy)
+                    );
+                }
+                let allowed: Vec<u32> = (0..vocab.len() as u32)
+                    .filter(|&i| bit(&mask, i) && !vocab.is_eos(i))
+                    .collect();
+                if allowed.is_empty() {
+                    break;
+                }
+                // Go deep: prefer tokens that open brackets, then anything.
+                let opening: Vec<u32> = allowed
+                    .iter()
+                    .copied()
+                    .filter(|&t| {
+                        vocab
+                            .token_bytes(t)
+                            .is_some_and(|b| b.iter().any(|c| b"[{('".contains(c)))
+                    })
+                    .collect();
+                let id = if !opening.is_empty() && depth < 4 {
+                    opening[rng.random_range(0..opening.len())]
+                } else {
+                    allowed[rng.random_range(0..allowed.len())]
+                };
+                let bytes = vocab.token_bytes(id).unwrap();
+                depth += bytes.iter().filter(|&&b| b"[{(".contains(&b)).count() as i32;
+                contexts += (depth > 1) as usize;
+                m.accept_token(id).unwrap();
+            }
+        }
+    }
+    assert!(
+        contexts > 10,
+        "walks stayed shallow: {contexts} steps in a nested context"
+    );
+}
