@@ -2,7 +2,9 @@
 //!
 //! # Key types
 //! - [`Vocabulary`]: token id → bytes, special and EOS ids. Plain data built by the caller.
-//! - [`Constraint`]: a regex (full match), a choice list, or a JSON Schema ([`schema`]).
+//! - [`Constraint`]: a regex (full match), a choice list, a JSON Schema ([`schema`]), a GBNF
+//!   grammar, or `json_object`. Grammars and recursive schemas go through a pushdown layer over the
+//!   same DFA (`cfg`, `dfa`; `docs/grammars.md`).
 //! - [`Grammar`]: the compiled constraint: a byte DFA grown lazily from regex derivatives, with
 //!   per-state token masks and forced bytes computed on first use and cached. `Send + Sync`,
 //!   shared by `Arc`.
@@ -54,8 +56,8 @@
 //!   [`Grammar::explore`] builds every state (for statistics, or to check the limits up front).
 //! - `BENCHMARKS.md` has the numbers against outlines-core and llguidance.
 //!
-//! Status: regex and choice constraints; JSON Schema for the keywords listed in [`schema`].
-//! Grammars are next.
+//! Status: regex and choice constraints; JSON Schema for the keywords listed in [`schema`], with
+//! recursive `$ref`; GBNF grammars (llama.cpp's syntax, without left recursion) and `json_object`.
 
 mod cfg;
 mod deriv;

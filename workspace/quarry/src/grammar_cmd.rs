@@ -107,8 +107,8 @@ pub struct ConstraintArgs {
     /// Unknown keywords are annotations by default now; kept so older command lines still run.
     #[arg(long, hide = true, conflicts_with = "refuse_unknown_keywords")]
     ignore_unknown_keywords: bool,
-    /// With --schema: unroll recursive $refs this many levels (the deepest level is empty)
-    /// instead of refusing them.
+    /// With --schema: unroll recursive $refs this many levels into a regex (the deepest level is
+    /// empty) instead of compiling them as a grammar.
     #[arg(long, value_name = "N", requires = "schema")]
     max_recursion_depth: Option<usize>,
     /// With --schema or --json-object: the layout, compact (`{"a":1,"b":2}`), spaced

@@ -63,8 +63,9 @@
 //!   `pattern`, and `anyOf`/`allOf`/`not` of those); `if`/`then`/`else` expanded to
 //!   `(if ∧ then) ∨ (¬if ∧ else)`;
 //! - references: local `$ref` (`#`, `#/$defs/…`, `#/definitions/…`, any JSON Pointer into the
-//!   document), `$defs`, `definitions`; recursive references unrolled to
-//!   [`SchemaOptions::max_recursion_depth`] when it is set.
+//!   document), `$defs`, `definitions`; a recursive reference becomes a rule of a grammar
+//!   ([`crate::cfg`]: its target translated once, as the rule's body), or is unrolled to
+//!   [`SchemaOptions::max_recursion_depth`] levels of regex when that is set.
 //!
 //! Ignored (annotations): `title`, `description`, `examples`, `default`, `$comment`, `deprecated`,
 //! `readOnly`, `writeOnly`, `$schema`, `$id`, `$anchor`, `$dynamicAnchor`, `$vocabulary`,
@@ -78,9 +79,10 @@
 //! the same other keyword differently or split a coupled pair that cannot be merged exactly
 //! (`prefixItems`/`items`, `additionalProperties` next to `patternProperties`; `properties`/
 //! `additionalProperties` are merged exactly: a name one branch declares takes the other's
-//! `additionalProperties`), remote references, and recursive references
-//! without `max_recursion_depth`. (From 2019-09, keywords next to `$ref` are merged into its
-//! target.) Keywords that the declared draft does not define (`dependencies` in 2019-09 and
+//! `additionalProperties`), remote references, a recursive reference with keywords next to it
+//! (from 2019-09) or inside an operation on regular languages (`not`, overlapping `oneOf`,
+//! `patternProperties` names), unless `max_recursion_depth` unrolls it. (From 2019-09, keywords
+//! next to `$ref` are merged into its target.) Keywords that the declared draft does not define (`dependencies` in 2019-09 and
 //! later, `dependentRequired` before, `if` before draft 7) are ignored, as validators of that
 //! draft ignore them.
 //! Any other keyword is an annotation, as JSON Schema says and validators do, and so is a format
@@ -260,9 +262,10 @@ pub struct SchemaOptions {
     /// catches typos such as `propertees`. Either way a *validation* keyword quarry does not
     /// support is an error, never ignored.
     pub ignore_unknown_keywords: bool,
-    /// Unroll a recursive `$ref` up to this many times along one path; past it, the reference
-    /// admits nothing (so optional recursive members are left out, and a schema that requires
-    /// deeper nesting admits nothing). `None` (the default): recursion is `Unsupported`.
+    /// Unroll a recursive `$ref` up to this many times along one path into a regex; past it, the
+    /// reference admits nothing (so optional recursive members are left out, and a schema that
+    /// requires deeper nesting admits nothing). `None` (the default): a recursive reference is a
+    /// rule of a grammar, at any depth.
     pub max_recursion_depth: Option<usize>,
 }
 
