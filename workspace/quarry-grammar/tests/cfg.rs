@@ -825,3 +825,74 @@ fn check_acceptance(vocab: &Arc<Vocabulary>, walks: usize) {
         "walks stayed shallow: {contexts} steps in a nested context"
     );
 }
+
+/// Damaged grammars (characters deleted, duplicated or swapped in the test grammars) and random
+/// text compile or fail with a typed error, never a panic; those that compile can be walked.
+#[test]
+fn damaged_grammars_are_errors_or_grammars_never_panics() {
+    let vocab = byte_vocab();
+    let mut rng = SmallRng::seed_from_u64(9);
+    let sources: Vec<String> = ["json.gbnf", "arithmetic.gbnf", "sql.gbnf", "csv.gbnf"]
+        .iter()
+        .map(|f| grammar_file(f))
+        .collect();
+    let alphabet: Vec<char> = "root::=|()[]^-\"\\*+?{},.#\n az09x".chars().collect();
+    let (mut ok, mut errors) = (0, 0);
+    for i in 0..400 {
+        let mut chars: Vec<char> = if i % 4 == 3 {
+            (0..rng.random_range(0..60))
+                .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                .collect()
+        } else {
+            sources[i % sources.len()].chars().collect()
+        };
+        for _ in 0..rng.random_range(1..4) {
+            if chars.is_empty() {
+                break;
+            }
+            let at = rng.random_range(0..chars.len());
+            match rng.random_range(0..3) {
+                0 => {
+                    chars.remove(at);
+                }
+                1 => chars.insert(at, chars[at]),
+                _ => chars[at] = alphabet[rng.random_range(0..alphabet.len())],
+            }
+        }
+        let text: String = chars.into_iter().collect();
+        match Grammar::compile(
+            &Constraint::Gbnf(text.clone()),
+            vocab.clone(),
+            Limits::default(),
+        ) {
+            Ok(g) => {
+                ok += 1;
+                // A bounded random walk: every state it reaches has a way on or is complete.
+                let mut m = Matcher::new(Arc::new(g));
+                let mut mask = vec![0u32; vocab.mask_words()];
+                for _ in 0..50 {
+                    m.fill_mask(&mut mask);
+                    let allowed: Vec<u32> = (0..vocab.len() as u32)
+                        .filter(|&t| bit(&mask, t) && !vocab.is_eos(t))
+                        .collect();
+                    if allowed.is_empty() {
+                        assert!(
+                            m.is_accepting() || m.grammar().is_empty_language(),
+                            "{text:?}"
+                        );
+                        break;
+                    }
+                    m.accept_token(allowed[rng.random_range(0..allowed.len())])
+                        .unwrap();
+                }
+            }
+            Err(
+                GrammarError::InvalidGrammar { .. }
+                | GrammarError::InvalidRule { .. }
+                | GrammarError::LimitExceeded { .. },
+            ) => errors += 1,
+            Err(e) => panic!("{text:?}: untyped {e:?}"),
+        }
+    }
+    assert!(ok > 20 && errors > 100, "{ok} compiled, {errors} refused");
+}

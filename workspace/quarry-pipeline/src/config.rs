@@ -514,6 +514,19 @@ mod tests {
     }
 
     #[test]
+    fn a_grammar_is_optional_and_resolved_next_to_the_definition() {
+        let base = "name = \"x\"\nschema = \"s.json\"\n[source]\nkind = \"dataset\"\ninput = \"in\"\nformat = \"jsonl\"\n[prompt]\ntemplate = \"{{ text }}\"\n[output]\nurl = \"o\"\n[rejects]\nurl = \"r\"\n";
+        let cfg = PipelineConfig::parse(base, "a.toml", PathBuf::from("/jobs")).unwrap();
+        assert_eq!(cfg.grammar_path(), None);
+        let with = base.replace(
+            "schema = \"s.json\"",
+            "schema = \"s.json\"\ngrammar = \"g/json.gbnf\"",
+        );
+        let cfg = PipelineConfig::parse(&with, "a.toml", PathBuf::from("/jobs")).unwrap();
+        assert_eq!(cfg.grammar_path(), Some(PathBuf::from("/jobs/g/json.gbnf")));
+    }
+
+    #[test]
     fn kafka_tombstones_and_stall_timeout_have_defaults_and_checked_values() {
         let base = "name = \"x\"\nschema = \"s.json\"\n[source]\nkind = \"kafka\"\nbrokers = \"b:9092\"\ntopic = \"t\"\ngroup = \"g\"\n[prompt]\ntemplate = \"{{ text }}\"\n[output]\nurl = \"o\"\n[rejects]\nurl = \"r\"\n";
         let parse = |t: &str| PipelineConfig::parse(t, "k.toml", PathBuf::new());

@@ -229,8 +229,25 @@ impl EngineExtractor {
             })?),
             None => ConstraintSpec::JsonSchema(schema.clone()),
         };
+        let (options, limits) = (ecfg.schema_options, ecfg.limits);
         let engine =
             Engine::new(model, tok, ecfg).map_err(|e| PipelineError::Engine(e.to_string()))?;
+        // Compile the constraint once now: a schema or grammar quarry cannot use stops the job
+        // with its error here, instead of rejecting every document for it.
+        if let Some(c) = constraint.to_constraint(options) {
+            quarry_grammar::Grammar::compile(&c, engine.vocabulary().clone(), limits).map_err(
+                |e| match cfg.grammar_path() {
+                    Some(path) => PipelineError::Config {
+                        path: path.display().to_string(),
+                        message: e.to_string(),
+                    },
+                    None => PipelineError::Schema {
+                        path: cfg.schema_path().display().to_string(),
+                        message: format!("cannot be a decoding constraint: {e}"),
+                    },
+                },
+            )?;
+        }
         Ok(Self {
             engine,
             prompts,

@@ -318,6 +318,35 @@ fn generate_follows_constraints_and_reports_stats() {
     let text = text.trim_end();
     assert!(text.starts_with('{') && text.len() > 4, "{text:?}");
     assert_spaced(text);
+    // --grammar: a GBNF file; the output stays inside the grammar's language (a complete
+    // expression, or a prefix of one when max_tokens cut it), checked by the grammar command.
+    let grammar = "workspace/quarry-grammar/tests/grammars/arithmetic.gbnf";
+    let o = quarry(&[
+        "generate",
+        "--chat",
+        "--prompt",
+        "Write an arithmetic expression that adds 12 and 30, then multiplies by 2.",
+        "--grammar",
+        grammar,
+        "--max-tokens",
+        "40",
+    ]);
+    let text = stdout(&o);
+    let text = text.trim_end();
+    assert!(
+        !text.is_empty() && text.chars().all(|c| "0123456789+-*/() ".contains(c)),
+        "{text:?}"
+    );
+    let mask = quarry(&["grammar", "mask", "--grammar", grammar, "--prefix", text]);
+    assert!(mask.status.success(), "{text:?} left the grammar: {mask:?}");
+    let err = one_line_error(&quarry(&[
+        "generate",
+        "--prompt",
+        "x",
+        "--grammar",
+        "Cargo.toml",
+    ]));
+    assert!(err.contains("invalid grammar at line 1"), "{err}");
 }
 
 /// Outside strings, each `,` and `:` is followed by exactly one space, and there is no other

@@ -353,3 +353,89 @@ fn unsupported_schema_keywords_name_the_pointer() {
     ));
     assert!(err.contains("not valid JSON"), "{err}");
 }
+
+const ARITHMETIC: &str = "workspace/quarry-grammar/tests/grammars/arithmetic.gbnf";
+
+#[test]
+fn gbnf_grammars_and_json_object_compile_accept_mask_and_explain() {
+    let v = json_out(&["grammar", "compile", "--grammar", ARITHMETIC, "--json"]);
+    assert_eq!(v["context_free"], true, "{v}");
+    assert!(v["first_mask_allowed"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["constraint"]["grammar"], ARITHMETIC);
+    // Accepts through the token path, at a depth no regex reaches.
+    let deep = format!("{}1{}", "(".repeat(60), ")".repeat(60));
+    for (text, code) in [("1 + (2 * 3)", 0), ("1 + (2 * 3", 1), (deep.as_str(), 0)] {
+        let o = quarry(&["grammar", "accepts", "--grammar", ARITHMETIC], text);
+        assert_eq!(o.status.code(), Some(code), "{text:?}: {o:?}");
+    }
+    // After `((` the grammar wants a number, a minus, a space or another `(`: the CLI's mask is
+    // exactly the tokens whose bytes keep a parse alive, checked here from the token bytes.
+    let v = json_out(&[
+        "grammar",
+        "mask",
+        "--json",
+        "--grammar",
+        ARITHMETIC,
+        "--prefix",
+        "((",
+    ]);
+    let ids: Vec<u64> = v["allowed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert!(!ids.is_empty());
+    let tok = tokenizer();
+    for (id, bytes, kind) in tok.token_table().iter() {
+        let starts_ok = bytes.first().is_some_and(|b| b"(-0123456789 ".contains(b));
+        let allowed = ids.contains(&(id as u64));
+        if allowed {
+            assert!(
+                starts_ok,
+                "token {id} {bytes:?} should not be allowed after (("
+            );
+        }
+        let number = !bytes.is_empty() && bytes.iter().all(u8::is_ascii_digit);
+        if number && !kind.is_special() {
+            assert!(
+                allowed,
+                "token {id} {bytes:?} (a number) should be allowed after (("
+            );
+        }
+    }
+    assert!(ids.len() > 10, "digits and brackets at least: {ids:?}");
+    // json_object: an object at the top, and its explain prints one regex per rule.
+    let o = quarry(
+        &["grammar", "accepts", "--json-object"],
+        r#"{"a":[{"b":[[1]]}]}"#,
+    );
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let o = quarry(&["grammar", "accepts", "--json-object"], "[1]");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let o = quarry(&["grammar", "explain", "--json-object"], "");
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        text.starts_with("root: ") && text.contains("\nrule 1: "),
+        "{text}"
+    );
+    // A malformed grammar is one line naming the line and column.
+    let dir = root().join("target/test-scratch");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.gbnf");
+    std::fs::write(&bad, "root ::= \"a\" |\n  [b-").unwrap();
+    let err = error_line(&quarry(
+        &["grammar", "compile", "--grammar", bad.to_str().unwrap()],
+        "",
+    ));
+    assert!(
+        err.contains("line 2, column 3") && err.contains("not closed"),
+        "{err}"
+    );
+    std::fs::write(&bad, "root ::= root \"x\" | \"y\"").unwrap();
+    let err = error_line(&quarry(
+        &["grammar", "compile", "--grammar", bad.to_str().unwrap()],
+        "",
+    ));
+    assert!(err.contains("left recursion (root -> root)"), "{err}");
+}
