@@ -199,3 +199,108 @@ pub fn measure(
         "warm": summary(warm),
     }))
 }
+
+/// The table header [`run_case`] prints rows under.
+pub fn print_header() {
+    println!(
+        "{:<15} {:<15} {:>6} {:>11} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "case",
+        "engine",
+        "tokens",
+        "compile µs",
+        "TTFM µs",
+        "cold p50",
+        "cold p99",
+        "cold max",
+        "warm p50",
+        "warm p99",
+        "warm max"
+    );
+}
+
+/// One benchmark case on one vocabulary: its walk and how often to repeat it.
+pub struct Run<'a> {
+    pub model: &'a str,
+    pub case: &'a str,
+    pub tokens: &'a [u32],
+    pub mask_words: usize,
+    pub cold_reps: usize,
+    pub warm_reps: usize,
+}
+
+/// [`measure`]s `peer` on `run`, prints its row (or its error) and returns the JSON result
+/// labelled with the model, case and walk length.
+pub fn run_case(peer: &dyn Peer, spec: &Spec, run: &Run) -> Value {
+    let r = match measure(
+        peer,
+        spec,
+        run.tokens,
+        run.mask_words,
+        run.cold_reps,
+        run.warm_reps,
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            println!("{:<15} {:<15} error: {e:#}", run.case, peer.name());
+            return json!({"model": run.model, "case": run.case, "engine": peer.name(), "error": format!("{e:#}")});
+        }
+    };
+    let f = |k: &str, q: &str| r[k][q].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "{:<15} {:<15} {:>6} {:>11.1} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+        run.case,
+        peer.name(),
+        run.tokens.len(),
+        r["compile_us"].as_f64().unwrap_or(f64::NAN),
+        r["time_to_first_mask_us"].as_f64().unwrap_or(f64::NAN),
+        f("cold", "p50_us"),
+        f("cold", "p99_us"),
+        f("cold", "max_us"),
+        f("warm", "p50_us"),
+        f("warm", "p99_us"),
+        f("warm", "max_us"),
+    );
+    let mut r = r;
+    r["model"] = json!(run.model);
+    r["case"] = json!(run.case);
+    r["walk_tokens"] = json!(run.tokens.len());
+    r
+}
+
+/// How often each case is walked, and which cases: the options `grammar-bench` and `cfg-bench`
+/// share.
+#[derive(clap::Args, Debug)]
+pub struct Reps {
+    /// Fresh compiles per engine and case (each walked once, cold).
+    #[arg(long, default_value_t = 5)]
+    pub cold_reps: usize,
+    /// Walks on the last compile (warm).
+    #[arg(long, default_value_t = 20)]
+    pub warm_reps: usize,
+    /// Only cases whose name contains this.
+    #[arg(long)]
+    pub only: Option<String>,
+}
+
+impl Reps {
+    /// Whether the case `name` is selected by `--only`.
+    pub fn selects(&self, name: &str) -> bool {
+        self.only.as_deref().is_none_or(|o| name.contains(o))
+    }
+
+    /// Writes the run's results to `out` (creating its folder) with the peers' `versions`.
+    pub fn write(&self, out: &std::path::Path, versions: Value, results: Vec<Value>) -> Result<()> {
+        if let Some(dir) = out.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let doc = json!({
+            "versions": versions,
+            "cold_reps": self.cold_reps,
+            "warm_reps": self.warm_reps,
+            "results": results,
+        });
+        std::fs::write(out, serde_json::to_string_pretty(&doc)?)?;
+        println!("\nwrote {}", out.display());
+        Ok(())
+    }
+}

@@ -65,23 +65,8 @@ pub(crate) fn prepare(rules: Rules) -> Result<Prepared, GrammarError> {
     } = rules;
     let n = bodies.len();
     let name = |r: usize| names[r].as_str();
-    // 1. Productivity, as a fixed point.
-    let mut productive = vec![false; n];
-    loop {
-        let mut changed = false;
-        for r in 0..n {
-            if !productive[r] {
-                let mut memo = FxHashMap::default();
-                if terms.eval(bodies[r], true, &|x| productive[x as usize], &mut memo) {
-                    productive[r] = true;
-                    changed = true;
-                }
-            }
-        }
-        if !changed {
-            break;
-        }
-    }
+    // 1. Productivity.
+    let productive = fixed_point(&terms, &bodies, true);
     if !productive[0] {
         return Err(invalid(
             name(0),
@@ -105,22 +90,7 @@ pub(crate) fn prepare(rules: Rules) -> Result<Prepared, GrammarError> {
         })
         .collect();
     // 2. Left recursion.
-    let mut nullable = vec![false; n];
-    loop {
-        let mut changed = false;
-        for r in 0..n {
-            if !nullable[r] {
-                let mut memo = FxHashMap::default();
-                if terms.eval(bodies[r], false, &|x| nullable[x as usize], &mut memo) {
-                    nullable[r] = true;
-                    changed = true;
-                }
-            }
-        }
-        if !changed {
-            break;
-        }
-    }
+    let nullable = fixed_point(&terms, &bodies, false);
     let heads: Vec<Vec<u32>> = bodies
         .iter()
         .map(|&b| {
@@ -213,6 +183,27 @@ pub(crate) fn prepare(rules: Rules) -> Result<Prepared, GrammarError> {
         root,
         bodies,
     })
+}
+
+/// Which rules are productive (`bytes`: a byte set counts as a way to finish) or nullable (it
+/// does not), as the least fixed point of [`Terms::eval`] over the rule bodies.
+fn fixed_point(terms: &Terms, bodies: &[Id], bytes: bool) -> Vec<bool> {
+    let mut holds = vec![false; bodies.len()];
+    loop {
+        let mut changed = false;
+        for r in 0..bodies.len() {
+            if !holds[r] {
+                let mut memo = FxHashMap::default();
+                if terms.eval(bodies[r], bytes, &|x| holds[x as usize], &mut memo) {
+                    holds[r] = true;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return holds;
+        }
+    }
 }
 
 /// A cycle in `graph` (as the rules along it, first repeated at the end), if there is one.

@@ -437,16 +437,36 @@ impl LazyDfa {
         if let Some(&c) = pda.config_of.get(&core) {
             return Some(c);
         }
-        if pda.configs.len() >= self.max_states {
+        if !self.room(pda.configs.len(), terms.len() + pda.size()) {
             return None;
         }
         let t = pda.configs.len() as u32;
+        let accepting = pda.accepting(terms, &core);
+        pda.add_config(core, t);
+        self.publish(t, accepting);
+        Some(t)
+    }
+
+    /// Whether a new state may be made, with `states` states and `terms` terms (stack nodes
+    /// included) built: if not, records which limit stopped growth.
+    fn room(&self, states: usize, terms: usize) -> bool {
+        let why = if states >= self.max_states {
+            Overflow::States
+        } else if terms > self.max_terms {
+            Overflow::Terms
+        } else {
+            return true;
+        };
+        self.overflow.store(1 + why as u8, Ordering::Relaxed);
+        false
+    }
+
+    /// Makes the new state `t` visible to other threads.
+    fn publish(&self, t: u32, accepting: bool) {
         self.accepting
             .at(t as usize)
-            .store(pda.accepting(terms, &core), Ordering::Relaxed);
-        pda.add_config(core, t);
+            .store(accepting, Ordering::Relaxed);
         self.states.store(t + 1, Ordering::Release);
-        Some(t)
     }
 
     /// Whether states are pushdown configurations.
@@ -492,22 +512,13 @@ impl LazyDfa {
                 DEAD
             } else if let Some(&t) = inner.state_of.get(&d) {
                 t
-            } else if inner.term_of.len() >= self.max_states {
-                self.overflow
-                    .store(1 + Overflow::States as u8, Ordering::Relaxed);
-                DEAD
-            } else if inner.terms.len() > self.max_terms {
-                self.overflow
-                    .store(1 + Overflow::Terms as u8, Ordering::Relaxed);
+            } else if !self.room(inner.term_of.len(), inner.terms.len()) {
                 DEAD
             } else {
                 let t = inner.term_of.len() as u32;
-                self.accepting
-                    .at(t as usize)
-                    .store(inner.terms.nullable(d), Ordering::Relaxed);
                 inner.term_of.push(d);
                 inner.state_of.insert(d, t);
-                self.states.store(t + 1, Ordering::Release);
+                self.publish(t, inner.terms.nullable(d));
                 t
             };
             row[c].store(t, Ordering::Release);
@@ -571,21 +582,13 @@ impl LazyDfa {
                 Some(next) => {
                     if let Some(&t) = pda.config_of.get(&next) {
                         t
-                    } else if pda.configs.len() >= self.max_states {
-                        self.overflow
-                            .store(1 + Overflow::States as u8, Ordering::Relaxed);
-                        DEAD
-                    } else if terms.len() + pda.size() > self.max_terms {
-                        self.overflow
-                            .store(1 + Overflow::Terms as u8, Ordering::Relaxed);
+                    } else if !self.room(pda.configs.len(), terms.len() + pda.size()) {
                         DEAD
                     } else {
                         let t = pda.configs.len() as u32;
-                        self.accepting
-                            .at(t as usize)
-                            .store(pda.accepting(terms, &next), Ordering::Relaxed);
+                        let accepting = pda.accepting(terms, &next);
                         pda.add_config(next, t);
-                        self.states.store(t + 1, Ordering::Release);
+                        self.publish(t, accepting);
                         t
                     }
                 }

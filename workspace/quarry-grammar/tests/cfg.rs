@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 
 #[path = "common/vocab.rs"]
 mod vocab;
-use vocab::byte_vocab;
+use vocab::{byte_vocab, model_vocab};
 
 fn grammar_file(name: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -717,26 +717,6 @@ fn a_grammar_without_recursion_takes_the_regular_path() {
 
 // ---------------------------------------------------------------------------------------------
 // A real vocabulary: masks against the token path.
-
-/// A model's vocabulary: SmolLM2 (49,152 tokens) or Qwen2.5 (151,936, many of them pieces of
-/// characters, as byte-level BPE splits them).
-fn model_vocab(file: &str) -> Arc<Vocabulary> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(file);
-    assert!(
-        path.exists(),
-        "{} is missing: run `make setup` first",
-        path.display()
-    );
-    let tok = quarry_tokenizer::Tokenizer::from_gguf(&path).unwrap();
-    Arc::new(Vocabulary::new(
-        tok.token_table()
-            .iter()
-            .map(|(_, b, k)| (b, k.is_special())),
-        &tok.special_tokens().end_of_generation,
-    ))
-}
 
 /// On a real vocabulary every bit of every mask along random walks equals what accepting that
 /// token says (every live state can finish, so "accepted" and "allowed" are the same). Masks

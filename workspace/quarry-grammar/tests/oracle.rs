@@ -4,8 +4,9 @@
 //! The oracle is in `common/oracle.rs`.
 
 mod common;
+#[path = "common/vocab.rs"]
+mod vocab;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use quarry_grammar::{Constraint, Grammar, Limits, Matcher, Vocabulary};
@@ -13,23 +14,6 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use common::oracle::{random_regex, Oracle};
-
-fn vocab(file: &str) -> Arc<Vocabulary> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(file);
-    assert!(
-        path.exists(),
-        "{} is missing: run `make setup` first",
-        path.display()
-    );
-    let tok = quarry_tokenizer::Tokenizer::from_gguf(&path).unwrap();
-    let table = tok.token_table();
-    Arc::new(Vocabulary::new(
-        table.iter().map(|(_, b, k)| (b, k.is_special())),
-        &tok.special_tokens().end_of_generation,
-    ))
-}
 
 fn check_walks(
     vocab: &Arc<Vocabulary>,
@@ -110,7 +94,7 @@ fn patterns(seed: u64, n: usize) -> Vec<String> {
 #[test]
 fn masks_and_forced_bytes_match_the_oracle_on_smollm2() {
     check_walks(
-        &vocab("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        &vocab::model_vocab("SmolLM2-135M-Instruct.Q4_1.gguf"),
         &patterns(1, 12),
         7,
         3,
@@ -121,7 +105,7 @@ fn masks_and_forced_bytes_match_the_oracle_on_smollm2() {
 #[test]
 fn masks_and_forced_bytes_match_the_oracle_on_gemma3() {
     check_walks(
-        &vocab("gemma-3-270m-q4_k_m.gguf"),
+        &vocab::model_vocab("gemma-3-270m-q4_k_m.gguf"),
         &patterns(2, 4),
         11,
         2,
