@@ -553,16 +553,11 @@ impl Grammar {
             for b in printable().filter(|&b| self.dfa.step(s, b) != l) {
                 except |= 1 << b;
             }
-            let mut quiet = !self.is_accepting(l);
-            if l != s {
-                let e = self.text_entry(l).filter(|e| e.is_loop)?;
-                except |= e.except;
-                quiet &= e.quiet;
-            } else {
-                // A loop: what leaves it is an exception too.
-                for b in printable().filter(|&b| self.dfa.step(l, b) != l) {
-                    except |= 1 << b;
-                }
+            // L must be a loop: what leaves it is an exception too, and every non-ASCII
+            // character must come back to it. (Checked here, not by asking L's own entry, so
+            // that a chain of states such as `[a-z]{0,1000}` does not recurse.)
+            for b in printable().filter(|&b| self.dfa.step(l, b) != l) {
+                except |= 1 << b;
             }
             let excepted: usize = (0u8..0x80)
                 .filter(|&b| except >> b & 1 == 1)
@@ -571,12 +566,11 @@ impl Grammar {
             if excepted > text.len / 8 {
                 return None;
             }
-            let utf8 = self.utf8_leads_to(s, l)?;
-            Some(TextEntry {
-                except,
-                is_loop: l == s,
-                quiet: quiet && utf8,
-            })
+            let mut quiet = !self.is_accepting(l) && self.utf8_leads_to(s, l)?;
+            if l != s {
+                quiet &= self.utf8_leads_to(l, l)?;
+            }
+            Some(TextEntry { except, quiet })
         })
     }
 
@@ -760,8 +754,6 @@ struct Returns {
 struct TextEntry {
     /// Printable ASCII bytes whose tokens are checked one by one.
     except: u128,
-    /// The state is its own `L`.
-    is_loop: bool,
     /// No state inside a slice token accepts.
     quiet: bool,
 }
