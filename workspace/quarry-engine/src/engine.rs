@@ -130,6 +130,9 @@ pub struct EngineStats {
     /// Sequences sent back to the queue because the pool ran out of pages.
     pub retracted: u64,
     pub completed: u64,
+    /// Constraints compiled (a constraint in the cache is compiled once, and again only after
+    /// its grammar hit a limit).
+    pub grammars_compiled: u64,
     pub cache: CacheStats,
 }
 
@@ -481,10 +484,17 @@ impl Engine {
         c: &quarry_grammar::Constraint,
     ) -> Result<Arc<Grammar>, quarry_grammar::GrammarError> {
         let key = format!("{c:?}");
+        // A grammar that stopped growing at a limit refuses some valid continuations from then
+        // on; new requests get a fresh one (sequences already running keep theirs). A grammar
+        // with recursion meets new parser configurations for as long as a worker runs, so this
+        // bounds its memory without ever failing a request that a fresh grammar would serve.
         if let Some(g) = self.grammars.get(&key) {
-            return Ok(g.clone());
+            if g.overflow_error().is_none() {
+                return Ok(g.clone());
+            }
         }
         let g = Arc::new(Grammar::compile(c, self.vocab.clone(), self.cfg.limits)?);
+        self.stats.grammars_compiled += 1;
         if g.is_empty_language() {
             return Err(quarry_grammar::GrammarError::InvalidRegex {
                 pattern: c.pattern().unwrap_or_default(),

@@ -376,6 +376,39 @@ fn json_object_is_an_object() {
 }
 
 #[test]
+fn a_grammar_that_hit_a_limit_is_compiled_afresh_for_new_requests() {
+    let req = || {
+        Request::new(extraction(PACKAGES[1]))
+            .with_constraint(ConstraintSpec::JsonObject)
+            .with_max_tokens(60)
+    };
+    // Default limits: one compile serves every request.
+    let mut e = engine(small());
+    run(&mut e, vec![req()]);
+    run(&mut e, vec![req()]);
+    assert_eq!(e.stats().grammars_compiled, 1);
+    // A state limit so small that the first request's grammar stops growing (its mask walks
+    // alone pass it): the output stays inside the language or ends with an error naming the
+    // limit, and the next request gets a fresh grammar.
+    let mut cfg = small();
+    cfg.limits.max_states = 12;
+    let mut e = engine(cfg);
+    let c = run(&mut e, vec![req()]).remove(0);
+    match &c.finish {
+        FinishReason::Error(m) => assert!(m.contains("max_states"), "{m}"),
+        FinishReason::Length => {}
+        FinishReason::ConstraintComplete => {
+            let v: serde_json::Value = serde_json::from_str(&c.text).unwrap();
+            assert!(v.is_object(), "{}", c.text);
+        }
+        other => panic!("{other:?} {:?}", c.text),
+    }
+    assert_eq!(e.stats().grammars_compiled, 1);
+    run(&mut e, vec![req()]);
+    assert_eq!(e.stats().grammars_compiled, 2);
+}
+
+#[test]
 fn max_tokens_inside_a_constraint_is_length() {
     let mut e = engine(small());
     let c = run(
