@@ -108,6 +108,8 @@ struct Inner {
 const BOTTOM: u32 = 0;
 /// The parent set `{BOTTOM}` (the first set interned).
 const BOTTOM_SET: u32 = 0;
+/// How many levels [`Pda::merged`] merges before it stops (a bound on its recursion).
+const MERGE_DEPTH: usize = 256;
 
 /// The stacks and configurations of a grammar with recursion (see the module doc).
 ///
@@ -235,7 +237,14 @@ impl Pda {
     /// for the same stacks as `(t, P₁ ∪ P₂)`, merged again one level down. Without it, every
     /// way an ambiguous grammar can split the input leaves its own chain of nodes and sets grow
     /// exponentially; with it, a set holds one node per term at each level.
-    fn merged(&mut self, mut nodes: Vec<u32>) -> u32 {
+    fn merged(&mut self, nodes: Vec<u32>) -> u32 {
+        self.merged_to(nodes, 0)
+    }
+
+    /// [`Pda::merged`] `depth` levels down. Merging is only an economy (the merged set stands for
+    /// the same stacks), so past [`MERGE_DEPTH`] levels sets are kept as they are rather than
+    /// recursing further.
+    fn merged_to(&mut self, mut nodes: Vec<u32>, depth: usize) -> u32 {
         nodes.sort_unstable_by_key(|&n| (self.nodes[n as usize].0, n));
         nodes.dedup();
         if let Some(&k) = self.merged_of.get(nodes.as_slice()) {
@@ -250,7 +259,7 @@ impl Pda {
                 .iter()
                 .take_while(|&&n| self.nodes[n as usize].0 == term)
                 .count();
-            if j - i == 1 || nodes[i] == BOTTOM {
+            if j - i == 1 || nodes[i] == BOTTOM || depth >= MERGE_DEPTH {
                 out.extend_from_slice(&nodes[i..j]);
             } else {
                 let below: Vec<u32> = nodes[i..j]
@@ -261,7 +270,7 @@ impl Pda {
                             .copied()
                     })
                     .collect();
-                let ps = self.merged(below);
+                let ps = self.merged_to(below, depth + 1);
                 out.push(self.node(term, ps));
             }
             i = j;

@@ -41,8 +41,10 @@
 //!   `unevaluatedProperties`;
 //! - strings: `minLength`, `maxLength` (code points), `pattern` (ECMA-262: a search; `\d`, `\w`,
 //!   `\s` and `.` with their ECMA meanings), `format` for `date`, `time`, `date-time`, `uuid`,
-//!   `ipv4`, and conservative subsets (every value allowed is valid) of `ipv6` (uncompressed),
-//!   `hostname`, `email`, `duration`, `uri` and `uri-reference`. Several of these on one string
+//!   `ipv4`, `json-pointer`, `relative-json-pointer` (without characters that need a JSON
+//!   escape), and conservative subsets (every value allowed is valid) of `ipv6` (uncompressed),
+//!   `hostname`, `email`, `duration`, `uri` and `uri-reference`, whose ASCII forms also serve
+//!   `idn-email`, `iri` and `iri-reference`. Several of these on one string
 //!   must all hold: they are intersected exactly (DFA product, turned back into a regex), except that a `pattern` with a
 //!   length is matched in full rather than searched, and where it has several variable-length
 //!   parts they share the length budget (both sound, narrower);

@@ -262,6 +262,8 @@ const STANDARD_FORMATS: &[&str] = &[
 
 /// A host name label (RFC 1123): letters, digits and inner hyphens, at most 63.
 const LABEL: &str = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+/// An RFC 6901 JSON Pointer, as a JSON string body.
+const JSON_POINTER: &str = r#"(?:/(?:[^"\\\x00-\x1F~/]|~[01])*)*"#;
 /// RFC 3986 path characters (`pchar`); without `:` for the first segment of a relative path.
 const PCHAR: &str = "(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})";
 const PCHAR_NO_COLON: &str = "(?:[A-Za-z0-9._~!$&'()*+,;=@-]|%[0-9A-Fa-f]{2})";
@@ -388,8 +390,15 @@ fn format_body(format: &str, pointer: &str) -> Result<String> {
             let year = format!("{n}Y(?:{month})?");
             format!("P(?:(?:{day}|{month}|{year})(?:{time})?|{time}|{n}W)")
         }
-        "uri" => format!("[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*{QUERY_FRAGMENT}"),
-        "uri-reference" => format!(
+        // Every URI is an IRI and every e-mail address an internationalized one: the ASCII
+        // subsets are sound for the IDN/IRI formats too.
+        "uri" | "iri" => format!("[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*{QUERY_FRAGMENT}"),
+        "idn-email" => format_body("email", pointer)?,
+        // RFC 6901: `/`-separated tokens where `~` is only `~0` or `~1` (characters that need a
+        // JSON escape are left out).
+        "json-pointer" => JSON_POINTER.to_owned(),
+        "relative-json-pointer" => format!("(?:0|[1-9][0-9]{{0,8}})(?:#|{JSON_POINTER})"),
+        "uri-reference" | "iri-reference" => format!(
             "(?:[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*|/(?:{PCHAR}|/)*|{PCHAR_NO_COLON}*(?:/(?:{PCHAR}|/)*)?){QUERY_FRAGMENT}"
         ),
         other => {

@@ -349,3 +349,39 @@ fn whitespace_names_round_trip() {
         assert!(e.contains("expected compact, spaced"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn json_pointers_and_the_ascii_forms_of_iri_and_idn_email() {
+    let pointer = |f: &str| json!({"type": "string", "format": f});
+    strings(
+        &pointer("json-pointer"),
+        &[
+            ("", true),
+            ("/a~0b/c~1d", true),
+            ("/", true),
+            ("//x", true),
+            ("/a~2", false),
+            ("a/b", false),
+            ("/a~", false),
+        ],
+    );
+    strings(
+        &pointer("relative-json-pointer"),
+        &[
+            ("0", true),
+            ("1/a~1", true),
+            ("12#", true),
+            ("01", false),
+            ("/a", false),
+            ("1#/a", false),
+        ],
+    );
+    // An IRI's ASCII form is a URI; an internationalized address's, an address.
+    for (f, good, bad) in [
+        ("iri", "https://example.org/a?b#c", "no scheme"),
+        ("iri-reference", "../a/b", "a b"),
+        ("idn-email", "ada@example.org", "ada@"),
+    ] {
+        strings(&pointer(f), &[(good, true), (bad, false)]);
+    }
+}
