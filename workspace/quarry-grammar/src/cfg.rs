@@ -10,7 +10,7 @@
 //! The three classic choices are Earley (llguidance), GLR, and a pushdown automaton (XGrammar).
 //! quarry already has a lazily built byte DFA whose states are regex terms, with masks cached per
 //! state. A pushdown automaton whose stack frames are those same terms, with its configurations
-//! (sets of stacks) interned as DFA states, keeps every part of that machinery: a step is still
+//! (graph-structured stacks) interned as DFA states, keeps every part of that machinery: a step is still
 //! one atomic load once the row is built, masks and forced bytes are still cached per state and
 //! shared by every sequence, and rollback is still a state number. What a step costs beyond the
 //! regular case is only paid when a row is first built. The price is that left recursion is
