@@ -66,6 +66,10 @@ enum Node {
     Or(Box<[Id]>),
     /// `x{min,max}`, `max` = [`INF`] for no bound.
     Repeat(Id, u32, u32),
+    /// The strings in every one of at least two terms, sorted, none an `And`.
+    And(Box<[Id]>),
+    /// The byte strings not in the term (complement over all byte strings).
+    Not(Id),
     /// A reference to rule `r` of a context-free grammar ([`crate::cfg`]): an opaque symbol here,
     /// never nullable, with no byte derivative. The pushdown layer ([`crate::dfa`]) enters the
     /// rule's body where a term can start with it ([`Terms::ref_row`]).
@@ -76,7 +80,12 @@ enum Node {
 pub(crate) struct Terms {
     nodes: Vec<Node>,
     nullable: Vec<bool>,
+    /// Whether the term holds an `And` or a `Not`, so its language may be empty although it is
+    /// not [`NOTHING`] ([`Terms::is_void`] decides).
+    boolean: Vec<bool>,
     intern: FxHashMap<Node, Id>,
+    /// [`Terms::is_void`] of the terms asked about.
+    void: FxHashMap<Id, bool>,
     /// `term → its derivative by each byte class` ([`Terms::deriv_row`]).
     rows: FxHashMap<Id, Box<[Id]>>,
     /// `term → its derivative by each rule it can start with` ([`Terms::ref_row`]).
@@ -95,7 +104,9 @@ impl Terms {
         let mut t = Self {
             nodes: Vec::new(),
             nullable: Vec::new(),
+            boolean: Vec::new(),
             intern: FxHashMap::default(),
+            void: FxHashMap::default(),
             rows: FxHashMap::default(),
             ref_rows: FxHashMap::default(),
             spine: Vec::new(),
@@ -125,9 +136,19 @@ impl Terms {
             Node::Concat(a, b) => self.nullable(*a) && self.nullable(*b),
             Node::Or(xs) => xs.iter().any(|&x| self.nullable(x)),
             Node::Repeat(x, min, _) => *min == 0 || self.nullable(*x),
+            Node::And(xs) => xs.iter().all(|&x| self.nullable(x)),
+            Node::Not(x) => !self.nullable(*x),
+        };
+        let boolean = match &node {
+            Node::And(_) | Node::Not(_) => true,
+            Node::Concat(a, b) => self.boolean[*a as usize] || self.boolean[*b as usize],
+            Node::Or(xs) => xs.iter().any(|&x| self.boolean[x as usize]),
+            Node::Repeat(x, _, _) => self.boolean[*x as usize],
+            _ => false,
         };
         self.nodes.push(node.clone());
         self.nullable.push(nullable);
+        self.boolean.push(boolean);
         self.intern.insert(node, id);
         id
     }
@@ -221,6 +242,138 @@ impl Terms {
         self.intern(Node::Repeat(x, min, max))
     }
 
+    /// Every byte string.
+    pub(crate) fn universe(&mut self) -> Id {
+        let all = self.bytes(ByteSet::range(0, 255));
+        self.repeat(all, 0, INF)
+    }
+
+    /// `a₀ ∧ a₁ ∧ …`: the strings in all of them.
+    pub(crate) fn and(&mut self, items: &[Id]) -> Id {
+        let universe = self.universe();
+        let mut v: Vec<Id> = Vec::with_capacity(items.len());
+        for &x in items {
+            match &self.nodes[x as usize] {
+                Node::Nothing => return NOTHING,
+                Node::And(xs) => v.extend(xs.iter().copied()),
+                _ if x == universe => {}
+                _ => v.push(x),
+            }
+        }
+        v.sort_unstable();
+        v.dedup();
+        match v.len() {
+            0 => universe,
+            1 => v[0],
+            _ => self.intern(Node::And(v.into_boxed_slice())),
+        }
+    }
+
+    /// `¬a`: the byte strings not in `a`.
+    pub(crate) fn not(&mut self, a: Id) -> Id {
+        let universe = self.universe();
+        if a == NOTHING {
+            return universe;
+        }
+        if a == universe {
+            return NOTHING;
+        }
+        if let Node::Not(x) = self.nodes[a as usize] {
+            return x;
+        }
+        self.intern(Node::Not(a))
+    }
+
+    /// Whether [`Terms::is_void`] found `e` empty.
+    pub(crate) fn known_void(&self, e: Id) -> bool {
+        self.void.get(&e) == Some(&true)
+    }
+
+    /// Whether `e` holds an `And` or a `Not` (its language may be empty without being `∅`).
+    pub(crate) fn may_be_void(&self, e: Id) -> bool {
+        self.boolean[e as usize]
+    }
+
+    /// Whether `e`'s language is empty. Only terms with `And` or `Not` can be empty without being
+    /// [`NOTHING`]; for those, a depth-first search over derivatives (by the byte classes `reps`)
+    /// looks for a nullable term, visiting at most `budget` terms. Past the budget the answer is
+    /// "empty" (sound: the DFA refuses the step) and the second value is true.
+    pub(crate) fn is_void(&mut self, e: Id, reps: &[u8], budget: usize) -> (bool, bool) {
+        if e == NOTHING {
+            return (true, false);
+        }
+        if !self.boolean[e as usize] {
+            return (false, false);
+        }
+        if let Some(&v) = self.void.get(&e) {
+            return (v, false);
+        }
+        // Structurally down to the `And`/`Not` nodes, which are searched on their own: the
+        // search stays inside the intersection, not the whole document around it.
+        let (void, over) = match self.nodes[e as usize].clone() {
+            Node::Concat(..) => {
+                let mut x = e;
+                let mut parts = Vec::new();
+                while let Node::Concat(h, t) = self.nodes[x as usize] {
+                    parts.push(h);
+                    x = t;
+                }
+                parts.push(x);
+                let mut out = (false, false);
+                for p in parts {
+                    let r = self.is_void(p, reps, budget);
+                    if r.0 {
+                        out = r;
+                        break;
+                    }
+                }
+                out
+            }
+            Node::Or(xs) => {
+                let mut out = (true, false);
+                for &x in xs.iter() {
+                    let r = self.is_void(x, reps, budget);
+                    out.1 |= r.1;
+                    if !r.0 {
+                        out = (false, false);
+                        break;
+                    }
+                }
+                out
+            }
+            Node::Repeat(x, min, _) if min > 0 => self.is_void(x, reps, budget),
+            Node::And(_) | Node::Not(_) => self.search_void(e, reps, budget),
+            _ => (false, false),
+        };
+        if !over {
+            self.void.insert(e, void);
+        }
+        (void, over)
+    }
+
+    /// [`Terms::is_void`] of an `And` or `Not`: a depth-first search over its derivatives for a
+    /// nullable term.
+    fn search_void(&mut self, e: Id, reps: &[u8], budget: usize) -> (bool, bool) {
+        let mut seen: rustc_hash::FxHashSet<Id> = rustc_hash::FxHashSet::default();
+        let mut stack = vec![e];
+        seen.insert(e);
+        while let Some(x) = stack.pop() {
+            if self.nullable(x) || self.void.get(&x) == Some(&false) {
+                return (false, false);
+            }
+            if seen.len() > budget {
+                return (true, true);
+            }
+            let row = self.deriv_row(x, reps);
+            for &d in row.iter() {
+                if d != NOTHING && self.void.get(&d) != Some(&true) && seen.insert(d) {
+                    stack.push(d);
+                }
+            }
+        }
+        (true, false)
+    }
+
     /// A reference to rule `r` ([`Node::Ref`]).
     pub(crate) fn rule_ref(&mut self, r: u32) -> Id {
         self.intern(Node::Ref(r))
@@ -235,7 +388,7 @@ impl Terms {
         }
         let mut out: Vec<(u32, Id)> = Vec::new();
         match self.nodes[e as usize].clone() {
-            Node::Nothing | Node::Empty | Node::Bytes(_) => {}
+            Node::Nothing | Node::Empty | Node::Bytes(_) | Node::And(_) | Node::Not(_) => {}
             Node::Ref(r) => out.push((r, EMPTY)),
             Node::Concat(..) => {
                 let mut x = e;
@@ -307,7 +460,7 @@ impl Terms {
             return x;
         }
         let out = match self.nodes[e as usize].clone() {
-            Node::Nothing | Node::Empty | Node::Bytes(_) => e,
+            Node::Nothing | Node::Empty | Node::Bytes(_) | Node::And(_) | Node::Not(_) => e,
             Node::Ref(r) => f(r).unwrap_or(e),
             Node::Concat(..) => {
                 // Along the spine iteratively: literals make long ones.
@@ -369,6 +522,14 @@ impl Terms {
             }
             Node::Or(xs) => xs.iter().any(|&x| self.eval(x, bytes, leaf, memo)),
             Node::Repeat(x, min, _) => *min == 0 || self.eval(*x, bytes, leaf, memo),
+            // No rule is referred to inside these (the schema module refuses it).
+            Node::And(_) | Node::Not(_) => {
+                if bytes {
+                    true
+                } else {
+                    self.nullable(e)
+                }
+            }
         };
         memo.insert(e, out);
         out
@@ -377,7 +538,7 @@ impl Terms {
     /// The rules `e` can start with, given which rules can match the empty string.
     pub(crate) fn head_refs(&self, e: Id, nullable_rule: &[bool], out: &mut Vec<u32>) {
         match &self.nodes[e as usize] {
-            Node::Nothing | Node::Empty | Node::Bytes(_) => {}
+            Node::Nothing | Node::Empty | Node::Bytes(_) | Node::And(_) | Node::Not(_) => {}
             Node::Ref(r) => out.push(*r),
             Node::Concat(h, t) => {
                 self.head_refs(*h, nullable_rule, out);
@@ -399,7 +560,7 @@ impl Terms {
             return;
         }
         match &self.nodes[e as usize] {
-            Node::Nothing | Node::Empty | Node::Bytes(_) => {}
+            Node::Nothing | Node::Empty | Node::Bytes(_) | Node::And(_) | Node::Not(_) => {}
             Node::Ref(r) => out.push(*r),
             Node::Concat(..) => {
                 let mut x = e;
@@ -481,6 +642,22 @@ impl Terms {
                     if max == INF { INF } else { max - 1 },
                 );
                 dx.iter().map(|&d| self.concat(d, rest)).collect()
+            }
+            Node::And(ref xs) => {
+                let xs = xs.clone();
+                let rows: Vec<Box<[Id]>> = xs.iter().map(|&x| self.deriv_row(x, reps)).collect();
+                let mut items = Vec::new();
+                (0..n)
+                    .map(|c| {
+                        items.clear();
+                        items.extend(rows.iter().map(|r| r[c]));
+                        self.and(&items)
+                    })
+                    .collect()
+            }
+            Node::Not(x) => {
+                let dx = self.deriv_row(x, reps);
+                dx.iter().map(|&d| self.not(d)).collect()
             }
         };
         self.rows.insert(e, row.clone());

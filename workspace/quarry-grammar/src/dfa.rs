@@ -108,6 +108,8 @@ struct Inner {
 const BOTTOM: u32 = 0;
 /// The parent set `{BOTTOM}` (the first set interned).
 const BOTTOM_SET: u32 = 0;
+/// Terms one emptiness search may visit ([`LazyDfa::live`]).
+const VOID_BUDGET: usize = 100_000;
 /// How many levels [`Pda::merged`] merges before it stops (a bound on its recursion).
 const MERGE_DEPTH: usize = 256;
 
@@ -383,11 +385,11 @@ impl LazyDfa {
             max_terms,
             overflow: AtomicU8::new(0),
         };
-        let inner = dfa.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut inner = dfa.inner.lock().unwrap_or_else(PoisonError::into_inner);
         dfa.accepting
             .at(0)
             .store(inner.terms.nullable(root), Ordering::Relaxed);
-        if root == NOTHING {
+        if root == NOTHING || !dfa.live(&mut inner.terms, root) {
             // The empty language: the start has no way forward.
             for slot in dfa.rows.row(0) {
                 slot.store(DEAD, Ordering::Relaxed);
@@ -428,7 +430,7 @@ impl LazyDfa {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         match &inner.pda {
             Some(pda) => pda.configs[0].is_empty(),
-            None => inner.term_of[0] == NOTHING,
+            None => inner.term_of[0] == NOTHING || inner.terms.known_void(inner.term_of[0]),
         }
     }
 
@@ -455,6 +457,17 @@ impl LazyDfa {
         pda.add_config(core, t);
         self.publish(t, accepting);
         Some(t)
+    }
+
+    /// Whether term `d`'s language is not empty ([`Terms::is_void`], for terms with `And` or
+    /// `Not`). A search past its budget counts as empty and stops growth as `max_terms` does.
+    fn live(&self, terms: &mut Terms, d: Id) -> bool {
+        let (void, over) = terms.is_void(d, &self.reps, VOID_BUDGET);
+        if over {
+            self.overflow
+                .store(1 + Overflow::Terms as u8, Ordering::Relaxed);
+        }
+        !void
     }
 
     /// Whether a new state may be made, with `states` states and `terms` terms (stack nodes
@@ -518,7 +531,7 @@ impl LazyDfa {
         let derivs = inner.terms.deriv_row(e, &self.reps);
         for c in (0..self.nclasses).rev() {
             let d = derivs[c];
-            let t = if d == NOTHING {
+            let t = if d == NOTHING || !self.live(&mut inner.terms, d) {
                 DEAD
             } else if let Some(&t) = inner.state_of.get(&d) {
                 t
@@ -550,7 +563,7 @@ impl LazyDfa {
             entries.clear();
             for (i, &(_, ps)) in config.iter().enumerate() {
                 let d = derivs[i][c];
-                if d != NOTHING {
+                if d != NOTHING && self.live(terms, d) {
                     entries.extend(pda.psets[ps as usize].iter().map(|&p| (d, p)));
                 }
             }
@@ -559,6 +572,7 @@ impl LazyDfa {
             let plain = config.iter().enumerate().all(|(i, &(_, ps))| {
                 let d = derivs[i][c];
                 d == NOTHING
+                    || terms.may_be_void(d)
                     || (!terms.calls(d)
                         && (!terms.nullable(d) || pda.psets[ps as usize].as_ref() == [BOTTOM]))
             });

@@ -8,6 +8,10 @@
 //! result may use byte classes (`(?-u:[\x80-\xBF])`) where a product edge splits a multi-byte code
 //! point; it only ever matches UTF-8 when both inputs do, and schema regexes are compiled with
 //! UTF-8 validation of the *pattern* switched off for that reason.
+//!
+//! Where the product outgrows the limits below, the schema translator writes the intersection
+//! itself instead ([`crate::parse::and_text`]): the grammar's DFA then builds the product's states
+//! lazily from `And`/`Not` terms, only those outputs visit, each checked for emptiness.
 
 use std::collections::HashMap;
 

@@ -77,7 +77,8 @@
 //! dependencies over more than 6 properties, `contains` next
 //! to `prefixItems`, `maxItems` or `uniqueItems`, other `uniqueItems: true`, negations of other keywords (`format`,
 //! `additionalProperties`, `uniqueItems`, …), a double `not` next to `unevaluated*`, `$dynamicRef`, `$recursiveRef`, other `multipleOf`, other formats,
-//! intersections or differences whose automaton exceeds 4096 states, `allOf` branches that set
+//! intersections or differences that regex-level name tests need (`patternProperties`,
+//! `propertyNames`) when their automaton exceeds 4096 states, `allOf` branches that set
 //! the same other keyword differently or split a coupled pair that cannot be merged exactly
 //! (`prefixItems`/`items`, `additionalProperties` next to `patternProperties`; `properties`/
 //! `additionalProperties` are merged exactly: a name one branch declares takes the other's
@@ -488,6 +489,12 @@ fn has_rule_ref(re: &str) -> bool {
     re.contains("(?P<quarry_rule_")
 }
 
+/// Whether translated text holds a rule reference or an intersection term: text that
+/// regex-automata would misread (both are empty named groups to it).
+pub(super) fn has_markers(re: &str) -> bool {
+    crate::parse::has_markers(re)
+}
+
 struct Translator<'a> {
     root: &'a Value,
     options: &'a SchemaOptions,
@@ -854,15 +861,19 @@ impl Translator<'_> {
                  unroll it)",
             ));
         }
-        automaton::combine(a, b, op, self.deadline).map_err(|e| {
-            if e == automaton::OUT_OF_TIME {
-                SchemaError::OutOfTime {
-                    pointer: pointer.into(),
-                }
-            } else {
-                unsupported(keyword, pointer, &format!("combining keywords: {e}"))
-            }
-        })
+        let lazy = || crate::parse::and_text(a, b, op == automaton::Op::AndNot);
+        if crate::parse::has_markers(a) || crate::parse::has_markers(b) {
+            return Ok(lazy());
+        }
+        // The product as a regex where it is small; where it is not, an intersection term whose
+        // states the DFA builds as outputs visit them (with an emptiness check per state).
+        match automaton::combine(a, b, op, self.deadline) {
+            Ok(re) => Ok(re),
+            Err(e) if e == automaton::OUT_OF_TIME => Err(SchemaError::OutOfTime {
+                pointer: pointer.into(),
+            }),
+            Err(_) => Ok(lazy()),
+        }
     }
 
     /// Keywords other than annotations and those listed.

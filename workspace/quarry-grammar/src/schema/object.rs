@@ -526,12 +526,11 @@ pub(super) fn full_match(
     keyword: &str,
     pointer: &str,
 ) -> Result<regex_automata::meta::Regex> {
-    if super::has_rule_ref(re) {
+    if super::has_markers(re) {
         return Err(unsupported(
             keyword,
             pointer,
-            "a recursive reference where names must be tested (set max_recursion_depth to \
-             unroll it)",
+            "a recursive reference or a large intersection where names must be tested",
         ));
     }
     regex_automata::meta::Regex::builder()
