@@ -620,19 +620,14 @@ impl Terms {
             }
             Node::Or(ref xs) => {
                 let xs = xs.clone();
-                let rows: Vec<Box<[Id]>> = xs.iter().map(|&x| self.deriv_row(x, reps)).collect();
-                let mut items = Vec::new();
-                (0..n)
-                    .map(|c| {
-                        items.clear();
-                        items.extend(rows.iter().map(|r| r[c]).filter(|&d| d != NOTHING));
-                        match items.len() {
-                            0 => NOTHING,
-                            1 => items[0],
-                            _ => self.or(&items),
-                        }
-                    })
-                    .collect()
+                self.join_rows(&xs, reps, |t, items| {
+                    items.retain(|&d| d != NOTHING);
+                    match items.len() {
+                        0 => NOTHING,
+                        1 => items[0],
+                        _ => t.or(items),
+                    }
+                })
             }
             Node::Repeat(x, min, max) => {
                 let dx = self.deriv_row(x, reps);
@@ -645,15 +640,7 @@ impl Terms {
             }
             Node::And(ref xs) => {
                 let xs = xs.clone();
-                let rows: Vec<Box<[Id]>> = xs.iter().map(|&x| self.deriv_row(x, reps)).collect();
-                let mut items = Vec::new();
-                (0..n)
-                    .map(|c| {
-                        items.clear();
-                        items.extend(rows.iter().map(|r| r[c]));
-                        self.and(&items)
-                    })
-                    .collect()
+                self.join_rows(&xs, reps, |t, items| t.and(items))
             }
             Node::Not(x) => {
                 let dx = self.deriv_row(x, reps);
@@ -662,6 +649,25 @@ impl Terms {
         };
         self.rows.insert(e, row.clone());
         row
+    }
+
+    /// The derivative rows of `xs`, joined class by class: `join` gets the items' derivatives by
+    /// one class (`Or` and `And` rows).
+    fn join_rows(
+        &mut self,
+        xs: &[Id],
+        reps: &[u8],
+        join: impl Fn(&mut Self, &mut Vec<Id>) -> Id,
+    ) -> Box<[Id]> {
+        let rows: Vec<Box<[Id]>> = xs.iter().map(|&x| self.deriv_row(x, reps)).collect();
+        let mut items = Vec::with_capacity(xs.len());
+        (0..reps.len())
+            .map(|c| {
+                items.clear();
+                items.extend(rows.iter().map(|r| r[c]));
+                join(self, &mut items)
+            })
+            .collect()
     }
 
     /// Byte equivalence classes: bytes no byte set among the terms built so far tells apart.
