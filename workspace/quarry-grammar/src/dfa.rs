@@ -572,8 +572,8 @@ impl LazyDfa {
             let plain = config.iter().enumerate().all(|(i, &(_, ps))| {
                 let d = derivs[i][c];
                 d == NOTHING
-                    || terms.may_be_void(d)
-                    || (!terms.calls(d)
+                    || (!terms.may_be_void(d)
+                        && !terms.calls(d)
                         && (!terms.nullable(d) || pda.psets[ps as usize].as_ref() == [BOTTOM]))
             });
             let next = if entries.is_empty() {
