@@ -77,21 +77,12 @@ impl Constraint {
     }
 }
 
-fn check_length(pattern: &str, limits: &Limits) -> Result<(), GrammarError> {
-    if pattern.len() > limits.max_regex_bytes {
+/// `LimitExceeded` naming `limit` when `value` passes its `bound`.
+fn within(value: usize, bound: usize, limit: &'static str) -> Result<(), GrammarError> {
+    if value > bound {
         return Err(GrammarError::LimitExceeded {
-            limit: "max_regex_bytes",
-            value: limits.max_regex_bytes,
-        });
-    }
-    Ok(())
-}
-
-fn check_terms(terms: &Terms, limits: &Limits) -> Result<(), GrammarError> {
-    if terms.len() > limits.max_terms {
-        return Err(GrammarError::LimitExceeded {
-            limit: "max_terms",
-            value: limits.max_terms,
+            limit,
+            value: bound,
         });
     }
     Ok(())
@@ -106,12 +97,7 @@ fn from_regex_rules(
     limits: &Limits,
 ) -> Result<Prepared, GrammarError> {
     let total = root.len() + rules.iter().map(String::len).sum::<usize>();
-    if total > limits.max_regex_bytes {
-        return Err(GrammarError::LimitExceeded {
-            limit: "max_regex_bytes",
-            value: limits.max_regex_bytes,
-        });
-    }
+    within(total, limits.max_regex_bytes, "max_regex_bytes")?;
     let mut terms = Terms::new();
     let n = rules.len() as u32 + 1;
     let parse = |terms: &mut Terms, text: &str| {
@@ -202,12 +188,12 @@ impl Grammar {
             }
             Constraint::Gbnf(text) => {
                 let rules = crate::gbnf::parse(text)?;
-                check_terms(&rules.terms, &limits)?;
+                within(rules.terms.len(), limits.max_terms, "max_terms")?;
                 crate::cfg::prepare(rules)?
             }
             _ => {
                 let pattern = constraint.pattern()?;
-                check_length(&pattern, &limits)?;
+                within(pattern.len(), limits.max_regex_bytes, "max_regex_bytes")?;
                 let mut terms = Terms::new();
                 let root = crate::parse::parse(&mut terms, &pattern, false).map_err(|message| {
                     GrammarError::InvalidRegex {
@@ -222,7 +208,7 @@ impl Grammar {
                 }
             }
         };
-        check_terms(&prepared.terms, &limits)?;
+        within(prepared.terms.len(), limits.max_terms, "max_terms")?;
         if started.elapsed() > limits.compile_time {
             return Err(out_of_time());
         }
