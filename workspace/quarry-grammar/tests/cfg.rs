@@ -585,6 +585,91 @@ fn recursive_schemas_compile_natively_and_their_outputs_validate() {
     }
 }
 
+/// Recursive schemas whose string leaves need intersections (a pattern and lengths that do not
+/// narrow, a negated pattern, a format under a length) and Unicode classes: at every step of
+/// random walks the mask is exactly the tokens the matcher accepts, and the outputs validate.
+#[test]
+fn recursive_schemas_with_intersected_strings_mask_what_they_accept() {
+    let vocab = byte_vocab();
+    let leaves = [
+        serde_json::json!({"type": "string", "pattern": "^\\p{L}+$", "maxLength": 5}),
+        serde_json::json!({"type": "string", "pattern": "^[a-zé]+-[0-9]+$", "minLength": 3, "maxLength": 6}),
+        serde_json::json!({"type": "string", "maxLength": 4, "not": {"pattern": "^ab"}}),
+        serde_json::json!({"type": "string", "pattern": "[\\p{Lu}][\\p{Ll}]", "maxLength": 7}),
+        serde_json::json!({"type": "string", "format": "date", "minLength": 10}),
+        serde_json::json!({"type": "string", "pattern": "^\\p{L}+$", "maxLength": 5}),
+        serde_json::json!({"type": "string", "pattern": "\\p{L}\\d", "maxLength": 5}),
+    ];
+    let mut rng = SmallRng::seed_from_u64(11);
+    let mut mask = vec![0u32; vocab.mask_words()];
+    for leaf in leaves {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "name": leaf,
+                "left": {"anyOf": [{"type": "null"}, {"$ref": "#"}]},
+                "right": {"anyOf": [{"type": "null"}, {"$ref": "#"}]},
+                "more": {"$ref": "#"},
+                "list": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}
+            },
+            "required": ["name", "left", "right"],
+            "additionalProperties": false
+        });
+        let c = Constraint::JsonSchema {
+            schema: schema.clone(),
+            options: SchemaOptions::default(),
+        };
+        let g = Arc::new(
+            Grammar::compile(&c, vocab.clone(), Limits::default())
+                .unwrap_or_else(|e| panic!("{schema}: {e}")),
+        );
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let mut finished = 0;
+        for _ in 0..6 {
+            let mut m = Matcher::new(g.clone());
+            let mut text = Vec::new();
+            for _ in 0..300 {
+                m.fill_mask(&mut mask);
+                for id in 0..vocab.len() as u32 {
+                    assert_eq!(
+                        bit(&mask, id),
+                        m.fork().accept_token(id).is_ok(),
+                        "{schema}: token {id} {:?} after {:?}",
+                        vocab.token_bytes(id).map(String::from_utf8_lossy),
+                        String::from_utf8_lossy(&text)
+                    );
+                }
+                let allowed: Vec<u32> =
+                    (0..vocab.len() as u32).filter(|&i| bit(&mask, i)).collect();
+                assert!(!allowed.is_empty(), "{schema}: dead end after {text:?}");
+                // Close early: prefer `null`'s first byte, the end of a string and EOS.
+                let closing: Vec<u32> = allowed
+                    .iter()
+                    .copied()
+                    .filter(|&t| {
+                        vocab.is_eos(t) || matches!(vocab.token_bytes(t), Some(b"n" | b"\"" | b"}"))
+                    })
+                    .collect();
+                let t = if !closing.is_empty() && rng.random_bool(0.5) {
+                    closing[rng.random_range(0..closing.len())]
+                } else {
+                    allowed[rng.random_range(0..allowed.len())]
+                };
+                m.accept_token(t).unwrap();
+                if vocab.is_eos(t) {
+                    let s = String::from_utf8(text.clone()).expect("outputs are UTF-8");
+                    let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+                    assert!(validator.is_valid(&v), "{schema}\n{s} does not validate");
+                    finished += 1;
+                    break;
+                }
+                text.extend_from_slice(vocab.token_bytes(t).unwrap());
+            }
+        }
+        assert!(finished > 0, "{schema}: no walk finished");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Errors and limits.
 

@@ -452,6 +452,17 @@ pub(crate) fn schema_to_rules_by(
     options: &SchemaOptions,
     deadline: std::time::Instant,
 ) -> Result<(String, Vec<String>)> {
+    schema_to_rules_with(schema, options, deadline, automaton::MAX_DFA_BYTES)
+}
+
+/// [`schema_to_rules_by`], building intersections as products only where each operand's DFA
+/// fits in `product_bytes`.
+pub(crate) fn schema_to_rules_with(
+    schema: &Value,
+    options: &SchemaOptions,
+    deadline: std::time::Instant,
+    product_bytes: usize,
+) -> Result<(String, Vec<String>)> {
     let draft = match schema.get("$schema").and_then(Value::as_str) {
         Some(s) if s.contains("draft-04") => Draft::D4,
         Some(s) if s.contains("draft-06") => Draft::D6,
@@ -468,6 +479,7 @@ pub(crate) fn schema_to_rules_by(
         deadline,
         keep_evaluated: false,
         rules: Vec::new(),
+        product_bytes,
     };
     let root = t.value(schema, "#")?;
     // Each rule's body is its target, translated with only itself on the path: a reference back
@@ -509,6 +521,9 @@ struct Translator<'a> {
     /// The references that recurse, as rules: rule `k` is `rules[k - 1]` (see
     /// [`schema_to_rules_by`]).
     rules: Vec<String>,
+    /// Largest operand DFA an intersection is built as a product for
+    /// ([`automaton::MAX_DFA_BYTES`]; 0 writes every intersection as a term).
+    product_bytes: usize,
 }
 
 fn unsupported(keyword: &str, pointer: &str, reason: &str) -> SchemaError {
@@ -867,12 +882,12 @@ impl Translator<'_> {
         }
         // The product as a regex where it is small; where it is not, an intersection term whose
         // states the DFA builds as outputs visit them (with an emptiness check per state).
-        match automaton::combine(a, b, op, self.deadline) {
+        match automaton::combine(a, b, op, self.deadline, self.product_bytes) {
             Ok(re) => Ok(re),
-            Err(e) if e == automaton::OUT_OF_TIME => Err(SchemaError::OutOfTime {
+            Err(automaton::CombineError::OutOfTime) => Err(SchemaError::OutOfTime {
                 pointer: pointer.into(),
             }),
-            Err(_) => Ok(lazy()),
+            Err(automaton::CombineError::TooLarge(_)) => Ok(lazy()),
         }
     }
 
@@ -1052,7 +1067,7 @@ impl Translator<'_> {
                 .collect()
         } else {
             let rest_re = self.value(&Value::Object(rest), pointer)?;
-            let full = object::full_match(&rest_re, "enum", pointer)?;
+            let full = object::Narrowing::new(&rest_re, "enum", pointer)?;
             values
                 .iter()
                 .filter(|v| full.is_match(self.options.whitespace.render(v).as_bytes()))

@@ -45,7 +45,7 @@ impl Translator<'_> {
             None => None,
             Some(n) => {
                 let r = self.value(n, &child(pointer, "propertyNames"))?;
-                Some(full_match(
+                Some(Narrowing::new(
                     &r,
                     "propertyNames",
                     &child(pointer, "propertyNames"),
@@ -538,6 +538,50 @@ pub(super) fn full_match(
         .configure(regex_automata::meta::Config::new().nfa_size_limit(Some(16 << 20)))
         .build(&format!("^(?:{re})$"))
         .map_err(|e| unsupported(keyword, pointer, &e.to_string()))
+}
+
+/// A test of whole texts against a schema's regex, for callers that keep only what passes (the
+/// names `propertyNames` allows, the `enum` values the rest of the schema accepts), where a
+/// wrong "no" narrows the output and stays sound. Plain regex text is matched by regex-automata
+/// ([`full_match`]); text with intersection terms, which regex-automata would misread, by the
+/// grammar's own lazy DFA over those terms. That DFA answers "no" once it outgrows its limits,
+/// and a recursive reference matches nothing there.
+pub(super) enum Narrowing {
+    Regex(regex_automata::meta::Regex),
+    Terms(crate::dfa::LazyDfa),
+}
+
+impl Narrowing {
+    pub(super) fn new(re: &str, keyword: &str, pointer: &str) -> Result<Self> {
+        if !super::has_markers(re) {
+            return full_match(re, keyword, pointer).map(Self::Regex);
+        }
+        let mut terms = crate::deriv::Terms::new();
+        let root = crate::parse::parse_with_rules(&mut terms, re, true, u32::MAX)
+            .map_err(|e| unsupported(keyword, pointer, &e))?;
+        Ok(Self::Terms(crate::dfa::LazyDfa::new(
+            terms,
+            root,
+            4096,
+            1 << 20,
+        )))
+    }
+
+    pub(super) fn is_match(&self, text: &[u8]) -> bool {
+        match self {
+            Self::Regex(r) => r.is_match(text),
+            Self::Terms(dfa) => {
+                let mut s = 0;
+                for &b in text {
+                    s = dfa.step(s, b);
+                    if s == crate::dfa::DEAD {
+                        return false;
+                    }
+                }
+                dfa.is_accepting(s)
+            }
+        }
+    }
 }
 
 /// Comma-separated members in order, optional ones omissible: the regex of the non-empty
