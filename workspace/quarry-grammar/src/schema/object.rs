@@ -548,7 +548,7 @@ pub(super) fn full_match(
 /// and a recursive reference matches nothing there.
 pub(super) enum Narrowing {
     Regex(regex_automata::meta::Regex),
-    Terms(crate::dfa::LazyDfa),
+    Terms(Box<crate::dfa::LazyDfa>),
 }
 
 impl Narrowing {
@@ -559,12 +559,12 @@ impl Narrowing {
         let mut terms = crate::deriv::Terms::new();
         let root = crate::parse::parse_with_rules(&mut terms, re, true, u32::MAX)
             .map_err(|e| unsupported(keyword, pointer, &e))?;
-        Ok(Self::Terms(crate::dfa::LazyDfa::new(
+        Ok(Self::Terms(Box::new(crate::dfa::LazyDfa::new(
             terms,
             root,
             4096,
             1 << 20,
-        )))
+        ))))
     }
 
     pub(super) fn is_match(&self, text: &[u8]) -> bool {
