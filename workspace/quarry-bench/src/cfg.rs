@@ -21,7 +21,7 @@ fn grammar(name: &str) -> Result<Spec> {
         |p: &Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
     Ok(Spec::Grammar {
         gbnf: read(&root.join(format!("../quarry-grammar/tests/grammars/{name}.gbnf")))?,
-        lark: read(&root.join(format!("grammars/{name}.lark")))?,
+        lark: read(&root.join(format!("../quarry-grammar/tests/grammars/{name}.lark")))?,
     })
 }
 

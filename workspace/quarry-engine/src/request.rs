@@ -19,7 +19,8 @@ pub enum Prompt {
 }
 
 /// What the output must match. In JSON: `"none"`, `"json_object"`, `{"regex": "…"}`,
-/// `{"choice": ["…"]}`, `{"json_schema": {…}}` or `{"grammar": "root ::= …"}` (GBNF).
+/// `{"choice": ["…"]}`, `{"json_schema": {…}}`, `{"grammar": "root ::= …"}` (GBNF) or
+/// `{"lark": "start: …"}`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ConstraintSpec {
@@ -37,6 +38,8 @@ pub enum ConstraintSpec {
     JsonObject,
     /// A grammar in GBNF (llama.cpp's syntax), as text.
     Grammar(String),
+    /// A grammar in Lark's syntax (llguidance's and Outlines'), as text.
+    Lark(String),
 }
 
 impl ConstraintSpec {
@@ -54,6 +57,17 @@ impl ConstraintSpec {
                 whitespace: options.whitespace,
             }),
             ConstraintSpec::Grammar(g) => Some(Constraint::Gbnf(g.clone())),
+            ConstraintSpec::Lark(g) => Some(Constraint::Lark(g.clone())),
+        }
+    }
+
+    /// A grammar file's constraint: Lark for a `.lark` file, GBNF otherwise
+    /// ([`Constraint::grammar_file`]).
+    pub fn grammar_file(path: &std::path::Path, text: String) -> Self {
+        match Constraint::grammar_file(path, text) {
+            Constraint::Lark(t) => ConstraintSpec::Lark(t),
+            Constraint::Gbnf(t) => ConstraintSpec::Grammar(t),
+            _ => unreachable!("a grammar file is GBNF or Lark"),
         }
     }
 }

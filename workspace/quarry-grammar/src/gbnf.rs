@@ -78,16 +78,22 @@ fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '-' || c == '_'
 }
 
+/// `InvalidGrammar` at byte offset `at` of `text`, as a line and a column (in characters), both
+/// from 1. Shared with the Lark parser ([`crate::lark`]).
+pub(crate) fn error_at(text: &str, at: usize, message: &str) -> GrammarError {
+    let before = &text[..at.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    GrammarError::InvalidGrammar {
+        line,
+        column,
+        message: message.to_owned(),
+    }
+}
+
 impl Parser<'_> {
     fn error_at(&self, at: usize, message: &str) -> GrammarError {
-        let before = &self.s[..at.min(self.s.len())];
-        let line = before.matches('\n').count() + 1;
-        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-        GrammarError::InvalidGrammar {
-            line,
-            column,
-            message: message.to_owned(),
-        }
+        error_at(self.s, at, message)
     }
 
     fn error(&self, message: &str) -> GrammarError {

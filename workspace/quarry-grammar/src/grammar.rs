@@ -25,12 +25,24 @@ pub enum Constraint {
     },
     /// The output is a grammar in GBNF, llama.cpp's syntax ([`crate::gbnf`]).
     Gbnf(String),
+    /// The output is a grammar in Lark's syntax, as llguidance and Outlines take it (the
+    /// subset that describes a language; see the `lark` module).
+    Lark(String),
     /// The output is a JSON object whose values are any JSON value, nested to any depth, laid
     /// out like a schema's output (`json_object` in OpenAI's and vLLM's APIs).
     JsonObject { whitespace: Whitespace },
 }
 
 impl Constraint {
+    /// A grammar file's constraint: Lark syntax for a `.lark` file, GBNF otherwise.
+    pub fn grammar_file(path: &std::path::Path, text: String) -> Constraint {
+        if path.extension().is_some_and(|e| e == "lark") {
+            Constraint::Lark(text)
+        } else {
+            Constraint::Gbnf(text)
+        }
+    }
+
     /// The constraint as regex text: for a regex or choice list its regex, for a schema (and
     /// `json_object`) the regex of the root and of each rule recursion needs, as
     /// `(name, regex)` pairs where `(?P<quarry_rule_k>)` refers to the k-th pair (the root is
@@ -42,10 +54,10 @@ impl Constraint {
                 crate::schema::schema_to_rules_by(schema, options, deadline)?
             }
             Constraint::JsonObject { whitespace } => crate::schema::json_object_rules(*whitespace),
-            Constraint::Gbnf(_) => {
+            Constraint::Gbnf(_) | Constraint::Lark(_) => {
                 return Err(GrammarError::InvalidRule {
                     rule: "root".into(),
-                    message: "a GBNF grammar has no regex form; its text is the constraint".into(),
+                    message: "a grammar file has no regex form; its text is the constraint".into(),
                 })
             }
             _ => (self.pattern()?, Vec::new()),
@@ -62,10 +74,12 @@ impl Constraint {
     pub fn pattern(&self) -> Result<String, GrammarError> {
         match self {
             Constraint::JsonSchema { schema, options } => Ok(schema_to_regex(schema, options)?),
-            Constraint::Gbnf(_) | Constraint::JsonObject { .. } => Err(GrammarError::InvalidRule {
-                rule: "root".into(),
-                message: "a grammar has no single regex; see Constraint::rules".into(),
-            }),
+            Constraint::Gbnf(_) | Constraint::Lark(_) | Constraint::JsonObject { .. } => {
+                Err(GrammarError::InvalidRule {
+                    rule: "root".into(),
+                    message: "a grammar has no single regex; see Constraint::rules".into(),
+                })
+            }
             Constraint::Regex(r) => Ok(r.clone()),
             Constraint::Choice(c) if c.is_empty() => Err(GrammarError::EmptyChoice),
             Constraint::Choice(c) => Ok(c
@@ -186,8 +200,12 @@ impl Grammar {
                 let (root, rules) = crate::schema::json_object_rules(*whitespace);
                 from_regex_rules(&root, rules, &limits)?
             }
-            Constraint::Gbnf(text) => {
-                let rules = crate::gbnf::parse(text)?;
+            Constraint::Gbnf(_) | Constraint::Lark(_) => {
+                let rules = match constraint {
+                    Constraint::Lark(text) => crate::lark::parse(text)?,
+                    Constraint::Gbnf(text) => crate::gbnf::parse(text)?,
+                    _ => unreachable!("matched above"),
+                };
                 within(rules.terms.len(), limits.max_terms, "max_terms")?;
                 crate::cfg::prepare(rules)?
             }

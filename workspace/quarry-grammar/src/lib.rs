@@ -65,6 +65,7 @@ mod dfa;
 mod error;
 mod gbnf;
 mod grammar;
+mod lark;
 mod limits;
 mod matcher;
 mod parse;

@@ -221,12 +221,13 @@ impl EngineExtractor {
         ecfg.schema_options.whitespace = cfg.whitespace;
         let prompts = PromptBuilder::new(&cfg.prompt, Some(&tok))?;
         let constraint = match cfg.grammar_path() {
-            Some(path) => ConstraintSpec::Grammar(std::fs::read_to_string(&path).map_err(|e| {
-                PipelineError::Config {
+            Some(path) => ConstraintSpec::grammar_file(
+                &path,
+                std::fs::read_to_string(&path).map_err(|e| PipelineError::Config {
                     path: path.display().to_string(),
                     message: format!("cannot read the grammar: {e}"),
-                }
-            })?),
+                })?,
+            ),
             None => ConstraintSpec::JsonSchema(schema.clone()),
         };
         let (options, limits) = (ecfg.schema_options, ecfg.limits);

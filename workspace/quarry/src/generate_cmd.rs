@@ -58,8 +58,9 @@ pub(crate) struct GenerateArgs {
     /// The output must be a JSON object (its values nested to any depth).
     #[arg(long, group = "constraint")]
     json_object: bool,
-    /// The output must follow this grammar, in GBNF (llama.cpp's syntax).
-    #[arg(long, value_name = "FILE.gbnf", group = "constraint")]
+    /// The output must follow this grammar: GBNF (llama.cpp's syntax), or Lark's syntax for a
+    /// `.lark` file.
+    #[arg(long, value_name = "FILE.gbnf|FILE.lark", group = "constraint")]
     grammar: Option<PathBuf>,
     /// Layout of --schema and --json-object output: compact (`{"a":1,"b":2}`), spaced
     /// (`{"a": 1, "b": 2}`), pretty (up to 8 whitespace bytes around each token) or pretty:N.
@@ -122,7 +123,8 @@ impl GenerateArgs {
                     .with_context(|| format!("{} is not JSON", path.display()))?,
             )
         } else if let Some(path) = &self.grammar {
-            ConstraintSpec::Grammar(
+            ConstraintSpec::grammar_file(
+                path,
                 std::fs::read_to_string(path)
                     .with_context(|| format!("reading the grammar {}", path.display()))?,
             )

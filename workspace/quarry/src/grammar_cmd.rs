@@ -91,8 +91,9 @@ pub struct ConstraintArgs {
     /// The output must be canonical JSON that this JSON Schema file accepts.
     #[arg(long, value_name = "FILE")]
     schema: Option<PathBuf>,
-    /// The output must follow this grammar, in GBNF (llama.cpp's syntax).
-    #[arg(long, value_name = "FILE.gbnf")]
+    /// The output must follow this grammar: GBNF (llama.cpp's syntax), or Lark's syntax for a
+    /// `.lark` file.
+    #[arg(long, value_name = "FILE.gbnf|FILE.lark")]
     grammar: Option<PathBuf>,
     /// The output must be a JSON object, its values nested to any depth.
     #[arg(long)]
@@ -151,7 +152,7 @@ impl ConstraintArgs {
         if let Some(path) = &self.grammar {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading the grammar {}", path.display()))?;
-            return Ok(Constraint::Gbnf(text));
+            return Ok(Constraint::grammar_file(path, text));
         }
         if self.json_object {
             return Ok(Constraint::JsonObject {
@@ -273,7 +274,9 @@ fn compile_cmd(args: &ConstraintArgs, json: bool) -> Result<()> {
                 Constraint::Regex(r) => serde_json::json!({ "regex": r }),
                 Constraint::Choice(c) => serde_json::json!({ "choice": c }),
                 Constraint::JsonSchema { .. } => serde_json::json!({ "schema": args.schema }),
-                Constraint::Gbnf(_) => serde_json::json!({ "grammar": args.grammar }),
+                Constraint::Gbnf(_) | Constraint::Lark(_) => {
+                    serde_json::json!({ "grammar": args.grammar })
+                }
                 Constraint::JsonObject { .. } => serde_json::json!("json_object"),
             },
             "model": args.model.model,

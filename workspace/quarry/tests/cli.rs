@@ -384,6 +384,7 @@ fn generate_batch_runs_jsonl_in_order() {
             "\n",
             "{\"prompt\": \"x\", \"constraint\": {\"regex\": \"(\"}}\n",
             "{\"prompt\": [{\"role\": \"user\", \"content\": \"Say hi\"}], \"max_tokens\": 3}\n",
+            "{\"prompt\": \"Pick.\", \"constraint\": {\"lark\": \"start: \\\"yes\\\" | \\\"no\\\"\"}}\n",
         ),
     )
     .unwrap();
@@ -397,7 +398,7 @@ fn generate_batch_runs_jsonl_in_order() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines.len(), 4, "{out}");
     for (i, l) in lines.iter().enumerate() {
         assert_eq!(l["index"], i);
     }
@@ -407,6 +408,12 @@ fn generate_batch_runs_jsonl_in_order() {
     assert!(lines[1]["error"].as_str().unwrap().contains("regex"));
     assert_eq!(lines[2]["finish"], "length");
     assert_eq!(lines[2]["output_tokens"], 3);
+    // A Lark grammar in a request.
+    assert!(
+        ["yes", "no"].contains(&lines[3]["text"].as_str().unwrap()),
+        "{out}"
+    );
+    assert_eq!(lines[3]["finish"], "constraint_complete");
     std::fs::write(&path, "{\"prompt\": \"ok\"}\n{\"prompt\": 3}\n").unwrap();
     let err = one_line_error(&quarry(&["generate", "--batch", path.to_str().unwrap()]));
     assert!(err.contains("line 2"), "{err}");

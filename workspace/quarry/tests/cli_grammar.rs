@@ -364,10 +364,30 @@ fn gbnf_grammars_and_json_object_compile_accept_mask_and_explain() {
     assert_eq!(v["constraint"]["grammar"], ARITHMETIC);
     // Accepts through the token path, at a depth no regex reaches.
     let deep = format!("{}1{}", "(".repeat(60), ")".repeat(60));
-    for (text, code) in [("1 + (2 * 3)", 0), ("1 + (2 * 3", 1), (deep.as_str(), 0)] {
-        let o = quarry(&["grammar", "accepts", "--grammar", ARITHMETIC], text);
-        assert_eq!(o.status.code(), Some(code), "{text:?}: {o:?}");
+    // The same language in Lark syntax, chosen by the `.lark` extension.
+    let lark = ARITHMETIC.replace(".gbnf", ".lark");
+    for grammar in [ARITHMETIC, lark.as_str()] {
+        for (text, code) in [("1 + (2 * 3)", 0), ("1 + (2 * 3", 1), (deep.as_str(), 0)] {
+            let o = quarry(&["grammar", "accepts", "--grammar", grammar], text);
+            assert_eq!(o.status.code(), Some(code), "{grammar} {text:?}: {o:?}");
+        }
     }
+    let bad_lark = root().join("target/test-scratch/bad.lark");
+    std::fs::create_dir_all(bad_lark.parent().unwrap()).unwrap();
+    std::fs::write(&bad_lark, "start: \"a\"\n%declare X").unwrap();
+    let err = error_line(&quarry(
+        &[
+            "grammar",
+            "compile",
+            "--grammar",
+            bad_lark.to_str().unwrap(),
+        ],
+        "",
+    ));
+    assert!(
+        err.contains("line 2, column 1") && err.contains("%declare"),
+        "{err}"
+    );
     // After `((` the grammar wants a number, a minus, a space or another `(`: the CLI's mask is
     // exactly the tokens whose bytes keep a parse alive, checked here from the token bytes.
     let v = json_out(&[

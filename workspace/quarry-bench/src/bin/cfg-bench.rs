@@ -5,7 +5,7 @@
 //!
 //! Schemas and `json_object` are the same input for both engines (llguidance told to use compact
 //! separators, quarry's default layout). Grammars are quarry's GBNF test grammars and the same
-//! languages written in llguidance's Lark syntax (`workspace/quarry-bench/grammars/`).
+//! languages written in llguidance's Lark syntax (`workspace/quarry-grammar/tests/grammars/*.lark`, which quarry also reads).
 //! xgrammar is not in the run: its Python package requires torch (see `BENCHMARKS.md`).
 
 use std::path::PathBuf;
