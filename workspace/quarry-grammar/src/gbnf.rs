@@ -13,16 +13,13 @@
 //! a rule defined twice, a missing `root`. llama.cpp's token references (`<[id]>`, `<name>`) are
 //! refused: a quarry constraint is on text, so it holds under any tokenization.
 
-use regex_syntax::hir::{ClassUnicode, ClassUnicodeRange};
-use rustc_hash::FxHashMap;
-
 use crate::cfg::Rules;
 use crate::deriv::{Id, Terms, EMPTY, INF};
+use crate::ebnf::{RuleTable, Scan};
 use crate::error::GrammarError;
 use crate::parse::{literal, unicode_class};
+use regex_syntax::hir::{ClassUnicode, ClassUnicodeRange};
 
-/// The largest bound a `{m,n}` repetition may have.
-const MAX_REPEAT: u32 = 100_000;
 /// Deepest parenthesis nesting accepted.
 const MAX_NESTING: usize = 200;
 
@@ -32,13 +29,9 @@ pub(crate) fn parse(text: &str) -> Result<Rules, GrammarError> {
         s: text,
         i: 0,
         terms: Terms::new(),
-        index: FxHashMap::default(),
-        names: Vec::new(),
-        bodies: Vec::new(),
-        first_use: Vec::new(),
+        rules: RuleTable::new("root"),
         depth: 0,
     };
-    p.rule_index("root", 0);
     loop {
         p.space(true);
         if p.i >= p.s.len() {
@@ -46,114 +39,52 @@ pub(crate) fn parse(text: &str) -> Result<Rules, GrammarError> {
         }
         p.rule()?;
     }
-    if p.bodies[0].is_none() {
-        return Err(p.error_at(0, "no `root` rule: the start rule must be called `root`"));
-    }
-    if let Some(r) = p.bodies.iter().position(Option::is_none) {
-        return Err(p.error_at(
-            p.first_use[r],
-            &format!("rule `{}` is used but never defined", p.names[r]),
-        ));
-    }
-    Ok(Rules {
-        terms: p.terms,
-        names: p.names,
-        bodies: p.bodies.into_iter().map(Option::unwrap).collect(),
-    })
+    p.rules.finish(
+        p.terms,
+        text,
+        "no `root` rule: the start rule must be called `root`",
+    )
 }
 
 struct Parser<'a> {
     s: &'a str,
     i: usize,
     terms: Terms,
-    index: FxHashMap<String, u32>,
-    names: Vec<String>,
-    bodies: Vec<Option<Id>>,
-    /// Byte offset of each rule's first mention (for "never defined").
-    first_use: Vec<usize>,
+    rules: RuleTable,
     depth: usize,
+}
+
+impl Scan for Parser<'_> {
+    fn text(&self) -> &str {
+        self.s
+    }
+    fn pos(&mut self) -> &mut usize {
+        &mut self.i
+    }
+    fn at(&self) -> usize {
+        self.i
+    }
 }
 
 fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '-' || c == '_'
 }
 
-/// `InvalidGrammar` at byte offset `at` of `text`, as a line and a column (in characters), both
-/// from 1. Shared with the Lark parser ([`crate::lark`]).
-pub(crate) fn error_at(text: &str, at: usize, message: &str) -> GrammarError {
-    let before = &text[..at.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    GrammarError::InvalidGrammar {
-        line,
-        column,
-        message: message.to_owned(),
-    }
-}
-
 impl Parser<'_> {
-    fn error_at(&self, at: usize, message: &str) -> GrammarError {
-        error_at(self.s, at, message)
-    }
-
-    fn error(&self, message: &str) -> GrammarError {
-        self.error_at(self.i, message)
-    }
-
-    fn peek(&self) -> Option<char> {
-        self.s[self.i..].chars().next()
-    }
-
-    fn bump(&mut self) -> Option<char> {
-        let c = self.peek()?;
-        self.i += c.len_utf8();
-        Some(c)
-    }
-
-    fn eat(&mut self, prefix: &str) -> bool {
-        if self.s[self.i..].starts_with(prefix) {
-            self.i += prefix.len();
-            true
-        } else {
-            false
-        }
-    }
-
     /// Skips spaces, tabs and comments, and newlines too when `newlines`.
     fn space(&mut self, newlines: bool) {
         while let Some(c) = self.peek() {
             match c {
                 ' ' | '\t' => self.i += 1,
                 '\r' | '\n' if newlines => self.i += 1,
-                '#' => {
-                    let end = self.s[self.i..]
-                        .find('\n')
-                        .map_or(self.s.len(), |e| self.i + e);
-                    self.i = end;
-                }
+                '#' => self.skip_line(),
                 _ => break,
             }
         }
     }
 
-    fn rule_index(&mut self, name: &str, at: usize) -> u32 {
-        if let Some(&r) = self.index.get(name) {
-            return r;
-        }
-        let r = self.names.len() as u32;
-        self.index.insert(name.to_owned(), r);
-        self.names.push(name.to_owned());
-        self.bodies.push(None);
-        self.first_use.push(at);
-        r
-    }
-
-    fn name(&mut self) -> Option<&str> {
-        let start = self.i;
-        while self.peek().is_some_and(is_name_char) {
-            self.i += 1;
-        }
-        (self.i > start).then(|| &self.s[start..self.i])
+    fn name(&mut self) -> Option<String> {
+        self.name_by(is_name_char)
     }
 
     fn rule(&mut self) -> Result<(), GrammarError> {
@@ -161,7 +92,6 @@ impl Parser<'_> {
         let Some(name) = self.name() else {
             return Err(self.error("expected a rule name (letters, digits, `-`, `_`)"));
         };
-        let name = name.to_owned();
         self.space(false);
         if !self.eat("::=") {
             return Err(self.error(&format!("expected `::=` after the rule name `{name}`")));
@@ -173,12 +103,7 @@ impl Parser<'_> {
             Some(')') => return Err(self.error("`)` without a matching `(`")),
             Some(c) => return Err(self.error(&format!("unexpected {c:?}"))),
         }
-        let r = self.rule_index(&name, at);
-        if self.bodies[r as usize].is_some() {
-            return Err(self.error_at(at, &format!("rule `{name}` is defined twice")));
-        }
-        self.bodies[r as usize] = Some(body);
-        Ok(())
+        self.rules.define(self.s, &name, at, body)
     }
 
     fn alternatives(&mut self) -> Result<Id, GrammarError> {
@@ -261,7 +186,7 @@ impl Parser<'_> {
                 "token references (`<[id]>`, `<name>`) are not supported: quarry constrains text",
             )),
             Some(c) if is_name_char(c) => {
-                let name = self.name().expect("a name character").to_owned();
+                let name = self.name().expect("a name character");
                 let save = self.i;
                 self.space(false);
                 if self.s[self.i..].starts_with("::=") {
@@ -271,7 +196,7 @@ impl Parser<'_> {
                     ));
                 }
                 self.i = save;
-                let r = self.rule_index(&name, at);
+                let r = self.rules.rule(&name, at);
                 Ok(self.terms.rule_ref(r))
             }
             Some(c) => Err(self.error(&format!("unexpected {c:?}"))),
@@ -289,26 +214,14 @@ impl Parser<'_> {
         let e = self
             .bump()
             .ok_or_else(|| self.error("unexpected end after `\\`"))?;
-        let hex = |p: &mut Self, n: usize| -> Result<char, GrammarError> {
-            let digits =
-                p.s.get(p.i..p.i + n)
-                    .filter(|d| d.len() == n && d.bytes().all(|b| b.is_ascii_hexdigit()));
-            let Some(digits) = digits else {
-                return Err(p.error_at(at, &format!("`\\{e}` needs {n} hex digits")));
-            };
-            p.i += n;
-            let v = u32::from_str_radix(digits, 16).expect("hex digits");
-            char::from_u32(v)
-                .ok_or_else(|| p.error_at(at, &format!("U+{v:X} is not a Unicode scalar value")))
-        };
         Ok(match e {
             'n' => '\n',
             'r' => '\r',
             't' => '\t',
             '\\' | '"' | '[' | ']' | '/' | '-' | '^' => e,
-            'x' => hex(self, 2)?,
-            'u' => hex(self, 4)?,
-            'U' => hex(self, 8)?,
+            'x' => self.hex(at, e, 2)?,
+            'u' => self.hex(at, e, 4)?,
+            'U' => self.hex(at, e, 8)?,
             _ => return Err(self.error_at(at, &format!("unknown escape `\\{e}`"))),
         })
     }
@@ -362,12 +275,12 @@ impl Parser<'_> {
                 let at = self.i;
                 self.i += 1;
                 self.space(false);
-                let min = self.number(at)?;
+                let min = self.bound(at)?;
                 self.space(false);
                 let max = if self.eat(",") {
                     self.space(false);
                     if self.peek().is_some_and(|c| c.is_ascii_digit()) {
-                        self.number(at)?
+                        self.bound(at)?
                     } else {
                         INF
                     }
@@ -390,22 +303,5 @@ impl Parser<'_> {
             return Err(self.error("a repetition of a repetition needs parentheses"));
         }
         Ok(self.terms.repeat(atom, min, max))
-    }
-
-    fn number(&mut self, at: usize) -> Result<u32, GrammarError> {
-        let start = self.i;
-        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
-            self.i += 1;
-        }
-        self.s[start..self.i]
-            .parse::<u32>()
-            .ok()
-            .filter(|&n| n <= MAX_REPEAT)
-            .ok_or_else(|| {
-                self.error_at(
-                    at,
-                    &format!("a repetition bound is a number up to {MAX_REPEAT}"),
-                )
-            })
     }
 }

@@ -19,17 +19,14 @@
 //! grammar describes; quarry constrains the characters, so it allows every text of the language
 //! the rules describe.
 
-use rustc_hash::FxHashMap;
-
 use crate::cfg::Rules;
 use crate::deriv::{Id, Terms, EMPTY, INF};
+use crate::ebnf::{RuleTable, Scan};
 use crate::error::GrammarError;
 use crate::parse::literal;
 
 /// Deepest nesting of `( )` and `[ ]` accepted.
 const MAX_NESTING: usize = 200;
-/// The largest bound of a `~ n..m` repetition.
-const MAX_REPEAT: u32 = 100_000;
 
 /// Lark's `common.lark` terminals, as regexes.
 const COMMON: &[(&str, &str)] = &[
@@ -73,18 +70,14 @@ pub(crate) fn parse(text: &str) -> Result<Rules, GrammarError> {
         s: text,
         i: 0,
         terms: Terms::new(),
-        index: FxHashMap::default(),
-        names: Vec::new(),
-        bodies: Vec::new(),
-        first_use: Vec::new(),
+        rules: RuleTable::new("start"),
         depth: 0,
         ignore: None,
         ignored: Vec::new(),
         in_rule: false,
     };
-    p.rule_index("start", 0);
     if has_ignore(text) {
-        p.ignore = Some(p.rule_index("%ignore", 0));
+        p.ignore = Some(p.rules.rule("%ignore", 0));
     }
     loop {
         p.space(true);
@@ -93,32 +86,21 @@ pub(crate) fn parse(text: &str) -> Result<Rules, GrammarError> {
         }
         p.statement()?;
     }
-    if let Some(r) = p.ignore {
+    if let (Some(r), Some(start)) = (p.ignore, p.rules.body(0)) {
         if p.ignored.is_empty() {
             return Err(p.error_at(0, "`%ignore` without anything to ignore"));
         }
         let any = p.terms.or(&p.ignored);
-        p.bodies[r as usize] = Some(any);
+        p.rules.set(r, any);
         // The ignored text may come before the first terminal too.
-        let start = p.bodies[0].ok_or_else(|| p.no_start())?;
         let pre = p.ignored_run();
-        p.bodies[0] = Some(p.terms.concat(pre, start));
+        let start = p.terms.concat(pre, start);
+        p.rules.set(0, start);
     }
-    if p.bodies[0].is_none() {
-        return Err(p.no_start());
-    }
-    if let Some(r) = p.bodies.iter().position(Option::is_none) {
-        return Err(p.error_at(
-            p.first_use[r],
-            &format!("`{}` is used but never defined", p.names[r]),
-        ));
-    }
-    Ok(Rules {
-        terms: p.terms,
-        names: p.names,
-        bodies: p.bodies.into_iter().map(Option::unwrap).collect(),
-    })
+    p.rules.finish(p.terms, text, NO_START)
 }
+
+const NO_START: &str = "no `start` rule: Lark grammars start at the rule `start`";
 
 /// Whether a line of `text` is an `%ignore` statement.
 fn has_ignore(text: &str) -> bool {
@@ -129,17 +111,25 @@ struct Parser<'a> {
     s: &'a str,
     i: usize,
     terms: Terms,
-    index: FxHashMap<String, u32>,
-    names: Vec<String>,
-    bodies: Vec<Option<Id>>,
-    /// Byte offset of each name's first mention (for "never defined").
-    first_use: Vec<usize>,
+    rules: RuleTable,
     depth: usize,
     /// The rule of what `%ignore` allows, when the grammar has any.
     ignore: Option<u32>,
     ignored: Vec<Id>,
     /// Parsing a rule (where terminals are followed by ignored text), not a terminal.
     in_rule: bool,
+}
+
+impl Scan for Parser<'_> {
+    fn text(&self) -> &str {
+        self.s
+    }
+    fn pos(&mut self) -> &mut usize {
+        &mut self.i
+    }
+    fn at(&self) -> usize {
+        self.i
+    }
 }
 
 fn is_name_char(c: char) -> bool {
@@ -155,34 +145,6 @@ fn is_terminal_name(name: &str) -> bool {
 }
 
 impl Parser<'_> {
-    fn error_at(&self, at: usize, message: &str) -> GrammarError {
-        crate::gbnf::error_at(self.s, at, message)
-    }
-
-    fn error(&self, message: &str) -> GrammarError {
-        self.error_at(self.i, message)
-    }
-
-    fn no_start(&self) -> GrammarError {
-        self.error_at(
-            0,
-            "no `start` rule: Lark grammars start at the rule `start`",
-        )
-    }
-
-    fn peek(&self) -> Option<char> {
-        self.s[self.i..].chars().next()
-    }
-
-    fn eat(&mut self, prefix: &str) -> bool {
-        if self.s[self.i..].starts_with(prefix) {
-            self.i += prefix.len();
-            true
-        } else {
-            false
-        }
-    }
-
     /// Skips spaces, tabs and `//` comments, and newlines too when `newlines`. Without
     /// `newlines`, a newline followed by a line that begins with `|` is skipped as well: that
     /// line continues the definition.
@@ -200,35 +162,14 @@ impl Parser<'_> {
                         break;
                     }
                 }
-                Some('/') if self.s[self.i..].starts_with("//") => {
-                    let end = self.s[self.i..]
-                        .find('\n')
-                        .map_or(self.s.len(), |e| self.i + e);
-                    self.i = end;
-                }
+                Some('/') if self.s[self.i..].starts_with("//") => self.skip_line(),
                 _ => break,
             }
         }
     }
 
-    fn rule_index(&mut self, name: &str, at: usize) -> u32 {
-        if let Some(&r) = self.index.get(name) {
-            return r;
-        }
-        let r = self.names.len() as u32;
-        self.index.insert(name.to_owned(), r);
-        self.names.push(name.to_owned());
-        self.bodies.push(None);
-        self.first_use.push(at);
-        r
-    }
-
     fn name(&mut self) -> Option<String> {
-        let start = self.i;
-        while self.peek().is_some_and(is_name_char) {
-            self.i += 1;
-        }
-        (self.i > start).then(|| self.s[start..self.i].to_owned())
+        self.name_by(is_name_char)
     }
 
     /// The end of a statement: a newline or the end of the text.
@@ -274,12 +215,7 @@ impl Parser<'_> {
         self.in_rule = !terminal;
         let body = self.alternatives()?;
         self.end_of_statement()?;
-        let r = self.rule_index(&name, at);
-        if self.bodies[r as usize].is_some() {
-            return Err(self.error_at(at, &format!("`{name}` is defined twice")));
-        }
-        self.bodies[r as usize] = Some(body);
-        Ok(())
+        self.rules.define(self.s, &name, at, body)
     }
 
     fn directive(&mut self) -> Result<(), GrammarError> {
@@ -352,11 +288,7 @@ impl Parser<'_> {
             };
             let body = crate::parse::parse(&mut self.terms, re, false)
                 .expect("the common terminals are valid regexes");
-            let r = self.rule_index(&alias, at);
-            if self.bodies[r as usize].is_some() {
-                return Err(self.error_at(at, &format!("`{alias}` is defined twice")));
-            }
-            self.bodies[r as usize] = Some(body);
+            self.rules.define(self.s, &alias, at, body)?;
         }
         self.end_of_statement()
     }
@@ -486,7 +418,7 @@ impl Parser<'_> {
                     ));
                 }
                 self.i = save;
-                let r = self.rule_index(&name, at);
+                let r = self.rules.rule(&name, at);
                 let x = self.terms.rule_ref(r);
                 Ok(if is_terminal_name(&name) {
                     self.terminal(x)
@@ -517,19 +449,6 @@ impl Parser<'_> {
                         .peek()
                         .ok_or_else(|| self.error_at(at, "string literal is not closed"))?;
                     self.i += e.len_utf8();
-                    let hex = |p: &mut Self, n: usize| -> Result<char, GrammarError> {
-                        let digits = p
-                            .s
-                            .get(p.i..p.i + n)
-                            .filter(|d| d.len() == n && d.bytes().all(|b| b.is_ascii_hexdigit()));
-                        let Some(digits) = digits else {
-                            return Err(p.error(&format!("`\\{e}` needs {n} hex digits")));
-                        };
-                        p.i += n;
-                        let v = u32::from_str_radix(digits, 16).expect("hex digits");
-                        char::from_u32(v)
-                            .ok_or_else(|| p.error(&format!("U+{v:X} is not a character")))
-                    };
                     let decoded = match e {
                         'n' => '\n',
                         'r' => '\r',
@@ -538,9 +457,9 @@ impl Parser<'_> {
                         'v' => '\x0B',
                         '0' => '\0',
                         '\\' | '"' | '\'' => e,
-                        'x' => hex(self, 2)?,
-                        'u' => hex(self, 4)?,
-                        'U' => hex(self, 8)?,
+                        'x' => self.hex(at, e, 2)?,
+                        'u' => self.hex(at, e, 4)?,
+                        'U' => self.hex(at, e, 8)?,
                         _ => {
                             // Python keeps an unknown escape as written.
                             out.push('\\');
@@ -607,12 +526,8 @@ impl Parser<'_> {
                 let at = self.i;
                 self.i += 1;
                 self.space(false);
-                let min = self.number(at)?;
-                let max = if self.eat("..") {
-                    self.number(at)?
-                } else {
-                    min
-                };
+                let min = self.bound(at)?;
+                let max = if self.eat("..") { self.bound(at)? } else { min };
                 if min > max {
                     return Err(self.error_at(at, &format!("repetition ~ {min}..{max} is empty")));
                 }
@@ -622,22 +537,5 @@ impl Parser<'_> {
         };
         self.i += 1;
         Ok(self.terms.repeat(atom, min, max))
-    }
-
-    fn number(&mut self, at: usize) -> Result<u32, GrammarError> {
-        let start = self.i;
-        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
-            self.i += 1;
-        }
-        self.s[start..self.i]
-            .parse::<u32>()
-            .ok()
-            .filter(|&n| n <= MAX_REPEAT)
-            .ok_or_else(|| {
-                self.error_at(
-                    at,
-                    &format!("a repetition bound is a number up to {MAX_REPEAT}"),
-                )
-            })
     }
 }

@@ -62,6 +62,7 @@
 mod cfg;
 mod deriv;
 mod dfa;
+mod ebnf;
 mod error;
 mod gbnf;
 mod grammar;

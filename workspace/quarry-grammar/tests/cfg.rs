@@ -492,50 +492,6 @@ CODE: /x[0-9a-f]{2}/i
 }
 
 #[test]
-fn malformed_lark_grammars_name_the_line_and_column() {
-    let vocab = byte_vocab();
-    let cases: &[(&str, usize, usize, &str)] = &[
-        ("start: \"a\"\nx: [\"b\"", 2, 4, "not closed"),
-        ("start: a", 1, 8, "never defined"),
-        ("begin: \"a\"", 1, 1, "start"),
-        ("start: \"a\"\nstart: \"b\"", 2, 1, "defined twice"),
-        ("start: \"a\"\n%declare X", 2, 1, "not supported"),
-        ("start: X\n%import common.NOPE", 2, 1, "not known"),
-        ("start: X\n%import mylib.X", 2, 1, "common"),
-        ("start: x{\"a\"}", 1, 9, "unexpected"),
-        ("start: /a(/", 1, 8, "regex"),
-        ("start: /a/m", 1, 11, "flag"),
-        ("start: \"b\"..\"a\"", 1, 8, "reversed"),
-    ];
-    for (text, line, column, needle) in cases {
-        match Grammar::compile(
-            &Constraint::Lark((*text).into()),
-            vocab.clone(),
-            Limits::default(),
-        ) {
-            Err(GrammarError::InvalidGrammar {
-                line: l,
-                column: c,
-                message,
-            }) => {
-                assert_eq!((l, c), (*line, *column), "{text:?}: {message}");
-                assert!(message.contains(needle), "{text:?}: {message}");
-            }
-            other => panic!("{text:?}: {other:?}"),
-        }
-    }
-    // Left recursion, idiomatic in Lark, is refused by name (as for GBNF).
-    let err = Grammar::compile(
-        &Constraint::Lark("start: start \"+\" N | N\nN: /[0-9]/".into()),
-        vocab.clone(),
-        Limits::default(),
-    )
-    .unwrap_err();
-    assert!(matches!(err, GrammarError::InvalidRule { .. }), "{err:?}");
-    assert!(err.to_string().contains("start"), "{err}");
-}
-
-#[test]
 fn arithmetic_nests_deeper_than_any_unrolled_regex() {
     let g = compile(
         &Constraint::Gbnf(grammar_file("arithmetic.gbnf")),
@@ -796,12 +752,30 @@ fn malformed_grammars_name_the_line_and_column() {
         ("root ::= <[42]>", 1, 10, "token references"),
         ("root ::= x\nx = \"a\"", 2, 3, "::="),
     ];
-    for &(text, line, column, needle) in cases {
-        match Grammar::compile(
-            &Constraint::Gbnf(text.into()),
-            vocab.clone(),
-            Limits::default(),
-        ) {
+    let lark_cases: &[(&str, usize, usize, &str)] = &[
+        ("start: \"a\"\nx: [\"b\"", 2, 4, "not closed"),
+        ("start: a", 1, 8, "never defined"),
+        ("begin: \"a\"", 1, 1, "start"),
+        ("start: \"a\"\nstart: \"b\"", 2, 1, "defined twice"),
+        ("start: \"a\"\n%declare X", 2, 1, "not supported"),
+        ("start: X\n%import common.NOPE", 2, 1, "not known"),
+        ("start: X\n%import mylib.X", 2, 1, "common"),
+        ("start: x{\"a\"}", 1, 9, "unexpected"),
+        ("start: /a(/", 1, 8, "regex"),
+        ("start: /a/m", 1, 11, "flag"),
+        ("start: \"b\"..\"a\"", 1, 8, "reversed"),
+    ];
+    // GBNF, then Lark.
+    let all = cases
+        .iter()
+        .map(|&(t, l, c, n)| (Constraint::Gbnf(t.into()), t, l, c, n))
+        .chain(
+            lark_cases
+                .iter()
+                .map(|&(t, l, c, n)| (Constraint::Lark(t.into()), t, l, c, n)),
+        );
+    for (constraint, text, line, column, needle) in all {
+        match Grammar::compile(&constraint, vocab.clone(), Limits::default()) {
             Err(GrammarError::InvalidGrammar {
                 line: l,
                 column: c,
@@ -813,6 +787,15 @@ fn malformed_grammars_name_the_line_and_column() {
             other => panic!("{text:?}: {other:?}"),
         }
     }
+    // Left recursion, idiomatic in Lark, is refused by name (as for GBNF).
+    let err = Grammar::compile(
+        &Constraint::Lark("start: start \"+\" N | N\nN: /[0-9]/".into()),
+        vocab.clone(),
+        Limits::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, GrammarError::InvalidRule { .. }), "{err:?}");
+    assert!(err.to_string().contains("start"), "{err}");
 }
 
 #[test]
