@@ -48,4 +48,8 @@ pub enum Rejection {
     Terminated,
     #[error("token id {id} is outside the vocabulary")]
     UnknownToken { id: u32 },
+    /// The input completes an array item equal to an earlier one where the schema says
+    /// `uniqueItems: true`.
+    #[error("the input repeats an item of an array whose items must be unique (uniqueItems)")]
+    DuplicateItem,
 }

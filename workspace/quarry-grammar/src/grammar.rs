@@ -7,6 +7,7 @@ use crate::deriv::Terms;
 use crate::dfa::{Grow, LazyDfa, Overflow, DEAD};
 use crate::error::GrammarError;
 use crate::limits::Limits;
+use crate::schema::unique::UniquePlan;
 use crate::schema::{schema_to_regex, SchemaOptions, Whitespace};
 use crate::vocab::{TokenTrie, Vocabulary, BYTE_GROUP};
 
@@ -170,6 +171,8 @@ pub struct Grammar {
     returns: Grow<OnceLock<Returns>>,
     /// Per state: how the text slice applies ([`Grammar::text_entry`]).
     text_loops: Grow<OnceLock<Option<TextEntry>>>,
+    /// Arrays whose items must be unique beyond what the DFA enforces, checked by each matcher.
+    unique: Option<Arc<UniquePlan>>,
 }
 
 impl Grammar {
@@ -182,6 +185,10 @@ impl Grammar {
         limits: Limits,
     ) -> Result<Self, GrammarError> {
         let started = std::time::Instant::now();
+        let unique = match constraint {
+            Constraint::JsonSchema { schema, .. } => UniquePlan::new(schema).map(Arc::new),
+            _ => None,
+        };
         let out_of_time = || GrammarError::LimitExceeded {
             limit: "compile_time",
             value: limits.compile_time.as_millis() as usize,
@@ -251,7 +258,13 @@ impl Grammar {
             cores: Grow::new(1, OnceLock::new),
             returns: Grow::new(1, OnceLock::new),
             text_loops: Grow::new(1, OnceLock::new),
+            unique,
         })
+    }
+
+    /// The `uniqueItems` checks matchers make while decoding ([`crate::schema::unique`]).
+    pub(crate) fn unique_plan(&self) -> Option<&Arc<UniquePlan>> {
+        self.unique.as_ref()
     }
 
     pub fn vocabulary(&self) -> &Arc<Vocabulary> {

@@ -1,9 +1,11 @@
 //! The per-sequence matcher: a DFA state plus the states before each accepted token, for rollback.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::error::Rejection;
 use crate::grammar::Grammar;
+use crate::schema::unique::Tracker;
 
 /// One sequence's position in a shared [`Grammar`]. A few words of state; accepting a token
 /// allocates nothing once the history has grown to the sequence length (reserve it with
@@ -15,6 +17,15 @@ pub struct Matcher {
     /// `history[i]` is the state before the i-th accepted token (EOS included).
     history: Vec<u32>,
     terminated: bool,
+    /// Only for schemas with `uniqueItems` the DFA cannot enforce ([`crate::schema::unique`]).
+    unique: Option<Box<Unique>>,
+}
+
+#[derive(Debug, Clone)]
+struct Unique {
+    tracker: Tracker,
+    /// `marks[i]` is the tracker's length before the i-th accepted token (as `history`).
+    marks: Vec<usize>,
 }
 
 impl Matcher {
@@ -25,11 +36,18 @@ impl Matcher {
     /// A matcher whose rollback history holds `tokens` entries without reallocating.
     pub fn with_capacity(grammar: Arc<Grammar>, tokens: usize) -> Self {
         let state = grammar.start();
+        let unique = grammar.unique_plan().map(|plan| {
+            Box::new(Unique {
+                tracker: Tracker::new(plan.clone()),
+                marks: Vec::with_capacity(tokens),
+            })
+        });
         Self {
             grammar,
             state,
             history: Vec::with_capacity(tokens),
             terminated: false,
+            unique,
         }
     }
 
@@ -56,6 +74,9 @@ impl Matcher {
                 return Err(Rejection::EosNotAllowed);
             }
             self.history.push(self.state);
+            if let Some(u) = self.unique.as_mut() {
+                u.marks.push(u.tracker.len());
+            }
             self.terminated = true;
             return Ok(());
         }
@@ -66,6 +87,14 @@ impl Matcher {
             .token_bytes(id)
             .ok_or(Rejection::UnknownToken { id })?;
         let next = self.walk(bytes).map_err(|_| Rejection::Token { id })?;
+        if let Some(u) = self.unique.as_mut() {
+            let mark = u.tracker.len();
+            if u.tracker.feed(bytes).is_err() {
+                u.tracker.truncate(mark);
+                return Err(Rejection::DuplicateItem);
+            }
+            u.marks.push(mark);
+        }
         self.history.push(self.state);
         self.state = next;
         Ok(())
@@ -77,9 +106,17 @@ impl Matcher {
         if self.terminated {
             return Err(Rejection::Terminated);
         }
-        self.state = self
+        let next = self
             .walk(bytes)
             .map_err(|offset| Rejection::Bytes { offset })?;
+        if let Some(u) = self.unique.as_mut() {
+            let mark = u.tracker.len();
+            if u.tracker.feed(bytes).is_err() {
+                u.tracker.truncate(mark);
+                return Err(Rejection::DuplicateItem);
+            }
+        }
+        self.state = next;
         Ok(())
     }
 
@@ -90,12 +127,47 @@ impl Matcher {
             mask.fill(0);
         } else {
             mask.copy_from_slice(self.grammar.mask(self.state));
+            self.drop_duplicates(mask);
         }
     }
 
-    /// The cached mask of the current state, without copying.
-    pub fn mask(&self) -> &[u32] {
-        self.grammar.mask(self.state)
+    /// The mask of the current state: the grammar's cached one, not copied, unless an array
+    /// whose items must be unique is open (then a filtered copy).
+    pub fn mask(&self) -> Cow<'_, [u32]> {
+        let cached = self.grammar.mask(self.state);
+        match &self.unique {
+            Some(u) if u.tracker.is_checking() => {
+                let mut mask = cached.to_vec();
+                self.drop_duplicates(&mut mask);
+                Cow::Owned(mask)
+            }
+            _ => Cow::Borrowed(cached),
+        }
+    }
+
+    /// Clears the tokens that would complete an item equal to an earlier one of an array whose
+    /// items must be unique.
+    fn drop_duplicates(&self, mask: &mut [u32]) {
+        let Some(u) = self.unique.as_ref().filter(|u| u.tracker.is_checking()) else {
+            return;
+        };
+        let vocab = self.grammar.vocabulary();
+        for (w, word) in mask.iter_mut().enumerate() {
+            let mut bits = *word;
+            while bits != 0 {
+                let bit = bits.trailing_zeros();
+                bits &= bits - 1;
+                let id = (w * 32) as u32 + bit;
+                if vocab.is_special(id) {
+                    continue;
+                }
+                if let Some(bytes) = vocab.token_bytes(id) {
+                    if u.tracker.would_duplicate(bytes) {
+                        *word &= !(1 << bit);
+                    }
+                }
+            }
+        }
     }
 
     /// The input so far is a complete match.
@@ -136,6 +208,10 @@ impl Matcher {
             self.state = self.history[keep];
             self.history.truncate(keep);
             self.terminated = false;
+            if let Some(u) = self.unique.as_mut() {
+                u.tracker.truncate(u.marks[keep]);
+                u.marks.truncate(keep);
+            }
         }
         n
     }

@@ -3,12 +3,14 @@
 //! `jsonschema` crate, an implementation independent of quarry.
 
 mod common;
+#[path = "common/vocab.rs"]
+mod vocab;
 #[path = "common/walk.rs"]
 mod walk;
 
 use std::sync::Arc;
 
-use quarry_grammar::{Constraint, Grammar, Limits, SchemaOptions, Whitespace};
+use quarry_grammar::{Constraint, Grammar, Limits, Matcher, Rejection, SchemaOptions, Whitespace};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
@@ -135,7 +137,13 @@ fn gen_schema(rng: &mut SmallRng, depth: u32) -> Value {
         }
         6 => {
             let min = rng.random_range(0..2);
-            json!({"type": "array", "items": gen_schema(rng, depth - 1), "minItems": min, "maxItems": min + rng.random_range(0..3)})
+            let mut s = json!({"type": "array", "items": gen_schema(rng, depth - 1), "minItems": min, "maxItems": min + rng.random_range(0..3)});
+            // Unique items of any kind (checked while decoding); at most one item is required,
+            // so no item domain is too small.
+            if rng.random_bool(0.3) {
+                s["uniqueItems"] = json!(true);
+            }
+            s
         }
         7 => json!({"anyOf": [gen_schema(rng, depth - 1), gen_schema(rng, depth - 1)]}),
         8 => {
@@ -321,4 +329,98 @@ fn strictify(s: &Value) -> Value {
         Value::Array(a) => Value::Array(a.iter().map(strictify).collect()),
         other => other.clone(),
     }
+}
+
+/// `uniqueItems` over strings, objects and numbers, which no automaton can enforce: with a model's
+/// vocabulary, at every step of random walks the mask allows a token exactly when the matcher
+/// accepts it, duplicates are among the tokens refused, and every output validates. The item
+/// domains are open (a repeated prefix can always go on), so no walk meets a dead end (see
+/// `docs/limitations.md` for the finite case).
+#[test]
+fn unique_items_mask_equals_acceptance_with_a_model_vocabulary() {
+    let vocab = vocab::model_vocab("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "pattern": "^[ab]{1,16}$"},
+                     "uniqueItems": true, "maxItems": 4},
+            "points": {"type": "array", "items": {"$ref": "#/$defs/point"},
+                       "uniqueItems": true, "maxItems": 3},
+            "n": {"type": "array", "items": {"type": "number", "minimum": 0},
+                  "uniqueItems": true, "maxItems": 4}
+        },
+        "required": ["tags", "points", "n"],
+        "additionalProperties": false,
+        "$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0}},
+                            "required": ["x"], "additionalProperties": false}}
+    });
+    let constraint = Constraint::JsonSchema {
+        schema: schema.clone(),
+        options: SchemaOptions::default(),
+    };
+    let grammar =
+        Arc::new(Grammar::compile(&constraint, vocab.clone(), Limits::default()).unwrap());
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    // The tokens that can end an item; the others cannot complete a duplicate.
+    let enders: Vec<u32> = (0..vocab.len() as u32)
+        .filter(|&t| {
+            !vocab.is_special(t)
+                && vocab
+                    .token_bytes(t)
+                    .is_some_and(|b| b.iter().any(|c| b"\"],}".contains(c)))
+        })
+        .collect();
+    let mut rng = SmallRng::seed_from_u64(3);
+    let mut mask = vec![0u32; vocab.mask_words()];
+    let (mut refused, mut outputs) = (0, 0);
+    for _ in 0..12 {
+        let mut m = Matcher::new(grammar.clone());
+        let mut out = Vec::new();
+        for _ in 0..120 {
+            m.fill_mask(&mut mask);
+            let allowed = |t: u32| mask[t as usize / 32] >> (t % 32) & 1 == 1;
+            for &t in &enders {
+                let accepted = m.fork().accept_token(t);
+                assert_eq!(
+                    allowed(t),
+                    accepted.is_ok(),
+                    "after {:?}: token {:?}",
+                    String::from_utf8_lossy(&out),
+                    String::from_utf8_lossy(vocab.token_bytes(t).unwrap())
+                );
+                refused += (accepted == Err(Rejection::DuplicateItem)) as usize;
+            }
+            let choices: Vec<u32> = (0..vocab.len() as u32).filter(|&t| allowed(t)).collect();
+            assert!(
+                !choices.is_empty(),
+                "dead end after {:?}",
+                String::from_utf8_lossy(&out)
+            );
+            // Mostly short tokens, so arrays fill up with repeats on offer.
+            let short: Vec<u32> = choices
+                .iter()
+                .copied()
+                .filter(|&t| vocab.token_bytes(t).is_some_and(|b| b.len() <= 2))
+                .collect();
+            let pool = if short.is_empty() || rng.random_bool(0.1) {
+                &choices
+            } else {
+                &short
+            };
+            let t = pool[rng.random_range(0..pool.len())];
+            m.accept_token(t).unwrap();
+            if vocab.is_eos(t) {
+                break;
+            }
+            out.extend_from_slice(vocab.token_bytes(t).unwrap());
+        }
+        if m.is_finished() {
+            let instance: Value = serde_json::from_slice(&out).unwrap();
+            assert!(validator.is_valid(&instance), "{instance} is invalid");
+            outputs += 1;
+        }
+    }
+    println!("{outputs} outputs; {refused} duplicate completions refused");
+    assert!(refused > 0, "no walk was offered a duplicate");
+    assert!(outputs >= 6, "only {outputs} walks finished");
 }

@@ -253,7 +253,7 @@ fn compile_cmd(args: &ConstraintArgs, json: bool) -> Result<()> {
     let compile_s = t0.elapsed().as_secs_f64();
     let matcher = Matcher::new(grammar.clone());
     let t1 = Instant::now();
-    let allowed = ones(matcher.mask());
+    let allowed = ones(&matcher.mask());
     let first_mask_s = t1.elapsed().as_secs_f64();
     // Compiling builds no DFA state; build them all for the statistics (and the limit check).
     let t2 = Instant::now();
@@ -364,7 +364,7 @@ fn accepts_cmd(args: &ConstraintArgs, explain: bool, chomp: bool, canonical: boo
                 ),
                 None => format!("end of sequence after {i} tokens ({offset} bytes)"),
             };
-            let allowed = ones(m.mask());
+            let allowed = ones(&m.mask());
             let mut hint = String::new();
             if id.is_none() && !m.forced_bytes().is_empty() {
                 hint = format!(
@@ -420,7 +420,7 @@ fn mask_cmd(args: &ConstraintArgs, prefix: &str, json: bool) -> Result<()> {
             prefix
         );
     }
-    let ids = allowed_ids(m.mask());
+    let ids = allowed_ids(&m.mask());
     let forced = m.forced_bytes();
     let mut out = std::io::stdout().lock();
     if json {

@@ -1,4 +1,5 @@
-//! Arrays: prefix items, item counts, `contains`, and `uniqueItems` over finite item domains.
+//! Arrays: prefix items, item counts, `contains`, and `uniqueItems` over finite item domains (other
+//! `uniqueItems` are checked while decoding: [`super::unique`]).
 
 use serde_json::{json, Map, Value};
 
@@ -19,15 +20,12 @@ impl Translator<'_> {
             .get("maxItems")
             .and_then(Value::as_f64)
             .is_some_and(|x| x <= 1.0);
+        // Over a finite item domain, uniqueness is written into the language; otherwise the
+        // array is written without it and every matcher checks it while decoding (`unique`).
         if m.get("uniqueItems") == Some(&Value::Bool(true)) && !at_most_one {
             if let Some(values) = self.finite_items(m) {
                 return self.unique_array(m, &values, pointer);
             }
-            return Err(unsupported(
-                "uniqueItems",
-                pointer,
-                "uniqueItems: true is supported only over at most 6 enum, const or boolean item values",
-            ));
         }
         let min = count(m, pointer, "minItems")?.unwrap_or(0);
         let mut max = count(m, pointer, "maxItems")?;

@@ -34,8 +34,10 @@
 //!   `oneOf`/`if`/`not` merge to (every branch written succeeded, so its properties were
 //!   evaluated; negations there leave out alternatives that would write a property only the
 //!   failed subschema names, which is narrower and sound);
-//! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`; `uniqueItems` when
-//!   `maxItems` ≤ 1 or the items are at most 6 values (`enum`, `const`, boolean); `contains` with
+//! - arrays: `items`, `prefixItems`, `additionalItems`, `minItems`, `maxItems`; `uniqueItems`,
+//!   written into the language when `maxItems` ≤ 1 or the items are at most 6 values (`enum`,
+//!   `const`, boolean), and otherwise checked while decoding by every matcher ([`unique`]: a token
+//!   that would complete an item JSON-equal to an earlier one is refused); `contains` with
 //!   `minContains`/`maxContains` (up to 16) next to a schema-valued `items` (with `maxContains`,
 //!   the other items are those failing `contains`, by negation); `unevaluatedItems` like
 //!   `unevaluatedProperties`;
@@ -75,7 +77,7 @@
 //!
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
 //! dependencies over more than 6 properties, `contains` next
-//! to `prefixItems`, `maxItems` or `uniqueItems`, other `uniqueItems: true`, negations of other keywords (`format`,
+//! to `prefixItems`, `maxItems` or `uniqueItems`, negations of other keywords (`format`,
 //! `additionalProperties`, `uniqueItems`, …), a double `not` next to `unevaluated*`, `$dynamicRef`, `$recursiveRef`, other `multipleOf`, other formats,
 //! intersections or differences that regex-level name tests need (`patternProperties`,
 //! `propertyNames`) when their automaton exceeds 4096 states, `allOf` branches that set
@@ -110,6 +112,7 @@ mod object;
 mod scalar;
 #[cfg(test)]
 mod tests;
+pub(crate) mod unique;
 
 pub use canonical::canonicalize;
 
@@ -323,6 +326,19 @@ enum Draft {
     D2020,
 }
 
+impl Draft {
+    /// The draft `$schema` declares (2020-12 when it declares none).
+    fn of(schema: &Value) -> Self {
+        match schema.get("$schema").and_then(Value::as_str) {
+            Some(s) if s.contains("draft-04") => Draft::D4,
+            Some(s) if s.contains("draft-06") => Draft::D6,
+            Some(s) if s.contains("draft-07") => Draft::D7,
+            Some(s) if s.contains("2019-09") => Draft::D2019,
+            _ => Draft::D2020,
+        }
+    }
+}
+
 /// One code point of a JSON string, as canonical JSON writes it.
 /// `\u00xx` only for the control characters without a short escape, so that every string has
 /// exactly one text (which `not: {enum: …}` relies on).
@@ -463,13 +479,7 @@ pub(crate) fn schema_to_rules_with(
     deadline: std::time::Instant,
     product_bytes: usize,
 ) -> Result<(String, Vec<String>)> {
-    let draft = match schema.get("$schema").and_then(Value::as_str) {
-        Some(s) if s.contains("draft-04") => Draft::D4,
-        Some(s) if s.contains("draft-06") => Draft::D6,
-        Some(s) if s.contains("draft-07") => Draft::D7,
-        Some(s) if s.contains("2019-09") => Draft::D2019,
-        _ => Draft::D2020,
-    };
+    let draft = Draft::of(schema);
     let mut t = Translator {
         root: schema,
         options,
