@@ -411,6 +411,213 @@ fn format_body(format: &str, pointer: &str) -> Result<String> {
     })
 }
 
+/// One character as a regex over its JSON encoding.
+fn encode_char(c: char) -> String {
+    let s = serde_json::to_string(&c.to_string()).unwrap();
+    regex_syntax::escape(&s[1..s.len() - 1])
+}
+/// A regex-syntax pattern as a regex over the JSON encoding of the strings it matches.
+fn tr(h: &regex_syntax::hir::Hir, pointer: &str) -> Result<String> {
+    use regex_syntax::hir::{Class, HirKind};
+    Ok(match h.kind() {
+        HirKind::Empty => String::new(),
+        HirKind::Literal(lit) => {
+            let s = std::str::from_utf8(&lit.0)
+                .map_err(|_| unsupported("pattern", pointer, "a byte-level literal"))?;
+            s.chars().map(encode_char).collect()
+        }
+        HirKind::Class(Class::Unicode(cls)) => {
+            // Characters that JSON writes raw stay a class; the others become their escapes.
+            let mut raw = String::new();
+            let mut escaped = Vec::new();
+            for r in cls.ranges() {
+                let (a, b) = (r.start() as u32, r.end() as u32);
+                for special in (0..0x20).chain([0x22, 0x5C]) {
+                    if a <= special && special <= b {
+                        escaped.push(encode_char(char::from_u32(special).unwrap()));
+                    }
+                }
+                raw.push_str(&format!("\\x{{{a:x}}}-\\x{{{b:x}}}"));
+            }
+            let class = format!(r#"[[{raw}]--[\x00-\x1F"\\]]"#);
+            if escaped.is_empty() {
+                class
+            } else {
+                format!("(?:{class}|{})", escaped.join("|"))
+            }
+        }
+        HirKind::Class(Class::Bytes(_)) => {
+            return Err(unsupported("pattern", pointer, "a byte class"))
+        }
+        HirKind::Look(_) => {
+            return Err(unsupported(
+                "pattern",
+                pointer,
+                "anchors or word boundaries inside the pattern",
+            ))
+        }
+        HirKind::Repetition(rep) => {
+            let inner = tr(&rep.sub, pointer)?;
+            let max = rep.max.map_or(String::new(), |m| m.to_string());
+            let q = if rep.max == Some(rep.min) {
+                format!("{{{}}}", rep.min)
+            } else {
+                format!("{{{},{max}}}", rep.min)
+            };
+            format!("(?:{inner}){q}")
+        }
+        HirKind::Capture(c) => format!("(?:{})", tr(&c.sub, pointer)?),
+        HirKind::Concat(hs) => hs
+            .iter()
+            .map(|h| tr(h, pointer))
+            .collect::<Result<String>>()?,
+        HirKind::Alternation(hs) => format!(
+            "(?:{})",
+            hs.iter()
+                .map(|h| tr(h, pointer))
+                .collect::<Result<Vec<_>>>()?
+                .join("|")
+        ),
+    })
+}
+
+/// The strings of a search for `h` (anchored at the start and/or end), as a regex over their JSON
+/// encoding.
+fn search_text(
+    h: &regex_syntax::hir::Hir,
+    start: bool,
+    end: bool,
+    pointer: &str,
+) -> Result<String> {
+    let any = format!("{STR_CHAR}*");
+    let pre = if start { "" } else { &any };
+    let post = if end { "" } else { &any };
+    Ok(format!("{pre}(?:{}){post}", tr(h, pointer)?))
+}
+
+/// A pattern with look-aheads at its top level, split around them: `pieces[0]` is the text before
+/// the first look-ahead, then each look-ahead (its body and whether it is negative) with the text
+/// after it.
+struct Lookaheads<'p> {
+    first: &'p str,
+    rest: Vec<(&'p str, bool, &'p str)>,
+}
+
+/// Splits `pattern` at its top-level look-aheads (`(?=…)`, `(?!…)`); `None` when it has none.
+/// Look-aheads inside groups, next to a top-level alternation, and look-behinds are unsupported.
+fn split_lookaheads<'p>(pattern: &'p str, pointer: &str) -> Result<Option<Lookaheads<'p>>> {
+    let refuse = |why: &str| unsupported("pattern", pointer, why);
+    let b = pattern.as_bytes();
+    let (mut depth, mut in_class, mut i) = (0usize, false, 0usize);
+    let mut cuts: Vec<(usize, usize, bool)> = Vec::new(); // (open, close, negative)
+    let mut open_at: Vec<(usize, Option<bool>)> = Vec::new();
+    let mut alternation = false;
+    while i < b.len() {
+        match b[i] {
+            b'\\' => i += 1,
+            b'[' if !in_class => in_class = true,
+            b']' if in_class => in_class = false,
+            _ if in_class => {}
+            b'(' => {
+                let look = match (b.get(i + 1), b.get(i + 2)) {
+                    (Some(b'?'), Some(b'=')) => Some(false),
+                    (Some(b'?'), Some(b'!')) => Some(true),
+                    (Some(b'?'), Some(b'<')) if matches!(b.get(i + 3), Some(b'=' | b'!')) => {
+                        return Err(refuse("look-behind is not supported"))
+                    }
+                    _ => None,
+                };
+                if look.is_some() && depth > 0 {
+                    return Err(refuse("a look-ahead inside a group is not supported"));
+                }
+                open_at.push((i, look));
+                depth += 1;
+            }
+            b')' => {
+                let (at, look) = open_at.pop().ok_or_else(|| refuse("unbalanced `)`"))?;
+                depth -= 1;
+                if let Some(negative) = look {
+                    cuts.push((at, i, negative));
+                }
+            }
+            b'|' if depth == 0 => alternation = true,
+            _ => {}
+        }
+        i += 1;
+    }
+    if cuts.is_empty() {
+        return Ok(None);
+    }
+    if alternation {
+        return Err(refuse(
+            "a look-ahead next to a top-level alternation is not supported",
+        ));
+    }
+    let first = &pattern[..cuts[0].0];
+    let rest = cuts
+        .iter()
+        .enumerate()
+        .map(|(k, &(open, close, negative))| {
+            let until = cuts.get(k + 1).map_or(pattern.len(), |c| c.0);
+            (
+                &pattern[open + 3..close],
+                negative,
+                &pattern[close + 1..until],
+            )
+        })
+        .collect();
+    Ok(Some(Lookaheads { first, rest }))
+}
+
+/// The search for a pattern with top-level look-aheads. A look-ahead constrains the rest of the
+/// whole string from where it stands: `P0 (?!X) P1` is `P0 · (R ∧ ¬(X·Σ*))` where `R` is `P1` and
+/// whatever the search allows after it (`X` alone when it ends with `$`); several nest from the
+/// right. Intersections are terms (`parse::and_text`), built lazily by the DFA.
+fn with_lookaheads(p: &Lookaheads<'_>, pointer: &str) -> Result<String> {
+    let refuse = |why: &str| unsupported("pattern", pointer, why);
+    // A fragment as a regex over the JSON text, matched in full.
+    let full = |text: &str| -> Result<String> {
+        if text.is_empty() {
+            return Ok(String::new());
+        }
+        Ok(pattern_in_json(&format!("^(?:{text})$"), pointer)?)
+    };
+    let (first, start) = match p.first.strip_prefix('^') {
+        Some(f) => (f, true),
+        None => (p.first, false),
+    };
+    let last = p.rest.last().expect("at least one look-ahead").2;
+    let end = last.ends_with('$') && !last.ends_with("\\$");
+    let any = format!("{STR_CHAR}*");
+    let mut acc = String::new();
+    for (k, &(body, negative, after)) in p.rest.iter().enumerate().rev() {
+        let after = if k + 1 == p.rest.len() && end {
+            &after[..after.len() - 1]
+        } else {
+            after
+        };
+        let tail = if k + 1 == p.rest.len() && !end {
+            any.as_str()
+        } else {
+            ""
+        };
+        let rest = format!("{}{acc}{tail}", full(after)?);
+        // `^` inside a look-ahead holds only at the start of the string.
+        let body = match body.strip_prefix('^') {
+            Some(b) if start && k == 0 && first.is_empty() => b,
+            Some(_) => return Err(refuse("`^` inside a look-ahead that is not at the start")),
+            None => body,
+        };
+        let look = match body.strip_suffix('$') {
+            Some(b) if !b.ends_with('\\') => full(b)?,
+            _ => format!("{}{any}", full(body)?),
+        };
+        acc = crate::parse::and_text(&rest, &look, negative);
+    }
+    let pre = if start { "" } else { any.as_str() };
+    Ok(format!("{pre}{}{acc}", full(first)?))
+}
+
 /// An ECMA-262 `pattern` (a search over the decoded string) as a regex over the canonical JSON
 /// encoding of the string, without the quotes.
 pub(super) fn pattern_in_json(pattern: &str, pointer: &str) -> Result<String> {
@@ -426,7 +633,10 @@ pub(super) fn pattern_with_length(
     length: Option<(u64, Option<u64>)>,
     pointer: &str,
 ) -> Result<(String, bool)> {
-    use regex_syntax::hir::{Class, Hir, HirKind, Look};
+    use regex_syntax::hir::{Hir, HirKind, Look};
+    if let Some(pieces) = split_lookaheads(pattern, pointer)? {
+        return Ok((with_lookaheads(&pieces, pointer)?, false));
+    }
     let ecma = ecma_classes(pattern);
     let hir =
         regex_syntax::ParserBuilder::new()
@@ -442,93 +652,51 @@ pub(super) fn pattern_with_length(
                 ),
                 )
             })?;
-    // Strip a leading ^ and a trailing $ (anchors); any other assertion is unsupported.
-    let (mut items, anchored_start, anchored_end) = match hir.kind() {
-        HirKind::Concat(items) => {
-            let mut items = items.clone();
-            let s = matches!(
-                items.first().map(Hir::kind),
-                Some(HirKind::Look(Look::Start))
-            );
-            if s {
-                items.remove(0);
+    // A search for an alternation is the union of the searches for its branches, so each
+    // branch of a top-level alternation (inside groups) may carry its own leading ^ and trailing
+    // $ (anchors); any other assertion is unsupported.
+    fn branches(h: &Hir, start: bool, end: bool, out: &mut Vec<(Vec<Hir>, bool, bool)>) {
+        match h.kind() {
+            HirKind::Capture(c) => branches(&c.sub, start, end, out),
+            HirKind::Alternation(hs) => {
+                for b in hs {
+                    branches(b, start, end, out);
+                }
             }
-            let e = matches!(items.last().map(Hir::kind), Some(HirKind::Look(Look::End)));
-            if e {
-                items.pop();
+            HirKind::Concat(items) => {
+                let mut items = items.clone();
+                let (mut s, mut e) = (start, end);
+                while matches!(
+                    items.first().map(Hir::kind),
+                    Some(HirKind::Look(Look::Start))
+                ) {
+                    items.remove(0);
+                    s = true;
+                }
+                while matches!(items.last().map(Hir::kind), Some(HirKind::Look(Look::End))) {
+                    items.pop();
+                    e = true;
+                }
+                match items.as_slice() {
+                    [one] => branches(one, s, e, out),
+                    _ => out.push((items, s, e)),
+                }
             }
-            (items, s, e)
+            HirKind::Look(Look::Start) => out.push((vec![], true, end)),
+            HirKind::Look(Look::End) => out.push((vec![], start, true)),
+            _ => out.push((vec![h.clone()], start, end)),
         }
-        HirKind::Look(Look::Start) => (vec![], true, false),
-        HirKind::Look(Look::End) => (vec![], false, true),
-        _ => (vec![hir.clone()], false, false),
-    };
-    fn encode_char(c: char) -> String {
-        let s = serde_json::to_string(&c.to_string()).unwrap();
-        regex_syntax::escape(&s[1..s.len() - 1])
     }
-    fn tr(h: &Hir, pointer: &str) -> Result<String> {
-        Ok(match h.kind() {
-            HirKind::Empty => String::new(),
-            HirKind::Literal(lit) => {
-                let s = std::str::from_utf8(&lit.0)
-                    .map_err(|_| unsupported("pattern", pointer, "a byte-level literal"))?;
-                s.chars().map(encode_char).collect()
-            }
-            HirKind::Class(Class::Unicode(cls)) => {
-                // Characters that JSON writes raw stay a class; the others become their escapes.
-                let mut raw = String::new();
-                let mut escaped = Vec::new();
-                for r in cls.ranges() {
-                    let (a, b) = (r.start() as u32, r.end() as u32);
-                    for special in (0..0x20).chain([0x22, 0x5C]) {
-                        if a <= special && special <= b {
-                            escaped.push(encode_char(char::from_u32(special).unwrap()));
-                        }
-                    }
-                    raw.push_str(&format!("\\x{{{a:x}}}-\\x{{{b:x}}}"));
-                }
-                let class = format!(r#"[[{raw}]--[\x00-\x1F"\\]]"#);
-                if escaped.is_empty() {
-                    class
-                } else {
-                    format!("(?:{class}|{})", escaped.join("|"))
-                }
-            }
-            HirKind::Class(Class::Bytes(_)) => {
-                return Err(unsupported("pattern", pointer, "a byte class"))
-            }
-            HirKind::Look(_) => {
-                return Err(unsupported(
-                    "pattern",
-                    pointer,
-                    "anchors or word boundaries inside the pattern",
-                ))
-            }
-            HirKind::Repetition(rep) => {
-                let inner = tr(&rep.sub, pointer)?;
-                let max = rep.max.map_or(String::new(), |m| m.to_string());
-                let q = if rep.max == Some(rep.min) {
-                    format!("{{{}}}", rep.min)
-                } else {
-                    format!("{{{},{max}}}", rep.min)
-                };
-                format!("(?:{inner}){q}")
-            }
-            HirKind::Capture(c) => format!("(?:{})", tr(&c.sub, pointer)?),
-            HirKind::Concat(hs) => hs
-                .iter()
-                .map(|h| tr(h, pointer))
-                .collect::<Result<String>>()?,
-            HirKind::Alternation(hs) => format!(
-                "(?:{})",
-                hs.iter()
-                    .map(|h| tr(h, pointer))
-                    .collect::<Result<Vec<_>>>()?
-                    .join("|")
-            ),
-        })
+    let mut found = Vec::new();
+    branches(&hir, false, false, &mut found);
+    if found.len() > 1 {
+        let mut alts = Vec::with_capacity(found.len());
+        for (items, s, e) in found {
+            alts.push(search_text(&Hir::concat(items), s, e, pointer)?);
+        }
+        return Ok((format!("(?:{})", alts.join("|")), false));
     }
+    let (mut items, anchored_start, anchored_end) = found.pop().expect("one branch");
     let mut applied = false;
     let (mut anchored_start, mut anchored_end) = (anchored_start, anchored_end);
     if let Some((lo, hi)) = length {

@@ -390,3 +390,58 @@ fn json_pointers_and_the_ascii_forms_of_iri_and_idn_email() {
         strings(&pointer(f), &[(good, true), (bad, false)]);
     }
 }
+
+/// Look-aheads at the top level of a pattern and anchors on each branch of an alternation: every
+/// short string over each pattern's alphabet is accepted exactly when the `jsonschema` crate (an
+/// independent ECMA-262 implementation) finds it valid.
+#[test]
+fn look_aheads_and_anchored_branches_search_as_ecma_does() {
+    let cases = [
+        ("^(?!aws:)[a-z:]+$", "aws:x"),
+        ("^(?!d-)([0-9a-d]+)([-]*[0-9a-d])*$", "d-1"),
+        (
+            "^(?!rc-)(?![-])(?![a-z-]*[-]$)(?![a-z-]*[-]{2})[a-z-]+$",
+            "rc-",
+        ),
+        ("^(?![ \t]*$)[^\n]+", " a\t"),
+        ("^(?!aws:[a-z]*)", "aws:"),
+        ("x(?=ab)", "xab"),
+        ("^a(?=b)[a-c]{2}", "abc"),
+        ("^a+$|^$", "ab"),
+        ("([$]L|[$]D|^[1-9][0-9]*$)", "$LD10"),
+        ("^(^a:(b|c)$)|(^d/(a+)$)$", "a:bcd/"),
+    ];
+    for (pattern, alphabet) in cases {
+        let schema = json!({"type": "string", "pattern": pattern});
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
+        let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
+        let chars: Vec<char> = alphabet.chars().collect();
+        let mut words = vec![String::new()];
+        for len in 0..5 {
+            let longer: Vec<String> = words
+                .iter()
+                .filter(|w| w.chars().count() == len)
+                .flat_map(|w| chars.iter().map(move |c| format!("{w}{c}")))
+                .collect();
+            words.extend(longer);
+        }
+        for w in &words {
+            let text = serde_json::to_string(w).unwrap();
+            assert_eq!(
+                ours.is_match(text.as_bytes()),
+                validator.is_valid(&json!(w)),
+                "{pattern:?} on {w:?}"
+            );
+        }
+    }
+    // What stays refused, with a typed error.
+    for pattern in ["(a(?!b))c", "(?<=a)b", "a(?!b)|c", "(?!^[0-9]+$)x"] {
+        let schema = json!({"type": "string", "pattern": pattern});
+        let e = schema_to_regex(&schema, &SchemaOptions::default()).unwrap_err();
+        assert!(
+            matches!(e, SchemaError::Unsupported { .. }),
+            "{pattern}: {e}"
+        );
+    }
+}
