@@ -421,6 +421,19 @@ impl Translator<'_> {
         };
         let (ra, rb) = (required(a), required(b));
         let only_objects = |m: &Map<String, Value>| m.get("type") == Some(&json!("object"));
+        // An object of `x` has a property `y` forbids (`additionalProperties: false`, the name not
+        // declared; no `patternProperties` to test names against), so it cannot be one of `y`.
+        let forbids = |y: &Map<String, Value>, name: &str| {
+            y.get("additionalProperties") == Some(&Value::Bool(false))
+                && !y.contains_key("patternProperties")
+                && !y.contains_key("unevaluatedProperties")
+                && y.get("properties").and_then(|p| p.get(name)).is_none()
+        };
+        for (x, rx, y) in [(a, &ra, b), (b, &rb, a)] {
+            if only_objects(x) && rx.iter().any(|n| forbids(y, n)) {
+                return true;
+            }
+        }
         for name in ra.iter().filter(|n| rb.contains(n)) {
             let pa = a.get("properties").and_then(|p| p.get(name));
             let pb = b.get("properties").and_then(|p| p.get(name));
@@ -447,7 +460,17 @@ impl Translator<'_> {
                 if !self.disjoint(&branches[i], &branches[j], pointer, 0) {
                     let keep = branches[i].as_object().is_some_and(Self::has_unevaluated);
                     let here = child(pointer, &j.to_string());
-                    let negated = self.negate_keeping(&branches[j], &here, keep).map_err(|e| {
+                    // i ∧ ¬j = i ∧ ¬(what j asks beyond i): the keywords both share hold in i.
+                    let target = match self.beyond(&branches[j], &branches[i]) {
+                        Some(rest) if Self::constraining(&rest, &[]).is_empty() => {
+                            // j asks nothing i does not: no instance of i escapes j.
+                            terms.push(Value::Bool(false));
+                            continue;
+                        }
+                        Some(rest) => Value::Object(rest),
+                        None => branches[j].clone(),
+                    };
+                    let negated = self.negate_keeping(&target, &here, keep).map_err(|e| {
                         unsupported(
                             "oneOf",
                             pointer,
@@ -466,6 +489,68 @@ impl Translator<'_> {
             });
         }
         Ok(out)
+    }
+
+    /// The keywords of `j` that `i` does not share. A keyword is shared when it has the same value
+    /// in both and what its meaning depends on is the same too (`additionalProperties`: the
+    /// names of `properties` and `patternProperties`; `items`: the length of `prefixItems`;
+    /// `contains` and `if` with their partners), so it holds in every instance of `i`: then
+    /// `i ∧ ¬j = i ∧ ¬rest`. `None` where keywords depend on everything in place
+    /// (`unevaluated*`) or `$ref` hides its siblings (before 2019-09).
+    fn beyond(&self, j: &Value, i: &Value) -> Option<Map<String, Value>> {
+        const GROUPS: &[&[&str]] = &[
+            &["contains", "minContains", "maxContains"],
+            &["if", "then", "else"],
+        ];
+        let (jm, im) = (j.as_object()?, i.as_object()?);
+        let in_place = |m: &Map<String, Value>| {
+            m.keys().any(|k| {
+                k.starts_with("unevaluated")
+                    || k.starts_with("$quarry:")
+                    || k == "$dynamicRef"
+                    || k == "$recursiveRef"
+            })
+        };
+        if in_place(jm) || in_place(im) {
+            return None;
+        }
+        if self.draft < Draft::D2019 && (jm.contains_key("$ref") || im.contains_key("$ref")) {
+            return None;
+        }
+        let same = |k: &str| jm.get(k) == im.get(k);
+        // What a keyword's meaning depends on besides its value: names, or a prefix's length.
+        let names = |m: &Map<String, Value>, k: &str| -> Vec<String> {
+            m.get(k)
+                .and_then(Value::as_object)
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        let same_names = |k: &str| {
+            let (mut a, mut b) = (names(jm, k), names(im, k));
+            a.sort();
+            b.sort();
+            a == b
+        };
+        let length =
+            |m: &Map<String, Value>, k: &str| m.get(k).and_then(Value::as_array).map(Vec::len);
+        let same_length = |k: &str| length(jm, k) == length(im, k);
+        let shared = |k: &str| match k {
+            "additionalProperties" => {
+                same(k) && same_names("properties") && same_names("patternProperties")
+            }
+            "items" if self.draft >= Draft::D2020 => same(k) && same_length("prefixItems"),
+            "additionalItems" => same(k) && same_length("items"),
+            _ => match GROUPS.iter().find(|g| g.contains(&k)) {
+                Some(group) => group.iter().all(|k| same(k)),
+                None => same(k),
+            },
+        };
+        let rest = jm
+            .iter()
+            .filter(|(k, _)| !shared(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Some(rest)
     }
 
     /// The `anyOf` of every combination of one branch from `a` and one from `b` (both `anyOf`s

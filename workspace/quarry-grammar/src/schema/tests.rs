@@ -445,3 +445,69 @@ fn look_aheads_and_anchored_branches_search_as_ecma_does() {
         );
     }
 }
+
+/// Overlapping `oneOf` branches that share keywords (the schema's own, merged into each branch):
+/// only what a branch asks beyond the other is negated, so `additionalProperties` and nested
+/// `oneOf`s next to them need no negation; branches that each require a name the others forbid
+/// are disjoint. Every small object is accepted exactly when the `jsonschema` crate finds it
+/// valid.
+#[test]
+fn one_of_negates_only_what_branches_do_not_share() {
+    let schemas = [
+        json!({"type": "object",
+               "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+               "additionalProperties": false,
+               "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}),
+        json!({"properties": {"t": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+                              "a": {"type": "integer"}},
+               "oneOf": [{"required": ["a"]}, {"required": ["t"]}, {"required": ["a", "t"]}]}),
+        json!({"type": "object", "additionalProperties": false,
+               "properties": {"a": {"type": "integer", "maximum": 3}, "b": {"type": "string"}},
+               "oneOf": [{"required": ["a"], "properties": {"a": {"minimum": 1}}},
+                         {"required": ["a"], "properties": {"a": {"minimum": 2}}}]}),
+        // Disjoint: each branch requires a name the others forbid.
+        json!({"oneOf": [
+            {"type": "object", "additionalProperties": false,
+             "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            {"type": "object", "additionalProperties": false,
+             "properties": {"b": {"type": "string"}, "t": {}}, "required": ["b"]},
+            {"type": "object", "additionalProperties": false,
+             "properties": {"t": {}}, "required": ["t"]}]}),
+    ];
+    let values = [json!(1), json!(2), json!(5), json!("x")];
+    for schema in schemas {
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
+        let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
+        let mut checked = 0;
+        for keys in 0..8u32 {
+            for pick in 0..values.len().pow(3) {
+                let mut m = Map::new();
+                for (k, name) in ["a", "b", "t"].iter().enumerate() {
+                    if keys >> k & 1 == 1 {
+                        let v = values[pick / values.len().pow(k as u32) % values.len()].clone();
+                        m.insert(name.to_string(), v);
+                    }
+                }
+                let instance = Value::Object(m);
+                let text = canonicalize(&instance, &schema, Whitespace::Compact);
+                assert_eq!(
+                    ours.is_match(text.as_bytes()),
+                    validator.is_valid(&instance),
+                    "{schema} on {text}"
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 8 * 64);
+    }
+    // Branches whose differences include `properties` next to `additionalProperties` still need
+    // that negation: a typed refusal.
+    let s = json!({"oneOf": [
+        {"properties": {"a": {}}, "additionalProperties": false},
+        {"properties": {"b": {}}, "additionalProperties": false}]});
+    assert!(matches!(
+        schema_to_regex(&s, &SchemaOptions::default()),
+        Err(SchemaError::Unsupported { .. })
+    ));
+}
