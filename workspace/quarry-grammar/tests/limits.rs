@@ -200,12 +200,16 @@ fn compile_time_is_bounded() {
     );
 }
 
-/// A schema whose regex grows exponentially with its `$ref` fan-out: a typed error, quickly.
-#[test]
-fn exploding_schema_is_a_typed_error() {
+/// Nine levels of definitions, each with five properties referring to the next: inlined, the
+/// regex grows as 5^9. `sibling` adds a keyword next to each `$ref` (from 2019-09 it applies, so
+/// the reference cannot be shared).
+fn fan_out(sibling: bool) -> serde_json::Value {
     let mut defs = serde_json::Map::new();
     for level in 0..9 {
-        let next = serde_json::json!({"$ref": format!("#/$defs/l{}", level + 1)});
+        let mut next = serde_json::json!({"$ref": format!("#/$defs/l{}", level + 1)});
+        if sibling {
+            next["minProperties"] = serde_json::json!(0);
+        }
         let props: serde_json::Map<String, serde_json::Value> =
             (0..5).map(|i| (format!("p{i}"), next.clone())).collect();
         defs.insert(
@@ -214,10 +218,41 @@ fn exploding_schema_is_a_typed_error() {
         );
     }
     defs.insert("l9".into(), serde_json::json!({"type": "integer"}));
-    let schema = serde_json::json!({"$defs": defs, "$ref": "#/$defs/l0"});
+    serde_json::json!({"$defs": defs, "$ref": "#/$defs/l0"})
+}
+
+/// The exponential fan-out compiles: large references become rules shared by their uses (which
+/// the grammar layer inlines as shared terms, since none recurses), and an output validates.
+#[test]
+fn exploding_references_are_shared_rules() {
+    let schema = fan_out(false);
+    let grammar = Grammar::compile(
+        &Constraint::JsonSchema {
+            schema: schema.clone(),
+            options: Default::default(),
+        },
+        tiny_vocab(),
+        Limits::default(),
+    )
+    .unwrap();
+    let mut m = Matcher::new(std::sync::Arc::new(grammar));
+    // Always one nested object deep, then an integer: `{"p0":{"p0":…1…}}`.
+    let text = (0..9).fold("1".to_string(), |inner, _| format!("{{\"p0\":{inner}}}"));
+    m.accept_bytes(text.as_bytes()).unwrap();
+    assert!(m.is_accepting());
+    let instance: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(jsonschema::validator_for(&schema)
+        .unwrap()
+        .is_valid(&instance));
+}
+
+/// The same fan-out where every reference has a keyword next to it (no sharing): a typed error,
+/// quickly.
+#[test]
+fn exploding_schema_is_a_typed_error() {
     let err = Grammar::compile(
         &Constraint::JsonSchema {
-            schema,
+            schema: fan_out(true),
             options: Default::default(),
         },
         tiny_vocab(),

@@ -479,6 +479,25 @@ pub(crate) fn schema_to_rules_with(
     deadline: std::time::Instant,
     product_bytes: usize,
 ) -> Result<(String, Vec<String>)> {
+    // Inline copies of each referenced subschema first: a regular language where nothing
+    // recurses, and text that intersections and negations can take. Where that outgrows
+    // MAX_REGEX_BYTES (a large definition used in many places), again with large references as
+    // shared rules of a grammar.
+    match translate(schema, options, deadline, product_bytes, false) {
+        Err(SchemaError::TooLarge { .. }) => {
+            translate(schema, options, deadline, product_bytes, true)
+        }
+        done => done,
+    }
+}
+
+fn translate(
+    schema: &Value,
+    options: &SchemaOptions,
+    deadline: std::time::Instant,
+    product_bytes: usize,
+    share_refs: bool,
+) -> Result<(String, Vec<String>)> {
     let draft = Draft::of(schema);
     let mut t = Translator {
         root: schema,
@@ -490,6 +509,7 @@ pub(crate) fn schema_to_rules_with(
         keep_evaluated: false,
         rules: Vec::new(),
         product_bytes,
+        share_refs,
     };
     let root = t.value(schema, "#")?;
     // Each rule's body is its target, translated with only itself on the path: a reference back
@@ -534,7 +554,14 @@ struct Translator<'a> {
     /// Largest operand DFA an intersection is built as a product for
     /// ([`automaton::MAX_DFA_BYTES`]; 0 writes every intersection as a term).
     product_bytes: usize,
+    /// Write a reference whose target translates to more than [`SHARED_RULE_BYTES`] as a rule,
+    /// shared by every use, instead of a copy per use (the second try of a schema whose regex
+    /// outgrew [`MAX_REGEX_BYTES`]; see [`schema_to_rules_with`]).
+    share_refs: bool,
 }
+
+/// A reference target at least this large becomes a shared rule when references are shared.
+const SHARED_RULE_BYTES: usize = 16 << 10;
 
 fn unsupported(keyword: &str, pointer: &str, reason: &str) -> SchemaError {
     SchemaError::Unsupported {
@@ -882,8 +909,8 @@ impl Translator<'_> {
             return Err(unsupported(
                 keyword,
                 pointer,
-                "combining keywords over a recursive reference (set max_recursion_depth to \
-                 unroll it)",
+                "combining keywords over a rule: a recursive reference (set \
+                 max_recursion_depth to unroll it), or a large one shared by its uses",
             ));
         }
         let lazy = || crate::parse::and_text(a, b, op == automaton::Op::AndNot);
@@ -920,6 +947,12 @@ impl Translator<'_> {
                 &format!("remote reference {r:?}; only local references (#…) are supported"),
             ));
         };
+        let plain = self.draft < Draft::D2019 || Self::constraining(m, &["$ref"]).is_empty();
+        if self.share_refs && plain {
+            if let Some(k) = self.rules.iter().position(|x| x == r) {
+                return Ok(crate::parse::rule_ref_text(k + 1));
+            }
+        }
         let unrolled = self.refs.iter().filter(|x| *x == r).count();
         if unrolled > 0 {
             match self.options.max_recursion_depth {
@@ -973,7 +1006,13 @@ impl Translator<'_> {
             self.value(target, r)
         };
         self.refs.pop();
-        out
+        match out {
+            Ok(re) if self.share_refs && plain && re.len() > SHARED_RULE_BYTES => {
+                self.rules.push(r.to_owned());
+                Ok(crate::parse::rule_ref_text(self.rules.len()))
+            }
+            out => out,
+        }
     }
 
     fn combinator(
