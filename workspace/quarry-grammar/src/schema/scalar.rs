@@ -580,7 +580,7 @@ fn with_lookaheads(p: &Lookaheads<'_>, pointer: &str) -> Result<String> {
         if text.is_empty() {
             return Ok(String::new());
         }
-        Ok(pattern_in_json(&format!("^(?:{text})$"), pointer)?)
+        pattern_in_json(&format!("^(?:{text})$"), pointer)
     };
     let (first, start) = match p.first.strip_prefix('^') {
         Some(f) => (f, true),
