@@ -271,3 +271,36 @@ fn exploding_schema_is_a_typed_error() {
         "{err}"
     );
 }
+
+/// Subschemas nested past `MAX_NESTING` are a typed error, not a stack overflow, even when the
+/// caller's thread has a small stack (translation runs on a thread of its own).
+#[test]
+fn deep_nesting_is_a_typed_error_on_a_small_stack() {
+    let mut schema = serde_json::json!({"type": "integer"});
+    for _ in 0..quarry_grammar::schema::MAX_NESTING + 10 {
+        schema = serde_json::json!({"type": "object", "properties": {"a": schema}});
+    }
+    let err = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || {
+            Grammar::compile(
+                &Constraint::JsonSchema {
+                    schema,
+                    options: Default::default(),
+                },
+                tiny_vocab(),
+                Limits::default(),
+            )
+            .unwrap_err()
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(
+        matches!(
+            err,
+            GrammarError::Schema(quarry_grammar::SchemaError::TooDeep { .. })
+        ),
+        "{err}"
+    );
+}

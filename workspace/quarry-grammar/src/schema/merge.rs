@@ -44,6 +44,16 @@ impl Translator<'_> {
         pointer: &str,
         depth: usize,
     ) -> Result<Value> {
+        self.nested(pointer, |t| t.merge_unchecked(a, b, pointer, depth))
+    }
+
+    fn merge_unchecked(
+        &mut self,
+        a: &Value,
+        b: &Value,
+        pointer: &str,
+        depth: usize,
+    ) -> Result<Value> {
         let a = self.inline_ref(a, pointer, depth)?;
         let b = self.inline_ref(b, pointer, depth)?;
         let (a, b) = match (a, b) {
@@ -72,6 +82,27 @@ impl Translator<'_> {
             (Value::Object(a), Value::Object(b)) => (a, b),
             (a, b) => return self.merge(&a, &b, pointer, depth + 1),
         };
+        // Two different conditionals cannot share one object's `if`: b's becomes the `anyOf`
+        // it stands for, `(if ∧ then) ∨ (¬if ∧ else)`, merged with a's by product.
+        let conditional =
+            |m: &Map<String, Value>| ["if", "then", "else"].map(|k| m.get(k).cloned());
+        let mut b = b;
+        if self.draft >= Draft::D7
+            && b.contains_key("if")
+            && out.contains_key("if")
+            && conditional(&out) != conditional(&b)
+        {
+            let cond = b.remove("if").expect("checked");
+            let then = b.remove("then").unwrap_or(Value::Bool(true));
+            let other = b.remove("else").unwrap_or(Value::Bool(true));
+            let negated = self.negate(&cond, &child(pointer, "if"), depth + 1)?;
+            let branches = json!([{"allOf": [cond, then]}, {"allOf": [negated, other]}]);
+            let any = match b.remove("anyOf") {
+                Some(a) => Self::any_of_product(&a, &branches, pointer)?,
+                None => branches,
+            };
+            b.insert("anyOf".into(), any);
+        }
         // additionalProperties read against each side's own properties, made explicit: a name
         // one side declares and the other does not takes the other's additionalProperties.
         let (mut out, b) = Self::close_properties(out, b);
@@ -205,6 +236,39 @@ impl Translator<'_> {
                         )
                     }
                     "const" => return Ok(Value::Bool(false)),
+                    // Both apply to the same items (the prefixes are the same: see COUPLED).
+                    "items" | "additionalItems" if va.is_object() && vb.is_object() => {
+                        json!({ "allOf": [va, vb] })
+                    }
+                    // Multiples of both integers: of their least common multiple.
+                    "multipleOf" => {
+                        match (va.as_u64(), vb.as_u64()) {
+                            (Some(x), Some(y)) if x > 0 && y > 0 => {
+                                let gcd = |mut a: u64, mut b: u64| {
+                                    while b != 0 {
+                                        (a, b) = (b, a % b);
+                                    }
+                                    a
+                                };
+                                match (x / gcd(x, y)).checked_mul(y) {
+                                    Some(l) => json!(l),
+                                    None => {
+                                        return Err(unsupported(
+                                            "multipleOf",
+                                            pointer,
+                                            "the least common multiple overflows",
+                                        ))
+                                    }
+                                }
+                            }
+                            _ => return Err(unsupported(
+                                "multipleOf",
+                                pointer,
+                                "two allOf branches set it differently (other than two integers); \
+                                 merging it is not supported yet",
+                            )),
+                        }
+                    }
                     // Both apply to the same names (see close_properties).
                     "additionalProperties" => json!({ "allOf": [va, vb] }),
                     "anyOf" => Self::any_of_product(&va, &vb, pointer)?,

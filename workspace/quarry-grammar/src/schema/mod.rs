@@ -310,7 +310,16 @@ pub enum SchemaError {
     /// `$ref`, or a wide `oneOf`).
     #[error("the regex for {pointer} exceeds {} MiB", MAX_REGEX_BYTES >> 20)]
     TooLarge { pointer: String },
+    /// Subschemas, `allOf` merges and negations nested past [`MAX_NESTING`] levels (the
+    /// expansion of many conditionals or combinators into each other), refused before the
+    /// translator's recursion could exhaust the stack.
+    #[error("the schema nests subschemas, merges and negations more than {MAX_NESTING} levels deep at {pointer}")]
+    TooDeep { pointer: String },
 }
+
+/// Deepest nesting of subschema translations, merges and negations: what the translator's
+/// recursion may reach (see [`SchemaError::TooDeep`]). Real schemas stay far below it.
+pub const MAX_NESTING: usize = 256;
 
 /// Longest regex text a subschema may produce.
 pub const MAX_REGEX_BYTES: usize = 4 << 20;
@@ -483,13 +492,30 @@ pub(crate) fn schema_to_rules_with(
     // recurses, and text that intersections and negations can take. Where that outgrows
     // MAX_REGEX_BYTES (a large definition used in many places), again with large references as
     // shared rules of a grammar.
-    match translate(schema, options, deadline, product_bytes, false) {
+    let run = || match translate(schema, options, deadline, product_bytes, false) {
         Err(SchemaError::TooLarge { .. }) => {
             translate(schema, options, deadline, product_bytes, true)
         }
         done => done,
-    }
+    };
+    // The translator recurses up to MAX_NESTING levels; on a thread of its own with a stack
+    // known to hold them, whatever the caller's stack (2 MiB on spawned threads).
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new()
+            .name("schema-translate".into())
+            .stack_size(TRANSLATE_STACK)
+            .spawn_scoped(scope, run)
+        {
+            Ok(handle) => handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => run(),
+        }
+    })
 }
+
+/// Stack of the translating thread: [`MAX_NESTING`] levels take under 8 MiB in a debug build.
+const TRANSLATE_STACK: usize = 64 << 20;
 
 fn translate(
     schema: &Value,
@@ -510,6 +536,7 @@ fn translate(
         rules: Vec::new(),
         product_bytes,
         share_refs,
+        nesting: 0,
     };
     let root = t.value(schema, "#")?;
     // Each rule's body is its target, translated with only itself on the path: a reference back
@@ -558,6 +585,8 @@ struct Translator<'a> {
     /// shared by every use, instead of a copy per use (the second try of a schema whose regex
     /// outgrew [`MAX_REGEX_BYTES`]; see [`schema_to_rules_with`]).
     share_refs: bool,
+    /// Translations, merges and negations in progress ([`MAX_NESTING`]).
+    nesting: usize,
 }
 
 /// A reference target at least this large becomes a shared rule when references are shared.
@@ -646,13 +675,26 @@ fn as_count(v: &Value, pointer: &str, keyword: &str) -> Result<u64> {
 
 impl Translator<'_> {
     /// The regex of values that `schema` (at `pointer`) accepts.
+    /// Runs `f` one level deeper, or refuses past [`MAX_NESTING`].
+    fn nested<T>(&mut self, pointer: &str, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        if self.nesting >= MAX_NESTING {
+            return Err(SchemaError::TooDeep {
+                pointer: pointer.into(),
+            });
+        }
+        self.nesting += 1;
+        let out = f(self);
+        self.nesting -= 1;
+        out
+    }
+
     fn value(&mut self, schema: &Value, pointer: &str) -> Result<String> {
         if std::time::Instant::now() > self.deadline {
             return Err(SchemaError::OutOfTime {
                 pointer: pointer.into(),
             });
         }
-        let re = self.value_unchecked(schema, pointer)?;
+        let re = self.nested(pointer, |t| t.value_unchecked(schema, pointer))?;
         if re.len() > MAX_REGEX_BYTES {
             return Err(SchemaError::TooLarge {
                 pointer: pointer.into(),

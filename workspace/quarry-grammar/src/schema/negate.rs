@@ -31,6 +31,9 @@ pub(super) const FRACTIONAL: &str = r"-?(?:0|[1-9][0-9]{0,17})\.[0-9]{0,17}[1-9]
 /// How many branches a cross product of `anyOf`s may have.
 const MAX_BRANCHES: usize = 64;
 
+/// The most branches of a `oneOf` that is negated (its negation has a branch per pair).
+const MAX_ONE_OF_NEGATED: usize = 8;
+
 impl Translator<'_> {
     /// `if`/`then`/`else` and schema dependencies, rewritten as `anyOf`s next to the remaining
     /// keywords; `None` if the schema has none.
@@ -86,6 +89,10 @@ impl Translator<'_> {
 
     /// A schema accepting exactly the instances `schema` rejects, or `Unsupported`.
     pub(super) fn negate(&mut self, schema: &Value, pointer: &str, depth: usize) -> Result<Value> {
+        self.nested(pointer, |t| t.negate_unchecked(schema, pointer, depth))
+    }
+
+    fn negate_unchecked(&mut self, schema: &Value, pointer: &str, depth: usize) -> Result<Value> {
         if depth > 16 {
             return Err(unsupported("not", pointer, "negation nested too deeply"));
         }
@@ -216,6 +223,35 @@ impl Translator<'_> {
                         failures.extend(negated);
                         continue;
                     }
+                }
+                // Not exactly one: none of the branches, or two of them at once.
+                "oneOf" => {
+                    let here = child(pointer, k);
+                    let branches = v
+                        .as_array()
+                        .ok_or_else(|| invalid(&here, "expected an array"))?;
+                    if branches.len() > MAX_ONE_OF_NEGATED {
+                        return Err(unsupported(
+                            "not",
+                            pointer,
+                            &format!(
+                                "negating a `oneOf` of more than {MAX_ONE_OF_NEGATED} branches \
+                                 is not supported"
+                            ),
+                        ));
+                    }
+                    let none = branches
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| self.negate(b, &child(&here, &i.to_string()), depth + 1))
+                        .collect::<Result<Vec<_>>>()?;
+                    let mut alts = vec![json!({ "allOf": none })];
+                    for i in 0..branches.len() {
+                        for j in i + 1..branches.len() {
+                            alts.push(json!({"allOf": [branches[i], branches[j]]}));
+                        }
+                    }
+                    json!({ "anyOf": alts })
                 }
                 "not" => v.clone(),
                 // Vendor keywords are annotations when the options say so.

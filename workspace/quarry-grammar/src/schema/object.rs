@@ -209,7 +209,7 @@ impl Translator<'_> {
                 let at = child(&here, pattern);
                 let names = format!("\"{}\"", pattern_in_json(pattern, &at)?);
                 Ok(PatternProperty {
-                    matcher: full_match(&names, "patternProperties", &at)?,
+                    matcher: Narrowing::new(&names, "patternProperties", &at)?,
                     names,
                     schema: schema.clone(),
                     pointer: at,
@@ -514,7 +514,7 @@ fn counted_members(
 struct PatternProperty {
     /// Quoted names the pattern matches, as a regex.
     names: String,
-    matcher: regex_automata::meta::Regex,
+    matcher: Narrowing,
     schema: Value,
     pointer: String,
 }
@@ -554,7 +554,10 @@ pub(super) enum Narrowing {
 impl Narrowing {
     pub(super) fn new(re: &str, keyword: &str, pointer: &str) -> Result<Self> {
         if !super::has_markers(re) {
-            return full_match(re, keyword, pointer).map(Self::Regex);
+            // A regex too large for regex-automata's NFA is read as terms instead.
+            if let Ok(r) = full_match(re, keyword, pointer) {
+                return Ok(Self::Regex(r));
+            }
         }
         let mut terms = crate::deriv::Terms::new();
         let root = crate::parse::parse_with_rules(&mut terms, re, true, u32::MAX)

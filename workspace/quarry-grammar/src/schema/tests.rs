@@ -511,3 +511,40 @@ fn one_of_negates_only_what_branches_do_not_share() {
         Err(SchemaError::Unsupported { .. })
     ));
 }
+
+/// Negated `oneOf` (none, or two at once), and `allOf` branches that set `if`, `items` or
+/// `multipleOf` differently: every small instance is accepted exactly when the `jsonschema`
+/// crate finds it valid.
+#[test]
+fn negated_one_of_and_merged_conditionals_items_multiples() {
+    let schemas = [
+        json!({"not": {"oneOf": [{"type": "integer", "minimum": 2}, {"type": "integer", "maximum": 5}]}}),
+        json!({"type": "integer", "allOf": [
+            {"if": {"minimum": 5}, "then": {"multipleOf": 2}},
+            {"if": {"maximum": 7}, "then": {"multipleOf": 5}, "else": {"maximum": 12}}]}),
+        json!({"type": "integer", "allOf": [{"multipleOf": 4}, {"multipleOf": 10}]}),
+        json!({"type": "array", "maxItems": 2,
+               "allOf": [{"items": {"type": "integer"}}, {"items": {"minimum": 2}}]}),
+    ];
+    let mut instances: Vec<Value> = (-3..45).map(|i| json!(i)).collect();
+    instances.extend([json!("a"), json!(null), json!(2.5), json!([]), json!({})]);
+    for a in [json!(1), json!(3), json!("x")] {
+        instances.push(json!([a]));
+        for b in [json!(2), json!(7)] {
+            instances.push(json!([a, b]));
+        }
+    }
+    for schema in schemas {
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
+        let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
+        for instance in &instances {
+            let text = serde_json::to_string(instance).unwrap();
+            assert_eq!(
+                ours.is_match(text.as_bytes()),
+                validator.is_valid(instance),
+                "{schema} on {text}"
+            );
+        }
+    }
+}
