@@ -590,6 +590,8 @@ fn with_lookaheads(p: &Lookaheads<'_>, pointer: &str) -> Result<String> {
     let end = last.ends_with('$') && !last.ends_with("\\$");
     let any = format!("{STR_CHAR}*");
     let mut acc = String::new();
+    // A leading look-ahead with `^`: whether it is negative, and the rest after it.
+    let mut later: Option<(bool, String)> = None;
     for (k, &(body, negative, after)) in p.rest.iter().enumerate().rev() {
         let after = if k + 1 == p.rest.len() && end {
             &after[..after.len() - 1]
@@ -602,9 +604,13 @@ fn with_lookaheads(p: &Lookaheads<'_>, pointer: &str) -> Result<String> {
             ""
         };
         let rest = format!("{}{acc}{tail}", full(after)?);
-        // `^` inside a look-ahead holds only at the start of the string.
+        // `^` inside a look-ahead holds only at the start of the string: in a pattern searched
+        // anywhere, a match starting later sees the look-ahead fail.
         let body = match body.strip_prefix('^') {
-            Some(b) if start && k == 0 && first.is_empty() => b,
+            Some(b) if k == 0 && first.is_empty() => {
+                later = Some((negative, rest.clone()));
+                b
+            }
             Some(_) => return Err(refuse("`^` inside a look-ahead that is not at the start")),
             None => body,
         };
@@ -614,8 +620,16 @@ fn with_lookaheads(p: &Lookaheads<'_>, pointer: &str) -> Result<String> {
         };
         acc = crate::parse::and_text(&rest, &look, negative);
     }
-    let pre = if start { "" } else { any.as_str() };
-    Ok(format!("{pre}{}{acc}", full(first)?))
+    match later {
+        Some(_) if start => Ok(acc),
+        // A negative look-ahead passes for matches after the start, a positive one fails.
+        Some((true, rest)) => Ok(format!("(?:{acc}|{STR_CHAR}+{rest})")),
+        Some((false, _)) => Ok(acc),
+        None => {
+            let pre = if start { "" } else { any.as_str() };
+            Ok(format!("{pre}{}{acc}", full(first)?))
+        }
+    }
 }
 
 /// An ECMA-262 `pattern` (a search over the decoded string) as a regex over the canonical JSON
