@@ -152,8 +152,14 @@ impl Matcher {
             return;
         };
         let vocab = self.grammar.vocabulary();
+        let ends = vocab.json_ends();
+        let ends = if u.tracker.in_string() {
+            &ends.in_string
+        } else {
+            &ends.outside
+        };
         for (w, word) in mask.iter_mut().enumerate() {
-            let mut bits = *word;
+            let mut bits = *word & ends[w];
             while bits != 0 {
                 let bit = bits.trailing_zeros();
                 bits &= bits - 1;

@@ -13,6 +13,17 @@ pub struct Vocabulary {
     eos: Vec<u32>,
     trie: TokenTrie,
     text: TextSlice,
+    /// Built on first use ([`Vocabulary::json_ends`]).
+    json_ends: std::sync::OnceLock<JsonEnds>,
+}
+
+/// The tokens whose bytes can end a JSON value, for the `uniqueItems` check
+/// ([`crate::schema::unique`]): inside a string only `"` or `\` can; elsewhere a structural byte
+/// or whitespace. Other tokens are never tried.
+#[derive(Debug, Clone)]
+pub(crate) struct JsonEnds {
+    pub(crate) in_string: Box<[u32]>,
+    pub(crate) outside: Box<[u32]>,
 }
 
 /// The tokens that are plain text (llguidance calls such a precomputed set a slice): UTF-8 of
@@ -66,6 +77,7 @@ impl Vocabulary {
             eos: Vec::new(),
             trie: TokenTrie::default(),
             text: TextSlice::default(),
+            json_ends: std::sync::OnceLock::new(),
         };
         for (b, special) in tokens {
             v.bytes.extend_from_slice(b);
@@ -116,6 +128,24 @@ impl Vocabulary {
 
     pub(crate) fn text(&self) -> &TextSlice {
         &self.text
+    }
+
+    pub(crate) fn json_ends(&self) -> &JsonEnds {
+        self.json_ends.get_or_init(|| {
+            let mut in_string = vec![0u32; self.mask_words()].into_boxed_slice();
+            let mut outside = in_string.clone();
+            for id in 0..self.len() as u32 {
+                let bytes = self.token_bytes(id).unwrap_or(&[]);
+                let bit = 1 << (id % 32);
+                if bytes.iter().any(|b| matches!(b, b'"' | b'\\')) {
+                    in_string[id as usize / 32] |= bit;
+                }
+                if bytes.iter().any(|b| b"\"\\,]}[{ \t\n\r".contains(b)) {
+                    outside[id as usize / 32] |= bit;
+                }
+            }
+            JsonEnds { in_string, outside }
+        })
     }
 
     pub fn len(&self) -> usize {

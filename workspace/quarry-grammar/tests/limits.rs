@@ -273,7 +273,7 @@ fn exploding_schema_is_a_typed_error() {
 }
 
 /// Subschemas nested past `MAX_NESTING` are a typed error, not a stack overflow, even when the
-/// caller's thread has a small stack (translation runs on a thread of its own).
+/// caller's thread has a small stack (deep recursion moves to stack segments of its own).
 #[test]
 fn deep_nesting_is_a_typed_error_on_a_small_stack() {
     let mut schema = serde_json::json!({"type": "integer"});

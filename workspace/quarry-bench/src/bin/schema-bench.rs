@@ -1,7 +1,9 @@
 //! `schema-bench`: JSON Schema compile time on a corpus of real schemas, quarry against
 //! llguidance, in one run on the same vocabulary. For each schema and engine: whether it compiles,
 //! the median compile time (schema → automaton or parser) and the median time to the first token
-//! mask. Prints a summary and writes JSON (see `BENCHMARKS.md`).
+//! mask. Then the cost of the decode-time `uniqueItems` check: warm masks inside arrays whose
+//! items must be unique, against the same schema without `uniqueItems` (llguidance refuses the
+//! keyword). Prints a summary and writes JSON (see `BENCHMARKS.md`).
 
 use quarry_bench::median;
 use std::path::{Path, PathBuf};
@@ -223,10 +225,73 @@ fn run(args: &Args, model: &Path, files: &[PathBuf]) -> Result<Value> {
             }));
         }
     }
+    let unique = unique_items(&mv.vocab, args.reps.max(20))?;
     Ok(json!({
         "model": model.display().to_string(),
         "vocab": mv.vocab.len(),
         "summary": summary,
         "schemas": rows,
+        "unique_items": unique,
     }))
+}
+
+/// Warm `fill_mask` times (median µs) at points inside arrays whose items must be unique, with
+/// the check and without it (the same schema minus `uniqueItems`).
+fn unique_items(vocab: &Arc<quarry_grammar::Vocabulary>, reps: usize) -> Result<Value> {
+    let with = json!({
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 40}, "uniqueItems": true},
+            "points": {"type": "array", "uniqueItems": true, "items": {
+                "type": "object", "properties": {"x": {"type": "integer"}, "label": {"type": "string"}},
+                "required": ["x", "label"], "additionalProperties": false}}
+        },
+        "required": ["tags", "points"],
+        "additionalProperties": false
+    });
+    let mut without = with.clone();
+    for k in ["tags", "points"] {
+        without["properties"][k]
+            .as_object_mut()
+            .expect("an object")
+            .remove("uniqueItems");
+    }
+    let points = [
+        ("inside a string item", r#"{"tags":["alpha","beta","gam"#),
+        ("after a string item", r#"{"tags":["alpha","beta""#),
+        (
+            "inside an object item",
+            r#"{"tags":["a"],"points":[{"x":1,"label":"one"},{"x":2,"label":"tw"#,
+        ),
+    ];
+    let compile = |schema: &Value| -> Result<Arc<Grammar>> {
+        let c = Constraint::JsonSchema {
+            schema: schema.clone(),
+            options: SchemaOptions::default(),
+        };
+        Ok(Arc::new(Grammar::compile(&c, vocab.clone(), Limits::default())?))
+    };
+    let (gw, go) = (compile(&with)?, compile(&without)?);
+    let mut mask = vec![0u32; vocab.mask_words()];
+    let mut out = Vec::new();
+    println!("\nuniqueItems checked while decoding: warm mask, median of {reps} (µs)");
+    println!("{:<24} {:>12} {:>12} {:>8}", "point", "checked", "unchecked", "ratio");
+    for (name, prefix) in points {
+        let mut time = |g: &Arc<Grammar>| -> Result<f64> {
+            let mut m = Matcher::new(g.clone());
+            m.accept_bytes(prefix.as_bytes())?;
+            m.fill_mask(&mut mask);
+            let mut ts = Vec::with_capacity(reps);
+            for _ in 0..reps {
+                let t = Instant::now();
+                m.fill_mask(&mut mask);
+                ts.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            Ok(median(ts))
+        };
+        let (c, u) = (time(&gw)?, time(&go)?);
+        println!("{name:<24} {c:>12.1} {u:>12.1} {:>8.1}", c / u);
+        out.push(json!({"point": name, "checked_us": c, "unchecked_us": u}));
+    }
+    Ok(Value::Array(out))
 }

@@ -42,7 +42,10 @@
 //!   the other items are those failing `contains`, by negation); `unevaluatedItems` like
 //!   `unevaluatedProperties`;
 //! - strings: `minLength`, `maxLength` (code points), `pattern` (ECMA-262: a search; `\d`, `\w`,
-//!   `\s` and `.` with their ECMA meanings), `format` for `date`, `time`, `date-time`, `uuid`,
+//!   `\s` and `.` with their ECMA meanings; `^`/`$` at the ends of each branch of a top-level
+//!   alternation; look-aheads `(?=…)`/`(?!…)` at the top level, each an intersection or
+//!   difference with the rest of the string, a leading one with `^` holding only for matches at
+//!   the start), `format` for `date`, `time`, `date-time`, `uuid`,
 //!   `ipv4`, `json-pointer`, `relative-json-pointer` (without characters that need a JSON
 //!   escape), and conservative subsets (every value allowed is valid) of `ipv6` (uncompressed),
 //!   `hostname`, `email`, `duration`, `uri` and `uri-reference`, whose ASCII forms also serve
@@ -58,18 +61,26 @@
 //!   15 digits, where `f64` validators agree) or over ranges of at most 256 integers, and powers
 //!   of ten on numbers (`0.01`: at most two fraction digits);
 //! - combinators: `anyOf`; `oneOf`, sound: branches proven disjoint (different types, disjoint
-//!   `enum`/`const`, a required property with disjoint schemas) stay as they are, others are
-//!   intersected with the negation of the branches they may overlap; `allOf`, merged keyword by
-//!   keyword where that is exact (types intersected, `required` united, `properties` merged per
-//!   name, the tighter of two bounds, `enum` intersected, two `anyOf`s multiplied out); keywords
+//!   `enum`/`const`, a required property with disjoint schemas, a required name the other
+//!   branch forbids by `additionalProperties: false`) stay as they are, others are intersected
+//!   with the negation of what each branch they may overlap asks beyond them (keywords both
+//!   share, with what their meaning depends on, hold in both and are not negated); `allOf`,
+//!   merged keyword by keyword where that is exact (types intersected, `required` united,
+//!   `properties` merged per name, the tighter of two bounds, `enum` intersected, two `anyOf`s
+//!   multiplied out, schema-valued `items` and `additionalProperties` as `allOf`s, integer
+//!   `multipleOf` by their least common multiple, a second `if`/`then`/`else` as the `anyOf` it
+//!   stands for); keywords
 //!   next to `anyOf`/`oneOf` are merged into each branch; `not` by exact negation (De Morgan:
 //!   types, bounds, lengths, counts, `required`, `properties`, `items`, `enum`/`const` of scalars,
-//!   `pattern`, and `anyOf`/`allOf`/`not` of those); `if`/`then`/`else` expanded to
+//!   `pattern`, and `anyOf`/`allOf`/`not`/`oneOf` of those, a `oneOf` of at most 8 branches as
+//!   "none, or two at once"); `if`/`then`/`else` expanded to
 //!   `(if ∧ then) ∨ (¬if ∧ else)`;
 //! - references: local `$ref` (`#`, `#/$defs/…`, `#/definitions/…`, any JSON Pointer into the
 //!   document), `$defs`, `definitions`; a recursive reference becomes a rule of a grammar
 //!   ([`crate::cfg`]: its target translated once, as the rule's body), or is unrolled to
-//!   [`SchemaOptions::max_recursion_depth`] levels of regex when that is set.
+//!   [`SchemaOptions::max_recursion_depth`] levels of regex when that is set. Where copying each
+//!   referenced subschema into every use outgrows [`MAX_REGEX_BYTES`], the schema is translated
+//!   again with each large target as a rule shared by its uses.
 //!
 //! Ignored (annotations): `title`, `description`, `examples`, `default`, `$comment`, `deprecated`,
 //! `readOnly`, `writeOnly`, `$schema`, `$id`, `$anchor`, `$dynamicAnchor`, `$vocabulary`,
@@ -78,13 +89,14 @@
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
 //! dependencies over more than 6 properties, `contains` next
 //! to `prefixItems`, `maxItems` or `uniqueItems`, negations of other keywords (`format`,
-//! `additionalProperties`, `uniqueItems`, …), a double `not` next to `unevaluated*`, `$dynamicRef`, `$recursiveRef`, other `multipleOf`, other formats,
+//! `additionalProperties`, `patternProperties`, `uniqueItems`, `contains`, `prefixItems`, …), a double `not` next to `unevaluated*`, `$dynamicRef`, `$recursiveRef`, other `multipleOf`, other formats,
 //! intersections or differences that regex-level name tests need (`patternProperties`,
 //! `propertyNames`) when their automaton exceeds 4096 states, `allOf` branches that set
 //! the same other keyword differently or split a coupled pair that cannot be merged exactly
 //! (`prefixItems`/`items`, `additionalProperties` next to `patternProperties`; `properties`/
 //! `additionalProperties` are merged exactly: a name one branch declares takes the other's
-//! `additionalProperties`), remote references, a recursive reference with keywords next to it
+//! `additionalProperties`), look-aheads inside groups or next to a top-level alternation,
+//! look-behinds, backreferences, word boundaries, remote references, a recursive reference with keywords next to it
 //! (from 2019-09) or inside an operation on regular languages (`not`, overlapping `oneOf`,
 //! `patternProperties` names), unless `max_recursion_depth` unrolls it. (From 2019-09, keywords
 //! next to `$ref` are merged into its target.) Keywords that the declared draft does not define (`dependencies` in 2019-09 and
@@ -96,8 +108,11 @@
 //! [`SchemaError::UnknownKeyword`] errors instead.
 //!
 //! # Limits
-//! Translation stops with [`SchemaError::OutOfTime`] at the compile-time limit and with
-//! [`SchemaError::TooLarge`] when a subschema's regex passes [`MAX_REGEX_BYTES`]; the limits of
+//! Translation stops with [`SchemaError::OutOfTime`] at the compile-time limit, with
+//! [`SchemaError::TooLarge`] when a subschema's regex passes [`MAX_REGEX_BYTES`] (even with shared
+//! rules), and with [`SchemaError::TooDeep`] past [`MAX_NESTING`] levels of subschemas, merges and
+//! negations (deep recursion continues on stack segments of its own, so it never overflows the
+//! caller's stack); the limits of
 //! [`crate::Limits`] apply after. The DFA is built lazily, so its state limit bounds what decoding
 //! visits ([`crate::Grammar::overflow_error`]); [`crate::Grammar::explore`] checks a whole schema
 //! against it up front.
@@ -492,30 +507,19 @@ pub(crate) fn schema_to_rules_with(
     // recurses, and text that intersections and negations can take. Where that outgrows
     // MAX_REGEX_BYTES (a large definition used in many places), again with large references as
     // shared rules of a grammar.
-    let run = || match translate(schema, options, deadline, product_bytes, false) {
+    match translate(schema, options, deadline, product_bytes, false) {
         Err(SchemaError::TooLarge { .. }) => {
             translate(schema, options, deadline, product_bytes, true)
         }
         done => done,
-    };
-    // The translator recurses up to MAX_NESTING levels; on a thread of its own with a stack
-    // known to hold them, whatever the caller's stack (2 MiB on spawned threads).
-    std::thread::scope(|scope| {
-        match std::thread::Builder::new()
-            .name("schema-translate".into())
-            .stack_size(TRANSLATE_STACK)
-            .spawn_scoped(scope, run)
-        {
-            Ok(handle) => handle
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            Err(_) => run(),
-        }
-    })
+    }
 }
 
-/// Stack of the translating thread: [`MAX_NESTING`] levels take under 8 MiB in a debug build.
-const TRANSLATE_STACK: usize = 64 << 20;
+/// Stack that must be left for one more level of translation; below it the recursion continues
+/// on a new segment of [`STACK_SEGMENT`] bytes (`stacker`), so [`MAX_NESTING`] levels fit
+/// whatever the caller's stack (2 MiB on spawned threads). Debug builds have far larger frames.
+const STACK_RED_ZONE: usize = if cfg!(debug_assertions) { 512 << 10 } else { 64 << 10 };
+const STACK_SEGMENT: usize = 8 << 20;
 
 fn translate(
     schema: &Value,
@@ -683,7 +687,7 @@ impl Translator<'_> {
             });
         }
         self.nesting += 1;
-        let out = f(self);
+        let out = stacker::maybe_grow(STACK_RED_ZONE, STACK_SEGMENT, || f(self));
         self.nesting -= 1;
         out
     }

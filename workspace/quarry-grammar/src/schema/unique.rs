@@ -389,17 +389,78 @@ impl Tracker {
         self.checked > 0
     }
 
+    /// Inside a string: only a token with `"` or `\\` can end a value.
+    pub(crate) fn in_string(&self) -> bool {
+        matches!(self.lex, Lex::Str { .. })
+    }
+
     /// Whether accepting `bytes` would complete a duplicate item. A cheap lexical pass first:
     /// only bytes that may complete an item of a checked array (or open a container) are tried
     /// on a copy.
     pub(crate) fn would_duplicate(&self, bytes: &[u8]) -> bool {
-        self.checked_completion_possible(bytes) && self.clone().feed(bytes).is_err()
+        if let Some(dup) = self.string_item(bytes) {
+            return dup;
+        }
+        let expect_key = self.stack.last().is_some_and(|f| f.expect_key);
+        self.completes_checked(self.lex, self.stack.len(), expect_key, bytes)
+            && self.clone().feed(bytes).is_err()
     }
 
-    fn checked_completion_possible(&self, bytes: &[u8]) -> bool {
-        let mut lex = self.lex;
-        let mut depth = self.stack.len();
-        let mut expect_key = self.stack.last().is_some_and(|f| f.expect_key);
+    /// The common case without a trial copy: inside a string item of a checked array, a token
+    /// that ends the string (and completes nothing more) is a duplicate exactly when the item is.
+    /// `None` where that does not apply.
+    fn string_item(&self, bytes: &[u8]) -> Option<bool> {
+        let Lex::Str {
+            start,
+            key: false,
+            escape,
+        } = self.lex
+        else {
+            return None;
+        };
+        let top = self.stack.last().filter(|f| f.array)?;
+        let seen = top.seen.as_ref()?;
+        let mut escaped = escape;
+        let mut end = None;
+        for (i, &b) in bytes.iter().enumerate() {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                end = Some(i);
+                break;
+            }
+        }
+        let Some(k) = end else {
+            return Some(false); // the string goes on
+        };
+        if self.completes_checked(Lex::Between, self.stack.len(), false, &bytes[k + 1..]) {
+            return None;
+        }
+        let (head, tail) = (&self.text[start..], &bytes[..=k]);
+        let mut small = [0u8; 256];
+        let mut large = Vec::new();
+        let item: &[u8] = if head.len() + tail.len() <= small.len() {
+            small[..head.len()].copy_from_slice(head);
+            small[head.len()..head.len() + tail.len()].copy_from_slice(tail);
+            &small[..head.len() + tail.len()]
+        } else {
+            large.extend_from_slice(head);
+            large.extend_from_slice(tail);
+            &large
+        };
+        Some(if item.contains(&b'\\') {
+            seen.contains(&canonical(item)[..])
+        } else {
+            seen.contains(item)
+        })
+    }
+
+    /// A lexical pass over `bytes` from (`lex`, `depth` open containers, `expect_key`): whether
+    /// they may complete an item of a checked array (or open a container, which is not followed).
+    fn completes_checked(&self, lex: Lex, depth: usize, expect_key: bool, bytes: &[u8]) -> bool {
+        let (mut lex, mut depth, mut expect_key) = (lex, depth, expect_key);
         let completes_checked = |depth: usize| {
             depth > 0 && self.stack[depth - 1].seen.is_some() && self.stack[depth - 1].array
         };
