@@ -54,6 +54,9 @@ fn gen_schema(rng: &mut SmallRng, depth: u32) -> Value {
                         "duration",
                         "uri",
                         "uri-reference",
+                        "idn-hostname",
+                        "regex",
+                        "uri-template",
                     ];
                     s = json!({"type": "string", "format": formats[rng.random_range(0..formats.len())]});
                 }

@@ -269,13 +269,20 @@ fn unique_items(vocab: &Arc<quarry_grammar::Vocabulary>, reps: usize) -> Result<
             schema: schema.clone(),
             options: SchemaOptions::default(),
         };
-        Ok(Arc::new(Grammar::compile(&c, vocab.clone(), Limits::default())?))
+        Ok(Arc::new(Grammar::compile(
+            &c,
+            vocab.clone(),
+            Limits::default(),
+        )?))
     };
     let (gw, go) = (compile(&with)?, compile(&without)?);
     let mut mask = vec![0u32; vocab.mask_words()];
     let mut out = Vec::new();
     println!("\nuniqueItems checked while decoding: warm mask, median of {reps} (µs)");
-    println!("{:<24} {:>12} {:>12} {:>8}", "point", "checked", "unchecked", "ratio");
+    println!(
+        "{:<24} {:>12} {:>12} {:>8}",
+        "point", "checked", "unchecked", "ratio"
+    );
     for (name, prefix) in points {
         let mut time = |g: &Arc<Grammar>| -> Result<f64> {
             let mut m = Matcher::new(g.clone());

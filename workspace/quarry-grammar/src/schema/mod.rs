@@ -518,7 +518,11 @@ pub(crate) fn schema_to_rules_with(
 /// Stack that must be left for one more level of translation; below it the recursion continues
 /// on a new segment of [`STACK_SEGMENT`] bytes (`stacker`), so [`MAX_NESTING`] levels fit
 /// whatever the caller's stack (2 MiB on spawned threads). Debug builds have far larger frames.
-const STACK_RED_ZONE: usize = if cfg!(debug_assertions) { 512 << 10 } else { 64 << 10 };
+const STACK_RED_ZONE: usize = if cfg!(debug_assertions) {
+    512 << 10
+} else {
+    64 << 10
+};
 const STACK_SEGMENT: usize = 8 << 20;
 
 fn translate(

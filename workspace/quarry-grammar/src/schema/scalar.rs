@@ -394,6 +394,16 @@ fn format_body(format: &str, pointer: &str) -> Result<String> {
         // subsets are sound for the IDN/IRI formats too.
         "uri" | "iri" => format!("[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*{QUERY_FRAGMENT}"),
         "idn-email" => format_body("email", pointer)?,
+        // LDH labels without `--` (which RFC 5891 reserves for A-labels): valid IDN hostnames.
+        "idn-hostname" => {
+            let label = "[a-z0-9]{1,20}(?:-[a-z0-9]{1,20}){0,2}";
+            format!("{label}(?:\\.{label}){{0,4}}")
+        }
+        // Letters, digits, space, `_` and `-`: a regex that matches itself.
+        "regex" => "[A-Za-z0-9 _-]{0,64}".to_owned(),
+        // RFC 6570 literals only (no expressions): unreserved and reserved characters but `'`,
+        // and percent-encodings.
+        "uri-template" => "(?:[A-Za-z0-9._~:/?#@!$&()*+,;=-]|%[0-9A-Fa-f]{2}){0,128}".to_owned(),
         // RFC 6901: `/`-separated tokens where `~` is only `~0` or `~1` (characters that need a
         // JSON escape are left out).
         "json-pointer" => JSON_POINTER.to_owned(),

@@ -550,3 +550,49 @@ fn negated_one_of_and_merged_conditionals_items_multiples() {
         }
     }
 }
+
+/// `idn-hostname`, `regex` and `uri-template` as sound subsets: every short string over an
+/// alphabet of interesting characters that quarry accepts is valid for the `jsonschema` crate
+/// (formats asserted), and typical values are accepted.
+#[test]
+fn idn_hostname_regex_and_uri_template_are_sound_subsets() {
+    for (format, alphabet, typical) in [
+        ("idn-hostname", "a-.9x", "example-1.org"),
+        ("regex", "a(-[ *\\", "a b_c-d"),
+        ("uri-template", "a{/'%1", "/search?q=x&page=2"),
+    ] {
+        let schema = json!({"type": "string", "format": format});
+        let validator = jsonschema::options()
+            .should_validate_formats(true)
+            .build(&schema)
+            .unwrap();
+        let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
+        let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
+        let chars: Vec<char> = alphabet.chars().collect();
+        let mut words = vec![String::new()];
+        for len in 0..5 {
+            let longer: Vec<String> = words
+                .iter()
+                .filter(|w| w.chars().count() == len)
+                .flat_map(|w| chars.iter().map(move |c| format!("{w}{c}")))
+                .collect();
+            words.extend(longer);
+        }
+        let mut accepted = 0;
+        for w in words.iter().map(String::as_str).chain([typical]) {
+            let text = serde_json::to_string(w).unwrap();
+            if ours.is_match(text.as_bytes()) {
+                assert!(
+                    validator.is_valid(&json!(w)),
+                    "{format}: {w:?} is not valid"
+                );
+                accepted += 1;
+            }
+        }
+        assert!(
+            ours.is_match(serde_json::to_string(typical).unwrap().as_bytes()),
+            "{format}: {typical}"
+        );
+        assert!(accepted > 10, "{format}: only {accepted} accepted");
+    }
+}
