@@ -34,6 +34,10 @@
 //! # Semantics
 //! - Soundness: a token is in the mask only if its bytes keep the DFA alive; completeness: every
 //!   such token is. EOS is allowed exactly in accepting states; other special tokens never.
+//!   For a JSON Schema's `uniqueItems` beyond a finite item domain (not a regular or context-free
+//!   property), the matcher also leaves out tokens that would repeat an item
+//!   ([`schema::unique`]); there, a prefix whose every completion repeats an item has an empty
+//!   mask.
 //! - Regexes use regex-syntax's syntax (Unicode on, so `.` and classes are whole UTF-8
 //!   characters). Look-around and backreferences are rejected by the parser; anchors (`^ $ \A \z`)
 //!   are accepted only at the start or end of the pattern (the whole output is matched anyway), and

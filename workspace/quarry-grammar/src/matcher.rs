@@ -9,7 +9,9 @@ use crate::schema::unique::Tracker;
 
 /// One sequence's position in a shared [`Grammar`]. A few words of state; accepting a token
 /// allocates nothing once the history has grown to the sequence length (reserve it with
-/// [`Matcher::with_capacity`]).
+/// [`Matcher::with_capacity`]). A JSON Schema whose `uniqueItems` is checked while decoding
+/// ([`crate::schema::unique`]) adds a tracker that keeps the text and the items of the arrays
+/// being checked; its masks are then filtered copies while such an array is open.
 #[derive(Debug, Clone)]
 pub struct Matcher {
     grammar: Arc<Grammar>,

@@ -127,7 +127,7 @@ mod object;
 mod scalar;
 #[cfg(test)]
 mod tests;
-pub(crate) mod unique;
+pub mod unique;
 
 pub use canonical::canonicalize;
 

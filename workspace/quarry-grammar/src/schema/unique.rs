@@ -4,7 +4,7 @@
 //! translator writes such arrays with everything else their schema says (items, counts) and
 //! leaves uniqueness to this module, which every [`crate::Matcher`] of the grammar runs on top:
 //!
-//! - [`UniquePlan`] (built once per schema) says which arrays of an instance need unique items: an
+//! - `UniquePlan` (built once per schema) says which arrays of an instance need unique items: an
 //!   automaton over *instance locations* whose states are sets of subschemas. A property name
 //!   moves to `properties`, matching `patternProperties` or `additionalProperties`; an index to
 //!   `prefixItems`/`items` (`additionalItems` before 2020-12); in-place applicators (`$ref`,
@@ -13,7 +13,7 @@
 //!   `uniqueItems: true`. Following every branch of an `anyOf` at once is sound (every output is
 //!   valid) and narrower only where a branch not taken asks for uniqueness at a place another
 //!   branch does not.
-//! - [`Tracker`] (one per matcher) follows the JSON text byte by byte: a stack of open containers
+//! - `Tracker` (one per matcher) follows the JSON text byte by byte: a stack of open containers
 //!   with their locations, and for each checked array the canonical form of its items so far
 //!   (JSON equality: `1` equals `1.0`, objects equal whatever their key order). A token whose
 //!   bytes complete an item equal to an earlier one is refused by `accept_token` and left out of
