@@ -391,6 +391,21 @@ fn json_pointers_and_the_ascii_forms_of_iri_and_idn_email() {
     }
 }
 
+/// Every string of at most `max` characters from `alphabet`.
+fn words(alphabet: &str, max: usize) -> Vec<String> {
+    let chars: Vec<char> = alphabet.chars().collect();
+    let mut words = vec![String::new()];
+    let mut last = words.clone();
+    for _ in 0..max {
+        last = last
+            .iter()
+            .flat_map(|w| chars.iter().map(move |c| format!("{w}{c}")))
+            .collect();
+        words.extend(last.iter().cloned());
+    }
+    words
+}
+
 /// Look-aheads at the top level of a pattern and anchors on each branch of an alternation: every
 /// short string over each pattern's alphabet is accepted exactly when the `jsonschema` crate (an
 /// independent ECMA-262 implementation) finds it valid.
@@ -418,16 +433,7 @@ fn look_aheads_and_anchored_branches_search_as_ecma_does() {
         let validator = jsonschema::validator_for(&schema).unwrap();
         let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
         let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
-        let chars: Vec<char> = alphabet.chars().collect();
-        let mut words = vec![String::new()];
-        for len in 0..5 {
-            let longer: Vec<String> = words
-                .iter()
-                .filter(|w| w.chars().count() == len)
-                .flat_map(|w| chars.iter().map(move |c| format!("{w}{c}")))
-                .collect();
-            words.extend(longer);
-        }
+        let words = words(alphabet, 5);
         for w in &words {
             let text = serde_json::to_string(w).unwrap();
             assert_eq!(
@@ -568,16 +574,7 @@ fn idn_hostname_regex_and_uri_template_are_sound_subsets() {
             .unwrap();
         let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
         let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
-        let chars: Vec<char> = alphabet.chars().collect();
-        let mut words = vec![String::new()];
-        for len in 0..5 {
-            let longer: Vec<String> = words
-                .iter()
-                .filter(|w| w.chars().count() == len)
-                .flat_map(|w| chars.iter().map(move |c| format!("{w}{c}")))
-                .collect();
-            words.extend(longer);
-        }
+        let words = words(alphabet, 5);
         let mut accepted = 0;
         for w in words.iter().map(String::as_str).chain([typical]) {
             let text = serde_json::to_string(w).unwrap();
