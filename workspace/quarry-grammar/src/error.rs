@@ -49,7 +49,8 @@ pub enum Rejection {
     #[error("token id {id} is outside the vocabulary")]
     UnknownToken { id: u32 },
     /// The input completes an array item equal to an earlier one where the schema says
-    /// `uniqueItems: true`.
-    #[error("the input repeats an item of an array whose items must be unique (uniqueItems)")]
+    /// `uniqueItems: true`, or starts an item that can only end as one (its items are listed
+    /// strings, all that fit already used).
+    #[error("the input repeats, or can only go on to repeat, an item of an array whose items must be unique (uniqueItems)")]
     DuplicateItem,
 }

@@ -91,6 +91,9 @@ impl Matcher {
         let next = self.walk(bytes).map_err(|_| Rejection::Token { id })?;
         if let Some(u) = self.unique.as_mut() {
             let mark = u.tracker.len();
+            if u.tracker.dead_string_item(bytes) {
+                return Err(Rejection::DuplicateItem);
+            }
             if u.tracker.feed(bytes).is_err() {
                 u.tracker.truncate(mark);
                 return Err(Rejection::DuplicateItem);
@@ -113,6 +116,9 @@ impl Matcher {
             .map_err(|offset| Rejection::Bytes { offset })?;
         if let Some(u) = self.unique.as_mut() {
             let mark = u.tracker.len();
+            if u.tracker.dead_string_item(bytes) {
+                return Err(Rejection::DuplicateItem);
+            }
             if u.tracker.feed(bytes).is_err() {
                 u.tracker.truncate(mark);
                 return Err(Rejection::DuplicateItem);
@@ -160,8 +166,9 @@ impl Matcher {
         } else {
             &ends.outside
         };
+        let every = u.tracker.tries_every_token();
         for (w, word) in mask.iter_mut().enumerate() {
-            let mut bits = *word & ends[w];
+            let mut bits = if every { *word } else { *word & ends[w] };
             while bits != 0 {
                 let bit = bits.trailing_zeros();
                 bits &= bits - 1;

@@ -427,3 +427,61 @@ fn unique_items_mask_equals_acceptance_with_a_model_vocabulary() {
     assert!(refused > 0, "no walk was offered a duplicate");
     assert!(outputs >= 6, "only {outputs} walks finished");
 }
+
+/// Unique items from a list of more strings than the grammar enumerates (7, sharing prefixes),
+/// all of them required: a token that starts or extends an item only used strings fit is left
+/// out, so random walks with a model's vocabulary never meet a dead end and always write a
+/// permutation of the list.
+#[test]
+fn unique_listed_strings_never_dead_end() {
+    let vocab = vocab::model_vocab("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let regions = [
+        "us-east-1",
+        "us-east-2",
+        "us-west-1",
+        "eu-west-1",
+        "eu-west-2",
+        "ap-south-1",
+        "ap-east-1",
+    ];
+    let schema = json!({"type": "array", "items": {"enum": regions}, "uniqueItems": true,
+                        "minItems": 7, "maxItems": 7});
+    let constraint = Constraint::JsonSchema {
+        schema: schema.clone(),
+        options: SchemaOptions::default(),
+    };
+    let grammar =
+        Arc::new(Grammar::compile(&constraint, vocab.clone(), Limits::default()).unwrap());
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let mut rng = SmallRng::seed_from_u64(11);
+    let mut mask = vec![0u32; vocab.mask_words()];
+    for _ in 0..12 {
+        let mut m = Matcher::new(grammar.clone());
+        let mut out = Vec::new();
+        while !m.is_finished() {
+            m.fill_mask(&mut mask);
+            let allowed: Vec<u32> = (0..vocab.len() as u32)
+                .filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1)
+                .collect();
+            assert!(
+                !allowed.is_empty(),
+                "dead end after {:?}",
+                String::from_utf8_lossy(&out)
+            );
+            for &t in &allowed {
+                assert!(
+                    m.fork().accept_token(t).is_ok(),
+                    "allowed token {t} refused"
+                );
+            }
+            let t = allowed[rng.random_range(0..allowed.len())];
+            m.accept_token(t).unwrap();
+            if vocab.is_eos(t) {
+                break;
+            }
+            out.extend_from_slice(vocab.token_bytes(t).unwrap());
+        }
+        let instance: Value = serde_json::from_slice(&out).unwrap();
+        assert!(validator.is_valid(&instance), "{instance} is invalid");
+    }
+}

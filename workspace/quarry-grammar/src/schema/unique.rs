@@ -17,11 +17,15 @@
 //!   with their locations, and for each checked array the canonical form of its items so far
 //!   (JSON equality: `1` equals `1.0`, objects equal whatever their key order). A token whose
 //!   bytes complete an item equal to an earlier one is refused by `accept_token` and left out of
-//!   the mask.
+//!   the mask. Where the items are listed strings (`enum`/`const`), so is a token that starts or
+//!   extends a string item no unused listed string extends: it could only end as a repeat, a
+//!   dead end the DFA cannot see. Other finite item languages are not looked ahead into.
 //!
 //! Cost: nothing for schemas without such arrays (no tracker). Otherwise a scan of each accepted
-//! token's bytes, and while an array being checked is open, a lexical pre-check of each allowed
-//! token (can it complete an item here?) and a full trial only for those that can.
+//! token's bytes, and while an array being checked is open, only the tokens that can end a value
+//! (a `"` or `\` inside a string) are tried: a token ending a string item is looked up directly,
+//! others get a lexical pre-check (can it complete an item here?) and a trial copy only if so.
+//! At an item of listed strings every allowed token is tried (the DFA allows few there).
 
 use std::sync::Arc;
 
@@ -29,7 +33,7 @@ use regex_automata::meta::Regex;
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde_json::Value;
 
-use super::{resolve_local, Draft};
+use super::{resolve_local, Draft, ANNOTATIONS};
 
 /// Which arrays of an instance need unique items (see the module doc).
 #[derive(Debug)]
@@ -58,6 +62,23 @@ struct Node {
     closure: Box<[u32]>,
     /// A checked array is reachable from here.
     live: bool,
+    /// What the node asks of a value: nothing beyond its applicators (`Open`), one of a few
+    /// strings (`Strings`: their JSON texts), or something else (`Other`).
+    values: Values,
+    /// For a node with `uniqueItems` whose `items` (with every subschema applying in place) only
+    /// lists strings: the JSON texts of those strings. Each item must be one of them, so a
+    /// prefix none of the unused ones extends has no completion (the tracker leaves it out
+    /// rather than meet a dead end later). Where another `anyOf` branch at the same place
+    /// allows other items, following this one is narrower and still sound.
+    domain: Option<Arc<[Box<[u8]>]>>,
+}
+
+#[derive(Debug, Default, Clone)]
+enum Values {
+    #[default]
+    Open,
+    Strings(Vec<Box<[u8]>>),
+    Other,
 }
 
 impl UniquePlan {
@@ -119,6 +140,11 @@ impl UniquePlan {
             }
         }
         for i in 0..n {
+            if self.nodes[i].unique && self.nodes[i].prefix.is_empty() {
+                self.nodes[i].domain = self.nodes[i].items.and_then(|t| self.strings_of(t));
+            }
+        }
+        for i in 0..n {
             self.nodes[i].live = live[i];
             if !live[i] {
                 continue;
@@ -136,6 +162,33 @@ impl UniquePlan {
             out.sort_unstable();
             self.nodes[i].closure = out.into_boxed_slice();
         }
+    }
+
+    /// The union of the strings listed by `t` and the subschemas applying with it, when every
+    /// one of them that asks anything lists strings.
+    fn strings_of(&self, t: u32) -> Option<Arc<[Box<[u8]>]>> {
+        let mut seen = FxHashSet::default();
+        let mut todo = vec![t];
+        let mut texts: Vec<Box<[u8]>> = Vec::new();
+        let mut listed = false;
+        while let Some(n) = todo.pop() {
+            if !seen.insert(n) {
+                continue;
+            }
+            let x = &self.nodes[n as usize];
+            match &x.values {
+                Values::Open => {}
+                Values::Other => return None,
+                Values::Strings(v) => {
+                    listed = true;
+                    texts.extend(v.iter().cloned());
+                }
+            }
+            todo.extend(x.same.iter().copied());
+        }
+        texts.sort();
+        texts.dedup();
+        listed.then(|| texts.into())
     }
 
     fn unique(&self, at: &[u32]) -> bool {
@@ -194,8 +247,54 @@ impl UniquePlan {
         out.dedup();
     }
 
+    /// The strings an item of a checked array at `at` can only be (see [`Node::domain`]).
+    fn item_strings(&self, at: &[u32]) -> Option<Arc<[Box<[u8]>]>> {
+        at.iter()
+            .find_map(|&n| self.nodes[n as usize].domain.clone())
+    }
+
     fn add(&self, t: u32, out: &mut Vec<u32>) {
         out.extend_from_slice(&self.nodes[t as usize].closure);
+    }
+}
+
+/// What a schema object asks of a value, for [`UniquePlan::item_strings`]: applicators and
+/// annotations ask nothing themselves (their subschemas are nodes of the same location).
+fn values_of(m: &serde_json::Map<String, Value>) -> Values {
+    const APPLICATORS: &[&str] = &[
+        "$ref",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "$defs",
+        "definitions",
+        "$schema",
+        "$id",
+        "$anchor",
+    ];
+    let strings = |vs: &[Value]| -> Option<Vec<Box<[u8]>>> {
+        vs.iter()
+            .map(|v| {
+                v.as_str()
+                    .map(|_| serde_json::to_vec(v).expect("a string serializes").into())
+            })
+            .collect()
+    };
+    let listed = match (m.get("const"), m.get("enum")) {
+        (Some(c), _) => Some(strings(std::slice::from_ref(c))),
+        (None, Some(Value::Array(e))) => Some(strings(e)),
+        _ => None,
+    };
+    match listed {
+        Some(Some(texts)) => Values::Strings(texts),
+        Some(None) => Values::Other,
+        None if m
+            .keys()
+            .all(|k| APPLICATORS.contains(&k.as_str()) || ANNOTATIONS.contains(&k.as_str())) =>
+        {
+            Values::Open
+        }
+        None => Values::Other,
     }
 }
 
@@ -231,6 +330,7 @@ impl<'v> Builder<'v> {
         };
         let mut x = Node {
             unique: m.get("uniqueItems") == Some(&Value::Bool(true)),
+            values: values_of(m),
             ..Node::default()
         };
         let one = |b: &mut Self, k: &str| m.get(k).map(|s| b.intern(s));
@@ -331,6 +431,8 @@ struct Frame {
     index: usize,
     /// Arrays that need unique items: the canonical form of each item so far.
     seen: Option<FxHashSet<Box<[u8]>>>,
+    /// Checked arrays whose items can only be these strings ([`Node::domain`]).
+    domain: Option<Arc<[Box<[u8]>]>>,
 }
 
 /// Follows one output's JSON text for [`UniquePlan`] (see the module doc).
@@ -389,6 +491,59 @@ impl Tracker {
         self.checked > 0
     }
 
+    /// Whether every allowed token must be tried: at an item of a checked array whose items are
+    /// listed strings, where a token may start or extend an item no unused string extends.
+    pub(crate) fn tries_every_token(&self) -> bool {
+        self.stack.last().is_some_and(|f| f.domain.is_some())
+            && matches!(self.lex, Lex::Between | Lex::Str { key: false, .. })
+    }
+
+    /// At an item of a checked array whose items are listed strings: whether `bytes` leave a
+    /// string item open that no unused string extends (a dead end the grammar cannot see).
+    pub(crate) fn dead_string_item(&self, bytes: &[u8]) -> bool {
+        let Some(top) = self.stack.last() else {
+            return false;
+        };
+        let (Some(domain), Some(seen)) = (top.domain.as_ref(), top.seen.as_ref()) else {
+            return false;
+        };
+        // The open item's text so far: from the text before the token, and the token's part.
+        let (head, from) = match self.lex {
+            Lex::Str {
+                start, key: false, ..
+            } => (&self.text[start..], 0),
+            Lex::Between => {
+                let skip = bytes
+                    .iter()
+                    .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b','));
+                match skip {
+                    Some(q) if bytes[q] == b'"' => (&self.text[..0], q),
+                    _ => return false,
+                }
+            }
+            _ => return false,
+        };
+        // The token must leave the string open (a closing quote completes the item, which the
+        // duplicate check covers).
+        let mut escaped = matches!(self.lex, Lex::Str { escape: true, .. });
+        let body = &bytes[from..];
+        for (i, &b) in body.iter().enumerate() {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' && !(head.is_empty() && i == 0) {
+                return false;
+            }
+        }
+        !domain.iter().any(|v| {
+            v.len() >= head.len() + body.len()
+                && v.starts_with(head)
+                && v[head.len()..].starts_with(body)
+                && !seen.contains(v)
+        })
+    }
+
     /// Inside a string: only a token with `"` or `\\` can end a value.
     pub(crate) fn in_string(&self) -> bool {
         matches!(self.lex, Lex::Str { .. })
@@ -398,6 +553,9 @@ impl Tracker {
     /// only bytes that may complete an item of a checked array (or open a container) are tried
     /// on a copy.
     pub(crate) fn would_duplicate(&self, bytes: &[u8]) -> bool {
+        if self.dead_string_item(bytes) {
+            return true;
+        }
         if let Some(dup) = self.string_item(bytes) {
             return dup;
         }
@@ -577,6 +735,7 @@ impl Tracker {
                 let at = self.location();
                 let array = b == b'[';
                 let seen = (array && self.plan.unique(&at)).then(FxHashSet::default);
+                let domain = seen.as_ref().and_then(|_| self.plan.item_strings(&at));
                 self.checked += seen.is_some() as usize;
                 self.stack.push(Frame {
                     array,
@@ -586,6 +745,7 @@ impl Tracker {
                     key: String::new(),
                     index: 0,
                     seen,
+                    domain,
                 });
             }
             b'}' | b']' => {
