@@ -89,16 +89,8 @@ impl Matcher {
             .token_bytes(id)
             .ok_or(Rejection::UnknownToken { id })?;
         let next = self.walk(bytes).map_err(|_| Rejection::Token { id })?;
-        if let Some(u) = self.unique.as_mut() {
-            let mark = u.tracker.len();
-            if u.tracker.dead_string_item(bytes) {
-                return Err(Rejection::DuplicateItem);
-            }
-            if u.tracker.feed(bytes).is_err() {
-                u.tracker.truncate(mark);
-                return Err(Rejection::DuplicateItem);
-            }
-            u.marks.push(mark);
+        if let Some(mark) = Self::track(&mut self.unique, bytes)? {
+            self.unique.as_mut().expect("tracked").marks.push(mark);
         }
         self.history.push(self.state);
         self.state = next;
@@ -114,18 +106,26 @@ impl Matcher {
         let next = self
             .walk(bytes)
             .map_err(|offset| Rejection::Bytes { offset })?;
-        if let Some(u) = self.unique.as_mut() {
-            let mark = u.tracker.len();
-            if u.tracker.dead_string_item(bytes) {
-                return Err(Rejection::DuplicateItem);
-            }
-            if u.tracker.feed(bytes).is_err() {
-                u.tracker.truncate(mark);
-                return Err(Rejection::DuplicateItem);
-            }
-        }
+        Self::track(&mut self.unique, bytes)?;
         self.state = next;
         Ok(())
+    }
+
+    /// Feeds `bytes` (which the DFA accepts) to the `uniqueItems` tracker, if any: its length
+    /// before them, or the refusal (the tracker then unchanged).
+    fn track(unique: &mut Option<Box<Unique>>, bytes: &[u8]) -> Result<Option<usize>, Rejection> {
+        let Some(u) = unique.as_mut() else {
+            return Ok(None);
+        };
+        let mark = u.tracker.len();
+        if u.tracker.dead_string_item(bytes) {
+            return Err(Rejection::DuplicateItem);
+        }
+        if u.tracker.feed(bytes).is_err() {
+            u.tracker.truncate(mark);
+            return Err(Rejection::DuplicateItem);
+        }
+        Ok(Some(mark))
     }
 
     /// Writes the allowed next tokens into `mask` (bit `i % 32` of word `i / 32` = token `i`).
