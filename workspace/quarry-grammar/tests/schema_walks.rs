@@ -357,13 +357,7 @@ fn unique_items_mask_equals_acceptance_with_a_model_vocabulary() {
         "$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0}},
                             "required": ["x"], "additionalProperties": false}}
     });
-    let constraint = Constraint::JsonSchema {
-        schema: schema.clone(),
-        options: SchemaOptions::default(),
-    };
-    let grammar =
-        Arc::new(Grammar::compile(&constraint, vocab.clone(), Limits::default()).unwrap());
-    let validator = jsonschema::validator_for(&schema).unwrap();
+    let (grammar, validator) = compiled(&schema, &vocab);
     // The tokens that can end an item; the others cannot complete a duplicate.
     let enders: Vec<u32> = (0..vocab.len() as u32)
         .filter(|&t| {
@@ -446,13 +440,7 @@ fn unique_listed_strings_never_dead_end() {
     ];
     let schema = json!({"type": "array", "items": {"enum": regions}, "uniqueItems": true,
                         "minItems": 7, "maxItems": 7});
-    let constraint = Constraint::JsonSchema {
-        schema: schema.clone(),
-        options: SchemaOptions::default(),
-    };
-    let grammar =
-        Arc::new(Grammar::compile(&constraint, vocab.clone(), Limits::default()).unwrap());
-    let validator = jsonschema::validator_for(&schema).unwrap();
+    let (grammar, validator) = compiled(&schema, &vocab);
     let mut rng = SmallRng::seed_from_u64(11);
     let mut mask = vec![0u32; vocab.mask_words()];
     for _ in 0..12 {
@@ -484,4 +472,20 @@ fn unique_listed_strings_never_dead_end() {
         let instance: Value = serde_json::from_slice(&out).unwrap();
         assert!(validator.is_valid(&instance), "{instance} is invalid");
     }
+}
+
+/// `schema` compiled with the default options for `vocab`, and its `jsonschema` validator.
+fn compiled(
+    schema: &Value,
+    vocab: &Arc<quarry_grammar::Vocabulary>,
+) -> (Arc<Grammar>, jsonschema::Validator) {
+    let constraint = Constraint::JsonSchema {
+        schema: schema.clone(),
+        options: SchemaOptions::default(),
+    };
+    let grammar = Grammar::compile(&constraint, vocab.clone(), Limits::default()).unwrap();
+    (
+        Arc::new(grammar),
+        jsonschema::validator_for(schema).unwrap(),
+    )
 }

@@ -214,13 +214,9 @@ impl UniquePlan {
                 }
             }
             if !named {
-                if let Some(t) = x.additional {
-                    self.add(t, out);
-                }
+                self.add_all(x.additional.as_slice(), out);
             }
-            for &t in &x.every_property {
-                self.add(t, out);
-            }
+            self.add_all(&x.every_property, out);
         }
         out.sort_unstable();
         out.dedup();
@@ -233,15 +229,9 @@ impl UniquePlan {
             let x = &self.nodes[n as usize];
             match x.prefix.get(index) {
                 Some(&t) => self.add(t, out),
-                None => {
-                    if let Some(t) = x.items {
-                        self.add(t, out);
-                    }
-                }
+                None => self.add_all(x.items.as_slice(), out),
             }
-            for &t in &x.every_item {
-                self.add(t, out);
-            }
+            self.add_all(&x.every_item, out);
         }
         out.sort_unstable();
         out.dedup();
@@ -251,6 +241,12 @@ impl UniquePlan {
     fn item_strings(&self, at: &[u32]) -> Option<Arc<[Box<[u8]>]>> {
         at.iter()
             .find_map(|&n| self.nodes[n as usize].domain.clone())
+    }
+
+    fn add_all(&self, ts: &[u32], out: &mut Vec<u32>) {
+        for &t in ts {
+            self.add(t, out);
+        }
     }
 
     fn add(&self, t: u32, out: &mut Vec<u32>) {
