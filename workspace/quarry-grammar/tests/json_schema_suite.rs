@@ -11,6 +11,10 @@
 //!
 //! `QUARRY_SUITE_VERBOSE=1` also lists the valid instances that were rejected (completeness gaps).
 //!
+//! References to other documents (`http://localhost:1234/…`, which the suite serves from its
+//! `remotes/` folder) are given to [`quarry_grammar::schema::bundle`], as a user gives theirs to
+//! `--schema-resource`.
+//!
 //! The suite is in `tests/fixtures/json-schema-test-suite` (with its license), fetched by
 //! `tests/fixtures/fetch_json_schema_test_suite.py`.
 
@@ -21,7 +25,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use quarry_grammar::schema::canonicalize;
+use quarry_grammar::schema::{bundle, canonicalize};
 use quarry_grammar::{Constraint, Grammar, Limits, Matcher, SchemaOptions, Vocabulary, Whitespace};
 use serde_json::{json, Value};
 
@@ -40,10 +44,36 @@ fn root() -> PathBuf {
 /// Why groups were refused: the error message with the JSON Pointer taken out, and how many cases.
 type Reasons = BTreeMap<String, usize>;
 
+/// The suite's `remotes/` documents, under the URIs its tests refer to them by.
+fn remotes() -> Vec<(String, Value)> {
+    fn add(dir: &std::path::Path, prefix: &str, out: &mut Vec<(String, Value)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if path.is_dir() {
+                add(&path, &format!("{prefix}{name}/"), out);
+            } else {
+                let doc = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+                out.push((format!("{prefix}{name}"), doc));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let dir = root().join("tests/fixtures/json-schema-test-suite/remotes");
+    add(&dir, "http://localhost:1234/", &mut out);
+    assert!(out.len() > 20, "{}: too few remote documents", dir.display());
+    out
+}
+
 fn run(
     draft: &str,
     schema_uri: &str,
     vocab: &Arc<Vocabulary>,
+    remotes: &[(String, Value)],
     whitespace: Whitespace,
 ) -> (Counts, Vec<String>, Reasons) {
     let dir = root()
@@ -68,6 +98,15 @@ fn run(
             if let Value::Object(m) = &mut schema {
                 m.entry("$schema").or_insert(json!(schema_uri));
             }
+            let schema = match bundle(&schema, remotes) {
+                Ok(s) => s,
+                Err(e) => {
+                    *reasons.entry(e.to_string()).or_default() +=
+                        group["tests"].as_array().unwrap().len();
+                    counts.unsupported += group["tests"].as_array().unwrap().len();
+                    continue;
+                }
+            };
             let constraint = Constraint::JsonSchema {
                 schema: schema.clone(),
                 options: SchemaOptions {
@@ -128,6 +167,7 @@ fn run(
 #[test]
 fn official_suite_ratchet() {
     let vocab = vocab::byte_vocab();
+    let remotes = remotes();
     let baseline: BTreeMap<String, usize> = serde_json::from_slice(
         &std::fs::read(
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/json_schema_suite.baseline.json"),
@@ -143,7 +183,7 @@ fn official_suite_ratchet() {
         ),
         ("draft7", "http://json-schema.org/draft-07/schema#"),
     ] {
-        let (c, unsound, reasons) = run(draft, uri, &vocab, Whitespace::Compact);
+        let (c, unsound, reasons) = run(draft, uri, &vocab, &remotes, Whitespace::Compact);
         let total = c.passed + c.unsupported + c.rejected_valid + c.accepted_invalid;
         println!(
             "{draft}: {} of {total} passed, {} unsupported, {} valid rejected, {} invalid accepted",
@@ -151,7 +191,7 @@ fn official_suite_ratchet() {
         );
         let mut reasons: Vec<_> = reasons.into_iter().collect();
         reasons.sort_by_key(|r| std::cmp::Reverse(r.1));
-        for (why, n) in reasons.iter().take(12) {
+        for (why, n) in reasons.iter().take(if std::env::var_os("QUARRY_SUITE_VERBOSE").is_some() { usize::MAX } else { 12 }) {
             println!("  {n:>4} cases unsupported: {why}");
         }
         failures.extend(unsound);
@@ -175,6 +215,7 @@ fn official_suite_ratchet() {
 #[test]
 fn official_suite_spaced_equals_compact() {
     let vocab = vocab::byte_vocab();
+    let remotes = remotes();
     for (draft, uri) in [
         (
             "draft2020-12",
@@ -182,8 +223,8 @@ fn official_suite_spaced_equals_compact() {
         ),
         ("draft7", "http://json-schema.org/draft-07/schema#"),
     ] {
-        let (compact, _, _) = run(draft, uri, &vocab, Whitespace::Compact);
-        let (spaced, unsound, _) = run(draft, uri, &vocab, Whitespace::Spaced);
+        let (compact, _, _) = run(draft, uri, &vocab, &remotes, Whitespace::Compact);
+        let (spaced, unsound, _) = run(draft, uri, &vocab, &remotes, Whitespace::Spaced);
         assert!(unsound.is_empty(), "{draft}: {}", unsound.join("\n"));
         assert_eq!(spaced, compact, "{draft}: spaced layout against compact");
     }

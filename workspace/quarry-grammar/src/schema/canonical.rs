@@ -74,5 +74,8 @@ pub fn canonicalize(instance: &Value, schema: &Value, whitespace: Whitespace) ->
             other => other.clone(),
         }
     }
-    whitespace.render(&order(instance, schema, schema, 0))
+    // References as pointers from the root (a schema whose identifiers are malformed is
+    // taken as it is).
+    let flat = super::resolve::flatten(schema).unwrap_or(std::borrow::Cow::Borrowed(schema));
+    whitespace.render(&order(instance, &flat, &flat, 0))
 }

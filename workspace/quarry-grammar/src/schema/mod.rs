@@ -124,12 +124,14 @@ mod decimal;
 mod merge;
 mod negate;
 mod object;
+mod resolve;
 mod scalar;
 #[cfg(test)]
 mod tests;
 pub mod unique;
 
 pub use canonical::canonicalize;
+pub use resolve::bundle;
 
 use serde_json::{json, Map, Value};
 
@@ -503,6 +505,8 @@ pub(crate) fn schema_to_rules_with(
     deadline: std::time::Instant,
     product_bytes: usize,
 ) -> Result<(String, Vec<String>)> {
+    // Every reference as a pointer from the root, whatever `$id`s it was relative to.
+    let schema = &*resolve::flatten(schema)?;
     // Inline copies of each referenced subschema first: a regular language where nothing
     // recurses, and text that intersections and negations can take. Where that outgrows
     // MAX_REGEX_BYTES (a large definition used in many places), again with large references as
@@ -994,7 +998,10 @@ impl Translator<'_> {
             return Err(unsupported(
                 "$ref",
                 pointer,
-                &format!("remote reference {r:?}; only local references (#…) are supported"),
+                &format!(
+                    "remote reference {r:?}: no schema of this document has that URI; give the \
+                     document it names with `--schema-resource` (or `schema::bundle`)"
+                ),
             ));
         };
         let plain = self.draft < Draft::D2019 || Self::constraining(m, &["$ref"]).is_empty();

@@ -89,6 +89,10 @@ impl UniquePlan {
         if !mentions_unique(schema) {
             return None;
         }
+        // References as pointers from the root, as the translator reads them (a schema whose
+        // identifiers are malformed does not compile, so it needs no plan).
+        let flat = super::resolve::flatten(schema).ok()?;
+        let schema = &*flat;
         let mut b = Builder {
             root: schema,
             draft: Draft::of(schema),

@@ -1,0 +1,463 @@
+//! References across a compound document: base URIs from `$id` (draft 4: `id`), plain-name
+//! anchors (`$anchor`, `$dynamicAnchor`, draft 6/7's `$id: "#name"`), relative and absolute
+//! `$ref`s, and documents given beside the schema ([`bundle`]).
+//!
+//! [`flatten`] resolves every `$ref` once, up front, the way a validator does (RFC 3986 against the
+//! base URI of the schema object that holds it), and rewrites it as a JSON Pointer from the
+//! document's root (`#/$defs/a/properties/b`); the identifiers it read are then dropped. The
+//! translator merges, negates and copies subschemas, which moves a `$ref` away from the `$id`s
+//! it was relative to; a pointer from the root means the same thing wherever it ends up. A
+//! document whose references are all pointers already, with no identifiers, is used as it is.
+//!
+//! A reference to a resource that is neither in the document nor given is left as its absolute
+//! URI; the translator refuses it when (and only if) it is reached, naming it. `$dynamicRef` is
+//! not resolved here (it is refused by the translator).
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+use url::Url;
+
+use super::{child, invalid, Draft, Result};
+
+/// Base URI of a document without `$id` (relative references resolve against it).
+const DEFAULT_BASE: &str = "json-schema:///";
+
+/// Keywords whose value is a subschema.
+const ONE: &[&str] = &[
+    "additionalProperties",
+    "additionalItems",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "items",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contentSchema",
+];
+/// Keywords whose value maps names to subschemas (`dependencies` values may also be lists of
+/// names, which are skipped).
+const MAP: &[&str] = &[
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+    "dependencies",
+];
+/// Keywords whose value is a list of subschemas (`items` before 2020-12).
+const LIST: &[&str] = &["allOf", "anyOf", "oneOf", "prefixItems", "items"];
+
+/// What a walk over the document found.
+#[derive(Default)]
+struct Index {
+    /// Absolute URI of each resource (no fragment) → pointer of its root.
+    resources: HashMap<String, String>,
+    /// (resource URI, anchor name) → pointer.
+    anchors: HashMap<(String, String), String>,
+    /// Each `$ref`: pointer of the schema object holding it, its absolute target.
+    refs: Vec<(String, Url)>,
+    /// Pointers of the schema objects whose identifiers were read (to drop them).
+    identified: Vec<String>,
+    /// Whether some reference is not already a pointer from the root.
+    needs_rewrite: bool,
+}
+
+/// Name of the identifier keyword in `draft`.
+fn id_keyword(draft: Draft) -> &'static str {
+    if draft == Draft::D4 {
+        "id"
+    } else {
+        "$id"
+    }
+}
+
+fn walk(v: &Value, pointer: &str, base: &Url, draft: Draft, index: &mut Index) -> Result<()> {
+    let Value::Object(m) = v else {
+        return Ok(());
+    };
+    let has_ref = m.contains_key("$ref");
+    let mut base = Cow::Borrowed(base);
+    // Up to draft 7 every keyword next to `$ref` is ignored, `$id` included.
+    let id_applies = draft >= Draft::D2019 || !has_ref;
+    let id_key = id_keyword(draft);
+    if let (true, Some(id)) = (id_applies, m.get(id_key)) {
+        let here = child(pointer, id_key);
+        let id = id.as_str().ok_or_else(|| invalid(&here, "expected a string"))?;
+        let mut url = base
+            .join(id)
+            .map_err(|e| invalid(&here, format!("{id:?} is not a URI reference: {e}")))?;
+        let anchor = url.fragment().filter(|f| !f.is_empty()).map(str::to_owned);
+        url.set_fragment(None);
+        if !id.starts_with('#') {
+            register(&mut index.resources, url.as_str(), pointer, &here)?;
+            base = Cow::Owned(url);
+        }
+        if let (Some(a), true) = (anchor, draft <= Draft::D7) {
+            register_anchor(index, base.as_str(), &a, pointer, &here)?;
+        }
+        index.identified.push(pointer.to_owned());
+        index.needs_rewrite = true;
+    }
+    if draft >= Draft::D2019 {
+        if let Some(a) = m.get("$anchor").and_then(Value::as_str) {
+            register_anchor(index, base.as_str(), a, pointer, &child(pointer, "$anchor"))?;
+            index.identified.push(pointer.to_owned());
+            index.needs_rewrite = true;
+        }
+        // A `$dynamicAnchor` is a plain anchor too. It stays in the flattened document (for
+        // `$dynamicRef`), where the resources that kept same-named ones apart are gone: the
+        // first one of a name is kept, no error.
+        if let Some(a) = m.get("$dynamicAnchor").and_then(Value::as_str) {
+            index
+                .anchors
+                .entry((base.as_str().to_owned(), a.to_owned()))
+                .or_insert_with(|| pointer.to_owned());
+        }
+    }
+    if let Some(r) = m.get("$ref").and_then(Value::as_str) {
+        let url = base.join(r).map_err(|e| {
+            invalid(
+                &child(pointer, "$ref"),
+                format!("{r:?} is not a URI reference: {e}"),
+            )
+        })?;
+        if !(r == "#" || r.starts_with("#/")) {
+            index.needs_rewrite = true;
+        }
+        index.refs.push((pointer.to_owned(), url));
+    }
+    for (k, sub) in m {
+        let here = child(pointer, k);
+        if ONE.contains(&k.as_str()) {
+            walk(sub, &here, &base, draft, index)?;
+        }
+        if LIST.contains(&k.as_str()) {
+            if let Value::Array(items) = sub {
+                for (i, s) in items.iter().enumerate() {
+                    walk(s, &child(&here, &i.to_string()), &base, draft, index)?;
+                }
+            }
+        }
+        if MAP.contains(&k.as_str()) {
+            if let Value::Object(entries) = sub {
+                for (name, s) in entries {
+                    walk(s, &child(&here, name), &base, draft, index)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn register(
+    resources: &mut HashMap<String, String>,
+    uri: &str,
+    pointer: &str,
+    here: &str,
+) -> Result<()> {
+    match resources.get(uri) {
+        Some(p) if p != pointer => Err(invalid(
+            here,
+            format!("{uri:?} identifies two schemas (also the one at #{p})"),
+        )),
+        Some(_) => Ok(()),
+        None => {
+            resources.insert(uri.to_owned(), pointer.to_owned());
+            Ok(())
+        }
+    }
+}
+
+fn register_anchor(
+    index: &mut Index,
+    resource: &str,
+    name: &str,
+    pointer: &str,
+    here: &str,
+) -> Result<()> {
+    let key = (resource.to_owned(), name.to_owned());
+    match index.anchors.get(&key) {
+        Some(p) if p != pointer => Err(invalid(
+            here,
+            format!("anchor {name:?} of {resource:?} names two schemas (also the one at #{p})"),
+        )),
+        _ => {
+            index.anchors.insert(key, pointer.to_owned());
+            Ok(())
+        }
+    }
+}
+
+/// `%` written as `%25`, so that the translator's percent-decoding of a fragment gives the
+/// pointer back.
+fn fragment_of(pointer: &str) -> String {
+    format!("#{}", pointer.replace('%', "%25"))
+}
+
+fn percent_decoded(s: &str) -> String {
+    super::percent_decode(s)
+}
+
+/// The pointer from the root that `target` names, if the document holds it.
+fn locate(root: &Value, index: &Index, target: &Url) -> Option<String> {
+    let mut resource = target.clone();
+    resource.set_fragment(None);
+    let at = index.resources.get(resource.as_str())?;
+    let fragment = percent_decoded(target.fragment().unwrap_or(""));
+    let pointer = if fragment.is_empty() {
+        at.clone()
+    } else if fragment.starts_with('/') {
+        format!("{at}{fragment}")
+    } else {
+        index
+            .anchors
+            .get(&(resource.as_str().to_owned(), fragment))?
+            .clone()
+    };
+    root.pointer(&pointer).map(|_| pointer)
+}
+
+fn index_of(root: &Value, draft: Draft, extra: &[(String, String)]) -> Result<Index> {
+    let base = Url::parse(DEFAULT_BASE).expect("a valid URI");
+    let mut index = Index::default();
+    index.resources.insert(base.as_str().to_owned(), String::new());
+    for (uri, pointer) in extra {
+        register(&mut index.resources, uri, pointer, "#")?;
+    }
+    walk(root, "", &base, draft, &mut index)?;
+    Ok(index)
+}
+
+/// `schema` with every `$ref` that names a schema of the document rewritten as a pointer from its
+/// root, and the identifiers dropped (see the module doc). Borrowed when nothing needs
+/// rewriting. Errors name a malformed or duplicate identifier.
+pub(crate) fn flatten(schema: &Value) -> Result<Cow<'_, Value>> {
+    let draft = Draft::of(schema);
+    let index = index_of(schema, draft, &[])?;
+    if !index.needs_rewrite {
+        return Ok(Cow::Borrowed(schema));
+    }
+    Ok(Cow::Owned(rewrite(schema.clone(), &index, draft)))
+}
+
+fn rewrite(mut root: Value, index: &Index, draft: Draft) -> Value {
+    let targets: Vec<(String, String)> = index
+        .refs
+        .iter()
+        .map(|(at, url)| {
+            let r = match locate(&root, index, url) {
+                Some(p) => fragment_of(&p),
+                None => url.as_str().to_owned(),
+            };
+            (at.clone(), r)
+        })
+        .collect();
+    for (at, r) in targets {
+        if let Some(Value::Object(m)) = root.pointer_mut(&at) {
+            m.insert("$ref".into(), Value::String(r));
+        }
+    }
+    for at in &index.identified {
+        if let Some(Value::Object(m)) = root.pointer_mut(at) {
+            m.remove(id_keyword(draft));
+            m.remove("$anchor");
+        }
+    }
+    root
+}
+
+/// `schema` with the documents it refers to embedded, as one self-contained schema: each
+/// `(uri, document)` is what a reference to `uri` (or to the document's own `$id`) retrieves,
+/// the way a validator's registry or retriever would. The documents that are referred to,
+/// directly or through each other, are placed under the root's `$defs` (`definitions` up to
+/// draft 7), keyed by their URI, and every reference is then a pointer (see [`flatten`]).
+/// Unused documents are left out. The result compiles without any further input.
+pub fn bundle(schema: &Value, resources: &[(String, Value)]) -> Result<Value> {
+    let draft = Draft::of(schema);
+    let Value::Object(_) = schema else {
+        return Ok(schema.clone());
+    };
+    let defs = if draft >= Draft::D2019 {
+        "$defs"
+    } else {
+        "definitions"
+    };
+    // Each document under the URI it is retrieved by and, where it has one, its own `$id`.
+    let mut known: Vec<(Url, Url, &Value)> = Vec::new();
+    for (uri, doc) in resources {
+        let mut by = Url::parse(uri).map_err(|e| {
+            invalid(
+                "#",
+                format!("resource URI {uri:?} is not an absolute URI: {e}"),
+            )
+        })?;
+        by.set_fragment(None);
+        let mut own = match doc.get(id_keyword(draft)).and_then(Value::as_str) {
+            Some(id) if !id.starts_with('#') => by.join(id).map_err(|e| {
+                invalid("#", format!("resource {uri:?}: $id {id:?} is not a URI: {e}"))
+            })?,
+            _ => by.clone(),
+        };
+        own.set_fragment(None);
+        known.push((by, own, doc));
+    }
+    let mut root = schema.clone();
+    // (URI, pointer) of each document embedded so far, under both of its URIs.
+    let mut embedded: Vec<(String, String)> = Vec::new();
+    let mut done = vec![false; known.len()];
+    loop {
+        let index = index_of(&root, draft, &embedded)?;
+        let mut missing = Vec::new();
+        for (_, url) in &index.refs {
+            let mut resource = url.clone();
+            resource.set_fragment(None);
+            if index.resources.contains_key(resource.as_str()) {
+                continue;
+            }
+            if let Some(k) = known
+                .iter()
+                .position(|(by, own, _)| *by == resource || *own == resource)
+            {
+                if !done[k] && !missing.contains(&k) {
+                    missing.push(k);
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(rewrite(root, &index, draft));
+        }
+        let Value::Object(m) = &mut root else {
+            unreachable!("checked above")
+        };
+        let holder = m
+            .entry(defs)
+            .or_insert_with(|| Value::Object(Map::new()))
+            .as_object_mut()
+            .ok_or_else(|| invalid(&child("#", defs), "expected an object"))?;
+        for k in missing {
+            done[k] = true;
+            let (by, own, doc) = &known[k];
+            let mut doc = (*doc).clone();
+            if let Value::Object(d) = &mut doc {
+                // The document's base is where it was retrieved from, unless it says otherwise.
+                d.insert(id_keyword(draft).into(), Value::String(own.as_str().into()));
+            }
+            let mut key = by.as_str().to_owned();
+            while holder.contains_key(&key) {
+                key.push('_');
+            }
+            holder.insert(key.clone(), doc);
+            let pointer = child("", defs) + &child("", &key);
+            embedded.push((by.as_str().to_owned(), pointer.clone()));
+            if by != own {
+                embedded.push((own.as_str().to_owned(), pointer));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn local_pointers_are_used_as_they_are() {
+        let s = json!({"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a"});
+        assert!(matches!(flatten(&s).unwrap(), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn ids_anchors_and_relative_refs_become_pointers() {
+        let s = json!({
+            "$id": "http://example.com/root.json",
+            "$defs": {
+                "A": {"$id": "nested/a.json", "$defs": {"x": {"type": "integer"}},
+                      "$ref": "#/$defs/x"},
+                "B": {"$anchor": "bee", "type": "string"},
+                "C": {"$id": "urn:uuid:deadbeef-1234-0000-0000-4321feebdaed", "minimum": 3}
+            },
+            "properties": {
+                "a": {"$ref": "nested/a.json"},
+                "b": {"$ref": "#bee"},
+                "c": {"$ref": "urn:uuid:deadbeef-1234-0000-0000-4321feebdaed"},
+                "d": {"$ref": "http://example.com/nested/a.json#/$defs/x"},
+                "e": {"$ref": "other.json"}
+            }
+        });
+        let f = flatten(&s).unwrap().into_owned();
+        let r = |p: &str| f.pointer(p).unwrap().as_str().unwrap().to_owned();
+        assert_eq!(r("/properties/a/$ref"), "#/$defs/A");
+        assert_eq!(r("/properties/b/$ref"), "#/$defs/B");
+        assert_eq!(r("/properties/c/$ref"), "#/$defs/C");
+        assert_eq!(r("/properties/d/$ref"), "#/$defs/A/$defs/x");
+        // Relative to the nested resource, not the document.
+        assert_eq!(r("/$defs/A/$ref"), "#/$defs/A/$defs/x");
+        // Not in the document: its absolute URI, for the translator to name.
+        assert_eq!(r("/properties/e/$ref"), "http://example.com/other.json");
+        assert!(f.pointer("/$id").is_none() && f.pointer("/$defs/B/$anchor").is_none());
+        // Flattening is idempotent.
+        assert_eq!(flatten(&f).unwrap().into_owned(), f);
+    }
+
+    #[test]
+    fn draft7_ignores_an_id_next_to_ref_and_reads_fragment_ids_as_anchors() {
+        let s = json!({
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "$id": "http://example.com/base/",
+            "definitions": {
+                "foo": {"$id": "http://example.com/foo.json", "type": "string"},
+                "base_foo": {"$id": "foo.json", "type": "number"},
+                "named": {"$id": "#named", "type": "null"}
+            },
+            "allOf": [{"$id": "http://example.com/", "$ref": "foo.json"}, {"$ref": "#named"}]
+        });
+        let f = flatten(&s).unwrap().into_owned();
+        assert_eq!(f["allOf"][0]["$ref"], "#/definitions/base_foo");
+        assert_eq!(f["allOf"][1]["$ref"], "#/definitions/named");
+    }
+
+    #[test]
+    fn percent_signs_in_names_survive_the_rewrite() {
+        let s = json!({"$id": "http://x/", "$defs": {"a%b": {"type": "null"}},
+                       "$ref": "#/$defs/a%25b"});
+        let f = flatten(&s).unwrap().into_owned();
+        assert_eq!(f["$ref"], "#/$defs/a%25b");
+        assert!(super::super::resolve_local(&f, f["$ref"].as_str().unwrap()).is_some());
+    }
+
+    #[test]
+    fn duplicate_ids_are_an_error() {
+        let s = json!({"$defs": {"a": {"$id": "http://x/a"}, "b": {"$id": "http://x/a"}}});
+        let e = flatten(&s).unwrap_err().to_string();
+        assert!(e.contains("identifies two schemas"), "{e}");
+    }
+
+    #[test]
+    fn bundle_embeds_the_documents_referred_to_transitively() {
+        let s = json!({"$id": "http://localhost:1234/root", "$ref": "a.json"});
+        let resources = vec![
+            (
+                "http://localhost:1234/a.json".to_owned(),
+                json!({"$ref": "b.json#/$defs/x"}),
+            ),
+            (
+                "http://localhost:1234/b.json".to_owned(),
+                json!({"$defs": {"x": {"type": "integer"}}}),
+            ),
+            ("http://localhost:1234/unused.json".to_owned(), json!({})),
+        ];
+        let b = bundle(&s, &resources).unwrap();
+        let defs = b["$defs"].as_object().unwrap();
+        assert_eq!(defs.len(), 2, "{b}");
+        let a = b["$ref"].as_str().unwrap();
+        let target = super::super::resolve_local(&b, a).unwrap();
+        let inner = super::super::resolve_local(&b, target["$ref"].as_str().unwrap()).unwrap();
+        assert_eq!(inner, &json!({"type": "integer"}));
+    }
+}
