@@ -122,6 +122,7 @@ fn run(
                         (Some(a), Some(b)) if a < b => format!("{}{}", &msg[..a], &msg[b..]),
                         _ => msg,
                     };
+                    if std::env::var_os("QUARRY_SUITE_GROUPS").is_some() { println!("  refused: {}: {}: {key}", file.file_name().unwrap().to_string_lossy(), group["description"]); }
                     *reasons.entry(key).or_default() += group["tests"].as_array().unwrap().len();
                     None
                 }

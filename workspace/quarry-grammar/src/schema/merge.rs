@@ -78,15 +78,16 @@ impl Translator<'_> {
             }
         };
         let (a, b) = (flatten(self, a)?, flatten(self, b)?);
-        let (out, b) = match (a, b) {
+        let (mut out, mut b) = match (a, b) {
             (Value::Object(a), Value::Object(b)) => (a, b),
             (a, b) => return self.merge(&a, &b, pointer, depth + 1),
         };
+        self.settle_unevaluated(&mut out);
+        self.settle_unevaluated(&mut b);
         // Two different conditionals cannot share one object's `if`: b's becomes the `anyOf`
         // it stands for, `(if ∧ then) ∨ (¬if ∧ else)`, merged with a's by product.
         let conditional =
             |m: &Map<String, Value>| ["if", "then", "else"].map(|k| m.get(k).cloned());
-        let mut b = b;
         if self.draft >= Draft::D7
             && b.contains_key("if")
             && out.contains_key("if")
@@ -105,7 +106,8 @@ impl Translator<'_> {
         }
         // additionalProperties read against each side's own properties, made explicit: a name
         // one side declares and the other does not takes the other's additionalProperties.
-        let (mut out, b) = Self::close_properties(out, b);
+        let (mut out, mut b) = Self::close_properties(out, b);
+        self.merge_tuples(&mut out, &mut b);
         // Keywords whose meaning depends on a sibling in the same schema object.
         const COUPLED: &[(&str, &str)] = &[
             ("additionalProperties", "properties"),
@@ -288,6 +290,104 @@ impl Translator<'_> {
     /// `additionalProperties`: each name declared on only one side gets the other side's
     /// `additionalProperties` in an `allOf`, and both get the same `properties` keys, so the merge
     /// below is exact (`additionalProperties` is then merged as any other keyword).
+    /// `unevaluatedProperties`/`unevaluatedItems` of a schema object without in-place
+    /// applicators see only that object's own keywords, not the other `allOf` branch's: they are
+    /// `additionalProperties` (`items`; `additionalItems` after an array `items` in 2019-09)
+    /// against them, and nothing where those already evaluate every member. Written so, they
+    /// merge exactly like those keywords. `unevaluatedItems` next to `contains` (which evaluates
+    /// the items it matches) stays as it is.
+    fn settle_unevaluated(&self, m: &mut Map<String, Value>) {
+        const IN_PLACE: &[&str] = &[
+            "$ref",
+            "allOf",
+            "anyOf",
+            "oneOf",
+            "not",
+            "if",
+            "then",
+            "else",
+            "dependentSchemas",
+            "dependencies",
+        ];
+        if self.draft < Draft::D2019 || IN_PLACE.iter().any(|k| m.contains_key(*k)) {
+            return;
+        }
+        if let Some(v) = m.remove("unevaluatedProperties") {
+            if !m.contains_key("additionalProperties") {
+                m.insert("additionalProperties".into(), v);
+            }
+        }
+        if m.contains_key("unevaluatedItems") && !m.contains_key("contains") {
+            let v = m.remove("unevaluatedItems").expect("checked");
+            let rest = match m.get("items") {
+                None => Some("items"),
+                Some(Value::Array(_)) if self.draft < Draft::D2020 => {
+                    Some("additionalItems").filter(|k| !m.contains_key(*k))
+                }
+                Some(_) => None,
+            };
+            if let Some(k) = rest {
+                m.insert(k.into(), v);
+            }
+        }
+    }
+
+    /// Two different tuples (`prefixItems` and `items`; before 2020-12 an array `items` and
+    /// `additionalItems`) as one: position `i` takes both sides' schemas for it (its prefix entry,
+    /// else its rest), the rest takes both rests. Exact, and what a parent's `unevaluatedItems`
+    /// sees is the same (the longer prefix, or everything where a side has a rest). Both sides
+    /// get the merged tuple; a side whose own `unevaluatedItems` reads its tuple is left alone.
+    fn merge_tuples(&self, a: &mut Map<String, Value>, b: &mut Map<String, Value>) {
+        let (prefix_key, rest_key) = if self.draft >= Draft::D2020 {
+            ("prefixItems", "items")
+        } else {
+            ("items", "additionalItems")
+        };
+        let tuple = |m: &Map<String, Value>| -> (Vec<Value>, Option<Value>) {
+            match m.get(prefix_key) {
+                Some(Value::Array(p)) => (p.clone(), m.get(rest_key).cloned()),
+                // Before 2020-12 a schema-valued `items` is the rest of an empty tuple.
+                _ if prefix_key == "items" => (Vec::new(), m.get("items").cloned()),
+                _ => (Vec::new(), m.get(rest_key).cloned()),
+            }
+        };
+        let (pa, ra) = tuple(a);
+        let (pb, rb) = tuple(b);
+        let reads_tuple = |m: &Map<String, Value>| m.contains_key("unevaluatedItems");
+        if (pa.is_empty() && pb.is_empty())
+            || reads_tuple(a)
+            || reads_tuple(b)
+            || (json_equal(&Value::Array(pa.clone()), &Value::Array(pb.clone()))
+                && ra.as_ref().zip(rb.as_ref()).is_none_or(|(x, y)| json_equal(x, y))
+                && ra.is_some() == rb.is_some())
+        {
+            return;
+        }
+        let both = |x: Option<&Value>, y: Option<&Value>| -> Option<Value> {
+            match (x, y) {
+                (None, None) => None,
+                (Some(v), None) | (None, Some(v)) => Some(v.clone()),
+                (Some(x), Some(y)) if json_equal(x, y) => Some(x.clone()),
+                (Some(x), Some(y)) => Some(json!({"allOf": [x, y]})),
+            }
+        };
+        let n = pa.len().max(pb.len());
+        let prefix: Vec<Value> = (0..n)
+            .map(|i| {
+                both(pa.get(i).or(ra.as_ref()), pb.get(i).or(rb.as_ref()))
+                    .unwrap_or(Value::Bool(true))
+            })
+            .collect();
+        let rest = both(ra.as_ref(), rb.as_ref());
+        for m in [a, b] {
+            m.insert(prefix_key.into(), Value::Array(prefix.clone()));
+            match &rest {
+                Some(r) => m.insert(rest_key.into(), r.clone()),
+                None => m.remove(rest_key),
+            };
+        }
+    }
+
     fn close_properties(
         mut a: Map<String, Value>,
         mut b: Map<String, Value>,

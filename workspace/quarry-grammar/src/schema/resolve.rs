@@ -76,12 +76,49 @@ fn id_keyword(draft: Draft) -> &'static str {
     }
 }
 
-fn walk(v: &Value, pointer: &str, base: &Url, draft: Draft, index: &mut Index) -> Result<()> {
-    let Value::Object(m) = v else {
-        return Ok(());
-    };
+/// Indexes every schema object under `root` (an explicit stack: schemas may nest deeper than a
+/// thread's stack allows recursion).
+fn walk(root: &Value, base: &Url, draft: Draft, index: &mut Index) -> Result<()> {
+    let mut todo: Vec<(&Value, String, Url)> = vec![(root, String::new(), base.clone())];
+    while let Some((v, pointer, base)) = todo.pop() {
+        let Value::Object(m) = v else {
+            continue;
+        };
+        let base = visit(m, &pointer, base, draft, index)?;
+        for (k, sub) in m {
+            let here = child(&pointer, k);
+            if ONE.contains(&k.as_str()) {
+                todo.push((sub, here.clone(), base.clone()));
+            }
+            if LIST.contains(&k.as_str()) {
+                if let Value::Array(items) = sub {
+                    for (i, s) in items.iter().enumerate() {
+                        todo.push((s, child(&here, &i.to_string()), base.clone()));
+                    }
+                }
+            }
+            if MAP.contains(&k.as_str()) {
+                if let Value::Object(entries) = sub {
+                    for (name, s) in entries {
+                        todo.push((s, child(&here, name), base.clone()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads one schema object's identifiers and reference; returns the base URI of its
+/// subschemas.
+fn visit(
+    m: &Map<String, Value>,
+    pointer: &str,
+    mut base: Url,
+    draft: Draft,
+    index: &mut Index,
+) -> Result<Url> {
     let has_ref = m.contains_key("$ref");
-    let mut base = Cow::Borrowed(base);
     // Up to draft 7 every keyword next to `$ref` is ignored, `$id` included.
     let id_applies = draft >= Draft::D2019 || !has_ref;
     let id_key = id_keyword(draft);
@@ -95,7 +132,7 @@ fn walk(v: &Value, pointer: &str, base: &Url, draft: Draft, index: &mut Index) -
         url.set_fragment(None);
         if !id.starts_with('#') {
             register(&mut index.resources, url.as_str(), pointer, &here)?;
-            base = Cow::Owned(url);
+            base = url;
         }
         if let (Some(a), true) = (anchor, draft <= Draft::D7) {
             register_anchor(index, base.as_str(), &a, pointer, &here)?;
@@ -131,27 +168,7 @@ fn walk(v: &Value, pointer: &str, base: &Url, draft: Draft, index: &mut Index) -
         }
         index.refs.push((pointer.to_owned(), url));
     }
-    for (k, sub) in m {
-        let here = child(pointer, k);
-        if ONE.contains(&k.as_str()) {
-            walk(sub, &here, &base, draft, index)?;
-        }
-        if LIST.contains(&k.as_str()) {
-            if let Value::Array(items) = sub {
-                for (i, s) in items.iter().enumerate() {
-                    walk(s, &child(&here, &i.to_string()), &base, draft, index)?;
-                }
-            }
-        }
-        if MAP.contains(&k.as_str()) {
-            if let Value::Object(entries) = sub {
-                for (name, s) in entries {
-                    walk(s, &child(&here, name), &base, draft, index)?;
-                }
-            }
-        }
-    }
-    Ok(())
+    Ok(base)
 }
 
 fn register(
@@ -229,7 +246,7 @@ fn index_of(root: &Value, draft: Draft, extra: &[(String, String)]) -> Result<In
     for (uri, pointer) in extra {
         register(&mut index.resources, uri, pointer, "#")?;
     }
-    walk(root, "", &base, draft, &mut index)?;
+    walk(root, &base, draft, &mut index)?;
     Ok(index)
 }
 

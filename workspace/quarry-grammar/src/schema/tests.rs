@@ -81,9 +81,42 @@ fn all_of_merges_exactly_or_refuses() {
     assert!(accepts(s.clone(), r#"{"a":1,"b":"xy"}"#));
     assert!(!accepts(s.clone(), r#"{"b":"xyz"}"#)); // b's own bound
     assert!(!accepts(s, r#"{"b":3}"#)); // additionalProperties of the first branch
-                                        // Coupled pairs that cannot be merged exactly are refused.
+
+    // Two tuples: position i takes both sides' schemas for it, the rest both rests.
     let s = json!({"allOf": [
         {"prefixItems": [{"type": "integer"}], "items": false},
+        {"prefixItems": [{}, {}]}
+    ]});
+    assert!(accepts(s.clone(), "[]") && accepts(s.clone(), "[1]"));
+    assert!(!accepts(s.clone(), "[1,2]") && !accepts(s, r#"["x"]"#));
+    let s = json!({"allOf": [
+        {"prefixItems": [{"type": "integer"}], "items": {"type": "string"}},
+        {"prefixItems": [{}, {"maxLength": 1}], "items": {"minLength": 1}}
+    ]});
+    assert!(accepts(s.clone(), r#"[1,"a","bc"]"#));
+    assert!(!accepts(s.clone(), r#"[1,"ab"]"#) && !accepts(s, r#"[1,"a",""]"#));
+    // Draft 7: an array `items` with `additionalItems`, against a schema-valued `items`.
+    let s = json!({"$schema": "http://json-schema.org/draft-07/schema#", "allOf": [
+        {"items": [{"type": "integer"}], "additionalItems": {"type": "string"}},
+        {"items": {"type": ["integer", "string"]}, "maxItems": 2}
+    ]});
+    assert!(accepts(s.clone(), r#"[1,"a"]"#) && !accepts(s, r#"[1,2]"#));
+
+    // unevaluated* of a branch sees only that branch: a name the other branch declares is
+    // unevaluated there.
+    let s = json!({"allOf": [
+        {"properties": {"foo": {}}, "unevaluatedProperties": true},
+        {"unevaluatedProperties": false}
+    ]});
+    assert!(accepts(s.clone(), "{}") && !accepts(s, r#"{"foo":1}"#));
+    let s = json!({"allOf": [{"prefixItems": [true]}, {"unevaluatedItems": false}]});
+    assert!(accepts(s.clone(), "[]") && !accepts(s, "[1]"));
+
+    // Coupled pairs that cannot be merged exactly are refused: here `unevaluatedItems` reads
+    // its own tuple and the items `contains` matched.
+    let s = json!({"allOf": [
+        {"prefixItems": [{"type": "integer"}], "contains": {"type": "string"},
+         "unevaluatedItems": false},
         {"prefixItems": [{}, {}]}
     ]});
     assert!(schema_to_regex(&s, &SchemaOptions::default()).is_err());
