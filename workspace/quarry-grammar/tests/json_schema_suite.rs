@@ -9,7 +9,8 @@
 //!   [`Whitespace::Spaced`] (instances written with `", "` and `": "`), and its counts must equal
 //!   the compact run's.
 //!
-//! `QUARRY_SUITE_VERBOSE=1` also lists the valid instances that were rejected (completeness gaps).
+//! `QUARRY_SUITE_VERBOSE=1` also lists the valid instances that were rejected (completeness gaps),
+//! every reason for refusing a schema (not only the 12 most frequent), and each refused group.
 //!
 //! References to other documents (`http://localhost:1234/…`, which the suite serves from its
 //! `remotes/` folder) are given to [`quarry_grammar::schema::bundle`], as a user gives theirs to
@@ -44,6 +45,10 @@ fn root() -> PathBuf {
 /// Why groups were refused: the error message with the JSON Pointer taken out, and how many cases.
 type Reasons = BTreeMap<String, usize>;
 
+fn verbose() -> bool {
+    std::env::var_os("QUARRY_SUITE_VERBOSE").is_some()
+}
+
 /// The suite's `remotes/` documents, under the URIs its tests refer to them by.
 fn remotes() -> Vec<(String, Value)> {
     fn add(dir: &std::path::Path, prefix: &str, out: &mut Vec<(String, Value)>) {
@@ -65,7 +70,11 @@ fn remotes() -> Vec<(String, Value)> {
     let mut out = Vec::new();
     let dir = root().join("tests/fixtures/json-schema-test-suite/remotes");
     add(&dir, "http://localhost:1234/", &mut out);
-    assert!(out.len() > 20, "{}: too few remote documents", dir.display());
+    assert!(
+        out.len() > 20,
+        "{}: too few remote documents",
+        dir.display()
+    );
     out
 }
 
@@ -98,7 +107,7 @@ fn run(
             if let Value::Object(m) = &mut schema {
                 m.entry("$schema").or_insert(json!(schema_uri));
             }
-            let schema = match bundle(&schema, remotes) {
+            let schema = match bundle(&schema, None, remotes) {
                 Ok(s) => s,
                 Err(e) => {
                     *reasons.entry(e.to_string()).or_default() +=
@@ -122,7 +131,13 @@ fn run(
                         (Some(a), Some(b)) if a < b => format!("{}{}", &msg[..a], &msg[b..]),
                         _ => msg,
                     };
-                    if std::env::var_os("QUARRY_SUITE_GROUPS").is_some() { println!("  refused: {}: {}: {key}", file.file_name().unwrap().to_string_lossy(), group["description"]); }
+                    if verbose() {
+                        println!(
+                            "  refused: {}: {}: {key}",
+                            file.file_name().unwrap().to_string_lossy(),
+                            group["description"]
+                        );
+                    }
                     *reasons.entry(key).or_default() += group["tests"].as_array().unwrap().len();
                     None
                 }
@@ -149,7 +164,7 @@ fn run(
                     }
                     _ => {
                         counts.rejected_valid += 1;
-                        if std::env::var_os("QUARRY_SUITE_VERBOSE").is_some() {
+                        if verbose() {
                             println!(
                                 "  valid rejected: {}: {} / {}: {text}",
                                 file.file_name().unwrap().to_string_lossy(),
@@ -192,7 +207,8 @@ fn official_suite_ratchet() {
         );
         let mut reasons: Vec<_> = reasons.into_iter().collect();
         reasons.sort_by_key(|r| std::cmp::Reverse(r.1));
-        for (why, n) in reasons.iter().take(if std::env::var_os("QUARRY_SUITE_VERBOSE").is_some() { usize::MAX } else { 12 }) {
+        let shown = if verbose() { usize::MAX } else { 12 };
+        for (why, n) in reasons.iter().take(shown) {
             println!("  {n:>4} cases unsupported: {why}");
         }
         failures.extend(unsound);

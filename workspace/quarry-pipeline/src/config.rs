@@ -24,6 +24,11 @@ pub struct PipelineConfig {
     /// The JSON Schema every record must satisfy; it is also the decoding constraint unless
     /// `grammar` is set.
     pub schema: PathBuf,
+    /// JSON Schema documents the schema's `$ref`s name (`"$ref": "common.json#/$defs/id"`),
+    /// each known by its file's location and its own `$id`, as with `--schema-resource`. They are
+    /// embedded into the schema when the job starts, for decoding and validation alike.
+    #[serde(default)]
+    pub schema_resources: Vec<PathBuf>,
     /// A GBNF grammar (llama.cpp's syntax) to decode with instead of the schema, for jobs that
     /// already have one. Records are still validated against `schema`; an output the schema
     /// refuses is a rejects row (`schema_violation`).
@@ -437,6 +442,13 @@ impl PipelineConfig {
 
     pub fn schema_path(&self) -> PathBuf {
         self.resolve(&self.schema)
+    }
+
+    pub fn schema_resource_paths(&self) -> Vec<PathBuf> {
+        self.schema_resources
+            .iter()
+            .map(|p| self.resolve(p))
+            .collect()
     }
 
     pub fn grammar_path(&self) -> Option<PathBuf> {

@@ -5,7 +5,7 @@
 //! one is [`EngineExtractor`]; unit tests of the loops use a fake.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use minijinja::Environment;
@@ -337,28 +337,90 @@ impl Extractor for EngineExtractor {
     }
 }
 
-/// The SHA-256 of the schema file's bytes, hex (the `_schema_sha256` column).
+/// The SHA-256 of the schema file's bytes, hex (the `_schema_sha256` column); with
+/// `schema_resources`, of the schema's bytes followed by each resource's, in the order listed.
 pub fn schema_sha256(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(bytes);
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    schema_sha256_of(&[bytes])
 }
 
-/// Reads and parses the job's schema; the error names the file.
-pub fn read_schema(path: &Path) -> Result<(Value, String), PipelineError> {
-    let err = |message: String| PipelineError::Schema {
-        path: path.display().to_string(),
-        message,
+fn schema_sha256_of(parts: &[&[u8]]) -> String {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    for p in parts {
+        hasher.update(p);
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Reads and parses the job's schema, with the documents its references name embedded
+/// ([`quarry_grammar::schema::bundle`]; each resource is known by its file's URL and its own
+/// `$id`, and the schema's references resolve against its file's URL). The error names the
+/// file.
+pub fn read_schema(path: &Path, resources: &[PathBuf]) -> Result<(Value, String), PipelineError> {
+    let read = |p: &Path| -> Result<(String, Vec<u8>, Value), PipelineError> {
+        let err = |message: String| PipelineError::Schema {
+            path: p.display().to_string(),
+            message,
+        };
+        let bytes = std::fs::read(p).map_err(|e| err(format!("cannot read: {e}")))?;
+        let value = serde_json::from_slice(&bytes).map_err(|e| err(format!("not JSON: {e}")))?;
+        let url = std::fs::canonicalize(p)
+            .ok()
+            .and_then(|abs| url::Url::from_file_path(abs).ok())
+            .ok_or_else(|| err("no file URL for this path".into()))?;
+        Ok((url.into(), bytes, value))
     };
-    let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
-    let value: Value = serde_json::from_slice(&bytes).map_err(|e| err(format!("not JSON: {e}")))?;
-    Ok((value, schema_sha256(&bytes)))
+    let (base, bytes, value) = read(path)?;
+    if resources.is_empty() {
+        return Ok((value, schema_sha256(&bytes)));
+    }
+    let docs = resources
+        .iter()
+        .map(|p| read(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let given: Vec<(String, Value)> = docs
+        .iter()
+        .map(|(u, _, v)| (u.clone(), v.clone()))
+        .collect();
+    let bundled = quarry_grammar::schema::bundle(&value, Some(&base), &given).map_err(|e| {
+        PipelineError::Schema {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        }
+    })?;
+    let mut parts: Vec<&[u8]> = vec![&bytes];
+    parts.extend(docs.iter().map(|(_, b, _)| b.as_slice()));
+    Ok((bundled, schema_sha256_of(&parts)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::record::Lineage;
+
+    #[test]
+    fn schema_resources_are_embedded_for_validation_and_hashed() {
+        let dir = std::env::temp_dir().join(format!("quarry-read-schema-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (main, common) = (dir.join("job.json"), dir.join("common.json"));
+        let main_text =
+            r#"{"type": "object", "properties": {"n": {"$ref": "common.json#/$defs/n"}}}"#;
+        std::fs::write(&main, main_text).unwrap();
+        std::fs::write(&common, r#"{"$defs": {"n": {"type": "integer"}}}"#).unwrap();
+        let (schema, sha) = read_schema(&main, std::slice::from_ref(&common)).unwrap();
+        let v = Validator::new(&schema, "job.json").unwrap();
+        assert!(v.compiled.is_valid(&serde_json::json!({"n": 3})));
+        assert!(!v.compiled.is_valid(&serde_json::json!({"n": "x"})));
+        // The hash covers the resource: changing it changes the hash.
+        let (_, alone) = read_schema(&main, &[]).unwrap();
+        assert_eq!(alone, schema_sha256(main_text.as_bytes()));
+        assert_ne!(sha, alone);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn doc(text: &str) -> Document {
         Document {

@@ -30,7 +30,7 @@ pub struct Prepared {
 impl Prepared {
     pub fn new(cfg: PipelineConfig) -> Result<Self, PipelineError> {
         let schema_path = cfg.schema_path();
-        let (schema, schema_sha256) = read_schema(&schema_path)?;
+        let (schema, schema_sha256) = read_schema(&schema_path, &cfg.schema_resource_paths())?;
         let shape = RecordShape::derive(&schema).map_err(|message| PipelineError::Schema {
             path: schema_path.display().to_string(),
             message,

@@ -55,6 +55,10 @@ pub(crate) struct GenerateArgs {
     /// The output must be JSON valid against this JSON Schema file.
     #[arg(long, value_name = "FILE", group = "constraint")]
     schema: Option<PathBuf>,
+    /// With --schema: a JSON Schema document its `$ref`s name (repeat the flag), known by its
+    /// file's location and its own `$id`.
+    #[arg(long, value_name = "FILE", requires = "schema")]
+    schema_resource: Vec<PathBuf>,
     /// The output must be a JSON object (its values nested to any depth).
     #[arg(long, group = "constraint")]
     json_object: bool,
@@ -116,12 +120,7 @@ impl GenerateArgs {
         } else if !self.choice.is_empty() {
             ConstraintSpec::Choice(self.choice.clone())
         } else if let Some(path) = &self.schema {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading the schema {}", path.display()))?;
-            ConstraintSpec::JsonSchema(
-                serde_json::from_str(&text)
-                    .with_context(|| format!("{} is not JSON", path.display()))?,
-            )
+            ConstraintSpec::JsonSchema(crate::load_schema(path, &self.schema_resource)?)
         } else if let Some(path) = &self.grammar {
             ConstraintSpec::grammar_file(
                 path,

@@ -98,6 +98,11 @@ pub struct ConstraintArgs {
     /// The output must be a JSON object, its values nested to any depth.
     #[arg(long)]
     json_object: bool,
+    /// With --schema: a JSON Schema document its `$ref`s name (repeat the flag), known by its
+    /// file's location and its own `$id`; `"$ref": "common.json#/$defs/id"` in the schema finds
+    /// `--schema-resource common.json` in the same folder.
+    #[arg(long, value_name = "FILE", requires = "schema")]
+    schema_resource: Vec<PathBuf>,
     /// With --schema: a missing additionalProperties means false (OpenAI structured outputs).
     #[arg(long, requires = "schema")]
     strict: bool,
@@ -131,11 +136,7 @@ impl ConstraintArgs {
         let Some(path) = &self.schema else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the schema {}", path.display()))?;
-        let v = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not valid JSON", path.display()))?;
-        Ok(Some(v))
+        crate::load_schema(path, &self.schema_resource).map(Some)
     }
 
     fn constraint(&self) -> Result<Constraint> {

@@ -354,6 +354,46 @@ fn unsupported_schema_keywords_name_the_pointer() {
     assert!(err.contains("not valid JSON"), "{err}");
 }
 
+/// A schema split over two files: `--schema-resource` gives the second, found by its file's
+/// location relative to the first; without it the error names the document that is missing.
+#[test]
+fn schema_resources_resolve_references_to_other_files() {
+    let dir = std::env::temp_dir().join(format!("quarry-schema-res-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("common")).unwrap();
+    let main = dir.join("job.json");
+    let common = dir.join("common/defs.json");
+    std::fs::write(
+        &main,
+        r#"{"type": "object", "required": ["id"], "additionalProperties": false,
+            "properties": {"id": {"$ref": "common/defs.json#/$defs/id"}}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        &common,
+        r#"{"$defs": {"id": {"type": "integer", "minimum": 1}}}"#,
+    )
+    .unwrap();
+    let (main, common) = (main.to_str().unwrap(), common.to_str().unwrap());
+    let args = [
+        "grammar",
+        "accepts",
+        "--schema",
+        main,
+        "--schema-resource",
+        common,
+    ];
+    for (text, code) in [(r#"{"id":7}"#, 0), (r#"{"id":0}"#, 1), (r#"{"id":"7"}"#, 1)] {
+        let o = quarry(&args, text);
+        assert_eq!(o.status.code(), Some(code), "{text}: {o:?}");
+    }
+    let err = error_line(&quarry(&["grammar", "compile", "--schema", main], ""));
+    assert!(
+        err.contains("remote reference") && err.contains("common/defs.json#/$defs/id"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 const ARITHMETIC: &str = "workspace/quarry-grammar/tests/grammars/arithmetic.gbnf";
 
 #[test]

@@ -358,7 +358,10 @@ impl Translator<'_> {
             || reads_tuple(a)
             || reads_tuple(b)
             || (json_equal(&Value::Array(pa.clone()), &Value::Array(pb.clone()))
-                && ra.as_ref().zip(rb.as_ref()).is_none_or(|(x, y)| json_equal(x, y))
+                && ra
+                    .as_ref()
+                    .zip(rb.as_ref())
+                    .is_none_or(|(x, y)| json_equal(x, y))
                 && ra.is_some() == rb.is_some())
         {
             return;

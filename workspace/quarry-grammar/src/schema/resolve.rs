@@ -124,7 +124,9 @@ fn visit(
     let id_key = id_keyword(draft);
     if let (true, Some(id)) = (id_applies, m.get(id_key)) {
         let here = child(pointer, id_key);
-        let id = id.as_str().ok_or_else(|| invalid(&here, "expected a string"))?;
+        let id = id
+            .as_str()
+            .ok_or_else(|| invalid(&here, "expected a string"))?;
         let mut url = base
             .join(id)
             .map_err(|e| invalid(&here, format!("{id:?} is not a URI reference: {e}")))?;
@@ -239,14 +241,15 @@ fn locate(root: &Value, index: &Index, target: &Url) -> Option<String> {
     root.pointer(&pointer).map(|_| pointer)
 }
 
-fn index_of(root: &Value, draft: Draft, extra: &[(String, String)]) -> Result<Index> {
-    let base = Url::parse(DEFAULT_BASE).expect("a valid URI");
+fn index_of(root: &Value, base: &Url, draft: Draft, extra: &[(String, String)]) -> Result<Index> {
     let mut index = Index::default();
-    index.resources.insert(base.as_str().to_owned(), String::new());
+    index
+        .resources
+        .insert(base.as_str().to_owned(), String::new());
     for (uri, pointer) in extra {
         register(&mut index.resources, uri, pointer, "#")?;
     }
-    walk(root, &base, draft, &mut index)?;
+    walk(root, base, draft, &mut index)?;
     Ok(index)
 }
 
@@ -255,7 +258,8 @@ fn index_of(root: &Value, draft: Draft, extra: &[(String, String)]) -> Result<In
 /// rewriting. Errors name a malformed or duplicate identifier.
 pub(crate) fn flatten(schema: &Value) -> Result<Cow<'_, Value>> {
     let draft = Draft::of(schema);
-    let index = index_of(schema, draft, &[])?;
+    let base = Url::parse(DEFAULT_BASE).expect("a valid URI");
+    let index = index_of(schema, &base, draft, &[])?;
     if !index.needs_rewrite {
         return Ok(Cow::Borrowed(schema));
     }
@@ -290,15 +294,24 @@ fn rewrite(mut root: Value, index: &Index, draft: Draft) -> Value {
 
 /// `schema` with the documents it refers to embedded, as one self-contained schema: each
 /// `(uri, document)` is what a reference to `uri` (or to the document's own `$id`) retrieves,
-/// the way a validator's registry or retriever would. The documents that are referred to,
-/// directly or through each other, are placed under the root's `$defs` (`definitions` up to
-/// draft 7), keyed by their URI, and every reference is then a pointer (see [`flatten`]).
-/// Unused documents are left out. The result compiles without any further input.
-pub fn bundle(schema: &Value, resources: &[(String, Value)]) -> Result<Value> {
+/// the way a validator's registry or retriever would. `base` is the URI `schema` itself was
+/// read from (its file's URL, say), against which its references resolve unless its `$id` says
+/// otherwise. The documents that are referred to, directly or through each other, are placed
+/// under the root's `$defs` (`definitions` up to draft 7), keyed by their URI, and every
+/// reference is then a pointer (see [`flatten`]). Unused documents are left out. The result
+/// compiles without any further input; a reference to a document that was not given stays
+/// its absolute URI, which compiling refuses by name.
+pub fn bundle(schema: &Value, base: Option<&str>, resources: &[(String, Value)]) -> Result<Value> {
     let draft = Draft::of(schema);
     let Value::Object(_) = schema else {
         return Ok(schema.clone());
     };
+    let base = Url::parse(base.unwrap_or(DEFAULT_BASE)).map_err(|e| {
+        invalid(
+            "#",
+            format!("base URI {base:?} is not an absolute URI: {e}"),
+        )
+    })?;
     let defs = if draft >= Draft::D2019 {
         "$defs"
     } else {
@@ -316,7 +329,10 @@ pub fn bundle(schema: &Value, resources: &[(String, Value)]) -> Result<Value> {
         by.set_fragment(None);
         let mut own = match doc.get(id_keyword(draft)).and_then(Value::as_str) {
             Some(id) if !id.starts_with('#') => by.join(id).map_err(|e| {
-                invalid("#", format!("resource {uri:?}: $id {id:?} is not a URI: {e}"))
+                invalid(
+                    "#",
+                    format!("resource {uri:?}: $id {id:?} is not a URI: {e}"),
+                )
             })?,
             _ => by.clone(),
         };
@@ -328,7 +344,7 @@ pub fn bundle(schema: &Value, resources: &[(String, Value)]) -> Result<Value> {
     let mut embedded: Vec<(String, String)> = Vec::new();
     let mut done = vec![false; known.len()];
     loop {
-        let index = index_of(&root, draft, &embedded)?;
+        let index = index_of(&root, &base, draft, &embedded)?;
         let mut missing = Vec::new();
         for (_, url) in &index.refs {
             let mut resource = url.clone();
@@ -469,12 +485,29 @@ mod tests {
             ),
             ("http://localhost:1234/unused.json".to_owned(), json!({})),
         ];
-        let b = bundle(&s, &resources).unwrap();
+        let b = bundle(&s, None, &resources).unwrap();
         let defs = b["$defs"].as_object().unwrap();
         assert_eq!(defs.len(), 2, "{b}");
         let a = b["$ref"].as_str().unwrap();
         let target = super::super::resolve_local(&b, a).unwrap();
         let inner = super::super::resolve_local(&b, target["$ref"].as_str().unwrap()).unwrap();
         assert_eq!(inner, &json!({"type": "integer"}));
+    }
+
+    #[test]
+    fn bundle_resolves_against_the_base_it_is_given() {
+        let s = json!({"properties": {"a": {"$ref": "common.json#/$defs/id"}}});
+        let common = json!({"$defs": {"id": {"type": "integer"}}});
+        let resources = vec![("file:///data/schemas/common.json".to_owned(), common)];
+        let b = bundle(&s, Some("file:///data/schemas/job.json"), &resources).unwrap();
+        let r = b["properties"]["a"]["$ref"].as_str().unwrap();
+        let target = super::super::resolve_local(&b, r).unwrap();
+        assert_eq!(target, &json!({"type": "integer"}));
+        // Without the base, the reference names a document that was not given.
+        let b = bundle(&s, None, &resources).unwrap();
+        assert_eq!(
+            b["properties"]["a"]["$ref"],
+            "json-schema:///common.json#/$defs/id"
+        );
     }
 }
