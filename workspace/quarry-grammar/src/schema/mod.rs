@@ -69,21 +69,26 @@
 //!   `properties` merged per name, the tighter of two bounds, `enum` intersected, two `anyOf`s
 //!   multiplied out, schema-valued `items` and `additionalProperties` as `allOf`s, integer
 //!   `multipleOf` by their least common multiple, a second `if`/`then`/`else` as the `anyOf` it
-//!   stands for); keywords
+//!   stands for, two tuples position by position, a branch's own `unevaluated*` as the
+//!   `additionalProperties`/`items` it is against that branch's keywords); keywords
 //!   next to `anyOf`/`oneOf` are merged into each branch; `not` by exact negation (De Morgan:
 //!   types, bounds, lengths, counts, `required`, `properties`, `items`, `enum`/`const` of scalars,
 //!   `pattern`, and `anyOf`/`allOf`/`not`/`oneOf` of those, a `oneOf` of at most 8 branches as
 //!   "none, or two at once"); `if`/`then`/`else` expanded to
 //!   `(if ∧ then) ∨ (¬if ∧ else)`;
-//! - references: local `$ref` (`#`, `#/$defs/…`, `#/definitions/…`, any JSON Pointer into the
-//!   document), `$defs`, `definitions`; a recursive reference becomes a rule of a grammar
+//! - references: `$ref` by JSON Pointer (`#/$defs/…`, any pointer into a schema resource), by
+//!   `$id` (absolute, relative or `urn:`, resolved against the base URI of the schema object that
+//!   holds it, RFC 3986), by `$anchor` (and draft 6/7's `$id: "#name"`), to embedded resources and
+//!   to documents given beside the schema ([`bundle`]); [`resolve`] rewrites each one as a pointer
+//!   from the root before translating. A recursive reference becomes a rule of a grammar
 //!   ([`crate::cfg`]: its target translated once, as the rule's body), or is unrolled to
 //!   [`SchemaOptions::max_recursion_depth`] levels of regex when that is set. Where copying each
 //!   referenced subschema into every use outgrows [`MAX_REGEX_BYTES`], the schema is translated
 //!   again with each large target as a rule shared by its uses.
 //!
 //! Ignored (annotations): `title`, `description`, `examples`, `default`, `$comment`, `deprecated`,
-//! `readOnly`, `writeOnly`, `$schema`, `$id`, `$anchor`, `$dynamicAnchor`, `$vocabulary`,
+//! `readOnly`, `writeOnly`, `$schema`, `$id` and `$anchor` (once references are resolved),
+//! `$dynamicAnchor`, `$vocabulary`,
 //! `contentMediaType`, `contentEncoding`, `contentSchema`.
 //!
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
@@ -96,7 +101,8 @@
 //! (`prefixItems`/`items`, `additionalProperties` next to `patternProperties`; `properties`/
 //! `additionalProperties` are merged exactly: a name one branch declares takes the other's
 //! `additionalProperties`), look-aheads inside groups or next to a top-level alternation,
-//! look-behinds, backreferences, word boundaries, remote references, a recursive reference with keywords next to it
+//! look-behinds, backreferences, word boundaries, references to documents neither in the schema
+//! nor given to [`bundle`] (never fetched), a recursive reference with keywords next to it
 //! (from 2019-09) or inside an operation on regular languages (`not`, overlapping `oneOf`,
 //! `patternProperties` names), unless `max_recursion_depth` unrolls it. (From 2019-09, keywords
 //! next to `$ref` are merged into its target.) Keywords that the declared draft does not define (`dependencies` in 2019-09 and
