@@ -171,6 +171,9 @@ pub struct Grammar {
     returns: Grow<OnceLock<Returns>>,
     /// Per state: how the text slice applies ([`Grammar::text_entry`]).
     text_loops: Grow<OnceLock<Option<TextEntry>>>,
+    /// Per byte group ([`BYTE_GROUP`]): the DFA's byte classes its bytes fall into (usually
+    /// one), so a state's [`Run::first`] reads a few row entries instead of stepping 256 bytes.
+    group_classes: Box<[Box<[u8]>]>,
     /// Arrays whose items must be unique beyond what the DFA enforces, checked by each matcher.
     unique: Option<Arc<UniquePlan>>,
 }
@@ -248,7 +251,6 @@ impl Grammar {
             LazyDfa::with_rules(terms, root, bodies, &limits)
         };
         Ok(Self {
-            dfa,
             vocab,
             limits,
             runs: Grow::new(1, OnceLock::new),
@@ -258,6 +260,8 @@ impl Grammar {
             cores: Grow::new(1, OnceLock::new),
             returns: Grow::new(1, OnceLock::new),
             text_loops: Grow::new(1, OnceLock::new),
+            group_classes: Self::group_classes(&dfa),
+            dfa,
             unique,
         })
     }
@@ -368,10 +372,18 @@ impl Grammar {
                 if groups & !g != 0 {
                     break;
                 }
+                let looping = next == cur;
                 cur = next;
                 len += 1;
                 if plain + 1 == len && !self.is_accepting(cur) {
                     plain = len;
+                }
+                if looping {
+                    // Every further step is this one again: the run reaches the cap.
+                    if plain == len {
+                        plain = cap;
+                    }
+                    len = cap;
                 }
             }
             Run {
@@ -383,10 +395,22 @@ impl Grammar {
     }
 
     fn first(&self, s: u32) -> (u64, u32) {
-        *self
-            .firsts
-            .at(s as usize)
-            .get_or_init(|| Run::first(|b| self.dfa.step(s, b)))
+        *self.firsts.at(s as usize).get_or_init(|| {
+            Run::first(&self.group_classes, |c| self.dfa.next(s, c as usize))
+        })
+    }
+
+    /// The byte classes of each byte group (see [`Grammar::group_classes`]'s field).
+    fn group_classes(dfa: &LazyDfa) -> Box<[Box<[u8]>]> {
+        let groups = BYTE_GROUP.iter().map(|&g| g as usize + 1).max().unwrap_or(0);
+        let mut out: Vec<Vec<u8>> = vec![Vec::new(); groups];
+        for b in 0..=255u8 {
+            let (g, c) = (BYTE_GROUP[b as usize] as usize, dfa.classes[b as usize]);
+            if !out[g].contains(&c) {
+                out[g].push(c);
+            }
+        }
+        out.into_iter().map(Vec::into_boxed_slice).collect()
     }
 
     /// The token mask of state `s`, computed once and cached.
@@ -670,16 +694,23 @@ impl Grammar {
                 i = n.subtree_end as usize;
                 continue;
             }
+            if n.subtree_end as usize == i + 1 {
+                // A leaf: its tokens are allowed, and `next` need not be built any further.
+                set(n.tokens_start..n.tokens_end);
+                i += 1;
+                continue;
+            }
             path[d - 1] = n.byte;
-            let run = self.run(next);
-            let mut skip = run.covers(n.below, n.height);
             if let Some(points) = points.as_deref_mut() {
-                let has_children = n.subtree_end as usize > i + 1;
-                if has_children && self.is_accepting(next) {
+                if self.is_accepting(next) {
                     points.push((i as u32, path[base..d].into()));
                 }
-                skip &= n.height <= run.plain;
             }
+            // The run (a chain of states) only where its first step covers every byte below.
+            let skip = n.below & !self.first(next).0 == 0 && {
+                let run = self.run(next);
+                run.covers(n.below, n.height) && (points.is_none() || n.height <= run.plain)
+            };
             if skip {
                 // Every path below stays in the language: the whole subtree is allowed.
                 set(n.tokens_start..n.subtree_tokens_end);
@@ -793,20 +824,19 @@ impl Run {
 
     /// The byte groups whose bytes all lead to one and the same live successor (the successor
     /// that takes the most whole groups), and that successor; `(0, DEAD)` when there is none.
-    fn first(step: impl Fn(u8) -> u32) -> (u64, u32) {
+    /// `group_classes` lists each group's byte classes, `step` steps the state by a class.
+    fn first(group_classes: &[Box<[u8]>], step: impl Fn(u8) -> u32) -> (u64, u32) {
         // Successor of each group, or `mixed` when its bytes disagree.
         let mut group_next = [None::<u32>; 64];
         let mut mixed = 0u64;
-        for b in 0..=255u8 {
-            let g = BYTE_GROUP[b as usize] as usize;
-            if mixed >> g & 1 == 1 {
+        for (g, classes) in group_classes.iter().enumerate() {
+            let Some((&c0, rest)) = classes.split_first() else {
                 continue;
-            }
-            let next = step(b);
-            match group_next[g] {
-                None => group_next[g] = Some(next),
-                Some(prev) if prev != next => mixed |= 1 << g,
-                Some(_) => {}
+            };
+            let next = step(c0);
+            group_next[g] = Some(next);
+            if rest.iter().any(|&c| step(c) != next) {
+                mixed |= 1 << g;
             }
         }
         let mut best = (0u64, DEAD);
