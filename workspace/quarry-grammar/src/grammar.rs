@@ -500,10 +500,25 @@ impl Grammar {
                 }
             }
             let _ = self.masks.at(s as usize).get_or_init(|| mask);
+            // A point below another is walked again with it (a context's walk from a point
+            // covers its whole subtree): keep the outermost ones. Points come in trie order.
+            let trie = if in_rest {
+                &self.vocab.text().rest
+            } else {
+                self.vocab.trie()
+            };
+            let mut outer: Vec<NodePoint> = Vec::new();
+            let mut end = 0u32;
+            for (node, path) in points.nodes {
+                if node >= end {
+                    end = trie.nodes[node as usize].subtree_end;
+                    outer.push((node, path));
+                }
+            }
             Returns {
                 root: self.is_accepting(s),
                 in_rest,
-                points: points.nodes.into(),
+                points: outer.into(),
                 tokens: points.tokens.into(),
             }
         })
