@@ -395,14 +395,19 @@ impl Grammar {
     }
 
     fn first(&self, s: u32) -> (u64, u32) {
-        *self.firsts.at(s as usize).get_or_init(|| {
-            Run::first(&self.group_classes, |c| self.dfa.next(s, c as usize))
-        })
+        *self
+            .firsts
+            .at(s as usize)
+            .get_or_init(|| Run::first(&self.group_classes, |c| self.dfa.next(s, c as usize)))
     }
 
     /// The byte classes of each byte group (see [`Grammar::group_classes`]'s field).
     fn group_classes(dfa: &LazyDfa) -> Box<[Box<[u8]>]> {
-        let groups = BYTE_GROUP.iter().map(|&g| g as usize + 1).max().unwrap_or(0);
+        let groups = BYTE_GROUP
+            .iter()
+            .map(|&g| g as usize + 1)
+            .max()
+            .unwrap_or(0);
         let mut out: Vec<Vec<u8>> = vec![Vec::new(); groups];
         for b in 0..=255u8 {
             let (g, c) = (BYTE_GROUP[b as usize] as usize, dfa.classes[b as usize]);

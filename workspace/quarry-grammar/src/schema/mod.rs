@@ -94,7 +94,7 @@
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
 //! dependencies over more than 6 properties, `contains` next
 //! to `prefixItems`, `maxItems` or `uniqueItems`, negations of other keywords (`format`,
-//! `additionalProperties`, `patternProperties`, `uniqueItems`, `contains`, `prefixItems`, …), a double `not` next to `unevaluated*`, `$dynamicRef`, `$recursiveRef`, other `multipleOf`, other formats,
+//! `additionalProperties`, `patternProperties`, `uniqueItems`, `contains`, `prefixItems`, …), a double `not` next to `unevaluated*`, a `$dynamicRef` whose target depends on the evaluation path (two resources with its anchor, none at the root; the others are resolved by [`resolve`]), 2019-09's `$recursiveRef`, other `multipleOf`, other formats,
 //! intersections or differences that regex-level name tests need (`patternProperties`,
 //! `propertyNames`) when their automaton exceeds 4096 states, `allOf` branches that set
 //! the same other keyword differently or split a coupled pair that cannot be merged exactly

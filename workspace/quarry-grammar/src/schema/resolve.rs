@@ -61,6 +61,12 @@ struct Index {
     anchors: HashMap<(String, String), String>,
     /// Each `$ref`: pointer of the schema object holding it, its absolute target.
     refs: Vec<(String, Url)>,
+    /// (resource URI, name) → pointer of each `$dynamicAnchor` (2020-12).
+    dynamic_anchors: HashMap<(String, String), String>,
+    /// Each `$dynamicRef`: pointer of the schema object holding it, its absolute target.
+    dynamic_refs: Vec<(String, Url)>,
+    /// The URI of the document's own resource (where evaluation starts).
+    root_resource: String,
     /// Pointers of the schema objects whose identifiers were read (to drop them).
     identified: Vec<String>,
     /// Whether some reference is not already a pointer from the root.
@@ -85,6 +91,9 @@ fn walk(root: &Value, base: &Url, draft: Draft, index: &mut Index) -> Result<()>
             continue;
         };
         let base = visit(m, &pointer, base, draft, index)?;
+        if pointer.is_empty() {
+            index.root_resource = base.as_str().to_owned();
+        }
         for (k, sub) in m {
             let here = child(&pointer, k);
             if ONE.contains(&k.as_str()) {
@@ -148,14 +157,33 @@ fn visit(
             index.identified.push(pointer.to_owned());
             index.needs_rewrite = true;
         }
-        // A `$dynamicAnchor` is a plain anchor too. It stays in the flattened document (for
-        // `$dynamicRef`), where the resources that kept same-named ones apart are gone: the
-        // first one of a name is kept, no error.
+        // A `$dynamicAnchor` is a plain anchor too (the first of a name in a resource).
         if let Some(a) = m.get("$dynamicAnchor").and_then(Value::as_str) {
+            let key = (base.as_str().to_owned(), a.to_owned());
             index
                 .anchors
-                .entry((base.as_str().to_owned(), a.to_owned()))
+                .entry(key.clone())
                 .or_insert_with(|| pointer.to_owned());
+            if draft >= Draft::D2020 {
+                index
+                    .dynamic_anchors
+                    .entry(key)
+                    .or_insert_with(|| pointer.to_owned());
+                index.identified.push(pointer.to_owned());
+            }
+        }
+        if let (Some(r), true) = (
+            m.get("$dynamicRef").and_then(Value::as_str),
+            draft >= Draft::D2020,
+        ) {
+            let url = base.join(r).map_err(|e| {
+                invalid(
+                    &child(pointer, "$dynamicRef"),
+                    format!("{r:?} is not a URI reference: {e}"),
+                )
+            })?;
+            index.dynamic_refs.push((pointer.to_owned(), url));
+            index.needs_rewrite = true;
         }
     }
     if let Some(r) = m.get("$ref").and_then(Value::as_str) {
@@ -283,35 +311,102 @@ fn rewrite(mut root: Value, index: &Index, draft: Draft) -> Value {
             m.insert("$ref".into(), Value::String(r));
         }
     }
+    let dynamic: Vec<(String, Option<String>)> = index
+        .dynamic_refs
+        .iter()
+        .map(|(at, url)| (at.clone(), resolve_dynamic(&root, index, url)))
+        .collect();
+    for (at, target) in dynamic {
+        let (Some(Value::Object(m)), Some(p)) = (root.pointer_mut(&at), target) else {
+            continue;
+        };
+        m.remove("$dynamicRef");
+        let r = Value::String(fragment_of(&p));
+        if m.contains_key("$ref") {
+            // Both apply: the second as an `allOf` branch.
+            let all = m.entry("allOf").or_insert_with(|| Value::Array(Vec::new()));
+            if let Value::Array(a) = all {
+                a.push(serde_json::json!({ "$ref": r }));
+            }
+        } else {
+            m.insert("$ref".into(), r);
+        }
+    }
     for at in &index.identified {
         if let Some(Value::Object(m)) = root.pointer_mut(at) {
             m.remove(id_keyword(draft));
             m.remove("$anchor");
+            m.remove("$dynamicAnchor");
         }
     }
     root
 }
 
-/// `schema` with the documents it refers to embedded, as one self-contained schema: each
-/// `(uri, document)` is what a reference to `uri` (or to the document's own `$id`) retrieves,
+/// The pointer a `$dynamicRef` names, where it is the same on every evaluation path. It starts
+/// where `$ref` would; if that is a `$dynamicAnchor` of the fragment's name, the dynamic scope
+/// decides: its outermost resource with an anchor of that name. The document's own resource is
+/// always the outermost, so its anchor wins where it has one; where only one resource has one,
+/// that one is the answer. Otherwise the answer depends on the path taken (`None`: the
+/// translator refuses the keyword).
+fn resolve_dynamic(root: &Value, index: &Index, url: &Url) -> Option<String> {
+    let initial = locate(root, index, url)?;
+    let name = percent_decoded(url.fragment().unwrap_or(""));
+    let mut resource = url.clone();
+    resource.set_fragment(None);
+    let dynamic = !name.is_empty()
+        && !name.starts_with('/')
+        && index
+            .dynamic_anchors
+            .get(&(resource.as_str().to_owned(), name.clone()))
+            == Some(&initial);
+    if !dynamic {
+        return Some(initial);
+    }
+    if let Some(p) = index
+        .dynamic_anchors
+        .get(&(index.root_resource.clone(), name.clone()))
+    {
+        return Some(p.clone());
+    }
+    let holders = index
+        .dynamic_anchors
+        .keys()
+        .filter(|(_, n)| *n == name)
+        .count();
+    (holders == 1).then_some(initial)
+}
+
+/// `schema` with the documents it refers to embedded, as one self-contained compound document:
+/// each `(uri, document)` is what a reference to `uri` (or to the document's own `$id`) retrieves,
 /// the way a validator's registry or retriever would. `base` is the URI `schema` itself was
 /// read from (its file's URL, say), against which its references resolve unless its `$id` says
-/// otherwise. The documents that are referred to, directly or through each other, are placed
-/// under the root's `$defs` (`definitions` up to draft 7), keyed by their URI, and every
-/// reference is then a pointer (see [`flatten`]). Unused documents are left out. The result
-/// compiles without any further input; a reference to a document that was not given stays
-/// its absolute URI, which compiling refuses by name.
+/// otherwise; it becomes the root's `$id` when the root has none. The documents that are
+/// referred to, directly or through each other, are placed under the root's `$defs`
+/// (`definitions` up to draft 7), keyed by their URI, each with its `$id`, as JSON Schema's
+/// bundling describes (so validators read the result too); unused documents are left out. A
+/// reference by a URI a document was retrieved by, where its `$id` says another, is rewritten
+/// to the `$id`. A reference to a document that was not given stays as it is, and compiling
+/// refuses it by name.
 pub fn bundle(schema: &Value, base: Option<&str>, resources: &[(String, Value)]) -> Result<Value> {
     let draft = Draft::of(schema);
     let Value::Object(_) = schema else {
         return Ok(schema.clone());
     };
-    let base = Url::parse(base.unwrap_or(DEFAULT_BASE)).map_err(|e| {
-        invalid(
-            "#",
-            format!("base URI {base:?} is not an absolute URI: {e}"),
-        )
-    })?;
+    let id_key = id_keyword(draft);
+    let mut root = schema.clone();
+    let mut base_url = Url::parse(DEFAULT_BASE).expect("a valid URI");
+    if let Some(b) = base {
+        let url = Url::parse(b)
+            .map_err(|e| invalid("#", format!("base URI {b:?} is not an absolute URI: {e}")))?;
+        let m = root.as_object_mut().expect("checked above");
+        // Up to draft 7 an `$id` next to `$ref` is ignored: such a root keeps the default base.
+        if !m.contains_key(id_key) && (draft >= Draft::D2019 || !m.contains_key("$ref")) {
+            m.insert(id_key.into(), Value::String(url.as_str().into()));
+            base_url = url;
+        } else if m.contains_key(id_key) {
+            base_url = url;
+        }
+    }
     let defs = if draft >= Draft::D2019 {
         "$defs"
     } else {
@@ -327,7 +422,7 @@ pub fn bundle(schema: &Value, base: Option<&str>, resources: &[(String, Value)])
             )
         })?;
         by.set_fragment(None);
-        let mut own = match doc.get(id_keyword(draft)).and_then(Value::as_str) {
+        let mut own = match doc.get(id_key).and_then(Value::as_str) {
             Some(id) if !id.starts_with('#') => by.join(id).map_err(|e| {
                 invalid(
                     "#",
@@ -339,14 +434,13 @@ pub fn bundle(schema: &Value, base: Option<&str>, resources: &[(String, Value)])
         own.set_fragment(None);
         known.push((by, own, doc));
     }
-    let mut root = schema.clone();
-    // (URI, pointer) of each document embedded so far, under both of its URIs.
-    let mut embedded: Vec<(String, String)> = Vec::new();
+    // (retrieval URI, pointer) of each embedded document whose `$id` says another URI.
+    let mut aliases: Vec<(String, String)> = Vec::new();
     let mut done = vec![false; known.len()];
     loop {
-        let index = index_of(&root, &base, draft, &embedded)?;
+        let index = index_of(&root, &base_url, draft, &aliases)?;
         let mut missing = Vec::new();
-        for (_, url) in &index.refs {
+        for (_, url) in index.refs.iter().chain(&index.dynamic_refs) {
             let mut resource = url.clone();
             resource.set_fragment(None);
             if index.resources.contains_key(resource.as_str()) {
@@ -362,11 +456,9 @@ pub fn bundle(schema: &Value, base: Option<&str>, resources: &[(String, Value)])
             }
         }
         if missing.is_empty() {
-            return Ok(rewrite(root, &index, draft));
+            return Ok(unalias(root, &index, &known));
         }
-        let Value::Object(m) = &mut root else {
-            unreachable!("checked above")
-        };
+        let m = root.as_object_mut().expect("checked above");
         let holder = m
             .entry(defs)
             .or_insert_with(|| Value::Object(Map::new()))
@@ -378,20 +470,41 @@ pub fn bundle(schema: &Value, base: Option<&str>, resources: &[(String, Value)])
             let mut doc = (*doc).clone();
             if let Value::Object(d) = &mut doc {
                 // The document's base is where it was retrieved from, unless it says otherwise.
-                d.insert(id_keyword(draft).into(), Value::String(own.as_str().into()));
+                d.insert(id_key.into(), Value::String(own.as_str().into()));
             }
             let mut key = by.as_str().to_owned();
             while holder.contains_key(&key) {
                 key.push('_');
             }
             holder.insert(key.clone(), doc);
-            let pointer = child("", defs) + &child("", &key);
-            embedded.push((by.as_str().to_owned(), pointer.clone()));
             if by != own {
-                embedded.push((own.as_str().to_owned(), pointer));
+                aliases.push((by.as_str().to_owned(), child("", defs) + &child("", &key)));
             }
         }
     }
+}
+
+/// `root` with each reference through a retrieval URI that is not its document's `$id`
+/// rewritten to the `$id` (the compound document knows the document by that alone).
+fn unalias(mut root: Value, index: &Index, known: &[(Url, Url, &Value)]) -> Value {
+    for (keyword, refs) in [("$ref", &index.refs), ("$dynamicRef", &index.dynamic_refs)] {
+        for (at, url) in refs {
+            let mut resource = url.clone();
+            resource.set_fragment(None);
+            let Some((_, own, _)) = known
+                .iter()
+                .find(|(by, own, _)| *by == resource && by != own)
+            else {
+                continue;
+            };
+            let mut to = own.clone();
+            to.set_fragment(url.fragment());
+            if let Some(Value::Object(m)) = root.pointer_mut(at) {
+                m.insert(keyword.into(), Value::String(to.into()));
+            }
+        }
+    }
+    root
 }
 
 #[cfg(test)]
@@ -488,10 +601,42 @@ mod tests {
         let b = bundle(&s, None, &resources).unwrap();
         let defs = b["$defs"].as_object().unwrap();
         assert_eq!(defs.len(), 2, "{b}");
+        let b = flatten(&b).unwrap().into_owned();
         let a = b["$ref"].as_str().unwrap();
         let target = super::super::resolve_local(&b, a).unwrap();
         let inner = super::super::resolve_local(&b, target["$ref"].as_str().unwrap()).unwrap();
         assert_eq!(inner, &json!({"type": "integer"}));
+    }
+
+    #[test]
+    fn dynamic_refs_resolve_where_every_path_agrees() {
+        // The root's anchor is the outermost in every dynamic scope: it wins.
+        let s = json!({
+            "$id": "http://x/strict", "$dynamicAnchor": "node", "$ref": "tree",
+            "unevaluatedProperties": false,
+            "$defs": {"tree": {"$id": "http://x/tree", "$dynamicAnchor": "node",
+                "properties": {"kids": {"items": {"$dynamicRef": "#node"}}}}}
+        });
+        let f = flatten(&s).unwrap().into_owned();
+        assert_eq!(
+            f.pointer("/$defs/tree/properties/kids/items/$ref").unwrap(),
+            "#"
+        );
+        assert!(f
+            .pointer("/$defs/tree/properties/kids/items/$dynamicRef")
+            .is_none());
+        // A fragment that is a plain `$anchor` (or a pointer) is a `$ref`; next to a `$ref`
+        // the two apply as an `allOf`.
+        let s = json!({"$defs": {"a": {"$anchor": "a", "type": "string"}},
+                       "$ref": "#/$defs/a", "$dynamicRef": "#a"});
+        let f = flatten(&s).unwrap().into_owned();
+        assert_eq!(f["allOf"], json!([{"$ref": "#/$defs/a"}]));
+        // Two resources with the anchor and none at the root: it depends on the path.
+        let s = json!({"$id": "http://x/r", "$defs": {
+            "one": {"$id": "one", "$dynamicAnchor": "n", "$dynamicRef": "#n"},
+            "two": {"$id": "two", "$dynamicAnchor": "n"}}});
+        let f = flatten(&s).unwrap().into_owned();
+        assert_eq!(f.pointer("/$defs/one/$dynamicRef").unwrap(), "#n");
     }
 
     #[test]
@@ -500,11 +645,15 @@ mod tests {
         let common = json!({"$defs": {"id": {"type": "integer"}}});
         let resources = vec![("file:///data/schemas/common.json".to_owned(), common)];
         let b = bundle(&s, Some("file:///data/schemas/job.json"), &resources).unwrap();
+        assert_eq!(b["$id"], "file:///data/schemas/job.json");
+        let b = flatten(&b).unwrap().into_owned();
         let r = b["properties"]["a"]["$ref"].as_str().unwrap();
         let target = super::super::resolve_local(&b, r).unwrap();
         assert_eq!(target, &json!({"type": "integer"}));
         // Without the base, the reference names a document that was not given.
-        let b = bundle(&s, None, &resources).unwrap();
+        let b = flatten(&bundle(&s, None, &resources).unwrap())
+            .unwrap()
+            .into_owned();
         assert_eq!(
             b["properties"]["a"]["$ref"],
             "json-schema:///common.json#/$defs/id"
