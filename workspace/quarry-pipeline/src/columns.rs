@@ -106,6 +106,9 @@ pub struct RecordShape {
 impl RecordShape {
     /// Derives the columns from a JSON Schema document.
     pub fn derive(schema: &Value) -> Result<Self, String> {
+        // References through `$id`s and anchors as pointers from the root, as they are decoded.
+        let flat = quarry_grammar::schema::flatten(schema).map_err(|e| e.to_string())?;
+        let schema = &*flat;
         let (root, nullable) = shape_of(schema, schema, 0);
         let (fields, wrapped) = match &root {
             Shape::Struct(fields) if !nullable => (fields.clone(), false),
@@ -327,7 +330,8 @@ fn shape_of_values(vals: &[Value]) -> (Shape, bool) {
     unify(shapes)
 }
 
-/// A local `$ref` (`#/$defs/x`, `#/definitions/x`, `#`); remote references are JSON text.
+/// A `$ref` as a pointer from the root (`#/$defs/x`, `#`; [`RecordShape::derive`] resolves the
+/// others to that form first); a document that was not given is JSON text.
 fn resolve_ref<'a>(root: &'a Value, r: &str) -> Option<&'a Value> {
     let pointer = r.strip_prefix('#')?;
     root.pointer(pointer)
@@ -337,6 +341,18 @@ fn resolve_ref<'a>(root: &'a Value, r: &str) -> Option<&'a Value> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn references_through_ids_give_the_same_columns_as_pointers() {
+        let by_id = json!({"$id": "http://x/root", "type": "object", "required": ["n"],
+            "properties": {"n": {"$ref": "defs/n"}},
+            "$defs": {"n": {"$id": "defs/n", "type": "integer"}}});
+        let by_pointer = json!({"type": "object", "required": ["n"],
+            "properties": {"n": {"$ref": "#/$defs/n"}},
+            "$defs": {"n": {"type": "integer"}}});
+        assert_eq!(cols(by_id), cols(by_pointer.clone()));
+        assert_eq!(cols(by_pointer)[0].1, DataType::Int64);
+    }
 
     fn cols(schema: Value) -> Vec<(String, DataType, bool)> {
         RecordShape::derive(&schema)

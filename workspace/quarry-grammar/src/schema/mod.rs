@@ -137,7 +137,7 @@ mod tests;
 pub mod unique;
 
 pub use canonical::canonicalize;
-pub use resolve::bundle;
+pub use resolve::{bundle, flatten};
 
 use serde_json::{json, Map, Value};
 

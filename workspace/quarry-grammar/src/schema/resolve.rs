@@ -282,9 +282,11 @@ fn index_of(root: &Value, base: &Url, draft: Draft, extra: &[(String, String)]) 
 }
 
 /// `schema` with every `$ref` that names a schema of the document rewritten as a pointer from its
-/// root, and the identifiers dropped (see the module doc). Borrowed when nothing needs
-/// rewriting. Errors name a malformed or duplicate identifier.
-pub(crate) fn flatten(schema: &Value) -> Result<Cow<'_, Value>> {
+/// root (`#/$defs/a`), each `$dynamicRef` whose target is the same on every evaluation path
+/// rewritten as a `$ref`, and the identifiers dropped (see the module doc): what the schema
+/// compiler reads, and what tools that follow only local pointers can read. Borrowed when
+/// nothing needs rewriting. Errors name a malformed or duplicate identifier.
+pub fn flatten(schema: &Value) -> Result<Cow<'_, Value>> {
     let draft = Draft::of(schema);
     let base = Url::parse(DEFAULT_BASE).expect("a valid URI");
     let index = index_of(schema, &base, draft, &[])?;
