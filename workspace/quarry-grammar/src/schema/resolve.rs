@@ -83,35 +83,77 @@ fn id_keyword(draft: Draft) -> &'static str {
 }
 
 /// Indexes every schema object under `root` (an explicit stack: schemas may nest deeper than a
-/// thread's stack allows recursion).
+/// thread's stack allows recursion). Compiling runs this on every schema, so it allocates only
+/// per path segment and per base URI; a pointer is written out only for an object that has an
+/// identifier or a reference.
 fn walk(root: &Value, base: &Url, draft: Draft, index: &mut Index) -> Result<()> {
-    let mut todo: Vec<(&Value, String, Url)> = vec![(root, String::new(), base.clone())];
-    while let Some((v, pointer, base)) = todo.pop() {
+    /// One step of a path: a key, or an index into a list.
+    enum Seg<'a> {
+        Key(&'a str),
+        At(usize),
+    }
+    let pointer_of = |segs: &[(usize, Seg)], mut node: usize| -> String {
+        let mut parts = Vec::new();
+        while node != 0 {
+            let (parent, seg) = &segs[node];
+            parts.push(seg);
+            node = *parent;
+        }
+        let mut out = String::new();
+        for seg in parts.iter().rev() {
+            out = match seg {
+                Seg::Key(k) => child(&out, k),
+                Seg::At(i) => child(&out, &i.to_string()),
+            };
+        }
+        out
+    };
+    let id_key = id_keyword(draft);
+    let marks = [id_key, "$anchor", "$dynamicAnchor", "$ref", "$dynamicRef"];
+    // Node 0 is the root; each node is (parent, step).
+    let mut segs: Vec<(usize, Seg)> = vec![(0, Seg::At(0))];
+    let mut bases: Vec<Url> = vec![base.clone()];
+    let mut todo: Vec<(&Value, usize, usize)> = vec![(root, 0, 0)];
+    while let Some((v, node, mut b)) = todo.pop() {
         let Value::Object(m) = v else {
             continue;
         };
-        let base = visit(m, &pointer, base, draft, index)?;
-        if pointer.is_empty() {
-            index.root_resource = base.as_str().to_owned();
+        if marks.iter().any(|k| m.contains_key(*k)) {
+            let pointer = pointer_of(&segs, node);
+            let next = visit(m, &pointer, bases[b].clone(), draft, index)?;
+            if next != bases[b] {
+                bases.push(next);
+                b = bases.len() - 1;
+            }
+        }
+        if node == 0 {
+            index.root_resource = bases[b].as_str().to_owned();
         }
         for (k, sub) in m {
-            let here = child(&pointer, k);
-            if ONE.contains(&k.as_str()) {
-                todo.push((sub, here.clone(), base.clone()));
+            let key = k.as_str();
+            let (one, list, map) = (ONE.contains(&key), LIST.contains(&key), MAP.contains(&key));
+            if !(one || list || map) {
+                continue;
             }
-            if LIST.contains(&k.as_str()) {
-                if let Value::Array(items) = sub {
+            segs.push((node, Seg::Key(key)));
+            let here = segs.len() - 1;
+            if one {
+                todo.push((sub, here, b));
+            }
+            match sub {
+                Value::Array(items) if list => {
                     for (i, s) in items.iter().enumerate() {
-                        todo.push((s, child(&here, &i.to_string()), base.clone()));
+                        segs.push((here, Seg::At(i)));
+                        todo.push((s, segs.len() - 1, b));
                     }
                 }
-            }
-            if MAP.contains(&k.as_str()) {
-                if let Value::Object(entries) = sub {
+                Value::Object(entries) if map => {
                     for (name, s) in entries {
-                        todo.push((s, child(&here, name), base.clone()));
+                        segs.push((here, Seg::Key(name)));
+                        todo.push((s, segs.len() - 1, b));
                     }
                 }
+                _ => {}
             }
         }
     }
