@@ -286,10 +286,6 @@ impl Translator<'_> {
         Ok(Value::Object(out))
     }
 
-    /// For two objects without `patternProperties` where at least one has
-    /// `additionalProperties`: each name declared on only one side gets the other side's
-    /// `additionalProperties` in an `allOf`, and both get the same `properties` keys, so the merge
-    /// below is exact (`additionalProperties` is then merged as any other keyword).
     /// `unevaluatedProperties`/`unevaluatedItems` of a schema object without in-place
     /// applicators see only that object's own keywords, not the other `allOf` branch's: they are
     /// `additionalProperties` (`items`; `additionalItems` after an array `items` in 2019-09)
@@ -391,6 +387,10 @@ impl Translator<'_> {
         }
     }
 
+    /// For two objects without `patternProperties` where at least one has
+    /// `additionalProperties`: each name declared on only one side gets the other side's
+    /// `additionalProperties` in an `allOf`, and both get the same `properties` keys, so the merge
+    /// below is exact (`additionalProperties` is then merged as any other keyword).
     fn close_properties(
         mut a: Map<String, Value>,
         mut b: Map<String, Value>,

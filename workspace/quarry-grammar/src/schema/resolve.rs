@@ -10,8 +10,9 @@
 //! document whose references are all pointers already, with no identifiers, is used as it is.
 //!
 //! A reference to a resource that is neither in the document nor given is left as its absolute
-//! URI; the translator refuses it when (and only if) it is reached, naming it. `$dynamicRef` is
-//! not resolved here (it is refused by the translator).
+//! URI; the translator refuses it when (and only if) it is reached, naming it. A `$dynamicRef`
+//! becomes a `$ref` where its target is the same on every evaluation path ([`resolve_dynamic`]);
+//! the others are left for the translator to refuse.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -174,7 +175,7 @@ fn visit(
     let id_applies = draft >= Draft::D2019 || !has_ref;
     let id_key = id_keyword(draft);
     if let (true, Some(id)) = (id_applies, m.get(id_key)) {
-        let here = child(pointer, id_key);
+        let here = format!("#{}", child(pointer, id_key));
         let id = id
             .as_str()
             .ok_or_else(|| invalid(&here, "expected a string"))?;
@@ -195,7 +196,8 @@ fn visit(
     }
     if draft >= Draft::D2019 {
         if let Some(a) = m.get("$anchor").and_then(Value::as_str) {
-            register_anchor(index, base.as_str(), a, pointer, &child(pointer, "$anchor"))?;
+            let here = format!("#{}", child(pointer, "$anchor"));
+            register_anchor(index, base.as_str(), a, pointer, &here)?;
             index.identified.push(pointer.to_owned());
             index.needs_rewrite = true;
         }
@@ -220,7 +222,7 @@ fn visit(
         ) {
             let url = base.join(r).map_err(|e| {
                 invalid(
-                    &child(pointer, "$dynamicRef"),
+                    &format!("#{}", child(pointer, "$dynamicRef")),
                     format!("{r:?} is not a URI reference: {e}"),
                 )
             })?;
@@ -231,7 +233,7 @@ fn visit(
     if let Some(r) = m.get("$ref").and_then(Value::as_str) {
         let url = base.join(r).map_err(|e| {
             invalid(
-                &child(pointer, "$ref"),
+                &format!("#{}", child(pointer, "$ref")),
                 format!("{r:?} is not a URI reference: {e}"),
             )
         })?;
@@ -626,6 +628,15 @@ mod tests {
         let s = json!({"$defs": {"a": {"$id": "http://x/a"}, "b": {"$id": "http://x/a"}}});
         let e = flatten(&s).unwrap_err().to_string();
         assert!(e.contains("identifies two schemas"), "{e}");
+        // The error names where, as a JSON Pointer like the translator's.
+        assert!(e.contains("at #/$defs/"), "{e}");
+        let e = flatten(&json!({"properties": {"a": {"$ref": "http://[x"}}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("#/properties/a/$ref") && e.contains("not a URI"),
+            "{e}"
+        );
     }
 
     #[test]
