@@ -367,7 +367,8 @@ pub fn read_schema(path: &Path, resources: &[PathBuf]) -> Result<(Value, String)
             message,
         };
         let bytes = std::fs::read(p).map_err(|e| err(format!("cannot read: {e}")))?;
-        let value = serde_json::from_slice(&bytes).map_err(|e| err(format!("not JSON: {e}")))?;
+        let value =
+            serde_json::from_slice(&bytes).map_err(|e| err(format!("not valid JSON: {e}")))?;
         let url = std::fs::canonicalize(p)
             .ok()
             .and_then(|abs| url::Url::from_file_path(abs).ok())

@@ -19,7 +19,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use quarry_model::{ModelError, ModelInfo};
 use quarry_tokenizer::{ChatMessage, EncodeOptions, TokenKind, Tokenizer, TokenizerError};
@@ -292,30 +292,12 @@ pub(crate) fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     })
 }
 
-/// A JSON Schema file, with the documents its `$ref`s name embedded
-/// ([`quarry_grammar::schema::bundle`]): each of `resources` is known by its file's URL and by
-/// its own `$id`, and the schema's references resolve against its file's URL unless its `$id`
-/// says otherwise, so `"$ref": "common.json#/$defs/id"` finds `--schema-resource common.json`
-/// next to it.
+/// A JSON Schema file, with the documents its `$ref`s name (`--schema-resource`) embedded, read
+/// as a job definition's `schema` and `schema_resources` are
+/// ([`quarry_pipeline::extract::read_schema`]).
 pub(crate) fn load_schema(path: &Path, resources: &[PathBuf]) -> Result<serde_json::Value> {
-    let read = |p: &Path| -> Result<(String, serde_json::Value)> {
-        let text = std::fs::read_to_string(p)
-            .with_context(|| format!("reading the schema {}", p.display()))?;
-        let v = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not valid JSON", p.display()))?;
-        let url = std::fs::canonicalize(p)
-            .ok()
-            .and_then(|abs| url::Url::from_file_path(abs).ok())
-            .with_context(|| format!("{}: no file URL for this path", p.display()))?;
-        Ok((url.into(), v))
-    };
-    let (base, schema) = read(path)?;
-    let resources = resources
-        .iter()
-        .map(|p| read(p))
-        .collect::<Result<Vec<_>>>()?;
-    quarry_grammar::schema::bundle(&schema, Some(&base), &resources)
-        .with_context(|| format!("resolving the references of {}", path.display()))
+    let (schema, _) = quarry_pipeline::extract::read_schema(path, resources)?;
+    Ok(schema)
 }
 
 fn load_info(path: &Path) -> Result<ModelInfo> {
