@@ -27,14 +27,7 @@ pub fn walk(
             continue;
         }
         m.fill_mask(mask);
-        let allowed: Vec<u32> = (0..vocab.len() as u32)
-            .filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1)
-            .collect();
-        assert!(
-            !allowed.is_empty(),
-            "dead end after {:?}",
-            String::from_utf8_lossy(&out)
-        );
+        let allowed = allowed_after(mask, vocab, &out);
         let closing: Vec<u32> = allowed
             .iter()
             .copied()
@@ -55,4 +48,18 @@ pub fn walk(
         return None;
     }
     Some(String::from_utf8(out).expect("outputs are UTF-8"))
+}
+
+/// The token ids `mask` allows. Panics on a dead end (no token allowed), naming the text `out`
+/// written so far.
+pub fn allowed_after(mask: &[u32], vocab: &Vocabulary, out: &[u8]) -> Vec<u32> {
+    let allowed: Vec<u32> = (0..vocab.len() as u32)
+        .filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1)
+        .collect();
+    assert!(
+        !allowed.is_empty(),
+        "dead end after {:?}",
+        String::from_utf8_lossy(out)
+    );
+    allowed
 }
