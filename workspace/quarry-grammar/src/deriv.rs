@@ -91,6 +91,10 @@ pub(crate) struct Terms {
     /// `term → its derivative by each rule it can start with` ([`Terms::ref_row`]).
     ref_rows: FxHashMap<Id, Box<[(u32, Id)]>>,
     spine: Vec<Id>,
+    /// [`Terms::universe`] once built ([`NOTHING`] before): every `and` and `not` of a
+    /// derivative row asks for it, and building it each time (a 256-byte set and two lookups)
+    /// was the largest cost of stepping an intersection's lazy states.
+    universe: Id,
 }
 
 impl std::fmt::Debug for Terms {
@@ -110,6 +114,7 @@ impl Terms {
             rows: FxHashMap::default(),
             ref_rows: FxHashMap::default(),
             spine: Vec::new(),
+            universe: NOTHING,
         };
         t.intern(Node::Nothing);
         t.intern(Node::Empty);
@@ -244,12 +249,18 @@ impl Terms {
 
     /// Every byte string.
     pub(crate) fn universe(&mut self) -> Id {
-        let all = self.bytes(ByteSet::range(0, 255));
-        self.repeat(all, 0, INF)
+        if self.universe == NOTHING {
+            let all = self.bytes(ByteSet::range(0, 255));
+            self.universe = self.repeat(all, 0, INF);
+        }
+        self.universe
     }
 
     /// `a₀ ∧ a₁ ∧ …`: the strings in all of them.
     pub(crate) fn and(&mut self, items: &[Id]) -> Id {
+        if items.contains(&NOTHING) {
+            return NOTHING;
+        }
         let universe = self.universe();
         let mut v: Vec<Id> = Vec::with_capacity(items.len());
         for &x in items {

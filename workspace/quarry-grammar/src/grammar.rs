@@ -104,8 +104,8 @@ fn within(value: usize, bound: usize, limit: &'static str) -> Result<(), Grammar
 }
 
 /// A schema's (or `json_object`'s) regex text for the root and its rules, parsed and prepared.
-/// Schema regexes may contain byte classes from intersections (see `schema::automaton`), so they
-/// are parsed in byte mode; user regexes must match UTF-8 only.
+/// Schema regexes are parsed in byte mode (they are quarry's own text, and byte classes in them
+/// are meant); user regexes must match UTF-8 only.
 fn from_regex_rules(
     root: &str,
     rules: Vec<String>,

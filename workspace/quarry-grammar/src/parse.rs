@@ -713,8 +713,9 @@ mod tests {
     }
 
     /// Every regex the schema suite derives is in the direct parser's dialect (the speed claim),
-    /// and means what regex-syntax says it means. Where an intersection is written as a term
-    /// (its product would be large), it means what the product built with a large budget means.
+    /// and means what regex-syntax says it means. Intersection terms, which regex-syntax cannot
+    /// read, are checked by `intersections_and_differences_are_exact_and_every_state_is_live`
+    /// here and by the suite itself (every verdict against the `jsonschema` crate's).
     #[test]
     fn schema_regexes_take_the_direct_route_and_agree() {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -724,7 +725,6 @@ mod tests {
             .map(|e| e.unwrap().path())
             .collect();
         files.sort();
-        let far = std::time::Instant::now() + std::time::Duration::from_secs(600);
         let (mut checked, mut terms) = (0, 0);
         for file in files {
             let groups: Vec<serde_json::Value> =
@@ -739,24 +739,12 @@ mod tests {
                     let mut fast = Fast::new(&mut t, &re, true);
                     fast.rules = u32::MAX;
                     let direct = fast.alternation(false).filter(|_| fast.i == re.len());
-                    let direct = direct.unwrap_or_else(|| {
-                        panic!("{}: a regex left the direct parser", file.display())
-                    });
-                    let (product, rules) = crate::schema::schema_to_rules_with(
-                        &group["schema"],
-                        &Default::default(),
-                        far,
-                        64 << 20,
-                    )
-                    .unwrap();
-                    assert!(rules.is_empty());
-                    if !has_markers(&product) {
-                        let p = parse(&mut t, &product, true).unwrap();
-                        if let Err(path) = same_language(&mut t, direct, p, 400) {
-                            panic!("{}: term and product differ after {path:?}", file.display());
-                        }
-                        terms += 1;
-                    }
+                    assert!(
+                        direct.is_some(),
+                        "{}: a regex left the direct parser",
+                        file.display()
+                    );
+                    terms += 1;
                     continue;
                 }
                 let (mut t, direct, via_hir) = routes(&re, true);

@@ -3,7 +3,10 @@
 //! the median compile time (schema → automaton or parser) and the median time to the first token
 //! mask. Then the cost of the decode-time `uniqueItems` check: warm masks inside arrays whose
 //! items must be unique, against the same schema without `uniqueItems` (llguidance refuses the
-//! keyword). Prints a summary and writes JSON (see `BENCHMARKS.md`).
+//! keyword). Then masks along outputs of schemas whose keywords constrain the same text twice
+//! (`pattern` with lengths, `format` with a length, `not`/`enum` on a string, `propertyNames`):
+//! cold and warm per-token mask times, both engines. Prints a summary and writes JSON (see
+//! `BENCHMARKS.md`).
 
 use quarry_bench::median;
 use std::path::{Path, PathBuf};
@@ -12,7 +15,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use quarry_bench::peers::Llguidance;
+use quarry_bench::grammar::{print_header, run_case, Run};
+use quarry_bench::peers::{Llguidance, Peer, Quarry, Spec};
 use quarry_bench::ModelVocab;
 use quarry_grammar::{Constraint, Grammar, Limits, Matcher, SchemaOptions};
 use serde_json::{json, Value};
@@ -30,6 +34,9 @@ struct Args {
     /// Compiles per engine and schema; the median is reported.
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Only the intersection cases whose name contains this.
+    #[arg(long)]
+    only: Option<String>,
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench/schemas.json")]
     out: PathBuf,
@@ -226,13 +233,119 @@ fn run(args: &Args, model: &Path, files: &[PathBuf]) -> Result<Value> {
         }
     }
     let unique = unique_items(&mv.vocab, args.reps.max(20))?;
+    let intersections = intersections(&mv, &llg, args)?;
     Ok(json!({
         "model": model.display().to_string(),
         "vocab": mv.vocab.len(),
         "summary": summary,
         "schemas": rows,
         "unique_items": unique,
+        "intersections": intersections,
     }))
+}
+
+/// Schemas whose keywords intersect on the same text, each with an output it accepts: one per
+/// combination of keywords, then all of them but `propertyNames` (which llguidance refuses).
+fn intersection_cases() -> Vec<(&'static str, Value, String)> {
+    let parts = [
+        (
+            "pattern-length",
+            "sku",
+            json!({"type": "string", "pattern": "^[A-Z]{2,4}-[0-9]+$", "maxLength": 12}),
+            r#""ABC-12345""#,
+        ),
+        (
+            "search-length",
+            "slug",
+            json!({"type": "string", "pattern": "[a-z]", "minLength": 3, "maxLength": 24}),
+            r#""hello-world-2026""#,
+        ),
+        (
+            "format-length",
+            "email",
+            json!({"type": "string", "format": "email", "maxLength": 40}),
+            r#""ada.lovelace@example.org""#,
+        ),
+        (
+            "not-enum",
+            "status",
+            json!({"type": "string", "not": {"enum": ["deleted", "banned"]}}),
+            r#""active""#,
+        ),
+        (
+            "property-names",
+            "labels",
+            json!({"type": "object", "propertyNames": {"pattern": "^[a-z]+$", "maxLength": 10},
+            "additionalProperties": {"type": "integer"}}),
+            r#"{"red":1,"blue":22}"#,
+        ),
+    ];
+    let object = |props: &[(&str, &Value)]| {
+        let names: Vec<&str> = props.iter().map(|(k, _)| *k).collect();
+        let map: serde_json::Map<String, Value> = props
+            .iter()
+            .map(|(k, v)| (k.to_string(), (*v).clone()))
+            .collect();
+        json!({"type": "object", "properties": map, "required": names, "additionalProperties": false})
+    };
+    let mut cases: Vec<(&'static str, Value, String)> = parts
+        .iter()
+        .map(|(case, key, schema, value)| {
+            (
+                *case,
+                object(&[(key, schema)]),
+                format!(r#"{{"{key}":{value}}}"#),
+            )
+        })
+        .collect();
+    let all: Vec<_> = parts.iter().filter(|p| p.0 != "property-names").collect();
+    cases.push((
+        "mixed",
+        object(&all.iter().map(|(_, k, s, _)| (*k, s)).collect::<Vec<_>>()),
+        format!(
+            "{{{}}}",
+            all.iter()
+                .map(|(_, k, _, v)| format!(r#""{k}":{v}"#))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    ));
+    cases
+}
+
+/// Per-token mask times along the outputs of [`intersection_cases`], both engines.
+fn intersections(mv: &ModelVocab, llg: &Llguidance, args: &Args) -> Result<Vec<Value>> {
+    let quarry = Quarry {
+        vocab: mv.vocab.clone(),
+        eager: false,
+    };
+    let model = "schema-bench";
+    println!("\nmasks through intersections (cold: a fresh compile per walk)");
+    print_header();
+    let mut out = Vec::new();
+    for (name, schema, text) in intersection_cases() {
+        if args
+            .only
+            .as_ref()
+            .is_some_and(|o| !name.contains(o.as_str()))
+        {
+            continue;
+        }
+        let tokens = mv.tokenizer.encode(&text)?;
+        let run = Run {
+            model,
+            case: name,
+            tokens: &tokens,
+            mask_words: mv.vocab.mask_words(),
+            cold_reps: args.reps,
+            warm_reps: args.reps.max(20),
+        };
+        let peers: [&dyn Peer; 2] = [&quarry, llg];
+        for peer in peers {
+            out.push(run_case(peer, &Spec::Schema(schema.clone()), &run));
+        }
+    }
+    Ok(out)
 }
 
 /// Warm `fill_mask` times (median µs) at points inside arrays whose items must be unique, with

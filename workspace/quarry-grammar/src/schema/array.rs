@@ -5,7 +5,7 @@ use serde_json::{json, Map, Value};
 
 use super::{
     alt, as_count, child, count, invalid, json_equal, unsupported, value_literal, Draft, Result,
-    Translator, ANNOTATIONS, NOTHING, UNEVALUATED_ITEMS,
+    Translator, UnevaluatedOf, ANNOTATIONS, NOTHING,
 };
 
 impl Translator<'_> {
@@ -30,7 +30,7 @@ impl Translator<'_> {
         let min = count(m, pointer, "minItems")?.unwrap_or(0);
         let mut max = count(m, pointer, "maxItems")?;
         // Without items (additionalItems before 2020-12) for the rest, unevaluatedItems applies.
-        let unevaluated = self.unevaluated(m, "unevaluatedItems", UNEVALUATED_ITEMS);
+        let unevaluated = self.unevaluated(m, UnevaluatedOf::Items);
         let otherwise = unevaluated.unwrap_or(Value::Bool(true));
         let (prefix, rest): (Vec<Value>, Value) = if self.draft >= Draft::D2020 {
             let prefix = match m.get("prefixItems") {
@@ -74,10 +74,12 @@ impl Translator<'_> {
             if max.is_some_and(|x| i as u64 >= x) {
                 break;
             }
-            elems.push(self.value(p, &child(&child(pointer, prefix_pointer), &i.to_string()))?);
+            elems.push(
+                self.child_value(p, &child(&child(pointer, prefix_pointer), &i.to_string()))?,
+            );
         }
         let rest_re = if max.is_none_or(|x| x > k) {
-            Some(self.value(&rest, &rest_pointer)?)
+            Some(self.child_value(&rest, &rest_pointer)?)
         } else {
             None
         };
@@ -215,9 +217,18 @@ impl Translator<'_> {
             "maxItems",
             "uniqueItems",
             "unevaluatedItems",
-            UNEVALUATED_ITEMS,
         ];
-        if let Some(k) = others.iter().find(|k| m.contains_key(**k)) {
+        // An enclosing schema's unevaluatedItems at this location counts as this one's own.
+        let inherited = self
+            .unevaluated
+            .items
+            .is_some()
+            .then_some("unevaluatedItems");
+        if let Some(k) = others
+            .iter()
+            .find(|k| m.contains_key(**k))
+            .or(inherited.as_ref())
+        {
             return Err(unsupported(
                 k,
                 pointer,
@@ -270,13 +281,13 @@ impl Translator<'_> {
             return Ok(NOTHING.to_owned());
         }
         let here = child(pointer, "contains");
-        let matching = self.value(&json!({"allOf": [items, c]}), &here)?;
+        let matching = self.child_value(&json!({"allOf": [items, c]}), &here)?;
         let other = match max {
             // Without an upper bound, the other elements may match `contains` too.
-            None => self.value(&items, &child(pointer, "items"))?,
+            None => self.child_value(&items, &child(pointer, "items"))?,
             Some(_) => {
                 let not_c = self.negate(c, &here, 0)?;
-                self.value(&json!({"allOf": [items, not_c]}), &here)?
+                self.child_value(&json!({"allOf": [items, not_c]}), &here)?
             }
         };
         let (pad, sep) = (&self.sep.pad, &self.sep.comma);

@@ -50,7 +50,8 @@
 //!   escape), and conservative subsets (every value allowed is valid) of `ipv6` (uncompressed),
 //!   `hostname`, `email`, `duration`, `uri` and `uri-reference`, whose ASCII forms also serve
 //!   `idn-email`, `iri` and `iri-reference`. Several of these on one string
-//!   must all hold: they are intersected exactly (DFA product, turned back into a regex), except that a `pattern` with a
+//!   must all hold: they are intersected exactly (an intersection term, whose product states the
+//!   grammar's lazy DFA builds as decoding visits them), except that a `pattern` with a
 //!   length is matched in full rather than searched, and where it has several variable-length
 //!   parts they share the length budget (both sound, narrower);
 //! - numbers: the exact JSON number grammar (no leading zeros; fraction; exponent), bounded to at
@@ -95,8 +96,7 @@
 //! dependencies over more than 6 properties, `contains` next
 //! to `prefixItems`, `maxItems` or `uniqueItems`, negations of other keywords (`format`,
 //! `additionalProperties`, `patternProperties`, `uniqueItems`, `contains`, `prefixItems`, …), a double `not` next to `unevaluated*`, a `$dynamicRef` whose target depends on the evaluation path (two resources with its anchor, none at the root; the others are resolved by [`resolve`]), 2019-09's `$recursiveRef`, other `multipleOf`, other formats,
-//! intersections or differences that regex-level name tests need (`patternProperties`,
-//! `propertyNames`) when their automaton exceeds 4096 states, `allOf` branches that set
+//! `allOf` branches that set
 //! the same other keyword differently or split a coupled pair that cannot be merged exactly
 //! (`prefixItems`/`items`, `additionalProperties` next to `patternProperties`; `properties`/
 //! `additionalProperties` are merged exactly: a name one branch declares takes the other's
@@ -124,7 +124,6 @@
 //! against it up front.
 
 mod array;
-mod automaton;
 mod canonical;
 mod decimal;
 mod merge;
@@ -446,8 +445,6 @@ const SUPPORTED: &[&str] = &[
     "propertyNames",
     "unevaluatedProperties",
     "unevaluatedItems",
-    UNEVALUATED_PROPERTIES,
-    UNEVALUATED_ITEMS,
     "if",
     "then",
     "else",
@@ -456,17 +453,56 @@ const SUPPORTED: &[&str] = &[
 const UNSUPPORTED: &[&str] = &["$dynamicRef", "$recursiveRef", "$recursiveAnchor"];
 
 /// `unevaluatedProperties`/`unevaluatedItems` of a schema whose in-place applicators (`$ref`,
-/// `allOf`, `anyOf`, `oneOf`) are being merged into it: renamed, so that merging does not read
-/// them against a branch's `properties`, and applied to the merged result like
-/// `additionalProperties`/`items` (every branch written succeeded, so its properties and items
-/// were evaluated).
-const UNEVALUATED_PROPERTIES: &str = "$quarry:unevaluatedProperties";
-const UNEVALUATED_ITEMS: &str = "$quarry:unevaluatedItems";
+/// `allOf`, `anyOf`, `oneOf`, and the conditionals and `not` rewritten into them) are being
+/// merged into it. They are taken out of the schema, so that merging does not read them against
+/// a branch's `properties`, and held by the translator for the instance location being
+/// translated: the object or array written there takes them like `additionalProperties`/`items`
+/// (every branch written succeeded, so its properties and items were evaluated). Translating a
+/// child location (a property's value, an item, a property name) starts with none.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Unevaluated {
+    properties: Option<Value>,
+    items: Option<Value>,
+}
+
+impl Unevaluated {
+    fn is_empty(&self) -> bool {
+        self.properties.is_none() && self.items.is_none()
+    }
+
+    /// `inner`'s keywords where it has them (a schema nested in place at the same location
+    /// replaces its enclosing schema's), `self`'s otherwise.
+    fn within(&self, inner: Unevaluated) -> Unevaluated {
+        Unevaluated {
+            properties: inner.properties.or_else(|| self.properties.clone()),
+            items: inner.items.or_else(|| self.items.clone()),
+        }
+    }
+}
+
+/// Which of [`Unevaluated`]'s keywords.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UnevaluatedOf {
+    Properties,
+    Items,
+}
+
+impl UnevaluatedOf {
+    fn keyword(self) -> &'static str {
+        match self {
+            UnevaluatedOf::Properties => "unevaluatedProperties",
+            UnevaluatedOf::Items => "unevaluatedItems",
+        }
+    }
+}
 
 const TYPES: &[&str] = &["null", "boolean", "object", "array", "number", "string"];
 
 /// The regex (over canonical JSON text, full match) of the instances `schema` accepts, with the
-/// default compile-time limit.
+/// default compile-time limit. The text is in quarry's own dialect: where keywords constrain the
+/// same text twice it holds intersection terms, written as empty named groups
+/// (`(?P<quarry_and>)`) that regex-automata would read as nothing, so compile it with
+/// [`crate::Grammar`] (or read it as documentation, as `quarry grammar explain` prints it).
 pub fn schema_to_regex(schema: &Value, options: &SchemaOptions) -> Result<String> {
     let limit = crate::Limits::default().compile_time;
     schema_to_regex_by(schema, options, std::time::Instant::now() + limit)
@@ -500,27 +536,14 @@ pub(crate) fn schema_to_rules_by(
     options: &SchemaOptions,
     deadline: std::time::Instant,
 ) -> Result<(String, Vec<String>)> {
-    schema_to_rules_with(schema, options, deadline, automaton::MAX_DFA_BYTES)
-}
-
-/// [`schema_to_rules_by`], building intersections as products only where each operand's DFA
-/// fits in `product_bytes`.
-pub(crate) fn schema_to_rules_with(
-    schema: &Value,
-    options: &SchemaOptions,
-    deadline: std::time::Instant,
-    product_bytes: usize,
-) -> Result<(String, Vec<String>)> {
     // Every reference as a pointer from the root, whatever `$id`s it was relative to.
     let schema = &*resolve::flatten(schema)?;
     // Inline copies of each referenced subschema first: a regular language where nothing
     // recurses, and text that intersections and negations can take. Where that outgrows
     // MAX_REGEX_BYTES (a large definition used in many places), again with large references as
     // shared rules of a grammar.
-    match translate(schema, options, deadline, product_bytes, false) {
-        Err(SchemaError::TooLarge { .. }) => {
-            translate(schema, options, deadline, product_bytes, true)
-        }
+    match translate(schema, options, deadline, false) {
+        Err(SchemaError::TooLarge { .. }) => translate(schema, options, deadline, true),
         done => done,
     }
 }
@@ -539,7 +562,6 @@ fn translate(
     schema: &Value,
     options: &SchemaOptions,
     deadline: std::time::Instant,
-    product_bytes: usize,
     share_refs: bool,
 ) -> Result<(String, Vec<String>)> {
     let draft = Draft::of(schema);
@@ -551,8 +573,8 @@ fn translate(
         refs: Vec::new(),
         deadline,
         keep_evaluated: false,
+        unevaluated: Unevaluated::default(),
         rules: Vec::new(),
-        product_bytes,
         share_refs,
         nesting: 0,
     };
@@ -568,6 +590,21 @@ fn translate(
         bodies.push(t.value(target, &r)?);
     }
     Ok((root, bodies))
+}
+
+/// How [`Translator::combine`] joins two languages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// Strings in both languages.
+    And,
+    /// Strings in the first language and not in the second.
+    AndNot,
+}
+
+/// Syntax for schema-derived regexes when regex-automata reads them (name tests): Unicode
+/// classes, with UTF-8 validation of the pattern off, as the grammar parses them in byte mode.
+pub(crate) fn schema_syntax() -> regex_automata::util::syntax::Config {
+    regex_automata::util::syntax::Config::new().utf8(false)
 }
 
 /// Whether translated regex text contains a rule reference: such text is a grammar, which the
@@ -593,15 +630,14 @@ struct Translator<'a> {
     deadline: std::time::Instant,
     /// Negating next to `unevaluated*` (see [`Translator::negate_keeping`]).
     keep_evaluated: bool,
+    /// `unevaluated*` of enclosing schemas at the instance location being translated.
+    unevaluated: Unevaluated,
     /// The references that recurse, as rules: rule `k` is `rules[k - 1]` (see
     /// [`schema_to_rules_by`]).
     rules: Vec<String>,
-    /// Largest operand DFA an intersection is built as a product for
-    /// ([`automaton::MAX_DFA_BYTES`]; 0 writes every intersection as a term).
-    product_bytes: usize,
     /// Write a reference whose target translates to more than [`SHARED_RULE_BYTES`] as a rule,
     /// shared by every use, instead of a copy per use (the second try of a schema whose regex
-    /// outgrew [`MAX_REGEX_BYTES`]; see [`schema_to_rules_with`]).
+    /// outgrew [`MAX_REGEX_BYTES`]; see [`schema_to_rules_by`]).
     share_refs: bool,
     /// Translations, merges and negations in progress ([`MAX_NESTING`]).
     nesting: usize,
@@ -722,8 +758,13 @@ impl Translator<'_> {
     }
 
     fn value_unchecked(&mut self, schema: &Value, pointer: &str) -> Result<String> {
+        let empty = Map::new();
         let m = match schema {
-            Value::Bool(true) => return Ok(self.any_value(self.options.any_value_depth)),
+            Value::Bool(true) if self.unevaluated.is_empty() => {
+                return Ok(self.any_value(self.options.any_value_depth))
+            }
+            // An enclosing schema's `unevaluated*` still applies to what `true` accepts here.
+            Value::Bool(true) => &empty,
             Value::Bool(false) => return Ok(NOTHING.to_owned()),
             Value::Object(m) => m,
             _ => return Err(invalid(pointer, "a schema is an object or a boolean")),
@@ -743,8 +784,12 @@ impl Translator<'_> {
                 });
             }
         }
-        if let Some(renamed) = self.hoist_unevaluated(m) {
-            return self.value(&renamed, pointer);
+        if let Some((rest, found)) = self.hoist_unevaluated(m) {
+            let inner = self.unevaluated.within(found);
+            let outer = std::mem::replace(&mut self.unevaluated, inner);
+            let out = self.value(&rest, pointer);
+            self.unevaluated = outer;
+            return out;
         }
         if let Some(r) = m.get("$ref") {
             return self.reference(m, r, pointer);
@@ -761,7 +806,7 @@ impl Translator<'_> {
                     .is_some_and(|n| Self::constraining(n, &[]) == ["type"]);
             if !type_only {
                 // m ∧ ¬n, with ¬n spelled out as a schema.
-                let keep = Self::has_unevaluated(m);
+                let keep = self.has_unevaluated(m);
                 let negated = self.negate_keeping(n, &child(pointer, "not"), keep)?;
                 let mut rest = m.clone();
                 rest.remove("not");
@@ -879,14 +924,11 @@ impl Translator<'_> {
     }
 
     /// A schema with `unevaluated*` next to in-place applicators (`$ref`, `allOf`, `anyOf`,
-    /// `oneOf`, and the conditionals and `not` that are rewritten into them), with those keywords
-    /// renamed (see [`UNEVALUATED_PROPERTIES`]); `None` if there is nothing to rename.
-    fn hoist_unevaluated(&self, m: &Map<String, Value>) -> Option<Value> {
-        let keys = [
-            ("unevaluatedProperties", UNEVALUATED_PROPERTIES),
-            ("unevaluatedItems", UNEVALUATED_ITEMS),
-        ];
-        if !keys.iter().any(|(k, _)| m.contains_key(*k)) {
+    /// `oneOf`, and the conditionals and `not` that are rewritten into them): the schema without
+    /// those keywords, and the keywords (see [`Unevaluated`]); `None` if there is nothing to
+    /// take out.
+    fn hoist_unevaluated(&self, m: &Map<String, Value>) -> Option<(Value, Unevaluated)> {
+        if !(m.contains_key("unevaluatedProperties") || m.contains_key("unevaluatedItems")) {
             return None;
         }
         let applies = [
@@ -904,40 +946,47 @@ impl Translator<'_> {
         if !applies {
             return None;
         }
-        let mut out = m.clone();
-        for (k, marker) in keys {
-            if let Some(v) = out.remove(k) {
-                out.insert(marker.to_owned(), v);
-            }
-        }
-        Some(Value::Object(out))
+        let mut rest = m.clone();
+        let found = Unevaluated {
+            properties: rest.remove("unevaluatedProperties"),
+            items: rest.remove("unevaluatedItems"),
+        };
+        Some((Value::Object(rest), found))
     }
 
-    /// The schema `unevaluated*` (`keyword`, or its `marker` from an enclosing schema) imposes on
+    /// The schema `unevaluated*` (`m`'s own, or an enclosing schema's at this location) imposes on
     /// what the rest of `m` leaves unevaluated: both apply when both are present. Drafts before
     /// 2019-09 do not have the keyword.
-    fn unevaluated(&self, m: &Map<String, Value>, keyword: &str, marker: &str) -> Option<Value> {
+    fn unevaluated(&self, m: &Map<String, Value>, of: UnevaluatedOf) -> Option<Value> {
         if self.draft < Draft::D2019 {
             return None;
         }
-        let present: Vec<&Value> = [keyword, marker].iter().filter_map(|k| m.get(*k)).collect();
-        match present.as_slice() {
-            [] => None,
-            [one] => Some((*one).clone()),
-            both => Some(json!({ "allOf": both })),
+        let inherited = match of {
+            UnevaluatedOf::Properties => self.unevaluated.properties.as_ref(),
+            UnevaluatedOf::Items => self.unevaluated.items.as_ref(),
+        };
+        match (m.get(of.keyword()), inherited) {
+            (None, None) => None,
+            (Some(one), None) | (None, Some(one)) => Some(one.clone()),
+            (Some(own), Some(outer)) => Some(json!({ "allOf": [own, outer] })),
         }
     }
 
-    /// Whether `m` carries `unevaluated*` (its own or an enclosing schema's).
-    fn has_unevaluated(m: &Map<String, Value>) -> bool {
-        [
-            "unevaluatedProperties",
-            "unevaluatedItems",
-            UNEVALUATED_PROPERTIES,
-            UNEVALUATED_ITEMS,
-        ]
-        .iter()
-        .any(|k| m.contains_key(*k))
+    /// Whether `unevaluated*` applies where `m` is translated (its own, or an enclosing
+    /// schema's at this location).
+    fn has_unevaluated(&self, m: &Map<String, Value>) -> bool {
+        m.contains_key("unevaluatedProperties")
+            || m.contains_key("unevaluatedItems")
+            || !self.unevaluated.is_empty()
+    }
+
+    /// [`Self::value`] of a child location (a property's value or name, an item): the enclosing
+    /// location's `unevaluated*` does not apply there.
+    fn child_value(&mut self, schema: &Value, pointer: &str) -> Result<String> {
+        let outer = std::mem::take(&mut self.unevaluated);
+        let out = self.value(schema, pointer);
+        self.unevaluated = outer;
+        out
     }
 
     /// [`Self::negate`]; with `keep_evaluated`, alternatives that would write properties or items
@@ -956,15 +1005,13 @@ impl Translator<'_> {
         out
     }
 
-    /// [`automaton::combine`] within the deadline; a failure is `Unsupported` at `keyword`.
-    fn combine(
-        &self,
-        a: &str,
-        b: &str,
-        op: automaton::Op,
-        keyword: &str,
-        pointer: &str,
-    ) -> Result<String> {
+    /// The strings of `a` that are (`Op::And`) or are not (`Op::AndNot`) strings of `b`, as an
+    /// intersection term ([`crate::parse::and_text`]): the grammar's lazy DFA builds the states
+    /// of the product that decoding visits, each checked for emptiness, so nothing is built here
+    /// and no product has a size limit of its own ([`crate::Limits`] bounds the states). A rule
+    /// reference in either operand is `Unsupported` at `keyword`: intersection is defined on
+    /// regular languages only.
+    fn combine(&self, a: &str, b: &str, op: Op, keyword: &str, pointer: &str) -> Result<String> {
         if has_rule_ref(a) || has_rule_ref(b) {
             return Err(unsupported(
                 keyword,
@@ -973,19 +1020,7 @@ impl Translator<'_> {
                  max_recursion_depth to unroll it), or a large one shared by its uses",
             ));
         }
-        let lazy = || crate::parse::and_text(a, b, op == automaton::Op::AndNot);
-        if crate::parse::has_markers(a) || crate::parse::has_markers(b) {
-            return Ok(lazy());
-        }
-        // The product as a regex where it is small; where it is not, an intersection term whose
-        // states the DFA builds as outputs visit them (with an emptiness check per state).
-        match automaton::combine(a, b, op, self.deadline, self.product_bytes) {
-            Ok(re) => Ok(re),
-            Err(automaton::CombineError::OutOfTime) => Err(SchemaError::OutOfTime {
-                pointer: pointer.into(),
-            }),
-            Err(automaton::CombineError::TooLarge(_)) => Ok(lazy()),
-        }
+        Ok(crate::parse::and_text(a, b, op == Op::AndNot))
     }
 
     /// Keywords other than annotations and those listed.
@@ -1010,7 +1045,12 @@ impl Translator<'_> {
                 ),
             ));
         };
-        let plain = self.draft < Draft::D2019 || Self::constraining(m, &["$ref"]).is_empty();
+        // Keywords next to the reference apply to its target too (from 2019-09), and so does an
+        // enclosing schema's `unevaluated*` at this location: the target is then not a plain
+        // copy, shared or recursed into as a rule.
+        let beside = self.draft >= Draft::D2019
+            && (!Self::constraining(m, &["$ref"]).is_empty() || !self.unevaluated.is_empty());
+        let plain = !beside;
         if self.share_refs && plain {
             if let Some(k) = self.rules.iter().position(|x| x == r) {
                 return Ok(crate::parse::rule_ref_text(k + 1));
@@ -1021,9 +1061,7 @@ impl Translator<'_> {
             match self.options.max_recursion_depth {
                 Some(d) if unrolled > d => return Ok(NOTHING.to_owned()),
                 Some(_) => {}
-                None if self.draft >= Draft::D2019
-                    && !Self::constraining(m, &["$ref"]).is_empty() =>
-                {
+                None if beside => {
                     return Err(unsupported(
                         "$ref",
                         pointer,

@@ -11,7 +11,7 @@
 //! - `items: S` → an array that contains an item failing `S`;
 //! - `anyOf` → every branch fails; `allOf` → some branch fails; `not: S` → `S`;
 //! - `enum`/`const` over scalars and `pattern` stay as a `not` leaf: strings, booleans and null are
-//!   removed from the text by automaton difference ([`super::automaton`]; a string has exactly one
+//!   removed from the text by a difference term (`Translator::combine`; a string has exactly one
 //!   canonical text), numbers by keeping the open intervals between the excluded values (a number
 //!   has many texts: `1`, `1.0`, `1e0`).
 //!
@@ -19,10 +19,9 @@
 
 use serde_json::{json, Map, Value};
 
-use super::automaton::Op;
 use super::{
-    alt, child, invalid, json_equal, literal, scalar::pattern_in_json, unsupported, Draft, Result,
-    Translator, TYPES,
+    alt, child, invalid, json_equal, literal, scalar::pattern_in_json, unsupported, Draft, Op,
+    Result, Translator, TYPES,
 };
 
 /// Numbers that are not integers, in canonical decimal form.
@@ -48,7 +47,7 @@ impl Translator<'_> {
             if let Some(cond) = rest.remove("if") {
                 let then = rest.remove("then").unwrap_or(Value::Bool(true));
                 let other = rest.remove("else").unwrap_or(Value::Bool(true));
-                let keep = Self::has_unevaluated(m);
+                let keep = self.has_unevaluated(m);
                 let negated = self.negate_keeping(&cond, &child(pointer, "if"), keep)?;
                 terms.push(json!({"anyOf": [
                     {"allOf": [cond, then]},
@@ -185,9 +184,6 @@ impl Translator<'_> {
                 // Would write a property only the failed schema names: left out next to
                 // unevaluatedProperties (see negate_keeping).
                 "properties" | "items" if self.keep_evaluated => continue,
-                // An enclosing schema's unevaluated* (merged into a oneOf branch): it holds
-                // next to the negation anyway; leaving out its failures is narrower, sound.
-                super::UNEVALUATED_PROPERTIES | super::UNEVALUATED_ITEMS => continue,
                 "not" if self.keep_evaluated => return Err(refuse("not")),
                 "properties" => {
                     let here = child(pointer, "properties");
@@ -494,7 +490,9 @@ impl Translator<'_> {
             let mut terms = vec![branches[i].clone()];
             for j in (0..n).filter(|&j| j != i) {
                 if !self.disjoint(&branches[i], &branches[j], pointer, 0) {
-                    let keep = branches[i].as_object().is_some_and(Self::has_unevaluated);
+                    let keep = branches[i]
+                        .as_object()
+                        .is_some_and(|b| self.has_unevaluated(b));
                     let here = child(pointer, &j.to_string());
                     // i ∧ ¬j = i ∧ ¬(what j asks beyond i): the keywords both share hold in i.
                     let target = match self.beyond(&branches[j], &branches[i]) {

@@ -3,12 +3,12 @@
 
 use serde_json::{json, Map, Value};
 
-use super::automaton::{schema_syntax, Op};
 use super::scalar::pattern_in_json;
+use super::{schema_syntax, Op};
 
 use super::{
     alt, child, count, invalid, literal, unsupported, Draft, Result, Separators, Translator,
-    ESCAPED, NOTHING, STR_CHAR, UNEVALUATED_PROPERTIES,
+    UnevaluatedOf, ESCAPED, NOTHING, STR_CHAR,
 };
 
 impl Translator<'_> {
@@ -31,7 +31,7 @@ impl Translator<'_> {
             None => Vec::new(),
         };
         // Without additionalProperties, unevaluatedProperties applies to the same names.
-        let unevaluated = self.unevaluated(m, "unevaluatedProperties", UNEVALUATED_PROPERTIES);
+        let unevaluated = self.unevaluated(m, UnevaluatedOf::Properties);
         let extra_schema = match m.get("additionalProperties").cloned().or(unevaluated) {
             Some(s) => s,
             None if self.options.strict => Value::Bool(false),
@@ -44,7 +44,7 @@ impl Translator<'_> {
         let name_ok = match &names_schema {
             None => None,
             Some(n) => {
-                let r = self.value(n, &child(pointer, "propertyNames"))?;
+                let r = self.child_value(n, &child(pointer, "propertyNames"))?;
                 Some(Narrowing::new(
                     &r,
                     "propertyNames",
@@ -85,7 +85,7 @@ impl Translator<'_> {
             declared.push(name);
             let is_required = required.contains(&name.as_str());
             let v = if allowed(name) {
-                self.value(&value_schema(name, Some(s)), &child(&pp, name))?
+                self.child_value(&value_schema(name, Some(s)), &child(&pp, name))?
             } else {
                 NOTHING.to_owned()
             };
@@ -99,7 +99,7 @@ impl Translator<'_> {
             if !props.contains_key(*name) {
                 declared.push(name);
                 let v = if allowed(name) {
-                    self.value(&value_schema(name, None), &ap)?
+                    self.child_value(&value_schema(name, None), &ap)?
                 } else {
                     NOTHING.to_owned()
                 };
@@ -133,7 +133,7 @@ impl Translator<'_> {
         for name in &slots {
             let schema = value_schema(name, None);
             let v = if allowed(name) && schema != Value::Bool(false) {
-                self.value(&schema, &ap)?
+                self.child_value(&schema, &ap)?
             } else {
                 NOTHING.to_owned()
             };
@@ -234,7 +234,7 @@ impl Translator<'_> {
         let mut outside = key_not_in(declared);
         if let Some(n) = names_schema {
             let here = child(pointer, "propertyNames");
-            let names = self.value(n, &here)?;
+            let names = self.child_value(n, &here)?;
             outside = self.combine(&outside, &names, Op::And, "propertyNames", pointer)?;
         }
         let pp = "patternProperties";
@@ -247,7 +247,7 @@ impl Translator<'_> {
                 }
             }
             if names != NOTHING {
-                let v = self.value(&p.schema, &p.pointer)?;
+                let v = self.child_value(&p.schema, &p.pointer)?;
                 members.push(format!("{names}{colon}{v}"));
             }
         }
@@ -257,7 +257,7 @@ impl Translator<'_> {
                 names = self.combine(&names, &p.names, Op::AndNot, pp, pointer)?;
             }
             if names != NOTHING {
-                let v = self.value(extra_schema, &child(pointer, "additionalProperties"))?;
+                let v = self.child_value(extra_schema, &child(pointer, "additionalProperties"))?;
                 members.push(format!("{names}{colon}{v}"));
             }
         }

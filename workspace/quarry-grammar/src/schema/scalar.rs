@@ -3,9 +3,9 @@
 
 use serde_json::{Map, Value};
 
-use super::automaton::Op;
 use super::decimal::decimal_range;
 use super::negate::FRACTIONAL;
+use super::Op;
 use super::{
     alt, child, count, invalid, unsupported, Draft, Result, Translator, INTEGER, NOTHING, NUMBER,
     STR_CHAR,

@@ -6,7 +6,7 @@ use super::*;
 
 fn full(re: &str) -> regex_automata::dfa::regex::Regex {
     regex_automata::dfa::regex::Regex::builder()
-        .syntax(super::automaton::schema_syntax())
+        .syntax(super::schema_syntax())
         .build(&format!("^(?:{re})$"))
         .unwrap()
 }
@@ -624,5 +624,64 @@ fn idn_hostname_regex_and_uri_template_are_sound_subsets() {
             "{format}: {typical}"
         );
         assert!(accepted > 10, "{format}: only {accepted} accepted");
+    }
+}
+
+/// `unevaluated*` next to in-place applicators applies at its own instance location only: not to
+/// a property's value, an item or a property name below it, whatever merges and references lead
+/// there; and a user's keyword that merely looks like quarry's is an annotation like any other
+/// unknown keyword. Every instance is accepted exactly when the `jsonschema` crate finds it
+/// valid.
+#[test]
+fn unevaluated_applies_at_its_own_location_only() {
+    let schemas = [
+        json!({"unevaluatedProperties": false,
+               "allOf": [{"properties": {"a": {"type": "object"}}}]}),
+        json!({"unevaluatedProperties": {"type": "integer"},
+               "$defs": {"d": {"properties": {"a": {"type": ["object", "integer"]}}}},
+               "anyOf": [{"$ref": "#/$defs/d"}, {"properties": {"b": {"type": "array"}}}]}),
+        json!({"unevaluatedProperties": false, "propertyNames": {"maxLength": 1},
+               "oneOf": [{"properties": {"a": {}}, "required": ["a"]},
+                         {"properties": {"b": {}}, "required": ["b"]}]}),
+        json!({"unevaluatedItems": false,
+               "allOf": [{"prefixItems": [{"type": "array"}, {"type": "object"}]}]}),
+        json!({"unevaluatedItems": {"type": "integer"},
+               "if": {"minItems": 2},
+               "then": {"prefixItems": [{"type": "array"}], "maxItems": 3}}),
+        json!({"$quarry:unevaluatedProperties": false,
+               "allOf": [{"properties": {"a": {}}}]}),
+    ];
+    let instances = [
+        json!({}),
+        json!({"a": {}}),
+        json!({"a": {"x": 1}}),
+        json!({"a": 1}),
+        json!({"b": [1]}),
+        json!({"a": {"x": 1}, "c": 3}),
+        json!({"b": [{"y": 2}], "c": 3}),
+        json!({"a": 1, "c": 2}),
+        json!({"a": 1, "c": "z"}),
+        json!({"a": {}, "bb": 1}),
+        json!({"b": 1}),
+        json!([]),
+        json!([[1, 2]]),
+        json!([[1], {"x": [3]}]),
+        json!([[1], {}, 5]),
+        json!([[1], 5, 6]),
+        json!([[1], 5, 6, 7]),
+        json!([1, [2]]),
+    ];
+    for schema in schemas {
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
+        let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
+        for instance in &instances {
+            let text = canonicalize(instance, &schema, Whitespace::Compact);
+            assert_eq!(
+                ours.is_match(text.as_bytes()),
+                validator.is_valid(instance),
+                "{schema} on {text}"
+            );
+        }
     }
 }
