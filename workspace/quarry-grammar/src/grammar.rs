@@ -49,10 +49,11 @@ impl Constraint {
     /// `(name, regex)` pairs where `(?P<quarry_rule_k>)` refers to the k-th pair (the root is
     /// 0). A GBNF grammar is its own text and has no regex form: `InvalidRule`.
     pub fn rules(&self) -> Result<Vec<(String, String)>, GrammarError> {
-        let deadline = std::time::Instant::now() + Limits::default().compile_time;
+        let limits = Limits::default();
+        let deadline = std::time::Instant::now() + limits.compile_time;
         let (root, rules) = match self {
             Constraint::JsonSchema { schema, options } => {
-                crate::schema::schema_to_rules_by(schema, options, deadline)?
+                crate::schema::schema_to_rules_by(schema, options, &limits, deadline)?
             }
             Constraint::JsonObject { whitespace } => crate::schema::json_object_rules(*whitespace),
             Constraint::Gbnf(_) | Constraint::Lark(_) => {
@@ -199,11 +200,13 @@ impl Grammar {
         let deadline = started + limits.compile_time;
         let prepared = match constraint {
             Constraint::JsonSchema { schema, options } => {
-                let (root, rules) = crate::schema::schema_to_rules_by(schema, options, deadline)
-                    .map_err(|e| match e {
-                        crate::schema::SchemaError::OutOfTime { .. } => out_of_time(),
-                        e => e.into(),
-                    })?;
+                let (root, rules) = crate::schema::schema_to_rules_by(
+                    schema, options, &limits, deadline,
+                )
+                .map_err(|e| match e {
+                    crate::schema::SchemaError::OutOfTime { .. } => out_of_time(),
+                    e => e.into(),
+                })?;
                 from_regex_rules(&root, rules, &limits)?
             }
             Constraint::JsonObject { whitespace } => {

@@ -2,8 +2,15 @@
 /// [`crate::GrammarError::LimitExceeded`] naming the field; it never runs out of memory or hangs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Longest regex text accepted (a schema's derived regex included). Default 4 MiB.
+    /// Longest regex text accepted: a regex constraint, a schema's derived regex (all of it, and
+    /// each subschema's while translating: past it the schema is translated again with large
+    /// references as shared rules, then refused as `SchemaError::TooLarge`). Default 4 MiB.
     pub max_regex_bytes: usize,
+    /// Deepest nesting of a schema's subschemas, `allOf` merges and negations while translating
+    /// (`SchemaError::TooDeep` past it). Default 256: real schemas stay far below it, and each
+    /// level costs a few KiB of stack (grown on the heap past the caller's stack, so the bound
+    /// is about time and memory, not overflow).
+    pub max_schema_nesting: usize,
     /// Regex terms (parse nodes plus the derivatives built while the DFA grows). Default 2 million,
     /// about 100 MiB. At compile time exceeding it is an error; while decoding, see `max_states`.
     pub max_terms: usize,
@@ -32,6 +39,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_regex_bytes: 4 << 20,
+            max_schema_nesting: 256,
             max_terms: 2_000_000,
             max_states: 100_000,
             max_parser_stacks: 2048,

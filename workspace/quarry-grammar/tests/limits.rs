@@ -272,12 +272,34 @@ fn exploding_schema_is_a_typed_error() {
     );
 }
 
-/// Subschemas nested past `MAX_NESTING` are a typed error, not a stack overflow, even when the
-/// caller's thread has a small stack (deep recursion moves to stack segments of its own).
+/// Subschemas nested past `Limits::max_schema_nesting` are a typed error, not a stack overflow,
+/// even when the caller's thread has a small stack (deep recursion moves to stack segments of its
+/// own); the bound is the caller's `Limits`, not a constant of the translator.
 #[test]
 fn deep_nesting_is_a_typed_error_on_a_small_stack() {
+    let nested = |depth: usize| {
+        let mut schema = serde_json::json!({"type": "integer"});
+        for _ in 0..depth {
+            schema = serde_json::json!({"type": "object", "properties": {"a": schema}});
+        }
+        Constraint::JsonSchema {
+            schema,
+            options: Default::default(),
+        }
+    };
+    let shallow = Limits {
+        max_schema_nesting: 12,
+        ..Limits::default()
+    };
+    assert!(Grammar::compile(&nested(20), tiny_vocab(), Limits::default()).is_ok());
+    match Grammar::compile(&nested(20), tiny_vocab(), shallow) {
+        Err(GrammarError::Schema(quarry_grammar::SchemaError::TooDeep { limit, .. })) => {
+            assert_eq!(limit, 12)
+        }
+        other => panic!("expected TooDeep at 12 levels, got {other:?}"),
+    }
     let mut schema = serde_json::json!({"type": "integer"});
-    for _ in 0..quarry_grammar::schema::MAX_NESTING + 10 {
+    for _ in 0..Limits::default().max_schema_nesting + 10 {
         schema = serde_json::json!({"type": "object", "properties": {"a": schema}});
     }
     let err = std::thread::Builder::new()

@@ -84,7 +84,7 @@
 //!   from the root before translating. A recursive reference becomes a rule of a grammar
 //!   ([`crate::cfg`]: its target translated once, as the rule's body), or is unrolled to
 //!   [`SchemaOptions::max_recursion_depth`] levels of regex when that is set. Where copying each
-//!   referenced subschema into every use outgrows [`MAX_REGEX_BYTES`], the schema is translated
+//!   referenced subschema into every use outgrows [`crate::Limits::max_regex_bytes`], the schema is translated
 //!   again with each large target as a rule shared by its uses.
 //!
 //! Ignored (annotations): `title`, `description`, `examples`, `default`, `$comment`, `deprecated`,
@@ -115,8 +115,9 @@
 //!
 //! # Limits
 //! Translation stops with [`SchemaError::OutOfTime`] at the compile-time limit, with
-//! [`SchemaError::TooLarge`] when a subschema's regex passes [`MAX_REGEX_BYTES`] (even with shared
-//! rules), and with [`SchemaError::TooDeep`] past [`MAX_NESTING`] levels of subschemas, merges and
+//! [`SchemaError::TooLarge`] when a subschema's regex passes [`crate::Limits::max_regex_bytes`]
+//! (even with shared rules), and with [`SchemaError::TooDeep`] past
+//! [`crate::Limits::max_schema_nesting`] levels of subschemas, merges and
 //! negations (deep recursion continues on stack segments of its own, so it never overflows the
 //! caller's stack); the limits of
 //! [`crate::Limits`] apply after. The DFA is built lazily, so its state limit bounds what decoding
@@ -328,23 +329,16 @@ pub enum SchemaError {
     /// `LimitExceeded { limit: "compile_time" }`).
     #[error("translating the schema ran out of time at {pointer}")]
     OutOfTime { pointer: String },
-    /// The regex of a subschema grew past [`MAX_REGEX_BYTES`] (typically many uses of a large
-    /// `$ref`, or a wide `oneOf`).
-    #[error("the regex for {pointer} exceeds {} MiB", MAX_REGEX_BYTES >> 20)]
-    TooLarge { pointer: String },
-    /// Subschemas, `allOf` merges and negations nested past [`MAX_NESTING`] levels (the
-    /// expansion of many conditionals or combinators into each other), refused before the
-    /// translator's recursion could exhaust the stack.
-    #[error("the schema nests subschemas, merges and negations more than {MAX_NESTING} levels deep at {pointer}")]
-    TooDeep { pointer: String },
+    /// The regex of a subschema grew past `limit` bytes ([`crate::Limits::max_regex_bytes`];
+    /// typically many uses of a large `$ref`, or a wide `oneOf`).
+    #[error("the regex for {pointer} exceeds {limit} bytes (Limits::max_regex_bytes)")]
+    TooLarge { pointer: String, limit: usize },
+    /// Subschemas, `allOf` merges and negations nested past `limit` levels
+    /// ([`crate::Limits::max_schema_nesting`]; the expansion of many conditionals or combinators
+    /// into each other), refused before the translator's recursion could exhaust the stack.
+    #[error("the schema nests subschemas, merges and negations more than {limit} levels deep at {pointer} (Limits::max_schema_nesting)")]
+    TooDeep { pointer: String, limit: usize },
 }
-
-/// Deepest nesting of subschema translations, merges and negations: what the translator's
-/// recursion may reach (see [`SchemaError::TooDeep`]). Real schemas stay far below it.
-pub const MAX_NESTING: usize = 256;
-
-/// Longest regex text a subschema may produce.
-pub const MAX_REGEX_BYTES: usize = 4 << 20;
 
 type Result<T> = std::result::Result<T, SchemaError>;
 
@@ -504,19 +498,22 @@ const TYPES: &[&str] = &["null", "boolean", "object", "array", "number", "string
 /// (`(?P<quarry_and>)`) that regex-automata would read as nothing, so compile it with
 /// [`crate::Grammar`] (or read it as documentation, as `quarry grammar explain` prints it).
 pub fn schema_to_regex(schema: &Value, options: &SchemaOptions) -> Result<String> {
-    let limit = crate::Limits::default().compile_time;
-    schema_to_regex_by(schema, options, std::time::Instant::now() + limit)
+    let limits = crate::Limits::default();
+    let deadline = std::time::Instant::now() + limits.compile_time;
+    schema_to_regex_by(schema, options, &limits, deadline)
 }
 
-/// [`schema_to_regex`], giving up with [`SchemaError::OutOfTime`] after `deadline`. A schema
+/// [`schema_to_regex`] within `limits` (the regex size and nesting bounds), giving up with
+/// [`SchemaError::OutOfTime`] after `deadline`. A schema
 /// with a recursive `$ref` (and no [`SchemaOptions::max_recursion_depth`]) has no regex: it is a
 /// grammar, which [`crate::Grammar::compile`] builds; here it is `Unsupported`.
 pub fn schema_to_regex_by(
     schema: &Value,
     options: &SchemaOptions,
+    limits: &crate::Limits,
     deadline: std::time::Instant,
 ) -> Result<String> {
-    let (root, rules) = schema_to_rules_by(schema, options, deadline)?;
+    let (root, rules) = schema_to_rules_by(schema, options, limits, deadline)?;
     match rules.first() {
         None => Ok(root),
         Some(_) => Err(unsupported(
@@ -534,22 +531,23 @@ pub fn schema_to_regex_by(
 pub(crate) fn schema_to_rules_by(
     schema: &Value,
     options: &SchemaOptions,
+    limits: &crate::Limits,
     deadline: std::time::Instant,
 ) -> Result<(String, Vec<String>)> {
     // Every reference as a pointer from the root, whatever `$id`s it was relative to.
     let schema = &*resolve::flatten(schema)?;
     // Inline copies of each referenced subschema first: a regular language where nothing
     // recurses, and text that intersections and negations can take. Where that outgrows
-    // MAX_REGEX_BYTES (a large definition used in many places), again with large references as
+    // max_regex_bytes (a large definition used in many places), again with large references as
     // shared rules of a grammar.
-    match translate(schema, options, deadline, false) {
-        Err(SchemaError::TooLarge { .. }) => translate(schema, options, deadline, true),
+    match translate(schema, options, limits, deadline, false) {
+        Err(SchemaError::TooLarge { .. }) => translate(schema, options, limits, deadline, true),
         done => done,
     }
 }
 
 /// Stack that must be left for one more level of translation; below it the recursion continues
-/// on a new segment of [`STACK_SEGMENT`] bytes (`stacker`), so [`MAX_NESTING`] levels fit
+/// on a new segment of [`STACK_SEGMENT`] bytes (`stacker`), so any number of levels fits
 /// whatever the caller's stack (2 MiB on spawned threads). Debug builds have far larger frames.
 const STACK_RED_ZONE: usize = if cfg!(debug_assertions) {
     512 << 10
@@ -561,6 +559,7 @@ const STACK_SEGMENT: usize = 8 << 20;
 fn translate(
     schema: &Value,
     options: &SchemaOptions,
+    limits: &crate::Limits,
     deadline: std::time::Instant,
     share_refs: bool,
 ) -> Result<(String, Vec<String>)> {
@@ -577,6 +576,8 @@ fn translate(
         rules: Vec::new(),
         share_refs,
         nesting: 0,
+        max_nesting: limits.max_schema_nesting,
+        max_regex_bytes: limits.max_regex_bytes,
     };
     let root = t.value(schema, "#")?;
     // Each rule's body is its target, translated with only itself on the path: a reference back
@@ -637,10 +638,14 @@ struct Translator<'a> {
     rules: Vec<String>,
     /// Write a reference whose target translates to more than [`SHARED_RULE_BYTES`] as a rule,
     /// shared by every use, instead of a copy per use (the second try of a schema whose regex
-    /// outgrew [`MAX_REGEX_BYTES`]; see [`schema_to_rules_by`]).
+    /// outgrew `max_regex_bytes`; see [`schema_to_rules_by`]).
     share_refs: bool,
-    /// Translations, merges and negations in progress ([`MAX_NESTING`]).
+    /// Translations, merges and negations in progress (at most `max_nesting`).
     nesting: usize,
+    /// [`crate::Limits::max_schema_nesting`].
+    max_nesting: usize,
+    /// [`crate::Limits::max_regex_bytes`], for each subschema's regex.
+    max_regex_bytes: usize,
 }
 
 /// A reference target at least this large becomes a shared rule when references are shared.
@@ -729,11 +734,12 @@ fn as_count(v: &Value, pointer: &str, keyword: &str) -> Result<u64> {
 
 impl Translator<'_> {
     /// The regex of values that `schema` (at `pointer`) accepts.
-    /// Runs `f` one level deeper, or refuses past [`MAX_NESTING`].
+    /// Runs `f` one level deeper, or refuses past `max_nesting`.
     fn nested<T>(&mut self, pointer: &str, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
-        if self.nesting >= MAX_NESTING {
+        if self.nesting >= self.max_nesting {
             return Err(SchemaError::TooDeep {
                 pointer: pointer.into(),
+                limit: self.max_nesting,
             });
         }
         self.nesting += 1;
@@ -749,9 +755,10 @@ impl Translator<'_> {
             });
         }
         let re = self.nested(pointer, |t| t.value_unchecked(schema, pointer))?;
-        if re.len() > MAX_REGEX_BYTES {
+        if re.len() > self.max_regex_bytes {
             return Err(SchemaError::TooLarge {
                 pointer: pointer.into(),
+                limit: self.max_regex_bytes,
             });
         }
         Ok(re)
