@@ -75,7 +75,11 @@
 //!   next to `anyOf`/`oneOf` are merged into each branch; `not` by exact negation (De Morgan:
 //!   types, bounds, lengths, counts, `required`, `properties`, `items`, `enum`/`const` of scalars,
 //!   `pattern`, and `anyOf`/`allOf`/`not`/`oneOf` of those, a `oneOf` of at most 8 branches as
-//!   "none, or two at once"); `if`/`then`/`else` expanded to
+//!   "none, or two at once"; `additionalProperties`/`patternProperties` where the schema the
+//!   negation is intersected with, the other `oneOf` branch or the rest of the schema, closes the
+//!   names an object can have by `additionalProperties: false`: "one of those names, with a
+//!   value failing what that name calls for"; negation is relative to that schema, at nested
+//!   properties and items too); `if`/`then`/`else` expanded to
 //!   `(if ∧ then) ∨ (¬if ∧ else)`;
 //! - references: `$ref` by JSON Pointer (`#/$defs/…`, any pointer into a schema resource), by
 //!   `$id` (absolute, relative or `urn:`, resolved against the base URI of the schema object that
@@ -95,7 +99,8 @@
 //! A typed [`SchemaError::Unsupported`] naming the keyword and its JSON Pointer, never a silent drop:
 //! dependencies over more than 6 properties, `contains` next
 //! to `prefixItems`, `maxItems` or `uniqueItems`, negations of other keywords (`format`,
-//! `additionalProperties`, `patternProperties`, `uniqueItems`, `contains`, `prefixItems`, …), a double `not` next to `unevaluated*`, a `$dynamicRef` whose target depends on the evaluation path (two resources with its anchor, none at the root; the others are resolved by [`resolve`]), 2019-09's `$recursiveRef`, other `multipleOf`, other formats,
+//! `additionalProperties` and `patternProperties` where the other side leaves names open,
+//! `uniqueItems`, `contains`, `prefixItems`, …), a double `not` next to `unevaluated*`, a `$dynamicRef` whose target depends on the evaluation path (two resources with its anchor, none at the root; the others are resolved by [`resolve`]), 2019-09's `$recursiveRef`, other `multipleOf`, other formats,
 //! `allOf` branches that set
 //! the same other keyword differently or split a coupled pair that cannot be merged exactly
 //! (`prefixItems`/`items`, `additionalProperties` next to `patternProperties`; `properties`/
@@ -572,6 +577,7 @@ fn translate(
         refs: Vec::new(),
         deadline,
         keep_evaluated: false,
+        positive: None,
         unevaluated: Unevaluated::default(),
         rules: Vec::new(),
         share_refs,
@@ -631,6 +637,11 @@ struct Translator<'a> {
     deadline: std::time::Instant,
     /// Negating next to `unevaluated*` (see [`Translator::negate_keeping`]).
     keep_evaluated: bool,
+    /// While negating: the schema the negation will be intersected with at the location being
+    /// negated (for a property's value, that schema's constraint on the property), where known.
+    /// Negating relative to it lets `additionalProperties` be negated exactly where it closes
+    /// the names an object can have ([`Translator::closed_names`]).
+    positive: Option<Value>,
     /// `unevaluated*` of enclosing schemas at the instance location being translated.
     unevaluated: Unevaluated,
     /// The references that recurse, as rules: rule `k` is `rules[k - 1]` (see
@@ -814,9 +825,10 @@ impl Translator<'_> {
             if !type_only {
                 // m ∧ ¬n, with ¬n spelled out as a schema.
                 let keep = self.has_unevaluated(m);
-                let negated = self.negate_keeping(n, &child(pointer, "not"), keep)?;
                 let mut rest = m.clone();
                 rest.remove("not");
+                let positive = Some(Value::Object(rest.clone()));
+                let negated = self.negate_keeping(n, &child(pointer, "not"), keep, positive)?;
                 return self.value(&json!({"allOf": [rest, negated]}), pointer);
             }
         }
@@ -998,18 +1010,42 @@ impl Translator<'_> {
 
     /// [`Self::negate`]; with `keep_evaluated`, alternatives that would write properties or items
     /// only the failed subschema names are left out (a failed subschema evaluates nothing, so
-    /// `unevaluated*` would apply to them): narrower, still sound.
+    /// `unevaluated*` would apply to them): narrower, still sound. `positive`: the schema the
+    /// negation will be intersected with; the result `N` then satisfies
+    /// `positive ∧ N = positive ∧ ¬schema`, which is all the translator needs.
     fn negate_keeping(
         &mut self,
         schema: &Value,
         pointer: &str,
         keep_evaluated: bool,
+        positive: Option<Value>,
     ) -> Result<Value> {
         let old = self.keep_evaluated;
         self.keep_evaluated |= keep_evaluated;
+        let outer = std::mem::replace(&mut self.positive, positive);
         let out = self.negate(schema, pointer, 0);
+        self.positive = outer;
         self.keep_evaluated = old;
         out
+    }
+
+    /// The only property names an object valid for `schema` can have: its `properties`, where
+    /// the schema object (after resolving a `$ref`) has `additionalProperties: false` and no
+    /// `patternProperties`; `None` otherwise. Whatever else the schema applies in place, its own
+    /// `additionalProperties` refuses every other name, so this holds for every valid instance.
+    fn closed_names(&mut self, schema: &Value, pointer: &str) -> Option<Vec<String>> {
+        let s = self.inline_ref(schema, pointer, 0).ok()?;
+        let m = s.as_object()?;
+        if m.get("additionalProperties") != Some(&Value::Bool(false))
+            || m.contains_key("patternProperties")
+        {
+            return None;
+        }
+        Some(match m.get("properties") {
+            Some(Value::Object(p)) => p.keys().cloned().collect(),
+            Some(_) => return None,
+            None => Vec::new(),
+        })
     }
 
     /// The strings of `a` that are (`Op::And`) or are not (`Op::AndNot`) strings of `b`, as an

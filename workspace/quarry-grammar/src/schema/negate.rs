@@ -27,6 +27,15 @@ use super::{
 /// Numbers that are not integers, in canonical decimal form.
 pub(super) const FRACTIONAL: &str = r"-?(?:0|[1-9][0-9]{0,17})\.[0-9]{0,17}[1-9]";
 
+/// A child location of the one being negated.
+#[derive(Debug, Clone, Copy)]
+enum Below<'a> {
+    /// The value of the property of this name.
+    Property(&'a str),
+    /// Every item.
+    Items,
+}
+
 /// How many branches a cross product of `anyOf`s may have.
 const MAX_BRANCHES: usize = 64;
 
@@ -48,7 +57,8 @@ impl Translator<'_> {
                 let then = rest.remove("then").unwrap_or(Value::Bool(true));
                 let other = rest.remove("else").unwrap_or(Value::Bool(true));
                 let keep = self.has_unevaluated(m);
-                let negated = self.negate_keeping(&cond, &child(pointer, "if"), keep)?;
+                let positive = Some(Value::Object(rest.clone()));
+                let negated = self.negate_keeping(&cond, &child(pointer, "if"), keep, positive)?;
                 terms.push(json!({"anyOf": [
                     {"allOf": [cond, then]},
                     {"allOf": [negated, other]},
@@ -91,9 +101,69 @@ impl Translator<'_> {
         self.nested(pointer, |t| t.negate_unchecked(schema, pointer, depth))
     }
 
+    /// [`Self::negate`] of a child location (`below` the one being negated): the schema the
+    /// negation is intersected with there is what the enclosing one says of that child.
+    fn negate_at_child(
+        &mut self,
+        schema: &Value,
+        pointer: &str,
+        depth: usize,
+        below: Below,
+    ) -> Result<Value> {
+        let inner = match self.positive.clone() {
+            Some(p) => self.positive_below(&p, below, pointer),
+            None => None,
+        };
+        let outer = std::mem::replace(&mut self.positive, inner);
+        let out = self.negate(schema, pointer, depth);
+        self.positive = outer;
+        out
+    }
+
+    /// Whether no instance of `positive` is an object, by its own `type`.
+    fn never_object(&mut self, positive: &Value, pointer: &str) -> bool {
+        let Some(p) = self.inline_ref(positive, pointer, 0).ok() else {
+            return false;
+        };
+        match p.get("type") {
+            Some(Value::String(t)) => t != "object",
+            Some(Value::Array(ts)) => !ts.iter().any(|t| t == "object"),
+            _ => p == Value::Bool(false),
+        }
+    }
+
+    /// What `positive` (its own keywords, which hold whatever it applies in place) requires of
+    /// a property's value or of every item; `None` where that is not one schema (a name that
+    /// `patternProperties` may match, `prefixItems`).
+    fn positive_below(&mut self, positive: &Value, below: Below, pointer: &str) -> Option<Value> {
+        let p = self.inline_ref(positive, pointer, 0).ok()?;
+        let m = p.as_object()?;
+        match below {
+            Below::Property(name) => {
+                if let Some(s) = m.get("properties").and_then(|ps| ps.get(name)) {
+                    return Some(s.clone());
+                }
+                if m.contains_key("patternProperties") {
+                    return None;
+                }
+                m.get("additionalProperties").cloned()
+            }
+            Below::Items => {
+                if m.contains_key("prefixItems") || m.get("items").is_some_and(Value::is_array) {
+                    return None;
+                }
+                m.get("items").cloned()
+            }
+        }
+    }
+
     fn negate_unchecked(&mut self, schema: &Value, pointer: &str, depth: usize) -> Result<Value> {
         if depth > 16 {
             return Err(unsupported("not", pointer, "negation nested too deeply"));
+        }
+        if self.positive == Some(Value::Bool(false)) {
+            // Intersected with nothing: any answer is exact.
+            return Ok(Value::Bool(false));
         }
         let refuse = |k: &str| {
             unsupported(
@@ -188,9 +258,57 @@ impl Translator<'_> {
                 "properties" => {
                     let here = child(pointer, "properties");
                     for (name, p) in v.as_object().into_iter().flatten() {
-                        let n = self.negate(p, &child(&here, name), depth + 1)?;
+                        let at = Below::Property(name);
+                        let n = self.negate_at_child(p, &child(&here, name), depth + 1, at)?;
                         if n != Value::Bool(false) {
                             failures.push(json!({"type": "object", "required": [name], "properties": {name: n}}));
+                        }
+                    }
+                    continue;
+                }
+                // Some member that no `properties` entry names has a value failing it: with
+                // the names the intersected schema allows known, one alternative per such name.
+                // Some member has a value failing what its name calls for: a pattern it matches,
+                // or (named by no `properties` entry and matching no pattern) the additional
+                // schema. With the names the intersected schema allows known, one alternative per
+                // such name and schema.
+                "additionalProperties" | "patternProperties" => {
+                    let positive = self.positive.clone();
+                    if positive
+                        .as_ref()
+                        .is_some_and(|p| self.never_object(p, pointer))
+                    {
+                        continue; // only objects fail it, and the other side has none
+                    }
+                    let Some(scope) = positive.and_then(|p| self.closed_names(&p, pointer)) else {
+                        return Err(refuse(k));
+                    };
+                    let patterns = self.pattern_properties(&m, pointer)?;
+                    let declared = m.get("properties").and_then(Value::as_object);
+                    for name in &scope {
+                        let quoted = serde_json::to_string(name).expect("a string serializes");
+                        let matching: Vec<_> = patterns
+                            .iter()
+                            .filter(|p| p.matcher.is_match(quoted.as_bytes()))
+                            .collect();
+                        let schemas: Vec<(Value, String)> = if k == "patternProperties" {
+                            matching
+                                .iter()
+                                .map(|p| (p.schema.clone(), p.pointer.clone()))
+                                .collect()
+                        } else if matching.is_empty()
+                            && !declared.is_some_and(|d| d.contains_key(name))
+                        {
+                            vec![(v.clone(), child(pointer, "additionalProperties"))]
+                        } else {
+                            Vec::new()
+                        };
+                        for (schema, here) in schemas {
+                            let at = Below::Property(name);
+                            let n = self.negate_at_child(&schema, &here, depth + 1, at)?;
+                            if n != Value::Bool(false) {
+                                failures.push(json!({"type": "object", "required": [name], "properties": {name: n}}));
+                            }
                         }
                     }
                     continue;
@@ -200,7 +318,8 @@ impl Translator<'_> {
                     if !single || m.contains_key("prefixItems") {
                         return Err(refuse("items"));
                     }
-                    let n = self.negate(v, &child(pointer, "items"), depth + 1)?;
+                    let n =
+                        self.negate_at_child(v, &child(pointer, "items"), depth + 1, Below::Items)?;
                     json!({"type": "array", "contains": n})
                 }
                 "anyOf" | "allOf" => {
@@ -504,7 +623,8 @@ impl Translator<'_> {
                         Some(rest) => Value::Object(rest),
                         None => branches[j].clone(),
                     };
-                    let negated = self.negate_keeping(&target, &here, keep).map_err(|e| {
+                    let positive = Some(branches[i].clone());
+                    let negated = self.negate_keeping(&target, &here, keep, positive).map_err(|e| {
                         unsupported(
                             "oneOf",
                             pointer,
@@ -538,12 +658,8 @@ impl Translator<'_> {
         ];
         let (jm, im) = (j.as_object()?, i.as_object()?);
         let in_place = |m: &Map<String, Value>| {
-            m.keys().any(|k| {
-                k.starts_with("unevaluated")
-                    || k.starts_with("$quarry:")
-                    || k == "$dynamicRef"
-                    || k == "$recursiveRef"
-            })
+            m.keys()
+                .any(|k| k.starts_with("unevaluated") || k == "$dynamicRef" || k == "$recursiveRef")
         };
         if in_place(jm) || in_place(im) {
             return None;

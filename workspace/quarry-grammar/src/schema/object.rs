@@ -192,7 +192,7 @@ impl Translator<'_> {
     }
 
     /// `patternProperties` as (pattern, schema, matcher of quoted names).
-    fn pattern_properties(
+    pub(super) fn pattern_properties(
         &mut self,
         m: &Map<String, Value>,
         pointer: &str,
@@ -511,12 +511,13 @@ fn counted_members(
 }
 
 /// A `patternProperties` entry.
-struct PatternProperty {
+pub(super) struct PatternProperty {
     /// Quoted names the pattern matches, as a regex.
     names: String,
-    matcher: Narrowing,
-    schema: Value,
-    pointer: String,
+    /// Whether a quoted name matches.
+    pub(super) matcher: Narrowing,
+    pub(super) schema: Value,
+    pub(super) pointer: String,
 }
 
 /// A full-match regex for testing a few short texts while translating: a lazy DFA, so a large

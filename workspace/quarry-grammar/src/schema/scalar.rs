@@ -264,6 +264,26 @@ const STANDARD_FORMATS: &[&str] = &[
 const LABEL: &str = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
 /// An RFC 6901 JSON Pointer, as a JSON string body.
 const JSON_POINTER: &str = r#"(?:/(?:[^"\\\x00-\x1F~/]|~[01])*)*"#;
+/// RFC 3986 `hier-part`, or with `relative` its `relative-part`: `//` with an authority
+/// (optional user information, a host of LDH labels, an optional port of up to five digits) and
+/// an absolute path; or a path that does not start with `//`, which would read as an authority
+/// (`https://:I` has a port that is not a number); or nothing. A relative path's first segment
+/// has no `:` (it would read as a scheme). The host is a subset of RFC 3986's `reg-name`, so
+/// every value is valid.
+fn uri_path(relative: bool) -> String {
+    let userinfo = "(?:(?:[A-Za-z0-9._~!$&'()*+,;=:-]|%[0-9A-Fa-f]{2})*@)?";
+    let segments = format!("(?:{PCHAR}|/)*");
+    let rootless = if relative {
+        format!("{PCHAR_NO_COLON}+(?:/{segments})?")
+    } else {
+        format!("{PCHAR}{segments}")
+    };
+    format!(
+        "(?://{userinfo}{LABEL}(?:\\.{LABEL})*(?::[0-9]{{1,5}})?(?:/{segments})?\
+         |/(?:{PCHAR}{segments})?|{rootless})?"
+    )
+}
+
 /// RFC 3986 path characters (`pchar`); without `:` for the first segment of a relative path.
 const PCHAR: &str = "(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})";
 const PCHAR_NO_COLON: &str = "(?:[A-Za-z0-9._~!$&'()*+,;=@-]|%[0-9A-Fa-f]{2})";
@@ -392,7 +412,10 @@ fn format_body(format: &str, pointer: &str) -> Result<String> {
         }
         // Every URI is an IRI and every e-mail address an internationalized one: the ASCII
         // subsets are sound for the IDN/IRI formats too.
-        "uri" | "iri" => format!("[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*{QUERY_FRAGMENT}"),
+        "uri" | "iri" => format!(
+            "[A-Za-z][A-Za-z0-9+.-]{{0,15}}:{}{QUERY_FRAGMENT}",
+            uri_path(false)
+        ),
         "idn-email" => format_body("email", pointer)?,
         // LDH labels without `--` (which RFC 5891 reserves for A-labels): valid IDN hostnames.
         "idn-hostname" => {
@@ -409,7 +432,9 @@ fn format_body(format: &str, pointer: &str) -> Result<String> {
         "json-pointer" => JSON_POINTER.to_owned(),
         "relative-json-pointer" => format!("(?:0|[1-9][0-9]{{0,8}})(?:#|{JSON_POINTER})"),
         "uri-reference" | "iri-reference" => format!(
-            "(?:[A-Za-z][A-Za-z0-9+.-]{{0,15}}:(?:{PCHAR}|/)*|/(?:{PCHAR}|/)*|{PCHAR_NO_COLON}*(?:/(?:{PCHAR}|/)*)?){QUERY_FRAGMENT}"
+            "(?:[A-Za-z][A-Za-z0-9+.-]{{0,15}}:{}|{}){QUERY_FRAGMENT}",
+            uri_path(false),
+            uri_path(true),
         ),
         other => {
             return Err(unsupported(

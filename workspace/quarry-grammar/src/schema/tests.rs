@@ -542,10 +542,11 @@ fn one_of_negates_only_what_branches_do_not_share() {
         }
         assert_eq!(checked, 8 * 64);
     }
-    // Branches whose differences include `properties` next to `additionalProperties` still need
-    // that negation: a typed refusal.
+    // Branches whose differences include `properties` next to `additionalProperties` need that
+    // negation: exact where the other branch closes its names
+    // (`additional_properties_negated_against_closed_names`), a typed refusal where it does not.
     let s = json!({"oneOf": [
-        {"properties": {"a": {}}, "additionalProperties": false},
+        {"properties": {"a": {}}, "additionalProperties": {"type": "integer"}},
         {"properties": {"b": {}}, "additionalProperties": false}]});
     assert!(matches!(
         schema_to_regex(&s, &SchemaOptions::default()),
@@ -590,15 +591,18 @@ fn negated_one_of_and_merged_conditionals_items_multiples() {
     }
 }
 
-/// `idn-hostname`, `regex` and `uri-template` as sound subsets: every short string over an
+/// `idn-hostname`, `regex`, `uri-template`, `uri` and `uri-reference` as sound subsets: every short string over an
 /// alphabet of interesting characters that quarry accepts is valid for the `jsonschema` crate
 /// (formats asserted), and typical values are accepted.
 #[test]
 fn idn_hostname_regex_and_uri_template_are_sound_subsets() {
-    for (format, alphabet, typical) in [
-        ("idn-hostname", "a-.9x", "example-1.org"),
-        ("regex", "a(-[ *\\", "a b_c-d"),
-        ("uri-template", "a{/'%1", "/search?q=x&page=2"),
+    for (format, alphabet, max, typical) in [
+        ("idn-hostname", "a-.9x", 5, "example-1.org"),
+        ("regex", "a(-[ *\\", 5, "a b_c-d"),
+        ("uri-template", "a{/'%1", 5, "/search?q=x&page=2"),
+        // `h://:h` has an authority whose port is not a number.
+        ("uri", "h:/1", 6, "https://user@example.org:8080/a//b?c#d"),
+        ("uri-reference", "h:/1", 6, "../a/b?c#d"),
     ] {
         let schema = json!({"type": "string", "format": format});
         let validator = jsonschema::options()
@@ -607,7 +611,7 @@ fn idn_hostname_regex_and_uri_template_are_sound_subsets() {
             .unwrap();
         let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
         let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
-        let words = words(alphabet, 5);
+        let words = words(alphabet, max);
         let mut accepted = 0;
         for w in words.iter().map(String::as_str).chain([typical]) {
             let text = serde_json::to_string(w).unwrap();
@@ -684,4 +688,85 @@ fn unevaluated_applies_at_its_own_location_only() {
             );
         }
     }
+}
+
+/// `additionalProperties` negated relative to the schema the negation is intersected with: where
+/// that schema closes the names an object can have, "some other member" is one of its names the
+/// negated schema does not declare (the `oneOf`s of closed objects in CI configuration schemas),
+/// at the top and at nested properties and items; where it has no objects, nothing. Every small
+/// instance is accepted exactly when the `jsonschema` crate finds it valid.
+#[test]
+fn additional_properties_negated_against_closed_names() {
+    let closed = |props: Value| json!({"type": "object", "additionalProperties": false, "properties": props});
+    let schemas = [
+        // Overlap on {} only: exactly one of the two names.
+        json!({"oneOf": [closed(json!({"a": {"type": "integer"}})), closed(json!({"b": {}}))]}),
+        // Overlap on the shared optional `c`.
+        json!({"oneOf": [closed(json!({"a": {}, "c": {"type": "integer"}})),
+                         closed(json!({"b": {}, "c": {}}))]}),
+        // Nested: the overlap is inside property `a`.
+        json!({"oneOf": [closed(json!({"a": closed(json!({"b": {}}))})),
+                         closed(json!({"a": closed(json!({"c": {}}))}))]}),
+        // Through items, with a non-object branch.
+        json!({"type": "array", "maxItems": 2, "items": {"oneOf": [
+            {"type": "null"}, closed(json!({"b": {"type": "integer"}})), closed(json!({"c": {}}))]}}),
+        // patternProperties negated: a name of the other side matching a pattern.
+        json!({"type": "object", "additionalProperties": false,
+               "properties": {"a": {}, "b": {}, "c": {}},
+               "not": {"patternProperties": {"^[ab]$": {"type": "integer"}},
+                       "additionalProperties": {"type": "string"}}}),
+        // `not` and `if` against the closed rest.
+        json!({"type": "object", "additionalProperties": false,
+               "properties": {"a": {}, "b": {}, "c": {}},
+               "not": {"additionalProperties": false, "properties": {"a": {}, "b": {}}}}),
+        json!({"type": "object", "additionalProperties": false,
+               "properties": {"a": {}, "b": {"type": "integer"}},
+               "if": {"additionalProperties": {"type": "integer"}, "properties": {"a": {}}},
+               "then": {"required": ["b"]}, "else": {"maxProperties": 1}}),
+    ];
+    let values = [
+        json!(1),
+        json!("x"),
+        json!({}),
+        json!({"b": 2}),
+        json!({"c": 1}),
+    ];
+    let mut instances = vec![json!(null), json!([]), json!([null, {}]), json!([{"c": 1}])];
+    for keys in 0..8u32 {
+        for pick in 0..values.len().pow(keys.count_ones()) {
+            let mut m = Map::new();
+            let mut k = 0;
+            for (bit, name) in ["a", "b", "c"].iter().enumerate() {
+                if keys >> bit & 1 == 1 {
+                    let v = values[pick / values.len().pow(k) % values.len()].clone();
+                    m.insert(name.to_string(), v);
+                    k += 1;
+                }
+            }
+            let object = Value::Object(m);
+            instances.push(json!([object.clone()]));
+            instances.push(object);
+        }
+    }
+    for schema in schemas {
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let re = schema_to_regex(&schema, &SchemaOptions::default())
+            .unwrap_or_else(|e| panic!("{schema}: {e}"));
+        let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
+        let mut accepted = 0;
+        for instance in &instances {
+            let text = canonicalize(instance, &schema, Whitespace::Compact);
+            let valid = validator.is_valid(instance);
+            assert_eq!(ours.is_match(text.as_bytes()), valid, "{schema} on {text}");
+            accepted += valid as usize;
+        }
+        assert!(accepted > 0, "{schema} accepts nothing here");
+    }
+    // Where the other side leaves names open, negating `additionalProperties` stays refused.
+    let s = json!({"oneOf": [{"properties": {"a": {}}},
+                             {"properties": {"b": {}}, "additionalProperties": false}]});
+    assert!(matches!(
+        schema_to_regex(&s, &SchemaOptions::default()),
+        Err(SchemaError::Unsupported { .. })
+    ));
 }
