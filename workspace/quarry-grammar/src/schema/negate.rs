@@ -266,8 +266,6 @@ impl Translator<'_> {
                     }
                     continue;
                 }
-                // Some member that no `properties` entry names has a value failing it: with
-                // the names the intersected schema allows known, one alternative per such name.
                 // Some member has a value failing what its name calls for: a pattern it matches,
                 // or (named by no `properties` entry and matching no pattern) the additional
                 // schema. With the names the intersected schema allows known, one alternative per
