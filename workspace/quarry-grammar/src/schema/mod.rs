@@ -815,8 +815,8 @@ impl Translator<'_> {
         if let Some(expanded) = self.expand_conditionals(m, pointer)? {
             return self.value(&expanded, pointer);
         }
-        if let Some((keyword, leaf)) = Self::not_leaf(m) {
-            return self.without_leaf(m, keyword, leaf, pointer);
+        if let Some(leaves) = Self::not_leaves(m) {
+            return self.without_leaf(m, &leaves, pointer);
         }
         if let Some(n) = m.get("not") {
             let type_only = n.is_boolean()

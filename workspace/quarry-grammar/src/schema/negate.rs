@@ -387,74 +387,92 @@ impl Translator<'_> {
         })
     }
 
-    /// `m`'s `not`, if it is a leaf this module applies to text: one keyword out of `enum`,
-    /// `const` (scalar values) or `pattern`.
-    pub(super) fn not_leaf(m: &Map<String, Value>) -> Option<(&str, &Value)> {
-        let n = m.get("not")?.as_object()?;
-        match Self::constraining(n, &[]).as_slice() {
-            [k @ ("enum" | "const" | "pattern")] => Some((k, &n[*k])),
-            _ => None,
+    /// `m`'s `not`, if it is made of leaves this module applies to text: one keyword out of
+    /// `enum`, `const` (scalar values) or `pattern`, or an `anyOf` of such leaves (which is what
+    /// two `not`s merge into: before, translating that negated the `anyOf` into two `not`s,
+    /// which merged back into it, until the nesting limit).
+    pub(super) fn not_leaves(m: &Map<String, Value>) -> Option<Vec<(&str, &Value)>> {
+        /// The leaves of `n`, through nested `anyOf`s (three `not`s merge into two levels).
+        fn leaves<'v>(n: &'v Map<String, Value>, out: &mut Vec<(&'v str, &'v Value)>) -> bool {
+            match Translator::constraining(n, &[]).as_slice() {
+                [k @ ("enum" | "const" | "pattern")] => {
+                    out.push((k, &n[*k]));
+                    true
+                }
+                ["anyOf"] => n["anyOf"].as_array().is_some_and(|bs| {
+                    bs.iter()
+                        .all(|b| b.as_object().is_some_and(|b| leaves(b, out)))
+                }),
+                _ => false,
+            }
         }
+        let mut out = Vec::new();
+        leaves(m.get("not")?.as_object()?, &mut out).then_some(out)
     }
 
     /// The regex of `m` without its `not` leaf, minus the texts the leaf accepts.
     pub(super) fn without_leaf(
         &mut self,
         m: &Map<String, Value>,
-        keyword: &str,
-        leaf: &Value,
+        leaves: &[(&str, &Value)],
         pointer: &str,
     ) -> Result<String> {
         let here = child(pointer, "not");
         let mut rest = m.clone();
         rest.remove("not");
         let rest = Value::Object(rest);
-        // The leaf only removes texts of some types: the difference is taken on those types'
+        // The leaves only remove texts of some types: the difference is taken on those types'
         // part of the language alone, which keeps the automata small.
         let mut numbers: Vec<serde_json::Number> = Vec::new();
-        let (affected, removed): (Vec<&str>, String) = match keyword {
-            "pattern" => {
+        let mut affected: Vec<&str> = Vec::new();
+        let mut texts: Vec<String> = Vec::new();
+        let mut pattern = false;
+        for (keyword, leaf) in leaves {
+            if *keyword == "pattern" {
                 let p = leaf
                     .as_str()
                     .ok_or_else(|| invalid(&child(&here, "pattern"), "expected a string"))?;
                 let body = pattern_in_json(p, &child(&here, "pattern"))?;
-                (vec!["string"], format!("\"{body}\""))
+                texts.push(format!("\"{body}\""));
+                pattern = true;
+                continue;
             }
-            _ => {
-                let values: Vec<Value> = match (keyword, leaf) {
-                    ("enum", Value::Array(vs)) => vs.clone(),
-                    ("enum", _) => return Err(invalid(&child(&here, "enum"), "expected an array")),
-                    (_, v) => vec![v.clone()],
+            let values: Vec<Value> = match (*keyword, leaf) {
+                ("enum", Value::Array(vs)) => vs.clone(),
+                ("enum", _) => return Err(invalid(&child(&here, "enum"), "expected an array")),
+                (_, v) => vec![(*v).clone()],
+            };
+            for v in &values {
+                let (t, text) = match v {
+                    Value::Number(n) => {
+                        numbers.push(n.clone());
+                        ("number", String::new())
+                    }
+                    Value::String(_) => ("string", literal(v)),
+                    Value::Bool(_) => ("boolean", literal(v)),
+                    Value::Null => ("null", literal(v)),
+                    Value::Array(_) | Value::Object(_) => {
+                        return Err(unsupported(
+                            "not",
+                            pointer,
+                            "excluding array or object values is not supported yet",
+                        ))
+                    }
                 };
-                let mut affected = Vec::new();
-                let mut texts = Vec::new();
-                for v in &values {
-                    let (t, text) = match v {
-                        Value::Number(n) => {
-                            numbers.push(n.clone());
-                            ("number", String::new())
-                        }
-                        Value::String(_) => ("string", literal(v)),
-                        Value::Bool(_) => ("boolean", literal(v)),
-                        Value::Null => ("null", literal(v)),
-                        Value::Array(_) | Value::Object(_) => {
-                            return Err(unsupported(
-                                "not",
-                                pointer,
-                                "excluding array or object values is not supported yet",
-                            ))
-                        }
-                    };
-                    if !affected.contains(&t) {
-                        affected.push(t);
-                    }
-                    if t != "number" {
-                        texts.push(text);
-                    }
+                if !affected.contains(&t) {
+                    affected.push(t);
                 }
-                (affected, alt(&texts))
+                if t != "number" {
+                    texts.push(text);
+                }
             }
-        };
+        }
+        if pattern {
+            // Non-strings satisfy any pattern, so a `pattern` leaf rejects every one of them.
+            affected = vec!["string"];
+            numbers.clear();
+        }
+        let removed = alt(&texts);
         let mut parts = Vec::new();
         for t in &affected {
             if *t == "number" {
@@ -495,9 +513,8 @@ impl Translator<'_> {
             let base = self.value(&typed, pointer)?;
             parts.push(self.combine(&base, &removed, Op::AndNot, "not", pointer)?);
         }
-        if keyword != "pattern" {
-            // Non-strings satisfy any pattern, so `not: {pattern}` rejects them; other types
-            // are untouched by an `enum`.
+        if !pattern {
+            // Types no excluded value has are untouched.
             let others: Vec<&str> = TYPES
                 .iter()
                 .copied()
