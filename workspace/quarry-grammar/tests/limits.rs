@@ -246,6 +246,52 @@ fn exploding_references_are_shared_rules() {
         .is_valid(&instance));
 }
 
+/// Many uses of a definition too small to be shared on the second try (16 KiB) still fit: a
+/// third try shares targets above 512 bytes. Shown with a lowered `max_regex_bytes`, so the
+/// schema stays small; the real case is github-workflows at 4 MiB.
+#[test]
+fn many_uses_of_a_medium_definition_are_shared_on_a_later_try() {
+    let words = serde_json::json!({"enum": ["alpha", "beta", "gamma"]});
+    let item: serde_json::Map<String, serde_json::Value> =
+        (0..30).map(|i| (format!("p{i}"), words.clone())).collect();
+    let uses: serde_json::Map<String, serde_json::Value> = (0..40)
+        .map(|i| (format!("q{i}"), serde_json::json!({"$ref": "#/$defs/d"})))
+        .collect();
+    let schema = serde_json::json!({
+        "$defs": {"d": {"type": "object", "properties": item, "additionalProperties": false}},
+        "type": "object", "properties": uses, "additionalProperties": false});
+    let limits = Limits {
+        max_regex_bytes: 64 << 10,
+        ..Limits::default()
+    };
+    let inline = quarry_grammar::schema::schema_to_regex(&schema, &Default::default()).unwrap();
+    assert!(
+        inline.len() > 2 * limits.max_regex_bytes,
+        "{}",
+        inline.len()
+    );
+    let constraint = Constraint::JsonSchema {
+        schema: schema.clone(),
+        options: Default::default(),
+    };
+    let grammar = Arc::new(Grammar::compile(&constraint, tiny_vocab(), limits).unwrap());
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    for (text, ok) in [
+        (
+            r#"{"q3":{"p5":"beta"},"q39":{"p0":"alpha","p29":"gamma"}}"#,
+            true,
+        ),
+        (r#"{"q3":{"p5":"delta"}}"#, false),
+        (r#"{"q40":{}}"#, false),
+    ] {
+        let mut m = Matcher::new(grammar.clone());
+        let accepted = m.accept_bytes(text.as_bytes()).is_ok() && m.is_accepting();
+        assert_eq!(accepted, ok, "{text}");
+        let instance: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert_eq!(validator.is_valid(&instance), ok, "{text}");
+    }
+}
+
 /// The same fan-out where every reference has a keyword next to it (no sharing): a typed error,
 /// quickly.
 #[test]

@@ -544,10 +544,19 @@ pub(crate) fn schema_to_rules_by(
     // Inline copies of each referenced subschema first: a regular language where nothing
     // recurses, and text that intersections and negations can take. Where that outgrows
     // max_regex_bytes (a large definition used in many places), again with large references as
-    // shared rules of a grammar.
-    match translate(schema, options, limits, deadline, false) {
-        Err(SchemaError::TooLarge { .. }) => translate(schema, options, limits, deadline, true),
-        done => done,
+    // shared rules of a grammar, and again with smaller ones.
+    let mut tries = SHARED_RULE_BYTES.iter().copied().map(Some);
+    let mut share = None;
+    loop {
+        let out = translate(schema, options, limits, deadline, share);
+        let total = |(root, rules): &(String, Vec<String>)| {
+            root.len() + rules.iter().map(String::len).sum::<usize>()
+        };
+        match (out, tries.next()) {
+            (Err(SchemaError::TooLarge { .. }), Some(next)) => share = next,
+            (Ok(done), Some(next)) if total(&done) > limits.max_regex_bytes => share = next,
+            (out, _) => return out,
+        }
     }
 }
 
@@ -566,7 +575,7 @@ fn translate(
     options: &SchemaOptions,
     limits: &crate::Limits,
     deadline: std::time::Instant,
-    share_refs: bool,
+    share_refs: Option<usize>,
 ) -> Result<(String, Vec<String>)> {
     let draft = Draft::of(schema);
     let mut t = Translator {
@@ -647,10 +656,10 @@ struct Translator<'a> {
     /// The references that recurse, as rules: rule `k` is `rules[k - 1]` (see
     /// [`schema_to_rules_by`]).
     rules: Vec<String>,
-    /// Write a reference whose target translates to more than [`SHARED_RULE_BYTES`] as a rule,
-    /// shared by every use, instead of a copy per use (the second try of a schema whose regex
-    /// outgrew `max_regex_bytes`; see [`schema_to_rules_by`]).
-    share_refs: bool,
+    /// Write a reference whose target translates to more than this many bytes as a rule, shared
+    /// by every use, instead of a copy per use (the later tries of a schema whose regex outgrew
+    /// `max_regex_bytes`, [`SHARED_RULE_BYTES`]; see [`schema_to_rules_by`]).
+    share_refs: Option<usize>,
     /// Translations, merges and negations in progress (at most `max_nesting`).
     nesting: usize,
     /// [`crate::Limits::max_schema_nesting`].
@@ -659,8 +668,10 @@ struct Translator<'a> {
     max_regex_bytes: usize,
 }
 
-/// A reference target at least this large becomes a shared rule when references are shared.
-const SHARED_RULE_BYTES: usize = 16 << 10;
+/// The sizes above which a reference target becomes a shared rule, one per try after the first
+/// (which copies every target into each use): sharing only large targets keeps most of the
+/// schema a plain regex; smaller ones are shared only when that was not enough.
+const SHARED_RULE_BYTES: [usize; 2] = [16 << 10, 512];
 
 fn unsupported(keyword: &str, pointer: &str, reason: &str) -> SchemaError {
     SchemaError::Unsupported {
@@ -1094,7 +1105,7 @@ impl Translator<'_> {
         let beside = self.draft >= Draft::D2019
             && (!Self::constraining(m, &["$ref"]).is_empty() || !self.unevaluated.is_empty());
         let plain = !beside;
-        if self.share_refs && plain {
+        if self.share_refs.is_some() && plain {
             if let Some(k) = self.rules.iter().position(|x| x == r) {
                 return Ok(crate::parse::rule_ref_text(k + 1));
             }
@@ -1151,7 +1162,7 @@ impl Translator<'_> {
         };
         self.refs.pop();
         match out {
-            Ok(re) if self.share_refs && plain && re.len() > SHARED_RULE_BYTES => {
+            Ok(re) if self.share_refs.is_some_and(|min| plain && re.len() > min) => {
                 self.rules.push(r.to_owned());
                 Ok(crate::parse::rule_ref_text(self.rules.len()))
             }
