@@ -696,7 +696,21 @@ fn alt(parts: &[String]) -> String {
     match parts.len() {
         0 => NOTHING.to_owned(),
         1 => parts[0].clone(),
-        _ => format!("(?:{})", parts.join("|")),
+        _ => {
+            // One allocation of the final size: the parts of a large schema are megabytes, and
+            // joining them before wrapping copied every byte twice.
+            let len = parts.iter().map(|p| p.len() + 1).sum::<usize>() + 3;
+            let mut out = String::with_capacity(len);
+            out.push_str("(?:");
+            for (i, p) in parts.iter().enumerate() {
+                if i > 0 {
+                    out.push('|');
+                }
+                out.push_str(p);
+            }
+            out.push(')');
+            out
+        }
     }
 }
 
