@@ -7,6 +7,7 @@ use crate::deriv::Terms;
 use crate::dfa::{Grow, LazyDfa, Overflow, DEAD};
 use crate::error::GrammarError;
 use crate::limits::Limits;
+use crate::loops::{ByteSet, Trie};
 use crate::schema::unique::UniquePlan;
 use crate::schema::{schema_to_regex, SchemaOptions, Whitespace};
 use crate::vocab::{TokenTrie, Vocabulary, BYTE_GROUP};
@@ -172,6 +173,8 @@ pub struct Grammar {
     returns: Grow<OnceLock<Returns>>,
     /// Per state: how the text slice applies ([`Grammar::text_entry`]).
     text_loops: Grow<OnceLock<Option<TextEntry>>>,
+    /// Per state: the bytes that lead back to it ([`Grammar::through_loop`]).
+    loop_sets: Grow<OnceLock<ByteSet>>,
     /// Per byte group ([`BYTE_GROUP`]): the DFA's byte classes its bytes fall into (usually
     /// one), so a state's [`Run::first`] reads a few row entries instead of stepping 256 bytes.
     group_classes: Box<[Box<[u8]>]>,
@@ -263,6 +266,7 @@ impl Grammar {
             cores: Grow::new(1, OnceLock::new),
             returns: Grow::new(1, OnceLock::new),
             text_loops: Grow::new(1, OnceLock::new),
+            loop_sets: Grow::new(1, OnceLock::new),
             group_classes: Self::group_classes(&dfa),
             dfa,
             unique,
@@ -686,47 +690,61 @@ impl Grammar {
         s0: u32,
         trie: &TokenTrie,
         start: usize,
-        mut points: Option<&mut Vec<NodePoint>>,
+        points: Option<&mut Vec<NodePoint>>,
     ) {
         if trie.nodes.is_empty() {
             return;
         }
+        let depth = trie.max_depth + 1;
+        let mut at = Path {
+            top: trie.nodes[start].depth as usize,
+            states: vec![s0; depth],
+            bytes: vec![0u8; depth],
+            nodes: vec![0u32; depth],
+        };
+        self.walk_below(mask, trie, start, &mut at, points);
+    }
+
+    /// [`Grammar::walk`] below node `start`, whose state is `at.states[depth of start]`, and
+    /// whose path from the walk's first node is in `at.bytes`.
+    fn walk_below(
+        &self,
+        mask: &mut [u32],
+        trie: &TokenTrie,
+        start: usize,
+        at: &mut Path,
+        mut points: Option<&mut Vec<NodePoint>>,
+    ) {
         let nodes = &trie.nodes;
-        let ids = &trie.token_ids;
         let (dfa, classes) = (&self.dfa, &self.dfa.classes);
         let base = nodes[start].depth as usize;
+        at.nodes[base] = start as u32;
         let end = if start == 0 {
             nodes.len()
         } else {
             nodes[start].subtree_end as usize
         };
-        // states[d] is the state after the first d bytes of the current trie path.
-        let mut states = vec![s0; trie.max_depth + 1];
-        let mut path = vec![0u8; trie.max_depth + 1];
-        let mut set = |range: std::ops::Range<u32>| {
-            for &t in &ids[range.start as usize..range.end as usize] {
-                mask[t as usize / 32] |= 1 << (t % 32);
-            }
-        };
         let mut i = start + 1;
         while i < end {
             let n = &nodes[i];
             let d = n.depth as usize;
-            let next = dfa.next(states[d - 1], classes[n.byte as usize] as usize);
+            let next = dfa.next(at.states[d - 1], classes[n.byte as usize] as usize);
             if next == DEAD {
                 i = n.subtree_end as usize;
                 continue;
             }
             if n.subtree_end as usize == i + 1 {
                 // A leaf: its tokens are allowed, and `next` need not be built any further.
-                set(n.tokens_start..n.tokens_end);
+                set_tokens(mask, trie, n.tokens_start, n.tokens_end);
                 i += 1;
                 continue;
             }
-            path[d - 1] = n.byte;
+            at.bytes[d - 1] = n.byte;
+            at.nodes[d] = i as u32;
+            let accepting = self.is_accepting(next);
             if let Some(points) = points.as_deref_mut() {
-                if self.is_accepting(next) {
-                    points.push((i as u32, path[base..d].into()));
+                if accepting {
+                    points.push((i as u32, at.bytes[at.top..d].into()));
                 }
             }
             // The run (a chain of states) only where its first step covers every byte below.
@@ -734,16 +752,109 @@ impl Grammar {
                 let run = self.run(next);
                 run.covers(n.below, n.height) && (points.is_none() || n.height <= run.plain)
             };
+            set_tokens(mask, trie, n.tokens_start, n.tokens_end);
             if skip {
                 // Every path below stays in the language: the whole subtree is allowed.
-                set(n.tokens_start..n.subtree_tokens_end);
+                set_tokens(mask, trie, n.tokens_end, n.subtree_tokens_end);
+                i = n.subtree_end as usize;
+            } else if self.through_loop(mask, trie, i, next, base, at, points.as_deref_mut()) {
                 i = n.subtree_end as usize;
             } else {
-                states[d] = next;
-                set(n.tokens_start..n.tokens_end);
+                at.states[d] = next;
                 i += 1;
             }
         }
+    }
+
+    /// Where `x`, the state at trie node `n` (reached by a walk from the node at depth `top`),
+    /// loops on a set of bytes: adds the tokens below `n` through its loop region
+    /// ([`crate::loops`]) and walks on from the exits `x` allows. `false` (nothing done) where `x`
+    /// loops on too few bytes for that to pay, or the vocabulary holds its bound of indexes.
+    /// With `points`: an accepting `x` makes `n` the outermost return point of the region
+    /// (recorded by the caller), so only exits are points to record (with the path to them).
+    #[allow(clippy::too_many_arguments)]
+    fn through_loop(
+        &self,
+        mask: &mut [u32],
+        trie: &TokenTrie,
+        n: usize,
+        x: u32,
+        top: usize,
+        at: &mut Path,
+        mut points: Option<&mut Vec<NodePoint>>,
+    ) -> bool {
+        if points.is_some() && self.is_accepting(x) {
+            points = None;
+        }
+        let set = self.loop_set(x);
+        if set.len() < MIN_LOOP_BYTES {
+            return false;
+        }
+        // The region's base: the highest node above `n` from which the path to `n` is in the
+        // set, so that states reaching the loop at sibling nodes share one index.
+        let d = trie.nodes[n].depth as usize;
+        let mut j = d;
+        while j > top && set.contains(at.bytes[j - 1]) {
+            j -= 1;
+        }
+        let which = if std::ptr::eq(trie, self.vocab.trie()) {
+            Trie::All
+        } else {
+            Trie::Rest
+        };
+        let Some(index) = self
+            .vocab
+            .loops()
+            .get(which, trie, set, at.nodes[j] as usize)
+        else {
+            return false;
+        };
+        for (first, end) in index.fills_below(trie, n) {
+            set_tokens(mask, trie, first, end);
+        }
+        let step = |b: u8| self.dfa.step(x, b);
+        for (b, exits) in index.exits_below(trie, n, |b| step(b) != DEAD) {
+            let y = step(b);
+            for &e in exits {
+                let en = &trie.nodes[e as usize];
+                set_tokens(mask, trie, en.tokens_start, en.tokens_end);
+                if en.subtree_end == e + 1 {
+                    continue;
+                }
+                let de = en.depth as usize;
+                if let Some(points) = points.as_deref_mut() {
+                    // Points below need the path: the region's bytes from `n` down to `e`.
+                    let mut k = n;
+                    while k != e as usize {
+                        let mut c = k + 1;
+                        while trie.nodes[c].subtree_end <= e {
+                            c = trie.nodes[c].subtree_end as usize;
+                        }
+                        at.bytes[trie.nodes[c].depth as usize - 1] = trie.nodes[c].byte;
+                        k = c;
+                    }
+                    if self.is_accepting(y) {
+                        points.push((e, at.bytes[at.top..de].into()));
+                    }
+                }
+                at.states[de] = y;
+                self.walk_below(mask, trie, e as usize, at, points.as_deref_mut());
+            }
+        }
+        true
+    }
+
+    /// The bytes that lead state `s` back to itself, computed once.
+    fn loop_set(&self, s: u32) -> ByteSet {
+        *self.loop_sets.at(s as usize).get_or_init(|| {
+            let mut set = ByteSet::default();
+            for b in 0..=255u8 {
+                if self.dfa.step(s, b) == s {
+                    set.insert(b);
+                }
+            }
+            set
+        })
     }
 
     /// Builds every state ([`Grammar::explore`]) and computes its mask and forced bytes now, on
@@ -790,6 +901,28 @@ impl Grammar {
             }
             out.into_boxed_slice()
         })
+    }
+}
+
+/// A state that loops on fewer bytes walks its region node by node: a few steps cost less than
+/// a lookup of the region's index.
+const MIN_LOOP_BYTES: u32 = 8;
+
+/// A mask walk's position: per depth, the state after that many bytes, the bytes, and the trie
+/// nodes of the current path.
+struct Path {
+    /// Depth of the walk's first node (points record their path from it).
+    top: usize,
+    states: Vec<u32>,
+    bytes: Vec<u8>,
+    nodes: Vec<u32>,
+}
+
+/// Adds `trie.token_ids[first..end]` to `mask`.
+#[inline]
+fn set_tokens(mask: &mut [u32], trie: &TokenTrie, first: u32, end: u32) {
+    for &t in &trie.token_ids[first as usize..end as usize] {
+        mask[t as usize / 32] |= 1 << (t % 32);
     }
 }
 

@@ -72,6 +72,7 @@ mod gbnf;
 mod grammar;
 mod lark;
 mod limits;
+mod loops;
 mod matcher;
 mod parse;
 pub mod schema;

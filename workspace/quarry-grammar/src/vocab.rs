@@ -1,5 +1,7 @@
 //! The vocabulary as plain data, and the byte trie that token masks are computed over.
 
+use crate::loops::LoopCache;
+
 /// Token id → bytes, plus which ids are special and which end a sequence. Built by the caller (for
 /// example from `quarry_tokenizer::Tokenizer::token_table`); this crate knows nothing of tokenizers.
 ///
@@ -15,6 +17,8 @@ pub struct Vocabulary {
     text: TextSlice,
     /// Built on first use ([`Vocabulary::json_ends`]).
     json_ends: std::sync::OnceLock<JsonEnds>,
+    /// Loop regions of the tries, built on first use ([`crate::loops`]).
+    loops: LoopCache,
 }
 
 /// The tokens whose bytes can end a JSON value, for the `uniqueItems` check
@@ -78,6 +82,7 @@ impl Vocabulary {
             trie: TokenTrie::default(),
             text: TextSlice::default(),
             json_ends: std::sync::OnceLock::new(),
+            loops: LoopCache::default(),
         };
         for (b, special) in tokens {
             v.bytes.extend_from_slice(b);
@@ -124,6 +129,10 @@ impl Vocabulary {
 
     pub(crate) fn trie(&self) -> &TokenTrie {
         &self.trie
+    }
+
+    pub(crate) fn loops(&self) -> &LoopCache {
+        &self.loops
     }
 
     pub(crate) fn text(&self) -> &TextSlice {

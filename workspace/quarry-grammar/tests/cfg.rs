@@ -52,9 +52,11 @@ enum Sym {
     Rule(usize),
 }
 
-/// Rule `i` is `rules[i]`: alternatives of symbol sequences. Rule 0 is the start.
+/// Rule `i` is `rules[i]`: alternatives of symbol sequences. Rule 0 is the start. `star`: the
+/// rule that repeats a byte set (`[set]*` in GBNF).
 struct Bnf {
     rules: Vec<Vec<Vec<Sym>>>,
+    star: Option<usize>,
 }
 
 /// An Earley item: (rule, alternative, dot, origin).
@@ -204,27 +206,63 @@ impl<'g> Earley<'g> {
     }
 }
 
-const ALPHABET: &[u8] = b"ab(),";
+/// The bytes random grammars are written in: `symbols` may stand alone or in sets; `loop_set`,
+/// when not empty, is a set that also appears repeated (`[...]*`), so that states loop on it
+/// and mask walks go through their loop regions.
+struct Alphabet {
+    symbols: &'static [u8],
+    loop_set: &'static [u8],
+}
 
-/// A random grammar over [`ALPHABET`] without left recursion: before the first byte of an
+/// A few bytes and a pair: masks per pushdown configuration, return points.
+const SMALL: Alphabet = Alphabet {
+    symbols: b"ab(),",
+    loop_set: b"",
+};
+
+/// Eight letters repeated, as an identifier repeats its characters, reached from many contexts
+/// (`crate::loops`): at least `MIN_LOOP_BYTES` bytes loop.
+const LOOPING: Alphabet = Alphabet {
+    symbols: b"ah(),bcdefg",
+    loop_set: b"abcdefgh",
+};
+
+impl Alphabet {
+    fn bytes(&self) -> Vec<u8> {
+        let mut all = self.symbols.to_vec();
+        all.extend(self.loop_set.iter().filter(|b| !self.symbols.contains(b)));
+        all
+    }
+}
+
+/// A random grammar over `alphabet` without left recursion: before the first byte of an
 /// alternative, only rules with a higher number appear. Every rule has an alternative of bytes
-/// only, so every rule can finish.
-fn random_bnf(rng: &mut SmallRng) -> Bnf {
+/// only, so every rule can finish. A repeated loop set (`Sym::Rule` of a rule added at the end,
+/// `""` or the set then itself) is written `[set]*` in GBNF ([`gbnf`]).
+fn random_bnf(rng: &mut SmallRng, alphabet: &Alphabet) -> Bnf {
     let n = rng.random_range(2..5);
+    let star = n;
+    let looping = !alphabet.loop_set.is_empty();
     let byte = |rng: &mut SmallRng| -> Sym {
-        match rng.random_range(0..4) {
+        match rng.random_range(0..if looping { 6 } else { 4 }) {
             0 => Sym::Bytes(b"ab".to_vec()),
-            _ => Sym::Bytes(vec![ALPHABET[rng.random_range(0..ALPHABET.len())]]),
+            1 if looping => Sym::Bytes(alphabet.loop_set.to_vec()),
+            _ => Sym::Bytes(vec![
+                alphabet.symbols[rng.random_range(0..alphabet.symbols.len())],
+            ]),
         }
     };
-    let rules = (0..n)
+    let mut rules: Vec<Vec<Vec<Sym>>> = (0..n)
         .map(|r| {
             let mut alts = vec![(0..rng.random_range(0..3)).map(|_| byte(rng)).collect()];
             for _ in 0..rng.random_range(1..4) {
                 let mut alt = Vec::new();
                 let mut seen_byte = false;
                 for _ in 0..rng.random_range(1..5) {
-                    if rng.random_bool(0.5) {
+                    if looping && rng.random_bool(0.1) {
+                        // Nullable: a loop is never the first byte that guards recursion.
+                        alt.push(Sym::Rule(star));
+                    } else if rng.random_bool(0.5) {
                         alt.push(byte(rng));
                         seen_byte = true;
                     } else if seen_byte {
@@ -238,7 +276,14 @@ fn random_bnf(rng: &mut SmallRng) -> Bnf {
             alts
         })
         .collect();
-    Bnf { rules }
+    if looping {
+        let set = alphabet.loop_set.to_vec();
+        rules.push(vec![vec![], vec![Sym::Bytes(set), Sym::Rule(star)]]);
+    }
+    Bnf {
+        rules,
+        star: looping.then_some(star),
+    }
 }
 
 fn gbnf(g: &Bnf) -> String {
@@ -249,25 +294,35 @@ fn gbnf(g: &Bnf) -> String {
             format!("r{r}")
         }
     };
+    let set = |set: &[u8]| {
+        let chars: String = set
+            .iter()
+            .map(|&b| match b {
+                b'a'..=b'z' | b'(' | b')' | b',' => (b as char).to_string(),
+                _ => format!("\\x{b:02X}"),
+            })
+            .collect();
+        format!("[{chars}]")
+    };
     let mut out = String::new();
     for (r, alts) in g.rules.iter().enumerate() {
+        if Some(r) == g.star {
+            continue;
+        }
         let alts: Vec<String> = alts
             .iter()
             .map(|alt| {
                 let syms: Vec<String> = alt
                     .iter()
                     .map(|s| match s {
-                        Sym::Rule(x) => name(*x),
-                        Sym::Bytes(set) => {
-                            let chars: String = set
-                                .iter()
-                                .map(|&b| match b {
-                                    b'(' | b')' | b',' | b'a' | b'b' => (b as char).to_string(),
-                                    _ => format!("\\x{b:02X}"),
-                                })
-                                .collect();
-                            format!("[{chars}]")
+                        Sym::Rule(x) if Some(*x) == g.star => {
+                            let Sym::Bytes(b) = &g.rules[*x][1][0] else {
+                                unreachable!("the loop rule starts with its set")
+                            };
+                            format!("{}*", set(b))
                         }
+                        Sym::Rule(x) => name(*x),
+                        Sym::Bytes(b) => set(b),
                     })
                     .collect();
                 if syms.is_empty() {
@@ -282,18 +337,35 @@ fn gbnf(g: &Bnf) -> String {
     out
 }
 
-/// Every string of 1 to 3 bytes over [`ALPHABET`], then EOS.
-fn alphabet_vocab() -> Arc<Vocabulary> {
+/// Every string of 1 to 3 bytes over `alphabet`'s first five bytes, every string of 1 or 2
+/// over all of them, a few longer ones, then EOS.
+fn alphabet_vocab(alphabet: &Alphabet) -> Arc<Vocabulary> {
+    let all = alphabet.bytes();
     let mut toks: Vec<Vec<u8>> = Vec::new();
     for len in 1..=3u32 {
-        for i in 0..ALPHABET.len().pow(len) {
+        let bytes = if len < 3 { &all[..] } else { &all[..5] };
+        for i in 0..bytes.len().pow(len) {
             let mut t = Vec::new();
             let mut k = i;
             for _ in 0..len {
-                t.push(ALPHABET[k % ALPHABET.len()]);
-                k /= ALPHABET.len();
+                t.push(bytes[k % bytes.len()]);
+                k /= bytes.len();
             }
             toks.push(t);
+        }
+    }
+    if alphabet.loop_set.len() >= 8 {
+        for long in [
+            "abcdefgh",
+            "hgfe(",
+            "ab,ba",
+            "(gg)",
+            "cafe,dead",
+            "hhhhh",
+            "ha,))",
+            "ab,))",
+        ] {
+            toks.push(long.as_bytes().to_vec());
         }
     }
     toks.push(b"<eos>".to_vec());
@@ -308,71 +380,160 @@ fn alphabet_vocab() -> Arc<Vocabulary> {
 
 #[test]
 fn masks_match_an_earley_oracle_on_random_grammars() {
-    let vocab = alphabet_vocab();
-    let eos = vocab.eos()[0];
+    let (steps, recursive) = random_grammars_against_the_oracle(&SMALL, 150, 6, 16);
+    assert!(steps > 3000, "only {steps} steps were checked");
+    assert!(recursive > 30, "only {recursive} grammars recurse");
+}
+
+/// The same through loop regions ([`LOOPING`]): states that loop on eight letters in many
+/// contexts, whose masks reuse one index of the vocabulary's trie.
+#[test]
+fn masks_match_an_earley_oracle_through_loop_regions() {
+    let (steps, recursive) = random_grammars_against_the_oracle(&LOOPING, 60, 4, 12);
+    assert!(steps > 1000, "only {steps} steps were checked");
+    assert!(recursive > 10, "only {recursive} grammars recurse");
+}
+
+/// Compiles `grammars` random grammars over `alphabet` and walks each `walks` times for up to
+/// `len` tokens, checking every mask, acceptance and forced bytes against the Earley oracle.
+/// Returns the steps checked and how many grammars recurse.
+fn random_grammars_against_the_oracle(
+    alphabet: &Alphabet,
+    grammars: usize,
+    walks: usize,
+    len: usize,
+) -> (usize, usize) {
+    let vocab = alphabet_vocab(alphabet);
     let mut rng = SmallRng::seed_from_u64(27);
-    let mut mask = vec![0u32; vocab.mask_words()];
-    let (mut grammars, mut steps, mut recursive) = (0, 0, 0);
-    while grammars < 150 {
-        let bnf = random_bnf(&mut rng);
+    let (mut steps, mut recursive) = (0, 0);
+    for _ in 0..grammars {
+        let bnf = random_bnf(&mut rng, alphabet);
         let text = gbnf(&bnf);
         let g = compile(&Constraint::Gbnf(text.clone()), &vocab);
-        grammars += 1;
         recursive += (g.state_count() > 0
             && text.contains("r1")
             && text.matches("root").count() > 1) as usize;
-        for _ in 0..6 {
-            let mut oracle = Earley::new(&bnf);
-            let mut m = Matcher::new(g.clone());
-            for _ in 0..16 {
-                m.fill_mask(&mut mask);
-                for id in 0..vocab.len() as u32 {
-                    let want = if id == eos {
-                        oracle.accepting()
-                    } else {
-                        oracle.allows(vocab.token_bytes(id).unwrap())
-                    };
-                    let got = bit(&mask, id);
-                    assert_eq!(
-                        got,
-                        want,
-                        "grammar\n{text}token {:?} after {} bytes ({:?})",
-                        String::from_utf8_lossy(vocab.token_bytes(id).unwrap()),
-                        oracle.sets.len() - 1,
-                        g.overflow_error()
-                    );
-                }
-                assert_eq!(m.is_accepting(), oracle.accepting(), "{text}");
-                // Forced bytes are the single continuation the oracle sees, byte by byte.
-                let forced = m.forced_bytes().to_vec();
-                for &b in &forced {
-                    let live: Vec<u8> = (0..=255u8).filter(|&c| oracle.allows(&[c])).collect();
-                    assert_eq!(live, vec![b], "{text}: forced bytes {forced:?}");
-                    assert!(
-                        !oracle.accepting(),
-                        "{text}: forced past an accepting point"
-                    );
-                    assert!(oracle.push(b));
-                }
-                oracle.pop(forced.len());
-                let allowed: Vec<u32> = (0..vocab.len() as u32)
-                    .filter(|&i| bit(&mask, i) && i != eos)
-                    .collect();
-                if allowed.is_empty() {
-                    assert!(oracle.accepting(), "{text}: dead end");
-                    break;
-                }
-                let id = allowed[rng.random_range(0..allowed.len())];
-                m.accept_token(id).unwrap();
-                for &b in vocab.token_bytes(id).unwrap() {
-                    assert!(oracle.push(b));
-                }
-                steps += 1;
+        steps += walks_against_the_oracle(&bnf, &g, &mut rng, walks, len);
+    }
+    (steps, recursive)
+}
+
+/// Walks `g` (compiled from `bnf`) `walks` times for up to `len` random allowed tokens, checking
+/// every mask, acceptance and forced bytes against the Earley oracle. Returns the steps taken.
+fn walks_against_the_oracle(
+    bnf: &Bnf,
+    g: &Arc<Grammar>,
+    rng: &mut SmallRng,
+    walks: usize,
+    len: usize,
+) -> usize {
+    let vocab = g.vocabulary();
+    let eos = vocab.eos()[0];
+    let text = gbnf(bnf);
+    let mut mask = vec![0u32; vocab.mask_words()];
+    let mut steps = 0;
+    for _ in 0..walks {
+        let mut oracle = Earley::new(bnf);
+        let mut m = Matcher::new(g.clone());
+        for _ in 0..len {
+            m.fill_mask(&mut mask);
+            for id in 0..vocab.len() as u32 {
+                let want = if id == eos {
+                    oracle.accepting()
+                } else {
+                    oracle.allows(vocab.token_bytes(id).unwrap())
+                };
+                let got = bit(&mask, id);
+                assert_eq!(
+                    got,
+                    want,
+                    "grammar\n{text}token {:?} after {} bytes ({:?})",
+                    String::from_utf8_lossy(vocab.token_bytes(id).unwrap()),
+                    oracle.sets.len() - 1,
+                    g.overflow_error()
+                );
             }
+            assert_eq!(m.is_accepting(), oracle.accepting(), "{text}");
+            // Forced bytes are the single continuation the oracle sees, byte by byte.
+            let forced = m.forced_bytes().to_vec();
+            for &b in &forced {
+                let live: Vec<u8> = (0..=255u8).filter(|&c| oracle.allows(&[c])).collect();
+                assert_eq!(live, vec![b], "{text}: forced bytes {forced:?}");
+                assert!(
+                    !oracle.accepting(),
+                    "{text}: forced past an accepting point"
+                );
+                assert!(oracle.push(b));
+            }
+            oracle.pop(forced.len());
+            let allowed: Vec<u32> = (0..vocab.len() as u32)
+                .filter(|&i| bit(&mask, i) && i != eos)
+                .collect();
+            if allowed.is_empty() {
+                assert!(oracle.accepting(), "{text}: dead end");
+                break;
+            }
+            let id = allowed[rng.random_range(0..allowed.len())];
+            m.accept_token(id).unwrap();
+            for &b in vocab.token_bytes(id).unwrap() {
+                assert!(oracle.push(b));
+            }
+            steps += 1;
         }
     }
-    assert!(steps > 3000, "only {steps} steps were checked");
-    assert!(recursive > 30, "only {recursive} grammars recurse");
+    steps
+}
+
+/// A loop that cannot end the rule it is in (an item needs its `,`), inside brackets that
+/// recurse: the masks after `(h` and after `(` walk their cores' loop regions with return
+/// points at and past the region's exits (`a,` then `)`).
+#[test]
+fn return_points_past_a_loop_region_match_the_oracle() {
+    let set = LOOPING.loop_set.to_vec();
+    let b = |s: &[u8]| Sym::Bytes(s.to_vec());
+    // root ::= "(" "h" item ")" | "(" item ")" | "(" root ")"
+    // item ::= [a-h] [a-h]* "," | "(" item      (recursive, so a rule of its own)
+    // (rule 2 is the loop `[a-h]*`)
+    let bnf = Bnf {
+        rules: vec![
+            vec![
+                vec![b(b"("), b(b"h"), Sym::Rule(1), b(b")")],
+                vec![b(b"("), Sym::Rule(1), b(b")")],
+                vec![b(b"("), Sym::Rule(0), b(b")")],
+            ],
+            vec![
+                vec![b(&set), Sym::Rule(2), b(b",")],
+                vec![b(b"("), Sym::Rule(1)],
+            ],
+            vec![vec![], vec![b(&set), Sym::Rule(2)]],
+        ],
+        star: Some(2),
+    };
+    let vocab = alphabet_vocab(&LOOPING);
+    let g = compile(&Constraint::Gbnf(gbnf(&bnf)), &vocab);
+    let mut rng = SmallRng::seed_from_u64(7);
+    let steps = walks_against_the_oracle(&bnf, &g, &mut rng, 40, 12);
+    assert!(steps > 200, "only {steps} steps were checked");
+    // The states whose cores end at an exit, whatever the walks visited.
+    let mut mask = vec![0u32; vocab.mask_words()];
+    for prefix in ["(h", "((h", "(((", "(("] {
+        let mut m = Matcher::new(g.clone());
+        m.accept_bytes(prefix.as_bytes()).unwrap();
+        m.fill_mask(&mut mask);
+        let mut oracle = Earley::new(&bnf);
+        for &b in prefix.as_bytes() {
+            assert!(oracle.push(b));
+        }
+        for id in 0..vocab.len() as u32 - 1 {
+            let bytes = vocab.token_bytes(id).unwrap();
+            assert_eq!(
+                bit(&mask, id),
+                oracle.allows(bytes),
+                "after {prefix:?}: token {:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
