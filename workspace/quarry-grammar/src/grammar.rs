@@ -768,8 +768,10 @@ impl Grammar {
 
     /// Where `x`, the state at trie node `n` (reached by a walk from the node at depth `top`),
     /// loops on a set of bytes: adds the tokens below `n` through its loop region
-    /// ([`crate::loops`]) and walks on from the exits `x` allows. `false` (nothing done) where `x`
-    /// loops on too few bytes for that to pay, or the vocabulary holds its bound of indexes.
+    /// ([`crate::loops`]) and walks on from the exits `x` allows. `false` (nothing done) where `n`
+    /// has too few nodes below it or `x` loops on too few bytes for that to pay
+    /// ([`Limits::min_loop_region`], [`MIN_LOOP_BYTES`]), or the vocabulary holds its bound of
+    /// indexes.
     /// With `points`: an accepting `x` makes `n` the outermost return point of the region
     /// (recorded by the caller), so only exits are points to record (with the path to them).
     #[allow(clippy::too_many_arguments)]
@@ -783,12 +785,15 @@ impl Grammar {
         at: &mut Path,
         mut points: Option<&mut Vec<NodePoint>>,
     ) -> bool {
-        if points.is_some() && self.is_accepting(x) {
-            points = None;
+        if (trie.nodes[n].subtree_end as usize - n) < self.limits.min_loop_region {
+            return false;
         }
         let set = self.loop_set(x);
         if set.len() < MIN_LOOP_BYTES {
             return false;
+        }
+        if points.is_some() && self.is_accepting(x) {
+            points = None;
         }
         // The region's base: the highest node above `n` from which the path to `n` is in the
         // set, so that states reaching the loop at sibling nodes share one index.
@@ -847,9 +852,12 @@ impl Grammar {
     /// The bytes that lead state `s` back to itself, computed once.
     fn loop_set(&self, s: u32) -> ByteSet {
         *self.loop_sets.at(s as usize).get_or_init(|| {
+            let loops: Vec<bool> = (0..self.dfa.nclasses)
+                .map(|c| self.dfa.next(s, c) == s)
+                .collect();
             let mut set = ByteSet::default();
             for b in 0..=255u8 {
-                if self.dfa.step(s, b) == s {
+                if loops[self.dfa.classes[b as usize] as usize] {
                     set.insert(b);
                 }
             }
@@ -905,7 +913,7 @@ impl Grammar {
 }
 
 /// A state that loops on fewer bytes walks its region node by node: a few steps cost less than
-/// a lookup of the region's index.
+/// a lookup of the region's index and its exits.
 const MIN_LOOP_BYTES: u32 = 8;
 
 /// A mask walk's position: per depth, the state after that many bytes, the bytes, and the trie

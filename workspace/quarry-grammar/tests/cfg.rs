@@ -29,7 +29,19 @@ fn grammar_file(name: &str) -> String {
 }
 
 fn compile(c: &Constraint, vocab: &Arc<Vocabulary>) -> Arc<Grammar> {
-    Arc::new(Grammar::compile(c, vocab.clone(), Limits::default()).unwrap())
+    compile_with(c, vocab, Limits::default())
+}
+
+fn compile_with(c: &Constraint, vocab: &Arc<Vocabulary>, limits: Limits) -> Arc<Grammar> {
+    Arc::new(Grammar::compile(c, vocab.clone(), limits).unwrap())
+}
+
+/// Limits that use loop regions wherever they apply, however small (masks must not change).
+fn every_loop_region() -> Limits {
+    Limits {
+        min_loop_region: 0,
+        ..Limits::default()
+    }
 }
 
 /// Whether the grammar accepts exactly `text`, fed byte by byte.
@@ -380,7 +392,8 @@ fn alphabet_vocab(alphabet: &Alphabet) -> Arc<Vocabulary> {
 
 #[test]
 fn masks_match_an_earley_oracle_on_random_grammars() {
-    let (steps, recursive) = random_grammars_against_the_oracle(&SMALL, 150, 6, 16);
+    let (steps, recursive) =
+        random_grammars_against_the_oracle(&SMALL, Limits::default(), 150, 6, 16);
     assert!(steps > 3000, "only {steps} steps were checked");
     assert!(recursive > 30, "only {recursive} grammars recurse");
 }
@@ -389,7 +402,8 @@ fn masks_match_an_earley_oracle_on_random_grammars() {
 /// contexts, whose masks reuse one index of the vocabulary's trie.
 #[test]
 fn masks_match_an_earley_oracle_through_loop_regions() {
-    let (steps, recursive) = random_grammars_against_the_oracle(&LOOPING, 60, 4, 12);
+    let (steps, recursive) =
+        random_grammars_against_the_oracle(&LOOPING, every_loop_region(), 60, 4, 12);
     assert!(steps > 1000, "only {steps} steps were checked");
     assert!(recursive > 10, "only {recursive} grammars recurse");
 }
@@ -399,6 +413,7 @@ fn masks_match_an_earley_oracle_through_loop_regions() {
 /// Returns the steps checked and how many grammars recurse.
 fn random_grammars_against_the_oracle(
     alphabet: &Alphabet,
+    limits: Limits,
     grammars: usize,
     walks: usize,
     len: usize,
@@ -409,7 +424,7 @@ fn random_grammars_against_the_oracle(
     for _ in 0..grammars {
         let bnf = random_bnf(&mut rng, alphabet);
         let text = gbnf(&bnf);
-        let g = compile(&Constraint::Gbnf(text.clone()), &vocab);
+        let g = compile_with(&Constraint::Gbnf(text.clone()), &vocab, limits);
         recursive += (g.state_count() > 0
             && text.contains("r1")
             && text.matches("root").count() > 1) as usize;
@@ -510,7 +525,7 @@ fn return_points_past_a_loop_region_match_the_oracle() {
         star: Some(2),
     };
     let vocab = alphabet_vocab(&LOOPING);
-    let g = compile(&Constraint::Gbnf(gbnf(&bnf)), &vocab);
+    let g = compile_with(&Constraint::Gbnf(gbnf(&bnf)), &vocab, every_loop_region());
     let mut rng = SmallRng::seed_from_u64(7);
     let steps = walks_against_the_oracle(&bnf, &g, &mut rng, 40, 12);
     assert!(steps > 200, "only {steps} steps were checked");
@@ -1056,8 +1071,9 @@ fn a_grammar_without_recursion_takes_the_regular_path() {
 
 /// On a real vocabulary every bit of every mask along random walks equals what accepting that
 /// token says (every live state can finish, so "accepted" and "allowed" are the same). Masks
-/// come from trie walks, the text slice and the context-independent split; acceptance from
-/// plain byte steps: two routes to one answer.
+/// come from trie walks, the text slice, loop regions (by default, and wherever they apply)
+/// and the context-independent split; acceptance from plain byte steps: two routes to one
+/// answer.
 #[test]
 fn masks_equal_token_acceptance_on_real_vocabularies() {
     for (file, walks) in [
@@ -1092,8 +1108,9 @@ fn check_acceptance(vocab: &Arc<Vocabulary>, walks: usize) {
     let mut rng = SmallRng::seed_from_u64(5);
     let mut mask = vec![0u32; vocab.mask_words()];
     let mut contexts = 0;
-    for c in &constraints {
-        let g = compile(c, vocab);
+    let limits = [Limits::default(), every_loop_region()];
+    for (c, limits) in constraints.iter().flat_map(|c| limits.map(|l| (c, l))) {
+        let g = compile_with(c, vocab, limits);
         for _ in 0..walks {
             let mut m = Matcher::new(g.clone());
             let mut depth = 0i32;
