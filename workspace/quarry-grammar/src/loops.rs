@@ -49,15 +49,15 @@ impl ByteSet {
     }
 }
 
-/// The loop region of one byte set `L` below one trie node `base`: the nodes whose path from
-/// `base` is in `L*`, and the exits, nodes whose parent is in the region but whose own byte is
-/// not in `L`. Both in preorder, so the part below any region node `n` is the entries whose node
-/// index lies in `n`'s subtree, found by binary search.
+/// The loop region of one byte set `L` below one trie node `base`: the tokens of the nodes whose
+/// path from `base` is in `L*`, and the exits, nodes whose parent is in the region but whose own
+/// byte is not in `L`. Both in preorder, so the part below any region node `n` is found by
+/// binary search: the token ranges inside `n`'s window of token positions, the exits whose node
+/// index lies in `n`'s subtree.
 #[derive(Debug)]
 pub(crate) struct LoopIndex {
-    /// `(node, first, end)`: the region's tokens are `token_ids[first..end]` of these entries
-    /// (a node's own tokens, or its whole subtree where every byte below it is in `L`).
-    fills: Box<[(u32, u32, u32)]>,
+    /// The region's tokens as ranges `token_ids[first..end]`, in order, adjacent ones merged.
+    fills: Box<[(u32, u32)]>,
     /// Exits grouped by their byte: `(byte, nodes)`.
     exits: Box<[(u8, Box<[u32]>)]>,
 }
@@ -67,49 +67,54 @@ impl LoopIndex {
     fn new(trie: &TokenTrie, set: &ByteSet, base: usize) -> Self {
         let nodes = &trie.nodes;
         let whole = set.whole_groups();
-        let mut fills = Vec::new();
-        let mut exits: Vec<Vec<u32>> = vec![Vec::new(); 256];
+        let mut fills: Vec<(u32, u32)> = Vec::new();
+        let mut fill = |first: u32, end: u32| match fills.last_mut() {
+            Some(last) if last.1 == first => last.1 = end,
+            _ if first < end => fills.push((first, end)),
+            _ => {}
+        };
+        let mut exits: Vec<(u8, u32)> = Vec::new();
         let end = nodes[base].subtree_end as usize;
         let mut i = base + 1;
         while i < end {
             let n = &nodes[i];
             if !set.contains(n.byte) {
-                exits[n.byte as usize].push(i as u32);
+                exits.push((n.byte, i as u32));
                 i = n.subtree_end as usize;
             } else if n.below & !whole == 0 {
-                fills.push((i as u32, n.tokens_start, n.subtree_tokens_end));
+                fill(n.tokens_start, n.subtree_tokens_end);
                 i = n.subtree_end as usize;
             } else {
-                if n.tokens_end > n.tokens_start {
-                    fills.push((i as u32, n.tokens_start, n.tokens_end));
-                }
+                fill(n.tokens_start, n.tokens_end);
                 i += 1;
             }
         }
+        // By byte, each in preorder (the sort is stable).
+        exits.sort_by_key(|&(b, _)| b);
+        let mut grouped: Vec<(u8, Box<[u32]>)> = Vec::new();
+        for run in exits.chunk_by(|a, b| a.0 == b.0) {
+            grouped.push((run[0].0, run.iter().map(|&(_, e)| e).collect()));
+        }
         LoopIndex {
             fills: fills.into(),
-            exits: exits
-                .into_iter()
-                .enumerate()
-                .filter(|(_, e)| !e.is_empty())
-                .map(|(c, e)| (c as u8, e.into_boxed_slice()))
-                .collect(),
+            exits: grouped.into(),
         }
     }
 
     /// The token ranges (`token_ids[first..end]`) of the region strictly below node `n`, which
-    /// must be in the region or be its base.
+    /// must be in the region or be its base. (A node's descendants hold the tokens
+    /// `tokens_end..subtree_tokens_end`, so the ranges are cut to that window.)
     pub(crate) fn fills_below(
         &self,
         trie: &TokenTrie,
         n: usize,
     ) -> impl Iterator<Item = (u32, u32)> + '_ {
-        let (lo, hi) = (n as u32 + 1, trie.nodes[n].subtree_end);
-        let a = self.fills.partition_point(|f| f.0 < lo);
+        let (lo, hi) = (trie.nodes[n].tokens_end, trie.nodes[n].subtree_tokens_end);
+        let a = self.fills.partition_point(|f| f.1 <= lo);
         self.fills[a..]
             .iter()
             .take_while(move |f| f.0 < hi)
-            .map(|&(_, first, end)| (first, end))
+            .map(move |&(first, end)| (first.max(lo), end.min(hi)))
     }
 
     /// The exits strictly below node `n` (in the region or its base) whose byte `live` allows,
