@@ -7,7 +7,7 @@ use crate::deriv::Terms;
 use crate::dfa::{Grow, LazyDfa, Overflow, DEAD};
 use crate::error::GrammarError;
 use crate::limits::Limits;
-use crate::loops::{ByteSet, Trie};
+use crate::loops::{ByteSet, Lookup, LoopIndex, LoopKey, Part, Trie};
 use crate::schema::unique::UniquePlan;
 use crate::schema::{schema_to_regex, SchemaOptions, Whitespace};
 use crate::vocab::{TokenTrie, Vocabulary, BYTE_GROUP};
@@ -700,7 +700,6 @@ impl Grammar {
             top: trie.nodes[start].depth as usize,
             states: vec![s0; depth],
             bytes: vec![0u8; depth],
-            nodes: vec![0u32; depth],
         };
         self.walk_below(mask, trie, start, &mut at, points);
     }
@@ -717,8 +716,6 @@ impl Grammar {
     ) {
         let nodes = &trie.nodes;
         let (dfa, classes) = (&self.dfa, &self.dfa.classes);
-        let base = nodes[start].depth as usize;
-        at.nodes[base] = start as u32;
         let end = if start == 0 {
             nodes.len()
         } else {
@@ -740,7 +737,6 @@ impl Grammar {
                 continue;
             }
             at.bytes[d - 1] = n.byte;
-            at.nodes[d] = i as u32;
             let accepting = self.is_accepting(next);
             if let Some(points) = points.as_deref_mut() {
                 if accepting {
@@ -757,7 +753,7 @@ impl Grammar {
                 // Every path below stays in the language: the whole subtree is allowed.
                 set_tokens(mask, trie, n.tokens_end, n.subtree_tokens_end);
                 i = n.subtree_end as usize;
-            } else if self.through_loop(mask, trie, i, next, base, at, points.as_deref_mut()) {
+            } else if self.through_loop(mask, trie, i, next, at, points.as_deref_mut()) {
                 i = n.subtree_end as usize;
             } else {
                 at.states[d] = next;
@@ -766,22 +762,20 @@ impl Grammar {
         }
     }
 
-    /// Where `x`, the state at trie node `n` (reached by a walk from the node at depth `top`),
-    /// loops on a set of bytes: adds the tokens below `n` through its loop region
-    /// ([`crate::loops`]) and walks on from the exits `x` allows. `false` (nothing done) where `n`
-    /// has too few nodes below it or `x` loops on too few bytes for that to pay
-    /// ([`Limits::min_loop_region`], [`MIN_LOOP_BYTES`]), or the vocabulary holds its bound of
-    /// indexes.
-    /// With `points`: an accepting `x` makes `n` the outermost return point of the region
-    /// (recorded by the caller), so only exits are points to record (with the path to them).
-    #[allow(clippy::too_many_arguments)]
+    /// Where `x`, the state at trie node `n`, loops on a set of bytes: adds the tokens below `n`
+    /// through its loop region ([`crate::loops`]: from the vocabulary's index, or walking the
+    /// region and recording the index on first use) and walks on from the exits `x` allows.
+    /// `false` (nothing done) where `n` has too few nodes below it or `x` loops on too few bytes
+    /// for that to pay ([`Limits::min_loop_region`], [`MIN_LOOP_BYTES`]), or the vocabulary holds
+    /// its bound of indexes. With `points`: an accepting `x` makes `n` the outermost return point
+    /// of the region (recorded by the caller), so only exits are points to record (with the path
+    /// to them).
     fn through_loop(
         &self,
         mask: &mut [u32],
         trie: &TokenTrie,
         n: usize,
         x: u32,
-        top: usize,
         at: &mut Path,
         mut points: Option<&mut Vec<NodePoint>>,
     ) -> bool {
@@ -795,58 +789,85 @@ impl Grammar {
         if points.is_some() && self.is_accepting(x) {
             points = None;
         }
-        // The region's base: the highest node above `n` from which the path to `n` is in the
-        // set, so that states reaching the loop at sibling nodes share one index.
-        let d = trie.nodes[n].depth as usize;
-        let mut j = d;
-        while j > top && set.contains(at.bytes[j - 1]) {
-            j -= 1;
-        }
-        let which = if std::ptr::eq(trie, self.vocab.trie()) {
-            Trie::All
-        } else {
-            Trie::Rest
+        let key = LoopKey {
+            trie: if std::ptr::eq(trie, self.vocab.trie()) {
+                Trie::All
+            } else {
+                Trie::Rest
+            },
+            set,
+            anchor: n as u32,
         };
-        let Some(index) = self
-            .vocab
-            .loops()
-            .get(which, trie, set, at.nodes[j] as usize)
-        else {
-            return false;
-        };
-        for (first, end) in index.fills_below(trie, n) {
-            set_tokens(mask, trie, first, end);
-        }
         let step = |b: u8| self.dfa.step(x, b);
-        for (b, exits) in index.exits_below(trie, n, |b| step(b) != DEAD) {
-            let y = step(b);
-            for &e in exits {
-                let en = &trie.nodes[e as usize];
-                set_tokens(mask, trie, en.tokens_start, en.tokens_end);
-                if en.subtree_end == e + 1 {
-                    continue;
+        match self.vocab.loops().lookup(&key) {
+            Lookup::Found(index) => {
+                for &(first, end) in index.fills.iter() {
+                    set_tokens(mask, trie, first, end);
                 }
-                let de = en.depth as usize;
-                if let Some(points) = points.as_deref_mut() {
-                    // Points below need the path: the region's bytes from `n` down to `e`.
-                    let mut k = n;
-                    while k != e as usize {
-                        let mut c = k + 1;
-                        while trie.nodes[c].subtree_end <= e {
-                            c = trie.nodes[c].subtree_end as usize;
+                for (b, exits) in index.exits.iter() {
+                    let y = step(*b);
+                    if y != DEAD {
+                        for &e in exits.iter() {
+                            self.exit(mask, trie, n, e, y, at, points.as_deref_mut());
                         }
-                        at.bytes[trie.nodes[c].depth as usize - 1] = trie.nodes[c].byte;
-                        k = c;
-                    }
-                    if self.is_accepting(y) {
-                        points.push((e, at.bytes[at.top..de].into()));
                     }
                 }
-                at.states[de] = y;
-                self.walk_below(mask, trie, e as usize, at, points.as_deref_mut());
             }
+            Lookup::Missing => {
+                let index = LoopIndex::walk(trie, &set, n, |part| match part {
+                    Part::Tokens(first, end) => set_tokens(mask, trie, first, end),
+                    Part::Exit(e) => {
+                        let y = step(trie.nodes[e as usize].byte);
+                        if y != DEAD {
+                            self.exit(mask, trie, n, e, y, at, points.as_deref_mut());
+                        }
+                    }
+                });
+                self.vocab.loops().insert(key, index);
+            }
+            Lookup::Full => return false,
         }
         true
+    }
+
+    /// The part of [`Grammar::through_loop`] at exit `e` of the loop region below `n`, whose
+    /// state is `y`: its tokens, and the walk below it (with `points`, recording `e` where `y`
+    /// accepts, with its path).
+    #[allow(clippy::too_many_arguments)]
+    fn exit(
+        &self,
+        mask: &mut [u32],
+        trie: &TokenTrie,
+        n: usize,
+        e: u32,
+        y: u32,
+        at: &mut Path,
+        points: Option<&mut Vec<NodePoint>>,
+    ) {
+        let en = &trie.nodes[e as usize];
+        set_tokens(mask, trie, en.tokens_start, en.tokens_end);
+        if en.subtree_end == e + 1 {
+            return;
+        }
+        let de = en.depth as usize;
+        let mut points = points;
+        if let Some(points) = points.as_deref_mut() {
+            // Points below need the path: the region's bytes from `n` down to `e`.
+            let mut k = n;
+            while k != e as usize {
+                let mut c = k + 1;
+                while trie.nodes[c].subtree_end <= e {
+                    c = trie.nodes[c].subtree_end as usize;
+                }
+                at.bytes[trie.nodes[c].depth as usize - 1] = trie.nodes[c].byte;
+                k = c;
+            }
+            if self.is_accepting(y) {
+                points.push((e, at.bytes[at.top..de].into()));
+            }
+        }
+        at.states[de] = y;
+        self.walk_below(mask, trie, e as usize, at, points);
     }
 
     /// The bytes that lead state `s` back to itself, computed once.
@@ -916,14 +937,13 @@ impl Grammar {
 /// a lookup of the region's index and its exits.
 const MIN_LOOP_BYTES: u32 = 8;
 
-/// A mask walk's position: per depth, the state after that many bytes, the bytes, and the trie
-/// nodes of the current path.
+/// A mask walk's position: per depth, the state after that many bytes, and the bytes of the
+/// current path.
 struct Path {
     /// Depth of the walk's first node (points record their path from it).
     top: usize,
     states: Vec<u32>,
     bytes: Vec<u8>,
-    nodes: Vec<u32>,
 }
 
 /// Adds `trie.token_ids[first..end]` to `mask`.

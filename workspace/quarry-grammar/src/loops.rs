@@ -5,9 +5,11 @@
 //!
 //! A walk from such a state used to step the DFA at every node of that region, once per state: a
 //! grammar that reaches one identifier loop from many contexts (SQL: after `SELECT`, `FROM`,
-//! `WHERE`, each comma, each operator) walked the same 20k tokens at 152k again for each. A
-//! [`LoopIndex`] lists the region's tokens and its exits once per (byte set, trie node), so each
-//! further state costs a copy of the token ranges and a walk of the exits its transitions allow.
+//! `WHERE`, each comma, each operator) walked the same 20k tokens at 152k again for each. The
+//! first walk of a region (per byte set and trie node) records a [`LoopIndex`] of its tokens and
+//! exits as it goes, without stepping the DFA inside the region; each later state, in any
+//! grammar over the same vocabulary, costs a copy of the token ranges and a walk of the exits its
+//! transitions allow.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -49,43 +51,62 @@ impl ByteSet {
     }
 }
 
-/// The loop region of one byte set `L` below one trie node `base`: the tokens of the nodes whose
-/// path from `base` is in `L*`, and the exits, nodes whose parent is in the region but whose own
-/// byte is not in `L`. Both in preorder, so the part below any region node `n` is found by
-/// binary search: the token ranges inside `n`'s window of token positions, the exits whose node
-/// index lies in `n`'s subtree.
+/// The loop region of one byte set `L` below one trie node, its *anchor*: the tokens of the
+/// nodes whose path from the anchor is in `L*`, and the exits, nodes whose parent is in the region
+/// but whose own byte is not in `L`.
 #[derive(Debug)]
 pub(crate) struct LoopIndex {
     /// The region's tokens as ranges `token_ids[first..end]`, in order, adjacent ones merged.
-    fills: Box<[(u32, u32)]>,
-    /// Exits grouped by their byte: `(byte, nodes)`.
-    exits: Box<[(u8, Box<[u32]>)]>,
+    pub(crate) fills: Box<[(u32, u32)]>,
+    /// Exits grouped by their byte, each group in preorder: `(byte, nodes)`.
+    pub(crate) exits: Box<[(u8, Box<[u32]>)]>,
+}
+
+/// What a walk of a loop region finds, in preorder ([`LoopIndex::walk`]).
+pub(crate) enum Part {
+    /// Tokens `token_ids[first..end]` of the region.
+    Tokens(u32, u32),
+    /// An exit node.
+    Exit(u32),
 }
 
 impl LoopIndex {
-    /// The region of `set` below `base` in `trie`.
-    fn new(trie: &TokenTrie, set: &ByteSet, base: usize) -> Self {
+    /// Walks the region of `set` below `anchor` in `trie`, telling `found` each part as it goes
+    /// (so the first walk of a region can fill a mask while it builds the index), and returns
+    /// the index.
+    pub(crate) fn walk(
+        trie: &TokenTrie,
+        set: &ByteSet,
+        anchor: usize,
+        mut found: impl FnMut(Part),
+    ) -> Self {
         let nodes = &trie.nodes;
         let whole = set.whole_groups();
         let mut fills: Vec<(u32, u32)> = Vec::new();
-        let mut fill = |first: u32, end: u32| match fills.last_mut() {
-            Some(last) if last.1 == first => last.1 = end,
-            _ if first < end => fills.push((first, end)),
-            _ => {}
+        let mut fill = |first: u32, end: u32, found: &mut dyn FnMut(Part)| {
+            if first == end {
+                return;
+            }
+            found(Part::Tokens(first, end));
+            match fills.last_mut() {
+                Some(last) if last.1 == first => last.1 = end,
+                _ => fills.push((first, end)),
+            }
         };
         let mut exits: Vec<(u8, u32)> = Vec::new();
-        let end = nodes[base].subtree_end as usize;
-        let mut i = base + 1;
+        let end = nodes[anchor].subtree_end as usize;
+        let mut i = anchor + 1;
         while i < end {
             let n = &nodes[i];
             if !set.contains(n.byte) {
                 exits.push((n.byte, i as u32));
+                found(Part::Exit(i as u32));
                 i = n.subtree_end as usize;
             } else if n.below & !whole == 0 {
-                fill(n.tokens_start, n.subtree_tokens_end);
+                fill(n.tokens_start, n.subtree_tokens_end, &mut found);
                 i = n.subtree_end as usize;
             } else {
-                fill(n.tokens_start, n.tokens_end);
+                fill(n.tokens_start, n.tokens_end, &mut found);
                 i += 1;
             }
         }
@@ -101,42 +122,7 @@ impl LoopIndex {
         }
     }
 
-    /// The token ranges (`token_ids[first..end]`) of the region strictly below node `n`, which
-    /// must be in the region or be its base. (A node's descendants hold the tokens
-    /// `tokens_end..subtree_tokens_end`, so the ranges are cut to that window.)
-    pub(crate) fn fills_below(
-        &self,
-        trie: &TokenTrie,
-        n: usize,
-    ) -> impl Iterator<Item = (u32, u32)> + '_ {
-        let (lo, hi) = (trie.nodes[n].tokens_end, trie.nodes[n].subtree_tokens_end);
-        let a = self.fills.partition_point(|f| f.1 <= lo);
-        self.fills[a..]
-            .iter()
-            .take_while(move |f| f.0 < hi)
-            .map(move |&(first, end)| (first.max(lo), end.min(hi)))
-    }
-
-    /// The exits strictly below node `n` (in the region or its base) whose byte `live` allows,
-    /// by byte.
-    pub(crate) fn exits_below<'a>(
-        &'a self,
-        trie: &TokenTrie,
-        n: usize,
-        mut live: impl FnMut(u8) -> bool + 'a,
-    ) -> impl Iterator<Item = (u8, &'a [u32])> + 'a {
-        let (lo, hi) = (n as u32 + 1, trie.nodes[n].subtree_end);
-        self.exits.iter().filter_map(move |(b, e)| {
-            if !live(*b) {
-                return None;
-            }
-            let a = e.partition_point(|&x| x < lo);
-            let z = a + e[a..].partition_point(|&x| x < hi);
-            (z > a).then(|| (*b, &e[a..z]))
-        })
-    }
-
-    /// Entries held (nodes listed), for the cache's bound.
+    /// Entries held (ranges and nodes listed), for the cache's bound.
     fn entries(&self) -> usize {
         self.fills.len() + self.exits.iter().map(|(_, e)| e.len()).sum::<usize>()
     }
@@ -149,19 +135,28 @@ pub(crate) enum Trie {
     Rest,
 }
 
-/// Entries (nodes listed) the loop indexes of one vocabulary may hold in all: about 16 MB. An
-/// identifier's region at 152k tokens is about 6,500. Past the bound, walks step through
-/// regions node by node.
+/// An index's key: the trie, the byte set, the anchor node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct LoopKey {
+    pub(crate) trie: Trie,
+    pub(crate) set: ByteSet,
+    pub(crate) anchor: u32,
+}
+
+/// Entries the loop indexes of one vocabulary may hold in all (about 8 MB). The region of an
+/// identifier below one letter at 152k tokens holds a few hundred. Past the bound, walks step
+/// through regions node by node.
 const MAX_ENTRIES: usize = 1 << 20;
 
-/// The loop indexes of one vocabulary, built on first use and shared by every grammar compiled
-/// for it (an index depends on the tokens only). A clone starts empty.
+/// The loop indexes of one vocabulary, built by the first walk of each region and shared by
+/// every grammar compiled for that vocabulary (an index depends on the tokens only). A clone
+/// starts empty.
 #[derive(Debug, Default)]
 pub(crate) struct LoopCache(Mutex<CacheInner>);
 
 #[derive(Debug, Default)]
 struct CacheInner {
-    indexes: FxHashMap<(Trie, ByteSet, u32), Arc<LoopIndex>>,
+    indexes: FxHashMap<LoopKey, Arc<LoopIndex>>,
     entries: usize,
 }
 
@@ -171,27 +166,32 @@ impl Clone for LoopCache {
     }
 }
 
+/// What the cache holds for a key.
+pub(crate) enum Lookup {
+    Found(Arc<LoopIndex>),
+    /// Not built yet: the caller walks the region and [`LoopCache::insert`]s the index.
+    Missing,
+    /// Not built, and the cache is full.
+    Full,
+}
+
 impl LoopCache {
-    /// The index of `set` below node `base` of `trie` (which is `which`), built on first use;
-    /// `None` once the cache holds [`MAX_ENTRIES`].
-    pub(crate) fn get(
-        &self,
-        which: Trie,
-        trie: &TokenTrie,
-        set: ByteSet,
-        base: usize,
-    ) -> Option<Arc<LoopIndex>> {
-        let key = (which, set, base as u32);
+    pub(crate) fn lookup(&self, key: &LoopKey) -> Lookup {
+        let cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match cache.indexes.get(key) {
+            Some(index) => Lookup::Found(index.clone()),
+            None if cache.entries >= MAX_ENTRIES => Lookup::Full,
+            None => Lookup::Missing,
+        }
+    }
+
+    /// Keeps `index` for `key` (another thread may have built the same one meanwhile: the
+    /// first kept stays).
+    pub(crate) fn insert(&self, key: LoopKey, index: LoopIndex) {
         let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(index) = cache.indexes.get(&key) {
-            return Some(index.clone());
+        if cache.entries < MAX_ENTRIES && !cache.indexes.contains_key(&key) {
+            cache.entries += index.entries();
+            cache.indexes.insert(key, Arc::new(index));
         }
-        if cache.entries >= MAX_ENTRIES {
-            return None;
-        }
-        let index = Arc::new(LoopIndex::new(trie, &set, base));
-        cache.entries += index.entries();
-        cache.indexes.insert(key, index.clone());
-        Some(index)
     }
 }
