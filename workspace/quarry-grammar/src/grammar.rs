@@ -804,10 +804,10 @@ impl Grammar {
                 for &(first, end) in index.fills.iter() {
                     set_tokens(mask, trie, first, end);
                 }
-                for (b, exits) in index.exits.iter() {
-                    let y = step(*b);
+                for (b, exits) in index.exits() {
+                    let y = step(b);
                     if y != DEAD {
-                        for &e in exits.iter() {
+                        for &(_, e) in exits {
                             self.exit(mask, trie, n, e, y, at, points.as_deref_mut());
                         }
                     }

@@ -58,8 +58,8 @@ impl ByteSet {
 pub(crate) struct LoopIndex {
     /// The region's tokens as ranges `token_ids[first..end]`, in order, adjacent ones merged.
     pub(crate) fills: Box<[(u32, u32)]>,
-    /// Exits grouped by their byte, each group in preorder: `(byte, nodes)`.
-    pub(crate) exits: Box<[(u8, Box<[u32]>)]>,
+    /// Exits as `(byte, node)`, by byte, each byte's in preorder.
+    exits: Box<[(u8, u32)]>,
 }
 
 /// What a walk of a loop region finds, in preorder ([`LoopIndex::walk`]).
@@ -110,21 +110,23 @@ impl LoopIndex {
                 i += 1;
             }
         }
-        // By byte, each in preorder (the sort is stable).
-        exits.sort_by_key(|&(b, _)| b);
-        let mut grouped: Vec<(u8, Box<[u32]>)> = Vec::new();
-        for run in exits.chunk_by(|a, b| a.0 == b.0) {
-            grouped.push((run[0].0, run.iter().map(|&(_, e)| e).collect()));
-        }
+        exits.sort_unstable();
         LoopIndex {
             fills: fills.into(),
-            exits: grouped.into(),
+            exits: exits.into(),
         }
+    }
+
+    /// The exits grouped by byte: `(byte, [(byte, node)])`, nodes in preorder.
+    pub(crate) fn exits(&self) -> impl Iterator<Item = (u8, &[(u8, u32)])> {
+        self.exits
+            .chunk_by(|a, b| a.0 == b.0)
+            .map(|run| (run[0].0, run))
     }
 
     /// Entries held (ranges and nodes listed), for the cache's bound.
     fn entries(&self) -> usize {
-        self.fills.len() + self.exits.iter().map(|(_, e)| e.len()).sum::<usize>()
+        self.fills.len() + self.exits.len()
     }
 }
 
