@@ -175,6 +175,11 @@ pub struct Grammar {
     text_loops: Grow<OnceLock<Option<TextEntry>>>,
     /// Per state: the bytes that lead back to it ([`Grammar::through_loop`]).
     loop_sets: Grow<OnceLock<ByteSet>>,
+    /// Whether mask walks use loop regions: in a grammar with recursion, where one loop is
+    /// reached from many contexts. A regular grammar reaches each state once per compile, and
+    /// recording a region's index on that first walk cost more than it saved (the e-mail regex's
+    /// first masks at 49k, `make bench-grammar`).
+    loop_regions: bool,
     /// Per byte group ([`BYTE_GROUP`]): the DFA's byte classes its bytes fall into (usually
     /// one), so a state's [`Run::first`] reads a few row entries instead of stepping 256 bytes.
     group_classes: Box<[Box<[u8]>]>,
@@ -267,6 +272,7 @@ impl Grammar {
             returns: Grow::new(1, OnceLock::new),
             text_loops: Grow::new(1, OnceLock::new),
             loop_sets: Grow::new(1, OnceLock::new),
+            loop_regions: dfa.is_context_free(),
             group_classes: Self::group_classes(&dfa),
             dfa,
             unique,
@@ -737,9 +743,8 @@ impl Grammar {
                 continue;
             }
             at.bytes[d - 1] = n.byte;
-            let accepting = self.is_accepting(next);
             if let Some(points) = points.as_deref_mut() {
-                if accepting {
+                if self.is_accepting(next) {
                     points.push((i as u32, at.bytes[at.top..d].into()));
                 }
             }
@@ -765,9 +770,9 @@ impl Grammar {
     /// Where `x`, the state at trie node `n`, loops on a set of bytes: adds the tokens below `n`
     /// through its loop region ([`crate::loops`]: from the vocabulary's index, or walking the
     /// region and recording the index on first use) and walks on from the exits `x` allows.
-    /// `false` (nothing done) where `n` has too few nodes below it or `x` loops on too few bytes
-    /// for that to pay ([`Limits::min_loop_region`], [`MIN_LOOP_BYTES`]), or the vocabulary holds
-    /// its bound of indexes. With `points`: an accepting `x` makes `n` the outermost return point
+    /// `false` (nothing done) in a regular grammar, where `n` has too few nodes below it or `x`
+    /// loops on too few bytes for that to pay ([`Limits::min_loop_region`], [`MIN_LOOP_BYTES`]),
+    /// or where the vocabulary holds its bound of indexes. With `points`: an accepting `x` makes `n` the outermost return point
     /// of the region (recorded by the caller), so only exits are points to record (with the path
     /// to them).
     fn through_loop(
@@ -779,7 +784,9 @@ impl Grammar {
         at: &mut Path,
         mut points: Option<&mut Vec<NodePoint>>,
     ) -> bool {
-        if (trie.nodes[n].subtree_end as usize - n) < self.limits.min_loop_region {
+        if !self.loop_regions
+            || (trie.nodes[n].subtree_end as usize - n) < self.limits.min_loop_region
+        {
             return false;
         }
         let set = self.loop_set(x);
