@@ -758,7 +758,9 @@ impl Grammar {
                 // Every path below stays in the language: the whole subtree is allowed.
                 set_tokens(mask, trie, n.tokens_end, n.subtree_tokens_end);
                 i = n.subtree_end as usize;
-            } else if self.through_loop(mask, trie, i, next, at, points.as_deref_mut()) {
+            } else if self.loop_regions
+                && self.through_loop(mask, trie, i, next, at, points.as_deref_mut())
+            {
                 i = n.subtree_end as usize;
             } else {
                 at.states[d] = next;
@@ -770,9 +772,9 @@ impl Grammar {
     /// Where `x`, the state at trie node `n`, loops on a set of bytes: adds the tokens below `n`
     /// through its loop region ([`crate::loops`]: from the vocabulary's index, or walking the
     /// region and recording the index on first use) and walks on from the exits `x` allows.
-    /// `false` (nothing done) in a regular grammar, where `n` has too few nodes below it or `x`
-    /// loops on too few bytes for that to pay ([`Limits::min_loop_region`], [`MIN_LOOP_BYTES`]),
-    /// or where the vocabulary holds its bound of indexes. With `points`: an accepting `x` makes `n` the outermost return point
+    /// `false` (nothing done) where `n` has too few nodes below it or `x` loops on too few bytes
+    /// for that to pay ([`Limits::min_loop_region`], [`MIN_LOOP_BYTES`]), or the vocabulary holds
+    /// its bound of indexes. Only for grammars with recursion ([`Grammar::loop_regions`]). With `points`: an accepting `x` makes `n` the outermost return point
     /// of the region (recorded by the caller), so only exits are points to record (with the path
     /// to them).
     fn through_loop(
@@ -784,9 +786,7 @@ impl Grammar {
         at: &mut Path,
         mut points: Option<&mut Vec<NodePoint>>,
     ) -> bool {
-        if !self.loop_regions
-            || (trie.nodes[n].subtree_end as usize - n) < self.limits.min_loop_region
-        {
+        if (trie.nodes[n].subtree_end as usize - n) < self.limits.min_loop_region {
             return false;
         }
         let set = self.loop_set(x);
