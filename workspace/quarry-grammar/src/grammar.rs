@@ -774,9 +774,9 @@ impl Grammar {
     /// region and recording the index on first use) and walks on from the exits `x` allows.
     /// `false` (nothing done) where `n` has too few nodes below it or `x` loops on too few bytes
     /// for that to pay ([`Limits::min_loop_region`], [`MIN_LOOP_BYTES`]), or the vocabulary holds
-    /// its bound of indexes. Only for grammars with recursion ([`Grammar::loop_regions`]). With `points`: an accepting `x` makes `n` the outermost return point
-    /// of the region (recorded by the caller), so only exits are points to record (with the path
-    /// to them).
+    /// its bound of indexes. Only for grammars with recursion (`loop_regions`). With `points`: an
+    /// accepting `x` makes `n` the outermost return point of the region (recorded by the caller),
+    /// so only exits are points to record (with the path to them).
     fn through_loop(
         &self,
         mask: &mut [u32],

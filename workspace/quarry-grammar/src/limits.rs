@@ -34,11 +34,11 @@ pub struct Limits {
     /// Wall-clock bound on compiling (translating a schema and parsing the regex). Default 5 s.
     pub compile_time: std::time::Duration,
     /// Speed only, not a bound: a mask walk of a grammar with recursion that reaches a state
-    /// looping on many bytes (an identifier's `[a-z0-9_]*`) adds the tokens below that trie node from the vocabulary's index
-    /// of the loop's region (`loops` module) where the node has at least this many nodes below
-    /// it, and walks smaller subtrees node by node. Default 256 (a lookup costs about as much as
-    /// walking that many nodes). Masks are the same for every value (tested); 0 uses the index
-    /// wherever it applies, `usize::MAX` never.
+    /// looping on many bytes (an identifier's `[a-z0-9_]*`) adds the tokens below that trie node
+    /// from the vocabulary's index of the loop's region (`loops` module) where the node has at
+    /// least this many nodes below it, and walks smaller subtrees node by node. Default 256 (a
+    /// lookup and its exits cost more than walking a small subtree). Masks are the same for every
+    /// value (tested); 0 uses the index wherever it applies, `usize::MAX` never.
     pub min_loop_region: usize,
 }
 

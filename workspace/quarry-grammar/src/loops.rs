@@ -5,7 +5,7 @@
 //!
 //! A walk from such a state used to step the DFA at every node of that region, once per state: a
 //! grammar that reaches one identifier loop from many contexts (SQL: after `SELECT`, `FROM`,
-//! `WHERE`, each comma, each operator) walked the same 20k tokens at 152k again for each. The
+//! `WHERE`, each comma, each operator) walked the same 20–25k tokens at 152k again for each. The
 //! first walk of a region (per byte set and trie node) records a [`LoopIndex`] of its tokens and
 //! exits as it goes, without stepping the DFA inside the region; each later state, in any
 //! grammar over the same vocabulary, costs a copy of the token ranges and a walk of the exits its
