@@ -84,31 +84,70 @@ impl Translator<'_> {
         };
         self.settle_unevaluated(&mut out);
         self.settle_unevaluated(&mut b);
-        // Two different conditionals cannot share one object's `if`: b's becomes the `anyOf`
-        // it stands for, `(if ∧ then) ∨ (¬if ∧ else)`, merged with a's by product.
-        let conditional =
-            |m: &Map<String, Value>| ["if", "then", "else"].map(|k| m.get(k).cloned());
-        if self.draft >= Draft::D7
-            && b.contains_key("if")
-            && out.contains_key("if")
-            && conditional(&out) != conditional(&b)
-        {
-            let cond = b.remove("if").expect("checked");
-            let then = b.remove("then").unwrap_or(Value::Bool(true));
-            let other = b.remove("else").unwrap_or(Value::Bool(true));
-            let negated = self.negate(&cond, &child(pointer, "if"), depth + 1)?;
-            let branches = json!([{"allOf": [cond, then]}, {"allOf": [negated, other]}]);
-            let any = match b.remove("anyOf") {
-                Some(a) => Self::any_of_product(&a, &branches, pointer)?,
-                None => branches,
-            };
-            b.insert("anyOf".into(), any);
-        }
+        self.separate_conditionals(&out, &mut b, pointer, depth)?;
         // additionalProperties read against each side's own properties, made explicit: a name
         // one side declares and the other does not takes the other's additionalProperties.
         let (mut out, mut b) = Self::close_properties(out, b);
         self.merge_tuples(&mut out, &mut b);
-        // Keywords whose meaning depends on a sibling in the same schema object.
+        Self::check_coupled(&out, &b, pointer)?;
+        for (k, vb) in b {
+            if ANNOTATIONS.contains(&k.as_str()) && k != "$defs" && k != "definitions" {
+                continue;
+            }
+            let Some(va) = out.get(&k).cloned() else {
+                out.insert(k, vb);
+                continue;
+            };
+            if json_equal(&va, &vb) {
+                continue;
+            }
+            match self.merge_keyword(&k, va, vb, pointer)? {
+                Some(merged) => out.insert(k, merged),
+                // Nothing satisfies both (two different `const`s).
+                None => return Ok(Value::Bool(false)),
+            };
+        }
+        Ok(Value::Object(out))
+    }
+
+    /// Two different conditionals cannot share one object's `if`: `b`'s becomes the `anyOf` it
+    /// stands for, `(if ∧ then) ∨ (¬if ∧ else)`, merged with `b`'s own `anyOf` by product.
+    fn separate_conditionals(
+        &mut self,
+        out: &Map<String, Value>,
+        b: &mut Map<String, Value>,
+        pointer: &str,
+        depth: usize,
+    ) -> Result<()> {
+        let conditional =
+            |m: &Map<String, Value>| ["if", "then", "else"].map(|k| m.get(k).cloned());
+        if self.draft < Draft::D7
+            || !b.contains_key("if")
+            || !out.contains_key("if")
+            || conditional(out) == conditional(b)
+        {
+            return Ok(());
+        }
+        let cond = b.remove("if").expect("checked");
+        let then = b.remove("then").unwrap_or(Value::Bool(true));
+        let other = b.remove("else").unwrap_or(Value::Bool(true));
+        let negated = self.negate(&cond, &child(pointer, "if"), depth + 1)?;
+        let branches = json!([{"allOf": [cond, then]}, {"allOf": [negated, other]}]);
+        let any = match b.remove("anyOf") {
+            Some(a) => Self::any_of_product(&a, &branches, pointer)?,
+            None => branches,
+        };
+        b.insert("anyOf".into(), any);
+        Ok(())
+    }
+
+    /// Refuses to merge a keyword whose meaning depends on a sibling in the same schema object
+    /// (`additionalProperties` on `properties`, …) when that sibling differs between the sides.
+    fn check_coupled(
+        out: &Map<String, Value>,
+        b: &Map<String, Value>,
+        pointer: &str,
+    ) -> Result<()> {
         const COUPLED: &[(&str, &str)] = &[
             ("additionalProperties", "properties"),
             ("additionalProperties", "patternProperties"),
@@ -138,8 +177,8 @@ impl Translator<'_> {
             let untouched = |m: &Map<String, Value>| !m.contains_key(*x) && !m.contains_key(*y);
             if (out.contains_key(*x) || b.contains_key(*x))
                 && !same_y
-                && !untouched(&out)
-                && !untouched(&b)
+                && !untouched(out)
+                && !untouched(b)
             {
                 return Err(unsupported(
                     x,
@@ -150,140 +189,78 @@ impl Translator<'_> {
                 ));
             }
         }
-        for (k, vb) in b {
-            if ANNOTATIONS.contains(&k.as_str()) && k != "$defs" && k != "definitions" {
-                continue;
+        Ok(())
+    }
+
+    /// Keyword `k` of both sides (`va` and `vb`, which differ) as one value; `None` where no
+    /// instance can satisfy both (two different `const`s).
+    fn merge_keyword(&self, k: &str, va: Value, vb: Value, pointer: &str) -> Result<Option<Value>> {
+        let lowest = |va: &Value, vb: &Value| {
+            json!(va
+                .as_f64()
+                .unwrap_or(f64::MAX)
+                .min(vb.as_f64().unwrap_or(f64::MAX)))
+        };
+        let highest = |va: &Value, vb: &Value| {
+            json!(va.as_f64().unwrap_or(0.0).max(vb.as_f64().unwrap_or(0.0)))
+        };
+        let merged = match k {
+            "type" => merge_types(&va, &vb),
+            "required" => {
+                let mut r = va.as_array().cloned().unwrap_or_default();
+                for x in vb.as_array().cloned().unwrap_or_default() {
+                    if !r.contains(&x) {
+                        r.push(x);
+                    }
+                }
+                Value::Array(r)
             }
-            let Some(va) = out.get(&k).cloned() else {
-                out.insert(k, vb);
-                continue;
-            };
-            if json_equal(&va, &vb) {
-                continue;
+            "properties" | "$defs" | "definitions" => {
+                let mut p = va.as_object().cloned().unwrap_or_default();
+                for (name, s) in vb.as_object().cloned().unwrap_or_default() {
+                    let v = match p.get(&name) {
+                        Some(prev) if k == "properties" => json!({ "allOf": [prev, s] }),
+                        Some(prev) => prev.clone(),
+                        None => s,
+                    };
+                    p.insert(name, v);
+                }
+                Value::Object(p)
             }
-            let merged =
-                match k.as_str() {
-                    "type" => {
-                        let list = |v: &Value| -> Vec<String> {
-                            match v {
-                                Value::String(s) => vec![s.clone()],
-                                Value::Array(a) => a
-                                    .iter()
-                                    .filter_map(|x| x.as_str().map(str::to_owned))
-                                    .collect(),
-                                _ => Vec::new(),
-                            }
-                        };
-                        let (ta, tb) = (list(&va), list(&vb));
-                        let has = |l: &[String], t: &str| l.iter().any(|x| x == t);
-                        let mut both: Vec<Value> = Vec::new();
-                        for t in &ta {
-                            let keep = has(&tb, t) || (t == "integer" && has(&tb, "number"));
-                            if keep {
-                                both.push(json!(t));
-                            } else if t == "number" && has(&tb, "integer") {
-                                both.push(json!("integer"));
-                            }
-                        }
-                        Value::Array(both)
-                    }
-                    "required" => {
-                        let mut r = va.as_array().cloned().unwrap_or_default();
-                        for x in vb.as_array().cloned().unwrap_or_default() {
-                            if !r.contains(&x) {
-                                r.push(x);
-                            }
-                        }
-                        Value::Array(r)
-                    }
-                    "properties" | "$defs" | "definitions" => {
-                        let mut p = va.as_object().cloned().unwrap_or_default();
-                        for (name, s) in vb.as_object().cloned().unwrap_or_default() {
-                            let v = match p.get(&name) {
-                                Some(prev) if k == "properties" => json!({ "allOf": [prev, s] }),
-                                Some(prev) => prev.clone(),
-                                None => s,
-                            };
-                            p.insert(name, v);
-                        }
-                        Value::Object(p)
-                    }
-                    "minimum" | "minLength" | "minItems" => {
-                        json!(va.as_f64().unwrap_or(0.0).max(vb.as_f64().unwrap_or(0.0)))
-                    }
-                    "maximum" | "maxLength" | "maxItems" => {
-                        json!(va
-                            .as_f64()
-                            .unwrap_or(f64::MAX)
-                            .min(vb.as_f64().unwrap_or(f64::MAX)))
-                    }
-                    "exclusiveMinimum" if self.draft > Draft::D4 => {
-                        json!(va.as_f64().unwrap_or(0.0).max(vb.as_f64().unwrap_or(0.0)))
-                    }
-                    "exclusiveMaximum" if self.draft > Draft::D4 => {
-                        json!(va
-                            .as_f64()
-                            .unwrap_or(f64::MAX)
-                            .min(vb.as_f64().unwrap_or(f64::MAX)))
-                    }
-                    "enum" => {
-                        let bv = vb.as_array().cloned().unwrap_or_default();
-                        Value::Array(
-                            va.as_array()
-                                .cloned()
-                                .unwrap_or_default()
-                                .into_iter()
-                                .filter(|x| bv.iter().any(|y| json_equal(x, y)))
-                                .collect(),
-                        )
-                    }
-                    "const" => return Ok(Value::Bool(false)),
-                    // Both apply to the same items (the prefixes are the same: see COUPLED).
-                    "items" | "additionalItems" if va.is_object() && vb.is_object() => {
-                        json!({ "allOf": [va, vb] })
-                    }
-                    // Multiples of both integers: of their least common multiple.
-                    "multipleOf" => {
-                        match (va.as_u64(), vb.as_u64()) {
-                            (Some(x), Some(y)) if x > 0 && y > 0 => {
-                                let gcd = |mut a: u64, mut b: u64| {
-                                    while b != 0 {
-                                        (a, b) = (b, a % b);
-                                    }
-                                    a
-                                };
-                                match (x / gcd(x, y)).checked_mul(y) {
-                                    Some(l) => json!(l),
-                                    None => {
-                                        return Err(unsupported(
-                                            "multipleOf",
-                                            pointer,
-                                            "the least common multiple overflows",
-                                        ))
-                                    }
-                                }
-                            }
-                            _ => return Err(unsupported(
-                                "multipleOf",
-                                pointer,
-                                "two allOf branches set it differently (other than two integers); \
-                                 merging it is not supported yet",
-                            )),
-                        }
-                    }
-                    // Both apply to the same names (see close_properties).
-                    "additionalProperties" => json!({ "allOf": [va, vb] }),
-                    "anyOf" => Self::any_of_product(&va, &vb, pointer)?,
-                    "not" => json!({ "anyOf": [va, vb] }),
-                    other => return Err(unsupported(
-                        other,
-                        pointer,
-                        "two allOf branches set it differently; merging it is not supported yet",
-                    )),
-                };
-            out.insert(k, merged);
-        }
-        Ok(Value::Object(out))
+            "minimum" | "minLength" | "minItems" => highest(&va, &vb),
+            "maximum" | "maxLength" | "maxItems" => lowest(&va, &vb),
+            "exclusiveMinimum" if self.draft > Draft::D4 => highest(&va, &vb),
+            "exclusiveMaximum" if self.draft > Draft::D4 => lowest(&va, &vb),
+            "enum" => {
+                let bv = vb.as_array().cloned().unwrap_or_default();
+                Value::Array(
+                    va.as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|x| bv.iter().any(|y| json_equal(x, y)))
+                        .collect(),
+                )
+            }
+            "const" => return Ok(None),
+            // Both apply to the same items (the prefixes are the same: see `check_coupled`).
+            "items" | "additionalItems" if va.is_object() && vb.is_object() => {
+                json!({ "allOf": [va, vb] })
+            }
+            "multipleOf" => merge_multiple_of(&va, &vb, pointer)?,
+            // Both apply to the same names (see close_properties).
+            "additionalProperties" => json!({ "allOf": [va, vb] }),
+            "anyOf" => Self::any_of_product(&va, &vb, pointer)?,
+            "not" => json!({ "anyOf": [va, vb] }),
+            other => {
+                return Err(unsupported(
+                    other,
+                    pointer,
+                    "two allOf branches set it differently; merging it is not supported yet",
+                ))
+            }
+        };
+        Ok(Some(merged))
     }
 
     /// `unevaluatedProperties`/`unevaluatedItems` of a schema object without in-place
@@ -421,5 +398,61 @@ impl Translator<'_> {
         widen(&mut a, &na, &nb);
         widen(&mut b, &nb, &na);
         (a, b)
+    }
+}
+
+/// The types both `type` values allow (`integer` where one says `number` and the other
+/// `integer`).
+fn merge_types(va: &Value, vb: &Value) -> Value {
+    let list = |v: &Value| -> Vec<String> {
+        match v {
+            Value::String(s) => vec![s.clone()],
+            Value::Array(a) => a
+                .iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let (ta, tb) = (list(va), list(vb));
+    let has = |l: &[String], t: &str| l.iter().any(|x| x == t);
+    let mut both: Vec<Value> = Vec::new();
+    for t in &ta {
+        let keep = has(&tb, t) || (t == "integer" && has(&tb, "number"));
+        if keep {
+            both.push(json!(t));
+        } else if t == "number" && has(&tb, "integer") {
+            both.push(json!("integer"));
+        }
+    }
+    Value::Array(both)
+}
+
+/// Multiples of two integers are the multiples of their least common multiple; other pairs are
+/// not merged.
+fn merge_multiple_of(va: &Value, vb: &Value, pointer: &str) -> Result<Value> {
+    match (va.as_u64(), vb.as_u64()) {
+        (Some(x), Some(y)) if x > 0 && y > 0 => {
+            let gcd = |mut a: u64, mut b: u64| {
+                while b != 0 {
+                    (a, b) = (b, a % b);
+                }
+                a
+            };
+            match (x / gcd(x, y)).checked_mul(y) {
+                Some(l) => Ok(json!(l)),
+                None => Err(unsupported(
+                    "multipleOf",
+                    pointer,
+                    "the least common multiple overflows",
+                )),
+            }
+        }
+        _ => Err(unsupported(
+            "multipleOf",
+            pointer,
+            "two allOf branches set it differently (other than two integers); \
+             merging it is not supported yet",
+        )),
     }
 }
