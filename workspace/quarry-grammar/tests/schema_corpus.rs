@@ -47,7 +47,13 @@ fn real_schemas_compile_or_refuse_with_a_typed_error() {
             },
         };
         let started = std::time::Instant::now();
-        let compiled_now = Grammar::compile(&constraint, vocab.clone(), Limits::default());
+        // Coverage, not speed (`make bench-schemas` times compiles): a loaded machine must not
+        // turn a slow debug-build compile into a refusal past the default 5 s.
+        let limits = Limits {
+            compile_time: std::time::Duration::from_secs(120),
+            ..Limits::default()
+        };
+        let compiled_now = Grammar::compile(&constraint, vocab.clone(), limits);
         if std::env::var_os("QUARRY_CORPUS_VERBOSE").is_some() {
             println!("{name}: {:?}", started.elapsed());
         }

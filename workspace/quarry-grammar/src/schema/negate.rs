@@ -165,13 +165,6 @@ impl Translator<'_> {
             // Intersected with nothing: any answer is exact.
             return Ok(Value::Bool(false));
         }
-        let refuse = |k: &str| {
-            unsupported(
-                "not",
-                pointer,
-                &format!("negating `{k}` is not supported yet"),
-            )
-        };
         let s = self.inline_ref(schema, pointer, depth)?;
         let m = match s {
             Value::Bool(b) => return Ok(Value::Bool(!b)),
@@ -181,203 +174,13 @@ impl Translator<'_> {
         if let Some(expanded) = self.expand_conditionals(&m, pointer)? {
             return self.negate(&expanded, pointer, depth + 1);
         }
-        let d4 = self.draft == Draft::D4;
+        // The schema fails where any of its constraining keywords fails: one alternative each.
         let mut failures: Vec<Value> = Vec::new();
+        let constraining = Self::constraining(&m, &[]);
         for (k, v) in &m {
-            let number = |bound: &str, x: &Value| json!({"type": "number", bound: x});
-            let f = match k.as_str() {
-                k if Self::constraining(&m, &[]).iter().all(|c| *c != k) => continue,
-                "type" => {
-                    let listed: Vec<&str> = match v {
-                        Value::String(t) => vec![t.as_str()],
-                        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
-                        _ => return Err(invalid(&child(pointer, "type"), "expected a type")),
-                    };
-                    let others: Vec<&str> = TYPES
-                        .iter()
-                        .copied()
-                        .filter(|t| {
-                            !(listed.contains(t) || *t == "number" && listed.contains(&"integer"))
-                        })
-                        .collect();
-                    failures.push(json!({ "type": others }));
-                    if listed.contains(&"integer") && !listed.contains(&"number") {
-                        failures.push(json!({"type": "number", "not": {"type": "integer"}}));
-                    }
-                    continue;
-                }
-                "enum" | "const" | "pattern" => json!({"not": {k.as_str(): v}}),
-                "minimum" if d4 && m.get("exclusiveMinimum") == Some(&Value::Bool(true)) => {
-                    number("maximum", v)
-                }
-                "minimum" if d4 => {
-                    json!({"type": "number", "maximum": v, "exclusiveMaximum": true})
-                }
-                "minimum" => number("exclusiveMaximum", v),
-                "maximum" if d4 && m.get("exclusiveMaximum") == Some(&Value::Bool(true)) => {
-                    number("minimum", v)
-                }
-                "maximum" if d4 => {
-                    json!({"type": "number", "minimum": v, "exclusiveMinimum": true})
-                }
-                "maximum" => number("exclusiveMinimum", v),
-                "exclusiveMinimum" | "exclusiveMaximum" if d4 => continue,
-                "exclusiveMinimum" => number("maximum", v),
-                "exclusiveMaximum" => number("minimum", v),
-                "minLength" | "minItems" | "minProperties" => {
-                    let n = super::as_count(v, pointer, k)?;
-                    if n == 0 {
-                        continue;
-                    }
-                    let (t, opposite) = match k.as_str() {
-                        "minLength" => ("string", "maxLength"),
-                        "minItems" => ("array", "maxItems"),
-                        _ => ("object", "maxProperties"),
-                    };
-                    json!({"type": t, opposite: n - 1})
-                }
-                "maxLength" | "maxItems" | "maxProperties" => {
-                    let n = super::as_count(v, pointer, k)?;
-                    let (t, opposite) = match k.as_str() {
-                        "maxLength" => ("string", "minLength"),
-                        "maxItems" => ("array", "minItems"),
-                        _ => ("object", "minProperties"),
-                    };
-                    json!({"type": t, opposite: n + 1})
-                }
-                "required" => {
-                    for name in v.as_array().into_iter().flatten() {
-                        failures.push(json!({"type": "object", "properties": {name.as_str().unwrap_or_default(): false}}));
-                    }
-                    continue;
-                }
-                // Would write a property only the failed schema names: left out next to
-                // unevaluatedProperties (see negate_keeping).
-                "properties" | "items" if self.keep_evaluated => continue,
-                "not" if self.keep_evaluated => return Err(refuse("not")),
-                "properties" => {
-                    let here = child(pointer, "properties");
-                    for (name, p) in v.as_object().into_iter().flatten() {
-                        let at = Below::Property(name);
-                        let n = self.negate_at_child(p, &child(&here, name), depth + 1, at)?;
-                        if n != Value::Bool(false) {
-                            failures.push(json!({"type": "object", "required": [name], "properties": {name: n}}));
-                        }
-                    }
-                    continue;
-                }
-                // Some member has a value failing what its name calls for: a pattern it matches,
-                // or (named by no `properties` entry and matching no pattern) the additional
-                // schema. With the names the intersected schema allows known, one alternative per
-                // such name and schema.
-                "additionalProperties" | "patternProperties" => {
-                    let positive = self.positive.clone();
-                    if positive
-                        .as_ref()
-                        .is_some_and(|p| self.never_object(p, pointer))
-                    {
-                        continue; // only objects fail it, and the other side has none
-                    }
-                    let Some(scope) = positive.and_then(|p| self.closed_names(&p, pointer)) else {
-                        return Err(refuse(k));
-                    };
-                    let patterns = self.pattern_properties(&m, pointer)?;
-                    let declared = m.get("properties").and_then(Value::as_object);
-                    for name in &scope {
-                        let quoted = serde_json::to_string(name).expect("a string serializes");
-                        let matching: Vec<_> = patterns
-                            .iter()
-                            .filter(|p| p.matcher.is_match(quoted.as_bytes()))
-                            .collect();
-                        let schemas: Vec<(Value, String)> = if k == "patternProperties" {
-                            matching
-                                .iter()
-                                .map(|p| (p.schema.clone(), p.pointer.clone()))
-                                .collect()
-                        } else if matching.is_empty()
-                            && !declared.is_some_and(|d| d.contains_key(name))
-                        {
-                            vec![(v.clone(), child(pointer, "additionalProperties"))]
-                        } else {
-                            Vec::new()
-                        };
-                        for (schema, here) in schemas {
-                            let at = Below::Property(name);
-                            let n = self.negate_at_child(&schema, &here, depth + 1, at)?;
-                            if n != Value::Bool(false) {
-                                failures.push(json!({"type": "object", "required": [name], "properties": {name: n}}));
-                            }
-                        }
-                    }
-                    continue;
-                }
-                "items" if v.is_object() || v.is_boolean() => {
-                    let single = self.draft >= Draft::D2020 || !m.contains_key("prefixItems");
-                    if !single || m.contains_key("prefixItems") {
-                        return Err(refuse("items"));
-                    }
-                    let n =
-                        self.negate_at_child(v, &child(pointer, "items"), depth + 1, Below::Items)?;
-                    json!({"type": "array", "contains": n})
-                }
-                "anyOf" | "allOf" => {
-                    let here = child(pointer, k);
-                    let branches = v
-                        .as_array()
-                        .ok_or_else(|| invalid(&here, "expected an array"))?;
-                    let negated = branches
-                        .iter()
-                        .enumerate()
-                        .map(|(i, b)| self.negate(b, &child(&here, &i.to_string()), depth + 1))
-                        .collect::<Result<Vec<_>>>()?;
-                    if k == "anyOf" {
-                        json!({ "allOf": negated })
-                    } else {
-                        failures.extend(negated);
-                        continue;
-                    }
-                }
-                // Not exactly one: none of the branches, or two of them at once.
-                "oneOf" => {
-                    let here = child(pointer, k);
-                    let branches = v
-                        .as_array()
-                        .ok_or_else(|| invalid(&here, "expected an array"))?;
-                    if branches.len() > MAX_ONE_OF_NEGATED {
-                        return Err(unsupported(
-                            "not",
-                            pointer,
-                            &format!(
-                                "negating a `oneOf` of more than {MAX_ONE_OF_NEGATED} branches \
-                                 is not supported"
-                            ),
-                        ));
-                    }
-                    let none = branches
-                        .iter()
-                        .enumerate()
-                        .map(|(i, b)| self.negate(b, &child(&here, &i.to_string()), depth + 1))
-                        .collect::<Result<Vec<_>>>()?;
-                    let mut alts = vec![json!({ "allOf": none })];
-                    for i in 0..branches.len() {
-                        for j in i + 1..branches.len() {
-                            alts.push(json!({"allOf": [branches[i], branches[j]]}));
-                        }
-                    }
-                    json!({ "anyOf": alts })
-                }
-                "not" => v.clone(),
-                // Vendor keywords are annotations when the options say so.
-                other
-                    if self.options.ignore_unknown_keywords
-                        && !super::SUPPORTED.contains(&other)
-                        && !super::UNSUPPORTED.contains(&other) =>
-                {
-                    continue
-                }
-                other => return Err(refuse(other)),
-            };
-            failures.push(f);
+            if constraining.iter().any(|c| c == k) {
+                self.keyword_failures(k, v, &m, pointer, depth, &mut failures)?;
+            }
         }
         failures.retain(|f| f != &Value::Bool(false));
         Ok(match failures.len() {
@@ -385,6 +188,177 @@ impl Translator<'_> {
             1 => failures.pop().unwrap(),
             _ => json!({ "anyOf": failures }),
         })
+    }
+
+    /// Adds to `failures` the schemas of the instances that fail keyword `k` (value `v`) of
+    /// schema object `m`: each alternative is one way to fail it.
+    fn keyword_failures(
+        &mut self,
+        k: &str,
+        v: &Value,
+        m: &Map<String, Value>,
+        pointer: &str,
+        depth: usize,
+        failures: &mut Vec<Value>,
+    ) -> Result<()> {
+        let d4 = self.draft == Draft::D4;
+        let number = |bound: &str, x: &Value| json!({"type": "number", bound: x});
+        let f = match k {
+            "type" => {
+                failures.extend(negate_type(v, pointer)?);
+                return Ok(());
+            }
+            "enum" | "const" | "pattern" => json!({"not": {k: v}}),
+            "minimum" if d4 && m.get("exclusiveMinimum") == Some(&Value::Bool(true)) => {
+                number("maximum", v)
+            }
+            "minimum" if d4 => json!({"type": "number", "maximum": v, "exclusiveMaximum": true}),
+            "minimum" => number("exclusiveMaximum", v),
+            "maximum" if d4 && m.get("exclusiveMaximum") == Some(&Value::Bool(true)) => {
+                number("minimum", v)
+            }
+            "maximum" if d4 => json!({"type": "number", "minimum": v, "exclusiveMinimum": true}),
+            "maximum" => number("exclusiveMinimum", v),
+            "exclusiveMinimum" | "exclusiveMaximum" if d4 => return Ok(()),
+            "exclusiveMinimum" => number("maximum", v),
+            "exclusiveMaximum" => number("minimum", v),
+            "minLength" | "minItems" | "minProperties" | "maxLength" | "maxItems"
+            | "maxProperties" => match negate_count(k, v, pointer)? {
+                Some(f) => f,
+                None => return Ok(()),
+            },
+            "required" => {
+                for name in v.as_array().into_iter().flatten() {
+                    failures.push(json!({"type": "object", "properties": {name.as_str().unwrap_or_default(): false}}));
+                }
+                return Ok(());
+            }
+            // Would write a property only the failed schema names: left out next to
+            // unevaluatedProperties (see negate_keeping).
+            "properties" | "items" if self.keep_evaluated => return Ok(()),
+            "not" if self.keep_evaluated => return Err(refuse("not", pointer)),
+            "properties" => {
+                let here = child(pointer, "properties");
+                for (name, p) in v.as_object().into_iter().flatten() {
+                    let at = Below::Property(name);
+                    let n = self.negate_at_child(p, &child(&here, name), depth + 1, at)?;
+                    failures.push(member_fails(name, n));
+                }
+                return Ok(());
+            }
+            "additionalProperties" | "patternProperties" => {
+                return self.member_failures(k, v, m, pointer, depth, failures);
+            }
+            "items" if v.is_object() || v.is_boolean() => {
+                let single = self.draft >= Draft::D2020 || !m.contains_key("prefixItems");
+                if !single || m.contains_key("prefixItems") {
+                    return Err(refuse("items", pointer));
+                }
+                let n =
+                    self.negate_at_child(v, &child(pointer, "items"), depth + 1, Below::Items)?;
+                json!({"type": "array", "contains": n})
+            }
+            "anyOf" | "allOf" | "oneOf" => {
+                let here = child(pointer, k);
+                let branches = v
+                    .as_array()
+                    .ok_or_else(|| invalid(&here, "expected an array"))?;
+                if k == "oneOf" && branches.len() > MAX_ONE_OF_NEGATED {
+                    return Err(unsupported(
+                        "not",
+                        pointer,
+                        &format!(
+                            "negating a `oneOf` of more than {MAX_ONE_OF_NEGATED} branches \
+                             is not supported"
+                        ),
+                    ));
+                }
+                let negated = branches
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| self.negate(b, &child(&here, &i.to_string()), depth + 1))
+                    .collect::<Result<Vec<_>>>()?;
+                match k {
+                    "anyOf" => json!({ "allOf": negated }),
+                    "allOf" => {
+                        failures.extend(negated);
+                        return Ok(());
+                    }
+                    // Not exactly one: none of the branches, or two of them at once.
+                    _ => {
+                        let mut alts = vec![json!({ "allOf": negated })];
+                        for i in 0..branches.len() {
+                            for j in i + 1..branches.len() {
+                                alts.push(json!({"allOf": [branches[i], branches[j]]}));
+                            }
+                        }
+                        json!({ "anyOf": alts })
+                    }
+                }
+            }
+            "not" => v.clone(),
+            // Vendor keywords are annotations when the options say so.
+            other
+                if self.options.ignore_unknown_keywords
+                    && !super::SUPPORTED.contains(&other)
+                    && !super::UNSUPPORTED.contains(&other) =>
+            {
+                return Ok(())
+            }
+            other => return Err(refuse(other, pointer)),
+        };
+        failures.push(f);
+        Ok(())
+    }
+
+    /// The failures of `additionalProperties` or `patternProperties` (`k`, value `v`) of `m`:
+    /// some member has a value failing what its name calls for, a pattern it matches, or (named
+    /// by no `properties` entry and matching no pattern) the additional schema. With the names
+    /// the intersected schema allows known, one alternative per such name and schema.
+    fn member_failures(
+        &mut self,
+        k: &str,
+        v: &Value,
+        m: &Map<String, Value>,
+        pointer: &str,
+        depth: usize,
+        failures: &mut Vec<Value>,
+    ) -> Result<()> {
+        let positive = self.positive.clone();
+        if positive
+            .as_ref()
+            .is_some_and(|p| self.never_object(p, pointer))
+        {
+            return Ok(()); // only objects fail it, and the other side has none
+        }
+        let Some(scope) = positive.and_then(|p| self.closed_names(&p, pointer)) else {
+            return Err(refuse(k, pointer));
+        };
+        let patterns = self.pattern_properties(m, pointer)?;
+        let declared = m.get("properties").and_then(Value::as_object);
+        for name in &scope {
+            let quoted = serde_json::to_string(name).expect("a string serializes");
+            let matching: Vec<_> = patterns
+                .iter()
+                .filter(|p| p.matcher.is_match(quoted.as_bytes()))
+                .collect();
+            let schemas: Vec<(Value, String)> = if k == "patternProperties" {
+                matching
+                    .iter()
+                    .map(|p| (p.schema.clone(), p.pointer.clone()))
+                    .collect()
+            } else if matching.is_empty() && !declared.is_some_and(|d| d.contains_key(name)) {
+                vec![(v.clone(), child(pointer, "additionalProperties"))]
+            } else {
+                Vec::new()
+            };
+            for (schema, here) in schemas {
+                let at = Below::Property(name);
+                let n = self.negate_at_child(&schema, &here, depth + 1, at)?;
+                failures.push(member_fails(name, n));
+            }
+        }
+        Ok(())
     }
 
     /// `m`'s `not`, if it is made of leaves this module applies to text: one keyword out of
@@ -739,4 +713,58 @@ impl Translator<'_> {
         }
         Ok(Value::Array(out))
     }
+}
+
+/// The typed error for a keyword whose negation is not supported.
+fn refuse(k: &str, pointer: &str) -> super::SchemaError {
+    unsupported(
+        "not",
+        pointer,
+        &format!("negating `{k}` is not supported yet"),
+    )
+}
+
+/// An object whose member `name` is present and is `n` (a member failing its schema); nothing
+/// (`false`) where no value fails it.
+fn member_fails(name: &str, n: Value) -> Value {
+    if n == Value::Bool(false) {
+        return n;
+    }
+    json!({"type": "object", "required": [name], "properties": {name: n}})
+}
+
+/// The failures of `type` (value `v`): any other type, and a non-integer number where
+/// `integer` is listed without `number`.
+fn negate_type(v: &Value, pointer: &str) -> Result<Vec<Value>> {
+    let listed: Vec<&str> = match v {
+        Value::String(t) => vec![t.as_str()],
+        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => return Err(invalid(&child(pointer, "type"), "expected a type")),
+    };
+    let others: Vec<&str> = TYPES
+        .iter()
+        .copied()
+        .filter(|t| !(listed.contains(t) || *t == "number" && listed.contains(&"integer")))
+        .collect();
+    let mut out = vec![json!({ "type": others })];
+    if listed.contains(&"integer") && !listed.contains(&"number") {
+        out.push(json!({"type": "number", "not": {"type": "integer"}}));
+    }
+    Ok(out)
+}
+
+/// The failure of a count bound (`minLength` … `maxProperties`, value `v`): the opposite bound
+/// on the same type; `None` for a minimum of 0, which nothing fails.
+fn negate_count(k: &str, v: &Value, pointer: &str) -> Result<Option<Value>> {
+    let n = super::as_count(v, pointer, k)?;
+    let (t, opposite, bound) = match k {
+        "minLength" if n > 0 => ("string", "maxLength", n - 1),
+        "minItems" if n > 0 => ("array", "maxItems", n - 1),
+        "minProperties" if n > 0 => ("object", "maxProperties", n - 1),
+        "minLength" | "minItems" | "minProperties" => return Ok(None),
+        "maxLength" => ("string", "minLength", n + 1),
+        "maxItems" => ("array", "minItems", n + 1),
+        _ => ("object", "minProperties", n + 1),
+    };
+    Ok(Some(json!({"type": t, opposite: bound})))
 }
