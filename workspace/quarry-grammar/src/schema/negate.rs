@@ -179,7 +179,14 @@ impl Translator<'_> {
         let constraining = Self::constraining(&m, &[]);
         for (k, v) in &m {
             if constraining.iter().any(|c| c == k) {
-                self.keyword_failures(k, v, &m, pointer, depth, &mut failures)?;
+                let at = Keyword {
+                    name: k,
+                    value: v,
+                    schema: &m,
+                    pointer,
+                    depth,
+                };
+                self.keyword_failures(at, &mut failures)?;
             }
         }
         failures.retain(|f| f != &Value::Bool(false));
@@ -190,17 +197,16 @@ impl Translator<'_> {
         })
     }
 
-    /// Adds to `failures` the schemas of the instances that fail keyword `k` (value `v`) of
-    /// schema object `m`: each alternative is one way to fail it.
-    fn keyword_failures(
-        &mut self,
-        k: &str,
-        v: &Value,
-        m: &Map<String, Value>,
-        pointer: &str,
-        depth: usize,
-        failures: &mut Vec<Value>,
-    ) -> Result<()> {
+    /// Adds to `failures` the schemas of the instances that fail one keyword of a schema object:
+    /// each alternative is one way to fail it.
+    fn keyword_failures(&mut self, at: Keyword<'_>, failures: &mut Vec<Value>) -> Result<()> {
+        let Keyword {
+            name: k,
+            value: v,
+            schema: m,
+            pointer,
+            depth,
+        } = at;
         let d4 = self.draft == Draft::D4;
         let number = |bound: &str, x: &Value| json!({"type": "number", bound: x});
         let f = match k {
@@ -247,7 +253,7 @@ impl Translator<'_> {
                 return Ok(());
             }
             "additionalProperties" | "patternProperties" => {
-                return self.member_failures(k, v, m, pointer, depth, failures);
+                return self.member_failures(at, failures);
             }
             "items" if v.is_object() || v.is_boolean() => {
                 let single = self.draft >= Draft::D2020 || !m.contains_key("prefixItems");
@@ -311,19 +317,11 @@ impl Translator<'_> {
         Ok(())
     }
 
-    /// The failures of `additionalProperties` or `patternProperties` (`k`, value `v`) of `m`:
-    /// some member has a value failing what its name calls for, a pattern it matches, or (named
+    /// The failures of `additionalProperties` or `patternProperties`: some member has a value failing what its name calls for, a pattern it matches, or (named
     /// by no `properties` entry and matching no pattern) the additional schema. With the names
     /// the intersected schema allows known, one alternative per such name and schema.
-    fn member_failures(
-        &mut self,
-        k: &str,
-        v: &Value,
-        m: &Map<String, Value>,
-        pointer: &str,
-        depth: usize,
-        failures: &mut Vec<Value>,
-    ) -> Result<()> {
+    fn member_failures(&mut self, at: Keyword<'_>, failures: &mut Vec<Value>) -> Result<()> {
+        let pointer = at.pointer;
         let positive = self.positive.clone();
         if positive
             .as_ref()
@@ -332,29 +330,29 @@ impl Translator<'_> {
             return Ok(()); // only objects fail it, and the other side has none
         }
         let Some(scope) = positive.and_then(|p| self.closed_names(&p, pointer)) else {
-            return Err(refuse(k, pointer));
+            return Err(refuse(at.name, pointer));
         };
-        let patterns = self.pattern_properties(m, pointer)?;
-        let declared = m.get("properties").and_then(Value::as_object);
+        let patterns = self.pattern_properties(at.schema, pointer)?;
+        let declared = at.schema.get("properties").and_then(Value::as_object);
         for name in &scope {
             let quoted = serde_json::to_string(name).expect("a string serializes");
             let matching: Vec<_> = patterns
                 .iter()
                 .filter(|p| p.matcher.is_match(quoted.as_bytes()))
                 .collect();
-            let schemas: Vec<(Value, String)> = if k == "patternProperties" {
+            let schemas: Vec<(Value, String)> = if at.name == "patternProperties" {
                 matching
                     .iter()
                     .map(|p| (p.schema.clone(), p.pointer.clone()))
                     .collect()
             } else if matching.is_empty() && !declared.is_some_and(|d| d.contains_key(name)) {
-                vec![(v.clone(), child(pointer, "additionalProperties"))]
+                vec![(at.value.clone(), child(pointer, "additionalProperties"))]
             } else {
                 Vec::new()
             };
             for (schema, here) in schemas {
-                let at = Below::Property(name);
-                let n = self.negate_at_child(&schema, &here, depth + 1, at)?;
+                let below = Below::Property(name);
+                let n = self.negate_at_child(&schema, &here, at.depth + 1, below)?;
                 failures.push(member_fails(name, n));
             }
         }
@@ -767,4 +765,15 @@ fn negate_count(k: &str, v: &Value, pointer: &str) -> Result<Option<Value>> {
         _ => ("object", "minProperties", n + 1),
     };
     Ok(Some(json!({"type": t, opposite: bound})))
+}
+
+/// One keyword of a schema object being negated: its name and value, the object it is in, where
+/// that object is, and the nesting depth.
+#[derive(Clone, Copy)]
+struct Keyword<'a> {
+    name: &'a str,
+    value: &'a Value,
+    schema: &'a Map<String, Value>,
+    pointer: &'a str,
+    depth: usize,
 }
