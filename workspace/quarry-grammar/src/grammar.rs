@@ -9,7 +9,7 @@ use crate::error::GrammarError;
 use crate::limits::Limits;
 use crate::loops::{ByteSet, Lookup, LoopIndex, LoopKey, Part, Trie};
 use crate::schema::unique::UniquePlan;
-use crate::schema::{schema_to_regex, SchemaOptions, Whitespace};
+use crate::schema::{schema_to_regex, Re, SchemaOptions, Whitespace};
 use crate::vocab::{TokenTrie, Vocabulary, BYTE_GROUP};
 
 /// What the output must match.
@@ -63,11 +63,11 @@ impl Constraint {
                     message: "a grammar file has no regex form; its text is the constraint".into(),
                 })
             }
-            _ => (self.pattern()?, Vec::new()),
+            _ => return Ok(vec![("root".to_owned(), self.pattern()?)]),
         };
-        let mut out = vec![("root".to_owned(), root)];
+        let mut out = vec![("root".to_owned(), root.to_string())];
         for (k, body) in rules.into_iter().enumerate() {
-            out.push((format!("rule {}", k + 1), body));
+            out.push((format!("rule {}", k + 1), body.to_string()));
         }
         Ok(out)
     }
@@ -105,24 +105,17 @@ fn within(value: usize, bound: usize, limit: &'static str) -> Result<(), Grammar
     Ok(())
 }
 
-/// A schema's (or `json_object`'s) regex text for the root and its rules, parsed and prepared.
-/// Schema regexes are parsed in byte mode (they are quarry's own text, and byte classes in them
-/// are meant); user regexes must match UTF-8 only.
-fn from_regex_rules(
-    root: &str,
-    rules: Vec<String>,
-    limits: &Limits,
-) -> Result<Prepared, GrammarError> {
-    let total = root.len() + rules.iter().map(String::len).sum::<usize>();
+/// A schema's (or `json_object`'s) typed regex for the root and its rules, lowered into terms
+/// and prepared. Leaf texts are parsed in byte mode (they are quarry's own text, and byte
+/// classes in them are meant); user regexes must match UTF-8 only.
+fn from_regex_rules(root: &Re, rules: Vec<Re>, limits: &Limits) -> Result<Prepared, GrammarError> {
+    let total = root.len() + rules.iter().map(Re::len).sum::<usize>();
     within(total, limits.max_regex_bytes, "max_regex_bytes")?;
     let mut terms = Terms::new();
-    let n = rules.len() as u32 + 1;
-    let parse = |terms: &mut Terms, text: &str| {
-        crate::parse::parse_with_rules(terms, text, true, n).map_err(|message| {
-            GrammarError::InvalidRegex {
-                pattern: text.to_owned(),
-                message,
-            }
+    let parse = |terms: &mut Terms, re: &Re| {
+        re.lower(terms).map_err(|e| GrammarError::InvalidRegex {
+            pattern: e.text,
+            message: e.message,
         })
     };
     let root = parse(&mut terms, root)?;
@@ -135,8 +128,8 @@ fn from_regex_rules(
     }
     let mut bodies = vec![root];
     let mut names = vec!["root".to_owned()];
-    for (k, text) in rules.iter().enumerate() {
-        bodies.push(parse(&mut terms, text)?);
+    for (k, re) in rules.iter().enumerate() {
+        bodies.push(parse(&mut terms, re)?);
         names.push(format!("rule {}", k + 1));
     }
     crate::cfg::prepare(Rules {

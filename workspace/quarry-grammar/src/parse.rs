@@ -33,7 +33,8 @@ const RULE_GROUP: &str = "quarry_rule_";
 
 /// The regex text of a reference to rule `n`: an empty named group, which [`parse_with_rules`]
 /// reads as [`Terms::rule_ref`] when `n` is below its `rules` and the caller asked for rules.
-/// Only the schema translator writes it; user regexes are parsed with no rules, where it is an
+/// Only the text of a schema's typed regex ([`crate::schema::Re`]'s `Display`, what `quarry
+/// grammar explain` prints) holds it; user regexes are parsed with no rules, where it is an
 /// ordinary (empty) group.
 pub(crate) fn rule_ref_text(n: usize) -> String {
     format!("(?P<{RULE_GROUP}{n}>)")
@@ -46,7 +47,7 @@ const AND_NOT: &str = "(?P<quarry_andnot>)";
 
 /// The regex text of `a ∧ b` (`negate`: `a ∧ ¬b`), which [`parse_with_rules`] reads as an `And`
 /// term (with at least one rule: schema text), without building the product of the two automata.
-/// Only the schema translator writes it; in user regexes it is an empty named group.
+/// Only the text of a schema's typed regex holds it; in user regexes it is an empty named group.
 pub(crate) fn and_text(a: &str, b: &str, negate: bool) -> String {
     let op = if negate { AND_NOT } else { AND };
     format!("(?:(?:{a}){op}(?:{b}))")

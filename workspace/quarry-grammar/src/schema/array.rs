@@ -4,12 +4,12 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    alt, as_count, child, count, invalid, json_equal, unsupported, value_literal, Draft, Result,
-    Translator, UnevaluatedOf, ANNOTATIONS, NOTHING,
+    as_count, child, count, invalid, json_equal, unsupported, value_literal, Draft, Re, Result,
+    Translator, UnevaluatedOf, ANNOTATIONS,
 };
 
 impl Translator<'_> {
-    pub(super) fn array(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+    pub(super) fn array(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<Re> {
         if m.contains_key("contains")
             || m.contains_key("minContains")
             || m.contains_key("maxContains")
@@ -62,7 +62,7 @@ impl Translator<'_> {
             max = Some(max.map_or(k, |x| x.min(k)));
         }
         if max.is_some_and(|x| x < min) {
-            return Ok(NOTHING.to_owned());
+            return Ok(Re::nothing());
         }
         let prefix_pointer = if self.draft >= Draft::D2020 {
             "prefixItems"
@@ -83,47 +83,42 @@ impl Translator<'_> {
         } else {
             None
         };
-        let (pad, comma) = (&self.sep.pad, &self.sep.comma);
+        let comma = &self.sep.comma;
         // build(i): elements from position i on, after i elements were written (i >= 1).
-        let build_rest = |i: u64| -> String {
+        let build_rest = |i: u64| -> Re {
             let Some(r) = &rest_re else {
-                return String::new();
+                return Re::empty();
             };
             let lo = min.saturating_sub(i);
             match max {
-                Some(x) if x <= i => String::new(),
-                Some(x) => format!("(?:{comma}{r}){{{lo},{}}}", x - i),
-                None => format!("(?:{comma}{r}){{{lo},}}"),
+                Some(x) if x <= i => Re::empty(),
+                _ => Re::repeat(Re::seq([comma.clone(), r.clone()]), lo, max.map(|x| x - i)),
             }
         };
         let mut tail = build_rest(k.max(1));
         // Prefix positions from the last down to 1 (position 0 is the first element).
         for i in (1..elems.len() as u64).rev() {
             let e = &elems[i as usize];
-            let cont = format!("{comma}{e}{tail}");
-            tail = if i >= min {
-                format!("(?:{cont})?")
-            } else {
-                cont
-            };
+            let cont = Re::seq([comma.clone(), e.clone(), tail]);
+            tail = if i >= min { Re::opt(cont) } else { cont };
         }
         let first = match elems.first() {
             Some(e) => Some(e.clone()),
             None => rest_re.clone(),
         };
         let body = match first {
-            None => String::new(),
-            Some(_) if max == Some(0) => String::new(),
+            None => Re::empty(),
+            Some(_) if max == Some(0) => Re::empty(),
             Some(f) => {
-                let seq = format!("{f}{tail}");
+                let seq = Re::seq([f, tail]);
                 if min == 0 {
-                    format!("(?:{seq})?")
+                    Re::opt(seq)
                 } else {
                     seq
                 }
             }
         };
-        Ok(format!("\\[{pad}{body}{pad}\\]"))
+        Ok(self.sep.bracketed(r"\[", body, r"\]"))
     }
 
     /// The item values of an array whose items form a small finite set: `items` is an `enum`,
@@ -163,42 +158,37 @@ impl Translator<'_> {
         m: &Map<String, Value>,
         values: &[Value],
         pointer: &str,
-    ) -> Result<String> {
+    ) -> Result<Re> {
         let min = count(m, pointer, "minItems")?.unwrap_or(0);
         let max = count(m, pointer, "maxItems")?
             .unwrap_or(u64::MAX)
             .min(values.len() as u64);
-        let lits: Vec<String> = values.iter().map(|v| value_literal(v, &self.sep)).collect();
-        let (pad, comma) = (&self.sep.pad, &self.sep.comma);
-        fn rest(used: u32, lits: &[String], min: u64, max: u64, comma: &str) -> String {
+        let lits: Vec<Re> = values.iter().map(|v| value_literal(v, &self.sep)).collect();
+        fn rest(used: u32, lits: &[Re], min: u64, max: u64, comma: &Re) -> Re {
             let n = used.count_ones() as u64;
             let mut alts = Vec::new();
             if n < max {
                 for (i, l) in lits.iter().enumerate() {
                     if used >> i & 1 == 0 {
-                        let sep = if n == 0 { "" } else { comma };
-                        alts.push(format!(
-                            "{sep}{l}{}",
-                            rest(used | 1 << i, lits, min, max, comma)
-                        ));
+                        let sep = if n == 0 { Re::empty() } else { comma.clone() };
+                        alts.push(Re::seq([
+                            sep,
+                            l.clone(),
+                            rest(used | 1 << i, lits, min, max, comma),
+                        ]));
                     }
                 }
             }
             if n >= min {
-                alts.push(String::new());
+                alts.push(Re::empty());
             }
-            if alts.is_empty() {
-                return NOTHING.to_owned();
-            }
-            format!("(?:{})", alts.join("|"))
+            Re::alt(alts)
         }
         if min > max {
-            return Ok(NOTHING.to_owned());
+            return Ok(Re::nothing());
         }
-        Ok(format!(
-            "\\[{pad}{}{pad}\\]",
-            rest(0, &lits, min, max, comma)
-        ))
+        let body = rest(0, &lits, min, max, &self.sep.comma);
+        Ok(self.sep.bracketed(r"\[", body, r"\]"))
     }
 
     /// `contains` with `minContains`/`maxContains` (2019-09 on) and a schema-valued `items`: the
@@ -206,11 +196,7 @@ impl Translator<'_> {
     /// when there is no `maxContains`), with between `minContains` and `maxContains` Ms. Other
     /// array keywords next to `contains` are unsupported, except a `minItems` the Ms already
     /// satisfy.
-    pub(super) fn array_contains(
-        &mut self,
-        m: &Map<String, Value>,
-        pointer: &str,
-    ) -> Result<String> {
+    pub(super) fn array_contains(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<Re> {
         let others = [
             "prefixItems",
             "additionalItems",
@@ -278,7 +264,7 @@ impl Translator<'_> {
             ));
         }
         if max.is_some_and(|x| x < min) {
-            return Ok(NOTHING.to_owned());
+            return Ok(Re::nothing());
         }
         let here = child(pointer, "contains");
         let matching = self.child_value(&json!({"allOf": [items, c]}), &here)?;
@@ -290,25 +276,30 @@ impl Translator<'_> {
                 self.child_value(&json!({"allOf": [items, not_c]}), &here)?
             }
         };
-        let (pad, sep) = (&self.sep.pad, &self.sep.comma);
+        let sep = &self.sep.comma;
+        // Any number of others, each after a separator.
+        let others_after = Re::star(Re::seq([sep.clone(), other.clone()]));
         // Exactly k ≥ 1 matching elements, others around them.
         let with = |lo: u64, hi: Option<u64>| {
-            let more = match hi {
-                Some(h) => format!("{{{},{}}}", lo - 1, h - 1),
-                None => format!("{{{},}}", lo - 1),
-            };
-            format!(
-                "(?:{other}{sep})*{matching}(?:{sep}{other})*(?:{sep}{matching}(?:{sep}{other})*){more}"
-            )
+            Re::seq([
+                Re::star(Re::seq([other.clone(), sep.clone()])),
+                matching.clone(),
+                others_after.clone(),
+                Re::repeat(
+                    Re::seq([sep.clone(), matching.clone(), others_after.clone()]),
+                    lo - 1,
+                    hi.map(|h| h - 1),
+                ),
+            ])
         };
         let mut bodies = Vec::new();
         if min == 0 {
-            bodies.push(String::new());
-            bodies.push(format!("{other}(?:{sep}{other})*"));
+            bodies.push(Re::empty());
+            bodies.push(Re::seq([other.clone(), others_after.clone()]));
         }
         if max != Some(0) {
             bodies.push(with(min.max(1), max));
         }
-        Ok(format!("\\[{pad}{}{pad}\\]", alt(&bodies)))
+        Ok(self.sep.bracketed(r"\[", Re::alt(bodies), r"\]"))
     }
 }

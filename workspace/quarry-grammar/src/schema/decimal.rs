@@ -7,7 +7,7 @@
 //! never written.
 
 use super::scalar::int_range;
-use super::{alt, NOTHING};
+use super::{alt_text as alt, NOTHING};
 
 /// Largest integer part written (18 digits).
 const INT_MAX: u64 = 999_999_999_999_999_999;

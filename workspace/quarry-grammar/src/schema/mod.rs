@@ -1,6 +1,11 @@
 //! JSON Schema → a regex over quarry's canonical JSON text, compiled by the same DFA machinery as
 //! any regex constraint.
 //!
+//! The translator builds a typed tree ([`Re`]: sequences, alternatives, repetitions,
+//! intersections, rule references, and regex text only for leaf languages such as a number
+//! range or a format), which [`crate::Grammar`] lowers straight into its terms. Its text form
+//! ([`schema_to_regex`], `quarry grammar explain`) is for people and for regex-level tests.
+//!
 //! # Output form
 //! - Canonical JSON: object properties in schema order (`properties`), then any additional
 //!   properties; strings escaped exactly as `serde_json` writes them (`\"`, `\\`, `\b \f \n \r \t`,
@@ -135,6 +140,7 @@ mod decimal;
 mod merge;
 mod negate;
 mod object;
+mod re;
 mod resolve;
 mod scalar;
 #[cfg(test)]
@@ -145,6 +151,8 @@ pub use canonical::canonicalize;
 pub use resolve::{bundle, flatten};
 
 use serde_json::{json, Map, Value};
+
+pub(crate) use re::Re;
 
 /// Whitespace the output may contain between tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -182,21 +190,21 @@ impl Whitespace {
     fn separators(&self) -> Separators {
         match self {
             Whitespace::Compact => Separators {
-                pad: String::new(),
-                comma: ",".into(),
-                colon: ":".into(),
+                pad: Re::empty(),
+                comma: Re::text(","),
+                colon: Re::text(":"),
             },
             Whitespace::Spaced => Separators {
-                pad: String::new(),
-                comma: ", ".into(),
-                colon: ": ".into(),
+                pad: Re::empty(),
+                comma: Re::text(", "),
+                colon: Re::text(": "),
             },
             Whitespace::Pretty { max_run } => {
                 let ws = format!("[ \\t\\n\\r]{{0,{max_run}}}");
                 Separators {
-                    comma: format!("{ws},{ws}"),
-                    colon: format!("{ws}:{ws}"),
-                    pad: ws,
+                    comma: Re::text(format!("{ws},{ws}")),
+                    colon: Re::text(format!("{ws}:{ws}")),
+                    pad: Re::text(ws),
                 }
             }
         }
@@ -274,11 +282,25 @@ impl serde_json::ser::Formatter for SpacedFormatter {
 #[derive(Clone)]
 struct Separators {
     /// After `[`/`{` and before `]`/`}`.
-    pad: String,
+    pad: Re,
     /// Between array items and between object members.
-    comma: String,
+    comma: Re,
     /// Between a key and its value.
-    colon: String,
+    colon: Re,
+}
+
+impl Separators {
+    /// `open`, padding, `body`, padding, `close`: an array's or object's brackets around its
+    /// items or members.
+    fn bracketed(&self, open: &'static str, body: Re, close: &'static str) -> Re {
+        Re::seq([
+            Re::text(open),
+            self.pad.clone(),
+            body,
+            self.pad.clone(),
+            Re::text(close),
+        ])
+    }
 }
 
 /// How a schema becomes a constraint.
@@ -380,8 +402,6 @@ const ESCAPED: &str = r#"\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f])"#;
 /// most 18 integer digits, 18 fraction digits and a 2-digit exponent.
 const NUMBER: &str = r"-?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]{1,18})?(?:[eE][+-]?[0-9]{1,2})?";
 const INTEGER: &str = r"-?(?:0|[1-9][0-9]{0,17})";
-/// A regex with an empty language.
-const NOTHING: &str = r"[^\x00-\x{10FFFF}]";
 
 const ANNOTATIONS: &[&str] = &[
     "title",
@@ -498,10 +518,11 @@ impl UnevaluatedOf {
 const TYPES: &[&str] = &["null", "boolean", "object", "array", "number", "string"];
 
 /// The regex (over canonical JSON text, full match) of the instances `schema` accepts, with the
-/// default compile-time limit. The text is in quarry's own dialect: where keywords constrain the
-/// same text twice it holds intersection terms, written as empty named groups
-/// (`(?P<quarry_and>)`) that regex-automata would read as nothing, so compile it with
-/// [`crate::Grammar`] (or read it as documentation, as `quarry grammar explain` prints it).
+/// default compile-time limit: the text of the typed tree the translator builds. Where keywords
+/// constrain the same text twice it holds intersection terms, written as empty named groups
+/// (`(?P<quarry_and>)`) that regex-automata would read as nothing, so compile the schema with
+/// [`crate::Grammar`] (which lowers the tree itself, not this text) and read this as
+/// documentation, as `quarry grammar explain` prints it.
 pub fn schema_to_regex(schema: &Value, options: &SchemaOptions) -> Result<String> {
     let limits = crate::Limits::default();
     let deadline = std::time::Instant::now() + limits.compile_time;
@@ -520,7 +541,7 @@ pub fn schema_to_regex_by(
 ) -> Result<String> {
     let (root, rules) = schema_to_rules_by(schema, options, limits, deadline)?;
     match rules.first() {
-        None => Ok(root),
+        None => Ok(root.to_string()),
         Some(_) => Err(unsupported(
             "$ref",
             "#",
@@ -530,15 +551,15 @@ pub fn schema_to_regex_by(
     }
 }
 
-/// The schema as regex text for the root and for each rule a recursive `$ref` needs: rule `k`'s
-/// regex is `rules[k - 1]`, and `(?P<quarry_rule_k>)` in any of them refers to it
-/// ([`crate::parse::rule_ref_text`]). No rules when nothing recurses (or recursion is unrolled).
+/// The schema as a typed regex for the root and for each rule a recursive `$ref` needs: rule
+/// `k`'s regex is `rules[k - 1]`, and [`Re::rule`]`(k)` in any of them refers to it. No rules
+/// when nothing recurses (or recursion is unrolled).
 pub(crate) fn schema_to_rules_by(
     schema: &Value,
     options: &SchemaOptions,
     limits: &crate::Limits,
     deadline: std::time::Instant,
-) -> Result<(String, Vec<String>)> {
+) -> Result<(Re, Vec<Re>)> {
     // Every reference as a pointer from the root, whatever `$id`s it was relative to.
     let schema = &*resolve::flatten(schema)?;
     // Inline copies of each referenced subschema first: a regular language where nothing
@@ -548,10 +569,14 @@ pub(crate) fn schema_to_rules_by(
     let mut tries = SHARED_RULE_BYTES.iter().copied().map(Some);
     let mut share = None;
     loop {
-        let out = translate(schema, options, limits, deadline, share);
-        let total = |(root, rules): &(String, Vec<String>)| {
-            root.len() + rules.iter().map(String::len).sum::<usize>()
-        };
+        // The schema's own values are copied whole in places (a property's schema, a merge),
+        // which recurses as deep as the JSON: start with room for that whatever the caller's
+        // stack (deeper levels of translation grow their own, see `Translator::nested`).
+        let out = stacker::maybe_grow(STACK_TOP, STACK_SEGMENT, || {
+            translate(schema, options, limits, deadline, share)
+        });
+        let total =
+            |(root, rules): &(Re, Vec<Re>)| root.len() + rules.iter().map(Re::len).sum::<usize>();
         match (out, tries.next()) {
             (Err(SchemaError::TooLarge { .. }), Some(next)) => share = next,
             (Ok(done), Some(next)) if total(&done) > limits.max_regex_bytes => share = next,
@@ -569,6 +594,8 @@ const STACK_RED_ZONE: usize = if cfg!(debug_assertions) {
     64 << 10
 };
 const STACK_SEGMENT: usize = 8 << 20;
+/// Stack that translation starts with at least (or on a new segment).
+const STACK_TOP: usize = 1 << 20;
 
 fn translate(
     schema: &Value,
@@ -576,7 +603,7 @@ fn translate(
     limits: &crate::Limits,
     deadline: std::time::Instant,
     share_refs: Option<usize>,
-) -> Result<(String, Vec<String>)> {
+) -> Result<(Re, Vec<Re>)> {
     let draft = Draft::of(schema);
     let mut t = Translator {
         root: schema,
@@ -621,18 +648,6 @@ enum Op {
 /// classes, with UTF-8 validation of the pattern off, as the grammar parses them in byte mode.
 pub(crate) fn schema_syntax() -> regex_automata::util::syntax::Config {
     regex_automata::util::syntax::Config::new().utf8(false)
-}
-
-/// Whether translated regex text contains a rule reference: such text is a grammar, which the
-/// regex-level operations (intersection, negation, test matching) cannot take.
-fn has_rule_ref(re: &str) -> bool {
-    re.contains("(?P<quarry_rule_")
-}
-
-/// Whether translated text holds a rule reference or an intersection term: text that
-/// regex-automata would misread (both are empty named groups to it).
-pub(super) fn has_markers(re: &str) -> bool {
-    crate::parse::has_markers(re)
 }
 
 struct Translator<'a> {
@@ -692,62 +707,71 @@ fn child(pointer: &str, key: &str) -> String {
     format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"))
 }
 
-fn alt(parts: &[String]) -> String {
-    match parts.len() {
-        0 => NOTHING.to_owned(),
-        1 => parts[0].clone(),
-        _ => {
-            // One allocation of the final size: the parts of a large schema are megabytes, and
-            // joining them before wrapping copied every byte twice.
-            let len = parts.iter().map(|p| p.len() + 1).sum::<usize>() + 3;
-            let mut out = String::with_capacity(len);
-            out.push_str("(?:");
-            for (i, p) in parts.iter().enumerate() {
-                if i > 0 {
-                    out.push('|');
-                }
-                out.push_str(p);
-            }
-            out.push(')');
-            out
-        }
+/// Leaf text with an empty language, for the builders of leaf languages (number ranges).
+const NOTHING: &str = r"[^\x00-\x{10FFFF}]";
+
+/// Leaf text of any one of `parts` (none: [`NOTHING`]).
+fn alt_text(parts: &[String]) -> String {
+    match parts {
+        [] => NOTHING.to_owned(),
+        [one] => one.clone(),
+        _ => format!("(?:{})", parts.join("|")),
     }
 }
 
-/// A value's canonical JSON text as a regex literal.
-fn literal(v: &Value) -> String {
-    regex_syntax::escape(&serde_json::to_string(v).expect("a Value serializes"))
+/// A leaf language built as text, with [`NOTHING`] as [`Re::nothing`].
+fn leaf(text: String) -> Re {
+    if text == NOTHING {
+        Re::nothing()
+    } else {
+        Re::text(text)
+    }
+}
+
+/// A value's canonical JSON text as a literal.
+fn literal(v: &Value) -> Re {
+    Re::lit(&serde_json::to_string(v).expect("a Value serializes"))
 }
 
 /// An `enum`/`const` value as a regex: its canonical text in the layout `sep`, where a number
 /// with an integral value may also be written with `.0` (JSON Schema compares numbers by value: `1`
 /// and `1.0` are equal).
-fn value_literal(v: &Value, sep: &Separators) -> String {
+fn value_literal(v: &Value, sep: &Separators) -> Re {
+    // Items or members with the separator between them.
+    let joined = |parts: Vec<Re>| {
+        let mut out = Vec::with_capacity(2 * parts.len());
+        for (i, p) in parts.into_iter().enumerate() {
+            if i > 0 {
+                out.push(sep.comma.clone());
+            }
+            out.push(p);
+        }
+        Re::seq(out)
+    };
     match v {
         Value::Number(n) => match n.as_f64() {
             Some(f) if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => {
                 let i = f as i64;
-                format!("(?:{i}|{i}\\.0)")
+                Re::text(format!("{i}|{i}\\.0"))
             }
             _ => literal(v),
         },
         Value::Array(a) => {
-            let items: Vec<String> = a.iter().map(|x| value_literal(x, sep)).collect();
-            format!("\\[{p}{}{p}\\]", items.join(&sep.comma), p = sep.pad)
+            let items = a.iter().map(|x| value_literal(x, sep)).collect();
+            sep.bracketed(r"\[", joined(items), r"\]")
         }
         Value::Object(m) => {
-            let members: Vec<String> = m
+            let members = m
                 .iter()
                 .map(|(k, x)| {
-                    format!(
-                        "{}{}{}",
+                    Re::seq([
                         literal(&Value::String(k.clone())),
-                        sep.colon,
-                        value_literal(x, sep)
-                    )
+                        sep.colon.clone(),
+                        value_literal(x, sep),
+                    ])
                 })
                 .collect();
-            format!("\\{{{p}{}{p}\\}}", members.join(&sep.comma), p = sep.pad)
+            sep.bracketed(r"\{", joined(members), r"\}")
         }
         _ => literal(v),
     }
@@ -784,7 +808,7 @@ impl Translator<'_> {
         out
     }
 
-    fn value(&mut self, schema: &Value, pointer: &str) -> Result<String> {
+    fn value(&mut self, schema: &Value, pointer: &str) -> Result<Re> {
         if std::time::Instant::now() > self.deadline {
             return Err(SchemaError::OutOfTime {
                 pointer: pointer.into(),
@@ -800,7 +824,7 @@ impl Translator<'_> {
         Ok(re)
     }
 
-    fn value_unchecked(&mut self, schema: &Value, pointer: &str) -> Result<String> {
+    fn value_unchecked(&mut self, schema: &Value, pointer: &str) -> Result<Re> {
         let empty = Map::new();
         let m = match schema {
             Value::Bool(true) if self.unevaluated.is_empty() => {
@@ -808,7 +832,7 @@ impl Translator<'_> {
             }
             // An enclosing schema's `unevaluated*` still applies to what `true` accepts here.
             Value::Bool(true) => &empty,
-            Value::Bool(false) => return Ok(NOTHING.to_owned()),
+            Value::Bool(false) => return Ok(Re::nothing()),
             Value::Object(m) => m,
             _ => return Err(invalid(pointer, "a schema is an object or a boolean")),
         };
@@ -887,8 +911,8 @@ impl Translator<'_> {
         let has_number = types.contains(&"number");
         for t in &types {
             let r = match *t {
-                "null" => "null".to_owned(),
-                "boolean" => "(?:true|false)".to_owned(),
+                "null" => Re::text("null"),
+                "boolean" => Re::text("true|false"),
                 "object" => self.object(m, pointer)?,
                 "array" => self.array(m, pointer)?,
                 "string" => self.string(m, pointer)?,
@@ -906,7 +930,7 @@ impl Translator<'_> {
             };
             parts.push(r);
         }
-        Ok(alt(&parts))
+        Ok(Re::alt(parts))
     }
 
     /// Applies a `not` that only names types: `not: {type: …}` removes those types (`number`
@@ -1026,7 +1050,7 @@ impl Translator<'_> {
 
     /// [`Self::value`] of a child location (a property's value or name, an item): the enclosing
     /// location's `unevaluated*` does not apply there.
-    fn child_value(&mut self, schema: &Value, pointer: &str) -> Result<String> {
+    fn child_value(&mut self, schema: &Value, pointer: &str) -> Result<Re> {
         let outer = std::mem::take(&mut self.unevaluated);
         let out = self.value(schema, pointer);
         self.unevaluated = outer;
@@ -1074,13 +1098,13 @@ impl Translator<'_> {
     }
 
     /// The strings of `a` that are (`Op::And`) or are not (`Op::AndNot`) strings of `b`, as an
-    /// intersection term ([`crate::parse::and_text`]): the grammar's lazy DFA builds the states
-    /// of the product that decoding visits, each checked for emptiness, so nothing is built here
-    /// and no product has a size limit of its own ([`crate::Limits`] bounds the states). A rule
-    /// reference in either operand is `Unsupported` at `keyword`: intersection is defined on
-    /// regular languages only.
-    fn combine(&self, a: &str, b: &str, op: Op, keyword: &str, pointer: &str) -> Result<String> {
-        if has_rule_ref(a) || has_rule_ref(b) {
+    /// intersection term ([`Re::and`]): the grammar's lazy DFA builds the states of the product
+    /// that decoding visits, each checked for emptiness, so nothing is built here and no product
+    /// has a size limit of its own ([`crate::Limits`] bounds the states). A rule reference in
+    /// either operand is `Unsupported` at `keyword`: intersection is defined on regular
+    /// languages only.
+    fn combine(&self, a: &Re, b: &Re, op: Op, keyword: &str, pointer: &str) -> Result<Re> {
+        if a.has_rule() || b.has_rule() {
             return Err(unsupported(
                 keyword,
                 pointer,
@@ -1088,7 +1112,7 @@ impl Translator<'_> {
                  max_recursion_depth to unroll it), or a large one shared by its uses",
             ));
         }
-        Ok(crate::parse::and_text(a, b, op == Op::AndNot))
+        Ok(Re::and(a.clone(), b.clone(), op == Op::AndNot))
     }
 
     /// Keywords other than annotations and those listed.
@@ -1099,7 +1123,7 @@ impl Translator<'_> {
             .collect()
     }
 
-    fn reference(&mut self, m: &Map<String, Value>, r: &Value, pointer: &str) -> Result<String> {
+    fn reference(&mut self, m: &Map<String, Value>, r: &Value, pointer: &str) -> Result<Re> {
         let r = r
             .as_str()
             .ok_or_else(|| invalid(&child(pointer, "$ref"), "expected a string"))?;
@@ -1121,13 +1145,13 @@ impl Translator<'_> {
         let plain = !beside;
         if self.share_refs.is_some() && plain {
             if let Some(k) = self.rules.iter().position(|x| x == r) {
-                return Ok(crate::parse::rule_ref_text(k + 1));
+                return Ok(Re::rule(k + 1));
             }
         }
         let unrolled = self.refs.iter().filter(|x| *x == r).count();
         if unrolled > 0 {
             match self.options.max_recursion_depth {
-                Some(d) if unrolled > d => return Ok(NOTHING.to_owned()),
+                Some(d) if unrolled > d => return Ok(Re::nothing()),
                 Some(_) => {}
                 None if beside => {
                     return Err(unsupported(
@@ -1155,7 +1179,7 @@ impl Translator<'_> {
                             self.rules.len() - 1
                         }
                     };
-                    return Ok(crate::parse::rule_ref_text(k + 1));
+                    return Ok(Re::rule(k + 1));
                 }
             }
         }
@@ -1178,7 +1202,7 @@ impl Translator<'_> {
         match out {
             Ok(re) if self.share_refs.is_some_and(|min| plain && re.len() > min) => {
                 self.rules.push(r.to_owned());
-                Ok(crate::parse::rule_ref_text(self.rules.len()))
+                Ok(Re::rule(self.rules.len()))
             }
             out => out,
         }
@@ -1190,7 +1214,7 @@ impl Translator<'_> {
         comb: &str,
         branches: &Value,
         pointer: &str,
-    ) -> Result<String> {
+    ) -> Result<Re> {
         let branches = branches
             .as_array()
             .filter(|b| !b.is_empty())
@@ -1225,17 +1249,17 @@ impl Translator<'_> {
         self.branches(&branches, &here)
     }
 
-    fn branches(&mut self, branches: &[Value], pointer: &str) -> Result<String> {
+    fn branches(&mut self, branches: &[Value], pointer: &str) -> Result<Re> {
         let parts = branches
             .iter()
             .enumerate()
             .map(|(i, b)| self.value(b, &child(pointer, &i.to_string())))
             .collect::<Result<Vec<_>>>()?;
-        Ok(alt(&parts))
+        Ok(Re::alt(parts))
     }
 
     /// `enum`/`const`, keeping only the values the rest of the schema accepts.
-    fn enumeration(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+    fn enumeration(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<Re> {
         let mut values: Vec<Value> = match m.get("enum") {
             Some(Value::Array(vs)) => vs.clone(),
             Some(_) => return Err(invalid(&child(pointer, "enum"), "expected an array")),
@@ -1252,7 +1276,7 @@ impl Translator<'_> {
         rest.remove("enum");
         rest.remove("const");
         let constraining = Self::constraining(&rest, &[]);
-        let keep: Vec<String> = if constraining.is_empty() {
+        let keep: Vec<Re> = if constraining.is_empty() {
             values.iter().map(|v| value_literal(v, &self.sep)).collect()
         } else if constraining == ["type"] {
             // The common `{type, enum}`: filter by type without building a regex.
@@ -1292,10 +1316,10 @@ impl Translator<'_> {
                 .map(|v| value_literal(v, &self.sep))
                 .collect()
         };
-        Ok(alt(&keep))
+        Ok(Re::alt(keep))
     }
 
-    fn any_value(&self, depth: usize) -> String {
+    fn any_value(&self, depth: usize) -> Re {
         if depth == 0 {
             return scalar();
         }
@@ -1303,31 +1327,52 @@ impl Translator<'_> {
     }
 }
 
+thread_local! {
+    /// Built once per thread and shared, so every use lowers to the same term once.
+    static SCALAR: Re = Re::text(format!("null|true|false|{NUMBER}|\"{STR_CHAR}*\""));
+    static ANY_STRING: Re = Re::text(format!("\"{STR_CHAR}*\""));
+}
+
 /// Any JSON scalar.
-fn scalar() -> String {
-    format!("(?:null|true|false|{NUMBER}|\"{STR_CHAR}*\")")
+fn scalar() -> Re {
+    SCALAR.with(Re::clone)
+}
+
+/// Any JSON string.
+fn any_string() -> Re {
+    ANY_STRING.with(Re::clone)
+}
+
+/// Zero or more `item`s with `comma` between them.
+fn separated(item: &Re, comma: &Re) -> Re {
+    Re::opt(Re::seq([
+        item.clone(),
+        Re::star(Re::seq([comma.clone(), item.clone()])),
+    ]))
+}
+
+/// An object whose members have any name and a value in `value`.
+fn object_of(value: &Re, sep: &Separators) -> Re {
+    let member = Re::seq([any_string(), sep.colon.clone(), value.clone()]);
+    sep.bracketed(r"\{", separated(&member, &sep.comma), r"\}")
 }
 
 /// Any JSON value whose array items and member values are `inner`.
-fn any_value_over(inner: &str, sep: &Separators) -> String {
-    let Separators { pad, comma, colon } = sep;
-    let member = format!("\"{STR_CHAR}*\"{colon}{inner}");
-    format!(
-        "(?:{}|\\[{pad}(?:{inner}(?:{comma}{inner})*)?{pad}\\]|\\{{{pad}(?:{member}(?:{comma}{member})*)?{pad}\\}})",
-        scalar()
-    )
+fn any_value_over(inner: &Re, sep: &Separators) -> Re {
+    Re::alt([
+        scalar(),
+        sep.bracketed(r"\[", separated(inner, &sep.comma), r"\]"),
+        object_of(inner, sep),
+    ])
 }
 
 /// `json_object`: a JSON object whose values are any JSON value at any depth (the root, and one
 /// recursive rule for a value, in the form of [`schema_to_rules_by`]), laid out as `whitespace`
 /// lays out a schema's output. An object at the top, as OpenAI's and vLLM's `json_object` mean.
-pub(crate) fn json_object_rules(whitespace: Whitespace) -> (String, Vec<String>) {
-    let value = crate::parse::rule_ref_text(1);
+pub(crate) fn json_object_rules(whitespace: Whitespace) -> (Re, Vec<Re>) {
+    let value = Re::rule(1);
     let sep = whitespace.separators();
-    let Separators { pad, comma, colon } = &sep;
-    let member = format!("\"{STR_CHAR}*\"{colon}{value}");
-    let object = format!("\\{{{pad}(?:{member}(?:{comma}{member})*)?{pad}\\}}");
-    (object, vec![any_value_over(&value, &sep)])
+    (object_of(&value, &sep), vec![any_value_over(&value, &sep)])
 }
 
 /// JSON equality as JSON Schema defines it (1 == 1.0).

@@ -20,7 +20,7 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    alt, child, invalid, json_equal, literal, scalar::pattern_in_json, unsupported, Draft, Op,
+    child, invalid, json_equal, literal, scalar::pattern_in_json, unsupported, Draft, Op, Re,
     Result, Translator, TYPES,
 };
 
@@ -50,6 +50,20 @@ impl Translator<'_> {
         m: &Map<String, Value>,
         pointer: &str,
     ) -> Result<Option<Value>> {
+        let key = if self.draft >= Draft::D2019 {
+            "dependentSchemas"
+        } else {
+            "dependencies"
+        };
+        let schema_dependencies = match m.get(key) {
+            Some(Value::Object(deps)) => deps.values().any(|s| !s.is_array()),
+            _ => false,
+        };
+        if !(schema_dependencies || self.draft >= Draft::D7 && m.contains_key("if")) {
+            // Nothing to rewrite: no copy of the schema (a deep one would be copied at every
+            // level of its nesting).
+            return Ok(None);
+        }
         let mut rest = m.clone();
         let mut terms: Vec<Value> = Vec::new();
         if self.draft >= Draft::D7 {
@@ -65,11 +79,6 @@ impl Translator<'_> {
                 ]}));
             }
         }
-        let key = if self.draft >= Draft::D2019 {
-            "dependentSchemas"
-        } else {
-            "dependencies"
-        };
         if let Some(Value::Object(deps)) = rest.get(key).cloned() {
             let mut lists = Map::new();
             for (trigger, s) in deps {
@@ -388,7 +397,7 @@ impl Translator<'_> {
         m: &Map<String, Value>,
         leaves: &[(&str, &Value)],
         pointer: &str,
-    ) -> Result<String> {
+    ) -> Result<Re> {
         let here = child(pointer, "not");
         let mut rest = m.clone();
         rest.remove("not");
@@ -397,7 +406,7 @@ impl Translator<'_> {
         // part of the language alone, which keeps the automata small.
         let mut numbers: Vec<serde_json::Number> = Vec::new();
         let mut affected: Vec<&str> = Vec::new();
-        let mut texts: Vec<String> = Vec::new();
+        let mut texts: Vec<Re> = Vec::new();
         let mut pattern = false;
         for (keyword, leaf) in leaves {
             if *keyword == "pattern" {
@@ -405,7 +414,7 @@ impl Translator<'_> {
                     .as_str()
                     .ok_or_else(|| invalid(&child(&here, "pattern"), "expected a string"))?;
                 let body = pattern_in_json(p, &child(&here, "pattern"))?;
-                texts.push(format!("\"{body}\""));
+                texts.push(Re::seq([Re::text("\""), body, Re::text("\"")]));
                 pattern = true;
                 continue;
             }
@@ -418,7 +427,7 @@ impl Translator<'_> {
                 let (t, text) = match v {
                     Value::Number(n) => {
                         numbers.push(n.clone());
-                        ("number", String::new())
+                        ("number", Re::empty())
                     }
                     Value::String(_) => ("string", literal(v)),
                     Value::Bool(_) => ("boolean", literal(v)),
@@ -444,7 +453,7 @@ impl Translator<'_> {
             affected = vec!["string"];
             numbers.clear();
         }
-        let removed = alt(&texts);
+        let removed = Re::alt(texts);
         let mut parts = Vec::new();
         for t in &affected {
             if *t == "number" {
@@ -495,7 +504,7 @@ impl Translator<'_> {
             let typed = self.merge(&rest, &json!({ "type": others }), pointer, 0)?;
             parts.push(self.value(&typed, pointer)?);
         }
-        Ok(alt(&parts))
+        Ok(Re::alt(parts))
     }
 
     /// Whether no instance can satisfy both schemas, by a sufficient syntactic test: different

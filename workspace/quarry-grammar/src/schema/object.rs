@@ -7,12 +7,12 @@ use super::scalar::pattern_in_json;
 use super::{schema_syntax, Op};
 
 use super::{
-    alt, child, count, invalid, literal, unsupported, Draft, Result, Separators, Translator,
-    UnevaluatedOf, ESCAPED, NOTHING, STR_CHAR,
+    child, count, invalid, literal, unsupported, Draft, Re, Result, Translator, UnevaluatedOf,
+    ESCAPED, STR_CHAR,
 };
 
 impl Translator<'_> {
-    pub(super) fn object(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+    pub(super) fn object(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<Re> {
         let empty = Map::new();
         let props = match m.get("properties") {
             Some(Value::Object(p)) => p,
@@ -78,7 +78,7 @@ impl Translator<'_> {
         };
         // (name, value regex, required) in canonical order; required names the schema does not
         // describe come after `properties`.
-        let mut items: Vec<(String, String, bool)> = Vec::new();
+        let mut items: Vec<(String, Re, bool)> = Vec::new();
         let pp = child(pointer, "properties");
         let mut declared: Vec<&str> = Vec::new();
         for (name, s) in props {
@@ -87,9 +87,9 @@ impl Translator<'_> {
             let v = if allowed(name) {
                 self.child_value(&value_schema(name, Some(s)), &child(&pp, name))?
             } else {
-                NOTHING.to_owned()
+                Re::nothing()
             };
-            if v == NOTHING && !is_required {
+            if v.is_nothing() && !is_required {
                 continue; // can never be written
             }
             items.push((name.clone(), v, is_required));
@@ -101,7 +101,7 @@ impl Translator<'_> {
                 let v = if allowed(name) {
                     self.child_value(&value_schema(name, None), &ap)?
                 } else {
-                    NOTHING.to_owned()
+                    Re::nothing()
                 };
                 items.push(((*name).to_owned(), v, true));
             }
@@ -135,14 +135,13 @@ impl Translator<'_> {
             let v = if allowed(name) && schema != Value::Bool(false) {
                 self.child_value(&schema, &ap)?
             } else {
-                NOTHING.to_owned()
+                Re::nothing()
             };
-            if v != NOTHING {
+            if !v.is_nothing() {
                 items.push((name.clone(), v, false));
             }
         }
         declared.extend(slots.iter().map(String::as_str));
-        let Separators { pad, comma, colon } = self.sep.clone();
         let extra = self.extra_members(
             &declared,
             &patterns,
@@ -150,8 +149,12 @@ impl Translator<'_> {
             names_schema.as_ref(),
             pointer,
         )?;
-        let member = |(name, v, _): &(String, String, bool)| {
-            format!("{}{colon}{v}", literal(&Value::String(name.clone())))
+        let member = |(name, v, _): &(String, Re, bool)| {
+            Re::seq([
+                literal(&Value::String(name.clone())),
+                self.sep.colon.clone(),
+                v.clone(),
+            ])
         };
         let min_p = count(m, pointer, "minProperties")?;
         let max_p = count(m, pointer, "maxProperties")?;
@@ -165,30 +168,31 @@ impl Translator<'_> {
                     "property counts above 32 are not supported yet",
                 ));
             }
-            let members: Vec<(String, bool)> = items.iter().map(|it| (member(it), it.2)).collect();
-            let body = counted_members(&members, extra.as_deref(), lo, hi, &deps, &comma);
-            return Ok(format!("\\{{{pad}{body}{pad}\\}}"));
+            let members: Vec<(Re, bool)> = items.iter().map(|it| (member(it), it.2)).collect();
+            let body = counted_members(&members, extra.as_ref(), lo, hi, &deps, &self.sep.comma);
+            return Ok(self.sep.bracketed(r"\{", body, r"\}"));
         }
         // Members in order, each optional or required, then any number of extras. The text
         // starts with a non-empty "head" (no leading comma) followed by the rest as a "tail"
         // (each member with a leading comma); see `ordered_members`.
-        let members: Vec<(String, bool)> = items.iter().map(|it| (member(it), it.2)).collect();
+        let members: Vec<(Re, bool)> = items.iter().map(|it| (member(it), it.2)).collect();
+        let comma = &self.sep.comma;
         let extras = extra
             .as_ref()
-            .map(|e| format!("(?:{comma}{e})*"))
-            .unwrap_or_default();
+            .map(|e| Re::star(Re::seq([comma.clone(), e.clone()])))
+            .unwrap_or_else(Re::empty);
         let mut alts = Vec::new();
-        let (first, may_be_empty) = ordered_members(&members, &comma);
+        let (first, may_be_empty) = ordered_members(&members, comma);
         if let Some(first) = first {
-            alts.push(format!("{first}{extras}"));
+            alts.push(Re::seq([first, extras.clone()]));
         }
         if may_be_empty {
             alts.push(match &extra {
-                Some(e) => format!("(?:{e}{extras})?"),
-                None => String::new(),
+                Some(e) => Re::opt(Re::seq([e.clone(), extras])),
+                None => Re::empty(),
             });
         }
-        Ok(format!("\\{{{pad}{}{pad}\\}}", alt(&alts)))
+        Ok(self.sep.bracketed(r"\{", Re::alt(alts), r"\}"))
     }
 
     /// `patternProperties` as (pattern, schema, matcher of quoted names).
@@ -207,7 +211,11 @@ impl Translator<'_> {
         pp.iter()
             .map(|(pattern, schema)| {
                 let at = child(&here, pattern);
-                let names = format!("\"{}\"", pattern_in_json(pattern, &at)?);
+                let names = Re::seq([
+                    Re::text("\""),
+                    pattern_in_json(pattern, &at)?,
+                    Re::text("\""),
+                ]);
                 Ok(PatternProperty {
                     matcher: Narrowing::new(&names, "patternProperties", &at)?,
                     names,
@@ -229,7 +237,7 @@ impl Translator<'_> {
         extra_schema: &Value,
         names_schema: Option<&Value>,
         pointer: &str,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<Re>> {
         let colon = self.sep.colon.clone();
         let mut outside = key_not_in(declared);
         if let Some(n) = names_schema {
@@ -246,9 +254,9 @@ impl Translator<'_> {
                     names = self.combine(&names, &q.names, Op::AndNot, pp, pointer)?;
                 }
             }
-            if names != NOTHING {
+            if !names.is_nothing() {
                 let v = self.child_value(&p.schema, &p.pointer)?;
-                members.push(format!("{names}{colon}{v}"));
+                members.push(Re::seq([names, colon.clone(), v]));
             }
         }
         if *extra_schema != Value::Bool(false) {
@@ -256,12 +264,12 @@ impl Translator<'_> {
             for p in patterns {
                 names = self.combine(&names, &p.names, Op::AndNot, pp, pointer)?;
             }
-            if names != NOTHING {
+            if !names.is_nothing() {
                 let v = self.child_value(extra_schema, &child(pointer, "additionalProperties"))?;
-                members.push(format!("{names}{colon}{v}"));
+                members.push(Re::seq([names, colon, v]));
             }
         }
-        Ok((!members.is_empty()).then(|| alt(&members)))
+        Ok((!members.is_empty()).then(|| Re::alt(members)))
     }
 
     /// `dependentRequired` (and draft 4–7 `dependencies` with name lists) as (trigger, dependent)
@@ -270,7 +278,7 @@ impl Translator<'_> {
     pub(super) fn dependencies(
         &self,
         m: &Map<String, Value>,
-        items: &[(String, String, bool)],
+        items: &[(String, Re, bool)],
         extras_allowed: bool,
         declared: &[&str],
         pointer: &str,
@@ -347,9 +355,9 @@ impl Translator<'_> {
 /// A JSON string body (without quotes) that is not one of `names`: a trie over the names, where at
 /// each node the text may leave the trie with a character no name continues with, or end if the
 /// node is not a name.
-pub(super) fn key_not_in(names: &[&str]) -> String {
+pub(super) fn key_not_in(names: &[&str]) -> Re {
     if names.is_empty() {
-        return format!("\"{STR_CHAR}*\"");
+        return super::any_string();
     }
     #[derive(Default)]
     struct Node {
@@ -398,84 +406,79 @@ pub(super) fn key_not_in(names: &[&str]) -> String {
         }
         format!("(?:{})", parts.join("|"))
     }
-    format!("\"{}\"", build(&root))
+    Re::text(format!("\"{}\"", build(&root)))
 }
 
 /// Object members in order (`(regex, required)`), then any number of `extra` members, with the
 /// total count in `[min, max]`. `h(i, c)`: members from `i` on after `c` were written (`c` is capped
 /// where larger counts behave the same), so the regex tracks the count it needs and no more.
 fn counted_members(
-    members: &[(String, bool)],
-    extra: Option<&str>,
+    members: &[(Re, bool)],
+    extra: Option<&Re>,
     min: u64,
     max: Option<u64>,
     deps: &[(usize, usize)],
-    comma: &str,
-) -> String {
+    comma: &Re,
+) -> Re {
     struct Counted<'a> {
-        members: &'a [(String, bool)],
-        extra: Option<&'a str>,
+        members: &'a [(Re, bool)],
+        extra: Option<&'a Re>,
         min: u64,
         max: Option<u64>,
-        comma: &'a str,
+        comma: &'a Re,
         cap: u64,
         /// (trigger, dependent) as bits of `present`; a dependent bit of 0 can never be set.
         deps: Vec<(u64, u64)>,
         /// Member index → its bit in `present`, or 0 when no dependency mentions it.
         bit: Vec<u64>,
-        memo: std::collections::HashMap<(usize, u64, u64), String>,
+        memo: std::collections::HashMap<(usize, u64, u64), Re>,
     }
     impl Counted<'_> {
-        fn bound(lo: u64, hi: Option<u64>) -> String {
-            match hi {
-                Some(h) => format!("{{{lo},{h}}}"),
-                None => format!("{{{lo},}}"),
-            }
-        }
-        fn h(&mut self, i: usize, c: u64, present: u64) -> String {
+        fn h(&mut self, i: usize, c: u64, present: u64) -> Re {
             if let Some(r) = self.memo.get(&(i, c, present)) {
                 return r.clone();
             }
             let comma = self.comma;
-            let sep = if c == 0 { "" } else { comma };
+            let sep = if c == 0 { Re::empty() } else { comma.clone() };
             let broken = self
                 .deps
                 .iter()
                 .any(|&(t, d)| present & t != 0 && present & d == 0);
             let r = if i == self.members.len() && broken {
-                NOTHING.to_owned()
+                Re::nothing()
             } else if i == self.members.len() {
                 let lo = self.min.saturating_sub(c);
                 let hi = self.max.map(|m| m.saturating_sub(c));
                 match self.extra {
                     Some(e) if hi != Some(0) => {
+                        let more = Re::seq([comma.clone(), e.clone()]);
                         if c == 0 {
-                            let rest = Self::bound(lo.saturating_sub(1), hi.map(|h| h - 1));
-                            let body = format!("{e}(?:{comma}{e}){rest}");
+                            let rest = Re::repeat(more, lo.saturating_sub(1), hi.map(|h| h - 1));
+                            let body = Re::seq([e.clone(), rest]);
                             if lo == 0 {
-                                format!("(?:{body})?")
+                                Re::opt(body)
                             } else {
                                 body
                             }
                         } else {
-                            format!("(?:{comma}{e}){}", Self::bound(lo, hi))
+                            Re::repeat(more, lo, hi)
                         }
                     }
-                    _ if lo == 0 => String::new(),
-                    _ => NOTHING.to_owned(),
+                    _ if lo == 0 => Re::empty(),
+                    _ => Re::nothing(),
                 }
             } else {
                 let (mem, required) = self.members[i].clone();
                 let with = if self.max.is_some_and(|m| c + 1 > m) {
-                    NOTHING.to_owned()
+                    Re::nothing()
                 } else {
                     let next = (c + 1).min(self.cap);
-                    format!("{sep}{mem}{}", self.h(i + 1, next, present | self.bit[i]))
+                    Re::seq([sep, mem, self.h(i + 1, next, present | self.bit[i])])
                 };
                 if required {
                     with
                 } else {
-                    format!("(?:{with}|{})", self.h(i + 1, c, present))
+                    Re::alt([with, self.h(i + 1, c, present)])
                 }
             };
             self.memo.insert((i, c, present), r.clone());
@@ -512,8 +515,8 @@ fn counted_members(
 
 /// A `patternProperties` entry.
 pub(super) struct PatternProperty {
-    /// Quoted names the pattern matches, as a regex.
-    names: String,
+    /// Quoted names the pattern matches.
+    names: Re,
     /// Whether a quoted name matches.
     pub(super) matcher: Narrowing,
     pub(super) schema: Value,
@@ -523,11 +526,11 @@ pub(super) struct PatternProperty {
 /// A full-match regex for testing a few short texts while translating: a lazy DFA, so a large
 /// regex costs only the states those texts visit.
 pub(super) fn full_match(
-    re: &str,
+    re: &Re,
     keyword: &str,
     pointer: &str,
 ) -> Result<regex_automata::meta::Regex> {
-    if super::has_markers(re) {
+    if re.has_markers() {
         return Err(unsupported(
             keyword,
             pointer,
@@ -543,8 +546,8 @@ pub(super) fn full_match(
 
 /// A test of whole texts against a schema's regex, for callers that keep only what passes (the
 /// names `propertyNames` allows, the `enum` values the rest of the schema accepts), where a
-/// wrong "no" narrows the output and stays sound. Plain regex text is matched by regex-automata
-/// ([`full_match`]); text with intersection terms, which regex-automata would misread, by the
+/// wrong "no" narrows the output and stays sound. A plain regex is matched by regex-automata
+/// ([`full_match`]); one with intersection terms, which regex-automata cannot express, by the
 /// grammar's own lazy DFA over those terms. That DFA answers "no" once it outgrows its limits,
 /// and a recursive reference matches nothing there.
 pub(super) enum Narrowing {
@@ -553,16 +556,17 @@ pub(super) enum Narrowing {
 }
 
 impl Narrowing {
-    pub(super) fn new(re: &str, keyword: &str, pointer: &str) -> Result<Self> {
-        if !super::has_markers(re) {
+    pub(super) fn new(re: &Re, keyword: &str, pointer: &str) -> Result<Self> {
+        if !re.has_markers() {
             // A regex too large for regex-automata's NFA is read as terms instead.
             if let Ok(r) = full_match(re, keyword, pointer) {
                 return Ok(Self::Regex(r));
             }
         }
         let mut terms = crate::deriv::Terms::new();
-        let root = crate::parse::parse_with_rules(&mut terms, re, true, u32::MAX)
-            .map_err(|e| unsupported(keyword, pointer, &e))?;
+        let root = re
+            .lower(&mut terms)
+            .map_err(|e| unsupported(keyword, pointer, &e.message))?;
         Ok(Self::Terms(Box::new(crate::dfa::LazyDfa::new(
             terms,
             root,
@@ -595,7 +599,7 @@ impl Narrowing {
 /// then B as a tail, each member with a leading comma) or, if A may be empty, lies in B. Each
 /// member appears O(log n) times, where the direct form (for each first member, the rest as a
 /// tail) repeats the tail n times: an object with n optional properties was O(n²) regex.
-fn ordered_members(members: &[(String, bool)], comma: &str) -> (Option<String>, bool) {
+fn ordered_members(members: &[(Re, bool)], comma: &Re) -> (Option<Re>, bool) {
     match members {
         [] => (None, true),
         [(m, required)] => (Some(m.clone()), !required),
@@ -603,24 +607,25 @@ fn ordered_members(members: &[(String, bool)], comma: &str) -> (Option<String>, 
             let (a, b) = members.split_at(members.len() / 2);
             let (a_first, a_empty) = ordered_members(a, comma);
             let (b_first, b_empty) = ordered_members(b, comma);
-            let tail: String = b
-                .iter()
-                .map(|(m, required)| {
-                    if *required {
-                        format!("{comma}{m}")
-                    } else {
-                        format!("(?:{comma}{m})?")
-                    }
-                })
-                .collect();
+            let tail = Re::seq(b.iter().map(|(m, required)| {
+                let m = Re::seq([comma.clone(), m.clone()]);
+                if *required {
+                    m
+                } else {
+                    Re::opt(m)
+                }
+            }));
             let mut alts = Vec::new();
             if let Some(f) = a_first {
-                alts.push(format!("{f}{tail}"));
+                alts.push(Re::seq([f, tail]));
             }
             if a_empty {
                 alts.extend(b_first);
             }
-            ((!alts.is_empty()).then(|| alt(&alts)), a_empty && b_empty)
+            (
+                (!alts.is_empty()).then(|| Re::alt(alts)),
+                a_empty && b_empty,
+            )
         }
     }
 }

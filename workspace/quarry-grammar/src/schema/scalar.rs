@@ -7,12 +7,12 @@ use super::decimal::decimal_range;
 use super::negate::FRACTIONAL;
 use super::Op;
 use super::{
-    alt, child, count, invalid, unsupported, Draft, Result, Translator, INTEGER, NOTHING, NUMBER,
-    STR_CHAR,
+    alt_text as alt, child, count, invalid, leaf, unsupported, Draft, Re, Result, Translator,
+    INTEGER, NOTHING, NUMBER, STR_CHAR,
 };
 
 impl Translator<'_> {
-    pub(super) fn string(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+    pub(super) fn string(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<Re> {
         let min = count(m, pointer, "minLength")?;
         let max = count(m, pointer, "maxLength")?;
         let format = m.get("format").map(|f| {
@@ -27,21 +27,21 @@ impl Translator<'_> {
         let pattern = pattern.transpose()?;
         // Each keyword gives a language of string bodies (the text between the quotes); where
         // several are present, the body must be in all of them.
-        let mut bodies: Vec<(&str, String)> = Vec::new();
+        let mut bodies: Vec<(&str, Re)> = Vec::new();
         if let Some(f) = format {
             // Formats JSON Schema does not define (`AWS::EC2::VPC.Id`) are annotations to
             // validators; with ignore_unknown_keywords they are to us too.
             let vendor = !STANDARD_FORMATS.contains(&f);
             if !(vendor && self.options.ignore_unknown_keywords) {
-                bodies.push(("format", format_body(f, pointer)?));
+                bodies.push(("format", Re::text(format_body(f, pointer)?)));
             }
         }
         let mut length_applied = false;
         if let Some(p) = pattern {
             let length = (min.is_some() || max.is_some()).then(|| (min.unwrap_or(0), max));
             let (body, applied) = pattern_with_length(p, length, &child(pointer, "pattern"))?;
-            if body == NOTHING {
-                return Ok(NOTHING.to_owned());
+            if body.is_nothing() {
+                return Ok(Re::nothing());
             }
             length_applied = applied;
             bodies.push(("pattern", body));
@@ -49,10 +49,10 @@ impl Translator<'_> {
         if (min.is_some() || max.is_some()) && !length_applied || bodies.is_empty() {
             let lo = min.unwrap_or(0);
             let body = match max {
-                Some(hi) if hi < lo => return Ok(NOTHING.to_owned()),
-                Some(hi) => format!("{STR_CHAR}{{{lo},{hi}}}"),
-                None if lo == 0 => format!("{STR_CHAR}*"),
-                None => format!("{STR_CHAR}{{{lo},}}"),
+                Some(hi) if hi < lo => return Ok(Re::nothing()),
+                Some(hi) => Re::text(format!("{STR_CHAR}{{{lo},{hi}}}")),
+                None if lo == 0 => Re::text(format!("{STR_CHAR}*")),
+                None => Re::text(format!("{STR_CHAR}{{{lo},}}")),
             };
             bodies.push((
                 if max.is_some() {
@@ -67,7 +67,7 @@ impl Translator<'_> {
         for (keyword, other) in bodies.iter().rev() {
             body = self.combine(other, &body, Op::And, keyword, pointer)?;
         }
-        Ok(format!("\"{body}\""))
+        Ok(Re::seq([Re::text("\""), body, Re::text("\"")]))
     }
 
     /// Lower and upper bounds as (value, exclusive), honouring the draft's form of `exclusive*`.
@@ -109,7 +109,7 @@ impl Translator<'_> {
         Ok([lower, upper])
     }
 
-    pub(super) fn integer(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<String> {
+    pub(super) fn integer(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<Re> {
         let [lower, upper] = self.bounds(m, pointer)?;
         let lo = lower.map(|(v, x)| if x { v.floor() + 1.0 } else { v.ceil() });
         let hi = upper.map(|(v, x)| if x { v.ceil() - 1.0 } else { v.floor() });
@@ -122,7 +122,7 @@ impl Translator<'_> {
             ));
         }
         let (lo, hi) = (lo.map(|v| v as i64), hi.map(|v| v as i64));
-        let range = int_range(lo, hi);
+        let range = leaf(int_range(lo, hi));
         let Some(step) = m.get("multipleOf") else {
             return Ok(range);
         };
@@ -155,7 +155,7 @@ impl Translator<'_> {
                     .filter(|v| v.unsigned_abs() % k == 0)
                     .map(|v| v.to_string())
                     .collect();
-                return Ok(alt(&values));
+                return Ok(leaf(alt(&values)));
             }
         }
         let Some(m_digits) = (1..=3u32).find(|&d| 10u64.pow(d) % k == 0) else {
@@ -185,14 +185,14 @@ impl Translator<'_> {
         let multiples = format!("(?:{magnitude}|-{})", magnitude.replacen("(?:0|", "(?:", 1));
         let negative = format!("-{}", magnitude.replacen("(?:0|", "(?:", 1));
         match (lo, hi) {
-            (None, None) => return Ok(multiples),
-            (Some(0), None) => return Ok(magnitude),
-            (Some(1), None) => return Ok(magnitude.replacen("(?:0|", "(?:", 1)),
-            (None, Some(0)) => return Ok(format!("(?:0|{negative})")),
-            (None, Some(-1)) => return Ok(negative),
+            (None, None) => return Ok(Re::text(multiples)),
+            (Some(0), None) => return Ok(Re::text(magnitude)),
+            (Some(1), None) => return Ok(Re::text(magnitude.replacen("(?:0|", "(?:", 1))),
+            (None, Some(0)) => return Ok(Re::text(format!("0|{negative}"))),
+            (None, Some(-1)) => return Ok(Re::text(negative)),
             _ => {}
         }
-        self.combine(&range, &multiples, Op::And, "multipleOf", pointer)
+        self.combine(&range, &Re::text(multiples), Op::And, "multipleOf", pointer)
     }
 
     /// Numbers; with `fractional`, only those that are not integers (`not: {type: integer}`).
@@ -201,7 +201,7 @@ impl Translator<'_> {
         m: &Map<String, Value>,
         pointer: &str,
         fractional: bool,
-    ) -> Result<String> {
+    ) -> Result<Re> {
         let [lower, upper] = self.bounds(m, pointer)?;
         let mut room = 18;
         if let Some(step) = m.get("multipleOf") {
@@ -213,7 +213,7 @@ impl Translator<'_> {
             if step.fract() == 0.0 {
                 // Multiples of an integer are integers.
                 return if fractional {
-                    Ok(NOTHING.to_owned())
+                    Ok(Re::nothing())
                 } else {
                     self.integer(m, pointer)
                 };
@@ -230,10 +230,10 @@ impl Translator<'_> {
             room = k as usize;
         }
         if lower.is_none() && upper.is_none() && room == 18 {
-            return Ok(if fractional { FRACTIONAL } else { NUMBER }.to_owned());
+            return Ok(Re::text(if fractional { FRACTIONAL } else { NUMBER }));
         }
         // Bounded numbers are written without an exponent, so the digits carry the value.
-        Ok(decimal_range(lower, upper, room, fractional))
+        Ok(leaf(decimal_range(lower, upper, room, fractional)))
     }
 }
 
@@ -607,13 +607,13 @@ fn split_lookaheads<'p>(pattern: &'p str, pointer: &str) -> Result<Option<Lookah
 /// The search for a pattern with top-level look-aheads. A look-ahead constrains the rest of the
 /// whole string from where it stands: `P0 (?!X) P1` is `P0 · (R ∧ ¬(X·Σ*))` where `R` is `P1` and
 /// whatever the search allows after it (`X` alone when it ends with `$`); several nest from the
-/// right. Intersections are terms (`parse::and_text`), built lazily by the DFA.
-fn with_lookaheads(p: &Lookaheads<'_>, pointer: &str) -> Result<String> {
+/// right. Intersections are terms ([`Re::and`]), built lazily by the DFA.
+fn with_lookaheads(p: &Lookaheads<'_>, pointer: &str) -> Result<Re> {
     let refuse = |why: &str| unsupported("pattern", pointer, why);
     // A fragment as a regex over the JSON text, matched in full.
-    let full = |text: &str| -> Result<String> {
+    let full = |text: &str| -> Result<Re> {
         if text.is_empty() {
-            return Ok(String::new());
+            return Ok(Re::empty());
         }
         pattern_in_json(&format!("^(?:{text})$"), pointer)
     };
@@ -623,10 +623,10 @@ fn with_lookaheads(p: &Lookaheads<'_>, pointer: &str) -> Result<String> {
     };
     let last = p.rest.last().expect("at least one look-ahead").2;
     let end = last.ends_with('$') && !last.ends_with("\\$");
-    let any = format!("{STR_CHAR}*");
-    let mut acc = String::new();
+    let any = Re::text(format!("{STR_CHAR}*"));
+    let mut acc = Re::empty();
     // A leading look-ahead with `^`: whether it is negative, and the rest after it.
-    let mut later: Option<(bool, String)> = None;
+    let mut later: Option<(bool, Re)> = None;
     for (k, &(body, negative, after)) in p.rest.iter().enumerate().rev() {
         let after = if k + 1 == p.rest.len() && end {
             &after[..after.len() - 1]
@@ -634,11 +634,11 @@ fn with_lookaheads(p: &Lookaheads<'_>, pointer: &str) -> Result<String> {
             after
         };
         let tail = if k + 1 == p.rest.len() && !end {
-            any.as_str()
+            any.clone()
         } else {
-            ""
+            Re::empty()
         };
-        let rest = format!("{}{acc}{tail}", full(after)?);
+        let rest = Re::seq([full(after)?, acc, tail]);
         // `^` inside a look-ahead holds only at the start of the string: in a pattern searched
         // anywhere, a match starting later sees the look-ahead fail.
         let body = match body.strip_prefix('^') {
@@ -651,25 +651,28 @@ fn with_lookaheads(p: &Lookaheads<'_>, pointer: &str) -> Result<String> {
         };
         let look = match body.strip_suffix('$') {
             Some(b) if !b.ends_with('\\') => full(b)?,
-            _ => format!("{}{any}", full(body)?),
+            _ => Re::seq([full(body)?, any.clone()]),
         };
-        acc = crate::parse::and_text(&rest, &look, negative);
+        acc = Re::and(rest, look, negative);
     }
     match later {
         Some(_) if start => Ok(acc),
         // A negative look-ahead passes for matches after the start, a positive one fails.
-        Some((true, rest)) => Ok(format!("(?:{acc}|{STR_CHAR}+{rest})")),
+        Some((true, rest)) => Ok(Re::alt([
+            acc,
+            Re::seq([Re::text(format!("{STR_CHAR}+")), rest]),
+        ])),
         Some((false, _)) => Ok(acc),
         None => {
-            let pre = if start { "" } else { any.as_str() };
-            Ok(format!("{pre}{}{acc}", full(first)?))
+            let pre = if start { Re::empty() } else { any };
+            Ok(Re::seq([pre, full(first)?, acc]))
         }
     }
 }
 
 /// An ECMA-262 `pattern` (a search over the decoded string) as a regex over the canonical JSON
 /// encoding of the string, without the quotes.
-pub(super) fn pattern_in_json(pattern: &str, pointer: &str) -> Result<String> {
+pub(super) fn pattern_in_json(pattern: &str, pointer: &str) -> Result<Re> {
     Ok(pattern_with_length(pattern, None, pointer)?.0)
 }
 
@@ -681,7 +684,7 @@ pub(super) fn pattern_with_length(
     pattern: &str,
     length: Option<(u64, Option<u64>)>,
     pointer: &str,
-) -> Result<(String, bool)> {
+) -> Result<(Re, bool)> {
     use regex_syntax::hir::{Hir, HirKind, Look};
     if let Some(pieces) = split_lookaheads(pattern, pointer)? {
         return Ok((with_lookaheads(&pieces, pointer)?, false));
@@ -743,7 +746,7 @@ pub(super) fn pattern_with_length(
         for (items, s, e) in found {
             alts.push(search_text(&Hir::concat(items), s, e, pointer)?);
         }
-        return Ok((format!("(?:{})", alts.join("|")), false));
+        return Ok((Re::text(alts.join("|")), false));
     }
     let (mut items, anchored_start, anchored_end) = found.pop().expect("one branch");
     let mut applied = false;
@@ -755,7 +758,7 @@ pub(super) fn pattern_with_length(
         match narrow_to_length(&mut items, lo, hi) {
             Some(true) => (anchored_start, anchored_end, applied) = (true, true, true),
             Some(false) if anchored_start && anchored_end => {
-                return Ok((NOTHING.to_owned(), true));
+                return Ok((Re::nothing(), true));
             }
             _ => {}
         }
@@ -774,7 +777,7 @@ pub(super) fn pattern_with_length(
     } else {
         format!("{STR_CHAR}*")
     };
-    Ok((format!("{pre}(?:{body}){post}"), applied))
+    Ok((Re::text(format!("{pre}(?:{body}){post}")), applied))
 }
 
 /// ECMA-262 meanings of `\\d`, `\\w`, `\\s` and `.` where regex-syntax's Unicode ones are wider

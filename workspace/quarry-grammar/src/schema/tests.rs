@@ -49,10 +49,19 @@ fn strings(schema: &Value, cases: &[(&str, bool)]) {
 /// Whether the schema's regex matches `text`: read by regex-automata, or where it holds
 /// intersection terms, by the grammar's lazy DFA over them (exact at these sizes).
 fn accepts(schema: Value, text: &str) -> bool {
-    let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
-    super::object::Narrowing::new(&re, "test", "#")
-        .unwrap()
-        .is_match(text.as_bytes())
+    narrowing(&schema).is_match(text.as_bytes())
+}
+
+/// The schema's language as a test of whole texts: its regex read by regex-automata (through
+/// its text), or where it holds intersection terms, by the grammar's lazy DFA over them (exact
+/// at these sizes).
+fn narrowing(schema: &Value) -> super::object::Narrowing {
+    let limits = crate::Limits::default();
+    let deadline = std::time::Instant::now() + limits.compile_time;
+    let (re, rules) = schema_to_rules_by(schema, &SchemaOptions::default(), &limits, deadline)
+        .unwrap_or_else(|e| panic!("{schema}: {e}"));
+    assert!(rules.is_empty(), "{schema}: recursive");
+    super::object::Narrowing::new(&re, "test", "#").unwrap()
 }
 
 #[test]
@@ -173,7 +182,7 @@ fn unique_items_over_a_finite_domain() {
 
 #[test]
 fn keys_outside_a_set() {
-    let re = full(&key_not_in(&["a", "ab", "b\"c"]));
+    let re = full(&key_not_in(&["a", "ab", "b\"c"]).to_string());
     for (k, want) in [
         ("\"a\"", false),
         ("\"ab\"", false),
@@ -464,8 +473,7 @@ fn look_aheads_and_anchored_branches_search_as_ecma_does() {
     for (pattern, alphabet) in cases {
         let schema = json!({"type": "string", "pattern": pattern});
         let validator = jsonschema::validator_for(&schema).unwrap();
-        let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
-        let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
+        let ours = narrowing(&schema);
         let words = words(alphabet, 5);
         for w in &words {
             let text = serde_json::to_string(w).unwrap();
@@ -518,8 +526,7 @@ fn one_of_negates_only_what_branches_do_not_share() {
     let values = [json!(1), json!(2), json!(5), json!("x")];
     for schema in schemas {
         let validator = jsonschema::validator_for(&schema).unwrap();
-        let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
-        let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
+        let ours = narrowing(&schema);
         let mut checked = 0;
         for keys in 0..8u32 {
             for pick in 0..values.len().pow(3) {
@@ -570,8 +577,7 @@ fn negated_one_of_and_merged_conditionals_items_multiples() {
     }
     for schema in schemas {
         let validator = jsonschema::validator_for(&schema).unwrap();
-        let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
-        let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
+        let ours = narrowing(&schema);
         for instance in &instances {
             let text = serde_json::to_string(instance).unwrap();
             assert_eq!(
@@ -601,8 +607,7 @@ fn idn_hostname_regex_and_uri_template_are_sound_subsets() {
             .should_validate_formats(true)
             .build(&schema)
             .unwrap();
-        let re = schema_to_regex(&schema, &SchemaOptions::default()).unwrap();
-        let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
+        let ours = narrowing(&schema);
         let words = words(alphabet, max);
         let mut accepted = 0;
         for w in words.iter().map(String::as_str).chain([typical]) {
@@ -627,9 +632,7 @@ fn idn_hostname_regex_and_uri_template_are_sound_subsets() {
 /// `jsonschema` crate finds valid; returns how many are valid.
 fn agrees_with_jsonschema(schema: &Value, instances: &[Value]) -> usize {
     let validator = jsonschema::validator_for(schema).unwrap();
-    let re = schema_to_regex(schema, &SchemaOptions::default())
-        .unwrap_or_else(|e| panic!("{schema}: {e}"));
-    let ours = super::object::Narrowing::new(&re, "test", "#").unwrap();
+    let ours = narrowing(schema);
     let mut valid = 0;
     for instance in instances {
         let text = canonicalize(instance, schema, Whitespace::Compact);
@@ -813,4 +816,65 @@ fn merged_nots_of_values_and_patterns_are_one_difference() {
     for schema in schemas {
         agrees_with_jsonschema(&schema, &instances);
     }
+}
+
+/// Over the real-schema corpus and the official suite's schemas: each translated tree's text
+/// (what `quarry grammar explain` prints) has the length `max_regex_bytes` measures and parses
+/// back to the very term the tree lowers to, rule references and intersections included.
+#[test]
+fn typed_regexes_and_their_text_agree_on_real_schemas() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    let mut schemas: Vec<(String, Value)> = Vec::new();
+    let mut dirs = vec![
+        root.join("schema-corpus"),
+        root.join("json-schema-test-suite/tests/draft2020-12"),
+    ];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let Ok(v) = serde_json::from_slice::<Value>(&std::fs::read(&path).unwrap()) else {
+                continue;
+            };
+            let name = path.display().to_string();
+            match v {
+                // A suite file: groups of cases, each with its schema.
+                Value::Array(groups) => schemas.extend(
+                    groups
+                        .into_iter()
+                        .map(|mut g| (name.clone(), g["schema"].take())),
+                ),
+                v => schemas.push((name, v)),
+            }
+        }
+    }
+    assert!(
+        schemas.len() > 450,
+        "fixtures missing under {}",
+        root.display()
+    );
+    let limits = crate::Limits::default();
+    let mut checked = 0;
+    for (name, schema) in &schemas {
+        let deadline = std::time::Instant::now() + limits.compile_time;
+        let Ok((re, rules)) =
+            schema_to_rules_by(schema, &SchemaOptions::default(), &limits, deadline)
+        else {
+            continue;
+        };
+        let n = rules.len() as u32 + 1;
+        let mut terms = crate::deriv::Terms::new();
+        for r in std::iter::once(&re).chain(&rules) {
+            let text = r.to_string();
+            assert_eq!(r.len(), text.len(), "{name}");
+            let lowered = r.lower(&mut terms).unwrap();
+            let parsed = crate::parse::parse_with_rules(&mut terms, &text, true, n).unwrap();
+            assert_eq!(lowered, parsed, "{name}");
+        }
+        checked += 1;
+    }
+    assert!(checked > 350, "only {checked} schemas translated");
 }
