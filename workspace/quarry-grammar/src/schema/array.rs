@@ -29,7 +29,34 @@ impl Translator<'_> {
         }
         let min = count(m, pointer, "minItems")?.unwrap_or(0);
         let mut max = count(m, pointer, "maxItems")?;
-        // Without items (additionalItems before 2020-12) for the rest, unevaluatedItems applies.
+        let items = self.item_schemas(m, pointer)?;
+        let k = items.prefix.len() as u64;
+        if items.rest == Value::Bool(false) {
+            max = Some(max.map_or(k, |x| x.min(k)));
+        }
+        if max.is_some_and(|x| x < min) {
+            return Ok(Re::nothing());
+        }
+        let mut prefix = Vec::new();
+        for (i, p) in items.prefix.iter().enumerate() {
+            if max.is_some_and(|x| i as u64 >= x) {
+                break;
+            }
+            prefix.push(self.child_value(p, &child(&items.prefix_pointer, &i.to_string()))?);
+        }
+        let rest = if max.is_none_or(|x| x > k) {
+            Some(self.child_value(&items.rest, &items.rest_pointer)?)
+        } else {
+            None
+        };
+        let body = elements(&prefix, rest.as_ref(), k, min, max, &self.sep.comma);
+        Ok(self.sep.bracketed(r"\[", body, r"\]"))
+    }
+
+    /// The schemas of an array's items, as the declared draft spells them: the prefix (2020-12's
+    /// `prefixItems`, earlier an array-valued `items`), and the schema of every item after it
+    /// (`items`, earlier `additionalItems`; without it `unevaluatedItems`, or anything).
+    fn item_schemas(&self, m: &Map<String, Value>, pointer: &str) -> Result<ItemSchemas> {
         let unevaluated = self.unevaluated(m, UnevaluatedOf::Items);
         let otherwise = unevaluated.unwrap_or(Value::Bool(true));
         let (prefix, rest): (Vec<Value>, Value) = if self.draft >= Draft::D2020 {
@@ -51,74 +78,23 @@ impl Translator<'_> {
                 None => (Vec::new(), otherwise),
             }
         };
-        let k = prefix.len() as u64;
         let rest_pointer =
             if self.draft >= Draft::D2020 || m.get("items").is_some_and(Value::is_object) {
                 child(pointer, "items")
             } else {
                 child(pointer, "additionalItems")
             };
-        if rest == Value::Bool(false) {
-            max = Some(max.map_or(k, |x| x.min(k)));
-        }
-        if max.is_some_and(|x| x < min) {
-            return Ok(Re::nothing());
-        }
         let prefix_pointer = if self.draft >= Draft::D2020 {
-            "prefixItems"
+            child(pointer, "prefixItems")
         } else {
-            "items"
+            child(pointer, "items")
         };
-        let mut elems = Vec::new();
-        for (i, p) in prefix.iter().enumerate() {
-            if max.is_some_and(|x| i as u64 >= x) {
-                break;
-            }
-            elems.push(
-                self.child_value(p, &child(&child(pointer, prefix_pointer), &i.to_string()))?,
-            );
-        }
-        let rest_re = if max.is_none_or(|x| x > k) {
-            Some(self.child_value(&rest, &rest_pointer)?)
-        } else {
-            None
-        };
-        let comma = &self.sep.comma;
-        // build(i): elements from position i on, after i elements were written (i >= 1).
-        let build_rest = |i: u64| -> Re {
-            let Some(r) = &rest_re else {
-                return Re::empty();
-            };
-            let lo = min.saturating_sub(i);
-            match max {
-                Some(x) if x <= i => Re::empty(),
-                _ => Re::repeat(Re::seq([comma.clone(), r.clone()]), lo, max.map(|x| x - i)),
-            }
-        };
-        let mut tail = build_rest(k.max(1));
-        // Prefix positions from the last down to 1 (position 0 is the first element).
-        for i in (1..elems.len() as u64).rev() {
-            let e = &elems[i as usize];
-            let cont = Re::seq([comma.clone(), e.clone(), tail]);
-            tail = if i >= min { Re::opt(cont) } else { cont };
-        }
-        let first = match elems.first() {
-            Some(e) => Some(e.clone()),
-            None => rest_re.clone(),
-        };
-        let body = match first {
-            None => Re::empty(),
-            Some(_) if max == Some(0) => Re::empty(),
-            Some(f) => {
-                let seq = Re::seq([f, tail]);
-                if min == 0 {
-                    Re::opt(seq)
-                } else {
-                    seq
-                }
-            }
-        };
-        Ok(self.sep.bracketed(r"\[", body, r"\]"))
+        Ok(ItemSchemas {
+            prefix,
+            rest,
+            prefix_pointer,
+            rest_pointer,
+        })
     }
 
     /// The item values of an array whose items form a small finite set: `items` is an `enum`,
@@ -301,5 +277,58 @@ impl Translator<'_> {
             bodies.push(with(min.max(1), max));
         }
         Ok(self.sep.bracketed(r"\[", Re::alt(bodies), r"\]"))
+    }
+}
+
+/// An array's item schemas ([`Translator::item_schemas`]).
+struct ItemSchemas {
+    prefix: Vec<Value>,
+    rest: Value,
+    prefix_pointer: String,
+    rest_pointer: String,
+}
+
+/// The items of an array between its brackets: the `prefix` values in order, then `rest` values
+/// (if any may follow) to `max` items in all, at least `min` items, comma-separated. `k` is the
+/// prefix's length before `maxItems` cut it.
+fn elements(
+    prefix: &[Re],
+    rest: Option<&Re>,
+    k: u64,
+    min: u64,
+    max: Option<u64>,
+    comma: &Re,
+) -> Re {
+    // Items from position i on, after i items were written (i >= 1).
+    let rest_from = |i: u64| -> Re {
+        let Some(r) = rest else {
+            return Re::empty();
+        };
+        match max {
+            Some(x) if x <= i => Re::empty(),
+            _ => Re::repeat(
+                Re::seq([comma.clone(), r.clone()]),
+                min.saturating_sub(i),
+                max.map(|x| x - i),
+            ),
+        }
+    };
+    let mut tail = rest_from(k.max(1));
+    // Prefix positions from the last down to 1 (position 0 is the first item).
+    for i in (1..prefix.len() as u64).rev() {
+        let cont = Re::seq([comma.clone(), prefix[i as usize].clone(), tail]);
+        tail = if i >= min { Re::opt(cont) } else { cont };
+    }
+    match prefix.first().or(rest) {
+        None => Re::empty(),
+        Some(_) if max == Some(0) => Re::empty(),
+        Some(first) => {
+            let seq = Re::seq([first.clone(), tail]);
+            if min == 0 {
+                Re::opt(seq)
+            } else {
+                seq
+            }
+        }
     }
 }

@@ -13,6 +13,80 @@ use super::{
 
 impl Translator<'_> {
     pub(super) fn object(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<Re> {
+        let names = self.names(m, pointer)?;
+        let (items, declared) = self.members(m, &names, pointer)?;
+        let declared: Vec<&str> = declared.iter().map(String::as_str).collect();
+        let extra = self.extra_members(
+            &declared,
+            &names.patterns,
+            &names.extra_schema,
+            names.schema.as_ref(),
+            pointer,
+        )?;
+        let members: Vec<(Re, bool)> = items
+            .iter()
+            .map(|it| {
+                let name = literal(&Value::String(it.name.clone()));
+                let member = Re::seq([name, self.sep.colon.clone(), it.value.clone()]);
+                (member, it.required)
+            })
+            .collect();
+        let min_p = count(m, pointer, "minProperties")?;
+        let max_p = count(m, pointer, "maxProperties")?;
+        let deps = self.dependencies(m, &items, extra.is_some(), &declared, pointer)?;
+        let comma = &self.sep.comma;
+        let body = if min_p.is_some() || max_p.is_some() || !deps.is_empty() {
+            let (lo, hi) = (min_p.unwrap_or(0), max_p);
+            if lo > 32 || hi.is_some_and(|h| h > 32) {
+                return Err(unsupported(
+                    "maxProperties",
+                    pointer,
+                    "property counts above 32 are not supported yet",
+                ));
+            }
+            counted_members(&members, extra.as_ref(), lo, hi, &deps, comma)
+        } else {
+            free_members(&members, extra.as_ref(), comma)
+        };
+        Ok(self.sep.bracketed(r"\{", body, r"\}"))
+    }
+
+    /// What decides the names an object may have and the schema of each name's value.
+    fn names(&mut self, m: &Map<String, Value>, pointer: &str) -> Result<Names> {
+        // Without additionalProperties, unevaluatedProperties applies to the same names.
+        let unevaluated = self.unevaluated(m, UnevaluatedOf::Properties);
+        let extra_schema = match m.get("additionalProperties").cloned().or(unevaluated) {
+            Some(s) => s,
+            None if self.options.strict => Value::Bool(false),
+            None => Value::Bool(true),
+        };
+        let patterns = self.pattern_properties(m, pointer)?;
+        let schema = m.get("propertyNames").cloned();
+        let here = child(pointer, "propertyNames");
+        let test = match &schema {
+            None => None,
+            Some(n) => {
+                let r = self.child_value(n, &here)?;
+                Some(Narrowing::new(&r, "propertyNames", &here)?)
+            }
+        };
+        Ok(Names {
+            extra_schema,
+            patterns,
+            schema,
+            test,
+        })
+    }
+
+    /// The members with a slot of their own, in canonical order: `properties`, then required
+    /// names the schema does not describe, then names only dependencies mention; and every name
+    /// declared so (which additional members may not take).
+    fn members(
+        &mut self,
+        m: &Map<String, Value>,
+        names: &Names,
+        pointer: &str,
+    ) -> Result<(Vec<Member>, Vec<String>)> {
         let empty = Map::new();
         let props = match m.get("properties") {
             Some(Value::Object(p)) => p,
@@ -30,169 +104,96 @@ impl Translator<'_> {
             Some(_) => return Err(invalid(&child(pointer, "required"), "expected an array")),
             None => Vec::new(),
         };
-        // Without additionalProperties, unevaluatedProperties applies to the same names.
-        let unevaluated = self.unevaluated(m, UnevaluatedOf::Properties);
-        let extra_schema = match m.get("additionalProperties").cloned().or(unevaluated) {
-            Some(s) => s,
-            None if self.options.strict => Value::Bool(false),
-            None => Value::Bool(true),
-        };
-        let patterns = self.pattern_properties(m, pointer)?;
-        let names_schema = m.get("propertyNames").cloned();
-        // A name is allowed if the propertyNames schema accepts it as a string; tested on the
-        // generated language, so a name outside it is left out (sound).
-        let name_ok = match &names_schema {
-            None => None,
-            Some(n) => {
-                let r = self.child_value(n, &child(pointer, "propertyNames"))?;
-                Some(Narrowing::new(
-                    &r,
-                    "propertyNames",
-                    &child(pointer, "propertyNames"),
-                )?)
-            }
-        };
-        let allowed = |name: &str| {
-            name_ok
-                .as_ref()
-                .is_none_or(|r| r.is_match(serde_json::to_string(name).unwrap().as_bytes()))
-        };
-        // The schema a named property's value must satisfy: its `properties` entry and every
-        // pattern matching the name, or else `additionalProperties`.
-        let value_schema = |name: &str, declared: Option<&Value>| -> Value {
-            let mut all: Vec<Value> = declared.into_iter().cloned().collect();
-            all.extend(
-                patterns
-                    .iter()
-                    .filter(|p| {
-                        p.matcher
-                            .is_match(serde_json::to_string(name).unwrap().as_bytes())
-                    })
-                    .map(|p| p.schema.clone()),
-            );
-            match all.len() {
-                0 => extra_schema.clone(),
-                1 => all.pop().unwrap(),
-                _ => json!({ "allOf": all }),
-            }
-        };
-        // (name, value regex, required) in canonical order; required names the schema does not
-        // describe come after `properties`.
-        let mut items: Vec<(String, Re, bool)> = Vec::new();
+        let mut items: Vec<Member> = Vec::new();
+        let mut declared: Vec<String> = Vec::new();
         let pp = child(pointer, "properties");
-        let mut declared: Vec<&str> = Vec::new();
         for (name, s) in props {
-            declared.push(name);
-            let is_required = required.contains(&name.as_str());
-            let v = if allowed(name) {
-                self.child_value(&value_schema(name, Some(s)), &child(&pp, name))?
-            } else {
-                Re::nothing()
-            };
-            if v.is_nothing() && !is_required {
+            declared.push(name.clone());
+            let required = required.contains(&name.as_str());
+            let value = self.member_value(names, name, Some(s), &child(&pp, name))?;
+            if value.is_nothing() && !required {
                 continue; // can never be written
             }
-            items.push((name.clone(), v, is_required));
+            items.push(Member {
+                name: name.clone(),
+                value,
+                required,
+            });
         }
         let ap = child(pointer, "additionalProperties");
         for name in &required {
             if !props.contains_key(*name) {
-                declared.push(name);
-                let v = if allowed(name) {
-                    self.child_value(&value_schema(name, None), &ap)?
-                } else {
-                    Re::nothing()
-                };
-                items.push(((*name).to_owned(), v, true));
+                declared.push((*name).to_owned());
+                items.push(Member {
+                    name: (*name).to_owned(),
+                    value: self.member_value(names, name, None, &ap)?,
+                    required: true,
+                });
             }
         }
         // Names that dependencies mention but `properties` does not could be additional
         // properties: give them a slot after the declared ones, so the dependency can be tracked
         // (an instance writing them among other additional properties is written in that slot
         // first: sound, slightly narrower).
+        for name in self.dependency_names(m) {
+            if declared.contains(&name) {
+                continue;
+            }
+            let value = if names.value_schema(&name, None) == Value::Bool(false) {
+                Re::nothing()
+            } else {
+                self.member_value(names, &name, None, &ap)?
+            };
+            declared.push(name.clone());
+            if !value.is_nothing() {
+                items.push(Member {
+                    name,
+                    value,
+                    required: false,
+                });
+            }
+        }
+        Ok((items, declared))
+    }
+
+    /// The value of the member `name` (declared with the schema `declared`, or not), or nothing
+    /// when `propertyNames` refuses the name.
+    fn member_value(
+        &mut self,
+        names: &Names,
+        name: &str,
+        declared: Option<&Value>,
+        pointer: &str,
+    ) -> Result<Re> {
+        if !names.allowed(name) {
+            return Ok(Re::nothing());
+        }
+        self.child_value(&names.value_schema(name, declared), pointer)
+    }
+
+    /// The names `dependentRequired` (draft 4–7: `dependencies` with name lists) mentions, as
+    /// triggers or dependents, in order.
+    fn dependency_names(&self, m: &Map<String, Value>) -> Vec<String> {
         let dep_key = if self.draft >= Draft::D2019 {
             "dependentRequired"
         } else {
             "dependencies"
         };
-        let mut mentioned: Vec<String> = Vec::new();
+        let mut out: Vec<String> = Vec::new();
         if let Some(Value::Object(deps)) = m.get(dep_key) {
             for (trigger, needed) in deps {
                 if let Value::Array(needed) = needed {
-                    mentioned.push(trigger.clone());
-                    mentioned.extend(needed.iter().filter_map(|n| n.as_str().map(str::to_owned)));
+                    let mentioned = std::iter::once(trigger.as_str())
+                        .chain(needed.iter().filter_map(Value::as_str));
+                    for name in mentioned {
+                        if !out.iter().any(|n| n == name) {
+                            out.push(name.to_owned());
+                        }
+                    }
                 }
             }
         }
-        let mut slots: Vec<String> = Vec::new();
-        for name in mentioned {
-            if !declared.contains(&name.as_str()) && !slots.contains(&name) {
-                slots.push(name);
-            }
-        }
-        for name in &slots {
-            let schema = value_schema(name, None);
-            let v = if allowed(name) && schema != Value::Bool(false) {
-                self.child_value(&schema, &ap)?
-            } else {
-                Re::nothing()
-            };
-            if !v.is_nothing() {
-                items.push((name.clone(), v, false));
-            }
-        }
-        declared.extend(slots.iter().map(String::as_str));
-        let extra = self.extra_members(
-            &declared,
-            &patterns,
-            &extra_schema,
-            names_schema.as_ref(),
-            pointer,
-        )?;
-        let member = |(name, v, _): &(String, Re, bool)| {
-            Re::seq([
-                literal(&Value::String(name.clone())),
-                self.sep.colon.clone(),
-                v.clone(),
-            ])
-        };
-        let min_p = count(m, pointer, "minProperties")?;
-        let max_p = count(m, pointer, "maxProperties")?;
-        let deps = self.dependencies(m, &items, extra.is_some(), &declared, pointer)?;
-        if min_p.is_some() || max_p.is_some() || !deps.is_empty() {
-            let (lo, hi) = (min_p.unwrap_or(0), max_p);
-            if lo > 32 || hi.is_some_and(|h| h > 32) {
-                return Err(unsupported(
-                    "maxProperties",
-                    pointer,
-                    "property counts above 32 are not supported yet",
-                ));
-            }
-            let members: Vec<(Re, bool)> = items.iter().map(|it| (member(it), it.2)).collect();
-            let body = counted_members(&members, extra.as_ref(), lo, hi, &deps, &self.sep.comma);
-            return Ok(self.sep.bracketed(r"\{", body, r"\}"));
-        }
-        // Members in order, each optional or required, then any number of extras. The text
-        // starts with a non-empty "head" (no leading comma) followed by the rest as a "tail"
-        // (each member with a leading comma); see `ordered_members`.
-        let members: Vec<(Re, bool)> = items.iter().map(|it| (member(it), it.2)).collect();
-        let comma = &self.sep.comma;
-        let extras = extra
-            .as_ref()
-            .map(|e| Re::star(Re::seq([comma.clone(), e.clone()])))
-            .unwrap_or_else(Re::empty);
-        let mut alts = Vec::new();
-        let (first, may_be_empty) = ordered_members(&members, comma);
-        if let Some(first) = first {
-            alts.push(Re::seq([first, extras.clone()]));
-        }
-        if may_be_empty {
-            alts.push(match &extra {
-                Some(e) => Re::opt(Re::seq([e.clone(), extras])),
-                None => Re::empty(),
-            });
-        }
-        Ok(self.sep.bracketed(r"\{", Re::alt(alts), r"\}"))
+        out
     }
 
     /// `patternProperties` as (pattern, schema, matcher of quoted names).
@@ -278,7 +279,7 @@ impl Translator<'_> {
     pub(super) fn dependencies(
         &self,
         m: &Map<String, Value>,
-        items: &[(String, Re, bool)],
+        items: &[Member],
         extras_allowed: bool,
         declared: &[&str],
         pointer: &str,
@@ -297,7 +298,7 @@ impl Translator<'_> {
         let deps = deps
             .as_object()
             .ok_or_else(|| invalid(&here, "expected an object"))?;
-        let index = |n: &str| items.iter().position(|(name, _, _)| name == n);
+        let index = |n: &str| items.iter().position(|it| it.name == n);
         let mut out = Vec::new();
         for (trigger, needed) in deps {
             let Value::Array(needed) = needed else {
@@ -350,6 +351,73 @@ impl Translator<'_> {
         }
         Ok(out)
     }
+}
+
+/// An object member with a slot of its own ([`Translator::members`]).
+pub(super) struct Member {
+    pub(super) name: String,
+    pub(super) value: Re,
+    pub(super) required: bool,
+}
+
+/// What decides an object's names and the schema of each one's value
+/// ([`Translator::names`]).
+pub(super) struct Names {
+    /// `additionalProperties` (or `unevaluatedProperties`, or `false` under `strict`).
+    extra_schema: Value,
+    patterns: Vec<PatternProperty>,
+    /// `propertyNames`, and its test of quoted names.
+    schema: Option<Value>,
+    test: Option<Narrowing>,
+}
+
+impl Names {
+    /// Whether `propertyNames` accepts `name` as a string; tested on the generated language, so
+    /// a name outside it is left out (sound).
+    fn allowed(&self, name: &str) -> bool {
+        self.test
+            .as_ref()
+            .is_none_or(|r| r.is_match(serde_json::to_string(name).unwrap().as_bytes()))
+    }
+
+    /// The schema a named property's value must satisfy: its `properties` entry and every
+    /// pattern matching the name, or else `additionalProperties`.
+    fn value_schema(&self, name: &str, declared: Option<&Value>) -> Value {
+        let quoted = serde_json::to_string(name).unwrap();
+        let mut all: Vec<Value> = declared.into_iter().cloned().collect();
+        all.extend(
+            self.patterns
+                .iter()
+                .filter(|p| p.matcher.is_match(quoted.as_bytes()))
+                .map(|p| p.schema.clone()),
+        );
+        match all.len() {
+            0 => self.extra_schema.clone(),
+            1 => all.pop().unwrap(),
+            _ => json!({ "allOf": all }),
+        }
+    }
+}
+
+/// Members in order, each optional or required, then any number of `extra` members. The text
+/// starts with a non-empty "head" (no leading comma) followed by the rest as a "tail" (each
+/// member with a leading comma); see [`ordered_members`].
+fn free_members(members: &[(Re, bool)], extra: Option<&Re>, comma: &Re) -> Re {
+    let extras = extra
+        .map(|e| Re::star(Re::seq([comma.clone(), e.clone()])))
+        .unwrap_or_else(Re::empty);
+    let mut alts = Vec::new();
+    let (first, may_be_empty) = ordered_members(members, comma);
+    if let Some(first) = first {
+        alts.push(Re::seq([first, extras.clone()]));
+    }
+    if may_be_empty {
+        alts.push(match extra {
+            Some(e) => Re::opt(Re::seq([e.clone(), extras])),
+            None => Re::empty(),
+        });
+    }
+    Re::alt(alts)
 }
 
 /// A JSON string body (without quotes) that is not one of `names`: a trie over the names, where at
