@@ -53,9 +53,13 @@ impl Constraint {
         let limits = Limits::default();
         let deadline = std::time::Instant::now() + limits.compile_time;
         let (root, rules) = match self {
-            Constraint::JsonSchema { schema, options } => {
-                crate::schema::schema_to_rules_by(schema, options, &limits, deadline)?
-            }
+            Constraint::JsonSchema { schema, options } => crate::schema::schema_to_rules_by(
+                schema,
+                options,
+                &limits,
+                deadline,
+                crate::schema::Measure::Text,
+            )?,
             Constraint::JsonObject { whitespace } => crate::schema::json_object_rules(*whitespace),
             Constraint::Gbnf(_) | Constraint::Lark(_) => {
                 return Err(GrammarError::InvalidRule {
@@ -106,11 +110,9 @@ fn within(value: usize, bound: usize, limit: &'static str) -> Result<(), Grammar
 }
 
 /// A schema's (or `json_object`'s) typed regex for the root and its rules, lowered into terms
-/// and prepared. Leaf texts are parsed in byte mode (they are quarry's own text, and byte
-/// classes in them are meant); user regexes must match UTF-8 only.
-fn from_regex_rules(root: &Re, rules: Vec<Re>, limits: &Limits) -> Result<Prepared, GrammarError> {
-    let total = root.len() + rules.iter().map(Re::len).sum::<usize>();
-    within(total, limits.max_regex_bytes, "max_regex_bytes")?;
+/// and prepared (translation bounded its size). Leaf texts are parsed in byte mode (they are
+/// quarry's own text, and byte classes in them are meant); user regexes must match UTF-8 only.
+fn from_regex_rules(root: &Re, rules: Vec<Re>) -> Result<Prepared, GrammarError> {
     let mut terms = Terms::new();
     let parse = |terms: &mut Terms, re: &Re| {
         re.lower(terms).map_err(|e| GrammarError::InvalidRegex {
@@ -202,17 +204,21 @@ impl Grammar {
         let prepared = match constraint {
             Constraint::JsonSchema { schema, options } => {
                 let (root, rules) = crate::schema::schema_to_rules_by(
-                    schema, options, &limits, deadline,
+                    schema,
+                    options,
+                    &limits,
+                    deadline,
+                    crate::schema::Measure::Held,
                 )
                 .map_err(|e| match e {
                     crate::schema::SchemaError::OutOfTime { .. } => out_of_time(),
                     e => e.into(),
                 })?;
-                from_regex_rules(&root, rules, &limits)?
+                from_regex_rules(&root, rules)?
             }
             Constraint::JsonObject { whitespace } => {
                 let (root, rules) = crate::schema::json_object_rules(*whitespace);
-                from_regex_rules(&root, rules, &limits)?
+                from_regex_rules(&root, rules)?
             }
             Constraint::Gbnf(_) | Constraint::Lark(_) => {
                 let rules = match constraint {

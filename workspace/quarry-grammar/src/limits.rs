@@ -2,9 +2,12 @@
 /// [`crate::GrammarError::LimitExceeded`] naming the field; it never runs out of memory or hangs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Longest regex text accepted: a regex constraint, a schema's derived regex (all of it, and
-    /// each subschema's while translating: past it the schema is translated again with large
-    /// references as shared rules, then refused as `SchemaError::TooLarge`). Default 4 MiB.
+    /// Largest regex accepted: a regex constraint's text; a schema's typed regex as it is held
+    /// while compiling (nodes and leaf text, a part shared by several uses counted once; all of
+    /// it, and what each subschema adds while translating: past it the schema is translated
+    /// again with large references as shared rules, then refused as `SchemaError::TooLarge`);
+    /// a schema's regex text where it is printed (`schema_to_regex`, `Constraint::rules`).
+    /// Default 4 MiB.
     pub max_regex_bytes: usize,
     /// Deepest nesting of a schema's subschemas, `allOf` merges and negations while translating
     /// (`SchemaError::TooDeep` past it). Default 256: real schemas stay far below it, and each

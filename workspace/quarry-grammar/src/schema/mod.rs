@@ -357,7 +357,9 @@ pub enum SchemaError {
     #[error("translating the schema ran out of time at {pointer}")]
     OutOfTime { pointer: String },
     /// The regex of a subschema grew past `limit` bytes ([`crate::Limits::max_regex_bytes`];
-    /// typically many uses of a large `$ref`, or a wide `oneOf`).
+    /// typically many uses of a large `$ref`, or a wide `oneOf`). Compiling measures the typed
+    /// regex held, where a part shared by several uses counts once; printing the regex
+    /// ([`schema_to_regex`]) measures its text.
     #[error("the regex for {pointer} exceeds {limit} bytes (Limits::max_regex_bytes)")]
     TooLarge { pointer: String, limit: usize },
     /// Subschemas, `allOf` merges and negations nested past `limit` levels
@@ -539,7 +541,7 @@ pub fn schema_to_regex_by(
     limits: &crate::Limits,
     deadline: std::time::Instant,
 ) -> Result<String> {
-    let (root, rules) = schema_to_rules_by(schema, options, limits, deadline)?;
+    let (root, rules) = schema_to_rules_by(schema, options, limits, deadline, Measure::Text)?;
     match rules.first() {
         None => Ok(root.to_string()),
         Some(_) => Err(unsupported(
@@ -551,14 +553,27 @@ pub fn schema_to_regex_by(
     }
 }
 
+/// What [`crate::Limits::max_regex_bytes`] bounds when a schema is translated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Measure {
+    /// The typed regex held (nodes, lists of parts, leaf text; [`re::held`]), where a subtree
+    /// shared by several uses counts once: the memory compiling holds, and what it lowers.
+    Held,
+    /// The length of its text, where a shared subtree is written out at each use: for callers
+    /// that print it ([`schema_to_regex`], [`crate::Constraint::rules`]).
+    Text,
+}
+
 /// The schema as a typed regex for the root and for each rule a recursive `$ref` needs: rule
 /// `k`'s regex is `rules[k - 1]`, and [`Re::rule`]`(k)` in any of them refers to it. No rules
-/// when nothing recurses (or recursion is unrolled).
+/// when nothing recurses (or recursion is unrolled). Its size by `measure` is at most
+/// `limits.max_regex_bytes`, or the result is [`SchemaError::TooLarge`].
 pub(crate) fn schema_to_rules_by(
     schema: &Value,
     options: &SchemaOptions,
     limits: &crate::Limits,
     deadline: std::time::Instant,
+    measure: Measure,
 ) -> Result<(Re, Vec<Re>)> {
     // Every reference as a pointer from the root, whatever `$id`s it was relative to.
     let schema = &*resolve::flatten(schema)?;
@@ -569,17 +584,30 @@ pub(crate) fn schema_to_rules_by(
     let mut tries = SHARED_RULE_BYTES.iter().copied().map(Some);
     let mut share = None;
     loop {
+        let start = re::held();
         // The schema's own values are copied whole in places (a property's schema, a merge),
         // which recurses as deep as the JSON: start with room for that whatever the caller's
         // stack (deeper levels of translation grow their own, see `Translator::nested`).
         let out = stacker::maybe_grow(STACK_TOP, STACK_SEGMENT, || {
-            translate(schema, options, limits, deadline, share)
+            translate(schema, options, limits, deadline, share, measure)
         });
-        let total =
-            |(root, rules): &(Re, Vec<Re>)| root.len() + rules.iter().map(Re::len).sum::<usize>();
+        let size = |(root, rules): &(Re, Vec<Re>)| match measure {
+            Measure::Held => re::held().saturating_sub(start),
+            Measure::Text => rules
+                .iter()
+                .map(Re::len)
+                .fold(root.len(), usize::saturating_add),
+        };
+        let too_large = || SchemaError::TooLarge {
+            pointer: "#".into(),
+            limit: limits.max_regex_bytes,
+        };
         match (out, tries.next()) {
             (Err(SchemaError::TooLarge { .. }), Some(next)) => share = next,
-            (Ok(done), Some(next)) if total(&done) > limits.max_regex_bytes => share = next,
+            (Ok(done), next) if size(&done) > limits.max_regex_bytes => match next {
+                Some(next) => share = next,
+                None => return Err(too_large()),
+            },
             (out, _) => return out,
         }
     }
@@ -603,6 +631,7 @@ fn translate(
     limits: &crate::Limits,
     deadline: std::time::Instant,
     share_refs: Option<usize>,
+    measure: Measure,
 ) -> Result<(Re, Vec<Re>)> {
     let draft = Draft::of(schema);
     let mut t = Translator {
@@ -620,6 +649,8 @@ fn translate(
         nesting: 0,
         max_nesting: limits.max_schema_nesting,
         max_regex_bytes: limits.max_regex_bytes,
+        measure,
+        held_at: re::held(),
     };
     let root = t.value(schema, "#")?;
     // Each rule's body is its target, translated with only itself on the path: a reference back
@@ -679,8 +710,11 @@ struct Translator<'a> {
     nesting: usize,
     /// [`crate::Limits::max_schema_nesting`].
     max_nesting: usize,
-    /// [`crate::Limits::max_regex_bytes`], for each subschema's regex.
+    /// [`crate::Limits::max_regex_bytes`], for each subschema's regex by `measure` (for
+    /// [`Measure::Held`], all held beyond what was held at `held_at`).
     max_regex_bytes: usize,
+    measure: Measure,
+    held_at: usize,
 }
 
 /// The sizes above which a reference target becomes a shared rule, one per try after the first
@@ -815,7 +849,11 @@ impl Translator<'_> {
             });
         }
         let re = self.nested(pointer, |t| t.value_unchecked(schema, pointer))?;
-        if re.len() > self.max_regex_bytes {
+        let size = match self.measure {
+            Measure::Held => re::held().saturating_sub(self.held_at),
+            Measure::Text => re.len(),
+        };
+        if size > self.max_regex_bytes {
             return Err(SchemaError::TooLarge {
                 pointer: pointer.into(),
                 limit: self.max_regex_bytes,

@@ -612,6 +612,9 @@ pub(super) fn full_match(
         .map_err(|e| unsupported(keyword, pointer, &e.to_string()))
 }
 
+/// The longest regex text [`Narrowing`] gives regex-automata.
+const MAX_MATCH_TEXT: usize = 1 << 20;
+
 /// A test of whole texts against a schema's regex, for callers that keep only what passes (the
 /// names `propertyNames` allows, the `enum` values the rest of the schema accepts), where a
 /// wrong "no" narrows the output and stays sound. A plain regex is matched by regex-automata
@@ -625,8 +628,9 @@ pub(super) enum Narrowing {
 
 impl Narrowing {
     pub(super) fn new(re: &Re, keyword: &str, pointer: &str) -> Result<Self> {
-        if !re.has_markers() {
-            // A regex too large for regex-automata's NFA is read as terms instead.
+        // A regex too large for regex-automata's NFA (or to write out: the text repeats every
+        // shared part) is read as terms instead.
+        if !re.has_markers() && re.len() <= MAX_MATCH_TEXT {
             if let Ok(r) = full_match(re, keyword, pointer) {
                 return Ok(Self::Regex(r));
             }

@@ -14,6 +14,7 @@
 //! [`crate::parse::parse_with_rules`] reads back into the same terms.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::fmt::{self, Write};
 use std::rc::Rc;
 
@@ -27,14 +28,23 @@ pub(crate) struct Re(Rc<Node>);
 
 struct Node {
     kind: Kind,
-    /// Bytes of the regex text the tree stands for (its `Display`): the measure
-    /// [`crate::Limits::max_regex_bytes`] bounds.
+    /// Bytes of the regex text the tree stands for (its `Display`; saturating: with shared
+    /// subtrees it can be exponential in the tree's size).
     len: usize,
     /// Whether a rule reference occurs in the tree (a grammar, not a regular language).
     rule: bool,
     /// Whether an intersection or a rule reference occurs in the tree: text regex-automata
     /// would misread.
     markers: bool,
+    /// Bytes this node holds itself, counted in [`held`] while it lives.
+    own: usize,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // At thread exit the count may be gone before the last shared leaves: nothing to do.
+        let _ = HELD.try_with(|h| h.set(h.get().saturating_sub(self.own)));
+    }
 }
 
 enum Kind {
@@ -52,31 +62,55 @@ enum Kind {
     Rule(u32),
 }
 
+thread_local! {
+    /// Bytes of typed regex alive on this thread ([`held`]).
+    static HELD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Bytes of typed regex alive on this thread: its nodes, their lists of parts and their own
+/// leaf text. A translation's size is what it adds; a subtree shared by several uses counts
+/// once (the text, [`Re::len`], repeats it), and what the translator built and dropped on the
+/// way counts no more.
+pub(crate) fn held() -> usize {
+    HELD.with(Cell::get)
+}
+
 /// The text of a regex with an empty language.
 const NOTHING_TEXT: &str = r"[^\x00-\x{10FFFF}]";
 
 impl Re {
     fn node(kind: Kind) -> Re {
+        let own = std::mem::size_of::<Node>()
+            + 2 * std::mem::size_of::<usize>()
+            + match &kind {
+                Kind::Text(Cow::Owned(s)) => s.len(),
+                Kind::Seq(xs) | Kind::Alt(xs) => xs.len() * std::mem::size_of::<Re>(),
+                _ => 0,
+            };
+        HELD.with(|h| h.set(h.get() + own));
+        let sum = |lens: &mut dyn Iterator<Item = usize>| lens.fold(0, usize::saturating_add);
         let (len, rule, markers) = match &kind {
             Kind::Text(s) => (s.len(), false, false),
             Kind::Seq(xs) => (
-                xs.iter().map(Re::atom_len).sum(),
+                sum(&mut xs.iter().map(Re::atom_len)),
                 xs.iter().any(|x| x.0.rule),
                 xs.iter().any(|x| x.0.markers),
             ),
             Kind::Alt(xs) if xs.is_empty() => (NOTHING_TEXT.len(), false, false),
             Kind::Alt(xs) => (
-                xs.iter().map(|x| x.0.len + 1).sum::<usize>() + 3,
+                sum(&mut xs.iter().map(|x| x.0.len.saturating_add(1))).saturating_add(3),
                 xs.iter().any(|x| x.0.rule),
                 xs.iter().any(|x| x.0.markers),
             ),
             Kind::Repeat(x, min, max) => (
-                x.0.len + 4 + quantifier(*min, *max).len(),
+                x.0.len.saturating_add(4 + quantifier(*min, *max).len()),
                 x.0.rule,
                 x.0.markers,
             ),
             Kind::And(a, b, negate) => (
-                a.0.len + b.0.len + crate::parse::and_text("", "", *negate).len(),
+                a.0.len
+                    .saturating_add(b.0.len)
+                    .saturating_add(crate::parse::and_text("", "", *negate).len()),
                 a.0.rule || b.0.rule,
                 true,
             ),
@@ -87,13 +121,14 @@ impl Re {
             len,
             rule,
             markers,
+            own,
         }))
     }
 
     /// Bytes of the text as one piece of a concatenation ([`Re::write_atom`]).
     fn atom_len(&self) -> usize {
         match &self.0.kind {
-            Kind::Text(s) if s.contains('|') => s.len() + 4,
+            Kind::Text(s) if s.contains('|') => s.len().saturating_add(4),
             _ => self.0.len,
         }
     }
@@ -203,7 +238,7 @@ impl Re {
         Re::node(Kind::Rule(u32::try_from(k).expect("fewer than 2^32 rules")))
     }
 
-    /// Bytes of regex text this stands for ([`crate::Limits::max_regex_bytes`]).
+    /// Bytes of regex text this stands for (saturating).
     pub(crate) fn len(&self) -> usize {
         self.0.len
     }
@@ -424,6 +459,24 @@ mod tests {
             .collect();
         assert_eq!(t.is_void(void, &reps, 1000), (true, false));
         assert_eq!(t.is_void(live, &reps, 1000), (false, false));
+    }
+
+    #[test]
+    fn held_bytes_count_shared_parts_once_and_go_with_the_tree() {
+        let before = held();
+        let leaf = Re::text("x".repeat(1000));
+        let one = held() - before;
+        assert!(one > 1000);
+        // A hundred uses of one leaf hold one leaf and a list of a hundred parts, where the
+        // text repeats it a hundred times.
+        let many = Re::seq(vec![leaf.clone(); 100]);
+        assert_eq!(many.len(), 100 * leaf.len());
+        let shared = held() - before;
+        assert!(shared < 2 * one, "{shared} vs {one}");
+        let copies = Re::seq((0..100).map(|_| Re::text("x".repeat(1000))));
+        assert!(held() - before > 100 * one);
+        drop((leaf, many, copies));
+        assert_eq!(held(), before);
     }
 
     #[test]

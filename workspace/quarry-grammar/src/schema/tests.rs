@@ -58,8 +58,14 @@ fn accepts(schema: Value, text: &str) -> bool {
 fn narrowing(schema: &Value) -> super::object::Narrowing {
     let limits = crate::Limits::default();
     let deadline = std::time::Instant::now() + limits.compile_time;
-    let (re, rules) = schema_to_rules_by(schema, &SchemaOptions::default(), &limits, deadline)
-        .unwrap_or_else(|e| panic!("{schema}: {e}"));
+    let (re, rules) = schema_to_rules_by(
+        schema,
+        &SchemaOptions::default(),
+        &limits,
+        deadline,
+        Measure::Held,
+    )
+    .unwrap_or_else(|e| panic!("{schema}: {e}"));
     assert!(rules.is_empty(), "{schema}: recursive");
     super::object::Narrowing::new(&re, "test", "#").unwrap()
 }
@@ -860,8 +866,9 @@ fn typed_regexes_and_their_text_agree_on_real_schemas() {
     let mut checked = 0;
     for (name, schema) in &schemas {
         let deadline = std::time::Instant::now() + limits.compile_time;
+        let options = SchemaOptions::default();
         let Ok((re, rules)) =
-            schema_to_rules_by(schema, &SchemaOptions::default(), &limits, deadline)
+            schema_to_rules_by(schema, &options, &limits, deadline, Measure::Text)
         else {
             continue;
         };
