@@ -613,7 +613,7 @@ pub(super) fn full_match(
 }
 
 /// The longest regex text [`Narrowing`] gives regex-automata.
-const MAX_MATCH_TEXT: usize = 1 << 20;
+const MAX_MATCH_TEXT: usize = 16 << 10;
 
 /// A test of whole texts against a schema's regex, for callers that keep only what passes (the
 /// names `propertyNames` allows, the `enum` values the rest of the schema accepts), where a
