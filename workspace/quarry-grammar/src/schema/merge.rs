@@ -91,7 +91,10 @@ impl Translator<'_> {
         self.merge_tuples(&mut out, &mut b);
         Self::check_coupled(&out, &b, pointer)?;
         for (k, vb) in b {
-            if ANNOTATIONS.contains(&k.as_str()) && k != "$defs" && k != "definitions" {
+            // Annotations, definitions included: every reference is a pointer from the root
+            // (`resolve::flatten`), so definitions carried into a merge are never read, and
+            // copying them made every merge next to a root's `$defs` copy all of them.
+            if ANNOTATIONS.contains(&k.as_str()) {
                 continue;
             }
             let Some(va) = out.get(&k).cloned() else {
@@ -215,12 +218,11 @@ impl Translator<'_> {
                 }
                 Value::Array(r)
             }
-            "properties" | "$defs" | "definitions" => {
+            "properties" => {
                 let mut p = va.as_object().cloned().unwrap_or_default();
                 for (name, s) in vb.as_object().cloned().unwrap_or_default() {
                     let v = match p.get(&name) {
-                        Some(prev) if k == "properties" => json!({ "allOf": [prev, s] }),
-                        Some(prev) => prev.clone(),
+                        Some(prev) => json!({ "allOf": [prev, s] }),
                         None => s,
                     };
                     p.insert(name, v);

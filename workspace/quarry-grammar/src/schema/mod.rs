@@ -1258,8 +1258,12 @@ impl Translator<'_> {
             .filter(|b| !b.is_empty())
             .ok_or_else(|| invalid(&child(pointer, comb), "expected a non-empty array"))?;
         // The schema's own keywords apply to every branch: intersection distributes over union.
+        // Its definitions are not keywords (references are pointers from the root): a root's
+        // `$defs` would be copied into every branch.
         let mut rest = m.clone();
         rest.remove(comb);
+        rest.remove("$defs");
+        rest.remove("definitions");
         let rest = Value::Object(rest);
         let has_rest = !Self::constraining(rest.as_object().unwrap(), &[]).is_empty();
         let here = child(pointer, comb);
