@@ -73,7 +73,7 @@
 //!   share, with what their meaning depends on, hold in both and are not negated); `allOf`,
 //!   merged keyword by keyword where that is exact (types intersected, `required` united,
 //!   `properties` merged per name, the tighter of two bounds, `enum` intersected, two `anyOf`s
-//!   multiplied out, schema-valued `items` and `additionalProperties` as `allOf`s, integer
+//!   multiplied out (up to 128 branches), schema-valued `items` and `additionalProperties` as `allOf`s, integer
 //!   `multipleOf` by their least common multiple, a second `if`/`then`/`else` as the `anyOf` it
 //!   stands for, two tuples position by position, a branch's own `unevaluated*` as the
 //!   `additionalProperties`/`items` it is against that branch's keywords); keywords
@@ -651,6 +651,7 @@ fn translate(
         max_regex_bytes: limits.max_regex_bytes,
         measure,
         held_at: re::held(),
+        keys_outside: Default::default(),
     };
     let root = t.value(schema, "#")?;
     // Each rule's body is its target, translated with only itself on the path: a reference back
@@ -715,6 +716,8 @@ struct Translator<'a> {
     max_regex_bytes: usize,
     measure: Measure,
     held_at: usize,
+    /// [`Translator::keys_outside`] by sorted names.
+    keys_outside: rustc_hash::FxHashMap<Vec<String>, Re>,
 }
 
 /// The sizes above which a reference target becomes a shared rule, one per try after the first

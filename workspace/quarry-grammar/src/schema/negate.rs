@@ -37,7 +37,7 @@ enum Below<'a> {
 }
 
 /// How many branches a cross product of `anyOf`s may have.
-const MAX_BRANCHES: usize = 64;
+const MAX_BRANCHES: usize = 128;
 
 /// The most branches of a `oneOf` that is negated (its negation has a branch per pair).
 const MAX_ONE_OF_NEGATED: usize = 8;

@@ -240,7 +240,7 @@ impl Translator<'_> {
         pointer: &str,
     ) -> Result<Option<Re>> {
         let colon = self.sep.colon.clone();
-        let mut outside = key_not_in(declared);
+        let mut outside = self.keys_outside(declared);
         if let Some(n) = names_schema {
             let here = child(pointer, "propertyNames");
             let names = self.child_value(n, &here)?;
@@ -271,6 +271,20 @@ impl Translator<'_> {
             }
         }
         Ok((!members.is_empty()).then(|| Re::alt(members)))
+    }
+
+    /// [`key_not_in`], built once per set of names: the branches of a `oneOf` or of an `anyOf`
+    /// product often declare the same names, and each used to build the same trie of them again.
+    fn keys_outside(&mut self, declared: &[&str]) -> Re {
+        let mut names: Vec<String> = declared.iter().map(|n| (*n).to_owned()).collect();
+        names.sort_unstable();
+        names.dedup();
+        if let Some(re) = self.keys_outside.get(&names) {
+            return re.clone();
+        }
+        let re = key_not_in(declared);
+        self.keys_outside.insert(names, re.clone());
+        re
     }
 
     /// `dependentRequired` (and draft 4–7 `dependencies` with name lists) as (trigger, dependent)
