@@ -66,7 +66,8 @@
 //!   are written without an exponent); `multipleOf` on integers for steps dividing 1000 (at most
 //!   15 digits, where `f64` validators agree) or over ranges of at most 256 integers, and powers
 //!   of ten on numbers (`0.01`: at most two fraction digits);
-//! - combinators: `anyOf`; `oneOf`, sound: branches proven disjoint (different types, disjoint
+//! - combinators: `anyOf`; `oneOf`, sound: branches proven disjoint (types that cannot meet, as
+//!   `type`, `enum`, `$ref`, `anyOf`/`oneOf` and `allOf` give them, disjoint
 //!   `enum`/`const`, a required property with disjoint schemas, a required name the other
 //!   branch forbids by `additionalProperties: false`) stay as they are, others are intersected
 //!   with the negation of what each branch they may overlap asks beyond them (keywords both

@@ -20,8 +20,8 @@
 use serde_json::{json, Map, Value};
 
 use super::{
-    child, invalid, json_equal, literal, scalar::pattern_in_json, unsupported, Draft, Op, Re,
-    Result, Translator, TYPES,
+    child, invalid, json_equal, literal, resolve_local, scalar::pattern_in_json, unsupported,
+    Draft, Op, Re, Result, Translator, TYPES,
 };
 
 /// Numbers that are not integers, in canonical decimal form.
@@ -34,6 +34,37 @@ enum Below<'a> {
     Property(&'a str),
     /// Every item.
     Items,
+}
+
+/// A set of JSON types as bits ([`type_bits`]); `number` is `integer` and the other numbers.
+type InstanceTypes = u8;
+const ANY_TYPE: InstanceTypes = 0x7f;
+
+/// The bits of the type named `t` (an unknown name, which translation refuses: any).
+fn type_bits(t: &str) -> InstanceTypes {
+    match t {
+        "null" => 1,
+        "boolean" => 2,
+        "object" => 4,
+        "array" => 8,
+        "string" => 16,
+        "integer" => 32,
+        "number" => 32 | 64,
+        _ => ANY_TYPE,
+    }
+}
+
+/// The bit of a value's type (a number with an integral value is an integer).
+fn value_bits(v: &Value) -> InstanceTypes {
+    match v {
+        Value::Null => 1,
+        Value::Bool(_) => 2,
+        Value::Object(_) => 4,
+        Value::Array(_) => 8,
+        Value::String(_) => 16,
+        Value::Number(n) if n.as_f64().is_some_and(|f| f.fract() == 0.0) => 32,
+        Value::Number(_) => 64,
+    }
 }
 
 /// How many branches a cross product of `anyOf`s may have.
@@ -507,9 +538,64 @@ impl Translator<'_> {
         Ok(Re::alt(parts))
     }
 
-    /// Whether no instance can satisfy both schemas, by a sufficient syntactic test: different
-    /// types, disjoint `enum`/`const` values, or a property both require with disjoint schemas.
+    /// The JSON types ([`InstanceTypes`]) an instance of `s` may have, as far as `type`,
+    /// `enum`/`const`, `$ref`, `anyOf`/`oneOf` (any branch's) and `allOf` (every branch's) tell:
+    /// a superset of the types of its valid instances.
+    fn instance_types(&self, s: &Value, depth: usize) -> InstanceTypes {
+        let m = match s {
+            Value::Bool(false) => return 0,
+            Value::Object(m) if depth <= 8 => m,
+            _ => return ANY_TYPE,
+        };
+        let mut out = ANY_TYPE;
+        match m.get("type") {
+            Some(Value::String(t)) => out &= type_bits(t),
+            Some(Value::Array(ts)) => {
+                out &= ts
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(type_bits)
+                    .fold(0, |a, b| a | b)
+            }
+            _ => {}
+        }
+        let values = match (m.get("const"), m.get("enum")) {
+            (Some(c), _) => Some(std::slice::from_ref(c)),
+            (None, Some(Value::Array(e))) => Some(e.as_slice()),
+            _ => None,
+        };
+        if let Some(values) = values {
+            out &= values.iter().map(value_bits).fold(0, |a, b| a | b);
+        }
+        if let Some(r) = m.get("$ref").and_then(Value::as_str) {
+            if let Some(target) = resolve_local(self.root, r) {
+                out &= self.instance_types(target, depth + 1);
+            }
+        }
+        for k in ["anyOf", "oneOf"] {
+            if let Some(Value::Array(bs)) = m.get(k) {
+                let any = bs
+                    .iter()
+                    .map(|b| self.instance_types(b, depth + 1))
+                    .fold(0, |a, b| a | b);
+                out &= any;
+            }
+        }
+        if let Some(Value::Array(bs)) = m.get("allOf") {
+            for b in bs {
+                out &= self.instance_types(b, depth + 1);
+            }
+        }
+        out
+    }
+
+    /// Whether no instance can satisfy both schemas, by a sufficient syntactic test: types that
+    /// do not meet ([`Translator::instance_types`]), disjoint `enum`/`const` values, or a
+    /// property both require with disjoint schemas.
     pub(super) fn disjoint(&mut self, a: &Value, b: &Value, pointer: &str, depth: usize) -> bool {
+        if depth <= 8 && self.instance_types(a, depth) & self.instance_types(b, depth) == 0 {
+            return true;
+        }
         if depth > 8 {
             return false;
         }
@@ -524,26 +610,6 @@ impl Translator<'_> {
             (Value::Object(a), Value::Object(b)) => (a, b),
             _ => return false,
         };
-        let types = |m: &Map<String, Value>| -> Option<Vec<String>> {
-            match m.get("type")? {
-                Value::String(t) => Some(vec![t.clone()]),
-                Value::Array(ts) => Some(
-                    ts.iter()
-                        .filter_map(|t| t.as_str().map(str::to_owned))
-                        .collect(),
-                ),
-                _ => None,
-            }
-        };
-        if let (Some(ta), Some(tb)) = (types(a), types(b)) {
-            // Integers are numbers.
-            let meet = |t: &str, u: &str| {
-                t == u || matches!((t, u), ("integer", "number") | ("number", "integer"))
-            };
-            if !ta.iter().any(|t| tb.iter().any(|u| meet(t, u))) {
-                return true;
-            }
-        }
         let values = |m: &Map<String, Value>| -> Option<Vec<Value>> {
             match (m.get("const"), m.get("enum")) {
                 (Some(c), _) => Some(vec![c.clone()]),
