@@ -40,6 +40,11 @@ pub(crate) fn rule_ref_text(n: usize) -> String {
     format!("(?P<{RULE_GROUP}{n}>)")
 }
 
+/// The length of [`rule_ref_text`]`(n)`, without writing it.
+pub(crate) fn rule_ref_len(n: usize) -> usize {
+    "(?P<>)".len() + RULE_GROUP.len() + n.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
 /// The marker between the two operands of an intersection in a schema's regex text:
 /// `(?:(?:A)(?P<quarry_and>)(?:B))` is `A ∧ B`, and with [`AND_NOT`] `A ∧ ¬B` ([`and_text`]).
 const AND: &str = "(?P<quarry_and>)";
@@ -51,6 +56,12 @@ const AND_NOT: &str = "(?P<quarry_andnot>)";
 pub(crate) fn and_text(a: &str, b: &str, negate: bool) -> String {
     let op = if negate { AND_NOT } else { AND };
     format!("(?:(?:{a}){op}(?:{b}))")
+}
+
+/// The length of [`and_text`] around its two operands, without writing it.
+pub(crate) fn and_text_len(negate: bool) -> usize {
+    let op = if negate { AND_NOT } else { AND };
+    "(?:(?:)(?:))".len() + op.len()
 }
 
 /// Whether schema text holds an intersection ([`and_text`]) or a rule reference: text that

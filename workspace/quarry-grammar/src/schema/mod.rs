@@ -94,8 +94,8 @@
 //!   from the root before translating. A recursive reference becomes a rule of a grammar
 //!   ([`crate::cfg`]: its target translated once, as the rule's body), or is unrolled to
 //!   [`SchemaOptions::max_recursion_depth`] levels of regex when that is set. Where copying each
-//!   referenced subschema into every use outgrows [`crate::Limits::max_regex_bytes`], the schema is translated
-//!   again with each large target as a rule shared by its uses.
+//!   referenced subschema into every use outgrows [`crate::Limits::max_regex_bytes`], the schema
+//!   is translated again with each large target as a rule shared by its uses.
 //!
 //! Ignored (annotations): `title`, `description`, `examples`, `default`, `$comment`, `deprecated`,
 //! `readOnly`, `writeOnly`, `$schema`, `$id` and `$anchor` (once references are resolved),
@@ -107,6 +107,7 @@
 //! to `prefixItems`, `maxItems` or `uniqueItems`, negations of other keywords (`format`,
 //! `additionalProperties` and `patternProperties` where the other side leaves names open,
 //! `uniqueItems`, `contains`, `prefixItems`, …), a double `not` next to `unevaluated*`, a `$dynamicRef` whose target depends on the evaluation path (two resources with its anchor, none at the root; the others are resolved by [`resolve`]), 2019-09's `$recursiveRef`, other `multipleOf`, other formats,
+//! an `allOf` merge of two `anyOf`s with more than 128 branches in their product,
 //! `allOf` branches that set
 //! the same other keyword differently or split a coupled pair that cannot be merged exactly
 //! (`prefixItems`/`items`, `additionalProperties` next to `patternProperties`; `properties`/
@@ -126,8 +127,9 @@
 //!
 //! # Limits
 //! Translation stops with [`SchemaError::OutOfTime`] at the compile-time limit, with
-//! [`SchemaError::TooLarge`] when a subschema's regex passes [`crate::Limits::max_regex_bytes`]
-//! (even with shared rules), and with [`SchemaError::TooDeep`] past
+//! [`SchemaError::TooLarge`] when the typed regex held for the schema passes
+//! [`crate::Limits::max_regex_bytes`] (each part shared by several uses counted once; its text,
+//! where it is printed; even with shared rules), and with [`SchemaError::TooDeep`] past
 //! [`crate::Limits::max_schema_nesting`] levels of subschemas, merges and
 //! negations (deep recursion continues on stack segments of its own, so it never overflows the
 //! caller's stack); the limits of

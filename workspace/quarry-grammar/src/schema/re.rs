@@ -103,18 +103,18 @@ impl Re {
                 xs.iter().any(|x| x.0.markers),
             ),
             Kind::Repeat(x, min, max) => (
-                x.0.len.saturating_add(4 + quantifier(*min, *max).len()),
+                x.0.len.saturating_add(4 + quantifier_len(*min, *max)),
                 x.0.rule,
                 x.0.markers,
             ),
             Kind::And(a, b, negate) => (
                 a.0.len
                     .saturating_add(b.0.len)
-                    .saturating_add(crate::parse::and_text("", "", *negate).len()),
+                    .saturating_add(crate::parse::and_text_len(*negate)),
                 a.0.rule || b.0.rule,
                 true,
             ),
-            Kind::Rule(k) => (crate::parse::rule_ref_text(*k as usize).len(), true, true),
+            Kind::Rule(k) => (crate::parse::rule_ref_len(*k as usize), true, true),
         };
         Re(Rc::new(Node {
             kind,
@@ -294,6 +294,17 @@ impl fmt::Display for Re {
     }
 }
 
+/// The length of [`quantifier`]'s text, without writing it.
+fn quantifier_len(min: u32, max: u32) -> usize {
+    let digits = |v: u32| v.checked_ilog10().map_or(1, |d| d as usize + 1);
+    match (min, max) {
+        (0, INF) | (1, INF) | (0, 1) => 1,
+        (m, INF) => digits(m) + 3,
+        (m, n) if m == n => digits(m) + 2,
+        (m, n) => digits(m) + digits(n) + 3,
+    }
+}
+
 /// The text of a repetition's bounds.
 fn quantifier(min: u32, max: u32) -> Cow<'static, str> {
     match (min, max) {
@@ -424,9 +435,14 @@ mod tests {
                 Re::text(">"),
             ]),
             Re::seq([Re::text("\\["), Re::rule(1), Re::opt(Re::rule(2))]),
+            // Bounds and rule numbers of several digits.
+            Re::repeat(ab.clone(), 12, Some(345)),
+            Re::repeat(ab.clone(), 10, None),
+            Re::repeat(Re::lit("x"), 100, Some(100)),
+            Re::alt([Re::rule(12), Re::rule(9), Re::rule(10)]),
         ];
         for re in &cases {
-            check(re, 3);
+            check(re, 20);
         }
     }
 
