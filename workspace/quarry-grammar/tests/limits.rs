@@ -373,3 +373,36 @@ fn deep_nesting_is_a_typed_error_on_a_small_stack() {
         "{err}"
     );
 }
+
+/// A part shared by many uses counts once against `max_regex_bytes` when compiling: counting 24
+/// optional properties up to 20 writes each member under every count reached so far, so the
+/// text doubles with each property (far past 4 MiB), while the tree shares those parts and
+/// holds a few hundred nodes. It compiles and counts exactly; printing its text is refused.
+#[test]
+fn a_schema_whose_text_is_exponential_compiles_from_its_shared_tree() {
+    let props: serde_json::Map<String, serde_json::Value> = (0..24)
+        .map(|i| (format!("p{i}"), serde_json::json!({"type": "integer"})))
+        .collect();
+    let schema = serde_json::json!({
+        "type": "object", "properties": props, "additionalProperties": false,
+        "maxProperties": 20});
+    match quarry_grammar::schema::schema_to_regex(&schema, &Default::default()) {
+        Err(quarry_grammar::SchemaError::TooLarge { .. }) => {}
+        other => panic!("expected the text to be too large, got {other:?}"),
+    }
+    let constraint = Constraint::JsonSchema {
+        schema: schema.clone(),
+        options: Default::default(),
+    };
+    let grammar = Arc::new(Grammar::compile(&constraint, tiny_vocab(), Limits::default()).unwrap());
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    for n in [0, 1, 7, 20, 21, 24] {
+        let members: Vec<String> = (0..n).map(|i| format!("\"p{i}\":{i}")).collect();
+        let text = format!("{{{}}}", members.join(","));
+        let mut m = Matcher::new(grammar.clone());
+        let accepted = m.accept_bytes(text.as_bytes()).is_ok() && m.is_accepting();
+        let instance: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(accepted, validator.is_valid(&instance), "{text}");
+        assert_eq!(accepted, n <= 20, "{text}");
+    }
+}

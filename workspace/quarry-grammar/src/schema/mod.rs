@@ -74,8 +74,8 @@
 //!   share, with what their meaning depends on, hold in both and are not negated); `allOf`,
 //!   merged keyword by keyword where that is exact (types intersected, `required` united,
 //!   `properties` merged per name, the tighter of two bounds, `enum` intersected, two `anyOf`s
-//!   multiplied out (up to 128 branches), schema-valued `items` and `additionalProperties` as `allOf`s, integer
-//!   `multipleOf` by their least common multiple, a second `if`/`then`/`else` as the `anyOf` it
+//!   multiplied out (up to 128 branches), schema-valued `items` and `additionalProperties` as
+//!   `allOf`s, integer `multipleOf` by their least common multiple, a second `if`/`then`/`else` as the `anyOf` it
 //!   stands for, two tuples position by position, a branch's own `unevaluated*` as the
 //!   `additionalProperties`/`items` it is against that branch's keywords); keywords
 //!   next to `anyOf`/`oneOf` are merged into each branch; `not` by exact negation (De Morgan:
