@@ -123,6 +123,13 @@ pub struct DatasetSource {
     /// Files per shard for `format = "text"` (one document per file).
     #[serde(default = "default_text_shard_files")]
     pub text_shard_files: usize,
+    /// This worker's index among `shard_count` workers (`--shard-index` and the environment's
+    /// `JOB_COMPLETION_INDEX` come first; see [`crate::shard::ShardSlice::resolve`]).
+    #[serde(default)]
+    pub shard_index: Option<usize>,
+    /// How many workers share the input (`--shard-count` comes first); 1 when unset.
+    #[serde(default)]
+    pub shard_count: Option<usize>,
 }
 
 fn default_whitespace() -> Whitespace {
@@ -409,6 +416,17 @@ impl PipelineConfig {
         match &self.source {
             SourceConfig::Dataset(d) if d.text_shard_files == 0 => {
                 return Err("source.text_shard_files must be at least 1".into());
+            }
+            SourceConfig::Dataset(d) if d.shard_count == Some(0) => {
+                return Err("source.shard_count must be at least 1".into());
+            }
+            SourceConfig::Dataset(d) if matches!((d.shard_index, d.shard_count), (Some(i), c) if i >= c.unwrap_or(1)) =>
+            {
+                return Err(format!(
+                    "source.shard_index {} is not below source.shard_count {}",
+                    d.shard_index.unwrap_or(0),
+                    d.shard_count.unwrap_or(1)
+                ));
             }
             SourceConfig::Kafka(k) if k.stall_timeout_s == 0 => {
                 return Err("source.stall_timeout_s must be at least 1".into());

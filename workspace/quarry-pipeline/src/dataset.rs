@@ -11,7 +11,6 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
-use object_store::path::Path;
 
 use crate::config::{DatasetSource, InputFormat, PipelineConfig, SourceConfig, ValueFormat};
 use crate::error::PipelineError;
@@ -19,22 +18,33 @@ use crate::extract::Extractor;
 use crate::flow::{FileReport, Flow, Publisher};
 use crate::metrics::Metrics;
 use crate::record::{decode, Input, Lineage};
+pub use crate::shard::{shards, Shard, ShardSlice};
 use crate::shutdown::Shutdown;
 use crate::store::Location;
 
-/// A unit of work and of output: one output file name and the input objects it reads.
-#[derive(Debug, Clone)]
-pub struct Shard {
-    pub name: String,
-    pub files: Vec<Path>,
-}
-
-/// What a dataset job did.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+/// What a dataset job did (`quarry extract --json` prints it).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct JobSummary {
+    /// Shards the input listing holds (every worker's).
     pub shards: usize,
+    /// This worker's slice of them (`0/1` alone).
+    pub slice: ShardSlice,
+    /// Shards of this worker's slice.
+    pub shards_assigned: usize,
+    /// Of those, already published when the job started (skipped).
     pub shards_skipped: usize,
+    /// Published by this worker now.
     pub shards_done: usize,
+    /// Of those, shards whose accepted file an earlier, crashed run had published (completed now).
+    pub shards_replayed: usize,
+    /// Published by another worker after this one listed them and before it read them (skipped,
+    /// no work lost): another worker runs the same slice.
+    pub shards_published_meanwhile: usize,
+    /// Worked on by this worker but published first by another (duplicated work; nothing of this
+    /// worker's landed for them): another worker runs the same slice. `docs_duplicated` counts
+    /// their documents, which are in no other count of this summary.
+    pub shards_duplicated: usize,
+    pub docs_duplicated: u64,
     pub consumed: u64,
     pub accepted: u64,
     pub rejected: u64,
@@ -49,12 +59,22 @@ pub struct JobSummary {
     pub io_s: f64,
     /// Stopped by a signal before every shard was done.
     pub interrupted: bool,
+    /// The files this worker published.
     pub files: Vec<String>,
+    /// The shards another worker published first (`shards_duplicated`).
+    pub duplicated: Vec<String>,
 }
 
 impl JobSummary {
     pub fn add(&mut self, r: &FileReport) {
+        if r.duplicate {
+            self.shards_duplicated += 1;
+            self.docs_duplicated += r.duplicated_docs;
+            self.duplicated.push(r.name.clone());
+            return;
+        }
         self.shards_done += 1;
+        self.shards_replayed += r.replayed as usize;
         self.consumed += r.consumed;
         self.accepted += r.accepted;
         self.rejected += r.rejected;
@@ -67,51 +87,33 @@ impl JobSummary {
         self.forced_tokens += r.stats.forced_tokens;
         self.files.push(r.name.clone());
     }
-}
 
-/// Lists the shards of a dataset, in name order.
-pub fn shards(input: &Location, src: &DatasetSource) -> Result<Vec<Shard>, PipelineError> {
-    let objects = input.list("")?;
-    let visible = objects.into_iter().map(|m| m.location).filter(|p| {
-        let rel = input.relative(p);
-        !rel.split('/')
-            .any(|part| part.starts_with('.') || part.starts_with('_'))
-    });
-    let with_ext = |p: &Path, exts: &[&str]| p.extension().is_some_and(|e| exts.contains(&e));
-    let renamed = |p: &Path| {
-        let rel = input.relative(p);
-        match rel.rsplit_once('.') {
-            Some((stem, _)) => format!("{stem}.parquet"),
-            None => format!("{rel}.parquet"),
+    /// The summary of several workers' (or one worker's devices') jobs over the same listing.
+    pub fn merge(&mut self, o: &JobSummary) {
+        self.shards = self.shards.max(o.shards);
+        self.shards_assigned += o.shards_assigned;
+        self.shards_skipped += o.shards_skipped;
+        self.shards_done += o.shards_done;
+        self.shards_replayed += o.shards_replayed;
+        self.shards_published_meanwhile += o.shards_published_meanwhile;
+        self.shards_duplicated += o.shards_duplicated;
+        self.docs_duplicated += o.docs_duplicated;
+        self.consumed += o.consumed;
+        self.accepted += o.accepted;
+        self.rejected += o.rejected;
+        for (c, n) in &o.causes {
+            *self.causes.entry(c.clone()).or_default() += n;
         }
-    };
-    Ok(match src.format {
-        InputFormat::Jsonl => visible
-            .filter(|p| with_ext(p, &["jsonl", "ndjson", "json"]))
-            .map(|p| Shard {
-                name: renamed(&p),
-                files: vec![p],
-            })
-            .collect(),
-        InputFormat::Parquet => visible
-            .filter(|p| with_ext(p, &["parquet"]))
-            .map(|p| Shard {
-                name: renamed(&p),
-                files: vec![p],
-            })
-            .collect(),
-        InputFormat::Text => {
-            let files: Vec<Path> = visible.collect();
-            files
-                .chunks(src.text_shard_files)
-                .enumerate()
-                .map(|(k, chunk)| Shard {
-                    name: format!("text-{k:06}.parquet"),
-                    files: chunk.to_vec(),
-                })
-                .collect()
-        }
-    })
+        self.prompt_tokens += o.prompt_tokens;
+        self.cached_tokens += o.cached_tokens;
+        self.output_tokens += o.output_tokens;
+        self.forced_tokens += o.forced_tokens;
+        self.wall_s = self.wall_s.max(o.wall_s);
+        self.io_s += o.io_s;
+        self.interrupted |= o.interrupted;
+        self.files.extend(o.files.iter().cloned());
+        self.duplicated.extend(o.duplicated.iter().cloned());
+    }
 }
 
 /// Reads a shard into documents (or per-document rejects). A file that cannot be read at all is
@@ -206,6 +208,8 @@ pub struct DatasetOptions {
     pub limit_shards: Option<usize>,
     /// Print progress (a bar on a terminal, plain lines otherwise).
     pub progress: bool,
+    /// This worker's shards ([`ShardSlice::ALL`] alone).
+    pub slice: ShardSlice,
 }
 
 /// Runs a dataset job to the end (or to a signal).
@@ -228,10 +232,12 @@ pub fn run_dataset<E: Extractor>(
     let all = shards(input, src)?;
     let mut summary = JobSummary {
         shards: all.len(),
+        slice: opts.slice,
         ..Default::default()
     };
     let mut todo = Vec::new();
-    for s in all {
+    for s in all.into_iter().filter(|s| opts.slice.owns(&s.name)) {
+        summary.shards_assigned += 1;
         if publisher.rejects.exists(&s.name)? {
             summary.shards_skipped += 1;
         } else {
@@ -244,10 +250,21 @@ pub fn run_dataset<E: Extractor>(
     tracing::info!(
         pipeline = %cfg.name,
         shards = summary.shards,
+        slice = %opts.slice,
+        assigned = summary.shards_assigned,
         skipped = summary.shards_skipped,
         todo = todo.len(),
         "dataset job starts"
     );
+    // Every file this job publishes says which job it belongs to, so `quarry inspect` can tell a
+    // finished job from a partial one.
+    let job_meta = vec![
+        (
+            "quarry.shards_listed".to_string(),
+            summary.shards.to_string(),
+        ),
+        ("quarry.shard_slice".to_string(), opts.slice.to_string()),
+    ];
     let progress = Progress::new(opts.progress, todo.len());
     let mut next = todo.into_iter();
     let low_water = flow.extractor.capacity() * 2;
@@ -267,9 +284,16 @@ pub fn run_dataset<E: Extractor>(
             match next.next() {
                 Some(shard) => {
                     let t = Instant::now();
+                    if publisher.rejects.exists(&shard.name)? {
+                        // Another worker runs this slice too and got here first.
+                        summary.io_s += t.elapsed().as_secs_f64();
+                        summary.shards_published_meanwhile += 1;
+                        tracing::warn!(shard = %shard.name, slice = %opts.slice, "published by another worker since the listing; skipped (is the same index running twice?)");
+                        continue;
+                    }
                     let inputs = read_shard(input, &shard, src, cfg.batching.max_doc_bytes)?;
                     summary.io_s += t.elapsed().as_secs_f64();
-                    let id = flow.open(shard.name.clone(), shard.name.clone(), Vec::new());
+                    let id = flow.open(shard.name.clone(), shard.name.clone(), job_meta.clone());
                     for i in inputs {
                         flow.push(id, i);
                     }
@@ -289,6 +313,9 @@ pub fn run_dataset<E: Extractor>(
             let report = publisher.publish(file)?;
             summary.io_s += t.elapsed().as_secs_f64();
             metrics.file(&report);
+            if report.duplicate {
+                tracing::warn!(shard = %report.name, slice = %opts.slice, docs = report.duplicated_docs, "another worker published this shard first; this worker's work on it is discarded (is the same index running twice?)");
+            }
             summary.add(&report);
             progress.shard(&report, &summary, started.elapsed());
         }

@@ -74,6 +74,12 @@ pub struct FileReport {
     pub skipped_causes: BTreeMap<&'static str, u64>,
     /// The accepted file was already there (a replay after a crash).
     pub replayed: bool,
+    /// Another worker published this file's rejects marker first (two workers ran the same
+    /// shard): what that worker published stands, nothing of this one's does, and every count
+    /// above is 0 (the documents are that worker's to count).
+    pub duplicate: bool,
+    /// For a duplicate, the documents whose work was duplicated.
+    pub duplicated_docs: u64,
     pub first_offset: Option<i64>,
     pub last_offset: Option<i64>,
     pub stats: DocStats,
@@ -81,6 +87,35 @@ pub struct FileReport {
     pub causes: BTreeMap<&'static str, u64>,
     /// The rejects as JSON messages for a dead-letter topic: (key, value).
     pub dead_letters: Vec<(Option<Vec<u8>>, serde_json::Value)>,
+}
+
+impl FileReport {
+    /// The report of a file whose marker another worker published before this one published
+    /// anything of it.
+    fn duplicate(file: &OpenFile) -> Self {
+        FileReport {
+            name: file.name.clone(),
+            group: file.group.clone(),
+            duplicate: true,
+            duplicated_docs: file.len() as u64,
+            first_offset: file.first_offset(),
+            last_offset: file.last_offset(),
+            ..FileReport::default()
+        }
+    }
+
+    /// `r` turned into a duplicate's report: its name and range, every count 0.
+    fn duplicate_of(r: FileReport) -> Self {
+        FileReport {
+            duplicate: true,
+            duplicated_docs: r.consumed,
+            name: r.name,
+            group: r.group,
+            first_offset: r.first_offset,
+            last_offset: r.last_offset,
+            ..FileReport::default()
+        }
+    }
 }
 
 /// Documents in flight across open files, and the extractor they go through.
@@ -294,6 +329,7 @@ impl<E: Extractor> Flow<E> {
 }
 
 /// Writes finished files to the output and rejects datasets.
+#[derive(Clone)]
 pub struct Publisher {
     pub shape: RecordShape,
     pub output: Location,
@@ -347,6 +383,9 @@ impl Publisher {
 
     /// Publishes one finished file by the protocol in the module docs.
     pub fn publish(&self, file: OpenFile) -> Result<FileReport, PipelineError> {
+        if self.rejects.exists(&file.name)? {
+            return Ok(FileReport::duplicate(&file));
+        }
         let ctx = self.context();
         let accepted_meta = self.metadata(&file, "accepted");
         let rejects_meta = self.metadata(&file, "rejects");
@@ -415,6 +454,7 @@ impl Publisher {
             });
         }
         let mut accepted_offsets: Option<HashSet<i64>> = None;
+        let mut created_accepted = false;
         crate::faults::crash_point("before_publish");
         if batch.num_rows() > 0 {
             let bytes = to_parquet(&batch, &accepted_meta, self.row_group_rows, self.zstd_level)
@@ -422,8 +462,11 @@ impl Publisher {
                     location: file.name.clone(),
                     message,
                 })?;
-            if self.output.publish(&file.name, bytes)? == Published::AlreadyExists {
-                accepted_offsets = Some(self.published_offsets(&file.name)?);
+            match self.output.publish(&file.name, bytes)? {
+                Published::Created => created_accepted = true,
+                Published::AlreadyExists => {
+                    accepted_offsets = Some(self.published_offsets(&file.name)?)
+                }
             }
         } else if self.output.exists(&file.name)? {
             accepted_offsets = Some(self.published_offsets(&file.name)?);
@@ -467,13 +510,28 @@ impl Publisher {
             ));
         }
         report.rejected = rejected.len() as u64;
-        let batch = rejects_batch(&ctx, &rejected);
-        let bytes = to_parquet(&batch, &rejects_meta, self.row_group_rows, self.zstd_level)
-            .map_err(|message| PipelineError::Parquet {
-                location: file.name.clone(),
-                message,
-            })?;
-        self.rejects.publish(&file.name, bytes)?;
+        let rejects = rejects_batch(&ctx, &rejected);
+        let bytes = to_parquet(
+            &rejects,
+            &rejects_meta,
+            self.row_group_rows,
+            self.zstd_level,
+        )
+        .map_err(|message| PipelineError::Parquet {
+            location: file.name.clone(),
+            message,
+        })?;
+        if self.rejects.publish(&file.name, bytes.clone())? == Published::AlreadyExists {
+            let marker = self.rejects.read(&self.rejects.path(&file.name))?;
+            // Byte for byte ours: an attempt whose response was lost landed. Anything else is
+            // another worker's marker (its files carry their own extraction time).
+            if marker != bytes {
+                if created_accepted {
+                    self.withdraw_conflict(&file.name, &batch, marker)?;
+                }
+                return Ok(FileReport::duplicate_of(report));
+            }
+        }
         if report.accepted + report.rejected + report.skipped != report.consumed {
             return Err(PipelineError::Conservation(format!(
                 "{}: accepted {} + rejected {} + skipped {} != consumed {}",
@@ -481,6 +539,31 @@ impl Publisher {
             )));
         }
         Ok(report)
+    }
+
+    /// Another worker published `name`'s marker while this one published its accepted file. That
+    /// worker's rejects were computed against the accepted file it saw: if it saw none (it
+    /// accepted nothing and looked before this one's file landed), its marker holds every
+    /// document, this one's accepted rows among them, and this one's accepted file must go so
+    /// that each document is published once. Otherwise the two agree and both stand.
+    fn withdraw_conflict(
+        &self,
+        name: &str,
+        batch: &arrow_array::RecordBatch,
+        marker: bytes::Bytes,
+    ) -> Result<(), PipelineError> {
+        let rejected: HashSet<i64> = read_offsets(marker)
+            .map_err(|message| PipelineError::Parquet {
+                location: name.to_string(),
+                message,
+            })?
+            .into_iter()
+            .collect();
+        if offsets_of(batch).iter().any(|o| rejected.contains(o)) {
+            tracing::warn!(file = %name, "another worker's rejects marker holds documents this worker's accepted file holds; withdrawing the accepted file");
+            self.output.delete(name)?;
+        }
+        Ok(())
     }
 
     fn published_offsets(&self, name: &str) -> Result<HashSet<i64>, PipelineError> {
@@ -771,6 +854,102 @@ mod tests {
         rej.sort();
         assert_eq!(acc, vec![0]);
         assert_eq!(rej, vec![1, 2]);
+    }
+
+    /// Publishes one file `name` of `docs` (offsets from 0) through `publisher`.
+    fn publish_docs(publisher: &Publisher, name: &str, docs: &[&[u8]]) -> FileReport {
+        let (mut flow, _) = setup(
+            "unused",
+            Fake {
+                queued: vec![],
+                refuse: false,
+            },
+        );
+        run_file(&mut flow, "g", name, docs, 0);
+        publisher.publish(drain(&mut flow).pop().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_file_another_worker_published_first_is_a_duplicate_that_publishes_nothing() {
+        let (_, publisher) = setup(
+            "dup",
+            Fake {
+                queued: vec![],
+                refuse: false,
+            },
+        );
+        let first = publish_docs(&publisher, "d.parquet", &[b"a", b"far too long a name"]);
+        assert!(!first.duplicate);
+        assert_eq!((first.accepted, first.rejected), (1, 1));
+        let marker = publisher
+            .rejects
+            .read(&publisher.rejects.path("d.parquet"))
+            .unwrap();
+        // The second worker decodes differently (both accepted); the first's files stand.
+        let second = publish_docs(&publisher, "d.parquet", &[b"a", b"bb"]);
+        assert!(second.duplicate);
+        assert_eq!(second.duplicated_docs, 2);
+        assert_eq!(
+            (second.consumed, second.accepted, second.rejected),
+            (0, 0, 0)
+        );
+        assert_eq!(offsets_of(&publisher.output, "d.parquet"), vec![0]);
+        assert_eq!(
+            publisher
+                .rejects
+                .read(&publisher.rejects.path("d.parquet"))
+                .unwrap(),
+            marker
+        );
+    }
+
+    #[test]
+    fn an_accepted_file_that_races_a_marker_holding_its_documents_is_withdrawn() {
+        let (_, publisher) = setup(
+            "race",
+            Fake {
+                queued: vec![],
+                refuse: false,
+            },
+        );
+        // Worker X rejects both documents: it publishes no accepted file, only its marker.
+        let x = publish_docs(
+            &publisher,
+            "r.parquet",
+            &[b"far too long a name", b"also far too long"],
+        );
+        assert_eq!((x.accepted, x.rejected), (0, 2));
+        // Worker Y looked before X's marker landed (a stale check), accepts both, and its
+        // accepted file lands after X's marker: X's marker holds them already, so Y's file goes.
+        let stale = std::sync::Arc::new(
+            crate::store::FaultyStore::new(publisher.rejects.store.clone(), 0, false)
+                .stale_heads(1),
+        );
+        let y_publisher = Publisher {
+            rejects: publisher.rejects.clone().with_store(stale),
+            ..publisher.clone()
+        };
+        let y = publish_docs(&y_publisher, "r.parquet", &[b"a", b"bb"]);
+        assert!(y.duplicate);
+        assert_eq!(y.duplicated_docs, 2);
+        assert!(!publisher.output.exists("r.parquet").unwrap());
+        assert_eq!(offsets_of(&publisher.rejects, "r.parquet"), vec![0, 1]);
+
+        // Had X seen Y's accepted file, X's marker would hold only what Y lacks, and Y's file stays.
+        let x2 = publish_docs(&publisher, "s.parquet", &[b"a", b"far too long a name"]);
+        assert_eq!((x2.accepted, x2.rejected), (1, 1));
+        let stale = std::sync::Arc::new(
+            crate::store::FaultyStore::new(publisher.rejects.store.clone(), 0, false)
+                .stale_heads(1),
+        );
+        let y2_publisher = Publisher {
+            rejects: publisher.rejects.clone().with_store(stale),
+            ..publisher.clone()
+        };
+        let y2 = publish_docs(&y2_publisher, "s.parquet", &[b"a", b"far too long a name"]);
+        assert!(y2.duplicate);
+        assert_eq!(offsets_of(&publisher.output, "s.parquet"), vec![0]);
+        assert_eq!(offsets_of(&publisher.rejects, "s.parquet"), vec![1]);
     }
 
     #[test]

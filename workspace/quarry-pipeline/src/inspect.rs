@@ -22,6 +22,9 @@ use crate::PipelineError;
 #[derive(Debug, Clone, Serialize)]
 pub struct FileSummary {
     pub path: String,
+    /// The name under the inspected folder or prefix (a shard's or range's file name): an
+    /// accepted file and its rejects marker share it.
+    pub name: String,
     pub bytes: usize,
     pub rows: usize,
     pub row_groups: usize,
@@ -100,6 +103,7 @@ pub fn summarize(path: &str, bytes: Bytes, sample: Sample) -> Result<FileSummary
         .unwrap_or_else(|| "unknown".into());
     let mut summary = FileSummary {
         path: path.to_string(),
+        name: path.rsplit('/').next().unwrap_or(path).to_string(),
         bytes: size,
         rows: file_meta.num_rows() as usize,
         row_groups: meta.num_row_groups(),
@@ -267,6 +271,81 @@ pub fn files(
         .collect())
 }
 
+/// What a set of files adds up to: for the output and rejects prefixes of a job, the job.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Totals {
+    pub files: usize,
+    pub accepted: usize,
+    pub rejected: usize,
+    /// Rejected rows by cause.
+    pub causes: BTreeMap<String, usize>,
+    /// Dataset jobs: the shards whose rejects marker is among the files (each shard once, however
+    /// many workers ran it).
+    pub shards_published: usize,
+    /// The shards the job's input listing held, as its files record it (`quarry.shards_listed`);
+    /// `None` when no file records it (Kafka ranges, files of older versions).
+    pub shards_listed: Option<usize>,
+    /// When files record different listings (the input changed between workers or runs): the
+    /// smallest and largest.
+    pub listings_differ: Option<(usize, usize)>,
+    /// The worker slices (`index/count`) whose files are here.
+    pub slices: std::collections::BTreeSet<String>,
+    /// Accepted files whose rejects marker is not among the files: a publish in progress, a crash
+    /// between its two halves (the next run completes it), or only the output prefix inspected.
+    pub unmarked: Vec<String>,
+}
+
+impl Totals {
+    pub fn of(files: &[FileSummary]) -> Totals {
+        let mut t = Totals {
+            files: files.len(),
+            ..Totals::default()
+        };
+        let mut markers = std::collections::BTreeSet::new();
+        let mut listed = std::collections::BTreeSet::new();
+        for f in files {
+            match f.dataset.as_str() {
+                "accepted" => t.accepted += f.rows,
+                "rejects" => {
+                    t.rejected += f.rows;
+                    for (cause, n) in &f.counts {
+                        *t.causes.entry(cause.clone()).or_default() += n;
+                    }
+                    markers.insert(f.name.as_str());
+                }
+                _ => {}
+            }
+            if let Some(n) = f.metadata.get("quarry.shards_listed") {
+                listed.extend(n.parse::<usize>().ok());
+                if f.dataset == "rejects" {
+                    t.shards_published += 1;
+                }
+            }
+            t.slices
+                .extend(f.metadata.get("quarry.shard_slice").cloned());
+        }
+        t.unmarked = files
+            .iter()
+            .filter(|f| f.dataset == "accepted" && !markers.contains(f.name.as_str()))
+            .map(|f| f.path.clone())
+            .collect();
+        t.shards_listed = listed.last().copied();
+        if listed.len() > 1 {
+            t.listings_differ = Some((
+                listed.first().copied().unwrap_or(0),
+                listed.last().copied().unwrap_or(0),
+            ));
+        }
+        t
+    }
+
+    /// Every listed shard has its marker.
+    pub fn complete(&self) -> Option<bool> {
+        self.shards_listed
+            .map(|n| self.shards_published >= n && self.unmarked.is_empty())
+    }
+}
+
 /// Reads and summarises every file `target` names.
 pub fn inspect(target: &str, sample: Sample) -> Result<Vec<FileSummary>, PipelineError> {
     let found = files(target)?;
@@ -278,7 +357,11 @@ pub fn inspect(target: &str, sample: Sample) -> Result<Vec<FileSummary>, Pipelin
     }
     found
         .into_iter()
-        .map(|(shown, loc, path)| summarize(&shown, loc.read(&path)?, sample))
+        .map(|(shown, loc, path)| {
+            let mut f = summarize(&shown, loc.read(&path)?, sample)?;
+            f.name = loc.relative(&path);
+            Ok(f)
+        })
         .collect()
 }
 

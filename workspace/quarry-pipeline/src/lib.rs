@@ -3,7 +3,8 @@
 //! Rooms, in data-flow order:
 //! - [`config`]: job definitions (`pipelines/*.toml`);
 //! - [`record`]: documents, lineage, and the typed causes of rejects;
-//! - [`dataset`] and [`kafka`]: the two sources and their job loops;
+//! - [`dataset`] and [`kafka`]: the two sources and their job loops; [`shard`]: a dataset's shards
+//!   and which of them are one worker's;
 //! - [`extract`]: prompt template, the engine behind the [`extract::Extractor`] trait, and JSON Schema
 //!   validation;
 //! - [`flow`]: documents grouped into output files, and the effectively-once publish protocol;
@@ -27,6 +28,7 @@ pub mod job;
 pub mod kafka;
 pub mod metrics;
 pub mod record;
+pub mod shard;
 pub mod shutdown;
 pub mod store;
 

@@ -43,6 +43,7 @@ pub struct Metrics {
     pub docs_skipped: Family<CauseLabel, Counter>,
     pub files_published: Counter,
     pub replays: Counter,
+    pub files_duplicated: Counter,
     pub prompt_tokens: Counter,
     pub cached_tokens: Counter,
     pub output_tokens: Counter,
@@ -74,6 +75,7 @@ impl Metrics {
             docs_skipped: Family::default(),
             files_published: Counter::default(),
             replays: Counter::default(),
+            files_duplicated: Counter::default(),
             prompt_tokens: Counter::default(),
             cached_tokens: Counter::default(),
             output_tokens: Counter::default(),
@@ -119,6 +121,11 @@ impl Metrics {
                 "replays",
                 "Files whose accepted part an earlier run had published",
                 m.replays.clone(),
+            );
+            r.register(
+                "files_duplicated",
+                "Files another worker published first (the same shard or range worked on twice)",
+                m.files_duplicated.clone(),
             );
             r.register("prompt_tokens", "Prompt tokens", m.prompt_tokens.clone());
             r.register(
@@ -174,6 +181,10 @@ impl Metrics {
 
     /// Counts one published file.
     pub fn file(&self, r: &FileReport) {
+        if r.duplicate {
+            self.files_duplicated.inc();
+            return;
+        }
         self.docs_consumed.inc_by(r.consumed);
         self.docs_accepted.inc_by(r.accepted);
         for (cause, n) in &r.causes {

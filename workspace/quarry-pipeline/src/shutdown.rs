@@ -54,6 +54,11 @@ impl Shutdown {
         self.signals.load(Ordering::SeqCst) >= 1
     }
 
+    /// How many stop signals have arrived.
+    pub fn signals(&self) -> usize {
+        self.signals.load(Ordering::SeqCst)
+    }
+
     /// Stop now; in-flight work is left uncommitted for the next run.
     pub fn abandon(&self) -> bool {
         self.signals.load(Ordering::SeqCst) >= 2

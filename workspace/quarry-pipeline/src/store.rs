@@ -252,6 +252,17 @@ impl Location {
         Ok(out)
     }
 
+    /// Deletes `name` (nothing there is not an error), retrying transient failures.
+    pub fn delete(&self, name: &str) -> Result<(), PipelineError> {
+        let path = self.path(name);
+        self.retry("delete", &path, || async {
+            match self.store.delete(&path).await {
+                Err(object_store::Error::NotFound { .. }) => Ok(()),
+                other => other,
+            }
+        })
+    }
+
     /// Whether `name` exists.
     pub fn exists(&self, name: &str) -> Result<bool, PipelineError> {
         let path = self.path(name);
@@ -304,12 +315,15 @@ fn backoff(attempt: u32) -> Duration {
 }
 
 /// Wraps a store and fails the next `fail_puts` puts with a transient error (and, with
-/// `land_then_fail`, lets the write land before failing, as a lost response does).
+/// `land_then_fail`, lets the write land before failing, as a lost response does). With
+/// [`FaultyStore::stale_heads`], existence checks answer "not there", as a look taken just before
+/// another worker's write does.
 #[derive(Debug)]
 pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
     fail_puts: AtomicUsize,
     land_then_fail: bool,
+    stale_heads: AtomicUsize,
     pub puts_seen: AtomicUsize,
 }
 
@@ -319,8 +333,15 @@ impl FaultyStore {
             inner,
             fail_puts: AtomicUsize::new(fail_puts),
             land_then_fail,
+            stale_heads: AtomicUsize::new(0),
             puts_seen: AtomicUsize::new(0),
         }
+    }
+
+    /// The next `n` existence checks (HEAD requests) answer "not found".
+    pub fn stale_heads(self, n: usize) -> Self {
+        self.stale_heads.store(n, Ordering::SeqCst);
+        self
     }
 }
 
@@ -368,6 +389,17 @@ impl ObjectStore for FaultyStore {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
+        let stale = options.head
+            && self
+                .stale_heads
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if stale {
+            return Err(object_store::Error::NotFound {
+                path: location.to_string(),
+                source: "injected stale existence check".into(),
+            });
+        }
         self.inner.get_opts(location, options).await
     }
 

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use anyhow::Result;
 use clap::Args;
-use quarry_pipeline::inspect::{self, FileSummary, Sample};
+use quarry_pipeline::inspect::{self, FileSummary, Sample, Totals};
 use serde_json::json;
 
 #[derive(Args)]
@@ -13,9 +13,12 @@ use serde_json::json;
   quarry inspect target/demo/out                      # every .parquet file under the folder
   quarry inspect s3://bucket/quarry/out/ --sample 0   # counts and offsets only
   quarry inspect out/topic=docs/partition=0 --all --json | jq '.files[0].rows'
+  quarry inspect s3://bucket/out/ s3://bucket/rejects/ --totals   # a whole job: complete or partial
 
 Accepted files count rows by _finish_reason, rejects files by cause; offset ranges are the
-_offset values per _source and _partition. Object-store URLs take the usual credentials from the
+_offset values per _source and _partition. The totals add every file up; given a dataset job's
+output and rejects prefixes they say whether every shard it listed is published (complete) or
+how many are not (partial), whichever workers ran them. Object-store URLs take the usual credentials from the
 environment (AWS_*, GOOGLE_*, AZURE_*).")]
 pub(crate) struct InspectArgs {
     /// Parquet files, folders or object-store prefixes.
@@ -33,11 +36,17 @@ pub(crate) struct InspectArgs {
     /// Print one JSON object: {"files": [...], "totals": {...}}.
     #[arg(long)]
     json: bool,
+    /// Only the totals (with --json, only {"totals": {...}}): a whole job's output and rejects
+    /// prefixes on one screen, however many files they hold.
+    #[arg(long, conflicts_with = "all")]
+    totals: bool,
 }
 
 pub(crate) fn run(args: InspectArgs) -> Result<()> {
     let sample = if args.all {
         Sample::All
+    } else if args.totals {
+        Sample::First(0)
     } else {
         Sample::First(args.sample)
     };
@@ -45,36 +54,68 @@ pub(crate) fn run(args: InspectArgs) -> Result<()> {
     for t in &args.targets {
         files.extend(inspect::inspect(t, sample)?);
     }
-    let (accepted, rejected) = totals(&files);
+    let totals = Totals::of(&files);
     let mut out = std::io::stdout().lock();
     if args.json {
-        let doc = json!({
-            "files": files,
-            "totals": {"files": files.len(), "accepted": accepted, "rejected": rejected},
-        });
+        let mut t = serde_json::to_value(&totals)?;
+        t["complete"] = json!(totals.complete());
+        let doc = if args.totals {
+            json!({ "totals": t })
+        } else {
+            json!({"files": files, "totals": t})
+        };
         writeln!(out, "{}", serde_json::to_string(&doc)?)?;
         return Ok(());
     }
-    for f in &files {
+    for f in files.iter().filter(|_| !args.totals) {
         print_file(&mut out, f, args.brief)?;
     }
-    writeln!(
-        out,
-        "total: {} file(s), {accepted} accepted row(s), {rejected} rejected row(s)",
-        files.len()
-    )?;
+    print_totals(&mut out, &totals)?;
     Ok(())
 }
 
-fn totals(files: &[FileSummary]) -> (usize, usize) {
-    let sum = |kind: &str| {
-        files
-            .iter()
-            .filter(|f| f.dataset == kind)
-            .map(|f| f.rows)
-            .sum()
+/// The totals of every file shown: rows, rejects by cause, and for a dataset job's output and
+/// rejects prefixes, whether every shard it listed is published.
+fn print_totals(out: &mut impl Write, t: &Totals) -> Result<()> {
+    writeln!(
+        out,
+        "total: {} file(s), {} accepted row(s), {} rejected row(s)",
+        t.files, t.accepted, t.rejected
+    )?;
+    if !t.causes.is_empty() {
+        let causes: Vec<String> = t.causes.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        writeln!(out, "  rejected by cause: {}", causes.join(" · "))?;
+    }
+    let Some(listed) = t.shards_listed else {
+        return Ok(());
     };
-    (sum("accepted"), sum("rejects"))
+    let slices: Vec<&str> = t.slices.iter().map(String::as_str).collect();
+    let verdict = match t.complete() {
+        Some(true) => "complete".to_string(),
+        _ => format!(
+            "partial: {} shard(s) not published",
+            listed.saturating_sub(t.shards_published)
+        ),
+    };
+    writeln!(
+        out,
+        "  shards: {} published of {listed} listed, by worker slice(s) {}: {verdict}",
+        t.shards_published,
+        slices.join(", ")
+    )?;
+    if let Some((lo, hi)) = t.listings_differ {
+        writeln!(
+            out,
+            "  note: files record listings of {lo} to {hi} shards (the input changed between runs or workers)"
+        )?;
+    }
+    for u in &t.unmarked {
+        writeln!(
+            out,
+            "  note: {u} has no rejects marker here (in progress, or a crash the next run completes; or the rejects prefix was not given)"
+        )?;
+    }
+    Ok(())
 }
 
 fn print_file(out: &mut impl Write, f: &FileSummary, brief: bool) -> Result<()> {

@@ -1,13 +1,15 @@
 //! `quarry extract` (a dataset job) and `quarry worker` (a Kafka consumer-group member): both
 //! run a `pipelines/*.toml` definition through quarry-pipeline.
 
+mod devices;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use quarry_pipeline::dataset::{run_dataset, DatasetOptions, JobSummary};
+use quarry_pipeline::dataset::{run_dataset, DatasetOptions, JobSummary, ShardSlice};
 use quarry_pipeline::extract::{EngineExtractor, Extractor};
 use quarry_pipeline::flow::Flow;
 use quarry_pipeline::job::Prepared;
@@ -17,11 +19,17 @@ use quarry_pipeline::shutdown::Shutdown;
 use quarry_pipeline::store::Location;
 use quarry_pipeline::PipelineConfig;
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 #[command(after_help = "Examples:\n  \
     quarry extract --pipeline pipelines/debian-packages.toml\n  \
-    quarry extract --pipeline pipelines/reprocess-s3.toml --input s3://bucket/docs/ --output s3://bucket/out/\n\n\
-    A rerun skips shards whose rejects marker is published, so a crashed job resumes.")]
+    quarry extract --pipeline pipelines/reprocess-s3.toml --input s3://bucket/docs/ --output s3://bucket/out/\n  \
+    quarry extract --pipeline pipelines/reprocess-s3.toml --shard-index 1 --shard-count 4\n  \
+    quarry extract --pipeline pipelines/reprocess-s3.toml --device cuda:0,cuda:1\n\n\
+    A rerun skips shards whose rejects marker is published, so a crashed job resumes.\n\
+    Workers split a prefix with no coordinator: worker I of N takes the shards whose stable hash\n\
+    (SHA-256 of the shard name) is I modulo N. A Kubernetes Indexed Job sets JOB_COMPLETION_INDEX,\n\
+    which is the index when --shard-index is not given. A device list runs one process per device,\n\
+    each on its own part of this worker's shards.")]
 pub(crate) struct ExtractArgs {
     /// Job definition (TOML, `source.kind = "dataset"`).
     #[arg(long)]
@@ -35,15 +43,27 @@ pub(crate) struct ExtractArgs {
     /// Rejects prefix URL (overrides `rejects.url`).
     #[arg(long)]
     rejects: Option<String>,
-    /// Process at most N shards (those not yet published).
+    /// Process at most N shards (those not yet published; per device with a device list).
     #[arg(long)]
     limit_shards: Option<usize>,
-    /// Device (overrides `model.device`): cpu or cuda:N.
+    /// This worker's index among --shard-count workers [default: $JOB_COMPLETION_INDEX, then
+    /// source.shard_index, then 0].
+    #[arg(long)]
+    shard_index: Option<usize>,
+    /// How many workers share the input [default: source.shard_count, then 1].
+    #[arg(long)]
+    shard_count: Option<usize>,
+    /// Device (overrides `model.device`): cpu or cuda:N, or a comma-separated list
+    /// (cuda:0,cuda:1): one process per device, each on its part of this worker's shards.
     #[arg(long)]
     device: Option<String>,
     /// GGUF model file, relative to the current folder (overrides `model.path`).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Prometheus endpoint host:port (overrides `metrics.listen`; with a device list, device g
+    /// listens on the port + g).
+    #[arg(long)]
+    metrics: Option<String>,
     /// Print the summary as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -156,26 +176,49 @@ fn serve_metrics(metrics: &Arc<Metrics>, listen: Option<&str>) -> Result<()> {
 
 pub(crate) fn extract(args: ExtractArgs) -> Result<crate::Exit> {
     init_logs(&args.log_format);
-    let job = load(&args.pipeline, &args.device, &args.model)?;
+    let mut job = load(&args.pipeline, &None, &args.model)?;
     let quarry_pipeline::config::SourceConfig::Dataset(src) = &job.cfg.source else {
         anyhow::bail!(
             "{}: source.kind is \"kafka\"; run it with `quarry worker`",
             args.pipeline.display()
         );
     };
+    let slice = ShardSlice::resolve(
+        args.shard_index,
+        args.shard_count,
+        std::env::var("JOB_COMPLETION_INDEX").ok().as_deref(),
+        src,
+        &args.pipeline.display().to_string(),
+    )?;
+    let device = args.device.clone().unwrap_or(job.cfg.model.device.clone());
+    let devices: Vec<&str> = device.split(',').map(str::trim).collect();
+    if devices.iter().any(|d| d.is_empty()) {
+        anyhow::bail!("--device {device:?}: an empty device in the list");
+    }
+    let listen = args
+        .metrics
+        .as_deref()
+        .or(job.cfg.metrics.listen.as_deref());
+    if devices.len() > 1 {
+        let publisher = job.publisher(args.output.as_deref(), args.rejects.as_deref())?;
+        let urls = (publisher.output.url.clone(), publisher.rejects.url.clone());
+        return devices::extract_on_each(&args, &devices, slice, listen, urls);
+    }
+    job.cfg.model.device = device.clone();
     let input = match &args.input {
         Some(u) => Location::open_input(u)?,
         None => Location::open_input(&job.cfg.resolve_url(&src.input))?,
     };
     let publisher = job.publisher(args.output.as_deref(), args.rejects.as_deref())?;
     let metrics = Arc::new(Metrics::new());
-    serve_metrics(&metrics, job.cfg.metrics.listen.as_deref())?;
+    serve_metrics(&metrics, listen)?;
     let extractor = EngineExtractor::load(&job.cfg, &job.schema)?;
     let mut flow = Flow::new(extractor, job.validator()?);
     let shutdown = Shutdown::install()?;
     let opts = DatasetOptions {
         limit_shards: args.limit_shards,
         progress: !args.json,
+        slice,
     };
     let summary = run_dataset(
         &job.cfg, &input, &mut flow, &publisher, &metrics, &shutdown, &opts,
@@ -206,12 +249,32 @@ pub(crate) fn extract(args: ExtractArgs) -> Result<crate::Exit> {
     Ok(crate::Exit::Success)
 }
 
-fn print_summary(s: &JobSummary, e: Option<&quarry_engine::EngineStats>, out: &str, rej: &str) {
+pub(crate) fn print_summary(
+    s: &JobSummary,
+    e: Option<&quarry_engine::EngineStats>,
+    out: &str,
+    rej: &str,
+) {
     let rate = |n: u64| n as f64 / s.wall_s.max(1e-9);
-    println!(
-        "shards: {} ({} done now, {} already published)",
-        s.shards, s.shards_done, s.shards_skipped
-    );
+    if s.slice.count > 1 {
+        println!(
+            "shards: {} listed, {} in slice {} ({} done now, {} already published)",
+            s.shards, s.shards_assigned, s.slice, s.shards_done, s.shards_skipped
+        );
+    } else {
+        println!(
+            "shards: {} ({} done now, {} already published)",
+            s.shards, s.shards_done, s.shards_skipped
+        );
+    }
+    if s.shards_published_meanwhile + s.shards_duplicated > 0 {
+        println!(
+            "another worker runs this slice: {} shard(s) it published while this one listed them \
+             (skipped), {} it published first while this one worked on them ({} document(s) of \
+             duplicated work)",
+            s.shards_published_meanwhile, s.shards_duplicated, s.docs_duplicated
+        );
+    }
     println!(
         "documents: {} consumed, {} accepted, {} rejected",
         s.consumed, s.accepted, s.rejected
