@@ -202,7 +202,7 @@ fn check_pod(
 }
 
 #[test]
-fn the_worker_deployment_and_the_cronjob_reference_what_exists() {
+fn the_worker_deployment_and_the_indexed_reprocessing_job_reference_what_exists() {
     let m = manifests();
     let maps = config_maps(&m);
     let secrets: BTreeSet<String> = objects(&m, "Secret")
@@ -267,10 +267,48 @@ fn the_worker_deployment_and_the_cronjob_reference_what_exists() {
         "a five-field cron schedule"
     );
     assert_eq!(cron["spec"]["concurrencyPolicy"].as_str(), Some("Forbid"));
-    let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+    let job = &cron["spec"]["jobTemplate"]["spec"];
+    let pod = &job["template"]["spec"];
     let (cfg, c) = check_pod("reprocess CronJob", pod, &maps, &secrets);
-    assert!(matches!(cfg.source, SourceConfig::Dataset(_)));
+    let SourceConfig::Dataset(src) = &cfg.source else {
+        panic!("the reprocessing pipeline must have a dataset source")
+    };
     assert_eq!(s(&c["args"][0], "subcommand"), "extract");
+    // An Indexed Job of N workers, each taking shards by its index: N pods, N completions, and
+    // quarry told N, or some shards would belong to no pod (or two pods would share an index).
+    assert_eq!(job["completionMode"].as_str(), Some("Indexed"));
+    let workers = job["completions"].as_i64().expect("completions");
+    assert!(workers > 1, "a sharded job has several workers");
+    assert_eq!(
+        job["parallelism"].as_i64(),
+        Some(workers),
+        "parallelism = completions"
+    );
+    let args: Vec<&str> = c["args"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .map(|a| s(a, "arg"))
+        .collect();
+    let count = args
+        .iter()
+        .position(|a| *a == "--shard-count")
+        .map(|i| args[i + 1].parse::<i64>().unwrap())
+        .or(src.shard_count.map(|n| n as i64))
+        .expect("the shard count is given, as --shard-count or source.shard_count");
+    assert_eq!(count, workers, "--shard-count = completions");
+    assert!(
+        !args.contains(&"--shard-index") && src.shard_index.is_none(),
+        "the index comes from JOB_COMPLETION_INDEX, not a fixed value every pod shares"
+    );
+    // A failed index is retried alone, and never runs twice at once.
+    assert!(job["backoffLimitPerIndex"].as_i64().is_some_and(|n| n >= 1));
+    assert_eq!(
+        pod["restartPolicy"].as_str(),
+        Some("Never"),
+        "backoffLimitPerIndex needs it"
+    );
+    assert_eq!(job["podReplacementPolicy"].as_str(), Some("Failed"));
 }
 
 /// `COPY` sources of a Dockerfile (stages' `--from` copies excluded), relative to the context.
