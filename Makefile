@@ -12,7 +12,7 @@ QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-.PHONY: setup build build-cuda demo tour test lint fixtures bench-grammar bench-cfg bench-schemas bench-model bench-engine bench-pipeline fuzz
+.PHONY: setup build build-cuda demo tour test lint fixtures bench-grammar bench-cfg bench-schemas bench-model bench-engine bench-pipeline bench-workers fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -81,6 +81,11 @@ bench-engine: setup
 # Pipeline overhead: the dataset job vs the engine alone on the same documents (BENCHMARKS.md).
 bench-pipeline: setup
 	$(CARGO) run --release -p quarry-bench --bin pipeline-bench -- --out $(CARGO_TARGET_DIR)/bench/pipeline.json $(ARGS)
+
+# Scale-out: one dataset worker against two on the same input, one core each (BENCHMARKS.md).
+bench-workers: setup
+	$(CARGO) build --release -p quarry
+	$(CARGO) run --release -p quarry-bench --bin workers-bench -- --quarry $(CARGO_TARGET_DIR)/release/quarry --out $(CARGO_TARGET_DIR)/bench/workers.json $(ARGS)
 
 # Fuzzes the grammar matcher against the oracle on a stable toolchain (needs `cargo install cargo-fuzz`).
 FUZZ_SECONDS ?= 600

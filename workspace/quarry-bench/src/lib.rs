@@ -41,3 +41,24 @@ impl ModelVocab {
         Ok(Self { tokenizer, vocab })
     }
 }
+
+/// `n` real package records from a dpkg status file (fields only, no continuation lines), sorted
+/// and taken every k-th so they spread over the file.
+pub fn package_records(path: &Path, n: usize) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let mut recs: Vec<String> = text
+        .split("\n\n")
+        .filter(|r| r.starts_with("Package: ") && r.contains("\nDescription: "))
+        .map(|r| {
+            r.lines()
+                .filter(|l| !l.starts_with(' '))
+                .collect::<Vec<_>>()
+                .join("\n")
+                + "\n"
+        })
+        .collect();
+    recs.sort();
+    anyhow::ensure!(recs.len() >= n, "only {} records", recs.len());
+    let step = recs.len() / n;
+    Ok((0..n).map(|i| recs[i * step].clone()).collect())
+}

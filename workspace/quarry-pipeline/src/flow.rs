@@ -14,6 +14,17 @@
 //! documents rejected now, and (were decoding not deterministic) documents accepted now but not
 //! then, with cause `replay_mismatch`. Every document therefore lands in exactly one of the two
 //! datasets, exactly once.
+//!
+//! ## Two workers on one file
+//! Dataset workers given the same shard (the same index twice) may publish concurrently. Whoever's
+//! marker lands owns the file; its rejects were computed against the accepted file it saw. A worker
+//! that finds the marker already there publishes nothing (its report has `duplicate` set). One whose
+//! marker put finds another's marker (not byte for byte its own, which would be its own lost
+//! response) is a duplicate too, and if its accepted file landed *after* that marker was computed
+//! without it (the other worker accepted nothing and saw no accepted file), the marker holds those
+//! documents already: it withdraws its accepted file. The one window left open is a crash between
+//! that put and the withdrawal, which needs the misconfiguration, decoding that differs between
+//! the two workers and the crash together.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 

@@ -4,7 +4,7 @@
 //! rejects). Runs alternate, each on a fresh engine (empty prefix cache); medians are reported.
 //! Target: the pipeline within 3% of the engine's docs/s.
 
-use quarry_bench::median;
+use quarry_bench::{median, package_records};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,31 +37,12 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-fn packages(path: &PathBuf, n: usize) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    let mut recs: Vec<String> = text
-        .split("\n\n")
-        .filter(|r| r.starts_with("Package: ") && r.contains("\nDescription: "))
-        .map(|r| {
-            r.lines()
-                .filter(|l| !l.starts_with(' '))
-                .collect::<Vec<_>>()
-                .join("\n")
-                + "\n"
-        })
-        .collect();
-    recs.sort();
-    anyhow::ensure!(recs.len() >= n, "only {} records", recs.len());
-    let step = recs.len() / n;
-    Ok((0..n).map(|i| recs[i * step].clone()).collect())
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     std::env::set_var("RAYON_NUM_THREADS", args.threads.to_string());
     let cfg = PipelineConfig::load(&args.pipeline)?;
     let job = Prepared::new(cfg)?;
-    let docs = packages(&args.status, args.docs)?;
+    let docs = package_records(&args.status, args.docs)?;
     let device = parse_device(&job.cfg.model.device)?;
     let model = Arc::new(Llama::load(job.cfg.model_path(), &device)?);
     let tok = Arc::new(Tokenizer::from_gguf(job.cfg.model_path())?);
