@@ -898,13 +898,12 @@ impl Engine {
             self.freed.clear();
             let computed = seq.kv_len.min(seq.slots.len());
             if self.cfg.radix_cache {
-                let node = self.cache.insert(
+                // Insert then unlock: the new path is the cache's now.
+                self.cache.insert(
                     &seq.tokens[..computed],
                     &mut seq.slots[..computed],
                     &mut self.freed,
                 );
-                // Insert then unlock: the new path is the cache's now.
-                let _ = node;
                 self.freed.extend_from_slice(&seq.slots[computed..]);
             } else {
                 self.freed.extend_from_slice(&seq.slots[seq.shared_len..]);

@@ -178,10 +178,6 @@ impl<E: Extractor> Flow<E> {
         self.files.get(&id)
     }
 
-    pub fn file_mut_metadata(&mut self, id: u64) -> Option<&mut Vec<(String, String)>> {
-        self.files.get_mut(&id).map(|f| &mut f.metadata)
-    }
-
     /// Adds a document to an open file. Inputs that are already rejects get their outcome now.
     pub fn push(&mut self, file: u64, input: Input) {
         let f = self.files.get_mut(&file).expect("push into an open file");

@@ -38,7 +38,12 @@ pub(crate) struct GenerateArgs {
     #[command(flatten)]
     model: ModelArg,
     /// The prompt text.
-    #[arg(long, required_unless_present = "batch", conflicts_with = "batch")]
+    #[arg(
+        long,
+        required_unless_present = "batch",
+        conflicts_with = "batch",
+        allow_hyphen_values = true
+    )]
     prompt: Option<String>,
     /// A JSONL file of requests, run together (continuous batching, shared prefixes cached).
     #[arg(long, value_name = "FILE.jsonl")]
@@ -47,10 +52,10 @@ pub(crate) struct GenerateArgs {
     #[arg(long)]
     chat: bool,
     /// The output must match this regex.
-    #[arg(long, group = "constraint")]
+    #[arg(long, group = "constraint", allow_hyphen_values = true)]
     regex: Option<String>,
     /// The output must be one of these strings (repeat the flag).
-    #[arg(long, group = "constraint")]
+    #[arg(long, group = "constraint", allow_hyphen_values = true)]
     choice: Vec<String>,
     /// The output must be JSON valid against this JSON Schema file.
     #[arg(long, value_name = "FILE", group = "constraint")]
@@ -74,7 +79,7 @@ pub(crate) struct GenerateArgs {
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
     /// Stop before this string (free text; repeat the flag).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     stop: Vec<String>,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]

@@ -71,7 +71,7 @@ pub enum GrammarCommand {
         #[command(flatten)]
         constraint: ConstraintArgs,
         /// Text already generated (fed as bytes, so it may end inside a token or a character).
-        #[arg(long, default_value = "")]
+        #[arg(long, default_value = "", allow_hyphen_values = true)]
         prefix: String,
         /// Print one JSON object (ids, forced bytes, accepting, finished).
         #[arg(long)]
@@ -82,11 +82,11 @@ pub enum GrammarCommand {
 #[derive(Args)]
 #[group(id = "what", required = true, multiple = false, args = ["regex", "choice", "schema", "grammar", "json_object"])]
 pub struct ConstraintArgs {
-    /// The output must match this regex in full (regex-automata syntax).
-    #[arg(long)]
+    /// The output must match this regex in full (regex-automata syntax; it may begin with `-`).
+    #[arg(long, allow_hyphen_values = true)]
     regex: Option<String>,
     /// The output must be exactly one of these strings (repeat the flag).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     choice: Vec<String>,
     /// The output must be canonical JSON that this JSON Schema file accepts.
     #[arg(long, value_name = "FILE")]

@@ -98,7 +98,8 @@ enum Command {
         /// text must never turn into control tokens.
         #[arg(long)]
         parse_special: bool,
-        /// The text to tokenize.
+        /// The text to tokenize (it may begin with `-`: `quarry tokenize -1e5`).
+        #[arg(allow_hyphen_values = true)]
         text: String,
     },
     /// Render a conversation with the model's chat template.
@@ -109,12 +110,13 @@ enum Command {
         #[command(flatten)]
         model: ModelArg,
         /// An optional system message.
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         system: Option<String>,
         /// Leave out the assistant prefix that starts the model's reply.
         #[arg(long)]
         no_generation_prompt: bool,
         /// The user message.
+        #[arg(allow_hyphen_values = true)]
         user: String,
     },
     /// Compile regex and choice constraints against the model's vocabulary; check texts and masks.

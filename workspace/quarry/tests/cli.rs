@@ -161,6 +161,61 @@ fn truncated_model_is_detected() {
 }
 
 #[test]
+fn values_that_begin_with_a_hyphen_are_text_not_flags() {
+    // Positional text: `quarry tokenize -1e5` is the text "-1e5", as `-- -1e5` is.
+    let ids = |args: &[&str]| -> Value { serde_json::from_str(&stdout(&quarry(args))).unwrap() };
+    let bare = ids(&["tokenize", "--json", "-1e5"]);
+    assert_eq!(bare["text"], "-1e5");
+    assert_eq!(
+        bare["ids"],
+        ids(&["tokenize", "--json", "--", "-1e5"])["ids"]
+    );
+    // A flag after the text is still a flag.
+    assert_eq!(ids(&["tokenize", "-x", "--json"])["text"], "-x");
+    // Chat messages.
+    let chat = stdout(&quarry(&[
+        "chat-template",
+        "--system",
+        "-be brief",
+        "-5 degrees?",
+    ]));
+    assert!(
+        chat.contains("-be brief") && chat.contains("-5 degrees?"),
+        "{chat}"
+    );
+    // Generation: the prompt, a regex, choices and stop strings.
+    let num = stdout(&quarry(&[
+        "generate",
+        "--prompt",
+        "-40 plus 2 is",
+        "--regex",
+        "-?[0-9]{1,3}",
+        "--max-tokens",
+        "4",
+        "--stop",
+        "-x",
+    ]));
+    let num = num.trim();
+    let digits = num.strip_prefix('-').unwrap_or(num);
+    assert!(
+        (1..=3).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()),
+        "{num:?}"
+    );
+    let pick = stdout(&quarry(&[
+        "generate",
+        "--prompt",
+        "Pick one:",
+        "--choice",
+        "-1",
+        "--choice",
+        "+1",
+        "--max-tokens",
+        "4",
+    ]));
+    assert!(["-1", "+1"].contains(&pick.trim()), "{pick:?}");
+}
+
+#[test]
 fn generate_is_deterministic_greedy_and_seeded() {
     let run = |extra: &[&str]| {
         let mut args = vec![

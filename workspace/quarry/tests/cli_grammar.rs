@@ -499,3 +499,30 @@ fn gbnf_grammars_and_json_object_compile_accept_mask_and_explain() {
     ));
     assert!(err.contains("left recursion (root -> root)"), "{err}");
 }
+
+#[test]
+fn regexes_choices_and_prefixes_may_begin_with_a_hyphen() {
+    let accepts = |args: &[&str], text: &str| quarry(args, text).status.code();
+    assert_eq!(
+        accepts(&["grammar", "accepts", "--regex", "-?[0-9]+"], "-12"),
+        Some(0)
+    );
+    assert_eq!(
+        accepts(&["grammar", "accepts", "--regex", "-?[0-9]+"], "12-"),
+        Some(1)
+    );
+    let choices = ["grammar", "accepts", "--choice", "-a", "--choice", "-b"];
+    assert_eq!(accepts(&choices, "-b"), Some(0));
+    assert_eq!(accepts(&choices, "b"), Some(1));
+    let m = json_out(&[
+        "grammar",
+        "mask",
+        "--json",
+        "--regex",
+        "-?[0-9]+(\\.[0-9]+)?",
+        "--prefix",
+        "-0.5",
+    ]);
+    assert_eq!(m["prefix"], "-0.5");
+    assert_eq!(m["accepting"], true);
+}
