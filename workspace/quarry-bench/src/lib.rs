@@ -19,7 +19,7 @@ use anyhow::{Context, Result};
 use quarry_grammar::Vocabulary;
 use quarry_tokenizer::Tokenizer;
 
-pub use quarry_pipeline::bench::median;
+pub use quarry_eval::median;
 
 /// A model's tokenizer and the grammar vocabulary built from its token byte table.
 pub struct ModelVocab {

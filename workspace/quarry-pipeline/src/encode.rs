@@ -202,7 +202,7 @@ pub fn to_parquet(
         w.flush().map_err(|e| e.to_string())?;
         at += n;
         if at < batch.num_rows() {
-            crate::faults::crash_point("mid_write");
+            crate::faults::crash_point(crate::faults::CrashPoint::MidWrite);
         }
     }
     w.close().map_err(|e| e.to_string())?;

@@ -1,37 +1,225 @@
-//! Crash points for the fault tests: with `QUARRY_CRASH_AT=<point>` (and optionally
-//! `QUARRY_CRASH_AFTER=<n>`, default 0) the process SIGKILLs itself the (n+1)-th time it reaches
-//! that point. Points: `before_publish`, `mid_write` (half of a file's row groups encoded),
-//! `between_files` (accepted published, rejects marker not yet), `before_commit` (published, offset
-//! not committed). Unset, a crash point costs one relaxed atomic load.
+//! Fault injection for the crash and store-failure tests: crash points and [`FaultyStore`].
+//! Compiled only with the `test-support` feature, which `make test` turns on through the
+//! dev-dependencies; a release build carries none of it (a crash point is then an empty inline
+//! function).
+//!
+//! Crash points: with `QUARRY_CRASH_AT=<point>` (and optionally `QUARRY_CRASH_AFTER=<n>`, default
+//! 0) the process SIGKILLs itself the (n+1)-th time it reaches that [`CrashPoint`].
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+/// Where a test may kill the process, in the order a file goes through them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// Every document of a file has its outcome; nothing is published.
+    BeforePublish,
+    /// Half of a file's row groups are encoded.
+    MidWrite,
+    /// The accepted part is published, the rejects marker is not.
+    BetweenFiles,
+    /// Published, the Kafka offset not committed.
+    BeforeCommit,
+}
 
-fn armed() -> Option<&'static (String, usize)> {
-    static ARMED: OnceLock<Option<(String, usize)>> = OnceLock::new();
-    ARMED
-        .get_or_init(|| {
-            let point = std::env::var("QUARRY_CRASH_AT").ok()?;
+impl CrashPoint {
+    pub const ALL: [CrashPoint; 4] = [
+        CrashPoint::BeforePublish,
+        CrashPoint::MidWrite,
+        CrashPoint::BetweenFiles,
+        CrashPoint::BeforeCommit,
+    ];
+
+    /// The name `QUARRY_CRASH_AT` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CrashPoint::BeforePublish => "before_publish",
+            CrashPoint::MidWrite => "mid_write",
+            CrashPoint::BetweenFiles => "between_files",
+            CrashPoint::BeforeCommit => "before_commit",
+        }
+    }
+}
+
+/// Kills the process here if the environment armed this point.
+#[inline]
+pub fn crash_point(point: CrashPoint) {
+    #[cfg(feature = "test-support")]
+    armed::reached(point);
+    #[cfg(not(feature = "test-support"))]
+    let _ = point;
+}
+
+#[cfg(feature = "test-support")]
+mod armed {
+    use super::CrashPoint;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::OnceLock;
+
+    fn armed() -> Option<(CrashPoint, usize)> {
+        static ARMED: OnceLock<Option<(CrashPoint, usize)>> = OnceLock::new();
+        *ARMED.get_or_init(|| {
+            let name = std::env::var("QUARRY_CRASH_AT").ok()?;
+            let point = CrashPoint::ALL
+                .into_iter()
+                .find(|p| p.name() == name)
+                .unwrap_or_else(|| {
+                    let names: Vec<&str> = CrashPoint::ALL.iter().map(|p| p.name()).collect();
+                    panic!("QUARRY_CRASH_AT={name:?} is not one of {names:?}")
+                });
             let after = std::env::var("QUARRY_CRASH_AFTER")
                 .ok()
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0);
             Some((point, after))
         })
-        .as_ref()
+    }
+
+    pub(super) fn reached(point: CrashPoint) {
+        static HITS: AtomicUsize = AtomicUsize::new(0);
+        let Some((armed, after)) = armed() else {
+            return;
+        };
+        if armed != point {
+            return;
+        }
+        if HITS.fetch_add(1, Ordering::SeqCst) == after {
+            eprintln!("quarry: crash point {} reached; SIGKILL", point.name());
+            let _ = signal_hook::low_level::raise(signal_hook::consts::SIGKILL);
+        }
+    }
 }
 
-/// Kills the process here if the environment armed this point.
-pub fn crash_point(point: &str) {
-    static HITS: AtomicUsize = AtomicUsize::new(0);
-    let Some((armed_point, after)) = armed() else {
-        return;
+#[cfg(feature = "test-support")]
+pub use store::FaultyStore;
+
+#[cfg(feature = "test-support")]
+mod store {
+    use std::fmt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use futures::stream::BoxStream;
+    use object_store::path::Path;
+    use object_store::{
+        CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+        PutMultipartOptions, PutOptions, PutPayload, PutResult,
     };
-    if armed_point != point {
-        return;
+
+    /// Wraps a store and fails the next `fail_puts` puts with a transient error (and, with
+    /// `land_then_fail`, lets the write land before failing, as a lost response does). With
+    /// [`FaultyStore::stale_heads`], existence checks answer "not there", as a look taken just before
+    /// another worker's write does.
+    #[derive(Debug)]
+    pub struct FaultyStore {
+        inner: Arc<dyn ObjectStore>,
+        fail_puts: AtomicUsize,
+        land_then_fail: bool,
+        stale_heads: AtomicUsize,
+        pub puts_seen: AtomicUsize,
     }
-    if HITS.fetch_add(1, Ordering::SeqCst) == *after {
-        eprintln!("quarry: crash point {point} reached; SIGKILL");
-        let _ = signal_hook::low_level::raise(signal_hook::consts::SIGKILL);
+
+    impl FaultyStore {
+        pub fn new(inner: Arc<dyn ObjectStore>, fail_puts: usize, land_then_fail: bool) -> Self {
+            Self {
+                inner,
+                fail_puts: AtomicUsize::new(fail_puts),
+                land_then_fail,
+                stale_heads: AtomicUsize::new(0),
+                puts_seen: AtomicUsize::new(0),
+            }
+        }
+
+        /// The next `n` existence checks (HEAD requests) answer "not found".
+        pub fn stale_heads(self, n: usize) -> Self {
+            self.stale_heads.store(n, Ordering::SeqCst);
+            self
+        }
+    }
+
+    impl fmt::Display for FaultyStore {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "FaultyStore({})", self.inner)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for FaultyStore {
+        async fn put_opts(
+            &self,
+            location: &Path,
+            payload: PutPayload,
+            opts: PutOptions,
+        ) -> object_store::Result<PutResult> {
+            self.puts_seen.fetch_add(1, Ordering::SeqCst);
+            let fail = self
+                .fail_puts
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if !fail {
+                return self.inner.put_opts(location, payload, opts).await;
+            }
+            if self.land_then_fail {
+                self.inner.put_opts(location, payload, opts).await?;
+            }
+            Err(object_store::Error::Generic {
+                store: "faulty",
+                source: "injected put failure (connection reset)".into(),
+            })
+        }
+
+        async fn put_multipart_opts(
+            &self,
+            location: &Path,
+            opts: PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn MultipartUpload>> {
+            self.inner.put_multipart_opts(location, opts).await
+        }
+
+        async fn get_opts(
+            &self,
+            location: &Path,
+            options: GetOptions,
+        ) -> object_store::Result<GetResult> {
+            let stale = options.head
+                && self
+                    .stale_heads
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+            if stale {
+                return Err(object_store::Error::NotFound {
+                    path: location.to_string(),
+                    source: "injected stale existence check".into(),
+                });
+            }
+            self.inner.get_opts(location, options).await
+        }
+
+        fn delete_stream(
+            &self,
+            locations: BoxStream<'static, object_store::Result<Path>>,
+        ) -> BoxStream<'static, object_store::Result<Path>> {
+            self.inner.delete_stream(locations)
+        }
+
+        fn list(
+            &self,
+            prefix: Option<&Path>,
+        ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+            self.inner.list(prefix)
+        }
+
+        async fn list_with_delimiter(
+            &self,
+            prefix: Option<&Path>,
+        ) -> object_store::Result<ListResult> {
+            self.inner.list_with_delimiter(prefix).await
+        }
+
+        async fn copy_opts(
+            &self,
+            from: &Path,
+            to: &Path,
+            options: CopyOptions,
+        ) -> object_store::Result<()> {
+            self.inner.copy_opts(from, to, options).await
+        }
     }
 }

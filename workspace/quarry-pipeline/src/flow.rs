@@ -462,7 +462,7 @@ impl Publisher {
         }
         let mut accepted_offsets: Option<HashSet<i64>> = None;
         let mut created_accepted = false;
-        crate::faults::crash_point("before_publish");
+        crate::faults::crash_point(crate::faults::CrashPoint::BeforePublish);
         if batch.num_rows() > 0 {
             let bytes = to_parquet(&batch, &accepted_meta, self.row_group_rows, self.zstd_level)
                 .map_err(|message| PipelineError::Parquet {
@@ -479,7 +479,7 @@ impl Publisher {
             accepted_offsets = Some(self.published_offsets(&file.name)?);
         }
 
-        crate::faults::crash_point("between_files");
+        crate::faults::crash_point(crate::faults::CrashPoint::BetweenFiles);
         let batch_rows = batch.num_rows() as u64;
         match &accepted_offsets {
             None => report.accepted = batch_rows,
@@ -929,7 +929,7 @@ mod tests {
         // Worker Y looked before X's marker landed (a stale check), accepts both, and its
         // accepted file lands after X's marker: X's marker holds them already, so Y's file goes.
         let stale = std::sync::Arc::new(
-            crate::store::FaultyStore::new(publisher.rejects.store.clone(), 0, false)
+            crate::faults::FaultyStore::new(publisher.rejects.store.clone(), 0, false)
                 .stale_heads(1),
         );
         let y_publisher = Publisher {
@@ -946,7 +946,7 @@ mod tests {
         let x2 = publish_docs(&publisher, "s.parquet", &[b"a", b"far too long a name"]);
         assert_eq!((x2.accepted, x2.rejected), (1, 1));
         let stale = std::sync::Arc::new(
-            crate::store::FaultyStore::new(publisher.rejects.store.clone(), 0, false)
+            crate::faults::FaultyStore::new(publisher.rejects.store.clone(), 0, false)
                 .stale_heads(1),
         );
         let y2_publisher = Publisher {

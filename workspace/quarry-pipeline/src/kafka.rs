@@ -1169,7 +1169,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
                 .flush(Duration::from_secs(30))
                 .map_err(|e| kafka_err("dead-letter flush", e))?;
         }
-        crate::faults::crash_point("before_commit");
+        crate::faults::crash_point(crate::faults::CrashPoint::BeforeCommit);
         let (Some(p), Some(last)) = (parse_partition(&r.group), r.last_offset) else {
             return Ok(());
         };

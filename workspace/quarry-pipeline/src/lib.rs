@@ -11,10 +11,10 @@
 //! - [`columns`] and [`encode`]: the Arrow schema derived from the JSON Schema, and Parquet bytes;
 //! - [`store`]: object-store locations, create-if-absent publishing with retries;
 //! - [`metrics`] and [`shutdown`]: operations;
-//! - [`inspect`]: what a published file holds (`quarry inspect`);
-//! - [`bench`]: the throughput workload behind `quarry bench` and the engine benchmark.
+//! - [`inspect`]: what a published file holds (`quarry inspect`).
+//!
+//! The benchmark workload lives in `quarry-eval`.
 
-pub mod bench;
 pub mod columns;
 pub mod config;
 pub mod dataset;

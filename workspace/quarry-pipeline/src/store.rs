@@ -11,20 +11,15 @@
 //! default `aws_conditional_put = etag`).
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::stream::BoxStream;
 use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    ObjectStoreExt, PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::error::PipelineError;
 
@@ -314,123 +309,11 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(50u64 << attempt.min(6))
 }
 
-/// Wraps a store and fails the next `fail_puts` puts with a transient error (and, with
-/// `land_then_fail`, lets the write land before failing, as a lost response does). With
-/// [`FaultyStore::stale_heads`], existence checks answer "not there", as a look taken just before
-/// another worker's write does.
-#[derive(Debug)]
-pub struct FaultyStore {
-    inner: Arc<dyn ObjectStore>,
-    fail_puts: AtomicUsize,
-    land_then_fail: bool,
-    stale_heads: AtomicUsize,
-    pub puts_seen: AtomicUsize,
-}
-
-impl FaultyStore {
-    pub fn new(inner: Arc<dyn ObjectStore>, fail_puts: usize, land_then_fail: bool) -> Self {
-        Self {
-            inner,
-            fail_puts: AtomicUsize::new(fail_puts),
-            land_then_fail,
-            stale_heads: AtomicUsize::new(0),
-            puts_seen: AtomicUsize::new(0),
-        }
-    }
-
-    /// The next `n` existence checks (HEAD requests) answer "not found".
-    pub fn stale_heads(self, n: usize) -> Self {
-        self.stale_heads.store(n, Ordering::SeqCst);
-        self
-    }
-}
-
-impl fmt::Display for FaultyStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "FaultyStore({})", self.inner)
-    }
-}
-
-#[async_trait::async_trait]
-impl ObjectStore for FaultyStore {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        self.puts_seen.fetch_add(1, Ordering::SeqCst);
-        let fail = self
-            .fail_puts
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if !fail {
-            return self.inner.put_opts(location, payload, opts).await;
-        }
-        if self.land_then_fail {
-            self.inner.put_opts(location, payload, opts).await?;
-        }
-        Err(object_store::Error::Generic {
-            store: "faulty",
-            source: "injected put failure (connection reset)".into(),
-        })
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        let stale = options.head
-            && self
-                .stale_heads
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
-        if stale {
-            return Err(object_store::Error::NotFound {
-                path: location.to_string(),
-                source: "injected stale existence check".into(),
-            });
-        }
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::faults::FaultyStore;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn publish_is_create_if_absent() {

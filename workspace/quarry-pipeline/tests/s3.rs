@@ -10,8 +10,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use common::*;
 use quarry_pipeline::extract::EngineExtractor;
+use quarry_pipeline::faults::FaultyStore;
 use quarry_pipeline::job::Prepared;
-use quarry_pipeline::store::{FaultyStore, Location, Published};
+use quarry_pipeline::store::{Location, Published};
 use quarry_pipeline::PipelineConfig;
 use serde_json::json;
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use quarry_engine::EngineConfig;
+use quarry_eval::{self as bench, RunMetrics};
 use quarry_model::{parse_device, Llama};
-use quarry_pipeline::bench::{self, RunMetrics};
 use serde_json::{json, Value};
 
 use crate::ModelArg;

@@ -20,9 +20,9 @@ use std::sync::Arc;
 use anyhow::Result;
 use clap::Parser;
 use quarry_engine::{EngineConfig, KeepBack};
+use quarry_eval as bench;
 use quarry_grammar::{Constraint, Grammar, Limits, SchemaOptions, Vocabulary, Whitespace};
 use quarry_model::{parse_device, Llama};
-use quarry_pipeline::bench;
 use quarry_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use quarry_engine::{ConstraintSpec, Engine, EngineConfig, Request};
 use quarry_model::{parse_device, Llama};

@@ -1,5 +1,6 @@
-//! The throughput workload behind `quarry bench` (a batch-size sweep on any device) and the
-//! `engine-bench` A/B runs: real package records with a shared instruction and the package
+//! quarry-eval: the evaluation workload behind `quarry bench` (a batch-size sweep on any device)
+//! and the `engine-bench` A/B runs, kept out of the job runner so that production crates hold
+//! production code: real package records with a shared instruction and the package
 //! schema, run through the engine on a fresh [`Engine`] per measurement.
 //!
 //! The documents are this machine's Debian package database (`/var/lib/dpkg/status`), or any JSONL
@@ -18,7 +19,16 @@ use quarry_tokenizer::{ChatMessage, Tokenizer};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::PipelineError;
+/// What can stop an evaluation run.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    /// Documents that cannot be read, or a text the constraint refuses.
+    #[error("input {location}: {message}")]
+    Input { location: String, message: String },
+    /// The engine cannot start or run, or it reported a wrong answer as complete.
+    #[error("engine: {0}")]
+    Engine(String),
+}
 
 /// The instruction every benchmark prompt starts with (shared prefix of about 300 tokens).
 pub const PACKAGE_INSTRUCTION: &str = "You are a careful data extraction assistant working on the \
@@ -57,8 +67,8 @@ const KEPT_FIELDS: [&str; 11] = [
 
 /// `n` package records with a homepage and a description, spread evenly over the sorted database,
 /// each cut to [`KEPT_FIELDS`] and the first lines of its description.
-pub fn package_records(status: &Path, n: usize) -> Result<Vec<String>, PipelineError> {
-    let input_err = |message: String| PipelineError::Input {
+pub fn package_records(status: &Path, n: usize) -> Result<Vec<String>, EvalError> {
+    let input_err = |message: String| EvalError::Input {
         location: status.display().to_string(),
         message,
     };
@@ -105,8 +115,8 @@ fn cut_record(r: &str) -> String {
 }
 
 /// `n` documents from a JSONL file of objects with a string `text` field, spread over the file.
-pub fn jsonl_records(path: &Path, n: usize) -> Result<Vec<String>, PipelineError> {
-    let input_err = |message: String| PipelineError::Input {
+pub fn jsonl_records(path: &Path, n: usize) -> Result<Vec<String>, EvalError> {
+    let input_err = |message: String| EvalError::Input {
         location: path.display().to_string(),
         message,
     };
@@ -225,11 +235,11 @@ pub fn facts_right(record: &str, output: &str) -> [bool; 6] {
 /// grammar leaves one continuation ([`Matcher::forced_bytes`]) those bytes are marked. This is the
 /// most any jump-forward could append without sampling, whatever its keep-back rule. Errors
 /// (naming the byte offset) when `text` does not follow the grammar.
-pub fn forced_byte_mask(grammar: &Arc<Grammar>, text: &[u8]) -> Result<Vec<bool>, PipelineError> {
+pub fn forced_byte_mask(grammar: &Arc<Grammar>, text: &[u8]) -> Result<Vec<bool>, EvalError> {
     let mut m = Matcher::new(grammar.clone());
     let mut mask = vec![false; text.len()];
     let mut pos = 0;
-    let off_grammar = |at: usize| PipelineError::Input {
+    let off_grammar = |at: usize| EvalError::Input {
         location: format!("output byte {at}"),
         message: "the text does not follow the grammar".into(),
     };
@@ -329,17 +339,17 @@ pub fn measure(
     config: EngineConfig,
     requests: Vec<Request>,
     validator: &jsonschema::Validator,
-) -> Result<RunMetrics, PipelineError> {
+) -> Result<RunMetrics, EvalError> {
     let constrained: Vec<bool> = requests
         .iter()
         .map(|r| !matches!(r.constraint, ConstraintSpec::None))
         .collect();
     let mut engine = Engine::new(model.clone(), tok.clone(), config)
-        .map_err(|e| PipelineError::Engine(e.to_string()))?;
+        .map_err(|e| EvalError::Engine(e.to_string()))?;
     let t = Instant::now();
     let out = engine
         .run_batch(requests)
-        .map_err(|e| PipelineError::Engine(e.to_string()))?;
+        .map_err(|e| EvalError::Engine(e.to_string()))?;
     let wall_s = t.elapsed().as_secs_f64();
     let s = engine.stats();
     let valid =
@@ -349,7 +359,7 @@ pub fn measure(
         .zip(&constrained)
         .find(|(c, &con)| con && c.is_complete() && !valid(&c.text))
     {
-        return Err(PipelineError::Engine(format!(
+        return Err(EvalError::Engine(format!(
             "a complete constrained output fails the schema: {}",
             c.text
         )));
