@@ -31,13 +31,7 @@ impl ModelVocab {
     pub fn load(path: &Path) -> Result<Self> {
         let tokenizer = Tokenizer::from_gguf(path)
             .with_context(|| format!("{}: run `make setup` first", path.display()))?;
-        let vocab = Arc::new(Vocabulary::new(
-            tokenizer
-                .token_table()
-                .iter()
-                .map(|(_, b, k)| (b, k.is_special())),
-            &tokenizer.special_tokens().end_of_generation,
-        ));
+        let vocab = quarry_engine::grammar_vocabulary(&tokenizer);
         Ok(Self { tokenizer, vocab })
     }
 }

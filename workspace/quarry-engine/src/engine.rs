@@ -217,12 +217,7 @@ impl Engine {
                 cfg.step_tokens, cfg.max_running
             )));
         }
-        let vocab = Arc::new(Vocabulary::new(
-            tok.token_table()
-                .iter()
-                .map(|(_, b, k)| (b, k.is_special())),
-            &tok.special_tokens().end_of_generation,
-        ));
+        let vocab = crate::grammar_vocabulary(&tok);
         let pool = KvPool::new(model.config(), 1, cfg.kv_tokens, model.device(), None)?;
         Ok(Self {
             model,

@@ -51,3 +51,17 @@ pub use request::{
     Completion, ConstraintSpec, FinishReason, Processor, Prompt, Reasoning, Request, RequestStats,
     DEFAULT_MAX_TOKENS,
 };
+
+use std::sync::Arc;
+
+/// The grammar's view of a tokenizer's vocabulary: every token's exact bytes, control tokens
+/// marked (a constraint never allows one), and the end-of-generation ids. The one adapter between
+/// the tokenizer and the grammar crate: the engine, the CLI and the benchmarks all build it here.
+pub fn grammar_vocabulary(tok: &quarry_tokenizer::Tokenizer) -> Arc<quarry_grammar::Vocabulary> {
+    Arc::new(quarry_grammar::Vocabulary::new(
+        tok.token_table()
+            .iter()
+            .map(|(_, bytes, kind)| (bytes, kind.is_special())),
+        &tok.special_tokens().end_of_generation,
+    ))
+}

@@ -183,12 +183,7 @@ struct Loaded {
 
 fn load(args: &ConstraintArgs) -> Result<Loaded> {
     let tok = load_tokenizer(&args.model.model)?;
-    let vocab = Arc::new(Vocabulary::new(
-        tok.token_table()
-            .iter()
-            .map(|(_, b, k)| (b, k.is_special())),
-        &tok.special_tokens().end_of_generation,
-    ));
+    let vocab = quarry_engine::grammar_vocabulary(&tok);
     Ok(Loaded { tok, vocab })
 }
 

@@ -21,7 +21,7 @@ use anyhow::Result;
 use clap::Parser;
 use quarry_engine::{EngineConfig, KeepBack};
 use quarry_eval as bench;
-use quarry_grammar::{Constraint, Grammar, Limits, SchemaOptions, Vocabulary, Whitespace};
+use quarry_grammar::{Constraint, Grammar, Limits, SchemaOptions, Whitespace};
 use quarry_model::{parse_device, Llama};
 use quarry_tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -304,12 +304,7 @@ fn forced_ceiling(
     whitespace: Whitespace,
     metrics: &bench::RunMetrics,
 ) -> Result<(f64, f64)> {
-    let vocab = Arc::new(Vocabulary::new(
-        tok.token_table()
-            .iter()
-            .map(|(_, b, k)| (b, k.is_special())),
-        &tok.special_tokens().end_of_generation,
-    ));
+    let vocab = quarry_engine::grammar_vocabulary(tok);
     let constraint = Constraint::JsonSchema {
         schema: schema.clone(),
         options: SchemaOptions {
