@@ -212,132 +212,192 @@ pub struct DatasetOptions {
     pub slice: ShardSlice,
 }
 
-/// Runs a dataset job to the end (or to a signal).
-pub fn run_dataset<E: Extractor>(
-    cfg: &PipelineConfig,
-    input: &Location,
-    flow: &mut Flow<E>,
-    publisher: &Publisher,
-    metrics: &Metrics,
-    shutdown: &Shutdown,
-    opts: &DatasetOptions,
-) -> Result<JobSummary, PipelineError> {
-    let SourceConfig::Dataset(src) = &cfg.source else {
-        return Err(PipelineError::Config {
-            path: cfg.name.clone(),
-            message: "`quarry extract` needs source.kind = \"dataset\"".into(),
-        });
-    };
-    let started = Instant::now();
-    let all = shards(input, src)?;
-    let mut summary = JobSummary {
-        shards: all.len(),
-        slice: opts.slice,
-        ..Default::default()
-    };
-    let mut todo = Vec::new();
-    for s in all.into_iter().filter(|s| opts.slice.owns(&s.name)) {
-        summary.shards_assigned += 1;
-        if publisher.rejects.exists(&s.name)? {
-            summary.shards_skipped += 1;
-        } else {
-            todo.push(s);
-        }
+/// A dataset job, the counterpart of the Kafka [`crate::kafka::Worker`]: built from its
+/// definition over a [`Flow`] and a [`Publisher`], then [`DatasetJob::run`] to the end or to a
+/// signal. It lists the input, keeps this worker's slice, skips what is published, keeps the
+/// engine full a shard at a time, and publishes each shard as it finishes.
+pub struct DatasetJob<'a, E: Extractor> {
+    cfg: &'a PipelineConfig,
+    src: &'a DatasetSource,
+    input: &'a Location,
+    flow: &'a mut Flow<E>,
+    publisher: &'a Publisher,
+    metrics: &'a Metrics,
+    opts: DatasetOptions,
+}
+
+/// The shards left to read, and the footer metadata every file of the job carries.
+struct Plan {
+    todo: std::vec::IntoIter<Shard>,
+    job_meta: Vec<(String, String)>,
+}
+
+impl<'a, E: Extractor> DatasetJob<'a, E> {
+    pub fn new(
+        cfg: &'a PipelineConfig,
+        input: &'a Location,
+        flow: &'a mut Flow<E>,
+        publisher: &'a Publisher,
+        metrics: &'a Metrics,
+        opts: DatasetOptions,
+    ) -> Result<Self, PipelineError> {
+        let SourceConfig::Dataset(src) = &cfg.source else {
+            return Err(PipelineError::Config {
+                path: cfg.name.clone(),
+                message: "`quarry extract` needs source.kind = \"dataset\"".into(),
+            });
+        };
+        Ok(Self {
+            cfg,
+            src,
+            input,
+            flow,
+            publisher,
+            metrics,
+            opts,
+        })
     }
-    if let Some(n) = opts.limit_shards {
-        todo.truncate(n);
-    }
-    tracing::info!(
-        pipeline = %cfg.name,
-        shards = summary.shards,
-        slice = %opts.slice,
-        assigned = summary.shards_assigned,
-        skipped = summary.shards_skipped,
-        todo = todo.len(),
-        "dataset job starts"
-    );
-    // Every file this job publishes says which job it belongs to, so `quarry inspect` can tell a
-    // finished job from a partial one.
-    let job_meta = vec![
-        (
-            "quarry.shards_listed".to_string(),
-            summary.shards.to_string(),
-        ),
-        ("quarry.shard_slice".to_string(), opts.slice.to_string()),
-    ];
-    let progress = Progress::new(opts.progress, todo.len());
-    let mut next = todo.into_iter();
-    let low_water = flow.extractor.capacity() * 2;
-    let mut exhausted = false;
-    loop {
-        metrics.beat();
-        if shutdown.abandon() {
-            summary.interrupted = true;
-            break;
-        }
-        if shutdown.requested() {
-            summary.interrupted = true;
-            exhausted = true;
-        }
-        // Keep enough documents loaded to keep the engine full, a shard at a time.
-        while !exhausted && flow.pending() < low_water {
-            match next.next() {
-                Some(shard) => {
-                    let t = Instant::now();
-                    if publisher.rejects.exists(&shard.name)? {
-                        // Another worker runs this slice too and got here first.
-                        summary.io_s += t.elapsed().as_secs_f64();
-                        summary.shards_published_meanwhile += 1;
-                        tracing::warn!(shard = %shard.name, slice = %opts.slice, "published by another worker since the listing; skipped (is the same index running twice?)");
-                        continue;
-                    }
-                    let inputs = read_shard(input, &shard, src, cfg.batching.max_doc_bytes)?;
-                    summary.io_s += t.elapsed().as_secs_f64();
-                    let id = flow.open(shard.name.clone(), shard.name.clone(), job_meta.clone());
-                    for i in inputs {
-                        flow.push(id, i);
-                    }
-                    flow.seal(id);
+
+    /// Runs to the end (or to a signal).
+    pub fn run(mut self, shutdown: &Shutdown) -> Result<JobSummary, PipelineError> {
+        let started = Instant::now();
+        let mut summary = JobSummary {
+            slice: self.opts.slice,
+            ..Default::default()
+        };
+        let Plan { mut todo, job_meta } = self.plan(&mut summary)?;
+        let progress = Progress::new(self.opts.progress, todo.len());
+        let low_water = self.flow.extractor.capacity() * 2;
+        let mut exhausted = false;
+        loop {
+            self.metrics.beat();
+            if shutdown.abandon() {
+                summary.interrupted = true;
+                break;
+            }
+            if shutdown.requested() {
+                summary.interrupted = true;
+                exhausted = true;
+            }
+            // Keep enough documents loaded to keep the engine full, a shard at a time.
+            while !exhausted && self.flow.pending() < low_water {
+                match todo.next() {
+                    Some(shard) => self.load(shard, &job_meta, &mut summary)?,
+                    None => exhausted = true,
                 }
-                None => exhausted = true,
             }
-        }
-        let t = Instant::now();
-        let worked = flow.pump()?;
-        if worked {
-            metrics.step(t.elapsed());
-        }
-        metrics.in_flight.set(flow.pending() as i64);
-        for file in flow.take_ready() {
             let t = Instant::now();
-            let report = publisher.publish(file)?;
-            summary.io_s += t.elapsed().as_secs_f64();
-            metrics.file(&report);
-            if report.duplicate {
-                tracing::warn!(shard = %report.name, slice = %opts.slice, docs = report.duplicated_docs, "another worker published this shard first; this worker's work on it is discarded (is the same index running twice?)");
+            let worked = self.flow.pump()?;
+            if worked {
+                self.metrics.step(t.elapsed());
             }
-            summary.add(&report);
-            progress.shard(&report, &summary, started.elapsed());
+            self.metrics.in_flight.set(self.flow.pending() as i64);
+            for file in self.flow.take_ready() {
+                let t = Instant::now();
+                let report = self.publisher.publish(file)?;
+                summary.io_s += t.elapsed().as_secs_f64();
+                self.metrics.file(&report);
+                if report.duplicate {
+                    tracing::warn!(shard = %report.name, slice = %self.opts.slice, docs = report.duplicated_docs, "another worker published this shard first; this worker's work on it is discarded (is the same index running twice?)");
+                }
+                summary.add(&report);
+                progress.shard(&report, &summary, started.elapsed());
+            }
+            if let Some(s) = self.flow.extractor.engine_stats() {
+                self.metrics.engine(&s);
+            }
+            if exhausted && self.flow.open_files() == 0 {
+                break;
+            }
+            if !worked && self.flow.pending() > 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
-        if let Some(s) = flow.extractor.engine_stats() {
-            metrics.engine(&s);
+        progress.finish();
+        summary.wall_s = started.elapsed().as_secs_f64();
+        if summary.accepted + summary.rejected != summary.consumed {
+            return Err(PipelineError::Conservation(format!(
+                "accepted {} + rejected {} != consumed {}",
+                summary.accepted, summary.rejected, summary.consumed
+            )));
         }
-        if exhausted && flow.open_files() == 0 {
-            break;
-        }
-        if !worked && flow.pending() > 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        Ok(summary)
     }
-    progress.finish();
-    summary.wall_s = started.elapsed().as_secs_f64();
-    if summary.accepted + summary.rejected != summary.consumed {
-        return Err(PipelineError::Conservation(format!(
-            "accepted {} + rejected {} != consumed {}",
-            summary.accepted, summary.rejected, summary.consumed
-        )));
+
+    /// Lists the input and keeps this worker's unpublished shards (at most `limit_shards`).
+    fn plan(&self, summary: &mut JobSummary) -> Result<Plan, PipelineError> {
+        let all = shards(self.input, self.src)?;
+        summary.shards = all.len();
+        let mut todo = Vec::new();
+        for s in all.into_iter().filter(|s| self.opts.slice.owns(&s.name)) {
+            summary.shards_assigned += 1;
+            if self.publisher.rejects.exists(&s.name)? {
+                summary.shards_skipped += 1;
+            } else {
+                todo.push(s);
+            }
+        }
+        if let Some(n) = self.opts.limit_shards {
+            todo.truncate(n);
+        }
+        tracing::info!(
+            pipeline = %self.cfg.name,
+            shards = summary.shards,
+            slice = %self.opts.slice,
+            assigned = summary.shards_assigned,
+            skipped = summary.shards_skipped,
+            todo = todo.len(),
+            "dataset job starts"
+        );
+        // Every file this job publishes says which job it belongs to, so `quarry inspect` can
+        // tell a finished job from a partial one.
+        let job_meta = vec![
+            (
+                "quarry.shards_listed".to_string(),
+                summary.shards.to_string(),
+            ),
+            (
+                "quarry.shard_slice".to_string(),
+                self.opts.slice.to_string(),
+            ),
+        ];
+        Ok(Plan {
+            todo: todo.into_iter(),
+            job_meta,
+        })
     }
-    Ok(summary)
+
+    /// Reads one shard into the flow, unless another worker has published it since the listing.
+    fn load(
+        &mut self,
+        shard: Shard,
+        job_meta: &[(String, String)],
+        summary: &mut JobSummary,
+    ) -> Result<(), PipelineError> {
+        let t = Instant::now();
+        if self.publisher.rejects.exists(&shard.name)? {
+            // Another worker runs this slice too and got here first.
+            summary.io_s += t.elapsed().as_secs_f64();
+            summary.shards_published_meanwhile += 1;
+            tracing::warn!(shard = %shard.name, slice = %self.opts.slice, "published by another worker since the listing; skipped (is the same index running twice?)");
+            return Ok(());
+        }
+        let inputs = read_shard(
+            self.input,
+            &shard,
+            self.src,
+            self.cfg.batching.max_doc_bytes,
+        )?;
+        summary.io_s += t.elapsed().as_secs_f64();
+        let id = self
+            .flow
+            .open(shard.name.clone(), shard.name.clone(), job_meta.to_vec());
+        for i in inputs {
+            self.flow.push(id, i);
+        }
+        self.flow.seal(id);
+        Ok(())
+    }
 }
 
 /// A bar with ETA on a terminal; one plain line per shard otherwise.

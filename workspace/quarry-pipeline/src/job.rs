@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::columns::RecordShape;
 use crate::config::PipelineConfig;
-use crate::dataset::{run_dataset, DatasetOptions, JobSummary};
+use crate::dataset::{DatasetJob, DatasetOptions, JobSummary};
 use crate::error::PipelineError;
 use crate::extract::Extractor;
 use crate::extract::{read_schema, Validator};
@@ -94,14 +94,15 @@ impl Prepared {
         publisher: &Publisher,
     ) -> Result<JobSummary, PipelineError> {
         let mut flow = Flow::new(extractor, self.validator()?);
-        run_dataset(
+        let metrics = Metrics::new();
+        DatasetJob::new(
             &self.cfg,
             input,
             &mut flow,
             publisher,
-            &Metrics::new(),
-            &Shutdown::manual(),
-            &DatasetOptions::default(),
-        )
+            &metrics,
+            DatasetOptions::default(),
+        )?
+        .run(&Shutdown::manual())
     }
 }

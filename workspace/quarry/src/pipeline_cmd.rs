@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use quarry_pipeline::dataset::{run_dataset, DatasetOptions, JobSummary, ShardSlice};
+use quarry_pipeline::dataset::{DatasetJob, DatasetOptions, JobSummary, ShardSlice};
 use quarry_pipeline::extract::{EngineExtractor, Extractor};
 use quarry_pipeline::flow::Flow;
 use quarry_pipeline::job::Prepared;
@@ -220,10 +220,9 @@ pub(crate) fn extract(args: ExtractArgs) -> Result<crate::Exit> {
         progress: !args.json,
         slice,
     };
-    let summary = run_dataset(
-        &job.cfg, &input, &mut flow, &publisher, &metrics, &shutdown, &opts,
-    )
-    .with_context(|| format!("pipeline {}", job.cfg.name))?;
+    let summary = DatasetJob::new(&job.cfg, &input, &mut flow, &publisher, &metrics, opts)
+        .and_then(|j| j.run(&shutdown))
+        .with_context(|| format!("pipeline {}", job.cfg.name))?;
     let engine = flow.extractor.engine_stats();
     if args.json {
         let mut v = serde_json::to_value(&summary)?;
