@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use quarry_grammar::{Grammar, Limits, Matcher, SchemaOptions, Vocabulary};
-use quarry_model::{KvPool, Llama, Logits, PageId, Sampler, SeqInput};
+use quarry_model::{KvPool, Logits, PageId, Sampler, SeqInput};
+
+use crate::model::Model;
 use quarry_tokenizer::{EncodeOptions, Tokenizer};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -171,7 +173,7 @@ impl EngineStats {
 
 /// Continuous-batching extraction engine over one model.
 pub struct Engine {
-    model: Arc<Llama>,
+    model: Arc<dyn Model>,
     tok: Arc<Tokenizer>,
     vocab: Arc<Vocabulary>,
     cfg: EngineConfig,
@@ -200,9 +202,10 @@ struct Slot {
 }
 
 impl Engine {
-    /// An engine for `model`, whose tokenizer is `tok`.
-    pub fn new(
-        model: Arc<Llama>,
+    /// An engine for `model` (a [`quarry_model::Llama`], or any [`Model`]), whose tokenizer is
+    /// `tok`.
+    pub fn new<M: Model + 'static>(
+        model: Arc<M>,
         tok: Arc<Tokenizer>,
         cfg: EngineConfig,
     ) -> Result<Self, EngineError> {
@@ -218,7 +221,7 @@ impl Engine {
             )));
         }
         let vocab = crate::grammar_vocabulary(&tok);
-        let pool = KvPool::new(model.config(), 1, cfg.kv_tokens, model.device(), None)?;
+        let pool = model.kv_pool(1, cfg.kv_tokens)?;
         Ok(Self {
             model,
             tok,
@@ -390,7 +393,7 @@ impl Engine {
             }
         }
         let tokens = self.encode_prompt(&req.prompt)?;
-        let ctx = self.model.config().context_length;
+        let ctx = self.model.context_length();
         if tokens.len() >= ctx {
             return Err(format!(
                 "the prompt has {} tokens; the model's context is {ctx}",
@@ -766,7 +769,7 @@ impl Engine {
             settle: self.cfg.keep_back_rule == KeepBack::Settled,
             draft: self.cfg.draft_kept_back,
             retokenize: self.cfg.retokenize,
-            context_length: self.model.config().context_length,
+            context_length: self.model.context_length(),
         };
         let eog = &self.tok.special_tokens().end_of_generation;
         let mut mask_row = 0;

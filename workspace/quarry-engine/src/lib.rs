@@ -10,6 +10,11 @@
 //!   [`EngineError::QueueFull`], the backpressure signal); [`Engine::step`] runs one scheduler step
 //!   and returns the [`Completion`]s that finished; [`Engine::run_batch`] runs an offline batch.
 //! - [`RadixCache`]: the prefix cache over token ids that owns KV pages of the model's pool.
+//! - [`Model`]: the seam to the model (a ragged forward over the engine's pool, the pool's shape,
+//!   the context length, the vocabulary size). `quarry_model::Llama` implements it on CPU and
+//!   CUDA; `tests/scheduler.rs` drives the scheduler with a fake that reads its context through the
+//!   block tables, so admission, budgets, retraction, eviction and jump-forward are tested in
+//!   milliseconds.
 //!
 //! # A step
 //! 1. **Admit** waiting requests while fewer than `max_running` run. Each looks up its prompt in
@@ -40,12 +45,14 @@
 mod engine;
 mod error;
 pub mod logits;
+mod model;
 pub mod radix;
 mod request;
 mod sequence;
 
 pub use engine::{Engine, EngineConfig, EngineStats, KeepBack};
 pub use error::EngineError;
+pub use model::Model;
 pub use radix::{CacheStats, RadixCache};
 pub use request::{
     Completion, ConstraintSpec, FinishReason, Processor, Prompt, Reasoning, Request, RequestStats,

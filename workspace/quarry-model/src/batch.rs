@@ -171,6 +171,24 @@ impl Logits {
         Self::default()
     }
 
+    /// Lays out the rows a forward over `batch` returns (each sequence's last
+    /// `clamp(logits, 1, tokens)` positions, in batch order) and returns them to fill, `vocab`
+    /// values each. [`crate::Llama`] fills its logits itself; this is for another model behind the
+    /// engine's seam (a test double).
+    pub fn layout(&mut self, vocab: usize, batch: &[SeqInput]) -> &mut [f32] {
+        self.vocab = vocab;
+        self.rows.clear();
+        let mut end = 0;
+        for seq in batch {
+            let n = seq.logits.clamp(1, seq.tokens.len().max(1));
+            self.rows.push(end..end + n);
+            end += n;
+        }
+        self.data.clear();
+        self.data.resize(end * vocab, 0.0);
+        &mut self.data
+    }
+
     /// Number of sequences in the batch that produced these logits.
     pub fn num_seqs(&self) -> usize {
         self.rows.len()

@@ -1,0 +1,356 @@
+//! The scheduler on a fake model behind the engine's [`Model`] seam: admission, planning within
+//! the token budget, retraction when the pool runs out, the prefix cache and its eviction, and
+//! jump-forward, each checked against the same requests run one at a time, in milliseconds.
+//!
+//! The fake reads its context the way a transformer does, through the pool: every forward writes
+//! each new token into the page its block table names for that position, and the logits of a
+//! position are a hash of the tokens read back through the table for every position up to it. A
+//! wrong block table, a page freed while still used or a cached prefix that is not what it claims
+//! changes the output, so "equal to the one-at-a-time run" checks the KV bookkeeping too.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use quarry_engine::{
+    Completion, ConstraintSpec, Engine, EngineConfig, FinishReason, Model, Prompt, Request,
+};
+use quarry_model::{parse_device, Activation, KvPool, LlamaConfig, Logits, RopeStyle, SeqInput};
+use quarry_tokenizer::Tokenizer;
+use serde_json::json;
+
+fn tokenizer() -> Arc<Tokenizer> {
+    static T: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    T.get_or_init(|| {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert!(p.exists(), "{} is missing: run `make setup`", p.display());
+        Arc::new(Tokenizer::from_gguf(p).unwrap())
+    })
+    .clone()
+}
+
+/// What the fake saw: the largest batch and the most tokens of one forward pass.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    passes: usize,
+    max_seqs: usize,
+    max_tokens: usize,
+}
+
+struct Fake {
+    vocab: usize,
+    /// The token each page (one position each) holds.
+    pages: Mutex<Vec<Option<u32>>>,
+    seen: Mutex<Seen>,
+    /// Tokens the fake never prefers (end of generation), so free text runs to `max_tokens`.
+    never: Vec<u32>,
+}
+
+impl Fake {
+    fn new(tok: &Tokenizer) -> Arc<Fake> {
+        Arc::new(Fake {
+            vocab: tok.vocab_size(),
+            pages: Mutex::new(Vec::new()),
+            seen: Mutex::new(Seen::default()),
+            never: tok.special_tokens().end_of_generation.clone(),
+        })
+    }
+
+    fn seen(&self) -> Seen {
+        *self.seen.lock().unwrap()
+    }
+}
+
+fn mix(mut h: u64, x: u64) -> u64 {
+    h ^= x
+        .wrapping_add(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(h << 6)
+        .wrapping_add(h >> 2);
+    h.wrapping_mul(0xFF51_AFD7_ED55_8CCD)
+}
+
+impl Model for Fake {
+    fn forward(
+        &self,
+        batch: &[SeqInput],
+        _pool: &mut KvPool,
+        out: &mut Logits,
+    ) -> quarry_model::Result<()> {
+        {
+            let mut s = self.seen.lock().unwrap();
+            s.passes += 1;
+            s.max_seqs = s.max_seqs.max(batch.len());
+            s.max_tokens = s.max_tokens.max(batch.iter().map(|b| b.tokens.len()).sum());
+        }
+        let mut pages = self.pages.lock().unwrap();
+        // Write every new token's "KV" first, as the real forward does.
+        for seq in batch {
+            for (i, &t) in seq.tokens.iter().enumerate() {
+                let page = seq.pages[seq.start + i] as usize;
+                if pages.len() <= page {
+                    pages.resize(page + 1, None);
+                }
+                pages[page] = Some(t);
+            }
+        }
+        let rows = out.layout(self.vocab, batch);
+        let mut row = 0;
+        for seq in batch {
+            let n = seq.logits.clamp(1, seq.tokens.len().max(1));
+            let end = seq.start + seq.tokens.len();
+            for pos in end - n..end {
+                // The context through the block table, as attention reads it.
+                let mut h = 0u64;
+                for p in 0..=pos {
+                    let t = pages[seq.pages[p] as usize].expect("a position read before written");
+                    h = mix(h, t as u64);
+                }
+                let logits = &mut rows[row * self.vocab..(row + 1) * self.vocab];
+                for (t, l) in logits.iter_mut().enumerate() {
+                    *l = (mix(h, t as u64) >> 40) as f32 / (1u64 << 24) as f32;
+                }
+                for &t in &self.never {
+                    logits[t as usize] = -1e9;
+                }
+                row += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn kv_pool(&self, page_size: usize, num_pages: usize) -> quarry_model::Result<KvPool> {
+        // The smallest pool the runtime makes; the fake keeps its "KV" itself.
+        let cfg = LlamaConfig {
+            architecture: "fake".into(),
+            block_count: 1,
+            embedding_length: 2,
+            feed_forward_length: 2,
+            head_count: 1,
+            head_count_kv: 1,
+            head_dim: 2,
+            rope_freq_base: 10_000.0,
+            rms_norm_eps: 1e-6,
+            context_length: self.context_length(),
+            vocab_size: self.vocab,
+            embedding_scale: 1.0,
+            attention_scale: 1.0,
+            rope_style: RopeStyle::Interleaved,
+            activation: Activation::Silu,
+            qk_norm: false,
+            post_norms: false,
+            qkv_bias: false,
+            sliding_window: None,
+        };
+        KvPool::new(&cfg, page_size, num_pages, &parse_device("cpu")?, None)
+    }
+
+    fn context_length(&self) -> usize {
+        4096
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+}
+
+const INSTRUCTION: &str = "Answer in one short line, with the facts you are sure of and nothing \
+else. The record follows. ";
+
+/// Six prompts that share an instruction (what the radix cache shares).
+fn prompts() -> Vec<Prompt> {
+    [
+        "apples", "a river", "the moon", "bees", "granite", "a violin",
+    ]
+    .iter()
+    .map(|w| Prompt::Text(format!("{INSTRUCTION}Tell me about {w}.")))
+    .collect()
+}
+
+fn free(n: usize) -> Vec<Request> {
+    prompts()
+        .into_iter()
+        .map(|p| Request::new(p).with_max_tokens(n))
+        .collect()
+}
+
+fn base() -> EngineConfig {
+    EngineConfig {
+        kv_tokens: 4096,
+        max_running: 6,
+        step_tokens: 512,
+        ..EngineConfig::default()
+    }
+}
+
+/// Runs `reqs` on a fresh engine over a fresh fake; the outputs in request order, the engine's
+/// pages checked consistent, and what the fake saw.
+fn run(
+    cfg: EngineConfig,
+    reqs: Vec<Request>,
+) -> (Vec<Completion>, quarry_engine::EngineStats, Seen) {
+    let tok = tokenizer();
+    let fake = Fake::new(&tok);
+    let mut e = Engine::new(fake.clone(), tok, cfg).unwrap();
+    let out = e.run_batch(reqs).unwrap();
+    e.check_pages().unwrap();
+    (out, e.stats(), fake.seen())
+}
+
+/// The reference: each request alone on an engine of its own, no cache.
+fn alone(reqs: &[Request]) -> Vec<Vec<u32>> {
+    reqs.iter()
+        .map(|r| {
+            let cfg = EngineConfig {
+                max_running: 1,
+                radix_cache: false,
+                ..base()
+            };
+            run(cfg, vec![r.clone()]).0.remove(0).tokens
+        })
+        .collect()
+}
+
+fn tokens(out: &[Completion]) -> Vec<Vec<u32>> {
+    out.iter().map(|c| c.tokens.clone()).collect()
+}
+
+#[test]
+fn admission_never_runs_more_than_max_running_and_batching_changes_no_output() {
+    let reqs = free(12);
+    let want = alone(&reqs);
+    assert!(want.iter().all(|t| t.len() == 12));
+    assert!(
+        want.windows(2).any(|w| w[0] != w[1]),
+        "the fake's outputs depend on the prompt"
+    );
+    for max_running in [1, 2, 4, 6] {
+        for radix_cache in [false, true] {
+            let cfg = EngineConfig {
+                max_running,
+                radix_cache,
+                ..base()
+            };
+            let (out, stats, seen) = run(cfg, reqs.clone());
+            assert_eq!(
+                tokens(&out),
+                want,
+                "max_running {max_running}, cache {radix_cache}"
+            );
+            assert!(seen.max_seqs <= max_running, "{seen:?}");
+            assert_eq!(stats.completed, 6);
+            assert!(out.iter().all(|c| c.finish == FinishReason::Length));
+        }
+    }
+}
+
+#[test]
+fn a_step_stays_within_its_token_budget_and_long_prompts_prefill_in_chunks() {
+    let reqs = free(4);
+    let want = alone(&reqs);
+    let cfg = EngineConfig {
+        step_tokens: 16,
+        max_running: 4,
+        ..base()
+    };
+    let (out, _, seen) = run(cfg, reqs.clone());
+    assert_eq!(tokens(&out), want);
+    assert!(seen.max_tokens <= 16, "{seen:?}");
+    let prompt_tokens: usize = reqs
+        .iter()
+        .map(|r| match &r.prompt {
+            Prompt::Text(t) => tokenizer().encode(t).unwrap().len(),
+            _ => unreachable!(),
+        })
+        .sum();
+    assert!(
+        seen.passes * 16 >= prompt_tokens,
+        "every prompt token was computed in 16-token passes: {seen:?}, {prompt_tokens} prompt tokens"
+    );
+}
+
+#[test]
+fn a_pool_too_small_for_everyone_retracts_and_every_output_is_unchanged() {
+    let reqs = free(24);
+    let want = alone(&reqs);
+    // About two sequences' worth of pages for six: the newest go back to the queue and redo.
+    let cfg = EngineConfig {
+        kv_tokens: 80,
+        radix_cache: false,
+        ..base()
+    };
+    let (out, stats, _) = run(cfg, reqs);
+    assert!(stats.retracted > 0, "{stats:?}");
+    assert_eq!(tokens(&out), want);
+}
+
+#[test]
+fn the_prefix_cache_shares_the_instruction_and_evicts_when_the_pool_is_full() {
+    let reqs = free(8);
+    let want = alone(&reqs);
+    // Two at a time: a finished sequence's path is in the cache when the next one is admitted.
+    let two = EngineConfig {
+        max_running: 2,
+        ..base()
+    };
+    let (out, stats, _) = run(two, reqs.clone());
+    assert_eq!(tokens(&out), want);
+    assert!(
+        stats.cache.hit_tokens > 0,
+        "later prompts reuse the shared instruction: {:?}",
+        stats.cache
+    );
+    // A pool that holds the instruction and about two answers: finished paths must be evicted
+    // for new ones.
+    let cfg = EngineConfig {
+        kv_tokens: 48,
+        max_running: 1,
+        ..base()
+    };
+    let (out, stats, _) = run(cfg, reqs);
+    assert!(stats.cache.evictions > 0, "{:?}", stats.cache);
+    assert_eq!(tokens(&out), want);
+}
+
+#[test]
+fn jump_forward_appends_what_the_schema_forces_and_every_record_is_valid() {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "fruit": {"type": "string", "enum": ["apple", "pear", "quince"]},
+            "ripe": {"type": "boolean"},
+            "count": {"type": "integer", "minimum": 0, "maximum": 99}
+        },
+        "required": ["fruit", "ripe", "count"],
+        "additionalProperties": false
+    });
+    let reqs: Vec<Request> = prompts()
+        .into_iter()
+        .map(|p| {
+            Request::new(p)
+                .with_constraint(ConstraintSpec::JsonSchema(schema.clone()))
+                .with_max_tokens(64)
+        })
+        .collect();
+    let without = EngineConfig {
+        jump_forward: false,
+        ..base()
+    };
+    let (plain, plain_stats, _) = run(without, reqs.clone());
+    let (jumped, stats, _) = run(base(), reqs);
+    // Every record is complete and valid either way. (They need not be equal: the fake, like a
+    // real model, sees token ids, and jump-forward writes the forced bytes in canonical tokens.)
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    for c in plain.iter().chain(&jumped) {
+        assert_eq!(c.finish, FinishReason::ConstraintComplete, "{}", c.text);
+        let v: serde_json::Value = serde_json::from_str(&c.text).unwrap();
+        assert!(validator.is_valid(&v), "{}", c.text);
+    }
+    assert_eq!(plain_stats.forced_tokens, 0);
+    assert!(stats.forced_tokens > 0, "{stats:?}");
+    assert!(
+        stats.sampled_tokens < plain_stats.sampled_tokens,
+        "forced bytes are not sampled: {} vs {}",
+        stats.sampled_tokens,
+        plain_stats.sampled_tokens
+    );
+}
