@@ -179,7 +179,8 @@ pub struct Engine {
     cfg: EngineConfig,
     pool: KvPool,
     cache: RadixCache,
-    grammars: FxHashMap<String, Arc<Grammar>>,
+    /// Compiled grammars by constraint (compared structurally, schema values included).
+    grammars: FxHashMap<quarry_grammar::ConstraintKey, Arc<Grammar>>,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     done: Vec<Completion>,
@@ -481,11 +482,11 @@ impl Engine {
         &mut self,
         c: &quarry_grammar::Constraint,
     ) -> Result<Arc<Grammar>, quarry_grammar::GrammarError> {
-        let key = format!("{c:?}");
         // A grammar that stopped growing at a limit refuses some valid continuations from then
         // on; new requests get a fresh one (sequences already running keep theirs). A grammar
         // with recursion meets new parser configurations for as long as a worker runs, so this
         // bounds its memory without ever failing a request that a fresh grammar would serve.
+        let key = quarry_grammar::ConstraintKey::new(c);
         if let Some(g) = self.grammars.get(&key) {
             if g.overflow_error().is_none() {
                 return Ok(g.clone());
@@ -494,10 +495,7 @@ impl Engine {
         let g = Arc::new(Grammar::compile(c, self.vocab.clone(), self.cfg.limits)?);
         self.stats.grammars_compiled += 1;
         if g.is_empty_language() {
-            return Err(quarry_grammar::GrammarError::InvalidRegex {
-                pattern: c.pattern().unwrap_or_default(),
-                message: "the constraint matches no text at all".into(),
-            });
+            return Err(quarry_grammar::GrammarError::EmptyLanguage);
         }
         if self.grammars.len() >= self.cfg.grammar_cache {
             self.grammars.clear();

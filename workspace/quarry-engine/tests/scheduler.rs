@@ -354,3 +354,20 @@ fn jump_forward_appends_what_the_schema_forces_and_every_record_is_valid() {
         plain_stats.sampled_tokens
     );
 }
+
+#[test]
+fn a_constraint_with_no_text_at_all_fails_its_request_alone() {
+    let empty = Request::new(prompts().remove(0))
+        .with_constraint(ConstraintSpec::Regex("[a&&b]x".into()))
+        .with_max_tokens(8);
+    let fine = Request::new(prompts().remove(1))
+        .with_constraint(ConstraintSpec::Regex("[a-z]{3}".into()))
+        .with_max_tokens(8);
+    let (out, _, _) = run(base(), vec![empty, fine]);
+    match &out[0].finish {
+        FinishReason::Error(why) => assert!(why.contains("matches no text at all"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(out[1].finish, FinishReason::ConstraintComplete);
+    assert_eq!(out[1].text.len(), 3);
+}

@@ -20,6 +20,10 @@ pub enum GrammarError {
     /// A choice constraint with no alternatives has an empty language.
     #[error("a choice constraint needs at least one alternative")]
     EmptyChoice,
+    /// The constraint compiled, but no text at all satisfies it (a regex such as `a&&b`, a schema
+    /// whose keywords contradict each other): no output could ever be complete.
+    #[error("the constraint matches no text at all")]
+    EmptyLanguage,
     /// A bound in [`crate::Limits`] was exceeded; `limit` names the field and `value` is its
     /// configured bound (bytes, states, or milliseconds for `compile_time`).
     #[error("constraint exceeds limit `{limit}` = {value}")]

@@ -35,6 +35,133 @@ pub enum Constraint {
     JsonObject { whitespace: Whitespace },
 }
 
+/// A constraint as the key of a compiled-grammar cache: equal exactly when two constraints
+/// compile to the same grammar (the same text, or the same schema value for value with object
+/// members in the same order, since member order is output order, and the same options), and
+/// hashed structurally to match. (`Constraint`'s own `==` ignores the order of object members.)
+#[derive(Debug, Clone)]
+pub struct ConstraintKey(Constraint);
+
+impl ConstraintKey {
+    pub fn new(c: &Constraint) -> Self {
+        ConstraintKey(c.clone())
+    }
+}
+
+impl PartialEq for ConstraintKey {
+    fn eq(&self, other: &Self) -> bool {
+        use Constraint::*;
+        match (&self.0, &other.0) {
+            (Regex(a), Regex(b)) | (Gbnf(a), Gbnf(b)) | (Lark(a), Lark(b)) => a == b,
+            (Choice(a), Choice(b)) => a == b,
+            (
+                JsonSchema {
+                    schema: a,
+                    options: oa,
+                },
+                JsonSchema {
+                    schema: b,
+                    options: ob,
+                },
+            ) => oa == ob && same_value(a, b),
+            (JsonObject { whitespace: a }, JsonObject { whitespace: b }) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for ConstraintKey {}
+
+impl std::hash::Hash for ConstraintKey {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        std::mem::discriminant(&self.0).hash(h);
+        match &self.0 {
+            Constraint::Regex(t) | Constraint::Gbnf(t) | Constraint::Lark(t) => t.hash(h),
+            Constraint::Choice(c) => c.hash(h),
+            Constraint::JsonSchema { schema, options } => {
+                hash_value(schema, h);
+                options.hash(h);
+            }
+            Constraint::JsonObject { whitespace } => whitespace.hash(h),
+        }
+    }
+}
+
+/// Equal values with object members in the same order (numbers as `Number` compares them).
+fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_value(p, q))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|((kp, p), (kq, q))| kp == kq && same_value(p, q))
+        }
+        _ => a == b,
+    }
+}
+
+fn hash_value<H: std::hash::Hasher>(v: &serde_json::Value, h: &mut H) {
+    use serde_json::Value;
+    use std::hash::Hash;
+    std::mem::discriminant(v).hash(h);
+    match v {
+        Value::Null => {}
+        Value::Bool(b) => b.hash(h),
+        // Equal numbers have equal text (`1` and `1.0` are not equal `Number`s).
+        Value::Number(n) => n.to_string().hash(h),
+        Value::String(s) => s.hash(h),
+        Value::Array(a) => {
+            a.len().hash(h);
+            for x in a {
+                hash_value(x, h);
+            }
+        }
+        Value::Object(m) => {
+            m.len().hash(h);
+            for (k, x) in m {
+                k.hash(h);
+                hash_value(x, h);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+    use serde_json::json;
+    use std::hash::{BuildHasher, RandomState};
+
+    #[test]
+    fn keys_are_equal_exactly_when_the_grammar_is_the_same() {
+        let schema = |v: serde_json::Value| {
+            ConstraintKey::new(&Constraint::JsonSchema {
+                schema: v,
+                options: SchemaOptions::default(),
+            })
+        };
+        let a = schema(json!({"properties": {"x": {"type": "integer"}, "y": {"const": 1}}}));
+        let same = schema(json!({"properties": {"x": {"type": "integer"}, "y": {"const": 1}}}));
+        let reordered =
+            schema(json!({"properties": {"y": {"const": 1}, "x": {"type": "integer"}}}));
+        let float = schema(json!({"properties": {"x": {"type": "integer"}, "y": {"const": 1.0}}}));
+        let s = RandomState::new();
+        assert!(a == same && s.hash_one(&a) == s.hash_one(&same));
+        // Member order is output order, so a reordered schema is another grammar, although
+        // `Constraint`'s own `==` calls the two equal.
+        assert!(a != reordered);
+        assert_eq!(a.0, reordered.0);
+        assert!(a != float);
+        let regex = ConstraintKey::new(&Constraint::Regex("a|b".into()));
+        let gbnf = ConstraintKey::new(&Constraint::Gbnf("a|b".into()));
+        assert!(regex != gbnf);
+    }
+}
+
 impl Constraint {
     /// A grammar file's constraint: Lark syntax for a `.lark` file, GBNF otherwise.
     pub fn grammar_file(path: &std::path::Path, text: String) -> Constraint {

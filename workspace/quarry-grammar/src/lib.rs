@@ -79,7 +79,7 @@ pub mod schema;
 mod vocab;
 
 pub use error::{GrammarError, Rejection};
-pub use grammar::{Constraint, Grammar};
+pub use grammar::{Constraint, ConstraintKey, Grammar};
 pub use limits::Limits;
 pub use matcher::Matcher;
 pub use schema::{SchemaError, SchemaOptions, Whitespace};

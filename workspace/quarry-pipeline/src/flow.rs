@@ -60,6 +60,10 @@ impl OpenFile {
     pub fn last_offset(&self) -> Option<i64> {
         self.inputs.last().map(|i| i.lineage.offset)
     }
+    /// The Kafka partition its documents came from (a file never mixes partitions).
+    pub fn partition(&self) -> Option<i32> {
+        self.inputs.first().and_then(|i| i.lineage.partition)
+    }
     pub fn len(&self) -> usize {
         self.inputs.len()
     }
@@ -91,6 +95,8 @@ pub struct FileReport {
     pub duplicate: bool,
     /// For a duplicate, the documents whose work was duplicated.
     pub duplicated_docs: u64,
+    /// The Kafka partition of the file's documents (from their lineage; `None` for a dataset).
+    pub partition: Option<i32>,
     pub first_offset: Option<i64>,
     pub last_offset: Option<i64>,
     pub stats: DocStats,
@@ -109,6 +115,7 @@ impl FileReport {
             group: file.group.clone(),
             duplicate: true,
             duplicated_docs: file.len() as u64,
+            partition: file.partition(),
             first_offset: file.first_offset(),
             last_offset: file.last_offset(),
             ..FileReport::default()
@@ -122,6 +129,7 @@ impl FileReport {
             duplicated_docs: r.consumed,
             name: r.name,
             group: r.group,
+            partition: r.partition,
             first_offset: r.first_offset,
             last_offset: r.last_offset,
             ..FileReport::default()
@@ -400,6 +408,7 @@ impl Publisher {
             name: file.name.clone(),
             group: file.group.clone(),
             consumed: file.len() as u64,
+            partition: file.partition(),
             first_offset: file.first_offset(),
             last_offset: file.last_offset(),
             ..FileReport::default()

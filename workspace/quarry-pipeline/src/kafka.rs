@@ -69,14 +69,23 @@ pub fn parse_range(name: &str) -> Option<(i64, i64)> {
     Some((a.parse().ok()?, b.parse().ok()?))
 }
 
+/// A published file's offset range, by its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedRange {
+    /// The file's name under the output and rejects prefixes.
+    pub name: String,
+    pub first: i64,
+    pub last: i64,
+}
+
 /// Where a partition resumes, from what is published.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reconciled {
     /// The first offset not yet published; `None` when nothing is (use the committed offset).
     pub resume: Option<i64>,
-    /// An accepted file without its rejects marker: (name, first, last). Its range is replayed
-    /// exactly.
-    pub replay: Option<(String, i64, i64)>,
+    /// An accepted file without its rejects marker. Its range is replayed exactly, under its
+    /// name.
+    pub replay: Option<PublishedRange>,
 }
 
 /// Reads a partition's published files.
@@ -87,25 +96,25 @@ pub fn reconcile(
     partition: i32,
 ) -> Result<Reconciled, PipelineError> {
     let dir = partition_dir(topic, partition);
-    let ranges = |loc: &Location| -> Result<Vec<(String, i64, i64)>, PipelineError> {
+    let ranges = |loc: &Location| -> Result<Vec<PublishedRange>, PipelineError> {
         Ok(loc
             .list(&dir)?
             .iter()
             .filter_map(|m| {
-                let rel = loc.relative(&m.location);
-                parse_range(&rel).map(|(a, b)| (rel, a, b))
+                let name = loc.relative(&m.location);
+                parse_range(&name).map(|(first, last)| PublishedRange { name, first, last })
             })
             .collect())
     };
     let marked = ranges(rejects)?;
-    let highest = marked.iter().map(|r| r.2).max();
+    let highest = marked.iter().map(|r| r.last).max();
     let orphan = ranges(output)?
         .into_iter()
-        .filter(|(_, first, _)| highest.is_none_or(|h| *first > h))
-        .min_by_key(|r| r.1);
+        .filter(|r| highest.is_none_or(|h| r.first > h))
+        .min_by_key(|r| r.first);
     let resume = match (&orphan, highest) {
         (_, Some(h)) => Some(h + 1),
-        (Some((_, first, _)), None) => Some(*first),
+        (Some(r), None) => Some(r.first),
         (None, None) => None,
     };
     Ok(Reconciled {
@@ -406,11 +415,20 @@ impl WorkerSummary {
     }
 }
 
+/// The file a partition is filling.
+#[derive(Debug, Clone, Copy)]
+struct OpenRange {
+    /// The flow's id of the file.
+    file: u64,
+    /// When it was opened (the `flush_ms` clock).
+    since: Instant,
+}
+
 struct Part {
     /// The next offset this worker expects; earlier deliveries are stale.
     next: Option<i64>,
-    open: Option<(u64, Instant)>,
-    replay: Option<(String, i64, i64)>,
+    open: Option<OpenRange>,
+    replay: Option<PublishedRange>,
     paused: bool,
     /// The last time this partition moved (a delivery), was assigned or resumed, or had nothing
     /// left to read: the stall clock.
@@ -427,7 +445,7 @@ struct Part {
 }
 
 impl Part {
-    fn new(next: Option<i64>, replay: Option<(String, i64, i64)>) -> Self {
+    fn new(next: Option<i64>, replay: Option<PublishedRange>) -> Self {
         Self {
             next,
             open: None,
@@ -1053,11 +1071,14 @@ impl<'a, E: Extractor> Worker<'a, E> {
         part.next = Some(off + 1);
         part.progress = Instant::now();
         let file = match part.open {
-            Some((f, _)) => f,
+            Some(o) => o.file,
             None => {
-                let f = self.flow.open(String::new(), group.clone(), Vec::new());
-                part.open = Some((f, Instant::now()));
-                f
+                let file = self.flow.open(String::new(), group.clone(), Vec::new());
+                part.open = Some(OpenRange {
+                    file,
+                    since: Instant::now(),
+                });
+                file
             }
         };
         if skip {
@@ -1066,7 +1087,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
             self.flow.push(file, input);
         }
         let len = self.flow.file(file).map(|f| f.len()).unwrap_or(0);
-        let replay_end = part.replay.as_ref().map(|r| r.2);
+        let replay_end = part.replay.as_ref().map(|r| r.last);
         let full = match replay_end {
             Some(last) => off >= last,
             None => len >= self.cfg.batching.file_docs,
@@ -1090,7 +1111,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
         let Some(part) = self.parts.get_mut(&p) else {
             return;
         };
-        let Some((file, _)) = part.open.take() else {
+        let Some(OpenRange { file, .. }) = part.open.take() else {
             return;
         };
         let Some(f) = self.flow.file(file) else {
@@ -1100,7 +1121,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
             return;
         };
         let name = match part.replay.take() {
-            Some((name, _, _)) => name,
+            Some(r) => r.name,
             None => range_name(&self.src.topic, p, first, last),
         };
         self.flow.seal_as(file, name);
@@ -1112,7 +1133,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
             .parts
             .iter()
             .filter(|(_, part)| part.replay.is_none())
-            .filter(|(_, part)| part.open.is_some_and(|(_, t)| t.elapsed() >= limit))
+            .filter(|(_, part)| part.open.is_some_and(|o| o.since.elapsed() >= limit))
             .map(|(p, _)| *p)
             .collect();
         for p in due {
@@ -1170,7 +1191,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
                 .map_err(|e| kafka_err("dead-letter flush", e))?;
         }
         crate::faults::crash_point(crate::faults::CrashPoint::BeforeCommit);
-        let (Some(p), Some(last)) = (parse_partition(&r.group), r.last_offset) else {
+        let (Some(p), Some(last)) = (r.partition, r.last_offset) else {
             return Ok(());
         };
         if !self.parts.contains_key(&p) {
@@ -1259,10 +1280,6 @@ impl<'a, E: Extractor> Worker<'a, E> {
 
 fn idle(opts: &WorkerOptions, last: Instant) -> bool {
     opts.idle_exit.is_some_and(|d| last.elapsed() >= d)
-}
-
-fn parse_partition(group: &str) -> Option<i32> {
-    group.rsplit_once("partition=")?.1.parse().ok()
 }
 
 #[cfg(test)]
@@ -1378,7 +1395,6 @@ mod tests {
         let b = range_name("docs", 3, 100, 1000);
         assert!(a < b);
         assert_eq!(parse_range(&b), Some((100, 1000)));
-        assert_eq!(parse_partition(&partition_dir("docs", 12)), Some(12));
     }
 
     #[test]
@@ -1440,7 +1456,14 @@ url = "memory://r"
         out.publish(&range_name("t", 0, 10, 14), b()).unwrap();
         let r = reconcile(&out, &rej, "t", 0).unwrap();
         assert_eq!(r.resume, Some(10));
-        assert_eq!(r.replay, Some((range_name("t", 0, 10, 14), 10, 14)));
+        assert_eq!(
+            r.replay,
+            Some(PublishedRange {
+                name: range_name("t", 0, 10, 14),
+                first: 10,
+                last: 14
+            })
+        );
         // Other partitions are independent.
         assert_eq!(reconcile(&out, &rej, "t", 1).unwrap().resume, None);
     }

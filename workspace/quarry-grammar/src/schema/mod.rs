@@ -158,7 +158,7 @@ use serde_json::{json, Map, Value};
 pub(crate) use re::Re;
 
 /// Whitespace the output may contain between tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Whitespace {
     /// No whitespace at all: `{"a":1,"b":[true]}`.
     #[default]
@@ -307,7 +307,7 @@ impl Separators {
 }
 
 /// How a schema becomes a constraint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SchemaOptions {
     pub whitespace: Whitespace,
     /// A missing `additionalProperties` means `false`.
