@@ -214,6 +214,17 @@ fn tokens(out: &[Completion]) -> Vec<Vec<u32>> {
     out.iter().map(|c| c.tokens.clone()).collect()
 }
 
+/// Runs `reqs` under `cfg` and checks that every output is the one the request gets alone.
+fn run_as_alone(
+    cfg: EngineConfig,
+    reqs: &[Request],
+) -> (Vec<Completion>, quarry_engine::EngineStats, Seen) {
+    let want = alone(reqs);
+    let (out, stats, seen) = run(cfg, reqs.to_vec());
+    assert_eq!(tokens(&out), want);
+    (out, stats, seen)
+}
+
 #[test]
 fn admission_never_runs_more_than_max_running_and_batching_changes_no_output() {
     let reqs = free(12);
@@ -246,14 +257,12 @@ fn admission_never_runs_more_than_max_running_and_batching_changes_no_output() {
 #[test]
 fn a_step_stays_within_its_token_budget_and_long_prompts_prefill_in_chunks() {
     let reqs = free(4);
-    let want = alone(&reqs);
     let cfg = EngineConfig {
         step_tokens: 16,
         max_running: 4,
         ..base()
     };
-    let (out, _, seen) = run(cfg, reqs.clone());
-    assert_eq!(tokens(&out), want);
+    let (_, _, seen) = run_as_alone(cfg, &reqs);
     assert!(seen.max_tokens <= 16, "{seen:?}");
     let prompt_tokens: usize = reqs
         .iter()
@@ -270,30 +279,25 @@ fn a_step_stays_within_its_token_budget_and_long_prompts_prefill_in_chunks() {
 
 #[test]
 fn a_pool_too_small_for_everyone_retracts_and_every_output_is_unchanged() {
-    let reqs = free(24);
-    let want = alone(&reqs);
     // About two sequences' worth of pages for six: the newest go back to the queue and redo.
     let cfg = EngineConfig {
         kv_tokens: 80,
         radix_cache: false,
         ..base()
     };
-    let (out, stats, _) = run(cfg, reqs);
+    let (_, stats, _) = run_as_alone(cfg, &free(24));
     assert!(stats.retracted > 0, "{stats:?}");
-    assert_eq!(tokens(&out), want);
 }
 
 #[test]
 fn the_prefix_cache_shares_the_instruction_and_evicts_when_the_pool_is_full() {
     let reqs = free(8);
-    let want = alone(&reqs);
     // Two at a time: a finished sequence's path is in the cache when the next one is admitted.
     let two = EngineConfig {
         max_running: 2,
         ..base()
     };
-    let (out, stats, _) = run(two, reqs.clone());
-    assert_eq!(tokens(&out), want);
+    let (_, stats, _) = run_as_alone(two, &reqs);
     assert!(
         stats.cache.hit_tokens > 0,
         "later prompts reuse the shared instruction: {:?}",
@@ -306,9 +310,8 @@ fn the_prefix_cache_shares_the_instruction_and_evicts_when_the_pool_is_full() {
         max_running: 1,
         ..base()
     };
-    let (out, stats, _) = run(cfg, reqs);
+    let (_, stats, _) = run_as_alone(cfg, &reqs);
     assert!(stats.cache.evictions > 0, "{:?}", stats.cache);
-    assert_eq!(tokens(&out), want);
 }
 
 #[test]

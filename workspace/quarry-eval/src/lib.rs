@@ -19,6 +19,15 @@ use quarry_tokenizer::{ChatMessage, Tokenizer};
 use serde::Serialize;
 use serde_json::Value;
 
+/// This machine's CPU model name (`/proc/cpuinfo`), for benchmark records.
+pub fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
+}
+
 /// What can stop an evaluation run.
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {

@@ -919,6 +919,18 @@ mod tests {
         );
     }
 
+    /// `publisher` as a worker whose check for the marker came just before another's landed.
+    fn looked_early(publisher: &Publisher) -> Publisher {
+        let stale = std::sync::Arc::new(
+            crate::faults::FaultyStore::new(publisher.rejects.store.clone(), 0, false)
+                .stale_heads(1),
+        );
+        Publisher {
+            rejects: publisher.rejects.clone().with_store(stale),
+            ..publisher.clone()
+        }
+    }
+
     #[test]
     fn an_accepted_file_that_races_a_marker_holding_its_documents_is_withdrawn() {
         let (_, publisher) = setup(
@@ -937,14 +949,7 @@ mod tests {
         assert_eq!((x.accepted, x.rejected), (0, 2));
         // Worker Y looked before X's marker landed (a stale check), accepts both, and its
         // accepted file lands after X's marker: X's marker holds them already, so Y's file goes.
-        let stale = std::sync::Arc::new(
-            crate::faults::FaultyStore::new(publisher.rejects.store.clone(), 0, false)
-                .stale_heads(1),
-        );
-        let y_publisher = Publisher {
-            rejects: publisher.rejects.clone().with_store(stale),
-            ..publisher.clone()
-        };
+        let y_publisher = looked_early(&publisher);
         let y = publish_docs(&y_publisher, "r.parquet", &[b"a", b"bb"]);
         assert!(y.duplicate);
         assert_eq!(y.duplicated_docs, 2);
@@ -954,14 +959,7 @@ mod tests {
         // Had X seen Y's accepted file, X's marker would hold only what Y lacks, and Y's file stays.
         let x2 = publish_docs(&publisher, "s.parquet", &[b"a", b"far too long a name"]);
         assert_eq!((x2.accepted, x2.rejected), (1, 1));
-        let stale = std::sync::Arc::new(
-            crate::faults::FaultyStore::new(publisher.rejects.store.clone(), 0, false)
-                .stale_heads(1),
-        );
-        let y2_publisher = Publisher {
-            rejects: publisher.rejects.clone().with_store(stale),
-            ..publisher.clone()
-        };
+        let y2_publisher = looked_early(&publisher);
         let y2 = publish_docs(&y2_publisher, "s.parquet", &[b"a", b"far too long a name"]);
         assert!(y2.duplicate);
         assert_eq!(offsets_of(&publisher.output, "s.parquet"), vec![0]);

@@ -83,32 +83,8 @@ fn s3_to_s3_dataset_job_with_create_if_absent_and_lost_responses() {
         .unwrap();
     input.publish("part-1.jsonl", shard(&[&docs[2]])).unwrap();
 
-    let cfg = PipelineConfig::parse(
-        &format!(
-            r#"name = "s3-test"
-schema = "schemas/package-id.json"
-[source]
-kind = "dataset"
-input = "s3://{bucket}/in/"
-format = "jsonl"
-fields = {{ text = "text", id = "id" }}
-[prompt]
-system = "Extract the package's name and version from this Debian package record as JSON."
-template = "{{{{ text }}}}"
-[model]
-path = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-[sampling]
-max_tokens = 48
-[output]
-url = "s3://{bucket}/out/"
-[rejects]
-url = "s3://{bucket}/rejects/"
-"#
-        ),
-        "s3-test.toml",
-        root(),
-    )
-    .unwrap();
+    let cfg =
+        PipelineConfig::parse(&package_id_job("s3-test", &bucket), "s3-test.toml", root()).unwrap();
     let job = Prepared::new(cfg).unwrap();
     let publisher = job.publisher(None, None).unwrap();
     let run = || {

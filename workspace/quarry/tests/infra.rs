@@ -111,6 +111,16 @@ fn every_manifest_parses_and_the_kustomization_lists_them_all() {
     }
 }
 
+/// A container's `args`.
+fn args_of(container: &Yaml) -> Vec<&str> {
+    container["args"]
+        .as_vec()
+        .expect("args")
+        .iter()
+        .map(|a| s(a, "arg"))
+        .collect()
+}
+
 /// Checks one pod template: the pipeline it runs, the ConfigMap and Secrets it mounts, one GPU, the
 /// image. Returns the loaded job definition and the container.
 fn check_pod(
@@ -122,12 +132,7 @@ fn check_pod(
     let containers = pod["containers"].as_vec().expect("containers");
     assert_eq!(containers.len(), 1, "{what}: one container");
     let c = containers[0].clone();
-    let args: Vec<&str> = c["args"]
-        .as_vec()
-        .expect("args")
-        .iter()
-        .map(|a| s(a, "arg"))
-        .collect();
+    let args = args_of(&c);
     let pipeline = args
         .iter()
         .position(|a| *a == "--pipeline")
@@ -284,12 +289,7 @@ fn the_worker_deployment_and_the_indexed_reprocessing_job_reference_what_exists(
         Some(workers),
         "parallelism = completions"
     );
-    let args: Vec<&str> = c["args"]
-        .as_vec()
-        .unwrap()
-        .iter()
-        .map(|a| s(a, "arg"))
-        .collect();
+    let args = args_of(&c);
     let count = args
         .iter()
         .position(|a| *a == "--shard-count")

@@ -11,7 +11,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
-use common::{dump, keys, packages, python, root, rows, temp_dir};
+use common::{dump, keys, package_id_job, packages, python, root, rows, temp_dir};
 use serde_json::{json, Value};
 
 fn endpoint() -> String {
@@ -71,33 +71,7 @@ impl Job {
             d = dir.display()
         ));
         let pipeline = dir.join("job.toml");
-        let root = root();
-        std::fs::write(
-            &pipeline,
-            format!(
-                r#"name = "sharding-test"
-schema = "{root}/schemas/package-id.json"
-[source]
-kind = "dataset"
-input = "s3://{bucket}/in/"
-format = "jsonl"
-fields = {{ text = "text", id = "id" }}
-[prompt]
-system = "Extract the package's name and version from this Debian package record as JSON."
-template = "{{{{ text }}}}"
-[model]
-path = "{root}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-[sampling]
-max_tokens = 48
-[output]
-url = "s3://{bucket}/out/"
-[rejects]
-url = "s3://{bucket}/rejects/"
-"#,
-                root = root.display()
-            ),
-        )
-        .unwrap();
+        std::fs::write(&pipeline, package_id_job("sharding-test", &bucket)).unwrap();
         let mut names: Vec<String> = (0..shards).map(|k| format!("part-{k}.parquet")).collect();
         names.sort();
         lines.sort();
@@ -151,6 +125,14 @@ url = "s3://{bucket}/rejects/"
             .unwrap()
             .into_iter()
             .collect()
+    }
+
+    /// The index of 2 that owns more shards, and its shards.
+    fn larger_half(&self) -> (usize, BTreeSet<String>) {
+        (0..2)
+            .map(|i| (i, self.owned(i, 2)))
+            .max_by_key(|(_, m)| m.len())
+            .unwrap()
     }
 
     /// pyarrow's rows under `sub/` of the bucket.
@@ -314,10 +296,7 @@ fn two_workers_split_a_prefix_and_publish_exactly_what_one_worker_alone_does() {
 #[test]
 fn the_same_index_twice_publishes_each_shard_once_and_reports_the_duplicated_work() {
     let job = Job::new("twice", 6);
-    let (index, mine) = (0..2)
-        .map(|i| (i, job.owned(i, 2)))
-        .max_by_key(|(_, m)| m.len())
-        .unwrap();
+    let (index, mine) = job.larger_half();
     let i = index.to_string();
     let args = ["--shard-index", i.as_str(), "--shard-count", "2"];
     // Both start together, list the same unpublished shards and work on them at once.
@@ -361,10 +340,7 @@ fn the_same_index_twice_publishes_each_shard_once_and_reports_the_duplicated_wor
 #[test]
 fn a_worker_killed_mid_job_resumes_under_the_same_index_without_duplicates() {
     let job = Job::new("kill", 8);
-    let (index, mine) = (0..2)
-        .map(|i| (i, job.owned(i, 2)))
-        .max_by_key(|(_, m)| m.len())
-        .unwrap();
+    let (index, mine) = job.larger_half();
     assert!(mine.len() >= 2, "{mine:?}");
     let i = index.to_string();
     let args = ["--shard-index", i.as_str(), "--shard-count", "2"];

@@ -152,15 +152,7 @@ fn main() -> Result<()> {
         }));
     }
     let med = |k: &str| median(rows.iter().map(|r| r[k].as_f64().unwrap()).collect());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_default();
+    let cpu = quarry_eval::cpu_model().unwrap_or_default();
     let doc = json!({
         "bench": "workers",
         "date": today(),

@@ -97,3 +97,32 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// A job definition over `s3://BUCKET/in/` (JSONL, `text` and `id`) that extracts a package's name
+/// and version with the small model into `out/` and `rejects/` of the same bucket. Paths are
+/// absolute, so the file works from any folder.
+pub fn package_id_job(name: &str, bucket: &str) -> String {
+    let root = root();
+    let root = root.display();
+    format!(
+        r#"name = "{name}"
+schema = "{root}/schemas/package-id.json"
+[source]
+kind = "dataset"
+input = "s3://{bucket}/in/"
+format = "jsonl"
+fields = {{ text = "text", id = "id" }}
+[prompt]
+system = "Extract the package's name and version from this Debian package record as JSON."
+template = "{{{{ text }}}}"
+[model]
+path = "{root}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+[sampling]
+max_tokens = 48
+[output]
+url = "s3://{bucket}/out/"
+[rejects]
+url = "s3://{bucket}/rejects/"
+"#
+    )
+}
