@@ -8,6 +8,7 @@ use std::time::Instant;
 use quarry_grammar::{Grammar, Limits, Matcher, SchemaOptions, Vocabulary};
 use quarry_model::{KvPool, Logits, PageId, Sampler, SeqInput};
 
+use crate::error::RequestError;
 use crate::model::Model;
 use quarry_tokenizer::{EncodeOptions, Tokenizer};
 use rayon::prelude::*;
@@ -294,12 +295,12 @@ impl Engine {
         let submitted = Instant::now();
         match self.prepare(id, req.clone(), submitted) {
             Ok(seq) => self.waiting.push_back(seq),
-            Err(message) => self.done.push(Completion {
+            Err(e) => self.done.push(Completion {
                 id,
                 text: String::new(),
                 reasoning: None,
                 tokens: Vec::new(),
-                finish: FinishReason::Error(message),
+                finish: FinishReason::Error(e.to_string()),
                 stats: RequestStats {
                     total_s: submitted.elapsed().as_secs_f64(),
                     ..RequestStats::default()
@@ -314,7 +315,7 @@ impl Engine {
     /// completions in the order of `requests`.
     pub fn run_batch(&mut self, requests: Vec<Request>) -> Result<Vec<Completion>, EngineError> {
         let n = requests.len();
-        let mut prepared: Vec<(usize, Result<Sequence, String>)> = requests
+        let mut prepared: Vec<(usize, Result<Sequence, RequestError>)> = requests
             .into_iter()
             .enumerate()
             .map(|(i, r)| {
@@ -337,13 +338,13 @@ impl Engine {
                 let Some((i, p)) = queue.next() else { break };
                 match p {
                     Ok(seq) => self.waiting.push_back(seq),
-                    Err(message) => {
+                    Err(e) => {
                         results[i] = Some(Completion {
                             id: first + i as u64,
                             text: String::new(),
                             reasoning: None,
                             tokens: Vec::new(),
-                            finish: FinishReason::Error(message),
+                            finish: FinishReason::Error(e.to_string()),
                             stats: RequestStats::default(),
                         })
                     }
@@ -365,24 +366,30 @@ impl Engine {
     }
 
     /// Tokenizes the prompt, compiles the constraint and validates the request.
-    fn prepare(&mut self, id: u64, req: Request, submitted: Instant) -> Result<Sequence, String> {
-        let sampler = Sampler::new(req.sampling()).map_err(|e| e.to_string())?;
+    fn prepare(
+        &mut self,
+        id: u64,
+        req: Request,
+        submitted: Instant,
+    ) -> Result<Sequence, RequestError> {
+        let sampler = Sampler::new(req.sampling()).map_err(RequestError::Sampling)?;
         for p in &req.processors {
             match p {
                 Processor::ThinkingBudget { .. } if req.reasoning.is_none() => {
-                    return Err("the thinking_budget processor needs a reasoning mode".into())
+                    return Err(RequestError::ThinkingBudgetWithoutReasoning)
                 }
                 Processor::NoRepeatNgram { n, window, .. } if *n == 0 || window < n => {
-                    return Err(format!(
-                        "no_repeat_ngram needs n >= 1 and window >= n (got n = {n}, window = {window})"
-                    ))
+                    return Err(RequestError::NoRepeatNgram {
+                        n: *n,
+                        window: *window,
+                    })
                 }
                 Processor::DisallowTokens { ids } => {
                     if let Some(id) = ids.iter().find(|&&i| i as usize >= self.vocab.len()) {
-                        return Err(format!(
-                            "disallow_tokens: id {id} is outside the vocabulary of {}",
-                            self.vocab.len()
-                        ));
+                        return Err(RequestError::TokenOutsideVocabulary {
+                            id: *id,
+                            vocab_size: self.vocab.len(),
+                        });
                     }
                 }
                 _ => {}
@@ -390,31 +397,30 @@ impl Engine {
         }
         if let Some(r) = &req.reasoning {
             if r.end_marker.is_empty() {
-                return Err("reasoning.end_marker is empty".into());
+                return Err(RequestError::EmptyEndMarker);
             }
         }
         let tokens = self.encode_prompt(&req.prompt)?;
         let ctx = self.model.context_length();
         if tokens.len() >= ctx {
-            return Err(format!(
-                "the prompt has {} tokens; the model's context is {ctx}",
-                tokens.len()
-            ));
+            return Err(RequestError::PromptOverContext {
+                tokens: tokens.len(),
+                context: ctx,
+            });
         }
         if tokens.len() >= self.cfg.kv_tokens {
-            return Err(format!(
-                "the prompt has {} tokens; the KV pool holds {} (engine kv_tokens)",
-                tokens.len(),
-                self.cfg.kv_tokens
-            ));
+            return Err(RequestError::PromptOverPool {
+                tokens: tokens.len(),
+                pool: self.cfg.kv_tokens,
+            });
         }
         if req.max_tokens == 0 {
-            return Err("max_tokens must be at least 1".into());
+            return Err(RequestError::ZeroMaxTokens);
         }
         let matcher = match req.constraint.to_constraint(self.cfg.schema_options) {
             None => None,
             Some(c) => Some(Matcher::with_capacity(
-                self.grammar(&c).map_err(|e| format!("constraint: {e}"))?,
+                self.grammar(&c).map_err(RequestError::Constraint)?,
                 req.max_tokens,
             )),
         };
@@ -451,13 +457,13 @@ impl Engine {
         })
     }
 
-    fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>, String> {
+    fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>, RequestError> {
         let (text, chat) = match prompt {
             Prompt::Text(t) => (t.clone(), false),
             Prompt::Chat(messages) => (
                 self.tok
                     .apply_chat_template(messages, true)
-                    .map_err(|e| format!("chat template: {e}"))?,
+                    .map_err(RequestError::ChatTemplate)?,
                 true,
             ),
         };
@@ -470,9 +476,9 @@ impl Engine {
                     parse_special: chat,
                 },
             )
-            .map_err(|e| format!("tokenizing the prompt: {e}"))?;
+            .map_err(RequestError::Tokenize)?;
         if tokens.is_empty() {
-            return Err("the prompt is empty".into());
+            return Err(RequestError::EmptyPrompt);
         }
         Ok(tokens)
     }

@@ -1,7 +1,9 @@
 //! Engine errors. A bad request is not one of them: it finishes with
 //! [`crate::FinishReason::Error`] and the engine goes on.
 
+use quarry_grammar::GrammarError;
 use quarry_model::ModelError;
+use quarry_tokenizer::TokenizerError;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -16,4 +18,37 @@ pub enum EngineError {
     /// The model failed (a device error or a bug; never bad input, which is caught per request).
     #[error(transparent)]
     Model(#[from] ModelError),
+}
+
+/// Why one request cannot run. It is never an engine error: the request finishes at once with
+/// [`crate::FinishReason::Error`] carrying this message, and the engine goes on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RequestError {
+    /// Sampling parameters out of range.
+    #[error(transparent)]
+    Sampling(ModelError),
+    #[error("the thinking_budget processor needs a reasoning mode")]
+    ThinkingBudgetWithoutReasoning,
+    #[error("no_repeat_ngram needs n >= 1 and window >= n (got n = {n}, window = {window})")]
+    NoRepeatNgram { n: usize, window: usize },
+    #[error("disallow_tokens: id {id} is outside the vocabulary of {vocab_size}")]
+    TokenOutsideVocabulary { id: u32, vocab_size: usize },
+    #[error("reasoning.end_marker is empty")]
+    EmptyEndMarker,
+    #[error("chat template: {0}")]
+    ChatTemplate(TokenizerError),
+    #[error("tokenizing the prompt: {0}")]
+    Tokenize(TokenizerError),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the prompt has {tokens} tokens; the model's context is {context}")]
+    PromptOverContext { tokens: usize, context: usize },
+    #[error("the prompt has {tokens} tokens; the KV pool holds {pool} (engine kv_tokens)")]
+    PromptOverPool { tokens: usize, pool: usize },
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    /// The constraint does not compile, or admits no text at all.
+    #[error("constraint: {0}")]
+    Constraint(GrammarError),
 }

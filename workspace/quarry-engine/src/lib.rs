@@ -51,7 +51,7 @@ mod request;
 mod sequence;
 
 pub use engine::{Engine, EngineConfig, EngineStats, KeepBack};
-pub use error::EngineError;
+pub use error::{EngineError, RequestError};
 pub use model::Model;
 pub use radix::{CacheStats, RadixCache};
 pub use request::{

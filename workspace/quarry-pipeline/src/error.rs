@@ -46,6 +46,7 @@ fn lag_list(parts: &[PartitionLag]) -> String {
 }
 
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum PipelineError {
     /// A job definition that cannot be used.
     #[error("pipeline {path}: {message}")]

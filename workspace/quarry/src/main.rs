@@ -206,6 +206,8 @@ fn hint(e: &anyhow::Error) -> Option<&'static str> {
         P::Engine(_) => "check the model file (`quarry info --model FILE`) and --device",
         P::Conservation(_) => "this is a bug: please report it with the job definition; nothing was committed",
         P::Template(_) => "prompt.template is a minijinja template over text, id and doc",
+        // `PipelineError` is non-exhaustive: a newer variant has no hint until one is written.
+        _ => return None,
     })
 }
 
