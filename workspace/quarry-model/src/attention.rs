@@ -20,8 +20,9 @@ use candle_core::{Device, Tensor};
 
 use crate::batch::{Plan, SeqInput};
 use crate::error::Result;
+use crate::linear::SharedMut;
 use crate::pool::PageId;
-use crate::simd::{has_avx2, softmax_in_place};
+use crate::simd::{softmax_in_place, Avx2};
 
 /// Shapes shared by both implementations.
 #[derive(Clone, Copy)]
@@ -67,8 +68,8 @@ pub(crate) fn attend_host(
     out: &mut [f32],
 ) {
     assert_eq!(out.len(), plan.tokens.len() * h.n_head * h.head_dim);
-    let out_ptr = out.as_mut_ptr() as usize;
-    let avx = has_avx2();
+    let out = SharedMut::new(out);
+    let avx = Avx2::detect();
     // Tiles of up to TILE consecutive new tokens of one sequence: each key and value row read
     // serves the whole tile, which is what makes long prefills cheap.
     let mut tiles: Vec<(u32, u32)> = Vec::new();
@@ -88,7 +89,7 @@ pub(crate) fn attend_host(
         plan,
         batch,
         h,
-        out: out_ptr,
+        out,
     };
     // Query heads per work item: a whole GQA group shares each key and value row read, unless that
     // leaves too few items to keep every worker busy (a single decode).
@@ -119,7 +120,7 @@ struct Job<'a> {
     batch: &'a [SeqInput<'a>],
     h: Heads,
     /// `[T, n_head * head_dim]` output; each (tile, head) item writes only its own slices.
-    out: usize,
+    out: SharedMut<f32>,
 }
 
 /// A work item's scratch: its score rows, and the pool offsets of the positions it reads.
@@ -138,7 +139,7 @@ impl Job<'_> {
     /// `t0..t0 + n` (consecutive positions of sequence `seq`): scores over positions `0..=p`
     /// through the block table, softmax, then the weighted sum of values. Every (token, head) row
     /// is computed the same way whatever the tile and grouping, so batching changes no result.
-    fn tile(&self, t0: usize, seq: usize, head0: usize, heads: usize, avx: bool) {
+    fn tile(&self, t0: usize, seq: usize, head0: usize, heads: usize, avx: Option<Avx2>) {
         let h = self.h;
         let d = h.head_dim;
         let g = head0 / h.group();
@@ -169,10 +170,7 @@ impl Job<'_> {
                 softmax_in_place(row, avx);
                 // SAFETY: this item alone writes heads head0..head0+heads of rows t0..t0+n, and
                 // the slice lies within the `[T, n_head * head_dim]` output.
-                let out = unsafe {
-                    let at = (t0 + i) * stride + (head0 + j) * d;
-                    std::slice::from_raw_parts_mut((self.out as *mut f32).add(at), d)
-                };
+                let out = unsafe { self.out.slice((t0 + i) * stride + (head0 + j) * d, d) };
                 weighted_sum(row, self.v, &offsets[seen], out, avx);
             }
         });
@@ -181,11 +179,18 @@ impl Job<'_> {
 
 /// `row[p] = q·k[offsets[p]..] · scale` for every position.
 #[inline]
-fn score_row(q: &[f32], k: &[f32], offsets: &[usize], row: &mut [f32], scale: f32, avx: bool) {
+fn score_row(
+    q: &[f32],
+    k: &[f32],
+    offsets: &[usize],
+    row: &mut [f32],
+    scale: f32,
+    avx: Option<Avx2>,
+) {
     let d = q.len();
     #[cfg(target_arch = "x86_64")]
-    if avx && d.is_multiple_of(8) {
-        // SAFETY: AVX2 and FMA were detected at run time.
+    if avx.is_some() && d.is_multiple_of(8) {
+        // SAFETY: `avx` is `Some`: an `Avx2` exists only where AVX2 and FMA were detected.
         unsafe { score_row_avx2(q, k, offsets, row, scale) };
         return;
     }
@@ -197,11 +202,11 @@ fn score_row(q: &[f32], k: &[f32], offsets: &[usize], row: &mut [f32], scale: f3
 
 /// `out = Σ_p w[p] · v[offsets[p]..]`.
 #[inline]
-fn weighted_sum(w: &[f32], v: &[f32], offsets: &[usize], out: &mut [f32], avx: bool) {
+fn weighted_sum(w: &[f32], v: &[f32], offsets: &[usize], out: &mut [f32], avx: Option<Avx2>) {
     let d = out.len();
     #[cfg(target_arch = "x86_64")]
-    if avx && d.is_multiple_of(64) {
-        // SAFETY: AVX2 and FMA were detected at run time.
+    if avx.is_some() && d.is_multiple_of(64) {
+        // SAFETY: `avx` is `Some`: an `Avx2` exists only where AVX2 and FMA were detected.
         unsafe { weighted_sum_avx2(w, v, offsets, out) };
         return;
     }
@@ -434,14 +439,14 @@ mod tests {
             let q = values(0x5851_f42d_4c95_7f2d, d, -0.5, 0.5);
             let offsets: Vec<usize> = (0..19).map(|p| ((p * 17 + 5) % rows) * d).collect();
             let (mut plain, mut fast) = (vec![0f32; 19], vec![0f32; 19]);
-            score_row(&q, &k, &offsets, &mut plain, 0.125, false);
-            score_row(&q, &k, &offsets, &mut fast, 0.125, true);
+            score_row(&q, &k, &offsets, &mut plain, 0.125, None);
+            score_row(&q, &k, &offsets, &mut fast, 0.125, Avx2::detect());
             for (a, b) in plain.iter().zip(&fast) {
                 assert!((a - b).abs() <= 1e-5, "d {d}: score {a} vs {b}");
             }
             let (mut plain_out, mut fast_out) = (vec![0f32; d], vec![7f32; d]);
-            weighted_sum(&plain, &v, &offsets, &mut plain_out, false);
-            weighted_sum(&plain, &v, &offsets, &mut fast_out, true);
+            weighted_sum(&plain, &v, &offsets, &mut plain_out, None);
+            weighted_sum(&plain, &v, &offsets, &mut fast_out, Avx2::detect());
             for (a, b) in plain_out.iter().zip(&fast_out) {
                 assert!((a - b).abs() <= 1e-5, "d {d}: value sum {a} vs {b}");
             }

@@ -26,7 +26,7 @@ use candle_core::{Device, Module, Tensor};
 use half::f16;
 
 use crate::error::Result;
-use crate::simd::has_avx2;
+use crate::simd::Avx2;
 
 const QK: usize = 32;
 
@@ -460,7 +460,7 @@ impl QuantMatrix {
             quantize_rows(xs, m, k, &mut a);
             // Row views made once, not per group and tile.
             let acts: Vec<Act> = (0..m).map(|r| a.row(r, k)).collect();
-            let avx = has_avx2();
+            let avx = Avx2::detect();
             // A work item is one group: its weights stay in L1 while every activation row streams
             // past, so they are read from memory once per call whatever the number of rows.
             candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(LANES), |range| {
@@ -480,15 +480,15 @@ impl QuantMatrix {
                     };
                     let mut r = 0;
                     while r < m {
-                        if avx && m - r >= ROW_TILE {
-                            // SAFETY: AVX2 and FMA were detected at run time.
+                        if avx.is_some() && m - r >= ROW_TILE {
+                            // SAFETY: `avx` is `Some`: an `Avx2` exists only where AVX2 and FMA were detected.
                             let out = unsafe { group_avx2::<ROW_TILE>(&w, &acts[r..r + ROW_TILE]) };
                             for (i, o) in out.iter().enumerate() {
                                 store(r + i, o);
                             }
                             r += ROW_TILE;
                         } else {
-                            let out = if avx {
+                            let out = if avx.is_some() {
                                 // SAFETY: as above.
                                 unsafe { group_avx2::<1>(&w, &acts[r..r + 1])[0] }
                             } else {
@@ -591,7 +591,7 @@ fn quantize_rows(xs: &[f32], m: usize, k: usize, out: &mut QuantRows) {
         SharedMut::new(&mut out.d),
         SharedMut::new(&mut out.s),
     );
-    let avx = has_avx2();
+    let avx = Avx2::detect();
     let rows = |range: std::ops::Range<usize>| {
         for r in range {
             // SAFETY: each row's values, scales and sums are written by one work item only.
@@ -604,8 +604,8 @@ fn quantize_rows(xs: &[f32], m: usize, k: usize, out: &mut QuantRows) {
             };
             let x = &xs[r * k..(r + 1) * k];
             #[cfg(target_arch = "x86_64")]
-            if avx {
-                // SAFETY: AVX2 and FMA were detected at run time.
+            if avx.is_some() {
+                // SAFETY: `avx` is `Some`: an `Avx2` exists only where AVX2 and FMA were detected.
                 unsafe { quantize_row_avx2(x, q, d, s) };
                 continue;
             }
@@ -720,7 +720,7 @@ fn group_scalar(w: &Group, a: &Act) -> [f32; LANES] {
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn group_avx2<const R: usize>(_: &Group, _: &[Act]) -> [[f32; LANES]; R] {
-    unreachable!("has_avx2() is false off x86-64")
+    unreachable!("no Avx2 is ever made off x86-64")
 }
 
 /// The group's [`LANES`] dot products with each of `R` activation rows; each group-block is
@@ -857,7 +857,7 @@ mod tests {
                     got[g * LANES..g * LANES + cols],
                     "{dtype:?} row {r}"
                 );
-                if has_avx2() {
+                if Avx2::detect().is_some() {
                     let one = unsafe { group_avx2::<1>(&w, &[a.row(r, k)]) };
                     assert_eq!(s, one[0], "{dtype:?} row {r}");
                 }

@@ -6,23 +6,32 @@
 //! within 2·10⁻⁷ relative of `f32::exp` (tested), where libm's call per value was a tenth of a
 //! batch-32 decode step.
 
-/// Whether the AVX2 + FMA kernels can run here (checked once per call site, not per value).
-pub(crate) fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+/// Proof that this CPU runs AVX2 and FMA: only [`Avx2::detect`] makes one, after asking the CPU.
+/// A safe function that takes `Option<Avx2>` may call `#[target_feature(enable = "avx2,fma")]`
+/// code when it holds `Some`: the type carries the soundness, not the caller's word.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx2(());
+
+impl Avx2 {
+    /// `Some` where the AVX2 + FMA kernels can run (checked once per call site, not per value).
+    pub(crate) fn detect() -> Option<Avx2> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            (std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"))
+                .then_some(Avx2(()))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            None
+        }
     }
 }
 
 /// `row = softmax(row)`.
-pub(crate) fn softmax_in_place(row: &mut [f32], avx: bool) {
+pub(crate) fn softmax_in_place(row: &mut [f32], avx: Option<Avx2>) {
     #[cfg(target_arch = "x86_64")]
-    if avx {
-        // SAFETY: the caller detected AVX2 and FMA.
+    if avx.is_some() {
+        // SAFETY: `avx` is `Some`: an `Avx2` exists only where AVX2 and FMA were detected.
         unsafe { softmax_avx2(row) };
         return;
     }
@@ -40,13 +49,13 @@ pub(crate) fn softmax_in_place(row: &mut [f32], avx: bool) {
 }
 
 /// `out = silu(gate) · up` (SwiGLU).
-pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32], avx: bool) {
+pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32], avx: Option<Avx2>) {
     gated::<false>(gate, up, out, avx)
 }
 
 /// `out = gelu(gate) · up` (GeGLU), GELU in its tanh approximation,
 /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, computed as `x·sigmoid(2·√(2/π)·(…))`.
-pub(crate) fn geglu(gate: &[f32], up: &[f32], out: &mut [f32], avx: bool) {
+pub(crate) fn geglu(gate: &[f32], up: &[f32], out: &mut [f32], avx: Option<Avx2>) {
     gated::<true>(gate, up, out, avx)
 }
 
@@ -65,10 +74,10 @@ fn gate_scalar<const GELU: bool>(x: f32) -> f32 {
     x / (1.0 + (-a).exp())
 }
 
-fn gated<const GELU: bool>(gate: &[f32], up: &[f32], out: &mut [f32], avx: bool) {
+fn gated<const GELU: bool>(gate: &[f32], up: &[f32], out: &mut [f32], avx: Option<Avx2>) {
     #[cfg(target_arch = "x86_64")]
-    if avx {
-        // SAFETY: the caller detected AVX2 and FMA.
+    if avx.is_some() {
+        // SAFETY: `avx` is `Some`: an `Avx2` exists only where AVX2 and FMA were detected.
         unsafe { gated_avx2::<GELU>(gate, up, out) };
         return;
     }
@@ -165,7 +174,7 @@ pub(crate) mod testing {
     /// Whether a test can compare an AVX2 kernel with its scalar form here. Where it cannot, it says
     /// so on stderr, so a machine without AVX2 shows the comparison as not made rather than passed.
     pub(crate) fn avx2_or_say(test: &str) -> bool {
-        let yes = super::has_avx2();
+        let yes = super::Avx2::detect().is_some();
         if !yes {
             eprintln!("{test}: no AVX2 and FMA on this CPU; the vector kernel is not compared");
         }
@@ -211,8 +220,8 @@ mod tests {
             .map(|i| ((i * 7919) % 23) as f32 * 0.9 - 10.0)
             .collect();
         let (mut a, mut b) = (row.clone(), row.clone());
-        softmax_in_place(&mut a, false);
-        softmax_in_place(&mut b, true);
+        softmax_in_place(&mut a, None);
+        softmax_in_place(&mut b, Avx2::detect());
         for (x, y) in a.iter().zip(&b) {
             assert!((x - y).abs() <= 1e-6 * x.max(1e-30), "{x} vs {y}");
         }
@@ -220,8 +229,8 @@ mod tests {
         for gelu in [false, true] {
             let (mut a, mut b) = (vec![0f32; 37], vec![0f32; 37]);
             let f = if gelu { geglu } else { swiglu };
-            f(&gate, &up, &mut a, false);
-            f(&gate, &up, &mut b, true);
+            f(&gate, &up, &mut a, None);
+            f(&gate, &up, &mut b, Avx2::detect());
             for (x, y) in a.iter().zip(&b) {
                 assert!((x - y).abs() <= 1e-6 * x.abs().max(1e-6), "{x} vs {y}");
             }

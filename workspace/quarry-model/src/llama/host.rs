@@ -239,7 +239,7 @@ fn gated(gate_up: &[f32], f: usize, activation: Activation, act: &mut Vec<f32>) 
     let rows = gate_up.len() / (2 * f);
     act.resize(rows * f, 0.0);
     let out = SharedMut::new(act);
-    let avx = simd::has_avx2();
+    let avx = simd::Avx2::detect();
     par_rows(rows, 2 * f, |range| {
         for r in range {
             let (gate, up) = gate_up[r * 2 * f..(r + 1) * 2 * f].split_at(f);
