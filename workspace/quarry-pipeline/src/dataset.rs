@@ -316,10 +316,13 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
         progress.finish();
         summary.wall_s = started.elapsed().as_secs_f64();
         if summary.accepted + summary.rejected != summary.consumed {
-            return Err(PipelineError::Conservation(format!(
-                "accepted {} + rejected {} != consumed {}",
-                summary.accepted, summary.rejected, summary.consumed
-            )));
+            return Err(PipelineError::Conservation {
+                file: None,
+                accepted: summary.accepted,
+                rejected: summary.rejected,
+                skipped: 0,
+                consumed: summary.consumed,
+            });
         }
         Ok(summary)
     }

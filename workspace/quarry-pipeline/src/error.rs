@@ -67,9 +67,19 @@ pub enum PipelineError {
     /// An input file that cannot be read as its format says (the whole shard, not one document).
     #[error("input {location}: {message}")]
     Input { location: String, message: String },
-    /// Kafka client errors (broker unreachable, commit failed, ...).
-    #[error("kafka: {0}")]
-    Kafka(String),
+    /// A Kafka client call that failed (broker unreachable, commit failed, …); `op` names it.
+    #[error("kafka: {op}: {source}")]
+    Kafka {
+        op: &'static str,
+        source: rdkafka::error::KafkaError,
+    },
+    /// A partition assigned to this worker whose published files could not be read to find
+    /// where it resumes; nothing of it was consumed.
+    #[error("kafka: cannot reconcile partition {partition} from the output: {source}")]
+    Reconcile {
+        partition: i32,
+        source: Box<PipelineError>,
+    },
     /// A partition sat behind its high watermark with nothing delivered for longer than
     /// `source.stall_timeout_s`. Its records were not skipped: a restart starts from them again.
     #[error(
@@ -100,12 +110,34 @@ pub enum PipelineError {
     /// Arrow or Parquet encoding failed for a whole file.
     #[error("parquet {location}: {message}")]
     Parquet { location: String, message: String },
-    /// The model or engine cannot start.
+    /// The model file cannot be loaded on the device, or the device cannot be opened.
+    #[error("model {path}: {source}")]
+    Model {
+        path: String,
+        source: quarry_model::ModelError,
+    },
+    /// The model file's tokenizer cannot be read.
+    #[error("tokenizer of {path}: {source}")]
+    Tokenizer {
+        path: String,
+        source: quarry_tokenizer::TokenizerError,
+    },
+    /// The engine cannot start or step (a device error or a bug; a bad request is a reject).
     #[error("engine: {0}")]
-    Engine(String),
-    /// Accepted + rejected ≠ consumed: a bug, reported rather than hidden.
-    #[error("count conservation violated: {0}")]
-    Conservation(String),
+    Engine(#[from] quarry_engine::EngineError),
+    /// Accepted + rejected (+ skipped) ≠ consumed: a bug, reported rather than hidden. `file` is
+    /// the file whose counts disagree, or `None` for a whole job's totals.
+    #[error(
+        "count conservation violated{}: accepted {accepted} + rejected {rejected} + skipped {skipped} != consumed {consumed}",
+        file.as_ref().map(|f| format!(" in {f}")).unwrap_or_default()
+    )]
+    Conservation {
+        file: Option<String>,
+        accepted: u64,
+        rejected: u64,
+        skipped: u64,
+        consumed: u64,
+    },
     /// A template that does not parse or render.
     #[error("prompt template: {0}")]
     Template(String),

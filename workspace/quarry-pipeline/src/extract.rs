@@ -190,12 +190,16 @@ impl EngineExtractor {
     /// Loads the job's model and tokenizer and starts an engine.
     pub fn load(cfg: &PipelineConfig, schema: &Value) -> Result<Self, PipelineError> {
         let path = cfg.model_path();
-        let device =
-            parse_device(&cfg.model.device).map_err(|e| PipelineError::Engine(e.to_string()))?;
-        let model = Llama::load(&path, &device)
-            .map_err(|e| PipelineError::Engine(format!("{}: {e}", path.display())))?;
-        let tok = Tokenizer::from_gguf(&path)
-            .map_err(|e| PipelineError::Engine(format!("{}: {e}", path.display())))?;
+        let model_err = |source| PipelineError::Model {
+            path: path.display().to_string(),
+            source,
+        };
+        let device = parse_device(&cfg.model.device).map_err(model_err)?;
+        let model = Llama::load(&path, &device).map_err(model_err)?;
+        let tok = Tokenizer::from_gguf(&path).map_err(|source| PipelineError::Tokenizer {
+            path: path.display().to_string(),
+            source,
+        })?;
         let ecfg = EngineConfig {
             max_running: cfg.batching.max_running,
             step_tokens: EngineConfig::default()
@@ -231,8 +235,7 @@ impl EngineExtractor {
             None => ConstraintSpec::JsonSchema(schema.clone()),
         };
         let (options, limits) = (ecfg.schema_options, ecfg.limits);
-        let engine =
-            Engine::new(model, tok, ecfg).map_err(|e| PipelineError::Engine(e.to_string()))?;
+        let engine = Engine::new(model, tok, ecfg)?;
         // Compile the constraint once now: a schema or grammar quarry cannot use stops the job
         // with its error here, instead of rejecting every document for it.
         if let Some(c) = constraint.to_constraint(options) {
@@ -296,10 +299,7 @@ impl Extractor for EngineExtractor {
     }
 
     fn step(&mut self) -> Result<Vec<(u64, Generated)>, PipelineError> {
-        let done = self
-            .engine
-            .step()
-            .map_err(|e| PipelineError::Engine(e.to_string()))?;
+        let done = self.engine.step()?;
         Ok(done
             .into_iter()
             .filter_map(|c| {

@@ -549,10 +549,13 @@ impl Publisher {
             }
         }
         if report.accepted + report.rejected + report.skipped != report.consumed {
-            return Err(PipelineError::Conservation(format!(
-                "{}: accepted {} + rejected {} + skipped {} != consumed {}",
-                file.name, report.accepted, report.rejected, report.skipped, report.consumed
-            )));
+            return Err(PipelineError::Conservation {
+                file: Some(file.name),
+                accepted: report.accepted,
+                rejected: report.rejected,
+                skipped: report.skipped,
+                consumed: report.consumed,
+            });
         }
         Ok(report)
     }

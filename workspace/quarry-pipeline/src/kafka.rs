@@ -126,7 +126,7 @@ pub fn reconcile(
 enum Event {
     Assigned(i32, Reconciled),
     Revoked(i32),
-    Fatal(String),
+    Fatal(PipelineError),
 }
 
 /// A partition as librdkafka's statistics last saw it (every 5 s, no broker round trip).
@@ -263,9 +263,10 @@ impl ConsumerContext for WorkerContext {
                             tracing::info!(partition = p, resume = ?r.resume, replay = ?r.replay, "assigned");
                             events.push(Event::Assigned(p, r));
                         }
-                        Err(e) => events.push(Event::Fatal(format!(
-                            "cannot reconcile partition {p} from the output: {e}"
-                        ))),
+                        Err(e) => events.push(Event::Fatal(PipelineError::Reconcile {
+                            partition: p,
+                            source: Box::new(e),
+                        })),
                     }
                 }
                 for ev in events.iter() {
@@ -285,7 +286,7 @@ impl ConsumerContext for WorkerContext {
                     base.assign(tpl)
                 };
                 if let Err(e) = r {
-                    events.push(Event::Fatal(format!("assign failed: {e}")));
+                    events.push(Event::Fatal(kafka_err("assign", e)));
                 }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
@@ -543,8 +544,8 @@ pub fn client_properties(
     props
 }
 
-fn kafka_err(what: &str, e: KafkaError) -> PipelineError {
-    PipelineError::Kafka(format!("{what}: {e}"))
+fn kafka_err(op: &'static str, source: KafkaError) -> PipelineError {
+    PipelineError::Kafka { op, source }
 }
 
 impl<'a, E: Extractor> Worker<'a, E> {
@@ -1158,7 +1159,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
                         partition: p,
                     });
                 }
-                Event::Fatal(msg) => return Err(PipelineError::Kafka(msg)),
+                Event::Fatal(e) => return Err(e),
             }
         }
         Ok(())
