@@ -11,7 +11,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
-use common::{dump, keys, package_id_job, packages, python, root, rows, temp_dir};
+use common::{dump, keys, package_id_job, packages, root, rows, run_python, temp_dir};
 use serde_json::{json, Value};
 
 fn endpoint() -> String {
@@ -23,19 +23,11 @@ fn endpoint() -> String {
 
 /// Runs a Python snippet with boto3 as `s3` (on moto) and returns what it prints.
 fn py(script: &str) -> String {
-    let out = Command::new(python())
-        .args(["-c", &format!(
-            "import boto3, hashlib, json, os, sys\ns3 = boto3.client('s3', endpoint_url='{}', aws_access_key_id='test', aws_secret_access_key='test', region_name='us-east-1')\n{script}",
-            endpoint()
-        )])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "python: {script}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let program = format!(
+        "import boto3, hashlib, json, os, sys\ns3 = boto3.client('s3', endpoint_url='{}', aws_access_key_id='test', aws_secret_access_key='test', region_name='us-east-1')\n{script}",
+        endpoint()
     );
-    String::from_utf8(out.stdout).unwrap()
+    String::from_utf8(run_python(&format!("python: {script}"), &["-c", &program])).unwrap()
 }
 
 /// One test's bucket: `shards` JSONL shards under `in/` (one package record each; the first also

@@ -31,20 +31,27 @@ pub fn python() -> PathBuf {
     py
 }
 
-/// Reads every Parquet file under `dir` with pyarrow (see tests/pipeline/pq_dump.py).
-pub fn dump(dir: &str, extra: &[&str]) -> Value {
+/// Runs the test venv's python with `args` and returns its stdout; a non-zero exit fails the
+/// test with `what` and python's stderr.
+pub fn run_python<S: AsRef<std::ffi::OsStr>>(what: &str, args: &[S]) -> Vec<u8> {
     let out = Command::new(python())
-        .arg(root().join("tests/pipeline/pq_dump.py"))
-        .arg(dir)
-        .args(extra)
+        .args(args)
         .output()
         .expect("python runs");
     assert!(
         out.status.success(),
-        "pq_dump failed: {}",
+        "{what} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("pq_dump prints JSON")
+    out.stdout
+}
+
+/// Reads every Parquet file under `dir` with pyarrow (see tests/pipeline/pq_dump.py).
+pub fn dump(dir: &str, extra: &[&str]) -> Value {
+    let script = root().join("tests/pipeline/pq_dump.py");
+    let mut args = vec![script.to_str().expect("a UTF-8 path"), dir];
+    args.extend_from_slice(extra);
+    serde_json::from_slice(&run_python("pq_dump", &args)).expect("pq_dump prints JSON")
 }
 
 /// Real package records from this machine's dpkg database, `n` of them, spread over it.
