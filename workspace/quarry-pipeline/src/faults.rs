@@ -113,6 +113,7 @@ mod store {
         fail_puts: AtomicUsize,
         land_then_fail: bool,
         stale_heads: AtomicUsize,
+        fail_lists: AtomicUsize,
         pub puts_seen: AtomicUsize,
     }
 
@@ -123,6 +124,7 @@ mod store {
                 fail_puts: AtomicUsize::new(fail_puts),
                 land_then_fail,
                 stale_heads: AtomicUsize::new(0),
+                fail_lists: AtomicUsize::new(0),
                 puts_seen: AtomicUsize::new(0),
             }
         }
@@ -130,6 +132,12 @@ mod store {
         /// The next `n` existence checks (HEAD requests) answer "not found".
         pub fn stale_heads(self, n: usize) -> Self {
             self.stale_heads.store(n, Ordering::SeqCst);
+            self
+        }
+
+        /// The next `n` listings fail with a transient error (an unreachable store).
+        pub fn fail_lists(self, n: usize) -> Self {
+            self.fail_lists.store(n, Ordering::SeqCst);
             self
         }
     }
@@ -203,7 +211,19 @@ mod store {
             &self,
             prefix: Option<&Path>,
         ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-            self.inner.list(prefix)
+            let fail = self
+                .fail_lists
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if !fail {
+                return self.inner.list(prefix);
+            }
+            Box::pin(futures::stream::once(async {
+                Err(object_store::Error::Generic {
+                    store: "faulty",
+                    source: "injected list failure (connection refused)".into(),
+                })
+            }))
         }
 
         async fn list_with_delimiter(

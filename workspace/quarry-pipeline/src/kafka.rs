@@ -8,6 +8,15 @@
 //! it resumes after the highest published marker, and when it finds an accepted file without a
 //! marker (a crash between the two) it replays exactly that range under exactly that name.
 //!
+//! ## Assignment
+//! librdkafka's rebalance callback does no I/O: it hands the partitions to the job loop and
+//! returns. The loop reconciles each partition from the output store and only then makes the
+//! assign call, with each partition's offset set to where it resumes, so a partition's first
+//! fetch already starts at the right offset (a seek after assigning would not do: librdkafka
+//! refuses to seek a partition whose fetcher has not started). Until the loop answers, the group
+//! waits for this member, as it did while the callback read the store. Revocation stays in the
+//! callback: closing the consumer calls it and waits for the unassign.
+//!
 //! The loop never blocks on the model for long: it polls the consumer between engine steps, and a
 //! partition with `batching.max_buffered` documents waiting is paused (not left) until they drain.
 //!
@@ -123,10 +132,13 @@ pub fn reconcile(
     })
 }
 
+/// What the rebalance callback hands to the job loop.
 enum Event {
-    Assigned(i32, Reconciled),
+    /// The group gave these partitions of the topic to this worker (with the eager protocol, the
+    /// whole new assignment, perhaps empty). librdkafka waits for the assign call, which
+    /// [`Worker::assign`] makes.
+    Assign(Vec<i32>),
     Revoked(i32),
-    Fatal(PipelineError),
 }
 
 /// A partition as librdkafka's statistics last saw it (every 5 s, no broker round trip).
@@ -187,8 +199,6 @@ impl Throttle {
 
 struct WorkerContext {
     topic: String,
-    output: Location,
-    rejects: Location,
     events: Mutex<Vec<Event>>,
     fetch: Mutex<HashMap<i32, FetchStats>>,
     /// Client-level errors (a broker down) repeat at every retry.
@@ -253,41 +263,12 @@ impl ConsumerContext for WorkerContext {
         let mut events = self.events.lock().expect("events lock");
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                for el in tpl.elements() {
-                    if el.topic() != self.topic {
-                        continue;
-                    }
-                    let p = el.partition();
-                    match reconcile(&self.output, &self.rejects, &self.topic, p) {
-                        Ok(r) => {
-                            tracing::info!(partition = p, resume = ?r.resume, replay = ?r.replay, "assigned");
-                            events.push(Event::Assigned(p, r));
-                        }
-                        Err(e) => events.push(Event::Fatal(PipelineError::Reconcile {
-                            partition: p,
-                            source: Box::new(e),
-                        })),
-                    }
-                }
-                for ev in events.iter() {
-                    if let Event::Assigned(
-                        p,
-                        Reconciled {
-                            resume: Some(o), ..
-                        },
-                    ) = ev
-                    {
-                        let _ = tpl.set_partition_offset(&self.topic, *p, Offset::Offset(*o));
-                    }
-                }
-                let r = if cooperative {
-                    base.incremental_assign(tpl)
-                } else {
-                    base.assign(tpl)
-                };
-                if let Err(e) = r {
-                    events.push(Event::Fatal(kafka_err("assign", e)));
-                }
+                let partitions = tpl
+                    .elements_for_topic(&self.topic)
+                    .iter()
+                    .map(|el| el.partition())
+                    .collect();
+                events.push(Event::Assign(partitions));
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 for el in tpl.elements() {
@@ -593,8 +574,6 @@ impl<'a, E: Extractor> Worker<'a, E> {
         });
         let ctx = WorkerContext {
             topic: src.topic.clone(),
-            output: publisher.output.clone(),
-            rejects: publisher.rejects.clone(),
             events: Mutex::new(Vec::new()),
             fetch: Mutex::new(HashMap::new()),
             errors_logged: Mutex::new(Throttle::default()),
@@ -1147,9 +1126,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
             std::mem::take(&mut *self.consumer.context().events.lock().expect("events lock"));
         for ev in events {
             match ev {
-                Event::Assigned(p, r) => {
-                    self.parts.insert(p, Part::new(r.resume, r.replay));
-                }
+                Event::Assign(partitions) => self.assign(&partitions)?,
                 Event::Revoked(p) => {
                     let dropped = self.flow.abandon(&self.group(p));
                     self.summary.abandoned += dropped as u64;
@@ -1159,10 +1136,45 @@ impl<'a, E: Extractor> Worker<'a, E> {
                         partition: p,
                     });
                 }
-                Event::Fatal(e) => return Err(e),
             }
         }
         Ok(())
+    }
+
+    /// Answers the group's assignment: reconciles each partition from the output store, then
+    /// assigns them all, each at the offset after its last published range (the committed offset
+    /// when nothing is published). A partition that cannot be reconciled stops the worker with
+    /// [`PipelineError::Reconcile`] before anything is assigned or read; closing the consumer
+    /// then hands the partitions back to the group.
+    fn assign(&mut self, partitions: &[i32]) -> Result<(), PipelineError> {
+        tracing::info!(
+            ?partitions,
+            protocol = %protocol_name(&self.consumer),
+            "assignment: reconciling from the output before the first fetch"
+        );
+        let mut tpl = TopicPartitionList::new();
+        for &p in partitions {
+            let r = reconcile(
+                &self.publisher.output,
+                &self.publisher.rejects,
+                &self.src.topic,
+                p,
+            )
+            .map_err(|e| PipelineError::Reconcile {
+                partition: p,
+                source: Box::new(e),
+            })?;
+            tracing::info!(partition = p, resume = ?r.resume, replay = ?r.replay, "assigned");
+            let offset = r.resume.map_or(Offset::Invalid, Offset::Offset);
+            tpl.add_partition_offset(&self.src.topic, p, offset)
+                .map_err(|e| kafka_err("assign list", e))?;
+            self.parts.insert(p, Part::new(r.resume, r.replay));
+        }
+        let assigned = match self.consumer.rebalance_protocol() {
+            RebalanceProtocol::Cooperative => self.consumer.incremental_assign(&tpl),
+            _ => self.consumer.assign(&tpl),
+        };
+        assigned.map_err(|e| kafka_err("assign", e))
     }
 
     fn after_publish(&mut self, r: &FileReport) -> Result<(), PipelineError> {
@@ -1276,6 +1288,15 @@ impl<'a, E: Extractor> Worker<'a, E> {
                     .set(n);
             }
         }
+    }
+}
+
+/// The group's rebalance protocol, for the log.
+fn protocol_name(consumer: &BaseConsumer<WorkerContext>) -> &'static str {
+    match consumer.rebalance_protocol() {
+        RebalanceProtocol::Cooperative => "Cooperative",
+        RebalanceProtocol::Eager => "Eager",
+        RebalanceProtocol::None => "None",
     }
 }
 
@@ -1467,5 +1488,118 @@ url = "memory://r"
         );
         // Other partitions are independent.
         assert_eq!(reconcile(&out, &rej, "t", 1).unwrap().resume, None);
+    }
+
+    /// An extractor these tests never give a document.
+    struct Unused;
+
+    impl Extractor for Unused {
+        fn submit(
+            &mut self,
+            _: u64,
+            _: &crate::record::Document,
+        ) -> Result<(), crate::record::RejectCause> {
+            panic!("nothing may be read before the partition is reconciled")
+        }
+        fn step(&mut self) -> Result<Vec<(u64, crate::extract::Generated)>, PipelineError> {
+            Ok(Vec::new())
+        }
+        fn in_flight(&self) -> usize {
+            0
+        }
+        fn capacity(&self) -> usize {
+            1
+        }
+    }
+
+    /// The output store cannot be listed when the group assigns the partitions: the worker reads
+    /// nothing, stops with `Reconcile` naming a partition and the store error, and its consumer
+    /// closes although the group's assignment was never answered.
+    #[test]
+    fn a_partition_that_cannot_be_reconciled_stops_the_worker_before_it_reads_anything() {
+        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        cluster.create_topic("t", 2, 1).unwrap();
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .create()
+            .unwrap();
+        for p in 0..2 {
+            producer
+                .send(
+                    BaseRecord::<(), str>::to("t")
+                        .partition(p)
+                        .payload("a document"),
+                )
+                .map_err(|(e, _)| e)
+                .unwrap();
+        }
+        producer.flush(Duration::from_secs(10)).unwrap();
+        let cfg = PipelineConfig::parse(
+            &format!(
+                r#"name = "reconcile-fails"
+schema = "unused.json"
+[source]
+kind = "kafka"
+brokers = "{}"
+topic = "t"
+group = "g"
+[prompt]
+template = "{{{{ text }}}}"
+[model]
+path = "unused.gguf"
+[output]
+url = "memory://reconcile-fails/out"
+[rejects]
+url = "memory://reconcile-fails/rej"
+"#,
+                cluster.bootstrap_servers()
+            ),
+            "test",
+            std::path::PathBuf::new(),
+        )
+        .unwrap();
+        let schema = serde_json::json!({"type": "object"});
+        let rejects = Location::open("memory://reconcile-fails/rej").unwrap();
+        let failing = crate::faults::FaultyStore::new(rejects.store.clone(), 0, false)
+            .fail_lists(crate::store::ATTEMPTS as usize);
+        let publisher = Publisher {
+            shape: crate::columns::RecordShape::derive(&schema).unwrap(),
+            output: Location::open("memory://reconcile-fails/out").unwrap(),
+            rejects: rejects.with_store(std::sync::Arc::new(failing)),
+            pipeline: "test".into(),
+            model: "none".into(),
+            schema_sha256: "0".into(),
+            row_group_rows: 1,
+            zstd_level: 3,
+        };
+        let opts = WorkerOptions {
+            idle_exit: Some(Duration::from_secs(60)),
+            ..WorkerOptions::default()
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut flow = Flow::new(
+                Unused,
+                crate::extract::Validator::new(&schema, "s").unwrap(),
+            );
+            let metrics = Metrics::new();
+            let result = Worker::new(&cfg, &opts, &mut flow, &publisher, &metrics)
+                .and_then(|w| w.run(&Shutdown::manual(), &opts));
+            // Sent after `run` returned, so after the worker's consumer closed.
+            let _ = tx.send(result.map(|s| s.consumed));
+        });
+        let result = rx
+            .recv_timeout(Duration::from_secs(90))
+            .expect("the worker stopped and its consumer closed within 90 s");
+        match result {
+            Err(PipelineError::Reconcile { partition, source }) => {
+                assert!((0..2).contains(&partition), "partition {partition}");
+                assert!(
+                    matches!(*source, PipelineError::Store { op: "list", .. }),
+                    "{source}"
+                );
+            }
+            other => panic!("expected a reconcile error, got {other:?}"),
+        }
     }
 }

@@ -540,27 +540,35 @@ fn worker_is_exactly_once_across_sigkill_at_every_crash_point() {
 
 /// Two, then three workers in one group over six partitions while the first is mid-stream: every
 /// worker publishes, and every produced offset is in the output exactly once. `idle_s` is how long
-/// a worker with nothing to do waits before it exits.
-fn rebalance_scenario(bootstrap: &str, job: &Job, idle_s: u32) {
+/// a worker with nothing to do waits before it exits; `env` is added to each worker's environment.
+fn rebalance_scenario(
+    bootstrap: &str,
+    job: &Job,
+    idle_s: u32,
+    env: &[(&str, &str)],
+) -> Vec<String> {
     let docs = packages(18);
     let values: Vec<Vec<u8>> = docs.iter().enumerate().map(|(i, d)| doc(i, d)).collect();
     let produced = produce_to(bootstrap, &job.topic, 6, &values);
-    let a = job.spawn_idle(idle_s, &[], &[]);
+    let a = job.spawn_idle(idle_s, env, &[]);
     std::thread::sleep(Duration::from_secs(10));
-    let b = job.spawn_idle(idle_s, &[], &[]);
+    let b = job.spawn_idle(idle_s, env, &[]);
     std::thread::sleep(Duration::from_secs(10));
-    let c = job.spawn_idle(idle_s, &[], &[]);
+    let c = job.spawn_idle(idle_s, env, &[]);
     let mut publishers = 0;
+    let mut logs = Vec::new();
     for w in [a, b, c] {
         let (st, err) = wait(w, Duration::from_secs(900));
         assert!(st.success(), "worker failed: {err}");
         publishers += err.contains("published") as usize;
+        logs.push(err);
     }
     assert!(
         publishers >= 2,
         "the partitions were shared: {publishers} workers published"
     );
     job.check_exactly_once(&produced);
+    logs
 }
 
 /// On tansu. Its cooperative rebalances are slow: in four runs here (2026-11-22) a revoked partition
@@ -571,7 +579,10 @@ fn rebalances_across_two_then_three_workers_keep_exactly_once() {
     let _one_at_a_time = serial();
     let job = Job::new("rebalance", 2);
     create_topic(&job.topic, 6);
-    rebalance_scenario(&brokers(), &job, 60);
+    let logs = rebalance_scenario(&brokers(), &job, 60, &[]);
+    assert!(logs
+        .iter()
+        .any(|l| strip_ansi(l).contains("protocol=Cooperative")));
 }
 
 /// The same on librdkafka's own mock cluster (in this process, reached by the workers over TCP),
@@ -583,7 +594,33 @@ fn rebalances_on_the_mock_cluster_keep_exactly_once() {
     let bootstrap = cluster.bootstrap_servers();
     let job = Job::on(&bootstrap, "rebalance-mock", 2);
     cluster.create_topic(&job.topic, 6, 1).unwrap();
-    rebalance_scenario(&bootstrap, &job, 15);
+    rebalance_scenario(&bootstrap, &job, 15, &[]);
+    drop(cluster);
+}
+
+/// The same with the eager protocol (`range`, set through the environment as a deployment would):
+/// every rebalance revokes everything and assigns the whole new set, through `assign`, not
+/// `incremental_assign`.
+#[test]
+fn rebalances_with_the_eager_protocol_keep_exactly_once() {
+    let _one_at_a_time = serial();
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let job = Job::on(&bootstrap, "rebalance-eager", 2);
+    cluster.create_topic(&job.topic, 6, 1).unwrap();
+    let logs = rebalance_scenario(
+        &bootstrap,
+        &job,
+        15,
+        &[("QUARRY_KAFKA_PARTITION_ASSIGNMENT_STRATEGY", "range")],
+    );
+    for log in &logs {
+        let log = strip_ansi(log);
+        assert!(
+            log.contains("protocol=Eager") && !log.contains("protocol=Cooperative"),
+            "every assignment used the eager protocol:\n{log}"
+        );
+    }
     drop(cluster);
 }
 
