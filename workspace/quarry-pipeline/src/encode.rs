@@ -8,7 +8,7 @@ use arrow_array::builder::{
     TimestampMillisecondBuilder,
 };
 use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::SchemaRef;
+use arrow_schema::{ArrowError, SchemaRef};
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
@@ -17,6 +17,7 @@ use parquet::file::properties::WriterProperties;
 use serde_json::Value;
 
 use crate::columns::{rejects_schema, RecordShape};
+use crate::error::FormatError;
 use crate::record::{Lineage, RejectCause};
 
 /// What every row of one file shares.
@@ -94,15 +95,14 @@ fn lineage_arrays<'a>(
 }
 
 /// Decodes conformed records into the record columns with arrow-json.
-fn record_arrays(shape: &RecordShape, rows: &[Value]) -> Result<Vec<ArrayRef>, String> {
+fn record_arrays(shape: &RecordShape, rows: &[Value]) -> Result<Vec<ArrayRef>, ArrowError> {
     let schema = shape.record_schema();
     let mut decoder = arrow_json::ReaderBuilder::new(schema.clone())
         .with_batch_size(rows.len().max(1))
         .with_strict_mode(true)
-        .build_decoder()
-        .map_err(|e| e.to_string())?;
-    decoder.serialize(rows).map_err(|e| e.to_string())?;
-    match decoder.flush().map_err(|e| e.to_string())? {
+        .build_decoder()?;
+    decoder.serialize(rows)?;
+    match decoder.flush()? {
         Some(batch) => Ok(batch.columns().to_vec()),
         None => Ok(RecordBatch::new_empty(schema).columns().to_vec()),
     }
@@ -129,7 +129,7 @@ pub fn accepted_batch(
                         keep.push(row);
                         keep_vals.push(val);
                     }
-                    Err(e) => failed.push((row, e)),
+                    Err(e) => failed.push((row, e.to_string())),
                 }
             }
             (keep, keep_vals, failed)
@@ -178,8 +178,8 @@ pub fn to_parquet(
     metadata: &[(String, String)],
     row_group_rows: usize,
     zstd_level: i32,
-) -> Result<Bytes, String> {
-    let level = ZstdLevel::try_new(zstd_level).map_err(|e| e.to_string())?;
+) -> Result<Bytes, FormatError> {
+    let level = ZstdLevel::try_new(zstd_level)?;
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(level))
         .set_max_row_group_row_count(Some(row_group_rows.max(1)))
@@ -192,41 +192,36 @@ pub fn to_parquet(
         .build();
     let schema: SchemaRef = batch.schema();
     let mut buf = Vec::with_capacity(4096);
-    let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props)).map_err(|e| e.to_string())?;
+    let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props))?;
     // Row group by row group, so the `mid_write` crash point falls inside a file.
     let step = row_group_rows.max(1);
     let mut at = 0;
     while at < batch.num_rows() {
         let n = step.min(batch.num_rows() - at);
-        w.write(&batch.slice(at, n)).map_err(|e| e.to_string())?;
-        w.flush().map_err(|e| e.to_string())?;
+        w.write(&batch.slice(at, n))?;
+        w.flush()?;
         at += n;
         if at < batch.num_rows() {
             crate::faults::crash_point(crate::faults::CrashPoint::MidWrite);
         }
     }
-    w.close().map_err(|e| e.to_string())?;
+    w.close()?;
     Ok(Bytes::from(buf))
 }
 
 /// The `_offset` values of a published Parquet file (used to reconcile a half-published range).
-pub fn read_offsets(bytes: Bytes) -> Result<Vec<i64>, String> {
+pub fn read_offsets(bytes: Bytes) -> Result<Vec<i64>, FormatError> {
     use arrow_array::cast::AsArray;
     use arrow_array::types::Int64Type;
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
-        .map_err(|e| e.to_string())?;
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)?;
     let idx = reader
         .schema()
         .index_of("_offset")
-        .map_err(|_| "the file has no _offset column".to_string())?;
+        .map_err(|_| FormatError::MissingColumn("_offset"))?;
     let mask = parquet::arrow::ProjectionMask::roots(reader.parquet_schema(), [idx]);
     let mut out = Vec::new();
-    for batch in reader
-        .with_projection(mask)
-        .build()
-        .map_err(|e| e.to_string())?
-    {
-        let batch = batch.map_err(|e| e.to_string())?;
+    for batch in reader.with_projection(mask).build()? {
+        let batch = batch?;
         out.extend(
             batch
                 .column(0)

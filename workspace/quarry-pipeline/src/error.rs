@@ -30,6 +30,14 @@ fn known(v: Option<i64>) -> String {
     v.map_or("unknown".to_string(), |v| v.to_string())
 }
 
+fn retried(attempts: u32) -> String {
+    if attempts > 1 {
+        format!(" (after {attempts} attempts)")
+    } else {
+        String::new()
+    }
+}
+
 fn lag_list(parts: &[PartitionLag]) -> String {
     let one = |p: &PartitionLag| {
         let opt = known;
@@ -54,12 +62,14 @@ pub enum PipelineError {
     /// The JSON Schema cannot be compiled, validated against, or mapped to Arrow.
     #[error("schema {path}: {message}")]
     Schema { path: String, message: String },
-    /// An object-store operation that failed after its retries.
-    #[error("object store: {op} {location}: {message}")]
+    /// An object-store operation that failed: after `attempts` tries for a transient error, at
+    /// once for one a retry cannot fix (nothing there, or a store that cannot create-if-absent).
+    #[error("object store: {op} {location}: {source}{}", retried(*.attempts))]
     Store {
         op: &'static str,
         location: String,
-        message: String,
+        attempts: u32,
+        source: object_store::Error,
     },
     /// A URL we cannot open.
     #[error("url {url}: {message}")]
@@ -107,9 +117,12 @@ pub enum PipelineError {
         topic: String,
         partitions: Vec<PartitionLag>,
     },
-    /// Arrow or Parquet encoding failed for a whole file.
-    #[error("parquet {location}: {message}")]
-    Parquet { location: String, message: String },
+    /// A whole file that Arrow or Parquet could not encode, or read back.
+    #[error("parquet {location}: {source}")]
+    Parquet {
+        location: String,
+        source: FormatError,
+    },
     /// The model file cannot be loaded on the device, or the device cannot be opened.
     #[error("model {path}: {source}")]
     Model {
@@ -138,9 +151,25 @@ pub enum PipelineError {
         skipped: u64,
         consumed: u64,
     },
-    /// A template that does not parse or render.
-    #[error("prompt template: {0}")]
-    Template(String),
+    /// `prompt.template` does not parse.
+    #[error("prompt template: {0:#}")]
+    Template(#[from] minijinja::Error),
+}
+
+/// Why Arrow or Parquet could not write or read a file.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum FormatError {
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+    /// Not a readable Parquet file (bad footer, cut short), or the writer failed.
+    #[error("{0}")]
+    Parquet(#[from] parquet::errors::ParquetError),
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A column the reader needs is not in the file.
+    #[error("the file has no `{0}` column")]
+    MissingColumn(&'static str),
 }
 
 pub type Result<T, E = PipelineError> = std::result::Result<T, E>;

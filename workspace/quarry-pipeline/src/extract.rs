@@ -60,7 +60,7 @@ impl PromptBuilder {
         let mut env = Environment::new();
         env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
         env.add_template_owned("prompt", cfg.template.clone())
-            .map_err(|e| PipelineError::Template(e.to_string()))?;
+            .map_err(PipelineError::Template)?;
         let mut specials: Vec<String> = tokenizer
             .map(|t| {
                 t.token_table()

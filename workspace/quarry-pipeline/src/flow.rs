@@ -474,9 +474,9 @@ impl Publisher {
         crate::faults::crash_point(crate::faults::CrashPoint::BeforePublish);
         if batch.num_rows() > 0 {
             let bytes = to_parquet(&batch, &accepted_meta, self.row_group_rows, self.zstd_level)
-                .map_err(|message| PipelineError::Parquet {
+                .map_err(|source| PipelineError::Parquet {
                     location: file.name.clone(),
-                    message,
+                    source,
                 })?;
             match self.output.publish(&file.name, bytes)? {
                 Published::Created => created_accepted = true,
@@ -533,9 +533,9 @@ impl Publisher {
             self.row_group_rows,
             self.zstd_level,
         )
-        .map_err(|message| PipelineError::Parquet {
+        .map_err(|source| PipelineError::Parquet {
             location: file.name.clone(),
-            message,
+            source,
         })?;
         if self.rejects.publish(&file.name, bytes.clone())? == Published::AlreadyExists {
             let marker = self.rejects.read(&self.rejects.path(&file.name))?;
@@ -572,9 +572,9 @@ impl Publisher {
         marker: bytes::Bytes,
     ) -> Result<(), PipelineError> {
         let rejected: HashSet<i64> = read_offsets(marker)
-            .map_err(|message| PipelineError::Parquet {
+            .map_err(|source| PipelineError::Parquet {
                 location: name.to_string(),
-                message,
+                source,
             })?
             .into_iter()
             .collect();
@@ -587,9 +587,9 @@ impl Publisher {
 
     fn published_offsets(&self, name: &str) -> Result<HashSet<i64>, PipelineError> {
         let bytes = self.output.read(&self.output.path(name))?;
-        let offsets = read_offsets(bytes).map_err(|message| PipelineError::Parquet {
+        let offsets = read_offsets(bytes).map_err(|source| PipelineError::Parquet {
             location: name.to_string(),
-            message,
+            source,
         })?;
         Ok(offsets.into_iter().collect())
     }

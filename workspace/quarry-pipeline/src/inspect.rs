@@ -9,12 +9,14 @@ use std::sync::Arc;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type};
 use arrow_array::{Array, RecordBatch};
+use arrow_schema::ArrowError;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::error::FormatError;
 use crate::store::Location;
 use crate::PipelineError;
 
@@ -63,13 +65,12 @@ pub enum Sample {
 
 /// Summarises the Parquet file `bytes` (named `path` in messages).
 pub fn summarize(path: &str, bytes: Bytes, sample: Sample) -> Result<FileSummary, PipelineError> {
-    let bad = |message: String| PipelineError::Parquet {
+    let bad = |source: FormatError| PipelineError::Parquet {
         location: path.to_string(),
-        message,
+        source,
     };
     let size = bytes.len();
-    let footer = SerializedFileReader::new(bytes.clone())
-        .map_err(|e| bad(format!("not a readable Parquet file: {e}")))?;
+    let footer = SerializedFileReader::new(bytes.clone()).map_err(|e| bad(e.into()))?;
     let meta = footer.metadata();
     let file_meta = meta.file_metadata();
     let metadata: BTreeMap<String, String> = file_meta
@@ -88,10 +89,9 @@ pub fn summarize(path: &str, bytes: Bytes, sample: Sample) -> Result<FileSummary
             let codec = c.compression().to_string();
             codec.split('(').next().unwrap_or_default().to_string()
         });
-    let builder =
-        ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| bad(e.to_string()))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| bad(e.into()))?;
     let schema = builder.schema().clone();
-    let reader = builder.build().map_err(|e| bad(e.to_string()))?;
+    let reader = builder.build().map_err(|e| bad(e.into()))?;
     let columns = schema
         .fields()
         .iter()
@@ -118,7 +118,7 @@ pub fn summarize(path: &str, bytes: Bytes, sample: Sample) -> Result<FileSummary
     };
     let mut ranges: BTreeMap<(String, Option<i32>), (i64, i64, usize)> = BTreeMap::new();
     for batch in reader {
-        let batch = batch.map_err(|e| bad(e.to_string()))?;
+        let batch = batch.map_err(|e| bad(e.into()))?;
         count(&batch, &mut summary.counts);
         offsets(&batch, &mut ranges);
         let room = match sample {
@@ -195,25 +195,25 @@ fn offsets(batch: &RecordBatch, ranges: &mut BTreeMap<(String, Option<i32>), (i6
 
 /// Rows as JSON objects (arrow-json: structs as objects, lists as arrays, binary as hex,
 /// timestamps as RFC 3339 text, nulls kept).
-fn to_json(batch: &RecordBatch) -> Result<Vec<Value>, String> {
+fn to_json(batch: &RecordBatch) -> Result<Vec<Value>, FormatError> {
     let batch = &utc_as_offset(batch)?;
     let mut buf = Vec::new();
     let mut w = arrow_json::WriterBuilder::new()
         .with_explicit_nulls(true)
         .build::<_, arrow_json::writer::JsonArray>(&mut buf);
-    w.write(batch).map_err(|e| e.to_string())?;
-    w.finish().map_err(|e| e.to_string())?;
+    w.write(batch)?;
+    w.finish()?;
     drop(w);
     if buf.is_empty() {
         return Ok(Vec::new());
     }
-    let rows: Vec<Map<String, Value>> = serde_json::from_slice(&buf).map_err(|e| e.to_string())?;
+    let rows: Vec<Map<String, Value>> = serde_json::from_slice(&buf)?;
     Ok(rows.into_iter().map(Value::Object).collect())
 }
 
 /// The same batch with `UTC` timestamp zones spelled `+00:00`: the same instants, in the form
 /// arrow-json formats without a time-zone database.
-fn utc_as_offset(batch: &RecordBatch) -> Result<RecordBatch, String> {
+fn utc_as_offset(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
     use arrow_schema::{DataType, Schema};
     let mut fields = Vec::new();
     let mut columns = Vec::new();
@@ -221,7 +221,7 @@ fn utc_as_offset(batch: &RecordBatch) -> Result<RecordBatch, String> {
         let (field, col) = match f.data_type() {
             DataType::Timestamp(unit, Some(tz)) if tz.as_ref() == "UTC" => {
                 let to = DataType::Timestamp(*unit, Some("+00:00".into()));
-                let col = arrow_cast::cast(c, &to).map_err(|e| e.to_string())?;
+                let col = arrow_cast::cast(c, &to)?;
                 (f.as_ref().clone().with_data_type(to), col)
             }
             _ => (f.as_ref().clone(), c.clone()),
@@ -229,7 +229,7 @@ fn utc_as_offset(batch: &RecordBatch) -> Result<RecordBatch, String> {
         fields.push(field);
         columns.push(col);
     }
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| e.to_string())
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
 /// The Parquet files a command-line target names: a `.parquet` file, or every `.parquet` file

@@ -203,7 +203,7 @@ impl Location {
     /// `AlreadyExists` after a failed attempt means that attempt's write landed.
     pub fn publish(&self, name: &str, bytes: Bytes) -> Result<Published, PipelineError> {
         let path = self.path(name);
-        let mut last = String::new();
+        let mut last = None;
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
                 std::thread::sleep(backoff(attempt));
@@ -220,20 +220,22 @@ impl Location {
                 Err(object_store::Error::AlreadyExists { .. }) => {
                     return Ok(Published::AlreadyExists)
                 }
+                // The store cannot create-if-absent: no retry helps.
                 Err(e @ object_store::Error::NotImplemented { .. }) => {
-                    return Err(self.err(
-                        "put",
-                        &path,
-                        format!("{e}; the store cannot create-if-absent"),
-                    ))
+                    return Err(self.err("create-if-absent put", &path, attempt + 1, e))
                 }
                 Err(e) => {
                     tracing::warn!(location = %path, attempt, error = %e, "put failed; retrying");
-                    last = e.to_string();
+                    last = Some(e);
                 }
             }
         }
-        Err(self.err("put", &path, format!("{last} (after {ATTEMPTS} attempts)")))
+        Err(self.err(
+            "create-if-absent put",
+            &path,
+            ATTEMPTS,
+            last.expect("ATTEMPTS > 0"),
+        ))
     }
 
     /// Every object under `sub` (relative to the prefix), sorted by path.
@@ -264,7 +266,7 @@ impl Location {
         match block_on(self.store.head(&path)) {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(self.err("head", &path, e.to_string())),
+            Err(e) => Err(self.err("head", &path, 1, e)),
         }
     }
 
@@ -280,7 +282,7 @@ impl Location {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = object_store::Result<T>>,
     {
-        let mut last = String::new();
+        let mut last = None;
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
                 std::thread::sleep(backoff(attempt));
@@ -288,19 +290,26 @@ impl Location {
             match block_on(f()) {
                 Ok(v) => return Ok(v),
                 Err(e @ object_store::Error::NotFound { .. }) => {
-                    return Err(self.err(op, path, e.to_string()))
+                    return Err(self.err(op, path, attempt + 1, e))
                 }
-                Err(e) => last = e.to_string(),
+                Err(e) => last = Some(e),
             }
         }
-        Err(self.err(op, path, format!("{last} (after {ATTEMPTS} attempts)")))
+        Err(self.err(op, path, ATTEMPTS, last.expect("ATTEMPTS > 0")))
     }
 
-    fn err(&self, op: &'static str, path: &Path, message: String) -> PipelineError {
+    fn err(
+        &self,
+        op: &'static str,
+        path: &Path,
+        attempts: u32,
+        source: object_store::Error,
+    ) -> PipelineError {
         PipelineError::Store {
             op,
             location: format!("{} ({path})", self.url),
-            message,
+            attempts,
+            source,
         }
     }
 }
@@ -361,12 +370,24 @@ mod tests {
         let loc =
             base.clone()
                 .with_store(Arc::new(FaultyStore::new(base.store.clone(), 99, false)));
-        let err = loc
-            .publish("h", Bytes::from_static(b"1"))
-            .unwrap_err()
-            .to_string();
+        let err = loc.publish("h", Bytes::from_static(b"1")).unwrap_err();
         assert!(
-            err.contains("injected put failure") && err.contains("memory://faults2/y"),
+            matches!(
+                err,
+                PipelineError::Store {
+                    op: "create-if-absent put",
+                    attempts: ATTEMPTS,
+                    source: object_store::Error::Generic { .. },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let err = err.to_string();
+        assert!(
+            err.contains("injected put failure")
+                && err.contains("memory://faults2/y")
+                && err.contains(&format!("after {ATTEMPTS} attempts")),
             "{err}"
         );
         assert!(!base.exists("h").unwrap(), "nothing half-written");
