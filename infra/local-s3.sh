@@ -8,15 +8,9 @@ set -euo pipefail
 # shellcheck source=infra/service-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/service-lib.sh"
 VENV="${QUARRY_TESTVENV:-$QUARRY_CACHE/testvenv}"
-case "${1:-}" in
-start)
-    PORT="${2:-15000}"
-    [[ -x "$VENV/bin/moto_server" ]] || { echo "moto_server not found in $VENV: run infra/setup-test.sh" >&2; exit 1; }
-    "$0" stop >/dev/null 2>&1 || true
-    nohup "$VENV/bin/moto_server" -H 127.0.0.1 -p "$PORT" >"$RUN/moto.log" 2>&1 &
-    echo $! >"$RUN/moto.pid"
-    wait_port "$PORT" moto_server "$RUN/moto.log" "http://127.0.0.1:$PORT" ;;
-stop)
-    stop_pidfile "$RUN/moto.pid" ;;
-*) echo "usage: $0 start [PORT] | stop" >&2; exit 2 ;;
-esac
+
+launch() {
+    exec nohup "$VENV/bin/moto_server" -H 127.0.0.1 -p "$1"
+}
+
+service_main moto_server "$VENV/bin/moto_server" 15000 "http://" "$@"

@@ -88,7 +88,7 @@ mod armed {
 }
 
 #[cfg(feature = "test-support")]
-pub use store::FaultyStore;
+pub use store::{check_publish_protocol, FaultyStore};
 
 #[cfg(feature = "test-support")]
 mod store {
@@ -102,6 +102,36 @@ mod store {
         CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
         PutMultipartOptions, PutOptions, PutPayload, PutResult,
     };
+
+    use crate::store::{Location, Published};
+    use bytes::Bytes;
+
+    /// Holds a store to the publishing protocol, under `loc`: a first put of a name lands and a
+    /// second is refused with the first's bytes kept; a put whose response is lost but whose
+    /// write landed reports `AlreadyExists` on its retry; transient failures are retried (two
+    /// failures, then the third attempt lands). The local, in-memory and S3 tests all run it.
+    pub fn check_publish_protocol(loc: &Location) {
+        let publish = |loc: &Location, name: &str, bytes: &'static [u8]| {
+            loc.publish(name, Bytes::from_static(bytes))
+                .unwrap_or_else(|e| panic!("publishing {name} under {}: {e}", loc.url))
+        };
+        assert_eq!(publish(loc, "a/b.bin", b"1"), Published::Created);
+        assert_eq!(publish(loc, "a/b.bin", b"2"), Published::AlreadyExists);
+        let files = loc.list("a").unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(loc.relative(&files[0].location), "a/b.bin");
+        assert_eq!(&loc.read(&files[0].location).unwrap()[..], b"1");
+
+        let lossy = loc
+            .clone()
+            .with_store(Arc::new(FaultyStore::new(loc.store.clone(), 1, true)));
+        assert_eq!(publish(&lossy, "lost", b"1"), Published::AlreadyExists);
+
+        let faulty = Arc::new(FaultyStore::new(loc.store.clone(), 2, false));
+        let failing = loc.clone().with_store(faulty.clone());
+        assert_eq!(publish(&failing, "retried", b"1"), Published::Created);
+        assert_eq!(faulty.puts_seen.load(Ordering::SeqCst), 3);
+    }
 
     /// Wraps a store and fails the next `fail_puts` puts with a transient error (and, with
     /// `land_then_fail`, lets the write land before failing, as a lost response does). With

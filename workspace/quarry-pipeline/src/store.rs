@@ -321,47 +321,14 @@ fn backoff(attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::faults::FaultyStore;
-    use std::sync::atomic::Ordering;
+    use crate::faults::{check_publish_protocol, FaultyStore};
 
     #[test]
-    fn publish_is_create_if_absent() {
+    fn a_local_folder_and_memory_keep_the_publishing_protocol() {
         let dir = std::env::temp_dir().join(format!("quarry-store-{}", std::process::id()));
-        let loc = Location::open(dir.to_str().unwrap()).unwrap();
-        assert_eq!(
-            loc.publish("a/b.bin", Bytes::from_static(b"1")).unwrap(),
-            Published::Created
-        );
-        assert_eq!(
-            loc.publish("a/b.bin", Bytes::from_static(b"2")).unwrap(),
-            Published::AlreadyExists
-        );
-        let files = loc.list("a").unwrap();
-        assert_eq!(files.len(), 1);
-        assert_eq!(loc.relative(&files[0].location), "a/b.bin");
-        assert_eq!(&loc.read(&files[0].location).unwrap()[..], b"1");
+        check_publish_protocol(&Location::open(dir.to_str().unwrap()).unwrap());
         std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn transient_put_failures_are_retried_and_lost_responses_are_not_duplicates() {
-        let base = Location::open("memory://faults/x").unwrap();
-        let faulty = Arc::new(FaultyStore::new(base.store.clone(), 2, false));
-        let loc = base.clone().with_store(faulty.clone());
-        assert_eq!(
-            loc.publish("f", Bytes::from_static(b"1")).unwrap(),
-            Published::Created
-        );
-        assert_eq!(faulty.puts_seen.load(Ordering::SeqCst), 3);
-
-        let landed = Arc::new(FaultyStore::new(base.store.clone(), 1, true));
-        let loc = base.clone().with_store(landed);
-        // The first attempt lands but reports failure; the retry finds it there.
-        assert_eq!(
-            loc.publish("g", Bytes::from_static(b"1")).unwrap(),
-            Published::AlreadyExists
-        );
-        assert!(base.exists("g").unwrap());
+        check_publish_protocol(&Location::open("memory://faults/x").unwrap());
     }
 
     #[test]

@@ -5,14 +5,13 @@
 mod common;
 
 use std::process::Command;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use common::*;
 use quarry_pipeline::extract::EngineExtractor;
-use quarry_pipeline::faults::FaultyStore;
+use quarry_pipeline::faults::check_publish_protocol;
 use quarry_pipeline::job::Prepared;
-use quarry_pipeline::store::{Location, Published};
+use quarry_pipeline::store::Location;
 use quarry_pipeline::PipelineConfig;
 use serde_json::json;
 
@@ -42,31 +41,9 @@ fn s3_to_s3_dataset_job_with_create_if_absent_and_lost_responses() {
     let bucket = format!("quarry-test-{}", std::process::id());
     boto(&format!("s3.create_bucket(Bucket='{bucket}')"));
 
-    // Create-if-absent on this server, and a put whose response is lost but whose write landed.
-    let probe = Location::open(&format!("s3://{bucket}/probe")).unwrap();
-    assert_eq!(
-        probe.publish("x", Bytes::from_static(b"1")).unwrap(),
-        Published::Created
-    );
-    assert_eq!(
-        probe.publish("x", Bytes::from_static(b"2")).unwrap(),
-        Published::AlreadyExists
-    );
-    let lossy = probe
-        .clone()
-        .with_store(Arc::new(FaultyStore::new(probe.store.clone(), 1, true)));
-    assert_eq!(
-        lossy.publish("y", Bytes::from_static(b"1")).unwrap(),
-        Published::AlreadyExists
-    );
-    let failing =
-        probe
-            .clone()
-            .with_store(Arc::new(FaultyStore::new(probe.store.clone(), 2, false)));
-    assert_eq!(
-        failing.publish("z", Bytes::from_static(b"1")).unwrap(),
-        Published::Created
-    );
+    // Create-if-absent on this server, a put whose response is lost but whose write landed, and
+    // transient failures.
+    check_publish_protocol(&Location::open(&format!("s3://{bucket}/probe")).unwrap());
 
     let docs = packages(3);
     let input = Location::open(&format!("s3://{bucket}/in")).unwrap();
