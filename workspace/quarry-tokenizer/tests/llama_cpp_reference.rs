@@ -38,23 +38,25 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// A fixture case's text and `parse_special`, and quarry's ids for it (without BOS, as the
+/// fixture script asks llama.cpp).
+fn encode_case<'a>(tok: &Tokenizer, case: &'a Value) -> (&'a str, bool, Vec<u32>) {
+    let text = case["text"].as_str().unwrap();
+    let parse_special = case["parse_special"].as_bool().unwrap();
+    let options = EncodeOptions {
+        add_bos: false,
+        parse_special,
+    };
+    (text, parse_special, tok.encode_with(text, options).unwrap())
+}
+
 /// Every fixture case whose ids differ from llama.cpp's, as printable lines.
 fn id_mismatches(tok: &Tokenizer, fx: &Value) -> (usize, Vec<String>) {
     let cases = fx["cases"].as_array().unwrap();
     let mut bad = Vec::new();
     for case in cases {
-        let text = case["text"].as_str().unwrap();
-        let parse_special = case["parse_special"].as_bool().unwrap();
+        let (text, parse_special, got) = encode_case(tok, case);
         let want = ids(&case["ids"]);
-        let got = tok
-            .encode_with(
-                text,
-                EncodeOptions {
-                    add_bos: false,
-                    parse_special,
-                },
-            )
-            .unwrap();
         if got != want {
             bad.push(format!(
                 "{text:?} (parse_special={parse_special}): llama.cpp {want:?}, quarry {got:?}"
@@ -200,17 +202,7 @@ fn decoding_round_trips_every_fixture_string() {
     ] {
         let tok = model(file);
         for case in fixture(fx)["cases"].as_array().unwrap() {
-            let text = case["text"].as_str().unwrap();
-            let parse_special = case["parse_special"].as_bool().unwrap();
-            let ids = tok
-                .encode_with(
-                    text,
-                    EncodeOptions {
-                        add_bos: false,
-                        parse_special,
-                    },
-                )
-                .unwrap();
+            let (text, _, ids) = encode_case(&tok, case);
             assert_eq!(tok.decode(&ids, false).unwrap(), text, "{file}: {ids:?}");
             assert_eq!(tok.decode_bytes(&ids).unwrap(), text.as_bytes(), "{file}");
         }
