@@ -12,6 +12,8 @@ use std::sync::Arc;
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use serde_json::Value;
 
+use crate::error::SchemaProblem;
+
 /// Names of the lineage columns, in file order after the record's own columns.
 pub const LINEAGE_COLUMNS: [&str; 11] = [
     "_source",
@@ -105,9 +107,9 @@ pub struct RecordShape {
 
 impl RecordShape {
     /// Derives the columns from a JSON Schema document.
-    pub fn derive(schema: &Value) -> Result<Self, String> {
+    pub fn derive(schema: &Value) -> Result<Self, SchemaProblem> {
         // References through `$id`s and anchors as pointers from the root, as they are decoded.
-        let flat = quarry_grammar::schema::flatten(schema).map_err(|e| e.to_string())?;
+        let flat = quarry_grammar::schema::flatten(schema)?;
         let schema = &*flat;
         let (root, nullable) = shape_of(schema, schema, 0);
         let (fields, wrapped) = match &root {
@@ -116,9 +118,7 @@ impl RecordShape {
         };
         for (name, _, _) in &fields {
             if LINEAGE_COLUMNS.contains(&name.as_str()) {
-                return Err(format!(
-                    "property `{name}` collides with a lineage column; rename it in the schema"
-                ));
+                return Err(SchemaProblem::LineageCollision(name.clone()));
             }
         }
         Ok(Self {
@@ -432,7 +432,10 @@ mod tests {
             &json!({"type": "object", "properties": {"_offset": {"type": "integer"}}}),
         )
         .unwrap_err();
-        assert!(err.contains("_offset"), "{err}");
+        assert!(
+            matches!(&err, SchemaProblem::LineageCollision(name) if name == "_offset"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -369,9 +369,9 @@ pub struct MetricsConfig {
 impl PipelineConfig {
     /// Reads and checks a definition file.
     pub fn load(path: &Path) -> Result<Self, PipelineError> {
-        let text = std::fs::read_to_string(path).map_err(|e| PipelineError::Config {
+        let text = std::fs::read_to_string(path).map_err(|source| PipelineError::Read {
             path: path.display().to_string(),
-            message: format!("cannot read: {e}"),
+            source,
         })?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Self::parse(&text, &path.display().to_string(), base)
@@ -379,10 +379,11 @@ impl PipelineConfig {
 
     /// Parses a definition; `origin` names it in errors, `base_dir` resolves relative paths.
     pub fn parse(text: &str, origin: &str, base_dir: PathBuf) -> Result<Self, PipelineError> {
-        let mut cfg: PipelineConfig = toml::from_str(text).map_err(|e| PipelineError::Config {
-            path: origin.to_string(),
-            message: e.to_string().trim().replace('\n', " "),
-        })?;
+        let mut cfg: PipelineConfig =
+            toml::from_str(text).map_err(|e| PipelineError::Definition {
+                path: origin.to_string(),
+                source: Box::new(e),
+            })?;
         cfg.base_dir = base_dir;
         cfg.check().map_err(|message| PipelineError::Config {
             path: origin.to_string(),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use arrow_array::RecordBatch;
 
 use crate::config::{DatasetSource, InputFormat, PipelineConfig, SourceConfig, ValueFormat};
-use crate::error::PipelineError;
+use crate::error::{FormatError, PipelineError};
 use crate::extract::Extractor;
 use crate::flow::{FileReport, Flow, Publisher};
 use crate::metrics::Metrics;
@@ -158,9 +158,9 @@ pub fn read_shard(
                 }
             }
             InputFormat::Parquet => {
-                let rows = parquet_rows(bytes).map_err(|message| PipelineError::Input {
+                let rows = parquet_rows(bytes).map_err(|e| PipelineError::Input {
                     location: source.clone(),
-                    message,
+                    source: e.into(),
                 })?;
                 for (i, row) in rows.into_iter().enumerate() {
                     let lineage = Lineage::new(source.clone(), None, i as i64);
@@ -180,21 +180,18 @@ pub fn read_shard(
 }
 
 /// Parquet rows as JSON objects (arrow-json's writer, so every Arrow type has one spelling).
-fn parquet_rows(bytes: bytes::Bytes) -> Result<Vec<serde_json::Value>, String> {
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
-        .map_err(|e| e.to_string())?
-        .build()
-        .map_err(|e| e.to_string())?;
+fn parquet_rows(bytes: bytes::Bytes) -> Result<Vec<serde_json::Value>, FormatError> {
+    let reader =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
     let mut rows = Vec::new();
     for batch in reader {
-        let batch: RecordBatch = batch.map_err(|e| e.to_string())?;
+        let batch: RecordBatch = batch?;
         let mut buf = Vec::new();
         let mut w = arrow_json::ArrayWriter::new(&mut buf);
-        w.write(&batch).map_err(|e| e.to_string())?;
-        w.finish().map_err(|e| e.to_string())?;
+        w.write(&batch)?;
+        w.finish()?;
         if !buf.is_empty() {
-            let v: Vec<serde_json::Value> =
-                serde_json::from_slice(&buf).map_err(|e| e.to_string())?;
+            let v: Vec<serde_json::Value> = serde_json::from_slice(&buf)?;
             rows.extend(v);
         }
     }
@@ -242,9 +239,10 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
         opts: DatasetOptions,
     ) -> Result<Self, PipelineError> {
         let SourceConfig::Dataset(src) = &cfg.source else {
-            return Err(PipelineError::Config {
-                path: cfg.name.clone(),
-                message: "`quarry extract` needs source.kind = \"dataset\"".into(),
+            return Err(PipelineError::WrongSource {
+                pipeline: cfg.name.clone(),
+                command: "quarry extract",
+                needs: "dataset",
             });
         };
         Ok(Self {

@@ -56,12 +56,48 @@ fn lag_list(parts: &[PartitionLag]) -> String {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum PipelineError {
-    /// A job definition that cannot be used.
+    /// A job definition whose values cannot be used together (the checker's sentence says
+    /// which and why).
     #[error("pipeline {path}: {message}")]
     Config { path: String, message: String },
-    /// The JSON Schema cannot be compiled, validated against, or mapped to Arrow.
-    #[error("schema {path}: {message}")]
-    Schema { path: String, message: String },
+    /// A file the job names (its definition, a grammar) cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    /// A job definition that is not valid TOML for its fields.
+    #[error("pipeline {path}: {source}")]
+    Definition {
+        path: String,
+        source: Box<toml::de::Error>,
+    },
+    /// A command given a job of the other kind (`quarry worker` with a dataset source, …).
+    #[error("pipeline {pipeline}: `{command}` needs source.kind = \"{needs}\"")]
+    WrongSource {
+        pipeline: String,
+        command: &'static str,
+        needs: &'static str,
+    },
+    /// The job's JSON Schema cannot be read, resolved, validated against, mapped to columns or
+    /// decoded by.
+    #[error("schema {path}: {source}")]
+    Schema { path: String, source: SchemaProblem },
+    /// The job's grammar file (`grammar`) cannot be a decoding constraint.
+    #[error("grammar {path}: {source}")]
+    Grammar {
+        path: String,
+        source: quarry_grammar::GrammarError,
+    },
+    /// The metrics endpoint cannot listen.
+    #[error("metrics.listen {addr}: {source}")]
+    MetricsListen {
+        addr: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The signal handlers cannot be installed.
+    #[error("cannot install the SIGTERM/SIGINT handlers: {0}")]
+    Signals(std::io::Error),
     /// An object-store operation that failed: after `attempts` tries for a transient error, at
     /// once for one a retry cannot fix (nothing there, or a store that cannot create-if-absent).
     #[error("object store: {op} {location}: {source}{}", retried(*.attempts))]
@@ -71,12 +107,16 @@ pub enum PipelineError {
         attempts: u32,
         source: object_store::Error,
     },
-    /// A URL we cannot open.
-    #[error("url {url}: {message}")]
-    Url { url: String, message: String },
-    /// An input file that cannot be read as its format says (the whole shard, not one document).
-    #[error("input {location}: {message}")]
-    Input { location: String, message: String },
+    /// A URL or local path that cannot be opened as a location.
+    #[error("url {url}: {source}")]
+    Url { url: String, source: UrlProblem },
+    /// An input that is not there, or a file that cannot be read as its format says (the whole
+    /// shard, not one document).
+    #[error("input {location}: {source}")]
+    Input {
+        location: String,
+        source: InputProblem,
+    },
     /// A Kafka client call that failed (broker unreachable, commit failed, …); `op` names it.
     #[error("kafka: {op}: {source}")]
     Kafka {
@@ -154,6 +194,63 @@ pub enum PipelineError {
     /// `prompt.template` does not parse.
     #[error("prompt template: {0:#}")]
     Template(#[from] minijinja::Error),
+}
+
+/// Why a URL or local path cannot be opened as a location.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum UrlProblem {
+    #[error("not a URL: {0}")]
+    Parse(#[from] url::ParseError),
+    #[error("no bucket in the URL")]
+    NoBucket,
+    #[error("unknown scheme `{0}`; use file://, s3://, gs://, az:// or memory://")]
+    UnknownScheme(String),
+    #[error("the input folder does not exist")]
+    NoInputFolder,
+    #[error("cannot use the folder: {0}")]
+    Folder(std::io::Error),
+    /// The store's builder refuses the URL or the environment's settings.
+    #[error(transparent)]
+    Store(#[from] object_store::Error),
+}
+
+/// Why an input cannot be read.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum InputProblem {
+    #[error("no such file or folder")]
+    NotFound,
+    #[error("no .parquet files there")]
+    NoParquetFiles,
+    /// A Parquet input shard that cannot be read.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+}
+
+/// What is wrong with a job's JSON Schema (or a document its references name), or its grammar.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum SchemaProblem {
+    #[error("cannot read: {0}")]
+    Read(std::io::Error),
+    #[error("not valid JSON: {0}")]
+    Json(serde_json::Error),
+    /// A path with no `file://` URL, which the schema's references resolve against.
+    #[error("no file URL for this path")]
+    NoFileUrl,
+    /// References that do not resolve, or a schema the compiler refuses.
+    #[error(transparent)]
+    Schema(#[from] quarry_grammar::SchemaError),
+    /// The validator (the `jsonschema` crate) refuses the schema.
+    #[error("the validator refuses it: {0}")]
+    Validator(Box<jsonschema::ValidationError<'static>>),
+    /// The schema or grammar cannot become a decoding constraint.
+    #[error("cannot be a decoding constraint: {0}")]
+    Constraint(#[from] quarry_grammar::GrammarError),
+    /// A property named like a lineage column (`_source`, `_offset`, …).
+    #[error("property `{0}` collides with a lineage column; rename it in the schema")]
+    LineageCollision(String),
 }
 
 /// Why Arrow or Parquet could not write or read a file.

@@ -17,7 +17,7 @@ use quarry_tokenizer::{ChatMessage, Tokenizer};
 use serde_json::Value;
 
 use crate::config::{PipelineConfig, PromptConfig, SamplingConfig};
-use crate::error::PipelineError;
+use crate::error::{PipelineError, SchemaProblem};
 use crate::record::{DocStats, Document, Outcome, RejectCause};
 
 /// What the model produced for one document, before validation.
@@ -142,7 +142,7 @@ impl Validator {
     pub fn new(schema: &Value, origin: &str) -> Result<Self, PipelineError> {
         let compiled = jsonschema::validator_for(schema).map_err(|e| PipelineError::Schema {
             path: origin.to_string(),
-            message: e.to_string(),
+            source: SchemaProblem::Validator(Box::new(e)),
         })?;
         Ok(Self { compiled })
     }
@@ -227,9 +227,9 @@ impl EngineExtractor {
         let constraint = match cfg.grammar_path() {
             Some(path) => ConstraintSpec::grammar_file(
                 &path,
-                std::fs::read_to_string(&path).map_err(|e| PipelineError::Config {
+                std::fs::read_to_string(&path).map_err(|source| PipelineError::Read {
                     path: path.display().to_string(),
-                    message: format!("cannot read the grammar: {e}"),
+                    source,
                 })?,
             ),
             None => ConstraintSpec::JsonSchema(schema.clone()),
@@ -241,13 +241,13 @@ impl EngineExtractor {
         if let Some(c) = constraint.to_constraint(options) {
             quarry_grammar::Grammar::compile(&c, engine.vocabulary().clone(), limits).map_err(
                 |e| match cfg.grammar_path() {
-                    Some(path) => PipelineError::Config {
+                    Some(path) => PipelineError::Grammar {
                         path: path.display().to_string(),
-                        message: e.to_string(),
+                        source: e,
                     },
                     None => PipelineError::Schema {
                         path: cfg.schema_path().display().to_string(),
-                        message: format!("cannot be a decoding constraint: {e}"),
+                        source: SchemaProblem::Constraint(e),
                     },
                 },
             )?;
@@ -362,17 +362,16 @@ fn schema_sha256_of(parts: &[&[u8]]) -> String {
 /// file.
 pub fn read_schema(path: &Path, resources: &[PathBuf]) -> Result<(Value, String), PipelineError> {
     let read = |p: &Path| -> Result<(String, Vec<u8>, Value), PipelineError> {
-        let err = |message: String| PipelineError::Schema {
+        let err = |source: SchemaProblem| PipelineError::Schema {
             path: p.display().to_string(),
-            message,
+            source,
         };
-        let bytes = std::fs::read(p).map_err(|e| err(format!("cannot read: {e}")))?;
-        let value =
-            serde_json::from_slice(&bytes).map_err(|e| err(format!("not valid JSON: {e}")))?;
+        let bytes = std::fs::read(p).map_err(|e| err(SchemaProblem::Read(e)))?;
+        let value = serde_json::from_slice(&bytes).map_err(|e| err(SchemaProblem::Json(e)))?;
         let url = std::fs::canonicalize(p)
             .ok()
             .and_then(|abs| url::Url::from_file_path(abs).ok())
-            .ok_or_else(|| err("no file URL for this path".into()))?;
+            .ok_or_else(|| err(SchemaProblem::NoFileUrl))?;
         Ok((url.into(), bytes, value))
     };
     let (base, bytes, value) = read(path)?;
@@ -390,7 +389,7 @@ pub fn read_schema(path: &Path, resources: &[PathBuf]) -> Result<(Value, String)
     let bundled = quarry_grammar::schema::bundle(&value, Some(&base), &given).map_err(|e| {
         PipelineError::Schema {
             path: path.display().to_string(),
-            message: e.to_string(),
+            source: e.into(),
         }
     })?;
     let mut parts: Vec<&[u8]> = vec![&bytes];

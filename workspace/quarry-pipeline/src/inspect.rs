@@ -16,7 +16,7 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::error::FormatError;
+use crate::error::{FormatError, InputProblem};
 use crate::store::Location;
 use crate::PipelineError;
 
@@ -241,7 +241,7 @@ pub fn files(
     if local.is_some_and(|p| !p.exists()) {
         return Err(PipelineError::Input {
             location: target.to_string(),
-            message: "no such file or folder".into(),
+            source: InputProblem::NotFound,
         });
     }
     let single = local.map_or(target.ends_with(".parquet"), |p| p.is_file());
@@ -352,7 +352,7 @@ pub fn inspect(target: &str, sample: Sample) -> Result<Vec<FileSummary>, Pipelin
     if found.is_empty() {
         return Err(PipelineError::Input {
             location: target.to_string(),
-            message: "no .parquet files there".into(),
+            source: InputProblem::NoParquetFiles,
         });
     }
     found

@@ -31,9 +31,9 @@ impl Prepared {
     pub fn new(cfg: PipelineConfig) -> Result<Self, PipelineError> {
         let schema_path = cfg.schema_path();
         let (schema, schema_sha256) = read_schema(&schema_path, &cfg.schema_resource_paths())?;
-        let shape = RecordShape::derive(&schema).map_err(|message| PipelineError::Schema {
+        let shape = RecordShape::derive(&schema).map_err(|source| PipelineError::Schema {
             path: schema_path.display().to_string(),
-            message,
+            source,
         })?;
         // Compile once here so a schema the validator refuses fails the job up front.
         Validator::new(&schema, &schema_path.display().to_string())?;

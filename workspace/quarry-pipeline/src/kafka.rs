@@ -538,9 +538,10 @@ impl<'a, E: Extractor> Worker<'a, E> {
         metrics: &'a Metrics,
     ) -> Result<Self, PipelineError> {
         let SourceConfig::Kafka(src) = &cfg.source else {
-            return Err(PipelineError::Config {
-                path: cfg.name.clone(),
-                message: "`quarry worker` needs source.kind = \"kafka\"".into(),
+            return Err(PipelineError::WrongSource {
+                pipeline: cfg.name.clone(),
+                command: "quarry worker",
+                needs: "kafka",
             });
         };
         let mut src = src.clone();

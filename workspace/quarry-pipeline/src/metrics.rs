@@ -245,17 +245,16 @@ impl Metrics {
 
     /// Serves `/metrics` and `/healthz` on `addr` from a background thread.
     pub fn serve(self: &Arc<Self>, addr: &str) -> Result<std::net::SocketAddr, PipelineError> {
-        let server = tiny_http::Server::http(addr).map_err(|e| PipelineError::Config {
-            path: "metrics.listen".into(),
-            message: format!("cannot listen on {addr}: {e}"),
-        })?;
+        let failed =
+            |source: Box<dyn std::error::Error + Send + Sync>| PipelineError::MetricsListen {
+                addr: addr.to_string(),
+                source,
+            };
+        let server = tiny_http::Server::http(addr).map_err(failed)?;
         let bound = server
             .server_addr()
             .to_ip()
-            .ok_or_else(|| PipelineError::Config {
-                path: "metrics.listen".into(),
-                message: "not an IP address".into(),
-            })?;
+            .ok_or_else(|| failed("not an IP address".into()))?;
         let me = Arc::clone(self);
         std::thread::Builder::new()
             .name("quarry-metrics".into())
@@ -291,10 +290,7 @@ impl Metrics {
                     );
                 }
             })
-            .map_err(|e| PipelineError::Config {
-                path: "metrics.listen".into(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| failed(e.into()))?;
         Ok(bound)
     }
 }

@@ -22,12 +22,8 @@ impl Shutdown {
     pub fn install() -> Result<Self, PipelineError> {
         use signal_hook::consts::{SIGINT, SIGTERM};
         let me = Self::default();
-        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(|e| {
-            PipelineError::Config {
-                path: "signals".into(),
-                message: e.to_string(),
-            }
-        })?;
+        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+            .map_err(PipelineError::Signals)?;
         let count = me.signals.clone();
         std::thread::Builder::new()
             .name("quarry-signals".into())
@@ -37,10 +33,7 @@ impl Shutdown {
                     tracing::warn!(signal = sig, count = n, "shutdown requested");
                 }
             })
-            .map_err(|e| PipelineError::Config {
-                path: "signals".into(),
-                message: e.to_string(),
-            })?;
+            .map_err(PipelineError::Signals)?;
         Ok(me)
     }
 

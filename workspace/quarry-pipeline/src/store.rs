@@ -21,7 +21,7 @@ use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use crate::error::PipelineError;
+use crate::error::{PipelineError, UrlProblem};
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
@@ -97,7 +97,7 @@ impl Location {
         if local_path(url).is_some_and(|p| !p.is_dir()) {
             return Err(PipelineError::Url {
                 url: url.to_string(),
-                message: "the input folder does not exist".into(),
+                source: UrlProblem::NoInputFolder,
             });
         }
         Self::open(url)
@@ -105,9 +105,9 @@ impl Location {
 
     /// Opens a URL or a local path (created if missing).
     pub fn open(url: &str) -> Result<Self, PipelineError> {
-        let bad = |message: String| PipelineError::Url {
+        let bad = |source: UrlProblem| PipelineError::Url {
             url: url.to_string(),
-            message,
+            source,
         };
         let (store, prefix): (Arc<dyn ObjectStore>, Path) =
             if let Some((scheme, rest)) = url.split_once("://") {
@@ -118,35 +118,31 @@ impl Location {
                         (memory_store(name), Path::from(path))
                     }
                     "s3" | "s3a" => {
-                        let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
-                        let bucket = parsed.host_str().ok_or_else(|| bad("no bucket".into()))?;
+                        let parsed = url::Url::parse(url).map_err(|e| bad(e.into()))?;
+                        let bucket = parsed.host_str().ok_or_else(|| bad(UrlProblem::NoBucket))?;
                         let s = object_store::aws::AmazonS3Builder::from_env()
                             .with_bucket_name(bucket)
                             .build()
-                            .map_err(|e| bad(e.to_string()))?;
+                            .map_err(|e| bad(e.into()))?;
                         (Arc::new(s), Path::from(parsed.path()))
                     }
                     "gs" => {
-                        let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+                        let parsed = url::Url::parse(url).map_err(|e| bad(e.into()))?;
                         let s = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                             .with_url(url)
                             .build()
-                            .map_err(|e| bad(e.to_string()))?;
+                            .map_err(|e| bad(e.into()))?;
                         (Arc::new(s), Path::from(parsed.path()))
                     }
                     "az" | "abfs" | "abfss" | "azure" => {
-                        let parsed = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+                        let parsed = url::Url::parse(url).map_err(|e| bad(e.into()))?;
                         let s = object_store::azure::MicrosoftAzureBuilder::from_env()
                             .with_url(url)
                             .build()
-                            .map_err(|e| bad(e.to_string()))?;
+                            .map_err(|e| bad(e.into()))?;
                         (Arc::new(s), Path::from(parsed.path()))
                     }
-                    other => {
-                        return Err(bad(format!(
-                        "unknown scheme `{other}`; use file://, s3://, gs://, az:// or memory://"
-                    )))
-                    }
+                    other => return Err(bad(UrlProblem::UnknownScheme(other.to_string()))),
                 }
             } else {
                 return Self::local(std::path::Path::new(url), url);
@@ -159,13 +155,15 @@ impl Location {
     }
 
     fn local(path: &std::path::Path, url: &str) -> Result<Self, PipelineError> {
-        let bad = |message: String| PipelineError::Url {
+        let bad = |source: UrlProblem| PipelineError::Url {
             url: url.to_string(),
-            message,
+            source,
         };
-        std::fs::create_dir_all(path).map_err(|e| bad(format!("cannot create the folder: {e}")))?;
-        let root = path.canonicalize().map_err(|e| bad(e.to_string()))?;
-        let store = LocalFileSystem::new_with_prefix(&root).map_err(|e| bad(e.to_string()))?;
+        std::fs::create_dir_all(path).map_err(|e| bad(UrlProblem::Folder(e)))?;
+        let root = path
+            .canonicalize()
+            .map_err(|e| bad(UrlProblem::Folder(e)))?;
+        let store = LocalFileSystem::new_with_prefix(&root).map_err(|e| bad(e.into()))?;
         Ok(Self {
             store: Arc::new(store),
             prefix: Path::default(),

@@ -194,8 +194,13 @@ fn hint(e: &anyhow::Error) -> Option<&'static str> {
     use quarry_pipeline::PipelineError as P;
     let p = e.chain().find_map(|c| c.downcast_ref::<P>())?;
     Some(match p {
-        P::Config { .. } => "job definitions are described in pipelines/README.md and the configuration reference in docs/pipelines.md",
+        P::Config { .. } | P::Definition { .. } => "job definitions are described in pipelines/README.md and the configuration reference in docs/pipelines.md",
+        P::Read { .. } => "paths in a job definition are relative to the definition's folder",
+        P::WrongSource { .. } => "`quarry extract` runs dataset jobs and `quarry worker` Kafka jobs (pipelines/README.md)",
         P::Schema { .. } => "check the file with `quarry grammar compile --schema FILE`",
+        P::Grammar { .. } => "check the file with `quarry grammar compile --grammar FILE`",
+        P::MetricsListen { .. } => "metrics.listen (or --metrics) is HOST:PORT, and the port must be free",
+        P::Signals(_) => "the process cannot install signal handlers (a sandbox that forbids them?)",
         P::Store { .. } => "check the URL, the credentials in the environment (AWS_*, GOOGLE_*, AZURE_*) and that the endpoint is up; nothing was committed, so a rerun is safe",
         P::Url { .. } => "use a local path or file://, s3://, gs://, az:// or memory://",
         P::Input { .. } => "check the path or URL (for a job, also source.format)",
@@ -487,14 +492,14 @@ mod tests {
 
     #[test]
     fn errors_are_one_line_with_a_hint() {
-        let e = anyhow::Error::new(quarry_pipeline::PipelineError::Url {
-            url: "ftp://x".into(),
-            message: "unsupported scheme\nftp".into(),
+        let e = anyhow::Error::new(quarry_pipeline::PipelineError::Config {
+            path: "job.toml".into(),
+            message: "two lines\nof text".into(),
         });
         let line = error_line(&e);
         assert!(!line.contains('\n'), "{line}");
         assert!(
-            line.starts_with("error: url ftp://x: unsupported scheme ftp. Hint: "),
+            line.starts_with("error: pipeline job.toml: two lines of text. Hint: "),
             "{line}"
         );
         let plain = error_line(&anyhow::anyhow!("model file x not found: run `make setup`"));
