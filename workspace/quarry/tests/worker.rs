@@ -580,22 +580,39 @@ fn rebalances_across_two_then_three_workers_keep_exactly_once() {
     let job = Job::new("rebalance", 2);
     create_topic(&job.topic, 6);
     let logs = rebalance_scenario(&brokers(), &job, 60, &[]);
-    assert!(logs
-        .iter()
-        .any(|l| strip_ansi(l).contains("protocol=Cooperative")));
+    assert_protocol(&logs, "Cooperative");
 }
 
-/// The same on librdkafka's own mock cluster (in this process, reached by the workers over TCP),
-/// whose group coordinator hands revoked partitions on at once.
+/// The rebalance scenario on librdkafka's own mock cluster (in this process, reached by the
+/// workers over TCP), whose group coordinator hands revoked partitions on at once; the workers'
+/// logs.
+fn rebalance_on_the_mock_cluster(tag: &str, env: &[(&str, &str)]) -> Vec<String> {
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    let bootstrap = cluster.bootstrap_servers();
+    let job = Job::on(&bootstrap, tag, 2);
+    cluster.create_topic(&job.topic, 6, 1).unwrap();
+    rebalance_scenario(&bootstrap, &job, 15, env)
+}
+
+/// Every assignment in the workers' logs used `protocol` (a worker may have been given none).
+fn assert_protocol(logs: &[String], protocol: &str) {
+    let text = strip_ansi(&logs.join("\n"));
+    let used: Vec<&str> = text
+        .split("protocol=")
+        .skip(1)
+        .map(|rest| rest.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert!(
+        !used.is_empty() && used.iter().all(|p| *p == protocol),
+        "every assignment used the {protocol} protocol, not {used:?}"
+    );
+}
+
 #[test]
 fn rebalances_on_the_mock_cluster_keep_exactly_once() {
     let _one_at_a_time = serial();
-    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let job = Job::on(&bootstrap, "rebalance-mock", 2);
-    cluster.create_topic(&job.topic, 6, 1).unwrap();
-    rebalance_scenario(&bootstrap, &job, 15, &[]);
-    drop(cluster);
+    let logs = rebalance_on_the_mock_cluster("rebalance-mock", &[]);
+    assert_protocol(&logs, "Cooperative");
 }
 
 /// The same with the eager protocol (`range`, set through the environment as a deployment would):
@@ -604,24 +621,11 @@ fn rebalances_on_the_mock_cluster_keep_exactly_once() {
 #[test]
 fn rebalances_with_the_eager_protocol_keep_exactly_once() {
     let _one_at_a_time = serial();
-    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
-    let bootstrap = cluster.bootstrap_servers();
-    let job = Job::on(&bootstrap, "rebalance-eager", 2);
-    cluster.create_topic(&job.topic, 6, 1).unwrap();
-    let logs = rebalance_scenario(
-        &bootstrap,
-        &job,
-        15,
+    let logs = rebalance_on_the_mock_cluster(
+        "rebalance-eager",
         &[("QUARRY_KAFKA_PARTITION_ASSIGNMENT_STRATEGY", "range")],
     );
-    for log in &logs {
-        let log = strip_ansi(log);
-        assert!(
-            log.contains("protocol=Eager") && !log.contains("protocol=Cooperative"),
-            "every assignment used the eager protocol:\n{log}"
-        );
-    }
-    drop(cluster);
+    assert_protocol(&logs, "Eager");
 }
 
 // ---- Input from any producer: codecs, tombstones, stalls and an idle exit that tells the truth.
