@@ -3,12 +3,14 @@
 //! matches), cold (a fresh compile: first visit to every state) and warm (the same walk again on
 //! the same compiled constraint).
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
 use crate::peers::{Peer, Spec};
+use crate::ModelVocab;
 
 /// A regex and a realistic output it matches.
 pub struct Case {
@@ -267,10 +269,17 @@ pub fn run_case(peer: &dyn Peer, spec: &Spec, run: &Run) -> Value {
     r
 }
 
-/// How often each case is walked, and which cases: the options `grammar-bench` and `cfg-bench`
-/// share.
+/// The options `grammar-bench` and `cfg-bench` share: which vocabularies, how often each case is
+/// walked, which cases, and where the results go.
 #[derive(clap::Args, Debug)]
 pub struct Reps {
+    /// GGUF files whose vocabularies are used, repeatable (default: SmolLM2 and Qwen2.5 from
+    /// models/, and Gemma 3 too for grammar-bench).
+    #[arg(long)]
+    pub model: Vec<PathBuf>,
+    /// Where to write the JSON results (default: target/bench/<benchmark>.json).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// Fresh compiles per engine and case (each walked once, cold).
     #[arg(long, default_value_t = 5)]
     pub cold_reps: usize,
@@ -283,13 +292,58 @@ pub struct Reps {
 }
 
 impl Reps {
+    /// The `--model` files, or `default` when none is given.
+    pub fn models(&self, default: &[&str]) -> Vec<PathBuf> {
+        if self.model.is_empty() {
+            default.iter().map(PathBuf::from).collect()
+        } else {
+            self.model.clone()
+        }
+    }
+
     /// Whether the case `name` is selected by `--only`.
     pub fn selects(&self, name: &str) -> bool {
         self.only.as_deref().is_none_or(|o| name.contains(o))
     }
 
-    /// Writes the run's results to `out` (creating its folder) with the peers' `versions`.
-    pub fn write(&self, out: &std::path::Path, versions: Value, results: Vec<Value>) -> Result<()> {
+    /// Walks each selected case (name, output text, constraint) with every peer on one model's
+    /// vocabulary, printing a row each and adding its result to `results`.
+    pub fn run_cases<'c>(
+        &self,
+        model: &str,
+        mv: &ModelVocab,
+        peers: &[&dyn Peer],
+        cases: impl IntoIterator<Item = (&'c str, &'c str, Spec)>,
+        results: &mut Vec<Value>,
+    ) -> Result<()> {
+        for (name, text, spec) in cases {
+            if !self.selects(name) {
+                continue;
+            }
+            let tokens = mv.tokenizer.encode(text)?;
+            let run = Run {
+                model,
+                case: name,
+                tokens: &tokens,
+                mask_words: mv.vocab.mask_words(),
+                cold_reps: self.cold_reps,
+                warm_reps: self.warm_reps,
+            };
+            for peer in peers {
+                results.push(run_case(*peer, &spec, &run));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the run's results to `--out` (default `target/bench/<bench>.json`, creating its
+    /// folder) with the peers' `versions`.
+    pub fn write(&self, bench: &str, versions: Value, results: Vec<Value>) -> Result<()> {
+        let out = self
+            .out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("target/bench/{bench}.json")));
+        let out = out.as_path();
         if let Some(dir) = out.parent() {
             std::fs::create_dir_all(dir)?;
         }

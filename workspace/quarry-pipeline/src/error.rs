@@ -148,7 +148,7 @@ pub enum PipelineError {
         high_watermark: Option<i64>,
         stalled_s: u64,
         limit_s: u64,
-        cause: String,
+        cause: StallCause,
     },
     /// `--idle-exit` stopped with records left: a committed offset short of its high watermark
     /// (or one that could not be read).
@@ -194,6 +194,30 @@ pub enum PipelineError {
     /// `prompt.template` does not parse.
     #[error("prompt template: {0:#}")]
     Template(#[from] minijinja::Error),
+}
+
+/// What the worker saw while a partition did not move: the consumer errors since it last moved,
+/// by kind, with how many of each so far. librdkafka does not say which partition an error
+/// belongs to, so these are the client's errors in that time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StallCause {
+    pub consumer_errors: Vec<(String, u64)>,
+}
+
+impl std::fmt::Display for StallCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.consumer_errors.is_empty() {
+            return f.write_str(
+                "nothing delivered and no consumer error reported (a fetch that never completes?)",
+            );
+        }
+        f.write_str("consumer errors ")?;
+        for (i, (kind, n)) in self.consumer_errors.iter().enumerate() {
+            let sep = if i > 0 { ", " } else { "" };
+            write!(f, "{sep}{kind} ({n} so far)")?;
+        }
+        Ok(())
+    }
 }
 
 /// Why a URL or local path cannot be opened as a location.

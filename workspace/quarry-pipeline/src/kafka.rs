@@ -50,7 +50,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::config::{KafkaSource, PipelineConfig, SourceConfig, TombstonePolicy};
-use crate::error::{PartitionLag, PipelineError};
+use crate::error::{PartitionLag, PipelineError, StallCause};
 use crate::extract::Extractor;
 use crate::flow::{FileReport, Flow, Publisher};
 use crate::metrics::{ErrorKindLabel, Metrics, PartitionLabel};
@@ -333,7 +333,7 @@ pub struct Stall {
     /// `None` when the broker could not say where the partition ends.
     pub high_watermark: Option<i64>,
     pub stalled: Duration,
-    pub cause: String,
+    pub cause: StallCause,
 }
 
 /// What a worker did before it stopped.
@@ -374,7 +374,7 @@ impl WorkerSummary {
                     offset: None,
                     high_watermark: None,
                     stalled: Duration::ZERO,
-                    cause: "unknown".into(),
+                    cause: StallCause::default(),
                 });
                 Err(PipelineError::Stalled {
                     topic: self.topic.clone(),
@@ -488,12 +488,18 @@ fn error_kind(e: &KafkaError) -> String {
     out
 }
 
+/// Where rejects go besides the rejects file (`rejects.dead_letter_topic`).
+struct DeadLetters {
+    producer: BaseProducer,
+    topic: String,
+}
+
 /// A running worker.
 pub struct Worker<'a, E: Extractor> {
     src: KafkaSource,
     cfg: &'a PipelineConfig,
     consumer: BaseConsumer<WorkerContext>,
-    producer: Option<(BaseProducer, String)>,
+    dead_letters: Option<DeadLetters>,
     flow: &'a mut Flow<E>,
     publisher: &'a Publisher,
     metrics: &'a Metrics,
@@ -585,7 +591,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
         consumer
             .subscribe(&[&src.topic])
             .map_err(|e| kafka_err("subscribe", e))?;
-        let producer = match &cfg.rejects.dead_letter_topic {
+        let dead_letters = match &cfg.rejects.dead_letter_topic {
             Some(topic) => {
                 let mut pc = ClientConfig::new();
                 pc.set("bootstrap.servers", &src.brokers);
@@ -595,7 +601,10 @@ impl<'a, E: Extractor> Worker<'a, E> {
                 let p: BaseProducer = pc
                     .create()
                     .map_err(|e| kafka_err("dead-letter producer", e))?;
-                Some((p, topic.clone()))
+                Some(DeadLetters {
+                    producer: p,
+                    topic: topic.clone(),
+                })
             }
             None => None,
         };
@@ -611,7 +620,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
             src,
             cfg,
             consumer,
-            producer,
+            dead_letters,
             flow,
             publisher,
             metrics,
@@ -813,18 +822,14 @@ impl<'a, E: Extractor> Worker<'a, E> {
     }
 
     /// The consumer errors seen since `since`, for a stall's cause.
-    fn errors_since(&self, since: Instant) -> String {
-        let recent: Vec<String> = self
-            .errors
-            .iter()
-            .filter(|(_, (_, last))| *last >= since)
-            .map(|(k, (n, _))| format!("{k} ({n} so far)"))
-            .collect();
-        if recent.is_empty() {
-            "nothing delivered and no consumer error reported (a fetch that never completes?)"
-                .into()
-        } else {
-            format!("consumer errors {}", recent.join(", "))
+    fn errors_since(&self, since: Instant) -> StallCause {
+        StallCause {
+            consumer_errors: self
+                .errors
+                .iter()
+                .filter(|(_, (_, last))| *last >= since)
+                .map(|(k, (n, _))| (k.clone(), *n))
+                .collect(),
         }
     }
 
@@ -1189,7 +1194,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
         for (c, n) in &r.causes {
             *self.summary.causes.entry(c.to_string()).or_default() += n;
         }
-        if let Some((producer, topic)) = &self.producer {
+        if let Some(DeadLetters { producer, topic }) = &self.dead_letters {
             for (key, value) in &r.dead_letters {
                 let payload = value.to_string();
                 let mut rec = BaseRecord::<Vec<u8>, String>::to(topic).payload(&payload);
@@ -1403,13 +1408,18 @@ mod tests {
             offset: Some(2),
             high_watermark: Some(5),
             stalled: Duration::from_secs(121),
-            cause: "consumer errors bad_compression (40 so far)".into(),
+            cause: StallCause {
+                consumer_errors: vec![("bad_compression".into(), 40), ("transport".into(), 2)],
+            },
         });
         let e = s.verdict().unwrap_err().to_string();
         assert!(
-            e.starts_with("kafka topic docs partition 2: stalled at offset 2 (high watermark 5) for 121 s, over source.stall_timeout_s = 120"),
+            e.starts_with("kafka topic docs partition 2: stalled at offset 2 (high watermark 5) for 121 s, over source.stall_timeout_s = 120; cause: consumer errors bad_compression (40 so far), transport (2 so far);"),
             "{e}"
         );
+        assert!(StallCause::default()
+            .to_string()
+            .starts_with("nothing delivered"));
     }
 
     #[test]

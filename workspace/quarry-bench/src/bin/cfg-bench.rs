@@ -8,33 +8,31 @@
 //! languages written in llguidance's Lark syntax (`workspace/quarry-grammar/tests/grammars/*.lark`, which quarry also reads).
 //! xgrammar is not in the run: its Python package requires torch (see `BENCHMARKS.md`).
 
-use std::path::PathBuf;
-
 use anyhow::Result;
 use clap::Parser;
 use quarry_bench::cfg::cases;
-use quarry_bench::grammar::{print_header, run_case, Reps, Run};
+use quarry_bench::grammar::{print_header, Reps};
 use quarry_bench::peers::{Llguidance, Peer, Quarry};
 use quarry_bench::ModelVocab;
 use serde_json::{json, Value};
 
+/// SmolLM2 (49k tokens) and Qwen2.5 (152k), unless `--model` says otherwise.
+const MODELS: [&str; 2] = [
+    "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+];
+
 #[derive(Parser)]
 #[command(about = "Context-free constraint compile and mask times: quarry vs llguidance")]
 struct Args {
-    /// GGUF files whose vocabularies are used (49k and 152k tokens).
-    #[arg(long, default_values = ["models/SmolLM2-135M-Instruct.Q4_1.gguf", "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"])]
-    model: Vec<PathBuf>,
     #[command(flatten)]
     reps: Reps,
-    /// Where to write the JSON results.
-    #[arg(long, default_value = "target/bench/cfg.json")]
-    out: PathBuf,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     let mut results: Vec<Value> = Vec::new();
-    for path in &args.model {
+    for path in &args.reps.models(&MODELS) {
         let mv = ModelVocab::load(path)?;
         let v = &mv.vocab;
         let llg = Llguidance::new(v)?;
@@ -46,26 +44,15 @@ fn main() -> Result<()> {
         println!("\n{model}: {} tokens", v.len());
         print_header();
         let peers: [&dyn Peer; 2] = [&quarry, &llg];
-        for case in cases()? {
-            if !args.reps.selects(case.name) {
-                continue;
-            }
-            let tokens = mv.tokenizer.encode(&case.text)?;
-            let run = Run {
-                model: &model,
-                case: case.name,
-                tokens: &tokens,
-                mask_words: v.mask_words(),
-                cold_reps: args.reps.cold_reps,
-                warm_reps: args.reps.warm_reps,
-            };
-            for peer in peers {
-                results.push(run_case(peer, &case.spec, &run));
-            }
-        }
+        let cases = cases()?;
+        let specs = cases
+            .iter()
+            .map(|c| (c.name, c.text.as_str(), c.spec.clone()));
+        args.reps
+            .run_cases(&model, &mv, &peers, specs, &mut results)?;
     }
     args.reps.write(
-        &args.out,
+        "cfg",
         json!({
             "quarry-grammar": env!("CARGO_PKG_VERSION"),
             "llguidance": "1.9.1",

@@ -1,33 +1,33 @@
 //! `grammar-bench`: quarry against outlines-core and llguidance on the same regexes and the same
 //! vocabularies, in one run. Prints a table and writes JSON (see `BENCHMARKS.md`).
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
-use quarry_bench::grammar::{cases, print_header, run_case, Reps, Run};
+use quarry_bench::grammar::{cases, print_header, Reps};
 use quarry_bench::peers::{Llguidance, Outlines, Peer, Quarry, Spec};
 use quarry_bench::ModelVocab;
 use serde_json::{json, Value};
 
+/// SmolLM2 (49k tokens), Gemma 3 (262k) and Qwen2.5 (152k), unless `--model` says otherwise.
+const MODELS: [&str; 3] = [
+    "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "models/gemma-3-270m-q4_k_m.gguf",
+    "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+];
+
 #[derive(Parser)]
 #[command(about = "Constraint compile and mask times: quarry vs outlines-core vs llguidance")]
 struct Args {
-    /// GGUF files whose vocabularies are used (49k, 262k and 152k tokens).
-    #[arg(long, default_values = ["models/SmolLM2-135M-Instruct.Q4_1.gguf", "models/gemma-3-270m-q4_k_m.gguf", "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"])]
-    model: Vec<PathBuf>,
     #[command(flatten)]
     reps: Reps,
-    /// Where to write the JSON results.
-    #[arg(long, default_value = "target/bench/grammar.json")]
-    out: PathBuf,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     let mut results: Vec<Value> = Vec::new();
-    for path in &args.model {
+    for path in &args.reps.models(&MODELS) {
         let mv = ModelVocab::load(path)?;
         let v = &mv.vocab;
         let t = Instant::now();
@@ -55,26 +55,14 @@ fn main() -> Result<()> {
         );
         print_header();
         let peers: [&dyn Peer; 4] = [&quarry, &eager, &outlines, &llg];
-        for case in cases() {
-            if !args.reps.selects(case.name) {
-                continue;
-            }
-            let tokens = mv.tokenizer.encode(case.text)?;
-            let run = Run {
-                model: &model,
-                case: case.name,
-                tokens: &tokens,
-                mask_words: v.mask_words(),
-                cold_reps: args.reps.cold_reps,
-                warm_reps: args.reps.warm_reps,
-            };
-            for peer in peers {
-                results.push(run_case(peer, &Spec::Regex(case.regex.clone()), &run));
-            }
-        }
+        let specs = cases()
+            .into_iter()
+            .map(|c| (c.name, c.text, Spec::Regex(c.regex)));
+        args.reps
+            .run_cases(&model, &mv, &peers, specs, &mut results)?;
     }
     args.reps.write(
-        &args.out,
+        "grammar",
         json!({
             "quarry-grammar": env!("CARGO_PKG_VERSION"),
             "outlines-core": "0.2.14",
