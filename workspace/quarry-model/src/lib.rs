@@ -29,6 +29,7 @@ mod info;
 mod linear;
 mod llama;
 mod pool;
+mod ragged;
 mod sampling;
 mod simd;
 
@@ -39,4 +40,5 @@ pub use error::{ModelError, Result};
 pub use info::ModelInfo;
 pub use llama::Llama;
 pub use pool::{KvLayout, KvPool, PageId};
+pub use ragged::RaggedBatch;
 pub use sampling::{argmax, Sampler, SamplingParams};

@@ -1,0 +1,231 @@
+//! The ragged batch as a whole-batch paged attention kernel reads it (issue 25): flat `u32` arrays,
+//! one upload each per step, and the plain-Rust arithmetic such a kernel must reproduce.
+//!
+//! One launch covers every new token of every sequence, decode rows and prefill rows alike: the
+//! thread block of (token, query head) finds its sequence, its position and, through the
+//! sequence's slice of the concatenated block tables, the pool row of every position it attends
+//! to. [`RaggedBatch::fill`] builds those arrays from the engine's [`SeqInput`]s into buffers it
+//! keeps, so a step allocates nothing once the buffers have grown; [`attend_reference`] is the
+//! kernel's arithmetic, checked here against the host kernel ([`crate::attention`]) and, on a
+//! GPU, the reference the CUDA kernel is compared with.
+
+#[cfg(test)]
+use crate::attention::Heads;
+use crate::batch::SeqInput;
+
+/// The batch's metadata, as the kernel reads it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RaggedBatch {
+    /// Per new token (in batch order): its sequence.
+    pub token_seq: Vec<u32>,
+    /// Per new token: its position in its sequence.
+    pub token_pos: Vec<u32>,
+    /// Per sequence, where its pages begin in `block_table`; one more entry than sequences, the
+    /// last being `block_table.len()` (the offsets of a compressed sparse row).
+    pub page_start: Vec<u32>,
+    /// Every sequence's block table, concatenated: the pages it needs for positions
+    /// `0..start + tokens.len()`, no more.
+    pub block_table: Vec<u32>,
+    pub page_size: u32,
+}
+
+impl RaggedBatch {
+    /// Refills the arrays for `batch` (capacity is kept between steps).
+    ///
+    /// # Panics
+    /// If a sequence's block table does not cover its last new position, or a count does not fit
+    /// `u32` (the engine's own checks come first: [`crate::batch::Plan`] refuses both).
+    pub fn fill(&mut self, batch: &[SeqInput], page_size: usize) {
+        assert!(page_size > 0, "a page holds at least one position");
+        self.token_seq.clear();
+        self.token_pos.clear();
+        self.page_start.clear();
+        self.block_table.clear();
+        self.page_size = u32::try_from(page_size).expect("page size fits u32");
+        for (s, seq) in batch.iter().enumerate() {
+            let end = seq.start + seq.tokens.len();
+            let pages = end.div_ceil(page_size);
+            assert!(
+                seq.pages.len() >= pages,
+                "sequence {s}: {} pages do not cover position {}",
+                seq.pages.len(),
+                end.saturating_sub(1)
+            );
+            self.page_start.push(to_u32(self.block_table.len()));
+            self.block_table.extend_from_slice(&seq.pages[..pages]);
+            for p in seq.start..end {
+                self.token_seq.push(to_u32(s));
+                self.token_pos.push(to_u32(p));
+            }
+        }
+        self.page_start.push(to_u32(self.block_table.len()));
+    }
+
+    /// New tokens in the batch.
+    pub fn tokens(&self) -> usize {
+        self.token_seq.len()
+    }
+
+    /// The pool row that holds position `pos` of sequence `seq`.
+    pub fn row(&self, seq: usize, pos: usize) -> usize {
+        let ps = self.page_size as usize;
+        let page = self.block_table[self.page_start[seq] as usize + pos / ps] as usize;
+        page * ps + pos % ps
+    }
+}
+
+fn to_u32(n: usize) -> u32 {
+    u32::try_from(n).expect("batch sizes fit u32")
+}
+
+/// The paged attention kernel's arithmetic, one (token, query head) at a time: scores
+/// `q·k · scale` over the positions the token sees (causal, and within Gemma's sliding window),
+/// a softmax that subtracts the row's maximum, then the weighted sum of the values. Query head
+/// `h` reads key-value head `h / (n_head / n_kv)` (grouped-query attention).
+///
+/// `q` is `[tokens, n_head · head_dim]`, `k` and `v` are the layer's pool (`[rows, n_kv ·
+/// head_dim]`), `out` is `[tokens, n_head · head_dim]`. Compiled for the tests, which compare it
+/// with the host kernel here and with the CUDA kernel on a GPU.
+#[cfg(test)]
+pub(crate) fn attend_reference(
+    meta: &RaggedBatch,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    h: Heads,
+    out: &mut [f32],
+) {
+    let d = h.head_dim;
+    let (stride, kv_dim, group) = (h.n_head * d, h.n_kv * d, h.n_head / h.n_kv);
+    assert_eq!(q.len(), meta.tokens() * stride);
+    assert_eq!(out.len(), meta.tokens() * stride);
+    let mut scores = Vec::new();
+    for t in 0..meta.tokens() {
+        let (seq, pos) = (meta.token_seq[t] as usize, meta.token_pos[t] as usize);
+        let first = h.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        for head in 0..h.n_head {
+            let kv = (head / group) * d;
+            let qh = &q[t * stride + head * d..][..d];
+            scores.clear();
+            for p in first..=pos {
+                let kr = &k[meta.row(seq, p) * kv_dim + kv..][..d];
+                let dot: f32 = qh.iter().zip(kr).map(|(a, b)| a * b).sum();
+                scores.push(dot * h.scale);
+            }
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let o = &mut out[t * stride + head * d..][..d];
+            o.fill(0.0);
+            for (i, p) in (first..=pos).enumerate() {
+                let w = scores[i] / sum;
+                let vr = &v[meta.row(seq, p) * kv_dim + kv..][..d];
+                for (x, y) in o.iter_mut().zip(vr) {
+                    *x += w * y;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::attend_host;
+    use crate::batch::Plan;
+    use crate::simd::testing::values;
+
+    /// Three sequences in one batch, as a step mixes them: a 7-token prefill, a decode at
+    /// position 9 and a 3-token extension from position 4, with scattered pages.
+    fn batch_pages() -> (Vec<Vec<u32>>, Vec<Vec<u32>>, Vec<usize>) {
+        let tokens = vec![vec![1; 7], vec![2; 1], vec![3; 3]];
+        let pages = vec![vec![5, 1], vec![0, 7, 3], vec![6, 2]];
+        (tokens, pages, vec![0, 9, 4])
+    }
+
+    #[test]
+    fn fill_lays_out_tokens_and_block_tables_and_keeps_its_buffers() {
+        let (tokens, pages, starts) = batch_pages();
+        let batch: Vec<SeqInput> = (0..3)
+            .map(|i| SeqInput::new(&tokens[i], starts[i], &pages[i]))
+            .collect();
+        let mut meta = RaggedBatch::default();
+        meta.fill(&batch, 4);
+        assert_eq!(meta.token_seq, [0, 0, 0, 0, 0, 0, 0, 1, 2, 2, 2]);
+        assert_eq!(meta.token_pos, [0, 1, 2, 3, 4, 5, 6, 9, 4, 5, 6]);
+        // Only the pages that hold positions up to the last new one.
+        assert_eq!(meta.page_start, [0, 2, 5, 7]);
+        assert_eq!(meta.block_table, [5, 1, 0, 7, 3, 6, 2]);
+        assert_eq!(meta.row(1, 9), 3 * 4 + 1);
+        assert_eq!(meta.row(2, 4), 2 * 4);
+        let cap = meta.block_table.capacity();
+        meta.fill(&batch[1..], 4);
+        assert_eq!(meta.page_start, [0, 3, 5]);
+        assert_eq!(meta.block_table.capacity(), cap, "the buffer is reused");
+    }
+
+    #[test]
+    #[should_panic(expected = "do not cover position")]
+    fn a_block_table_short_of_the_last_position_is_refused() {
+        let pages = [0u32];
+        let batch = [SeqInput::new(&[1, 2, 3], 2, &pages)];
+        RaggedBatch::default().fill(&batch, 4);
+    }
+
+    /// The reference equals the host kernel (AVX2 where the CPU has it) on a mixed batch, with
+    /// grouped-query heads, with and without a sliding window.
+    #[test]
+    fn the_reference_matches_the_host_kernel_on_a_mixed_batch() {
+        let (tokens, pages, starts) = batch_pages();
+        let batch: Vec<SeqInput> = (0..3)
+            .map(|i| SeqInput::new(&tokens[i], starts[i], &pages[i]))
+            .collect();
+        let mut meta = RaggedBatch::default();
+        meta.fill(&batch, 4);
+        let mut seq_rows = Vec::new();
+        let mut row = 0;
+        for seq in &batch {
+            seq_rows.push(row..row + seq.tokens.len());
+            row += seq.tokens.len();
+        }
+        // What the host kernel reads of a plan: the rows of each sequence and their positions.
+        let plan = Plan {
+            tokens: tokens.concat(),
+            positions: meta.token_pos.clone(),
+            slots: Vec::new(),
+            seq_rows,
+            logit_rows: Vec::new(),
+            out_rows: Vec::new(),
+        };
+        for window in [None, Some(3)] {
+            let h = Heads {
+                n_head: 4,
+                n_kv: 2,
+                head_dim: 64,
+                page_size: 4,
+                scale: 0.125,
+                window,
+            };
+            let rows = 8 * 4;
+            let kv = rows * h.n_kv * h.head_dim;
+            let k = values(0x9e37_79b9_7f4a_7c15, kv, -0.5, 0.5);
+            let v = values(0x2545_f491_4f6c_dd1d, kv, -0.5, 0.5);
+            let stride = h.n_head * h.head_dim;
+            let q = values(0x5851_f42d_4c95_7f2d, meta.tokens() * stride, -0.5, 0.5);
+            let mut want = vec![0f32; q.len()];
+            let mut got = vec![f32::NAN; q.len()];
+            attend_reference(&meta, &q, &k, &v, h, &mut want);
+            attend_host(&q, stride, &k, &v, &plan, &batch, h, &mut got);
+            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5,
+                    "window {window:?}: value {i} (token {}): reference {a}, host {b}",
+                    i / stride
+                );
+            }
+        }
+    }
+}
