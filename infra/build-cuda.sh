@@ -29,6 +29,16 @@ export PATH="$NV/bin:$PATH"
 export CPATH="$NV/include:$NV/include/cccl:${CPATH:-}"
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
 nvcc --version | tail -1
+# quarry's own kernels (workspace/quarry-model/kernels/*.cu) to PTX for the driver to load, each
+# checked by ptxas for the target GPU (registers and shared memory printed). They are not launched
+# yet: the whole-batch paged attention is compared with its reference (src/ragged.rs) on a lent GPU.
+PTX="${CARGO_TARGET_DIR:-target}/ptx"
+mkdir -p "$PTX"
+for cu in workspace/quarry-model/kernels/*.cu; do
+  name="$(basename "$cu" .cu)"
+  nvcc -ptx -O3 -arch="compute_$CUDA_COMPUTE_CAP" -o "$PTX/$name.ptx" "$cu"
+  ptxas -arch="sm_$CUDA_COMPUTE_CAP" -v -o /dev/null "$PTX/$name.ptx" 2>&1 | sed "s|^|$name: |"
+done
 if [ "${CHECK_ONLY:-0}" = 1 ]; then
   cargo check --release -p quarry --features cuda
   echo "the CUDA build type-checks (kernels compiled for compute capability $CUDA_COMPUTE_CAP)."
