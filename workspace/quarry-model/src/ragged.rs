@@ -140,20 +140,39 @@ mod tests {
 
     /// Three sequences in one batch, as a step mixes them: a 7-token prefill, a decode at
     /// position 9 and a 3-token extension from position 4, with scattered pages.
-    fn batch_pages() -> (Vec<Vec<u32>>, Vec<Vec<u32>>, Vec<usize>) {
-        let tokens = vec![vec![1; 7], vec![2; 1], vec![3; 3]];
-        let pages = vec![vec![5, 1], vec![0, 7, 3], vec![6, 2]];
-        (tokens, pages, vec![0, 9, 4])
+    struct Mixed {
+        tokens: [Vec<u32>; 3],
+        pages: [Vec<u32>; 3],
+        starts: [usize; 3],
+    }
+
+    impl Mixed {
+        fn new() -> Self {
+            Self {
+                tokens: [vec![1; 7], vec![2; 1], vec![3; 3]],
+                pages: [vec![5, 1], vec![0, 7, 3], vec![6, 2]],
+                starts: [0, 9, 4],
+            }
+        }
+
+        fn batch(&self) -> Vec<SeqInput<'_>> {
+            (0..3)
+                .map(|i| SeqInput::new(&self.tokens[i], self.starts[i], &self.pages[i]))
+                .collect()
+        }
+
+        /// The batch's metadata with 4-position pages.
+        fn meta(&self) -> RaggedBatch {
+            let mut meta = RaggedBatch::default();
+            meta.fill(&self.batch(), 4);
+            meta
+        }
     }
 
     #[test]
     fn fill_lays_out_tokens_and_block_tables_and_keeps_its_buffers() {
-        let (tokens, pages, starts) = batch_pages();
-        let batch: Vec<SeqInput> = (0..3)
-            .map(|i| SeqInput::new(&tokens[i], starts[i], &pages[i]))
-            .collect();
-        let mut meta = RaggedBatch::default();
-        meta.fill(&batch, 4);
+        let mixed = Mixed::new();
+        let mut meta = mixed.meta();
         assert_eq!(meta.token_seq, [0, 0, 0, 0, 0, 0, 0, 1, 2, 2, 2]);
         assert_eq!(meta.token_pos, [0, 1, 2, 3, 4, 5, 6, 9, 4, 5, 6]);
         // Only the pages that hold positions up to the last new one.
@@ -162,7 +181,7 @@ mod tests {
         assert_eq!(meta.row(1, 9), 3 * 4 + 1);
         assert_eq!(meta.row(2, 4), 2 * 4);
         let cap = meta.block_table.capacity();
-        meta.fill(&batch[1..], 4);
+        meta.fill(&mixed.batch()[1..], 4);
         assert_eq!(meta.page_start, [0, 3, 5]);
         assert_eq!(meta.block_table.capacity(), cap, "the buffer is reused");
     }
@@ -179,12 +198,8 @@ mod tests {
     /// grouped-query heads, with and without a sliding window.
     #[test]
     fn the_reference_matches_the_host_kernel_on_a_mixed_batch() {
-        let (tokens, pages, starts) = batch_pages();
-        let batch: Vec<SeqInput> = (0..3)
-            .map(|i| SeqInput::new(&tokens[i], starts[i], &pages[i]))
-            .collect();
-        let mut meta = RaggedBatch::default();
-        meta.fill(&batch, 4);
+        let mixed = Mixed::new();
+        let (batch, meta) = (mixed.batch(), mixed.meta());
         let mut seq_rows = Vec::new();
         let mut row = 0;
         for seq in &batch {
@@ -193,7 +208,7 @@ mod tests {
         }
         // What the host kernel reads of a plan: the rows of each sequence and their positions.
         let plan = Plan {
-            tokens: tokens.concat(),
+            tokens: mixed.tokens.concat(),
             positions: meta.token_pos.clone(),
             slots: Vec::new(),
             seq_rows,
