@@ -180,9 +180,18 @@ fn main() -> ExitCode {
 }
 
 /// An error as one line: the cause chain joined, then how to fix it where the message does not
-/// already say.
+/// already say. A cause the message already quotes (a typed error whose text includes its source)
+/// is not repeated.
 fn error_line(e: &anyhow::Error) -> String {
-    let msg = format!("{e:#}").replace('\n', " ");
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !msg.contains(&cause) {
+            msg.push_str(": ");
+            msg.push_str(&cause);
+        }
+    }
+    let msg = msg.split_whitespace().collect::<Vec<_>>().join(" ");
     match hint(e).filter(|_| !msg.contains("To fix") && !msg.contains("run `make")) {
         Some(h) => format!("error: {msg}. Hint: {h}"),
         None => format!("error: {msg}"),
@@ -195,7 +204,7 @@ fn hint(e: &anyhow::Error) -> Option<&'static str> {
     let p = e.chain().find_map(|c| c.downcast_ref::<P>())?;
     Some(match p {
         P::Config { .. } | P::Definition { .. } => "job definitions are described in pipelines/README.md and the configuration reference in docs/pipelines.md",
-        P::Read { .. } => "paths in a job definition are relative to the definition's folder",
+        P::Read { .. } => "check the path (paths inside a job definition are relative to its folder)",
         P::WrongSource { .. } => "`quarry extract` runs dataset jobs and `quarry worker` Kafka jobs (pipelines/README.md)",
         P::Schema { .. } => "check the file with `quarry grammar compile --schema FILE`",
         P::Grammar { .. } => "check the file with `quarry grammar compile --grammar FILE`",
@@ -500,6 +509,20 @@ mod tests {
         assert!(!line.contains('\n'), "{line}");
         assert!(
             line.starts_with("error: pipeline job.toml: two lines of text. Hint: "),
+            "{line}"
+        );
+        // A typed error whose message quotes its source, in a context: each text once.
+        let read = anyhow::Error::new(quarry_pipeline::PipelineError::Read {
+            path: "grammar.gbnf".into(),
+            source: std::io::Error::other("permission denied"),
+        })
+        .context("preparing the job");
+        let line = error_line(&read);
+        assert_eq!(line.matches("permission denied").count(), 1, "{line}");
+        assert!(
+            line.starts_with(
+                "error: preparing the job: cannot read grammar.gbnf: permission denied. Hint: "
+            ),
             "{line}"
         );
         let plain = error_line(&anyhow::anyhow!("model file x not found: run `make setup`"));
