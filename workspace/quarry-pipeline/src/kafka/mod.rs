@@ -42,12 +42,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, RebalanceProtocol};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::types::RDKafkaRespErr;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::{KafkaSource, PipelineConfig, SourceConfig, TombstonePolicy};
 use crate::error::{PartitionLag, PipelineError, StallCause};
@@ -56,90 +55,16 @@ use crate::flow::{FileReport, Flow, Publisher};
 use crate::metrics::{ErrorKindLabel, Metrics, PartitionLabel};
 use crate::record::{decode, tombstone, Lineage};
 use crate::shutdown::Shutdown;
-use crate::store::Location;
 
-/// The file name of an offset range.
-pub fn range_name(topic: &str, partition: i32, first: i64, last: i64) -> String {
-    format!(
-        "{}/{first:020}-{last:020}.parquet",
-        partition_dir(topic, partition)
-    )
-}
+mod client;
+mod ranges;
+mod summary;
 
-pub fn partition_dir(topic: &str, partition: i32) -> String {
-    format!("topic={topic}/partition={partition}")
-}
+pub use client::{client_properties, ENV_PREFIX};
+pub use ranges::{parse_range, partition_dir, range_name, reconcile, PublishedRange, Reconciled};
+pub use summary::{Stall, StopReason, WorkerSummary};
 
-/// The (first, last) offsets in a range file's name.
-pub fn parse_range(name: &str) -> Option<(i64, i64)> {
-    let file = name.rsplit('/').next()?;
-    let stem = file.strip_suffix(".parquet")?;
-    let (a, b) = stem.split_once('-')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
-}
-
-/// A published file's offset range, by its name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublishedRange {
-    /// The file's name under the output and rejects prefixes.
-    pub name: String,
-    pub first: i64,
-    pub last: i64,
-}
-
-/// Where a partition resumes, from what is published.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Reconciled {
-    /// The first offset not yet published; `None` when nothing is (use the committed offset).
-    pub resume: Option<i64>,
-    /// An accepted file without its rejects marker. Its range is replayed exactly, under its
-    /// name.
-    pub replay: Option<PublishedRange>,
-}
-
-/// Reads a partition's published files.
-pub fn reconcile(
-    output: &Location,
-    rejects: &Location,
-    topic: &str,
-    partition: i32,
-) -> Result<Reconciled, PipelineError> {
-    let dir = partition_dir(topic, partition);
-    let ranges = |loc: &Location| -> Result<Vec<PublishedRange>, PipelineError> {
-        Ok(loc
-            .list(&dir)?
-            .iter()
-            .filter_map(|m| {
-                let name = loc.relative(&m.location);
-                parse_range(&name).map(|(first, last)| PublishedRange { name, first, last })
-            })
-            .collect())
-    };
-    let marked = ranges(rejects)?;
-    let highest = marked.iter().map(|r| r.last).max();
-    let orphan = ranges(output)?
-        .into_iter()
-        .filter(|r| highest.is_none_or(|h| r.first > h))
-        .min_by_key(|r| r.first);
-    let resume = match (&orphan, highest) {
-        (_, Some(h)) => Some(h + 1),
-        (Some(r), None) => Some(r.first),
-        (None, None) => None,
-    };
-    Ok(Reconciled {
-        resume,
-        replay: orphan,
-    })
-}
-
-/// What the rebalance callback hands to the job loop.
-enum Event {
-    /// The group gave these partitions of the topic to this worker (with the eager protocol, the
-    /// whole new assignment, perhaps empty). librdkafka waits for the assign call, which
-    /// [`Worker::assign`] makes.
-    Assign(Vec<i32>),
-    Revoked(i32),
-}
+use client::{error_kind, Event, Throttle, WorkerContext};
 
 /// A partition as librdkafka's statistics last saw it (every 5 s, no broker round trip).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -165,136 +90,6 @@ impl FetchStats {
     }
 }
 
-/// How often a repeating log line may be written.
-const LOG_EVERY: Duration = Duration::from_secs(60);
-
-/// Logs a repeating line once per key and [`LOG_EVERY`], with how many were held back.
-#[derive(Default)]
-struct Throttle {
-    seen: HashMap<String, (Instant, u64)>,
-}
-
-impl Throttle {
-    /// `Some(suppressed since the last line)` when this occurrence should be logged.
-    fn admit(&mut self, key: &str) -> Option<u64> {
-        let now = Instant::now();
-        match self.seen.get_mut(key) {
-            None => {
-                self.seen.insert(key.to_string(), (now, 0));
-                Some(0)
-            }
-            Some((last, held)) if now.duration_since(*last) >= LOG_EVERY => {
-                let n = *held;
-                *last = now;
-                *held = 0;
-                Some(n)
-            }
-            Some((_, held)) => {
-                *held += 1;
-                None
-            }
-        }
-    }
-}
-
-struct WorkerContext {
-    topic: String,
-    events: Mutex<Vec<Event>>,
-    fetch: Mutex<HashMap<i32, FetchStats>>,
-    /// Client-level errors (a broker down) repeat at every retry.
-    errors_logged: Mutex<Throttle>,
-}
-
-impl ClientContext for WorkerContext {
-    /// librdkafka's log lines go to `tracing` (target `librdkafka`).
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, msg: &str) {
-        use rdkafka::config::RDKafkaLogLevel as L;
-        match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => {
-                tracing::error!(target: "librdkafka", fac, "{msg}")
-            }
-            L::Warning => tracing::warn!(target: "librdkafka", fac, "{msg}"),
-            L::Notice | L::Info => tracing::info!(target: "librdkafka", fac, "{msg}"),
-            L::Debug => tracing::debug!(target: "librdkafka", fac, "{msg}"),
-        }
-    }
-
-    fn stats(&self, stats: rdkafka::Statistics) {
-        if let Some(t) = stats.topics.get(&self.topic) {
-            let mut fetch = self.fetch.lock().expect("fetch lock");
-            for (p, part) in &t.partitions {
-                if *p >= 0 && part.hi_offset >= 0 {
-                    fetch.insert(
-                        *p,
-                        FetchStats {
-                            consumer_lag: part.consumer_lag,
-                            hi_offset: part.hi_offset,
-                            lo_offset: part.lo_offset,
-                            committed_offset: part.committed_offset,
-                            next_offset: part.next_offset,
-                        },
-                    );
-                }
-            }
-        }
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        let key = error_kind(&error);
-        if let Some(held) = self
-            .errors_logged
-            .lock()
-            .expect("throttle lock")
-            .admit(&key)
-        {
-            tracing::warn!(target: "librdkafka", %error, held_back = held, "{reason}");
-        }
-    }
-}
-
-impl ConsumerContext for WorkerContext {
-    fn rebalance(
-        &self,
-        base: &BaseConsumer<Self>,
-        err: RDKafkaRespErr,
-        tpl: &mut TopicPartitionList,
-    ) {
-        let cooperative = matches!(base.rebalance_protocol(), RebalanceProtocol::Cooperative);
-        let mut events = self.events.lock().expect("events lock");
-        match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let partitions = tpl
-                    .elements_for_topic(&self.topic)
-                    .iter()
-                    .map(|el| el.partition())
-                    .collect();
-                events.push(Event::Assign(partitions));
-            }
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                for el in tpl.elements() {
-                    if el.topic() == self.topic {
-                        tracing::info!(
-                            partition = el.partition(),
-                            lost = base.assignment_lost(),
-                            "revoked"
-                        );
-                        events.push(Event::Revoked(el.partition()));
-                    }
-                }
-                let r = if cooperative {
-                    base.incremental_unassign(tpl)
-                } else {
-                    base.unassign()
-                };
-                if let Err(e) = r {
-                    tracing::warn!(error = %e, "unassign failed");
-                }
-            }
-            other => tracing::warn!(error = ?other, "rebalance error"),
-        }
-    }
-}
-
 /// Options a caller adds to a worker.
 #[derive(Debug, Clone, Default)]
 pub struct WorkerOptions {
@@ -307,94 +102,6 @@ pub struct WorkerOptions {
     pub idle_exit: Option<Duration>,
     /// Overrides `source.stall_timeout_s`.
     pub stall_timeout: Option<Duration>,
-}
-
-/// Why a worker stopped.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    /// SIGTERM or SIGINT: drained and committed what it held.
-    #[default]
-    Signal,
-    /// `--idle-exit`: nothing to do for that long.
-    Idle,
-    /// A partition stalled past `source.stall_timeout_s`.
-    Stalled,
-    /// A second signal: in-flight work abandoned, uncommitted.
-    Abandoned,
-}
-
-/// A partition that stopped the worker.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Stall {
-    pub partition: i32,
-    /// The first offset not delivered; `None` when neither the worker nor the broker knows.
-    pub offset: Option<i64>,
-    /// `None` when the broker could not say where the partition ends.
-    pub high_watermark: Option<i64>,
-    pub stalled: Duration,
-    pub cause: StallCause,
-}
-
-/// What a worker did before it stopped.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct WorkerSummary {
-    pub topic: String,
-    pub stop: StopReason,
-    pub consumed: u64,
-    pub accepted: u64,
-    pub rejected: u64,
-    /// Left out by configuration (`source.tombstones = "skip"`).
-    pub skipped: u64,
-    pub files: u64,
-    pub replays: u64,
-    pub abandoned: u64,
-    pub causes: BTreeMap<String, u64>,
-    /// Consumer errors by kind (see `quarry_consumer_errors_total`).
-    pub consumer_errors: BTreeMap<String, u64>,
-    /// Each assigned partition's lag when the worker stopped.
-    pub lag: Vec<PartitionLag>,
-    /// The records left in the assigned partitions (the sum of `lag`; unknown ones not counted).
-    pub lag_total: i64,
-    pub wall_s: f64,
-    #[serde(skip)]
-    pub stall: Option<Stall>,
-    #[serde(skip)]
-    pub stall_limit: Duration,
-}
-
-impl WorkerSummary {
-    /// Whether the stop is a success: a stall never is, and an idle exit only with every
-    /// assigned partition committed up to its high watermark.
-    pub fn verdict(&self) -> Result<(), PipelineError> {
-        match self.stop {
-            StopReason::Stalled => {
-                let s = self.stall.clone().unwrap_or(Stall {
-                    partition: -1,
-                    offset: None,
-                    high_watermark: None,
-                    stalled: Duration::ZERO,
-                    cause: StallCause::default(),
-                });
-                Err(PipelineError::Stalled {
-                    topic: self.topic.clone(),
-                    partition: s.partition,
-                    offset: s.offset,
-                    high_watermark: s.high_watermark,
-                    stalled_s: s.stalled.as_secs(),
-                    limit_s: self.stall_limit.as_secs(),
-                    cause: s.cause,
-                })
-            }
-            StopReason::Idle if !self.lag.iter().all(PartitionLag::is_done) => {
-                Err(PipelineError::LagLeft {
-                    topic: self.topic.clone(),
-                    partitions: self.lag.iter().filter(|l| !l.is_done()).cloned().collect(),
-                })
-            }
-            _ => Ok(()),
-        }
-    }
 }
 
 /// The file a partition is filling.
@@ -468,26 +175,6 @@ enum Standing {
     Unknown,
 }
 
-/// A librdkafka error as a metric label: its code in snake case (a bounded set).
-fn error_kind(e: &KafkaError) -> String {
-    let name = match e.rdkafka_error_code() {
-        Some(code) => format!("{code:?}"),
-        None => return "client".into(),
-    };
-    let mut out = String::with_capacity(name.len() + 4);
-    for (i, c) in name.chars().enumerate() {
-        if c.is_ascii_uppercase() {
-            if i > 0 {
-                out.push('_');
-            }
-            out.push(c.to_ascii_lowercase());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// Where rejects go besides the rejects file (`rejects.dead_letter_topic`).
 struct DeadLetters {
     producer: BaseProducer,
@@ -510,25 +197,6 @@ pub struct Worker<'a, E: Extractor> {
     errors: BTreeMap<String, (u64, Instant)>,
     errors_logged: Throttle,
     stop: StopReason,
-}
-
-/// The prefix of environment variables that set librdkafka properties, so credentials come from a
-/// Kubernetes Secret rather than the job definition: `QUARRY_KAFKA_SASL_PASSWORD` sets
-/// `sasl.password` (lower case, `_` → `.`).
-pub const ENV_PREFIX: &str = "QUARRY_KAFKA_";
-
-/// `source.properties`, then the `QUARRY_KAFKA_*` variables of `env` over them.
-pub fn client_properties(
-    src: &KafkaSource,
-    env: impl Iterator<Item = (String, String)>,
-) -> BTreeMap<String, String> {
-    let mut props = src.properties.clone();
-    for (k, v) in env {
-        if let Some(name) = k.strip_prefix(ENV_PREFIX).filter(|n| !n.is_empty()) {
-            props.insert(name.to_ascii_lowercase().replace('_', "."), v);
-        }
-    }
-    props
 }
 
 fn kafka_err(op: &'static str, source: KafkaError) -> PipelineError {
@@ -1313,6 +981,7 @@ fn idle(opts: &WorkerOptions, last: Instant) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Location;
 
     fn stats(hi: i64, next: i64, committed: i64) -> FetchStats {
         FetchStats {
@@ -1337,168 +1006,6 @@ mod tests {
         assert!(!stats(3, -1001, 3).behind(None));
         assert!(stats(1, -1001, -1001).behind(None));
         assert!(!stats(0, -1001, -1001).behind(None));
-    }
-
-    #[test]
-    fn repeating_errors_are_logged_once_per_kind_and_interval() {
-        let mut t = Throttle::default();
-        assert_eq!(t.admit("bad_compression"), Some(0));
-        assert_eq!(t.admit("bad_compression"), None);
-        assert_eq!(t.admit("bad_compression"), None);
-        assert_eq!(t.admit("transport"), Some(0));
-        // After the interval the next one is logged with the count held back.
-        t.seen.get_mut("bad_compression").unwrap().0 -= LOG_EVERY;
-        assert_eq!(t.admit("bad_compression"), Some(2));
-        assert_eq!(t.admit("bad_compression"), None);
-    }
-
-    #[test]
-    fn error_kinds_are_snake_case_error_codes() {
-        use rdkafka::error::RDKafkaErrorCode;
-        assert_eq!(
-            error_kind(&KafkaError::MessageConsumption(
-                RDKafkaErrorCode::BadCompression
-            )),
-            "bad_compression"
-        );
-        assert_eq!(
-            error_kind(&KafkaError::MessageConsumption(
-                RDKafkaErrorCode::NotImplemented
-            )),
-            "not_implemented"
-        );
-        assert_eq!(error_kind(&KafkaError::Canceled), "client");
-    }
-
-    #[test]
-    fn the_verdict_fails_a_stall_and_an_idle_exit_with_lag_left() {
-        let lag = |partition, committed, high| PartitionLag {
-            partition,
-            committed,
-            published: None,
-            high_watermark: high,
-            lag: match (committed, high) {
-                (Some(c), Some(h)) => Some(h - c),
-                _ => None,
-            },
-        };
-        let mut s = WorkerSummary {
-            topic: "docs".into(),
-            stop: StopReason::Idle,
-            lag: vec![lag(0, Some(5), Some(5)), lag(1, Some(2), Some(2))],
-            ..Default::default()
-        };
-        assert!(s.verdict().is_ok());
-        s.lag.push(lag(2, Some(2), Some(5)));
-        s.lag.push(lag(3, None, None));
-        let e = s.verdict().unwrap_err().to_string();
-        assert_eq!(
-            e,
-            "kafka topic docs: idle exit with records left: partition 2 lag 3 (committed 2, \
-             published unknown, high watermark 5); partition 3 lag unknown (committed unknown, \
-             published unknown, high watermark unknown)"
-        );
-        // A signal is a stop, not a finish: lag left is reported, not an error.
-        s.stop = StopReason::Signal;
-        assert!(s.verdict().is_ok());
-        s.stop = StopReason::Stalled;
-        s.stall_limit = Duration::from_secs(120);
-        s.stall = Some(Stall {
-            partition: 2,
-            offset: Some(2),
-            high_watermark: Some(5),
-            stalled: Duration::from_secs(121),
-            cause: StallCause {
-                consumer_errors: vec![("bad_compression".into(), 40), ("transport".into(), 2)],
-            },
-        });
-        let e = s.verdict().unwrap_err().to_string();
-        assert!(
-            e.starts_with("kafka topic docs partition 2: stalled at offset 2 (high watermark 5) for 121 s, over source.stall_timeout_s = 120; cause: consumer errors bad_compression (40 so far), transport (2 so far);"),
-            "{e}"
-        );
-        assert!(StallCause::default()
-            .to_string()
-            .starts_with("nothing delivered"));
-    }
-
-    #[test]
-    fn range_names_round_trip_and_sort_by_offset() {
-        let a = range_name("docs", 3, 0, 99);
-        let b = range_name("docs", 3, 100, 1000);
-        assert!(a < b);
-        assert_eq!(parse_range(&b), Some((100, 1000)));
-    }
-
-    #[test]
-    fn credentials_come_from_the_environment_over_the_definition() {
-        let cfg = crate::PipelineConfig::parse(
-            r#"
-name = "k"
-schema = "s.json"
-[source]
-kind = "kafka"
-brokers = "b:9092"
-topic = "t"
-group = "g"
-properties = { "security.protocol" = "SASL_SSL", "sasl.username" = "from-toml" }
-[prompt]
-template = "{{ text }}"
-[model]
-path = "m.gguf"
-[output]
-url = "memory://o"
-[rejects]
-url = "memory://r"
-"#,
-            "k.toml",
-            std::path::PathBuf::from("."),
-        )
-        .unwrap();
-        let SourceConfig::Kafka(src) = &cfg.source else {
-            panic!("a kafka source")
-        };
-        let env = [
-            ("QUARRY_KAFKA_SASL_USERNAME", "svc"),
-            ("QUARRY_KAFKA_SASL_PASSWORD", "s3cret"),
-            ("QUARRY_KAFKA_", "ignored"),
-            ("HOME", "/root"),
-        ]
-        .map(|(k, v)| (k.to_string(), v.to_string()));
-        let props = client_properties(src, env.into_iter());
-        assert_eq!(props["security.protocol"], "SASL_SSL");
-        assert_eq!(props["sasl.username"], "svc");
-        assert_eq!(props["sasl.password"], "s3cret");
-        assert_eq!(props.len(), 3);
-    }
-
-    #[test]
-    fn reconcile_resumes_after_the_marker_and_replays_an_orphan() {
-        let out = Location::open("memory://reconcile/out").unwrap();
-        let rej = Location::open("memory://reconcile/rej").unwrap();
-        assert_eq!(
-            reconcile(&out, &rej, "t", 0).unwrap(),
-            Reconciled {
-                resume: None,
-                replay: None
-            }
-        );
-        let b = || bytes::Bytes::from_static(b"x");
-        out.publish(&range_name("t", 0, 0, 9), b()).unwrap();
-        rej.publish(&range_name("t", 0, 0, 9), b()).unwrap();
-        out.publish(&range_name("t", 0, 10, 14), b()).unwrap();
-        let r = reconcile(&out, &rej, "t", 0).unwrap();
-        assert_eq!(r.resume, Some(10));
-        assert_eq!(
-            r.replay,
-            Some(PublishedRange {
-                name: range_name("t", 0, 10, 14),
-                first: 10,
-                last: 14
-            })
-        );
-        // Other partitions are independent.
-        assert_eq!(reconcile(&out, &rej, "t", 1).unwrap().resume, None);
     }
 
     /// An extractor these tests never give a document.
