@@ -41,4 +41,4 @@ pub use info::ModelInfo;
 pub use llama::Llama;
 pub use pool::{KvLayout, KvPool, PageId};
 pub use ragged::RaggedBatch;
-pub use sampling::{argmax, Sampler, SamplingParams};
+pub use sampling::{argmax, pick, Sampler, SamplingParams};

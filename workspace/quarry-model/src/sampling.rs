@@ -3,6 +3,21 @@
 //! Masked tokens carry `-inf` logits and are never drawn. The random stream is ChaCha8 seeded from
 //! the request's seed, which rand documents as reproducible across platforms and versions, so the
 //! same seed and logits give the same tokens.
+//!
+//! **The draw, canonically** (what a GPU sampling kernel reproduces, given the same uniform):
+//! 1. the candidates are the tokens whose logit is not `-inf`;
+//! 2. top-k keeps the `k` first in the order (logit descending, token id ascending);
+//! 3. each kept token weighs `exp((logit - max) / temperature)`;
+//! 4. top-p keeps the shortest prefix, in the order (weight descending, token id ascending), whose
+//!    weight reaches `top_p` times the kept total;
+//! 5. one uniform `u` in `[0, 1)` per draw, from the sequence's stream ([`Sampler::uniform`]),
+//!    picks the first kept token, **in token id order**, at which the running weight exceeds
+//!    `u` times the kept weight ([`pick`]); rounding past the end picks the last kept token.
+//!
+//! Walking in id order, not probability order, makes the draw a prefix sum over the vocabulary,
+//! which a GPU computes without sorting it, and makes the token a uniform selects independent of
+//! how the kept set was found. The two devices add weights in different orders, so they agree
+//! except when `u` falls within rounding of a boundary between two tokens.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -92,82 +107,107 @@ impl Sampler {
     /// Draws a token from `logits`. Fails only when no token is possible (all `-inf`) or a logit
     /// is NaN.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
-        if let Some(i) = logits.iter().position(|x| x.is_nan()) {
-            return Err(ModelError::Sampling {
-                message: format!("logit of token {i} is NaN"),
-            });
-        }
-        let none = || ModelError::Sampling {
-            message: "every token is masked (all logits are -inf)".into(),
-        };
-        let p = self.params;
-        if p.temperature == 0.0 {
-            return argmax(logits).ok_or_else(none);
-        }
-        let c = &mut self.candidates;
-        c.clear();
-        c.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, &x)| x > f32::NEG_INFINITY)
-                .map(|(i, &x)| (x, i as u32)),
-        );
-        if c.is_empty() {
-            return Err(none());
-        }
-        // Most likely first; ties broken by token id so the order does not depend on the sort.
-        let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-        if p.top_k > 0 && p.top_k < c.len() {
-            c.select_nth_unstable_by(p.top_k - 1, order);
-            c.truncate(p.top_k);
-        }
-        let max = c.iter().map(|x| x.0).fold(f32::NEG_INFINITY, f32::max);
-        let inv_t = 1.0 / p.temperature;
-        // Unnormalized probabilities, in f64 so long tails do not lose mass.
-        let total: f64 = c
-            .iter_mut()
-            .map(|x| {
-                x.0 = ((x.0 - max) * inv_t).exp();
-                x.0 as f64
-            })
-            .sum();
-        let keep = if p.top_p < 1.0 {
-            // Sort a growing head of the candidates until it holds top_p of the mass: usually a
-            // few dozen tokens, never a sort of the whole vocabulary.
-            let by_prob = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-            let target = p.top_p as f64 * total;
-            let mut head = 64.min(c.len());
-            loop {
-                if head < c.len() {
-                    c.select_nth_unstable_by(head - 1, by_prob);
-                }
-                c[..head].sort_unstable_by(by_prob);
-                let mut acc = 0.0;
-                let found = c[..head].iter().position(|x| {
-                    acc += x.0 as f64;
-                    acc >= target
-                });
-                match found {
-                    Some(i) => break i + 1,
-                    None if head == c.len() => break head,
-                    None => head = (head * 4).min(c.len()),
-                }
-            }
-        } else {
-            c.len()
-        };
-        let kept = &c[..keep];
-        let mass: f64 = kept.iter().map(|x| x.0 as f64).sum();
-        let mut u = self.rng.random::<f64>() * mass;
-        for &(w, id) in kept {
-            u -= w as f64;
-            if u < 0.0 {
-                return Ok(id);
-            }
-        }
-        Ok(kept[keep - 1].1)
+        let u = self.uniform().unwrap_or(0.0);
+        pick(&self.params, logits, u, &mut self.candidates)
     }
+
+    /// The uniform the next draw uses, taken from this sequence's stream; `None` for greedy
+    /// decoding, which draws nothing. A device that samples on its own is handed this value, so
+    /// its draws follow the same stream as [`Sampler::sample`]'s.
+    pub fn uniform(&mut self) -> Option<f64> {
+        (self.params.temperature > 0.0).then(|| self.rng.random::<f64>())
+    }
+}
+
+/// The token that uniform `u` (in `[0, 1)`) selects from `logits` under `p`, as the module's
+/// documentation defines it. `candidates` is scratch space, kept by the caller so that drawing
+/// allocates nothing once it has grown.
+pub fn pick(
+    p: &SamplingParams,
+    logits: &[f32],
+    u: f64,
+    candidates: &mut Vec<(f32, u32)>,
+) -> Result<u32> {
+    if let Some(i) = logits.iter().position(|x| x.is_nan()) {
+        return Err(ModelError::Sampling {
+            message: format!("logit of token {i} is NaN"),
+        });
+    }
+    let none = || ModelError::Sampling {
+        message: "every token is masked (all logits are -inf)".into(),
+    };
+    if p.temperature == 0.0 {
+        return argmax(logits).ok_or_else(none);
+    }
+    let c = candidates;
+    c.clear();
+    // In token id order, which the final walk needs; top-k and top-p reorder and restore it.
+    c.extend(
+        logits
+            .iter()
+            .enumerate()
+            .filter(|(_, &x)| x > f32::NEG_INFINITY)
+            .map(|(i, &x)| (x, i as u32)),
+    );
+    if c.is_empty() {
+        return Err(none());
+    }
+    // Most likely first; ties broken by token id so the order does not depend on the sort.
+    let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    let mut reordered = false;
+    if p.top_k > 0 && p.top_k < c.len() {
+        c.select_nth_unstable_by(p.top_k - 1, order);
+        c.truncate(p.top_k);
+        reordered = true;
+    }
+    let max = c.iter().map(|x| x.0).fold(f32::NEG_INFINITY, f32::max);
+    let inv_t = 1.0 / p.temperature;
+    // Unnormalized probabilities, in f64 so long tails do not lose mass.
+    let total: f64 = c
+        .iter_mut()
+        .map(|x| {
+            x.0 = ((x.0 - max) * inv_t).exp();
+            x.0 as f64
+        })
+        .sum();
+    let keep = if p.top_p < 1.0 {
+        reordered = true;
+        // Sort a growing head of the candidates until it holds top_p of the mass: usually a
+        // few dozen tokens, never a sort of the whole vocabulary.
+        let target = p.top_p as f64 * total;
+        let mut head = 64.min(c.len());
+        loop {
+            if head < c.len() {
+                c.select_nth_unstable_by(head - 1, order);
+            }
+            c[..head].sort_unstable_by(order);
+            let mut acc = 0.0;
+            let found = c[..head].iter().position(|x| {
+                acc += x.0 as f64;
+                acc >= target
+            });
+            match found {
+                Some(i) => break i + 1,
+                None if head == c.len() => break head,
+                None => head = (head * 4).min(c.len()),
+            }
+        }
+    } else {
+        c.len()
+    };
+    let kept = &mut c[..keep];
+    if reordered {
+        kept.sort_unstable_by_key(|x| x.1);
+    }
+    let mass: f64 = kept.iter().map(|x| x.0 as f64).sum();
+    let mut rest = u * mass;
+    for &(w, id) in kept.iter() {
+        rest -= w as f64;
+        if rest < 0.0 {
+            return Ok(id);
+        }
+    }
+    Ok(kept[keep - 1].1)
 }
 
 #[cfg(test)]
@@ -247,6 +287,48 @@ mod tests {
         let d = draws(params(1.0, 0, 0.5, 9), &logits, 2000);
         assert!(d.iter().all(|&t| t < 5000), "ties keep the lowest ids");
         assert!(d.iter().any(|&t| t > 4000));
+    }
+
+    #[test]
+    fn a_uniform_walks_the_kept_tokens_in_id_order() {
+        let ln = |w: &[f32]| w.iter().map(|x| x.ln()).collect::<Vec<f32>>();
+        let mut scratch = Vec::new();
+        let mut at = |p: SamplingParams, logits: &[f32], u: f64| {
+            pick(&p, logits, u, &mut scratch).unwrap()
+        };
+        // Weights 0.1, 0.6, 0.3: cumulative in id order 0.1, 0.7, 1.0.
+        let l = ln(&[0.1, 0.6, 0.3]);
+        let all = params(1.0, 0, 1.0, 0);
+        assert_eq!(at(all, &l, 0.05), 0);
+        assert_eq!(at(all, &l, 0.65), 1, "probability order would give token 2");
+        assert_eq!(at(all, &l, 0.75), 2);
+        // Top-k 2 of 0.1, 0.3, 0.6 keeps tokens 1 and 2 (mass 0.9); 0.2 * 0.9 = 0.18 < 0.3.
+        let l = ln(&[0.1, 0.3, 0.6]);
+        assert_eq!(at(params(1.0, 2, 1.0, 0), &l, 0.2), 1);
+        assert_eq!(at(params(1.0, 2, 1.0, 0), &l, 0.4), 2);
+        // Top-p 0.6 of 1, 1, 2, 4, 8 keeps tokens 4 and 3 (mass 12), walked as 3 then 4.
+        let l = ln(&[1., 1., 2., 4., 8.]);
+        assert_eq!(at(params(1.0, 0, 0.6, 0), &l, 0.25), 3);
+        assert_eq!(at(params(1.0, 0, 0.6, 0), &l, 0.5), 4);
+        // Rounding past the end picks the last kept token in id order.
+        assert_eq!(at(params(1.0, 0, 0.6, 0), &l, 1.0), 4);
+        assert_eq!(at(params(1.0, 2, 1.0, 0), &ln(&[0.6, 0.3, 0.1]), 1.0), 1);
+    }
+
+    #[test]
+    fn sample_is_pick_with_the_streams_uniform() {
+        let logits: Vec<f32> = (0..500).map(|i| ((i * 31) % 97) as f32 / 10.0).collect();
+        for p in [params(0.7, 0, 1.0, 3), params(1.3, 20, 0.9, 4), SamplingParams::greedy()] {
+            let mut drawn = Sampler::new(p).unwrap();
+            let mut twin = Sampler::new(p).unwrap();
+            let mut scratch = Vec::new();
+            for _ in 0..50 {
+                let u = twin.uniform();
+                assert_eq!(u.is_none(), p.temperature == 0.0);
+                let expected = pick(&p, &logits, u.unwrap_or(0.0), &mut scratch).unwrap();
+                assert_eq!(drawn.sample(&logits).unwrap(), expected);
+            }
+        }
     }
 
     #[test]
