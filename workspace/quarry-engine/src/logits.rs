@@ -3,33 +3,7 @@
 
 use crate::request::Processor;
 
-/// Sets the logits of tokens whose bit is clear in `mask` to `-inf` (bit `i % 32` of word `i / 32`
-/// is token `i`). Tokens past the mask (a model vocabulary padded beyond the tokenizer's) are
-/// masked too.
-pub fn apply_mask(logits: &mut [f32], mask: &[u32]) {
-    let covered = (mask.len() * 32).min(logits.len());
-    for (w, &bits) in mask.iter().enumerate() {
-        if bits == u32::MAX {
-            continue;
-        }
-        let base = w * 32;
-        let end = (base + 32).min(covered);
-        if bits == 0 {
-            logits[base..end].fill(f32::NEG_INFINITY);
-            continue;
-        }
-        let mut clear = !bits;
-        while clear != 0 {
-            let i = base + clear.trailing_zeros() as usize;
-            if i >= end {
-                break;
-            }
-            logits[i] = f32::NEG_INFINITY;
-            clear &= clear - 1;
-        }
-    }
-    logits[covered..].fill(f32::NEG_INFINITY);
-}
+pub use quarry_model::apply_mask;
 
 /// Bans the listed ids.
 pub fn disallow(logits: &mut [f32], ids: &[u32]) {
@@ -92,18 +66,6 @@ pub fn apply_processors(logits: &mut [f32], processors: &[Processor], output: &[
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mask_keeps_exactly_the_set_bits() {
-        let mut logits = vec![1.0f32; 70];
-        let mut mask = vec![0u32; 2];
-        for id in [0usize, 5, 31, 32, 63] {
-            mask[id / 32] |= 1 << (id % 32);
-        }
-        apply_mask(&mut logits, &mask);
-        let kept: Vec<usize> = (0..70).filter(|&i| logits[i] == 1.0).collect();
-        assert_eq!(kept, vec![0, 5, 31, 32, 63]);
-    }
 
     #[test]
     fn ngram_bans_only_repeats() {

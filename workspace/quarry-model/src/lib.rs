@@ -23,6 +23,8 @@
 mod attention;
 mod batch;
 mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod device;
 mod error;
 mod info;
@@ -41,4 +43,4 @@ pub use info::ModelInfo;
 pub use llama::Llama;
 pub use pool::{KvLayout, KvPool, PageId};
 pub use ragged::RaggedBatch;
-pub use sampling::{argmax, pick, Sampler, SamplingParams};
+pub use sampling::{apply_mask, argmax, pick, SampleRows, Sampler, SamplingParams, NO_MASK};

@@ -71,6 +71,34 @@ impl SamplingParams {
     }
 }
 
+/// Sets the logits of tokens whose bit is clear in `mask` to `-inf` (bit `i % 32` of word `i / 32`
+/// is token `i`). Tokens past the mask (a model vocabulary padded beyond the tokenizer's) are
+/// masked too.
+pub fn apply_mask(logits: &mut [f32], mask: &[u32]) {
+    let covered = (mask.len() * 32).min(logits.len());
+    for (w, &bits) in mask.iter().enumerate() {
+        if bits == u32::MAX {
+            continue;
+        }
+        let base = w * 32;
+        let end = (base + 32).min(covered);
+        if bits == 0 {
+            logits[base..end].fill(f32::NEG_INFINITY);
+            continue;
+        }
+        let mut clear = !bits;
+        while clear != 0 {
+            let i = base + clear.trailing_zeros() as usize;
+            if i >= end {
+                break;
+            }
+            logits[i] = f32::NEG_INFINITY;
+            clear &= clear - 1;
+        }
+    }
+    logits[covered..].fill(f32::NEG_INFINITY);
+}
+
 /// Index of the largest logit (the first on ties), or `None` when every logit is `-inf` or NaN.
 pub fn argmax(logits: &[f32]) -> Option<u32> {
     let mut best: Option<(u32, f32)> = None;
@@ -210,6 +238,100 @@ pub fn pick(
     Ok(kept[keep - 1].1)
 }
 
+/// A row without a mask in [`SampleRows::mask_index`].
+pub const NO_MASK: u32 = u32::MAX;
+
+/// One step's draws as a device samples them (issue 25), one array per argument of the sampling
+/// kernel (kernels/sampling.cu), in row order: each row's parameters, its uniform, the edits the
+/// host decided (a mask, by index into the step's mask buffer, and banned ids) and nothing else,
+/// so only these small arrays travel up and one token per row comes back.
+/// [`SampleRows::pick_row`] is the same draw on the host: the reference the kernel is compared
+/// with.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SampleRows {
+    pub temperature: Vec<f32>,
+    /// 0 keeps every token (as [`SamplingParams::top_k`]), saturated to `u32`.
+    pub top_k: Vec<u32>,
+    pub top_p: Vec<f32>,
+    /// The row's uniform from its sequence's stream; 0 for greedy rows, which use none.
+    pub uniform: Vec<f64>,
+    /// The row's mask in the step's mask buffer (in masks of `words_per_mask` words), or
+    /// [`NO_MASK`].
+    pub mask_index: Vec<u32>,
+    /// Where each row's banned ids begin in `ban_ids`; one more entry than rows.
+    pub ban_start: Vec<u32>,
+    /// Every row's banned ids, concatenated.
+    pub ban_ids: Vec<u32>,
+}
+
+impl SampleRows {
+    /// Empties the rows for the next step (capacity is kept).
+    pub fn clear(&mut self) {
+        self.temperature.clear();
+        self.top_k.clear();
+        self.top_p.clear();
+        self.uniform.clear();
+        self.mask_index.clear();
+        self.ban_start.clear();
+        self.ban_ids.clear();
+    }
+
+    pub fn rows(&self) -> usize {
+        self.temperature.len()
+    }
+
+    /// Adds a row for `sampler`'s next draw, taking its uniform from the sequence's stream.
+    pub fn push(
+        &mut self,
+        sampler: &mut Sampler,
+        mask: Option<u32>,
+        bans: impl IntoIterator<Item = u32>,
+    ) {
+        let p = *sampler.params();
+        if self.ban_start.is_empty() {
+            self.ban_start.push(0);
+        }
+        self.temperature.push(p.temperature);
+        self.top_k.push(u32::try_from(p.top_k).unwrap_or(u32::MAX));
+        self.top_p.push(p.top_p);
+        self.uniform.push(sampler.uniform().unwrap_or(0.0));
+        self.mask_index.push(mask.unwrap_or(NO_MASK));
+        self.ban_ids.extend(bans);
+        self.ban_start.push(
+            u32::try_from(self.ban_ids.len()).expect("a step's banned ids fit u32"),
+        );
+    }
+
+    /// Row `r`'s draw on the host, from its `logits` (edited in place, as the kernel edits its
+    /// row) and the step's `masks`.
+    pub fn pick_row(
+        &self,
+        r: usize,
+        logits: &mut [f32],
+        masks: &[u32],
+        words_per_mask: usize,
+        scratch: &mut Vec<(f32, u32)>,
+    ) -> Result<u32> {
+        let bans = &self.ban_ids[self.ban_start[r] as usize..self.ban_start[r + 1] as usize];
+        for &id in bans {
+            if let Some(x) = logits.get_mut(id as usize) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        if self.mask_index[r] != NO_MASK {
+            let m = self.mask_index[r] as usize * words_per_mask;
+            apply_mask(logits, &masks[m..m + words_per_mask]);
+        }
+        let p = SamplingParams {
+            temperature: self.temperature[r],
+            top_k: self.top_k[r] as usize,
+            top_p: self.top_p[r],
+            seed: 0,
+        };
+        pick(&p, logits, self.uniform[r], scratch)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,6 +451,72 @@ mod tests {
                 assert_eq!(drawn.sample(&logits).unwrap(), expected);
             }
         }
+    }
+
+    #[test]
+    fn mask_keeps_exactly_the_set_bits() {
+        let mut logits = vec![1.0f32; 70];
+        let mut mask = vec![0u32; 2];
+        for id in [0usize, 5, 31, 32, 63] {
+            mask[id / 32] |= 1 << (id % 32);
+        }
+        apply_mask(&mut logits, &mask);
+        let kept: Vec<usize> = (0..70).filter(|&i| logits[i] == 1.0).collect();
+        assert_eq!(kept, vec![0, 5, 31, 32, 63]);
+    }
+
+    #[test]
+    fn sample_rows_carry_each_rows_draw_and_edits() {
+        let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 53) as f32 / 7.0).collect();
+        let words = 3; // covers 96 of the 100 tokens: 96..100 are masked with the mask
+        let mut masks = vec![0u32; 2 * words];
+        for id in [3usize, 40, 41, 77, 95] {
+            masks[words + id / 32] |= 1 << (id % 32);
+        }
+        let kinds = [
+            (params(0.0, 0, 1.0, 0), None, vec![]),
+            (params(0.0, 0, 1.0, 0), Some(1), vec![77]),
+            (params(0.9, 5, 1.0, 1), None, vec![5, 500]),
+            (params(1.1, 0, 0.8, 2), Some(1), vec![]),
+            (params(0.8, 2, 0.9, 3), Some(0), vec![]),
+        ];
+        let mut samplers: Vec<Sampler> = kinds.iter().map(|k| Sampler::new(k.0).unwrap()).collect();
+        let mut twins: Vec<Sampler> = kinds.iter().map(|k| Sampler::new(k.0).unwrap()).collect();
+        let mut rows = SampleRows::default();
+        let mut scratch = Vec::new();
+        for step in 0..20 {
+            rows.clear();
+            for (s, k) in samplers.iter_mut().zip(&kinds) {
+                rows.push(s, k.1, k.2.iter().copied());
+            }
+            assert_eq!(rows.rows(), kinds.len());
+            assert_eq!(rows.ban_start, vec![0, 0, 1, 3, 3, 3]);
+            for (r, (twin, k)) in twins.iter_mut().zip(&kinds).enumerate() {
+                // What the engine does on the host: bans, the mask, then the sampler.
+                let mut edited = logits.clone();
+                for &id in &k.2 {
+                    if let Some(x) = edited.get_mut(id as usize) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+                if let Some(m) = k.1 {
+                    apply_mask(&mut edited, &masks[m as usize * words..][..words]);
+                }
+                let expected = twin.sample(&edited);
+                let mut row = logits.clone();
+                let got = rows.pick_row(r, &mut row, &masks, words, &mut scratch);
+                match (expected, got) {
+                    (Ok(e), Ok(g)) => assert_eq!(e, g, "step {step} row {r}"),
+                    (e, g) => assert!(e.is_err() && g.is_err(), "step {step} row {r}: {e:?} {g:?}"),
+                }
+                assert_eq!(row, edited, "the row is edited as the host edits it");
+            }
+        }
+        // The all-zero mask leaves nothing: an error, not a token.
+        assert_eq!(rows.mask_index[4], 0);
+        assert!(rows.pick_row(4, &mut logits.clone(), &masks, words, &mut scratch).is_err());
+        assert_ne!(rows.uniform[2], 0.0, "a sampled row carries its uniform");
+        assert_eq!(rows.uniform[0], 0.0, "a greedy row draws none");
     }
 
     #[test]

@@ -1,0 +1,406 @@
+//! quarry's own CUDA kernels (issue 25), launched on the stream of candle's device so that they
+//! order with candle's own work: the whole-batch paged attention (`kernels/paged_attention.cu`)
+//! and the step's sampling (`kernels/sampling.cu`). build.rs compiles them to PTX, embedded here;
+//! the driver compiles that for its GPU when a device first loads the module.
+//!
+//! Each launcher takes the host-side description of its work ([`RaggedBatch`], [`SampleRows`]),
+//! uploads its small arrays and leaves the large ones (queries, the KV pool, logits, masks) where
+//! they are. The tests compare every kernel with its plain-Rust reference on random inputs; they
+//! need a GPU and exist only in a CUDA build (`make build-cuda CUDA_TESTS=1`, then
+//! `infra/gpu-check.sh`).
+
+use candle_core::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use candle_core::cuda::WrapErr;
+use candle_core::{CudaDevice, Result};
+
+use crate::ragged::RaggedBatch;
+use crate::sampling::SampleRows;
+
+const ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
+const SAMPLING_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sampling.ptx"));
+
+/// Threads per block of the sampling kernel (its `SAMPLE_THREADS`).
+const SAMPLE_THREADS: u32 = 512;
+/// Threads per block of the attention kernel: a warp per attended position for the scores.
+const ATTENTION_THREADS: u32 = 128;
+
+/// A layer's KV pool on the device, in the element type it is stored in.
+pub enum KvPool<'a> {
+    F32(&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+    F16(&'a CudaSlice<half::f16>, &'a CudaSlice<half::f16>),
+    Bf16(&'a CudaSlice<half::bf16>, &'a CudaSlice<half::bf16>),
+}
+
+/// The attention's shape: heads, grouped-query KV heads, and Gemma's sliding window (0: none).
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    pub window: usize,
+}
+
+/// The batch's metadata on the device, uploaded once per step and read by every layer's launch.
+pub struct DeviceBatch {
+    token_seq: CudaSlice<u32>,
+    token_pos: CudaSlice<u32>,
+    page_start: CudaSlice<u32>,
+    block_table: CudaSlice<u32>,
+    tokens: usize,
+    page_size: usize,
+    /// The most positions one new token attends to (its shared-memory need).
+    longest: usize,
+}
+
+impl DeviceBatch {
+    pub fn upload(dev: &CudaDevice, meta: &RaggedBatch, window: usize) -> Result<Self> {
+        let longest = meta
+            .token_pos
+            .iter()
+            .map(|&p| match window {
+                0 => p as usize + 1,
+                w => (p as usize + 1).min(w),
+            })
+            .max()
+            .unwrap_or(0);
+        Ok(Self {
+            token_seq: dev.clone_htod(&nonempty(&meta.token_seq))?,
+            token_pos: dev.clone_htod(&nonempty(&meta.token_pos))?,
+            page_start: dev.clone_htod(&meta.page_start)?,
+            block_table: dev.clone_htod(&nonempty(&meta.block_table))?,
+            tokens: meta.tokens(),
+            page_size: meta.page_size as usize,
+            longest,
+        })
+    }
+}
+
+/// A zero-length upload is refused by the driver; an empty array travels as one unused element.
+fn nonempty(v: &[u32]) -> Vec<u32> {
+    if v.is_empty() {
+        vec![0]
+    } else {
+        v.to_vec()
+    }
+}
+
+/// Attention for every new token of the batch in one launch: `q` is `[tokens, n_head · head_dim]`
+/// (f32), `out` the same shape.
+pub fn paged_attention(
+    dev: &CudaDevice,
+    q: &CudaSlice<f32>,
+    kv: KvPool<'_>,
+    batch: &DeviceBatch,
+    shape: AttentionShape,
+    out: &mut CudaSlice<f32>,
+) -> Result<()> {
+    if batch.tokens == 0 {
+        return Ok(());
+    }
+    let name = match kv {
+        KvPool::F32(..) => "paged_attention_f32",
+        KvPool::F16(..) => "paged_attention_f16",
+        KvPool::Bf16(..) => "paged_attention_bf16",
+    };
+    let func = dev.get_or_load_custom_func(name, "quarry_paged_attention", ATTENTION_PTX)?;
+    let shared = ((batch.longest + shape.head_dim) * 4) as u32;
+    if shared > 48 * 1024 {
+        // Beyond the default dynamic shared memory: raise the kernel's limit (up to the
+        // device's 227 KiB per block on Hopper); longer contexts need a split-K variant.
+        use candle_core::cuda::cudarc::driver::sys::CUfunction_attribute;
+        func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .w()?;
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (batch.tokens as u32, shape.n_head as u32, 1),
+        block_dim: (ATTENTION_THREADS, 1, 1),
+        shared_mem_bytes: shared,
+    };
+    let (n_head, n_kv, head_dim) = (
+        shape.n_head as i32,
+        shape.n_kv as i32,
+        shape.head_dim as i32,
+    );
+    let (page_size, window) = (batch.page_size as i32, shape.window as i32);
+    let mut b = func.builder();
+    b.arg(q);
+    match kv {
+        KvPool::F32(k, v) => b.arg(k).arg(v),
+        KvPool::F16(k, v) => b.arg(k).arg(v),
+        KvPool::Bf16(k, v) => b.arg(k).arg(v),
+    };
+    b.arg(&batch.token_seq)
+        .arg(&batch.token_pos)
+        .arg(&batch.page_start)
+        .arg(&batch.block_table)
+        .arg(out)
+        .arg(&n_head)
+        .arg(&n_kv)
+        .arg(&head_dim)
+        .arg(&page_size)
+        .arg(&shape.scale)
+        .arg(&window);
+    // SAFETY: the arguments match the kernel's signature in kernels/paged_attention.cu, and the
+    // buffers hold what the batch's metadata addresses (checked by the caller's pool and plan).
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// One step's draws: row `r` of `logits` (`[rows, vocab]`, edited in place by bans and masks, as
+/// the host edits its rows) gives row `r`'s token. `masks` holds the step's masks of
+/// `words_per_mask` words each. Returns one `Result` per row: the token, or the host sampler's
+/// error for that row (every token masked, a NaN logit).
+pub fn sample_rows(
+    dev: &CudaDevice,
+    logits: &mut CudaSlice<f32>,
+    vocab: usize,
+    masks: &CudaSlice<u32>,
+    words_per_mask: usize,
+    rows: &SampleRows,
+) -> Result<Vec<crate::Result<u32>>> {
+    let n = rows.rows();
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let func = dev.get_or_load_custom_func("sample_rows", "quarry_sampling", SAMPLING_PTX)?;
+    let temperature = dev.clone_htod(&rows.temperature)?;
+    let top_k = dev.clone_htod(&rows.top_k)?;
+    let top_p = dev.clone_htod(&rows.top_p)?;
+    let uniform = dev.clone_htod(&rows.uniform)?;
+    let mask_index = dev.clone_htod(&rows.mask_index)?;
+    let ban_start = dev.clone_htod(&rows.ban_start)?;
+    let ban_ids = dev.clone_htod(&nonempty(&rows.ban_ids))?;
+    let mut token = dev.alloc_zeros::<u32>(n)?;
+    let mut status = dev.alloc_zeros::<u32>(n)?;
+    let (vocab32, words32) = (vocab as u32, words_per_mask as u32);
+    let cfg = LaunchConfig {
+        grid_dim: (n as u32, 1, 1),
+        block_dim: (SAMPLE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = func.builder();
+    b.arg(logits)
+        .arg(&vocab32)
+        .arg(masks)
+        .arg(&words32)
+        .arg(&mask_index)
+        .arg(&ban_start)
+        .arg(&ban_ids)
+        .arg(&temperature)
+        .arg(&top_k)
+        .arg(&top_p)
+        .arg(&uniform)
+        .arg(&mut token)
+        .arg(&mut status);
+    // SAFETY: the arguments match `sample_rows` in kernels/sampling.cu; every per-row array has
+    // `n` entries (`ban_start` n + 1), and the caller's logits and masks have the sizes given.
+    unsafe { b.launch(cfg) }.w()?;
+    let token = dev.clone_dtoh(&token)?;
+    let status = dev.clone_dtoh(&status)?;
+    Ok(token
+        .into_iter()
+        .zip(status)
+        .map(|(t, s)| match s {
+            0 => Ok(t),
+            1 => Err(crate::ModelError::Sampling {
+                message: "every token is masked (all logits are -inf)".into(),
+            }),
+            _ => Err(crate::ModelError::Sampling {
+                message: format!("logit of token {t} is NaN"),
+            }),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::Heads;
+    use crate::batch::SeqInput;
+    use crate::ragged::attend_reference;
+    use crate::sampling::{Sampler, SamplingParams};
+    use crate::simd::testing::values;
+
+    /// The GPU the kernel tests run on. They exist only in CUDA builds and fail without a GPU:
+    /// a CUDA build's test run is the GPU check.
+    fn gpu() -> CudaDevice {
+        candle_core::Device::new_cuda(0)
+            .and_then(|d| d.as_cuda_device().cloned())
+            .expect("the CUDA kernel tests need a GPU (run them through infra/gpu-check.sh)")
+    }
+
+    /// ‖got − want‖ / ‖want‖.
+    fn relative_error(got: &[f32], want: &[f32]) -> f64 {
+        let (mut num, mut den) = (0f64, 0f64);
+        for (g, w) in got.iter().zip(want) {
+            num += ((g - w) as f64).powi(2);
+            den += (*w as f64).powi(2);
+        }
+        (num / den).sqrt()
+    }
+
+    /// A batch as a step mixes them, on scattered pages of 16 positions: long and short prefills,
+    /// decodes at long contexts, an extension.
+    fn mixed(page_size: usize) -> (Vec<Vec<u32>>, Vec<usize>, Vec<Vec<u32>>) {
+        let lens = [37usize, 1, 1, 5, 120, 1];
+        let starts = [0usize, 700, 63, 30, 0, 2];
+        let mut next_page = 0u32;
+        let mut pages = Vec::new();
+        for (l, s) in lens.iter().zip(&starts) {
+            let n = (s + l).div_ceil(page_size);
+            // Every other page, backwards: nothing contiguous or ordered.
+            let p: Vec<u32> = (0..n as u32).rev().map(|i| (next_page + i) * 2 + 1).collect();
+            next_page += n as u32;
+            pages.push(p);
+        }
+        let tokens = lens.iter().map(|&l| vec![1u32; l]).collect();
+        (tokens, starts.to_vec(), pages)
+    }
+
+    #[test]
+    fn paged_attention_matches_its_reference_on_a_mixed_batch() {
+        let dev = gpu();
+        let page_size = 16;
+        let (tokens, starts, pages) = mixed(page_size);
+        let batch: Vec<SeqInput<'_>> = (0..tokens.len())
+            .map(|i| SeqInput::new(&tokens[i], starts[i], &pages[i]))
+            .collect();
+        let mut meta = RaggedBatch::default();
+        meta.fill(&batch, page_size);
+        let rows = (pages.iter().flatten().max().unwrap() + 1) as usize * page_size;
+        for (n_head, n_kv, head_dim, window) in [(9, 3, 64, 0), (4, 1, 256, 0), (4, 1, 256, 48)] {
+            let h = Heads {
+                n_head,
+                n_kv,
+                head_dim,
+                page_size,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                window: (window > 0).then_some(window),
+            };
+            let seed = (n_head * 1000 + head_dim + window) as u64;
+            let kv = rows * n_kv * head_dim;
+            let k = values(seed * 3 + 1, kv, -1.0, 1.0);
+            let v = values(seed * 5 + 2, kv, -1.0, 1.0);
+            let q = values(seed * 7 + 3, meta.tokens() * n_head * head_dim, -1.0, 1.0);
+            let mut want = vec![0f32; q.len()];
+            attend_reference(&meta, &q, &k, &v, h, &mut want);
+            let shape = AttentionShape {
+                n_head,
+                n_kv,
+                head_dim,
+                scale: h.scale,
+                window,
+            };
+            let db = DeviceBatch::upload(&dev, &meta, window).unwrap();
+            let dq = dev.clone_htod(&q).unwrap();
+            let check = |pool: KvPool<'_>, what: &str, bound: f64| {
+                // Poisoned: an unwritten output is NaN and fails.
+                let mut out = dev.clone_htod(&vec![f32::NAN; q.len()]).unwrap();
+                paged_attention(&dev, &dq, pool, &db, shape, &mut out).unwrap();
+                let got = dev.clone_dtoh(&out).unwrap();
+                assert!(got.iter().all(|x| x.is_finite()), "{what}: unwritten or NaN output");
+                let err = relative_error(&got, &want);
+                eprintln!("paged attention {what} ({n_head}/{n_kv} heads of {head_dim}, window {window}): relative error {err:.2e}");
+                assert!(err < bound, "{what}: relative error {err:.2e} over {bound:.0e}");
+            };
+            let (dk, dv) = (dev.clone_htod(&k).unwrap(), dev.clone_htod(&v).unwrap());
+            check(KvPool::F32(&dk, &dv), "f32 pool", 1e-5);
+            // The 16-bit pools hold rounded keys and values: bf16 keeps 8 bits of mantissa,
+            // f16 11, so their errors sit near 2^-9 and 2^-12 of the values.
+            let to = |x: &[f32], f: fn(f32) -> half::f16| x.iter().map(|&y| f(y)).collect::<Vec<_>>();
+            let (hk, hv) = (to(&k, half::f16::from_f32), to(&v, half::f16::from_f32));
+            let (dk, dv) = (dev.clone_htod(&hk).unwrap(), dev.clone_htod(&hv).unwrap());
+            check(KvPool::F16(&dk, &dv), "f16 pool", 2e-3);
+            let bk: Vec<half::bf16> = k.iter().map(|&y| half::bf16::from_f32(y)).collect();
+            let bv: Vec<half::bf16> = v.iter().map(|&y| half::bf16::from_f32(y)).collect();
+            let (dk, dv) = (dev.clone_htod(&bk).unwrap(), dev.clone_htod(&bv).unwrap());
+            check(KvPool::Bf16(&dk, &dv), "bf16 pool", 1e-2);
+        }
+    }
+
+    /// Rows of every kind over a vocabulary that is not a multiple of 32 (a padded vocabulary
+    /// past the mask's cover), with tied logits at the top-k and top-p boundaries: the GPU's
+    /// token equals the host's, except where the uniform sits within rounding of a boundary
+    /// (then it equals the host's token for a uniform moved by 1e-9).
+    #[test]
+    fn sampling_matches_the_host_draw_row_for_row() {
+        let dev = gpu();
+        let vocab = 49_157;
+        let words = 1536; // covers 49,152 tokens: the last 5 are masked under a mask
+        let n_masks = 3;
+        let mut masks = vec![0u32; n_masks * words];
+        let bits = values(77, n_masks * words, 0.0, 1.0);
+        for (m, (w, b)) in masks.iter_mut().zip(&bits).enumerate() {
+            // Mask 0 dense, mask 1 sparse, mask 2 a handful of tokens.
+            *w = match m / words {
+                0 => (b * u32::MAX as f32) as u32 | 0x0101_0101,
+                1 => 1 << ((b * 32.0) as u32 % 32),
+                _ if m % words < 4 => 0x8000_0001,
+                _ => 0,
+            };
+        }
+        let kinds = [
+            SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 },
+            SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 1 },
+            SamplingParams { temperature: 0.7, top_k: 40, top_p: 1.0, seed: 2 },
+            SamplingParams { temperature: 1.3, top_k: 0, top_p: 0.9, seed: 3 },
+            SamplingParams { temperature: 0.8, top_k: 50, top_p: 0.95, seed: 4 },
+            SamplingParams { temperature: 2.0, top_k: 1, top_p: 0.5, seed: 5 },
+            SamplingParams { temperature: 0.5, top_k: 100_000, top_p: 0.3, seed: 6 },
+        ];
+        let mut rows = SampleRows::default();
+        let mut logits = Vec::new();
+        for (r, p) in kinds.iter().cycle().take(64).enumerate() {
+            // Logits quantized to 1/8 so that many tie, including at the boundaries.
+            let row: Vec<f32> = values(1000 + r as u64, vocab, -12.0, 12.0)
+                .into_iter()
+                .map(|x| (x * 8.0).round() / 8.0)
+                .collect();
+            logits.extend(row);
+            let mut s = Sampler::new(SamplingParams { seed: r as u64, ..*p }).unwrap();
+            let mask = match r % 4 {
+                3 => None,
+                m => Some(m as u32),
+            };
+            let bans: Vec<u32> = (0..(r % 3) as u32).map(|i| i * 7919 % vocab as u32).collect();
+            rows.push(&mut s, mask, bans);
+        }
+        // A row of NaN after its mask, and a row with every token banned by an empty mask.
+        logits.extend((0..vocab).map(|i| if i == 4242 { f32::NAN } else { 0.0 }));
+        rows.push(&mut Sampler::new(kinds[1]).unwrap(), None, []);
+        let empty = masks.len() / words;
+        masks.extend(std::iter::repeat_n(0, words));
+        logits.extend(std::iter::repeat_n(1.0, vocab));
+        rows.push(&mut Sampler::new(kinds[1]).unwrap(), Some(empty as u32), []);
+
+        let mut dl = dev.clone_htod(&logits).unwrap();
+        let dm = dev.clone_htod(&masks).unwrap();
+        let got = sample_rows(&dev, &mut dl, vocab, &dm, words, &rows).unwrap();
+        let mut scratch = Vec::new();
+        let (mut exact, mut boundary) = (0, 0);
+        for (r, g) in got.iter().enumerate() {
+            let row = || logits[r * vocab..(r + 1) * vocab].to_vec();
+            let want = rows.pick_row(r, &mut row(), &masks, words, &mut scratch);
+            match (want, g) {
+                (Ok(w), Ok(g)) if w == *g => exact += 1,
+                (Ok(w), Ok(g)) => {
+                    let mut moved = rows.clone();
+                    let near = [-1e-9, 1e-9].iter().any(|d| {
+                        moved.uniform[r] = rows.uniform[r] + d;
+                        moved.pick_row(r, &mut row(), &masks, words, &mut scratch).ok() == Some(*g)
+                    });
+                    assert!(near, "row {r} ({:?}): host {w}, GPU {g}", kinds[r % kinds.len()]);
+                    boundary += 1;
+                }
+                (Err(w), Err(g)) => assert_eq!(w.to_string(), g.to_string(), "row {r}"),
+                (w, g) => panic!("row {r}: host {w:?}, GPU {g:?}"),
+            }
+        }
+        eprintln!("sampling: {exact} rows equal the host's draw, {boundary} at a rounding boundary");
+        assert!(boundary <= 2, "{boundary} rows differ: more than rounding");
+    }
+}
