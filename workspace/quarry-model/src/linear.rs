@@ -34,20 +34,75 @@ const QK: usize = 32;
 pub(crate) enum Linear {
     Candle(QMatMul),
     Quant(QuantMatrix),
+    /// On a GPU: the quantized weights for steps of few rows (candle's quantized kernels read a
+    /// quarter of the bytes) and the same weights dequantized once to f16 for steps of at least
+    /// `dense_from` rows (a cuBLAS GEMM, which scales with the rows where the quantized kernels
+    /// do not; issue 25). `$QUARRY_DENSE_FROM_ROWS` sets the switch, 0 keeps only the quantized
+    /// weights.
+    Dual {
+        quant: QMatMul,
+        dense: Tensor,
+        dense_from: usize,
+    },
 }
+
+/// Rows from which a GPU projection uses its dense f16 weights: `$QUARRY_DENSE_FROM_ROWS`, else
+/// [`DENSE_FROM_ROWS`]; 0 turns the dense copy off.
+fn dense_from_rows() -> usize {
+    std::env::var("QUARRY_DENSE_FROM_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DENSE_FROM_ROWS)
+}
+
+/// Not measured yet (no GPU lent since the switch was written): a batch of 32 decode rows is
+/// where a GEMM usually overtakes matrix-vector kernels. `infra/gpu-check.sh` is where the
+/// measurement belongs.
+const DENSE_FROM_ROWS: usize = 32;
 
 impl Linear {
     pub(crate) fn new(t: QTensor, device: &Device) -> Result<Self> {
         if device.is_cpu() && Format::of(t.dtype()).is_some() {
             return Ok(Linear::Quant(QuantMatrix::new(&[t])?));
         }
+        if !device.is_cpu() {
+            return Self::dual(t, device, dense_from_rows());
+        }
         Ok(Linear::Candle(QMatMul::from_qtensor(t)?))
+    }
+
+    /// Both forms of the weights, switching at `dense_from` rows (0: the quantized form only).
+    fn dual(t: QTensor, device: &Device, dense_from: usize) -> Result<Self> {
+        if dense_from == 0 || matches!(t.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
+        {
+            return Ok(Linear::Candle(QMatMul::from_qtensor(t)?));
+        }
+        let dense = t.dequantize_f16(device)?;
+        Ok(Linear::Dual {
+            quant: QMatMul::from_qtensor(t)?,
+            dense,
+            dense_from,
+        })
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Linear::Candle(m) => Ok(m.forward(x)?),
             Linear::Quant(m) => m.forward(x),
+            Linear::Dual {
+                quant,
+                dense,
+                dense_from,
+            } => {
+                let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?.max(1);
+                if rows < *dense_from {
+                    return Ok(quant.forward(x)?);
+                }
+                let y = x
+                    .to_dtype(candle_core::DType::F16)?
+                    .broadcast_matmul(&dense.t()?)?;
+                Ok(y.to_dtype(candle_core::DType::F32)?)
+            }
         }
     }
 
@@ -55,8 +110,8 @@ impl Linear {
     pub(crate) fn forward_host(&self, xs: &[f32], m: usize, dst: &mut Vec<f32>) -> Result<()> {
         match self {
             Linear::Quant(q) => q.forward_host(xs, m, dst),
-            Linear::Candle(_) => {
-                // Types without a kernel here (K-quants, F16, F32) go through candle.
+            Linear::Candle(_) | Linear::Dual { .. } => {
+                // Types without a kernel here (F16, F32, Q2_K ...) go through candle.
                 let x = Tensor::from_slice(xs, (m, xs.len() / m.max(1)), &Device::Cpu)?;
                 let y = self.forward(&x)?;
                 dst.clear();
@@ -863,6 +918,61 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The dual projection: below its switch the quantized weights (candle's matmul, exactly),
+    /// from it the f16 copy, within f16 rounding of the dequantized weights; 0 keeps only the
+    /// quantized form.
+    #[test]
+    fn dual_weights_switch_at_their_row_count() {
+        let dev = Device::Cpu;
+        let (n, k) = (40, 256);
+        let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        let exact = q.dequantize(&dev).unwrap();
+        let quant = QMatMul::from_qtensor(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap()).unwrap();
+        let dual = Linear::dual(q, &dev, 4).unwrap();
+        assert!(matches!(dual, Linear::Dual { dense_from: 4, .. }));
+        let rel = |a: &Tensor, b: &Tensor| {
+            let d = (a - b)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            let n = b
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            (d / n).sqrt()
+        };
+        for m in [1usize, 3, 4, 9] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap();
+            let got = dual.forward(&x).unwrap();
+            assert_eq!(got.dims(), [m, n]);
+            assert_eq!(got.dtype(), candle_core::DType::F32);
+            if m < 4 {
+                let want = quant.forward(&x).unwrap();
+                assert_eq!(rel(&got, &want), 0.0, "{m} rows: the quantized path");
+            } else {
+                let want = x.matmul(&exact.t().unwrap()).unwrap();
+                let err = rel(&got, &want);
+                // f16 inputs and weights: about 2^-11 relative each.
+                assert!(err < 2e-3, "{m} rows: dense path off by {err}");
+                let q8 = quant.forward(&x).unwrap();
+                assert!(rel(&got, &q8) > 0.0, "{m} rows: the dense path ran");
+            }
+        }
+        let off = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        assert!(matches!(
+            Linear::dual(off, &dev, 0).unwrap(),
+            Linear::Candle(_)
+        ));
     }
 
     /// The AVX2 activation quantizer writes the scalar one's bytes, scales and sums, on random
