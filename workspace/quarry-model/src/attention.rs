@@ -338,7 +338,7 @@ pub(crate) fn write_tensor(pool: &Tensor, src: &Tensor, slots: &Tensor) -> Resul
         .reshape((t, 1))?
         .broadcast_as((t, kv_dim))?
         .contiguous()?;
-    pool.scatter_set(&index, src, 0)?;
+    pool.scatter_set(&index, &src.to_dtype(pool.dtype())?, 0)?;
     Ok(())
 }
 
@@ -362,6 +362,7 @@ pub(crate) fn attend_tensor(
         let idx = Tensor::from_vec(slots, ctx, device)?;
         let gather = |pool: &Tensor| -> candle_core::Result<Tensor> {
             pool.index_select(&idx, 0)?
+                .to_dtype(candle_core::DType::F32)?
                 .reshape((ctx, h.n_kv, d))?
                 .transpose(0, 1)?
                 .contiguous()

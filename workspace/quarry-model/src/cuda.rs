@@ -253,7 +253,10 @@ mod tests {
         for (l, s) in lens.iter().zip(&starts) {
             let n = (s + l).div_ceil(page_size);
             // Every other page, backwards: nothing contiguous or ordered.
-            let p: Vec<u32> = (0..n as u32).rev().map(|i| (next_page + i) * 2 + 1).collect();
+            let p: Vec<u32> = (0..n as u32)
+                .rev()
+                .map(|i| (next_page + i) * 2 + 1)
+                .collect();
             next_page += n as u32;
             pages.push(p);
         }
@@ -302,16 +305,23 @@ mod tests {
                 let mut out = dev.clone_htod(&vec![f32::NAN; q.len()]).unwrap();
                 paged_attention(&dev, &dq, pool, &db, shape, &mut out).unwrap();
                 let got = dev.clone_dtoh(&out).unwrap();
-                assert!(got.iter().all(|x| x.is_finite()), "{what}: unwritten or NaN output");
+                assert!(
+                    got.iter().all(|x| x.is_finite()),
+                    "{what}: unwritten or NaN output"
+                );
                 let err = relative_error(&got, &want);
                 eprintln!("paged attention {what} ({n_head}/{n_kv} heads of {head_dim}, window {window}): relative error {err:.2e}");
-                assert!(err < bound, "{what}: relative error {err:.2e} over {bound:.0e}");
+                assert!(
+                    err < bound,
+                    "{what}: relative error {err:.2e} over {bound:.0e}"
+                );
             };
             let (dk, dv) = (dev.clone_htod(&k).unwrap(), dev.clone_htod(&v).unwrap());
             check(KvPool::F32(&dk, &dv), "f32 pool", 1e-5);
             // The 16-bit pools hold rounded keys and values: bf16 keeps 8 bits of mantissa,
             // f16 11, so their errors sit near 2^-9 and 2^-12 of the values.
-            let to = |x: &[f32], f: fn(f32) -> half::f16| x.iter().map(|&y| f(y)).collect::<Vec<_>>();
+            let to =
+                |x: &[f32], f: fn(f32) -> half::f16| x.iter().map(|&y| f(y)).collect::<Vec<_>>();
             let (hk, hv) = (to(&k, half::f16::from_f32), to(&v, half::f16::from_f32));
             let (dk, dv) = (dev.clone_htod(&hk).unwrap(), dev.clone_htod(&hv).unwrap());
             check(KvPool::F16(&dk, &dv), "f16 pool", 2e-3);
@@ -344,13 +354,48 @@ mod tests {
             };
         }
         let kinds = [
-            SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: 0 },
-            SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 1 },
-            SamplingParams { temperature: 0.7, top_k: 40, top_p: 1.0, seed: 2 },
-            SamplingParams { temperature: 1.3, top_k: 0, top_p: 0.9, seed: 3 },
-            SamplingParams { temperature: 0.8, top_k: 50, top_p: 0.95, seed: 4 },
-            SamplingParams { temperature: 2.0, top_k: 1, top_p: 0.5, seed: 5 },
-            SamplingParams { temperature: 0.5, top_k: 100_000, top_p: 0.3, seed: 6 },
+            SamplingParams {
+                temperature: 0.0,
+                top_k: 0,
+                top_p: 1.0,
+                seed: 0,
+            },
+            SamplingParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                seed: 1,
+            },
+            SamplingParams {
+                temperature: 0.7,
+                top_k: 40,
+                top_p: 1.0,
+                seed: 2,
+            },
+            SamplingParams {
+                temperature: 1.3,
+                top_k: 0,
+                top_p: 0.9,
+                seed: 3,
+            },
+            SamplingParams {
+                temperature: 0.8,
+                top_k: 50,
+                top_p: 0.95,
+                seed: 4,
+            },
+            SamplingParams {
+                temperature: 2.0,
+                top_k: 1,
+                top_p: 0.5,
+                seed: 5,
+            },
+            SamplingParams {
+                temperature: 0.5,
+                top_k: 100_000,
+                top_p: 0.3,
+                seed: 6,
+            },
         ];
         let mut rows = SampleRows::default();
         let mut logits = Vec::new();
@@ -361,12 +406,18 @@ mod tests {
                 .map(|x| (x * 8.0).round() / 8.0)
                 .collect();
             logits.extend(row);
-            let mut s = Sampler::new(SamplingParams { seed: r as u64, ..*p }).unwrap();
+            let mut s = Sampler::new(SamplingParams {
+                seed: r as u64,
+                ..*p
+            })
+            .unwrap();
             let mask = match r % 4 {
                 3 => None,
                 m => Some(m as u32),
             };
-            let bans: Vec<u32> = (0..(r % 3) as u32).map(|i| i * 7919 % vocab as u32).collect();
+            let bans: Vec<u32> = (0..(r % 3) as u32)
+                .map(|i| i * 7919 % vocab as u32)
+                .collect();
             rows.push(&mut s, mask, bans);
         }
         // A row of NaN after its mask, and a row with every token banned by an empty mask.
@@ -391,16 +442,25 @@ mod tests {
                     let mut moved = rows.clone();
                     let near = [-1e-9, 1e-9].iter().any(|d| {
                         moved.uniform[r] = rows.uniform[r] + d;
-                        moved.pick_row(r, &mut row(), &masks, words, &mut scratch).ok() == Some(*g)
+                        moved
+                            .pick_row(r, &mut row(), &masks, words, &mut scratch)
+                            .ok()
+                            == Some(*g)
                     });
-                    assert!(near, "row {r} ({:?}): host {w}, GPU {g}", kinds[r % kinds.len()]);
+                    assert!(
+                        near,
+                        "row {r} ({:?}): host {w}, GPU {g}",
+                        kinds[r % kinds.len()]
+                    );
                     boundary += 1;
                 }
                 (Err(w), Err(g)) => assert_eq!(w.to_string(), g.to_string(), "row {r}"),
                 (w, g) => panic!("row {r}: host {w:?}, GPU {g:?}"),
             }
         }
-        eprintln!("sampling: {exact} rows equal the host's draw, {boundary} at a rounding boundary");
+        eprintln!(
+            "sampling: {exact} rows equal the host's draw, {boundary} at a rounding boundary"
+        );
         assert!(boundary <= 2, "{boundary} rows differ: more than rounding");
     }
 }

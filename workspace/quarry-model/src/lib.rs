@@ -41,6 +41,6 @@ pub use device::parse_device;
 pub use error::{ModelError, Result};
 pub use info::ModelInfo;
 pub use llama::Llama;
-pub use pool::{KvLayout, KvPool, PageId};
+pub use pool::{kv_dtype, KvLayout, KvPool, PageId};
 pub use ragged::RaggedBatch;
 pub use sampling::{apply_mask, argmax, pick, SampleRows, Sampler, SamplingParams, NO_MASK};

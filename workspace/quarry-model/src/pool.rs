@@ -21,7 +21,26 @@ pub enum KvLayout {
     Host,
     /// One candle tensor per layer and K/V, written with `scatter_set` and gathered per sequence for
     /// attention with tensor ops. Runs on any device (the CUDA path); on CPU it is the cross-check.
+    /// Its element type is [`kv_dtype`]'s.
     Tensor,
+}
+
+/// The element type of a tensor-layout pool on `device`: f32 on the CPU; on a GPU f16 (half the
+/// bytes read per attended position, and twice the pages in the same memory; f16 rather than
+/// bf16 for its three more mantissa bits, not yet compared on a GPU), or `$QUARRY_KV_DTYPE`
+/// (`f32`, `f16` or `bf16`).
+pub fn kv_dtype(device: &Device) -> Result<DType> {
+    if device.is_cpu() {
+        return Ok(DType::F32);
+    }
+    match std::env::var("QUARRY_KV_DTYPE").as_deref().map(str::trim) {
+        Err(_) | Ok("") | Ok("f16") => Ok(DType::F16),
+        Ok("bf16") => Ok(DType::BF16),
+        Ok("f32") => Ok(DType::F32),
+        Ok(other) => Err(ModelError::Pool {
+            message: format!("QUARRY_KV_DTYPE is `{other}`: expected f32, f16 or bf16"),
+        }),
+    }
 }
 
 /// Storage for `slots = num_pages * page_size` rows of `kv_dim` values per layer, for K and for V.
@@ -51,6 +70,25 @@ impl KvPool {
         num_pages: usize,
         device: &Device,
         layout: Option<KvLayout>,
+    ) -> Result<Self> {
+        Self::with_dtype(
+            config,
+            page_size,
+            num_pages,
+            device,
+            layout,
+            kv_dtype(device)?,
+        )
+    }
+
+    /// [`KvPool::new`] with the tensor layout's element type given (the host layout is f32).
+    pub fn with_dtype(
+        config: &LlamaConfig,
+        page_size: usize,
+        num_pages: usize,
+        device: &Device,
+        layout: Option<KvLayout>,
+        dtype: DType,
     ) -> Result<Self> {
         let pool_err = |message: String| ModelError::Pool { message };
         if page_size == 0 || num_pages == 0 {
@@ -98,7 +136,7 @@ impl KvPool {
             }
             KvLayout::Tensor => {
                 let slots = num_pages * page_size;
-                let zeros = || Tensor::zeros((slots, kv_dim), DType::F32, device);
+                let zeros = || Tensor::zeros((slots, kv_dim), dtype, device);
                 KvStorage::Tensor {
                     k: (0..layers)
                         .map(|_| zeros())
@@ -122,9 +160,17 @@ impl KvPool {
         })
     }
 
-    /// Bytes one page takes across all layers (keys and values, f32).
-    pub fn bytes_per_page(config: &LlamaConfig, page_size: usize) -> usize {
-        2 * config.block_count * config.kv_dim() * page_size * std::mem::size_of::<f32>()
+    /// Bytes one page takes across all layers (keys and values) with elements of `dtype`.
+    pub fn bytes_per_page(config: &LlamaConfig, page_size: usize, dtype: DType) -> usize {
+        2 * config.block_count * config.kv_dim() * page_size * dtype.size_in_bytes()
+    }
+
+    /// The element type of the pages: f32 for the host layout, [`kv_dtype`]'s for the tensor one.
+    pub fn dtype(&self) -> DType {
+        match &self.storage {
+            KvStorage::Host { .. } => DType::F32,
+            KvStorage::Tensor { k, .. } => k.first().map_or(DType::F32, Tensor::dtype),
+        }
     }
 
     pub fn page_size(&self) -> usize {

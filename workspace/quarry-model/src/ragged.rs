@@ -161,6 +161,25 @@ mod tests {
                 .collect()
         }
 
+        /// What the host and tensor kernels read of a plan: the rows of each sequence and their
+        /// positions.
+        fn plan(&self) -> Plan {
+            let mut seq_rows = Vec::new();
+            let mut row = 0;
+            for t in &self.tokens {
+                seq_rows.push(row..row + t.len());
+                row += t.len();
+            }
+            Plan {
+                tokens: self.tokens.concat(),
+                positions: self.meta().token_pos,
+                slots: Vec::new(),
+                seq_rows,
+                logit_rows: Vec::new(),
+                out_rows: Vec::new(),
+            }
+        }
+
         /// The batch's metadata with 4-position pages.
         fn meta(&self) -> RaggedBatch {
             let mut meta = RaggedBatch::default();
@@ -199,22 +218,7 @@ mod tests {
     #[test]
     fn the_reference_matches_the_host_kernel_on_a_mixed_batch() {
         let mixed = Mixed::new();
-        let (batch, meta) = (mixed.batch(), mixed.meta());
-        let mut seq_rows = Vec::new();
-        let mut row = 0;
-        for seq in &batch {
-            seq_rows.push(row..row + seq.tokens.len());
-            row += seq.tokens.len();
-        }
-        // What the host kernel reads of a plan: the rows of each sequence and their positions.
-        let plan = Plan {
-            tokens: mixed.tokens.concat(),
-            positions: meta.token_pos.clone(),
-            slots: Vec::new(),
-            seq_rows,
-            logit_rows: Vec::new(),
-            out_rows: Vec::new(),
-        };
+        let (batch, meta, plan) = (mixed.batch(), mixed.meta(), mixed.plan());
         for window in [None, Some(3)] {
             let h = Heads {
                 n_head: 4,
@@ -239,6 +243,64 @@ mod tests {
                     (a - b).abs() <= 1e-5,
                     "window {window:?}: value {i} (token {}): reference {a}, host {b}",
                     i / stride
+                );
+            }
+        }
+    }
+
+    /// The tensor path (the GPU's today) with 16-bit pools: keys and values are rounded once when
+    /// written, so the output stays within that rounding of the reference on f32 values, and an
+    /// f32 pool matches it to f32 rounding.
+    #[test]
+    fn the_tensor_path_with_a_16_bit_pool_stays_within_its_rounding() {
+        use candle_core::{DType, Device, Tensor};
+        let mixed = Mixed::new();
+        let (batch, meta, plan) = (mixed.batch(), mixed.meta(), mixed.plan());
+        let h = Heads {
+            n_head: 4,
+            n_kv: 2,
+            head_dim: 64,
+            page_size: 4,
+            scale: 0.125,
+            window: Some(5),
+        };
+        let dev = Device::Cpu;
+        let (rows, kv_dim, stride) = (8 * 4, h.n_kv * h.head_dim, h.n_head * h.head_dim);
+        let k = values(0x51_7cc1_b727_220a, rows * kv_dim, -1.0, 1.0);
+        let v = values(0x2c1b_3c6d_94d0_49b5, rows * kv_dim, -1.0, 1.0);
+        let q = values(0x7fb5_d329_728e_a185, meta.tokens() * stride, -1.0, 1.0);
+        let mut want = vec![0f32; q.len()];
+        attend_reference(&meta, &q, &k, &v, h, &mut want);
+        // Every row of the pool written through the pool's own write path.
+        let all: Vec<u32> = (0..rows as u32).collect();
+        let slots = Tensor::from_vec(all, rows, &dev).unwrap();
+        let qt = Tensor::from_slice(&q, (meta.tokens(), h.n_head, h.head_dim), &dev).unwrap();
+        for (dtype, bound) in [(DType::F32, 1e-6), (DType::F16, 2e-3), (DType::BF16, 1e-2)] {
+            let pool = |x: &[f32]| {
+                let p = Tensor::zeros((rows, kv_dim), dtype, &dev).unwrap();
+                let src = Tensor::from_slice(x, (rows, kv_dim), &dev).unwrap();
+                crate::attention::write_tensor(&p, &src, &slots).unwrap();
+                p
+            };
+            let (kp, vp) = (pool(&k), pool(&v));
+            assert_eq!(kp.dtype(), dtype);
+            let out =
+                crate::attention::attend_tensor(&qt, &kp, &vp, &plan, &batch, h, &dev).unwrap();
+            let got = out.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let (mut num, mut den) = (0f64, 0f64);
+            for (g, w) in got.iter().zip(&want) {
+                num += ((g - w) as f64).powi(2);
+                den += (*w as f64).powi(2);
+            }
+            let err = (num / den).sqrt();
+            assert!(
+                err < bound,
+                "{dtype:?} pool: relative error {err:.2e} over {bound:.0e}"
+            );
+            if dtype != DType::F32 {
+                assert!(
+                    err > 1e-6,
+                    "{dtype:?} pool: values were not rounded ({err:.2e})"
                 );
             }
         }

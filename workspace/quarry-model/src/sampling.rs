@@ -297,9 +297,8 @@ impl SampleRows {
         self.uniform.push(sampler.uniform().unwrap_or(0.0));
         self.mask_index.push(mask.unwrap_or(NO_MASK));
         self.ban_ids.extend(bans);
-        self.ban_start.push(
-            u32::try_from(self.ban_ids.len()).expect("a step's banned ids fit u32"),
-        );
+        self.ban_start
+            .push(u32::try_from(self.ban_ids.len()).expect("a step's banned ids fit u32"));
     }
 
     /// Row `r`'s draw on the host, from its `logits` (edited in place, as the kernel edits its
@@ -415,9 +414,8 @@ mod tests {
     fn a_uniform_walks_the_kept_tokens_in_id_order() {
         let ln = |w: &[f32]| w.iter().map(|x| x.ln()).collect::<Vec<f32>>();
         let mut scratch = Vec::new();
-        let mut at = |p: SamplingParams, logits: &[f32], u: f64| {
-            pick(&p, logits, u, &mut scratch).unwrap()
-        };
+        let mut at =
+            |p: SamplingParams, logits: &[f32], u: f64| pick(&p, logits, u, &mut scratch).unwrap();
         // Weights 0.1, 0.6, 0.3: cumulative in id order 0.1, 0.7, 1.0.
         let l = ln(&[0.1, 0.6, 0.3]);
         let all = params(1.0, 0, 1.0, 0);
@@ -440,7 +438,11 @@ mod tests {
     #[test]
     fn sample_is_pick_with_the_streams_uniform() {
         let logits: Vec<f32> = (0..500).map(|i| ((i * 31) % 97) as f32 / 10.0).collect();
-        for p in [params(0.7, 0, 1.0, 3), params(1.3, 20, 0.9, 4), SamplingParams::greedy()] {
+        for p in [
+            params(0.7, 0, 1.0, 3),
+            params(1.3, 20, 0.9, 4),
+            SamplingParams::greedy(),
+        ] {
             let mut drawn = Sampler::new(p).unwrap();
             let mut twin = Sampler::new(p).unwrap();
             let mut scratch = Vec::new();
@@ -514,7 +516,9 @@ mod tests {
         }
         // The all-zero mask leaves nothing: an error, not a token.
         assert_eq!(rows.mask_index[4], 0);
-        assert!(rows.pick_row(4, &mut logits.clone(), &masks, words, &mut scratch).is_err());
+        assert!(rows
+            .pick_row(4, &mut logits.clone(), &masks, words, &mut scratch)
+            .is_err());
         assert_ne!(rows.uniform[2], 0.0, "a sampled row carries its uniform");
         assert_eq!(rows.uniform[0], 0.0, "a greedy row draws none");
     }
