@@ -12,7 +12,7 @@ QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-.PHONY: setup build build-cuda demo tour test lint fixtures bench-grammar bench-cfg bench-schemas bench-model bench-engine bench-pipeline bench-workers fuzz
+.PHONY: setup build build-cuda gpu-pack demo tour test lint fixtures bench-grammar bench-cfg bench-schemas bench-model bench-engine bench-pipeline bench-workers fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -27,6 +27,12 @@ build: setup
 # Not part of `make test` or CI, which need no GPU.
 build-cuda: setup
 	@bash infra/build-cuda.sh
+
+# Everything a GPU check needs, built here (quarry and its kernel and model tests with CUDA,
+# llama.cpp with CUDA, the model, the documents) and cut into chunks a device call can carry:
+# .gpu/p1 … .gpu/pN. Each call carries one and runs infra/gpu-check.sh (docs/gpu.md).
+gpu-pack: setup
+	@bash infra/gpu-pack.sh
 
 demo: build
 	@QUARRY=$(QUARRY) bash infra/demo.sh

@@ -1,39 +1,125 @@
 #!/usr/bin/env bash
-# Checks and measures a CUDA build on a GPU machine, in one go (`make build-cuda CUDA_TESTS=1`
-# first, or carry its outputs there):
-#   1. the model's correctness tests on cuda:0 (paged = single-sequence forward, agreement with
-#      the llama.cpp fixtures, greedy continuations);
-#   2. `quarry generate --device cuda:0`, free and constrained;
-#   3. `quarry bench --device cuda:0` over a batch-size sweep, JSON results into $RESULTS.
-# Variables: QUARRY (the CUDA quarry binary), TESTS (folder of the CUDA model test binaries),
-# RESULTS (default target/bench), BATCHES (default 1,8,32,64,128), DOCS (default 128), STATUS (the
-# package database the documents come from; carry this machine's to compare devices on the same
-# documents).
+# The whole GPU check and benchmark of issue 25, on the GPU machine, from what `make gpu-pack`
+# built here (docs/gpu.md). Each device call carries one chunk (.gpu/pN) and runs this script: it
+# keeps the chunk in $STAGE_DIR (the machine stays warm between calls) and, once it holds every
+# chunk, verifies and unpacks them and runs, in order:
+#   1. the GPU: name, driver, memory, clocks;
+#   2. the CUDA kernel tests (each kernel against its plain-Rust reference) and the model tests
+#      (paged forward, llama.cpp fixtures, greedy continuations) on cuda:0;
+#   3. `quarry generate --device cuda:0`, free and constrained;
+#   4. the peers on the same GPU and GGUF, first (they are quick): llama.cpp's
+#      `llama-batched-bench` (CUDA build) and transformers `generate` (bf16);
+#   5. `quarry bench --device cuda:0` over the batch sweep and modes;
+# then prints one table. Raw results go to $OUT (the device tool brings them back).
+# Variables: BATCHES (default 1,8,32,128,256,512), MODES (default a,c), REPEATS (default 1),
+# DOCS (default: the largest batch), PP and TG (the peers' prompt and output tokens, default 700
+# and 160, about quarry's documents), BENCH_SECONDS (default 330: quarry's sweep stops there and
+# says so, leaving time for the rest of a 10-minute call), STAGE_DIR (default /root/quarry-gpu).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-Q="${QUARRY:?set QUARRY to the CUDA build of quarry}"
-RESULTS="${RESULTS:-target/bench}"
-mkdir -p "$RESULTS"
-status=0
+STAGE_DIR="${STAGE_DIR:-/root/quarry-gpu}"
+OUT="${OUT:-target/gpu-check}"
+mkdir -p "$STAGE_DIR" "$OUT"
 section() { printf '\n== %s\n' "$*"; }
 
-section "GPU"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || status=1
-
-if [ -n "${TESTS:-}" ]; then
-  for t in "$TESTS"/*; do
-    section "model test $(basename "$t") on cuda:0"
-    QUARRY_TEST_DEVICE=cuda:0 QUARRY_ROOT="$PWD" "$t" --test-threads 1 || status=1
-  done
+# Keep this call's chunk, and stop here until every chunk has come.
+cp .gpu/p*/chunk.* "$STAGE_DIR/" 2>/dev/null
+first="$(ls "$STAGE_DIR"/chunk.* 2>/dev/null | head -1)"
+[ -n "$first" ] || { echo "no chunk carried: carry .gpu/p1 (make gpu-pack)"; exit 2; }
+total="${first##*-of-}"
+have="$(ls "$STAGE_DIR"/chunk.*-of-"$total" | wc -l)"
+if [ "$have" -lt "$total" ]; then
+  echo "holding $have of $total chunks in $STAGE_DIR; carry the next one in the next call"
+  exit 0
 fi
+PACK="$STAGE_DIR/pack"
+if [ ! -s "$PACK/SHA256SUMS" ]; then
+  mkdir -p "$PACK"
+  for i in $(seq 1 "$total"); do cat "$STAGE_DIR/chunk.$i-of-$total"; done | tar -C "$PACK" -xf - || exit 1
+  (cd "$PACK" && sha256sum -c --quiet SHA256SUMS) || { echo "a chunk is damaged: pack again"; rm -rf "$PACK"; exit 1; }
+  tar -C "$PACK" -xJf "$PACK/binaries.tar.xz" || exit 1
+fi
+MODEL="$(ls "$PACK"/*.gguf | head -1)"
+mkdir -p models
+ln -sf "$MODEL" "models/$(basename "$MODEL")"
+Q="$PACK/bin/quarry"
+STATUS="$PACK/status"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$STAGE_DIR/site" "$PACK"/gguf-*.whl \
+  && export PYTHONPATH="$STAGE_DIR/site${PYTHONPATH:+:$PYTHONPATH}"
+# The CUDA 13 runtime, cuBLAS, cuRAND and NVRTC that the binaries load: PyTorch's wheels have them.
+libdirs="$(find / -xdev \( -name 'libcublas.so.13' -o -name 'libcudart.so.13' -o -name 'libnvrtc.so.13' -o -name 'libcurand.so.10' \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)"
+export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+BATCHES="${BATCHES:-1,8,32,128,256,512}"
+largest="$(tr ',' '\n' <<<"$BATCHES" | sort -n | tail -1)"
+status=0
+
+section "GPU"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt" || status=1
+
+for t in "$PACK"/tests/*; do
+  section "tests $(basename "$t") on cuda:0"
+  QUARRY_TEST_DEVICE=cuda:0 QUARRY_ROOT="$PWD" timeout 240 "$t" --test-threads 1 --nocapture 2>&1 \
+    | grep -Ev '^test .* \.\.\. ok$' | tail -40 || status=1
+done 2>&1 | tee "$OUT/tests.txt"
 
 section "quarry generate --device cuda:0"
 "$Q" generate --device cuda:0 --chat --max-tokens 48 \
   --prompt "What is the Debian package manager called? Answer in one sentence." || status=1
 "$Q" generate --device cuda:0 --chat --schema schemas/debian-package.json --max-tokens 160 --stats \
-  --prompt "$(grep -A12 '^Package: dpkg$' "${STATUS:-/var/lib/dpkg/status}")" || status=1
+  --prompt "$(grep -A12 '^Package: dpkg$' "$STATUS")" || status=1
+
+section "llama.cpp llama-batched-bench (CUDA, all layers on the GPU)"
+ctx=$(( largest * (${PP:-700} + ${TG:-160}) + 4096 ))
+timeout 120 "$PACK/bin/llama-batched-bench" -m "$MODEL" -ngl 99 -c "$ctx" -b 2048 -ub 512 \
+  -npp "${PP:-700}" -ntg "${TG:-160}" -npl "$BATCHES" --output-format jsonl 2>"$OUT/llama-batched-bench.log" \
+  | tee "$OUT/llama-batched-bench.jsonl" || status=1
+
+section "transformers generate (bf16)"
+timeout 150 python3 infra/hf_generate_bench.py --model "$MODEL" --batch "$BATCHES" \
+  --pp "${PP:-700}" --tg "${TG:-160}" --repeats 1 --out "$OUT/transformers.json" || status=1
 
 section "quarry bench --device cuda:0"
-"$Q" bench --device cuda:0 --status "${STATUS:-/var/lib/dpkg/status}" --batch "${BATCHES:-1,8,32,64,128}" --docs "${DOCS:-128}" \
-  --out "$RESULTS/quarry-bench-cuda.json" || status=1
+timeout "${BENCH_SECONDS:-330}" "$Q" bench --device cuda:0 --status "$STATUS" --batch "$BATCHES" \
+  --docs "${DOCS:-$largest}" --modes "${MODES:-a,c}" --repeats "${REPEATS:-1}" --step-tokens 4096 \
+  --out "$OUT/quarry-bench-cuda.json"
+rc=$?
+[ $rc = 124 ] && echo "quarry bench stopped at BENCH_SECONDS=${BENCH_SECONDS:-330}: the runs above are complete, the rest did not run"
+[ $rc = 0 ] || [ $rc = 124 ] || status=1
+
+section "summary"
+python3 - "$OUT" <<'EOF'
+# Output tokens per second of wall time, prefill included, for all three (quarry's documents have
+# prompts of about PP tokens and up to TG output tokens; the peers run exactly PP and TG), and the
+# peers' decode-phase rate alone after the slash.
+import json, os, sys
+out = sys.argv[1]
+rows = {}
+def put(batch, key, value):
+    rows.setdefault(int(batch), {})[key] = value
+def lines(name):
+    try:
+        return [json.loads(l) for l in open(os.path.join(out, name)) if l.startswith("{")]
+    except (OSError, ValueError) as e:
+        print(f"{name}: {e}")
+        return []
+for r in lines("llama-batched-bench.jsonl") + lines("llama-batched-bench.log"):
+    put(r["pl"], "llama.cpp", f"{r['pl'] * r['tg'] / r['t']:.0f} / {r['speed_tg']:.0f}")
+try:
+    for r in json.load(open(os.path.join(out, "transformers.json")))["results"]:
+        if "output_tok_s" in r:
+            put(r["batch"], "transformers", f"{r['output_tok_s']:.0f} / {r['decode_tok_s']:.0f}")
+except (OSError, ValueError, KeyError) as e:
+    print("transformers: no results", e)
+try:
+    for r in json.load(open(os.path.join(out, "quarry-bench-cuda.json")))["results"]:
+        m = r["median"]
+        put(r["batch"], "quarry " + r["mode"], f"{m['output_tokens_per_s']:.0f}")
+except (OSError, ValueError, KeyError) as e:
+    print("quarry: no results", e)
+cols = sorted({k for r in rows.values() for k in r})
+print("output tokens/s over wall time (peers: / decode phase only), by batch size")
+print(f"{'batch':>6} " + " ".join(f"{c:>16}" for c in cols))
+for b in sorted(rows):
+    print(f"{b:>6} " + " ".join(f"{rows[b].get(c, '-'):>16}" for c in cols))
+EOF
 exit $status

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Packs everything one GPU check needs into .gpu/ (git-ignored), built here, on a machine without
+# a GPU, so that the lent GPU spends its minutes measuring instead of compiling (`make gpu-pack`):
+#   - quarry with CUDA and the CUDA model tests (infra/build-cuda.sh, CUDA_TESTS=1);
+#   - llama.cpp with CUDA, the peer (infra/build-llama-cuda.sh);
+#   - the `gguf` wheel, which transformers needs to read a GGUF (the GPU image lacks it);
+#   - the model file, and this machine's package database as the benchmark's documents, so that
+#     both machines extract the same records.
+# A device call carries at most 64 MiB with the working tree, so the payload is cut into chunks
+# of CHUNK_MB (default 44) MiB, .gpu/p1, .gpu/p2, …: carry one per call; infra/gpu-check.sh keeps
+# each on the GPU machine until it has them all, then checks and runs (docs/gpu.md).
+# Variables: MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf), STATUS (default
+# /var/lib/dpkg/status), CHUNK_MB, SKIP_BUILD=1 (pack what is built).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+MODEL="${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+STATUS="${STATUS:-/var/lib/dpkg/status}"
+CHUNK_MB="${CHUNK_MB:-44}"
+CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
+TARGET="${CARGO_TARGET_DIR:-target}"
+GGUF_WHEEL=gguf-0.19.0-py3-none-any.whl
+test -s "$MODEL" || { echo "no model at $MODEL: run make setup first" >&2; exit 1; }
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  CUDA_TESTS=1 bash infra/build-cuda.sh
+  bash infra/build-llama-cuda.sh
+fi
+STAGE="$(mktemp -d)"
+trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE/bin" "$STAGE/tests"
+cp "$TARGET/release/quarry" "$STAGE/bin/"
+cp "$CACHE/llama-cuda/bin/llama-batched-bench" "$STAGE/bin/"
+# The CUDA test binaries of quarry-model, as cargo names them (no rebuild: built above).
+source infra/cuda-env.sh >/dev/null
+cargo test --release -p quarry-model --features cuda --no-run --message-format json 2>/dev/null \
+  | python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])' | while read -r t; do cp "$t" "$STAGE/tests/"; done
+strip "$STAGE"/bin/* "$STAGE"/tests/*
+if [ ! -s "$CACHE/wheels/$GGUF_WHEEL" ]; then
+  mkdir -p "$CACHE/wheels"
+  url="$(curl -fsSL https://pypi.org/simple/gguf/ | grep -o "https://[^\"#]*/$GGUF_WHEEL" | head -1)"
+  curl -fsSL -o "$CACHE/wheels/$GGUF_WHEEL" "$url"
+fi
+cp "$CACHE/wheels/$GGUF_WHEEL" "$STAGE/"
+cp "$STATUS" "$STAGE/status"
+# Binaries compress about tenfold (candle's PTX is text, in every binary: one xz stream shares it).
+tar -C "$STAGE" -cf - bin tests | xz -T0 -6 > "$STAGE/binaries.tar.xz"
+rm -rf "$STAGE/bin" "$STAGE/tests"
+ln -s "$(realpath "$MODEL")" "$STAGE/$(basename "$MODEL")"
+(cd "$STAGE" && sha256sum -b "$(basename "$MODEL")" binaries.tar.xz "$GGUF_WHEEL" status > SHA256SUMS)
+rm -rf .gpu
+mkdir -p .gpu
+tar -C "$STAGE" -chf - . | split -b "${CHUNK_MB}M" -d -a 1 - "$STAGE/chunk."
+n="$(ls "$STAGE"/chunk.* | wc -l)"
+i=0
+for c in "$STAGE"/chunk.*; do
+  i=$((i + 1))
+  mkdir -p ".gpu/p$i"
+  mv "$c" ".gpu/p$i/chunk.$i-of-$n"
+done
+du -sh .gpu/p*
+echo "packed into $n chunk(s): carry .gpu/p1 … .gpu/p$n, one per device call, each running"
+echo "  bash infra/gpu-check.sh"
+echo "(the call that brings the last chunk runs the check; see docs/gpu.md)"
