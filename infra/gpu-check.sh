@@ -12,7 +12,7 @@
 #   5. `quarry bench --device cuda:0` over the batch sweep and modes;
 # then prints one table. Raw results go to $OUT (the device tool brings them back).
 # Variables: BATCHES (default 1,8,32,128,256,512), MODES (default a,c), REPEATS (default 1),
-# DOCS (default: the largest batch), PP and TG (the peers' prompt and output tokens, default 700
+# DOCS (default: the batch size, 16 at least), PP and TG (the peers' prompt and output tokens, default 700
 # and 160, about quarry's documents), BENCH_SECONDS (default 330: quarry's sweep stops there and
 # says so, leaving time for the rest of a 10-minute call), STAGE_DIR (default /root/quarry-gpu).
 set -uo pipefail
@@ -79,12 +79,39 @@ timeout 150 python3 infra/hf_generate_bench.py --model "$MODEL" --batch "$BATCHE
   --pp "${PP:-700}" --tg "${TG:-160}" --repeats 1 --out "$OUT/transformers.json" || status=1
 
 section "quarry bench --device cuda:0"
-timeout "${BENCH_SECONDS:-330}" "$Q" bench --device cuda:0 --status "$STATUS" --batch "$BATCHES" \
-  --docs "${DOCS:-$largest}" --modes "${MODES:-a,c}" --repeats "${REPEATS:-1}" --step-tokens 4096 \
-  --out "$OUT/quarry-bench-cuda.json"
-rc=$?
-[ $rc = 124 ] && echo "quarry bench stopped at BENCH_SECONDS=${BENCH_SECONDS:-330}: the runs above are complete, the rest did not run"
-[ $rc = 0 ] || [ $rc = 124 ] || status=1
+# One run per batch size with at least that many documents (16 at least), within BENCH_SECONDS in
+# all; the JSON of every run goes into one file.
+deadline=$(( $(date +%s) + ${BENCH_SECONDS:-330} ))
+runs=()
+for b in $(tr ',' ' ' <<<"$BATCHES"); do
+  left=$(( deadline - $(date +%s) ))
+  if [ "$left" -lt 20 ]; then
+    echo "batch $b and larger: not run (BENCH_SECONDS=${BENCH_SECONDS:-330} spent)"
+    break
+  fi
+  docs="${DOCS:-$(( b > 16 ? b : 16 ))}"
+  timeout "$left" "$Q" bench --device cuda:0 --status "$STATUS" --batch "$b" --docs "$docs" \
+    --modes "${MODES:-a,c}" --repeats "${REPEATS:-1}" --step-tokens 4096 --out "$STAGE_DIR/quarry-bench-$b.json"
+  rc=$?
+  [ $rc = 124 ] && echo "batch $b: stopped at the deadline"
+  [ $rc = 0 ] && runs+=("$STAGE_DIR/quarry-bench-$b.json")
+  [ $rc = 0 ] || [ $rc = 124 ] || status=1
+done
+python3 - "$OUT/quarry-bench-cuda.json" "${runs[@]}" <<'MERGE'
+import json, os, sys
+merged = None
+for path in sys.argv[2:]:
+    if not os.path.exists(path):
+        print(f"{path}: not written")
+        continue
+    d = json.load(open(path))
+    if merged is None:
+        merged = d
+    else:
+        merged["results"] += d["results"]
+if merged is not None:
+    json.dump(merged, open(sys.argv[1], "w"), indent=1)
+MERGE
 
 section "summary"
 python3 - "$OUT" <<'EOF'
