@@ -223,7 +223,7 @@ mod tests {
     use crate::batch::SeqInput;
     use crate::ragged::attend_reference;
     use crate::sampling::{Sampler, SamplingParams};
-    use crate::simd::testing::values;
+    use crate::simd::testing::{relative_error, values};
 
     /// The GPU the kernel tests run on. They exist only in CUDA builds and fail without a GPU:
     /// a CUDA build's test run is the GPU check.
@@ -231,16 +231,6 @@ mod tests {
         candle_core::Device::new_cuda(0)
             .and_then(|d| d.as_cuda_device().cloned())
             .expect("the CUDA kernel tests need a GPU (run them through infra/gpu-check.sh)")
-    }
-
-    /// ‖got − want‖ / ‖want‖.
-    fn relative_error(got: &[f32], want: &[f32]) -> f64 {
-        let (mut num, mut den) = (0f64, 0f64);
-        for (g, w) in got.iter().zip(want) {
-            num += ((g - w) as f64).powi(2);
-            den += (*w as f64).powi(2);
-        }
-        (num / den).sqrt()
     }
 
     /// A batch as a step mixes them, on scattered pages of 16 positions: long and short prefills,

@@ -136,7 +136,7 @@ mod tests {
     use super::*;
     use crate::attention::attend_host;
     use crate::batch::Plan;
-    use crate::simd::testing::values;
+    use crate::simd::testing::{relative_error, values};
 
     /// Three sequences in one batch, as a step mixes them: a 7-token prefill, a decode at
     /// position 9 and a 3-token extension from position 4, with scattered pages.
@@ -180,6 +180,18 @@ mod tests {
             }
         }
 
+        /// Grouped-query heads (4 query heads on 2 KV heads of 64) on its 4-position pages.
+        fn heads(window: Option<usize>) -> Heads {
+            Heads {
+                n_head: 4,
+                n_kv: 2,
+                head_dim: 64,
+                page_size: 4,
+                scale: 0.125,
+                window,
+            }
+        }
+
         /// The batch's metadata with 4-position pages.
         fn meta(&self) -> RaggedBatch {
             let mut meta = RaggedBatch::default();
@@ -220,14 +232,7 @@ mod tests {
         let mixed = Mixed::new();
         let (batch, meta, plan) = (mixed.batch(), mixed.meta(), mixed.plan());
         for window in [None, Some(3)] {
-            let h = Heads {
-                n_head: 4,
-                n_kv: 2,
-                head_dim: 64,
-                page_size: 4,
-                scale: 0.125,
-                window,
-            };
+            let h = Mixed::heads(window);
             let rows = 8 * 4;
             let kv = rows * h.n_kv * h.head_dim;
             let k = values(0x9e37_79b9_7f4a_7c15, kv, -0.5, 0.5);
@@ -256,14 +261,7 @@ mod tests {
         use candle_core::{DType, Device, Tensor};
         let mixed = Mixed::new();
         let (batch, meta, plan) = (mixed.batch(), mixed.meta(), mixed.plan());
-        let h = Heads {
-            n_head: 4,
-            n_kv: 2,
-            head_dim: 64,
-            page_size: 4,
-            scale: 0.125,
-            window: Some(5),
-        };
+        let h = Mixed::heads(Some(5));
         let dev = Device::Cpu;
         let (rows, kv_dim, stride) = (8 * 4, h.n_kv * h.head_dim, h.n_head * h.head_dim);
         let k = values(0x51_7cc1_b727_220a, rows * kv_dim, -1.0, 1.0);
@@ -287,12 +285,7 @@ mod tests {
             let out =
                 crate::attention::attend_tensor(&qt, &kp, &vp, &plan, &batch, h, &dev).unwrap();
             let got = out.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let (mut num, mut den) = (0f64, 0f64);
-            for (g, w) in got.iter().zip(&want) {
-                num += ((g - w) as f64).powi(2);
-                den += (*w as f64).powi(2);
-            }
-            let err = (num / den).sqrt();
+            let err = relative_error(&got, &want);
             assert!(
                 err < bound,
                 "{dtype:?} pool: relative error {err:.2e} over {bound:.0e}"
