@@ -9,7 +9,8 @@
 //! kernel's arithmetic, checked here against the host kernel ([`crate::attention`]) and, on a
 //! GPU, the reference the CUDA kernel is compared with.
 
-#[cfg(test)]
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape};
+
 use crate::attention::Heads;
 use crate::batch::SeqInput;
 
@@ -84,9 +85,8 @@ fn to_u32(n: usize) -> u32 {
 /// `h` reads key-value head `h / (n_head / n_kv)` (grouped-query attention).
 ///
 /// `q` is `[tokens, n_head · head_dim]`, `k` and `v` are the layer's pool (`[rows, n_kv ·
-/// head_dim]`), `out` is `[tokens, n_head · head_dim]`. Compiled for the tests, which compare it
-/// with the host kernel here and with the CUDA kernel on a GPU.
-#[cfg(test)]
+/// head_dim]`), `out` is `[tokens, n_head · head_dim]`. The tests compare it with the host kernel
+/// here and with the CUDA kernel on a GPU; [`PagedAttention`] runs it on the CPU.
 pub(crate) fn attend_reference(
     meta: &RaggedBatch,
     q: &[f32],
@@ -128,6 +128,115 @@ pub(crate) fn attend_reference(
                 }
             }
         }
+    }
+}
+
+/// Attention for every new token of the batch as one candle op over `q` (`[tokens, n_head,
+/// head_dim]`, f32) and a layer's K and V pools: on CUDA one launch of the paged attention kernel
+/// (`kernels/paged_attention.cu`) reading the pool in its element type; on the CPU
+/// [`attend_reference`], which checks the op's plumbing where there is no GPU. Returns `[tokens,
+/// n_head · head_dim]` in f32.
+pub(crate) struct PagedAttention<'a> {
+    pub meta: &'a RaggedBatch,
+    /// The batch's metadata uploaded once per forward pass (CUDA only).
+    #[cfg(feature = "cuda")]
+    pub device_batch: Option<&'a crate::cuda::DeviceBatch>,
+    pub heads: Heads,
+}
+
+impl PagedAttention<'_> {
+    fn out_shape(&self) -> Shape {
+        Shape::from((self.meta.tokens(), self.heads.n_head * self.heads.head_dim))
+    }
+}
+
+/// The f32 values of a contiguous CPU storage from offset 0 (16-bit pools widened).
+fn host_values(s: &CpuStorage, l: &Layout, what: &str) -> candle_core::Result<Vec<f32>> {
+    let Some((0, end)) = l.contiguous_offsets() else {
+        candle_core::bail!("paged attention: {what} must be contiguous from its start");
+    };
+    Ok(match s {
+        CpuStorage::F32(v) => v[..end].to_vec(),
+        CpuStorage::F16(v) => v[..end].iter().map(|x| x.to_f32()).collect(),
+        CpuStorage::BF16(v) => v[..end].iter().map(|x| x.to_f32()).collect(),
+        _ => candle_core::bail!("paged attention: {what} must be f32, f16 or bf16"),
+    })
+}
+
+impl CustomOp3 for PagedAttention<'_> {
+    fn name(&self) -> &'static str {
+        "quarry-paged-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        q: &CpuStorage,
+        lq: &Layout,
+        k: &CpuStorage,
+        lk: &Layout,
+        v: &CpuStorage,
+        lv: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let shape = self.out_shape();
+        let q = host_values(q, lq, "q")?;
+        if q.len() != shape.elem_count() {
+            candle_core::bail!(
+                "paged attention: q has {} values, expected {shape:?}",
+                q.len()
+            );
+        }
+        let (k, v) = (host_values(k, lk, "k")?, host_values(v, lv, "v")?);
+        let mut out = vec![0f32; shape.elem_count()];
+        attend_reference(self.meta, &q, &k, &v, self.heads, &mut out);
+        Ok((CpuStorage::F32(out), shape))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        q: &candle_core::CudaStorage,
+        lq: &Layout,
+        k: &candle_core::CudaStorage,
+        lk: &Layout,
+        v: &candle_core::CudaStorage,
+        lv: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::{AttentionShape, KvPool};
+        use candle_core::cuda::CudaStorageSlice as S;
+        for (l, what) in [(lq, "q"), (lk, "k"), (lv, "v")] {
+            if !matches!(l.contiguous_offsets(), Some((0, _))) {
+                candle_core::bail!("paged attention: {what} must be contiguous from its start");
+            }
+        }
+        let Some(batch) = self.device_batch else {
+            candle_core::bail!("paged attention: the batch was not uploaded");
+        };
+        let shape = self.out_shape();
+        let dev = &q.device;
+        let pool = match (&k.slice, &v.slice) {
+            (S::F32(k), S::F32(v)) => KvPool::F32(k, v),
+            (S::F16(k), S::F16(v)) => KvPool::F16(k, v),
+            (S::BF16(k), S::BF16(v)) => KvPool::Bf16(k, v),
+            _ => {
+                candle_core::bail!("paged attention: K and V pools must be f32, f16 or bf16 alike")
+            }
+        };
+        let h = self.heads;
+        let dims = AttentionShape {
+            n_head: h.n_head,
+            n_kv: h.n_kv,
+            head_dim: h.head_dim,
+            scale: h.scale,
+            window: h.window.unwrap_or(0),
+        };
+        // SAFETY: the kernel writes every output value (one block per token and head, a thread
+        // per dimension).
+        let mut out = unsafe { dev.alloc::<f32>(shape.elem_count()) }?;
+        crate::cuda::paged_attention(dev, q.as_cuda_slice::<f32>()?, pool, batch, dims, &mut out)?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            shape,
+        ))
     }
 }
 
@@ -297,5 +406,68 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The op on the CPU (what runs the kernel on CUDA) takes the pools in their element type and
+    /// returns the reference's values in the shape the forward pass expects.
+    #[test]
+    fn the_paged_attention_op_runs_the_reference_on_the_cpu() {
+        use candle_core::{DType, Device, Tensor};
+        let mixed = Mixed::new();
+        let meta = mixed.meta();
+        let h = Mixed::heads(Some(6));
+        let dev = Device::Cpu;
+        let (rows, kv_dim, stride) = (8 * 4, h.n_kv * h.head_dim, h.n_head * h.head_dim);
+        let k = values(0x1234_5678_9abc_def1, rows * kv_dim, -1.0, 1.0);
+        let v = values(0x0fed_cba9_8765_4321, rows * kv_dim, -1.0, 1.0);
+        let q = values(0x1357_9bdf_2468_ace1, meta.tokens() * stride, -1.0, 1.0);
+        let mut want = vec![0f32; q.len()];
+        attend_reference(&meta, &q, &k, &v, h, &mut want);
+        let op = PagedAttention {
+            meta: &meta,
+            #[cfg(feature = "cuda")]
+            device_batch: None,
+            heads: h,
+        };
+        let qt = Tensor::from_slice(&q, (meta.tokens(), h.n_head, h.head_dim), &dev).unwrap();
+        for dtype in [DType::F32, DType::F16] {
+            let pool = |x: &[f32]| {
+                Tensor::from_slice(x, (rows, kv_dim), &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            };
+            let out = qt.apply_op3_no_bwd(&pool(&k), &pool(&v), &op).unwrap();
+            assert_eq!(out.dims(), [meta.tokens(), stride]);
+            let got = out.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let bound = if dtype == DType::F32 { 0.0 } else { 2e-3 };
+            let err = relative_error(&got, &want);
+            assert!(err <= bound, "{dtype:?} pool: relative error {err:.2e}");
+        }
+        // A view that does not start at the storage's start is refused, not misread.
+        let q2 = Tensor::from_slice(&q, (q.len(),), &dev).unwrap();
+        let shifted = q2
+            .narrow(0, stride, (meta.tokens() - 1) * stride)
+            .unwrap()
+            .reshape((meta.tokens() - 1, h.n_head, h.head_dim))
+            .unwrap();
+        let short = RaggedBatch {
+            token_seq: meta.token_seq[1..].to_vec(),
+            token_pos: meta.token_pos[1..].to_vec(),
+            ..meta.clone()
+        };
+        let op = PagedAttention { meta: &short, ..op };
+        let err = shifted
+            .apply_op3_no_bwd(&pool_of(&k, &dev), &pool_of(&v, &dev), &op)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("contiguous from its start"),
+            "{err}"
+        );
+    }
+
+    fn pool_of(x: &[f32], dev: &candle_core::Device) -> candle_core::Tensor {
+        let n = x.len() / (2 * 64);
+        candle_core::Tensor::from_slice(x, (n, 2 * 64), dev).unwrap()
     }
 }

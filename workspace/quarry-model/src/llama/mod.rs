@@ -255,6 +255,22 @@ impl Llama {
             })
             .collect::<Result<Vec<_>>>()?;
         let eps = c.rms_norm_eps;
+        // Attention: one paged attention launch per layer for the whole batch on a GPU, or the
+        // per-sequence gather of tensor ops (the CPU's cross-check, and QUARRY_ATTENTION=gather).
+        let kernel = attention_kernel(dev)?;
+        let mut meta = crate::ragged::RaggedBatch::default();
+        if kernel {
+            meta.fill(batch, heads.page_size);
+        }
+        #[cfg(feature = "cuda")]
+        let device_batch = match kernel {
+            true => Some(crate::cuda::DeviceBatch::upload(
+                dev.as_cuda_device()?,
+                &meta,
+                0,
+            )?),
+            false => None,
+        };
 
         let mut x = self.embed.index_select(&tokens, 0)?;
         if c.embedding_scale != 1.0 {
@@ -297,8 +313,17 @@ impl Llama {
                 window: c.window(l),
                 ..heads
             };
-            let attn =
-                attention::attend_tensor(&q, &k_pool[l], &v_pool[l], plan, batch, heads, dev)?;
+            let attn = if kernel {
+                let op = crate::ragged::PagedAttention {
+                    meta: &meta,
+                    #[cfg(feature = "cuda")]
+                    device_batch: device_batch.as_ref(),
+                    heads,
+                };
+                q.apply_op3_no_bwd(&k_pool[l], &v_pool[l], &op)?
+            } else {
+                attention::attend_tensor(&q, &k_pool[l], &v_pool[l], plan, batch, heads, dev)?
+            };
             // Gemma's output norms, applied before the residual add when the model has them.
             let (post_attn, post_ffw) = match &layer.post_norms {
                 Some((a, f)) => (Some(a), Some(f)),
@@ -353,4 +378,19 @@ fn rope_table(c: &LlamaConfig, base: f32, device: &Device) -> Result<RopeTable> 
         cos: Tensor::from_vec(cos, (c.context_length, half), device)?,
         sin: Tensor::from_vec(sin, (c.context_length, half), device)?,
     })
+}
+
+/// Whether the tensor forward pass runs attention as one paged attention launch per layer (a
+/// GPU, unless `$QUARRY_ATTENTION` is `gather`) or as the per-sequence gather of tensor ops.
+fn attention_kernel(dev: &Device) -> Result<bool> {
+    if dev.is_cpu() {
+        return Ok(false);
+    }
+    match std::env::var("QUARRY_ATTENTION").as_deref().map(str::trim) {
+        Err(_) | Ok("") | Ok("kernel") => Ok(true),
+        Ok("gather") => Ok(false),
+        Ok(other) => Err(ModelError::Forward {
+            message: format!("QUARRY_ATTENTION is `{other}`: expected kernel or gather"),
+        }),
+    }
 }
