@@ -14,9 +14,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source infra/cuda-env.sh
-# quarry's own kernels (workspace/quarry-model/kernels/*.cu) to PTX for the driver to load, each
-# checked by ptxas for the target GPU (registers and shared memory printed). They are not launched
-# yet: the whole-batch paged attention is compared with its reference (src/ragged.rs) on a lent GPU.
+# quarry's own kernels (workspace/quarry-model/kernels/*.cu): quarry-model's build.rs compiles them
+# into the binary; here each is also assembled by ptxas for the target GPU, whose report
+# (registers, spills, shared memory) is the first thing to read about a kernel change.
 PTX="${CARGO_TARGET_DIR:-target}/ptx"
 mkdir -p "$PTX"
 for cu in workspace/quarry-model/kernels/*.cu; do

@@ -13,14 +13,18 @@
 # then prints one table. Raw results go to $OUT (the device tool brings them back).
 # Variables: BATCHES (default 1,8,32,128,256,512), MODES (default a,c), REPEATS (default 1),
 # DOCS (default: the batch size, 16 at least), PP and TG (the peers' prompt and output tokens, default 700
-# and 160, about quarry's documents), BENCH_SECONDS (default 330: quarry's sweep stops there and
-# says so, leaving time for the rest of a 10-minute call), STAGE_DIR (default /root/quarry-gpu).
+# and 160, about quarry's documents), CALL_SECONDS (default 570: every step gets a share of what
+# is left, so the call ends inside the device tool's 10 minutes and says what did not run),
+# STAGE_DIR (default /root/quarry-gpu).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 STAGE_DIR="${STAGE_DIR:-/root/quarry-gpu}"
 OUT="${OUT:-target/gpu-check}"
 mkdir -p "$STAGE_DIR" "$OUT"
 section() { printf '\n== %s\n' "$*"; }
+END=$(( $(date +%s) + ${CALL_SECONDS:-570} ))
+# Seconds a step may take: at most $1, leaving $2 for the steps after it (at least 10).
+budget() { local left=$(( END - $(date +%s) - $2 )); [ "$left" -gt "$1" ] && left=$1; [ "$left" -lt 10 ] && left=10; echo "$left"; }
 
 # Keep this call's chunk, and stop here until every chunk has come.
 cp .gpu/p*/chunk.* "$STAGE_DIR/" 2>/dev/null
@@ -58,35 +62,35 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 
 for t in "$PACK"/tests/*; do
   section "tests $(basename "$t") on cuda:0"
-  QUARRY_TEST_DEVICE=cuda:0 QUARRY_ROOT="$PWD" timeout 240 "$t" --test-threads 1 --nocapture 2>&1 \
+  QUARRY_TEST_DEVICE=cuda:0 QUARRY_ROOT="$PWD" timeout "$(budget 180 360)" "$t" --test-threads 1 --nocapture 2>&1 \
     | grep -Ev '^test .* \.\.\. ok$' | tail -40 || status=1
 done 2>&1 | tee "$OUT/tests.txt"
 
 section "quarry generate --device cuda:0"
-"$Q" generate --device cuda:0 --chat --max-tokens 48 \
+timeout 60 "$Q" generate --device cuda:0 --chat --max-tokens 48 \
   --prompt "What is the Debian package manager called? Answer in one sentence." || status=1
-"$Q" generate --device cuda:0 --chat --schema schemas/debian-package.json --max-tokens 160 --stats \
+timeout 60 "$Q" generate --device cuda:0 --chat --schema schemas/debian-package.json --max-tokens 160 --stats \
   --prompt "$(grep -A12 '^Package: dpkg$' "$STATUS")" || status=1
 
 section "llama.cpp llama-batched-bench (CUDA, all layers on the GPU)"
 ctx=$(( largest * (${PP:-700} + ${TG:-160}) + 4096 ))
-timeout 120 "$PACK/bin/llama-batched-bench" -m "$MODEL" -ngl 99 -c "$ctx" -b 2048 -ub 512 \
+timeout "$(budget 120 270)" "$PACK/bin/llama-batched-bench" -m "$MODEL" -ngl 99 -c "$ctx" -b 2048 -ub 512 \
   -npp "${PP:-700}" -ntg "${TG:-160}" -npl "$BATCHES" --output-format jsonl 2>"$OUT/llama-batched-bench.log" \
   | tee "$OUT/llama-batched-bench.jsonl" || status=1
 
 section "transformers generate (bf16)"
-timeout 150 python3 infra/hf_generate_bench.py --model "$MODEL" --batch "$BATCHES" \
+timeout "$(budget 150 200)" python3 infra/hf_generate_bench.py --model "$MODEL" --batch "$BATCHES" \
   --pp "${PP:-700}" --tg "${TG:-160}" --repeats 1 --out "$OUT/transformers.json" || status=1
 
 section "quarry bench --device cuda:0"
-# One run per batch size with at least that many documents (16 at least), within BENCH_SECONDS in
-# all; the JSON of every run goes into one file.
-deadline=$(( $(date +%s) + ${BENCH_SECONDS:-330} ))
+# One run per batch size with at least that many documents (16 at least), until 80 seconds are
+# left for the attention comparison below; the JSON of every run goes into one file.
+deadline=$(( END - 80 ))
 runs=()
 for b in $(tr ',' ' ' <<<"$BATCHES"); do
   left=$(( deadline - $(date +%s) ))
   if [ "$left" -lt 20 ]; then
-    echo "batch $b and larger: not run (BENCH_SECONDS=${BENCH_SECONDS:-330} spent)"
+    echo "batch $b and larger: not run (the call's time is spent; raise CALL_SECONDS or pass fewer BATCHES)"
     break
   fi
   docs="${DOCS:-$(( b > 16 ? b : 16 ))}"
@@ -113,6 +117,10 @@ if merged is not None:
     json.dump(merged, open(sys.argv[1], "w"), indent=1)
 MERGE
 
+section "quarry bench, attention as the per-sequence gather (QUARRY_ATTENTION=gather), batch 128, mode a"
+QUARRY_ATTENTION=gather timeout "$(budget 70 5)" "$Q" bench --device cuda:0 --status "$STATUS" --batch 128 \
+  --docs 128 --modes a --step-tokens 4096 --out "$OUT/quarry-bench-gather.json" || echo "(stopped or failed)"
+
 section "summary"
 python3 - "$OUT" <<'EOF'
 # Output tokens per second of wall time, prefill included, for all three (quarry's documents have
@@ -137,14 +145,16 @@ try:
             put(r["batch"], "transformers", f"{r['output_tok_s']:.0f} / {r['decode_tok_s']:.0f}")
 except (OSError, ValueError, KeyError) as e:
     print("transformers: no results", e)
-try:
-    for r in json.load(open(os.path.join(out, "quarry-bench-cuda.json")))["results"]:
-        m = r["median"]
-        put(r["batch"], "quarry " + r["mode"], f"{m['output_tokens_per_s']:.0f}")
-except (OSError, ValueError, KeyError) as e:
-    print("quarry: no results", e)
+for name, label in [("quarry-bench-cuda.json", ""), ("quarry-bench-gather.json", " gather")]:
+    try:
+        for r in json.load(open(os.path.join(out, name)))["results"]:
+            m = r["median"]
+            ms = 1000 * m["forward_s"] / max(m["forward_passes"], 1)
+            put(r["batch"], f"quarry {r['mode']}{label}", f"{m['output_tokens_per_s']:.0f} ({ms:.1f} ms)")
+    except (OSError, ValueError, KeyError) as e:
+        print(f"{name}: no results", e)
 cols = sorted({k for r in rows.values() for k in r})
-print("output tokens/s over wall time (peers: / decode phase only), by batch size")
+print("output tokens/s over wall time (peers: / decode phase only; quarry: (model ms per forward pass)), by batch size")
 print(f"{'batch':>6} " + " ".join(f"{c:>16}" for c in cols))
 for b in sorted(rows):
     print(f"{b:>6} " + " ".join(f"{rows[b].get(c, '-'):>16}" for c in cols))
