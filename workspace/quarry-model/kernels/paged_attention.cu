@@ -1,21 +1,26 @@
 // Paged attention for a whole ragged batch in one launch per layer (issue 25).
 //
-// The grid is (new tokens, query heads); one block computes one (token, head) row, exactly the
-// arithmetic of `attend_reference` in src/ragged.rs (the test reference): scores q.k * scale over
-// the positions the token sees (causal, and within `window` when it is not 0), a softmax that
-// subtracts the row's maximum, and the weighted sum of the values. Decode rows and prefill or
-// extension rows differ only in their position, so one launch covers a step's every sequence.
+// The grid is (new tokens, key-value heads); one block computes the rows of every query head of
+// its group (grouped-query attention: query head h reads key-value head h / group), so each key
+// and value row is read once per token and group, not once per query head: at batch 512 and
+// about 1,000 positions of context that is most of a decode step's bytes. The arithmetic is
+// `attend_reference` in src/ragged.rs (the test reference): scores q.k * scale over the positions
+// the token sees (causal, and within `window` when it is not 0), a softmax that subtracts the
+// row's maximum, and the weighted sum of the values. Decode rows and prefill or extension rows
+// differ only in their position, so one launch covers a step's every sequence.
 //
 // The batch metadata is `RaggedBatch` (src/ragged.rs), uploaded as it is:
 //   token_seq[t], token_pos[t]   the sequence and the position of new token t;
 //   page_start[s]                where sequence s's pages begin in block_table (n_seq + 1 entries);
 //   block_table[...]             every sequence's pages, concatenated.
-// The pool of one layer holds `rows = pages * page_size` rows of `n_kv * head_dim` values; query
-// head h reads key-value head h / (n_head / n_kv) (grouped-query attention).
+// The pool of one layer holds `rows = pages * page_size` rows of `n_kv * head_dim` values.
 //
-// Scores live in dynamic shared memory, one float per attended position: the launcher passes
-// (longest context + head_dim) * 4 bytes. Contexts beyond what shared memory holds need the
-// split-K (flash-decoding) variant, which measurement has not asked for yet.
+// Dynamic shared memory holds the group's queries and one score per (query head, attended
+// position): the launcher passes group * (longest context + head_dim) * 4 bytes, and refuses a
+// group above MAX_GROUP. Contexts beyond what shared memory holds need the split-K
+// (flash-decoding) variant, which measurement has not asked for yet.
+
+#define MAX_GROUP 8
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -58,53 +63,80 @@ __device__ void paged_attention(
     int window) {
     extern __shared__ float shared[];
     __shared__ float red[32];
-    const int t = blockIdx.x, head = blockIdx.y;
+    const int t = blockIdx.x, kv_head = blockIdx.y;
+    const int group = n_head / n_kv;
     const int seq = token_seq[t], pos = token_pos[t];
     const int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0;
     const int n = pos + 1 - first;
-    const int kv_dim = n_kv * head_dim, kv_head = head / (n_head / n_kv);
+    const int kv_dim = n_kv * head_dim;
     const uint32_t* pages = block_table + page_start[seq];
-    float* qs = shared;              // head_dim query values
-    float* scores = shared + head_dim;  // n scores, then weights
-    const float* qrow = q + (size_t)t * n_head * head_dim + (size_t)head * head_dim;
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) qs[i] = qrow[i];
+    float* qs = shared;                        // group * head_dim query values
+    float* scores = shared + group * head_dim;  // group rows of n scores, then weights
+    const float* qrow = q + (size_t)t * n_head * head_dim + (size_t)kv_head * group * head_dim;
+    for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) qs[i] = qrow[i];
     __syncthreads();
 
-    // Scores: a warp per position, its lanes across the head's dimensions (coalesced reads).
+    // Scores: a warp per position, its lanes across the head's dimensions (coalesced reads); the
+    // key row is loaded once for every query head of the group.
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    float local_max = -INFINITY;
     for (int j = warp; j < n; j += warps) {
         const int p = first + j;
         const size_t row = (size_t)pages[p / page_size] * page_size + p % page_size;
         const KV* krow = k + row * kv_dim + (size_t)kv_head * head_dim;
-        float dot = 0.0f;
-        for (int i = lane; i < head_dim; i += 32) dot += qs[i] * to_float(krow[i]);
-        dot = warp_sum(dot) * scale;
-        if (lane == 0) scores[j] = dot;
-        local_max = fmaxf(local_max, dot);
+        float dot[MAX_GROUP];
+#pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g) dot[g] = 0.0f;
+        for (int i = lane; i < head_dim; i += 32) {
+            const float kx = to_float(krow[i]);
+#pragma unroll
+            for (int g = 0; g < MAX_GROUP; ++g)
+                if (g < group) dot[g] += qs[g * head_dim + i] * kx;
+        }
+#pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g) {
+            if (g < group) {
+                const float d = warp_sum(dot[g]) * scale;
+                if (lane == 0) scores[g * n + j] = d;
+            }
+        }
     }
     __syncthreads();
-    const float max = block_reduce<true>(local_max, red);
 
-    float local_sum = 0.0f;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const float e = __expf(scores[j] - max);
-        scores[j] = e;
-        local_sum += e;
+    // One softmax per query head of the group.
+    for (int g = 0; g < group; ++g) {
+        float* sg = scores + g * n;
+        float local_max = -INFINITY;
+        for (int j = threadIdx.x; j < n; j += blockDim.x) local_max = fmaxf(local_max, sg[j]);
+        const float max = block_reduce<true>(local_max, red);
+        float local_sum = 0.0f;
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            const float e = __expf(sg[j] - max);
+            sg[j] = e;
+            local_sum += e;
+        }
+        const float inv = 1.0f / block_reduce<false>(local_sum, red);
+        for (int j = threadIdx.x; j < n; j += blockDim.x) sg[j] *= inv;
     }
     __syncthreads();
-    const float inv = 1.0f / block_reduce<false>(local_sum, red);
 
-    // The weighted sum: a thread per dimension, every position (adjacent threads, adjacent values).
-    float* orow = out + (size_t)t * n_head * head_dim + (size_t)head * head_dim;
+    // The weighted sums: a thread per dimension, every position (adjacent threads, adjacent
+    // values), the value loaded once for every query head of the group.
+    float* orow = out + (size_t)t * n_head * head_dim + (size_t)kv_head * group * head_dim;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        float acc = 0.0f;
+        float acc[MAX_GROUP];
+#pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g) acc[g] = 0.0f;
         for (int j = 0; j < n; ++j) {
             const int p = first + j;
             const size_t row = (size_t)pages[p / page_size] * page_size + p % page_size;
-            acc += scores[j] * to_float(v[row * kv_dim + (size_t)kv_head * head_dim + i]);
+            const float vx = to_float(v[row * kv_dim + (size_t)kv_head * head_dim + i]);
+#pragma unroll
+            for (int g = 0; g < MAX_GROUP; ++g)
+                if (g < group) acc[g] += scores[g * n + j] * vx;
         }
-        orow[i] = acc * inv;
+#pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g)
+            if (g < group) orow[g * head_dim + i] = acc[g];
     }
 }
 

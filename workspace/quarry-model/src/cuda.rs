@@ -23,6 +23,10 @@ const SAMPLING_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sampling.ptx"
 const SAMPLE_THREADS: u32 = 512;
 /// Threads per block of the attention kernel: a warp per attended position for the scores.
 const ATTENTION_THREADS: u32 = 128;
+/// Query heads per key-value head the attention kernel serves in one block (its `MAX_GROUP`).
+const MAX_GROUP: usize = 8;
+/// Dynamic shared memory a block may have on Hopper (227 KiB).
+const MAX_SHARED: usize = 227 * 1024;
 
 /// A layer's KV pool on the device, in the element type it is stored in.
 pub enum KvPool<'a> {
@@ -103,8 +107,27 @@ pub fn paged_attention(
         KvPool::F16(..) => "paged_attention_f16",
         KvPool::Bf16(..) => "paged_attention_bf16",
     };
+    if shape.n_kv == 0
+        || !shape.n_head.is_multiple_of(shape.n_kv)
+        || shape.n_head / shape.n_kv > MAX_GROUP
+    {
+        candle_core::bail!(
+            "paged attention: {} query heads on {} key-value heads (groups of at most {MAX_GROUP})",
+            shape.n_head,
+            shape.n_kv
+        );
+    }
+    let group = shape.n_head / shape.n_kv;
+    let shared = group * (batch.longest + shape.head_dim) * 4;
+    if shared > MAX_SHARED {
+        candle_core::bail!(
+            "paged attention: {} positions of context need {shared} bytes of shared memory, over \
+             {MAX_SHARED}; QUARRY_ATTENTION=gather runs such contexts",
+            batch.longest
+        );
+    }
+    let shared = shared as u32;
     let func = dev.get_or_load_custom_func(name, "quarry_paged_attention", ATTENTION_PTX)?;
-    let shared = ((batch.longest + shape.head_dim) * 4) as u32;
     if shared > 48 * 1024 {
         // Beyond the default dynamic shared memory: raise the kernel's limit (up to the
         // device's 227 KiB per block on Hopper); longer contexts need a split-K variant.
@@ -116,7 +139,7 @@ pub fn paged_attention(
         .w()?;
     }
     let cfg = LaunchConfig {
-        grid_dim: (batch.tokens as u32, shape.n_head as u32, 1),
+        grid_dim: (batch.tokens as u32, shape.n_kv as u32, 1),
         block_dim: (ATTENTION_THREADS, 1, 1),
         shared_mem_bytes: shared,
     };
@@ -265,7 +288,8 @@ mod tests {
         let mut meta = RaggedBatch::default();
         meta.fill(&batch, page_size);
         let rows = (pages.iter().flatten().max().unwrap() + 1) as usize * page_size;
-        for (n_head, n_kv, head_dim, window) in [(9, 3, 64, 0), (4, 1, 256, 0), (4, 1, 256, 48)] {
+        // SmolLM2's groups of 3, Qwen2.5's of 7, Gemma's 4 heads on one of 256 with its window.
+        for (n_head, n_kv, head_dim, window) in [(9, 3, 64, 0), (14, 2, 64, 0), (4, 1, 256, 48)] {
             let h = Heads {
                 n_head,
                 n_kv,

@@ -2,7 +2,7 @@
 //! one upload each per step, and the plain-Rust arithmetic such a kernel must reproduce.
 //!
 //! One launch covers every new token of every sequence, decode rows and prefill rows alike: the
-//! thread block of (token, query head) finds its sequence, its position and, through the
+//! thread block of (token, key-value head) finds its sequence, its position and, through the
 //! sequence's slice of the concatenated block tables, the pool row of every position it attends
 //! to. [`RaggedBatch::fill`] builds those arrays from the engine's [`SeqInput`]s into buffers it
 //! keeps, so a step allocates nothing once the buffers have grown; [`attend_reference`] is the
