@@ -9,7 +9,9 @@
 //! need a GPU and exist only in a CUDA build (`make build-cuda CUDA_TESTS=1`, then
 //! `infra/gpu-check.sh`).
 
-use candle_core::cuda::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use candle_core::cuda::cudarc::driver::{
+    CudaSlice, CudaStream, HostSlice, LaunchConfig, PinnedHostSlice, PushKernelArg, SyncOnDrop,
+};
 use candle_core::cuda::WrapErr;
 use candle_core::{CudaDevice, Result};
 
@@ -171,6 +173,93 @@ pub fn paged_attention(
     // buffers hold what the batch's metadata addresses (checked by the caller's pool and plan).
     unsafe { b.launch(cfg) }.w()?;
     Ok(())
+}
+
+/// The step's masks on their way to the GPU: the host writes them into page-locked memory and one
+/// asynchronous copy per step moves them to the device buffer the sampling kernel reads. Two host
+/// buffers alternate, so the masks of step t + 1 are written while step t's copy may still be in
+/// flight (cudarc records an event on each buffer at its copy, and handing a buffer out again
+/// waits for that event only).
+pub struct MaskUpload {
+    host: [PinnedHostSlice<u32>; 2],
+    device: CudaSlice<u32>,
+    next: usize,
+}
+
+impl MaskUpload {
+    /// Buffers for `words` mask words (grown on demand).
+    pub fn new(dev: &CudaDevice, words: usize) -> Result<Self> {
+        let words = words.max(1);
+        Ok(Self {
+            host: [pinned(dev, words)?, pinned(dev, words)?],
+            device: dev.alloc_zeros::<u32>(words)?,
+            next: 0,
+        })
+    }
+
+    /// The host buffer for the next step's `words` words, to fill before [`MaskUpload::upload`].
+    pub fn host_mut(&mut self, dev: &CudaDevice, words: usize) -> Result<&mut [u32]> {
+        let words = words.max(1);
+        if self.host[self.next].len() < words {
+            self.host[self.next] = pinned(dev, words)?;
+        }
+        Ok(&mut self.host[self.next].as_mut_slice().w()?[..words])
+    }
+
+    /// Queues the copy of the buffer [`MaskUpload::host_mut`] handed out (its first `words`
+    /// words) on candle's stream, and returns the device buffer: kernels queued after it on that
+    /// stream read the step's masks.
+    pub fn upload(&mut self, dev: &CudaDevice, words: usize) -> Result<&CudaSlice<u32>> {
+        let words = words.max(1);
+        if self.device.len() < words {
+            self.device = dev.alloc_zeros::<u32>(words)?;
+        }
+        let host = &self.host[self.next];
+        let mut dst = self.device.slice_mut(..words);
+        dev.cuda_stream()
+            .memcpy_htod(&HostPrefix(host, words), &mut dst)
+            .w()?;
+        self.next = 1 - self.next;
+        Ok(&self.device)
+    }
+}
+
+/// The first words of a page-locked buffer, as a copy's source: the copy records its event on
+/// the whole buffer, as a copy of all of it would.
+struct HostPrefix<'a>(&'a PinnedHostSlice<u32>, usize);
+
+impl HostSlice<u32> for HostPrefix<'_> {
+    fn len(&self) -> usize {
+        self.1
+    }
+
+    unsafe fn stream_synced_slice<'b>(
+        &'b self,
+        stream: &'b CudaStream,
+    ) -> (&'b [u32], SyncOnDrop<'b>) {
+        // SAFETY: as the caller's: the slice is used with `stream` only.
+        let (all, sync) = unsafe { self.0.stream_synced_slice(stream) };
+        (&all[..self.1], sync)
+    }
+
+    unsafe fn stream_synced_mut_slice<'b>(
+        &'b mut self,
+        _: &'b CudaStream,
+    ) -> (&'b mut [u32], SyncOnDrop<'b>) {
+        unreachable!("a mask upload's source is only read")
+    }
+}
+
+fn pinned(dev: &CudaDevice, words: usize) -> Result<PinnedHostSlice<u32>> {
+    // SAFETY: the memory is uninitialized until written; it is only read after `host_mut` handed
+    // it out and the caller filled the words it uploads. Flags 0: plain page-locked memory (not
+    // write-combined, which host reads would make slow).
+    unsafe {
+        dev.cuda_stream()
+            .context()
+            .alloc_pinned_with_flags::<u32>(words, 0)
+    }
+    .w()
 }
 
 /// One step's draws: row `r` of `logits` (`[rows, vocab]`, edited in place by bans and masks, as
@@ -443,8 +532,14 @@ mod tests {
         rows.push(&mut Sampler::new(kinds[1]).unwrap(), Some(empty as u32), []);
 
         let mut dl = dev.clone_htod(&logits).unwrap();
-        let dm = dev.clone_htod(&masks).unwrap();
-        let got = sample_rows(&dev, &mut dl, vocab, &dm, words, &rows).unwrap();
+        // The masks travel as the engine's will: through the page-locked upload.
+        let mut upload = MaskUpload::new(&dev, 1).unwrap();
+        upload
+            .host_mut(&dev, masks.len())
+            .unwrap()
+            .copy_from_slice(&masks);
+        let dm = upload.upload(&dev, masks.len()).unwrap();
+        let got = sample_rows(&dev, &mut dl, vocab, dm, words, &rows).unwrap();
         let mut scratch = Vec::new();
         let (mut exact, mut boundary) = (0, 0);
         for (r, g) in got.iter().enumerate() {
@@ -476,5 +571,28 @@ mod tests {
             "sampling: {exact} rows equal the host's draw, {boundary} at a rounding boundary"
         );
         assert!(boundary <= 2, "{boundary} rows differ: more than rounding");
+    }
+
+    /// Uploads alternate between the two page-locked buffers, grow them, copy only the words
+    /// asked for, and each lands whole in the device buffer.
+    #[test]
+    fn mask_uploads_alternate_grow_and_arrive_whole() {
+        let dev = gpu();
+        let mut upload = MaskUpload::new(&dev, 16).unwrap();
+        let mut last = Vec::new();
+        for (step, words) in [10usize, 16, 5000, 3, 70_000].into_iter().enumerate() {
+            let want: Vec<u32> = (0..words as u32)
+                .map(|i| i.wrapping_mul(2_654_435_761) ^ step as u32)
+                .collect();
+            upload.host_mut(&dev, words).unwrap().copy_from_slice(&want);
+            let d = upload.upload(&dev, words).unwrap();
+            let got = dev.clone_dtoh(d).unwrap();
+            assert_eq!(&got[..words], &want[..], "step {step}");
+            if last.len() > words {
+                // Past the words copied the device buffer keeps what an earlier step put there.
+                assert_eq!(&got[words..last.len()], &last[words..], "step {step}");
+            }
+            last = got;
+        }
     }
 }
