@@ -83,9 +83,9 @@ timeout "$(budget 150 200)" python3 infra/hf_generate_bench.py --model "$MODEL" 
   --pp "${PP:-700}" --tg "${TG:-160}" --repeats 1 --out "$OUT/transformers.json" || status=1
 
 section "quarry bench --device cuda:0"
-# One run per batch size with at least that many documents (16 at least), until 80 seconds are
-# left for the attention comparison below; the JSON of every run goes into one file.
-deadline=$(( END - 80 ))
+# One run per batch size with at least that many documents (16 at least), until 200 seconds are
+# left for the comparisons below; the JSON of every run goes into one file.
+deadline=$(( END - 200 ))
 runs=()
 for b in $(tr ',' ' ' <<<"$BATCHES"); do
   left=$(( deadline - $(date +%s) ))
@@ -117,9 +117,40 @@ if merged is not None:
     json.dump(merged, open(sys.argv[1], "w"), indent=1)
 MERGE
 
-section "quarry bench, attention as the per-sequence gather (QUARRY_ATTENTION=gather), batch 128, mode a"
-QUARRY_ATTENTION=gather timeout "$(budget 70 5)" "$Q" bench --device cuda:0 --status "$STATUS" --batch 128 \
-  --docs 128 --modes a --step-tokens 4096 --out "$OUT/quarry-bench-gather.json" || echo "(stopped or failed)"
+# The choices issue 25 left to measurement, each against the defaults at batch 128, mode a: one
+# run per setting in AB (space separated VAR=value; default: the gather attention path, only the
+# quantized weights, a bf16 KV pool), all into one JSON whose runs carry their setting.
+AB="${AB-QUARRY_ATTENTION=gather QUARRY_DENSE_FROM_ROWS=0 QUARRY_KV_DTYPE=bf16}"
+ab_runs=()
+n=0
+for setting in $AB; do
+  n=$((n + 1))
+  section "quarry bench with $setting, batch 128, mode a"
+  left=$(( END - $(date +%s) - 5 ))
+  [ "$left" -lt 30 ] && { echo "not run: the call's time is spent"; continue; }
+  env "$setting" timeout "$(budget 80 5)" "$Q" bench --device cuda:0 --status "$STATUS" --batch 128 \
+    --docs 128 --modes a --step-tokens 4096 --out "$STAGE_DIR/quarry-bench-ab-$n.json" \
+    && ab_runs+=("$setting=$STAGE_DIR/quarry-bench-ab-$n.json") || echo "(stopped or failed)"
+done
+python3 - "$OUT/quarry-bench-ab.json" "${ab_runs[@]}" <<'MERGE'
+import json, sys
+merged = None
+for arg in sys.argv[2:]:
+    setting, path = arg.rsplit("=", 1)
+    try:
+        d = json.load(open(path))
+    except OSError as e:
+        print(f"{setting}: {e}")
+        continue
+    for r in d["results"]:
+        r["env"] = setting
+    if merged is None:
+        merged = d
+    else:
+        merged["results"] += d["results"]
+if merged is not None:
+    json.dump(merged, open(sys.argv[1], "w"), indent=1)
+MERGE
 
 section "summary"
 python3 - "$OUT" <<'EOF'
@@ -145,11 +176,12 @@ try:
             put(r["batch"], "transformers", f"{r['output_tok_s']:.0f} / {r['decode_tok_s']:.0f}")
 except (OSError, ValueError, KeyError) as e:
     print("transformers: no results", e)
-for name, label in [("quarry-bench-cuda.json", ""), ("quarry-bench-gather.json", " gather")]:
+for name in ["quarry-bench-cuda.json", "quarry-bench-ab.json"]:
     try:
         for r in json.load(open(os.path.join(out, name)))["results"]:
             m = r["median"]
             ms = 1000 * m["forward_s"] / max(m["forward_passes"], 1)
+            label = f" {r['env']}" if "env" in r else ""
             put(r["batch"], f"quarry {r['mode']}{label}", f"{m['output_tokens_per_s']:.0f} ({ms:.1f} ms)")
     except (OSError, ValueError, KeyError) as e:
         print(f"{name}: no results", e)
