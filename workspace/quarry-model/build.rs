@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 2] = ["paged_attention", "sampling"];
+const KERNELS: [&str; 3] = ["glu", "paged_attention", "sampling"];
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");

@@ -20,6 +20,7 @@ use crate::sampling::SampleRows;
 
 const ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
 const SAMPLING_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sampling.ptx"));
+const GLU_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/glu.ptx"));
 
 /// Threads per block of the sampling kernel (its `SAMPLE_THREADS`).
 const SAMPLE_THREADS: u32 = 512;
@@ -173,6 +174,36 @@ pub fn paged_attention(
     // buffers hold what the batch's metadata addresses (checked by the caller's pool and plan).
     unsafe { b.launch(cfg) }.w()?;
     Ok(())
+}
+
+/// `act(gate) · up` over `n` values in one pass (`kernels/glu.cu`).
+pub fn glu(
+    dev: &CudaDevice,
+    act: crate::config::Activation,
+    gate: &CudaSlice<f32>,
+    up: &CudaSlice<f32>,
+    n: usize,
+) -> Result<CudaSlice<f32>> {
+    let name = match act {
+        crate::config::Activation::Silu => "glu_silu",
+        crate::config::Activation::GeluTanh => "glu_gelu_tanh",
+    };
+    let func = dev.get_or_load_custom_func(name, "quarry_glu", GLU_PTX)?;
+    // SAFETY: the kernel writes every one of the `n` values.
+    let mut out = unsafe { dev.alloc::<f32>(n.max(1)) }?;
+    let threads = 256u32;
+    let blocks = (n as u64).div_ceil(threads as u64).clamp(1, 65_535) as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let n64 = n as u64;
+    let mut b = func.builder();
+    b.arg(gate).arg(up).arg(&mut out).arg(&n64);
+    // SAFETY: the arguments match `glu_*` in kernels/glu.cu; both inputs hold `n` values.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(out)
 }
 
 /// The step's masks on their way to the GPU: the host writes them into page-locked memory and one
@@ -593,6 +624,29 @@ mod tests {
                 assert_eq!(&got[words..last.len()], &last[words..], "step {step}");
             }
             last = got;
+        }
+    }
+
+    /// The fused activation equals its reference (the op's CPU side) on a large random input.
+    #[test]
+    fn glu_matches_its_reference() {
+        use crate::config::Activation;
+        let dev = gpu();
+        let n = 300_007;
+        let gate = values(31, n, -8.0, 8.0);
+        let up = values(37, n, -2.0, 2.0);
+        let (dg, du) = (dev.clone_htod(&gate).unwrap(), dev.clone_htod(&up).unwrap());
+        for (act, f) in [
+            (Activation::Silu, crate::glu::silu as fn(f32) -> f32),
+            (Activation::GeluTanh, crate::glu::gelu_tanh),
+        ] {
+            let want: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| f(g) * u).collect();
+            let got = dev
+                .clone_dtoh(&glu(&dev, act, &dg, &du, n).unwrap())
+                .unwrap();
+            let err = relative_error(&got, &want);
+            eprintln!("glu {act:?}: relative error {err:.2e}");
+            assert!(err < 1e-6, "{act:?}: relative error {err:.2e}");
         }
     }
 }

@@ -27,6 +27,7 @@ mod config;
 pub mod cuda;
 mod device;
 mod error;
+mod glu;
 mod info;
 mod linear;
 mod llama;

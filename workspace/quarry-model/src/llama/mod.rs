@@ -338,11 +338,17 @@ impl Llama {
             x = (x + post(layer.wo.forward(&attn)?, post_attn)?)?;
             let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
             let gu = layer.gate_up.forward(&h)?;
-            let gate = match c.activation {
-                Activation::Silu => gu[0].silu()?,
-                Activation::GeluTanh => gu[0].gelu()?,
+            // On a GPU one fused launch (kernels/glu.cu); the CPU's cross-check keeps candle's ops.
+            let act = if dev.is_cpu() {
+                let gate = match c.activation {
+                    Activation::Silu => gu[0].silu()?,
+                    Activation::GeluTanh => gu[0].gelu()?,
+                };
+                (gate * &gu[1])?
+            } else {
+                gu[0].apply_op2_no_bwd(&gu[1], &crate::glu::Glu(c.activation))?
             };
-            x = (x + post(layer.w_down.forward(&(gate * &gu[1])?)?, post_ffw)?)?;
+            x = (x + post(layer.w_down.forward(&act)?, post_ffw)?)?;
         }
         // Only the rows whose logits are wanted go through the final norm and the vocabulary
         // projection, the largest matmul of a decode step.
