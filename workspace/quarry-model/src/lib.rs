@@ -17,8 +17,10 @@
 //! kernels of this crate over all new tokens of the batch at once, so a weight is read once per
 //! step however many sequences are in it; attention reads the KV pages in place
 //! ([`KvLayout::Host`]); norms, RoPE and SiLU are fused passes. Every step is shared out on
-//! candle's barrier pool. On other devices the forward pass is candle tensor ops, and attention
-//! gathers each sequence's rows ([`KvLayout::Tensor`]).
+//! candle's barrier pool. On other devices the forward pass is candle tensor ops over f16 KV
+//! pages ([`KvLayout::Tensor`]), with quarry's own CUDA kernels as candle ops for attention (one
+//! paged launch per layer for the whole batch) and the gated activation, and projections that
+//! switch to dequantized f16 weights for many rows (docs/gpu.md; not yet run on a GPU).
 
 mod attention;
 mod batch;
