@@ -65,7 +65,7 @@ def main():
                     assert out.shape == (b, a.pp + a.tg), out.shape
                     torch.cuda.synchronize()
                     t = time.perf_counter()
-                    model(ids, attention_mask=mask)
+                    model(ids, attention_mask=mask, logits_to_keep=1)
                     torch.cuda.synchronize()
                     prefill.append(time.perf_counter() - t)
         except torch.cuda.OutOfMemoryError as e:
