@@ -55,6 +55,30 @@ libdirs="$(find / -xdev \( -name 'libcublas.so.13' -o -name 'libcudart.so.13' -o
 export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 BATCHES="${BATCHES:-1,8,32,128,256,512}"
 largest="$(tr ',' '\n' <<<"$BATCHES" | sort -n | tail -1)"
+# merge_runs OUT [SETTING=]FILE...: the results of several `quarry bench` JSON files in one, each
+# result tagged with its SETTING (an environment variable) when one is given.
+merge_runs() {
+  python3 - "$@" <<'MERGE'
+import json, sys
+merged = None
+for arg in sys.argv[2:]:
+    setting, _, path = arg.rpartition("=") if arg.count("=") > 1 else ("", "", arg)
+    try:
+        d = json.load(open(path))
+    except OSError as e:
+        print(f"{path}: not written ({e})")
+        continue
+    if setting:
+        for r in d["results"]:
+            r["env"] = setting
+    if merged is None:
+        merged = d
+    else:
+        merged["results"] += d["results"]
+if merged is not None:
+    json.dump(merged, open(sys.argv[1], "w"), indent=1)
+MERGE
+}
 status=0
 
 section "GPU"
@@ -101,21 +125,7 @@ for b in $(tr ',' ' ' <<<"$BATCHES"); do
   [ $rc = 0 ] && runs+=("$STAGE_DIR/quarry-bench-$b.json")
   [ $rc = 0 ] || [ $rc = 124 ] || status=1
 done
-python3 - "$OUT/quarry-bench-cuda.json" "${runs[@]}" <<'MERGE'
-import json, os, sys
-merged = None
-for path in sys.argv[2:]:
-    if not os.path.exists(path):
-        print(f"{path}: not written")
-        continue
-    d = json.load(open(path))
-    if merged is None:
-        merged = d
-    else:
-        merged["results"] += d["results"]
-if merged is not None:
-    json.dump(merged, open(sys.argv[1], "w"), indent=1)
-MERGE
+merge_runs "$OUT/quarry-bench-cuda.json" "${runs[@]}"
 
 # The choices issue 25 left to measurement, each against the defaults at batch 128, mode a: one
 # run per setting in AB (space separated VAR=value; default: the gather attention path, only the
@@ -132,25 +142,7 @@ for setting in $AB; do
     --docs 128 --modes a --step-tokens 4096 --out "$STAGE_DIR/quarry-bench-ab-$n.json" \
     && ab_runs+=("$setting=$STAGE_DIR/quarry-bench-ab-$n.json") || echo "(stopped or failed)"
 done
-python3 - "$OUT/quarry-bench-ab.json" "${ab_runs[@]}" <<'MERGE'
-import json, sys
-merged = None
-for arg in sys.argv[2:]:
-    setting, path = arg.rsplit("=", 1)
-    try:
-        d = json.load(open(path))
-    except OSError as e:
-        print(f"{setting}: {e}")
-        continue
-    for r in d["results"]:
-        r["env"] = setting
-    if merged is None:
-        merged = d
-    else:
-        merged["results"] += d["results"]
-if merged is not None:
-    json.dump(merged, open(sys.argv[1], "w"), indent=1)
-MERGE
+merge_runs "$OUT/quarry-bench-ab.json" "${ab_runs[@]}"
 
 section "summary"
 python3 - "$OUT" <<'EOF'
