@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use quarry_grammar::{Grammar, Limits, Matcher, SchemaOptions, Vocabulary};
-use quarry_model::{KvPool, Logits, PageId, Sampler, SeqInput};
+use quarry_model::{KvPool, Logits, PageId, SampleRows, Sampler, SeqInput};
 
 use crate::error::RequestError;
 use crate::model::Model;
@@ -15,7 +15,7 @@ use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use crate::error::EngineError;
-use crate::logits::{apply_mask, apply_processors};
+use crate::logits::{apply_mask, apply_processors, processor_bans};
 use crate::radix::{CacheStats, RadixCache, ROOT};
 use crate::request::{Completion, FinishReason, Processor, Prompt, Request, RequestStats};
 use crate::sequence::{Phase, Sequence, TokenCtx};
@@ -189,6 +189,13 @@ pub struct Engine {
     masks: Vec<u32>,
     /// The mask at the state before a draft, while verifying it.
     verify_mask: Vec<u32>,
+    /// The step's draws as the model takes them ([`Model::sample`]), the running sequence each is
+    /// for, what came back, and the host draw's scratch space: kept across steps.
+    draws: SampleRows,
+    draw_seqs: Vec<usize>,
+    drawn: Vec<quarry_model::Result<u32>>,
+    bans: Vec<u32>,
+    scratch: Vec<(f32, u32)>,
     freed: Vec<PageId>,
     next_id: u64,
     stats: EngineStats,
@@ -224,6 +231,10 @@ impl Engine {
         }
         let vocab = crate::grammar_vocabulary(&tok);
         let pool = model.kv_pool(1, cfg.kv_tokens)?;
+        // On a GPU the logits may stay there: the step's draws happen on the device
+        // (Model::sample) and one token per row comes back.
+        let mut logits = Logits::new();
+        logits.keep_on_device(true);
         Ok(Self {
             model,
             tok,
@@ -234,9 +245,14 @@ impl Engine {
             waiting: VecDeque::new(),
             running: Vec::new(),
             done: Vec::new(),
-            logits: Logits::new(),
+            logits,
             masks: Vec::new(),
             verify_mask: Vec::new(),
+            draws: SampleRows::default(),
+            draw_seqs: Vec::new(),
+            drawn: Vec::new(),
+            bans: Vec::new(),
+            scratch: Vec::new(),
             freed: Vec::new(),
             next_id: 0,
             stats: EngineStats::default(),
@@ -778,6 +794,8 @@ impl Engine {
         let eog = &self.tok.special_tokens().end_of_generation;
         let mut mask_row = 0;
         let mut inserts = Vec::new();
+        self.draws.clear();
+        self.draw_seqs.clear();
         for (row, s) in plan.iter().enumerate() {
             let seq = &mut self.running[s.seq];
             seq.kv_len += s.tokens;
@@ -822,28 +840,44 @@ impl Engine {
                     }
                 }
             }
+            // The row's draw, taken with every other row's below: its bans (the processors',
+            // and end of generation while thinking before a constraint) and its mask.
             let seq = &mut self.running[s.seq];
-            let logits = self.logits.last_mut(row);
-            apply_processors(logits, &seq.req.processors, &seq.tokens[seq.prompt_len..]);
-            let constrained = seq.is_constrained_now();
-            if constrained {
-                apply_mask(
-                    logits,
-                    &self.masks[mask_row * words..(mask_row + 1) * words],
-                );
+            self.bans.clear();
+            processor_bans(
+                &seq.req.processors,
+                &seq.tokens[seq.prompt_len..],
+                &mut self.bans,
+            );
+            let mask = if seq.is_constrained_now() {
                 mask_row += 1;
-            } else if seq.phase == Phase::Thinking && seq.matcher.is_some() {
-                // The answer must still come: no end of generation while thinking.
-                for &e in eog {
-                    if let Some(x) = logits.get_mut(e as usize) {
-                        *x = f32::NEG_INFINITY;
-                    }
+                Some((mask_row - 1) as u32)
+            } else {
+                if seq.phase == Phase::Thinking && seq.matcher.is_some() {
+                    // The answer must still come: no end of generation while thinking.
+                    self.bans.extend_from_slice(eog);
                 }
-            }
-            match seq.sampler.sample(logits) {
+                None
+            };
+            let logit_row = self.logits.last_row_index(row);
+            self.draws
+                .push(&mut seq.sampler, logit_row, mask, self.bans.iter().copied());
+            self.draw_seqs.push(s.seq);
+        }
+        self.model.sample(
+            &mut self.logits,
+            &self.draws,
+            &self.masks,
+            words,
+            &mut self.scratch,
+            &mut self.drawn,
+        );
+        for (&i, drawn) in self.draw_seqs.iter().zip(&self.drawn) {
+            let seq = &mut self.running[i];
+            match drawn {
                 Ok(id) => {
                     self.stats.sampled_tokens += 1;
-                    take(seq, &mut self.stats, id, &ctx);
+                    take(seq, &mut self.stats, *id, &ctx);
                 }
                 Err(e) => {
                     let overflow = seq

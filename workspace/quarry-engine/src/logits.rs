@@ -23,6 +23,21 @@ pub fn no_repeat_ngram(
     window: usize,
     whitelist: &[u32],
 ) {
+    ngram_bans(history, n, window, whitelist, |banned| {
+        if let Some(x) = logits.get_mut(banned as usize) {
+            *x = f32::NEG_INFINITY;
+        }
+    });
+}
+
+/// Calls `ban` with every token [`no_repeat_ngram`] bans (a token may come more than once).
+fn ngram_bans(
+    history: &[u32],
+    n: usize,
+    window: usize,
+    whitelist: &[u32],
+    mut ban: impl FnMut(u32),
+) {
     if n == 0 || history.len() < n {
         return;
     }
@@ -33,16 +48,10 @@ pub fn no_repeat_ngram(
         return;
     }
     for start in 0..=recent.len() - n {
-        // Only earlier n-grams: the candidate n-gram ends at the next position.
-        if start + n > recent.len() {
-            break;
-        }
         if &recent[start..start + n - 1] == tail {
             let banned = recent[start + n - 1];
             if !whitelist.contains(&banned) {
-                if let Some(x) = logits.get_mut(banned as usize) {
-                    *x = f32::NEG_INFINITY;
-                }
+                ban(banned);
             }
         }
     }
@@ -63,9 +72,55 @@ pub fn apply_processors(logits: &mut [f32], processors: &[Processor], output: &[
     }
 }
 
+/// The ids the processors ban after `output`, appended to `bans`: what [`apply_processors`]
+/// sets to `-inf`, as a list a device applies to its own logits.
+pub fn processor_bans(processors: &[Processor], output: &[u32], bans: &mut Vec<u32>) {
+    for p in processors {
+        match p {
+            Processor::DisallowTokens { ids } => bans.extend_from_slice(ids),
+            Processor::NoRepeatNgram {
+                n,
+                window,
+                whitelist,
+            } => ngram_bans(output, *n, *window, whitelist, |id| bans.push(id)),
+            Processor::ThinkingBudget { .. } => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ban list and the in-place edit agree: the same tokens end up at `-inf`.
+    #[test]
+    fn processor_bans_are_what_apply_processors_sets_to_minus_infinity() {
+        let processors = [
+            Processor::DisallowTokens {
+                ids: vec![7, 2, 40],
+            },
+            Processor::NoRepeatNgram {
+                n: 2,
+                window: 6,
+                whitelist: vec![5],
+            },
+        ];
+        let history = [1, 4, 1, 5, 9, 1, 3, 3, 1];
+        let mut logits = vec![0.0f32; 12];
+        apply_processors(&mut logits, &processors, &history);
+        let mut bans = Vec::new();
+        processor_bans(&processors, &history, &mut bans);
+        let mut edited = vec![0.0f32; 12];
+        for &id in &bans {
+            if let Some(x) = edited.get_mut(id as usize) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        assert_eq!(edited, logits);
+        // In the last 6 tokens (5 9 1 3 3 1), 1 was followed by 3; 1 4 is older than the window.
+        let banned: Vec<usize> = (0..12).filter(|&i| logits[i].is_infinite()).collect();
+        assert_eq!(banned, vec![2, 3, 7]);
+    }
 
     #[test]
     fn ngram_bans_only_repeats() {

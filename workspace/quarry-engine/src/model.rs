@@ -2,7 +2,7 @@
 //! (CPU and CUDA alike: its device is its own business) implements it; the scheduler's unit tests
 //! drive the engine with a small fake that answers in microseconds.
 
-use quarry_model::{KvPool, Llama, Logits, SeqInput};
+use quarry_model::{KvPool, Llama, Logits, SampleRows, SeqInput};
 
 /// A model the engine can drive.
 pub trait Model: Send + Sync {
@@ -24,6 +24,39 @@ pub trait Model: Send + Sync {
 
     /// Logits per position.
     fn vocab_size(&self) -> usize;
+
+    /// The step's draws, one per row of `rows`, into `out`: row `r` from logits row
+    /// `rows.logit_row[r]` of the last forward pass, under its bans and its mask in `masks`
+    /// (`words` words each). The default draws on the host ([`SampleRows::pick_row`], with
+    /// `scratch` as its space); a model whose logits stay on its device draws there and returns
+    /// only the tokens.
+    fn sample(
+        &self,
+        logits: &mut Logits,
+        rows: &SampleRows,
+        masks: &[u32],
+        words: usize,
+        scratch: &mut Vec<(f32, u32)>,
+        out: &mut Vec<quarry_model::Result<u32>>,
+    ) {
+        sample_on_host(logits, rows, masks, words, scratch, out);
+    }
+}
+
+/// [`Model::sample`] on the host: [`SampleRows::pick_row`] for every row.
+pub fn sample_on_host(
+    logits: &mut Logits,
+    rows: &SampleRows,
+    masks: &[u32],
+    words: usize,
+    scratch: &mut Vec<(f32, u32)>,
+    out: &mut Vec<quarry_model::Result<u32>>,
+) {
+    out.clear();
+    for r in 0..rows.rows() {
+        let row = logits.row_mut(rows.logit_row[r] as usize);
+        out.push(rows.pick_row(r, row, masks, words, scratch));
+    }
 }
 
 impl Model for Llama {
@@ -46,5 +79,30 @@ impl Model for Llama {
 
     fn vocab_size(&self) -> usize {
         self.config().vocab_size
+    }
+
+    fn sample(
+        &self,
+        logits: &mut Logits,
+        rows: &SampleRows,
+        masks: &[u32],
+        words: usize,
+        scratch: &mut Vec<(f32, u32)>,
+        out: &mut Vec<quarry_model::Result<u32>>,
+    ) {
+        match self.sample_on_device(logits, rows, masks, words) {
+            Some(Ok(tokens)) => *out = tokens,
+            Some(Err(e)) => {
+                // The device failed the step: every row reports it, no token is invented.
+                let message = e.to_string();
+                out.clear();
+                out.extend((0..rows.rows()).map(|_| {
+                    Err(quarry_model::ModelError::Sampling {
+                        message: format!("sampling on the device failed: {message}"),
+                    })
+                }));
+            }
+            None => sample_on_host(logits, rows, masks, words, scratch, out),
+        }
     }
 }

@@ -2,8 +2,8 @@
 // the GPU and only one token id (and a status) per row comes back to the host.
 //
 // One block of 512 threads per row computes exactly the draw that `pick` in src/sampling.rs
-// defines (its module documentation is the specification), on the row's logits after the row's
-// edits, which are those the host applies in quarry-engine's `logits.rs`:
+// defines (its module documentation is the specification), on its row of logits (logit_row[r])
+// after the row's edits, which are those the host applies in quarry-engine's `logits.rs`:
 //   - bans: the ids in ban_ids[ban_start[r] .. ban_start[r + 1]] get -inf (the logit processors
 //     and the end-of-generation ban while thinking, gathered by the host);
 //   - the mask: when mask_index[r] is not NO_MASK, row r's token i survives only if bit i % 32 of
@@ -192,7 +192,8 @@ __device__ bool select_by_mass(Shared& sh, uint32_t vocab, double& need, uint32_
 }
 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(
-    float* __restrict__ logits, uint32_t vocab, const uint32_t* __restrict__ mask_words,
+    float* __restrict__ logits, const uint32_t* __restrict__ logit_row, uint32_t vocab,
+    const uint32_t* __restrict__ mask_words,
     uint32_t words_per_mask, const uint32_t* __restrict__ mask_index,
     const uint32_t* __restrict__ ban_start, const uint32_t* __restrict__ ban_ids,
     const float* __restrict__ temperature, const uint32_t* __restrict__ top_k,
@@ -200,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(
     uint32_t* __restrict__ token, uint32_t* __restrict__ status) {
     __shared__ Shared sh;
     const uint32_t r = blockIdx.x;
-    float* row = logits + (size_t)r * vocab;
+    float* row = logits + (size_t)logit_row[r] * vocab;
     for (uint32_t j = ban_start[r] + threadIdx.x; j < ban_start[r + 1]; j += SAMPLE_THREADS) {
         if (ban_ids[j] < vocab) row[ban_ids[j]] = -INFINITY;
     }

@@ -164,6 +164,11 @@ pub struct Logits {
     pub(crate) data: Vec<f32>,
     pub(crate) vocab: usize,
     pub(crate) rows: Vec<Range<usize>>,
+    /// Whether the caller samples through [`crate::Llama::sample_on_device`], so that a forward
+    /// pass on a GPU may leave the logits there.
+    pub(crate) device_wanted: bool,
+    /// The logits left on the GPU (`[rows, vocab]`, f32) instead of `data`.
+    pub(crate) device: Option<candle_core::Tensor>,
 }
 
 impl Logits {
@@ -184,8 +189,37 @@ impl Logits {
             self.rows.push(end..end + n);
             end += n;
         }
+        self.device = None;
         self.data.clear();
         self.data.resize(end * vocab, 0.0);
+        &mut self.data
+    }
+
+    /// Lets a forward pass on a GPU keep these logits on the device when every sequence asked
+    /// only for its last position's (the engine, which then samples there and brings back one
+    /// token per row). Host reads of logits left on the device panic: they are a caller's bug.
+    pub fn keep_on_device(&mut self, yes: bool) {
+        self.device_wanted = yes;
+    }
+
+    /// Whether the last forward pass left these logits on the device.
+    pub fn on_device(&self) -> bool {
+        self.device.is_some()
+    }
+
+    fn host(&self) -> &[f32] {
+        assert!(
+            self.device.is_none(),
+            "these logits stayed on the device: sample them there"
+        );
+        &self.data
+    }
+
+    fn host_mut(&mut self) -> &mut [f32] {
+        assert!(
+            self.device.is_none(),
+            "these logits stayed on the device: sample them there"
+        );
         &mut self.data
     }
 
@@ -201,29 +235,48 @@ impl Logits {
     /// Logits after the last new token of sequence `seq`.
     pub fn last(&self, seq: usize) -> &[f32] {
         let r = self.rows[seq].end - 1;
-        &self.data[r * self.vocab..(r + 1) * self.vocab]
+        &self.host()[r * self.vocab..(r + 1) * self.vocab]
     }
 
     /// Mutable logits after the last new token of `seq`, for masking in place before sampling.
     pub fn last_mut(&mut self, seq: usize) -> &mut [f32] {
-        let r = self.rows[seq].end - 1;
-        &mut self.data[r * self.vocab..(r + 1) * self.vocab]
+        let (r, v) = (self.rows[seq].end - 1, self.vocab);
+        &mut self.host_mut()[r * v..(r + 1) * v]
     }
 
-    /// Mutable logits at returned position `i` of `seq` (0 is the first position it asked for).
-    pub fn position_mut(&mut self, seq: usize, i: usize) -> &mut [f32] {
+    /// The flat row of position `i` of sequence `seq`'s logits (0 is its first logits row),
+    /// which [`Logits::row_mut`] and a device's sampling read.
+    pub fn row_index(&self, seq: usize, i: usize) -> usize {
         let r = self.rows[seq].start + i;
         assert!(
             r < self.rows[seq].end,
             "position {i} was not returned for sequence {seq}"
         );
-        &mut self.data[r * self.vocab..(r + 1) * self.vocab]
+        r
+    }
+
+    /// The flat row of sequence `seq`'s last logits.
+    pub fn last_row_index(&self, seq: usize) -> usize {
+        self.rows[seq].end - 1
+    }
+
+    /// Flat row `r` of the logits (see [`Logits::row_index`]).
+    pub fn row_mut(&mut self, r: usize) -> &mut [f32] {
+        let v = self.vocab;
+        &mut self.host_mut()[r * v..(r + 1) * v]
+    }
+
+    /// Mutable logits at returned position `i` of `seq` (0 is the first position it asked for).
+    pub fn position_mut(&mut self, seq: usize, i: usize) -> &mut [f32] {
+        let r = self.row_index(seq, i);
+        self.row_mut(r)
     }
 
     /// Logits after each new token of `seq` that it asked logits for (the last, by default).
     pub fn positions(&self, seq: usize) -> impl ExactSizeIterator<Item = &[f32]> + '_ {
+        let data = self.host();
         self.rows[seq]
             .clone()
-            .map(move |r| &self.data[r * self.vocab..(r + 1) * self.vocab])
+            .map(move |r| &data[r * self.vocab..(r + 1) * self.vocab])
     }
 }

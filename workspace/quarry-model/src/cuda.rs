@@ -293,8 +293,8 @@ fn pinned(dev: &CudaDevice, words: usize) -> Result<PinnedHostSlice<u32>> {
     .w()
 }
 
-/// One step's draws: row `r` of `logits` (`[rows, vocab]`, edited in place by bans and masks, as
-/// the host edits its rows) gives row `r`'s token. `masks` holds the step's masks of
+/// One step's draws: row `rows.logit_row[r]` of `logits` (`[logit rows, vocab]`, edited in place
+/// by bans and masks, as the host edits its rows) gives row `r`'s token. `masks` holds the step's masks of
 /// `words_per_mask` words each. Returns one `Result` per row: the token, or the host sampler's
 /// error for that row (every token masked, a NaN logit).
 pub fn sample_rows(
@@ -310,6 +310,7 @@ pub fn sample_rows(
         return Ok(Vec::new());
     }
     let func = dev.get_or_load_custom_func("sample_rows", "quarry_sampling", SAMPLING_PTX)?;
+    let logit_row = dev.clone_htod(&rows.logit_row)?;
     let temperature = dev.clone_htod(&rows.temperature)?;
     let top_k = dev.clone_htod(&rows.top_k)?;
     let top_p = dev.clone_htod(&rows.top_p)?;
@@ -327,6 +328,7 @@ pub fn sample_rows(
     };
     let mut b = func.builder();
     b.arg(logits)
+        .arg(&logit_row)
         .arg(&vocab32)
         .arg(masks)
         .arg(&words32)
@@ -552,17 +554,31 @@ mod tests {
             let bans: Vec<u32> = (0..(r % 3) as u32)
                 .map(|i| i * 7919 % vocab as u32)
                 .collect();
-            rows.push(&mut s, mask, bans);
+            rows.push(&mut s, r, mask, bans);
         }
         // A row of NaN after its mask, and a row with every token banned by an empty mask.
         logits.extend((0..vocab).map(|i| if i == 4242 { f32::NAN } else { 0.0 }));
-        rows.push(&mut Sampler::new(kinds[1]).unwrap(), None, []);
+        rows.push(&mut Sampler::new(kinds[1]).unwrap(), 64, None, []);
         let empty = masks.len() / words;
         masks.extend(std::iter::repeat_n(0, words));
         logits.extend(std::iter::repeat_n(1.0, vocab));
-        rows.push(&mut Sampler::new(kinds[1]).unwrap(), Some(empty as u32), []);
+        rows.push(
+            &mut Sampler::new(kinds[1]).unwrap(),
+            65,
+            Some(empty as u32),
+            [],
+        );
+        // The rows read their logits through logit_row: reversed, so the indirection is tested.
+        let n_rows = rows.rows();
+        let reversed: Vec<f32> = (0..n_rows)
+            .rev()
+            .flat_map(|r| logits[r * vocab..(r + 1) * vocab].to_vec())
+            .collect();
+        for r in 0..n_rows {
+            rows.logit_row[r] = (n_rows - 1 - r) as u32;
+        }
 
-        let mut dl = dev.clone_htod(&logits).unwrap();
+        let mut dl = dev.clone_htod(&reversed).unwrap();
         // The masks travel as the engine's will: through the page-locked upload.
         let mut upload = MaskUpload::new(&dev, 1).unwrap();
         upload

@@ -249,6 +249,8 @@ pub const NO_MASK: u32 = u32::MAX;
 /// with.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SampleRows {
+    /// The row of the step's logits each draw reads ([`crate::Logits::row_index`]).
+    pub logit_row: Vec<u32>,
     pub temperature: Vec<f32>,
     /// 0 keeps every token (as [`SamplingParams::top_k`]), saturated to `u32`.
     pub top_k: Vec<u32>,
@@ -267,6 +269,7 @@ pub struct SampleRows {
 impl SampleRows {
     /// Empties the rows for the next step (capacity is kept).
     pub fn clear(&mut self) {
+        self.logit_row.clear();
         self.temperature.clear();
         self.top_k.clear();
         self.top_p.clear();
@@ -280,10 +283,12 @@ impl SampleRows {
         self.temperature.len()
     }
 
-    /// Adds a row for `sampler`'s next draw, taking its uniform from the sequence's stream.
+    /// Adds a row for `sampler`'s next draw from logits row `logit_row`, taking its uniform from
+    /// the sequence's stream.
     pub fn push(
         &mut self,
         sampler: &mut Sampler,
+        logit_row: usize,
         mask: Option<u32>,
         bans: impl IntoIterator<Item = u32>,
     ) {
@@ -291,6 +296,8 @@ impl SampleRows {
         if self.ban_start.is_empty() {
             self.ban_start.push(0);
         }
+        self.logit_row
+            .push(u32::try_from(logit_row).expect("a step's logit rows fit u32"));
         self.temperature.push(p.temperature);
         self.top_k.push(u32::try_from(p.top_k).unwrap_or(u32::MAX));
         self.top_p.push(p.top_p);
@@ -301,8 +308,9 @@ impl SampleRows {
             .push(u32::try_from(self.ban_ids.len()).expect("a step's banned ids fit u32"));
     }
 
-    /// Row `r`'s draw on the host, from its `logits` (edited in place, as the kernel edits its
-    /// row) and the step's `masks`.
+    /// Row `r`'s draw on the host, from its row of logits (`logits`, the row
+    /// [`SampleRows::logit_row`] names; edited in place, as the kernel edits its row) and the
+    /// step's `masks`.
     pub fn pick_row(
         &self,
         r: usize,
@@ -489,7 +497,7 @@ mod tests {
         for step in 0..20 {
             rows.clear();
             for (s, k) in samplers.iter_mut().zip(&kinds) {
-                rows.push(s, k.1, k.2.iter().copied());
+                rows.push(s, 0, k.1, k.2.iter().copied());
             }
             assert_eq!(rows.rows(), kinds.len());
             assert_eq!(rows.ban_start, vec![0, 0, 1, 3, 3, 3]);

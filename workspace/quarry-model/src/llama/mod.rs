@@ -60,6 +60,9 @@ pub struct Llama {
     rope: Vec<RopeTable>,
     /// The norms and RoPE tables as plain vectors, for the host forward (CPU only).
     host: Option<host::HostParams>,
+    /// The page-locked buffers the step's masks travel through to the GPU.
+    #[cfg(feature = "cuda")]
+    masks: std::sync::Mutex<Option<crate::cuda::MaskUpload>>,
 }
 
 impl Llama {
@@ -182,6 +185,8 @@ impl Llama {
             lm_head,
             rope,
             host,
+            #[cfg(feature = "cuda")]
+            masks: std::sync::Mutex::new(None),
         })
     }
 
@@ -204,6 +209,7 @@ impl Llama {
         pool.check_shape(&self.config, &self.device)?;
         out.vocab = self.config.vocab_size;
         out.rows.clear();
+        out.device = None;
         if batch.is_empty() {
             out.data.clear();
             return Ok(());
@@ -358,10 +364,77 @@ impl Llama {
         if dev.is_cpu() {
             out.data.clear();
             attention::with_host_slice(&logits, |s| out.data.extend_from_slice(s))?;
+        } else if out.device_wanted && cfg!(feature = "cuda") && batch.iter().all(|s| s.logits == 1)
+        {
+            // Sampled on the device (Llama::sample_on_device): only the tokens come back.
+            out.data.clear();
+            out.device = Some(logits.to_dtype(DType::F32)?.contiguous()?);
         } else {
             out.data = logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         }
         Ok(())
+    }
+
+    /// Draws the step's tokens on the GPU from logits a forward pass left there
+    /// ([`Logits::keep_on_device`]): row `r` of `rows` from logits row `rows.logit_row[r]`, under
+    /// its bans and its mask in `masks` (`words` words each), with the draw of
+    /// [`crate::sampling::pick`]. `None` when the logits are on the host (the caller draws there).
+    pub fn sample_on_device(
+        &self,
+        logits: &mut Logits,
+        rows: &crate::sampling::SampleRows,
+        masks: &[u32],
+        words: usize,
+    ) -> Option<Result<Vec<Result<u32>>>> {
+        let t = logits.device.take()?;
+        #[cfg(feature = "cuda")]
+        {
+            Some(self.sample_cuda(&t, logits.vocab, rows, masks, words))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (t, rows, masks, words);
+            unreachable!("logits stay on a device only in a CUDA build")
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn sample_cuda(
+        &self,
+        t: &Tensor,
+        vocab: usize,
+        rows: &crate::sampling::SampleRows,
+        masks: &[u32],
+        words: usize,
+    ) -> Result<Vec<Result<u32>>> {
+        let dev = self.device.as_cuda_device()?;
+        let (storage, layout) = t.storage_and_layout();
+        let candle_core::Storage::Cuda(cs) = &*storage else {
+            return Err(ModelError::Forward {
+                message: "device logits are not on a CUDA device".into(),
+            });
+        };
+        let n = layout.shape().elem_count();
+        // The kernel edits its rows (bans): a working copy, 4 bytes per logit device to device.
+        // SAFETY: every value is written by the copy below.
+        let mut work = unsafe { dev.alloc::<f32>(n.max(1)) }?;
+        let src = cs.as_cuda_slice::<f32>()?;
+        let start = layout.start_offset();
+        dev.memcpy_dtod(&src.slice(start..start + n), &mut work)?;
+        let mut upload = self.masks.lock().unwrap_or_else(|p| p.into_inner());
+        if upload.is_none() {
+            *upload = Some(crate::cuda::MaskUpload::new(dev, masks.len())?);
+        }
+        let upload = upload.as_mut().expect("set above");
+        upload
+            .host_mut(dev, masks.len())?
+            .get_mut(..masks.len())
+            .expect("sized above")
+            .copy_from_slice(masks);
+        let dm = upload.upload(dev, masks.len())?;
+        Ok(crate::cuda::sample_rows(
+            dev, &mut work, vocab, dm, words, rows,
+        )?)
     }
 }
 
