@@ -48,7 +48,7 @@ mkdir -p models
 ln -sf "$MODEL" "models/$(basename "$MODEL")"
 Q="$PACK/bin/quarry"
 STATUS="$PACK/status"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$STAGE_DIR/site" "$PACK"/gguf-*.whl \
+python3 -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile --target "$STAGE_DIR/site" "$PACK"/gguf-*.whl \
   && export PYTHONPATH="$STAGE_DIR/site${PYTHONPATH:+:$PYTHONPATH}"
 # The CUDA 13 runtime, cuBLAS, cuRAND and NVRTC that the binaries load: PyTorch's wheels have them.
 libdirs="$(find / -xdev \( -name 'libcublas.so.13' -o -name 'libcudart.so.13' -o -name 'libnvrtc.so.13' -o -name 'libcurand.so.10' \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)"

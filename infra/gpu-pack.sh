@@ -7,7 +7,7 @@
 #   - the model file, and this machine's package database as the benchmark's documents, so that
 #     both machines extract the same records.
 # A device call carries at most 64 MiB with the working tree, so the payload is cut into chunks
-# of CHUNK_MB (default 44) MiB, .gpu/p1, .gpu/p2, …: carry one per call; infra/gpu-check.sh keeps
+# of CHUNK_MB (default 48) MiB, .gpu/p1, .gpu/p2, …: carry one per call; infra/gpu-check.sh keeps
 # each on the GPU machine until it has them all, then checks and runs (docs/gpu.md).
 # Variables: MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf), STATUS (default
 # /var/lib/dpkg/status), CHUNK_MB, SKIP_BUILD=1 (pack what is built).
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODEL="${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 STATUS="${STATUS:-/var/lib/dpkg/status}"
-CHUNK_MB="${CHUNK_MB:-44}"
+CHUNK_MB="${CHUNK_MB:-48}"
 CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
 TARGET="${CARGO_TARGET_DIR:-target}"
 GGUF_WHEEL=gguf-0.19.0-py3-none-any.whl
@@ -25,7 +25,8 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   bash infra/build-llama-cuda.sh
 fi
 STAGE="$(mktemp -d)"
-trap 'rm -rf "$STAGE"' EXIT
+CHUNKS="$(mktemp -d)"
+trap 'rm -rf "$STAGE" "$CHUNKS"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/tests"
 cp "$TARGET/release/quarry" "$STAGE/bin/"
 cp "$CACHE/llama-cuda/bin/llama-batched-bench" "$STAGE/bin/"
@@ -45,17 +46,18 @@ if [ ! -s "$CACHE/wheels/$GGUF_WHEEL" ]; then
 fi
 cp "$CACHE/wheels/$GGUF_WHEEL" "$STAGE/"
 cp "$STATUS" "$STAGE/status"
-# Binaries compress about tenfold (candle's PTX is text, in every binary: one xz stream shares it).
-tar -C "$STAGE" -cf - bin tests | xz -T0 -6 > "$STAGE/binaries.tar.xz"
+# Binaries compress about eightfold: candle's PTX is text, and in every binary; -9's 64 MiB window
+# shares it across them (385 MB of binaries: 49 MB, where -6 gave 66 MB).
+tar -C "$STAGE" -cf - bin tests | xz -T0 -9 > "$STAGE/binaries.tar.xz"
 rm -rf "$STAGE/bin" "$STAGE/tests"
 ln -s "$(realpath "$MODEL")" "$STAGE/$(basename "$MODEL")"
 (cd "$STAGE" && sha256sum -b "$(basename "$MODEL")" binaries.tar.xz "$GGUF_WHEEL" status > SHA256SUMS)
 rm -rf .gpu
 mkdir -p .gpu
-tar -C "$STAGE" -chf - . | split -b "${CHUNK_MB}M" -d -a 1 - "$STAGE/chunk."
-n="$(ls "$STAGE"/chunk.* | wc -l)"
+tar -C "$STAGE" -chf - . | split -b "${CHUNK_MB}M" -d -a 1 - "$CHUNKS/chunk."
+n="$(ls "$CHUNKS"/chunk.* | wc -l)"
 i=0
-for c in "$STAGE"/chunk.*; do
+for c in "$CHUNKS"/chunk.*; do
   i=$((i + 1))
   mkdir -p ".gpu/p$i"
   mv "$c" ".gpu/p$i/chunk.$i-of-$n"
