@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use quarry_grammar::{Grammar, Limits, Matcher, SchemaOptions, Vocabulary};
-use quarry_model::{KvPool, Logits, PageId, SampleRows, Sampler, SeqInput};
+use quarry_model::{KvPool, Logits, PageId, Sampler, SeqInput};
 
 use crate::error::RequestError;
-use crate::model::Model;
+use crate::model::{Draws, Model};
 use quarry_tokenizer::{EncodeOptions, Tokenizer};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -189,13 +189,11 @@ pub struct Engine {
     masks: Vec<u32>,
     /// The mask at the state before a draft, while verifying it.
     verify_mask: Vec<u32>,
-    /// The step's draws as the model takes them ([`Model::sample`]), the running sequence each is
-    /// for, what came back, and the host draw's scratch space: kept across steps.
-    draws: SampleRows,
+    /// The step's draws as the model takes them ([`Model::sample`]) and the running sequence
+    /// each is for: kept across steps.
+    draws: Draws,
     draw_seqs: Vec<usize>,
-    drawn: Vec<quarry_model::Result<u32>>,
     bans: Vec<u32>,
-    scratch: Vec<(f32, u32)>,
     freed: Vec<PageId>,
     next_id: u64,
     stats: EngineStats,
@@ -248,11 +246,9 @@ impl Engine {
             logits,
             masks: Vec::new(),
             verify_mask: Vec::new(),
-            draws: SampleRows::default(),
+            draws: Draws::default(),
             draw_seqs: Vec::new(),
-            drawn: Vec::new(),
             bans: Vec::new(),
-            scratch: Vec::new(),
             freed: Vec::new(),
             next_id: 0,
             stats: EngineStats::default(),
@@ -794,7 +790,8 @@ impl Engine {
         let eog = &self.tok.special_tokens().end_of_generation;
         let mut mask_row = 0;
         let mut inserts = Vec::new();
-        self.draws.clear();
+        self.draws.rows.clear();
+        self.draws.words = words;
         self.draw_seqs.clear();
         for (row, s) in plan.iter().enumerate() {
             let seq = &mut self.running[s.seq];
@@ -861,18 +858,13 @@ impl Engine {
             };
             let logit_row = self.logits.last_row_index(row);
             self.draws
+                .rows
                 .push(&mut seq.sampler, logit_row, mask, self.bans.iter().copied());
             self.draw_seqs.push(s.seq);
         }
-        self.model.sample(
-            &mut self.logits,
-            &self.draws,
-            &self.masks,
-            words,
-            &mut self.scratch,
-            &mut self.drawn,
-        );
-        for (&i, drawn) in self.draw_seqs.iter().zip(&self.drawn) {
+        self.model
+            .sample(&mut self.logits, &self.masks, &mut self.draws);
+        for (&i, drawn) in self.draw_seqs.iter().zip(&self.draws.out) {
             let seq = &mut self.running[i];
             match drawn {
                 Ok(id) => {

@@ -52,7 +52,7 @@ mod sequence;
 
 pub use engine::{Engine, EngineConfig, EngineStats, KeepBack};
 pub use error::{EngineError, RequestError};
-pub use model::Model;
+pub use model::{Draws, Model};
 pub use radix::{CacheStats, RadixCache};
 pub use request::{
     Completion, ConstraintSpec, FinishReason, Processor, Prompt, Reasoning, Request, RequestStats,

@@ -25,37 +25,37 @@ pub trait Model: Send + Sync {
     /// Logits per position.
     fn vocab_size(&self) -> usize;
 
-    /// The step's draws, one per row of `rows`, into `out`: row `r` from logits row
+    /// The step's draws, into `draws.out`: row `r` of `draws.rows` from logits row
     /// `rows.logit_row[r]` of the last forward pass, under its bans and its mask in `masks`
-    /// (`words` words each). The default draws on the host ([`SampleRows::pick_row`], with
-    /// `scratch` as its space); a model whose logits stay on its device draws there and returns
-    /// only the tokens.
-    fn sample(
-        &self,
-        logits: &mut Logits,
-        rows: &SampleRows,
-        masks: &[u32],
-        words: usize,
-        scratch: &mut Vec<(f32, u32)>,
-        out: &mut Vec<quarry_model::Result<u32>>,
-    ) {
-        sample_on_host(logits, rows, masks, words, scratch, out);
+    /// (`draws.words` words each). The default draws on the host ([`Draws::on_host`]); a model
+    /// whose logits stay on its device draws there and returns only the tokens.
+    fn sample(&self, logits: &mut Logits, masks: &[u32], draws: &mut Draws) {
+        draws.on_host(logits, masks);
     }
 }
 
-/// [`Model::sample`] on the host: [`SampleRows::pick_row`] for every row.
-pub fn sample_on_host(
-    logits: &mut Logits,
-    rows: &SampleRows,
-    masks: &[u32],
-    words: usize,
-    scratch: &mut Vec<(f32, u32)>,
-    out: &mut Vec<quarry_model::Result<u32>>,
-) {
-    out.clear();
-    for r in 0..rows.rows() {
-        let row = logits.row_mut(rows.logit_row[r] as usize);
-        out.push(rows.pick_row(r, row, masks, words, scratch));
+/// A step's draws as [`Model::sample`] takes them: the rows, the width of a mask, the host draw's
+/// scratch space and what came back. The engine keeps one across steps, so a step allocates
+/// nothing once they have grown.
+#[derive(Default)]
+pub struct Draws {
+    pub rows: SampleRows,
+    pub words: usize,
+    pub scratch: Vec<(f32, u32)>,
+    pub out: Vec<quarry_model::Result<u32>>,
+}
+
+impl Draws {
+    /// Every row drawn on the host ([`SampleRows::pick_row`]).
+    pub fn on_host(&mut self, logits: &mut Logits, masks: &[u32]) {
+        self.out.clear();
+        for r in 0..self.rows.rows() {
+            let row = logits.row_mut(self.rows.logit_row[r] as usize);
+            let drawn = self
+                .rows
+                .pick_row(r, row, masks, self.words, &mut self.scratch);
+            self.out.push(drawn);
+        }
     }
 }
 
@@ -81,28 +81,20 @@ impl Model for Llama {
         self.config().vocab_size
     }
 
-    fn sample(
-        &self,
-        logits: &mut Logits,
-        rows: &SampleRows,
-        masks: &[u32],
-        words: usize,
-        scratch: &mut Vec<(f32, u32)>,
-        out: &mut Vec<quarry_model::Result<u32>>,
-    ) {
-        match self.sample_on_device(logits, rows, masks, words) {
-            Some(Ok(tokens)) => *out = tokens,
+    fn sample(&self, logits: &mut Logits, masks: &[u32], draws: &mut Draws) {
+        match self.sample_on_device(logits, &draws.rows, masks, draws.words) {
+            Some(Ok(tokens)) => draws.out = tokens,
             Some(Err(e)) => {
                 // The device failed the step: every row reports it, no token is invented.
                 let message = e.to_string();
-                out.clear();
-                out.extend((0..rows.rows()).map(|_| {
+                draws.out.clear();
+                draws.out.extend((0..draws.rows.rows()).map(|_| {
                     Err(quarry_model::ModelError::Sampling {
                         message: format!("sampling on the device failed: {message}"),
                     })
                 }));
             }
-            None => sample_on_host(logits, rows, masks, words, scratch, out),
+            None => draws.on_host(logits, masks),
         }
     }
 }
