@@ -364,7 +364,10 @@ impl Llama {
         if dev.is_cpu() {
             out.data.clear();
             attention::with_host_slice(&logits, |s| out.data.extend_from_slice(s))?;
-        } else if out.device_wanted && cfg!(feature = "cuda") && batch.iter().all(|s| s.logits == 1)
+        } else if out.device_wanted
+            && cfg!(feature = "cuda")
+            && batch.iter().all(|s| s.logits == 1)
+            && device_sampling()?
         {
             // Sampled on the device (Llama::sample_on_device): only the tokens come back.
             out.data.clear();
@@ -457,6 +460,18 @@ fn rope_table(c: &LlamaConfig, base: f32, device: &Device) -> Result<RopeTable> 
         cos: Tensor::from_vec(cos, (c.context_length, half), device)?,
         sin: Tensor::from_vec(sin, (c.context_length, half), device)?,
     })
+}
+
+/// Whether a GPU draws a step's tokens with the sampling kernel when the engine allows it (unless
+/// `$QUARRY_SAMPLING` is `host`: the logits then come back and the host draws, as on a CPU).
+fn device_sampling() -> Result<bool> {
+    match std::env::var("QUARRY_SAMPLING").as_deref().map(str::trim) {
+        Err(_) | Ok("") | Ok("device") => Ok(true),
+        Ok("host") => Ok(false),
+        Ok(other) => Err(ModelError::Forward {
+            message: format!("QUARRY_SAMPLING is `{other}`: expected device or host"),
+        }),
+    }
 }
 
 /// Whether the tensor forward pass runs attention as one paged attention launch per layer (a
