@@ -15,7 +15,7 @@ use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use crate::error::EngineError;
-use crate::logits::{apply_mask, apply_processors, processor_bans};
+use crate::logits::processor_bans;
 use crate::radix::{CacheStats, RadixCache, ROOT};
 use crate::request::{Completion, FinishReason, Processor, Prompt, Request, RequestStats};
 use crate::sequence::{Phase, Sequence, TokenCtx};
@@ -187,8 +187,13 @@ pub struct Engine {
     done: Vec<Completion>,
     logits: Logits,
     masks: Vec<u32>,
-    /// The mask at the state before a draft, while verifying it.
-    verify_mask: Vec<u32>,
+    /// The sequences whose drafts this step's draws verify, and their samplers' stream positions
+    /// before each draft row's uniform (and after the last).
+    checks: Vec<DraftCheck>,
+    draft_positions: Vec<u128>,
+    /// Which of the step's draws are taken (those of draft rows, and a refused draft's last row,
+    /// are not).
+    draw_used: Vec<bool>,
     /// The step's draws as the model takes them ([`Model::sample`]) and the running sequence
     /// each is for: kept across steps.
     draws: Draws,
@@ -245,7 +250,9 @@ impl Engine {
             done: Vec::new(),
             logits,
             masks: Vec::new(),
-            verify_mask: Vec::new(),
+            checks: Vec::new(),
+            draft_positions: Vec::new(),
+            draw_used: Vec::new(),
             draws: Draws::default(),
             draw_seqs: Vec::new(),
             bans: Vec::new(),
@@ -778,8 +785,9 @@ impl Engine {
     /// Chooses the next token of every sequence whose chunk reached its end.
     fn after_forward(&mut self, plan: &[Slot]) -> Result<(), EngineError> {
         let words = self.vocab.mask_words();
+        let tok = Arc::clone(&self.tok);
         let ctx = TokenCtx {
-            tok: &self.tok,
+            tok: &tok,
             jump_forward: self.cfg.jump_forward,
             keep_back: self.cfg.keep_back,
             settle: self.cfg.keep_back_rule == KeepBack::Settled,
@@ -804,37 +812,38 @@ impl Engine {
                 inserts.push(s.seq);
             }
             if seq.drafts > 0 {
-                let verdict = verify_drafts(
-                    seq,
-                    &mut self.logits,
-                    row,
-                    &mut self.verify_mask,
-                    &mut self.stats,
-                    &self.tok,
-                );
-                match verdict {
-                    Verdict::Confirmed
-                        if seq.output().len() >= seq.req.max_tokens
-                            || seq.tokens.len() >= ctx.context_length =>
-                    {
-                        // The drafts used the last of the budget, as the kept-back tokens would.
-                        mask_row += 1;
-                        seq.finish = Some(FinishReason::Length);
-                        continue;
-                    }
-                    Verdict::Confirmed => {}
-                    Verdict::Replaced(id) => {
-                        // The model's own token replaces the refused draft; the mask filled for
-                        // the state after the drafts goes unused.
-                        mask_row += 1;
-                        take(&mut self.running[s.seq], &mut self.stats, id, &ctx);
-                        continue;
-                    }
-                    Verdict::Failed(e) => {
-                        mask_row += 1;
-                        seq.finish = Some(FinishReason::Error(e));
-                        continue;
-                    }
+                // A row at the position before each draft, drawn with the step's other rows
+                // (where the logits are, on a GPU too) under the mask and bans of the state
+                // before that draft; `settle_drafts` reads the verdicts after the draws.
+                let first = seq.tokens.len() - seq.drafts;
+                self.checks.push(DraftCheck {
+                    seq: s.seq,
+                    first_draw: self.draws.rows.rows(),
+                    count: seq.drafts,
+                    positions: self.draft_positions.len(),
+                });
+                self.draft_positions.push(seq.sampler.position());
+                let m = seq.matcher.as_mut().expect("drafts are constrained");
+                m.rollback(seq.drafts);
+                for i in 0..seq.drafts {
+                    let at = self.masks.len();
+                    self.masks.resize(at + words, 0);
+                    m.fill_mask(&mut self.masks[at..]);
+                    m.accept_token(seq.tokens[first + i])
+                        .expect("accepted as a draft");
+                    self.bans.clear();
+                    processor_bans(
+                        &seq.req.processors,
+                        &seq.tokens[seq.prompt_len..first + i],
+                        &mut self.bans,
+                    );
+                    let mask = Some(u32::try_from(at / words).expect("a step's masks fit u32"));
+                    let logit_row = self.logits.row_index(row, i);
+                    self.draws
+                        .rows
+                        .push(&mut seq.sampler, logit_row, mask, self.bans.iter().copied());
+                    self.draw_seqs.push(s.seq);
+                    self.draft_positions.push(seq.sampler.position());
                 }
             }
             // The row's draw, taken with every other row's below: its bans (the processors',
@@ -864,7 +873,11 @@ impl Engine {
         }
         self.model
             .sample(&mut self.logits, &self.masks, &mut self.draws);
-        for (&i, drawn) in self.draw_seqs.iter().zip(&self.draws.out) {
+        self.settle_drafts(&ctx);
+        for (d, (&i, drawn)) in self.draw_seqs.iter().zip(&self.draws.out).enumerate() {
+            if !self.draw_used[d] {
+                continue;
+            }
             let seq = &mut self.running[i];
             match drawn {
                 Ok(id) => {
@@ -889,6 +902,74 @@ impl Engine {
             self.cache_prefix(i)?;
         }
         Ok(())
+    }
+
+    /// Reads the verdict on every sequence's drafts from the step's draws (rows
+    /// `first_draw..first_draw + count` of a [`DraftCheck`], the row after them being the
+    /// sequence's usual one): a draw equal to its draft confirms it, as a forced token; the first
+    /// other draw replaces it, and what follows is cut. The matcher, which the rows' masks left
+    /// after every draft, and the sampler's stream, which gave every row a uniform, go back to
+    /// where checking the drafts one by one would have left them. Marks in `draw_used` the draws
+    /// [`Engine::after_forward`] still takes.
+    fn settle_drafts(&mut self, ctx: &TokenCtx) {
+        self.draw_used.clear();
+        self.draw_used.resize(self.draws.out.len(), true);
+        for c in &self.checks {
+            let seq = &mut self.running[c.seq];
+            let first = seq.tokens.len() - c.count;
+            self.draw_used[c.first_draw..c.first_draw + c.count].fill(false);
+            let mut verdict = Verdict::Confirmed;
+            for i in 0..c.count {
+                let drawn = &self.draws.out[c.first_draw + i];
+                if matches!(drawn, Ok(id) if *id == seq.tokens[first + i]) {
+                    seq.confirm_draft();
+                    self.stats.forced_tokens += 1;
+                    self.stats.drafts_confirmed += 1;
+                    continue;
+                }
+                // Back to before this draft, the stream to just after its row's uniform.
+                let m = seq.matcher.as_mut().expect("drafts are constrained");
+                m.rollback(c.count - i);
+                seq.sampler.rewind(self.draft_positions[c.positions + i + 1]);
+                verdict = match drawn {
+                    Ok(id) => {
+                        self.stats.drafts_refused += seq.drafts as u64;
+                        self.stats.sampled_tokens += 1;
+                        Verdict::Replaced(*id)
+                    }
+                    Err(e) => Verdict::Failed(format!("no token can follow: {e}")),
+                };
+                seq.discard_drafts(ctx.tok);
+                break;
+            }
+            let last = c.first_draw + c.count;
+            match verdict {
+                Verdict::Confirmed
+                    if seq.output().len() >= seq.req.max_tokens
+                        || seq.tokens.len() >= ctx.context_length =>
+                {
+                    // The drafts used the last of the budget, as the kept-back tokens would: the
+                    // last row's draw goes unused, and its uniform back to the stream.
+                    self.draw_used[last] = false;
+                    seq.sampler
+                        .rewind(self.draft_positions[c.positions + c.count]);
+                    seq.finish = Some(FinishReason::Length);
+                }
+                Verdict::Confirmed => {}
+                Verdict::Replaced(id) => {
+                    // The model's own token replaces the refused draft; the last row's draw
+                    // (for the state after the drafts) goes unused.
+                    self.draw_used[last] = false;
+                    take(seq, &mut self.stats, id, ctx);
+                }
+                Verdict::Failed(e) => {
+                    self.draw_used[last] = false;
+                    seq.finish = Some(FinishReason::Error(e));
+                }
+            }
+        }
+        self.checks.clear();
+        self.draft_positions.clear();
     }
 
     /// Puts a running sequence's computed prompt into the radix tree and pins it.
@@ -999,6 +1080,16 @@ fn take(seq: &mut Sequence, stats: &mut EngineStats, id: u32, ctx: &TokenCtx) {
     stats.retokenized_tokens += (seq.stats.retokenized_tokens - retok_before) as u64;
 }
 
+/// A sequence whose drafts this step's draws verify: draws `first_draw..first_draw + count` are
+/// at the positions before its drafts, and its stream positions start at
+/// `Engine::draft_positions[positions]`.
+struct DraftCheck {
+    seq: usize,
+    first_draw: usize,
+    count: usize,
+    positions: usize,
+}
+
 /// What the pass said about a sequence's drafts.
 enum Verdict {
     /// Every draft is confirmed; the last row samples as usual.
@@ -1010,54 +1101,3 @@ enum Verdict {
     Failed(String),
 }
 
-/// Checks `seq`'s drafts against the logits the pass returned at the position before each (rows
-/// `0..drafts` of `row`): the matcher steps back to the state before a draft, the step's mask and
-/// processors apply, and the sampler draws. A draw equal to the draft confirms it, as a forced
-/// token; the first other draw replaces it. When every draft is confirmed the matcher is where it
-/// was.
-fn verify_drafts(
-    seq: &mut Sequence,
-    logits: &mut Logits,
-    row: usize,
-    mask: &mut Vec<u32>,
-    stats: &mut EngineStats,
-    tok: &Tokenizer,
-) -> Verdict {
-    let drafts = seq.drafts;
-    let first = seq.tokens.len() - drafts;
-    let m = seq.matcher.as_mut().expect("drafts are constrained");
-    m.rollback(drafts);
-    mask.resize(m.grammar().vocabulary().mask_words(), 0);
-    for i in 0..drafts {
-        let draft = seq.tokens[first + i];
-        let m = seq.matcher.as_mut().expect("drafts are constrained");
-        m.fill_mask(mask);
-        let l = logits.position_mut(row, i);
-        apply_processors(
-            l,
-            &seq.req.processors,
-            &seq.tokens[seq.prompt_len..first + i],
-        );
-        apply_mask(l, mask);
-        match seq.sampler.sample(l) {
-            Ok(id) if id == draft => {
-                m.accept_token(draft).expect("accepted as a draft");
-                seq.confirm_draft();
-                stats.forced_tokens += 1;
-                stats.drafts_confirmed += 1;
-            }
-            Ok(id) => {
-                // The matcher stands before this draft: cut it and the rest from the output.
-                stats.drafts_refused += seq.drafts as u64;
-                seq.discard_drafts(tok);
-                stats.sampled_tokens += 1;
-                return Verdict::Replaced(id);
-            }
-            Err(e) => {
-                seq.discard_drafts(tok);
-                return Verdict::Failed(format!("no token can follow: {e}"));
-            }
-        }
-    }
-    Verdict::Confirmed
-}

@@ -195,9 +195,9 @@ impl Logits {
         &mut self.data
     }
 
-    /// Lets a forward pass on a GPU keep these logits on the device when every sequence asked
-    /// only for its last position's (the engine, which then samples there and brings back one
-    /// token per row). Host reads of logits left on the device panic: they are a caller's bug.
+    /// Lets a forward pass on a GPU keep these logits on the device (for the engine, which draws
+    /// every row it needs there, the rows that verify drafts included, and brings back one token
+    /// per row). Host reads of logits left on the device panic: they are a caller's bug.
     pub fn keep_on_device(&mut self, yes: bool) {
         self.device_wanted = yes;
     }

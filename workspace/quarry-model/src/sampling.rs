@@ -145,6 +145,18 @@ impl Sampler {
     pub fn uniform(&mut self) -> Option<f64> {
         (self.params.temperature > 0.0).then(|| self.rng.random::<f64>())
     }
+
+    /// Where this sequence's stream stands: a caller that drew uniforms ahead (for rows whose
+    /// draws may turn out unused, like the rows that verify jump-forward drafts) goes back to
+    /// such a position with [`Sampler::rewind`], so the stream is as if they were never drawn.
+    pub fn position(&self) -> u128 {
+        self.rng.get_word_pos()
+    }
+
+    /// Sets the stream back (or forward) to a [`Sampler::position`].
+    pub fn rewind(&mut self, position: u128) {
+        self.rng.set_word_pos(position);
+    }
 }
 
 /// The token that uniform `u` (in `[0, 1)`) selects from `logits` under `p`, as the module's
@@ -461,6 +473,28 @@ mod tests {
                 assert_eq!(drawn.sample(&logits).unwrap(), expected);
             }
         }
+    }
+
+    /// Uniforms drawn ahead and then rewound are drawn again, the same: the stream continues as
+    /// if they had never been taken.
+    #[test]
+    fn rewinding_the_stream_redraws_the_same_uniforms() {
+        let mut s = Sampler::new(params(0.8, 0, 1.0, 7)).unwrap();
+        let start = s.position();
+        let ahead: Vec<f64> = (0..5).map(|_| s.uniform().unwrap()).collect();
+        assert!(ahead.windows(2).all(|w| w[0] != w[1]), "{ahead:?}");
+        s.rewind(start);
+        let mut twin = Sampler::new(params(0.8, 0, 1.0, 7)).unwrap();
+        for u in &ahead[..2] {
+            assert_eq!(s.uniform(), Some(*u));
+            assert_eq!(twin.uniform(), Some(*u));
+        }
+        // Two of the five kept: the stream goes on from the third, like the twin's.
+        let after_two = s.position();
+        s.uniform();
+        s.rewind(after_two);
+        assert_eq!(s.uniform(), twin.uniform());
+        assert_eq!(s.uniform(), Some(ahead[3]));
     }
 
     #[test]

@@ -364,11 +364,7 @@ impl Llama {
         if dev.is_cpu() {
             out.data.clear();
             attention::with_host_slice(&logits, |s| out.data.extend_from_slice(s))?;
-        } else if out.device_wanted
-            && cfg!(feature = "cuda")
-            && batch.iter().all(|s| s.logits == 1)
-            && device_sampling()?
-        {
+        } else if out.device_wanted && cfg!(feature = "cuda") && device_sampling()? {
             // Sampled on the device (Llama::sample_on_device): only the tokens come back.
             out.data.clear();
             out.device = Some(logits.to_dtype(DType::F32)?.contiguous()?);
