@@ -113,9 +113,12 @@ timeout 60 "$Q" generate --device cuda:0 --chat --schema schemas/debian-package.
   --prompt "$(grep -A12 '^Package: dpkg$' "$STATUS")" || status=1
 
 section "llama.cpp llama-batched-bench (CUDA, all layers on the GPU)"
-ctx=$(( largest * (${PP:-700} + ${TG:-160}) + 4096 ))
+# llama.cpp holds at most 256 sequences in one context (n_seq_max): larger batches are not run.
+llama_batches="$(tr ',' '\n' <<<"$BATCHES" | awk '$1 <= 256' | paste -sd,)"
+llama_largest="$(tr ',' '\n' <<<"$llama_batches" | sort -n | tail -1)"
+ctx=$(( llama_largest * (${PP:-700} + ${TG:-160}) + 4096 ))
 timeout "$(budget 120 270)" "$PACK/bin/llama-batched-bench" -m "$MODEL" -ngl 99 -c "$ctx" -b 2048 -ub 512 \
-  -npp "${PP:-700}" -ntg "${TG:-160}" -npl "$BATCHES" --output-format jsonl 2>"$OUT/llama-batched-bench.log" \
+  -npp "${PP:-700}" -ntg "${TG:-160}" -npl "$llama_batches" --output-format jsonl 2>"$OUT/llama-batched-bench.log" \
   | tee "$OUT/llama-batched-bench.jsonl" || status=1
 
 section "transformers generate (bf16)"
@@ -123,9 +126,9 @@ timeout "$(budget 150 200)" python3 infra/hf_generate_bench.py --model "$MODEL" 
   --pp "${PP:-700}" --tg "${TG:-160}" --repeats 1 --out "$OUT/transformers.json" || status=1
 
 section "quarry bench --device cuda:0"
-# One run per batch size with at least that many documents (16 at least), until 250 seconds are
+# One run per batch size with at least that many documents (16 at least), until 150 seconds are
 # left for the comparisons below; the JSON of every run goes into one file.
-deadline=$(( END - 250 ))
+deadline=$(( END - 150 ))
 runs=()
 for b in $(tr ',' ' ' <<<"$BATCHES"); do
   left=$(( deadline - $(date +%s) ))
@@ -143,19 +146,25 @@ for b in $(tr ',' ' ' <<<"$BATCHES"); do
 done
 merge_runs "$OUT/quarry-bench-cuda.json" "${runs[@]}"
 
-# The choices issue 25 left to measurement, each against the defaults at batch 128, mode a: one
-# run per setting in AB (space separated VAR=value; default: the gather attention path, only the
-# quantized weights, a bf16 KV pool, host sampling), all into one JSON whose runs carry their setting.
-AB="${AB-QUARRY_ATTENTION=gather QUARRY_SAMPLING=host QUARRY_DENSE_FROM_ROWS=0 QUARRY_KV_DTYPE=bf16}"
+# The choices issue 25 left to measurement, each against the defaults (the sweep's run of the same
+# batch size), mode a: one run per setting in AB (space separated VAR=value[@BATCH], batch 128
+# unless given; default: the gather attention path at batch 32, where it finishes, host sampling,
+# only the quantized weights, the quantized weights for single-row steps at batch 1, a bf16 KV
+# pool), all into one JSON whose runs carry their setting.
+AB="${AB-QUARRY_ATTENTION=gather@32 QUARRY_SAMPLING=host QUARRY_DENSE_FROM_ROWS=0 QUARRY_DENSE_FROM_ROWS=2@1 QUARRY_KV_DTYPE=bf16}"
 ab_runs=()
 n=0
-for setting in $AB; do
+for entry in $AB; do
   n=$((n + 1))
-  section "quarry bench with $setting, batch 128, mode a"
+  setting="${entry%@*}"
+  b=128
+  [ "$entry" != "$setting" ] && b="${entry##*@}"
+  docs=$(( b > 8 ? b : 8 ))  # at batch 1, 8 documents: compare its TPOT with the sweep's
+  section "quarry bench with $setting, batch $b, mode a"
   left=$(( END - $(date +%s) - 5 ))
-  [ "$left" -lt 30 ] && { echo "not run: the call's time is spent"; continue; }
-  env "$setting" timeout "$(budget 60 5)" "$Q" bench --device cuda:0 --status "$STATUS" --batch 128 \
-    --docs 128 --modes a --step-tokens 4096 --out "$STAGE_DIR/quarry-bench-ab-$n.json" \
+  [ "$left" -lt 20 ] && { echo "not run: the call's time is spent"; continue; }
+  env "$setting" timeout "$(budget 40 5)" "$Q" bench --device cuda:0 --status "$STATUS" --batch "$b" \
+    --docs "$docs" --modes a --step-tokens 4096 --out "$STAGE_DIR/quarry-bench-ab-$n.json" \
     && ab_runs+=("$setting=$STAGE_DIR/quarry-bench-ab-$n.json") || echo "(stopped or failed)"
 done
 merge_runs "$OUT/quarry-bench-ab.json" "${ab_runs[@]}"

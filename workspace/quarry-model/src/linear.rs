@@ -34,11 +34,11 @@ const QK: usize = 32;
 pub(crate) enum Linear {
     Candle(QMatMul),
     Quant(QuantMatrix),
-    /// On a GPU: the quantized weights for steps of few rows (candle's quantized kernels read a
-    /// quarter of the bytes) and the same weights dequantized once to f16 for steps of at least
-    /// `dense_from` rows (a cuBLAS GEMM, which scales with the rows where the quantized kernels
-    /// do not; issue 25). `$QUARRY_DENSE_FROM_ROWS` sets the switch, 0 keeps only the quantized
-    /// weights.
+    /// On a GPU: the weights dequantized once to f16 (a cuBLAS GEMM with f32 accumulation) for
+    /// steps of at least `dense_from` rows, and the quantized weights (candle's kernels, which
+    /// round activations to 8 bits) for fewer. By default every step is dense
+    /// ([`DENSE_FROM_ROWS`]); `$QUARRY_DENSE_FROM_ROWS` moves the switch, 0 keeps only the
+    /// quantized weights.
     Dual {
         quant: QMatMul,
         dense: Tensor,
@@ -55,10 +55,14 @@ fn dense_from_rows() -> usize {
         .unwrap_or(DENSE_FROM_ROWS)
 }
 
-/// Not measured yet (no GPU lent since the switch was written): a batch of 32 decode rows is
-/// where a GEMM usually overtakes matrix-vector kernels. `infra/gpu-check.sh` is where the
-/// measurement belongs.
-const DENSE_FROM_ROWS: usize = 32;
+/// Every step dense, chosen on an H100 on 2026-11-26 (BENCHMARKS.md): with the switch at 32 rows,
+/// batch 128 ran 1.19× faster than with the quantized kernels alone, and the dense arithmetic came
+/// closer to llama.cpp (top-1 agreement 96.4% against 93.5%); but a row's logits then depended on
+/// how many rows shared its step (up to 2.6 logits apart: a record's text changed with the batch
+/// it ran in). Dense at every size gives every row one arithmetic. At one row a step is bound by
+/// launches, not by the 4× more weight bytes (0.09 ms against 0.03 ms at 3 TB/s for SmolLM2);
+/// batch 1 is still to be measured against a larger switch.
+const DENSE_FROM_ROWS: usize = 1;
 
 impl Linear {
     pub(crate) fn new(t: QTensor, device: &Device) -> Result<Self> {

@@ -36,6 +36,16 @@
 //! regression.
 //! - greedy continuations identical, or leaving llama.cpp's only at a step whose top-2 gap is below
 //!   `GAP_TOL`.
+//!
+//! **On a GPU** (`QUARRY_TEST_DEVICE=cuda:0`) quarry does not repeat llama.cpp's CPU arithmetic:
+//! it multiplies the dequantized weights in f16 with f32 sums (no 8-bit activations) and keeps its
+//! KV pages in f16. Against llama.cpp's CPU logits that is a change of rounding, so every quantized
+//! model is held there to llama.cpp's own spread under a change of rounding (its f16 against its
+//! f32 KV cache, recorded in each fixture: `assert_within_llama_cpp_spread`, the bar Gemma 3 and
+//! Qwen2.5 meet on the CPU too), and a greedy step may leave llama.cpp's where its top-2 gap is
+//! below twice that spread's 99th percentile (`greedy_gap_tol`). The F32 copies keep the F32 bar,
+//! with F32 pages (`common::pool_for`). On an H100 (2026-11-26, before dense steps everywhere)
+//! SmolLM2 Q4_1 gave top-1 96.4%, median 0.074, p99 0.58, worst 2.65 nats against the CPU fixture.
 
 mod common;
 
@@ -216,6 +226,11 @@ fn f32_weights_prompt_logits_match_llama_cpp() {
 
 #[test]
 fn prompt_logits_match_llama_cpp() {
+    if !device().is_cpu() {
+        // Another arithmetic than llama.cpp's CPU one: the bar of a change of rounding (module
+        // documentation).
+        return assert_within_llama_cpp_spread("smollm2", smollm2(), "smollm2.logits.json.gz");
+    }
     let c = Comparison::run(smollm2(), &fixture(), GAP_TOL);
     let f16_agreement = c.f16_same as f64 / c.positions as f64;
     eprintln!("llama.cpp f16 vs f32 KV top-1 agreement: {f16_agreement:.4}");
@@ -291,7 +306,8 @@ fn greedy_matches(model: &Llama, fx: &serde_json::Value, gap_tol: f64) {
 
 #[test]
 fn greedy_continuations_match_llama_cpp() {
-    greedy_matches(smollm2(), &fixture(), GAP_TOL);
+    let fx = fixture();
+    greedy_matches(smollm2(), &fx, greedy_gap_tol(&fx));
 }
 
 #[test]
@@ -338,14 +354,9 @@ fn gemma3_prompt_logits_match_llama_cpp() {
     assert_within_llama_cpp_spread("gemma3", gemma3(), "gemma3.logits.json.gz");
 }
 
-/// A quantized model's logits against llama.cpp's, with tolerances taken from llama.cpp's own
-/// distance from itself under its default f16 KV cache (recorded in the fixture): top-1 agreement
-/// at least that less one point, median and p99 log-softmax difference within 1.25 times, the
-/// worst within 1.5 times.
-fn assert_within_llama_cpp_spread(name: &str, model: &Llama, fixture: &str) {
-    let fx = read_fixture(fixture);
-    let c = Comparison::run(model, &fx, GAP_TOL);
-    let f16_agreement = c.f16_same as f64 / c.positions as f64;
+/// llama.cpp's own log-softmax differences, its f16 against its f32 KV cache, over the fixture's
+/// top-20 ids at every position, sorted.
+fn own_spread(fx: &serde_json::Value) -> Vec<f64> {
     let mut own: Vec<f64> = Vec::new();
     for case in fx["cases"].as_array().unwrap() {
         let rows = case["top_logits"].as_array().unwrap();
@@ -358,6 +369,30 @@ fn assert_within_llama_cpp_spread(name: &str, model: &Llama, fixture: &str) {
         }
     }
     own.sort_by(f64::total_cmp);
+    own
+}
+
+/// The top-2 gap below which a quantized model's greedy step may leave llama.cpp's: `GAP_TOL` on
+/// the CPU; on a GPU, where the arithmetic is a change of rounding from llama.cpp's, at least twice
+/// the 99th percentile of llama.cpp's own spread under one (two log-probs each moved that far in
+/// opposite directions swap).
+fn greedy_gap_tol(fx: &serde_json::Value) -> f64 {
+    if device().is_cpu() {
+        return GAP_TOL;
+    }
+    let own = own_spread(fx);
+    GAP_TOL.max(2.0 * own[((own.len() - 1) as f64 * 0.99) as usize])
+}
+
+/// A quantized model's logits against llama.cpp's, with tolerances taken from llama.cpp's own
+/// distance from itself under its default f16 KV cache (recorded in the fixture): top-1 agreement
+/// at least that less one point, median and p99 log-softmax difference within 1.25 times, the
+/// worst within 1.5 times.
+fn assert_within_llama_cpp_spread(name: &str, model: &Llama, fixture: &str) {
+    let fx = read_fixture(fixture);
+    let c = Comparison::run(model, &fx, GAP_TOL);
+    let f16_agreement = c.f16_same as f64 / c.positions as f64;
+    let own = own_spread(&fx);
     let own_q = |p: f64| own[((own.len() - 1) as f64 * p) as usize];
     eprintln!(
         "{name}: llama.cpp f16 vs f32 KV: top-1 agreement {f16_agreement:.4}, log-softmax difference median {:.5}, p99 {:.5}, max {:.5}",
@@ -382,7 +417,8 @@ fn assert_within_llama_cpp_spread(name: &str, model: &Llama, fixture: &str) {
 
 #[test]
 fn gemma3_greedy_continuations_match_llama_cpp() {
-    greedy_matches(gemma3(), &read_fixture("gemma3.logits.json.gz"), GAP_TOL);
+    let fx = read_fixture("gemma3.logits.json.gz");
+    greedy_matches(gemma3(), &fx, greedy_gap_tol(&fx));
 }
 
 #[test]
@@ -425,7 +461,8 @@ fn qwen25_prompt_logits_match_llama_cpp() {
 
 #[test]
 fn qwen25_greedy_continuations_match_llama_cpp() {
-    greedy_matches(qwen25(), &read_fixture("qwen25.logits.json.gz"), GAP_TOL);
+    let fx = read_fixture("qwen25.logits.json.gz");
+    greedy_matches(qwen25(), &fx, greedy_gap_tol(&fx));
 }
 
 #[test]

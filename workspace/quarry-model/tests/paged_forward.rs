@@ -117,26 +117,42 @@ fn check(page_size: usize, layout: KvLayout, tol: f32) {
     );
 }
 
-// Each layout computes a row exactly as it does for a sequence alone: the same kernels, in the same
-// order, whatever else is in the batch and wherever the pages are.
+/// How far a row's logits in a batch may be from the same row's alone. On the CPU not at all: each
+/// layout computes a row with the same kernels in the same order, whatever else is in the batch and
+/// wherever the pages are. On a GPU every row goes through the same kernels too (dense f16 weights
+/// at every batch size), but cuBLAS may pick another GEMM algorithm (tiles, split-K) for another
+/// number of rows and so add the same f32 products in another order; a last-bit difference can
+/// flip the f16 rounding of an activation in a later layer (2^-11 relative), which 30 layers carry
+/// to hundredths of a logit. The bound is from that reasoning, ten times over; the next GPU check
+/// measures it. (On an H100, 2026-11-26: exactly 0 with the quantized weights alone; 2.64 with
+/// the old switch from quantized to dense weights at 32 rows, which moved a row's arithmetic with
+/// the batch's size and is gone.)
+fn batch_tolerance() -> f32 {
+    if device().is_cpu() {
+        0.0
+    } else {
+        0.1
+    }
+}
+
 #[test]
 fn host_layout_page_16_equals_single_sequence() {
-    check(16, KvLayout::Host, 0.0);
+    check(16, KvLayout::Host, batch_tolerance());
 }
 
 #[test]
 fn host_layout_page_1_equals_single_sequence() {
-    check(1, KvLayout::Host, 0.0);
+    check(1, KvLayout::Host, batch_tolerance());
 }
 
 #[test]
 fn tensor_layout_page_16_equals_single_sequence() {
-    check(16, KvLayout::Tensor, 0.0);
+    check(16, KvLayout::Tensor, batch_tolerance());
 }
 
 #[test]
 fn tensor_layout_page_1_equals_single_sequence() {
-    check(1, KvLayout::Tensor, 0.0);
+    check(1, KvLayout::Tensor, batch_tolerance());
 }
 
 /// The two attention implementations sum in different orders, and 8-bit activation quantization

@@ -57,8 +57,7 @@ pub fn qwen25() -> &'static Llama {
 
 /// Qwen2.5 with every weight dequantized to F32, loaded once per test binary.
 pub fn qwen25_f32() -> &'static Llama {
-    static MODEL: OnceLock<Llama> = OnceLock::new();
-    MODEL.get_or_init(|| load_f32(&qwen25_path(), "qwen25"))
+    QWEN25_F32.get_or_init(|| load_f32(&qwen25_path(), "qwen25"))
 }
 
 fn model_path(file: &str) -> PathBuf {
@@ -88,16 +87,29 @@ pub fn pool(page_size: usize, pages: usize, layout: KvLayout) -> KvPool {
     pool_for(smollm2(), page_size, pages, layout)
 }
 
-/// [`pool`] shaped for `model`.
+static SMOLLM2_F32: OnceLock<Llama> = OnceLock::new();
+static GEMMA3_F32: OnceLock<Llama> = OnceLock::new();
+static QWEN25_F32: OnceLock<Llama> = OnceLock::new();
+
+/// Whether `model` is one of the F32 copies ([`smollm2_f32`] and the others).
+fn is_f32_copy(model: &Llama) -> bool {
+    [&SMOLLM2_F32, &GEMMA3_F32, &QWEN25_F32]
+        .iter()
+        .any(|copy| copy.get().is_some_and(|m| std::ptr::eq(m, model)))
+}
+
+/// [`pool`] shaped for `model`. The F32 copies are held to the F32 bar, which is the arithmetic's
+/// alone, so their pages are F32 on every device: a GPU's default f16 pages are llama.cpp's f16 KV
+/// cache, a change of rounding that the quantized models' bars (llama.cpp's own spread under it)
+/// cover. On an H100 (2026-11-26) the F32 SmolLM2 met the F32 bar (0.005) with F32 pages and
+/// missed it with f16 pages (worst log-softmax difference 0.038).
 pub fn pool_for(model: &Llama, page_size: usize, pages: usize, layout: KvLayout) -> KvPool {
-    KvPool::new(
-        model.config(),
-        page_size,
-        pages,
-        &device(),
-        Some(layout_for_device(layout)),
-    )
-    .unwrap()
+    let layout = Some(layout_for_device(layout));
+    let dtype = match is_f32_copy(model) {
+        true => candle_core::DType::F32,
+        false => quarry_model::kv_dtype(&device()).unwrap(),
+    };
+    KvPool::with_dtype(model.config(), page_size, pages, &device(), layout, dtype).unwrap()
 }
 
 /// Runs `tokens` as one prefill of a fresh sequence and returns the logits at every position.
@@ -153,14 +165,12 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
 
 /// SmolLM2 with every weight dequantized to F32, loaded once per test binary.
 pub fn smollm2_f32() -> &'static Llama {
-    static MODEL: OnceLock<Llama> = OnceLock::new();
-    MODEL.get_or_init(|| load_f32(&smollm2_path(), "smollm2"))
+    SMOLLM2_F32.get_or_init(|| load_f32(&smollm2_path(), "smollm2"))
 }
 
 /// Gemma 3 with every weight dequantized to F32, loaded once per test binary.
 pub fn gemma3_f32() -> &'static Llama {
-    static MODEL: OnceLock<Llama> = OnceLock::new();
-    MODEL.get_or_init(|| load_f32(&gemma3_path(), "gemma3"))
+    GEMMA3_F32.get_or_init(|| load_f32(&gemma3_path(), "gemma3"))
 }
 
 /// `src` with every weight dequantized to F32. candle's GGUF writer puts the copy in a temporary
