@@ -126,8 +126,12 @@ pub struct EngineStats {
     pub mask_s: f64,
     pub mask_steps: u64,
     pub masks_filled: u64,
-    /// Time in forward passes.
+    /// Time in forward passes. On a GPU this includes the pass's device time: the pass uploads
+    /// its logit rows after queueing its layers, which waits for them.
     pub forward_s: f64,
+    /// Time in the step's draws ([`Model::sample`]): on a GPU the sampling kernel and the wait
+    /// for its tokens, on the CPU the host draws.
+    pub sample_s: f64,
     /// Time in the rest of a step (scheduling, radix cache, masking logits, sampling).
     pub schedule_s: f64,
     /// Sequences sent back to the queue because the pool ran out of pages.
@@ -839,9 +843,12 @@ impl Engine {
                     );
                     let mask = Some(u32::try_from(at / words).expect("a step's masks fit u32"));
                     let logit_row = self.logits.row_index(row, i);
-                    self.draws
-                        .rows
-                        .push(&mut seq.sampler, logit_row, mask, self.bans.iter().copied());
+                    self.draws.rows.push(
+                        &mut seq.sampler,
+                        logit_row,
+                        mask,
+                        self.bans.iter().copied(),
+                    );
                     self.draw_seqs.push(s.seq);
                     self.draft_positions.push(seq.sampler.position());
                 }
@@ -871,8 +878,10 @@ impl Engine {
                 .push(&mut seq.sampler, logit_row, mask, self.bans.iter().copied());
             self.draw_seqs.push(s.seq);
         }
+        let t = Instant::now();
         self.model
             .sample(&mut self.logits, &self.masks, &mut self.draws);
+        self.stats.sample_s += t.elapsed().as_secs_f64();
         self.settle_drafts(&ctx);
         for (d, (&i, drawn)) in self.draw_seqs.iter().zip(&self.draws.out).enumerate() {
             if !self.draw_used[d] {
@@ -930,7 +939,8 @@ impl Engine {
                 // Back to before this draft, the stream to just after its row's uniform.
                 let m = seq.matcher.as_mut().expect("drafts are constrained");
                 m.rollback(c.count - i);
-                seq.sampler.rewind(self.draft_positions[c.positions + i + 1]);
+                seq.sampler
+                    .rewind(self.draft_positions[c.positions + i + 1]);
                 verdict = match drawn {
                     Ok(id) => {
                         self.stats.drafts_refused += seq.drafts as u64;
@@ -1100,4 +1110,3 @@ enum Verdict {
     /// Nothing could be sampled before a draft (a processor banned the only token allowed).
     Failed(String),
 }
-

@@ -320,6 +320,8 @@ pub struct RunMetrics {
     /// Seconds inside the model's forward passes (the rest of the wall time is scheduling,
     /// sampling and masks not hidden behind the forward pass).
     pub forward_s: f64,
+    /// Seconds in the steps' draws (on a GPU the sampling kernel and the wait for its tokens).
+    pub sample_s: f64,
     /// Output tokens appended without sampling (jump-forward), over all output tokens.
     pub forced_share: f64,
     /// Prompt tokens served from the radix cache, over all prompt tokens looked up.
@@ -397,6 +399,7 @@ pub fn measure(
         forward_passes: s.forward_passes,
         forward_tokens: s.forward_tokens,
         forward_s: s.forward_s,
+        sample_s: s.sample_s,
         forced_share: s.forced_share(),
         hit_rate: s.cache.hit_rate(),
         mask_us_per_step: s.mask_us_per_step(),
@@ -510,6 +513,7 @@ mod tests {
             forward_passes: 0,
             forward_tokens: 0,
             forward_s: 0.0,
+            sample_s: 0.0,
             forced_share: 0.0,
             hit_rate: 0.0,
             mask_us_per_step: 0.0,

@@ -10,7 +10,8 @@
 //! `infra/gpu-check.sh`).
 
 use candle_core::cuda::cudarc::driver::{
-    CudaSlice, CudaStream, HostSlice, LaunchConfig, PinnedHostSlice, PushKernelArg, SyncOnDrop,
+    CudaSlice, CudaStream, CudaView, HostSlice, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    SyncOnDrop,
 };
 use candle_core::cuda::WrapErr;
 use candle_core::{CudaDevice, Result};
@@ -81,6 +82,35 @@ impl DeviceBatch {
             longest,
         })
     }
+}
+
+/// Keeps the memory a step frees mapped for the next step. candle allocates every tensor through
+/// the stream-ordered allocator (`cuMemAllocAsync` from the device's default pool), whose default
+/// release threshold of 0 hands freed memory back to the driver at every synchronization, so each
+/// step (one synchronization at least: its tokens come back) would map its activations and its
+/// logits (100 MB at batch 512 for a 49,152-token vocabulary) afresh. With no threshold the pool
+/// keeps what the largest step needed, as PyTorch's caching allocator does.
+pub fn keep_freed_memory(dev: &CudaDevice) -> Result<()> {
+    use candle_core::cuda::cudarc::driver::sys;
+    let ctx = dev.cuda_stream().context().clone();
+    ctx.bind_to_thread().w()?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: the context is current on this thread; `pool` receives the device's default pool,
+    // and the attribute's value is a u64, as the driver reads it.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+            .result()
+            .w()?;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()
+        .w()?;
+    }
+    Ok(())
 }
 
 /// A zero-length upload is refused by the driver; an empty array travels as one unused element.
@@ -294,12 +324,13 @@ fn pinned(dev: &CudaDevice, words: usize) -> Result<PinnedHostSlice<u32>> {
 }
 
 /// One step's draws: row `rows.logit_row[r]` of `logits` (`[logit rows, vocab]`, edited in place
-/// by bans and masks, as the host edits its rows) gives row `r`'s token. `masks` holds the step's masks of
+/// by bans, as the host edits its rows: the caller's own copy, no other tensor may read it) gives
+/// row `r`'s token. `masks` holds the step's masks of
 /// `words_per_mask` words each. Returns one `Result` per row: the token, or the host sampler's
 /// error for that row (every token masked, a NaN logit).
 pub fn sample_rows(
     dev: &CudaDevice,
-    logits: &mut CudaSlice<f32>,
+    logits: &CudaView<'_, f32>,
     vocab: usize,
     masks: &CudaSlice<u32>,
     words_per_mask: usize,
@@ -578,7 +609,7 @@ mod tests {
             rows.logit_row[r] = (n_rows - 1 - r) as u32;
         }
 
-        let mut dl = dev.clone_htod(&reversed).unwrap();
+        let dl = dev.clone_htod(&reversed).unwrap();
         // The masks travel as the engine's will: through the page-locked upload.
         let mut upload = MaskUpload::new(&dev, 1).unwrap();
         upload
@@ -586,7 +617,7 @@ mod tests {
             .unwrap()
             .copy_from_slice(&masks);
         let dm = upload.upload(&dev, masks.len()).unwrap();
-        let got = sample_rows(&dev, &mut dl, vocab, dm, words, &rows).unwrap();
+        let got = sample_rows(&dev, &dl.slice(..), vocab, dm, words, &rows).unwrap();
         let mut scratch = Vec::new();
         let (mut exact, mut boundary) = (0, 0);
         for (r, g) in got.iter().enumerate() {

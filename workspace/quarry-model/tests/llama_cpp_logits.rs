@@ -38,14 +38,19 @@
 //!   `GAP_TOL`.
 //!
 //! **On a GPU** (`QUARRY_TEST_DEVICE=cuda:0`) quarry does not repeat llama.cpp's CPU arithmetic:
-//! it multiplies the dequantized weights in f16 with f32 sums (no 8-bit activations) and keeps its
-//! KV pages in f16. Against llama.cpp's CPU logits that is a change of rounding, so every quantized
-//! model is held there to llama.cpp's own spread under a change of rounding (its f16 against its
-//! f32 KV cache, recorded in each fixture: `assert_within_llama_cpp_spread`, the bar Gemma 3 and
-//! Qwen2.5 meet on the CPU too), and a greedy step may leave llama.cpp's where its top-2 gap is
-//! below twice that spread's 99th percentile (`greedy_gap_tol`). The F32 copies keep the F32 bar,
-//! with F32 pages (`common::pool_for`). On an H100 (2026-11-26, before dense steps everywhere)
-//! SmolLM2 Q4_1 gave top-1 96.4%, median 0.074, p99 0.58, worst 2.65 nats against the CPU fixture.
+//! it multiplies the weights dequantized to f16, with f16 activations and f32 sums (no 8-bit
+//! activations), and keeps its KV pages in f16. That computes the F32 fixture's model (the same
+//! weights, dequantized) with three 16-bit roundings, so on a GPU SmolLM2 Q4_1 is held to the F32
+//! fixture within llama.cpp's own spread there under one such rounding (its f16 KV cache on the
+//! F32 weights, recorded in the fixture: median 0.0012, p99 0.0105, worst 0.035 nats), with
+//! slack for three roundings of that size where the yardstick has one (√3, rounded up to 2 for
+//! every quantile); a greedy step may leave llama.cpp's where its top-2 gap is below twice that
+//! spread's 99th percentile (`greedy_gap_tol`). Not yet run on a GPU. The F32 copies keep the F32
+//! bar, with F32 pages (`common::pool_for`). On an H100 (2026-11-26, when steps under 32 rows
+//! still used candle's quantized kernels) SmolLM2 Q4_1 gave top-1 96.4%, median 0.074, p99 0.58
+//! and worst 2.65 nats against the CPU's Q4_1 fixture, outside llama.cpp's own spread there
+//! (0.081, 0.46, 1.06), which is why the GPU is not compared with that fixture; the F32 copy on
+//! f16 pages gave median 0.001, p99 0.0085, worst 0.038, llama.cpp's own f16-KV spread.
 
 mod common;
 
@@ -227,9 +232,8 @@ fn f32_weights_prompt_logits_match_llama_cpp() {
 #[test]
 fn prompt_logits_match_llama_cpp() {
     if !device().is_cpu() {
-        // Another arithmetic than llama.cpp's CPU one: the bar of a change of rounding (module
-        // documentation).
-        return assert_within_llama_cpp_spread("smollm2", smollm2(), "smollm2.logits.json.gz");
+        // The F32 fixture's model in 16-bit arithmetic (module documentation).
+        return assert_within_spread(smollm2(), "smollm2-f32.logits.json.gz", GPU_SLACK);
     }
     let c = Comparison::run(smollm2(), &fixture(), GAP_TOL);
     let f16_agreement = c.f16_same as f64 / c.positions as f64;
@@ -306,7 +310,11 @@ fn greedy_matches(model: &Llama, fx: &serde_json::Value, gap_tol: f64) {
 
 #[test]
 fn greedy_continuations_match_llama_cpp() {
-    let fx = fixture();
+    // On a GPU, against the F32 fixture's model (module documentation).
+    let fx = match device().is_cpu() {
+        true => fixture(),
+        false => fixture_f32(),
+    };
     greedy_matches(smollm2(), &fx, greedy_gap_tol(&fx));
 }
 
@@ -373,15 +381,15 @@ fn own_spread(fx: &serde_json::Value) -> Vec<f64> {
 }
 
 /// The top-2 gap below which a quantized model's greedy step may leave llama.cpp's: `GAP_TOL` on
-/// the CPU; on a GPU, where the arithmetic is a change of rounding from llama.cpp's, at least twice
-/// the 99th percentile of llama.cpp's own spread under one (two log-probs each moved that far in
-/// opposite directions swap).
+/// the CPU; on a GPU, where the arithmetic is a change of rounding from the fixture's, twice the
+/// 99th percentile of llama.cpp's own spread under one (two log-probs each moved that far in
+/// opposite directions swap), and at least `F32_GAP_TOL`.
 fn greedy_gap_tol(fx: &serde_json::Value) -> f64 {
     if device().is_cpu() {
         return GAP_TOL;
     }
     let own = own_spread(fx);
-    GAP_TOL.max(2.0 * own[((own.len() - 1) as f64 * 0.99) as usize])
+    F32_GAP_TOL.max(2.0 * own[((own.len() - 1) as f64 * 0.99) as usize])
 }
 
 /// A quantized model's logits against llama.cpp's, with tolerances taken from llama.cpp's own
@@ -389,26 +397,35 @@ fn greedy_gap_tol(fx: &serde_json::Value) -> f64 {
 /// at least that less one point, median and p99 log-softmax difference within 1.25 times, the
 /// worst within 1.5 times.
 fn assert_within_llama_cpp_spread(name: &str, model: &Llama, fixture: &str) {
+    eprintln!("{name}:");
+    assert_within_spread(model, fixture, [1.25, 1.25, 1.5]);
+}
+
+/// A GPU's 16-bit arithmetic against the F32 fixture: three roundings where llama.cpp's
+/// yardstick has one (module documentation). Slack on the median, the p99 and the worst.
+const GPU_SLACK: [f64; 3] = [2.0, 2.0, 2.0];
+
+/// [`assert_within_llama_cpp_spread`] with `slack` times llama.cpp's own median, p99 and worst.
+fn assert_within_spread(model: &Llama, fixture: &str, slack: [f64; 3]) {
     let fx = read_fixture(fixture);
     let c = Comparison::run(model, &fx, GAP_TOL);
     let f16_agreement = c.f16_same as f64 / c.positions as f64;
     let own = own_spread(&fx);
     let own_q = |p: f64| own[((own.len() - 1) as f64 * p) as usize];
     eprintln!(
-        "{name}: llama.cpp f16 vs f32 KV: top-1 agreement {f16_agreement:.4}, log-softmax difference median {:.5}, p99 {:.5}, max {:.5}",
+        "{fixture}: llama.cpp f16 vs f32 KV: top-1 agreement {f16_agreement:.4}, log-softmax difference median {:.5}, p99 {:.5}, max {:.5}",
         own_q(0.5),
         own_q(0.99),
         own_q(1.0)
     );
     c.assert_quantized_top1(f16_agreement);
-    for (what, p, slack) in [
-        ("median", 0.5, 1.25),
-        ("p99", 0.99, 1.25),
-        ("worst", 1.0, 1.5),
-    ] {
+    for ((what, p), slack) in [("median", 0.5), ("p99", 0.99), ("worst", 1.0)]
+        .into_iter()
+        .zip(slack)
+    {
         assert!(
             c.quantile(p) <= own_q(p) * slack,
-            "{name}: {what} log-softmax difference {} > {slack} x llama.cpp's own {}",
+            "{fixture}: {what} log-softmax difference {} > {slack} x llama.cpp's own {}",
             c.quantile(p),
             own_q(p)
         );

@@ -202,7 +202,7 @@ fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
     let mut w = std::io::stdout().lock();
     writeln!(
         w,
-        "{:>5} {:>4}  {:>8}  {:>12}  {:>8}  {:>9}  {:>9}  {:>7}  {:>9}  {:>7}  {:>11}",
+        "{:>5} {:>4}  {:>8}  {:>12}  {:>8}  {:>9}  {:>9}  {:>7}  {:>9}  {:>7}  {:>11}  {:>12}",
         "batch",
         "mode",
         "docs/s",
@@ -213,7 +213,8 @@ fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
         "forced",
         "cache hit",
         "valid",
-        "fwd ms/pass"
+        "fwd ms/pass",
+        "draw ms/pass"
     )?;
     for (b, mode, runs) in results {
         let Some(m) = bench::median_run(runs) else {
@@ -221,7 +222,7 @@ fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
         };
         writeln!(
             w,
-            "{b:>5} {mode:>4}  {:>8.3}  {:>12.1}  {:>8.2}  {:>9.1}  {:>9.0}  {:>6.1}%  {:>8.1}%  {:>3}/{:<3}  {:>11.2}",
+            "{b:>5} {mode:>4}  {:>8.3}  {:>12.1}  {:>8.2}  {:>9.1}  {:>9.0}  {:>6.1}%  {:>8.1}%  {:>3}/{:<3}  {:>11.2}  {:>12.2}",
             m.docs_per_s,
             m.output_tokens_per_s,
             m.tpot_ms,
@@ -231,7 +232,8 @@ fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
             100.0 * m.hit_rate,
             m.schema_valid,
             m.docs,
-            1e3 * m.forward_s / m.forward_passes.max(1) as f64
+            1e3 * m.forward_s / m.forward_passes.max(1) as f64,
+            1e3 * m.sample_s / m.forward_passes.max(1) as f64
         )?;
     }
     Ok(())

@@ -71,6 +71,10 @@ impl Llama {
         let (content, file_bytes, mut file) = crate::info::read_gguf(path.as_ref())?;
         // Reports a truncated file by name before any tensor read fails on it.
         crate::ModelInfo::from_content(&content, file_bytes)?;
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(d) = device {
+            crate::cuda::keep_freed_memory(d)?;
+        }
         Self::from_content(&content, &mut file, device)
     }
 
@@ -413,13 +417,11 @@ impl Llama {
                 message: "device logits are not on a CUDA device".into(),
             });
         };
+        // The kernel edits its rows (bans) in place: these logits are the step's own (the forward
+        // pass made them and handed them over in `Logits`, and nothing else reads them).
         let n = layout.shape().elem_count();
-        // The kernel edits its rows (bans): a working copy, 4 bytes per logit device to device.
-        // SAFETY: every value is written by the copy below.
-        let mut work = unsafe { dev.alloc::<f32>(n.max(1)) }?;
-        let src = cs.as_cuda_slice::<f32>()?;
         let start = layout.start_offset();
-        dev.memcpy_dtod(&src.slice(start..start + n), &mut work)?;
+        let rows_view = cs.as_cuda_slice::<f32>()?.slice(start..start + n);
         let mut upload = self.masks.lock().unwrap_or_else(|p| p.into_inner());
         if upload.is_none() {
             *upload = Some(crate::cuda::MaskUpload::new(dev, masks.len())?);
@@ -432,7 +434,7 @@ impl Llama {
             .copy_from_slice(masks);
         let dm = upload.upload(dev, masks.len())?;
         Ok(crate::cuda::sample_rows(
-            dev, &mut work, vocab, dm, words, rows,
+            dev, &rows_view, vocab, dm, words, rows,
         )?)
     }
 }
