@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use quarry_engine::{Draws, Engine, EngineConfig, Model, Prompt, Request};
-use quarry_model::{parse_device, Activation, KvPool, LlamaConfig, Logits, RopeStyle, SeqInput};
+use quarry_model::{parse_device, KvPool, LlamaConfig, Logits, SeqInput};
 use quarry_tokenizer::Tokenizer;
 
 /// Steps counted as prefill and left out of the per-step figure.
@@ -33,27 +33,7 @@ impl Model for Free {
     }
 
     fn kv_pool(&self, page_size: usize, num_pages: usize) -> quarry_model::Result<KvPool> {
-        let cfg = LlamaConfig {
-            architecture: "free".into(),
-            block_count: 1,
-            embedding_length: 2,
-            feed_forward_length: 2,
-            head_count: 1,
-            head_count_kv: 1,
-            head_dim: 2,
-            rope_freq_base: 10_000.0,
-            rms_norm_eps: 1e-6,
-            context_length: self.context_length(),
-            vocab_size: self.vocab,
-            embedding_scale: 1.0,
-            attention_scale: 1.0,
-            rope_style: RopeStyle::Interleaved,
-            activation: Activation::Silu,
-            qk_norm: false,
-            post_norms: false,
-            qkv_bias: false,
-            sliding_window: None,
-        };
+        let cfg = LlamaConfig::minimal("free", self.vocab, self.context_length());
         KvPool::new(&cfg, page_size, num_pages, &parse_device("cpu")?, None)
     }
 

@@ -132,7 +132,7 @@ pub struct EngineStats {
     /// Time in the step's draws ([`Model::sample`]): on a GPU the sampling kernel and the wait
     /// for its tokens, on the CPU the host draws.
     pub sample_s: f64,
-    /// Time in the rest of a step (scheduling, radix cache, masking logits, sampling).
+    /// Time in the rest of a step (scheduling, radix cache, the draws that `sample_s` counts).
     pub schedule_s: f64,
     /// Sequences sent back to the queue because the pool ran out of pages.
     pub retracted: u64,

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use quarry_engine::{
     Completion, ConstraintSpec, Engine, EngineConfig, FinishReason, Model, Prompt, Request,
 };
-use quarry_model::{parse_device, Activation, KvPool, LlamaConfig, Logits, RopeStyle, SeqInput};
+use quarry_model::{parse_device, KvPool, LlamaConfig, Logits, SeqInput};
 use quarry_tokenizer::Tokenizer;
 use serde_json::json;
 
@@ -120,27 +120,7 @@ impl Model for Fake {
 
     fn kv_pool(&self, page_size: usize, num_pages: usize) -> quarry_model::Result<KvPool> {
         // The smallest pool the runtime makes; the fake keeps its "KV" itself.
-        let cfg = LlamaConfig {
-            architecture: "fake".into(),
-            block_count: 1,
-            embedding_length: 2,
-            feed_forward_length: 2,
-            head_count: 1,
-            head_count_kv: 1,
-            head_dim: 2,
-            rope_freq_base: 10_000.0,
-            rms_norm_eps: 1e-6,
-            context_length: self.context_length(),
-            vocab_size: self.vocab,
-            embedding_scale: 1.0,
-            attention_scale: 1.0,
-            rope_style: RopeStyle::Interleaved,
-            activation: Activation::Silu,
-            qk_norm: false,
-            post_norms: false,
-            qkv_bias: false,
-            sliding_window: None,
-        };
+        let cfg = LlamaConfig::minimal("fake", self.vocab, self.context_length());
         KvPool::new(&cfg, page_size, num_pages, &parse_device("cpu")?, None)
     }
 

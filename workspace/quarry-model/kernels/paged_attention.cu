@@ -140,6 +140,125 @@ __device__ void paged_attention(
     }
 }
 
+// The same attention with the block's warps split over the attended positions in both phases
+// (`QUARRY_ATTENTION=warps`, kept beside the kernel above until a GPU has measured both). Above, a
+// thread per dimension walks every position in turn to sum the values, two dependent loads per
+// step (the block table, then the value), so a decode row at 1,000 positions is a chain of 1,000
+// latencies per layer whatever the batch, with half of the 128 threads idle for 64-dimensional
+// heads. Here 256 threads first write every attended position's pool row to shared memory; in the
+// weighted sum warp w takes positions w, w + 8, ..., its lanes across the dimensions (a 128-byte
+// row per load for f16 and 64 dimensions), keeping one partial sum per query head and dimension;
+// the partial sums of the 8 warps are then added in warp order (no atomics: the result does not
+// depend on scheduling). Dynamic shared memory: the group's queries, its scores, the rows, and
+// the partial sums: (group * (head_dim + longest) + longest + WARPS * group * head_dim) * 4 bytes.
+#define WARPS 8
+
+// DPL: dimensions per lane, head_dim / 32 rounded up (2, 4 or 8: heads of up to 64, 128 or 256),
+// a template parameter so that a 64-dimensional head keeps 16 accumulators, not 64.
+template <typename KV, int DPL>
+__device__ void paged_attention_warps(
+    const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
+    const uint32_t* __restrict__ token_seq, const uint32_t* __restrict__ token_pos,
+    const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
+    float* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
+    int window) {
+    extern __shared__ float shared[];
+    __shared__ float red[32];
+    const int t = blockIdx.x, kv_head = blockIdx.y;
+    const int group = n_head / n_kv;
+    const int seq = token_seq[t], pos = token_pos[t];
+    const int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+    const int n = pos + 1 - first;
+    const int kv_dim = n_kv * head_dim;
+    const int gd = group * head_dim;
+    const uint32_t* pages = block_table + page_start[seq];
+    float* qs = shared;                                     // gd query values
+    float* scores = qs + gd;                                // group rows of n scores, then weights
+    uint32_t* rows = reinterpret_cast<uint32_t*>(scores + group * n);  // n pool rows
+    float* partial = reinterpret_cast<float*>(rows + n);    // WARPS * gd partial sums
+    const float* qrow = q + (size_t)t * n_head * head_dim + (size_t)kv_head * gd;
+    for (int i = threadIdx.x; i < gd; i += blockDim.x) qs[i] = qrow[i];
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const int p = first + j;
+        rows[j] = pages[p / page_size] * (uint32_t)page_size + (uint32_t)(p % page_size);
+    }
+    __syncthreads();
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Unrolled so that a warp has several positions' loads in flight.
+#pragma unroll 2
+    for (int j = warp; j < n; j += WARPS) {
+        const KV* krow = k + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
+        float dot[MAX_GROUP];
+#pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g) dot[g] = 0.0f;
+        for (int i = lane; i < head_dim; i += 32) {
+            const float kx = to_float(krow[i]);
+#pragma unroll
+            for (int g = 0; g < MAX_GROUP; ++g)
+                if (g < group) dot[g] += qs[g * head_dim + i] * kx;
+        }
+#pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g) {
+            if (g < group) {
+                const float d = warp_sum(dot[g]) * scale;
+                if (lane == 0) scores[g * n + j] = d;
+            }
+        }
+    }
+    __syncthreads();
+
+    for (int g = 0; g < group; ++g) {
+        float* sg = scores + g * n;
+        float local_max = -INFINITY;
+        for (int j = threadIdx.x; j < n; j += blockDim.x) local_max = fmaxf(local_max, sg[j]);
+        const float max = block_reduce<true>(local_max, red);
+        float local_sum = 0.0f;
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            const float e = __expf(sg[j] - max);
+            sg[j] = e;
+            local_sum += e;
+        }
+        const float inv = 1.0f / block_reduce<false>(local_sum, red);
+        for (int j = threadIdx.x; j < n; j += blockDim.x) sg[j] *= inv;
+    }
+    __syncthreads();
+
+    float acc[MAX_GROUP][DPL];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUP; ++g)
+#pragma unroll
+        for (int m = 0; m < DPL; ++m) acc[g][m] = 0.0f;
+#pragma unroll 2
+    for (int j = warp; j < n; j += WARPS) {
+        const KV* vrow = v + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
+#pragma unroll
+        for (int m = 0; m < DPL; ++m) {
+            const int i = lane + 32 * m;
+            if (i < head_dim) {
+                const float vx = to_float(vrow[i]);
+#pragma unroll
+                for (int g = 0; g < MAX_GROUP; ++g)
+                    if (g < group) acc[g][m] += scores[g * n + j] * vx;
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < MAX_GROUP; ++g)
+#pragma unroll
+        for (int m = 0; m < DPL; ++m) {
+            const int i = lane + 32 * m;
+            if (g < group && i < head_dim) partial[warp * gd + g * head_dim + i] = acc[g][m];
+        }
+    __syncthreads();
+    float* orow = out + (size_t)t * n_head * head_dim + (size_t)kv_head * gd;
+    for (int e = threadIdx.x; e < gd; e += blockDim.x) {
+        float sum = 0.0f;
+        for (int w = 0; w < WARPS; ++w) sum += partial[w * gd + e];
+        orow[e] = sum;
+    }
+}
+
 #define PAGED_ATTENTION(NAME, KV)                                                              \
     extern "C" __global__ void NAME(                                                           \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
@@ -153,3 +272,23 @@ __device__ void paged_attention(
 PAGED_ATTENTION(paged_attention_f32, float)
 PAGED_ATTENTION(paged_attention_f16, __half)
 PAGED_ATTENTION(paged_attention_bf16, __nv_bfloat16)
+
+#define PAGED_ATTENTION_WARPS(NAME, KV, DPL)                                                   \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
+        const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
+        const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
+        float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
+        int window) {                                                                          \
+        paged_attention_warps<KV, DPL>(q, k, v, token_seq, token_pos, page_start, block_table, \
+                                       out, n_head, n_kv, head_dim, page_size, scale, window); \
+    }
+
+PAGED_ATTENTION_WARPS(paged_attention_warps2_f32, float, 2)
+PAGED_ATTENTION_WARPS(paged_attention_warps2_f16, __half, 2)
+PAGED_ATTENTION_WARPS(paged_attention_warps2_bf16, __nv_bfloat16, 2)
+PAGED_ATTENTION_WARPS(paged_attention_warps4_f32, float, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4_f16, __half, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4_bf16, __nv_bfloat16, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps8_f32, float, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8_f16, __half, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8_bf16, __nv_bfloat16, 8)

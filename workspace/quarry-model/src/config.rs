@@ -82,6 +82,33 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// The smallest configuration a [`crate::KvPool`] accepts (one layer, one head of two values),
+    /// for a model double behind the engine's seam that keeps its own state but must hand the
+    /// engine a pool: the scheduler's tests, the engine's step-overhead diagnostic.
+    pub fn minimal(architecture: &str, vocab_size: usize, context_length: usize) -> Self {
+        LlamaConfig {
+            architecture: architecture.into(),
+            block_count: 1,
+            embedding_length: 2,
+            feed_forward_length: 2,
+            head_count: 1,
+            head_count_kv: 1,
+            head_dim: 2,
+            rope_freq_base: 10_000.0,
+            rms_norm_eps: 1e-6,
+            context_length,
+            vocab_size,
+            embedding_scale: 1.0,
+            attention_scale: 1.0,
+            rope_style: RopeStyle::Interleaved,
+            activation: Activation::Silu,
+            qk_norm: false,
+            post_norms: false,
+            qkv_bias: false,
+            sliding_window: None,
+        }
+    }
+
     /// Reads the hyper-parameters from GGUF metadata. `vocab_size` comes from the embedding tensor.
     pub fn from_content(content: &Content) -> Result<Self> {
         let md = &content.metadata;

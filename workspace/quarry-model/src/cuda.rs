@@ -16,7 +16,7 @@ use candle_core::cuda::cudarc::driver::{
 use candle_core::cuda::WrapErr;
 use candle_core::{CudaDevice, Result};
 
-use crate::ragged::RaggedBatch;
+use crate::ragged::{AttentionKernel, RaggedBatch};
 use crate::sampling::SampleRows;
 
 const ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
@@ -27,6 +27,8 @@ const GLU_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/glu.ptx"));
 const SAMPLE_THREADS: u32 = 512;
 /// Threads per block of the attention kernel: a warp per attended position for the scores.
 const ATTENTION_THREADS: u32 = 128;
+/// Threads per block of its `warps` layout (its `WARPS` × 32).
+const ATTENTION_WARPS_THREADS: u32 = 256;
 /// Query heads per key-value head the attention kernel serves in one block (its `MAX_GROUP`).
 const MAX_GROUP: usize = 8;
 /// Dynamic shared memory a block may have on Hopper (227 KiB).
@@ -130,16 +132,23 @@ pub fn paged_attention(
     kv: KvPool<'_>,
     batch: &DeviceBatch,
     shape: AttentionShape,
+    kernel: AttentionKernel,
     out: &mut CudaSlice<f32>,
 ) -> Result<()> {
     if batch.tokens == 0 {
         return Ok(());
     }
-    let name = match kv {
-        KvPool::F32(..) => "paged_attention_f32",
-        KvPool::F16(..) => "paged_attention_f16",
-        KvPool::Bf16(..) => "paged_attention_bf16",
+    let element = match kv {
+        KvPool::F32(..) => "f32",
+        KvPool::F16(..) => "f16",
+        KvPool::Bf16(..) => "bf16",
     };
+    if shape.head_dim > 256 {
+        candle_core::bail!(
+            "paged attention: heads of {} dimensions (256 at most)",
+            shape.head_dim
+        );
+    }
     if shape.n_kv == 0
         || !shape.n_head.is_multiple_of(shape.n_kv)
         || shape.n_head / shape.n_kv > MAX_GROUP
@@ -151,7 +160,31 @@ pub fn paged_attention(
         );
     }
     let group = shape.n_head / shape.n_kv;
-    let shared = group * (batch.longest + shape.head_dim) * 4;
+    // Shared memory: the group's queries and scores, and for the `warps` layout the rows it reads
+    // and its warps' partial sums (the kernel's comments).
+    let (name, threads, shared) = match kernel {
+        AttentionKernel::PerDimension => (
+            format!("paged_attention_{element}"),
+            ATTENTION_THREADS,
+            group * (batch.longest + shape.head_dim) * 4,
+        ),
+        AttentionKernel::Warps => {
+            let dims_per_lane = match shape.head_dim.div_ceil(32) {
+                0..=2 => 2,
+                3..=4 => 4,
+                _ => 8,
+            };
+            let warps = ATTENTION_WARPS_THREADS as usize / 32;
+            let words = group * (shape.head_dim + batch.longest)
+                + batch.longest
+                + warps * group * shape.head_dim;
+            (
+                format!("paged_attention_warps{dims_per_lane}_{element}"),
+                ATTENTION_WARPS_THREADS,
+                words * 4,
+            )
+        }
+    };
     if shared > MAX_SHARED {
         candle_core::bail!(
             "paged attention: {} positions of context need {shared} bytes of shared memory, over \
@@ -160,7 +193,7 @@ pub fn paged_attention(
         );
     }
     let shared = shared as u32;
-    let func = dev.get_or_load_custom_func(name, "quarry_paged_attention", ATTENTION_PTX)?;
+    let func = dev.get_or_load_custom_func(&name, "quarry_paged_attention", ATTENTION_PTX)?;
     if shared > 48 * 1024 {
         // Beyond the default dynamic shared memory: raise the kernel's limit (up to the
         // device's 227 KiB per block on Hopper); longer contexts need a split-K variant.
@@ -173,7 +206,7 @@ pub fn paged_attention(
     }
     let cfg = LaunchConfig {
         grid_dim: (batch.tokens as u32, shape.n_kv as u32, 1),
-        block_dim: (ATTENTION_THREADS, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: shared,
     };
     let (n_head, n_kv, head_dim) = (
@@ -432,6 +465,15 @@ mod tests {
 
     #[test]
     fn paged_attention_matches_its_reference_on_a_mixed_batch() {
+        paged_attention_matches_its_reference(AttentionKernel::PerDimension);
+    }
+
+    #[test]
+    fn paged_attention_warps_matches_its_reference_on_a_mixed_batch() {
+        paged_attention_matches_its_reference(AttentionKernel::Warps);
+    }
+
+    fn paged_attention_matches_its_reference(kernel: AttentionKernel) {
         let dev = gpu();
         let page_size = 16;
         let (tokens, starts, pages) = mixed(page_size);
@@ -470,14 +512,14 @@ mod tests {
             let check = |pool: KvPool<'_>, what: &str, bound: f64| {
                 // Poisoned: an unwritten output is NaN and fails.
                 let mut out = dev.clone_htod(&vec![f32::NAN; q.len()]).unwrap();
-                paged_attention(&dev, &dq, pool, &db, shape, &mut out).unwrap();
+                paged_attention(&dev, &dq, pool, &db, shape, kernel, &mut out).unwrap();
                 let got = dev.clone_dtoh(&out).unwrap();
                 assert!(
                     got.iter().all(|x| x.is_finite()),
                     "{what}: unwritten or NaN output"
                 );
                 let err = relative_error(&got, &want);
-                eprintln!("paged attention {what} ({n_head}/{n_kv} heads of {head_dim}, window {window}): relative error {err:.2e}");
+                eprintln!("paged attention {kernel:?} {what} ({n_head}/{n_kv} heads of {head_dim}, window {window}): relative error {err:.2e}");
                 assert!(
                     err < bound,
                     "{what}: relative error {err:.2e} over {bound:.0e}"

@@ -45,5 +45,5 @@ pub use error::{ModelError, Result};
 pub use info::ModelInfo;
 pub use llama::Llama;
 pub use pool::{kv_dtype, KvLayout, KvPool, PageId};
-pub use ragged::RaggedBatch;
+pub use ragged::{AttentionKernel, RaggedBatch};
 pub use sampling::{apply_mask, argmax, pick, SampleRows, Sampler, SamplingParams, NO_MASK};

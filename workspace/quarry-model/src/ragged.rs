@@ -142,6 +142,21 @@ pub(crate) struct PagedAttention<'a> {
     #[cfg(feature = "cuda")]
     pub device_batch: Option<&'a crate::cuda::DeviceBatch>,
     pub heads: Heads,
+    /// Which of the kernel's two layouts a GPU runs (the CPU runs the reference either way).
+    #[cfg(feature = "cuda")]
+    pub kernel: AttentionKernel,
+}
+
+/// The two layouts of `kernels/paged_attention.cu`, the same arithmetic: `QUARRY_ATTENTION` is
+/// `kernel` (the default) or `warps`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// 128 threads; in the weighted sum, a thread per dimension walks every position. Measured on
+    /// an H100 (2026-11-26).
+    PerDimension,
+    /// 256 threads; both phases split the positions over the warps, the rows they read gathered
+    /// first (the kernel's comments). Not yet run on a GPU.
+    Warps,
 }
 
 impl PagedAttention<'_> {
@@ -232,7 +247,15 @@ impl CustomOp3 for PagedAttention<'_> {
         // SAFETY: the kernel writes every output value (one block per token and head, a thread
         // per dimension).
         let mut out = unsafe { dev.alloc::<f32>(shape.elem_count()) }?;
-        crate::cuda::paged_attention(dev, q.as_cuda_slice::<f32>()?, pool, batch, dims, &mut out)?;
+        crate::cuda::paged_attention(
+            dev,
+            q.as_cuda_slice::<f32>()?,
+            pool,
+            batch,
+            dims,
+            self.kernel,
+            &mut out,
+        )?;
         Ok((
             candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone()),
             shape,
@@ -428,6 +451,8 @@ mod tests {
             #[cfg(feature = "cuda")]
             device_batch: None,
             heads: h,
+            #[cfg(feature = "cuda")]
+            kernel: AttentionKernel::PerDimension,
         };
         let qt = Tensor::from_slice(&q, (meta.tokens(), h.n_head, h.head_dim), &dev).unwrap();
         for dtype in [DType::F32, DType::F16] {

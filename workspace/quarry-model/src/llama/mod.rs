@@ -13,6 +13,7 @@ use crate::error::{ModelError, Result};
 use crate::info::candle_message;
 use crate::linear::{Fused, Linear};
 use crate::pool::{KvPool, KvStorage};
+use crate::ragged::AttentionKernel;
 
 mod host;
 
@@ -267,7 +268,8 @@ impl Llama {
         let eps = c.rms_norm_eps;
         // Attention: one paged attention launch per layer for the whole batch on a GPU, or the
         // per-sequence gather of tensor ops (the CPU's cross-check, and QUARRY_ATTENTION=gather).
-        let kernel = attention_kernel(dev)?;
+        let attention = attention_kernel(dev)?;
+        let kernel = attention.is_some();
         let mut meta = crate::ragged::RaggedBatch::default();
         if kernel {
             meta.fill(batch, heads.page_size);
@@ -323,12 +325,14 @@ impl Llama {
                 window: c.window(l),
                 ..heads
             };
-            let attn = if kernel {
+            let attn = if let Some(_kernel) = attention {
                 let op = crate::ragged::PagedAttention {
                     meta: &meta,
                     #[cfg(feature = "cuda")]
                     device_batch: device_batch.as_ref(),
                     heads,
+                    #[cfg(feature = "cuda")]
+                    kernel: _kernel,
                 };
                 q.apply_op3_no_bwd(&k_pool[l], &v_pool[l], &op)?
             } else {
@@ -473,16 +477,18 @@ fn device_sampling() -> Result<bool> {
 }
 
 /// Whether the tensor forward pass runs attention as one paged attention launch per layer (a
-/// GPU, unless `$QUARRY_ATTENTION` is `gather`) or as the per-sequence gather of tensor ops.
-fn attention_kernel(dev: &Device) -> Result<bool> {
+/// GPU: `$QUARRY_ATTENTION` `kernel`, the default, or `warps`, its other layout) or as the
+/// per-sequence gather of tensor ops (the CPU, and `gather`).
+fn attention_kernel(dev: &Device) -> Result<Option<AttentionKernel>> {
     if dev.is_cpu() {
-        return Ok(false);
+        return Ok(None);
     }
     match std::env::var("QUARRY_ATTENTION").as_deref().map(str::trim) {
-        Err(_) | Ok("") | Ok("kernel") => Ok(true),
-        Ok("gather") => Ok(false),
+        Err(_) | Ok("") | Ok("kernel") => Ok(Some(AttentionKernel::PerDimension)),
+        Ok("warps") => Ok(Some(AttentionKernel::Warps)),
+        Ok("gather") => Ok(None),
         Ok(other) => Err(ModelError::Forward {
-            message: format!("QUARRY_ATTENTION is `{other}`: expected kernel or gather"),
+            message: format!("QUARRY_ATTENTION is `{other}`: expected kernel, warps or gather"),
         }),
     }
 }
