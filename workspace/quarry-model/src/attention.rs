@@ -331,14 +331,20 @@ fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-/// Writes each new token's key and value into its slot of a tensor-layout pool layer.
-pub(crate) fn write_tensor(pool: &Tensor, src: &Tensor, slots: &Tensor) -> Result<()> {
-    let (t, kv_dim) = src.dims2()?;
-    let index = slots
+/// The scatter index of a step's new keys or values: each token's pool row, repeated across its
+/// `kv_dim` values (`[tokens, kv_dim]`). Built once per forward pass, for every layer's K and V.
+pub(crate) fn slot_index(slots: &Tensor, kv_dim: usize) -> Result<Tensor> {
+    let t = slots.dim(0)?;
+    Ok(slots
         .reshape((t, 1))?
         .broadcast_as((t, kv_dim))?
-        .contiguous()?;
-    pool.scatter_set(&index, &src.to_dtype(pool.dtype())?, 0)?;
+        .contiguous()?)
+}
+
+/// Writes each new token's key and value into its slot of a tensor-layout pool layer; `index` is
+/// the step's [`slot_index`].
+pub(crate) fn write_tensor(pool: &Tensor, src: &Tensor, index: &Tensor) -> Result<()> {
+    pool.scatter_set(index, &src.to_dtype(pool.dtype())?, 0)?;
     Ok(())
 }
 

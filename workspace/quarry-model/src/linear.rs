@@ -98,16 +98,23 @@ impl Linear {
                 dense,
                 dense_from,
             } => {
-                let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?.max(1);
-                if rows < *dense_from {
+                if rows_of(x)? < *dense_from {
                     return Ok(quant.forward(x)?);
                 }
-                let y = x
-                    .to_dtype(candle_core::DType::F16)?
-                    .broadcast_matmul(&dense.t()?)?;
-                Ok(y.to_dtype(candle_core::DType::F32)?)
+                dense_forward(&x.to_dtype(candle_core::DType::F16)?, dense)
             }
         }
+    }
+
+    /// The dense f16 weights this projection multiplies `x` with, if it is a [`Linear::Dual`]
+    /// at or past its switch.
+    fn dense_for(&self, x: &Tensor) -> Result<Option<&Tensor>> {
+        Ok(match self {
+            Linear::Dual {
+                dense, dense_from, ..
+            } if rows_of(x)? >= *dense_from => Some(dense),
+            _ => None,
+        })
     }
 
     /// The host forward's form: `m` rows of `xs` into `dst` (`[m, outputs]`, resized).
@@ -123,6 +130,18 @@ impl Linear {
             }
         }
     }
+}
+
+/// Rows of `x` (all dimensions but the last).
+fn rows_of(x: &Tensor) -> Result<usize> {
+    Ok(x.elem_count() / x.dim(candle_core::D::Minus1)?.max(1))
+}
+
+/// `x16 · denseᵀ` (f16 operands, cuBLAS sums in f32), returned in f32.
+fn dense_forward(x16: &Tensor, dense: &Tensor) -> Result<Tensor> {
+    Ok(x16
+        .broadcast_matmul(&dense.t()?)?
+        .to_dtype(candle_core::DType::F32)?)
 }
 
 /// Projections of the same input (Q, K and V; gate and up). On CPU, parts of one type with a kernel
@@ -154,7 +173,24 @@ impl Fused {
     /// One output per part, each `[rows, width]` and contiguous.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
         match self {
-            Fused::Separate(ls) => ls.iter().map(|l| l.forward(x)).collect(),
+            Fused::Separate(ls) => {
+                // Parts that multiply dense f16 weights share one f16 copy of the input (on a
+                // GPU, a launch and an allocation fewer per extra part).
+                let mut x16: Option<Tensor> = None;
+                let mut out = Vec::with_capacity(ls.len());
+                for l in ls {
+                    out.push(match l.dense_for(x)? {
+                        Some(dense) => {
+                            if x16.is_none() {
+                                x16 = Some(x.to_dtype(candle_core::DType::F16)?);
+                            }
+                            dense_forward(x16.as_ref().expect("set above"), dense)?
+                        }
+                        None => l.forward(x)?,
+                    });
+                }
+                Ok(out)
+            }
             Fused::Stacked(m, widths) => {
                 let y = m.forward(x)?;
                 let mut at = 0;
@@ -963,6 +999,29 @@ mod tests {
             Linear::dual(off, &dev, 0).unwrap(),
             Linear::Candle(_)
         ));
+    }
+
+    /// Dense parts of a fused projection share one f16 copy of the input and give what each part
+    /// gives alone, bit for bit, on either side of the switch.
+    #[test]
+    fn fused_dual_parts_equal_each_part_alone() {
+        let dev = Device::Cpu;
+        let k = 256;
+        let weights = [40usize, 24].map(|n| Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap());
+        let dual = |w: &Tensor| {
+            Linear::dual(QTensor::quantize(w, GgmlDType::Q8_0).unwrap(), &dev, 4).unwrap()
+        };
+        let alone: Vec<Linear> = weights.iter().map(dual).collect();
+        let fused = Fused::Separate(weights.iter().map(dual).collect());
+        for m in [1usize, 3, 4, 9] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap();
+            let got = fused.forward(&x).unwrap();
+            for (g, l) in got.iter().zip(&alone) {
+                let want = l.forward(&x).unwrap();
+                let v = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(v(g), v(&want), "{m} rows");
+            }
+        }
     }
 
     /// The AVX2 activation quantizer writes the scalar one's bytes, scales and sums, on random

@@ -404,12 +404,13 @@ mod tests {
         // Every row of the pool written through the pool's own write path.
         let all: Vec<u32> = (0..rows as u32).collect();
         let slots = Tensor::from_vec(all, rows, &dev).unwrap();
+        let index = crate::attention::slot_index(&slots, kv_dim).unwrap();
         let qt = Tensor::from_slice(&q, (meta.tokens(), h.n_head, h.head_dim), &dev).unwrap();
         for (dtype, bound) in [(DType::F32, 1e-6), (DType::F16, 2e-3), (DType::BF16, 1e-2)] {
             let pool = |x: &[f32]| {
                 let p = Tensor::zeros((rows, kv_dim), dtype, &dev).unwrap();
                 let src = Tensor::from_slice(x, (rows, kv_dim), &dev).unwrap();
-                crate::attention::write_tensor(&p, &src, &slots).unwrap();
+                crate::attention::write_tensor(&p, &src, &index).unwrap();
                 p
             };
             let (kp, vp) = (pool(&k), pool(&v));

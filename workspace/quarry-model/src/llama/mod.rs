@@ -254,6 +254,7 @@ impl Llama {
         let tokens = Tensor::from_slice(&plan.tokens, t, dev)?;
         let positions = Tensor::from_slice(&plan.positions, t, dev)?;
         let slots = Tensor::from_slice(&plan.slots, t, dev)?;
+        let kv_index = attention::slot_index(&slots, c.kv_dim())?;
         let half = c.head_dim / 2;
         let tables = self
             .rope
@@ -319,8 +320,8 @@ impl Llama {
             let q = rope(&qkv[0], c.head_count, q_norm)?;
             let k = rope(&qkv[1], c.head_count_kv, k_norm)?.reshape((t, c.kv_dim()))?;
             let v = &qkv[2];
-            attention::write_tensor(&k_pool[l], &k, &slots)?;
-            attention::write_tensor(&v_pool[l], v, &slots)?;
+            attention::write_tensor(&k_pool[l], &k, &kv_index)?;
+            attention::write_tensor(&v_pool[l], v, &kv_index)?;
             let heads = Heads {
                 window: c.window(l),
                 ..heads
