@@ -54,35 +54,39 @@ __device__ float block_reduce(float x, float* red) {
     return x;
 }
 
-template <typename KV>
-__device__ void paged_attention(
-    const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
-    const uint32_t* __restrict__ token_seq, const uint32_t* __restrict__ token_pos,
-    const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
-    float* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
-    int window) {
-    extern __shared__ float shared[];
-    __shared__ float red[32];
-    const int t = blockIdx.x, kv_head = blockIdx.y;
-    const int group = n_head / n_kv;
-    const int seq = token_seq[t], pos = token_pos[t];
-    const int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0;
-    const int n = pos + 1 - first;
-    const int kv_dim = n_kv * head_dim;
-    const uint32_t* pages = block_table + page_start[seq];
-    float* qs = shared;                        // group * head_dim query values
-    float* scores = shared + group * head_dim;  // group rows of n scores, then weights
-    const float* qrow = q + (size_t)t * n_head * head_dim + (size_t)kv_head * group * head_dim;
-    for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) qs[i] = qrow[i];
-    __syncthreads();
+// What block (token t, a key-value head) attends: its sequence's block table, and positions
+// first .. first + n - 1 (causal, and within `window` when it is not 0).
+struct Attended {
+    const uint32_t* pages;
+    int first, n;
+};
 
-    // Scores: a warp per position, its lanes across the head's dimensions (coalesced reads); the
-    // key row is loaded once for every query head of the group.
+__device__ __forceinline__ Attended attended(int t, const uint32_t* token_seq,
+                                             const uint32_t* token_pos,
+                                             const uint32_t* page_start,
+                                             const uint32_t* block_table, int window) {
+    const int pos = token_pos[t];
+    const int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+    return Attended{block_table + page_start[token_seq[t]], first, pos + 1 - first};
+}
+
+// Position p's row in a layer's pool, through its sequence's block table `pages`.
+__device__ __forceinline__ uint32_t pool_row(const uint32_t* pages, int p, int page_size) {
+    return pages[p / page_size] * (uint32_t)page_size + (uint32_t)(p % page_size);
+}
+
+// Scores of the group's query heads against the attended positions, into `scores` (group rows of
+// n): a warp per position (warp w takes w, w + warps, ...), its lanes across the head's dimensions
+// (coalesced reads), the key row loaded once for every query head of the group. `row_of(j)` is
+// position j's row in the pool. UNROLL: how many positions a warp's loop unrolls (1: none).
+template <typename KV, int UNROLL, typename RowOf>
+__device__ void group_scores(const float* qs, const KV* __restrict__ k, RowOf row_of, int n,
+                             int group, int head_dim, int kv_dim, int kv_head, float scale,
+                             float* scores) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll UNROLL
     for (int j = warp; j < n; j += warps) {
-        const int p = first + j;
-        const size_t row = (size_t)pages[p / page_size] * page_size + p % page_size;
-        const KV* krow = k + row * kv_dim + (size_t)kv_head * head_dim;
+        const KV* krow = k + (size_t)row_of(j) * kv_dim + (size_t)kv_head * head_dim;
         float dot[MAX_GROUP];
 #pragma unroll
         for (int g = 0; g < MAX_GROUP; ++g) dot[g] = 0.0f;
@@ -101,8 +105,10 @@ __device__ void paged_attention(
         }
     }
     __syncthreads();
+}
 
-    // One softmax per query head of the group.
+// One softmax per query head of the group, in place over its row of n scores.
+__device__ void group_softmax(float* scores, int group, int n, float* red) {
     for (int g = 0; g < group; ++g) {
         float* sg = scores + g * n;
         float local_max = -INFINITY;
@@ -118,6 +124,32 @@ __device__ void paged_attention(
         for (int j = threadIdx.x; j < n; j += blockDim.x) sg[j] *= inv;
     }
     __syncthreads();
+}
+
+template <typename KV>
+__device__ void paged_attention(
+    const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
+    const uint32_t* __restrict__ token_seq, const uint32_t* __restrict__ token_pos,
+    const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
+    float* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
+    int window) {
+    extern __shared__ float shared[];
+    __shared__ float red[32];
+    const int t = blockIdx.x, kv_head = blockIdx.y;
+    const int group = n_head / n_kv;
+    const Attended a = attended(t, token_seq, token_pos, page_start, block_table, window);
+    const int first = a.first, n = a.n;
+    const uint32_t* pages = a.pages;
+    const int kv_dim = n_kv * head_dim;
+    float* qs = shared;                        // group * head_dim query values
+    float* scores = shared + group * head_dim;  // group rows of n scores, then weights
+    const float* qrow = q + (size_t)t * n_head * head_dim + (size_t)kv_head * group * head_dim;
+    for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) qs[i] = qrow[i];
+    __syncthreads();
+
+    group_scores<KV, 1>(qs, k, [&](int j) { return pool_row(pages, first + j, page_size); }, n,
+                        group, head_dim, kv_dim, kv_head, scale, scores);
+    group_softmax(scores, group, n, red);
 
     // The weighted sums: a thread per dimension, every position (adjacent threads, adjacent
     // values), the value loaded once for every query head of the group.
@@ -127,8 +159,7 @@ __device__ void paged_attention(
 #pragma unroll
         for (int g = 0; g < MAX_GROUP; ++g) acc[g] = 0.0f;
         for (int j = 0; j < n; ++j) {
-            const int p = first + j;
-            const size_t row = (size_t)pages[p / page_size] * page_size + p % page_size;
+            const size_t row = pool_row(pages, first + j, page_size);
             const float vx = to_float(v[row * kv_dim + (size_t)kv_head * head_dim + i]);
 #pragma unroll
             for (int g = 0; g < MAX_GROUP; ++g)
@@ -166,64 +197,26 @@ __device__ void paged_attention_warps(
     __shared__ float red[32];
     const int t = blockIdx.x, kv_head = blockIdx.y;
     const int group = n_head / n_kv;
-    const int seq = token_seq[t], pos = token_pos[t];
-    const int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0;
-    const int n = pos + 1 - first;
+    const Attended a = attended(t, token_seq, token_pos, page_start, block_table, window);
+    const int first = a.first, n = a.n;
+    const uint32_t* pages = a.pages;
     const int kv_dim = n_kv * head_dim;
     const int gd = group * head_dim;
-    const uint32_t* pages = block_table + page_start[seq];
     float* qs = shared;                                     // gd query values
     float* scores = qs + gd;                                // group rows of n scores, then weights
     uint32_t* rows = reinterpret_cast<uint32_t*>(scores + group * n);  // n pool rows
     float* partial = reinterpret_cast<float*>(rows + n);    // WARPS * gd partial sums
     const float* qrow = q + (size_t)t * n_head * head_dim + (size_t)kv_head * gd;
     for (int i = threadIdx.x; i < gd; i += blockDim.x) qs[i] = qrow[i];
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const int p = first + j;
-        rows[j] = pages[p / page_size] * (uint32_t)page_size + (uint32_t)(p % page_size);
-    }
+    for (int j = threadIdx.x; j < n; j += blockDim.x) rows[j] = pool_row(pages, first + j, page_size);
     __syncthreads();
+
+    // Unrolled so that a warp has several positions' loads in flight.
+    group_scores<KV, 2>(qs, k, [&](int j) { return rows[j]; }, n, group, head_dim, kv_dim,
+                        kv_head, scale, scores);
+    group_softmax(scores, group, n, red);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // Unrolled so that a warp has several positions' loads in flight.
-#pragma unroll 2
-    for (int j = warp; j < n; j += WARPS) {
-        const KV* krow = k + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
-        float dot[MAX_GROUP];
-#pragma unroll
-        for (int g = 0; g < MAX_GROUP; ++g) dot[g] = 0.0f;
-        for (int i = lane; i < head_dim; i += 32) {
-            const float kx = to_float(krow[i]);
-#pragma unroll
-            for (int g = 0; g < MAX_GROUP; ++g)
-                if (g < group) dot[g] += qs[g * head_dim + i] * kx;
-        }
-#pragma unroll
-        for (int g = 0; g < MAX_GROUP; ++g) {
-            if (g < group) {
-                const float d = warp_sum(dot[g]) * scale;
-                if (lane == 0) scores[g * n + j] = d;
-            }
-        }
-    }
-    __syncthreads();
-
-    for (int g = 0; g < group; ++g) {
-        float* sg = scores + g * n;
-        float local_max = -INFINITY;
-        for (int j = threadIdx.x; j < n; j += blockDim.x) local_max = fmaxf(local_max, sg[j]);
-        const float max = block_reduce<true>(local_max, red);
-        float local_sum = 0.0f;
-        for (int j = threadIdx.x; j < n; j += blockDim.x) {
-            const float e = __expf(sg[j] - max);
-            sg[j] = e;
-            local_sum += e;
-        }
-        const float inv = 1.0f / block_reduce<false>(local_sum, red);
-        for (int j = threadIdx.x; j < n; j += blockDim.x) sg[j] *= inv;
-    }
-    __syncthreads();
-
     float acc[MAX_GROUP][DPL];
 #pragma unroll
     for (int g = 0; g < MAX_GROUP; ++g)
