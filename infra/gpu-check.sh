@@ -6,7 +6,8 @@
 #   1. the GPU: name, driver, memory, clocks;
 #   2. the CUDA kernel tests (each kernel against its plain-Rust reference) and the model tests
 #      (paged forward, llama.cpp fixtures, greedy continuations) on cuda:0;
-#   3. `quarry generate --device cuda:0`, free and constrained;
+#   3. the attention kernel's two layouts timed against a device copy (attention_bench), and
+#      `quarry generate --device cuda:0`, free and constrained;
 #   4. the peers on the same GPU and GGUF, first (they are quick): llama.cpp's
 #      `llama-batched-bench` (CUDA build) and transformers `generate` (bf16);
 #   5. `quarry bench --device cuda:0` over the batch sweep and modes;
@@ -105,6 +106,9 @@ if ! passed sampling_matches_the_host_draw_row_for_row || ! passed mask_uploads_
   echo "!! the sampling kernel or the mask upload failed its test: QUARRY_SAMPLING=host from here on"
   export QUARRY_SAMPLING=host
 fi
+
+section "the attention kernel's layouts (attention_bench)"
+timeout 60 "$PACK/bin/attention_bench" || status=1
 
 section "quarry generate --device cuda:0"
 timeout 60 "$Q" generate --device cuda:0 --chat --max-tokens 48 \

@@ -1,0 +1,155 @@
+//! The paged attention kernel's two layouts on a GPU, against the copy engine as the ceiling
+//! (`make gpu-pack` builds it, `infra/gpu-check.sh` runs it; needs the `cuda` feature and a GPU):
+//!
+//! `attention_bench [context]`
+//!
+//! SmolLM2's shape (9 query heads on 3 key-value heads of 64), an f16 pool with one position per
+//! page (as the engine allocates), every sequence's pages scattered. For decode batches of 1 to 512
+//! rows at `context` positions each (default 800), and a 512-token prefill, it times each layout
+//! with CUDA events (median of 20 launches after 3 warm-ups) and reports the bytes of keys and
+//! values a launch must read over its time, beside a device-to-device copy of as many bytes (the
+//! bandwidth a kernel that only streamed the pool could reach), and the two layouts' largest
+//! relative difference (their GPU test is the real check).
+
+use candle_core::cuda::cudarc::driver::sys::CUevent_flags;
+use candle_core::cuda::cudarc::driver::CudaSlice;
+use candle_core::CudaDevice;
+use quarry_model::cuda::{paged_attention, AttentionShape, DeviceBatch, KvPool};
+use quarry_model::{AttentionKernel, RaggedBatch, SeqInput};
+
+const REPEATS: usize = 20;
+const WARM_UP: usize = 3;
+const N_HEAD: usize = 9;
+const N_KV: usize = 3;
+const HEAD_DIM: usize = 64;
+
+fn values(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Median milliseconds of `f` on the device's stream, timed with events.
+fn time_ms(dev: &CudaDevice, mut f: impl FnMut()) -> f32 {
+    let stream = dev.cuda_stream();
+    for _ in 0..WARM_UP {
+        f();
+    }
+    let mut ms: Vec<f32> = (0..REPEATS)
+        .map(|_| {
+            let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+            let start = stream.record_event(flags).expect("event");
+            f();
+            let end = stream.record_event(flags).expect("event");
+            start.elapsed_ms(&end).expect("elapsed")
+        })
+        .collect();
+    ms.sort_by(f32::total_cmp);
+    ms[REPEATS / 2]
+}
+
+fn main() {
+    let context: usize = std::env::args()
+        .nth(1)
+        .map(|s| s.parse().expect("the context is a number of positions"))
+        .unwrap_or(800);
+    let dev = candle_core::Device::new_cuda(0)
+        .and_then(|d| d.as_cuda_device().cloned())
+        .expect("attention_bench needs a GPU");
+    let kv_dim = N_KV * HEAD_DIM;
+    let shape = AttentionShape {
+        n_head: N_HEAD,
+        n_kv: N_KV,
+        head_dim: HEAD_DIM,
+        scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+        window: 0,
+    };
+    println!(
+        "paged attention, {N_HEAD}/{N_KV} heads of {HEAD_DIM}, f16 pool, {context} positions per sequence"
+    );
+    println!(
+        "{:>22} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10}",
+        "case", "kernel µs", "warps µs", "speed-up", "kernel GB/s", "warps GB/s", "copy GB/s"
+    );
+    // (label, sequences, new tokens per sequence)
+    let cases = [
+        ("decode, batch 1", 1usize, 1usize),
+        ("decode, batch 32", 32, 1),
+        ("decode, batch 128", 128, 1),
+        ("decode, batch 512", 512, 1),
+        ("prefill, 512 tokens", 1, 512),
+    ];
+    for (label, seqs, new) in cases {
+        let ctx = context.max(new);
+        // Page p of sequence s is pool row (p * seqs + s) * 7 % rows: scattered, each used once.
+        let rows = seqs * ctx;
+        let pages: Vec<Vec<u32>> = (0..seqs)
+            .map(|s| {
+                (0..ctx)
+                    .map(|p| (((p * seqs + s) * 7) % rows) as u32)
+                    .collect()
+            })
+            .collect();
+        let tokens = vec![1u32; new];
+        let batch: Vec<SeqInput<'_>> = pages
+            .iter()
+            .map(|pg| SeqInput::new(&tokens, ctx - new, pg))
+            .collect();
+        let mut meta = RaggedBatch::default();
+        meta.fill(&batch, 1);
+        let db = DeviceBatch::upload(&dev, &meta, 0).expect("upload");
+        let half = |x: Vec<f32>| x.into_iter().map(half::f16::from_f32).collect::<Vec<_>>();
+        let k = dev.clone_htod(&half(values(1, rows * kv_dim))).expect("k");
+        let v = dev.clone_htod(&half(values(2, rows * kv_dim))).expect("v");
+        let q = dev
+            .clone_htod(&values(3, meta.tokens() * N_HEAD * HEAD_DIM))
+            .expect("q");
+        let mut outs: Vec<CudaSlice<f32>> = Vec::new();
+        let mut times = Vec::new();
+        for kernel in [AttentionKernel::PerDimension, AttentionKernel::Warps] {
+            let mut out = dev.alloc_zeros::<f32>(meta.tokens() * N_HEAD * HEAD_DIM).expect("out");
+            let ms = time_ms(&dev, || {
+                paged_attention(&dev, &q, KvPool::F16(&k, &v), &db, shape, kernel, &mut out)
+                    .expect("launch")
+            });
+            times.push(ms);
+            outs.push(out);
+        }
+        // Keys and values each token's attention reads: (its position + 1) rows of both pools.
+        let read: usize = meta.token_pos.iter().map(|&p| p as usize + 1).sum::<usize>()
+            * kv_dim
+            * 2
+            * 2;
+        let bytes = (rows * kv_dim * 2).min(read / 2);
+        let mut dst = dev.alloc_zeros::<half::f16>(bytes / 2).expect("copy");
+        let copy_ms = time_ms(&dev, || {
+            dev.memcpy_dtod(&k.slice(..bytes / 2), &mut dst).expect("copy")
+        });
+        let a = dev.clone_dtoh(&outs[0]).expect("out");
+        let b = dev.clone_dtoh(&outs[1]).expect("out");
+        let norm = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        let diff = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| ((x - y) as f64).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let gbs = |ms: f32| read as f64 / (ms as f64 * 1e-3) / 1e9;
+        println!(
+            "{label:>22} {:>12.1} {:>12.1} {:>9.2}x {:>12.0} {:>12.0} {:>10.0}   (layouts differ by {:.1e} relative)",
+            1e3 * times[0],
+            1e3 * times[1],
+            times[0] / times[1],
+            gbs(times[0]),
+            gbs(times[1]),
+            2.0 * bytes as f64 / (copy_ms as f64 * 1e-3) / 1e9,
+            diff / norm.max(1e-30)
+        );
+    }
+}
