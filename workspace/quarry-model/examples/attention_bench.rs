@@ -113,7 +113,9 @@ fn main() {
         let mut outs: Vec<CudaSlice<f32>> = Vec::new();
         let mut times = Vec::new();
         for kernel in [AttentionKernel::PerDimension, AttentionKernel::Warps] {
-            let mut out = dev.alloc_zeros::<f32>(meta.tokens() * N_HEAD * HEAD_DIM).expect("out");
+            let mut out = dev
+                .alloc_zeros::<f32>(meta.tokens() * N_HEAD * HEAD_DIM)
+                .expect("out");
             let ms = time_ms(&dev, || {
                 paged_attention(&dev, &q, KvPool::F16(&k, &v), &db, shape, kernel, &mut out)
                     .expect("launch")
@@ -122,14 +124,19 @@ fn main() {
             outs.push(out);
         }
         // Keys and values each token's attention reads: (its position + 1) rows of both pools.
-        let read: usize = meta.token_pos.iter().map(|&p| p as usize + 1).sum::<usize>()
+        let read: usize = meta
+            .token_pos
+            .iter()
+            .map(|&p| p as usize + 1)
+            .sum::<usize>()
             * kv_dim
             * 2
             * 2;
         let bytes = (rows * kv_dim * 2).min(read / 2);
         let mut dst = dev.alloc_zeros::<half::f16>(bytes / 2).expect("copy");
         let copy_ms = time_ms(&dev, || {
-            dev.memcpy_dtod(&k.slice(..bytes / 2), &mut dst).expect("copy")
+            dev.memcpy_dtod(&k.slice(..bytes / 2), &mut dst)
+                .expect("copy")
         });
         let a = dev.clone_dtoh(&outs[0]).expect("out");
         let b = dev.clone_dtoh(&outs[1]).expect("out");
