@@ -16,7 +16,8 @@
 # DOCS (default: the batch size, 16 at least), PP and TG (the peers' prompt and output tokens, default 700
 # and 160, about quarry's documents), CALL_SECONDS (default 570: every step gets a share of what
 # is left, so the call ends inside the device tool's 10 minutes and says what did not run),
-# STAGE_DIR (default /root/quarry-gpu).
+# STAGE_DIR (default /root/quarry-gpu), AB_SECONDS (default 150: kept for the A/B runs), PEERS=0 (skip llama.cpp and transformers, for a short
+# call after they were measured on the same GPU kind).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 STAGE_DIR="${STAGE_DIR:-/root/quarry-gpu}"
@@ -88,11 +89,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 # Only SmolLM2 is carried: the tests of the other models' files are skipped here (they run in CI),
 # and of the library's unit tests only the kernels' (the rest run in CI, without a GPU).
 : > "$STAGE_DIR/tests-raw.txt"
-for t in "$PACK"/tests/*; do
+for t in "$PACK"/tests/quarry_model-* $(ls "$PACK"/tests/* | grep -v '/quarry_model-'); do
   section "tests $(basename "$t") on cuda:0"
   only=()
   case "$(basename "$t")" in quarry_model-*) only=(cuda::) ;; esac
-  QUARRY_TEST_DEVICE=cuda:0 QUARRY_ROOT="$PWD" timeout "$(budget 180 360)" "$t" "${only[@]}" \
+  QUARRY_TEST_DEVICE=cuda:0 QUARRY_ROOT="$PWD" timeout "$(budget 180 $(( ${CALL_SECONDS:-570} * 360 / 570 )))" "$t" "${only[@]}" \
     --test-threads 1 --skip gemma3 --skip qwen25 2>&1 | tee -a "$STAGE_DIR/tests-raw.txt" | grep -Ev '^test .* \.\.\. ok$' | tail -40 || status=1
 done 2>&1 | tee "$OUT/tests.txt"
 # A kernel that fails its test (or crashes it) would make every timing after it meaningless: the
@@ -116,6 +117,7 @@ timeout 60 "$Q" generate --device cuda:0 --chat --max-tokens 48 \
 timeout 60 "$Q" generate --device cuda:0 --chat --schema schemas/debian-package.json --max-tokens 160 --stats \
   --prompt "$(grep -A12 '^Package: dpkg$' "$STATUS")" || status=1
 
+if [ "${PEERS:-1}" = 1 ]; then
 section "llama.cpp llama-batched-bench (CUDA, all layers on the GPU)"
 # llama.cpp holds at most 256 sequences in one context (n_seq_max): larger batches are not run.
 llama_batches="$(tr ',' '\n' <<<"$BATCHES" | awk '$1 <= 256' | paste -sd,)"
@@ -129,10 +131,12 @@ section "transformers generate (bf16)"
 timeout "$(budget 150 200)" python3 infra/hf_generate_bench.py --model "$MODEL" --batch "$BATCHES" \
   --pp "${PP:-700}" --tg "${TG:-160}" --repeats 1 --out "$OUT/transformers.json" || status=1
 
+fi
+
 section "quarry bench --device cuda:0"
 # One run per batch size with at least that many documents (16 at least), until 150 seconds are
 # left for the comparisons below; the JSON of every run goes into one file.
-deadline=$(( END - 150 ))
+deadline=$(( END - ${AB_SECONDS:-150} ))
 runs=()
 for b in $(tr ',' ' ' <<<"$BATCHES"); do
   left=$(( deadline - $(date +%s) ))
