@@ -43,10 +43,10 @@
 //! weights, dequantized) with three 16-bit roundings, so on a GPU SmolLM2 Q4_1 is held to the F32
 //! fixture within llama.cpp's own spread there under one such rounding (its f16 KV cache on the
 //! F32 weights, recorded in the fixture: median 0.0012, p99 0.0105, worst 0.035 nats), with
-//! slack for three roundings of that size where the yardstick has one (√3, rounded up to 2 for
-//! every quantile); a greedy step may leave llama.cpp's where its top-2 gap is below twice that
-//! spread's 99th percentile (`greedy_gap_tol`). Not yet run on a GPU. The F32 copies keep the F32
-//! bar, with F32 pages (`common::pool_for`). On an H100 (2026-11-26, when steps under 32 rows
+//! slack for three roundings where the yardstick has one (`GPU_SLACK`, set from an H100 run); a
+//! greedy step may leave llama.cpp's where its top-2 gap is below twice that spread's 99th
+//! percentile (`greedy_gap_tol`). The F32 copies keep the F32 bar, with F32 pages
+//! (`common::pool_for`). On an H100 (2026-11-26, when steps under 32 rows
 //! still used candle's quantized kernels) SmolLM2 Q4_1 gave top-1 96.4%, median 0.074, p99 0.58
 //! and worst 2.65 nats against the CPU's Q4_1 fixture, outside llama.cpp's own spread there
 //! (0.081, 0.46, 1.06), which is why the GPU is not compared with that fixture; the F32 copy on
@@ -401,9 +401,14 @@ fn assert_within_llama_cpp_spread(name: &str, model: &Llama, fixture: &str) {
     assert_within_spread(model, fixture, [1.25, 1.25, 1.5]);
 }
 
-/// A GPU's 16-bit arithmetic against the F32 fixture: three roundings where llama.cpp's
-/// yardstick has one (module documentation). Slack on the median, the p99 and the worst.
-const GPU_SLACK: [f64; 3] = [2.0, 2.0, 2.0];
+/// A GPU's 16-bit arithmetic against the F32 fixture, in multiples of llama.cpp's own f16-KV
+/// spread there (median, p99, worst). Three roundings where that yardstick has one, and the
+/// weights' (every weight rounded to f16 once) moves the log-probs more than the KV cache's: on an
+/// H100 (2026-11-26) SmolLM2 Q4_1 was 3.6×, 2.3× and 3.5× llama.cpp's own spread (median 0.0044,
+/// p99 0.024, worst 0.12 nats) with top-1 agreement 99.92%, llama.cpp's own. The bars leave room
+/// for another GPU's cuBLAS algorithms and still fail a real error (a wrong RoPE, norm or mask moves
+/// the median by tenths of a nat, a hundred times llama.cpp's spread).
+const GPU_SLACK: [f64; 3] = [5.0, 3.0, 5.0];
 
 /// [`assert_within_llama_cpp_spread`] with `slack` times llama.cpp's own median, p99 and worst.
 fn assert_within_spread(model: &Llama, fixture: &str, slack: [f64; 3]) {

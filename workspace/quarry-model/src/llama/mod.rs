@@ -478,18 +478,20 @@ fn device_sampling() -> Result<bool> {
 }
 
 /// Whether the tensor forward pass runs attention as one paged attention launch per layer (a
-/// GPU: `$QUARRY_ATTENTION` `kernel`, the default, or `warps`, its other layout) or as the
-/// per-sequence gather of tensor ops (the CPU, and `gather`).
+/// GPU: `$QUARRY_ATTENTION` `warps`, the default, or `per-dimension`, the kernel's first layout)
+/// or as the per-sequence gather of tensor ops (the CPU, and `gather`).
 fn attention_kernel(dev: &Device) -> Result<Option<AttentionKernel>> {
     if dev.is_cpu() {
         return Ok(None);
     }
     match std::env::var("QUARRY_ATTENTION").as_deref().map(str::trim) {
-        Err(_) | Ok("") | Ok("kernel") => Ok(Some(AttentionKernel::PerDimension)),
-        Ok("warps") => Ok(Some(AttentionKernel::Warps)),
+        Err(_) | Ok("") | Ok("warps") => Ok(Some(AttentionKernel::Warps)),
+        Ok("per-dimension") => Ok(Some(AttentionKernel::PerDimension)),
         Ok("gather") => Ok(None),
         Ok(other) => Err(ModelError::Forward {
-            message: format!("QUARRY_ATTENTION is `{other}`: expected kernel, warps or gather"),
+            message: format!(
+                "QUARRY_ATTENTION is `{other}`: expected warps, per-dimension or gather"
+            ),
         }),
     }
 }
