@@ -126,68 +126,26 @@ __device__ void group_softmax(float* scores, int group, int n, float* red) {
     __syncthreads();
 }
 
-template <typename KV>
-__device__ void paged_attention(
-    const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
-    const uint32_t* __restrict__ token_seq, const uint32_t* __restrict__ token_pos,
-    const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
-    float* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
-    int window) {
-    extern __shared__ float shared[];
-    __shared__ float red[32];
-    const int t = blockIdx.x, kv_head = blockIdx.y;
-    const int group = n_head / n_kv;
-    const Attended a = attended(t, token_seq, token_pos, page_start, block_table, window);
-    const int first = a.first, n = a.n;
-    const uint32_t* pages = a.pages;
-    const int kv_dim = n_kv * head_dim;
-    float* qs = shared;                        // group * head_dim query values
-    float* scores = shared + group * head_dim;  // group rows of n scores, then weights
-    const float* qrow = q + (size_t)t * n_head * head_dim + (size_t)kv_head * group * head_dim;
-    for (int i = threadIdx.x; i < group * head_dim; i += blockDim.x) qs[i] = qrow[i];
-    __syncthreads();
-
-    group_scores<KV, 1>(qs, k, [&](int j) { return pool_row(pages, first + j, page_size); }, n,
-                        group, head_dim, kv_dim, kv_head, scale, scores);
-    group_softmax(scores, group, n, red);
-
-    // The weighted sums: a thread per dimension, every position (adjacent threads, adjacent
-    // values), the value loaded once for every query head of the group.
-    float* orow = out + (size_t)t * n_head * head_dim + (size_t)kv_head * group * head_dim;
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        float acc[MAX_GROUP];
-#pragma unroll
-        for (int g = 0; g < MAX_GROUP; ++g) acc[g] = 0.0f;
-        for (int j = 0; j < n; ++j) {
-            const size_t row = pool_row(pages, first + j, page_size);
-            const float vx = to_float(v[row * kv_dim + (size_t)kv_head * head_dim + i]);
-#pragma unroll
-            for (int g = 0; g < MAX_GROUP; ++g)
-                if (g < group) acc[g] += scores[g * n + j] * vx;
-        }
-#pragma unroll
-        for (int g = 0; g < MAX_GROUP; ++g)
-            if (g < group) orow[g * head_dim + i] = acc[g];
-    }
-}
-
-// The same attention with the block's warps split over the attended positions in both phases
-// (`QUARRY_ATTENTION=warps`, kept beside the kernel above until a GPU has measured both). Above, a
+// Two layouts of the same attention. The warps layout (the default; an H100 measured both on
+// 2026-11-26: 123 µs a layer against 303 at batch 1) splits the block's warps over the attended
+// positions in both phases. In the per-dimension layout (`QUARRY_ATTENTION=per-dimension`) a
 // thread per dimension walks every position in turn to sum the values, two dependent loads per
 // step (the block table, then the value), so a decode row at 1,000 positions is a chain of 1,000
 // latencies per layer whatever the batch, with half of the 128 threads idle for 64-dimensional
-// heads. Here 256 threads first write every attended position's pool row to shared memory; in the
-// weighted sum warp w takes positions w, w + 8, ..., its lanes across the dimensions (a 128-byte
-// row per load for f16 and 64 dimensions), keeping one partial sum per query head and dimension;
-// the partial sums of the 8 warps are then added in warp order (no atomics: the result does not
-// depend on scheduling). Dynamic shared memory: the group's queries, its scores, the rows, and
-// the partial sums: (group * (head_dim + longest) + longest + WARPS * group * head_dim) * 4 bytes.
+// heads. In the warps layout 256 threads first write every attended position's pool row to
+// shared memory; in the weighted sum warp w takes positions w, w + 8, ..., its lanes across the
+// dimensions (a 128-byte row per load for f16 and 64 dimensions), keeping one partial sum per
+// query head and dimension; the partial sums of the 8 warps are then added in warp order (no
+// atomics: the result does not depend on scheduling). Dynamic shared memory: the group's queries,
+// its scores, the rows, and the partial sums: (group * (head_dim + longest) + longest + WARPS *
+// group * head_dim) * 4 bytes.
 #define WARPS 8
 
-// DPL: dimensions per lane, head_dim / 32 rounded up (2, 4 or 8: heads of up to 64, 128 or 256),
-// a template parameter so that a 64-dimensional head keeps 16 accumulators, not 64.
+// Both layouts in one template: DPL 0 is the per-dimension layout above; 2, 4 or 8 the warps
+// layout with head_dim / 32 rounded up dimensions per lane (heads of up to 64, 128 or 256), a
+// template parameter so that a 64-dimensional head keeps 16 accumulators, not 64.
 template <typename KV, int DPL>
-__device__ void paged_attention_warps(
+__device__ void paged_attention(
     const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
     const uint32_t* __restrict__ token_seq, const uint32_t* __restrict__ token_pos,
     const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
@@ -204,51 +162,78 @@ __device__ void paged_attention_warps(
     const int gd = group * head_dim;
     float* qs = shared;                                     // gd query values
     float* scores = qs + gd;                                // group rows of n scores, then weights
-    uint32_t* rows = reinterpret_cast<uint32_t*>(scores + group * n);  // n pool rows
-    float* partial = reinterpret_cast<float*>(rows + n);    // WARPS * gd partial sums
+    uint32_t* rows = reinterpret_cast<uint32_t*>(scores + group * n);  // warps: n pool rows
+    float* partial = reinterpret_cast<float*>(rows + n);    // warps: WARPS * gd partial sums
     const float* qrow = q + (size_t)t * n_head * head_dim + (size_t)kv_head * gd;
     for (int i = threadIdx.x; i < gd; i += blockDim.x) qs[i] = qrow[i];
-    for (int j = threadIdx.x; j < n; j += blockDim.x) rows[j] = pool_row(pages, first + j, page_size);
-    __syncthreads();
-
-    // Unrolled so that a warp has several positions' loads in flight.
-    group_scores<KV, 2>(qs, k, [&](int j) { return rows[j]; }, n, group, head_dim, kv_dim,
-                        kv_head, scale, scores);
+    if constexpr (DPL == 0) {
+        __syncthreads();
+        group_scores<KV, 1>(qs, k, [&](int j) { return pool_row(pages, first + j, page_size); },
+                            n, group, head_dim, kv_dim, kv_head, scale, scores);
+    } else {
+        for (int j = threadIdx.x; j < n; j += blockDim.x)
+            rows[j] = pool_row(pages, first + j, page_size);
+        __syncthreads();
+        // Unrolled so that a warp has several positions' loads in flight.
+        group_scores<KV, 2>(qs, k, [&](int j) { return rows[j]; }, n, group, head_dim, kv_dim,
+                            kv_head, scale, scores);
+    }
     group_softmax(scores, group, n, red);
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float acc[MAX_GROUP][DPL];
-#pragma unroll
-    for (int g = 0; g < MAX_GROUP; ++g)
-#pragma unroll
-        for (int m = 0; m < DPL; ++m) acc[g][m] = 0.0f;
-#pragma unroll 2
-    for (int j = warp; j < n; j += WARPS) {
-        const KV* vrow = v + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
-#pragma unroll
-        for (int m = 0; m < DPL; ++m) {
-            const int i = lane + 32 * m;
-            if (i < head_dim) {
-                const float vx = to_float(vrow[i]);
-#pragma unroll
+    if constexpr (DPL == 0) {
+        // The weighted sums: a thread per dimension, every position (adjacent threads, adjacent
+        // values), the value loaded once for every query head of the group.
+        float* orow = out + (size_t)t * n_head * head_dim + (size_t)kv_head * group * head_dim;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+            float acc[MAX_GROUP];
+    #pragma unroll
+            for (int g = 0; g < MAX_GROUP; ++g) acc[g] = 0.0f;
+            for (int j = 0; j < n; ++j) {
+                const size_t row = pool_row(pages, first + j, page_size);
+                const float vx = to_float(v[row * kv_dim + (size_t)kv_head * head_dim + i]);
+    #pragma unroll
                 for (int g = 0; g < MAX_GROUP; ++g)
-                    if (g < group) acc[g][m] += scores[g * n + j] * vx;
+                    if (g < group) acc[g] += scores[g * n + j] * vx;
+            }
+    #pragma unroll
+            for (int g = 0; g < MAX_GROUP; ++g)
+                if (g < group) orow[g * head_dim + i] = acc[g];
+        }
+    } else {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        float acc[MAX_GROUP][DPL];
+    #pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g)
+    #pragma unroll
+            for (int m = 0; m < DPL; ++m) acc[g][m] = 0.0f;
+    #pragma unroll 2
+        for (int j = warp; j < n; j += WARPS) {
+            const KV* vrow = v + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
+    #pragma unroll
+            for (int m = 0; m < DPL; ++m) {
+                const int i = lane + 32 * m;
+                if (i < head_dim) {
+                    const float vx = to_float(vrow[i]);
+    #pragma unroll
+                    for (int g = 0; g < MAX_GROUP; ++g)
+                        if (g < group) acc[g][m] += scores[g * n + j] * vx;
+                }
             }
         }
-    }
-#pragma unroll
-    for (int g = 0; g < MAX_GROUP; ++g)
-#pragma unroll
-        for (int m = 0; m < DPL; ++m) {
-            const int i = lane + 32 * m;
-            if (g < group && i < head_dim) partial[warp * gd + g * head_dim + i] = acc[g][m];
+    #pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g)
+    #pragma unroll
+            for (int m = 0; m < DPL; ++m) {
+                const int i = lane + 32 * m;
+                if (g < group && i < head_dim) partial[warp * gd + g * head_dim + i] = acc[g][m];
+            }
+        __syncthreads();
+        float* orow = out + (size_t)t * n_head * head_dim + (size_t)kv_head * gd;
+        for (int e = threadIdx.x; e < gd; e += blockDim.x) {
+            float sum = 0.0f;
+            for (int w = 0; w < WARPS; ++w) sum += partial[w * gd + e];
+            orow[e] = sum;
         }
-    __syncthreads();
-    float* orow = out + (size_t)t * n_head * head_dim + (size_t)kv_head * gd;
-    for (int e = threadIdx.x; e < gd; e += blockDim.x) {
-        float sum = 0.0f;
-        for (int w = 0; w < WARPS; ++w) sum += partial[w * gd + e];
-        orow[e] = sum;
     }
 }
 
@@ -258,7 +243,7 @@ __device__ void paged_attention_warps(
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
         int window) {                                                                          \
-        paged_attention<KV>(q, k, v, token_seq, token_pos, page_start, block_table, out,      \
+        paged_attention<KV, 0>(q, k, v, token_seq, token_pos, page_start, block_table, out,   \
                             n_head, n_kv, head_dim, page_size, scale, window);                \
     }
 
@@ -272,7 +257,7 @@ PAGED_ATTENTION(paged_attention_bf16, __nv_bfloat16)
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
         int window) {                                                                          \
-        paged_attention_warps<KV, DPL>(q, k, v, token_seq, token_pos, page_start, block_table, \
+        paged_attention<KV, DPL>(q, k, v, token_seq, token_pos, page_start, block_table,       \
                                        out, n_head, n_kv, head_dim, page_size, scale, window); \
     }
 
