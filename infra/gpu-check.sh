@@ -6,7 +6,7 @@
 #   1. the GPU: name, driver, memory, clocks;
 #   2. the CUDA kernel tests (each kernel against its plain-Rust reference) and the model tests
 #      (paged forward, llama.cpp fixtures, greedy continuations) on cuda:0;
-#   3. the attention kernel's two layouts timed against a device copy (attention_bench), and
+#   3. the attention kernel's layouts timed against a device copy (attention_bench), and
 #      `quarry generate --device cuda:0`, free and constrained;
 #   4. the peers on the same GPU and GGUF, first (they are quick): llama.cpp's
 #      `llama-batched-bench` (CUDA build) and transformers `generate` (bf16);
@@ -109,6 +109,12 @@ if ! passed paged_attention_warps_matches_its_reference_on_a_mixed_batch; then
     export QUARRY_ATTENTION=gather
   fi
 fi
+# Split-K (QUARRY_ATTENTION=split) is measured below only when its test passed.
+split_ok=1
+if ! passed paged_attention_split_matches_its_reference_on_a_mixed_batch; then
+  echo "!! the attention kernel's split-K form failed its test: its A/B runs are left out"
+  split_ok=0
+fi
 if ! passed sampling_matches_the_host_draw_row_for_row || ! passed mask_uploads_alternate_grow_and_arrive_whole; then
   echo "!! the sampling kernel or the mask upload failed its test: QUARRY_SAMPLING=host from here on"
   export QUARRY_SAMPLING=host
@@ -162,11 +168,15 @@ merge_runs "$OUT/quarry-bench-cuda.json" "${runs[@]}"
 
 # The choices issue 25 left to measurement, each against the defaults (the sweep's run of the same
 # batch size), mode a: one run per setting in AB (space separated VAR=value[@BATCH], batch 128
-# unless given; default: the attention kernel's per-dimension layout (batch 128 and 512), the
-# gather attention path at batch 32, where it finishes, host sampling, only the quantized weights,
-# the quantized weights for single-row steps at batch 1, a bf16 KV pool), all into one JSON whose
+# unless given; default: the attention kernel split over the positions (split-K) at batch 1, 8,
+# 32 and 128, and the quantized weights for single-row steps at batch 1; the settings measured on
+# 2026-11-26 (QUARRY_ATTENTION=per-dimension or gather, QUARRY_SAMPLING=host,
+# QUARRY_DENSE_FROM_ROWS=0, QUARRY_KV_DTYPE=bf16) run when AB names them), all into one JSON whose
 # runs carry their setting.
-AB="${AB-QUARRY_ATTENTION=per-dimension QUARRY_ATTENTION=per-dimension@512 QUARRY_ATTENTION=gather@32 QUARRY_SAMPLING=host QUARRY_DENSE_FROM_ROWS=0 QUARRY_DENSE_FROM_ROWS=2@1 QUARRY_KV_DTYPE=bf16}"
+AB="${AB-QUARRY_ATTENTION=split@1 QUARRY_ATTENTION=split@8 QUARRY_ATTENTION=split@32 QUARRY_ATTENTION=split QUARRY_DENSE_FROM_ROWS=2@1}"
+if [ "$split_ok" = 0 ]; then
+  AB="$(tr ' ' '\n' <<<"$AB" | grep -v '^QUARRY_ATTENTION=split' | paste -sd' ')"
+fi
 ab_runs=()
 n=0
 for entry in $AB; do

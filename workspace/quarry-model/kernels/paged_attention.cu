@@ -17,8 +17,17 @@
 //
 // Dynamic shared memory holds the group's queries and one score per (query head, attended
 // position): the launcher passes group * (longest context + head_dim) * 4 bytes, and refuses a
-// group above MAX_GROUP. Contexts beyond what shared memory holds need the split-K
-// (flash-decoding) variant, which measurement has not asked for yet.
+// group above MAX_GROUP.
+//
+// Split-K (flash-decoding, the `_split` kernels): a third grid dimension cuts each token's
+// positions into chunks of `chunk`, one block per (token, key-value head, chunk), so a step with
+// few rows still fills the GPU (a decode step at batch 1 on SmolLM2 is 3 blocks otherwise, on 132
+// SMs) and a context too long for one block's shared memory still runs. A chunk's block writes,
+// per query head, its scores' maximum m, the sum l of exp(score - m), and the unnormalized sum of
+// exp(score - m) * value; `paged_attention_combine` then rescales every chunk to the largest
+// maximum M and divides: out = sum_z exp(m_z - M) acc_z / sum_z exp(m_z - M) l_z. Chunks past a
+// token's last position write m = -inf, l = 0, acc = 0, which the combine weighs 0. The
+// arithmetic is `attend_split_reference` in src/ragged.rs.
 
 #define MAX_GROUP 8
 
@@ -107,8 +116,12 @@ __device__ void group_scores(const float* qs, const KV* __restrict__ k, RowOf ro
     __syncthreads();
 }
 
-// One softmax per query head of the group, in place over its row of n scores.
-__device__ void group_softmax(float* scores, int group, int n, float* red) {
+// One softmax per query head of the group, in place over its row of n scores. SPLIT: the weights
+// stay unnormalized, exp(score - max), and thread 0 writes each head's max and sum to
+// ml[2 * g * ml_stride], ml[2 * g * ml_stride + 1] (a chunk's share of the combine).
+template <bool SPLIT>
+__device__ void group_softmax(float* scores, int group, int n, float* red, float* ml,
+                              size_t ml_stride) {
     for (int g = 0; g < group; ++g) {
         float* sg = scores + g * n;
         float local_max = -INFINITY;
@@ -120,8 +133,16 @@ __device__ void group_softmax(float* scores, int group, int n, float* red) {
             sg[j] = e;
             local_sum += e;
         }
-        const float inv = 1.0f / block_reduce<false>(local_sum, red);
-        for (int j = threadIdx.x; j < n; j += blockDim.x) sg[j] *= inv;
+        const float sum = block_reduce<false>(local_sum, red);
+        if constexpr (SPLIT) {
+            if (threadIdx.x == 0) {
+                ml[2 * g * ml_stride] = max;
+                ml[2 * g * ml_stride + 1] = sum;
+            }
+        } else {
+            const float inv = 1.0f / sum;
+            for (int j = threadIdx.x; j < n; j += blockDim.x) sg[j] *= inv;
+        }
     }
     __syncthreads();
 }
@@ -144,22 +165,46 @@ __device__ void group_softmax(float* scores, int group, int n, float* red) {
 // Both layouts in one template: DPL 0 is the per-dimension layout above; 2, 4 or 8 the warps
 // layout with head_dim / 32 rounded up dimensions per lane (heads of up to 64, 128 or 256), a
 // template parameter so that a 64-dimensional head keeps 16 accumulators, not 64.
-template <typename KV, int DPL>
+//
+// SPLIT (warps layout only): this block takes chunk blockIdx.z of `chunk` positions; `out` is the
+// chunks' unnormalized sums, [tokens, n_head, chunks, head_dim], and `ml` their maxima and sums,
+// [tokens, n_head, chunks, 2].
+template <typename KV, int DPL, bool SPLIT>
 __device__ void paged_attention(
     const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
     const uint32_t* __restrict__ token_seq, const uint32_t* __restrict__ token_pos,
     const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
     float* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
-    int window) {
+    int window, int chunk, float* __restrict__ ml) {
+    static_assert(!SPLIT || DPL > 0, "split-K runs the warps layout");
     extern __shared__ float shared[];
     __shared__ float red[32];
     const int t = blockIdx.x, kv_head = blockIdx.y;
     const int group = n_head / n_kv;
     const Attended a = attended(t, token_seq, token_pos, page_start, block_table, window);
-    const int first = a.first, n = a.n;
+    int first = a.first, n = a.n;
     const uint32_t* pages = a.pages;
     const int kv_dim = n_kv * head_dim;
     const int gd = group * head_dim;
+    // SPLIT: where this chunk's results go (query head g of the group at g * split_stride).
+    const size_t splits = gridDim.z, split_stride = splits * (size_t)head_dim;
+    const size_t split_row = ((size_t)t * n_head + (size_t)kv_head * group) * splits + blockIdx.z;
+    if constexpr (SPLIT) {
+        first += (int)blockIdx.z * chunk;
+        n = min(chunk, n - (int)blockIdx.z * chunk);
+        ml += 2 * split_row;
+        if (n <= 0) {  // past this token's last position: a chunk the combine weighs 0
+            for (int e = threadIdx.x; e < gd; e += blockDim.x) {
+                const int g = e / head_dim;
+                out[split_row * head_dim + g * split_stride + e % head_dim] = 0.0f;
+                if (e % head_dim == 0) {
+                    ml[2 * g * splits] = -INFINITY;
+                    ml[2 * g * splits + 1] = 0.0f;
+                }
+            }
+            return;
+        }
+    }
     float* qs = shared;                                     // gd query values
     float* scores = qs + gd;                                // group rows of n scores, then weights
     uint32_t* rows = reinterpret_cast<uint32_t*>(scores + group * n);  // warps: n pool rows
@@ -178,7 +223,7 @@ __device__ void paged_attention(
         group_scores<KV, 2>(qs, k, [&](int j) { return rows[j]; }, n, group, head_dim, kv_dim,
                             kv_head, scale, scores);
     }
-    group_softmax(scores, group, n, red);
+    group_softmax<SPLIT>(scores, group, n, red, ml, splits);
 
     if constexpr (DPL == 0) {
         // The weighted sums: a thread per dimension, every position (adjacent threads, adjacent
@@ -228,11 +273,14 @@ __device__ void paged_attention(
                 if (g < group && i < head_dim) partial[warp * gd + g * head_dim + i] = acc[g][m];
             }
         __syncthreads();
-        float* orow = out + (size_t)t * n_head * head_dim + (size_t)kv_head * gd;
         for (int e = threadIdx.x; e < gd; e += blockDim.x) {
             float sum = 0.0f;
             for (int w = 0; w < WARPS; ++w) sum += partial[w * gd + e];
-            orow[e] = sum;
+            if constexpr (SPLIT) {
+                out[split_row * head_dim + (e / head_dim) * split_stride + e % head_dim] = sum;
+            } else {
+                out[(size_t)t * n_head * head_dim + (size_t)kv_head * gd + e] = sum;
+            }
         }
     }
 }
@@ -243,8 +291,9 @@ __device__ void paged_attention(
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
         int window) {                                                                          \
-        paged_attention<KV, 0>(q, k, v, token_seq, token_pos, page_start, block_table, out,   \
-                            n_head, n_kv, head_dim, page_size, scale, window);                \
+        paged_attention<KV, 0, false>(q, k, v, token_seq, token_pos, page_start, block_table, \
+                                      out, n_head, n_kv, head_dim, page_size, scale, window, 0,  \
+                                      nullptr);                                               \
     }
 
 PAGED_ATTENTION(paged_attention_f32, float)
@@ -257,8 +306,21 @@ PAGED_ATTENTION(paged_attention_bf16, __nv_bfloat16)
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
         int window) {                                                                          \
-        paged_attention<KV, DPL>(q, k, v, token_seq, token_pos, page_start, block_table,       \
-                                       out, n_head, n_kv, head_dim, page_size, scale, window); \
+        paged_attention<KV, DPL, false>(q, k, v, token_seq, token_pos, page_start,           \
+                                        block_table, out, n_head, n_kv, head_dim, page_size,   \
+                                        scale, window, 0, nullptr);                            \
+    }
+
+// The split-K kernels: `out` is the chunks' sums and `ml` their maxima and sums (see the top).
+#define PAGED_ATTENTION_SPLIT(NAME, KV, DPL)                                                   \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
+        const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
+        const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
+        float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
+        int window, int chunk, float* ml) {                                                    \
+        paged_attention<KV, DPL, true>(q, k, v, token_seq, token_pos, page_start,            \
+                                       block_table, out, n_head, n_kv, head_dim, page_size,    \
+                                       scale, window, chunk, ml);                              \
     }
 
 PAGED_ATTENTION_WARPS(paged_attention_warps2_f32, float, 2)
@@ -270,3 +332,36 @@ PAGED_ATTENTION_WARPS(paged_attention_warps4_bf16, __nv_bfloat16, 4)
 PAGED_ATTENTION_WARPS(paged_attention_warps8_f32, float, 8)
 PAGED_ATTENTION_WARPS(paged_attention_warps8_f16, __half, 8)
 PAGED_ATTENTION_WARPS(paged_attention_warps8_bf16, __nv_bfloat16, 8)
+
+PAGED_ATTENTION_SPLIT(paged_attention_split2_f32, float, 2)
+PAGED_ATTENTION_SPLIT(paged_attention_split2_f16, __half, 2)
+PAGED_ATTENTION_SPLIT(paged_attention_split2_bf16, __nv_bfloat16, 2)
+PAGED_ATTENTION_SPLIT(paged_attention_split4_f32, float, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split4_f16, __half, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split4_bf16, __nv_bfloat16, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split8_f32, float, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split8_f16, __half, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split8_bf16, __nv_bfloat16, 8)
+
+// The chunks' results combined, one block per (token, query head), a thread per dimension:
+// out[row] = sum_z exp(m_z - M) acc_z / sum_z exp(m_z - M) l_z with M the largest m_z, in chunk
+// order (no atomics). `part` and `ml` are the split kernel's `out` and `ml`; chunk 0 always holds
+// a position, so M is finite.
+extern "C" __global__ void paged_attention_combine(const float* __restrict__ part,
+                                                   const float* __restrict__ ml,
+                                                   float* __restrict__ out, int head_dim,
+                                                   int splits) {
+    const size_t row = blockIdx.x;  // token * n_head + query head
+    const float* m = ml + row * splits * 2;
+    float max = -INFINITY;
+    for (int z = 0; z < splits; ++z) max = fmaxf(max, m[2 * z]);
+    float sum = 0.0f;
+    for (int z = 0; z < splits; ++z) sum += __expf(m[2 * z] - max) * m[2 * z + 1];
+    const float inv = 1.0f / sum;
+    const float* p = part + row * splits * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int z = 0; z < splits; ++z) acc += __expf(m[2 * z] - max) * p[(size_t)z * head_dim + i];
+        out[row * head_dim + i] = acc * inv;
+    }
+}

@@ -95,40 +95,123 @@ pub(crate) fn attend_reference(
     h: Heads,
     out: &mut [f32],
 ) {
+    let mut scores = Vec::new();
+    for_each_row(meta, q, h, out, |seq, first, pos, kv, qh, o| {
+        scores.clear();
+        scores.extend((first..=pos).map(|p| score(qh, k, meta.row(seq, p), kv, h)));
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        o.fill(0.0);
+        for (i, p) in (first..=pos).enumerate() {
+            let w = scores[i] / sum;
+            let vr = kv_row(v, meta.row(seq, p), kv, h);
+            for (x, y) in o.iter_mut().zip(vr) {
+                *x += w * y;
+            }
+        }
+    });
+}
+
+/// The split-K (flash-decoding) kernel's arithmetic: each token's attended positions in chunks of
+/// `chunk`; per chunk z and query head, the scores' maximum `m_z`, `l_z = Σ exp(s - m_z)` and the
+/// unnormalized `acc_z = Σ exp(s - m_z)·v`; then, with `M = max m_z`, `out = Σ exp(m_z - M)·acc_z
+/// / Σ exp(m_z - M)·l_z`, chunks in order. Equal to [`attend_reference`] up to rounding (the
+/// test below), with which the CUDA kernel's GPU test compares its split form.
+#[cfg(test)]
+pub(crate) fn attend_split_reference(
+    meta: &RaggedBatch,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    h: Heads,
+    chunk: usize,
+    out: &mut [f32],
+) {
+    assert!(chunk > 0, "a chunk holds at least one position");
+    // Per chunk: its maximum, its sum, its unnormalized weighted values.
+    let mut parts: Vec<(f32, f32, Vec<f32>)> = Vec::new();
+    for_each_row(meta, q, h, out, |seq, first, pos, kv, qh, o| {
+        parts.clear();
+        for start in (first..=pos).step_by(chunk) {
+            let span = start..=(start + chunk - 1).min(pos);
+            let scores: Vec<f32> = span
+                .clone()
+                .map(|p| score(qh, k, meta.row(seq, p), kv, h))
+                .collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let (mut sum, mut acc) = (0.0, vec![0f32; h.head_dim]);
+            for (s, p) in scores.iter().zip(span) {
+                let e = (s - max).exp();
+                sum += e;
+                for (x, y) in acc.iter_mut().zip(kv_row(v, meta.row(seq, p), kv, h)) {
+                    *x += e * y;
+                }
+            }
+            parts.push((max, sum, acc));
+        }
+        let max = parts.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = parts.iter().map(|(m, l, _)| (m - max).exp() * l).sum();
+        o.fill(0.0);
+        for (m, _, acc) in &parts {
+            let w = (m - max).exp();
+            for (x, y) in o.iter_mut().zip(acc) {
+                *x += w * y;
+            }
+        }
+        for x in o.iter_mut() {
+            *x /= sum;
+        }
+    });
+}
+
+/// Calls `f(seq, first, pos, kv, q_head, out_head)` for every (new token, query head) of the
+/// batch: the token's sequence, the first and last positions it attends to (causal, and within
+/// the window), the offset of its key-value head in a pool row, its query and its output.
+fn for_each_row(
+    meta: &RaggedBatch,
+    q: &[f32],
+    h: Heads,
+    out: &mut [f32],
+    mut f: impl FnMut(usize, usize, usize, usize, &[f32], &mut [f32]),
+) {
     let d = h.head_dim;
-    let (stride, kv_dim, group) = (h.n_head * d, h.n_kv * d, h.n_head / h.n_kv);
+    let (stride, group) = (h.n_head * d, h.n_head / h.n_kv);
     assert_eq!(q.len(), meta.tokens() * stride);
     assert_eq!(out.len(), meta.tokens() * stride);
-    let mut scores = Vec::new();
     for t in 0..meta.tokens() {
         let (seq, pos) = (meta.token_seq[t] as usize, meta.token_pos[t] as usize);
         let first = h.window.map_or(0, |w| (pos + 1).saturating_sub(w));
         for head in 0..h.n_head {
-            let kv = (head / group) * d;
-            let qh = &q[t * stride + head * d..][..d];
-            scores.clear();
-            for p in first..=pos {
-                let kr = &k[meta.row(seq, p) * kv_dim + kv..][..d];
-                let dot: f32 = qh.iter().zip(kr).map(|(a, b)| a * b).sum();
-                scores.push(dot * h.scale);
-            }
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let o = &mut out[t * stride + head * d..][..d];
-            o.fill(0.0);
-            for (i, p) in (first..=pos).enumerate() {
-                let w = scores[i] / sum;
-                let vr = &v[meta.row(seq, p) * kv_dim + kv..][..d];
-                for (x, y) in o.iter_mut().zip(vr) {
-                    *x += w * y;
-                }
-            }
+            let at = t * stride + head * d;
+            f(
+                seq,
+                first,
+                pos,
+                (head / group) * d,
+                &q[at..at + d],
+                &mut out[at..at + d],
+            );
         }
     }
+}
+
+/// Key-value head `kv` (its offset) of pool row `row`.
+fn kv_row(pool: &[f32], row: usize, kv: usize, h: Heads) -> &[f32] {
+    &pool[row * h.n_kv * h.head_dim + kv..][..h.head_dim]
+}
+
+/// `q·k · scale` for the key at pool row `row`.
+fn score(qh: &[f32], k: &[f32], row: usize, kv: usize, h: Heads) -> f32 {
+    let dot: f32 = qh
+        .iter()
+        .zip(kv_row(k, row, kv, h))
+        .map(|(a, b)| a * b)
+        .sum();
+    dot * h.scale
 }
 
 /// Attention for every new token of the batch as one candle op over `q` (`[tokens, n_head,
@@ -147,8 +230,8 @@ pub(crate) struct PagedAttention<'a> {
     pub kernel: AttentionKernel,
 }
 
-/// The two layouts of `kernels/paged_attention.cu`, the same arithmetic: `QUARRY_ATTENTION` is
-/// `warps` (the default) or `per-dimension`.
+/// The layouts of `kernels/paged_attention.cu`, the same arithmetic: `QUARRY_ATTENTION` is
+/// `warps` (the default), `split` or `per-dimension`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKernel {
     /// 128 threads; in the weighted sum, a thread per dimension walks every position (a chain of
@@ -156,7 +239,15 @@ pub enum AttentionKernel {
     PerDimension,
     /// 256 threads; both phases split the positions over the warps, the rows they read gathered
     /// first (the kernel's comments): 123 µs in that case, 1.7-2.5x faster from batch 1 to 512.
+    /// A block per (token, key-value head), except for a context too long for one block's shared
+    /// memory, which it splits as [`AttentionKernel::Split`] does.
     Warps,
+    /// The warps layout split over the positions too (split-K, flash-decoding): a block per
+    /// (token, key-value head, `chunk` positions), then a launch that combines the chunks
+    /// ([`attend_split_reference`]'s arithmetic). `chunk: None` chooses it per launch, so that a
+    /// step has about four blocks per SM (a decode step at batch 1 is 3 blocks unsplit); with few
+    /// enough blocks to split at all, it runs as `Warps`. `QUARRY_ATTENTION_CHUNK` sets it.
+    Split { chunk: Option<usize> },
 }
 
 impl PagedAttention<'_> {
@@ -380,6 +471,36 @@ mod tests {
                     (a - b).abs() <= 1e-5,
                     "window {window:?}: value {i} (token {}): reference {a}, host {b}",
                     i / stride
+                );
+            }
+        }
+    }
+
+    /// The split-K arithmetic equals the one-pass reference up to rounding for every chunk size,
+    /// chunks of one position and chunks longer than any context included, with and without a
+    /// window (which moves where the chunks start).
+    #[test]
+    fn the_split_reference_matches_the_reference_for_every_chunk() {
+        let mixed = Mixed::new();
+        let meta = mixed.meta();
+        for window in [None, Some(3), Some(6)] {
+            let h = Mixed::heads(window);
+            let kv = 8 * 4 * h.n_kv * h.head_dim;
+            // Scores spread over several units, so the chunks' maxima differ and the rescaling
+            // to the largest one matters.
+            let k = values(0x6a09_e667_f3bc_c908, kv, -2.0, 2.0);
+            let v = values(0xbb67_ae85_84ca_a73b, kv, -1.0, 1.0);
+            let stride = h.n_head * h.head_dim;
+            let q = values(0x3c6e_f372_fe94_f82b, meta.tokens() * stride, -2.0, 2.0);
+            let mut want = vec![0f32; q.len()];
+            attend_reference(&meta, &q, &k, &v, h, &mut want);
+            for chunk in [1, 2, 3, 4, 7, 10, 1000] {
+                let mut got = vec![f32::NAN; q.len()];
+                attend_split_reference(&meta, &q, &k, &v, h, chunk, &mut got);
+                let err = relative_error(&got, &want);
+                assert!(
+                    err < 1e-6,
+                    "window {window:?}, chunk {chunk}: relative error {err:.2e}"
                 );
             }
         }

@@ -478,19 +478,35 @@ fn device_sampling() -> Result<bool> {
 }
 
 /// Whether the tensor forward pass runs attention as one paged attention launch per layer (a
-/// GPU: `$QUARRY_ATTENTION` `warps`, the default, or `per-dimension`, the kernel's first layout)
-/// or as the per-sequence gather of tensor ops (the CPU, and `gather`).
+/// GPU: `$QUARRY_ATTENTION` `warps`, the default, `split`, its split-K form, with
+/// `$QUARRY_ATTENTION_CHUNK` positions per chunk when set, or `per-dimension`, the kernel's first
+/// layout) or as the per-sequence gather of tensor ops (the CPU, and `gather`).
 fn attention_kernel(dev: &Device) -> Result<Option<AttentionKernel>> {
     if dev.is_cpu() {
         return Ok(None);
     }
-    match std::env::var("QUARRY_ATTENTION").as_deref().map(str::trim) {
+    let var = |name: &str| std::env::var(name).map(|v| v.trim().to_string());
+    let chunk = match var("QUARRY_ATTENTION_CHUNK").as_deref() {
+        Err(_) | Ok("") => None,
+        Ok(n) => match n.parse::<usize>() {
+            Ok(c) if c > 0 => Some(c),
+            _ => {
+                return Err(ModelError::Forward {
+                    message: format!(
+                        "QUARRY_ATTENTION_CHUNK is `{n}`: expected a number of positions over 0"
+                    ),
+                })
+            }
+        },
+    };
+    match var("QUARRY_ATTENTION").as_deref() {
         Err(_) | Ok("") | Ok("warps") => Ok(Some(AttentionKernel::Warps)),
+        Ok("split") => Ok(Some(AttentionKernel::Split { chunk })),
         Ok("per-dimension") => Ok(Some(AttentionKernel::PerDimension)),
         Ok("gather") => Ok(None),
         Ok(other) => Err(ModelError::Forward {
             message: format!(
-                "QUARRY_ATTENTION is `{other}`: expected warps, per-dimension or gather"
+                "QUARRY_ATTENTION is `{other}`: expected warps, split, per-dimension or gather"
             ),
         }),
     }
