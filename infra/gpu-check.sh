@@ -109,6 +109,16 @@ if ! passed paged_attention_warps_matches_its_reference_on_a_mixed_batch; then
     export QUARRY_ATTENTION=gather
   fi
 fi
+# The forward pass's own kernels (RoPE and the KV writes, the norm and residual add, the GLU)
+# have no fallback: if one failed, the GPU's forward pass is wrong, and the call stops here so
+# that the device time left goes to finding out why.
+for t in rope_qk_matches_its_reference store_rows_matches_its_reference \
+  residual_ops_match_their_reference glu_matches_its_reference; do
+  if ! passed "$t"; then
+    echo "!! $t failed: the GPU forward pass is wrong; nothing after the tests runs"
+    exit 1
+  fi
+done
 # Split-K (QUARRY_ATTENTION=split) is measured below only when its test passed.
 split_ok=1
 if ! passed paged_attention_split_matches_its_reference_on_a_mixed_batch; then

@@ -8,7 +8,13 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 3] = ["glu", "paged_attention", "sampling"];
+const KERNELS: [&str; 5] = [
+    "glu",
+    "paged_attention",
+    "residual",
+    "rope_store",
+    "sampling",
+];
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
@@ -28,6 +34,7 @@ fn main() {
         });
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    println!("cargo::rerun-if-changed=kernels/common.cuh");
     for name in KERNELS {
         let src = format!("kernels/{name}.cu");
         println!("cargo::rerun-if-changed={src}");

@@ -11,12 +11,13 @@
 //!   of a dependent chain and a horizontal sum per key) and each query row's weighted sum of
 //!   values stays in registers, 64 values at a time.
 //! - **tensor**: device-agnostic candle ops. Each sequence's rows are gathered with `index_select`
-//!   and attended with batched matmuls under a causal mask. This is the CUDA path, and on CPU the
-//!   independent cross-check of the host kernel.
+//!   and attended with batched matmuls under a causal mask: on CPU the independent cross-check of
+//!   the host kernel (a GPU runs the paged attention kernel, `crate::ragged`, unless
+//!   `QUARRY_ATTENTION=gather`). The tensor layout's KV writes are [`StoreRows`].
 
 use std::cell::RefCell;
 
-use candle_core::{Device, Tensor};
+use candle_core::{CpuStorage, Device, InplaceOp3, Layout, Tensor};
 
 use crate::batch::{Plan, SeqInput};
 use crate::error::Result;
@@ -331,21 +332,86 @@ fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
-/// The scatter index of a step's new keys or values: each token's pool row, repeated across its
-/// `kv_dim` values (`[tokens, kv_dim]`). Built once per forward pass, for every layer's K and V.
-pub(crate) fn slot_index(slots: &Tensor, kv_dim: usize) -> Result<Tensor> {
-    let t = slots.dim(0)?;
-    Ok(slots
-        .reshape((t, 1))?
-        .broadcast_as((t, kv_dim))?
-        .contiguous()?)
+/// Writes a plane of keys or values (`[tokens, kv_w]`, f32, contiguous) into a pool layer
+/// (`[rows, kv_w]`, f32, f16 or bf16) at the tokens' slots (the third operand, u32 `[tokens]`),
+/// rounding to the pool's type: `pool.inplace_op3(&plane, &slots, &StoreRows)`.
+pub(crate) struct StoreRows;
+
+impl StoreRows {
+    /// The plane's rows and width, checked against the pool and the slots.
+    fn shape(pool: &Layout, plane: &Layout, slots: &Layout) -> candle_core::Result<(usize, usize)> {
+        let (tokens, width) = plane.shape().dims2()?;
+        let (_, pool_width) = pool.shape().dims2()?;
+        if pool_width != width || slots.shape().elem_count() != tokens {
+            candle_core::bail!(
+                "store rows: {tokens} rows of {width} values at {} slots of a pool of rows of {pool_width}",
+                slots.shape().elem_count()
+            );
+        }
+        for (l, what) in [(pool, "pool"), (plane, "plane"), (slots, "slots")] {
+            if !l.is_contiguous() {
+                candle_core::bail!("store rows: the {what} must be contiguous");
+            }
+        }
+        Ok((tokens, width))
+    }
 }
 
-/// Writes each new token's key and value into its slot of a tensor-layout pool layer; `index` is
-/// the step's [`slot_index`].
-pub(crate) fn write_tensor(pool: &Tensor, src: &Tensor, index: &Tensor) -> Result<()> {
-    pool.scatter_set(index, &src.to_dtype(pool.dtype())?, 0)?;
-    Ok(())
+impl InplaceOp3 for StoreRows {
+    fn name(&self) -> &'static str {
+        "quarry-store-rows"
+    }
+
+    fn cpu_fwd(
+        &self,
+        pool: &mut CpuStorage,
+        lp: &Layout,
+        plane: &CpuStorage,
+        ls: &Layout,
+        slots: &CpuStorage,
+        lz: &Layout,
+    ) -> candle_core::Result<()> {
+        let (tokens, width) = Self::shape(lp, ls, lz)?;
+        let (CpuStorage::F32(src), CpuStorage::U32(slots)) = (plane, slots) else {
+            candle_core::bail!("store rows: an f32 plane and u32 slots");
+        };
+        let (src, slots) = (&src[ls.start_offset()..], &slots[lz.start_offset()..]);
+        let rows = lp.shape().dims()[0];
+        fn put<T>(pool: &mut [T], src: &[f32], slots: &[u32], width: usize, f: impl Fn(f32) -> T) {
+            for (r, &slot) in slots.iter().enumerate() {
+                let dst = &mut pool[slot as usize * width..][..width];
+                for (d, &s) in dst.iter_mut().zip(&src[r * width..(r + 1) * width]) {
+                    *d = f(s);
+                }
+            }
+        }
+        let slots = &slots[..tokens];
+        if let Some(&bad) = slots.iter().find(|&&s| s as usize >= rows) {
+            candle_core::bail!("store rows: slot {bad} of a pool of {rows} rows");
+        }
+        let at = lp.start_offset();
+        match pool {
+            CpuStorage::F32(p) => put(&mut p[at..], src, slots, width, |x| x),
+            CpuStorage::F16(p) => put(&mut p[at..], src, slots, width, half::f16::from_f32),
+            CpuStorage::BF16(p) => put(&mut p[at..], src, slots, width, half::bf16::from_f32),
+            _ => candle_core::bail!("store rows: pools are f32, f16 or bf16"),
+        }
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        pool: &mut candle_core::CudaStorage,
+        lp: &Layout,
+        plane: &candle_core::CudaStorage,
+        ls: &Layout,
+        slots: &candle_core::CudaStorage,
+        lz: &Layout,
+    ) -> candle_core::Result<()> {
+        let (tokens, width) = Self::shape(lp, ls, lz)?;
+        crate::cuda::store_rows(pool, lp, plane, ls, slots, lz, tokens, width)
+    }
 }
 
 /// The tensor path: `q` is `[T, n_head, head_dim]`; returns `[T, n_head * head_dim]`.

@@ -1,14 +1,20 @@
-//! The gated feed-forward's activation as one op (issue 25): `act(gate) · up`, which candle runs
-//! as an activation kernel, then a product kernel, with an intermediate tensor between them. On a
-//! GPU one launch of `kernels/glu.cu`; on the CPU the same arithmetic in Rust, the reference the
-//! kernel's GPU test compares with.
+//! The gated feed-forward's activation as one op (issue 25): `act(gate) · up` from the stacked
+//! gate/up projection (`[rows, 2·f]`, each row's gate values then its up values, as one GEMM of
+//! the stacked weights writes them), in the element type the down projection multiplies. candle
+//! would run a split, casts, an activation kernel and a product kernel, with tensors between
+//! them. On a GPU one launch of `kernels/glu.cu`; on the CPU the same arithmetic in Rust, the
+//! reference the kernel's GPU test compares with.
 
-use candle_core::{CpuStorage, CustomOp2, Layout, Shape};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape};
 
 use crate::config::Activation;
 
-/// `act(gate) · up` over two contiguous f32 tensors of one shape.
-pub(crate) struct Glu(pub Activation);
+/// `act(gate) · up` over a contiguous stacked `[rows, 2·f]` tensor (f32 or f16), returning
+/// `[rows, f]` in `out` (f32 or f16).
+pub(crate) struct Glu {
+    pub act: Activation,
+    pub out: DType,
+}
 
 /// SiLU as candle computes it.
 pub(crate) fn silu(x: f32) -> f32 {
@@ -21,65 +27,61 @@ pub(crate) fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (K * (x + 0.044715 * x * x * x)).tanh())
 }
 
-fn contiguous<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle_core::Result<&'a [f32]> {
-    let (CpuStorage::F32(v), Some((a, b))) = (s, l.contiguous_offsets()) else {
-        candle_core::bail!("glu: {what} must be contiguous f32");
-    };
-    Ok(&v[a..b])
+impl Glu {
+    /// Rows and `f` of a stacked input, and the output's shape.
+    pub(crate) fn shape(&self, l: &Layout) -> candle_core::Result<(usize, usize, Shape)> {
+        let (rows, width) = l.shape().dims2()?;
+        if width % 2 != 0 {
+            candle_core::bail!("glu: rows of {width} values are not gate and up side by side");
+        }
+        if !matches!(self.out, DType::F32 | DType::F16) {
+            candle_core::bail!("glu: writes f32 or f16, not {:?}", self.out);
+        }
+        Ok((rows, width / 2, Shape::from((rows, width / 2))))
+    }
 }
 
-impl CustomOp2 for Glu {
+impl CustomOp1 for Glu {
     fn name(&self) -> &'static str {
         "quarry-glu"
     }
 
-    fn cpu_fwd(
-        &self,
-        gate: &CpuStorage,
-        lg: &Layout,
-        up: &CpuStorage,
-        lu: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        if lg.shape() != lu.shape() {
-            candle_core::bail!("glu: gate {:?} and up {:?} differ", lg.shape(), lu.shape());
-        }
-        let (g, u) = (contiguous(gate, lg, "gate")?, contiguous(up, lu, "up")?);
-        let act = match self.0 {
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (_, f, shape) = self.shape(l)?;
+        let Some((a, b)) = l.contiguous_offsets() else {
+            candle_core::bail!("glu: the gate/up output must be contiguous");
+        };
+        let values: Vec<f32> = match s {
+            CpuStorage::F32(v) => v[a..b].to_vec(),
+            CpuStorage::F16(v) => v[a..b].iter().map(|x| x.to_f32()).collect(),
+            _ => candle_core::bail!("glu: the gate/up output must be f32 or f16"),
+        };
+        let act = match self.act {
             Activation::Silu => silu,
             Activation::GeluTanh => gelu_tanh,
         };
-        let out = g.iter().zip(u).map(|(&g, &u)| act(g) * u).collect();
-        Ok((CpuStorage::F32(out), lg.shape().clone()))
+        let out = values.chunks_exact(2 * f.max(1)).flat_map(|row| {
+            let (gate, up) = row.split_at(f);
+            gate.iter().zip(up).map(move |(&g, &u)| act(g) * u)
+        });
+        Ok((
+            match self.out {
+                DType::F16 => CpuStorage::F16(out.map(half::f16::from_f32).collect()),
+                _ => CpuStorage::F32(out.collect()),
+            },
+            shape,
+        ))
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
-        gate: &candle_core::CudaStorage,
-        lg: &Layout,
-        up: &candle_core::CudaStorage,
-        lu: &Layout,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        for (l, what) in [(lg, "gate"), (lu, "up")] {
-            if !matches!(l.contiguous_offsets(), Some((0, _))) {
-                candle_core::bail!("glu: {what} must be contiguous from its start");
-            }
-        }
-        if lg.shape() != lu.shape() {
-            candle_core::bail!("glu: gate {:?} and up {:?} differ", lg.shape(), lu.shape());
-        }
-        let dev = &gate.device;
-        let out = crate::cuda::glu(
-            dev,
-            self.0,
-            gate.as_cuda_slice::<f32>()?,
-            up.as_cuda_slice::<f32>()?,
-            lg.shape().elem_count(),
-        )?;
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone()),
-            lg.shape().clone(),
-        ))
+        let (rows, f, shape) = self.shape(l)?;
+        let out = crate::cuda::glu(s, l, self.act, self.out, rows, f)?;
+        Ok((out, shape))
     }
 }
 
@@ -88,27 +90,54 @@ mod tests {
     use super::*;
     use candle_core::{Device, Tensor};
 
-    /// The op equals candle's activation-then-product (SiLU exactly, its formula being candle's;
-    /// GELU within float rounding of candle's CPU form), and refuses shapes that differ.
+    /// The op equals candle's split, activation and product (SiLU exactly, its formula being
+    /// candle's; GELU within float rounding of candle's CPU form), from f32 or f16 input to f32
+    /// or f16 output (the f16 output the rounding of the f32 one), and refuses an odd width.
     #[test]
-    fn glu_equals_candles_two_ops() {
+    fn glu_equals_candles_ops() {
         let dev = Device::Cpu;
-        let gate = Tensor::randn(0f32, 3.0, (5, 77), &dev).unwrap();
-        let up = Tensor::randn(0f32, 1.0, (5, 77), &dev).unwrap();
-        for (act, want) in [
-            (Activation::Silu, (gate.silu().unwrap() * &up).unwrap()),
-            (Activation::GeluTanh, (gate.gelu().unwrap() * &up).unwrap()),
-        ] {
-            let got = gate.apply_op2_no_bwd(&up, &Glu(act)).unwrap();
-            assert_eq!(got.dims(), [5, 77]);
-            let v = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let err = crate::simd::testing::relative_error(&v(&got), &v(&want));
-            let bound = if act == Activation::Silu { 0.0 } else { 1e-6 };
-            assert!(err <= bound, "{act:?}: relative error {err:.2e}");
+        let gate_up = Tensor::randn(0f32, 3.0, (5, 2 * 77), &dev).unwrap();
+        let v = |t: &Tensor| {
+            t.to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
+        for input in [DType::F32, DType::F16] {
+            let x = gate_up.to_dtype(input).unwrap();
+            let xf = x.to_dtype(DType::F32).unwrap();
+            let (gate, up) = (xf.narrow(1, 0, 77).unwrap(), xf.narrow(1, 77, 77).unwrap());
+            for (act, want) in [
+                (Activation::Silu, (gate.silu().unwrap() * &up).unwrap()),
+                (Activation::GeluTanh, (gate.gelu().unwrap() * &up).unwrap()),
+            ] {
+                let got = x
+                    .apply_op1_no_bwd(&Glu {
+                        act,
+                        out: DType::F32,
+                    })
+                    .unwrap();
+                assert_eq!(got.dims(), [5, 77]);
+                let err = crate::simd::testing::relative_error(&v(&got), &v(&want));
+                let bound = if act == Activation::Silu { 0.0 } else { 1e-6 };
+                assert!(err <= bound, "{input:?} {act:?}: relative error {err:.2e}");
+                let half = x
+                    .apply_op1_no_bwd(&Glu {
+                        act,
+                        out: DType::F16,
+                    })
+                    .unwrap();
+                assert_eq!(half.dtype(), DType::F16);
+                assert_eq!(v(&half), v(&got.to_dtype(DType::F16).unwrap()));
+            }
         }
-        let other = Tensor::zeros((5, 76), candle_core::DType::F32, &dev).unwrap();
-        assert!(gate
-            .apply_op2_no_bwd(&other, &Glu(Activation::Silu))
-            .is_err());
+        let odd = Tensor::zeros((5, 77), DType::F32, &dev).unwrap();
+        let silu_f32 = Glu {
+            act: Activation::Silu,
+            out: DType::F32,
+        };
+        assert!(odd.apply_op1_no_bwd(&silu_f32).is_err());
     }
 }

@@ -101,20 +101,32 @@ impl Linear {
                 if rows_of(x)? < *dense_from {
                     return Ok(quant.forward(x)?);
                 }
-                dense_forward(&x.to_dtype(candle_core::DType::F16)?, dense)
+                Ok(dense_forward(&x.to_dtype(candle_core::DType::F16)?, dense)?
+                    .to_dtype(candle_core::DType::F32)?)
             }
         }
     }
 
-    /// The dense f16 weights this projection multiplies `x` with, if it is a [`Linear::Dual`]
-    /// at or past its switch.
-    fn dense_for(&self, x: &Tensor) -> Result<Option<&Tensor>> {
-        Ok(match self {
+    /// [`Linear::forward`] without the cast of the dense weights' f16 output to f32 (the next
+    /// op reads f16 as it is); f32 from the other forms.
+    pub(crate) fn forward_raw(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
             Linear::Dual {
                 dense, dense_from, ..
-            } if rows_of(x)? >= *dense_from => Some(dense),
-            _ => None,
-        })
+            } if rows_of(x)? >= *dense_from => {
+                dense_forward(&x.to_dtype(candle_core::DType::F16)?, dense)
+            }
+            _ => self.forward(x),
+        }
+    }
+
+    /// The element type this projection takes its `rows`-row input in without a cast: f16 for
+    /// the dense weights of a [`Linear::Dual`] at or past its switch, else f32.
+    pub(crate) fn input_dtype(&self, rows: usize) -> candle_core::DType {
+        match self {
+            Linear::Dual { dense_from, .. } if rows >= *dense_from => candle_core::DType::F16,
+            _ => candle_core::DType::F32,
+        }
     }
 
     /// The host forward's form: `m` rows of `xs` into `dst` (`[m, outputs]`, resized).
@@ -137,19 +149,27 @@ fn rows_of(x: &Tensor) -> Result<usize> {
     Ok(x.elem_count() / x.dim(candle_core::D::Minus1)?.max(1))
 }
 
-/// `x16 · denseᵀ` (f16 operands, cuBLAS sums in f32), returned in f32.
+/// `x16 · denseᵀ` (f16 operands, cuBLAS sums in f32), in f16.
 fn dense_forward(x16: &Tensor, dense: &Tensor) -> Result<Tensor> {
-    Ok(x16
-        .broadcast_matmul(&dense.t()?)?
-        .to_dtype(candle_core::DType::F32)?)
+    Ok(x16.broadcast_matmul(&dense.t()?)?)
 }
 
-/// Projections of the same input (Q, K and V; gate and up). On CPU, parts of one type with a kernel
-/// here are stacked into one matrix, so the input is quantized once and the worker pool is woken
-/// once instead of per projection; other types keep one candle matmul each.
+/// Projections of the same input (Q, K and V; gate and up), whose outputs the forward pass reads
+/// side by side (`[rows, Σ widths]`). On CPU, parts of one type with a kernel here are stacked
+/// into one matrix, so the input is quantized once and the worker pool is woken once instead of
+/// per projection; on a GPU their dense f16 copies are stacked into one matrix, one GEMM for all
+/// parts; other types keep one candle matmul each.
 pub(crate) enum Fused {
-    Stacked(QuantMatrix, Vec<usize>),
+    Stacked(QuantMatrix),
     Separate(Vec<Linear>),
+    /// On a GPU: every part's weights dequantized to f16 and stacked (`[Σ widths, inputs]`), for
+    /// steps of at least `dense_from` rows (as [`Linear::Dual`]), and the parts' quantized forms
+    /// for fewer.
+    Dense {
+        stacked: Tensor,
+        quant: Vec<Linear>,
+        dense_from: usize,
+    },
 }
 
 impl Fused {
@@ -159,8 +179,10 @@ impl Fused {
             && format.is_some()
             && parts.iter().all(|t| Format::of(t.dtype()) == format)
         {
-            let widths = parts.iter().map(|t| t.shape().dims()[0]).collect();
-            return Ok(Fused::Stacked(QuantMatrix::new(&parts)?, widths));
+            return Ok(Fused::Stacked(QuantMatrix::new(&parts)?));
+        }
+        if !device.is_cpu() {
+            return Self::dense(parts, device, dense_from_rows());
         }
         Ok(Fused::Separate(
             parts
@@ -170,36 +192,66 @@ impl Fused {
         ))
     }
 
-    /// One output per part, each `[rows, width]` and contiguous.
-    pub(crate) fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+    /// The GPU's form: the parts' f16 copies stacked, switching at `dense_from` rows (0, or a
+    /// part stored as F32, F16 or BF16: each part alone, as [`Linear::dual`] decides).
+    fn dense(parts: Vec<QTensor>, device: &Device, dense_from: usize) -> Result<Self> {
+        let dense =
+            |t: &QTensor| !matches!(t.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
+        if dense_from == 0 || !parts.iter().all(dense) {
+            return Ok(Fused::Separate(
+                parts
+                    .into_iter()
+                    .map(|t| Linear::dual(t, device, dense_from))
+                    .collect::<Result<_>>()?,
+            ));
+        }
+        let copies = parts
+            .iter()
+            .map(|t| t.dequantize_f16(device))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let stacked = Tensor::cat(&copies, 0)?;
+        drop(copies);
+        Ok(Fused::Dense {
+            stacked,
+            quant: parts
+                .into_iter()
+                .map(|t| Ok(Linear::Candle(QMatMul::from_qtensor(t)?)))
+                .collect::<Result<_>>()?,
+            dense_from,
+        })
+    }
+
+    /// The element type this projection takes its `rows`-row input in without a cast: f16 for
+    /// the stacked dense weights at or past their switch, else f32.
+    pub(crate) fn input_dtype(&self, rows: usize) -> candle_core::DType {
         match self {
-            Fused::Separate(ls) => {
-                // Parts that multiply dense f16 weights share one f16 copy of the input (on a
-                // GPU, a launch and an allocation fewer per extra part).
-                let mut x16: Option<Tensor> = None;
-                let mut out = Vec::with_capacity(ls.len());
-                for l in ls {
-                    out.push(match l.dense_for(x)? {
-                        Some(dense) => {
-                            if x16.is_none() {
-                                x16 = Some(x.to_dtype(candle_core::DType::F16)?);
-                            }
-                            dense_forward(x16.as_ref().expect("set above"), dense)?
-                        }
-                        None => l.forward(x)?,
-                    });
+            Fused::Dense { dense_from, .. } if rows >= *dense_from => candle_core::DType::F16,
+            _ => candle_core::DType::F32,
+        }
+    }
+
+    /// Every part's output side by side, `[rows, Σ widths]`, contiguous: f16 from the stacked
+    /// dense weights (the GEMM's own output; the next op reads it as it is), f32 otherwise.
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let side_by_side = |ls: &[Linear]| -> Result<Tensor> {
+            let parts = ls
+                .iter()
+                .map(|l| l.forward(x))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Tensor::cat(&parts, candle_core::D::Minus1)?)
+        };
+        match self {
+            Fused::Stacked(m) => m.forward(x),
+            Fused::Separate(ls) => side_by_side(ls),
+            Fused::Dense {
+                stacked,
+                quant,
+                dense_from,
+            } => {
+                if rows_of(x)? < *dense_from {
+                    return side_by_side(quant);
                 }
-                Ok(out)
-            }
-            Fused::Stacked(m, widths) => {
-                let y = m.forward(x)?;
-                let mut at = 0;
-                let mut out = Vec::with_capacity(widths.len());
-                for &w in widths {
-                    out.push(y.narrow(1, at, w)?.contiguous()?);
-                    at += w;
-                }
-                Ok(out)
+                dense_forward(&x.to_dtype(candle_core::DType::F16)?, stacked)
             }
         }
     }
@@ -208,7 +260,8 @@ impl Fused {
     /// as the stacked matrix produces them.
     pub(crate) fn forward_host(&self, xs: &[f32], m: usize, dst: &mut Vec<f32>) -> Result<()> {
         match self {
-            Fused::Stacked(q, _) => q.forward_host(xs, m, dst),
+            Fused::Stacked(q) => q.forward_host(xs, m, dst),
+            Fused::Dense { .. } => unreachable!("the host forward runs on the CPU"),
             Fused::Separate(ls) => {
                 let parts: Vec<Vec<f32>> = ls
                     .iter()
@@ -1001,27 +1054,61 @@ mod tests {
         ));
     }
 
-    /// Dense parts of a fused projection share one f16 copy of the input and give what each part
-    /// gives alone, bit for bit, on either side of the switch.
+    /// A fused projection's output is its parts' outputs side by side: for parts that each switch
+    /// alone (`Separate`) and for the GPU's stacked f16 weights (`Dense`, here on the CPU), on
+    /// either side of the switch, equal to each part alone (the stacked GEMM's f16 output is the
+    /// part's, before its cast to f32).
     #[test]
-    fn fused_dual_parts_equal_each_part_alone() {
+    fn fused_parts_side_by_side_equal_each_part_alone() {
         let dev = Device::Cpu;
         let k = 256;
         let weights = [40usize, 24].map(|n| Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap());
-        let dual = |w: &Tensor| {
-            Linear::dual(QTensor::quantize(w, GgmlDType::Q8_0).unwrap(), &dev, 4).unwrap()
+        let quantized = || {
+            weights
+                .iter()
+                .map(|w| QTensor::quantize(w, GgmlDType::Q8_0).unwrap())
         };
-        let alone: Vec<Linear> = weights.iter().map(dual).collect();
-        let fused = Fused::Separate(weights.iter().map(dual).collect());
+        let alone: Vec<Linear> = quantized()
+            .map(|q| Linear::dual(q, &dev, 4).unwrap())
+            .collect();
+        let separate = Fused::Separate(
+            quantized()
+                .map(|q| Linear::dual(q, &dev, 4).unwrap())
+                .collect(),
+        );
+        let dense = Fused::dense(quantized().collect(), &dev, 4).unwrap();
+        assert!(matches!(dense, Fused::Dense { dense_from: 4, .. }));
+        let v = |t: &Tensor| {
+            t.to_dtype(candle_core::DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
         for m in [1usize, 3, 4, 9] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap();
-            let got = fused.forward(&x).unwrap();
-            for (g, l) in got.iter().zip(&alone) {
-                let want = l.forward(&x).unwrap();
-                let v = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                assert_eq!(v(g), v(&want), "{m} rows");
+            let want: Vec<Tensor> = alone.iter().map(|l| l.forward(&x).unwrap()).collect();
+            let want = v(&Tensor::cat(&want, 1).unwrap());
+            for (fused, what) in [(&separate, "separate"), (&dense, "stacked")] {
+                let got = fused.forward(&x).unwrap();
+                assert_eq!(got.dims(), [m, 64], "{what}");
+                let dtype = if m >= 4 && what == "stacked" {
+                    candle_core::DType::F16
+                } else {
+                    candle_core::DType::F32
+                };
+                assert_eq!(got.dtype(), dtype, "{what}, {m} rows");
+                assert_eq!(v(&got), want, "{what}, {m} rows");
             }
         }
+        // A part without a quantized form keeps the parts apart.
+        let f32_part = QTensor::quantize(&weights[0], GgmlDType::F32).unwrap();
+        let q8 = QTensor::quantize(&weights[1], GgmlDType::Q8_0).unwrap();
+        assert!(matches!(
+            Fused::dense(vec![f32_part, q8], &dev, 4).unwrap(),
+            Fused::Separate(_)
+        ));
     }
 
     /// The AVX2 activation quantizer writes the scalar one's bytes, scales and sums, on random

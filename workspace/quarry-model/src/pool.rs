@@ -19,8 +19,9 @@ pub type PageId = u32;
 pub enum KvLayout {
     /// Plain host memory read in place by the paged attention kernel (CPU only; the default there).
     Host,
-    /// One candle tensor per layer and K/V, written with `scatter_set` and gathered per sequence for
-    /// attention with tensor ops. Runs on any device (the CUDA path); on CPU it is the cross-check.
+    /// One candle tensor per layer and K/V, written with `attention::StoreRows` and read by the
+    /// paged attention kernel on a GPU (gathered per sequence for attention with tensor ops on
+    /// the CPU). Runs on any device (the CUDA path); on CPU it is the cross-check.
     /// Its element type is [`kv_dtype`]'s.
     Tensor,
 }

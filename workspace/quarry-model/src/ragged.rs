@@ -328,13 +328,7 @@ impl CustomOp3 for PagedAttention<'_> {
             }
         };
         let h = self.heads;
-        let dims = AttentionShape {
-            n_head: h.n_head,
-            n_kv: h.n_kv,
-            head_dim: h.head_dim,
-            scale: h.scale,
-            window: h.window.unwrap_or(0),
-        };
+        let dims = AttentionShape::from(h);
         // SAFETY: the kernel writes every output value (one block per token and head, a thread
         // per dimension).
         let mut out = unsafe { dev.alloc::<f32>(shape.elem_count()) }?;
@@ -522,16 +516,18 @@ mod tests {
         let q = values(0x7fb5_d329_728e_a185, meta.tokens() * stride, -1.0, 1.0);
         let mut want = vec![0f32; q.len()];
         attend_reference(&meta, &q, &k, &v, h, &mut want);
-        // Every row of the pool written through the pool's own write path.
-        let all: Vec<u32> = (0..rows as u32).collect();
-        let slots = Tensor::from_vec(all, rows, &dev).unwrap();
-        let index = crate::attention::slot_index(&slots, kv_dim).unwrap();
+        // Every row of the pool written through the pool's own write path, in reverse: plane row
+        // r goes to pool row rows - 1 - r.
+        let reversed: Vec<u32> = (0..rows as u32).rev().collect();
+        let slots = Tensor::from_vec(reversed, rows, &dev).unwrap();
         let qt = Tensor::from_slice(&q, (meta.tokens(), h.n_head, h.head_dim), &dev).unwrap();
         for (dtype, bound) in [(DType::F32, 1e-6), (DType::F16, 2e-3), (DType::BF16, 1e-2)] {
             let pool = |x: &[f32]| {
                 let p = Tensor::zeros((rows, kv_dim), dtype, &dev).unwrap();
-                let src = Tensor::from_slice(x, (rows, kv_dim), &dev).unwrap();
-                crate::attention::write_tensor(&p, &src, &index).unwrap();
+                let plane: Vec<f32> = x.chunks(kv_dim).rev().flatten().copied().collect();
+                let src = Tensor::from_vec(plane, (rows, kv_dim), &dev).unwrap();
+                p.inplace_op3(&src, &slots, &crate::attention::StoreRows)
+                    .unwrap();
                 p
             };
             let (kp, vp) = (pool(&k), pool(&v));

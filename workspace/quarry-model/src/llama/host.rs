@@ -26,6 +26,7 @@ use crate::error::Result;
 use crate::linear::SharedMut;
 use crate::simd;
 
+use super::fused::{rms_norm_row, rotate_heads, QkNorm};
 use super::{Layer, Llama, RopeTable};
 
 /// Host copies of the small dense parameters, made at load on CPU.
@@ -224,16 +225,6 @@ fn norm_in_place(y: &mut [f32], w: &[f32], eps: f32) {
     });
 }
 
-/// One row of [`norm_in_place`].
-#[inline]
-fn rms_norm_row(y: &mut [f32], w: &[f32], eps: f32) {
-    let sum2: f32 = y.iter().map(|v| v * v).sum();
-    let m = (sum2 / y.len() as f32 + eps).sqrt();
-    for (y, w) in y.iter_mut().zip(w) {
-        *y = *y / m * w;
-    }
-}
-
 /// `act = activation(gate) · up` per row of the stacked `[gate | up]` output (`f` values each).
 fn gated(gate_up: &[f32], f: usize, activation: Activation, act: &mut Vec<f32>) {
     let rows = gate_up.len() / (2 * f);
@@ -253,8 +244,9 @@ fn gated(gate_up: &[f32], f: usize, activation: Activation, act: &mut Vec<f32>) 
     });
 }
 
-/// Rotary embeddings on the stacked Q/K/V rows (each pair of [`RopeStyle`] rotates by `p·θ_i`),
-/// after the per-head query and key norms when the model has them, and the KV writes.
+/// Rotary embeddings on the stacked Q/K/V rows ([`rotate_heads`]: each pair of [`RopeStyle`]
+/// rotates by `p·θ_i`), after the per-head query and key norms when the model has them, and the
+/// KV writes.
 struct Rope<'a> {
     q_w: usize,
     kv_w: usize,
@@ -263,7 +255,7 @@ struct Rope<'a> {
     cos: &'a [f32],
     sin: &'a [f32],
     /// Query norm, key norm, epsilon.
-    qk_norm: Option<(&'a [f32], &'a [f32], f32)>,
+    qk_norm: QkNorm<'a>,
 }
 
 impl Rope<'_> {
@@ -284,42 +276,21 @@ impl Rope<'_> {
         par_rows(plan.tokens.len(), width, |range| {
             for r in range {
                 let pos = plan.positions[r] as usize;
-                let (cos, sin) = (
+                let table = (
                     &self.cos[pos * half..(pos + 1) * half],
                     &self.sin[pos * half..(pos + 1) * half],
                 );
                 // SAFETY: row `r` of the stacked output, and the pool row of its slot, are touched
                 // by this work item only: the plan gives every new token its own slot.
                 let row = unsafe { rows.slice(r * width, width) };
-                for (i, head) in row[..q_w + kv_w]
-                    .chunks_exact_mut(self.head_dim)
-                    .enumerate()
-                {
-                    if let Some((qn, kn, eps)) = self.qk_norm {
-                        rms_norm_row(head, if i * self.head_dim < q_w { qn } else { kn }, eps);
-                    }
-                    match self.style {
-                        RopeStyle::Interleaved => {
-                            for (pair, (&c, &s)) in
-                                head.chunks_exact_mut(2).zip(cos.iter().zip(sin))
-                            {
-                                let (x0, x1) = (pair[0], pair[1]);
-                                pair[0] = x0 * c - x1 * s;
-                                pair[1] = x0 * s + x1 * c;
-                            }
-                        }
-                        RopeStyle::Halves => {
-                            let (lo, hi) = head.split_at_mut(half);
-                            for ((x0, x1), (&c, &s)) in
-                                lo.iter_mut().zip(hi.iter_mut()).zip(cos.iter().zip(sin))
-                            {
-                                let (a, b) = (*x0, *x1);
-                                *x0 = a * c - b * s;
-                                *x1 = a * s + b * c;
-                            }
-                        }
-                    }
-                }
+                rotate_heads(
+                    &mut row[..q_w + kv_w],
+                    q_w,
+                    self.head_dim,
+                    self.style,
+                    table,
+                    self.qk_norm,
+                );
                 let slot = plan.slots[r] as usize * kv_w;
                 unsafe { kp.slice(slot, kv_w) }.copy_from_slice(&row[q_w..q_w + kv_w]);
                 unsafe { vp.slice(slot, kv_w) }.copy_from_slice(&row[q_w + kv_w..]);

@@ -8,13 +8,18 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::attention::{self, Heads};
 use crate::batch::{Logits, Plan, SeqInput};
-use crate::config::{Activation, LlamaConfig, RopeStyle};
+use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::info::candle_message;
 use crate::linear::{Fused, Linear};
 use crate::pool::{KvPool, KvStorage};
 use crate::ragged::AttentionKernel;
 
+mod fused;
+#[cfg(all(feature = "cuda", test))]
+pub(crate) use fused::AddInto;
+#[cfg(feature = "cuda")]
+pub(crate) use fused::{Norm, RopeQk};
 mod host;
 
 struct Layer {
@@ -254,18 +259,6 @@ impl Llama {
         let tokens = Tensor::from_slice(&plan.tokens, t, dev)?;
         let positions = Tensor::from_slice(&plan.positions, t, dev)?;
         let slots = Tensor::from_slice(&plan.slots, t, dev)?;
-        let kv_index = attention::slot_index(&slots, c.kv_dim())?;
-        let half = c.head_dim / 2;
-        let tables = self
-            .rope
-            .iter()
-            .map(|r| -> Result<(Tensor, Tensor)> {
-                let pick = |tab: &Tensor| -> Result<Tensor> {
-                    Ok(tab.index_select(&positions, 0)?.reshape((t, 1, half))?)
-                };
-                Ok((pick(&r.cos)?, pick(&r.sin)?))
-            })
-            .collect::<Result<Vec<_>>>()?;
         let eps = c.rms_norm_eps;
         // Attention: one paged attention launch per layer for the whole batch on a GPU, or the
         // per-sequence gather of tensor ops (the CPU's cross-check, and QUARRY_ATTENTION=gather).
@@ -289,39 +282,32 @@ impl Llama {
         if c.embedding_scale != 1.0 {
             x = (x * c.embedding_scale as f64)?;
         }
+        // The residual stream `x` (f32) takes each projection's output in place; each norm writes
+        // its rows in the element type the next projection multiplies (llama/fused.rs).
+        let norm = |x: &Tensor, weight: &Tensor, out: DType| -> Result<Tensor> {
+            Ok(x.apply_op1_no_bwd(&fused::Norm { weight, eps, out })?)
+        };
         for (l, layer) in self.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, eps)?;
-            let (cos, sin) = &tables[layer.rope];
-            let rope = |y: &Tensor, n: usize, norm: Option<&Tensor>| -> Result<Tensor> {
-                let mut y = y.reshape((t, n, c.head_dim))?;
-                if let Some(w) = norm {
-                    y = candle_nn::ops::rms_norm(&y, w, eps)?;
-                }
-                let y = y.reshape((t, n, 1, c.head_dim))?;
-                let y = match c.rope_style {
-                    RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&y, cos, sin)?,
-                    RopeStyle::Halves => candle_nn::rotary_emb::rope(&y, cos, sin)?,
-                };
-                Ok(y.reshape((t, n, c.head_dim))?)
+            let h = norm(&x, &layer.attn_norm, layer.qkv.input_dtype(t))?;
+            // Q, K and V from one stacked projection, biased, normalized and rotated in one op
+            // (llama/fused.rs), the keys and values written to the pools in one op each.
+            let rope = &self.rope[layer.rope];
+            let op = fused::RopeQk {
+                n_head: c.head_count,
+                n_kv: c.head_count_kv,
+                head_dim: c.head_dim,
+                style: c.rope_style,
+                positions: &positions,
+                cos: &rope.cos,
+                sin: &rope.sin,
+                bias: layer.qkv_bias.as_ref(),
+                qk_norm: layer.qk_norm.as_ref().map(|(q, k)| (q, k)),
+                eps,
             };
-            let (q_norm, k_norm) = match &layer.qk_norm {
-                Some((q, k)) => (Some(q), Some(k)),
-                None => (None, None),
-            };
-            let mut qkv = layer.qkv.forward(&h)?;
-            if let Some(bias) = &layer.qkv_bias {
-                let mut at = 0;
-                for y in qkv.iter_mut() {
-                    let w = y.dim(1)?;
-                    *y = y.broadcast_add(&bias.narrow(0, at, w)?)?;
-                    at += w;
-                }
-            }
-            let q = rope(&qkv[0], c.head_count, q_norm)?;
-            let k = rope(&qkv[1], c.head_count_kv, k_norm)?.reshape((t, c.kv_dim()))?;
-            let v = &qkv[2];
-            attention::write_tensor(&k_pool[l], &k, &kv_index)?;
-            attention::write_tensor(&v_pool[l], v, &kv_index)?;
+            let planes = layer.qkv.forward(&h)?.apply_op1_no_bwd(&op)?;
+            let [q, k, v] = op.split(&planes, t)?;
+            k_pool[l].inplace_op3(&k, &slots, &attention::StoreRows)?;
+            v_pool[l].inplace_op3(&v, &slots, &attention::StoreRows)?;
             let heads = Heads {
                 window: c.window(l),
                 ..heads
@@ -344,32 +330,38 @@ impl Llama {
                 Some((a, f)) => (Some(a), Some(f)),
                 None => (None, None),
             };
-            let post = |y: Tensor, norm: Option<&Tensor>| -> Result<Tensor> {
-                Ok(match norm {
-                    Some(w) => candle_nn::ops::rms_norm(&y, w, eps)?,
-                    None => y,
-                })
+            let post = |y: Tensor, weight: Option<&Tensor>| -> Result<Tensor> {
+                match weight {
+                    Some(w) => norm(&y, w, DType::F32),
+                    None => Ok(y),
+                }
             };
-            x = (x + post(layer.wo.forward(&attn)?, post_attn)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, eps)?;
-            let gu = layer.gate_up.forward(&h)?;
-            // On a GPU one fused launch (kernels/glu.cu); the CPU's cross-check keeps candle's ops.
-            let act = if dev.is_cpu() {
-                let gate = match c.activation {
-                    Activation::Silu => gu[0].silu()?,
-                    Activation::GeluTanh => gu[0].gelu()?,
-                };
-                (gate * &gu[1])?
-            } else {
-                gu[0].apply_op2_no_bwd(&gu[1], &crate::glu::Glu(c.activation))?
-            };
-            x = (x + post(layer.w_down.forward(&act)?, post_ffw)?)?;
+            x.inplace_op2(
+                &post(layer.wo.forward_raw(&attn)?, post_attn)?,
+                &fused::AddInto,
+            )?;
+            let h = norm(&x, &layer.ffn_norm, layer.gate_up.input_dtype(t))?;
+            // act(gate) · up from the stacked gate/up output in one op, in the element type the
+            // down projection multiplies.
+            let act = layer
+                .gate_up
+                .forward(&h)?
+                .apply_op1_no_bwd(&crate::glu::Glu {
+                    act: c.activation,
+                    out: layer.w_down.input_dtype(t),
+                })?;
+            x.inplace_op2(
+                &post(layer.w_down.forward_raw(&act)?, post_ffw)?,
+                &fused::AddInto,
+            )?;
         }
         // Only the rows whose logits are wanted go through the final norm and the vocabulary
         // projection, the largest matmul of a decode step.
-        let rows = Tensor::from_slice(&plan.logit_rows, plan.logit_rows.len(), dev)?;
-        let x = candle_nn::ops::rms_norm(&x.index_select(&rows, 0)?, &self.norm, eps)?;
-        let logits = self.lm_head.forward(&x)?;
+        let rows = plan.logit_rows.len();
+        let x = x.index_select(&Tensor::from_slice(&plan.logit_rows, rows, dev)?, 0)?;
+        let logits =
+            self.lm_head
+                .forward(&norm(&x, &self.norm, self.lm_head.input_dtype(rows))?)?;
         if dev.is_cpu() {
             out.data.clear();
             attention::with_host_slice(&logits, |s| out.data.extend_from_slice(s))?;

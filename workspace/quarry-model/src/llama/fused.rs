@@ -1,0 +1,410 @@
+//! The attention's inputs as few ops (issue 25): what the tensor forward pass does between the
+//! stacked Q/K/V projection and the attention kernel.
+//!
+//! [`RopeQk`] takes the projection's `[tokens, q_w + 2·kv_w]` output (f32, or f16 from the
+//! dense weights' GEMM on a GPU) and returns the queries, keys and values as three f32 planes of
+//! one tensor, the bias added (Qwen2), each query and key head normalized (Gemma 3) and rotated
+//! (RoPE); [`crate::attention::StoreRows`] then writes the keys, and the values, into their
+//! pool's rows at the tokens' slots, in the pool's element type. On a GPU that is three launches
+//! (`kernels/rope_store.cu`) where candle's ops took about a dozen (casts, bias adds, norms, two
+//! RoPE kernels, copies, a cast and a scatter per pool); on the CPU (the tensor layout's
+//! cross-check of the host forward) the same arithmetic in Rust: [`rotate_heads`], which the host
+//! forward runs too, so the CUDA kernels' GPU tests compare them with the host's own arithmetic.
+
+use candle_core::{CpuStorage, CustomOp1, DType, InplaceOp2, Layout, Shape, Tensor};
+
+use crate::config::RopeStyle;
+
+/// `y = y / rms(y) · w` for one row, as candle's `rms_norm` computes it.
+#[inline]
+pub(crate) fn rms_norm_row(y: &mut [f32], w: &[f32], eps: f32) {
+    let sum2: f32 = y.iter().map(|v| v * v).sum();
+    let m = (sum2 / y.len() as f32 + eps).sqrt();
+    for (y, w) in y.iter_mut().zip(w) {
+        *y = *y / m * w;
+    }
+}
+
+/// Per-head query and key norms, and their epsilon.
+pub(crate) type QkNorm<'a> = Option<(&'a [f32], &'a [f32], f32)>;
+
+/// One token's query and key heads (`qk`: `q_w` query values, then the key heads), normalized
+/// per head when `qk_norm` is given, then rotated by the position whose `cos` and `sin` rows
+/// (`head_dim / 2` each) are given: each pair of `style` turns by `p·θ_i`.
+pub(crate) fn rotate_heads(
+    qk: &mut [f32],
+    q_w: usize,
+    head_dim: usize,
+    style: RopeStyle,
+    (cos, sin): (&[f32], &[f32]),
+    qk_norm: QkNorm<'_>,
+) {
+    let half = head_dim / 2;
+    for (i, head) in qk.chunks_exact_mut(head_dim).enumerate() {
+        if let Some((qn, kn, eps)) = qk_norm {
+            rms_norm_row(head, if i * head_dim < q_w { qn } else { kn }, eps);
+        }
+        match style {
+            RopeStyle::Interleaved => {
+                for (pair, (&c, &s)) in head.chunks_exact_mut(2).zip(cos.iter().zip(sin)) {
+                    let (x0, x1) = (pair[0], pair[1]);
+                    pair[0] = x0 * c - x1 * s;
+                    pair[1] = x0 * s + x1 * c;
+                }
+            }
+            RopeStyle::Halves => {
+                let (lo, hi) = head.split_at_mut(half);
+                for ((x0, x1), (&c, &s)) in
+                    lo.iter_mut().zip(hi.iter_mut()).zip(cos.iter().zip(sin))
+                {
+                    let (a, b) = (*x0, *x1);
+                    *x0 = a * c - b * s;
+                    *x1 = a * s + b * c;
+                }
+            }
+        }
+    }
+}
+
+/// The stacked Q/K/V projection's output (f32 or f16, `[tokens, q_w + 2·kv_w]`, contiguous) to
+/// the attention's inputs: one f32 tensor of `tokens · (q_w + 2·kv_w)` values, the queries
+/// (`[tokens, q_w]`), then the keys, then the values (`[tokens, kv_w]` each), with the bias
+/// added, the query and key heads normalized and rotated (see the module).
+pub(crate) struct RopeQk<'a> {
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub style: RopeStyle,
+    /// Each token's position (u32, `[tokens]`).
+    pub positions: &'a Tensor,
+    /// The RoPE tables, `[positions, head_dim / 2]` each.
+    pub cos: &'a Tensor,
+    pub sin: &'a Tensor,
+    /// Q, K and V biases side by side (`[q_w + 2·kv_w]`).
+    pub bias: Option<&'a Tensor>,
+    /// Per-head query and key norms (`[head_dim]` each).
+    pub qk_norm: Option<(&'a Tensor, &'a Tensor)>,
+    pub eps: f32,
+}
+
+impl RopeQk<'_> {
+    fn widths(&self) -> (usize, usize) {
+        (self.n_head * self.head_dim, self.n_kv * self.head_dim)
+    }
+
+    /// The planes' tensors: queries `[tokens, n_head, head_dim]`, keys and values `[tokens,
+    /// kv_w]`, views of the op's output.
+    pub(crate) fn split(&self, planes: &Tensor, tokens: usize) -> crate::Result<[Tensor; 3]> {
+        let (q_w, kv_w) = self.widths();
+        Ok([
+            planes
+                .narrow(0, 0, tokens * q_w)?
+                .reshape((tokens, self.n_head, self.head_dim))?,
+            planes
+                .narrow(0, tokens * q_w, tokens * kv_w)?
+                .reshape((tokens, kv_w))?,
+            planes
+                .narrow(0, tokens * (q_w + kv_w), tokens * kv_w)?
+                .reshape((tokens, kv_w))?,
+        ])
+    }
+
+    /// The input's rows, checked against the heads' width.
+    fn tokens(&self, l: &Layout) -> candle_core::Result<usize> {
+        let (q_w, kv_w) = self.widths();
+        let (tokens, width) = l.shape().dims2()?;
+        if width != q_w + 2 * kv_w {
+            candle_core::bail!(
+                "rope: rows of {width} values, expected {q_w} + 2 × {kv_w} (Q, K, V)"
+            );
+        }
+        Ok(tokens)
+    }
+}
+
+/// A small tensor's values on the host (the CPU side's parameters).
+fn host_vec<T: candle_core::WithDType>(t: &Tensor) -> candle_core::Result<Vec<T>> {
+    t.flatten_all()?.to_vec1::<T>()
+}
+
+impl CustomOp1 for RopeQk<'_> {
+    fn name(&self) -> &'static str {
+        "quarry-rope-qk"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let tokens = self.tokens(l)?;
+        let rows = f32_values(s, l, "rope: the projection's output")?;
+        let (q_w, kv_w) = self.widths();
+        let width = q_w + 2 * kv_w;
+        let half = self.head_dim / 2;
+        let positions = host_vec::<u32>(self.positions)?;
+        let (cos, sin) = (host_vec::<f32>(self.cos)?, host_vec::<f32>(self.sin)?);
+        let bias = self.bias.map(host_vec::<f32>).transpose()?;
+        let norms = match self.qk_norm {
+            Some((q, k)) => Some((host_vec::<f32>(q)?, host_vec::<f32>(k)?)),
+            None => None,
+        };
+        let mut out = vec![0f32; tokens * width];
+        let (q_plane, rest) = out.split_at_mut(tokens * q_w);
+        let (k_plane, v_plane) = rest.split_at_mut(tokens * kv_w);
+        let mut row = vec![0f32; width];
+        for (t, &pos) in positions.iter().enumerate().take(tokens) {
+            row.copy_from_slice(&rows[t * width..(t + 1) * width]);
+            if let Some(bias) = &bias {
+                row.iter_mut().zip(bias).for_each(|(y, b)| *y += b);
+            }
+            let at = pos as usize * half;
+            rotate_heads(
+                &mut row[..q_w + kv_w],
+                q_w,
+                self.head_dim,
+                self.style,
+                (&cos[at..at + half], &sin[at..at + half]),
+                norms
+                    .as_ref()
+                    .map(|(q, k)| (q.as_slice(), k.as_slice(), self.eps)),
+            );
+            q_plane[t * q_w..(t + 1) * q_w].copy_from_slice(&row[..q_w]);
+            k_plane[t * kv_w..(t + 1) * kv_w].copy_from_slice(&row[q_w..q_w + kv_w]);
+            v_plane[t * kv_w..(t + 1) * kv_w].copy_from_slice(&row[q_w + kv_w..]);
+        }
+        Ok((CpuStorage::F32(out), Shape::from(tokens * width)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let tokens = self.tokens(l)?;
+        let (q_w, kv_w) = self.widths();
+        let out = crate::cuda::rope_qk(s, l, self, tokens)?;
+        Ok((out, Shape::from(tokens * (q_w + 2 * kv_w))))
+    }
+}
+
+/// `x / rms(x) · w` per row of a contiguous `[rows, width]` tensor (f32 or f16), written in
+/// `out` (f32 or f16: the element type the next projection multiplies), as [`rms_norm_row`]
+/// computes it. On a GPU one launch (`kernels/residual.cu`) where candle ran its norm and a cast.
+pub(crate) struct Norm<'a> {
+    pub weight: &'a Tensor,
+    pub eps: f32,
+    pub out: DType,
+}
+
+impl Norm<'_> {
+    fn shape(&self, l: &Layout) -> candle_core::Result<(usize, usize)> {
+        let width = l.shape().dims().last().copied().unwrap_or(0);
+        if width != self.weight.elem_count() || !matches!(self.out, DType::F32 | DType::F16) {
+            candle_core::bail!(
+                "norm: rows of {width} values with a weight of {}, into {:?}",
+                self.weight.elem_count(),
+                self.out
+            );
+        }
+        Ok((l.shape().elem_count() / width.max(1), width))
+    }
+}
+
+impl CustomOp1 for Norm<'_> {
+    fn name(&self) -> &'static str {
+        "quarry-rms-norm"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (_, width) = self.shape(l)?;
+        let mut x = f32_values(s, l, "norm: the input")?;
+        let w = host_vec::<f32>(self.weight)?;
+        for row in x.chunks_exact_mut(width.max(1)) {
+            rms_norm_row(row, &w, self.eps);
+        }
+        Ok((cpu_in(x, self.out), l.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let (rows, width) = self.shape(l)?;
+        let out = crate::cuda::rms_norm(s, l, self, rows, width)?;
+        Ok((out, l.shape().clone()))
+    }
+}
+
+/// `x += y` in place: `x` the f32 residual stream, `y` a projection's output of its shape (f32,
+/// or f16 from the dense weights' GEMM), both contiguous: `x.inplace_op2(&y, &AddInto)`. On a GPU
+/// one launch where candle ran a cast and an add into a new tensor.
+pub(crate) struct AddInto;
+
+impl AddInto {
+    fn check(lx: &Layout, ly: &Layout) -> candle_core::Result<()> {
+        if lx.shape() != ly.shape() || !lx.is_contiguous() || !ly.is_contiguous() {
+            candle_core::bail!(
+                "add: {:?} and {:?} must be contiguous of one shape",
+                lx.shape(),
+                ly.shape()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl InplaceOp2 for AddInto {
+    fn name(&self) -> &'static str {
+        "quarry-add-into"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &mut CpuStorage,
+        lx: &Layout,
+        y: &CpuStorage,
+        ly: &Layout,
+    ) -> candle_core::Result<()> {
+        Self::check(lx, ly)?;
+        let y = f32_values(y, ly, "add: the projection's output")?;
+        let CpuStorage::F32(x) = x else {
+            candle_core::bail!("add: the residual stream must be f32");
+        };
+        let at = lx.start_offset();
+        for (x, y) in x[at..at + y.len()].iter_mut().zip(&y) {
+            *x += y;
+        }
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &mut candle_core::CudaStorage,
+        lx: &Layout,
+        y: &candle_core::CudaStorage,
+        ly: &Layout,
+    ) -> candle_core::Result<()> {
+        Self::check(lx, ly)?;
+        crate::cuda::add_into(x, lx, y, ly)
+    }
+}
+
+/// A contiguous f32 or f16 storage's values as f32.
+fn f32_values(s: &CpuStorage, l: &Layout, what: &str) -> candle_core::Result<Vec<f32>> {
+    let Some((a, b)) = l.contiguous_offsets() else {
+        candle_core::bail!("{what} must be contiguous");
+    };
+    Ok(match s {
+        CpuStorage::F32(v) => v[a..b].to_vec(),
+        CpuStorage::F16(v) => v[a..b].iter().map(|x| x.to_f32()).collect(),
+        _ => candle_core::bail!("{what} must be f32 or f16"),
+    })
+}
+
+/// f32 values as a CPU storage of `dtype` (f32 or f16).
+fn cpu_in(x: Vec<f32>, dtype: DType) -> CpuStorage {
+    match dtype {
+        DType::F16 => CpuStorage::F16(x.into_iter().map(half::f16::from_f32).collect()),
+        _ => CpuStorage::F32(x),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd::testing::{relative_error, values};
+    use candle_core::Device;
+
+    /// The op gives what candle's ops gave the tensor forward pass before it (a cast, the bias
+    /// add, `rms_norm` per head, `rope_i` or `rope` on the queries and keys), laid out as its
+    /// three planes, for both pair styles, with and without bias and norms, from f32 and f16.
+    #[test]
+    fn rope_qk_equals_candles_ops_in_planes() {
+        let dev = Device::Cpu;
+        let (tokens, context, eps) = (5, 40, 1e-6);
+        for (n_head, n_kv, head_dim, style, extras, input) in [
+            (6, 2, 16, RopeStyle::Interleaved, false, DType::F16),
+            (6, 2, 16, RopeStyle::Halves, true, DType::F32),
+            (4, 1, 32, RopeStyle::Halves, true, DType::F16),
+        ] {
+            let (q_w, kv_w) = (n_head * head_dim, n_kv * head_dim);
+            let width = q_w + 2 * kv_w;
+            let half = head_dim / 2;
+            let t = |v: Vec<f32>, shape: &[usize]| Tensor::from_vec(v, shape, &dev).unwrap();
+            let x = t(values(7, tokens * width, -3.0, 3.0), &[tokens, width])
+                .to_dtype(input)
+                .unwrap();
+            let positions: Vec<u32> = vec![0, 3, 39, 17, 8];
+            let pos = Tensor::from_slice(&positions, tokens, &dev).unwrap();
+            let cos = t(values(8, context * half, -1.0, 1.0), &[context, half]);
+            let sin = t(values(9, context * half, -1.0, 1.0), &[context, half]);
+            let bias = t(values(10, width, -1.0, 1.0), &[width]);
+            let (qn, kn) = (
+                t(values(11, head_dim, 0.5, 1.5), &[head_dim]),
+                t(values(12, head_dim, 0.5, 1.5), &[head_dim]),
+            );
+            let op = RopeQk {
+                n_head,
+                n_kv,
+                head_dim,
+                style,
+                positions: &pos,
+                cos: &cos,
+                sin: &sin,
+                bias: extras.then_some(&bias),
+                qk_norm: extras.then_some((&qn, &kn)),
+                eps,
+            };
+            let planes = x.apply_op1_no_bwd(&op).unwrap();
+            let [q, k, v] = op.split(&planes, tokens).unwrap();
+            assert_eq!(q.dims(), [tokens, n_head, head_dim]);
+
+            // candle's ops, as forward_tensor ran them.
+            let mut y = x.to_dtype(DType::F32).unwrap();
+            if extras {
+                y = y.broadcast_add(&bias).unwrap();
+            }
+            let tab = |tab: &Tensor| {
+                tab.index_select(&pos, 0)
+                    .unwrap()
+                    .reshape((tokens, 1, half))
+                    .unwrap()
+            };
+            let (c, s) = (tab(&cos), tab(&sin));
+            let rope = |at: usize, n: usize, norm: &Tensor| {
+                let mut h = y
+                    .narrow(1, at, n * head_dim)
+                    .unwrap()
+                    .reshape((tokens, n, head_dim))
+                    .unwrap();
+                if extras {
+                    h = candle_nn::ops::rms_norm(&h.contiguous().unwrap(), norm, eps).unwrap();
+                }
+                let h = h
+                    .reshape((tokens, n, 1, head_dim))
+                    .unwrap()
+                    .contiguous()
+                    .unwrap();
+                match style {
+                    RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&h, &c, &s),
+                    RopeStyle::Halves => candle_nn::rotary_emb::rope(&h, &c, &s),
+                }
+                .unwrap()
+            };
+            let v_want = y.narrow(1, q_w + kv_w, kv_w).unwrap();
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for (got, want, what) in [
+                (&q, rope(0, n_head, &qn), "queries"),
+                (&k, rope(q_w, n_kv, &kn), "keys"),
+                (&v, v_want, "values"),
+            ] {
+                let err = relative_error(&flat(got), &flat(&want));
+                assert!(
+                    err < 1e-6,
+                    "{style:?}, extras {extras}, {input:?}: {what} off by {err:.2e}"
+                );
+            }
+        }
+    }
+}
