@@ -100,6 +100,65 @@ __device__ void group_scores(const float* qs, const KV* __restrict__ k, RowOf ro
     __syncthreads();
 }
 
+// The warps layout's scores: a thread per position (thread i takes i, i + blockDim.x, ...), its
+// key row read with 16-byte loads (eight issued before their arithmetic), each value multiplied with the group's queries from
+// shared memory (every lane reads the same query value: a broadcast). No shuffles: the layout
+// above it (a warp per position, its lanes across the dimensions) spent 15 shuffles per
+// position on SmolLM2's groups of 3 and kept 128 bytes in flight per warp, and read the pool at
+// 19% of a device copy's rate on an H100 at batch 512 (BENCHMARKS.md, 2026-11-26). Rows whose
+// head does not start on 16 bytes (head_dim * sizeof(KV) % 16) are read value by value.
+template <typename KV, int DPL>
+__device__ void group_scores_threads(const float* qs, const KV* __restrict__ k,
+                                     const uint32_t* rows, int n, int group, int head_dim,
+                                     int kv_dim, int kv_head, float scale, float* scores) {
+    constexpr int PER = 16 / sizeof(KV);       // values per 16-byte load
+    constexpr int LOADS = DPL * 32 / PER;      // loads that cover the longest head of DPL
+    constexpr int BATCH = LOADS < 8 ? LOADS : 8;
+    const bool vector = head_dim % PER == 0 && kv_dim % PER == 0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const KV* krow = k + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
+        float dot[MAX_GROUP];
+#pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g) dot[g] = 0.0f;
+        if (vector) {
+            // Eight loads (128 bytes) issued at a time, then their arithmetic: registers for
+            // 32 values, whatever the head.
+#pragma unroll 1
+            for (int c0 = 0; c0 < LOADS && c0 * PER < head_dim; c0 += BATCH) {
+                uint4 raw[BATCH];
+#pragma unroll
+                for (int c = 0; c < BATCH; ++c)
+                    if ((c0 + c) * PER < head_dim)
+                        raw[c] = __ldg(reinterpret_cast<const uint4*>(krow) + c0 + c);
+#pragma unroll
+                for (int c = 0; c < BATCH; ++c) {
+                    if ((c0 + c) * PER >= head_dim) break;
+                    const KV* x = reinterpret_cast<const KV*>(&raw[c]);
+#pragma unroll
+                    for (int e = 0; e < PER; ++e) {
+                        const float kx = to_float(x[e]);
+                        const int i = (c0 + c) * PER + e;
+#pragma unroll
+                        for (int g = 0; g < MAX_GROUP; ++g)
+                            if (g < group) dot[g] += qs[g * head_dim + i] * kx;
+                    }
+                }
+            }
+        } else {
+            for (int i = 0; i < head_dim; ++i) {
+                const float kx = to_float(krow[i]);
+#pragma unroll
+                for (int g = 0; g < MAX_GROUP; ++g)
+                    if (g < group) dot[g] += qs[g * head_dim + i] * kx;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g)
+            if (g < group) scores[g * n + j] = dot[g] * scale;
+    }
+    __syncthreads();
+}
+
 // One softmax per query head of the group, in place over its row of n scores. SPLIT: the weights
 // stay unnormalized, exp(score - max), and thread 0 writes each head's max and sum to
 // ml[2 * g * ml_stride], ml[2 * g * ml_stride + 1] (a chunk's share of the combine).
@@ -132,8 +191,9 @@ __device__ void group_softmax(float* scores, int group, int n, float* red, float
 }
 
 // Two layouts of the same attention. The warps layout (the default; an H100 measured both on
-// 2026-11-26: 123 µs a layer against 303 at batch 1) splits the block's warps over the attended
-// positions in both phases. In the per-dimension layout (`QUARRY_ATTENTION=per-dimension`) a
+// 2026-11-26: 123 µs a layer against 303 at batch 1, when its scores took a warp per position
+// as its weighted sum does; the thread per position of group_scores_threads is newer and not
+// yet measured) splits the block's threads over the attended positions in both phases. In the per-dimension layout (`QUARRY_ATTENTION=per-dimension`) a
 // thread per dimension walks every position in turn to sum the values, two dependent loads per
 // step (the block table, then the value), so a decode row at 1,000 positions is a chain of 1,000
 // latencies per layer whatever the batch, with half of the 128 threads idle for 64-dimensional
@@ -203,9 +263,8 @@ __device__ void paged_attention(
         for (int j = threadIdx.x; j < n; j += blockDim.x)
             rows[j] = pool_row(pages, first + j, page_size);
         __syncthreads();
-        // Unrolled so that a warp has several positions' loads in flight.
-        group_scores<KV, 2>(qs, k, [&](int j) { return rows[j]; }, n, group, head_dim, kv_dim,
-                            kv_head, scale, scores);
+        group_scores_threads<KV, DPL>(qs, k, rows, n, group, head_dim, kv_dim, kv_head, scale,
+                                      scores);
     }
     group_softmax<SPLIT>(scores, group, n, red, ml, splits);
 
