@@ -74,12 +74,14 @@ impl From<crate::attention::Heads> for AttentionShape {
     }
 }
 
-/// The batch's metadata on the device, uploaded once per step and read by every layer's launch.
+/// The batch's metadata on the device, uploaded once per step (one copy) and read by every
+/// layer's launch.
 pub struct DeviceBatch {
-    token_seq: CudaSlice<u32>,
-    token_pos: CudaSlice<u32>,
-    page_start: CudaSlice<u32>,
-    block_table: CudaSlice<u32>,
+    /// `token_seq`, `token_pos`, `page_start` and `block_table` of [`RaggedBatch`], one after the
+    /// other.
+    ids: CudaSlice<u32>,
+    /// Where each of the four starts in `ids`, and where the last ends.
+    at: [usize; 5],
     tokens: usize,
     page_size: usize,
     /// The most positions one new token attends to (its shared-memory need).
@@ -99,16 +101,30 @@ impl DeviceBatch {
             })
             .max()
             .unwrap_or(0);
+        let parts = [
+            &meta.token_seq,
+            &meta.token_pos,
+            &meta.page_start,
+            &meta.block_table,
+        ];
+        let mut at = [0; 5];
+        for (i, p) in parts.iter().enumerate() {
+            at[i + 1] = at[i] + p.len();
+        }
+        let ids: Vec<u32> = parts.into_iter().flatten().copied().collect();
         Ok(Self {
-            token_seq: dev.clone_htod(&nonempty(&meta.token_seq))?,
-            token_pos: dev.clone_htod(&nonempty(&meta.token_pos))?,
-            page_start: dev.clone_htod(&meta.page_start)?,
-            block_table: dev.clone_htod(&nonempty(&meta.block_table))?,
+            ids: dev.clone_htod(&nonempty(&ids))?,
+            at,
             tokens: meta.tokens(),
             page_size: meta.page_size as usize,
             longest,
             sms: multiprocessors(dev)?,
         })
+    }
+
+    /// `token_seq`, `token_pos`, `page_start` and `block_table`, as the kernel reads them.
+    fn arrays(&self) -> [CudaView<'_, u32>; 4] {
+        std::array::from_fn(|i| self.ids.slice(self.at[i]..self.at[i + 1]))
     }
 }
 
@@ -265,10 +281,11 @@ pub fn paged_attention(
             KvPool::F16(k, v) => b.arg(k).arg(v),
             KvPool::Bf16(k, v) => b.arg(k).arg(v),
         };
-        b.arg(&batch.token_seq)
-            .arg(&batch.token_pos)
-            .arg(&batch.page_start)
-            .arg(&batch.block_table);
+        let [token_seq, token_pos, page_start, block_table] = batch.arrays();
+        b.arg(&token_seq)
+            .arg(&token_pos)
+            .arg(&page_start)
+            .arg(&block_table);
         let chunk32 = chunk.unwrap_or(0) as i32;
         let (n_head, n_kv, head_dim) = (
             shape.n_head as i32,
@@ -845,46 +862,81 @@ pub fn sample_rows(
         return Ok(Vec::new());
     }
     let func = dev.get_or_load_custom_func("sample_rows", "quarry_sampling", SAMPLING_PTX)?;
-    let logit_row = dev.clone_htod(&rows.logit_row)?;
-    let temperature = dev.clone_htod(&rows.temperature)?;
-    let top_k = dev.clone_htod(&rows.top_k)?;
-    let top_p = dev.clone_htod(&rows.top_p)?;
-    let uniform = dev.clone_htod(&rows.uniform)?;
-    let mask_index = dev.clone_htod(&rows.mask_index)?;
-    let ban_start = dev.clone_htod(&rows.ban_start)?;
-    let ban_ids = dev.clone_htod(&nonempty(&rows.ban_ids))?;
-    let mut token = dev.alloc_zeros::<u32>(n)?;
-    let mut status = dev.alloc_zeros::<u32>(n)?;
+    // The rows' parameters in one upload: the uniforms (f64, first, so they stay 8-byte
+    // aligned), then every u32 and f32 array as words.
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let parts: [&[u32]; 7] = [
+        &rows.logit_row,
+        &bits(&rows.temperature),
+        &rows.top_k,
+        &bits(&rows.top_p),
+        &rows.mask_index,
+        &rows.ban_start,
+        &nonempty(&rows.ban_ids),
+    ];
+    let mut words: Vec<u32> = rows
+        .uniform
+        .iter()
+        .flat_map(|u| {
+            let b = u.to_bits();
+            [b as u32, (b >> 32) as u32]
+        })
+        .collect();
+    let mut at = [2 * n; 8];
+    for (i, p) in parts.iter().enumerate() {
+        words.extend_from_slice(p);
+        at[i + 1] = at[i] + p.len();
+    }
+    let params = dev.clone_htod(&words)?;
+    let word = |i: usize| params.slice(at[i]..at[i + 1]);
+    // SAFETY: each view reinterprets words that hold values of its type (f32 bits; the uniforms'
+    // little-endian halves, at the buffer's 8-byte-aligned start).
+    let (uniform, temperature, top_p) = unsafe {
+        (
+            params.slice(..2 * n).transmute::<f64>(n),
+            word(1).transmute::<f32>(n),
+            word(3).transmute::<f32>(n),
+        )
+    };
+    let (Some(uniform), Some(temperature), Some(top_p)) = (uniform, temperature, top_p) else {
+        candle_core::bail!("sampling: the parameters' upload is short");
+    };
+    let [logit_row, top_k, mask_index, ban_start, ban_ids] = [0, 2, 4, 5, 6].map(word);
+    // Every row's token, then every row's status: one buffer, one copy back.
+    let mut out = dev.alloc_zeros::<u32>(2 * n)?;
     let (vocab32, words32) = (vocab as u32, words_per_mask as u32);
     let cfg = LaunchConfig {
         grid_dim: (n as u32, 1, 1),
         block_dim: (SAMPLE_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = func.builder();
-    b.arg(logits)
-        .arg(&logit_row)
-        .arg(&vocab32)
-        .arg(masks)
-        .arg(&words32)
-        .arg(&mask_index)
-        .arg(&ban_start)
-        .arg(&ban_ids)
-        .arg(&temperature)
-        .arg(&top_k)
-        .arg(&top_p)
-        .arg(&uniform)
-        .arg(&mut token)
-        .arg(&mut status);
-    // SAFETY: the arguments match `sample_rows` in kernels/sampling.cu; every per-row array has
-    // `n` entries (`ban_start` n + 1), and the caller's logits and masks have the sizes given.
-    unsafe { b.launch(cfg) }.w()?;
-    let token = dev.clone_dtoh(&token)?;
-    let status = dev.clone_dtoh(&status)?;
+    {
+        let (mut token, mut status) = out.split_at_mut(n);
+        let mut b = func.builder();
+        b.arg(logits)
+            .arg(&logit_row)
+            .arg(&vocab32)
+            .arg(masks)
+            .arg(&words32)
+            .arg(&mask_index)
+            .arg(&ban_start)
+            .arg(&ban_ids)
+            .arg(&temperature)
+            .arg(&top_k)
+            .arg(&top_p)
+            .arg(&uniform)
+            .arg(&mut token)
+            .arg(&mut status);
+        // SAFETY: the arguments match `sample_rows` in kernels/sampling.cu; every per-row array has
+        // `n` entries (`ban_start` n + 1), and the caller's logits and masks have the sizes given.
+        unsafe { b.launch(cfg) }.w()?;
+    }
+    let out = dev.clone_dtoh(&out)?;
+    let (token, status) = out.split_at(n);
     Ok(token
-        .into_iter()
+        .iter()
         .zip(status)
-        .map(|(t, s)| match s {
+        .map(|(&t, &s)| match s {
             0 => Ok(t),
             1 => Err(crate::ModelError::Sampling {
                 message: "every token is masked (all logits are -inf)".into(),

@@ -256,9 +256,17 @@ impl Llama {
         let c = &self.config;
         let t = plan.tokens.len();
         let dev = &self.device;
-        let tokens = Tensor::from_slice(&plan.tokens, t, dev)?;
-        let positions = Tensor::from_slice(&plan.positions, t, dev)?;
-        let slots = Tensor::from_slice(&plan.slots, t, dev)?;
+        // The step's token ids, positions, slots and logit rows in one upload, before any
+        // kernel is queued (an upload from pageable memory may wait for the work queued before it).
+        let rows = plan.logit_rows.len();
+        let ids: Vec<u32> = [&plan.tokens, &plan.positions, &plan.slots, &plan.logit_rows]
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
+        let ids = Tensor::from_vec(ids, 3 * t + rows, dev)?;
+        let (tokens, positions) = (ids.narrow(0, 0, t)?, ids.narrow(0, t, t)?);
+        let (slots, logit_rows) = (ids.narrow(0, 2 * t, t)?, ids.narrow(0, 3 * t, rows)?);
         let eps = c.rms_norm_eps;
         // Attention: one paged attention launch per layer for the whole batch on a GPU, or the
         // per-sequence gather of tensor ops (the CPU's cross-check, and QUARRY_ATTENTION=gather).
@@ -357,8 +365,7 @@ impl Llama {
         }
         // Only the rows whose logits are wanted go through the final norm and the vocabulary
         // projection, the largest matmul of a decode step.
-        let rows = plan.logit_rows.len();
-        let x = x.index_select(&Tensor::from_slice(&plan.logit_rows, rows, dev)?, 0)?;
+        let x = x.index_select(&logit_rows, 0)?;
         let logits =
             self.lm_head
                 .forward(&norm(&x, &self.norm, self.lm_head.input_dtype(rows))?)?;
