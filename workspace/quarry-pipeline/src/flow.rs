@@ -20,7 +20,7 @@
 //! marker lands owns the file; its rejects were computed against the accepted file it saw. A worker
 //! that finds the marker already there publishes nothing (its report has `duplicate` set). One whose
 //! marker put finds another's marker (not byte for byte its own, which would be its own lost
-//! response) is a duplicate too, and if its accepted file landed *after* that marker was computed
+//! response: every marker carries a name of its own, `quarry.marker`) is a duplicate too, and if its accepted file landed *after* that marker was computed
 //! without it (the other worker accepted nothing and saw no accepted file), the marker holds those
 //! documents already: it withdraws its accepted file. The one window left open is a crash between
 //! that put and the withdrawal, which needs the misconfiguration, decoding that differs between
@@ -343,6 +343,31 @@ impl<E: Extractor> Flow<E> {
     }
 }
 
+/// A name for one publish call's commit marker, unique across workers and calls (a random
+/// per-process key from the OS, the time, a counter), written into the marker's metadata. An
+/// `AlreadyExists` whose bytes equal the marker's is then this call's own write whose response
+/// was lost, never another worker's: without it two workers' markers with no rows were equal
+/// byte for byte, and both reported the shard as theirs (`sharding` test, 2026-11-26).
+fn marker_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static WORKER: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let worker = WORKER.get_or_init(|| {
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    });
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{worker:016x}-{nanos}-{}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// Writes finished files to the output and rejects datasets.
 #[derive(Clone)]
 pub struct Publisher {
@@ -403,7 +428,8 @@ impl Publisher {
         }
         let ctx = self.context();
         let accepted_meta = self.metadata(&file, "accepted");
-        let rejects_meta = self.metadata(&file, "rejects");
+        let mut rejects_meta = self.metadata(&file, "rejects");
+        rejects_meta.push(("quarry.marker".to_string(), marker_id()));
         let mut report = FileReport {
             name: file.name.clone(),
             group: file.group.clone(),
@@ -967,6 +993,27 @@ mod tests {
         assert!(y2.duplicate);
         assert_eq!(offsets_of(&publisher.output, "s.parquet"), vec![0]);
         assert_eq!(offsets_of(&publisher.rejects, "s.parquet"), vec![1]);
+    }
+
+    /// Two workers that decode alike, the second looking for the marker just before the first's
+    /// landed: both markers hold no rows, so without a name of its own the second took the
+    /// first's marker for its own lost write and reported the file as its own too.
+    #[test]
+    fn a_marker_equal_in_rows_to_another_workers_is_still_a_duplicate() {
+        let (_, publisher) = setup(
+            "alike",
+            Fake {
+                queued: vec![],
+                refuse: false,
+            },
+        );
+        let x = publish_docs(&publisher, "e.parquet", &[b"a", b"bb"]);
+        assert!(!x.duplicate);
+        assert_eq!((x.accepted, x.rejected), (2, 0));
+        let y = publish_docs(&looked_early(&publisher), "e.parquet", &[b"a", b"bb"]);
+        assert!(y.duplicate, "the second worker claimed the file: {y:?}");
+        assert_eq!(offsets_of(&publisher.output, "e.parquet"), vec![0, 1]);
+        assert!(offsets_of(&publisher.rejects, "e.parquet").is_empty());
     }
 
     #[test]
