@@ -186,12 +186,13 @@ merge_runs "$OUT/quarry-bench-cuda.json" "${runs[@]}"
 
 # The choices issue 25 left to measurement, each against the defaults (the sweep's run of the same
 # batch size), mode a: one run per setting in AB (space separated VAR=value[@BATCH], batch 128
-# unless given; default: the attention kernel split over the positions (split-K) at batch 1, 8,
-# 32 and 128, and the quantized weights for single-row steps at batch 1; the settings measured on
+# unless given; default: the forward pass's phases timed (QUARRY_PROFILE, its table in the log) at
+# batch 1 and 512, the attention kernel split over the positions (split-K) at batch 1, 8, 32 and
+# 128, and the quantized weights for single-row steps at batch 1; the settings measured on
 # 2026-11-26 (QUARRY_ATTENTION=per-dimension or gather, QUARRY_SAMPLING=host,
 # QUARRY_DENSE_FROM_ROWS=0, QUARRY_KV_DTYPE=bf16) run when AB names them), all into one JSON whose
 # runs carry their setting.
-AB="${AB-QUARRY_ATTENTION=split@1 QUARRY_ATTENTION=split@8 QUARRY_ATTENTION=split@32 QUARRY_ATTENTION=split QUARRY_DENSE_FROM_ROWS=2@1}"
+AB="${AB-QUARRY_PROFILE=1@1 QUARRY_PROFILE=1@512 QUARRY_ATTENTION=split@1 QUARRY_ATTENTION=split@8 QUARRY_ATTENTION=split@32 QUARRY_ATTENTION=split QUARRY_DENSE_FROM_ROWS=2@1}"
 if [ "$split_ok" = 0 ]; then
   AB="$(tr ' ' '\n' <<<"$AB" | grep -v '^QUARRY_ATTENTION=split' | paste -sd' ')"
 fi

@@ -34,6 +34,7 @@ mod info;
 mod linear;
 mod llama;
 mod pool;
+pub mod profile;
 mod ragged;
 mod sampling;
 mod simd;

@@ -76,6 +76,12 @@ pub(crate) struct BenchArgs {
     /// Where the JSON results go (default: quarry-bench-<device>-<time>.json here).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Time each phase of the forward pass on a GPU (norms, projections, RoPE, KV writes,
+    /// attention, …), synchronizing the device after each: the runs get slower, the split shows
+    /// where a pass's time goes. Printed per run and written to the JSON as `profile` (also
+    /// `QUARRY_PROFILE=1`). The CPU's forward pass (the host layout) is not split.
+    #[arg(long)]
+    profile: bool,
 }
 
 pub(crate) fn run(args: BenchArgs) -> Result<()> {
@@ -142,13 +148,17 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     );
     // Kernel loading and first-touch allocation stay out of the numbers.
     let warm = bench::requests(&docs[..docs.len().min(2)], Some(&schema), 8);
+    if args.profile {
+        quarry_model::profile::set_enabled(true);
+    }
     bench::measure(&model, &tok, config(2, true), warm, &validator)?;
+    quarry_model::profile::take();
 
     let mut results = Vec::new();
     for &b in &args.batch {
         for mode in &args.modes {
             let constrained = mode != "a";
-            let mut runs = Vec::new();
+            let (mut runs, mut profiles) = (Vec::new(), Vec::new());
             for rep in 0..args.repeats {
                 let reqs = bench::requests(&docs, constrained.then_some(&schema), args.max_tokens);
                 let m = bench::measure(&model, &tok, config(b, mode != "b"), reqs, &validator)?;
@@ -158,12 +168,22 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
                     m.docs_per_s,
                     m.output_tokens_per_s
                 );
+                if quarry_model::profile::enabled() {
+                    let phases = quarry_model::profile::take();
+                    print_profile(&phases, m.forward_passes);
+                    profiles.push(json!(phases));
+                }
                 runs.push(m);
             }
-            results.push((b, mode.clone(), runs));
+            results.push((b, mode.clone(), runs, profiles));
         }
     }
-    print_table(&results)?;
+    print_table(
+        &results
+            .iter()
+            .map(|(b, m, r, _)| (*b, m.clone(), r.clone()))
+            .collect::<Vec<_>>(),
+    )?;
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from(format!(
             "quarry-bench-{}-{}.json",
@@ -186,12 +206,19 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         "max_tokens": args.max_tokens,
         "modes": {"a": "no constraint", "b": "schema, no jump-forward", "c": "schema + jump-forward"},
         "repeats": args.repeats,
-        "results": results.iter().map(|(b, mode, runs)| json!({
-            "batch": b,
-            "mode": mode,
-            "median": bench::median_run(runs),
-            "runs": runs,
-        })).collect::<Vec<_>>(),
+        "results": results.iter().map(|(b, mode, runs, profiles)| {
+            let mut r = json!({
+                "batch": b,
+                "mode": mode,
+                "median": bench::median_run(runs),
+                "runs": runs,
+            });
+            if !profiles.is_empty() {
+                // Per run: each phase's marks and seconds (QUARRY_PROFILE, quarry_model::profile).
+                r["profile"] = json!(profiles);
+            }
+            r
+        }).collect::<Vec<_>>(),
     });
     write_json(&out, &doc)?;
     eprintln!("results: {}", out.display());
@@ -237,6 +264,30 @@ fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// One profiled run's phases: time per forward pass and share of the profiled time, largest first.
+fn print_profile(phases: &[quarry_model::profile::PhaseTime], passes: u64) {
+    if phases.is_empty() {
+        eprintln!("  (no phases: profiling splits the tensor forward pass, a GPU's)");
+        return;
+    }
+    let total: f64 = phases.iter().map(|p| p.seconds).sum();
+    let mut sorted: Vec<_> = phases.iter().collect();
+    sorted.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    eprintln!(
+        "  {:<24} {:>10} {:>12} {:>7}",
+        "phase", "marks", "ms/pass", "share"
+    );
+    for p in sorted {
+        eprintln!(
+            "  {:<24} {:>10} {:>12.3} {:>6.1}%",
+            p.phase,
+            p.calls,
+            1e3 * p.seconds / passes.max(1) as f64,
+            100.0 * p.seconds / total.max(1e-12)
+        );
+    }
 }
 
 fn write_json(path: &Path, doc: &Value) -> Result<()> {

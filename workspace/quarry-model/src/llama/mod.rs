@@ -256,6 +256,8 @@ impl Llama {
         let c = &self.config;
         let t = plan.tokens.len();
         let dev = &self.device;
+        // `QUARRY_PROFILE=1`: each phase below ends with a synchronization and a mark.
+        let mut phases = crate::profile::Phases::start(dev)?;
         // The step's token ids, positions, slots and logit rows in one upload, before any
         // kernel is queued (an upload from pageable memory may wait for the work queued before it).
         let rows = plan.logit_rows.len();
@@ -290,6 +292,7 @@ impl Llama {
         if c.embedding_scale != 1.0 {
             x = (x * c.embedding_scale as f64)?;
         }
+        phases.mark("set-up and embedding")?;
         // The residual stream `x` (f32) takes each projection's output in place; each norm writes
         // its rows in the element type the next projection multiplies (llama/fused.rs).
         let norm = |x: &Tensor, weight: &Tensor, out: DType| -> Result<Tensor> {
@@ -297,6 +300,7 @@ impl Llama {
         };
         for (l, layer) in self.layers.iter().enumerate() {
             let h = norm(&x, &layer.attn_norm, layer.qkv.input_dtype(t))?;
+            phases.mark("norms")?;
             // Q, K and V from one stacked projection, biased, normalized and rotated in one op
             // (llama/fused.rs), the keys and values written to the pools in one op each.
             let rope = &self.rope[layer.rope];
@@ -312,10 +316,14 @@ impl Llama {
                 qk_norm: layer.qk_norm.as_ref().map(|(q, k)| (q, k)),
                 eps,
             };
-            let planes = layer.qkv.forward(&h)?.apply_op1_no_bwd(&op)?;
+            let qkv = layer.qkv.forward(&h)?;
+            phases.mark("Q/K/V projection")?;
+            let planes = qkv.apply_op1_no_bwd(&op)?;
             let [q, k, v] = op.split(&planes, t)?;
+            phases.mark("RoPE")?;
             k_pool[l].inplace_op3(&k, &slots, &attention::StoreRows)?;
             v_pool[l].inplace_op3(&v, &slots, &attention::StoreRows)?;
+            phases.mark("KV writes")?;
             let heads = Heads {
                 window: c.window(l),
                 ..heads
@@ -344,24 +352,26 @@ impl Llama {
                     None => Ok(y),
                 }
             };
-            x.inplace_op2(
-                &post(layer.wo.forward_raw(&attn)?, post_attn)?,
-                &fused::AddInto,
-            )?;
+            phases.mark("attention")?;
+            let y = post(layer.wo.forward_raw(&attn)?, post_attn)?;
+            phases.mark("output projection")?;
+            x.inplace_op2(&y, &fused::AddInto)?;
+            phases.mark("residual adds")?;
             let h = norm(&x, &layer.ffn_norm, layer.gate_up.input_dtype(t))?;
+            phases.mark("norms")?;
+            let gate_up = layer.gate_up.forward(&h)?;
+            phases.mark("gate/up projection")?;
             // act(gate) · up from the stacked gate/up output in one op, in the element type the
             // down projection multiplies.
-            let act = layer
-                .gate_up
-                .forward(&h)?
-                .apply_op1_no_bwd(&crate::glu::Glu {
-                    act: c.activation,
-                    out: layer.w_down.input_dtype(t),
-                })?;
-            x.inplace_op2(
-                &post(layer.w_down.forward_raw(&act)?, post_ffw)?,
-                &fused::AddInto,
-            )?;
+            let act = gate_up.apply_op1_no_bwd(&crate::glu::Glu {
+                act: c.activation,
+                out: layer.w_down.input_dtype(t),
+            })?;
+            phases.mark("GLU")?;
+            let y = post(layer.w_down.forward_raw(&act)?, post_ffw)?;
+            phases.mark("down projection")?;
+            x.inplace_op2(&y, &fused::AddInto)?;
+            phases.mark("residual adds")?;
         }
         // Only the rows whose logits are wanted go through the final norm and the vocabulary
         // projection, the largest matmul of a decode step.
@@ -369,6 +379,7 @@ impl Llama {
         let logits =
             self.lm_head
                 .forward(&norm(&x, &self.norm, self.lm_head.input_dtype(rows))?)?;
+        phases.mark("output norm and logits")?;
         if dev.is_cpu() {
             out.data.clear();
             attention::with_host_slice(&logits, |s| out.data.extend_from_slice(s))?;

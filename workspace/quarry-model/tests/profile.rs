@@ -1,0 +1,63 @@
+//! `QUARRY_PROFILE`'s phases over real forward passes of SmolLM2 on the tensor layout: every
+//! layer's phases are marked once per layer and pass, the pass's own once per pass, and the
+//! logits are those of a pass without profiling. Its own test binary: the totals are
+//! process-wide, and no other test may run forward passes beside it.
+
+mod common;
+
+use common::*;
+use quarry_model::{profile, KvLayout, Logits, SeqInput};
+
+#[test]
+fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
+    let model = smollm2();
+    let layers = model.config().block_count as u64;
+    let tokens: Vec<u32> = (1..=12).collect();
+    let run = |on: bool| {
+        profile::set_enabled(on);
+        let mut pool = pool(16, 2, KvLayout::Tensor);
+        let mut pages = Vec::new();
+        assert!(pool.alloc_into(1, &mut pages));
+        let mut out = Logits::new();
+        let mut last = Vec::new();
+        for (start, end) in [(0, 10), (10, 11), (11, 12)] {
+            let batch = [SeqInput::new(&tokens[start..end], start, &pages)];
+            model.forward(&batch, &mut pool, &mut out).unwrap();
+            last.extend_from_slice(out.last(0));
+        }
+        last
+    };
+    let plain = run(false);
+    assert!(profile::take().is_empty(), "nothing recorded while off");
+    let profiled = run(true);
+    assert_eq!(profiled, plain, "profiling changes no logit");
+    let phases = profile::take();
+    let calls = |name: &str| {
+        phases
+            .iter()
+            .find(|p| p.phase == name)
+            .unwrap_or_else(|| panic!("no phase {name}: {phases:?}"))
+            .calls
+    };
+    let passes = 3;
+    for per_layer in [
+        "Q/K/V projection",
+        "RoPE",
+        "KV writes",
+        "attention",
+        "output projection",
+        "gate/up projection",
+        "GLU",
+        "down projection",
+    ] {
+        assert_eq!(calls(per_layer), passes * layers, "{per_layer}");
+    }
+    // Two norms and two residual adds per layer.
+    assert_eq!(calls("norms"), 2 * passes * layers);
+    assert_eq!(calls("residual adds"), 2 * passes * layers);
+    assert_eq!(calls("set-up and embedding"), passes);
+    assert_eq!(calls("output norm and logits"), passes);
+    assert!(phases.iter().all(|p| p.seconds > 0.0), "{phases:?}");
+    assert!(profile::take().is_empty(), "take clears the totals");
+    profile::set_enabled(false);
+}
