@@ -1,4 +1,4 @@
-//! With the `cuda` feature, compiles quarry's own kernels (kernels/*.cu) to PTX for `src/cuda.rs`
+//! With the `cuda` feature, compiles quarry's own kernels (kernels/*.cu) to PTX for `src/cuda/`
 //! to embed; without it, does nothing (CI and CPU builds need no CUDA toolchain).
 //!
 //! nvcc is `$NVCC`, else `$CUDA_ROOT/bin/nvcc`, else `nvcc` on the PATH (`make build-cuda` sets

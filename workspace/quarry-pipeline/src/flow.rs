@@ -833,13 +833,7 @@ mod tests {
 
     #[test]
     fn files_of_a_group_publish_in_order() {
-        let (mut flow, _) = setup(
-            "order",
-            Fake {
-                queued: vec![],
-                refuse: false,
-            },
-        );
+        let (mut flow, _) = setup_plain("order");
         run_file(&mut flow, "g", "1", &[b"slow"], 0);
         run_file(&mut flow, "g", "2", &[b"fast"], 1);
         run_file(&mut flow, "h", "3", &[b"fast"], 0);
@@ -853,13 +847,7 @@ mod tests {
 
     #[test]
     fn a_replay_after_a_crash_between_files_lands_each_offset_once() {
-        let (mut flow, publisher) = setup(
-            "replay",
-            Fake {
-                queued: vec![],
-                refuse: false,
-            },
-        );
+        let (mut flow, publisher) = setup_plain("replay");
         run_file(&mut flow, "g", "r.parquet", &[b"a", b"bb", b"nine char"], 0);
         let first = drain(&mut flow).pop().unwrap();
         // The crash: the accepted part of an earlier run, and no rejects marker.
@@ -901,28 +889,27 @@ mod tests {
         assert_eq!(rej, vec![1, 2]);
     }
 
-    /// Publishes one file `name` of `docs` (offsets from 0) through `publisher`.
-    fn publish_docs(publisher: &Publisher, name: &str, docs: &[&[u8]]) -> FileReport {
-        let (mut flow, _) = setup(
-            "unused",
+    /// [`setup`] with a fake that refuses nothing and has nothing queued.
+    fn setup_plain(name: &str) -> (Flow<Fake>, Publisher) {
+        setup(
+            name,
             Fake {
                 queued: vec![],
                 refuse: false,
             },
-        );
+        )
+    }
+
+    /// Publishes one file `name` of `docs` (offsets from 0) through `publisher`.
+    fn publish_docs(publisher: &Publisher, name: &str, docs: &[&[u8]]) -> FileReport {
+        let (mut flow, _) = setup_plain("unused");
         run_file(&mut flow, "g", name, docs, 0);
         publisher.publish(drain(&mut flow).pop().unwrap()).unwrap()
     }
 
     #[test]
     fn a_file_another_worker_published_first_is_a_duplicate_that_publishes_nothing() {
-        let (_, publisher) = setup(
-            "dup",
-            Fake {
-                queued: vec![],
-                refuse: false,
-            },
-        );
+        let (_, publisher) = setup_plain("dup");
         let first = publish_docs(&publisher, "d.parquet", &[b"a", b"far too long a name"]);
         assert!(!first.duplicate);
         assert_eq!((first.accepted, first.rejected), (1, 1));
@@ -962,13 +949,7 @@ mod tests {
 
     #[test]
     fn an_accepted_file_that_races_a_marker_holding_its_documents_is_withdrawn() {
-        let (_, publisher) = setup(
-            "race",
-            Fake {
-                queued: vec![],
-                refuse: false,
-            },
-        );
+        let (_, publisher) = setup_plain("race");
         // Worker X rejects both documents: it publishes no accepted file, only its marker.
         let x = publish_docs(
             &publisher,
@@ -1000,13 +981,7 @@ mod tests {
     /// first's marker for its own lost write and reported the file as its own too.
     #[test]
     fn a_marker_equal_in_rows_to_another_workers_is_still_a_duplicate() {
-        let (_, publisher) = setup(
-            "alike",
-            Fake {
-                queued: vec![],
-                refuse: false,
-            },
-        );
+        let (_, publisher) = setup_plain("alike");
         let x = publish_docs(&publisher, "e.parquet", &[b"a", b"bb"]);
         assert!(!x.duplicate);
         assert_eq!((x.accepted, x.rejected), (2, 0));
@@ -1018,13 +993,7 @@ mod tests {
 
     #[test]
     fn abandoned_groups_drop_their_work() {
-        let (mut flow, _) = setup(
-            "abandon",
-            Fake {
-                queued: vec![],
-                refuse: false,
-            },
-        );
+        let (mut flow, _) = setup_plain("abandon");
         run_file(&mut flow, "g", "1", &[b"slow", b"x"], 0);
         run_file(&mut flow, "h", "2", &[b"slow"], 0);
         flow.pump().unwrap();

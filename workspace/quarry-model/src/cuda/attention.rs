@@ -1,0 +1,505 @@
+//! The whole-batch paged attention (`kernels/paged_attention.cu`): one launch per layer for
+//! every new token of a ragged batch, in the layout [`AttentionKernel`] names, split over the
+//! positions (split-K) where the launch would have too few blocks or a context too long for one
+//! block's shared memory.
+
+use candle_core::cuda::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda::WrapErr;
+use candle_core::{CudaDevice, Result};
+
+use super::nonempty;
+use crate::ragged::{AttentionKernel, RaggedBatch};
+
+const ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
+/// Threads per block of the attention kernel: a warp per attended position for the scores.
+const ATTENTION_THREADS: u32 = 128;
+/// Threads per block of its `warps` layout (its `WARPS` × 32).
+const ATTENTION_WARPS_THREADS: u32 = 256;
+/// Query heads per key-value head the attention kernel serves in one block (its `MAX_GROUP`).
+const MAX_GROUP: usize = 8;
+/// Dynamic shared memory a block may have on Hopper (227 KiB).
+const MAX_SHARED: usize = 227 * 1024;
+/// Split-K's choice of chunk (`AttentionKernel::Split { chunk: None }`): about this many blocks
+/// per SM in a launch, and no chunk under `MIN_CHUNK` positions (4 per warp).
+const SPLIT_BLOCKS_PER_SM: usize = 4;
+const MIN_CHUNK: usize = 32;
+
+/// A layer's KV pool on the device, in the element type it is stored in.
+pub enum KvPool<'a> {
+    F32(&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+    F16(&'a CudaSlice<half::f16>, &'a CudaSlice<half::f16>),
+    Bf16(&'a CudaSlice<half::bf16>, &'a CudaSlice<half::bf16>),
+}
+
+/// The attention's shape: heads, grouped-query KV heads, and Gemma's sliding window (0: none).
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    pub window: usize,
+}
+
+impl From<crate::attention::Heads> for AttentionShape {
+    fn from(h: crate::attention::Heads) -> Self {
+        Self {
+            n_head: h.n_head,
+            n_kv: h.n_kv,
+            head_dim: h.head_dim,
+            scale: h.scale,
+            window: h.window.unwrap_or(0),
+        }
+    }
+}
+
+/// The batch's metadata on the device, uploaded once per step (one copy) and read by every
+/// layer's launch.
+pub struct DeviceBatch {
+    /// `token_seq`, `token_pos`, `page_start` and `block_table` of [`RaggedBatch`], one after the
+    /// other.
+    ids: CudaSlice<u32>,
+    /// Where each of the four starts in `ids`, and where the last ends.
+    at: [usize; 5],
+    tokens: usize,
+    page_size: usize,
+    /// The most positions one new token attends to (its shared-memory need).
+    longest: usize,
+    /// The device's streaming multiprocessors (split-K's choice of chunk).
+    sms: usize,
+}
+
+impl DeviceBatch {
+    pub fn upload(dev: &CudaDevice, meta: &RaggedBatch, window: usize) -> Result<Self> {
+        let longest = meta
+            .token_pos
+            .iter()
+            .map(|&p| match window {
+                0 => p as usize + 1,
+                w => (p as usize + 1).min(w),
+            })
+            .max()
+            .unwrap_or(0);
+        let parts = [
+            &meta.token_seq,
+            &meta.token_pos,
+            &meta.page_start,
+            &meta.block_table,
+        ];
+        let mut at = [0; 5];
+        for (i, p) in parts.iter().enumerate() {
+            at[i + 1] = at[i] + p.len();
+        }
+        let ids: Vec<u32> = parts.into_iter().flatten().copied().collect();
+        Ok(Self {
+            ids: dev.clone_htod(&nonempty(&ids))?,
+            at,
+            tokens: meta.tokens(),
+            page_size: meta.page_size as usize,
+            longest,
+            sms: multiprocessors(dev)?,
+        })
+    }
+
+    /// `token_seq`, `token_pos`, `page_start` and `block_table`, as the kernel reads them.
+    fn arrays(&self) -> [CudaView<'_, u32>; 4] {
+        std::array::from_fn(|i| self.ids.slice(self.at[i]..self.at[i + 1]))
+    }
+}
+
+/// The device's streaming multiprocessors (132 on an H100 SXM).
+fn multiprocessors(dev: &CudaDevice) -> Result<usize> {
+    use candle_core::cuda::cudarc::driver::sys::CUdevice_attribute;
+    let n = dev
+        .cuda_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .w()?;
+    Ok(n.max(1) as usize)
+}
+
+/// Attention for every new token of the batch: `q` is `[tokens, n_head · head_dim]` (f32), `out`
+/// the same shape. One launch, or two for split-K (the chunks, then their combination).
+pub fn paged_attention(
+    dev: &CudaDevice,
+    q: &CudaSlice<f32>,
+    kv: KvPool<'_>,
+    batch: &DeviceBatch,
+    shape: AttentionShape,
+    kernel: AttentionKernel,
+    out: &mut CudaSlice<f32>,
+) -> Result<()> {
+    if batch.tokens == 0 {
+        return Ok(());
+    }
+    let element = match kv {
+        KvPool::F32(..) => "f32",
+        KvPool::F16(..) => "f16",
+        KvPool::Bf16(..) => "bf16",
+    };
+    if shape.head_dim > 256 {
+        candle_core::bail!(
+            "paged attention: heads of {} dimensions (256 at most)",
+            shape.head_dim
+        );
+    }
+    if shape.n_kv == 0
+        || !shape.n_head.is_multiple_of(shape.n_kv)
+        || shape.n_head / shape.n_kv > MAX_GROUP
+    {
+        candle_core::bail!(
+            "paged attention: {} query heads on {} key-value heads (groups of at most {MAX_GROUP})",
+            shape.n_head,
+            shape.n_kv
+        );
+    }
+    let group = shape.n_head / shape.n_kv;
+    let chunk = split_chunk(batch, shape, kernel);
+    let splits = chunk.map_or(1, |c| batch.longest.div_ceil(c));
+    // Shared memory: the group's queries and scores, and for the `warps` layout the rows it reads
+    // and its warps' partial sums (the kernel's comments).
+    let (name, threads, shared) = match kernel {
+        AttentionKernel::PerDimension => (
+            format!("paged_attention_{element}"),
+            ATTENTION_THREADS,
+            group * (batch.longest + shape.head_dim) * 4,
+        ),
+        AttentionKernel::Warps | AttentionKernel::Split { .. } => {
+            let layout = if splits > 1 { "split" } else { "warps" };
+            let positions = chunk.unwrap_or(batch.longest).min(batch.longest);
+            (
+                format!("paged_attention_{layout}{}_{element}", dims_per_lane(shape)),
+                ATTENTION_WARPS_THREADS,
+                warps_shared_words(group, shape.head_dim, positions) * 4,
+            )
+        }
+    };
+    if shared > MAX_SHARED {
+        candle_core::bail!(
+            "paged attention: {} positions of context need {shared} bytes of shared memory, over \
+             {MAX_SHARED}; QUARRY_ATTENTION=warps or split runs such contexts",
+            batch.longest
+        );
+    }
+    if splits > 65_535 {
+        candle_core::bail!("paged attention: {splits} chunks of context (65,535 at most)");
+    }
+    let shared = shared as u32;
+    let func = dev.get_or_load_custom_func(&name, "quarry_paged_attention", ATTENTION_PTX)?;
+    if shared > 48 * 1024 {
+        // Beyond the default dynamic shared memory: raise the kernel's limit (up to the
+        // device's 227 KiB per block on Hopper).
+        use candle_core::cuda::cudarc::driver::sys::CUfunction_attribute;
+        func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .w()?;
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (batch.tokens as u32, shape.n_kv as u32, splits as u32),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: shared,
+    };
+    // Split-K's chunk results: per (token, query head, chunk), the unnormalized sums and the
+    // maximum and sum of the chunk's weights.
+    let rows = batch.tokens * shape.n_head * splits;
+    let mut parts = match splits {
+        1 => None,
+        // SAFETY: the split kernel writes every chunk's values, empty chunks included.
+        _ => Some(unsafe {
+            Split {
+                acc: dev.alloc::<f32>(rows * shape.head_dim)?,
+                ml: dev.alloc::<f32>(rows * 2)?,
+            }
+        }),
+    };
+    {
+        let mut b = func.builder();
+        b.arg(q);
+        match kv {
+            KvPool::F32(k, v) => b.arg(k).arg(v),
+            KvPool::F16(k, v) => b.arg(k).arg(v),
+            KvPool::Bf16(k, v) => b.arg(k).arg(v),
+        };
+        let [token_seq, token_pos, page_start, block_table] = batch.arrays();
+        b.arg(&token_seq)
+            .arg(&token_pos)
+            .arg(&page_start)
+            .arg(&block_table);
+        let chunk32 = chunk.unwrap_or(0) as i32;
+        let (n_head, n_kv, head_dim) = (
+            shape.n_head as i32,
+            shape.n_kv as i32,
+            shape.head_dim as i32,
+        );
+        let (page_size, window) = (batch.page_size as i32, shape.window as i32);
+        // The split kernel writes its chunks' results, the one-block kernel the output.
+        let (acc, ml) = match &mut parts {
+            Some(p) => (Some(&mut p.acc), Some(&mut p.ml)),
+            None => (None, None),
+        };
+        match acc {
+            Some(acc) => b.arg(acc),
+            None => b.arg(&mut *out),
+        };
+        b.arg(&n_head)
+            .arg(&n_kv)
+            .arg(&head_dim)
+            .arg(&page_size)
+            .arg(&shape.scale)
+            .arg(&window);
+        if let Some(ml) = ml {
+            b.arg(&chunk32).arg(ml);
+        }
+        // SAFETY: the arguments match the kernel's signature in kernels/paged_attention.cu, and
+        // the buffers hold what the batch's metadata addresses (checked by the caller's pool
+        // and plan).
+        unsafe { b.launch(cfg) }.w()?;
+    }
+    let Some(Split { acc, ml }) = &parts else {
+        return Ok(());
+    };
+    let func = dev.get_or_load_custom_func(
+        "paged_attention_combine",
+        "quarry_paged_attention",
+        ATTENTION_PTX,
+    )?;
+    let cfg = LaunchConfig {
+        grid_dim: ((batch.tokens * shape.n_head) as u32, 1, 1),
+        block_dim: (shape.head_dim.div_ceil(32) as u32 * 32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (head_dim, splits32) = (shape.head_dim as i32, splits as i32);
+    let mut b = func.builder();
+    b.arg(acc).arg(ml).arg(out).arg(&head_dim).arg(&splits32);
+    // SAFETY: `paged_attention_combine`'s signature; `acc` and `ml` hold `splits` chunks of every
+    // (token, query head), `out` one row of `head_dim` each.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// Split-K's chunk results, per (token, query head, chunk): the unnormalized weighted sums
+/// (`head_dim` each) and the chunk's weights' maximum and sum.
+struct Split {
+    acc: CudaSlice<f32>,
+    ml: CudaSlice<f32>,
+}
+
+/// The warps layout's dimensions per lane (its template's DPL): heads of up to 64, 128 or 256.
+fn dims_per_lane(shape: AttentionShape) -> usize {
+    match shape.head_dim.div_ceil(32) {
+        0..=2 => 2,
+        3..=4 => 4,
+        _ => 8,
+    }
+}
+
+/// Shared memory words of one warps-layout block attending to `positions` positions: the group's
+/// queries and scores, the pool rows, the warps' partial sums.
+fn warps_shared_words(group: usize, head_dim: usize, positions: usize) -> usize {
+    let warps = ATTENTION_WARPS_THREADS as usize / 32;
+    group * (head_dim + positions) + positions + warps * group * head_dim
+}
+
+/// The positions per chunk a launch splits each token's context into, or `None` for one block
+/// per (token, key-value head). `Warps` splits only a context too long for one block's shared
+/// memory; `Split` takes its chunk, or chooses one that gives the launch about
+/// `SPLIT_BLOCKS_PER_SM` blocks per SM (never under `MIN_CHUNK` positions); both stay within
+/// shared memory. A chunk that covers the longest context is `None`.
+fn split_chunk(
+    batch: &DeviceBatch,
+    shape: AttentionShape,
+    kernel: AttentionKernel,
+) -> Option<usize> {
+    let group = shape.n_head / shape.n_kv;
+    let fixed = warps_shared_words(group, shape.head_dim, 0);
+    let most = (MAX_SHARED / 4).saturating_sub(fixed) / (group + 1);
+    let chunk = match kernel {
+        AttentionKernel::PerDimension => return None,
+        AttentionKernel::Warps => most,
+        AttentionKernel::Split { chunk: Some(c) } => c.clamp(1, most),
+        AttentionKernel::Split { chunk: None } => {
+            let blocks = batch.tokens * shape.n_kv;
+            let wanted = (SPLIT_BLOCKS_PER_SM * batch.sms).div_ceil(blocks.max(1));
+            batch
+                .longest
+                .div_ceil(wanted)
+                .max(MIN_CHUNK)
+                .min(most.max(1))
+        }
+    };
+    (chunk < batch.longest).then_some(chunk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::Heads;
+    use crate::batch::SeqInput;
+    use crate::cuda::testing::gpu;
+    use crate::ragged::attend_reference;
+    use crate::simd::testing::{relative_error, values};
+
+    /// A batch as a step mixes them, on scattered pages of 16 positions: long and short prefills,
+    /// decodes at long contexts, an extension.
+    fn mixed(page_size: usize) -> (Vec<Vec<u32>>, Vec<usize>, Vec<Vec<u32>>) {
+        let lens = [37usize, 1, 1, 5, 120, 1];
+        let starts = [0usize, 700, 63, 30, 0, 2];
+        let mut next_page = 0u32;
+        let mut pages = Vec::new();
+        for (l, s) in lens.iter().zip(&starts) {
+            let n = (s + l).div_ceil(page_size);
+            // Every other page, backwards: nothing contiguous or ordered.
+            let p: Vec<u32> = (0..n as u32)
+                .rev()
+                .map(|i| (next_page + i) * 2 + 1)
+                .collect();
+            next_page += n as u32;
+            pages.push(p);
+        }
+        let tokens = lens.iter().map(|&l| vec![1u32; l]).collect();
+        (tokens, starts.to_vec(), pages)
+    }
+
+    #[test]
+    fn paged_attention_matches_its_reference_on_a_mixed_batch() {
+        paged_attention_matches_its_reference(AttentionKernel::PerDimension);
+    }
+
+    #[test]
+    fn paged_attention_warps_matches_its_reference_on_a_mixed_batch() {
+        paged_attention_matches_its_reference(AttentionKernel::Warps);
+    }
+
+    /// Split-K with chunks of 16 and 100 positions (most tokens' contexts split, some in one
+    /// chunk; chunks past short tokens' ends left empty) and with the chunk it chooses.
+    #[test]
+    fn paged_attention_split_matches_its_reference_on_a_mixed_batch() {
+        for chunk in [Some(16), Some(100), None] {
+            paged_attention_matches_its_reference(AttentionKernel::Split { chunk });
+        }
+    }
+
+    /// A decode row at 20,000 positions with Qwen2.5's groups of 7: more than one block's shared
+    /// memory holds, so the warps layout splits it (and the per-dimension one refuses it, naming
+    /// the way out).
+    #[test]
+    fn paged_attention_splits_a_context_too_long_for_one_block() {
+        let dev = gpu();
+        let (n_head, n_kv, head_dim, context) = (14, 2, 64, 20_000);
+        let pages: Vec<u32> = (0..context as u32).rev().collect();
+        let tokens = [1u32];
+        let batch = [SeqInput::new(&tokens, context - 1, &pages)];
+        let mut meta = RaggedBatch::default();
+        meta.fill(&batch, 1);
+        let h = Heads {
+            n_head,
+            n_kv,
+            head_dim,
+            page_size: 1,
+            scale: 0.125,
+            window: None,
+        };
+        let kv = context * n_kv * head_dim;
+        let (k, v) = (values(11, kv, -1.0, 1.0), values(13, kv, -1.0, 1.0));
+        let q = values(17, n_head * head_dim, -3.0, 3.0);
+        let mut want = vec![0f32; q.len()];
+        attend_reference(&meta, &q, &k, &v, h, &mut want);
+        let shape = AttentionShape::from(h);
+        let db = DeviceBatch::upload(&dev, &meta, 0).unwrap();
+        let (dq, dk, dv) = (
+            dev.clone_htod(&q).unwrap(),
+            dev.clone_htod(&k).unwrap(),
+            dev.clone_htod(&v).unwrap(),
+        );
+        let mut out = dev.clone_htod(&vec![f32::NAN; q.len()]).unwrap();
+        let refused = paged_attention(
+            &dev,
+            &dq,
+            KvPool::F32(&dk, &dv),
+            &db,
+            shape,
+            AttentionKernel::PerDimension,
+            &mut out,
+        )
+        .unwrap_err();
+        assert!(refused.to_string().contains("shared memory"), "{refused}");
+        paged_attention(
+            &dev,
+            &dq,
+            KvPool::F32(&dk, &dv),
+            &db,
+            shape,
+            AttentionKernel::Warps,
+            &mut out,
+        )
+        .unwrap();
+        let got = dev.clone_dtoh(&out).unwrap();
+        let err = relative_error(&got, &want);
+        eprintln!("paged attention over {context} positions, split: relative error {err:.2e}");
+        assert!(err < 1e-5, "relative error {err:.2e}");
+    }
+
+    fn paged_attention_matches_its_reference(kernel: AttentionKernel) {
+        let dev = gpu();
+        let page_size = 16;
+        let (tokens, starts, pages) = mixed(page_size);
+        let batch: Vec<SeqInput<'_>> = (0..tokens.len())
+            .map(|i| SeqInput::new(&tokens[i], starts[i], &pages[i]))
+            .collect();
+        let mut meta = RaggedBatch::default();
+        meta.fill(&batch, page_size);
+        let rows = (pages.iter().flatten().max().unwrap() + 1) as usize * page_size;
+        // SmolLM2's groups of 3, Qwen2.5's of 7, Gemma's 4 heads on one of 256 with its window.
+        for (n_head, n_kv, head_dim, window) in [(9, 3, 64, 0), (14, 2, 64, 0), (4, 1, 256, 48)] {
+            let h = Heads {
+                n_head,
+                n_kv,
+                head_dim,
+                page_size,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                window: (window > 0).then_some(window),
+            };
+            let seed = (n_head * 1000 + head_dim + window) as u64;
+            let kv = rows * n_kv * head_dim;
+            let k = values(seed * 3 + 1, kv, -1.0, 1.0);
+            let v = values(seed * 5 + 2, kv, -1.0, 1.0);
+            let q = values(seed * 7 + 3, meta.tokens() * n_head * head_dim, -1.0, 1.0);
+            let mut want = vec![0f32; q.len()];
+            attend_reference(&meta, &q, &k, &v, h, &mut want);
+            let shape = AttentionShape::from(h);
+            let db = DeviceBatch::upload(&dev, &meta, window).unwrap();
+            let dq = dev.clone_htod(&q).unwrap();
+            let check = |pool: KvPool<'_>, what: &str, bound: f64| {
+                // Poisoned: an unwritten output is NaN and fails.
+                let mut out = dev.clone_htod(&vec![f32::NAN; q.len()]).unwrap();
+                paged_attention(&dev, &dq, pool, &db, shape, kernel, &mut out).unwrap();
+                let got = dev.clone_dtoh(&out).unwrap();
+                assert!(
+                    got.iter().all(|x| x.is_finite()),
+                    "{what}: unwritten or NaN output"
+                );
+                let err = relative_error(&got, &want);
+                eprintln!("paged attention {kernel:?} {what} ({n_head}/{n_kv} heads of {head_dim}, window {window}): relative error {err:.2e}");
+                assert!(
+                    err < bound,
+                    "{what}: relative error {err:.2e} over {bound:.0e}"
+                );
+            };
+            let (dk, dv) = (dev.clone_htod(&k).unwrap(), dev.clone_htod(&v).unwrap());
+            check(KvPool::F32(&dk, &dv), "f32 pool", 1e-5);
+            // The 16-bit pools hold rounded keys and values: bf16 keeps 8 bits of mantissa,
+            // f16 11, so their errors sit near 2^-9 and 2^-12 of the values.
+            let to =
+                |x: &[f32], f: fn(f32) -> half::f16| x.iter().map(|&y| f(y)).collect::<Vec<_>>();
+            let (hk, hv) = (to(&k, half::f16::from_f32), to(&v, half::f16::from_f32));
+            let (dk, dv) = (dev.clone_htod(&hk).unwrap(), dev.clone_htod(&hv).unwrap());
+            check(KvPool::F16(&dk, &dv), "f16 pool", 2e-3);
+            let bk: Vec<half::bf16> = k.iter().map(|&y| half::bf16::from_f32(y)).collect();
+            let bv: Vec<half::bf16> = v.iter().map(|&y| half::bf16::from_f32(y)).collect();
+            let (dk, dv) = (dev.clone_htod(&bk).unwrap(), dev.clone_htod(&bv).unwrap());
+            check(KvPool::Bf16(&dk, &dv), "bf16 pool", 1e-2);
+        }
+    }
+}

@@ -1,0 +1,570 @@
+//! The forward pass's fused ops on a GPU (`kernels/rope_store.cu`, `residual.cu`, `glu.cu`):
+//! the launchers behind the candle ops of `llama/fused.rs` and `glu.rs`, reading and writing
+//! tensors in the element types around them.
+
+use candle_core::cuda::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda::CudaStorage;
+use candle_core::cuda::WrapErr;
+use candle_core::{DType, Layout, Result, Storage, Tensor};
+
+const GLU_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/glu.ptx"));
+const ROPE_STORE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rope_store.ptx"));
+const RESIDUAL_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/residual.ptx"));
+/// Threads per block of `rms_norm` (its `NORM_THREADS`): a block per row.
+const NORM_THREADS: u32 = 256;
+/// Threads per block of the element-wise kernels (GLU, the KV writes) and of `rope_qk`.
+const ELEMENTWISE_THREADS: u32 = 256;
+
+/// A grid-stride launch over `n` values.
+fn elementwise(n: usize) -> LaunchConfig {
+    let blocks = (n as u64)
+        .div_ceil(ELEMENTWISE_THREADS as u64)
+        .clamp(1, 65_535) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (ELEMENTWISE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The contiguous values a layout addresses in a storage, as a kernel argument.
+fn view<'a, T: candle_core::cuda::CudaDType>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    what: &str,
+) -> Result<CudaView<'a, T>> {
+    let Some((a, b)) = l.contiguous_offsets() else {
+        candle_core::bail!("{what} must be contiguous");
+    };
+    Ok(s.as_cuda_slice::<T>()?.slice(a..b))
+}
+
+/// A tensor's storage, held for a launch that reads it, and its layout.
+fn held(t: &Tensor) -> (impl std::ops::Deref<Target = Storage> + '_, &Layout) {
+    t.storage_and_layout()
+}
+
+/// [`view`] of a held tensor's values (a launch's parameter tensor).
+fn held_view<'a, T: candle_core::cuda::CudaDType>(
+    storage: &'a impl std::ops::Deref<Target = Storage>,
+    l: &Layout,
+    what: &str,
+) -> Result<CudaView<'a, T>> {
+    match &**storage {
+        Storage::Cuda(c) => view::<T>(c, l, what),
+        _ => candle_core::bail!("{what} must be on the GPU"),
+    }
+}
+
+/// Pushes the values storage `$s` and layout `$l` address (f32, else f16) on the builder `$b`;
+/// `$x32` and `$x16` are the caller's (declared, unset) bindings that keep the view alive.
+macro_rules! arg_f32_or_f16 {
+    ($b:ident, $s:expr, $l:expr, $what:expr, $x32:ident, $x16:ident) => {
+        match &$s.slice {
+            candle_core::cuda::CudaStorageSlice::F32(_) => {
+                $x32 = view::<f32>($s, $l, $what)?;
+                $b.arg(&$x32)
+            }
+            _ => {
+                $x16 = view::<half::f16>($s, $l, $what)?;
+                $b.arg(&$x16)
+            }
+        }
+    };
+}
+
+/// Launches `func(x, y, ...)` (a kernel `{prefix}_{input}_{output}`, [`in_out_name`]): `x` the
+/// values storage `$s` and layout `$l` address (f32 or f16), `y` a new tensor of `$n` values of
+/// `$out` (f32 or f16), then the arguments `$more` pushes on the builder `$b`; evaluates to `y`.
+/// The caller's SAFETY: `func` has exactly that signature for both element types and writes
+/// every value of `y`.
+macro_rules! in_out_launch {
+    (@one $in:ty, $o:ty, $s:ident, $l:ident, $func:ident, $n:expr, $cfg:expr, $what:expr,
+     |$b:ident| $more:block) => {{
+        let x = view::<$in>($s, $l, $what)?;
+        let mut y = $s.device.alloc::<$o>(($n).max(1))?;
+        if $n > 0 {
+            let mut $b = $func.builder();
+            $b.arg(&x).arg(&mut y);
+            $more
+            $b.launch($cfg).w()?;
+        }
+        CudaStorage::wrap_cuda_slice(y, $s.device.clone())
+    }};
+    ($s:ident, $l:ident, $out:expr, $func:ident, $n:expr, $cfg:expr, $what:expr,
+     |$b:ident| $more:block) => {{
+        use candle_core::cuda::CudaStorageSlice as S;
+        match (&$s.slice, $out) {
+            (S::F32(_), DType::F32) => {
+                in_out_launch!(@one f32, f32, $s, $l, $func, $n, $cfg, $what, |$b| $more)
+            }
+            (S::F32(_), _) => {
+                in_out_launch!(@one f32, half::f16, $s, $l, $func, $n, $cfg, $what, |$b| $more)
+            }
+            (_, DType::F32) => {
+                in_out_launch!(@one half::f16, f32, $s, $l, $func, $n, $cfg, $what, |$b| $more)
+            }
+            _ => in_out_launch!(@one half::f16, half::f16, $s, $l, $func, $n, $cfg, $what, |$b| $more),
+        }
+    }};
+}
+
+/// `act(gate) · up` from the stacked gate/up output (`[rows, 2f]`, f32 or f16) into a new
+/// `[rows, f]` of `out` (f32 or f16), one launch of `kernels/glu.cu`.
+pub fn glu(
+    s: &CudaStorage,
+    l: &Layout,
+    act: crate::config::Activation,
+    out: DType,
+    rows: usize,
+    f: usize,
+) -> Result<CudaStorage> {
+    let act = match act {
+        crate::config::Activation::Silu => "silu",
+        crate::config::Activation::GeluTanh => "gelu_tanh",
+    };
+    let func = s.device.get_or_load_custom_func(
+        &in_out_name(&format!("glu_{act}"), s, out)?,
+        "quarry_glu",
+        GLU_PTX,
+    )?;
+    let (rows64, f64) = (rows as u64, f as u64);
+    // SAFETY: the arguments match `glu_*` in kernels/glu.cu; the input holds `rows` rows of 2f
+    // values, the output `rows · f`, every one of which the kernel writes.
+    Ok(unsafe {
+        in_out_launch!(
+            s,
+            l,
+            out,
+            func,
+            rows * f,
+            elementwise(rows * f),
+            "glu: the gate/up output",
+            |b| {
+                b.arg(&rows64).arg(&f64);
+            }
+        )
+    })
+}
+
+/// The kernel `{prefix}_{input}_{output}` for an f32 or f16 input and output.
+fn in_out_name(prefix: &str, s: &CudaStorage, out: DType) -> Result<String> {
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda::CudaStorageSlice as S;
+    let name = |d: DType| if d == DType::F16 { "f16" } else { "f32" };
+    match (&s.slice, out) {
+        (S::F32(_) | S::F16(_), DType::F32 | DType::F16) => {
+            Ok(format!("{prefix}_{}_{}", name(s.dtype()), name(out)))
+        }
+        (_, out) => candle_core::bail!(
+            "{prefix}: f32 or f16 in and out, not {:?} to {out:?}",
+            s.dtype()
+        ),
+    }
+}
+
+/// The attention's inputs from the stacked Q/K/V output (`s`, `[tokens, width]`, f32 or f16):
+/// one launch of `rope_qk` (`kernels/rope_store.cu`), returning the f32 planes of
+/// [`crate::llama::RopeQk`].
+pub(crate) fn rope_qk(
+    s: &CudaStorage,
+    l: &Layout,
+    op: &crate::llama::RopeQk<'_>,
+    tokens: usize,
+) -> Result<CudaStorage> {
+    use candle_core::cuda::CudaStorageSlice as S;
+    let dev = &s.device;
+    let width = (op.n_head + 2 * op.n_kv) * op.head_dim;
+    let name = match &s.slice {
+        S::F32(_) => "rope_qk_f32",
+        S::F16(_) => "rope_qk_f16",
+        _ => candle_core::bail!("rope: the projection's output must be f32 or f16"),
+    };
+    let func = dev.get_or_load_custom_func(name, "quarry_rope_store", ROPE_STORE_PTX)?;
+    let shared = (width * 4) as u32;
+    if shared > 48 * 1024 {
+        candle_core::bail!("rope: rows of {width} values exceed a block's shared memory");
+    }
+    // The parameters, held while the launch reads them; absent ones are null pointers.
+    let positions = held(op.positions);
+    let (cos, sin) = (held(op.cos), held(op.sin));
+    let bias = op.bias.map(held);
+    let norms = op.qk_norm.map(|(q, k)| (held(q), held(k)));
+    let positions = held_view::<u32>(&positions.0, positions.1, "rope: positions")?;
+    let cos = held_view::<f32>(&cos.0, cos.1, "rope: cos")?;
+    let sin = held_view::<f32>(&sin.0, sin.1, "rope: sin")?;
+    let bias = match &bias {
+        Some((g, l)) => Some(held_view::<f32>(g, l, "rope: bias")?),
+        None => None,
+    };
+    let norms = match &norms {
+        Some(((qg, ql), (kg, kl))) => Some((
+            held_view::<f32>(qg, ql, "rope: q norm")?,
+            held_view::<f32>(kg, kl, "rope: k norm")?,
+        )),
+        None => None,
+    };
+    // SAFETY: the kernel writes every value of its planes (tokens · width).
+    let mut out = unsafe { dev.alloc::<f32>((tokens * width).max(1)) }?;
+    if tokens == 0 {
+        return Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()));
+    }
+    let null = 0u64;
+    let (tokens32, n_head, n_kv, head_dim) = (
+        tokens as i32,
+        op.n_head as i32,
+        op.n_kv as i32,
+        op.head_dim as i32,
+    );
+    let interleaved = i32::from(op.style == crate::config::RopeStyle::Interleaved);
+    let cfg = LaunchConfig {
+        grid_dim: (tokens as u32, 1, 1),
+        block_dim: (ELEMENTWISE_THREADS, 1, 1),
+        shared_mem_bytes: shared,
+    };
+    let (x32, x16);
+    let mut b = func.builder();
+    arg_f32_or_f16!(b, s, l, "rope: the projection's output", x32, x16);
+    match &bias {
+        Some(bias) => b.arg(bias),
+        None => b.arg(&null),
+    };
+    match &norms {
+        Some((q, k)) => b.arg(q).arg(k),
+        None => b.arg(&null).arg(&null),
+    };
+    b.arg(&cos)
+        .arg(&sin)
+        .arg(&positions)
+        .arg(&mut out)
+        .arg(&tokens32)
+        .arg(&n_head)
+        .arg(&n_kv)
+        .arg(&head_dim)
+        .arg(&interleaved)
+        .arg(&op.eps);
+    // SAFETY: the arguments match `rope_qk_*` in kernels/rope_store.cu; the input holds `tokens`
+    // rows of `width`, the bias `width` values, each norm `head_dim`, and the tables cover every
+    // position (the plan checked them against the context length).
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+/// Each row of `s` (`rows` × `width`, f32 or f16) normalized by [`crate::llama::Norm`]'s weight,
+/// into a new tensor of its `out` type: one launch of `rms_norm` (`kernels/residual.cu`).
+pub(crate) fn rms_norm(
+    s: &CudaStorage,
+    l: &Layout,
+    op: &crate::llama::Norm<'_>,
+    rows: usize,
+    width: usize,
+) -> Result<CudaStorage> {
+    let func = s.device.get_or_load_custom_func(
+        &in_out_name("rms_norm", s, op.out)?,
+        "quarry_residual",
+        RESIDUAL_PTX,
+    )?;
+    let weight = held(op.weight);
+    let weight = held_view::<f32>(&weight.0, weight.1, "norm: the weight")?;
+    let cfg = LaunchConfig {
+        grid_dim: (rows.max(1) as u32, 1, 1),
+        block_dim: (NORM_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let width32 = width as i32;
+    // SAFETY: the arguments match `rms_norm_*` in kernels/residual.cu; the input holds `rows`
+    // rows of `width` values, the weight `width`, and the kernel writes every value of the output.
+    Ok(unsafe {
+        in_out_launch!(
+            s,
+            l,
+            op.out,
+            func,
+            rows * width,
+            cfg,
+            "norm: the input",
+            |b| {
+                b.arg(&weight).arg(&width32).arg(&op.eps);
+            }
+        )
+    })
+}
+
+/// `x += y` over their values (x f32, y f32 or f16, contiguous, one shape): one launch of
+/// `add_into` (`kernels/residual.cu`).
+pub(crate) fn add_into(
+    x: &mut CudaStorage,
+    lx: &Layout,
+    y: &CudaStorage,
+    ly: &Layout,
+) -> Result<()> {
+    use candle_core::cuda::CudaStorageSlice as S;
+    let n = ly.shape().elem_count();
+    if n == 0 {
+        return Ok(());
+    }
+    let dev = x.device.clone();
+    let name = match &y.slice {
+        S::F32(_) => "add_into_f32",
+        S::F16(_) => "add_into_f16",
+        _ => candle_core::bail!("add: the projection's output must be f32 or f16"),
+    };
+    let func = dev.get_or_load_custom_func(name, "quarry_residual", RESIDUAL_PTX)?;
+    let start = lx.start_offset();
+    let S::F32(xs) = &mut x.slice else {
+        candle_core::bail!("add: the residual stream must be f32");
+    };
+    let mut xs = xs.slice_mut(start..start + n);
+    let n64 = n as u64;
+    let (y32, y16);
+    let mut b = func.builder();
+    b.arg(&mut xs);
+    arg_f32_or_f16!(b, y, ly, "add: the projection's output", y32, y16);
+    b.arg(&n64);
+    // SAFETY: the arguments match `add_into_*`; both hold `n` values.
+    unsafe { b.launch(elementwise(n)) }.w()?;
+    Ok(())
+}
+
+/// Writes a plane of `tokens` rows of `width` f32 values into a pool layer at the rows `slots`
+/// names, in the pool's element type: one launch of `store_rows` (`kernels/rope_store.cu`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn store_rows(
+    pool: &mut CudaStorage,
+    lp: &Layout,
+    plane: &CudaStorage,
+    ls: &Layout,
+    slots: &CudaStorage,
+    lz: &Layout,
+    tokens: usize,
+    width: usize,
+) -> Result<()> {
+    use candle_core::cuda::CudaStorageSlice as S;
+    if tokens == 0 {
+        return Ok(());
+    }
+    let dev = pool.device.clone();
+    let src = view::<f32>(plane, ls, "store rows: the plane")?;
+    let slots = view::<u32>(slots, lz, "store rows: the slots")?;
+    let (tokens64, width64) = (tokens as u64, width as u64);
+    let cfg = elementwise(tokens * width);
+    let start = lp.start_offset();
+    let name = match &pool.slice {
+        S::F32(_) => "store_rows_f32",
+        S::F16(_) => "store_rows_f16",
+        S::BF16(_) => "store_rows_bf16",
+        _ => candle_core::bail!("store rows: pools are f32, f16 or bf16"),
+    };
+    let func = dev.get_or_load_custom_func(name, "quarry_rope_store", ROPE_STORE_PTX)?;
+    let mut b = func.builder();
+    b.arg(&src).arg(&slots);
+    let (mut p32, mut p16, mut pb16);
+    match &mut pool.slice {
+        S::F32(p) => {
+            p32 = p.slice_mut(start..);
+            b.arg(&mut p32)
+        }
+        S::F16(p) => {
+            p16 = p.slice_mut(start..);
+            b.arg(&mut p16)
+        }
+        S::BF16(p) => {
+            pb16 = p.slice_mut(start..);
+            b.arg(&mut pb16)
+        }
+        _ => unreachable!("matched above"),
+    };
+    b.arg(&tokens64).arg(&width64);
+    // SAFETY: the arguments match `store_rows_*`; the plane holds `tokens · width` values, the
+    // slots `tokens` rows of the pool (the plan checked them against the pool's size).
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::testing::{both, host_f32, ids_on_both};
+    use crate::simd::testing::{relative_error, values};
+
+    /// The fused activation equals its reference (the op's CPU side) on a large random stacked
+    /// input, from f32 or f16 to f32 or f16.
+    #[test]
+    fn glu_matches_its_reference() {
+        use crate::config::Activation;
+        use crate::glu::Glu;
+        let (rows, f) = (300, 1001);
+        let x = values(31, rows * 2 * f, -8.0, 8.0);
+        for input in [DType::F32, DType::F16] {
+            let (xg, xc) = both(&x, &[rows, 2 * f], input);
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                for out in [DType::F32, DType::F16] {
+                    let op = Glu { act, out };
+                    let got = xg.apply_op1_no_bwd(&op).unwrap();
+                    assert_eq!((got.dims(), got.dtype()), (&[rows, f][..], out));
+                    let want = host_f32(&xc.apply_op1_no_bwd(&op).unwrap());
+                    let err = relative_error(&host_f32(&got), &want);
+                    eprintln!("glu {act:?} {input:?} -> {out:?}: relative error {err:.2e}");
+                    // expf and tanhf against Rust's: an ulp or two, then f16 rounding.
+                    let bound = if out == DType::F16 { 1e-3 } else { 1e-6 };
+                    assert!(err < bound, "{act:?} {input:?} -> {out:?}: {err:.2e}");
+                }
+            }
+        }
+    }
+
+    /// The attention's inputs from a stacked Q/K/V output, against the op's CPU side (the host
+    /// forward's arithmetic): bit for bit without per-head norms (every operation rounded alone
+    /// on both sides), within rounding with them (sums of squares in another order). SmolLM2's
+    /// heads (interleaved pairs, f16 input), Qwen2.5's (NeoX pairs, a bias, f32 and f16 input),
+    /// Gemma 3's (NeoX pairs, heads of 256, query and key norms).
+    #[test]
+    fn rope_qk_matches_its_reference() {
+        use crate::config::RopeStyle;
+        use crate::llama::RopeQk;
+        let (tokens, context) = (37, 1000);
+        let cases = [
+            (9, 3, 64, RopeStyle::Interleaved, false, false, DType::F16),
+            (14, 2, 64, RopeStyle::Halves, true, false, DType::F32),
+            (14, 2, 64, RopeStyle::Halves, true, false, DType::F16),
+            (4, 1, 256, RopeStyle::Halves, false, true, DType::F32),
+        ];
+        for (n_head, n_kv, head_dim, style, with_bias, with_norm, input) in cases {
+            let width = (n_head + 2 * n_kv) * head_dim;
+            let half = head_dim / 2;
+            let seed = (n_head * 1000 + head_dim) as u64;
+            let (xg, xc) = both(
+                &values(seed, tokens * width, -4.0, 4.0),
+                &[tokens, width],
+                input,
+            );
+            let pos: Vec<u32> = (0..tokens as u32)
+                .map(|i| (i * 379 + 11) % context as u32)
+                .collect();
+            let (pg, pc) = ids_on_both(&pos);
+            let angle =
+                |p: usize, i: usize| p as f64 * 10_000f64.powf(-2.0 * i as f64 / head_dim as f64);
+            let table = |f: fn(f64) -> f64| -> Vec<f32> {
+                (0..context * half)
+                    .map(|j| f(angle(j / half, j % half)) as f32)
+                    .collect()
+            };
+            let (cg, cc) = both(&table(f64::cos), &[context, half], DType::F32);
+            let (sg, sc) = both(&table(f64::sin), &[context, half], DType::F32);
+            let (bg, bc) = both(&values(seed + 1, width, -1.0, 1.0), &[width], DType::F32);
+            let (qg, qc) = both(
+                &values(seed + 2, head_dim, 0.5, 1.5),
+                &[head_dim],
+                DType::F32,
+            );
+            let (kg, kc) = both(
+                &values(seed + 3, head_dim, 0.5, 1.5),
+                &[head_dim],
+                DType::F32,
+            );
+            let op = |positions, cos, sin, bias, qk_norm| RopeQk {
+                n_head,
+                n_kv,
+                head_dim,
+                style,
+                positions,
+                cos,
+                sin,
+                bias: with_bias.then_some(bias),
+                qk_norm: with_norm.then_some(qk_norm),
+                eps: 1e-6,
+            };
+            let got = xg
+                .apply_op1_no_bwd(&op(&pg, &cg, &sg, &bg, (&qg, &kg)))
+                .unwrap();
+            let want = xc
+                .apply_op1_no_bwd(&op(&pc, &cc, &sc, &bc, (&qc, &kc)))
+                .unwrap();
+            assert_eq!(got.dims(), [tokens * width]);
+            let (got, want) = (host_f32(&got), host_f32(&want));
+            let what = format!("{n_head}/{n_kv} heads of {head_dim}, {style:?}, bias {with_bias}, norms {with_norm}, {input:?}");
+            if with_norm {
+                let err = relative_error(&got, &want);
+                eprintln!("rope_qk {what}: relative error {err:.2e}");
+                assert!(err < 1e-6, "{what}: relative error {err:.2e}");
+            } else {
+                let differ = got
+                    .iter()
+                    .zip(&want)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                eprintln!("rope_qk {what}: {differ} values differ");
+                assert_eq!(differ, 0, "{what}: {differ} values differ from the host's");
+            }
+        }
+    }
+
+    /// The KV writes put each plane row at its slot in the pool's type, rounded as the host
+    /// rounds (equal bit for bit), from a plane that starts inside its storage (as the keys'
+    /// and values' planes do), leaving every other row as it was.
+    #[test]
+    fn store_rows_matches_its_reference() {
+        use crate::attention::StoreRows;
+        let (rows, width, tokens) = (300, 192, 37);
+        let slots: Vec<u32> = (0..tokens as u32)
+            .map(|i| (i * 97 + 5) % rows as u32)
+            .collect();
+        let (zg, zc) = ids_on_both(&slots);
+        let planes = values(41, 3 * tokens * width, -3.0, 3.0);
+        let (pg, pc) = both(&planes, &[3 * tokens * width], DType::F32);
+        let plane = |t: &Tensor| {
+            t.narrow(0, tokens * width, tokens * width)
+                .unwrap()
+                .reshape((tokens, width))
+                .unwrap()
+        };
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let (poolg, poolc) = both(&values(43, rows * width, -1.0, 1.0), &[rows, width], dtype);
+            poolg.inplace_op3(&plane(&pg), &zg, &StoreRows).unwrap();
+            poolc.inplace_op3(&plane(&pc), &zc, &StoreRows).unwrap();
+            let (got, want) = (host_f32(&poolg), host_f32(&poolc));
+            let differ = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(differ, 0, "{dtype:?}: {differ} values differ");
+        }
+    }
+
+    /// The residual stream's norm against its CPU side (the host forward's `rms_norm_row`):
+    /// within rounding (the block sums the squares in another order), from f32 or f16 rows to f32
+    /// or f16; the in-place add bit for bit, from f32 or f16.
+    #[test]
+    fn residual_ops_match_their_reference() {
+        use crate::llama::{AddInto, Norm};
+        let (rows, width) = (37, 896);
+        let x = values(51, rows * width, -4.0, 4.0);
+        let (wg, wc) = both(&values(53, width, 0.5, 1.5), &[width], DType::F32);
+        for input in [DType::F32, DType::F16] {
+            let (xg, xc) = both(&x, &[rows, width], input);
+            for out in [DType::F32, DType::F16] {
+                let norm = |weight| Norm {
+                    weight,
+                    eps: 1e-5,
+                    out,
+                };
+                let got = xg.apply_op1_no_bwd(&norm(&wg)).unwrap();
+                assert_eq!(got.dtype(), out);
+                let want = host_f32(&xc.apply_op1_no_bwd(&norm(&wc)).unwrap());
+                let err = relative_error(&host_f32(&got), &want);
+                eprintln!("rms_norm {input:?} -> {out:?}: relative error {err:.2e}");
+                let bound = if out == DType::F16 { 1e-3 } else { 1e-6 };
+                assert!(err < bound, "norm {input:?} -> {out:?}: {err:.2e}");
+            }
+            let (sg, sc) = both(
+                &values(57, rows * width, -4.0, 4.0),
+                &[rows, width],
+                DType::F32,
+            );
+            sg.inplace_op2(&xg, &AddInto).unwrap();
+            sc.inplace_op2(&xc, &AddInto).unwrap();
+            assert_eq!(host_f32(&sg), host_f32(&sc), "add from {input:?}");
+        }
+    }
+}
