@@ -1,11 +1,18 @@
 // What quarry's kernels share: conversions between the element types they read and write, and
-// warp reductions. Included by the .cu files next to it (build.rs compiles each to PTX).
+// warp reductions. Included by the .cu files next to it (build.rs compiles each to PTX;
+// workspace/quarry-cuda-emu compiles them for the CPU).
 
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+// A kernel's dynamic shared memory (the launch's shared_mem_bytes), as a macro so that
+// quarry-cuda-emu, which runs these kernels on the CPU, can give it a block's memory.
+#ifndef DYNAMIC_SHARED
+#define DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }

@@ -221,7 +221,7 @@ __device__ void paged_attention(
     float* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
     int window, int chunk, float* __restrict__ ml) {
     static_assert(!SPLIT || DPL > 0, "split-K runs the warps layout");
-    extern __shared__ float shared[];
+    DYNAMIC_SHARED(float, shared);
     __shared__ float red[32];
     const int t = blockIdx.x, kv_head = blockIdx.y;
     const int group = n_head / n_kv;

@@ -28,7 +28,7 @@ __device__ void rope_qk(const IN* __restrict__ qkv, const float* __restrict__ bi
                         const uint32_t* __restrict__ positions, float* __restrict__ out,
                         int tokens, int n_head, int n_kv, int head_dim, int interleaved,
                         float eps) {
-    extern __shared__ float row[];
+    DYNAMIC_SHARED(float, row);
     const int t = blockIdx.x;
     const int q_w = n_head * head_dim, kv_w = n_kv * head_dim, width = q_w + 2 * kv_w;
     const IN* in = qkv + (size_t)t * width;

@@ -26,8 +26,8 @@ use crate::pool::PageId;
 use crate::simd::{softmax_in_place, Avx2};
 
 /// Shapes shared by both implementations.
-#[derive(Clone, Copy)]
-pub(crate) struct Heads {
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
     pub n_head: usize,
     pub n_kv: usize,
     pub head_dim: usize,

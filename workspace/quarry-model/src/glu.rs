@@ -17,12 +17,12 @@ pub(crate) struct Glu {
 }
 
 /// SiLU as candle computes it.
-pub(crate) fn silu(x: f32) -> f32 {
+pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
 /// GELU with the tanh approximation, as candle's CUDA kernel writes it.
-pub(crate) fn gelu_tanh(x: f32) -> f32 {
+pub fn gelu_tanh(x: f32) -> f32 {
     const K: f32 = 0.797_884_6; // sqrt(2 / pi)
     0.5 * x * (1.0 + (K * (x + 0.044715 * x * x * x)).tanh())
 }

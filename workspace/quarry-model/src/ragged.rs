@@ -87,7 +87,7 @@ fn to_u32(n: usize) -> u32 {
 /// `q` is `[tokens, n_head · head_dim]`, `k` and `v` are the layer's pool (`[rows, n_kv ·
 /// head_dim]`), `out` is `[tokens, n_head · head_dim]`. The tests compare it with the host kernel
 /// here and with the CUDA kernel on a GPU; [`PagedAttention`] runs it on the CPU.
-pub(crate) fn attend_reference(
+pub fn attend_reference(
     meta: &RaggedBatch,
     q: &[f32],
     k: &[f32],
@@ -121,8 +121,7 @@ pub(crate) fn attend_reference(
 /// unnormalized `acc_z = Σ exp(s - m_z)·v`; then, with `M = max m_z`, `out = Σ exp(m_z - M)·acc_z
 /// / Σ exp(m_z - M)·l_z`, chunks in order. Equal to [`attend_reference`] up to rounding (the
 /// test below), with which the CUDA kernel's GPU test compares its split form.
-#[cfg(test)]
-pub(crate) fn attend_split_reference(
+pub fn attend_split_reference(
     meta: &RaggedBatch,
     q: &[f32],
     k: &[f32],

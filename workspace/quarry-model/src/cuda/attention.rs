@@ -8,49 +8,16 @@ use candle_core::cuda::WrapErr;
 use candle_core::{CudaDevice, Result};
 
 use super::nonempty;
+use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
 use crate::ragged::{AttentionKernel, RaggedBatch};
 
 const ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
-/// Threads per block of the attention kernel: a warp per attended position for the scores.
-const ATTENTION_THREADS: u32 = 128;
-/// Threads per block of its `warps` layout (its `WARPS` × 32).
-const ATTENTION_WARPS_THREADS: u32 = 256;
-/// Query heads per key-value head the attention kernel serves in one block (its `MAX_GROUP`).
-const MAX_GROUP: usize = 8;
-/// Dynamic shared memory a block may have on Hopper (227 KiB).
-const MAX_SHARED: usize = 227 * 1024;
-/// Split-K's choice of chunk (`AttentionKernel::Split { chunk: None }`): about this many blocks
-/// per SM in a launch, and no chunk under `MIN_CHUNK` positions (4 per warp).
-const SPLIT_BLOCKS_PER_SM: usize = 4;
-const MIN_CHUNK: usize = 32;
 
 /// A layer's KV pool on the device, in the element type it is stored in.
 pub enum KvPool<'a> {
     F32(&'a CudaSlice<f32>, &'a CudaSlice<f32>),
     F16(&'a CudaSlice<half::f16>, &'a CudaSlice<half::f16>),
     Bf16(&'a CudaSlice<half::bf16>, &'a CudaSlice<half::bf16>),
-}
-
-/// The attention's shape: heads, grouped-query KV heads, and Gemma's sliding window (0: none).
-#[derive(Debug, Clone, Copy)]
-pub struct AttentionShape {
-    pub n_head: usize,
-    pub n_kv: usize,
-    pub head_dim: usize,
-    pub scale: f32,
-    pub window: usize,
-}
-
-impl From<crate::attention::Heads> for AttentionShape {
-    fn from(h: crate::attention::Heads) -> Self {
-        Self {
-            n_head: h.n_head,
-            n_kv: h.n_kv,
-            head_dim: h.head_dim,
-            scale: h.scale,
-            window: h.window.unwrap_or(0),
-        }
-    }
 }
 
 /// The batch's metadata on the device, uploaded once per step (one copy) and read by every
@@ -61,25 +28,13 @@ pub struct DeviceBatch {
     ids: CudaSlice<u32>,
     /// Where each of the four starts in `ids`, and where the last ends.
     at: [usize; 5],
-    tokens: usize,
     page_size: usize,
-    /// The most positions one new token attends to (its shared-memory need).
-    longest: usize,
-    /// The device's streaming multiprocessors (split-K's choice of chunk).
-    sms: usize,
+    /// What the launch plan needs: tokens, the longest context, the device's SMs.
+    size: BatchSize,
 }
 
 impl DeviceBatch {
     pub fn upload(dev: &CudaDevice, meta: &RaggedBatch, window: usize) -> Result<Self> {
-        let longest = meta
-            .token_pos
-            .iter()
-            .map(|&p| match window {
-                0 => p as usize + 1,
-                w => (p as usize + 1).min(w),
-            })
-            .max()
-            .unwrap_or(0);
         let parts = [
             &meta.token_seq,
             &meta.token_pos,
@@ -94,10 +49,8 @@ impl DeviceBatch {
         Ok(Self {
             ids: dev.clone_htod(&nonempty(&ids))?,
             at,
-            tokens: meta.tokens(),
             page_size: meta.page_size as usize,
-            longest,
-            sms: multiprocessors(dev)?,
+            size: BatchSize::new(meta, window, multiprocessors(dev)?),
         })
     }
 
@@ -129,7 +82,7 @@ pub fn paged_attention(
     kernel: AttentionKernel,
     out: &mut CudaSlice<f32>,
 ) -> Result<()> {
-    if batch.tokens == 0 {
+    if batch.size.tokens == 0 {
         return Ok(());
     }
     let element = match kv {
@@ -137,55 +90,12 @@ pub fn paged_attention(
         KvPool::F16(..) => "f16",
         KvPool::Bf16(..) => "bf16",
     };
-    if shape.head_dim > 256 {
-        candle_core::bail!(
-            "paged attention: heads of {} dimensions (256 at most)",
-            shape.head_dim
-        );
-    }
-    if shape.n_kv == 0
-        || !shape.n_head.is_multiple_of(shape.n_kv)
-        || shape.n_head / shape.n_kv > MAX_GROUP
-    {
-        candle_core::bail!(
-            "paged attention: {} query heads on {} key-value heads (groups of at most {MAX_GROUP})",
-            shape.n_head,
-            shape.n_kv
-        );
-    }
-    let group = shape.n_head / shape.n_kv;
-    let chunk = split_chunk(batch, shape, kernel);
-    let splits = chunk.map_or(1, |c| batch.longest.div_ceil(c));
-    // Shared memory: the group's queries and scores, and for the `warps` layout the rows it reads
-    // and its warps' partial sums (the kernel's comments).
-    let (name, threads, shared) = match kernel {
-        AttentionKernel::PerDimension => (
-            format!("paged_attention_{element}"),
-            ATTENTION_THREADS,
-            group * (batch.longest + shape.head_dim) * 4,
-        ),
-        AttentionKernel::Warps | AttentionKernel::Split { .. } => {
-            let layout = if splits > 1 { "split" } else { "warps" };
-            let positions = chunk.unwrap_or(batch.longest).min(batch.longest);
-            (
-                format!("paged_attention_{layout}{}_{element}", dims_per_lane(shape)),
-                ATTENTION_WARPS_THREADS,
-                warps_shared_words(group, shape.head_dim, positions) * 4,
-            )
-        }
-    };
-    if shared > MAX_SHARED {
-        candle_core::bail!(
-            "paged attention: {} positions of context need {shared} bytes of shared memory, over \
-             {MAX_SHARED}; QUARRY_ATTENTION=warps or split runs such contexts",
-            batch.longest
-        );
-    }
-    if splits > 65_535 {
-        candle_core::bail!("paged attention: {splits} chunks of context (65,535 at most)");
-    }
-    let shared = shared as u32;
-    let func = dev.get_or_load_custom_func(&name, "quarry_paged_attention", ATTENTION_PTX)?;
+    let plan =
+        AttentionPlan::new(batch.size, shape, kernel, element).map_err(candle_core::Error::msg)?;
+    let (chunk, splits) = (plan.chunk, plan.splits());
+    let shared = plan.shared_bytes as u32;
+    let func =
+        dev.get_or_load_custom_func(&plan.kernel, "quarry_paged_attention", ATTENTION_PTX)?;
     if shared > 48 * 1024 {
         // Beyond the default dynamic shared memory: raise the kernel's limit (up to the
         // device's 227 KiB per block on Hopper).
@@ -197,13 +107,13 @@ pub fn paged_attention(
         .w()?;
     }
     let cfg = LaunchConfig {
-        grid_dim: (batch.tokens as u32, shape.n_kv as u32, splits as u32),
-        block_dim: (threads, 1, 1),
+        grid_dim: plan.grid,
+        block_dim: (plan.threads, 1, 1),
         shared_mem_bytes: shared,
     };
     // Split-K's chunk results: per (token, query head, chunk), the unnormalized sums and the
     // maximum and sum of the chunk's weights.
-    let rows = batch.tokens * shape.n_head * splits;
+    let rows = batch.size.tokens * shape.n_head * splits;
     let mut parts = match splits {
         1 => None,
         // SAFETY: the split kernel writes every chunk's values, empty chunks included.
@@ -265,9 +175,10 @@ pub fn paged_attention(
         "quarry_paged_attention",
         ATTENTION_PTX,
     )?;
+    let (blocks, threads) = plan.combine(shape);
     let cfg = LaunchConfig {
-        grid_dim: ((batch.tokens * shape.n_head) as u32, 1, 1),
-        block_dim: (shape.head_dim.div_ceil(32) as u32 * 32, 1, 1),
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
     let (head_dim, splits32) = (shape.head_dim as i32, splits as i32);
@@ -284,52 +195,6 @@ pub fn paged_attention(
 struct Split {
     acc: CudaSlice<f32>,
     ml: CudaSlice<f32>,
-}
-
-/// The warps layout's dimensions per lane (its template's DPL): heads of up to 64, 128 or 256.
-fn dims_per_lane(shape: AttentionShape) -> usize {
-    match shape.head_dim.div_ceil(32) {
-        0..=2 => 2,
-        3..=4 => 4,
-        _ => 8,
-    }
-}
-
-/// Shared memory words of one warps-layout block attending to `positions` positions: the group's
-/// queries and scores, the pool rows, the warps' partial sums.
-fn warps_shared_words(group: usize, head_dim: usize, positions: usize) -> usize {
-    let warps = ATTENTION_WARPS_THREADS as usize / 32;
-    group * (head_dim + positions) + positions + warps * group * head_dim
-}
-
-/// The positions per chunk a launch splits each token's context into, or `None` for one block
-/// per (token, key-value head). `Warps` splits only a context too long for one block's shared
-/// memory; `Split` takes its chunk, or chooses one that gives the launch about
-/// `SPLIT_BLOCKS_PER_SM` blocks per SM (never under `MIN_CHUNK` positions); both stay within
-/// shared memory. A chunk that covers the longest context is `None`.
-fn split_chunk(
-    batch: &DeviceBatch,
-    shape: AttentionShape,
-    kernel: AttentionKernel,
-) -> Option<usize> {
-    let group = shape.n_head / shape.n_kv;
-    let fixed = warps_shared_words(group, shape.head_dim, 0);
-    let most = (MAX_SHARED / 4).saturating_sub(fixed) / (group + 1);
-    let chunk = match kernel {
-        AttentionKernel::PerDimension => return None,
-        AttentionKernel::Warps => most,
-        AttentionKernel::Split { chunk: Some(c) } => c.clamp(1, most),
-        AttentionKernel::Split { chunk: None } => {
-            let blocks = batch.tokens * shape.n_kv;
-            let wanted = (SPLIT_BLOCKS_PER_SM * batch.sms).div_ceil(blocks.max(1));
-            batch
-                .longest
-                .div_ceil(wanted)
-                .max(MIN_CHUNK)
-                .min(most.max(1))
-        }
-    };
-    (chunk < batch.longest).then_some(chunk)
 }
 
 #[cfg(test)]

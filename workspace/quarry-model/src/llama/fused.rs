@@ -17,7 +17,7 @@ use crate::config::RopeStyle;
 
 /// `y = y / rms(y) · w` for one row, as candle's `rms_norm` computes it.
 #[inline]
-pub(crate) fn rms_norm_row(y: &mut [f32], w: &[f32], eps: f32) {
+pub fn rms_norm_row(y: &mut [f32], w: &[f32], eps: f32) {
     let sum2: f32 = y.iter().map(|v| v * v).sum();
     let m = (sum2 / y.len() as f32 + eps).sqrt();
     for (y, w) in y.iter_mut().zip(w) {
@@ -26,12 +26,12 @@ pub(crate) fn rms_norm_row(y: &mut [f32], w: &[f32], eps: f32) {
 }
 
 /// Per-head query and key norms, and their epsilon.
-pub(crate) type QkNorm<'a> = Option<(&'a [f32], &'a [f32], f32)>;
+pub type QkNorm<'a> = Option<(&'a [f32], &'a [f32], f32)>;
 
 /// One token's query and key heads (`qk`: `q_w` query values, then the key heads), normalized
 /// per head when `qk_norm` is given, then rotated by the position whose `cos` and `sin` rows
 /// (`head_dim / 2` each) are given: each pair of `style` turns by `p·θ_i`.
-pub(crate) fn rotate_heads(
+pub fn rotate_heads(
     qk: &mut [f32],
     q_w: usize,
     head_dim: usize,

@@ -15,7 +15,7 @@ use crate::linear::{Fused, Linear};
 use crate::pool::{KvPool, KvStorage};
 use crate::ragged::AttentionKernel;
 
-mod fused;
+pub(crate) mod fused;
 #[cfg(all(feature = "cuda", test))]
 pub(crate) use fused::AddInto;
 #[cfg(feature = "cuda")]

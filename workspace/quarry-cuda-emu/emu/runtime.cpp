@@ -1,0 +1,301 @@
+// The launch: blocks one after another on the calling OS thread, each block's threads as fibers
+// on stacks of their own, switched cooperatively at barriers (see cuda_emu.h). x86-64 System V
+// only: the switch below saves the callee-saved registers and the floating-point control words.
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda_emu.h"
+
+thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+extern "C" void quarry_emu_switch(void** save_sp, void* to_sp);
+extern "C" void quarry_emu_fiber_start();
+
+asm(R"(
+    .text
+    .globl quarry_emu_switch
+    .type quarry_emu_switch,@function
+quarry_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size quarry_emu_switch, .-quarry_emu_switch
+
+    .globl quarry_emu_fiber_start
+    .type quarry_emu_fiber_start,@function
+quarry_emu_fiber_start:
+    movq %r12, %rdi
+    callq *%r13
+    ud2
+    .size quarry_emu_fiber_start, .-quarry_emu_fiber_start
+    .section .note.GNU-stack,"",@progbits
+    .text
+)");
+
+namespace quarry_emu {
+namespace {
+
+constexpr size_t STACK = 256 * 1024;
+constexpr size_t GUARD = 4096;
+constexpr size_t CANARY = 64;
+
+enum class State { Ready, Block, Warp, Done };
+
+struct Fiber {
+    void* sp = nullptr;
+    char* base = nullptr;  // the mapping: a guard page, then the stack
+    State state = State::Ready;
+    uint64_t waits_for = 0;  // the barrier generation it waits to see pass
+};
+
+struct Warp {
+    uint64_t generation = 0;
+    unsigned arrived = 0, live = 0;
+    uint64_t slots[32];
+};
+
+struct Launch {
+    const char* name;
+    void (*body)(void*);
+    void* data;
+    std::vector<Fiber> fibers;
+    std::vector<Warp> warps;
+    uint64_t generation = 0;
+    unsigned arrived = 0, live = 0;
+    void* scheduler_sp = nullptr;
+    unsigned current = 0;
+    std::vector<unsigned char> shared;  // 16 bytes of alignment slack, the memory, a canary
+    size_t shared_bytes = 0;
+    std::string error;
+};
+
+thread_local Launch* L = nullptr;
+
+unsigned char* shared_start(Launch& l) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(l.shared.data());
+    return reinterpret_cast<unsigned char*>((p + 15) & ~uintptr_t(15));
+}
+
+void yield() {
+    Launch& l = *L;
+    quarry_emu_switch(&l.fibers[l.current].sp, l.scheduler_sp);
+}
+
+extern "C" void quarry_emu_fiber_main(Launch* l) {
+    l->body(l->data);
+    // The thread has returned: it no longer counts at the barriers of its block and warp.
+    Fiber& f = l->fibers[l->current];
+    f.state = State::Done;
+    if (--l->live == l->arrived && l->arrived > 0) {
+        l->arrived = 0;
+        ++l->generation;
+    }
+    Warp& w = l->warps[l->current / 32];
+    if (--w.live == w.arrived && w.arrived > 0) {
+        w.arrived = 0;
+        ++w.generation;
+    }
+    yield();
+    __builtin_trap();  // a finished fiber is never resumed
+}
+
+// A fresh stack whose first switch enters quarry_emu_fiber_start with r12 = the launch and
+// r13 = quarry_emu_fiber_main.
+void prepare(Fiber& f, Launch* l) {
+    uint64_t* top = reinterpret_cast<uint64_t*>(f.base + GUARD + STACK);
+    uint64_t* sp = top - 10;  // 16-byte aligned: the ret below leaves rsp 16-byte aligned
+    uint32_t mxcsr;
+    uint16_t fpcw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpcw));
+    sp[0] = (uint64_t)mxcsr | ((uint64_t)fpcw << 32);
+    sp[1] = 0;                                                        // r15
+    sp[2] = 0;                                                        // r14
+    sp[3] = reinterpret_cast<uint64_t>(&quarry_emu_fiber_main);       // r13
+    sp[4] = reinterpret_cast<uint64_t>(l);                            // r12
+    sp[5] = 0;                                                        // rbx
+    sp[6] = 0;                                                        // rbp
+    sp[7] = reinterpret_cast<uint64_t>(&quarry_emu_fiber_start);      // return address
+    f.sp = sp;
+    f.state = State::Ready;
+}
+
+bool waiting(const Launch& l, unsigned i) {
+    const Fiber& f = l.fibers[i];
+    switch (f.state) {
+        case State::Ready: return false;
+        case State::Block: return f.waits_for == l.generation;
+        case State::Warp: return f.waits_for == l.warps[i / 32].generation;
+        case State::Done: return true;
+    }
+    return true;
+}
+
+// Runs one block to its end; false (with l.error) on a deadlock.
+bool run_block(Launch& l) {
+    const unsigned n = (unsigned)l.fibers.size();
+    for (auto& f : l.fibers) prepare(f, &l);
+    l.generation = 0;
+    l.arrived = 0;
+    l.live = n;
+    for (unsigned w = 0; w < l.warps.size(); ++w) {
+        l.warps[w] = Warp{};
+        l.warps[w].live = n - 32 * w < 32 ? n - 32 * w : 32;
+    }
+    unsigned char* s = shared_start(l);
+    memset(s, 0xff, l.shared_bytes);
+    memset(s + l.shared_bytes, 0xa5, CANARY);
+    unsigned done = 0;
+    while (done < n) {
+        bool ran = false;
+        for (unsigned i = 0; i < n; ++i) {
+            if (waiting(l, i)) continue;
+            ran = true;
+            l.fibers[i].state = State::Ready;
+            l.current = i;
+            threadIdx = dim3{i, 0, 0};
+            quarry_emu_switch(&l.scheduler_sp, l.fibers[i].sp);
+            if (l.fibers[i].state == State::Done) ++done;
+        }
+        if (!ran && done < n) {
+            unsigned in_block = 0, in_warp = 0;
+            for (auto& f : l.fibers) {
+                in_block += f.state == State::Block;
+                in_warp += f.state == State::Warp;
+            }
+            l.error = std::string(l.name) + ": deadlock in block (" + std::to_string(blockIdx.x) +
+                      ", " + std::to_string(blockIdx.y) + ", " + std::to_string(blockIdx.z) +
+                      "): " + std::to_string(in_block) + " threads wait at __syncthreads, " +
+                      std::to_string(in_warp) +
+                      " at a warp exchange, and the others have returned (a barrier not every "
+                      "thread of the block reaches)";
+            return false;
+        }
+    }
+    for (size_t i = 0; i < CANARY; ++i) {
+        if (s[l.shared_bytes + i] != 0xa5) {
+            l.error = std::string(l.name) + ": wrote past its " + std::to_string(l.shared_bytes) +
+                      " bytes of dynamic shared memory in block (" + std::to_string(blockIdx.x) +
+                      ", " + std::to_string(blockIdx.y) + ", " + std::to_string(blockIdx.z) + ")";
+            return false;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
+void sync_block() {
+    Launch& l = *L;
+    if (++l.arrived == l.live) {
+        l.arrived = 0;
+        ++l.generation;
+        return;
+    }
+    Fiber& f = l.fibers[l.current];
+    f.state = State::Block;
+    f.waits_for = l.generation;
+    yield();
+}
+
+void sync_warp() {
+    Launch& l = *L;
+    Warp& w = l.warps[l.current / 32];
+    if (++w.arrived == w.live) {
+        w.arrived = 0;
+        ++w.generation;
+        return;
+    }
+    Fiber& f = l.fibers[l.current];
+    f.state = State::Warp;
+    f.waits_for = w.generation;
+    yield();
+}
+
+uint64_t* warp_slots() { return L->warps[L->current / 32].slots; }
+
+void* dynamic_shared() { return shared_start(*L); }
+
+[[noreturn]] void fail(const char* what) {
+    fprintf(stderr, "quarry-cuda-emu: %s: %s (thread %u of block (%u, %u, %u))\n",
+            L ? L->name : "?", what, threadIdx.x, blockIdx.x, blockIdx.y, blockIdx.z);
+    abort();
+}
+
+}  // namespace quarry_emu
+
+// Runs `body(data)` as every thread of a grid of `grid` blocks of `threads` threads (one
+// dimension) with `shared_bytes` of dynamic shared memory. Returns 0, or 1 with a message in
+// `error` (at most `error_len` bytes, NUL-terminated).
+extern "C" int quarry_emu_launch(const char* name, const uint32_t grid[3], uint32_t threads,
+                                 size_t shared_bytes, void (*body)(void*), void* data,
+                                 char* error, size_t error_len) {
+    using namespace quarry_emu;
+    Launch l;
+    l.name = name;
+    l.body = body;
+    l.data = data;
+    l.fibers.resize(threads);
+    l.warps.resize((threads + 31) / 32);
+    l.shared.resize(shared_bytes + 16 + CANARY);
+    l.shared_bytes = shared_bytes;
+    for (auto& f : l.fibers) {
+        void* m = mmap(nullptr, GUARD + STACK, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) {
+            l.error = "cannot map a fiber's stack";
+            break;
+        }
+        mprotect(m, GUARD, PROT_NONE);  // a stack overflow faults instead of writing elsewhere
+        f.base = static_cast<char*>(m);
+    }
+    Launch* outer = L;
+    L = &l;
+    const dim3 saved_block = blockIdx, saved_dim = blockDim, saved_grid = gridDim;
+    blockDim = dim3{threads, 1, 1};
+    gridDim = dim3{grid[0], grid[1], grid[2]};
+    if (l.error.empty() && threads > 0) {
+        for (uint32_t z = 0; z < grid[2] && l.error.empty(); ++z)
+            for (uint32_t y = 0; y < grid[1] && l.error.empty(); ++y)
+                for (uint32_t x = 0; x < grid[0] && l.error.empty(); ++x) {
+                    blockIdx = dim3{x, y, z};
+                    if (!run_block(l)) break;
+                }
+    }
+    L = outer;
+    blockIdx = saved_block;
+    blockDim = saved_dim;
+    gridDim = saved_grid;
+    for (auto& f : l.fibers)
+        if (f.base) munmap(f.base, GUARD + STACK);
+    if (l.error.empty()) return 0;
+    if (error_len > 0) {
+        const size_t n = l.error.size() < error_len - 1 ? l.error.size() : error_len - 1;
+        memcpy(error, l.error.data(), n);
+        error[n] = 0;
+    }
+    return 1;
+}

@@ -1,0 +1,111 @@
+//! The kernels' entry points as compiled for the CPU, by family: each family's forms share one
+//! signature (16-bit and f32 element pointers as `c_void`), and `by_name` finds a form by the name
+//! the CUDA launcher loads, so a test follows the launcher's own choice (e.g.
+//! [`quarry_model::kernel_plan::AttentionPlan`]'s). The signatures are those of
+//! `workspace/quarry-model/kernels/*.cu`, which the launchers in `quarry-model/src/cuda/` pass
+//! their arguments to in the same order.
+
+macro_rules! family {
+    ($(#[$doc:meta])* $module:ident: fn $args:tt { $($name:ident),* $(,)? }) => {
+        $(#[$doc])*
+        pub mod $module {
+            #[allow(unused_imports)]
+            use std::ffi::c_void;
+
+            /// The family's signature.
+            pub type Kernel = unsafe extern "C" fn $args;
+
+            $(declare!($name $args);)*
+
+            /// The form compiled under `name`, if the family has one.
+            pub fn by_name(name: &str) -> Option<Kernel> {
+                match name {
+                    $(stringify!($name) => Some($name as Kernel),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+macro_rules! declare {
+    ($name:ident ($($arg:ty),* $(,)?)) => {
+        extern "C" {
+            fn $name($(_: $arg),*);
+        }
+    };
+}
+
+family! {
+    /// `paged_attention_*` (per-dimension) and `paged_attention_warps*`: q, k, v, token_seq,
+    /// token_pos, page_start, block_table, out, n_head, n_kv, head_dim, page_size, scale, window.
+    attention: fn(*const f32, *const c_void, *const c_void, *const u32, *const u32, *const u32,
+                  *const u32, *mut f32, i32, i32, i32, i32, f32, i32) {
+        paged_attention_f32, paged_attention_f16, paged_attention_bf16,
+        paged_attention_warps2_f32, paged_attention_warps2_f16, paged_attention_warps2_bf16,
+        paged_attention_warps4_f32, paged_attention_warps4_f16, paged_attention_warps4_bf16,
+        paged_attention_warps8_f32, paged_attention_warps8_f16, paged_attention_warps8_bf16,
+    }
+}
+
+family! {
+    /// `paged_attention_split*`: the attention's arguments, then chunk and ml.
+    attention_split: fn(*const f32, *const c_void, *const c_void, *const u32, *const u32,
+                        *const u32, *const u32, *mut f32, i32, i32, i32, i32, f32, i32, i32,
+                        *mut f32) {
+        paged_attention_split2_f32, paged_attention_split2_f16, paged_attention_split2_bf16,
+        paged_attention_split4_f32, paged_attention_split4_f16, paged_attention_split4_bf16,
+        paged_attention_split8_f32, paged_attention_split8_f16, paged_attention_split8_bf16,
+    }
+}
+
+family! {
+    /// `paged_attention_combine`: part, ml, out, head_dim, splits.
+    combine: fn(*const f32, *const f32, *mut f32, i32, i32) { paged_attention_combine }
+}
+
+family! {
+    /// `rms_norm_{in}_{out}`: x, out, w, width, eps.
+    rms_norm: fn(*const c_void, *mut c_void, *const f32, i32, f32) {
+        rms_norm_f32_f32, rms_norm_f32_f16, rms_norm_f16_f32, rms_norm_f16_f16,
+    }
+}
+
+family! {
+    /// `add_into_{y}`: x (f32, in place), y, n.
+    add_into: fn(*mut f32, *const c_void, u64) { add_into_f32, add_into_f16 }
+}
+
+family! {
+    /// `glu_{act}_{in}_{out}`: gate_up, out, rows, f.
+    glu: fn(*const c_void, *mut c_void, u64, u64) {
+        glu_silu_f32_f32, glu_silu_f32_f16, glu_silu_f16_f32, glu_silu_f16_f16,
+        glu_gelu_tanh_f32_f32, glu_gelu_tanh_f32_f16, glu_gelu_tanh_f16_f32,
+        glu_gelu_tanh_f16_f16,
+    }
+}
+
+family! {
+    /// `rope_qk_{in}`: qkv, bias, q_norm, k_norm, cos, sin, positions, out, tokens, n_head, n_kv,
+    /// head_dim, interleaved, eps.
+    rope_qk: fn(*const c_void, *const f32, *const f32, *const f32, *const f32, *const f32,
+                *const u32, *mut f32, i32, i32, i32, i32, i32, f32) {
+        rope_qk_f32, rope_qk_f16,
+    }
+}
+
+family! {
+    /// `store_rows_{pool}`: src, slots, pool, tokens, width.
+    store_rows: fn(*const f32, *const u32, *mut c_void, u64, u64) {
+        store_rows_f32, store_rows_f16, store_rows_bf16,
+    }
+}
+
+family! {
+    /// `sample_rows`: logits, logit_row, vocab, mask_words, words_per_mask, mask_index,
+    /// ban_start, ban_ids, temperature, top_k, top_p, uniform, token, status.
+    sampling: fn(*mut f32, *const u32, u32, *const u32, u32, *const u32, *const u32, *const u32,
+                 *const f32, *const u32, *const f32, *const f64, *mut u32, *mut u32) {
+        sample_rows,
+    }
+}

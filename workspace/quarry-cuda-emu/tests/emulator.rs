@@ -1,0 +1,128 @@
+//! The emulator itself: its barriers and warp exchanges order memory as a GPU's do, and what a
+//! GPU leaves undefined or hangs on becomes an error or poison here, never a pass.
+
+mod common;
+
+use common::run;
+use quarry_cuda_emu::{launch, Buf, Launch};
+
+extern "C" {
+    fn emu_reverse(input: *const f32, out: *mut f32);
+    fn emu_warp_sum(input: *const f32, out: *mut f32);
+    fn emu_deadlock(out: *mut f32);
+    fn emu_shared_overflow(words: i32);
+    fn emu_read_unwritten(out: *mut f32);
+    fn emu_early_return(out: *mut f32);
+}
+
+#[test]
+fn a_barrier_orders_shared_memory_across_the_block() {
+    let (blocks, threads) = (3u32, 256u32);
+    let input: Vec<f32> = (0..blocks * threads).map(|i| i as f32).collect();
+    let x = Buf::from_slice(&input);
+    let mut out = Buf::<f32>::poisoned(input.len());
+    let o = out.ptr_mut();
+    unsafe {
+        run(
+            "emu_reverse",
+            (blocks, 1, 1),
+            threads,
+            threads as usize * 4,
+            || emu_reverse(x.ptr(), o),
+        )
+    };
+    let want: Vec<f32> = input
+        .chunks(threads as usize)
+        .flat_map(|c| c.iter().rev().copied())
+        .collect();
+    assert_eq!(out.read("out"), want);
+}
+
+#[test]
+fn warp_exchanges_sum_each_warp() {
+    let threads = 128u32;
+    let input: Vec<f32> = (0..threads).map(|i| (i % 7) as f32).collect();
+    let x = Buf::from_slice(&input);
+    let mut out = Buf::<f32>::poisoned(input.len());
+    let o = out.ptr_mut();
+    unsafe {
+        run("emu_warp_sum", (1, 1, 1), threads, 0, || {
+            emu_warp_sum(x.ptr(), o)
+        })
+    };
+    let want: Vec<f32> = input
+        .chunks(32)
+        .flat_map(|w| std::iter::repeat_n(w.iter().sum::<f32>(), 32))
+        .collect();
+    assert_eq!(out.read("out"), want);
+}
+
+#[test]
+fn a_barrier_some_threads_never_reach_is_a_deadlock_not_a_hang() {
+    let mut out = Buf::<f32>::poisoned(64);
+    let o = out.ptr_mut();
+    let shape = Launch {
+        grid: (2, 1, 1),
+        threads: 64,
+        shared_bytes: 0,
+    };
+    let err = unsafe { launch("emu_deadlock", shape, || emu_deadlock(o)) }.unwrap_err();
+    assert!(err.0.contains("deadlock in block (0, 0, 0)"), "{err}");
+    assert!(
+        err.0
+            .contains("1 threads wait at __syncthreads, 31 at a warp exchange"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_write_past_dynamic_shared_memory_is_reported() {
+    let shape = |bytes| Launch {
+        grid: (1, 1, 1),
+        threads: 32,
+        shared_bytes: bytes,
+    };
+    unsafe { launch("emu_shared_overflow", shape(64), || emu_shared_overflow(15)) }.unwrap();
+    let err = unsafe { launch("emu_shared_overflow", shape(64), || emu_shared_overflow(16)) }
+        .unwrap_err();
+    assert!(
+        err.0
+            .contains("wrote past its 64 bytes of dynamic shared memory"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unwritten_shared_memory_reads_as_nan() {
+    let mut out = Buf::<f32>::from_slice(&[0.0; 32]);
+    let o = out.ptr_mut();
+    unsafe {
+        run("emu_read_unwritten", (1, 1, 1), 32, 128, || {
+            emu_read_unwritten(o)
+        })
+    };
+    assert!(out.read("out").iter().all(|x| x.is_nan()));
+}
+
+#[test]
+fn returned_threads_release_the_barrier() {
+    let mut out = Buf::<f32>::from_slice(&[0.0; 64]);
+    let o = out.ptr_mut();
+    unsafe { run("emu_early_return", (1, 1, 1), 64, 0, || emu_early_return(o)) };
+    let got = out.read("out");
+    let want: Vec<f32> = (0..64)
+        .map(|i| if i % 2 == 0 { 1.0 } else { 0.0 })
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_write_outside_a_buffer_fails_its_read() {
+    let mut b = Buf::<f32>::from_slice(&[1.0; 8]);
+    assert_eq!(b.read("b"), vec![1.0; 8]);
+    assert_eq!(b.ptr() as usize % 256, 0, "a device allocation's alignment");
+    unsafe { *b.ptr_mut().add(8) = 2.0 };
+    let caught = std::panic::catch_unwind(|| b.read("b")).unwrap_err();
+    let msg = caught.downcast_ref::<String>().unwrap();
+    assert!(msg.contains("wrote outside the buffer's 8 values"), "{msg}");
+}

@@ -1,0 +1,287 @@
+//! How the paged attention kernel (`kernels/paged_attention.cu`) is launched for a batch: which
+//! of its compiled forms, how many blocks, threads and bytes of shared memory, and where split-K
+//! cuts each token's context. Plain arithmetic, compiled on every target, so that the CPU's tests
+//! and quarry-cuda-emu (the kernels run on the CPU) check the very plan the CUDA launcher in
+//! `src/cuda/attention.rs` follows.
+
+use crate::ragged::{AttentionKernel, RaggedBatch};
+
+/// Threads per block of the per-dimension layout.
+pub const PER_DIMENSION_THREADS: u32 = 128;
+/// Threads per block of the `warps` and split layouts (the kernel's `WARPS` × 32).
+pub const WARPS_THREADS: u32 = 256;
+/// Query heads per key-value head one block serves (the kernel's `MAX_GROUP`).
+pub const MAX_GROUP: usize = 8;
+/// Dynamic shared memory a block may have on Hopper (227 KiB).
+pub const MAX_SHARED: usize = 227 * 1024;
+/// Split-K's choice of chunk (`AttentionKernel::Split { chunk: None }`): about this many blocks
+/// per SM in a launch, and no chunk under `MIN_CHUNK` positions (4 per warp).
+const SPLIT_BLOCKS_PER_SM: usize = 4;
+const MIN_CHUNK: usize = 32;
+
+/// The attention's shape: heads, grouped-query KV heads, and Gemma's sliding window (0: none).
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    pub window: usize,
+}
+
+impl From<crate::attention::Heads> for AttentionShape {
+    fn from(h: crate::attention::Heads) -> Self {
+        Self {
+            n_head: h.n_head,
+            n_kv: h.n_kv,
+            head_dim: h.head_dim,
+            scale: h.scale,
+            window: h.window.unwrap_or(0),
+        }
+    }
+}
+
+/// What one launch needs to know about its batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSize {
+    /// New tokens (the grid's first dimension).
+    pub tokens: usize,
+    /// The most positions one new token attends to (its shared-memory need).
+    pub longest: usize,
+    /// The device's streaming multiprocessors (split-K's choice of chunk).
+    pub sms: usize,
+}
+
+impl BatchSize {
+    pub fn new(meta: &RaggedBatch, window: usize, sms: usize) -> Self {
+        let longest = meta
+            .token_pos
+            .iter()
+            .map(|&p| match window {
+                0 => p as usize + 1,
+                w => (p as usize + 1).min(w),
+            })
+            .max()
+            .unwrap_or(0);
+        Self {
+            tokens: meta.tokens(),
+            longest,
+            sms: sms.max(1),
+        }
+    }
+}
+
+/// One layer's attention launch: the kernel's name, its grid, threads and shared memory, and for
+/// split-K the chunk and the combine's launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttentionPlan {
+    /// The compiled form, e.g. `paged_attention_warps2_f16`.
+    pub kernel: String,
+    pub grid: (u32, u32, u32),
+    pub threads: u32,
+    pub shared_bytes: usize,
+    /// Positions per chunk when the launch is split (`grid.2` chunks), else `None`.
+    pub chunk: Option<usize>,
+}
+
+impl AttentionPlan {
+    /// The plan for `batch` in `kernel`'s layout over a pool of `element` (`f32`, `f16` or
+    /// `bf16`), or why the kernel cannot run it.
+    pub fn new(
+        batch: BatchSize,
+        shape: AttentionShape,
+        kernel: AttentionKernel,
+        element: &str,
+    ) -> Result<Self, String> {
+        if shape.head_dim > 256 {
+            return Err(format!(
+                "paged attention: heads of {} dimensions (256 at most)",
+                shape.head_dim
+            ));
+        }
+        if shape.n_kv == 0
+            || !shape.n_head.is_multiple_of(shape.n_kv)
+            || shape.n_head / shape.n_kv > MAX_GROUP
+        {
+            return Err(format!(
+                "paged attention: {} query heads on {} key-value heads (groups of at most \
+                 {MAX_GROUP})",
+                shape.n_head, shape.n_kv
+            ));
+        }
+        let group = shape.n_head / shape.n_kv;
+        let chunk = split_chunk(batch, shape, kernel);
+        let splits = chunk.map_or(1, |c| batch.longest.div_ceil(c));
+        // Shared memory: the group's queries and scores, and for the `warps` layout the rows it
+        // reads and its warps' partial sums (the kernel's comments).
+        let (kernel, threads, shared_bytes) = match kernel {
+            AttentionKernel::PerDimension => (
+                format!("paged_attention_{element}"),
+                PER_DIMENSION_THREADS,
+                group * (batch.longest + shape.head_dim) * 4,
+            ),
+            AttentionKernel::Warps | AttentionKernel::Split { .. } => {
+                let layout = if splits > 1 { "split" } else { "warps" };
+                let positions = chunk.unwrap_or(batch.longest).min(batch.longest);
+                (
+                    format!("paged_attention_{layout}{}_{element}", dims_per_lane(shape)),
+                    WARPS_THREADS,
+                    warps_shared_words(group, shape.head_dim, positions) * 4,
+                )
+            }
+        };
+        if shared_bytes > MAX_SHARED {
+            return Err(format!(
+                "paged attention: {} positions of context need {shared_bytes} bytes of shared \
+                 memory, over {MAX_SHARED}; QUARRY_ATTENTION=warps or split runs such contexts",
+                batch.longest
+            ));
+        }
+        if splits > 65_535 {
+            return Err(format!(
+                "paged attention: {splits} chunks of context (65,535 at most)"
+            ));
+        }
+        Ok(Self {
+            kernel,
+            grid: (batch.tokens as u32, shape.n_kv as u32, splits as u32),
+            threads,
+            shared_bytes,
+            chunk,
+        })
+    }
+
+    /// Chunks per token (1 unsplit).
+    pub fn splits(&self) -> usize {
+        self.grid.2 as usize
+    }
+
+    /// `paged_attention_combine`'s grid (a block per token and query head) and threads (the
+    /// head's dimensions, rounded up to warps).
+    pub fn combine(&self, shape: AttentionShape) -> (u32, u32) {
+        (
+            self.grid.0 * shape.n_head as u32,
+            shape.head_dim.div_ceil(32) as u32 * 32,
+        )
+    }
+}
+
+/// The warps layout's dimensions per lane (its template's DPL): heads of up to 64, 128 or 256.
+fn dims_per_lane(shape: AttentionShape) -> usize {
+    match shape.head_dim.div_ceil(32) {
+        0..=2 => 2,
+        3..=4 => 4,
+        _ => 8,
+    }
+}
+
+/// Shared memory words of one warps-layout block attending to `positions` positions: the group's
+/// queries and scores, the pool rows, the warps' partial sums.
+fn warps_shared_words(group: usize, head_dim: usize, positions: usize) -> usize {
+    let warps = WARPS_THREADS as usize / 32;
+    group * (head_dim + positions) + positions + warps * group * head_dim
+}
+
+/// The positions per chunk a launch splits each token's context into, or `None` for one block
+/// per (token, key-value head). `Warps` splits only a context too long for one block's shared
+/// memory; `Split` takes its chunk, or chooses one that gives the launch about
+/// `SPLIT_BLOCKS_PER_SM` blocks per SM (never under `MIN_CHUNK` positions); both stay within
+/// shared memory. A chunk that covers the longest context is `None`.
+fn split_chunk(batch: BatchSize, shape: AttentionShape, kernel: AttentionKernel) -> Option<usize> {
+    let group = shape.n_head / shape.n_kv;
+    let fixed = warps_shared_words(group, shape.head_dim, 0);
+    let most = (MAX_SHARED / 4).saturating_sub(fixed) / (group + 1);
+    let chunk = match kernel {
+        AttentionKernel::PerDimension => return None,
+        AttentionKernel::Warps => most,
+        AttentionKernel::Split { chunk: Some(c) } => c.clamp(1, most),
+        AttentionKernel::Split { chunk: None } => {
+            let blocks = batch.tokens * shape.n_kv;
+            let wanted = (SPLIT_BLOCKS_PER_SM * batch.sms).div_ceil(blocks.max(1));
+            batch
+                .longest
+                .div_ceil(wanted)
+                .max(MIN_CHUNK)
+                .min(most.max(1))
+        }
+    };
+    (chunk < batch.longest).then_some(chunk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn smollm2() -> AttentionShape {
+        AttentionShape {
+            n_head: 9,
+            n_kv: 3,
+            head_dim: 64,
+            scale: 0.125,
+            window: 0,
+        }
+    }
+
+    fn batch(tokens: usize, longest: usize) -> BatchSize {
+        BatchSize {
+            tokens,
+            longest,
+            sms: 132,
+        }
+    }
+
+    /// A decode step at batch 1 and 800 positions is 3 blocks unsplit; split-K chooses a chunk
+    /// that gives about 4 blocks per SM, never under 32 positions, and the per-token chunks
+    /// cover the context.
+    #[test]
+    fn split_k_fills_the_device_at_small_batches() {
+        let auto = AttentionKernel::Split { chunk: None };
+        let p = AttentionPlan::new(batch(1, 800), smollm2(), auto, "f16").unwrap();
+        assert_eq!(p.kernel, "paged_attention_split2_f16");
+        let chunk = p.chunk.unwrap();
+        assert!(chunk >= 32, "{p:?}");
+        assert_eq!(p.grid, (1, 3, 800usize.div_ceil(chunk) as u32));
+        assert!(p.grid.1 * p.grid.2 >= 132, "{p:?}: too few blocks");
+        // At batch 512 there are blocks enough: no split, the warps layout.
+        let p = AttentionPlan::new(batch(512, 800), smollm2(), auto, "f16").unwrap();
+        assert_eq!(
+            (p.kernel.as_str(), p.chunk),
+            ("paged_attention_warps2_f16", None)
+        );
+        // A fixed chunk is taken as given.
+        let fixed = AttentionKernel::Split { chunk: Some(100) };
+        let p = AttentionPlan::new(batch(4, 450), smollm2(), fixed, "bf16").unwrap();
+        assert_eq!((p.chunk, p.grid), (Some(100), (4, 3, 5)));
+        assert_eq!(p.combine(smollm2()), (36, 64));
+    }
+
+    /// The warps layout splits only a context beyond one block's shared memory; the
+    /// per-dimension layout refuses it, naming the way out; heads and groups past the kernel's
+    /// limits are refused.
+    #[test]
+    fn contexts_beyond_shared_memory_split_or_are_refused() {
+        let qwen = AttentionShape {
+            n_head: 14,
+            n_kv: 2,
+            head_dim: 64,
+            scale: 0.125,
+            window: 0,
+        };
+        let p = AttentionPlan::new(batch(1, 6_000), qwen, AttentionKernel::Warps, "f16").unwrap();
+        assert_eq!(p.chunk, None);
+        let p = AttentionPlan::new(batch(1, 20_000), qwen, AttentionKernel::Warps, "f16").unwrap();
+        assert!(p.chunk.is_some() && p.shared_bytes <= MAX_SHARED, "{p:?}");
+        let e = AttentionPlan::new(batch(1, 20_000), qwen, AttentionKernel::PerDimension, "f16")
+            .unwrap_err();
+        assert!(e.contains("QUARRY_ATTENTION=warps"), "{e}");
+        let wide = AttentionShape {
+            head_dim: 512,
+            ..qwen
+        };
+        assert!(AttentionPlan::new(batch(1, 10), wide, AttentionKernel::Warps, "f16").is_err());
+        let ungrouped = AttentionShape { n_kv: 1, ..qwen };
+        assert!(
+            AttentionPlan::new(batch(1, 10), ungrouped, AttentionKernel::Warps, "f16").is_err()
+        );
+    }
+}
