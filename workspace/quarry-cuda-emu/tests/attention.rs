@@ -1,0 +1,281 @@
+//! The paged attention kernel (`kernels/paged_attention.cu`) on the CPU against
+//! `attend_reference`, every layout and pool type, launched as the CUDA launcher launches it:
+//! the same [`AttentionPlan`] (form, grid, threads, shared memory, split-K chunk), on an H100's
+//! 132 SMs. The batch mixes what a step mixes (long and short prefills, decodes at long contexts,
+//! an extension) on scattered pages; the shapes are SmolLM2's, Qwen2.5's, a head of 128 and
+//! Gemma 3's with its sliding window.
+
+mod common;
+
+use std::ffi::c_void;
+
+use common::{relative_error, run, values};
+use half::{bf16, f16};
+use quarry_cuda_emu::{kernels, Buf};
+use quarry_model::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
+use quarry_model::reference::{attend_reference, Heads};
+use quarry_model::{AttentionKernel, RaggedBatch, SeqInput};
+
+const SMS: usize = 132;
+
+/// The batch of the GPU test in quarry-model (`src/cuda/attention.rs`): six sequences on every
+/// other page, backwards.
+fn mixed(page_size: usize) -> RaggedBatch {
+    let lens = [37usize, 1, 1, 5, 120, 1];
+    let starts = [0usize, 700, 63, 30, 0, 2];
+    let mut next_page = 0u32;
+    let mut pages = Vec::new();
+    for (l, s) in lens.iter().zip(&starts) {
+        let n = (s + l).div_ceil(page_size);
+        let p: Vec<u32> = (0..n as u32)
+            .rev()
+            .map(|i| (next_page + i) * 2 + 1)
+            .collect();
+        next_page += n as u32;
+        pages.push(p);
+    }
+    let tokens: Vec<Vec<u32>> = lens.iter().map(|&l| vec![1u32; l]).collect();
+    let batch: Vec<SeqInput<'_>> = (0..lens.len())
+        .map(|i| SeqInput::new(&tokens[i], starts[i], &pages[i]))
+        .collect();
+    let mut meta = RaggedBatch::default();
+    meta.fill(&batch, page_size);
+    meta
+}
+
+/// A layer's pool in one element type, as the kernel's untyped arguments.
+enum Pool {
+    F32(Buf<f32>, Buf<f32>),
+    F16(Buf<f16>, Buf<f16>),
+    Bf16(Buf<bf16>, Buf<bf16>),
+}
+
+impl Pool {
+    fn new(element: &str, k: &[f32], v: &[f32]) -> Self {
+        match element {
+            "f32" => Self::F32(Buf::from_slice(k), Buf::from_slice(v)),
+            "f16" => {
+                let h = |x: &[f32]| {
+                    Buf::from_slice(&x.iter().map(|&y| f16::from_f32(y)).collect::<Vec<_>>())
+                };
+                Self::F16(h(k), h(v))
+            }
+            _ => {
+                let b = |x: &[f32]| {
+                    Buf::from_slice(&x.iter().map(|&y| bf16::from_f32(y)).collect::<Vec<_>>())
+                };
+                Self::Bf16(b(k), b(v))
+            }
+        }
+    }
+    fn ptrs(&self) -> (*const c_void, *const c_void) {
+        match self {
+            Self::F32(k, v) => (k.ptr() as _, v.ptr() as _),
+            Self::F16(k, v) => (k.ptr() as _, v.ptr() as _),
+            Self::Bf16(k, v) => (k.ptr() as _, v.ptr() as _),
+        }
+    }
+}
+
+/// The kernel's output for `q` over `pool` in `kernel`'s layout: one launch, or the split
+/// kernel's and the combine's, as `paged_attention` in src/cuda/attention.rs runs them.
+fn attend(
+    meta: &RaggedBatch,
+    q: &[f32],
+    pool: &Pool,
+    element: &str,
+    shape: AttentionShape,
+    kernel: AttentionKernel,
+) -> (AttentionPlan, Vec<f32>) {
+    let plan = AttentionPlan::new(
+        BatchSize::new(meta, shape.window, SMS),
+        shape,
+        kernel,
+        element,
+    )
+    .unwrap();
+    let arrays = [
+        &meta.token_seq,
+        &meta.token_pos,
+        &meta.page_start,
+        &meta.block_table,
+    ]
+    .map(|a| Buf::from_slice(a));
+    let [seq, pos, start, table] = arrays.each_ref().map(|b| b.ptr());
+    let qb = Buf::from_slice(q);
+    let (qp, (kp, vp)) = (qb.ptr(), pool.ptrs());
+    let mut out = Buf::<f32>::poisoned(q.len());
+    let op = out.ptr_mut();
+    let (n_head, n_kv, head_dim) = (
+        shape.n_head as i32,
+        shape.n_kv as i32,
+        shape.head_dim as i32,
+    );
+    let (page, scale, window) = (meta.page_size as i32, shape.scale, shape.window as i32);
+    let shared = plan.shared_bytes;
+    match plan.chunk {
+        None => {
+            let f = kernels::attention::by_name(&plan.kernel).expect(&plan.kernel);
+            unsafe {
+                run(&plan.kernel, plan.grid, plan.threads, shared, || {
+                    f(
+                        qp, kp, vp, seq, pos, start, table, op, n_head, n_kv, head_dim, page,
+                        scale, window,
+                    )
+                })
+            };
+        }
+        Some(chunk) => {
+            let f = kernels::attention_split::by_name(&plan.kernel).expect(&plan.kernel);
+            let rows = meta.tokens() * shape.n_head * plan.splits();
+            let mut acc = Buf::<f32>::poisoned(rows * shape.head_dim);
+            let mut ml = Buf::<f32>::poisoned(rows * 2);
+            let (ap, mp) = (acc.ptr_mut(), ml.ptr_mut());
+            unsafe {
+                run(&plan.kernel, plan.grid, plan.threads, shared, || {
+                    f(
+                        qp,
+                        kp,
+                        vp,
+                        seq,
+                        pos,
+                        start,
+                        table,
+                        ap,
+                        n_head,
+                        n_kv,
+                        head_dim,
+                        page,
+                        scale,
+                        window,
+                        chunk as i32,
+                        mp,
+                    )
+                })
+            };
+            // Every chunk's sums and its maximum and sum written (empty chunks too).
+            assert!(
+                acc.read("acc").iter().all(|x| !x.is_nan()),
+                "{}: a chunk's sums unwritten",
+                plan.kernel
+            );
+            assert!(
+                ml.read("ml").iter().all(|x| !x.is_nan()),
+                "{}: a chunk's max or sum unwritten",
+                plan.kernel
+            );
+            let combine = kernels::combine::by_name("paged_attention_combine").unwrap();
+            let (blocks, threads) = plan.combine(shape);
+            let splits = plan.splits() as i32;
+            let (ap, mp) = (acc.ptr(), ml.ptr());
+            unsafe {
+                run(
+                    "paged_attention_combine",
+                    (blocks, 1, 1),
+                    threads,
+                    0,
+                    || combine(ap, mp, op, head_dim, splits),
+                )
+            };
+        }
+    }
+    (plan, out.read("out"))
+}
+
+fn heads(n_head: usize, n_kv: usize, head_dim: usize, page_size: usize, window: usize) -> Heads {
+    Heads {
+        n_head,
+        n_kv,
+        head_dim,
+        page_size,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        window: (window > 0).then_some(window),
+    }
+}
+
+fn matches_its_reference(kernel: AttentionKernel) {
+    let page_size = 16;
+    let meta = mixed(page_size);
+    let rows = (meta.block_table.iter().max().unwrap() + 1) as usize * page_size;
+    for (n_head, n_kv, head_dim, window) in [
+        (9, 3, 64, 0),
+        (14, 2, 64, 0),
+        (8, 2, 128, 0),
+        (4, 1, 256, 48),
+    ] {
+        let h = heads(n_head, n_kv, head_dim, page_size, window);
+        let seed = (n_head * 1000 + head_dim + window) as u64;
+        let kv = rows * n_kv * head_dim;
+        let k = values(seed * 3 + 1, kv, -1.0, 1.0);
+        let v = values(seed * 5 + 2, kv, -1.0, 1.0);
+        let q = values(seed * 7 + 3, meta.tokens() * n_head * head_dim, -1.0, 1.0);
+        let mut want = vec![0f32; q.len()];
+        attend_reference(&meta, &q, &k, &v, h, &mut want);
+        // The 16-bit pools hold rounded keys and values: bf16 keeps 8 bits of mantissa, f16 11,
+        // so their errors sit near 2^-9 and 2^-12 of the values (the GPU test's bounds).
+        for (element, bound) in [("f32", 1e-5), ("f16", 2e-3), ("bf16", 1e-2)] {
+            let pool = Pool::new(element, &k, &v);
+            let (plan, got) = attend(&meta, &q, &pool, element, AttentionShape::from(h), kernel);
+            assert!(
+                got.iter().all(|x| x.is_finite()),
+                "{}: unwritten or NaN output",
+                plan.kernel
+            );
+            let err = relative_error(&got, &want);
+            eprintln!("{} (chunk {:?}, {n_head}/{n_kv} heads of {head_dim}, window {window}): relative error {err:.2e}", plan.kernel, plan.chunk);
+            assert!(
+                err < bound,
+                "{}: relative error {err:.2e} over {bound:.0e}",
+                plan.kernel
+            );
+        }
+    }
+}
+
+#[test]
+fn per_dimension_layout_matches_its_reference_on_a_mixed_batch() {
+    matches_its_reference(AttentionKernel::PerDimension);
+}
+
+#[test]
+fn warps_layout_matches_its_reference_on_a_mixed_batch() {
+    matches_its_reference(AttentionKernel::Warps);
+}
+
+/// Split-K with chunks of 16 and 100 positions (most tokens' contexts split, some in one chunk,
+/// chunks past short tokens' ends left empty) and with the chunk it chooses for 132 SMs.
+#[test]
+fn split_k_matches_its_reference_on_a_mixed_batch() {
+    for chunk in [Some(16), Some(100), None] {
+        matches_its_reference(AttentionKernel::Split { chunk });
+    }
+}
+
+/// A decode row at 20,000 positions with Qwen2.5's groups of 7: more than one block's shared
+/// memory holds, so the warps layout splits it.
+#[test]
+fn a_context_too_long_for_one_block_is_split() {
+    let (n_head, n_kv, head_dim, context) = (14, 2, 64, 20_000);
+    let pages: Vec<u32> = (0..context as u32).rev().collect();
+    let tokens = [1u32];
+    let mut meta = RaggedBatch::default();
+    meta.fill(&[SeqInput::new(&tokens, context - 1, &pages)], 1);
+    let h = heads(n_head, n_kv, head_dim, 1, 0);
+    let kv = context * n_kv * head_dim;
+    let (k, v) = (values(11, kv, -1.0, 1.0), values(13, kv, -1.0, 1.0));
+    let q = values(17, n_head * head_dim, -3.0, 3.0);
+    let mut want = vec![0f32; q.len()];
+    attend_reference(&meta, &q, &k, &v, h, &mut want);
+    let pool = Pool::new("f32", &k, &v);
+    let (plan, got) = attend(
+        &meta,
+        &q,
+        &pool,
+        "f32",
+        AttentionShape::from(h),
+        AttentionKernel::Warps,
+    );
+    assert!(plan.chunk.is_some(), "{plan:?}");
+    let err = relative_error(&got, &want);
+    assert!(err < 1e-5, "{}: relative error {err:.2e}", plan.kernel);
+}

@@ -1,0 +1,408 @@
+//! The forward pass's fused kernels (`kernels/residual.cu`, `glu.cu`, `rope_store.cu`) on the
+//! CPU against the host forward's own arithmetic (`quarry_model::reference`), with the CUDA
+//! launchers' shapes (`quarry-model/src/cuda/forward.rs`): 256 threads, a block per row for the
+//! norms and RoPE, grid-stride loops for the element-wise kernels. Where every operation is
+//! rounded alone (`__fadd_rn`, `__fmul_rn`, …) the kernel must equal the reference bit for bit;
+//! where it adds a sum in another order (the norms), within rounding.
+
+mod common;
+
+use std::ffi::c_void;
+
+use common::{first_difference, relative_error, run, values};
+use half::f16;
+use quarry_cuda_emu::{kernels, Buf};
+use quarry_model::reference::{gelu_tanh, rms_norm_row, rotate_heads, silu};
+use quarry_model::RopeStyle;
+
+const THREADS: u32 = 256;
+
+/// The element-wise kernels' grid: a block per 256 values, 65,535 at most.
+fn elementwise(n: usize) -> (u32, u32, u32) {
+    (n.div_ceil(THREADS as usize).clamp(1, 65_535) as u32, 1, 1)
+}
+
+fn to_f16(x: &[f32]) -> Vec<f16> {
+    x.iter().map(|&v| f16::from_f32(v)).collect()
+}
+
+fn from_f16(x: &[f16]) -> Vec<f32> {
+    x.iter().map(|v| v.to_f32()).collect()
+}
+
+/// A buffer of f32 values, or of their f16 roundings, as a kernel's untyped input.
+enum Input {
+    F32(Buf<f32>),
+    F16(Buf<f16>),
+}
+
+impl Input {
+    fn new(x: &[f32], f16_input: bool) -> Self {
+        if f16_input {
+            Self::F16(Buf::from_slice(&to_f16(x)))
+        } else {
+            Self::F32(Buf::from_slice(x))
+        }
+    }
+    fn ptr(&self) -> *const c_void {
+        match self {
+            Self::F32(b) => b.ptr() as *const c_void,
+            Self::F16(b) => b.ptr() as *const c_void,
+        }
+    }
+    /// The values the kernel reads (after the f16 rounding).
+    fn values(&self) -> Vec<f32> {
+        match self {
+            Self::F32(b) => b.read("input"),
+            Self::F16(b) => from_f16(&b.read("input")),
+        }
+    }
+}
+
+/// An output buffer of f32 or f16, poisoned.
+enum Output {
+    F32(Buf<f32>),
+    F16(Buf<f16>),
+}
+
+impl Output {
+    fn new(n: usize, f16_output: bool) -> Self {
+        if f16_output {
+            Self::F16(Buf::poisoned(n))
+        } else {
+            Self::F32(Buf::poisoned(n))
+        }
+    }
+    fn ptr(&mut self) -> *mut c_void {
+        match self {
+            Self::F32(b) => b.ptr_mut() as *mut c_void,
+            Self::F16(b) => b.ptr_mut() as *mut c_void,
+        }
+    }
+    fn read(&self, what: &str) -> Vec<f32> {
+        match self {
+            Self::F32(b) => b.read(what),
+            Self::F16(b) => from_f16(&b.read(what)),
+        }
+    }
+    /// `want` as this buffer's type holds it.
+    fn rounded(&self, want: &[f32]) -> Vec<f32> {
+        match self {
+            Self::F32(_) => want.to_vec(),
+            Self::F16(_) => from_f16(&to_f16(want)),
+        }
+    }
+}
+
+fn ty(f16: bool) -> &'static str {
+    if f16 {
+        "f16"
+    } else {
+        "f32"
+    }
+}
+
+/// Every form of `rms_norm` on rows of SmolLM2's (576), Gemma's (640) and an odd width (37, fewer
+/// values than threads) against `rms_norm_row`.
+#[test]
+fn rms_norm_matches_the_host_norm() {
+    for (rows, width) in [(5usize, 576usize), (3, 640), (4, 37)] {
+        for (f16_in, f16_out) in [(false, false), (false, true), (true, false), (true, true)] {
+            let name = format!("rms_norm_{}_{}", ty(f16_in), ty(f16_out));
+            let kernel = kernels::rms_norm::by_name(&name).expect(&name);
+            let x = Input::new(
+                &values(width as u64 * 7 + 1, rows * width, -3.0, 3.0),
+                f16_in,
+            );
+            let w = Buf::from_slice(&values(width as u64 * 11 + 5, width, 0.5, 1.5));
+            let mut out = Output::new(rows * width, f16_out);
+            let (xp, wp, op, eps) = (x.ptr(), w.ptr(), out.ptr(), 1e-5f32);
+            unsafe {
+                run(&name, (rows as u32, 1, 1), THREADS, 0, || {
+                    kernel(xp, op, wp, width as i32, eps)
+                })
+            };
+            let mut want = x.values();
+            let weights = w.read("w");
+            for row in want.chunks_mut(width) {
+                rms_norm_row(row, &weights, eps);
+            }
+            let got = out.read(&name);
+            let err = relative_error(&got, &out.rounded(&want));
+            // The block adds the squares in another order than the host: within f32 rounding,
+            // or one f16 rounding of the result.
+            let bound = if f16_out { 1e-3 } else { 1e-6 };
+            assert!(err < bound, "{name} over {width}: relative error {err:.2e}");
+        }
+    }
+}
+
+/// `add_into` adds f32 or f16 values into the f32 stream in place, bit for bit, over more values
+/// than one grid's stride covers and a count that is not a multiple of the block.
+#[test]
+fn add_into_adds_in_place_bit_for_bit() {
+    for n in [1000usize, 65_535 * 256 + 77] {
+        for f16_y in [false, true] {
+            let name = format!("add_into_{}", ty(f16_y));
+            let kernel = kernels::add_into::by_name(&name).expect(&name);
+            let x0 = values(n as u64 + 3, n, -2.0, 2.0);
+            let y = Input::new(&values(n as u64 + 9, n, -2.0, 2.0), f16_y);
+            let mut x = Buf::from_slice(&x0);
+            let (xp, yp) = (x.ptr_mut(), y.ptr());
+            unsafe {
+                run(&name, elementwise(n), THREADS, 0, || {
+                    kernel(xp, yp, n as u64)
+                })
+            };
+            let want: Vec<f32> = x0.iter().zip(y.values()).map(|(a, b)| a + b).collect();
+            let got = x.read(&name);
+            assert_eq!(
+                first_difference(&got, &want),
+                None,
+                "{name} over {n} values"
+            );
+        }
+    }
+}
+
+/// Every form of the GLU: `act(gate) · up` from the stacked `[rows, 2f]` input, SiLU and
+/// GELU-tanh, against the host's formulas.
+#[test]
+fn glu_matches_the_host_activations() {
+    let (rows, f) = (3usize, 1536usize);
+    for gelu in [false, true] {
+        for (f16_in, f16_out) in [(false, false), (false, true), (true, false), (true, true)] {
+            let act = if gelu { "gelu_tanh" } else { "silu" };
+            let name = format!("glu_{act}_{}_{}", ty(f16_in), ty(f16_out));
+            let kernel = kernels::glu::by_name(&name).expect(&name);
+            let x = Input::new(&values(41, rows * 2 * f, -6.0, 6.0), f16_in);
+            let mut out = Output::new(rows * f, f16_out);
+            let (xp, op) = (x.ptr(), out.ptr());
+            unsafe {
+                run(&name, elementwise(rows * f), THREADS, 0, || {
+                    kernel(xp, op, rows as u64, f as u64)
+                })
+            };
+            let input = x.values();
+            let want: Vec<f32> = input
+                .chunks(2 * f)
+                .flat_map(|r| {
+                    let (gate, up) = r.split_at(f);
+                    gate.iter()
+                        .zip(up)
+                        .map(|(&g, &u)| if gelu { gelu_tanh(g) } else { silu(g) } * u)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let err = relative_error(&out.read(&name), &out.rounded(&want));
+            // expf and tanhf against Rust's exp and tanh: a few ulps.
+            let bound = if f16_out { 1e-3 } else { 1e-6 };
+            assert!(err < bound, "{name}: relative error {err:.2e}");
+        }
+    }
+}
+
+/// One model's shape for `rope_qk`.
+struct Heads {
+    n_head: usize,
+    n_kv: usize,
+    head_dim: usize,
+    style: RopeStyle,
+    bias: bool,
+    norms: bool,
+}
+
+/// `rope_qk` against `rotate_heads` on SmolLM2's shape (interleaved pairs), Qwen2.5's (halves,
+/// biases) and Gemma 3's (halves, per-head norms, heads of 256): bit for bit without the norms.
+#[test]
+fn rope_qk_matches_the_host_rotation() {
+    let shapes = [
+        Heads {
+            n_head: 9,
+            n_kv: 3,
+            head_dim: 64,
+            style: RopeStyle::Interleaved,
+            bias: false,
+            norms: false,
+        },
+        Heads {
+            n_head: 14,
+            n_kv: 2,
+            head_dim: 64,
+            style: RopeStyle::Halves,
+            bias: true,
+            norms: false,
+        },
+        Heads {
+            n_head: 4,
+            n_kv: 1,
+            head_dim: 256,
+            style: RopeStyle::Halves,
+            bias: false,
+            norms: true,
+        },
+    ];
+    for h in shapes {
+        for f16_in in [false, true] {
+            let name = format!("rope_qk_{}", ty(f16_in));
+            let kernel = kernels::rope_qk::by_name(&name).expect(&name);
+            let (q_w, kv_w) = (h.n_head * h.head_dim, h.n_kv * h.head_dim);
+            let width = q_w + 2 * kv_w;
+            let half = h.head_dim / 2;
+            let tokens = 5usize;
+            let positions: Vec<u32> = vec![0, 17, 3, 250, 99];
+            let table_rows = 256usize;
+            // Tables as the model builds them: cos and sin of p · θ_i.
+            let theta: Vec<f32> = (0..half)
+                .map(|i| 10_000f32.powf(-2.0 * i as f32 / h.head_dim as f32))
+                .collect();
+            let cos: Vec<f32> = (0..table_rows * half)
+                .map(|j| ((j / half) as f32 * theta[j % half]).cos())
+                .collect();
+            let sin: Vec<f32> = (0..table_rows * half)
+                .map(|j| ((j / half) as f32 * theta[j % half]).sin())
+                .collect();
+            let x = Input::new(
+                &values(h.head_dim as u64 + 1, tokens * width, -2.0, 2.0),
+                f16_in,
+            );
+            let bias = h
+                .bias
+                .then(|| Buf::from_slice(&values(5, width, -0.5, 0.5)));
+            let norms = h.norms.then(|| {
+                (
+                    Buf::from_slice(&values(7, h.head_dim, 0.5, 1.5)),
+                    Buf::from_slice(&values(9, h.head_dim, 0.5, 1.5)),
+                )
+            });
+            let (cb, sb, pb) = (
+                Buf::from_slice(&cos),
+                Buf::from_slice(&sin),
+                Buf::from_slice(&positions),
+            );
+            let mut out = Buf::<f32>::poisoned(tokens * width);
+            let null = std::ptr::null::<f32>();
+            let (xp, bp) = (x.ptr(), bias.as_ref().map_or(null, |b| b.ptr()));
+            let (qn, kn) = norms
+                .as_ref()
+                .map_or((null, null), |(q, k)| (q.ptr(), k.ptr()));
+            let (cp, sp, pp, op) = (cb.ptr(), sb.ptr(), pb.ptr(), out.ptr_mut());
+            let interleaved = i32::from(h.style == RopeStyle::Interleaved);
+            let eps = 1e-6f32;
+            unsafe {
+                run(&name, (tokens as u32, 1, 1), THREADS, width * 4, || {
+                    kernel(
+                        xp,
+                        bp,
+                        qn,
+                        kn,
+                        cp,
+                        sp,
+                        pp,
+                        op,
+                        tokens as i32,
+                        h.n_head as i32,
+                        h.n_kv as i32,
+                        h.head_dim as i32,
+                        interleaved,
+                        eps,
+                    )
+                })
+            };
+            // The host's arithmetic: the bias, then each head normed and rotated, then the
+            // planes (queries, keys, values).
+            let input = x.values();
+            let bias_v = bias.as_ref().map(|b| b.read("bias"));
+            let norm_v = norms
+                .as_ref()
+                .map(|(q, k)| (q.read("q norm"), k.read("k norm")));
+            let mut want = vec![0f32; tokens * width];
+            let (q_plane, rest) = want.split_at_mut(tokens * q_w);
+            let (k_plane, v_plane) = rest.split_at_mut(tokens * kv_w);
+            for t in 0..tokens {
+                let mut row = input[t * width..(t + 1) * width].to_vec();
+                if let Some(b) = &bias_v {
+                    row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+                }
+                let at = positions[t] as usize * half;
+                rotate_heads(
+                    &mut row[..q_w + kv_w],
+                    q_w,
+                    h.head_dim,
+                    h.style,
+                    (&cos[at..at + half], &sin[at..at + half]),
+                    norm_v
+                        .as_ref()
+                        .map(|(q, k)| (q.as_slice(), k.as_slice(), eps)),
+                );
+                q_plane[t * q_w..(t + 1) * q_w].copy_from_slice(&row[..q_w]);
+                k_plane[t * kv_w..(t + 1) * kv_w].copy_from_slice(&row[q_w..q_w + kv_w]);
+                v_plane[t * kv_w..(t + 1) * kv_w].copy_from_slice(&row[q_w + kv_w..]);
+            }
+            let got = out.read(&name);
+            let what = format!("{name}, {} heads of {}", h.n_head, h.head_dim);
+            if h.norms {
+                let err = relative_error(&got, &want);
+                assert!(err < 1e-6, "{what}: relative error {err:.2e}");
+            } else {
+                assert_eq!(
+                    first_difference(&got, &want),
+                    None,
+                    "{what}: not bit for bit"
+                );
+            }
+        }
+    }
+}
+
+/// `store_rows` writes each token's row at its slot in the pool's type (round to nearest even),
+/// and nothing else: the other rows keep their poison.
+#[test]
+fn store_rows_writes_each_row_at_its_slot() {
+    let (tokens, width, rows) = (6usize, 192usize, 40usize);
+    let slots: Vec<u32> = vec![39, 0, 17, 18, 5, 33];
+    let src = values(3, tokens * width, -4.0, 4.0);
+    let (sb, lb) = (Buf::from_slice(&src), Buf::from_slice(&slots));
+    let check = |name: &str, got: Vec<f32>, round: &dyn Fn(f32) -> f32| {
+        for r in 0..rows {
+            let row = &got[r * width..(r + 1) * width];
+            match slots.iter().position(|&s| s as usize == r) {
+                Some(t) => {
+                    let want: Vec<f32> = src[t * width..(t + 1) * width]
+                        .iter()
+                        .map(|&x| round(x))
+                        .collect();
+                    assert_eq!(
+                        first_difference(row, &want),
+                        None,
+                        "{name}: row {r} (token {t})"
+                    );
+                }
+                None => assert!(row.iter().all(|x| x.is_nan()), "{name}: row {r} written"),
+            }
+        }
+    };
+    let launch = |name: &str, pool: *mut c_void| {
+        let kernel = kernels::store_rows::by_name(name).expect(name);
+        let (s, l) = (sb.ptr(), lb.ptr());
+        unsafe {
+            run(name, elementwise(tokens * width), THREADS, 0, || {
+                kernel(s, l, pool, tokens as u64, width as u64)
+            })
+        };
+    };
+    let mut p32 = Buf::<f32>::poisoned(rows * width);
+    launch("store_rows_f32", p32.ptr_mut() as *mut c_void);
+    check("store_rows_f32", p32.read("pool"), &|x| x);
+    let mut p16 = Buf::<f16>::poisoned(rows * width);
+    launch("store_rows_f16", p16.ptr_mut() as *mut c_void);
+    check("store_rows_f16", from_f16(&p16.read("pool")), &|x| {
+        f16::from_f32(x).to_f32()
+    });
+    let mut pb = Buf::<half::bf16>::poisoned(rows * width);
+    launch("store_rows_bf16", pb.ptr_mut() as *mut c_void);
+    let got: Vec<f32> = pb.read("pool").iter().map(|v| v.to_f32()).collect();
+    check("store_rows_bf16", got, &|x| {
+        half::bf16::from_f32(x).to_f32()
+    });
+}
