@@ -201,6 +201,7 @@ fn matches_its_reference(kernel: AttentionKernel) {
         (9, 3, 64, 0),
         (14, 2, 64, 0),
         (8, 2, 128, 0),
+        (6, 3, 80, 0),
         (4, 1, 256, 48),
     ] {
         let h = heads(n_head, n_kv, head_dim, page_size, window);

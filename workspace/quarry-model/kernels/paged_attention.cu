@@ -206,6 +206,72 @@ __device__ void group_softmax(float* scores, int group, int n, float* red, float
 // group * head_dim) * 4 bytes.
 #define WARPS 8
 
+// Whether the weighted sum can read whole value rows in 16-byte loads: every head starts on 16
+// bytes, and a row's loads (head_dim / (16 / sizeof(KV)) lanes) divide a warp.
+template <typename KV>
+__device__ __forceinline__ bool vector_rows(int head_dim, int kv_dim) {
+    constexpr int PER = 16 / sizeof(KV);
+    const int lanes = head_dim / PER;
+    return head_dim % PER == 0 && kv_dim % PER == 0 && lanes > 0 && lanes <= 32 && 32 % lanes == 0;
+}
+
+// The warps layout's weighted sum in 16-byte loads: a warp takes 32 / lanes positions at a time
+// (lanes = head_dim / (16 / sizeof(KV)): 8 for an f16 head of 64, so 4 positions), each lane one
+// 16-byte piece of its position's value row, multiplied by the group's weights; then the lanes
+// that hold the same piece of different positions add their sums across the warp, and the
+// warp's sums go to `partial` (WARPS * group * head_dim) as the other path's do. A warp per
+// position with a value per lane kept 4 bytes per lane in flight (an f16 head of 64); this keeps
+// 16 per load. Heads whose rows do not split so (an f32 head of 256, a head of 80) take the warp
+// per position.
+template <typename KV>
+__device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
+                                  const uint32_t* rows, int n, int group, int head_dim,
+                                  int kv_dim, int kv_head, float* partial) {
+    constexpr int PER = 16 / sizeof(KV);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lanes = head_dim / PER, per_warp = 32 / lanes;
+    const int piece = lane % lanes, slot = lane / lanes;
+    float acc[MAX_GROUP][PER];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUP; ++g)
+#pragma unroll
+        for (int e = 0; e < PER; ++e) acc[g][e] = 0.0f;
+#pragma unroll 2
+    for (int j = warp * per_warp + slot; j < n; j += WARPS * per_warp) {
+        const KV* vrow = v + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
+        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(vrow) + piece);
+        const KV* x = reinterpret_cast<const KV*>(&raw);
+#pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g) {
+            if (g < group) {
+                const float w = scores[g * n + j];
+#pragma unroll
+                for (int e = 0; e < PER; ++e) acc[g][e] += w * to_float(x[e]);
+            }
+        }
+    }
+    // Lanes holding the same piece of different positions: add across the warp (uniform loop,
+    // every lane shuffles).
+    for (int o = lanes; o < 32; o <<= 1) {
+#pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g) {
+            if (g < group) {
+#pragma unroll
+                for (int e = 0; e < PER; ++e) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+            }
+        }
+    }
+    if (slot == 0) {
+        const int gd = group * head_dim;
+#pragma unroll
+        for (int g = 0; g < MAX_GROUP; ++g)
+            if (g < group)
+#pragma unroll
+                for (int e = 0; e < PER; ++e)
+                    partial[warp * gd + g * head_dim + piece * PER + e] = acc[g][e];
+    }
+}
+
 // Both layouts in one template: DPL 0 is the per-dimension layout above; 2, 4 or 8 the warps
 // layout with head_dim / 32 rounded up dimensions per lane (heads of up to 64, 128 or 256), a
 // template parameter so that a 64-dimensional head keeps 16 accumulators, not 64.
@@ -289,32 +355,36 @@ __device__ void paged_attention(
         }
     } else {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-        float acc[MAX_GROUP][DPL];
+        if (vector_rows<KV>(head_dim, kv_dim)) {
+            group_sum_vectors<KV>(scores, v, rows, n, group, head_dim, kv_dim, kv_head, partial);
+        } else {
+            float acc[MAX_GROUP][DPL];
     #pragma unroll
-        for (int g = 0; g < MAX_GROUP; ++g)
+            for (int g = 0; g < MAX_GROUP; ++g)
     #pragma unroll
-            for (int m = 0; m < DPL; ++m) acc[g][m] = 0.0f;
+                for (int m = 0; m < DPL; ++m) acc[g][m] = 0.0f;
     #pragma unroll 2
-        for (int j = warp; j < n; j += WARPS) {
-            const KV* vrow = v + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
+            for (int j = warp; j < n; j += WARPS) {
+                const KV* vrow = v + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
     #pragma unroll
-            for (int m = 0; m < DPL; ++m) {
-                const int i = lane + 32 * m;
-                if (i < head_dim) {
-                    const float vx = to_float(vrow[i]);
+                for (int m = 0; m < DPL; ++m) {
+                    const int i = lane + 32 * m;
+                    if (i < head_dim) {
+                        const float vx = to_float(vrow[i]);
     #pragma unroll
-                    for (int g = 0; g < MAX_GROUP; ++g)
-                        if (g < group) acc[g][m] += scores[g * n + j] * vx;
+                        for (int g = 0; g < MAX_GROUP; ++g)
+                            if (g < group) acc[g][m] += scores[g * n + j] * vx;
+                    }
                 }
             }
+    #pragma unroll
+            for (int g = 0; g < MAX_GROUP; ++g)
+    #pragma unroll
+                for (int m = 0; m < DPL; ++m) {
+                    const int i = lane + 32 * m;
+                    if (g < group && i < head_dim) partial[warp * gd + g * head_dim + i] = acc[g][m];
+                }
         }
-    #pragma unroll
-        for (int g = 0; g < MAX_GROUP; ++g)
-    #pragma unroll
-            for (int m = 0; m < DPL; ++m) {
-                const int i = lane + 32 * m;
-                if (g < group && i < head_dim) partial[warp * gd + g * head_dim + i] = acc[g][m];
-            }
         __syncthreads();
         for (int e = threadIdx.x; e < gd; e += blockDim.x) {
             float sum = 0.0f;
