@@ -198,9 +198,10 @@ __device__ void group_softmax(float* scores, int group, int n, float* red, float
 // step (the block table, then the value), so a decode row at 1,000 positions is a chain of 1,000
 // latencies per layer whatever the batch, with half of the 128 threads idle for 64-dimensional
 // heads. In the warps layout 256 threads first write every attended position's pool row to
-// shared memory; in the weighted sum warp w takes positions w, w + 8, ..., its lanes across the
-// dimensions (a 128-byte row per load for f16 and 64 dimensions), keeping one partial sum per
-// query head and dimension; the partial sums of the 8 warps are then added in warp order (no
+// shared memory; in the weighted sum each warp takes a few positions at a time, a lane a 16-byte
+// piece of a value row (group_sum_vectors; heads whose rows do not split into 16-byte pieces
+// over a warp take a position per warp, its lanes across the dimensions), keeping one partial sum
+// per query head and dimension; the partial sums of the 8 warps are then added in warp order (no
 // atomics: the result does not depend on scheduling). Dynamic shared memory: the group's queries,
 // its scores, the rows, and the partial sums: (group * (head_dim + longest) + longest + WARPS *
 // group * head_dim) * 4 bytes.

@@ -237,10 +237,11 @@ pub enum AttentionKernel {
     /// dependent loads: 303 µs a layer at batch 1 and 800 positions on an H100, 2026-11-26).
     PerDimension,
     /// 256 threads; the scores a thread per position (16-byte loads of its key row), the
-    /// weighted sum a warp per position, the rows they read gathered first (the kernel's
-    /// comments). With a warp per position for the scores too it took 123 µs in that case,
-    /// 1.7-2.5x faster than `PerDimension` from batch 1 to 512; the thread per position (newer,
-    /// written without a GPU) is not yet measured.
+    /// weighted sum a lane per 16-byte piece of a value row, a warp over a few positions, the
+    /// rows they read gathered first (the kernel's comments). With a warp per position in both
+    /// phases it took 123 µs in that case, 1.7-2.5x faster than `PerDimension` from batch 1 to
+    /// 512; the 16-byte loads (newer, written without a GPU, tested by quarry-cuda-emu) are not
+    /// yet measured.
     /// A block per (token, key-value head), except for a context too long for one block's shared
     /// memory, which it splits as [`AttentionKernel::Split`] does.
     Warps,
