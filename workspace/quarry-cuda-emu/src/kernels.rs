@@ -38,13 +38,20 @@ macro_rules! declare {
 
 family! {
     /// `paged_attention_*` (per-dimension) and `paged_attention_warps*`: q, k, v, token_seq,
-    /// token_pos, page_start, block_table, out, n_head, n_kv, head_dim, page_size, scale, window.
+    /// token_pos, page_start, block_table, out (f32, or f16 for the `_out16` forms), n_head, n_kv,
+    /// head_dim, page_size, scale, window.
     attention: fn(*const f32, *const c_void, *const c_void, *const u32, *const u32, *const u32,
-                  *const u32, *mut f32, i32, i32, i32, i32, f32, i32) {
+                  *const u32, *mut c_void, i32, i32, i32, i32, f32, i32) {
         paged_attention_f32, paged_attention_f16, paged_attention_bf16,
+        paged_attention_f32_out16, paged_attention_f16_out16, paged_attention_bf16_out16,
         paged_attention_warps2_f32, paged_attention_warps2_f16, paged_attention_warps2_bf16,
         paged_attention_warps4_f32, paged_attention_warps4_f16, paged_attention_warps4_bf16,
         paged_attention_warps8_f32, paged_attention_warps8_f16, paged_attention_warps8_bf16,
+        paged_attention_warps2_f32_out16, paged_attention_warps2_f16_out16,
+        paged_attention_warps2_bf16_out16, paged_attention_warps4_f32_out16,
+        paged_attention_warps4_f16_out16, paged_attention_warps4_bf16_out16,
+        paged_attention_warps8_f32_out16, paged_attention_warps8_f16_out16,
+        paged_attention_warps8_bf16_out16,
     }
 }
 
@@ -60,8 +67,10 @@ family! {
 }
 
 family! {
-    /// `paged_attention_combine`: part, ml, out, head_dim, splits.
-    combine: fn(*const f32, *const f32, *mut f32, i32, i32) { paged_attention_combine }
+    /// `paged_attention_combine` and `_out16`: part, ml, out (f32 or f16), head_dim, splits.
+    combine: fn(*const f32, *const f32, *mut c_void, i32, i32) {
+        paged_attention_combine, paged_attention_combine_out16,
+    }
 }
 
 family! {

@@ -15,7 +15,7 @@
 use candle_core::cuda::cudarc::driver::sys::CUevent_flags;
 use candle_core::cuda::cudarc::driver::CudaSlice;
 use candle_core::CudaDevice;
-use quarry_model::cuda::{paged_attention, AttentionShape, DeviceBatch, KvPool};
+use quarry_model::cuda::{paged_attention, AttentionOut, AttentionShape, DeviceBatch, KvPool};
 use quarry_model::{AttentionKernel, RaggedBatch, SeqInput};
 
 const REPEATS: usize = 20;
@@ -130,8 +130,16 @@ fn main() {
                 .alloc_zeros::<f32>(meta.tokens() * N_HEAD * HEAD_DIM)
                 .expect("out");
             let ms = time_ms(&dev, || {
-                paged_attention(&dev, &q, KvPool::F16(&k, &v), &db, shape, kernel, &mut out)
-                    .expect("launch")
+                paged_attention(
+                    &dev,
+                    &q,
+                    KvPool::F16(&k, &v),
+                    &db,
+                    shape,
+                    kernel,
+                    AttentionOut::F32(&mut out),
+                )
+                .expect("launch")
             });
             times.push(ms);
             outs.push(out);

@@ -279,15 +279,17 @@ __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
 //
 // SPLIT (warps layout only): this block takes chunk blockIdx.z of `chunk` positions; `out` is the
 // chunks' unnormalized sums, [tokens, n_head, chunks, head_dim], and `ml` their maxima and sums,
-// [tokens, n_head, chunks, 2].
-template <typename KV, int DPL, bool SPLIT>
+// [tokens, n_head, chunks, 2]. OUT: the output's element type (f16 where the output projection
+// multiplies dense f16 weights, so no cast follows; the split kernels' sums stay f32).
+template <typename KV, typename OUT, int DPL, bool SPLIT>
 __device__ void paged_attention(
     const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
     const uint32_t* __restrict__ token_seq, const uint32_t* __restrict__ token_pos,
     const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
-    float* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
+    OUT* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
     int window, int chunk, float* __restrict__ ml) {
     static_assert(!SPLIT || DPL > 0, "split-K runs the warps layout");
+    static_assert(!SPLIT || sizeof(OUT) == 4, "split-K's sums are f32");
     DYNAMIC_SHARED(float, shared);
     __shared__ float red[32];
     const int t = blockIdx.x, kv_head = blockIdx.y;
@@ -307,7 +309,7 @@ __device__ void paged_attention(
         if (n <= 0) {  // past this token's last position: a chunk the combine weighs 0
             for (int e = threadIdx.x; e < gd; e += blockDim.x) {
                 const int g = e / head_dim;
-                out[split_row * head_dim + g * split_stride + e % head_dim] = 0.0f;
+                out[split_row * head_dim + g * split_stride + e % head_dim] = from_float<OUT>(0.0f);
                 if (e % head_dim == 0) {
                     ml[2 * g * splits] = -INFINITY;
                     ml[2 * g * splits + 1] = 0.0f;
@@ -338,7 +340,7 @@ __device__ void paged_attention(
     if constexpr (DPL == 0) {
         // The weighted sums: a thread per dimension, every position (adjacent threads, adjacent
         // values), the value loaded once for every query head of the group.
-        float* orow = out + (size_t)t * n_head * head_dim + (size_t)kv_head * group * head_dim;
+        OUT* orow = out + (size_t)t * n_head * head_dim + (size_t)kv_head * group * head_dim;
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
             float acc[MAX_GROUP];
     #pragma unroll
@@ -352,7 +354,7 @@ __device__ void paged_attention(
             }
     #pragma unroll
             for (int g = 0; g < MAX_GROUP; ++g)
-                if (g < group) orow[g * head_dim + i] = acc[g];
+                if (g < group) orow[g * head_dim + i] = from_float<OUT>(acc[g]);
         }
     } else {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -391,38 +393,36 @@ __device__ void paged_attention(
             float sum = 0.0f;
             for (int w = 0; w < WARPS; ++w) sum += partial[w * gd + e];
             if constexpr (SPLIT) {
-                out[split_row * head_dim + (e / head_dim) * split_stride + e % head_dim] = sum;
+                out[split_row * head_dim + (e / head_dim) * split_stride + e % head_dim] =
+                    from_float<OUT>(sum);
             } else {
-                out[(size_t)t * n_head * head_dim + (size_t)kv_head * gd + e] = sum;
+                out[(size_t)t * n_head * head_dim + (size_t)kv_head * gd + e] = from_float<OUT>(sum);
             }
         }
     }
 }
 
-#define PAGED_ATTENTION(NAME, KV)                                                              \
+// The forms: a pool's element type, and the output's (the `_out16` forms write f16).
+#define PAGED_ATTENTION(NAME, KV, OUT)                                                         \
     extern "C" __global__ void NAME(                                                           \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
-        float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
+        OUT* out, int n_head, int n_kv, int head_dim, int page_size, float scale,             \
         int window) {                                                                          \
-        paged_attention<KV, 0, false>(q, k, v, token_seq, token_pos, page_start, block_table, \
-                                      out, n_head, n_kv, head_dim, page_size, scale, window, 0,  \
-                                      nullptr);                                               \
+        paged_attention<KV, OUT, 0, false>(q, k, v, token_seq, token_pos, page_start,        \
+                                           block_table, out, n_head, n_kv, head_dim,           \
+                                           page_size, scale, window, 0, nullptr);              \
     }
 
-PAGED_ATTENTION(paged_attention_f32, float)
-PAGED_ATTENTION(paged_attention_f16, __half)
-PAGED_ATTENTION(paged_attention_bf16, __nv_bfloat16)
-
-#define PAGED_ATTENTION_WARPS(NAME, KV, DPL)                                                   \
+#define PAGED_ATTENTION_WARPS(NAME, KV, OUT, DPL)                                              \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
-        float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
+        OUT* out, int n_head, int n_kv, int head_dim, int page_size, float scale,             \
         int window) {                                                                          \
-        paged_attention<KV, DPL, false>(q, k, v, token_seq, token_pos, page_start,           \
-                                        block_table, out, n_head, n_kv, head_dim, page_size,   \
-                                        scale, window, 0, nullptr);                            \
+        paged_attention<KV, OUT, DPL, false>(q, k, v, token_seq, token_pos, page_start,      \
+                                             block_table, out, n_head, n_kv, head_dim,         \
+                                             page_size, scale, window, 0, nullptr);            \
     }
 
 // The split-K kernels: `out` is the chunks' sums and `ml` their maxima and sums (see the top).
@@ -432,20 +432,36 @@ PAGED_ATTENTION(paged_attention_bf16, __nv_bfloat16)
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
         int window, int chunk, float* ml) {                                                    \
-        paged_attention<KV, DPL, true>(q, k, v, token_seq, token_pos, page_start,            \
-                                       block_table, out, n_head, n_kv, head_dim, page_size,    \
-                                       scale, window, chunk, ml);                              \
+        paged_attention<KV, float, DPL, true>(q, k, v, token_seq, token_pos, page_start,     \
+                                              block_table, out, n_head, n_kv, head_dim,        \
+                                              page_size, scale, window, chunk, ml);            \
     }
 
-PAGED_ATTENTION_WARPS(paged_attention_warps2_f32, float, 2)
-PAGED_ATTENTION_WARPS(paged_attention_warps2_f16, __half, 2)
-PAGED_ATTENTION_WARPS(paged_attention_warps2_bf16, __nv_bfloat16, 2)
-PAGED_ATTENTION_WARPS(paged_attention_warps4_f32, float, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4_f16, __half, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4_bf16, __nv_bfloat16, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps8_f32, float, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8_f16, __half, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8_bf16, __nv_bfloat16, 8)
+PAGED_ATTENTION(paged_attention_f32, float, float)
+PAGED_ATTENTION(paged_attention_f32_out16, float, __half)
+PAGED_ATTENTION(paged_attention_f16, __half, float)
+PAGED_ATTENTION(paged_attention_f16_out16, __half, __half)
+PAGED_ATTENTION(paged_attention_bf16, __nv_bfloat16, float)
+PAGED_ATTENTION(paged_attention_bf16_out16, __nv_bfloat16, __half)
+
+PAGED_ATTENTION_WARPS(paged_attention_warps2_f32, float, float, 2)
+PAGED_ATTENTION_WARPS(paged_attention_warps2_f32_out16, float, __half, 2)
+PAGED_ATTENTION_WARPS(paged_attention_warps2_f16, __half, float, 2)
+PAGED_ATTENTION_WARPS(paged_attention_warps2_f16_out16, __half, __half, 2)
+PAGED_ATTENTION_WARPS(paged_attention_warps2_bf16, __nv_bfloat16, float, 2)
+PAGED_ATTENTION_WARPS(paged_attention_warps2_bf16_out16, __nv_bfloat16, __half, 2)
+PAGED_ATTENTION_WARPS(paged_attention_warps4_f32, float, float, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4_f32_out16, float, __half, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4_f16, __half, float, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4_f16_out16, __half, __half, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4_bf16, __nv_bfloat16, float, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4_bf16_out16, __nv_bfloat16, __half, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps8_f32, float, float, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8_f32_out16, float, __half, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8_f16, __half, float, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8_f16_out16, __half, __half, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8_bf16, __nv_bfloat16, float, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8_bf16_out16, __nv_bfloat16, __half, 8)
 
 PAGED_ATTENTION_SPLIT(paged_attention_split2_f32, float, 2)
 PAGED_ATTENTION_SPLIT(paged_attention_split2_f16, __half, 2)
@@ -461,10 +477,10 @@ PAGED_ATTENTION_SPLIT(paged_attention_split8_bf16, __nv_bfloat16, 8)
 // out[row] = sum_z exp(m_z - M) acc_z / sum_z exp(m_z - M) l_z with M the largest m_z, in chunk
 // order (no atomics). `part` and `ml` are the split kernel's `out` and `ml`; chunk 0 always holds
 // a position, so M is finite.
-extern "C" __global__ void paged_attention_combine(const float* __restrict__ part,
-                                                   const float* __restrict__ ml,
-                                                   float* __restrict__ out, int head_dim,
-                                                   int splits) {
+template <typename OUT>
+__device__ void paged_attention_combine(const float* __restrict__ part,
+                                        const float* __restrict__ ml, OUT* __restrict__ out,
+                                        int head_dim, int splits) {
     const size_t row = blockIdx.x;  // token * n_head + query head
     const float* m = ml + row * splits * 2;
     float max = -INFINITY;
@@ -476,6 +492,15 @@ extern "C" __global__ void paged_attention_combine(const float* __restrict__ par
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
         float acc = 0.0f;
         for (int z = 0; z < splits; ++z) acc += __expf(m[2 * z] - max) * p[(size_t)z * head_dim + i];
-        out[row * head_dim + i] = acc * inv;
+        out[row * head_dim + i] = from_float<OUT>(acc * inv);
     }
+}
+
+extern "C" __global__ void paged_attention_combine(const float* part, const float* ml, float* out,
+                                                   int head_dim, int splits) {
+    paged_attention_combine<float>(part, ml, out, head_dim, splits);
+}
+extern "C" __global__ void paged_attention_combine_out16(const float* part, const float* ml,
+                                                         __half* out, int head_dim, int splits) {
+    paged_attention_combine<__half>(part, ml, out, head_dim, splits);
 }

@@ -82,16 +82,19 @@ pub struct AttentionPlan {
     pub shared_bytes: usize,
     /// Positions per chunk when the launch is split (`grid.2` chunks), else `None`.
     pub chunk: Option<usize>,
+    /// Whether the output is f16 (the `_out16` forms, and the combine's).
+    pub out16: bool,
 }
 
 impl AttentionPlan {
     /// The plan for `batch` in `kernel`'s layout over a pool of `element` (`f32`, `f16` or
-    /// `bf16`), or why the kernel cannot run it.
+    /// `bf16`), writing f16 when `out16` (else f32), or why the kernel cannot run it.
     pub fn new(
         batch: BatchSize,
         shape: AttentionShape,
         kernel: AttentionKernel,
         element: &str,
+        out16: bool,
     ) -> Result<Self, String> {
         if shape.head_dim > 256 {
             return Err(format!(
@@ -114,9 +117,11 @@ impl AttentionPlan {
         let splits = chunk.map_or(1, |c| batch.longest.div_ceil(c));
         // Shared memory: the group's queries and scores, and for the `warps` layout the rows it
         // reads and its warps' partial sums (the kernel's comments).
+        // The one-launch forms write the output, the split ones f32 sums for the combine.
+        let suffix = if out16 && splits == 1 { "_out16" } else { "" };
         let (kernel, threads, shared_bytes) = match kernel {
             AttentionKernel::PerDimension => (
-                format!("paged_attention_{element}"),
+                format!("paged_attention_{element}{suffix}"),
                 PER_DIMENSION_THREADS,
                 group * (batch.longest + shape.head_dim) * 4,
             ),
@@ -124,7 +129,10 @@ impl AttentionPlan {
                 let layout = if splits > 1 { "split" } else { "warps" };
                 let positions = chunk.unwrap_or(batch.longest).min(batch.longest);
                 (
-                    format!("paged_attention_{layout}{}_{element}", dims_per_lane(shape)),
+                    format!(
+                        "paged_attention_{layout}{}_{element}{suffix}",
+                        dims_per_lane(shape)
+                    ),
                     WARPS_THREADS,
                     warps_shared_words(group, shape.head_dim, positions) * 4,
                 )
@@ -148,12 +156,22 @@ impl AttentionPlan {
             threads,
             shared_bytes,
             chunk,
+            out16,
         })
     }
 
     /// Chunks per token (1 unsplit).
     pub fn splits(&self) -> usize {
         self.grid.2 as usize
+    }
+
+    /// The combine's form (split launches): f32 or f16 output.
+    pub fn combine_kernel(&self) -> &'static str {
+        if self.out16 {
+            "paged_attention_combine_out16"
+        } else {
+            "paged_attention_combine"
+        }
     }
 
     /// `paged_attention_combine`'s grid (a block per token and query head) and threads (the
@@ -236,20 +254,31 @@ mod tests {
     #[test]
     fn split_k_fills_the_device_at_small_batches() {
         let auto = AttentionKernel::Split { chunk: None };
-        let p = AttentionPlan::new(batch(1, 800), smollm2(), auto, "f16").unwrap();
+        let p = AttentionPlan::new(batch(1, 800), smollm2(), auto, "f16", false).unwrap();
         assert_eq!(p.kernel, "paged_attention_split2_f16");
         assert_eq!((p.chunk, p.grid), (Some(32), (1, 3, 25)));
-        let p = AttentionPlan::new(batch(1, 8_000), smollm2(), auto, "f16").unwrap();
+        let p = AttentionPlan::new(batch(1, 8_000), smollm2(), auto, "f16", false).unwrap();
         assert_eq!((p.chunk, p.grid), (Some(46), (1, 3, 174)));
         // At batch 512 there are blocks enough: no split, the warps layout.
-        let p = AttentionPlan::new(batch(512, 800), smollm2(), auto, "f16").unwrap();
+        let p = AttentionPlan::new(batch(512, 800), smollm2(), auto, "f16", false).unwrap();
         assert_eq!(
             (p.kernel.as_str(), p.chunk),
             ("paged_attention_warps2_f16", None)
         );
+        // An f16 output: the one-launch form writes it; a split launch's combine does.
+        let p = AttentionPlan::new(batch(512, 800), smollm2(), auto, "f16", true).unwrap();
+        assert_eq!(p.kernel, "paged_attention_warps2_f16_out16");
+        let p = AttentionPlan::new(batch(1, 800), smollm2(), auto, "f16", true).unwrap();
+        assert_eq!(
+            (p.kernel.as_str(), p.combine_kernel()),
+            (
+                "paged_attention_split2_f16",
+                "paged_attention_combine_out16"
+            )
+        );
         // A fixed chunk is taken as given.
         let fixed = AttentionKernel::Split { chunk: Some(100) };
-        let p = AttentionPlan::new(batch(4, 450), smollm2(), fixed, "bf16").unwrap();
+        let p = AttentionPlan::new(batch(4, 450), smollm2(), fixed, "bf16", false).unwrap();
         assert_eq!((p.chunk, p.grid), (Some(100), (4, 3, 5)));
         assert_eq!(p.combine(smollm2()), (36, 64));
     }
@@ -266,21 +295,36 @@ mod tests {
             scale: 0.125,
             window: 0,
         };
-        let p = AttentionPlan::new(batch(1, 6_000), qwen, AttentionKernel::Warps, "f16").unwrap();
+        let p = AttentionPlan::new(batch(1, 6_000), qwen, AttentionKernel::Warps, "f16", false)
+            .unwrap();
         assert_eq!(p.chunk, None);
-        let p = AttentionPlan::new(batch(1, 20_000), qwen, AttentionKernel::Warps, "f16").unwrap();
+        let p = AttentionPlan::new(batch(1, 20_000), qwen, AttentionKernel::Warps, "f16", false)
+            .unwrap();
         assert!(p.chunk.is_some() && p.shared_bytes <= MAX_SHARED, "{p:?}");
-        let e = AttentionPlan::new(batch(1, 20_000), qwen, AttentionKernel::PerDimension, "f16")
-            .unwrap_err();
+        let e = AttentionPlan::new(
+            batch(1, 20_000),
+            qwen,
+            AttentionKernel::PerDimension,
+            "f16",
+            false,
+        )
+        .unwrap_err();
         assert!(e.contains("QUARRY_ATTENTION=warps"), "{e}");
         let wide = AttentionShape {
             head_dim: 512,
             ..qwen
         };
-        assert!(AttentionPlan::new(batch(1, 10), wide, AttentionKernel::Warps, "f16").is_err());
-        let ungrouped = AttentionShape { n_kv: 1, ..qwen };
         assert!(
-            AttentionPlan::new(batch(1, 10), ungrouped, AttentionKernel::Warps, "f16").is_err()
+            AttentionPlan::new(batch(1, 10), wide, AttentionKernel::Warps, "f16", false).is_err()
         );
+        let ungrouped = AttentionShape { n_kv: 1, ..qwen };
+        assert!(AttentionPlan::new(
+            batch(1, 10),
+            ungrouped,
+            AttentionKernel::Warps,
+            "f16",
+            false
+        )
+        .is_err());
     }
 }

@@ -217,13 +217,16 @@ fn score(qh: &[f32], k: &[f32], row: usize, kv: usize, h: Heads) -> f32 {
 /// head_dim]`, f32) and a layer's K and V pools: on CUDA one launch of the paged attention kernel
 /// (`kernels/paged_attention.cu`) reading the pool in its element type; on the CPU
 /// [`attend_reference`], which checks the op's plumbing where there is no GPU. Returns `[tokens,
-/// n_head · head_dim]` in f32.
+/// n_head · head_dim]` in `out`'s element type (f32, or f16 for an output projection that
+/// multiplies dense f16 weights).
 pub(crate) struct PagedAttention<'a> {
     pub meta: &'a RaggedBatch,
     /// The batch's metadata uploaded once per forward pass (CUDA only).
     #[cfg(feature = "cuda")]
     pub device_batch: Option<&'a crate::cuda::DeviceBatch>,
     pub heads: Heads,
+    /// The output's element type: f32 or f16.
+    pub out: candle_core::DType,
     /// Which of the kernel's two layouts a GPU runs (the CPU runs the reference either way).
     #[cfg(feature = "cuda")]
     pub kernel: AttentionKernel,
@@ -297,7 +300,13 @@ impl CustomOp3 for PagedAttention<'_> {
         let (k, v) = (host_values(k, lk, "k")?, host_values(v, lv, "v")?);
         let mut out = vec![0f32; shape.elem_count()];
         attend_reference(self.meta, &q, &k, &v, self.heads, &mut out);
-        Ok((CpuStorage::F32(out), shape))
+        Ok(match self.out {
+            candle_core::DType::F16 => (
+                CpuStorage::F16(out.iter().map(|&x| half::f16::from_f32(x)).collect()),
+                shape,
+            ),
+            _ => (CpuStorage::F32(out), shape),
+        })
     }
 
     #[cfg(feature = "cuda")]
@@ -310,7 +319,7 @@ impl CustomOp3 for PagedAttention<'_> {
         v: &candle_core::CudaStorage,
         lv: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::{AttentionShape, KvPool};
+        use crate::cuda::{AttentionOut, AttentionShape, KvPool};
         use candle_core::cuda::CudaStorageSlice as S;
         for (l, what) in [(lq, "q"), (lk, "k"), (lv, "v")] {
             if !matches!(l.contiguous_offsets(), Some((0, _))) {
@@ -332,22 +341,25 @@ impl CustomOp3 for PagedAttention<'_> {
         };
         let h = self.heads;
         let dims = AttentionShape::from(h);
-        // SAFETY: the kernel writes every output value (one block per token and head, a thread
-        // per dimension).
-        let mut out = unsafe { dev.alloc::<f32>(shape.elem_count()) }?;
-        crate::cuda::paged_attention(
-            dev,
-            q.as_cuda_slice::<f32>()?,
-            pool,
-            batch,
-            dims,
-            self.kernel,
-            &mut out,
-        )?;
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone()),
-            shape,
-        ))
+        let q = q.as_cuda_slice::<f32>()?;
+        let n = shape.elem_count();
+        // SAFETY (both allocations): the kernel writes every output value (one block per token
+        // and head, a thread per dimension).
+        let out = match self.out {
+            candle_core::DType::F16 => {
+                let mut out = unsafe { dev.alloc::<half::f16>(n) }?;
+                let o = AttentionOut::F16(&mut out);
+                crate::cuda::paged_attention(dev, q, pool, batch, dims, self.kernel, o)?;
+                candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+            }
+            _ => {
+                let mut out = unsafe { dev.alloc::<f32>(n) }?;
+                let o = AttentionOut::F32(&mut out);
+                crate::cuda::paged_attention(dev, q, pool, batch, dims, self.kernel, o)?;
+                candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+            }
+        };
+        Ok((out, shape))
     }
 }
 
@@ -572,6 +584,7 @@ mod tests {
             #[cfg(feature = "cuda")]
             device_batch: None,
             heads: h,
+            out: DType::F32,
             #[cfg(feature = "cuda")]
             kernel: AttentionKernel::PerDimension,
         };
@@ -590,6 +603,17 @@ mod tests {
             let err = relative_error(&got, &want);
             assert!(err <= bound, "{dtype:?} pool: relative error {err:.2e}");
         }
+        // An f16 output (for dense f16 output weights): the f32 result, rounded.
+        let half_op = PagedAttention {
+            out: DType::F16,
+            ..op
+        };
+        let pool = |x: &[f32]| Tensor::from_slice(x, (rows, kv_dim), &dev).unwrap();
+        let out = qt.apply_op3_no_bwd(&pool(&k), &pool(&v), &half_op).unwrap();
+        assert_eq!(out.dtype(), DType::F16);
+        let got = out.flatten_all().unwrap().to_vec1::<half::f16>().unwrap();
+        let rounded: Vec<half::f16> = want.iter().map(|&x| half::f16::from_f32(x)).collect();
+        assert_eq!(got, rounded);
         // A view that does not start at the storage's start is refused, not misread.
         let q2 = Tensor::from_slice(&q, (q.len(),), &dev).unwrap();
         let shifted = q2

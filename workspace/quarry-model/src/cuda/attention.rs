@@ -20,6 +20,13 @@ pub enum KvPool<'a> {
     Bf16(&'a CudaSlice<half::bf16>, &'a CudaSlice<half::bf16>),
 }
 
+/// Where the attention writes: `[tokens, n_head · head_dim]` in f32, or in f16 for an output
+/// projection that multiplies dense f16 weights (no cast between them).
+pub enum AttentionOut<'a> {
+    F32(&'a mut CudaSlice<f32>),
+    F16(&'a mut CudaSlice<half::f16>),
+}
+
 /// The batch's metadata on the device, uploaded once per step (one copy) and read by every
 /// layer's launch.
 pub struct DeviceBatch {
@@ -72,7 +79,8 @@ fn multiprocessors(dev: &CudaDevice) -> Result<usize> {
 }
 
 /// Attention for every new token of the batch: `q` is `[tokens, n_head · head_dim]` (f32), `out`
-/// the same shape. One launch, or two for split-K (the chunks, then their combination).
+/// the same shape (f32 or f16). One launch, or two for split-K (the chunks, then their
+/// combination).
 pub fn paged_attention(
     dev: &CudaDevice,
     q: &CudaSlice<f32>,
@@ -80,7 +88,7 @@ pub fn paged_attention(
     batch: &DeviceBatch,
     shape: AttentionShape,
     kernel: AttentionKernel,
-    out: &mut CudaSlice<f32>,
+    mut out: AttentionOut<'_>,
 ) -> Result<()> {
     if batch.size.tokens == 0 {
         return Ok(());
@@ -90,8 +98,14 @@ pub fn paged_attention(
         KvPool::F16(..) => "f16",
         KvPool::Bf16(..) => "bf16",
     };
-    let plan =
-        AttentionPlan::new(batch.size, shape, kernel, element).map_err(candle_core::Error::msg)?;
+    let plan = AttentionPlan::new(
+        batch.size,
+        shape,
+        kernel,
+        element,
+        matches!(out, AttentionOut::F16(_)),
+    )
+    .map_err(candle_core::Error::msg)?;
     let (chunk, splits) = (plan.chunk, plan.splits());
     let shared = plan.shared_bytes as u32;
     let func =
@@ -149,9 +163,10 @@ pub fn paged_attention(
             Some(p) => (Some(&mut p.acc), Some(&mut p.ml)),
             None => (None, None),
         };
-        match acc {
-            Some(acc) => b.arg(acc),
-            None => b.arg(&mut *out),
+        match (acc, &mut out) {
+            (Some(acc), _) => b.arg(acc),
+            (None, AttentionOut::F32(o)) => b.arg(&mut **o),
+            (None, AttentionOut::F16(o)) => b.arg(&mut **o),
         };
         b.arg(&n_head)
             .arg(&n_kv)
@@ -171,7 +186,7 @@ pub fn paged_attention(
         return Ok(());
     };
     let func = dev.get_or_load_custom_func(
-        "paged_attention_combine",
+        plan.combine_kernel(),
         "quarry_paged_attention",
         ATTENTION_PTX,
     )?;
@@ -183,7 +198,12 @@ pub fn paged_attention(
     };
     let (head_dim, splits32) = (shape.head_dim as i32, splits as i32);
     let mut b = func.builder();
-    b.arg(acc).arg(ml).arg(out).arg(&head_dim).arg(&splits32);
+    b.arg(acc).arg(ml);
+    match out {
+        AttentionOut::F32(o) => b.arg(o),
+        AttentionOut::F16(o) => b.arg(o),
+    };
+    b.arg(&head_dim).arg(&splits32);
     // SAFETY: `paged_attention_combine`'s signature; `acc` and `ml` hold `splits` chunks of every
     // (token, query head), `out` one row of `head_dim` each.
     unsafe { b.launch(cfg) }.w()?;
@@ -286,7 +306,7 @@ mod tests {
             &db,
             shape,
             AttentionKernel::PerDimension,
-            &mut out,
+            AttentionOut::F32(&mut out),
         )
         .unwrap_err();
         assert!(refused.to_string().contains("shared memory"), "{refused}");
@@ -297,7 +317,7 @@ mod tests {
             &db,
             shape,
             AttentionKernel::Warps,
-            &mut out,
+            AttentionOut::F32(&mut out),
         )
         .unwrap();
         let got = dev.clone_dtoh(&out).unwrap();
@@ -339,7 +359,8 @@ mod tests {
             let check = |pool: KvPool<'_>, what: &str, bound: f64| {
                 // Poisoned: an unwritten output is NaN and fails.
                 let mut out = dev.clone_htod(&vec![f32::NAN; q.len()]).unwrap();
-                paged_attention(&dev, &dq, pool, &db, shape, kernel, &mut out).unwrap();
+                let o = AttentionOut::F32(&mut out);
+                paged_attention(&dev, &dq, pool, &db, shape, kernel, o).unwrap();
                 let got = dev.clone_dtoh(&out).unwrap();
                 assert!(
                     got.iter().all(|x| x.is_finite()),

@@ -22,7 +22,7 @@ pub mod forward;
 pub mod sampling;
 
 pub use crate::kernel_plan::AttentionShape;
-pub use attention::{paged_attention, DeviceBatch, KvPool};
+pub use attention::{paged_attention, AttentionOut, DeviceBatch, KvPool};
 pub use forward::glu;
 pub(crate) use forward::{add_into, rms_norm, rope_qk, store_rows};
 pub use sampling::{sample_rows, MaskUpload};

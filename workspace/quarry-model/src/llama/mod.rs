@@ -334,6 +334,8 @@ impl Llama {
                     #[cfg(feature = "cuda")]
                     device_batch: device_batch.as_ref(),
                     heads,
+                    // The element type the output projection multiplies: no cast between.
+                    out: layer.wo.input_dtype(t),
                     #[cfg(feature = "cuda")]
                     kernel: _kernel,
                 };
