@@ -9,11 +9,11 @@ mod common;
 
 use std::ffi::c_void;
 
-use common::{relative_error, run, values};
+use common::run;
 use half::{bf16, f16};
 use quarry_cuda_emu::{kernels, Buf};
 use quarry_model::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
-use quarry_model::reference::{attend_reference, Heads};
+use quarry_model::reference::{attend_reference, mixed_batch, relative_error, values, Heads};
 use quarry_model::{AttentionKernel, RaggedBatch, SeqInput};
 
 const SMS: usize = 132;
@@ -21,21 +21,8 @@ const SMS: usize = 132;
 /// The batch of the GPU test in quarry-model (`src/cuda/attention.rs`): six sequences on every
 /// other page, backwards.
 fn mixed(page_size: usize) -> RaggedBatch {
-    let lens = [37usize, 1, 1, 5, 120, 1];
-    let starts = [0usize, 700, 63, 30, 0, 2];
-    let mut next_page = 0u32;
-    let mut pages = Vec::new();
-    for (l, s) in lens.iter().zip(&starts) {
-        let n = (s + l).div_ceil(page_size);
-        let p: Vec<u32> = (0..n as u32)
-            .rev()
-            .map(|i| (next_page + i) * 2 + 1)
-            .collect();
-        next_page += n as u32;
-        pages.push(p);
-    }
-    let tokens: Vec<Vec<u32>> = lens.iter().map(|&l| vec![1u32; l]).collect();
-    let batch: Vec<SeqInput<'_>> = (0..lens.len())
+    let (tokens, starts, pages) = mixed_batch(page_size);
+    let batch: Vec<SeqInput<'_>> = (0..tokens.len())
         .map(|i| SeqInput::new(&tokens[i], starts[i], &pages[i]))
         .collect();
     let mut meta = RaggedBatch::default();

@@ -9,10 +9,12 @@ mod common;
 
 use std::ffi::c_void;
 
-use common::{first_difference, relative_error, run, values};
+use common::{first_difference, run};
 use half::f16;
 use quarry_cuda_emu::{kernels, Buf};
-use quarry_model::reference::{gelu_tanh, rms_norm_row, rotate_heads, silu};
+use quarry_model::reference::{
+    gelu_tanh, relative_error, rms_norm_row, rotate_heads, silu, values,
+};
 use quarry_model::RopeStyle;
 
 const THREADS: u32 = 256;

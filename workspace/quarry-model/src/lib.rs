@@ -37,15 +37,8 @@ mod llama;
 mod pool;
 pub mod profile;
 
-/// The plain-Rust arithmetic each of quarry's CUDA kernels is checked against: on a GPU by the
-/// tests in `src/cuda/`, on the CPU by `quarry-cuda-emu`, which runs the kernels' source there.
-pub mod reference {
-    pub use crate::attention::Heads;
-    pub use crate::glu::{gelu_tanh, silu};
-    pub use crate::llama::fused::{rms_norm_row, rotate_heads, QkNorm};
-    pub use crate::ragged::{attend_reference, attend_split_reference};
-}
 mod ragged;
+pub mod reference;
 mod sampling;
 mod simd;
 

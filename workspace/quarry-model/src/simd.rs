@@ -181,29 +181,7 @@ pub(crate) mod testing {
         yes
     }
 
-    /// ‖got − want‖ / ‖want‖, in f64.
-    pub(crate) fn relative_error(got: &[f32], want: &[f32]) -> f64 {
-        assert_eq!(got.len(), want.len());
-        let (mut num, mut den) = (0f64, 0f64);
-        for (g, w) in got.iter().zip(want) {
-            num += ((g - w) as f64).powi(2);
-            den += (*w as f64).powi(2);
-        }
-        (num / den).sqrt()
-    }
-
-    /// `n` values spread over `[lo, hi)` from a xorshift64 stream seeded with `seed` (non-zero).
-    pub(crate) fn values(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                lo + (x >> 40) as f32 / (1u64 << 24) as f32 * (hi - lo)
-            })
-            .collect()
-    }
+    pub(crate) use crate::reference::{relative_error, values};
 }
 
 #[cfg(test)]

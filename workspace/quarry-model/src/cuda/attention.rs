@@ -226,27 +226,6 @@ mod tests {
     use crate::ragged::attend_reference;
     use crate::simd::testing::{relative_error, values};
 
-    /// A batch as a step mixes them, on scattered pages of 16 positions: long and short prefills,
-    /// decodes at long contexts, an extension.
-    fn mixed(page_size: usize) -> (Vec<Vec<u32>>, Vec<usize>, Vec<Vec<u32>>) {
-        let lens = [37usize, 1, 1, 5, 120, 1];
-        let starts = [0usize, 700, 63, 30, 0, 2];
-        let mut next_page = 0u32;
-        let mut pages = Vec::new();
-        for (l, s) in lens.iter().zip(&starts) {
-            let n = (s + l).div_ceil(page_size);
-            // Every other page, backwards: nothing contiguous or ordered.
-            let p: Vec<u32> = (0..n as u32)
-                .rev()
-                .map(|i| (next_page + i) * 2 + 1)
-                .collect();
-            next_page += n as u32;
-            pages.push(p);
-        }
-        let tokens = lens.iter().map(|&l| vec![1u32; l]).collect();
-        (tokens, starts.to_vec(), pages)
-    }
-
     #[test]
     fn paged_attention_matches_its_reference_on_a_mixed_batch() {
         paged_attention_matches_its_reference(AttentionKernel::PerDimension);
@@ -329,7 +308,7 @@ mod tests {
     fn paged_attention_matches_its_reference(kernel: AttentionKernel) {
         let dev = gpu();
         let page_size = 16;
-        let (tokens, starts, pages) = mixed(page_size);
+        let (tokens, starts, pages) = crate::reference::mixed_batch(page_size);
         let batch: Vec<SeqInput<'_>> = (0..tokens.len())
             .map(|i| SeqInput::new(&tokens[i], starts[i], &pages[i]))
             .collect();

@@ -210,8 +210,6 @@ pub fn sample_rows(
 mod tests {
     use super::*;
     use crate::cuda::testing::gpu;
-    use crate::sampling::{Sampler, SamplingParams};
-    use crate::simd::testing::values;
 
     /// Rows of every kind over a vocabulary that is not a multiple of 32 (a padded vocabulary
     /// past the mask's cover), with tied logits at the top-k and top-p boundaries: the GPU's
@@ -220,149 +218,25 @@ mod tests {
     #[test]
     fn sampling_matches_the_host_draw_row_for_row() {
         let dev = gpu();
-        let vocab = 49_157;
-        let words = 1536; // covers 49,152 tokens: the last 5 are masked under a mask
-        let n_masks = 3;
-        let mut masks = vec![0u32; n_masks * words];
-        let bits = values(77, n_masks * words, 0.0, 1.0);
-        for (m, (w, b)) in masks.iter_mut().zip(&bits).enumerate() {
-            // Mask 0 dense, mask 1 sparse, mask 2 a handful of tokens.
-            *w = match m / words {
-                0 => (b * u32::MAX as f32) as u32 | 0x0101_0101,
-                1 => 1 << ((b * 32.0) as u32 % 32),
-                _ if m % words < 4 => 0x8000_0001,
-                _ => 0,
-            };
-        }
-        let kinds = [
-            SamplingParams {
-                temperature: 0.0,
-                top_k: 0,
-                top_p: 1.0,
-                seed: 0,
-            },
-            SamplingParams {
-                temperature: 1.0,
-                top_k: 0,
-                top_p: 1.0,
-                seed: 1,
-            },
-            SamplingParams {
-                temperature: 0.7,
-                top_k: 40,
-                top_p: 1.0,
-                seed: 2,
-            },
-            SamplingParams {
-                temperature: 1.3,
-                top_k: 0,
-                top_p: 0.9,
-                seed: 3,
-            },
-            SamplingParams {
-                temperature: 0.8,
-                top_k: 50,
-                top_p: 0.95,
-                seed: 4,
-            },
-            SamplingParams {
-                temperature: 2.0,
-                top_k: 1,
-                top_p: 0.5,
-                seed: 5,
-            },
-            SamplingParams {
-                temperature: 0.5,
-                top_k: 100_000,
-                top_p: 0.3,
-                seed: 6,
-            },
-        ];
-        let mut rows = SampleRows::default();
-        let mut logits = Vec::new();
-        for (r, p) in kinds.iter().cycle().take(64).enumerate() {
-            // Logits quantized to 1/8 so that many tie, including at the boundaries.
-            let row: Vec<f32> = values(1000 + r as u64, vocab, -12.0, 12.0)
-                .into_iter()
-                .map(|x| (x * 8.0).round() / 8.0)
-                .collect();
-            logits.extend(row);
-            let mut s = Sampler::new(SamplingParams {
-                seed: r as u64,
-                ..*p
-            })
-            .unwrap();
-            let mask = match r % 4 {
-                3 => None,
-                m => Some(m as u32),
-            };
-            let bans: Vec<u32> = (0..(r % 3) as u32)
-                .map(|i| i * 7919 % vocab as u32)
-                .collect();
-            rows.push(&mut s, r, mask, bans);
-        }
-        // A row of NaN after its mask, and a row with every token banned by an empty mask.
-        logits.extend((0..vocab).map(|i| if i == 4242 { f32::NAN } else { 0.0 }));
-        rows.push(&mut Sampler::new(kinds[1]).unwrap(), 64, None, []);
-        let empty = masks.len() / words;
-        masks.extend(std::iter::repeat_n(0, words));
-        logits.extend(std::iter::repeat_n(1.0, vocab));
-        rows.push(
-            &mut Sampler::new(kinds[1]).unwrap(),
-            65,
-            Some(empty as u32),
-            [],
-        );
-        // The rows read their logits through logit_row: reversed, so the indirection is tested.
-        let n_rows = rows.rows();
-        let reversed: Vec<f32> = (0..n_rows)
-            .rev()
-            .flat_map(|r| logits[r * vocab..(r + 1) * vocab].to_vec())
-            .collect();
-        for r in 0..n_rows {
-            rows.logit_row[r] = (n_rows - 1 - r) as u32;
-        }
-
-        let dl = dev.clone_htod(&reversed).unwrap();
+        let case = crate::reference::SamplingCase::new();
+        let (vocab, words, masks) = (case.vocab, case.words_per_mask, &case.masks);
+        let dl = dev.clone_htod(&case.reversed).unwrap();
         // The masks travel as the engine's will: through the page-locked upload.
         let mut upload = MaskUpload::new(&dev, 1).unwrap();
         upload
             .host_mut(&dev, masks.len())
             .unwrap()
-            .copy_from_slice(&masks);
+            .copy_from_slice(masks);
         let dm = upload.upload(&dev, masks.len()).unwrap();
-        let got = sample_rows(&dev, &dl.slice(..), vocab, dm, words, &rows).unwrap();
-        let mut scratch = Vec::new();
-        let (mut exact, mut boundary) = (0, 0);
-        for (r, g) in got.iter().enumerate() {
-            let row = || logits[r * vocab..(r + 1) * vocab].to_vec();
-            let want = rows.pick_row(r, &mut row(), &masks, words, &mut scratch);
-            match (want, g) {
-                (Ok(w), Ok(g)) if w == *g => exact += 1,
-                (Ok(w), Ok(g)) => {
-                    let mut moved = rows.clone();
-                    let near = [-1e-9, 1e-9].iter().any(|d| {
-                        moved.uniform[r] = rows.uniform[r] + d;
-                        moved
-                            .pick_row(r, &mut row(), &masks, words, &mut scratch)
-                            .ok()
-                            == Some(*g)
-                    });
-                    assert!(
-                        near,
-                        "row {r} ({:?}): host {w}, GPU {g}",
-                        kinds[r % kinds.len()]
-                    );
-                    boundary += 1;
-                }
-                (Err(w), Err(g)) => assert_eq!(w.to_string(), g.to_string(), "row {r}"),
-                (w, g) => panic!("row {r}: host {w:?}, GPU {g:?}"),
-            }
-        }
+        let got = sample_rows(&dev, &dl.slice(..), vocab, dm, words, &case.rows).unwrap();
+        let got: Vec<std::result::Result<u32, String>> = got
+            .into_iter()
+            .map(|g| g.map_err(|e| e.to_string()))
+            .collect();
+        let (exact, boundary) = case.check(&got);
         eprintln!(
             "sampling: {exact} rows equal the host's draw, {boundary} at a rounding boundary"
         );
-        assert!(boundary <= 2, "{boundary} rows differ: more than rounding");
     }
 
     /// Uploads alternate between the two page-locked buffers, grow them, copy only the words

@@ -1,0 +1,194 @@
+//! The plain-Rust arithmetic each of quarry's CUDA kernels is checked against, and the cases they
+//! are checked on: on a GPU by the tests in `src/cuda/`, on the CPU by `quarry-cuda-emu`, which
+//! runs the kernels' CUDA source there. One set of inputs, so both check the same thing.
+
+pub use crate::attention::Heads;
+pub use crate::glu::{gelu_tanh, silu};
+pub use crate::llama::fused::{rms_norm_row, rotate_heads, QkNorm};
+pub use crate::ragged::{attend_reference, attend_split_reference};
+
+use crate::sampling::{SampleRows, Sampler, SamplingParams};
+
+/// ‖got − want‖ / ‖want‖, in f64.
+pub fn relative_error(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let (mut num, mut den) = (0f64, 0f64);
+    for (g, w) in got.iter().zip(want) {
+        num += ((g - w) as f64).powi(2);
+        den += (*w as f64).powi(2);
+    }
+    (num / den).sqrt()
+}
+
+/// `n` values spread over `[lo, hi)` from a xorshift64 stream seeded with `seed` (non-zero).
+pub fn values(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            lo + (x >> 40) as f32 / (1u64 << 24) as f32 * (hi - lo)
+        })
+        .collect()
+}
+
+/// The attention kernel's batch, as a step mixes them, on scattered pages of `page_size`
+/// positions: long and short prefills, decodes at long contexts, an extension. Per sequence: its
+/// new tokens, its start, its pages (every other page, backwards: nothing contiguous or ordered).
+pub fn mixed_batch(page_size: usize) -> (Vec<Vec<u32>>, Vec<usize>, Vec<Vec<u32>>) {
+    let lens = [37usize, 1, 1, 5, 120, 1];
+    let starts = [0usize, 700, 63, 30, 0, 2];
+    let mut next_page = 0u32;
+    let mut pages = Vec::new();
+    for (l, s) in lens.iter().zip(&starts) {
+        let n = (s + l).div_ceil(page_size);
+        let p: Vec<u32> = (0..n as u32)
+            .rev()
+            .map(|i| (next_page + i) * 2 + 1)
+            .collect();
+        next_page += n as u32;
+        pages.push(p);
+    }
+    let tokens = lens.iter().map(|&l| vec![1u32; l]).collect();
+    (tokens, starts.to_vec(), pages)
+}
+
+/// The sampling kernel's case: rows of every kind over `vocab` tokens (49,157: not a multiple of
+/// 32, the last 5 past the masks' 1,536 words), logits quantized to 1/8 so that many tie at the
+/// top-k and top-p boundaries, then a row with a NaN and a row every token of which an empty
+/// mask removes. The rows read their logits through `logit_row`, reversed.
+pub struct SamplingCase {
+    pub vocab: usize,
+    pub words_per_mask: usize,
+    pub masks: Vec<u32>,
+    /// Row `r`'s logits at `r · vocab` (the host's order).
+    pub logits: Vec<f32>,
+    /// The same rows in reverse, as the device reads them through `rows.logit_row`.
+    pub reversed: Vec<f32>,
+    pub rows: SampleRows,
+    /// Each row's sampling parameters (the kinds cycle over the first 64 rows).
+    pub kinds: Vec<SamplingParams>,
+}
+
+impl SamplingCase {
+    pub fn new() -> Self {
+        let vocab = 49_157;
+        let words = 1536; // covers 49,152 tokens: the last 5 are masked under a mask
+        let n_masks = 3;
+        let mut masks = vec![0u32; n_masks * words];
+        let bits = values(77, n_masks * words, 0.0, 1.0);
+        for (m, (w, b)) in masks.iter_mut().zip(&bits).enumerate() {
+            // Mask 0 dense, mask 1 sparse, mask 2 a handful of tokens.
+            *w = match m / words {
+                0 => (b * u32::MAX as f32) as u32 | 0x0101_0101,
+                1 => 1 << ((b * 32.0) as u32 % 32),
+                _ if m % words < 4 => 0x8000_0001,
+                _ => 0,
+            };
+        }
+        let p = |temperature, top_k, top_p, seed| SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            seed,
+        };
+        let kinds = vec![
+            p(0.0, 0, 1.0, 0),
+            p(1.0, 0, 1.0, 1),
+            p(0.7, 40, 1.0, 2),
+            p(1.3, 0, 0.9, 3),
+            p(0.8, 50, 0.95, 4),
+            p(2.0, 1, 0.5, 5),
+            p(0.5, 100_000, 0.3, 6),
+        ];
+        let mut rows = SampleRows::default();
+        let mut logits = Vec::new();
+        for (r, k) in kinds.iter().cycle().take(64).enumerate() {
+            let row = values(1000 + r as u64, vocab, -12.0, 12.0)
+                .into_iter()
+                .map(|x| (x * 8.0).round() / 8.0);
+            logits.extend(row);
+            let mut s = Sampler::new(SamplingParams {
+                seed: r as u64,
+                ..*k
+            })
+            .expect("valid parameters");
+            let mask = match r % 4 {
+                3 => None,
+                m => Some(m as u32),
+            };
+            let bans: Vec<u32> = (0..(r % 3) as u32)
+                .map(|i| i * 7919 % vocab as u32)
+                .collect();
+            rows.push(&mut s, r, mask, bans);
+        }
+        let sampler = || Sampler::new(kinds[1]).expect("valid parameters");
+        logits.extend((0..vocab).map(|i| if i == 4242 { f32::NAN } else { 0.0 }));
+        rows.push(&mut sampler(), 64, None, []);
+        let empty = masks.len() / words;
+        masks.extend(std::iter::repeat_n(0, words));
+        logits.extend(std::iter::repeat_n(1.0, vocab));
+        rows.push(&mut sampler(), 65, Some(empty as u32), []);
+        let n = rows.rows();
+        let reversed: Vec<f32> = (0..n)
+            .rev()
+            .flat_map(|r| logits[r * vocab..(r + 1) * vocab].to_vec())
+            .collect();
+        for r in 0..n {
+            rows.logit_row[r] = (n - 1 - r) as u32;
+        }
+        Self {
+            vocab,
+            words_per_mask: words,
+            masks,
+            logits,
+            reversed,
+            rows,
+            kinds,
+        }
+    }
+
+    /// Checks the device's draws (`got[r]`: the token, or the error's message) against the host's
+    /// row by row; a token may differ only where moving the row's uniform by 1e-9 gives it (the
+    /// sums are added in another order), at most twice. Returns (exact, at a boundary).
+    pub fn check(&self, got: &[Result<u32, String>]) -> (usize, usize) {
+        let (vocab, words) = (self.vocab, self.words_per_mask);
+        let mut scratch = Vec::new();
+        let (mut exact, mut boundary) = (0, 0);
+        for (r, g) in got.iter().enumerate() {
+            let row = || self.logits[r * vocab..(r + 1) * vocab].to_vec();
+            let want = self
+                .rows
+                .pick_row(r, &mut row(), &self.masks, words, &mut scratch);
+            match (want, g) {
+                (Ok(w), Ok(g)) if w == *g => exact += 1,
+                (Ok(w), Ok(g)) => {
+                    let mut moved = self.rows.clone();
+                    let near = [-1e-9, 1e-9].iter().any(|d| {
+                        moved.uniform[r] = self.rows.uniform[r] + d;
+                        moved
+                            .pick_row(r, &mut row(), &self.masks, words, &mut scratch)
+                            .ok()
+                            == Some(*g)
+                    });
+                    let kind = self.kinds[r % self.kinds.len()];
+                    assert!(near, "row {r} ({kind:?}): host {w}, device {g}");
+                    boundary += 1;
+                }
+                (Err(w), Err(g)) => {
+                    assert!(w.to_string().contains(g.as_str()), "row {r}: {w} / {g}")
+                }
+                (w, g) => panic!("row {r}: host {w:?}, device {g:?}"),
+            }
+        }
+        assert!(boundary <= 2, "{boundary} rows differ: more than rounding");
+        (exact, boundary)
+    }
+}
+
+impl Default for SamplingCase {
+    fn default() -> Self {
+        Self::new()
+    }
+}
