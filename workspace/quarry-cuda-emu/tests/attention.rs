@@ -13,7 +13,9 @@ use common::run;
 use half::{bf16, f16};
 use quarry_cuda_emu::{kernels, Buf};
 use quarry_model::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
-use quarry_model::reference::{attend_reference, mixed_batch, relative_error, values, Heads};
+use quarry_model::reference::{
+    attend_reference, mixed_batch, relative_error, values, Heads, ATTENTION_SHAPES,
+};
 use quarry_model::{AttentionKernel, RaggedBatch, SeqInput};
 
 const SMS: usize = 132;
@@ -186,13 +188,7 @@ fn matches_its_reference(kernel: AttentionKernel) {
     let page_size = 16;
     let meta = mixed(page_size);
     let rows = (meta.block_table.iter().max().unwrap() + 1) as usize * page_size;
-    for (n_head, n_kv, head_dim, window) in [
-        (9, 3, 64, 0),
-        (14, 2, 64, 0),
-        (8, 2, 128, 0),
-        (6, 3, 80, 0),
-        (4, 1, 256, 48),
-    ] {
+    for (n_head, n_kv, head_dim, window) in ATTENTION_SHAPES {
         let h = heads(n_head, n_kv, head_dim, page_size, window);
         let seed = (n_head * 1000 + head_dim + window) as u64;
         let kv = rows * n_kv * head_dim;

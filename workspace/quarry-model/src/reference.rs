@@ -33,6 +33,18 @@ pub fn values(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
         .collect()
 }
 
+/// The attention shapes both checks run, as (query heads, key-value heads, head dimensions,
+/// window): SmolLM2's groups of 3 and Qwen2.5's of 7 (heads of 64), a head of 128, a head of 80
+/// (rows that do not split into 16-byte pieces over a warp), Gemma 3's heads of 256 with its
+/// sliding window.
+pub const ATTENTION_SHAPES: [(usize, usize, usize, usize); 5] = [
+    (9, 3, 64, 0),
+    (14, 2, 64, 0),
+    (8, 2, 128, 0),
+    (6, 3, 80, 0),
+    (4, 1, 256, 48),
+];
+
 /// The attention kernel's batch, as a step mixes them, on scattered pages of `page_size`
 /// positions: long and short prefills, decodes at long contexts, an extension. Per sequence: its
 /// new tokens, its start, its pages (every other page, backwards: nothing contiguous or ordered).

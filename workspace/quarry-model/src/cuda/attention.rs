@@ -315,8 +315,8 @@ mod tests {
         let mut meta = RaggedBatch::default();
         meta.fill(&batch, page_size);
         let rows = (pages.iter().flatten().max().unwrap() + 1) as usize * page_size;
-        // SmolLM2's groups of 3, Qwen2.5's of 7, Gemma's 4 heads on one of 256 with its window.
-        for (n_head, n_kv, head_dim, window) in [(9, 3, 64, 0), (14, 2, 64, 0), (4, 1, 256, 48)] {
+        // The shapes quarry-cuda-emu runs too (reference::ATTENTION_SHAPES).
+        for (n_head, n_kv, head_dim, window) in crate::reference::ATTENTION_SHAPES {
             let h = Heads {
                 n_head,
                 n_kv,
