@@ -71,9 +71,31 @@ struct Fiber {
     uint64_t waits_for = 0;  // the barrier generation it waits to see pass
 };
 
-struct Warp {
+// A barrier over the threads still running (a block's, or a warp's): it opens, and its
+// generation advances, when every live thread has arrived; a thread that returns leaves it, which
+// may open it for the others.
+struct Barrier {
     uint64_t generation = 0;
     unsigned arrived = 0, live = 0;
+
+    // True when this arrival opens the barrier (the caller runs on); else the caller waits for
+    // `generation` to pass.
+    bool arrive() {
+        if (++arrived < live) return false;
+        arrived = 0;
+        ++generation;
+        return true;
+    }
+    void leave() {
+        if (--live == arrived && arrived > 0) {
+            arrived = 0;
+            ++generation;
+        }
+    }
+};
+
+struct Warp {
+    Barrier barrier;
     uint64_t slots[32];
 };
 
@@ -83,8 +105,7 @@ struct Launch {
     void* data;
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
-    uint64_t generation = 0;
-    unsigned arrived = 0, live = 0;
+    Barrier block;
     void* scheduler_sp = nullptr;
     unsigned current = 0;
     std::vector<unsigned char> shared;  // 16 bytes of alignment slack, the memory, a canary
@@ -109,15 +130,8 @@ extern "C" void quarry_emu_fiber_main(Launch* l) {
     // The thread has returned: it no longer counts at the barriers of its block and warp.
     Fiber& f = l->fibers[l->current];
     f.state = State::Done;
-    if (--l->live == l->arrived && l->arrived > 0) {
-        l->arrived = 0;
-        ++l->generation;
-    }
-    Warp& w = l->warps[l->current / 32];
-    if (--w.live == w.arrived && w.arrived > 0) {
-        w.arrived = 0;
-        ++w.generation;
-    }
+    l->block.leave();
+    l->warps[l->current / 32].barrier.leave();
     yield();
     __builtin_trap();  // a finished fiber is never resumed
 }
@@ -147,8 +161,8 @@ bool waiting(const Launch& l, unsigned i) {
     const Fiber& f = l.fibers[i];
     switch (f.state) {
         case State::Ready: return false;
-        case State::Block: return f.waits_for == l.generation;
-        case State::Warp: return f.waits_for == l.warps[i / 32].generation;
+        case State::Block: return f.waits_for == l.block.generation;
+        case State::Warp: return f.waits_for == l.warps[i / 32].barrier.generation;
         case State::Done: return true;
     }
     return true;
@@ -158,12 +172,10 @@ bool waiting(const Launch& l, unsigned i) {
 bool run_block(Launch& l) {
     const unsigned n = (unsigned)l.fibers.size();
     for (auto& f : l.fibers) prepare(f, &l);
-    l.generation = 0;
-    l.arrived = 0;
-    l.live = n;
+    l.block = Barrier{0, 0, n};
     for (unsigned w = 0; w < l.warps.size(); ++w) {
         l.warps[w] = Warp{};
-        l.warps[w].live = n - 32 * w < 32 ? n - 32 * w : 32;
+        l.warps[w].barrier.live = n - 32 * w < 32 ? n - 32 * w : 32;
     }
     unsigned char* s = shared_start(l);
     memset(s, 0xff, l.shared_bytes);
@@ -208,32 +220,20 @@ bool run_block(Launch& l) {
 
 }  // namespace
 
-void sync_block() {
+// The calling fiber waits at `b` until it opens (it yields to the scheduler, which resumes it
+// once `b`'s generation has passed).
+static void wait_at(Barrier& b, State state) {
     Launch& l = *L;
-    if (++l.arrived == l.live) {
-        l.arrived = 0;
-        ++l.generation;
-        return;
-    }
+    if (b.arrive()) return;
     Fiber& f = l.fibers[l.current];
-    f.state = State::Block;
-    f.waits_for = l.generation;
+    f.state = state;
+    f.waits_for = b.generation;
     yield();
 }
 
-void sync_warp() {
-    Launch& l = *L;
-    Warp& w = l.warps[l.current / 32];
-    if (++w.arrived == w.live) {
-        w.arrived = 0;
-        ++w.generation;
-        return;
-    }
-    Fiber& f = l.fibers[l.current];
-    f.state = State::Warp;
-    f.waits_for = w.generation;
-    yield();
-}
+void sync_block() { wait_at(L->block, State::Block); }
+
+void sync_warp() { wait_at(L->warps[L->current / 32].barrier, State::Warp); }
 
 uint64_t* warp_slots() { return L->warps[L->current / 32].slots; }
 

@@ -1,9 +1,10 @@
 //! The paged attention kernel (`kernels/paged_attention.cu`) on the CPU against
 //! `attend_reference`, every layout and pool type, launched as the CUDA launcher launches it:
 //! the same [`AttentionPlan`] (form, grid, threads, shared memory, split-K chunk), on an H100's
-//! 132 SMs. The batch mixes what a step mixes (long and short prefills, decodes at long contexts,
-//! an extension) on scattered pages; the shapes are SmolLM2's, Qwen2.5's, a head of 128 and
-//! Gemma 3's with its sliding window.
+//! 132 SMs, on the GPU test's own cases (`quarry_model::reference::AttentionCase`): the batch mixes
+//! what a step mixes (long and short prefills, decodes at long contexts, an extension) on
+//! scattered pages; the shapes are SmolLM2's, Qwen2.5's, heads of 128 and 80, and Gemma 3's with
+//! its sliding window.
 
 mod common;
 
@@ -13,24 +14,10 @@ use common::run;
 use half::{bf16, f16};
 use quarry_cuda_emu::{kernels, Buf};
 use quarry_model::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
-use quarry_model::reference::{
-    attend_reference, mixed_batch, relative_error, values, Heads, ATTENTION_SHAPES,
-};
-use quarry_model::{AttentionKernel, RaggedBatch, SeqInput};
+use quarry_model::reference::{relative_error, AttentionCase};
+use quarry_model::{AttentionKernel, RaggedBatch};
 
 const SMS: usize = 132;
-
-/// The batch of the GPU test in quarry-model (`src/cuda/attention.rs`): six sequences on every
-/// other page, backwards.
-fn mixed(page_size: usize) -> RaggedBatch {
-    let (tokens, starts, pages) = mixed_batch(page_size);
-    let batch: Vec<SeqInput<'_>> = (0..tokens.len())
-        .map(|i| SeqInput::new(&tokens[i], starts[i], &pages[i]))
-        .collect();
-    let mut meta = RaggedBatch::default();
-    meta.fill(&batch, page_size);
-    meta
-}
 
 /// A layer's pool in one element type, as the kernel's untyped arguments.
 enum Pool {
@@ -173,30 +160,18 @@ fn attend(
     (plan, got)
 }
 
-fn heads(n_head: usize, n_kv: usize, head_dim: usize, page_size: usize, window: usize) -> Heads {
-    Heads {
-        n_head,
-        n_kv,
-        head_dim,
-        page_size,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        window: (window > 0).then_some(window),
-    }
-}
-
 fn matches_its_reference(kernel: AttentionKernel) {
-    let page_size = 16;
-    let meta = mixed(page_size);
-    let rows = (meta.block_table.iter().max().unwrap() + 1) as usize * page_size;
-    for (n_head, n_kv, head_dim, window) in ATTENTION_SHAPES {
-        let h = heads(n_head, n_kv, head_dim, page_size, window);
-        let seed = (n_head * 1000 + head_dim + window) as u64;
-        let kv = rows * n_kv * head_dim;
-        let k = values(seed * 3 + 1, kv, -1.0, 1.0);
-        let v = values(seed * 5 + 2, kv, -1.0, 1.0);
-        let q = values(seed * 7 + 3, meta.tokens() * n_head * head_dim, -1.0, 1.0);
-        let mut want = vec![0f32; q.len()];
-        attend_reference(&meta, &q, &k, &v, h, &mut want);
+    for case in AttentionCase::mixed(16) {
+        let AttentionCase {
+            meta,
+            heads: h,
+            q,
+            k,
+            v,
+            want,
+        } = case;
+        let (n_head, n_kv, head_dim) = (h.n_head, h.n_kv, h.head_dim);
+        let window = h.window.unwrap_or(0);
         // The 16-bit pools hold rounded keys and values: bf16 keeps 8 bits of mantissa, f16 11,
         // so their errors sit near 2^-9 and 2^-12 of the values (the GPU test's bounds).
         // The f16 pool, the one quarry runs, also with the f16 output the dense output projection
@@ -256,17 +231,14 @@ fn split_k_matches_its_reference_on_a_mixed_batch() {
 /// memory holds, so the warps layout splits it.
 #[test]
 fn a_context_too_long_for_one_block_is_split() {
-    let (n_head, n_kv, head_dim, context) = (14, 2, 64, 20_000);
-    let pages: Vec<u32> = (0..context as u32).rev().collect();
-    let tokens = [1u32];
-    let mut meta = RaggedBatch::default();
-    meta.fill(&[SeqInput::new(&tokens, context - 1, &pages)], 1);
-    let h = heads(n_head, n_kv, head_dim, 1, 0);
-    let kv = context * n_kv * head_dim;
-    let (k, v) = (values(11, kv, -1.0, 1.0), values(13, kv, -1.0, 1.0));
-    let q = values(17, n_head * head_dim, -3.0, 3.0);
-    let mut want = vec![0f32; q.len()];
-    attend_reference(&meta, &q, &k, &v, h, &mut want);
+    let AttentionCase {
+        meta,
+        heads: h,
+        q,
+        k,
+        v,
+        want,
+    } = AttentionCase::long_context();
     let pool = Pool::new("f32", &k, &v);
     let (plan, got) = attend(
         &meta,

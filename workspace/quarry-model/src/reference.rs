@@ -7,6 +7,8 @@ pub use crate::glu::{gelu_tanh, silu};
 pub use crate::llama::fused::{rms_norm_row, rotate_heads, QkNorm};
 pub use crate::ragged::{attend_reference, attend_split_reference};
 
+use crate::batch::SeqInput;
+use crate::ragged::RaggedBatch;
 use crate::sampling::{SampleRows, Sampler, SamplingParams};
 
 /// ‖got − want‖ / ‖want‖, in f64.
@@ -45,10 +47,88 @@ pub const ATTENTION_SHAPES: [(usize, usize, usize, usize); 5] = [
     (4, 1, 256, 48),
 ];
 
+/// One attention case: a batch's metadata, the heads, the queries and the pool's keys and values
+/// (f32; a check rounds them to its pool's type), and the reference's output.
+pub struct AttentionCase {
+    pub meta: RaggedBatch,
+    pub heads: Heads,
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub want: Vec<f32>,
+}
+
+impl AttentionCase {
+    fn new(meta: RaggedBatch, heads: Heads, rows: usize, seeds: [u64; 3], q_range: f32) -> Self {
+        let kv = rows * heads.n_kv * heads.head_dim;
+        let k = values(seeds[0], kv, -1.0, 1.0);
+        let v = values(seeds[1], kv, -1.0, 1.0);
+        let n = meta.tokens() * heads.n_head * heads.head_dim;
+        let q = values(seeds[2], n, -q_range, q_range);
+        let mut want = vec![0f32; q.len()];
+        attend_reference(&meta, &q, &k, &v, heads, &mut want);
+        Self {
+            meta,
+            heads,
+            q,
+            k,
+            v,
+            want,
+        }
+    }
+
+    /// Every shape of [`ATTENTION_SHAPES`] over the mixed batch (long and short prefills,
+    /// decodes at long contexts, an extension) on scattered pages of `page_size` positions.
+    pub fn mixed(page_size: usize) -> Vec<Self> {
+        let (tokens, starts, pages) = mixed_batch(page_size);
+        let batch: Vec<SeqInput<'_>> = (0..tokens.len())
+            .map(|i| SeqInput::new(&tokens[i], starts[i], &pages[i]))
+            .collect();
+        let mut meta = RaggedBatch::default();
+        meta.fill(&batch, page_size);
+        let rows = (pages.iter().flatten().max().expect("pages") + 1) as usize * page_size;
+        ATTENTION_SHAPES
+            .iter()
+            .map(|&(n_head, n_kv, head_dim, window)| {
+                let heads = Heads {
+                    n_head,
+                    n_kv,
+                    head_dim,
+                    page_size,
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                    window: (window > 0).then_some(window),
+                };
+                let seed = (n_head * 1000 + head_dim + window) as u64;
+                let seeds = [seed * 3 + 1, seed * 5 + 2, seed * 7 + 3];
+                Self::new(meta.clone(), heads, rows, seeds, 1.0)
+            })
+            .collect()
+    }
+
+    /// One decode row at 20,000 positions (pages of one position, backwards) with Qwen2.5's
+    /// groups of 7: more than one block's shared memory holds.
+    pub fn long_context() -> Self {
+        let context = 20_000;
+        let pages: Vec<u32> = (0..context as u32).rev().collect();
+        let tokens = [1u32];
+        let mut meta = RaggedBatch::default();
+        meta.fill(&[SeqInput::new(&tokens, context - 1, &pages)], 1);
+        let heads = Heads {
+            n_head: 14,
+            n_kv: 2,
+            head_dim: 64,
+            page_size: 1,
+            scale: 0.125,
+            window: None,
+        };
+        Self::new(meta, heads, context, [11, 13, 17], 3.0)
+    }
+}
+
 /// The attention kernel's batch, as a step mixes them, on scattered pages of `page_size`
 /// positions: long and short prefills, decodes at long contexts, an extension. Per sequence: its
 /// new tokens, its start, its pages (every other page, backwards: nothing contiguous or ordered).
-pub fn mixed_batch(page_size: usize) -> (Vec<Vec<u32>>, Vec<usize>, Vec<Vec<u32>>) {
+fn mixed_batch(page_size: usize) -> (Vec<Vec<u32>>, Vec<usize>, Vec<Vec<u32>>) {
     let lens = [37usize, 1, 1, 5, 120, 1];
     let starts = [0usize, 700, 63, 30, 0, 2];
     let mut next_page = 0u32;

@@ -220,11 +220,8 @@ struct Split {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::Heads;
-    use crate::batch::SeqInput;
     use crate::cuda::testing::gpu;
-    use crate::ragged::attend_reference;
-    use crate::simd::testing::{relative_error, values};
+    use crate::reference::{relative_error, AttentionCase};
 
     #[test]
     fn paged_attention_matches_its_reference_on_a_mixed_batch() {
@@ -251,25 +248,14 @@ mod tests {
     #[test]
     fn paged_attention_splits_a_context_too_long_for_one_block() {
         let dev = gpu();
-        let (n_head, n_kv, head_dim, context) = (14, 2, 64, 20_000);
-        let pages: Vec<u32> = (0..context as u32).rev().collect();
-        let tokens = [1u32];
-        let batch = [SeqInput::new(&tokens, context - 1, &pages)];
-        let mut meta = RaggedBatch::default();
-        meta.fill(&batch, 1);
-        let h = Heads {
-            n_head,
-            n_kv,
-            head_dim,
-            page_size: 1,
-            scale: 0.125,
-            window: None,
-        };
-        let kv = context * n_kv * head_dim;
-        let (k, v) = (values(11, kv, -1.0, 1.0), values(13, kv, -1.0, 1.0));
-        let q = values(17, n_head * head_dim, -3.0, 3.0);
-        let mut want = vec![0f32; q.len()];
-        attend_reference(&meta, &q, &k, &v, h, &mut want);
+        let AttentionCase {
+            meta,
+            heads: h,
+            q,
+            k,
+            v,
+            want,
+        } = AttentionCase::long_context();
         let shape = AttentionShape::from(h);
         let db = DeviceBatch::upload(&dev, &meta, 0).unwrap();
         let (dq, dk, dv) = (
@@ -301,37 +287,24 @@ mod tests {
         .unwrap();
         let got = dev.clone_dtoh(&out).unwrap();
         let err = relative_error(&got, &want);
-        eprintln!("paged attention over {context} positions, split: relative error {err:.2e}");
+        eprintln!("paged attention over 20,000 positions, split: relative error {err:.2e}");
         assert!(err < 1e-5, "relative error {err:.2e}");
     }
 
     fn paged_attention_matches_its_reference(kernel: AttentionKernel) {
         let dev = gpu();
-        let page_size = 16;
-        let (tokens, starts, pages) = crate::reference::mixed_batch(page_size);
-        let batch: Vec<SeqInput<'_>> = (0..tokens.len())
-            .map(|i| SeqInput::new(&tokens[i], starts[i], &pages[i]))
-            .collect();
-        let mut meta = RaggedBatch::default();
-        meta.fill(&batch, page_size);
-        let rows = (pages.iter().flatten().max().unwrap() + 1) as usize * page_size;
-        // The shapes quarry-cuda-emu runs too (reference::ATTENTION_SHAPES).
-        for (n_head, n_kv, head_dim, window) in crate::reference::ATTENTION_SHAPES {
-            let h = Heads {
-                n_head,
-                n_kv,
-                head_dim,
-                page_size,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                window: (window > 0).then_some(window),
-            };
-            let seed = (n_head * 1000 + head_dim + window) as u64;
-            let kv = rows * n_kv * head_dim;
-            let k = values(seed * 3 + 1, kv, -1.0, 1.0);
-            let v = values(seed * 5 + 2, kv, -1.0, 1.0);
-            let q = values(seed * 7 + 3, meta.tokens() * n_head * head_dim, -1.0, 1.0);
-            let mut want = vec![0f32; q.len()];
-            attend_reference(&meta, &q, &k, &v, h, &mut want);
+        // The cases quarry-cuda-emu runs too (reference::AttentionCase).
+        for case in AttentionCase::mixed(16) {
+            let AttentionCase {
+                meta,
+                heads: h,
+                q,
+                k,
+                v,
+                want,
+            } = case;
+            let (n_head, n_kv, head_dim) = (h.n_head, h.n_kv, h.head_dim);
+            let window = h.window.unwrap_or(0);
             let shape = AttentionShape::from(h);
             let db = DeviceBatch::upload(&dev, &meta, window).unwrap();
             let dq = dev.clone_htod(&q).unwrap();
