@@ -29,7 +29,9 @@ END=$(( $(date +%s) + ${CALL_SECONDS:-570} ))
 budget() { local left=$(( END - $(date +%s) - $2 )); [ "$left" -gt "$1" ] && left=$1; [ "$left" -lt 10 ] && left=10; echo "$left"; }
 
 # Keep this call's chunk, and stop here until every chunk has come.
-cp .gpu/p*/chunk.* "$STAGE_DIR/" 2>/dev/null
+# (Moved, not copied: the device machine keeps carried paths between calls, and a chunk left in
+# the tree would be taken again by a later check of another pack.)
+find .gpu -name 'chunk.*' -exec mv {} "$STAGE_DIR/" \; 2>/dev/null
 first="$(ls "$STAGE_DIR"/chunk.* 2>/dev/null | head -1)"
 [ -n "$first" ] || { echo "no chunk carried: carry .gpu/p1 (make gpu-pack)"; exit 2; }
 total="${first##*-of-}"
@@ -147,6 +149,10 @@ timeout 60 "$Q" generate --device cuda:0 --chat --max-tokens 48 \
 timeout 60 "$Q" generate --device cuda:0 --chat --schema schemas/debian-package.json --max-tokens 160 --stats \
   --prompt "$(grep -A12 '^Package: dpkg$' "$STATUS")" || status=1
 
+if [ "${PEERS:-1}" = 1 ] && [ ! -x "$PACK/bin/llama-batched-bench" ]; then
+  echo "!! llama.cpp was not packed (PEERS=0 make gpu-pack): the peers do not run"
+  PEERS=0
+fi
 if [ "${PEERS:-1}" = 1 ]; then
 section "llama.cpp llama-batched-bench (CUDA, all layers on the GPU)"
 # llama.cpp holds at most 256 sequences in one context (n_seq_max): larger batches are not run.

@@ -11,19 +11,24 @@
 # of CHUNK_MB (default 48) MiB, .gpu/p1, .gpu/p2, …: carry one per call; infra/gpu-check.sh keeps
 # each on the GPU machine until it has them all, then checks and runs (docs/gpu.md).
 # Variables: MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf), STATUS (default
-# /var/lib/dpkg/status), CHUNK_MB, SKIP_BUILD=1 (pack what is built).
+# /var/lib/dpkg/status), CHUNK_MB, SKIP_BUILD=1 (pack what is built), PEERS=0 (neither build nor
+# carry llama.cpp, about an hour of the first build on 2 cores: for a lease that runs gpu-check
+# with PEERS=0, after the peers were measured on the same GPU kind), GPU_DIR (default .gpu; a
+# folder under it, e.g. .gpu/qwen with MODEL=…qwen…, packs a second model beside the first: carry
+# .gpu/qwen/p1 … and give gpu-check its own STAGE_DIR).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODEL="${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 STATUS="${STATUS:-/var/lib/dpkg/status}"
 CHUNK_MB="${CHUNK_MB:-48}"
+GPU_DIR="${GPU_DIR:-.gpu}"
 CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
 TARGET="${CARGO_TARGET_DIR:-target}"
 GGUF_WHEEL=gguf-0.19.0-py3-none-any.whl
 test -s "$MODEL" || { echo "no model at $MODEL: run make setup first" >&2; exit 1; }
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   CUDA_TESTS=1 bash infra/build-cuda.sh
-  bash infra/build-llama-cuda.sh
+  [ "${PEERS:-1}" = 0 ] || bash infra/build-llama-cuda.sh
 fi
 STAGE="$(mktemp -d)"
 CHUNKS="$(mktemp -d)"
@@ -33,7 +38,7 @@ cp "$TARGET/release/quarry" "$STAGE/bin/"
 source infra/cuda-env.sh >/dev/null
 cargo build --release -p quarry-model --features cuda --example attention_bench
 cp "$TARGET/release/examples/attention_bench" "$STAGE/bin/"
-cp "$CACHE/llama-cuda/bin/llama-batched-bench" "$STAGE/bin/"
+[ "${PEERS:-1}" = 0 ] || cp "$CACHE/llama-cuda/bin/llama-batched-bench" "$STAGE/bin/"
 # The CUDA test binaries of quarry-model, as cargo names them (no rebuild: built above).
 cargo test --release -p quarry-model --features cuda --no-run --message-format json 2>/dev/null \
   | python3 -c 'import json, sys
@@ -55,17 +60,17 @@ tar -C "$STAGE" -cf - bin tests | xz -T0 -9 > "$STAGE/binaries.tar.xz"
 rm -rf "$STAGE/bin" "$STAGE/tests"
 ln -s "$(realpath "$MODEL")" "$STAGE/$(basename "$MODEL")"
 (cd "$STAGE" && sha256sum -b "$(basename "$MODEL")" binaries.tar.xz "$GGUF_WHEEL" status > SHA256SUMS)
-rm -rf .gpu
-mkdir -p .gpu
-tar -C "$STAGE" -chf - . | split -b "${CHUNK_MB}M" -d -a 1 - "$CHUNKS/chunk."
+rm -rf "$GPU_DIR"/p*
+mkdir -p "$GPU_DIR"
+tar -C "$STAGE" -chf - . | split -b "${CHUNK_MB}M" -d -a 2 - "$CHUNKS/chunk."
 n="$(ls "$CHUNKS"/chunk.* | wc -l)"
 i=0
 for c in "$CHUNKS"/chunk.*; do
   i=$((i + 1))
-  mkdir -p ".gpu/p$i"
-  mv "$c" ".gpu/p$i/chunk.$i-of-$n"
+  mkdir -p "$GPU_DIR/p$i"
+  mv "$c" "$GPU_DIR/p$i/chunk.$i-of-$n"
 done
-du -sh .gpu/p*
-echo "packed into $n chunk(s): carry .gpu/p1 … .gpu/p$n, one per device call, each running"
+du -sh "$GPU_DIR"/p*
+echo "packed into $n chunk(s): carry $GPU_DIR/p1 … $GPU_DIR/p$n, one per device call, each running"
 echo "  bash infra/gpu-check.sh"
 echo "(the call that brings the last chunk runs the check; see docs/gpu.md)"

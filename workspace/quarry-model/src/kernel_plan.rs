@@ -12,8 +12,15 @@ pub const PER_DIMENSION_THREADS: u32 = 128;
 pub const WARPS_THREADS: u32 = 256;
 /// Query heads per key-value head one block serves (the kernel's `MAX_GROUP`).
 pub const MAX_GROUP: usize = 8;
-/// Dynamic shared memory a block may have on Hopper (227 KiB).
-pub const MAX_SHARED: usize = 227 * 1024;
+/// The attention kernel's static shared memory (its `red[32]`), which counts against both
+/// limits below: the driver's limits are on a block's static and dynamic shared memory together.
+pub const STATIC_SHARED: usize = 32 * 4;
+/// Dynamic shared memory a block may have on Hopper once the kernel opts in (227 KiB in all).
+pub const MAX_SHARED: usize = 227 * 1024 - STATIC_SHARED;
+/// Dynamic shared memory a block may have without opting in (48 KiB in all): the launcher raises
+/// the kernel's limit above it. (An H100 refused 48 KiB of dynamic memory on top of the static
+/// 128 bytes, 2026-11-27: the opt-in was taken only above 48 KiB.)
+pub const DEFAULT_SHARED: usize = 48 * 1024 - STATIC_SHARED;
 /// Split-K's choice of chunk (`AttentionKernel::Split { chunk: None }`): about this many blocks
 /// per SM in a launch, and no chunk under `MIN_CHUNK` positions (4 per warp).
 const SPLIT_BLOCKS_PER_SM: usize = 4;

@@ -108,7 +108,12 @@ impl AttentionCase {
     /// One decode row at 20,000 positions (pages of one position, backwards) with Qwen2.5's
     /// groups of 7: more than one block's shared memory holds.
     pub fn long_context() -> Self {
-        let context = 20_000;
+        Self::decode_at(20_000)
+    }
+
+    /// One decode row at `context` positions (pages of one position, backwards) with Qwen2.5's
+    /// groups of 7 and heads of 64.
+    pub fn decode_at(context: usize) -> Self {
         let pages: Vec<u32> = (0..context as u32).rev().collect();
         let tokens = [1u32];
         let mut meta = RaggedBatch::default();

@@ -8,7 +8,7 @@ use candle_core::cuda::WrapErr;
 use candle_core::{CudaDevice, Result};
 
 use super::nonempty;
-use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
+use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize, DEFAULT_SHARED};
 use crate::ragged::{AttentionKernel, RaggedBatch};
 
 const ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
@@ -110,15 +110,21 @@ pub fn paged_attention(
     let shared = plan.shared_bytes as u32;
     let func =
         dev.get_or_load_custom_func(&plan.kernel, "quarry_paged_attention", ATTENTION_PTX)?;
-    if shared > 48 * 1024 {
-        // Beyond the default dynamic shared memory: raise the kernel's limit (up to the
-        // device's 227 KiB per block on Hopper).
+    if plan.shared_bytes > DEFAULT_SHARED {
+        // Beyond the default dynamic shared memory (48 KiB less the kernel's static memory):
+        // raise the kernel's limit (up to the device's 227 KiB per block on Hopper).
         use candle_core::cuda::cudarc::driver::sys::CUfunction_attribute;
         func.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             shared as i32,
         )
-        .w()?;
+        .map_err(|e| {
+            candle_core::Error::msg(format!(
+                "paged attention: {} could not have {shared} bytes of dynamic shared memory \
+                 ({} positions of context): {e:?}",
+                plan.kernel, batch.size.longest
+            ))
+        })?;
     }
     let cfg = LaunchConfig {
         grid_dim: plan.grid,
@@ -247,48 +253,69 @@ mod tests {
     /// the way out).
     #[test]
     fn paged_attention_splits_a_context_too_long_for_one_block() {
-        let dev = gpu();
-        let AttentionCase {
-            meta,
-            heads: h,
-            q,
-            k,
-            v,
-            want,
-        } = AttentionCase::long_context();
-        let shape = AttentionShape::from(h);
-        let db = DeviceBatch::upload(&dev, &meta, 0).unwrap();
-        let (dq, dk, dv) = (
-            dev.clone_htod(&q).unwrap(),
-            dev.clone_htod(&k).unwrap(),
-            dev.clone_htod(&v).unwrap(),
-        );
-        let mut out = dev.clone_htod(&vec![f32::NAN; q.len()]).unwrap();
-        let refused = paged_attention(
-            &dev,
-            &dq,
-            KvPool::F32(&dk, &dv),
-            &db,
-            shape,
-            AttentionKernel::PerDimension,
-            AttentionOut::F32(&mut out),
-        )
-        .unwrap_err();
+        let case = AttentionCase::long_context();
+        let refused = decode_f32(&case, AttentionKernel::PerDimension).unwrap_err();
         assert!(refused.to_string().contains("shared memory"), "{refused}");
+        let got = decode_f32(&case, AttentionKernel::Warps).unwrap();
+        let err = relative_error(&got, &case.want);
+        eprintln!("paged attention over 20,000 positions, split: relative error {err:.2e}");
+        assert!(err < 1e-5, "relative error {err:.2e}");
+    }
+
+    /// Contexts whose blocks need just under, just over and exactly around the 48 KiB of shared
+    /// memory a kernel has without opting in (Qwen2.5's groups of 7, f32 pool: 32 bytes a
+    /// position): the driver counts the kernel's static memory against those 48 KiB, and a launch
+    /// that took the opt-in only above 48 KiB failed on an H100 (2026-11-27).
+    #[test]
+    fn paged_attention_runs_on_either_side_of_the_default_shared_memory() {
+        let mut sizes = Vec::new();
+        for context in 1020..=1040 {
+            let case = AttentionCase::decode_at(context);
+            let size = BatchSize::new(&case.meta, 0, 132);
+            let plan = AttentionPlan::new(
+                size,
+                AttentionShape::from(case.heads),
+                AttentionKernel::Warps,
+                "f32",
+                false,
+            )
+            .unwrap();
+            sizes.push(plan.shared_bytes);
+            let got = decode_f32(&case, AttentionKernel::Warps)
+                .unwrap_or_else(|e| panic!("{context} positions: {e}"));
+            let err = relative_error(&got, &case.want);
+            assert!(err < 1e-5, "{context} positions: relative error {err:.2e}");
+        }
+        // The contexts cover both sides of the threshold and the bytes between it and 48 KiB.
+        assert!(sizes.iter().any(|&b| b <= DEFAULT_SHARED), "{sizes:?}");
+        assert!(
+            sizes.iter().any(|&b| b > DEFAULT_SHARED && b <= 48 * 1024),
+            "{sizes:?}"
+        );
+        assert!(sizes.iter().any(|&b| b > 48 * 1024), "{sizes:?}");
+    }
+
+    /// `case` through the kernel on an f32 pool, its output poisoned first.
+    fn decode_f32(case: &AttentionCase, kernel: AttentionKernel) -> Result<Vec<f32>> {
+        let dev = gpu();
+        let shape = AttentionShape::from(case.heads);
+        let db = DeviceBatch::upload(&dev, &case.meta, 0)?;
+        let (dq, dk, dv) = (
+            dev.clone_htod(&case.q)?,
+            dev.clone_htod(&case.k)?,
+            dev.clone_htod(&case.v)?,
+        );
+        let mut out = dev.clone_htod(&vec![f32::NAN; case.q.len()])?;
         paged_attention(
             &dev,
             &dq,
             KvPool::F32(&dk, &dv),
             &db,
             shape,
-            AttentionKernel::Warps,
+            kernel,
             AttentionOut::F32(&mut out),
-        )
-        .unwrap();
-        let got = dev.clone_dtoh(&out).unwrap();
-        let err = relative_error(&got, &want);
-        eprintln!("paged attention over 20,000 positions, split: relative error {err:.2e}");
-        assert!(err < 1e-5, "relative error {err:.2e}");
+        )?;
+        dev.clone_dtoh(&out)
     }
 
     fn paged_attention_matches_its_reference(kernel: AttentionKernel) {
