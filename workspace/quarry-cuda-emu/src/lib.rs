@@ -44,13 +44,66 @@ impl fmt::Display for LaunchError {
 
 impl std::error::Error for LaunchError {}
 
+/// A block's shared memory, static and dynamic together, as the driver counts it on the GPUs
+/// quarry builds for (Hopper): 48 KiB unless the kernel opts in to more, by raising its dynamic
+/// limit (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`), up to 227 KiB.
+pub const DEFAULT_BLOCK_SHARED: usize = 48 * 1024;
+pub const OPT_IN_BLOCK_SHARED: usize = 227 * 1024;
+
 /// A launch's shape: blocks (x, y, z), threads per block (one dimension, as every kernel of
-/// quarry's uses) and bytes of dynamic shared memory.
+/// quarry's uses) and bytes of dynamic shared memory; and what the driver checks that memory
+/// against: the kernel's static shared memory and the dynamic limit its launcher set, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Launch {
     pub grid: (u32, u32, u32),
     pub threads: u32,
     pub shared_bytes: usize,
+    /// The kernel's `__shared__` arrays, in bytes (ptxas reports them).
+    pub static_shared: usize,
+    /// The dynamic shared memory the launcher allowed the kernel, where it raised the default.
+    pub shared_limit: Option<usize>,
+}
+
+impl Launch {
+    /// A launch of a kernel without static shared memory whose launcher raises no limit.
+    pub fn new(grid: (u32, u32, u32), threads: u32, shared_bytes: usize) -> Self {
+        Self {
+            grid,
+            threads,
+            shared_bytes,
+            static_shared: 0,
+            shared_limit: None,
+        }
+    }
+
+    /// The driver's checks of shared memory (each fails a real launch with
+    /// `CUDA_ERROR_INVALID_VALUE`): a raised limit may not take a block past
+    /// [`OPT_IN_BLOCK_SHARED`], and the dynamic memory may not pass the limit, by default
+    /// [`DEFAULT_BLOCK_SHARED`] less the static memory.
+    fn check_shared(&self) -> Result<(), LaunchError> {
+        if let Some(limit) = self.shared_limit {
+            if self.static_shared + limit > OPT_IN_BLOCK_SHARED {
+                return Err(LaunchError(format!(
+                    "a dynamic shared memory limit of {limit} bytes beside {} static \
+                     is over the {OPT_IN_BLOCK_SHARED} bytes a block may opt in to \
+                     (CUDA_ERROR_INVALID_VALUE)",
+                    self.static_shared
+                )));
+            }
+        }
+        let limit = self
+            .shared_limit
+            .unwrap_or(DEFAULT_BLOCK_SHARED.saturating_sub(self.static_shared));
+        if self.shared_bytes > limit {
+            return Err(LaunchError(format!(
+                "{} bytes of dynamic shared memory are over the kernel's limit of \
+                 {limit} ({} static; the launcher must raise the limit): \
+                 CUDA_ERROR_INVALID_VALUE",
+                self.shared_bytes, self.static_shared
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Runs `thread` as every thread of `launch`'s grid: it calls the kernel with its arguments,
@@ -68,6 +121,7 @@ pub unsafe fn launch<F: Fn()>(name: &str, launch: Launch, thread: F) -> Result<(
             std::process::abort();
         }
     }
+    launch.check_shared()?;
     let c_name = CString::new(name).expect("a kernel name without NUL");
     let grid = [launch.grid.0, launch.grid.1, launch.grid.2];
     let mut error = vec![0u8; 512];

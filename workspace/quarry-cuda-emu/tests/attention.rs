@@ -10,10 +10,12 @@ mod common;
 
 use std::ffi::c_void;
 
-use common::run;
+use common::{run, run_launch};
 use half::{bf16, f16};
-use quarry_cuda_emu::{kernels, Buf};
-use quarry_model::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
+use quarry_cuda_emu::{kernels, Buf, Launch};
+use quarry_model::kernel_plan::{
+    AttentionPlan, AttentionShape, BatchSize, DEFAULT_SHARED, STATIC_SHARED,
+};
 use quarry_model::reference::{relative_error, AttentionCase};
 use quarry_model::{AttentionKernel, RaggedBatch};
 
@@ -89,12 +91,18 @@ fn attend(
         shape.head_dim as i32,
     );
     let (page, scale, window) = (meta.page_size as i32, shape.scale, shape.window as i32);
-    let shared = plan.shared_bytes;
+    // The launch as the driver checks it: the kernel's static `red[32]` and the limit the CUDA
+    // launcher raises.
+    let launch = Launch {
+        static_shared: STATIC_SHARED,
+        shared_limit: plan.shared_limit(),
+        ..Launch::new(plan.grid, plan.threads, plan.shared_bytes)
+    };
     match plan.chunk {
         None => {
             let f = kernels::attention::by_name(&plan.kernel).expect(&plan.kernel);
             unsafe {
-                run(&plan.kernel, plan.grid, plan.threads, shared, || {
+                run_launch(&plan.kernel, launch, || {
                     f(
                         qp, kp, vp, seq, pos, start, table, op, n_head, n_kv, head_dim, page,
                         scale, window,
@@ -109,7 +117,7 @@ fn attend(
             let mut ml = Buf::<f32>::poisoned(rows * 2);
             let (ap, mp) = (acc.ptr_mut(), ml.ptr_mut());
             unsafe {
-                run(&plan.kernel, plan.grid, plan.threads, shared, || {
+                run_launch(&plan.kernel, launch, || {
                     f(
                         qp,
                         kp,
@@ -252,4 +260,42 @@ fn a_context_too_long_for_one_block_is_split() {
     assert!(plan.chunk.is_some(), "{plan:?}");
     let err = relative_error(&got, &want);
     assert!(err < 1e-5, "{}: relative error {err:.2e}", plan.kernel);
+}
+
+/// Decode rows whose blocks need just under, around and just over the 48 KiB of shared memory a
+/// kernel has without opting in (Qwen2.5's groups of 7, f32 pool): the launch the H100 refused
+/// on 2026-11-27, before the launcher counted the kernel's static memory.
+#[test]
+fn contexts_on_either_side_of_the_default_shared_memory_launch() {
+    let mut sizes = Vec::new();
+    for context in 1020..=1040 {
+        let AttentionCase {
+            meta,
+            heads: h,
+            q,
+            k,
+            v,
+            want,
+        } = AttentionCase::decode_at(context);
+        let pool = Pool::new("f32", &k, &v);
+        let shape = AttentionShape::from(h);
+        let (plan, got) = attend(
+            &meta,
+            &q,
+            &pool,
+            "f32",
+            shape,
+            AttentionKernel::Warps,
+            false,
+        );
+        sizes.push(plan.shared_bytes);
+        let err = relative_error(&got, &want);
+        assert!(err < 1e-5, "{context} positions: relative error {err:.2e}");
+    }
+    assert!(sizes.iter().any(|&b| b <= DEFAULT_SHARED), "{sizes:?}");
+    assert!(
+        sizes.iter().any(|&b| b > DEFAULT_SHARED && b <= 48 * 1024),
+        "{sizes:?}"
+    );
+    assert!(sizes.iter().any(|&b| b > 48 * 1024), "{sizes:?}");
 }

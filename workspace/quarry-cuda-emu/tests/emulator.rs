@@ -61,11 +61,7 @@ fn warp_exchanges_sum_each_warp() {
 fn a_barrier_some_threads_never_reach_is_a_deadlock_not_a_hang() {
     let mut out = Buf::<f32>::poisoned(64);
     let o = out.ptr_mut();
-    let shape = Launch {
-        grid: (2, 1, 1),
-        threads: 64,
-        shared_bytes: 0,
-    };
+    let shape = Launch::new((2, 1, 1), 64, 0);
     let err = unsafe { launch("emu_deadlock", shape, || emu_deadlock(o)) }.unwrap_err();
     assert!(err.0.contains("deadlock in block (0, 0, 0)"), "{err}");
     assert!(
@@ -77,11 +73,7 @@ fn a_barrier_some_threads_never_reach_is_a_deadlock_not_a_hang() {
 
 #[test]
 fn a_write_past_dynamic_shared_memory_is_reported() {
-    let shape = |bytes| Launch {
-        grid: (1, 1, 1),
-        threads: 32,
-        shared_bytes: bytes,
-    };
+    let shape = |bytes| Launch::new((1, 1, 1), 32, bytes);
     unsafe { launch("emu_shared_overflow", shape(64), || emu_shared_overflow(15)) }.unwrap();
     let err = unsafe { launch("emu_shared_overflow", shape(64), || emu_shared_overflow(16)) }
         .unwrap_err();
@@ -90,6 +82,31 @@ fn a_write_past_dynamic_shared_memory_is_reported() {
             .contains("wrote past its 64 bytes of dynamic shared memory"),
         "{err}"
     );
+}
+
+/// The driver's shared-memory limits, which an H100 enforced on the attention's launcher
+/// (2026-11-27): the static memory counts against the default 48 KiB and the 227 KiB a kernel
+/// may opt in to.
+#[test]
+fn shared_memory_past_the_drivers_limits_is_refused() {
+    let run = |shared_bytes, static_shared, shared_limit| {
+        let shape = Launch {
+            static_shared,
+            shared_limit,
+            ..Launch::new((1, 1, 1), 32, shared_bytes)
+        };
+        unsafe { launch("emu_shared_overflow", shape, || emu_shared_overflow(0)) }
+    };
+    let kib = 1024;
+    run(48 * kib, 0, None).unwrap();
+    let err = run(48 * kib, 128, None).unwrap_err();
+    assert!(err.0.contains("over the kernel's limit of 49024"), "{err}");
+    run(48 * kib, 128, Some(48 * kib)).unwrap();
+    let err = run(48 * kib + 1, 0, None).unwrap_err();
+    assert!(err.0.contains("CUDA_ERROR_INVALID_VALUE"), "{err}");
+    run(227 * kib - 128, 128, Some(227 * kib - 128)).unwrap();
+    let err = run(227 * kib, 128, Some(227 * kib)).unwrap_err();
+    assert!(err.0.contains("a block may opt in to"), "{err}");
 }
 
 #[test]

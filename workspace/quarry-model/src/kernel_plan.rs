@@ -167,6 +167,13 @@ impl AttentionPlan {
         })
     }
 
+    /// The dynamic shared memory limit the launcher must set on the kernel
+    /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`) before the launch, where the default
+    /// is too small.
+    pub fn shared_limit(&self) -> Option<usize> {
+        (self.shared_bytes > DEFAULT_SHARED).then_some(self.shared_bytes)
+    }
+
     /// Chunks per token (1 unsplit).
     pub fn splits(&self) -> usize {
         self.grid.2 as usize

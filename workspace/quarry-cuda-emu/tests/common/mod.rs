@@ -15,11 +15,14 @@ pub unsafe fn run<F: Fn()>(
     shared: usize,
     kernel: F,
 ) {
-    let shape = Launch {
-        grid,
-        threads,
-        shared_bytes: shared,
-    };
+    unsafe { run_launch(name, Launch::new(grid, threads, shared), kernel) }
+}
+
+/// [`run`] with the whole launch: static shared memory and a raised limit included.
+///
+/// # Safety
+/// As [`quarry_cuda_emu::launch`].
+pub unsafe fn run_launch<F: Fn()>(name: &str, shape: Launch, kernel: F) {
     if let Err(e) = unsafe { launch(name, shape, kernel) } {
         panic!("{name}: {e}");
     }

@@ -8,7 +8,7 @@ use candle_core::cuda::WrapErr;
 use candle_core::{CudaDevice, Result};
 
 use super::nonempty;
-use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize, DEFAULT_SHARED};
+use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
 use crate::ragged::{AttentionKernel, RaggedBatch};
 
 const ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
@@ -110,13 +110,13 @@ pub fn paged_attention(
     let shared = plan.shared_bytes as u32;
     let func =
         dev.get_or_load_custom_func(&plan.kernel, "quarry_paged_attention", ATTENTION_PTX)?;
-    if plan.shared_bytes > DEFAULT_SHARED {
+    if let Some(limit) = plan.shared_limit() {
         // Beyond the default dynamic shared memory (48 KiB less the kernel's static memory):
         // raise the kernel's limit (up to the device's 227 KiB per block on Hopper).
         use candle_core::cuda::cudarc::driver::sys::CUfunction_attribute;
         func.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            shared as i32,
+            limit as i32,
         )
         .map_err(|e| {
             candle_core::Error::msg(format!(
@@ -227,6 +227,7 @@ struct Split {
 mod tests {
     use super::*;
     use crate::cuda::testing::gpu;
+    use crate::kernel_plan::DEFAULT_SHARED;
     use crate::reference::{relative_error, AttentionCase};
 
     #[test]
