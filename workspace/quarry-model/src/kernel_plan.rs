@@ -18,8 +18,8 @@ pub const STATIC_SHARED: usize = 32 * 4;
 /// Dynamic shared memory a block may have on Hopper once the kernel opts in (227 KiB in all).
 pub const MAX_SHARED: usize = 227 * 1024 - STATIC_SHARED;
 /// Dynamic shared memory a block may have without opting in (48 KiB in all): the launcher raises
-/// the kernel's limit above it. (An H100 refused 48 KiB of dynamic memory on top of the static
-/// 128 bytes, 2026-11-27: the opt-in was taken only above 48 KiB.)
+/// the kernel's limit above it. (On 2026-11-27 an H100 refused 49,056 bytes beside the static
+/// 128, from a launcher that raised the limit only above 48 KiB.)
 pub const DEFAULT_SHARED: usize = 48 * 1024 - STATIC_SHARED;
 /// Split-K's choice of chunk (`AttentionKernel::Split { chunk: None }`): about this many blocks
 /// per SM in a launch, and no chunk under `MIN_CHUNK` positions (4 per warp).
