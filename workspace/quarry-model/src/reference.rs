@@ -8,7 +8,8 @@ pub use crate::llama::fused::{rms_norm_row, rotate_heads, QkNorm};
 pub use crate::ragged::{attend_reference, attend_split_reference};
 
 use crate::batch::SeqInput;
-use crate::ragged::RaggedBatch;
+use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize, DEFAULT_SHARED};
+use crate::ragged::{AttentionKernel, RaggedBatch};
 use crate::sampling::{SampleRows, Sampler, SamplingParams};
 
 /// ‖got − want‖ / ‖want‖, in f64.
@@ -128,6 +129,32 @@ impl AttentionCase {
         };
         Self::new(meta, heads, context, [11, 13, 17], 3.0)
     }
+}
+
+/// Decode rows of Qwen2.5's shape on an f32 pool whose warps-layout blocks need just under,
+/// around and just over the 48 KiB of shared memory a kernel has without opting in (1,020 to
+/// 1,040 positions, 32 bytes a position): each through `attend` (the device's launch), checked
+/// against the reference. The driver counts the kernel's static memory against those 48 KiB; a
+/// launcher that raised the limit only above 48 KiB failed on an H100 (2026-11-27). Panics
+/// naming the context that fails, or if the contexts no longer cover the threshold.
+pub fn check_around_default_shared(
+    mut attend: impl FnMut(&AttentionCase) -> Result<Vec<f32>, String>,
+) {
+    let mut sizes = Vec::new();
+    for context in 1020..=1040 {
+        let case = AttentionCase::decode_at(context);
+        let size = BatchSize::new(&case.meta, 0, 132);
+        let shape = AttentionShape::from(case.heads);
+        let plan = AttentionPlan::new(size, shape, AttentionKernel::Warps, "f32", false).unwrap();
+        sizes.push(plan.shared_bytes);
+        let got = attend(&case).unwrap_or_else(|e| panic!("{context} positions: {e}"));
+        let err = relative_error(&got, &case.want);
+        assert!(err < 1e-5, "{context} positions: relative error {err:.2e}");
+    }
+    assert!(sizes.iter().any(|&b| b <= DEFAULT_SHARED), "{sizes:?}");
+    let between = |&b: &usize| b > DEFAULT_SHARED && b <= 48 * 1024;
+    assert!(sizes.iter().any(between), "{sizes:?}");
+    assert!(sizes.iter().any(|&b| b > 48 * 1024), "{sizes:?}");
 }
 
 /// The attention kernel's batch, as a step mixes them, on scattered pages of `page_size`
