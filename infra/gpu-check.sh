@@ -17,7 +17,7 @@
 # and 160, about quarry's documents), CALL_SECONDS (default 570: every step gets a share of what
 # is left, so the call ends inside the device tool's 10 minutes and says what did not run),
 # STAGE_DIR (default /root/quarry-gpu), AB_SECONDS (default 150: kept for the A/B runs), PEERS=0 (skip llama.cpp and transformers, for a short
-# call after they were measured on the same GPU kind).
+# call after they were measured on the same GPU kind; PEERS=llama: llama.cpp only).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 STAGE_DIR="${STAGE_DIR:-/root/quarry-gpu}"
@@ -135,6 +135,10 @@ if ! passed paged_attention_split_matches_its_reference_on_a_mixed_batch; then
   echo "!! the attention kernel's split-K form failed its test: its A/B runs are left out"
   split_ok=0
 fi
+if ! passed cuda_graphs_replay_the_decode_steps_they_capture; then
+  echo "!! the decode step's CUDA graphs failed their test: QUARRY_CUDA_GRAPHS=off from here on"
+  export QUARRY_CUDA_GRAPHS=off
+fi
 if ! passed sampling_matches_the_host_draw_row_for_row || ! passed mask_uploads_alternate_grow_and_arrive_whole; then
   echo "!! the sampling kernel or the mask upload failed its test: QUARRY_SAMPLING=host from here on"
   export QUARRY_SAMPLING=host
@@ -149,11 +153,12 @@ timeout 60 "$Q" generate --device cuda:0 --chat --max-tokens 48 \
 timeout 60 "$Q" generate --device cuda:0 --chat --schema schemas/debian-package.json --max-tokens 160 --stats \
   --prompt "$(grep -A12 '^Package: dpkg$' "$STATUS")" || status=1
 
-if [ "${PEERS:-1}" = 1 ] && [ ! -x "$PACK/bin/llama-batched-bench" ]; then
+PEERS="${PEERS:-1}"
+if [ "$PEERS" != 0 ] && [ ! -x "$PACK/bin/llama-batched-bench" ]; then
   echo "!! llama.cpp was not packed (PEERS=0 make gpu-pack): the peers do not run"
   PEERS=0
 fi
-if [ "${PEERS:-1}" = 1 ]; then
+if [ "$PEERS" != 0 ]; then
 section "llama.cpp llama-batched-bench (CUDA, all layers on the GPU)"
 # llama.cpp holds at most 256 sequences in one context (n_seq_max): larger batches are not run.
 llama_batches="$(tr ',' '\n' <<<"$BATCHES" | awk '$1 <= 256' | paste -sd,)"
@@ -163,6 +168,8 @@ timeout "$(budget 120 270)" "$PACK/bin/llama-batched-bench" -m "$MODEL" -ngl 99 
   -npp "${PP:-700}" -ntg "${TG:-160}" -npl "$llama_batches" --output-format jsonl 2>"$OUT/llama-batched-bench.log" \
   | tee "$OUT/llama-batched-bench.jsonl" || status=1
 
+fi
+if [ "$PEERS" = 1 ]; then
 section "transformers generate (bf16)"
 timeout "$(budget 150 200)" python3 infra/hf_generate_bench.py --model "$MODEL" --batch "$BATCHES" \
   --pp "${PP:-700}" --tg "${TG:-160}" --repeats 1 --out "$OUT/transformers.json" || status=1
@@ -191,14 +198,14 @@ done
 merge_runs "$OUT/quarry-bench-cuda.json" "${runs[@]}"
 
 # The choices issue 25 left to measurement, each against the defaults (the sweep's run of the same
-# batch size), mode a: one run per setting in AB (space separated VAR=value[@BATCH], batch 128
-# unless given; default: the forward pass's phases timed (QUARRY_PROFILE, its table in the log) at
-# batch 1 and 512, the attention kernel split over the positions (split-K) at batch 1, 8, 32 and
-# 128, and the quantized weights for single-row steps at batch 1; the settings measured on
-# 2026-11-26 (QUARRY_ATTENTION=per-dimension or gather, QUARRY_SAMPLING=host,
-# QUARRY_DENSE_FROM_ROWS=0, QUARRY_KV_DTYPE=bf16) run when AB names them), all into one JSON whose
-# runs carry their setting.
-AB="${AB-QUARRY_PROFILE=1@1 QUARRY_PROFILE=1@512 QUARRY_ATTENTION=split@1 QUARRY_ATTENTION=split@8 QUARRY_ATTENTION=split@32 QUARRY_ATTENTION=split QUARRY_DENSE_FROM_ROWS=2@1}"
+# batch size), mode a: one run per setting in AB (space separated VAR=value[,VAR=value…][@BATCH],
+# batch 128 unless given; default: the decode step's CUDA graphs off at batch 1, 8, 32 and 512,
+# and the path before them (graphs off and cudarc's event tracking on) at batch 1 and 512, the
+# forward pass's phases timed (QUARRY_PROFILE, its table in the log) at batch 512, the attention
+# kernel split over the positions (split-K) at batch 1 and 8; the settings measured before
+# (QUARRY_ATTENTION=per-dimension or gather, QUARRY_SAMPLING=host, QUARRY_DENSE_FROM_ROWS,
+# QUARRY_KV_DTYPE=bf16) run when AB names them), all into one JSON whose runs carry their setting.
+AB="${AB-QUARRY_CUDA_GRAPHS=off@1 QUARRY_CUDA_GRAPHS=off@8 QUARRY_CUDA_GRAPHS=off@32 QUARRY_CUDA_GRAPHS=off@512 QUARRY_CUDA_GRAPHS=off,QUARRY_EVENT_TRACKING=on@1 QUARRY_CUDA_GRAPHS=off,QUARRY_EVENT_TRACKING=on@512 QUARRY_PROFILE=1@512 QUARRY_ATTENTION=split@1 QUARRY_ATTENTION=split@8}"
 if [ "$split_ok" = 0 ]; then
   AB="$(tr ' ' '\n' <<<"$AB" | grep -v '^QUARRY_ATTENTION=split' | paste -sd' ')"
 fi
@@ -213,7 +220,7 @@ for entry in $AB; do
   section "quarry bench with $setting, batch $b, mode a"
   left=$(( END - $(date +%s) - 5 ))
   [ "$left" -lt 20 ] && { echo "not run: the call's time is spent"; continue; }
-  env "$setting" timeout "$(budget 40 5)" "$Q" bench --device cuda:0 --status "$STATUS" --batch "$b" \
+  env $(tr ',' ' ' <<<"$setting") timeout "$(budget 40 5)" "$Q" bench --device cuda:0 --status "$STATUS" --batch "$b" \
     --docs "$docs" --modes a --step-tokens 4096 --out "$STAGE_DIR/quarry-bench-ab-$n.json" \
     && ab_runs+=("$setting=$STAGE_DIR/quarry-bench-ab-$n.json") || echo "(stopped or failed)"
 done

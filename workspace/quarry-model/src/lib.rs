@@ -36,6 +36,7 @@ mod linear;
 mod llama;
 mod pool;
 pub mod profile;
+pub mod step_graph;
 
 mod ragged;
 pub mod reference;

@@ -329,3 +329,82 @@ fn malformed_batches_are_typed_errors() {
     assert!(pool.free(table[0]).is_err());
     assert!(pool.free(99).is_err());
 }
+
+/// CUDA graphs of the decode step (`QUARRY_CUDA_GRAPHS`): the same decode steps of three
+/// sequences, once without graphs and once with them on a pool of their own, give the same logits.
+/// The steps cross a context bound (256 positions), so the graph path runs a step without a graph,
+/// captures the next and replays the rest, for each of two keys. A replay runs the captured
+/// launches themselves, the attention planned for the bound instead of the context (the same
+/// arithmetic over the same positions), so the logits are expected equal; the bound leaves room
+/// for cuBLAS choosing another algorithm under capture. Needs a GPU (a CUDA build with
+/// `QUARRY_TEST_DEVICE=cuda:0`, as infra/gpu-check.sh runs it).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_graphs_replay_the_decode_steps_they_capture() {
+    assert!(
+        !device().is_cpu(),
+        "the CUDA graph test runs on a GPU: QUARRY_TEST_DEVICE=cuda:0"
+    );
+    let model = smollm2();
+    let prompts = [
+        text_tokens(250, 0),
+        text_tokens(100, 300),
+        text_tokens(30, 500),
+    ];
+    let steps = 10;
+    let next = text_tokens(steps, 700);
+    let run = |graphs: bool| -> Vec<Vec<Vec<f32>>> {
+        model.set_cuda_graphs(graphs);
+        let pages = prompts.iter().map(|p| (p.len() + steps).div_ceil(16)).sum();
+        let mut pool = pool(16, pages, KvLayout::Tensor);
+        let tables: Vec<Vec<PageId>> = prompts
+            .iter()
+            .map(|p| {
+                let mut t = Vec::new();
+                assert!(pool.alloc_into((p.len() + steps).div_ceil(16), &mut t));
+                t
+            })
+            .collect();
+        let mut out = Logits::new();
+        let prefill: Vec<SeqInput> = prompts
+            .iter()
+            .zip(&tables)
+            .map(|(p, t)| SeqInput::new(p, 0, t))
+            .collect();
+        model.forward(&prefill, &mut pool, &mut out).unwrap();
+        let mut logits = Vec::new();
+        for (i, token) in next.iter().enumerate() {
+            let token = [*token];
+            let decode: Vec<SeqInput> = prompts
+                .iter()
+                .zip(&tables)
+                .map(|(p, t)| SeqInput::new(&token, p.len() + i, t))
+                .collect();
+            model.forward(&decode, &mut pool, &mut out).unwrap();
+            logits.push((0..3).map(|s| out.last(s).to_vec()).collect());
+        }
+        logits
+    };
+    let before = model.cuda_graphs();
+    let eager = run(false);
+    let graphed = run(true);
+    let after = model.cuda_graphs();
+    model.set_cuda_graphs(quarry_model::step_graph::graphs_enabled().unwrap());
+    assert_eq!(after.failed, None, "a capture failed");
+    // Contexts 251..=256 (one key: a step, a capture, 4 replays), then 257..=260 (a step, a
+    // capture, 2 replays).
+    assert_eq!(after.captured - before.captured, 2, "{after:?}");
+    assert_eq!(after.replayed - before.replayed, 6, "{after:?}");
+    let mut worst = 0f32;
+    let mut differ = 0;
+    for (e, g) in eager.iter().flatten().zip(graphed.iter().flatten()) {
+        worst = worst.max(max_diff(e, g));
+        differ += e
+            .iter()
+            .zip(g)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+    }
+    eprintln!("CUDA graphs: worst logit difference {worst:e}, {differ} logits differ");
+    assert!(worst <= batch_tolerance(), "worst logit difference {worst}");
+}

@@ -159,6 +159,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         for mode in &args.modes {
             let constrained = mode != "a";
             let (mut runs, mut profiles) = (Vec::new(), Vec::new());
+            let graphs_before = model.cuda_graphs();
             for rep in 0..args.repeats {
                 let reqs = bench::requests(&docs, constrained.then_some(&schema), args.max_tokens);
                 let m = bench::measure(&model, &tok, config(b, mode != "b"), reqs, &validator)?;
@@ -175,13 +176,24 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
                 }
                 runs.push(m);
             }
-            results.push((b, mode.clone(), runs, profiles));
+            // The decode steps' CUDA graphs over these runs (quarry_model::step_graph).
+            let g = model.cuda_graphs();
+            let graphs = json!({
+                "enabled": g.enabled,
+                "captured": g.captured - graphs_before.captured,
+                "replayed": g.replayed - graphs_before.replayed,
+                "failed": g.failed,
+            });
+            if g.enabled {
+                eprintln!("batch {b} mode {mode}: CUDA graphs {graphs}");
+            }
+            results.push((b, mode.clone(), runs, profiles, graphs));
         }
     }
     print_table(
         &results
             .iter()
-            .map(|(b, m, r, _)| (*b, m.clone(), r.clone()))
+            .map(|(b, m, r, _, _)| (*b, m.clone(), r.clone()))
             .collect::<Vec<_>>(),
     )?;
     let out = args.out.clone().unwrap_or_else(|| {
@@ -206,12 +218,13 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         "max_tokens": args.max_tokens,
         "modes": {"a": "no constraint", "b": "schema, no jump-forward", "c": "schema + jump-forward"},
         "repeats": args.repeats,
-        "results": results.iter().map(|(b, mode, runs, profiles)| {
+        "results": results.iter().map(|(b, mode, runs, profiles, graphs)| {
             let mut r = json!({
                 "batch": b,
                 "mode": mode,
                 "median": bench::median_run(runs),
                 "runs": runs,
+                "cuda_graphs": graphs,
             });
             if !profiles.is_empty() {
                 // Per run: each phase's marks and seconds (QUARRY_PROFILE, quarry_model::profile).

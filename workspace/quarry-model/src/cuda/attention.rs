@@ -10,6 +10,7 @@ use candle_core::{CudaDevice, Result};
 use super::nonempty;
 use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
 use crate::ragged::{AttentionKernel, RaggedBatch};
+use crate::step_graph::GraphKey;
 
 const ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
 
@@ -59,6 +60,41 @@ impl DeviceBatch {
             page_size: meta.page_size as usize,
             size: BatchSize::new(meta, window, multiprocessors(dev)?),
         })
+    }
+
+    /// The buffer a CUDA graph of `key` reads its batch from ([`GraphKey::layout`]): a step of
+    /// that key refills it ([`DeviceBatch::refill`]) and its launches are planned for the key's
+    /// bound on the context.
+    pub fn fixed(dev: &CudaDevice, key: GraphKey) -> Result<Self> {
+        let at = key.layout();
+        Ok(Self {
+            ids: dev.alloc_zeros::<u32>(at[4])?,
+            at,
+            page_size: key.page_size,
+            size: BatchSize {
+                tokens: key.seqs,
+                longest: key.context,
+                sms: multiprocessors(dev)?,
+            },
+        })
+    }
+
+    /// Copies a step of `key` into a [`DeviceBatch::fixed`] buffer of that key, through `packed`
+    /// (the caller's, reused between steps).
+    pub fn refill(
+        &mut self,
+        dev: &CudaDevice,
+        key: GraphKey,
+        meta: &RaggedBatch,
+        packed: &mut Vec<u32>,
+    ) -> Result<()> {
+        if self.at != key.layout() || self.size.tokens != key.seqs {
+            candle_core::bail!("paged attention: a batch refilled with another key's step");
+        }
+        key.pack(meta, packed);
+        dev.cuda_stream()
+            .memcpy_htod(&packed[..], &mut self.ids)
+            .w()
     }
 
     /// `token_seq`, `token_pos`, `page_start` and `block_table`, as the kernel reads them.

@@ -19,21 +19,46 @@ use candle_core::{CudaDevice, Result};
 
 pub mod attention;
 pub mod forward;
+pub mod graph;
 pub mod sampling;
 
 pub use crate::kernel_plan::AttentionShape;
 pub use attention::{paged_attention, AttentionOut, DeviceBatch, KvPool};
 pub use forward::glu;
 pub(crate) use forward::{add_into, rms_norm, rope_qk, store_rows};
+pub use graph::StepGraphs;
 pub use sampling::{sample_rows, MaskUpload};
 
-/// Keeps the memory a step frees mapped for the next step. candle allocates every tensor through
-/// the stream-ordered allocator (`cuMemAllocAsync` from the device's default pool), whose default
-/// release threshold of 0 hands freed memory back to the driver at every synchronization, so each
-/// step (one synchronization at least: its tokens come back) would map its activations and its
-/// logits (100 MB at batch 512 for a 49,152-token vocabulary) afresh. With no threshold the pool
-/// keeps what the largest step needed, as PyTorch's caching allocator does.
-pub fn keep_freed_memory(dev: &CudaDevice) -> Result<()> {
+/// Sets up a device for the forward pass: one stream, memory kept between steps.
+///
+/// - Event tracking off. cudarc, in the multi-stream mode candle's device puts it in, gives every
+///   allocation two events and makes every launch wait on and record them for each buffer it
+///   reads or writes (a dozen driver calls per launch), so that buffers shared between streams
+///   stay ordered. quarry queues all its work on candle's one stream, where order is already
+///   kept; a CUDA graph cannot capture waits on events recorded outside it either.
+///   `$QUARRY_EVENT_TRACKING=on` keeps it (to measure what it costs).
+/// - Freed memory stays mapped. candle allocates every tensor through the stream-ordered
+///   allocator (`cuMemAllocAsync` from the device's default pool), whose default release
+///   threshold of 0 hands freed memory back to the driver at every synchronization, so each step
+///   (one synchronization at least: its tokens come back) would map its activations and its
+///   logits (100 MB at batch 512 for a 49,152-token vocabulary) afresh. With no threshold the
+///   pool keeps what the largest step needed, as PyTorch's caching allocator does.
+pub fn prepare(dev: &CudaDevice) -> crate::Result<()> {
+    let tracking = std::env::var("QUARRY_EVENT_TRACKING").ok();
+    let tracking =
+        crate::step_graph::parse_switch("QUARRY_EVENT_TRACKING", tracking.as_deref(), false)
+            .map_err(|message| crate::ModelError::Forward { message })?;
+    if !tracking {
+        // SAFETY: every buffer of the process is used on candle's stream only (the kernels of
+        // this module, candle's ops and cuBLAS all queue there), so no wait between streams is
+        // needed; page-locked host buffers keep their own events (MaskUpload).
+        unsafe { dev.disable_event_tracking() };
+    }
+    Ok(keep_freed_memory(dev)?)
+}
+
+/// The default memory pool's release threshold at its maximum ([`prepare`]).
+fn keep_freed_memory(dev: &CudaDevice) -> Result<()> {
     use candle_core::cuda::cudarc::driver::sys;
     let ctx = dev.cuda_stream().context().clone();
     ctx.bind_to_thread().w()?;

@@ -69,6 +69,11 @@ pub struct Llama {
     /// The page-locked buffers the step's masks travel through to the GPU.
     #[cfg(feature = "cuda")]
     masks: std::sync::Mutex<Option<crate::cuda::MaskUpload>>,
+    /// The decode steps' CUDA graphs.
+    #[cfg(feature = "cuda")]
+    graphs: std::sync::Mutex<crate::cuda::StepGraphs>,
+    /// Whether decode steps on a GPU replay CUDA graphs (`$QUARRY_CUDA_GRAPHS` at load).
+    graphs_on: std::sync::atomic::AtomicBool,
 }
 
 impl Llama {
@@ -79,7 +84,7 @@ impl Llama {
         crate::ModelInfo::from_content(&content, file_bytes)?;
         #[cfg(feature = "cuda")]
         if let Device::Cuda(d) = device {
-            crate::cuda::keep_freed_memory(d)?;
+            crate::cuda::prepare(d)?;
         }
         Self::from_content(&content, &mut file, device)
     }
@@ -197,6 +202,11 @@ impl Llama {
             host,
             #[cfg(feature = "cuda")]
             masks: std::sync::Mutex::new(None),
+            #[cfg(feature = "cuda")]
+            graphs: Default::default(),
+            graphs_on: crate::step_graph::graphs_enabled()
+                .map_err(|message| ModelError::Forward { message })?
+                .into(),
         })
     }
 
@@ -206,6 +216,30 @@ impl Llama {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Turns the decode steps' CUDA graphs on or off (the default comes from
+    /// `$QUARRY_CUDA_GRAPHS`; a CPU has none either way).
+    pub fn set_cuda_graphs(&self, on: bool) {
+        self.graphs_on
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// What the decode steps' CUDA graphs have done since the model was loaded (all zero on a
+    /// CPU).
+    pub fn cuda_graphs(&self) -> crate::step_graph::GraphStats {
+        let enabled =
+            self.graphs_on.load(std::sync::atomic::Ordering::Relaxed) && !self.device.is_cpu();
+        #[cfg(feature = "cuda")]
+        {
+            let graphs = self.graphs.lock().unwrap_or_else(|p| p.into_inner());
+            graphs.stats(enabled)
+        }
+        #[cfg(not(feature = "cuda"))]
+        crate::step_graph::GraphStats {
+            enabled,
+            ..Default::default()
+        }
     }
 
     /// Runs one forward pass over a ragged batch.
@@ -253,7 +287,6 @@ impl Llama {
         heads: Heads,
         out: &mut Logits,
     ) -> Result<()> {
-        let c = &self.config;
         let t = plan.tokens.len();
         let dev = &self.device;
         // `QUARRY_PROFILE=1`: each phase below ends with a synchronization and a mark.
@@ -266,27 +299,104 @@ impl Llama {
             .flatten()
             .copied()
             .collect();
-        let ids = Tensor::from_vec(ids, 3 * t + rows, dev)?;
-        let (tokens, positions) = (ids.narrow(0, 0, t)?, ids.narrow(0, t, t)?);
-        let (slots, logit_rows) = (ids.narrow(0, 2 * t, t)?, ids.narrow(0, 3 * t, rows)?);
-        let eps = c.rms_norm_eps;
         // Attention: one paged attention launch per layer for the whole batch on a GPU, or the
         // per-sequence gather of tensor ops (the CPU's cross-check, and QUARRY_ATTENTION=gather).
         let attention = attention_kernel(dev)?;
-        let kernel = attention.is_some();
         let mut meta = crate::ragged::RaggedBatch::default();
-        if kernel {
+        if attention.is_some() {
             meta.fill(batch, heads.page_size);
         }
+        let args = PassArgs {
+            batch,
+            plan,
+            meta: &meta,
+            #[cfg(feature = "cuda")]
+            device_batch: None,
+            attention,
+            k_pool,
+            v_pool,
+            heads,
+        };
+        // A decode step replays its CUDA graph where it has one (cuda/graph.rs).
         #[cfg(feature = "cuda")]
-        let device_batch = match kernel {
-            true => Some(crate::cuda::DeviceBatch::upload(
+        if let Some(logits) = self.graph_pass(&args, &ids, rows)? {
+            return self.logits_out(logits, out);
+        }
+        let ids = Tensor::from_vec(ids, 3 * t + rows, dev)?;
+        #[cfg(feature = "cuda")]
+        let device_batch = match attention {
+            Some(_) => Some(crate::cuda::DeviceBatch::upload(
                 dev.as_cuda_device()?,
                 &meta,
                 0,
             )?),
-            false => None,
+            None => None,
         };
+        #[cfg(feature = "cuda")]
+        let args = PassArgs {
+            device_batch: device_batch.as_ref(),
+            ..args
+        };
+        let logits = self.pass(&args, &ids, &mut phases)?;
+        self.logits_out(logits, out)
+    }
+
+    /// A decode step through its CUDA graph ([`crate::cuda::StepGraphs`]): the logits, or `None`
+    /// when the step runs without one (not a plain decode step, profiling on, the gather
+    /// attention, `$QUARRY_CUDA_GRAPHS=off`, or the first step of its key).
+    #[cfg(feature = "cuda")]
+    fn graph_pass(&self, args: &PassArgs<'_>, ids: &[u32], rows: usize) -> Result<Option<Tensor>> {
+        let Device::Cuda(dev) = &self.device else {
+            return Ok(None);
+        };
+        if args.attention.is_none() || crate::profile::enabled() {
+            return Ok(None);
+        }
+        if !crate::step_graph::graphs_enabled()
+            .map_err(|message| ModelError::Forward { message })?
+        {
+            return Ok(None);
+        }
+        let Some(key) = crate::step_graph::GraphKey::of(args.meta, rows) else {
+            return Ok(None);
+        };
+        let mut graphs = self.graphs.lock().unwrap_or_else(|p| p.into_inner());
+        graphs.run(
+            dev,
+            key,
+            [args.k_pool, args.v_pool],
+            ids,
+            args.meta,
+            self.config.vocab_size,
+            |ids, db| {
+                let args = PassArgs {
+                    device_batch: Some(db),
+                    ..*args
+                };
+                self.pass(
+                    &args,
+                    ids,
+                    &mut crate::profile::Phases::start(&self.device)?,
+                )
+            },
+        )
+    }
+
+    /// The layers and the logits of a step whose ids (tokens, positions, slots, logit rows) are
+    /// on the device: the logits in the output projection's element type.
+    fn pass(
+        &self,
+        a: &PassArgs<'_>,
+        ids: &Tensor,
+        phases: &mut crate::profile::Phases<'_>,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let dev = &self.device;
+        let (t, rows) = (a.plan.tokens.len(), a.plan.logit_rows.len());
+        let (tokens, positions) = (ids.narrow(0, 0, t)?, ids.narrow(0, t, t)?);
+        let (slots, logit_rows) = (ids.narrow(0, 2 * t, t)?, ids.narrow(0, 3 * t, rows)?);
+        let (k_pool, v_pool, heads) = (a.k_pool, a.v_pool, a.heads);
+        let eps = c.rms_norm_eps;
 
         let mut x = self.embed.index_select(&tokens, 0)?;
         if c.embedding_scale != 1.0 {
@@ -328,11 +438,11 @@ impl Llama {
                 window: c.window(l),
                 ..heads
             };
-            let attn = if let Some(_kernel) = attention {
+            let attn = if let Some(_kernel) = a.attention {
                 let op = crate::ragged::PagedAttention {
-                    meta: &meta,
+                    meta: a.meta,
                     #[cfg(feature = "cuda")]
-                    device_batch: device_batch.as_ref(),
+                    device_batch: a.device_batch,
                     heads,
                     // The element type the output projection multiplies: no cast between.
                     out: layer.wo.input_dtype(t),
@@ -341,7 +451,7 @@ impl Llama {
                 };
                 q.apply_op3_no_bwd(&k_pool[l], &v_pool[l], &op)?
             } else {
-                attention::attend_tensor(&q, &k_pool[l], &v_pool[l], plan, batch, heads, dev)?
+                attention::attend_tensor(&q, &k_pool[l], &v_pool[l], a.plan, a.batch, heads, dev)?
             };
             // Gemma's output norms, applied before the residual add when the model has them.
             let (post_attn, post_ffw) = match &layer.post_norms {
@@ -382,7 +492,13 @@ impl Llama {
             self.lm_head
                 .forward(&norm(&x, &self.norm, self.lm_head.input_dtype(rows))?)?;
         phases.mark("output norm and logits")?;
-        if dev.is_cpu() {
+        Ok(logits)
+    }
+
+    /// Hands a pass's logits to `out`: copied to the host, or left on the GPU for
+    /// [`Llama::sample_on_device`].
+    fn logits_out(&self, logits: Tensor, out: &mut Logits) -> Result<()> {
+        if self.device.is_cpu() {
             out.data.clear();
             attention::with_host_slice(&logits, |s| out.data.extend_from_slice(s))?;
         } else if out.device_wanted && cfg!(feature = "cuda") && device_sampling()? {
@@ -454,6 +570,21 @@ impl Llama {
             dev, &rows_view, vocab, dm, words, rows,
         )?)
     }
+}
+
+/// What one pass over a step reads besides its ids: the batch and its plan, the attention's
+/// metadata (and its copy on the device), the pools.
+#[derive(Clone, Copy)]
+struct PassArgs<'a> {
+    batch: &'a [SeqInput<'a>],
+    plan: &'a Plan,
+    meta: &'a crate::ragged::RaggedBatch,
+    #[cfg(feature = "cuda")]
+    device_batch: Option<&'a crate::cuda::DeviceBatch>,
+    attention: Option<AttentionKernel>,
+    k_pool: &'a [Tensor],
+    v_pool: &'a [Tensor],
+    heads: Heads,
 }
 
 /// `cos(p * θ_i)` and `sin(p * θ_i)` for every position and frequency, `θ_i = base^(-2i/d)`.

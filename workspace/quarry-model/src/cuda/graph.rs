@@ -1,0 +1,219 @@
+//! CUDA graphs of the decode step (issue 25). A batch-1 pass is launch-bound: about 13 launches a
+//! layer, each paying the driver's enqueue and candle's bookkeeping on the host, while the GPU's
+//! part is a few microseconds. A graph captures a whole pass once and replays it with one launch.
+//!
+//! A graph replays the same launches on the same buffers, so a step of [`GraphKey`] `k` reads its
+//! inputs from buffers the graph of `k` owns (the forward's ids, the attention's batch in
+//! [`GraphKey::layout`]), refilled before each replay, and writes its logits into a buffer of the
+//! graph's. Everything the pass allocates in between (activations, the logits before their copy)
+//! is allocated and freed inside the graph, which owns that memory. A key is captured the second
+//! step in a row it comes (so a batch whose size changes every step never pays for a capture it
+//! does not replay); nothing runs during a capture, so the capture's step then replays it.
+//!
+//! If a capture fails (an operation the driver refuses to capture), decode steps run without
+//! graphs from then on and the reason is printed once: the pass itself is the same either way.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda::cudarc::driver::{sys, CudaGraph, DriverError};
+use candle_core::cuda::{CudaStorage, CudaStorageSlice, WrapErr};
+use candle_core::{CpuStorage, CudaDevice, DType, Device, Layout, Tensor};
+
+use super::attention::DeviceBatch;
+use crate::error::{ModelError, Result};
+use crate::ragged::RaggedBatch;
+use crate::step_graph::{GraphKey, GraphStats, MAX_GRAPHS};
+
+/// The decode graphs of one model, the least recently used dropped past [`MAX_GRAPHS`].
+#[derive(Default)]
+pub struct StepGraphs {
+    entries: Vec<Entry>,
+    /// The key of the last step that ran without a graph, and its pool's first layer.
+    last: Option<(GraphKey, Option<candle_core::TensorId>)>,
+    /// Why a capture failed: steps run without graphs from then on.
+    failed: Option<String>,
+    /// Steps seen, for the least recently used.
+    clock: u64,
+    /// The attention's batch in its fixed layout, reused between steps.
+    packed: Vec<u32>,
+    captured: u64,
+    replayed: u64,
+}
+
+struct Entry {
+    key: GraphKey,
+    /// The KV pool's layers the graph writes and reads (a graph holds their addresses: another
+    /// pool needs its own graph).
+    pools: Vec<candle_core::TensorId>,
+    /// The forward's ids (tokens, positions, slots, logit rows; `4 · seqs` words).
+    ids: Tensor,
+    batch: DeviceBatch,
+    /// `[seqs, vocab]` f32: the step's logits after each replay.
+    logits: Tensor,
+    graph: Graph,
+    used: u64,
+}
+
+/// A captured and instantiated graph.
+struct Graph(CudaGraph);
+
+// SAFETY: a CUDA graph may be used from any thread as long as no two threads use it at once
+// (the CUDA docs' "graph thread safety"); the graphs live in a `StepGraphs` that the model keeps
+// behind a mutex, and nothing else reaches them.
+unsafe impl Send for Graph {}
+
+impl StepGraphs {
+    /// Runs a decode step of `key` through its graph: replays the graph with the step's `ids`
+    /// and `meta`, or captures the pass `pass` makes (from the graph's own inputs) and replays
+    /// it. Returns the step's logits (`[seqs, vocab]` f32, the graph's buffer: valid until the
+    /// next step), or `None` when the step must run without a graph (the first step of a key, or
+    /// every step once a capture failed).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &mut self,
+        dev: &CudaDevice,
+        key: GraphKey,
+        pools: [&[Tensor]; 2],
+        ids: &[u32],
+        meta: &RaggedBatch,
+        vocab: usize,
+        pass: impl FnOnce(&Tensor, &DeviceBatch) -> Result<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        if self.failed.is_some() {
+            return Ok(None);
+        }
+        self.clock += 1;
+        let same_pools = |e: &Entry| {
+            e.pools.len() == pools[0].len() + pools[1].len()
+                && e.pools
+                    .iter()
+                    .zip(pools.iter().copied().flatten())
+                    .all(|(&a, b)| a == b.id())
+        };
+        if let Some(e) = self
+            .entries
+            .iter_mut()
+            .find(|e| e.key == key && same_pools(e))
+        {
+            e.used = self.clock;
+            e.ids.inplace_op1(&Fill(ids))?;
+            e.batch.refill(dev, key, meta, &mut self.packed)?;
+            e.graph.0.launch().map_err(driver("replaying"))?;
+            self.replayed += 1;
+            return Ok(Some(e.logits.clone()));
+        }
+        let first = pools[0].first().map(Tensor::id);
+        if self.last.replace((key, first)) != Some((key, first)) {
+            return Ok(None);
+        }
+        let device = Device::Cuda(dev.clone());
+        let inputs = Tensor::from_slice(ids, ids.len(), &device)?;
+        let mut batch = DeviceBatch::fixed(dev, key)?;
+        batch.refill(dev, key, meta, &mut self.packed)?;
+        let logits = Tensor::zeros((key.seqs, vocab), DType::F32, &device)?;
+        let Some(graph) = self.capture(dev, || {
+            let y = pass(&inputs, &batch)?.to_dtype(DType::F32)?;
+            Ok(logits.slice_set(&y, 0, 0)?)
+        })?
+        else {
+            return Ok(None);
+        };
+        graph.0.launch().map_err(driver("launching"))?;
+        self.captured += 1;
+        if self.entries.len() >= MAX_GRAPHS {
+            let oldest = (0..self.entries.len())
+                .min_by_key(|&i| self.entries[i].used)
+                .expect("full");
+            self.entries.swap_remove(oldest);
+        }
+        self.entries.push(Entry {
+            key,
+            pools: pools.iter().copied().flatten().map(Tensor::id).collect(),
+            ids: inputs,
+            batch,
+            logits: logits.clone(),
+            graph,
+            used: self.clock,
+        });
+        Ok(Some(logits))
+    }
+
+    /// What the graphs have done; `enabled` as the caller says.
+    pub fn stats(&self, enabled: bool) -> GraphStats {
+        GraphStats {
+            enabled,
+            captured: self.captured,
+            replayed: self.replayed,
+            failed: self.failed.clone(),
+        }
+    }
+
+    /// Captures what `pass` queues on candle's stream into an instantiated graph, or `None`
+    /// (after saying why, once) when the driver refuses.
+    fn capture(
+        &mut self,
+        dev: &CudaDevice,
+        pass: impl FnOnce() -> Result<()>,
+    ) -> Result<Option<Graph>> {
+        let stream = dev.cuda_stream();
+        // Thread-local: an operation of this thread that cannot be captured (a synchronous
+        // allocation or copy) fails the capture instead of running behind its back.
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver("starting the capture of"))?;
+        let queued = pass();
+        let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        let why = match (queued, ended) {
+            (Ok(()), Ok(Some(graph))) => return Ok(Some(Graph(graph))),
+            (Err(e), _) => e.to_string(),
+            (Ok(()), Err(e)) => format!("{e:?}"),
+            (Ok(()), Ok(None)) => "the capture is empty".into(),
+        };
+        // Frees queued into the abandoned capture report their errors here: clear them, the
+        // step runs without a graph.
+        let _ = stream.context().check_err();
+        eprintln!(
+            "quarry-model: decode steps run without CUDA graphs (QUARRY_CUDA_GRAPHS): the capture \
+             failed: {why}"
+        );
+        self.failed = Some(why);
+        Ok(None)
+    }
+}
+
+fn driver(doing: &'static str) -> impl Fn(DriverError) -> ModelError {
+    move |e| ModelError::Forward {
+        message: format!("{doing} a decode step's CUDA graph: {e:?}"),
+    }
+}
+
+/// Copies host words into a u32 tensor on the GPU, in place (a graph's inputs keep their buffer).
+struct Fill<'a>(&'a [u32]);
+
+impl candle_core::InplaceOp1 for Fill<'_> {
+    fn name(&self) -> &'static str {
+        "graph-input"
+    }
+
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> candle_core::Result<()> {
+        candle_core::bail!("a CUDA graph's inputs are on the GPU")
+    }
+
+    fn cuda_fwd(&self, s: &mut CudaStorage, l: &Layout) -> candle_core::Result<()> {
+        let dev = s.device().clone();
+        let Some((a, b)) = l.contiguous_offsets() else {
+            candle_core::bail!("a graph's inputs are contiguous");
+        };
+        let CudaStorageSlice::U32(x) = &mut s.slice else {
+            candle_core::bail!("a graph's inputs are u32");
+        };
+        if b - a != self.0.len() {
+            candle_core::bail!(
+                "a graph's inputs hold {} words, not {}",
+                b - a,
+                self.0.len()
+            );
+        }
+        let mut dst = x.slice_mut(a..b);
+        dev.cuda_stream().memcpy_htod(self.0, &mut dst).w()
+    }
+}
