@@ -79,6 +79,86 @@ impl GraphKey {
     }
 }
 
+/// What a decode step does with its graph ([`GraphCache::decide`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Replay the graph at this index ([`GraphCache::get_mut`]).
+    Replay(usize),
+    /// Capture a graph of the step (its key came the step before too), then replay it.
+    Capture,
+    /// Run without a graph.
+    Eager,
+}
+
+/// The decode graphs of one model, each `T` tied to its key and to the KV pool `P` it was
+/// captured on (a graph holds the pool's addresses: another pool needs its own graph), and the
+/// policy: a key is captured the second step in a row it comes with the same pool, so a batch
+/// whose shape changes every step never pays for a capture it does not replay; past
+/// [`MAX_GRAPHS`] the least recently used graph goes.
+pub struct GraphCache<T, P> {
+    entries: Vec<(GraphKey, P, u64, T)>,
+    /// The last step's key and pool, when it had no graph.
+    last: Option<(GraphKey, P)>,
+    /// Steps seen, for the least recently used.
+    clock: u64,
+}
+
+impl<T, P> Default for GraphCache<T, P> {
+    fn default() -> Self {
+        Self {
+            entries: Vec::new(),
+            last: None,
+            clock: 0,
+        }
+    }
+}
+
+impl<T, P: Copy + Eq> GraphCache<T, P> {
+    /// What the step of `key` on `pool` does.
+    pub fn decide(&mut self, key: GraphKey, pool: P) -> Decision {
+        self.clock += 1;
+        if let Some(i) = self
+            .entries
+            .iter()
+            .position(|(k, p, ..)| *k == key && *p == pool)
+        {
+            self.entries[i].2 = self.clock;
+            return Decision::Replay(i);
+        }
+        match self.last.replace((key, pool)) == Some((key, pool)) {
+            true => Decision::Capture,
+            false => Decision::Eager,
+        }
+    }
+
+    pub fn get_mut(&mut self, i: usize) -> &mut T {
+        &mut self.entries[i].3
+    }
+
+    /// Keeps the graph captured for `key` on `pool`; returns the one it pushed out, if any.
+    pub fn insert(&mut self, key: GraphKey, pool: P, graph: T) -> Option<T> {
+        let evicted = if self.entries.len() >= MAX_GRAPHS {
+            let oldest = (0..self.entries.len())
+                .min_by_key(|&i| self.entries[i].2)
+                .expect("full");
+            Some(self.entries.swap_remove(oldest).3)
+        } else {
+            None
+        };
+        self.entries.push((key, pool, self.clock, graph));
+        self.last = None;
+        evicted
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
 /// What a model's decode graphs have done since it was loaded ([`crate::Llama::cuda_graphs`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GraphStats {
@@ -202,6 +282,59 @@ mod tests {
             let last = *meta.page_start.last().unwrap() as usize;
             assert_eq!(last, meta.block_table.len());
         }
+    }
+
+    fn key(seqs: usize, context: usize) -> GraphKey {
+        GraphKey {
+            seqs,
+            context,
+            page_size: 16,
+        }
+    }
+
+    /// A key runs without a graph the first step, is captured the second step in a row, and
+    /// replays after; a step of another key or another pool in between starts over.
+    #[test]
+    fn a_key_is_captured_the_second_step_in_a_row_and_replayed_after() {
+        let mut c: GraphCache<&str, u32> = GraphCache::default();
+        let (a, b) = (key(8, 256), key(7, 256));
+        assert_eq!(c.decide(a, 1), Decision::Eager);
+        assert_eq!(c.decide(b, 1), Decision::Eager);
+        assert_eq!(c.decide(a, 1), Decision::Eager);
+        assert_eq!(c.decide(a, 2), Decision::Eager, "another pool");
+        assert_eq!(c.decide(a, 2), Decision::Capture);
+        assert_eq!(c.insert(a, 2, "a on 2"), None);
+        assert_eq!(c.decide(a, 2), Decision::Replay(0));
+        assert_eq!(*c.get_mut(0), "a on 2");
+        assert_eq!(
+            c.decide(a, 1),
+            Decision::Eager,
+            "the graph is the other pool's"
+        );
+        assert_eq!(c.decide(a, 1), Decision::Capture);
+        c.insert(a, 1, "a on 1");
+        assert_eq!(c.decide(a, 1), Decision::Replay(1));
+        assert_eq!(c.decide(a, 2), Decision::Replay(0));
+    }
+
+    /// Past the limit the least recently replayed graph goes, not the oldest captured.
+    #[test]
+    fn the_least_recently_used_graph_goes_first() {
+        let mut c: GraphCache<usize, u32> = GraphCache::default();
+        for s in 1..=MAX_GRAPHS {
+            c.decide(key(s, 256), 0);
+            assert_eq!(c.decide(key(s, 256), 0), Decision::Capture);
+            assert_eq!(c.insert(key(s, 256), 0, s), None);
+        }
+        // Graph 1 replayed: graph 2 is now the least recently used.
+        assert!(matches!(c.decide(key(1, 256), 0), Decision::Replay(_)));
+        let new = key(MAX_GRAPHS + 1, 256);
+        c.decide(new, 0);
+        assert_eq!(c.decide(new, 0), Decision::Capture);
+        assert_eq!(c.insert(new, 0, MAX_GRAPHS + 1), Some(2));
+        assert_eq!(c.len(), MAX_GRAPHS);
+        assert!(matches!(c.decide(key(1, 256), 0), Decision::Replay(_)));
+        assert_eq!(c.decide(key(2, 256), 0), Decision::Eager, "graph 2 is gone");
     }
 
     #[test]

@@ -21,36 +21,28 @@ use candle_core::{CpuStorage, CudaDevice, DType, Device, Layout, Tensor};
 use super::attention::DeviceBatch;
 use crate::error::{ModelError, Result};
 use crate::ragged::RaggedBatch;
-use crate::step_graph::{GraphKey, GraphStats, MAX_GRAPHS};
+use crate::step_graph::{Decision, GraphCache, GraphKey, GraphStats};
 
-/// The decode graphs of one model, the least recently used dropped past [`MAX_GRAPHS`].
+/// The decode graphs of one model ([`GraphCache`]: which step captures, which replays).
 #[derive(Default)]
 pub struct StepGraphs {
-    entries: Vec<Entry>,
-    /// The key of the last step that ran without a graph, and its pool's first layer.
-    last: Option<(GraphKey, Option<candle_core::TensorId>)>,
+    cache: GraphCache<Entry, Option<candle_core::TensorId>>,
     /// Why a capture failed: steps run without graphs from then on.
     failed: Option<String>,
-    /// Steps seen, for the least recently used.
-    clock: u64,
     /// The attention's batch in its fixed layout, reused between steps.
     packed: Vec<u32>,
     captured: u64,
     replayed: u64,
 }
 
+/// A graph and the buffers it reads and writes.
 struct Entry {
-    key: GraphKey,
-    /// The KV pool's layers the graph writes and reads (a graph holds their addresses: another
-    /// pool needs its own graph).
-    pools: Vec<candle_core::TensorId>,
     /// The forward's ids (tokens, positions, slots, logit rows; `4 · seqs` words).
     ids: Tensor,
     batch: DeviceBatch,
     /// `[seqs, vocab]` f32: the step's logits after each replay.
     logits: Tensor,
     graph: Graph,
-    used: u64,
 }
 
 /// A captured and instantiated graph.
@@ -72,7 +64,7 @@ impl StepGraphs {
         &mut self,
         dev: &CudaDevice,
         key: GraphKey,
-        pools: [&[Tensor]; 2],
+        pool: &[Tensor],
         ids: &[u32],
         meta: &RaggedBatch,
         vocab: usize,
@@ -81,29 +73,20 @@ impl StepGraphs {
         if self.failed.is_some() {
             return Ok(None);
         }
-        self.clock += 1;
-        let same_pools = |e: &Entry| {
-            e.pools.len() == pools[0].len() + pools[1].len()
-                && e.pools
-                    .iter()
-                    .zip(pools.iter().copied().flatten())
-                    .all(|(&a, b)| a == b.id())
-        };
-        if let Some(e) = self
-            .entries
-            .iter_mut()
-            .find(|e| e.key == key && same_pools(e))
-        {
-            e.used = self.clock;
-            e.ids.inplace_op1(&Fill(ids))?;
-            e.batch.refill(dev, key, meta, &mut self.packed)?;
-            e.graph.0.launch().map_err(driver("replaying"))?;
-            self.replayed += 1;
-            return Ok(Some(e.logits.clone()));
-        }
-        let first = pools[0].first().map(Tensor::id);
-        if self.last.replace((key, first)) != Some((key, first)) {
-            return Ok(None);
+        // A pool is told apart by its first layer's tensor (a pool's tensors are made with it,
+        // and tensor ids are never reused).
+        let pool = pool.first().map(Tensor::id);
+        match self.cache.decide(key, pool) {
+            Decision::Eager => return Ok(None),
+            Decision::Replay(i) => {
+                let e = self.cache.get_mut(i);
+                e.ids.inplace_op1(&Fill(ids))?;
+                e.batch.refill(dev, key, meta, &mut self.packed)?;
+                e.graph.0.launch().map_err(driver("replaying"))?;
+                self.replayed += 1;
+                return Ok(Some(e.logits.clone()));
+            }
+            Decision::Capture => {}
         }
         let device = Device::Cuda(dev.clone());
         let inputs = Tensor::from_slice(ids, ids.len(), &device)?;
@@ -119,21 +102,15 @@ impl StepGraphs {
         };
         graph.0.launch().map_err(driver("launching"))?;
         self.captured += 1;
-        if self.entries.len() >= MAX_GRAPHS {
-            let oldest = (0..self.entries.len())
-                .min_by_key(|&i| self.entries[i].used)
-                .expect("full");
-            self.entries.swap_remove(oldest);
-        }
-        self.entries.push(Entry {
-            key,
-            pools: pools.iter().copied().flatten().map(Tensor::id).collect(),
+        let entry = Entry {
             ids: inputs,
             batch,
             logits: logits.clone(),
             graph,
-            used: self.clock,
-        });
+        };
+        // A graph pushed out may still run (the step before launched it): the driver frees it
+        // when it completes.
+        drop(self.cache.insert(key, pool, entry));
         Ok(Some(logits))
     }
 

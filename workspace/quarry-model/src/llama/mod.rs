@@ -364,7 +364,7 @@ impl Llama {
         graphs.run(
             dev,
             key,
-            [args.k_pool, args.v_pool],
+            args.k_pool,
             ids,
             args.meta,
             self.config.vocab_size,
