@@ -8,7 +8,9 @@
 //! graph's. Everything the pass allocates in between (activations, the logits before their copy)
 //! is allocated and freed inside the graph, which owns that memory. A key is captured the second
 //! step in a row it comes (so a batch whose size changes every step never pays for a capture it
-//! does not replay); nothing runs during a capture, so the capture's step then replays it.
+//! does not replay). The capture's step runs the pass once first (so that candle's upload cache
+//! holds the small parameters some of its ops copy from the host, which a capture cannot take),
+//! then captures it (nothing runs while capturing) and replays the graph.
 //!
 //! If a capture fails (an operation the driver refuses to capture), decode steps run without
 //! graphs from then on and the reason is printed once: the pass itself is the same either way.
@@ -68,7 +70,7 @@ impl StepGraphs {
         ids: &[u32],
         meta: &RaggedBatch,
         vocab: usize,
-        pass: impl FnOnce(&Tensor, &DeviceBatch) -> Result<Tensor>,
+        pass: impl Fn(&Tensor, &DeviceBatch) -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
         if self.failed.is_some() {
             return Ok(None);
@@ -93,6 +95,14 @@ impl StepGraphs {
         let mut batch = DeviceBatch::fixed(dev, key)?;
         batch.refill(dev, key, meta, &mut self.packed)?;
         let logits = Tensor::zeros((key.seqs, vocab), DType::F32, &device)?;
+        // Some of candle's ops upload small parameters from the host at every call
+        // (`index_select` its index tensor's shape and strides): a capture would keep a copy from
+        // host memory freed by the time it replays. With candle's upload cache on, such uploads
+        // are kept on the device by their contents, and a capture that misses the cache fails
+        // instead; one pass before the capture fills it. (That pass writes the same keys and
+        // values to the same slots as the graph's launch after it.)
+        let _cache = dev.enable_cuda_graph_htod_cache();
+        drop(pass(&inputs, &batch)?);
         let Some(graph) = self.capture(dev, || {
             let y = pass(&inputs, &batch)?.to_dtype(DType::F32)?;
             Ok(logits.slice_set(&y, 0, 0)?)
