@@ -352,9 +352,7 @@ impl Llama {
         if args.attention.is_none() || crate::profile::enabled() {
             return Ok(None);
         }
-        if !crate::step_graph::graphs_enabled()
-            .map_err(|message| ModelError::Forward { message })?
-        {
+        if !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(None);
         }
         let Some(key) = crate::step_graph::GraphKey::of(args.meta, rows) else {
