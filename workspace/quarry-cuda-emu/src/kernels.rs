@@ -86,6 +86,12 @@ family! {
 }
 
 family! {
+    /// `add_norm_{y}`: xh (f32: the stream's rows, in place, then room for as many normalized
+    /// rows), y, w, width, eps; a block per row.
+    add_norm: fn(*mut f32, *const c_void, *const f32, i32, f32) { add_norm_f32, add_norm_f16 }
+}
+
+family! {
     /// `glu_{act}_{in}_{out}`: gate_up, out, rows, f.
     glu: fn(*const c_void, *mut c_void, u64, u64) {
         glu_silu_f32_f32, glu_silu_f32_f16, glu_silu_f16_f32, glu_silu_f16_f16,

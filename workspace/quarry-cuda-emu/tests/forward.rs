@@ -167,6 +167,78 @@ fn add_into_adds_in_place_bit_for_bit() {
     }
 }
 
+/// `add_norm` (the residual add and the next norm in one launch) over rows of SmolLM2's, Gemma's
+/// and an odd width, from f32 or f16: the stream's rows bit for bit as `add_into` leaves them and
+/// the normalized rows bit for bit as `rms_norm_f32_f32` writes them after it (the fused path
+/// changes no value), both within rounding of the host's `rms_norm_row`.
+#[test]
+fn add_norm_equals_add_into_then_rms_norm() {
+    for (rows, width) in [(5usize, 576usize), (3, 640), (4, 37)] {
+        for f16_y in [false, true] {
+            let name = format!("add_norm_{}", ty(f16_y));
+            let kernel = kernels::add_norm::by_name(&name).expect(&name);
+            let n = rows * width;
+            let x0 = values(width as u64 * 3 + 2, n, -3.0, 3.0);
+            let y = Input::new(&values(width as u64 * 5 + 4, n, -3.0, 3.0), f16_y);
+            let w = Buf::from_slice(&values(width as u64 * 13 + 1, width, 0.5, 1.5));
+            // The stream's rows, then room for the norm's (poisoned: every value must be written).
+            let mut room = x0.clone();
+            room.extend(std::iter::repeat_n(f32::NAN, n));
+            let mut xh = Buf::from_slice(&room);
+            let (xhp, yp, wp, eps) = (xh.ptr_mut(), y.ptr(), w.ptr(), 1e-6f32);
+            unsafe {
+                run(&name, (rows as u32, 1, 1), THREADS, 0, || {
+                    kernel(xhp, yp, wp, width as i32, eps)
+                })
+            };
+            let got = xh.read(&name);
+
+            // The two launches it replaces, on the emulator.
+            let add = kernels::add_into::by_name(&format!("add_into_{}", ty(f16_y))).unwrap();
+            let norm = kernels::rms_norm::by_name("rms_norm_f32_f32").unwrap();
+            let mut x = Buf::from_slice(&x0);
+            let mut h = Buf::<f32>::poisoned(n);
+            let (xp, hp) = (x.ptr_mut(), h.ptr_mut());
+            unsafe {
+                run("add_into", elementwise(n), THREADS, 0, || {
+                    add(xp, yp, n as u64)
+                });
+                run("rms_norm", (rows as u32, 1, 1), THREADS, 0, || {
+                    norm(
+                        xp as *const c_void,
+                        hp as *mut c_void,
+                        wp,
+                        width as i32,
+                        eps,
+                    )
+                });
+            }
+            let (x_two, h_two) = (x.read("add_into"), h.read("rms_norm"));
+            assert_eq!(
+                first_difference(&got[..n], &x_two),
+                None,
+                "{name}: the stream"
+            );
+            assert_eq!(
+                first_difference(&got[n..], &h_two),
+                None,
+                "{name}: the norm"
+            );
+
+            // And the host's arithmetic.
+            let sum: Vec<f32> = x0.iter().zip(y.values()).map(|(a, b)| a + b).collect();
+            assert_eq!(first_difference(&got[..n], &sum), None, "{name}: host add");
+            let mut want = sum;
+            let weights = w.read("w");
+            for row in want.chunks_mut(width) {
+                rms_norm_row(row, &weights, eps);
+            }
+            let err = relative_error(&got[n..], &want);
+            assert!(err < 1e-6, "{name} over {width}: relative error {err:.2e}");
+        }
+    }
+}
+
 /// Every form of the GLU: `act(gate) · up` from the stacked `[rows, 2f]` input, SiLU and
 /// GELU-tanh, against the host's formulas.
 #[test]

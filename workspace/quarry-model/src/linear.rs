@@ -120,6 +120,23 @@ impl Linear {
         }
     }
 
+    /// Where this projection multiplies its dense f16 weights (a [`Linear::Dual`] at or past its
+    /// switch, on a GPU): `x += input · Wᵀ` in one GEMM that accumulates into the f32 stream `x`
+    /// ([`GemmAdd`]), and true; false, with nothing done, otherwise (the caller adds
+    /// [`Linear::forward_raw`]'s output).
+    pub(crate) fn add_into(&self, x: &Tensor, input: &Tensor) -> Result<bool> {
+        match self {
+            Linear::Dual {
+                dense, dense_from, ..
+            } if !x.device().is_cpu() && rows_of(input)? >= *dense_from => {
+                let a = input.to_dtype(candle_core::DType::F16)?;
+                x.inplace_op3(&a, dense, &GemmAdd)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// The element type this projection takes its `rows`-row input in without a cast: f16 for
     /// the dense weights of a [`Linear::Dual`] at or past its switch, else f32.
     pub(crate) fn input_dtype(&self, rows: usize) -> candle_core::DType {
@@ -152,6 +169,94 @@ fn rows_of(x: &Tensor) -> Result<usize> {
 /// `x16 · denseᵀ` (f16 operands, cuBLAS sums in f32), in f16.
 fn dense_forward(x16: &Tensor, dense: &Tensor) -> Result<Tensor> {
     Ok(x16.broadcast_matmul(&dense.t()?)?)
+}
+
+/// `x += a · wᵀ` in place: `x.inplace_op3(&a, &w, &GemmAdd)`, `x` the f32 residual stream
+/// (`[rows, outputs]`), `a` a projection's f16 input (`[rows, inputs]`), `w` its dense f16
+/// weights (`[outputs, inputs]`), all contiguous. On a GPU one cuBLAS GEMM that accumulates into
+/// the stream (`crate::cuda::gemm_add`), where the dense projection wrote an f16 output and
+/// `llama::fused::AddInto` added it: a launch fewer, and the products' sum is not rounded to f16
+/// before the add. The CPU side sums each row's products in f32, in order (the GPU test's
+/// reference).
+pub(crate) struct GemmAdd;
+
+impl GemmAdd {
+    /// `(rows, inputs, outputs)`, or the error naming the shapes.
+    fn shape(
+        lx: &candle_core::Layout,
+        la: &candle_core::Layout,
+        lw: &candle_core::Layout,
+    ) -> candle_core::Result<(usize, usize, usize)> {
+        let (x, a, w) = (lx.shape().dims(), la.shape().dims(), lw.shape().dims());
+        match (x, a, w) {
+            (&[r, o], &[r2, i], &[o2, i2])
+                if r == r2
+                    && o == o2
+                    && i == i2
+                    && lx.is_contiguous()
+                    && la.is_contiguous()
+                    && lw.is_contiguous() =>
+            {
+                Ok((r, i, o))
+            }
+            _ => candle_core::bail!(
+                "add into the stream: a contiguous stream {x:?}, input {a:?} and weights {w:?} \
+                 ([rows, outputs], [rows, inputs], [outputs, inputs])"
+            ),
+        }
+    }
+}
+
+impl candle_core::InplaceOp3 for GemmAdd {
+    fn name(&self) -> &'static str {
+        "quarry-gemm-add"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &mut candle_core::CpuStorage,
+        lx: &candle_core::Layout,
+        a: &candle_core::CpuStorage,
+        la: &candle_core::Layout,
+        w: &candle_core::CpuStorage,
+        lw: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        use candle_core::CpuStorage as C;
+        let (rows, inputs, outputs) = Self::shape(lx, la, lw)?;
+        let (C::F32(x), C::F16(a), C::F16(w)) = (x, a, w) else {
+            candle_core::bail!("add into the stream: an f32 stream, f16 input and weights");
+        };
+        let a = &a[la.start_offset()..la.start_offset() + rows * inputs];
+        let w = &w[lw.start_offset()..lw.start_offset() + outputs * inputs];
+        let at = lx.start_offset();
+        let x = &mut x[at..at + rows * outputs];
+        for (xr, ar) in x.chunks_exact_mut(outputs).zip(a.chunks_exact(inputs)) {
+            for (xo, wr) in xr.iter_mut().zip(w.chunks_exact(inputs)) {
+                let dot: f32 = ar
+                    .iter()
+                    .zip(wr)
+                    .map(|(a, w)| a.to_f32() * w.to_f32())
+                    .sum();
+                *xo += dot;
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    #[allow(clippy::too_many_arguments)]
+    fn cuda_fwd(
+        &self,
+        x: &mut candle_core::CudaStorage,
+        lx: &candle_core::Layout,
+        a: &candle_core::CudaStorage,
+        la: &candle_core::Layout,
+        w: &candle_core::CudaStorage,
+        lw: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        let (rows, inputs, outputs) = Self::shape(lx, la, lw)?;
+        crate::cuda::gemm_add(x, lx, a, la, w, lw, rows, inputs, outputs)
+    }
 }
 
 /// Projections of the same input (Q, K and V; gate and up), whose outputs the forward pass reads
@@ -963,6 +1068,51 @@ unsafe fn group_avx2<const R: usize>(w: &Group, a: &[Act]) -> [[f32; LANES]; R] 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `GemmAdd`'s CPU side (the GPU test's reference) adds each row's products into the stream
+    /// in place, against the same sums in f64, at an offset into the stream's storage; and names
+    /// shapes that do not fit.
+    #[test]
+    fn gemm_add_adds_the_products_into_the_stream() {
+        use crate::simd::testing::values;
+        let (rows, inputs, outputs) = (3, 70, 9);
+        let x0 = values(1, 2 * rows * outputs, -2.0, 2.0);
+        let (a, w) = (
+            values(2, rows * inputs, -1.0, 1.0),
+            values(3, outputs * inputs, -1.0, 1.0),
+        );
+        let dev = Device::Cpu;
+        let f16s = |v: &[f32], shape: (usize, usize)| {
+            Tensor::from_vec(v.iter().map(|&x| f16::from_f32(x)).collect(), shape, &dev).unwrap()
+        };
+        let (at, wt) = (f16s(&a, (rows, inputs)), f16s(&w, (outputs, inputs)));
+        // The stream: the second half of a larger tensor (a view with an offset).
+        let whole = Tensor::from_vec(x0.clone(), (2 * rows, outputs), &dev).unwrap();
+        let x = whole.narrow(0, rows, rows).unwrap();
+        x.inplace_op3(&at, &wt, &GemmAdd).unwrap();
+        let got = whole.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(
+            got[..rows * outputs],
+            x0[..rows * outputs],
+            "outside the view"
+        );
+        let round = |v: f32| f16::from_f32(v).to_f32() as f64;
+        for r in 0..rows {
+            for o in 0..outputs {
+                let dot: f64 = (0..inputs)
+                    .map(|i| round(a[r * inputs + i]) * round(w[o * inputs + i]))
+                    .sum();
+                let want = x0[(rows + r) * outputs + o] as f64 + dot;
+                let g = got[(rows + r) * outputs + o] as f64;
+                assert!(
+                    (g - want).abs() < 1e-4,
+                    "row {r}, output {o}: {g} against {want}"
+                );
+            }
+        }
+        let err = x.inplace_op3(&wt, &at, &GemmAdd).unwrap_err().to_string();
+        assert!(err.contains("add into the stream"), "{err}");
+    }
 
     /// Each kernel against candle's own dequantize-then-matmul on random weights, and the SIMD path
     /// against the scalar one.

@@ -150,6 +150,12 @@ impl<T, P: Copy + Eq> GraphCache<T, P> {
         evicted
     }
 
+    /// Drops every graph and the last step: the next step of any key runs eagerly.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.last = None;
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -335,6 +341,21 @@ mod tests {
         assert_eq!(c.len(), MAX_GRAPHS);
         assert!(matches!(c.decide(key(1, 256), 0), Decision::Replay(_)));
         assert_eq!(c.decide(key(2, 256), 0), Decision::Eager, "graph 2 is gone");
+    }
+
+    /// After a clear no graph replays, and a key is captured again only the second step in a row.
+    #[test]
+    fn a_cleared_cache_starts_over() {
+        let mut c: GraphCache<&str, u32> = GraphCache::default();
+        let a = key(8, 256);
+        c.decide(a, 0);
+        assert_eq!(c.decide(a, 0), Decision::Capture);
+        c.insert(a, 0, "a");
+        c.decide(key(7, 256), 0);
+        c.clear();
+        assert!(c.is_empty());
+        assert_eq!(c.decide(a, 0), Decision::Eager, "no graph after the clear");
+        assert_eq!(c.decide(a, 0), Decision::Capture);
     }
 
     #[test]

@@ -330,6 +330,124 @@ fn malformed_batches_are_typed_errors() {
     assert!(pool.free(99).is_err());
 }
 
+/// `model`'s logits over a prefill of `prompts` and then a decode step per token of `next` (the
+/// same token for every sequence), on a pool of their own (pages of 16):
+/// `[step][sequence][vocab]`, the prefill's (each sequence's last position) first.
+fn prefill_then_decode(
+    model: &quarry_model::Llama,
+    prompts: &[Vec<u32>],
+    next: &[u32],
+) -> Vec<Vec<Vec<f32>>> {
+    let pages_of = |p: &Vec<u32>| (p.len() + next.len()).div_ceil(16);
+    let mut pool = pool_for(
+        model,
+        16,
+        prompts.iter().map(pages_of).sum(),
+        KvLayout::Tensor,
+    );
+    let tables: Vec<Vec<PageId>> = prompts
+        .iter()
+        .map(|p| {
+            let mut t = Vec::new();
+            assert!(pool.alloc_into(pages_of(p), &mut t));
+            t
+        })
+        .collect();
+    let mut out = Logits::new();
+    let last = |out: &Logits| (0..prompts.len()).map(|s| out.last(s).to_vec()).collect();
+    let prefill: Vec<SeqInput> = prompts
+        .iter()
+        .zip(&tables)
+        .map(|(p, t)| SeqInput::new(p, 0, t))
+        .collect();
+    model.forward(&prefill, &mut pool, &mut out).unwrap();
+    let mut logits = vec![last(&out)];
+    for (i, token) in next.iter().enumerate() {
+        let token = [*token];
+        let decode: Vec<SeqInput> = prompts
+            .iter()
+            .zip(&tables)
+            .map(|(p, t)| SeqInput::new(&token, p.len() + i, t))
+            .collect();
+        model.forward(&decode, &mut pool, &mut out).unwrap();
+        logits.push(last(&out));
+    }
+    logits
+}
+
+/// The residual stream's fusions change no logit beyond their stated bounds: SmolLM2, and Gemma 3
+/// (norms after the projections, a scaled embedding), over a prefill of three sequences and five
+/// decode steps, each model loaded for this test (the switches are the model's), with the decode
+/// graphs captured again after each switch.
+/// - `QUARRY_ADD_NORM` (llama/fused.rs `AddNorm`): the add writes the next norm where its rows are
+///   f32 (the quantized weights: every step on the CPU; tests/profile.rs counts its phase). The
+///   kernel writes what the two it replaces write, bit for bit (quarry-cuda-emu's test and the
+///   GPU unit test), so the logits are equal on the CPU and within the batch tolerance on a GPU.
+/// - `QUARRY_GEMM_ADD` (linear.rs `GemmAdd`, a GPU's dense projections only): the output and down
+///   projections' GEMMs add into the stream, their sums no longer rounded to f16 first (relative
+///   2^-12 on average, at 60 adds a pass): some logit must move (else the path did not run), by
+///   at most a quarter of a logit (a wrong product moves them by whole units). On the CPU nothing
+///   changes.
+#[test]
+fn the_residual_fusions_keep_the_logits() {
+    residual_fusions_check(&smollm2_path(), true);
+}
+
+/// Gemma 3's output norms come between each projection and its add: no GEMM adds into its stream.
+#[test]
+fn gemma3_the_residual_fusions_keep_the_logits() {
+    residual_fusions_check(&gemma3_path(), false);
+}
+
+/// [`the_residual_fusions_keep_the_logits`] for the model at `path`; `gemm_adds`: whether its
+/// projections may add into the stream in their GEMMs (no output norms).
+fn residual_fusions_check(path: &std::path::Path, gemm_adds: bool) {
+    let model = quarry_model::Llama::load(path, &device()).unwrap();
+    let prompts = [
+        text_tokens(40, 0),
+        text_tokens(17, 100),
+        text_tokens(5, 300),
+    ];
+    let next = text_tokens(5, 700);
+    let run = |add_norm: bool, gemm_add: bool| -> Vec<Vec<f32>> {
+        model.set_fused_add_norm(add_norm);
+        model.set_gemm_add(gemm_add);
+        prefill_then_decode(&model, &prompts, &next)
+            .into_iter()
+            .flatten()
+            .collect()
+    };
+    let worst = |x: &[Vec<f32>], y: &[Vec<f32>]| {
+        assert_eq!(x.len(), y.len());
+        x.iter()
+            .zip(y)
+            .map(|(a, b)| max_diff(a, b))
+            .fold(0f32, f32::max)
+    };
+    let plain = run(false, false);
+    let what = path.display();
+    let add_norm = worst(&plain, &run(true, false));
+    eprintln!("{what}: fused add and norm, worst logit difference {add_norm:e}");
+    assert!(
+        add_norm <= batch_tolerance(),
+        "{what}: add and norm {add_norm}"
+    );
+    let gemm_add = worst(&plain, &run(false, true));
+    let both = worst(&plain, &run(true, true));
+    model.set_gemm_add(false);
+    eprintln!("{what}: GEMM add, worst logit difference {gemm_add:e} ({both:e} with both)");
+    if device().is_cpu() || !gemm_adds {
+        assert_eq!(gemm_add, 0.0, "{what}: no GEMM adds into the stream here");
+        assert!(both <= batch_tolerance(), "{what}: both {both}");
+    } else {
+        assert!(gemm_add > 0.0, "{what}: the GEMM add did not run");
+        assert!(
+            gemm_add <= 0.25 && both <= 0.25,
+            "{what}: GEMM add {gemm_add}, both {both}"
+        );
+    }
+}
+
 /// CUDA graphs of the decode step (`QUARRY_CUDA_GRAPHS`): the same decode steps of three
 /// sequences, once without graphs and once with them on a pool of their own, give the same logits.
 /// The steps cross a context bound (256 positions), so the graph path runs a step without a graph,
@@ -351,39 +469,10 @@ fn cuda_graphs_replay_the_decode_steps_they_capture() {
         text_tokens(100, 300),
         text_tokens(30, 500),
     ];
-    let steps = 10;
-    let next = text_tokens(steps, 700);
+    let next = text_tokens(10, 700);
     let run = |graphs: bool| -> Vec<Vec<Vec<f32>>> {
         model.set_cuda_graphs(graphs);
-        let pages = prompts.iter().map(|p| (p.len() + steps).div_ceil(16)).sum();
-        let mut pool = pool(16, pages, KvLayout::Tensor);
-        let tables: Vec<Vec<PageId>> = prompts
-            .iter()
-            .map(|p| {
-                let mut t = Vec::new();
-                assert!(pool.alloc_into((p.len() + steps).div_ceil(16), &mut t));
-                t
-            })
-            .collect();
-        let mut out = Logits::new();
-        let prefill: Vec<SeqInput> = prompts
-            .iter()
-            .zip(&tables)
-            .map(|(p, t)| SeqInput::new(p, 0, t))
-            .collect();
-        model.forward(&prefill, &mut pool, &mut out).unwrap();
-        let mut logits = Vec::new();
-        for (i, token) in next.iter().enumerate() {
-            let token = [*token];
-            let decode: Vec<SeqInput> = prompts
-                .iter()
-                .zip(&tables)
-                .map(|(p, t)| SeqInput::new(&token, p.len() + i, t))
-                .collect();
-            model.forward(&decode, &mut pool, &mut out).unwrap();
-            logits.push((0..3).map(|s| out.last(s).to_vec()).collect());
-        }
-        logits
+        prefill_then_decode(model, &prompts, &next)
     };
     let before = model.cuda_graphs();
     let eager = run(false);

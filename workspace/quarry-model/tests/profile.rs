@@ -59,5 +59,22 @@ fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     assert_eq!(calls("output norm and logits"), passes);
     assert!(phases.iter().all(|p| p.seconds > 0.0), "{phases:?}");
     assert!(profile::take().is_empty(), "take clears the totals");
+
+    // With the fused add and norm (QUARRY_ADD_NORM, every norm f32 here): the first layer's
+    // attention norm alone, the last add alone, every other add with the norm after it.
+    model.set_fused_add_norm(true);
+    let fused = run(true);
+    model.set_fused_add_norm(false);
+    assert_eq!(fused, plain, "the fused add and norm changes no logit");
+    let phases = profile::take();
+    let calls = |name: &str| {
+        phases
+            .iter()
+            .find(|p| p.phase == name)
+            .map_or(0, |p| p.calls)
+    };
+    assert_eq!(calls("norms"), passes);
+    assert_eq!(calls("residual adds"), passes);
+    assert_eq!(calls("residual adds and norms"), (2 * layers - 1) * passes);
     profile::set_enabled(false);
 }

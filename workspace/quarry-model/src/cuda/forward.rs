@@ -326,6 +326,121 @@ pub(crate) fn add_into(
     Ok(())
 }
 
+/// `x += y`, then each of `x`'s new rows normalized by [`crate::llama::AddNorm`]'s weight into
+/// the rows after them: `xh` the stream's `rows` rows of `width` f32 values, then room for as many
+/// (contiguous), `y` `rows` × `width` f32 or f16. One launch of `add_norm` (`kernels/residual.cu`).
+pub(crate) fn add_norm(
+    xh: &mut CudaStorage,
+    lxh: &Layout,
+    y: &CudaStorage,
+    ly: &Layout,
+    op: &crate::llama::AddNorm<'_>,
+    rows: usize,
+    width: usize,
+) -> Result<()> {
+    use candle_core::cuda::CudaStorageSlice as S;
+    if rows == 0 {
+        return Ok(());
+    }
+    let dev = xh.device.clone();
+    let name = match &y.slice {
+        S::F32(_) => "add_norm_f32",
+        S::F16(_) => "add_norm_f16",
+        _ => candle_core::bail!("add and norm: the projection's output must be f32 or f16"),
+    };
+    let func = dev.get_or_load_custom_func(name, "quarry_residual", RESIDUAL_PTX)?;
+    let weight = held(op.weight);
+    let weight = held_view::<f32>(&weight.0, weight.1, "add and norm: the weight")?;
+    let start = lxh.start_offset();
+    let S::F32(xs) = &mut xh.slice else {
+        candle_core::bail!("add and norm: the residual stream must be f32");
+    };
+    let mut xs = xs.slice_mut(start..start + 2 * rows * width);
+    let width32 = width as i32;
+    let (y32, y16);
+    let mut b = func.builder();
+    b.arg(&mut xs);
+    arg_f32_or_f16!(b, y, ly, "add and norm: the projection's output", y32, y16);
+    b.arg(&weight).arg(&width32).arg(&op.eps);
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (NORM_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match `add_norm_*` in kernels/residual.cu; `xs` holds `2 · rows`
+    // rows of `width` values, `y` `rows`, the weight `width`; a block per row.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// `x += a · wᵀ` in one cuBLAS GEMM that accumulates into the stream (`beta = 1`): `x` the f32
+/// residual stream (`rows` × `outputs`), `a` the projection's f16 input (`rows` × `inputs`), `w`
+/// its dense f16 weights (`outputs` × `inputs`), all contiguous; products summed in f32 (as
+/// candle's f16 matmul sums them), added to `x` without rounding them to f16 first.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_add(
+    x: &mut CudaStorage,
+    lx: &Layout,
+    a: &CudaStorage,
+    la: &Layout,
+    w: &CudaStorage,
+    lw: &Layout,
+    rows: usize,
+    inputs: usize,
+    outputs: usize,
+) -> Result<()> {
+    use candle_core::cuda::cudarc::cublas::{result::gemm_ex, sys};
+    use candle_core::cuda::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use candle_core::cuda::CudaStorageSlice as S;
+    if rows == 0 {
+        return Ok(());
+    }
+    let dev = x.device.clone();
+    let a = view::<half::f16>(a, la, "add into the stream: the projection's input")?;
+    let w = view::<half::f16>(w, lw, "add into the stream: the weights")?;
+    let start = lx.start_offset();
+    let S::F32(xs) = &mut x.slice else {
+        candle_core::bail!("add into the stream: the residual stream must be f32");
+    };
+    let mut xs = xs.slice_mut(start..start + rows * outputs);
+    let (stream, blas) = (dev.cuda_stream(), dev.cublas_handle());
+    let (ap, _a) = a.device_ptr(&stream);
+    let (wp, _w) = w.device_ptr(&stream);
+    let (xp, _x) = xs.device_ptr_mut(&stream);
+    let (alpha, beta) = (1f32, 1f32);
+    let dim = |n: usize| i32::try_from(n).map_err(candle_core::Error::wrap);
+    // Column-major, as cuBLAS reads: the stream's rows are columns of `outputs` values, the
+    // input's columns of `inputs`, the weights (`w` row-major) transposed.
+    // SAFETY: `w` holds `outputs · inputs` values, `a` `rows · inputs`, `x` `rows · outputs`;
+    // alpha and beta are read before the call returns (host pointer mode); the handle is
+    // candle's, on the stream every pointer above was taken on.
+    unsafe {
+        gemm_ex(
+            *blas.handle(),
+            sys::cublasOperation_t::CUBLAS_OP_T,
+            sys::cublasOperation_t::CUBLAS_OP_N,
+            dim(outputs)?,
+            dim(rows)?,
+            dim(inputs)?,
+            (&alpha) as *const f32 as *const _,
+            wp as *const _,
+            sys::cudaDataType_t::CUDA_R_16F,
+            dim(inputs)?,
+            ap as *const _,
+            sys::cudaDataType_t::CUDA_R_16F,
+            dim(inputs)?,
+            (&beta) as *const f32 as *const _,
+            xp as *mut _,
+            sys::cudaDataType_t::CUDA_R_32F,
+            dim(outputs)?,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(candle_core::Error::wrap)?;
+    Ok(())
+}
+
 /// Writes a plane of `tokens` rows of `width` f32 values into a pool layer at the rows `slots`
 /// names, in the pool's element type: one launch of `store_rows` (`kernels/rope_store.cu`).
 #[allow(clippy::too_many_arguments)]
@@ -532,12 +647,45 @@ mod tests {
         }
     }
 
+    /// The projection's GEMM adding into the stream (`linear::GemmAdd`) against its CPU side
+    /// (each row's products summed in f32): cuBLAS sums in another order, so within f32
+    /// rounding of the sums; at an offset into the stream's storage, nothing outside it touched.
+    #[test]
+    fn gemm_add_matches_its_reference() {
+        use crate::linear::GemmAdd;
+        let (rows, inputs, outputs) = (37, 576, 1536);
+        let x0 = values(61, 2 * rows * outputs, -4.0, 4.0);
+        let (ag, ac) = both(
+            &values(63, rows * inputs, -1.0, 1.0),
+            &[rows, inputs],
+            DType::F16,
+        );
+        let (wg, wc) = both(
+            &values(67, outputs * inputs, -0.1, 0.1),
+            &[outputs, inputs],
+            DType::F16,
+        );
+        let (xg, xc) = both(&x0, &[2 * rows, outputs], DType::F32);
+        for (x, a, w) in [(&xg, &ag, &wg), (&xc, &ac, &wc)] {
+            x.narrow(0, rows, rows)
+                .unwrap()
+                .inplace_op3(a, w, &GemmAdd)
+                .unwrap();
+        }
+        let (got, want) = (host_f32(&xg), host_f32(&xc));
+        let n = rows * outputs;
+        assert_eq!(got[..n], x0[..n], "outside the stream's rows");
+        let err = relative_error(&got[n..], &want[n..]);
+        eprintln!("gemm_add: relative error {err:.2e}");
+        assert!(err < 1e-5, "gemm_add: {err:.2e}");
+    }
+
     /// The residual stream's norm against its CPU side (the host forward's `rms_norm_row`):
     /// within rounding (the block sums the squares in another order), from f32 or f16 rows to f32
     /// or f16; the in-place add bit for bit, from f32 or f16.
     #[test]
     fn residual_ops_match_their_reference() {
-        use crate::llama::{AddInto, Norm};
+        use crate::llama::{AddInto, AddNorm, Norm};
         let (rows, width) = (37, 896);
         let x = values(51, rows * width, -4.0, 4.0);
         let (wg, wc) = both(&values(53, width, 0.5, 1.5), &[width], DType::F32);
@@ -557,14 +705,40 @@ mod tests {
                 let bound = if out == DType::F16 { 1e-3 } else { 1e-6 };
                 assert!(err < bound, "norm {input:?} -> {out:?}: {err:.2e}");
             }
-            let (sg, sc) = both(
-                &values(57, rows * width, -4.0, 4.0),
-                &[rows, width],
-                DType::F32,
-            );
+            let stream = values(57, rows * width, -4.0, 4.0);
+            let (sg, sc) = both(&stream, &[rows, width], DType::F32);
             sg.inplace_op2(&xg, &AddInto).unwrap();
             sc.inplace_op2(&xc, &AddInto).unwrap();
             assert_eq!(host_f32(&sg), host_f32(&sc), "add from {input:?}");
+
+            // The add and the next norm in one op: the stream as the add leaves it, the norm's
+            // rows as the GPU's own norm writes them over it (bit for bit), and within rounding
+            // of the CPU side.
+            let room: Vec<f32> = stream.iter().chain(&stream).copied().collect();
+            let (hg, hc) = both(&room, &[2 * rows, width], DType::F32);
+            let add_norm = |weight| AddNorm { weight, eps: 1e-5 };
+            hg.inplace_op2(&xg, &add_norm(&wg)).unwrap();
+            hc.inplace_op2(&xc, &add_norm(&wc)).unwrap();
+            let (got, want, n) = (host_f32(&hg), host_f32(&hc), rows * width);
+            assert_eq!(
+                got[..n],
+                host_f32(&sg)[..],
+                "add and norm from {input:?}: the add"
+            );
+            assert_eq!(want[..n], host_f32(&sc)[..], "the CPU side's add");
+            let norm = Norm {
+                weight: &wg,
+                eps: 1e-5,
+                out: DType::F32,
+            };
+            let normed = host_f32(&sg.apply_op1_no_bwd(&norm).unwrap());
+            let err = relative_error(&got[n..], &want[n..]);
+            eprintln!("add_norm from {input:?}: relative error {err:.2e}");
+            assert!(
+                got[n..] == normed[..],
+                "add and norm from {input:?}: not the norm's rows"
+            );
+            assert!(err < 1e-6, "add and norm from {input:?}: {err:.2e}");
         }
     }
 }

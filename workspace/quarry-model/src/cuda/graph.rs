@@ -124,6 +124,11 @@ impl StepGraphs {
         Ok(Some(logits))
     }
 
+    /// Drops every graph (the pass they replay has changed); the counts stay.
+    pub fn clear(&mut self) {
+        self.cache.clear();
+    }
+
     /// What the graphs have done; `enabled` as the caller says.
     pub fn stats(&self, enabled: bool) -> GraphStats {
         GraphStats {

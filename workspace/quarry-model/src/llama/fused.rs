@@ -290,6 +290,90 @@ impl InplaceOp2 for AddInto {
     }
 }
 
+/// A fusion of the tensor forward that a variable turns `on` (`QUARRY_ADD_NORM`: [`AddNorm`];
+/// `QUARRY_GEMM_ADD`: `linear::GemmAdd`): off unless set, until a GPU's measurement says
+/// otherwise.
+pub(crate) fn fusion_switch(name: &str) -> Result<bool, String> {
+    crate::step_graph::parse_switch(name, std::env::var(name).ok().as_deref(), false)
+}
+
+/// `x += y`, then each row of the new `x` normalized by `weight` (as [`Norm`] into f32) into the
+/// rows after `x`'s: `xh` the f32 residual stream with room for its norm (`[2 · rows, width]`,
+/// contiguous: the stream's rows, then the norm's), `y` a projection's output (`[rows, width]`,
+/// f32 or f16, contiguous): `xh.inplace_op2(&y, &AddNorm { .. })`. The same values as [`AddInto`]
+/// then [`Norm`]; on a GPU one launch where they run two (`kernels/residual.cu`), for the norms
+/// whose next projection multiplies f32 (the quantized weights' small batches).
+pub(crate) struct AddNorm<'a> {
+    pub weight: &'a Tensor,
+    pub eps: f32,
+}
+
+impl AddNorm<'_> {
+    /// `(rows, width)`, or the error naming the shapes.
+    fn shape(&self, lxh: &Layout, ly: &Layout) -> candle_core::Result<(usize, usize)> {
+        let (xh, y) = (lxh.shape().dims(), ly.shape().dims());
+        let width = self.weight.elem_count();
+        match (xh, y) {
+            (&[r2, w1], &[r, w2])
+                if r2 == 2 * r
+                    && w1 == width
+                    && w2 == width
+                    && lxh.is_contiguous()
+                    && ly.is_contiguous() =>
+            {
+                Ok((r, width))
+            }
+            _ => candle_core::bail!(
+                "add and norm: a contiguous stream with room for its norm ({xh:?}) and a \
+                 contiguous projection output ({y:?}) of {width} values a row"
+            ),
+        }
+    }
+}
+
+impl InplaceOp2 for AddNorm<'_> {
+    fn name(&self) -> &'static str {
+        "quarry-add-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xh: &mut CpuStorage,
+        lxh: &Layout,
+        y: &CpuStorage,
+        ly: &Layout,
+    ) -> candle_core::Result<()> {
+        let (rows, width) = self.shape(lxh, ly)?;
+        let y = f32_values(y, ly, "add and norm: the projection's output")?;
+        let w = host_vec::<f32>(self.weight)?;
+        let CpuStorage::F32(xh) = xh else {
+            candle_core::bail!("add and norm: the residual stream must be f32");
+        };
+        let at = lxh.start_offset();
+        let (x, h) = xh[at..at + 2 * rows * width].split_at_mut(rows * width);
+        for (x, y) in x.iter_mut().zip(&y) {
+            *x += y;
+        }
+        h.copy_from_slice(x);
+        for row in h.chunks_exact_mut(width.max(1)) {
+            rms_norm_row(row, &w, self.eps);
+        }
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        xh: &mut candle_core::CudaStorage,
+        lxh: &Layout,
+        y: &candle_core::CudaStorage,
+        ly: &Layout,
+    ) -> candle_core::Result<()> {
+        let (rows, width) = self.shape(lxh, ly)?;
+        crate::cuda::add_norm(xh, lxh, y, ly, self, rows, width)
+    }
+}
+
 /// A contiguous f32 or f16 storage's values as f32.
 fn f32_values(s: &CpuStorage, l: &Layout, what: &str) -> candle_core::Result<Vec<f32>> {
     let Some((a, b)) = l.contiguous_offsets() else {

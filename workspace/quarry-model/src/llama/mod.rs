@@ -19,7 +19,7 @@ pub(crate) mod fused;
 #[cfg(all(feature = "cuda", test))]
 pub(crate) use fused::AddInto;
 #[cfg(feature = "cuda")]
-pub(crate) use fused::{Norm, RopeQk};
+pub(crate) use fused::{AddNorm, Norm, RopeQk};
 mod host;
 
 struct Layer {
@@ -74,6 +74,12 @@ pub struct Llama {
     graphs: std::sync::Mutex<crate::cuda::StepGraphs>,
     /// Whether decode steps on a GPU replay CUDA graphs (`$QUARRY_CUDA_GRAPHS` at load).
     graphs_on: std::sync::atomic::AtomicBool,
+    /// Whether the tensor forward adds a projection into the stream and normalizes it for the
+    /// next in one op where the norm's rows are f32 (`$QUARRY_ADD_NORM` at load, off unless set).
+    add_norm_on: std::sync::atomic::AtomicBool,
+    /// Whether the dense output and down projections add into the stream in their GEMM
+    /// (`linear::GemmAdd`; `$QUARRY_GEMM_ADD` at load, off unless set).
+    gemm_add_on: std::sync::atomic::AtomicBool,
 }
 
 impl Llama {
@@ -207,6 +213,12 @@ impl Llama {
             graphs_on: crate::step_graph::graphs_enabled()
                 .map_err(|message| ModelError::Forward { message })?
                 .into(),
+            add_norm_on: fused::fusion_switch("QUARRY_ADD_NORM")
+                .map_err(|message| ModelError::Forward { message })?
+                .into(),
+            gemm_add_on: fused::fusion_switch("QUARRY_GEMM_ADD")
+                .map_err(|message| ModelError::Forward { message })?
+                .into(),
         })
     }
 
@@ -223,6 +235,29 @@ impl Llama {
     pub fn set_cuda_graphs(&self, on: bool) {
         self.graphs_on
             .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Turns the fused residual add and norm ([`fused::AddNorm`]) of the tensor forward on or off
+    /// (the default comes from `$QUARRY_ADD_NORM`, off unless set); the decode graphs captured
+    /// before are dropped, since they replay the other form.
+    pub fn set_fused_add_norm(&self, on: bool) {
+        self.set_fusion(&self.add_norm_on, on);
+    }
+
+    /// Turns on or off the dense output and down projections' GEMMs adding into the residual
+    /// stream themselves (`linear::GemmAdd`, on a GPU; the default comes from `$QUARRY_GEMM_ADD`,
+    /// off unless set); the decode graphs captured before are dropped.
+    pub fn set_gemm_add(&self, on: bool) {
+        self.set_fusion(&self.gemm_add_on, on);
+    }
+
+    fn set_fusion(&self, switch: &std::sync::atomic::AtomicBool, on: bool) {
+        switch.store(on, std::sync::atomic::Ordering::Relaxed);
+        #[cfg(feature = "cuda")]
+        self.graphs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     /// What the decode steps' CUDA graphs have done since the model was loaded (all zero on a
@@ -400,15 +435,84 @@ impl Llama {
         if c.embedding_scale != 1.0 {
             x = (x * c.embedding_scale as f64)?;
         }
-        phases.mark("set-up and embedding")?;
         // The residual stream `x` (f32) takes each projection's output in place; each norm writes
-        // its rows in the element type the next projection multiplies (llama/fused.rs).
+        // its rows in the element type the next projection multiplies (llama/fused.rs). Where
+        // every norm's rows are f32 (the quantized weights' small batches) and `QUARRY_ADD_NORM`
+        // is on, the stream has room after its rows for a norm's, and each add but the last
+        // writes the next norm in the same op (`fused::AddNorm`).
+        let fuse = self.add_norm_on.load(std::sync::atomic::Ordering::Relaxed)
+            && self.layers.iter().all(|l| {
+                l.qkv.input_dtype(t) == DType::F32 && l.gate_up.input_dtype(t) == DType::F32
+            });
+        let stream = if fuse {
+            // The room starts as a copy of the stream: every value is written before it is read.
+            Some(Tensor::cat(&[&x, &x], 0)?)
+        } else {
+            None
+        };
+        if let Some(xh) = &stream {
+            x = xh.narrow(0, 0, t)?;
+        }
+        phases.mark("set-up and embedding")?;
         let norm = |x: &Tensor, weight: &Tensor, out: DType| -> Result<Tensor> {
             Ok(x.apply_op1_no_bwd(&fused::Norm { weight, eps, out })?)
         };
+        let gemm_add = self.gemm_add_on.load(std::sync::atomic::Ordering::Relaxed);
+        // A block's output projection `proj` of `input` (then Gemma's output norm `post`, where
+        // the model has them) added into the stream: by the projection's GEMM itself where
+        // `QUARRY_GEMM_ADD` is on and nothing comes between (`linear::GemmAdd`), else projected
+        // and added. Where the stream has room for a norm and `norm` (the next projection's norm
+        // weight and element type) asks for f32 rows, the add writes them too (`fused::AddNorm`)
+        // and they are returned; otherwise the caller normalizes.
+        let add_residual = |proj: &Linear,
+                            input: &Tensor,
+                            post: Option<&Tensor>,
+                            norm_with: Option<(&Tensor, DType)>,
+                            what: &'static str,
+                            phases: &mut crate::profile::Phases<'_>|
+         -> Result<Option<Tensor>> {
+            if gemm_add && post.is_none() && proj.add_into(&x, input)? {
+                phases.mark(what)?;
+                return Ok(None);
+            }
+            let mut y = proj.forward_raw(input)?;
+            if let Some(weight) = post {
+                y = norm(&y, weight, DType::F32)?;
+            }
+            phases.mark(what)?;
+            if let (Some(xh), Some((weight, DType::F32))) = (&stream, norm_with) {
+                xh.inplace_op2(&y, &fused::AddNorm { weight, eps })?;
+                phases.mark("residual adds and norms")?;
+                return Ok(Some(xh.narrow(0, t, t)?));
+            }
+            x.inplace_op2(&y, &fused::AddInto)?;
+            phases.mark("residual adds")?;
+            Ok(None)
+        };
+        // The stream's rows normalized for a projection of `out` rows, unless the add wrote them.
+        let normed = |added: Option<Tensor>,
+                      weight: &Tensor,
+                      out: DType,
+                      phases: &mut crate::profile::Phases<'_>|
+         -> Result<Tensor> {
+            match added {
+                Some(h) => Ok(h),
+                None => {
+                    let h = norm(&x, weight, out)?;
+                    phases.mark("norms")?;
+                    Ok(h)
+                }
+            }
+        };
+        // A layer's attention norm, from the add before it (none before the first layer).
+        let mut next_h: Option<Tensor> = None;
         for (l, layer) in self.layers.iter().enumerate() {
-            let h = norm(&x, &layer.attn_norm, layer.qkv.input_dtype(t))?;
-            phases.mark("norms")?;
+            let h = normed(
+                next_h.take(),
+                &layer.attn_norm,
+                layer.qkv.input_dtype(t),
+                phases,
+            )?;
             // Q, K and V from one stacked projection, biased, normalized and rotated in one op
             // (llama/fused.rs), the keys and values written to the pools in one op each.
             let rope = &self.rope[layer.rope];
@@ -456,20 +560,18 @@ impl Llama {
                 Some((a, f)) => (Some(a), Some(f)),
                 None => (None, None),
             };
-            let post = |y: Tensor, weight: Option<&Tensor>| -> Result<Tensor> {
-                match weight {
-                    Some(w) => norm(&y, w, DType::F32),
-                    None => Ok(y),
-                }
-            };
             phases.mark("attention")?;
-            let y = post(layer.wo.forward_raw(&attn)?, post_attn)?;
-            phases.mark("output projection")?;
-            x.inplace_op2(&y, &fused::AddInto)?;
-            phases.mark("residual adds")?;
-            let h = norm(&x, &layer.ffn_norm, layer.gate_up.input_dtype(t))?;
-            phases.mark("norms")?;
-            let gate_up = layer.gate_up.forward(&h)?;
+            let ffn_in = layer.gate_up.input_dtype(t);
+            let added = add_residual(
+                &layer.wo,
+                &attn,
+                post_attn,
+                Some((&layer.ffn_norm, ffn_in)),
+                "output projection",
+                phases,
+            )?;
+            let h_ffn = normed(added, &layer.ffn_norm, ffn_in, phases)?;
+            let gate_up = layer.gate_up.forward(&h_ffn)?;
             phases.mark("gate/up projection")?;
             // act(gate) · up from the stacked gate/up output in one op, in the element type the
             // down projection multiplies.
@@ -478,10 +580,19 @@ impl Llama {
                 out: layer.w_down.input_dtype(t),
             })?;
             phases.mark("GLU")?;
-            let y = post(layer.w_down.forward_raw(&act)?, post_ffw)?;
-            phases.mark("down projection")?;
-            x.inplace_op2(&y, &fused::AddInto)?;
-            phases.mark("residual adds")?;
+            let next = self.layers.get(l + 1);
+            let next_norm = next.map(|n| (&n.attn_norm, n.qkv.input_dtype(t)));
+            let added = add_residual(
+                &layer.w_down,
+                &act,
+                post_ffw,
+                next_norm,
+                "down projection",
+                phases,
+            )?;
+            if let Some((weight, out)) = next_norm {
+                next_h = Some(normed(added, weight, out, phases)?);
+            }
         }
         // Only the rows whose logits are wanted go through the final norm and the vocabulary
         // projection, the largest matmul of a decode step.
