@@ -100,7 +100,7 @@ case "$(basename "$MODEL")" in
 esac
 # TESTS=0: straight to the benchmarks (a second call on binaries whose tests passed this lease).
 split_ok=1
-fusions_ok=1
+failed_fusions=()
 if [ "${TESTS:-1}" != 0 ]; then
 : > "$STAGE_DIR/tests-raw.txt"
 for t in "$PACK"/tests/quarry_model-* $(ls "$PACK"/tests/* | grep -v '/quarry_model-'); do
@@ -139,11 +139,18 @@ if ! passed paged_attention_split_matches_its_reference_on_a_mixed_batch; then
   echo "!! the attention kernel's split-K form failed its test: its A/B runs are left out"
   split_ok=0
 fi
-# The residual stream's fusions (QUARRY_ADD_NORM=on, QUARRY_GEMM_ADD=on) likewise, when the
-# forward with them gave the logits of the forward without them.
-if ! passed the_residual_fusions_keep_the_logits; then
-  echo "!! the residual stream's fusions failed their test: their A/B runs are left out"
-  fusions_ok=0
+# The forward pass's optional fusions likewise: each when its kernel's test passed, all of them
+# when the forward with them gave the logits of the forward without them.
+for fusion in GEMM_ADD:gemm_add_matches_its_reference ADD_NORM:add_norm_matches_add_into_then_rms_norm \
+  ROPE_STORE:rope_store_matches_rope_qk_and_store_rows; do
+  if ! passed "${fusion#*:}"; then
+    echo "!! QUARRY_${fusion%%:*}=on failed its test (${fusion#*:}): its A/B runs are left out"
+    failed_fusions+=("${fusion%%:*}")
+  fi
+done
+if ! passed the_fusions_keep_the_logits; then
+  echo "!! the fusions failed the logits test: their A/B runs are left out"
+  failed_fusions+=(GEMM_ADD ADD_NORM ROPE_STORE)
 fi
 if ! passed cuda_graphs_replay_the_decode_steps_they_capture; then
   echo "!! the decode step's CUDA graphs failed their test: QUARRY_CUDA_GRAPHS=off from here on"
@@ -210,22 +217,23 @@ merge_runs "$OUT/quarry-bench-cuda.json" "${runs[@]}"
 
 # The choices issue 25 left to measurement, each against the defaults (the sweep's run of the same
 # batch size), mode a: one run per setting in AB (space separated VAR=value[,VAR=value…][@BATCH],
-# batch 128 unless given; default: the output and down projections' GEMMs adding into the stream
-# (QUARRY_GEMM_ADD=on, off by default until measured) at batch 1, 8, 32 and 512, the quantized
-# weights at batch 1 (QUARRY_DENSE_FROM_ROWS=2) with and without the residual add fused with the
-# next norm (QUARRY_ADD_NORM=on: only f32 norms, so only with the quantized weights), the decode
-# step's CUDA graphs off at batch 1 and 8, the attention kernel split over the positions (split-K, under graphs) at batch 1 and 8,
+# batch 128 unless given; default: the forward pass's fusions (off by default until measured):
+# the output and down projections' GEMMs adding into the stream (QUARRY_GEMM_ADD=on) with RoPE
+# writing the keys and values into the pools (QUARRY_ROPE_STORE=on) at batch 1, 8, 32 and 512,
+# each alone at batch 1; the quantized weights at batch 1 (QUARRY_DENSE_FROM_ROWS=2) with and
+# without the residual add fused with the next norm and RoPE's pool writes (QUARRY_ADD_NORM=on
+# needs f32 norms, so the quantized weights); the decode step's CUDA graphs off at batch 1 and 8, the attention kernel split over the positions (split-K, under graphs) at batch 1 and 8,
 # the forward pass's phases timed (QUARRY_PROFILE, its table in the log) at batch 512; the settings
 # measured before (QUARRY_EVENT_TRACKING=on, QUARRY_ATTENTION=per-dimension or gather,
 # QUARRY_SAMPLING=host, QUARRY_DENSE_FROM_ROWS, QUARRY_KV_DTYPE=bf16) run when AB names them),
 # all into one JSON whose runs carry their setting.
-AB="${AB-QUARRY_GEMM_ADD=on@1 QUARRY_GEMM_ADD=on@8 QUARRY_GEMM_ADD=on@32 QUARRY_GEMM_ADD=on@512 QUARRY_DENSE_FROM_ROWS=2,QUARRY_ADD_NORM=on@1 QUARRY_DENSE_FROM_ROWS=2@1 QUARRY_CUDA_GRAPHS=off@1 QUARRY_CUDA_GRAPHS=off@8 QUARRY_ATTENTION=split@1 QUARRY_ATTENTION=split@8 QUARRY_PROFILE=1@512}"
+AB="${AB-QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@1 QUARRY_GEMM_ADD=on@1 QUARRY_ROPE_STORE=on@1 QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@8 QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@32 QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@512 QUARRY_DENSE_FROM_ROWS=2,QUARRY_ADD_NORM=on,QUARRY_ROPE_STORE=on@1 QUARRY_DENSE_FROM_ROWS=2@1 QUARRY_CUDA_GRAPHS=off@1 QUARRY_CUDA_GRAPHS=off@8 QUARRY_ATTENTION=split@1 QUARRY_ATTENTION=split@8 QUARRY_PROFILE=1@512}"
 if [ "$split_ok" = 0 ]; then
   AB="$(tr ' ' '\n' <<<"$AB" | grep -v '^QUARRY_ATTENTION=split' | paste -sd' ')"
 fi
-if [ "$fusions_ok" = 0 ]; then
-  AB="$(tr ' ' '\n' <<<"$AB" | grep -Ev 'QUARRY_(ADD_NORM|GEMM_ADD)=on' | paste -sd' ')"
-fi
+for fusion in "${failed_fusions[@]}"; do
+  AB="$(tr ' ' '\n' <<<"$AB" | grep -v "QUARRY_$fusion=on" | paste -sd' ')"
+done
 ab_runs=()
 n=0
 for entry in $AB; do

@@ -110,6 +110,17 @@ family! {
 }
 
 family! {
+    /// `rope_store_{in}_{pool}`: qkv, bias, q_norm, k_norm, cos, sin, positions, slots, q_out,
+    /// k_pool, v_pool, n_head, n_kv, head_dim, interleaved, eps.
+    rope_store: fn(*const c_void, *const f32, *const f32, *const f32, *const f32, *const f32,
+                   *const u32, *const u32, *mut f32, *mut c_void, *mut c_void, i32, i32, i32,
+                   i32, f32) {
+        rope_store_f32_f32, rope_store_f32_f16, rope_store_f32_bf16, rope_store_f16_f32,
+        rope_store_f16_f16, rope_store_f16_bf16,
+    }
+}
+
+family! {
     /// `store_rows_{pool}`: src, slots, pool, tokens, width.
     store_rows: fn(*const f32, *const u32, *mut c_void, u64, u64) {
         store_rows_f32, store_rows_f16, store_rows_bf16,

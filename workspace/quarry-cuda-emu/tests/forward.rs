@@ -286,85 +286,124 @@ struct Heads {
     norms: bool,
 }
 
-/// `rope_qk` against `rotate_heads` on SmolLM2's shape (interleaved pairs), Qwen2.5's (halves,
-/// biases) and Gemma 3's (halves, per-head norms, heads of 256): bit for bit without the norms.
-#[test]
-fn rope_qk_matches_the_host_rotation() {
-    let shapes = [
-        Heads {
-            n_head: 9,
-            n_kv: 3,
-            head_dim: 64,
-            style: RopeStyle::Interleaved,
-            bias: false,
-            norms: false,
-        },
-        Heads {
-            n_head: 14,
-            n_kv: 2,
-            head_dim: 64,
-            style: RopeStyle::Halves,
-            bias: true,
-            norms: false,
-        },
-        Heads {
-            n_head: 4,
-            n_kv: 1,
-            head_dim: 256,
-            style: RopeStyle::Halves,
-            bias: false,
-            norms: true,
-        },
-    ];
-    for h in shapes {
-        for f16_in in [false, true] {
-            let name = format!("rope_qk_{}", ty(f16_in));
-            let kernel = kernels::rope_qk::by_name(&name).expect(&name);
-            let (q_w, kv_w) = (h.n_head * h.head_dim, h.n_kv * h.head_dim);
-            let width = q_w + 2 * kv_w;
-            let half = h.head_dim / 2;
-            let tokens = 5usize;
-            let positions: Vec<u32> = vec![0, 17, 3, 250, 99];
-            let table_rows = 256usize;
-            // Tables as the model builds them: cos and sin of p · θ_i.
-            let theta: Vec<f32> = (0..half)
-                .map(|i| 10_000f32.powf(-2.0 * i as f32 / h.head_dim as f32))
-                .collect();
-            let cos: Vec<f32> = (0..table_rows * half)
-                .map(|j| ((j / half) as f32 * theta[j % half]).cos())
-                .collect();
-            let sin: Vec<f32> = (0..table_rows * half)
-                .map(|j| ((j / half) as f32 * theta[j % half]).sin())
-                .collect();
-            let x = Input::new(
+/// SmolLM2's shape (interleaved pairs), Qwen2.5's (halves, biases) and Gemma 3's (halves,
+/// per-head norms, heads of 256).
+const ROPE_SHAPES: [Heads; 3] = [
+    Heads {
+        n_head: 9,
+        n_kv: 3,
+        head_dim: 64,
+        style: RopeStyle::Interleaved,
+        bias: false,
+        norms: false,
+    },
+    Heads {
+        n_head: 14,
+        n_kv: 2,
+        head_dim: 64,
+        style: RopeStyle::Halves,
+        bias: true,
+        norms: false,
+    },
+    Heads {
+        n_head: 4,
+        n_kv: 1,
+        head_dim: 256,
+        style: RopeStyle::Halves,
+        bias: false,
+        norms: true,
+    },
+];
+
+/// The RoPE kernels' inputs for five tokens of `h`'s shape: the stacked Q/K/V rows (f32 or their
+/// f16 roundings), the optional bias and per-head norms, the cos and sin tables as the model
+/// builds them (of p · θ_i, 256 positions) and the tokens' positions.
+struct RopeInputs {
+    x: Input,
+    bias: Option<Buf<f32>>,
+    norms: Option<(Buf<f32>, Buf<f32>)>,
+    cos: Buf<f32>,
+    sin: Buf<f32>,
+    positions: Buf<u32>,
+    tokens: usize,
+    q_w: usize,
+    kv_w: usize,
+}
+
+const ROPE_EPS: f32 = 1e-6;
+
+impl RopeInputs {
+    fn new(h: &Heads, f16_in: bool) -> Self {
+        let (q_w, kv_w) = (h.n_head * h.head_dim, h.n_kv * h.head_dim);
+        let width = q_w + 2 * kv_w;
+        let half = h.head_dim / 2;
+        let tokens = 5usize;
+        let table_rows = 256usize;
+        let theta: Vec<f32> = (0..half)
+            .map(|i| 10_000f32.powf(-2.0 * i as f32 / h.head_dim as f32))
+            .collect();
+        let table = |f: fn(f32) -> f32| -> Vec<f32> {
+            (0..table_rows * half)
+                .map(|j| f((j / half) as f32 * theta[j % half]))
+                .collect()
+        };
+        Self {
+            x: Input::new(
                 &values(h.head_dim as u64 + 1, tokens * width, -2.0, 2.0),
                 f16_in,
-            );
-            let bias = h
+            ),
+            bias: h
                 .bias
-                .then(|| Buf::from_slice(&values(5, width, -0.5, 0.5)));
-            let norms = h.norms.then(|| {
+                .then(|| Buf::from_slice(&values(5, width, -0.5, 0.5))),
+            norms: h.norms.then(|| {
                 (
                     Buf::from_slice(&values(7, h.head_dim, 0.5, 1.5)),
                     Buf::from_slice(&values(9, h.head_dim, 0.5, 1.5)),
                 )
-            });
-            let (cb, sb, pb) = (
-                Buf::from_slice(&cos),
-                Buf::from_slice(&sin),
-                Buf::from_slice(&positions),
-            );
-            let mut out = Buf::<f32>::poisoned(tokens * width);
-            let null = std::ptr::null::<f32>();
-            let (xp, bp) = (x.ptr(), bias.as_ref().map_or(null, |b| b.ptr()));
-            let (qn, kn) = norms
-                .as_ref()
-                .map_or((null, null), |(q, k)| (q.ptr(), k.ptr()));
-            let (cp, sp, pp, op) = (cb.ptr(), sb.ptr(), pb.ptr(), out.ptr_mut());
-            let interleaved = i32::from(h.style == RopeStyle::Interleaved);
-            let eps = 1e-6f32;
-            unsafe {
-                run(&name, (tokens as u32, 1, 1), THREADS, width * 4, || {
+            }),
+            cos: Buf::from_slice(&table(f32::cos)),
+            sin: Buf::from_slice(&table(f32::sin)),
+            positions: Buf::from_slice(&[0u32, 17, 3, 250, 99]),
+            tokens,
+            q_w,
+            kv_w,
+        }
+    }
+
+    fn width(&self) -> usize {
+        self.q_w + 2 * self.kv_w
+    }
+
+    /// The bias and the two norms' pointers (null where absent).
+    fn optional(&self) -> (*const f32, *const f32, *const f32) {
+        let null = std::ptr::null::<f32>();
+        let (qn, kn) = self
+            .norms
+            .as_ref()
+            .map_or((null, null), |(q, k)| (q.ptr(), k.ptr()));
+        (self.bias.as_ref().map_or(null, |b| b.ptr()), qn, kn)
+    }
+
+    /// `rope_qk`'s planes, from the kernel of that name.
+    fn planes(&self, name: &str, h: &Heads) -> Vec<f32> {
+        let kernel = kernels::rope_qk::by_name(name).expect(name);
+        let mut out = Buf::<f32>::poisoned(self.tokens * self.width());
+        let (bp, qn, kn) = self.optional();
+        let (xp, cp, sp, pp, op) = (
+            self.x.ptr(),
+            self.cos.ptr(),
+            self.sin.ptr(),
+            self.positions.ptr(),
+            out.ptr_mut(),
+        );
+        let interleaved = i32::from(h.style == RopeStyle::Interleaved);
+        unsafe {
+            run(
+                name,
+                (self.tokens as u32, 1, 1),
+                THREADS,
+                self.width() * 4,
+                || {
                     kernel(
                         xp,
                         bp,
@@ -374,20 +413,41 @@ fn rope_qk_matches_the_host_rotation() {
                         sp,
                         pp,
                         op,
-                        tokens as i32,
+                        self.tokens as i32,
                         h.n_head as i32,
                         h.n_kv as i32,
                         h.head_dim as i32,
                         interleaved,
-                        eps,
+                        ROPE_EPS,
                     )
-                })
-            };
+                },
+            )
+        };
+        out.read(name)
+    }
+}
+
+/// `rope_qk` against `rotate_heads` on [`ROPE_SHAPES`]: bit for bit without the norms.
+#[test]
+fn rope_qk_matches_the_host_rotation() {
+    for h in ROPE_SHAPES {
+        for f16_in in [false, true] {
+            let name = format!("rope_qk_{}", ty(f16_in));
+            let r = RopeInputs::new(&h, f16_in);
+            let (tokens, q_w, kv_w, width) = (r.tokens, r.q_w, r.kv_w, r.width());
+            let half = h.head_dim / 2;
+            let got = r.planes(&name, &h);
             // The host's arithmetic: the bias, then each head normed and rotated, then the
             // planes (queries, keys, values).
-            let input = x.values();
-            let bias_v = bias.as_ref().map(|b| b.read("bias"));
-            let norm_v = norms
+            let input = r.x.values();
+            let (cos, sin, positions) = (
+                r.cos.read("cos"),
+                r.sin.read("sin"),
+                r.positions.read("positions"),
+            );
+            let bias_v = r.bias.as_ref().map(|b| b.read("bias"));
+            let norm_v = r
+                .norms
                 .as_ref()
                 .map(|(q, k)| (q.read("q norm"), k.read("k norm")));
             let mut want = vec![0f32; tokens * width];
@@ -407,13 +467,12 @@ fn rope_qk_matches_the_host_rotation() {
                     (&cos[at..at + half], &sin[at..at + half]),
                     norm_v
                         .as_ref()
-                        .map(|(q, k)| (q.as_slice(), k.as_slice(), eps)),
+                        .map(|(q, k)| (q.as_slice(), k.as_slice(), ROPE_EPS)),
                 );
                 q_plane[t * q_w..(t + 1) * q_w].copy_from_slice(&row[..q_w]);
                 k_plane[t * kv_w..(t + 1) * kv_w].copy_from_slice(&row[q_w..q_w + kv_w]);
                 v_plane[t * kv_w..(t + 1) * kv_w].copy_from_slice(&row[q_w + kv_w..]);
             }
-            let got = out.read(&name);
             let what = format!("{name}, {} heads of {}", h.n_head, h.head_dim);
             if h.norms {
                 let err = relative_error(&got, &want);
@@ -425,6 +484,121 @@ fn rope_qk_matches_the_host_rotation() {
                     "{what}: not bit for bit"
                 );
             }
+        }
+    }
+}
+
+/// `rope_store` writes what `rope_qk` then `store_rows` on each pool write, bit for bit, on
+/// [`ROPE_SHAPES`], from f32 or f16 rows into f32, f16 and bf16 pools at scattered slots: the
+/// queries as a plane, the keys and values at their slots' rows, every other row untouched.
+#[test]
+fn rope_store_writes_what_rope_qk_and_store_rows_write() {
+    let slots: Vec<u32> = vec![39, 0, 17, 18, 5];
+    let pool_rows = 40usize;
+    for h in ROPE_SHAPES {
+        for f16_in in [false, true] {
+            let r = RopeInputs::new(&h, f16_in);
+            let (tokens, q_w, kv_w) = (r.tokens, r.q_w, r.kv_w);
+            let planes = r.planes(&format!("rope_qk_{}", ty(f16_in)), &h);
+            let lb = Buf::from_slice(&slots);
+            for pool in ["f32", "f16", "bf16"] {
+                let name = format!("rope_store_{}_{pool}", ty(f16_in));
+                let what = format!("{name}, {} heads of {}", h.n_head, h.head_dim);
+                let kernel = kernels::rope_store::by_name(&name).expect(&name);
+                // Each pool in the type named, poisoned; read back as f32.
+                let (mut k, mut v) = (
+                    Pool::new(pool, pool_rows * kv_w),
+                    Pool::new(pool, pool_rows * kv_w),
+                );
+                let mut q = Buf::<f32>::poisoned(tokens * q_w);
+                let (bp, qn, kn) = r.optional();
+                let (xp, cp, sp, pp, sl) = (
+                    r.x.ptr(),
+                    r.cos.ptr(),
+                    r.sin.ptr(),
+                    r.positions.ptr(),
+                    lb.ptr(),
+                );
+                let (qp, kp, vp) = (q.ptr_mut(), k.ptr(), v.ptr());
+                let interleaved = i32::from(h.style == RopeStyle::Interleaved);
+                unsafe {
+                    run(&name, (tokens as u32, 1, 1), THREADS, r.width() * 4, || {
+                        kernel(
+                            xp,
+                            bp,
+                            qn,
+                            kn,
+                            cp,
+                            sp,
+                            pp,
+                            sl,
+                            qp,
+                            kp,
+                            vp,
+                            h.n_head as i32,
+                            h.n_kv as i32,
+                            h.head_dim as i32,
+                            interleaved,
+                            ROPE_EPS,
+                        )
+                    })
+                };
+                assert_eq!(
+                    first_difference(&q.read(&name), &planes[..tokens * q_w]),
+                    None,
+                    "{what}: the queries"
+                );
+                // The two launches it replaces, on pools of their own.
+                let store = kernels::store_rows::by_name(&format!("store_rows_{pool}")).unwrap();
+                for (plane, got, which) in [(1, &k, "keys"), (2, &v, "values")] {
+                    let at = tokens * q_w + (plane - 1) * tokens * kv_w;
+                    let src = Buf::from_slice(&planes[at..at + tokens * kv_w]);
+                    let mut want = Pool::new(pool, pool_rows * kv_w);
+                    let (s, l, p) = (src.ptr(), lb.ptr(), want.ptr());
+                    unsafe {
+                        run("store_rows", elementwise(tokens * kv_w), THREADS, 0, || {
+                            store(s, l, p, tokens as u64, kv_w as u64)
+                        })
+                    };
+                    assert_eq!(
+                        first_difference(&got.read(), &want.read()),
+                        None,
+                        "{what}: the {which}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A KV pool of f32, f16 or bf16 values, poisoned, read back as f32.
+enum Pool {
+    F32(Buf<f32>),
+    F16(Buf<f16>),
+    Bf16(Buf<half::bf16>),
+}
+
+impl Pool {
+    fn new(ty: &str, n: usize) -> Self {
+        match ty {
+            "f32" => Self::F32(Buf::poisoned(n)),
+            "f16" => Self::F16(Buf::poisoned(n)),
+            _ => Self::Bf16(Buf::poisoned(n)),
+        }
+    }
+    /// The kernel's pointer to it (the launch writes through it).
+    fn ptr(&mut self) -> *mut c_void {
+        match self {
+            Self::F32(b) => b.ptr_mut() as *mut c_void,
+            Self::F16(b) => b.ptr_mut() as *mut c_void,
+            Self::Bf16(b) => b.ptr_mut() as *mut c_void,
+        }
+    }
+    fn read(&self) -> Vec<f32> {
+        match self {
+            Self::F32(b) => b.read("pool"),
+            Self::F16(b) => from_f16(&b.read("pool")),
+            Self::Bf16(b) => b.read("pool").iter().map(|v| v.to_f32()).collect(),
         }
     }
 }

@@ -48,7 +48,7 @@ pub use config::{Activation, LlamaConfig, RopeStyle, SlidingWindow, SUPPORTED_AR
 pub use device::parse_device;
 pub use error::{ModelError, Result};
 pub use info::ModelInfo;
-pub use llama::Llama;
+pub use llama::{Fusions, Llama};
 pub use pool::{kv_dtype, KvLayout, KvPool, PageId};
 pub use ragged::{AttentionKernel, RaggedBatch};
 pub use sampling::{apply_mask, argmax, pick, SampleRows, Sampler, SamplingParams, NO_MASK};

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use quarry_model::{KvLayout, Logits, ModelError, PageId, SeqInput};
+use quarry_model::{Fusions, KvLayout, Logits, ModelError, PageId, SeqInput};
 
 /// Real token ids: the fixture prompts' text, so the model sees natural input.
 fn text_tokens(n: usize, offset: usize) -> Vec<u32> {
@@ -375,10 +375,14 @@ fn prefill_then_decode(
     logits
 }
 
-/// The residual stream's fusions change no logit beyond their stated bounds: SmolLM2, and Gemma 3
-/// (norms after the projections, a scaled embedding), over a prefill of three sequences and five
-/// decode steps, each model loaded for this test (the switches are the model's), with the decode
-/// graphs captured again after each switch.
+/// The forward pass's fusions ([`Fusions`]) change no logit beyond their stated bounds: SmolLM2,
+/// and Gemma 3 (norms after the projections, a scaled embedding, per-head norms), over a prefill
+/// of three sequences and five decode steps, each model loaded for this test (the switches are the
+/// model's), with the decode graphs captured again after each switch, each fusion alone, then all.
+/// - `QUARRY_ROPE_STORE` (llama/fused.rs `RopeStore`): RoPE writes the keys and values into the
+///   pools itself; its kernel writes what `rope_qk` and `store_rows` write, bit for bit
+///   (quarry-cuda-emu's test and the GPU unit test): equal on the CPU (where the op runs the two
+///   ops), within the batch tolerance on a GPU.
 /// - `QUARRY_ADD_NORM` (llama/fused.rs `AddNorm`): the add writes the next norm where its rows are
 ///   f32 (the quantized weights: every step on the CPU; tests/profile.rs counts its phase). The
 ///   kernel writes what the two it replaces write, bit for bit (quarry-cuda-emu's test and the
@@ -389,19 +393,19 @@ fn prefill_then_decode(
 ///   at most a quarter of a logit (a wrong product moves them by whole units). On the CPU nothing
 ///   changes.
 #[test]
-fn the_residual_fusions_keep_the_logits() {
-    residual_fusions_check(&smollm2_path(), true);
+fn the_fusions_keep_the_logits() {
+    fusions_check(&smollm2_path(), true);
 }
 
 /// Gemma 3's output norms come between each projection and its add: no GEMM adds into its stream.
 #[test]
-fn gemma3_the_residual_fusions_keep_the_logits() {
-    residual_fusions_check(&gemma3_path(), false);
+fn gemma3_the_fusions_keep_the_logits() {
+    fusions_check(&gemma3_path(), false);
 }
 
-/// [`the_residual_fusions_keep_the_logits`] for the model at `path`; `gemm_adds`: whether its
+/// [`the_fusions_keep_the_logits`] for the model at `path`; `gemm_adds`: whether its
 /// projections may add into the stream in their GEMMs (no output norms).
-fn residual_fusions_check(path: &std::path::Path, gemm_adds: bool) {
+fn fusions_check(path: &std::path::Path, gemm_adds: bool) {
     let model = quarry_model::Llama::load(path, &device()).unwrap();
     let prompts = [
         text_tokens(40, 0),
@@ -409,9 +413,8 @@ fn residual_fusions_check(path: &std::path::Path, gemm_adds: bool) {
         text_tokens(5, 300),
     ];
     let next = text_tokens(5, 700);
-    let run = |add_norm: bool, gemm_add: bool| -> Vec<Vec<f32>> {
-        model.set_fused_add_norm(add_norm);
-        model.set_gemm_add(gemm_add);
+    let run = |fusions: Fusions| -> Vec<Vec<f32>> {
+        model.set_fusions(fusions);
         prefill_then_decode(&model, &prompts, &next)
             .into_iter()
             .flatten()
@@ -424,26 +427,53 @@ fn residual_fusions_check(path: &std::path::Path, gemm_adds: bool) {
             .map(|(a, b)| max_diff(a, b))
             .fold(0f32, f32::max)
     };
-    let plain = run(false, false);
+    let none = Fusions::default();
+    let plain = run(none);
     let what = path.display();
-    let add_norm = worst(&plain, &run(true, false));
-    eprintln!("{what}: fused add and norm, worst logit difference {add_norm:e}");
-    assert!(
-        add_norm <= batch_tolerance(),
-        "{what}: add and norm {add_norm}"
+    // The fusions that write the values the unfused ops write.
+    for (name, fusions) in [
+        (
+            "add and norm",
+            Fusions {
+                add_norm: true,
+                ..none
+            },
+        ),
+        (
+            "RoPE and KV writes",
+            Fusions {
+                rope_store: true,
+                ..none
+            },
+        ),
+    ] {
+        let worst = worst(&plain, &run(fusions));
+        eprintln!("{what}: {name}, worst logit difference {worst:e}");
+        assert!(worst <= batch_tolerance(), "{what}: {name} {worst}");
+    }
+    let gemm_add = worst(
+        &plain,
+        &run(Fusions {
+            gemm_add: true,
+            ..none
+        }),
     );
-    let gemm_add = worst(&plain, &run(false, true));
-    let both = worst(&plain, &run(true, true));
-    model.set_gemm_add(false);
-    eprintln!("{what}: GEMM add, worst logit difference {gemm_add:e} ({both:e} with both)");
+    let all = Fusions {
+        gemm_add: true,
+        add_norm: true,
+        rope_store: true,
+    };
+    let both = worst(&plain, &run(all));
+    model.set_fusions(none);
+    eprintln!("{what}: GEMM add, worst logit difference {gemm_add:e} ({both:e} with all)");
     if device().is_cpu() || !gemm_adds {
         assert_eq!(gemm_add, 0.0, "{what}: no GEMM adds into the stream here");
-        assert!(both <= batch_tolerance(), "{what}: both {both}");
+        assert!(both <= batch_tolerance(), "{what}: all {both}");
     } else {
         assert!(gemm_add > 0.0, "{what}: the GEMM add did not run");
         assert!(
             gemm_add <= 0.25 && both <= 0.25,
-            "{what}: GEMM add {gemm_add}, both {both}"
+            "{what}: GEMM add {gemm_add}, all {both}"
         );
     }
 }

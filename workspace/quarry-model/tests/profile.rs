@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use quarry_model::{profile, KvLayout, Logits, SeqInput};
+use quarry_model::{profile, Fusions, KvLayout, Logits, SeqInput};
 
 #[test]
 fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
@@ -60,12 +60,17 @@ fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     assert!(phases.iter().all(|p| p.seconds > 0.0), "{phases:?}");
     assert!(profile::take().is_empty(), "take clears the totals");
 
-    // With the fused add and norm (QUARRY_ADD_NORM, every norm f32 here): the first layer's
-    // attention norm alone, the last add alone, every other add with the norm after it.
-    model.set_fused_add_norm(true);
+    // With the fusions that run on the CPU (every norm f32 here): the first layer's attention
+    // norm alone, the last add alone, every other add with the norm after it; RoPE with the KV
+    // writes once per layer.
+    model.set_fusions(Fusions {
+        add_norm: true,
+        rope_store: true,
+        ..Fusions::default()
+    });
     let fused = run(true);
-    model.set_fused_add_norm(false);
-    assert_eq!(fused, plain, "the fused add and norm changes no logit");
+    model.set_fusions(Fusions::default());
+    assert_eq!(fused, plain, "the fusions change no logit");
     let phases = profile::take();
     let calls = |name: &str| {
         phases
@@ -76,5 +81,7 @@ fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     assert_eq!(calls("norms"), passes);
     assert_eq!(calls("residual adds"), passes);
     assert_eq!(calls("residual adds and norms"), (2 * layers - 1) * passes);
+    assert_eq!(calls("RoPE and KV writes"), layers * passes);
+    assert_eq!((calls("RoPE"), calls("KV writes")), (0, 0));
     profile::set_enabled(false);
 }

@@ -163,24 +163,84 @@ fn in_out_name(prefix: &str, s: &CudaStorage, out: DType) -> Result<String> {
     }
 }
 
-/// The attention's inputs from the stacked Q/K/V output (`s`, `[tokens, width]`, f32 or f16):
-/// one launch of `rope_qk` (`kernels/rope_store.cu`), returning the f32 planes of
-/// [`crate::llama::RopeQk`].
-pub(crate) fn rope_qk(
+/// Where [`rope`] writes the keys and values.
+pub(crate) enum RopeOut<'a> {
+    /// Planes after the queries, in the op's output ([`crate::llama::RopeQk`]).
+    Planes,
+    /// The pools' rows at the tokens' slots (`[tokens]` u32), in the pools' element type
+    /// ([`crate::llama::RopeStore`]).
+    Pools {
+        slots: &'a candle_core::Tensor,
+        k: (&'a mut CudaStorage, &'a Layout),
+        v: (&'a mut CudaStorage, &'a Layout),
+    },
+}
+
+/// Pushes the pool rows a layout addresses from its start (f32, f16 or bf16) on the builder `$b`;
+/// `$p32`, `$p16` and `$pb16` are the caller's (declared, unset) bindings that keep the view
+/// alive.
+macro_rules! arg_pool {
+    ($b:ident, $pool:expr, $start:expr, $p32:ident, $p16:ident, $pb16:ident) => {
+        match &mut $pool.slice {
+            candle_core::cuda::CudaStorageSlice::F32(p) => {
+                $p32 = p.slice_mut($start..);
+                $b.arg(&mut $p32)
+            }
+            candle_core::cuda::CudaStorageSlice::F16(p) => {
+                $p16 = p.slice_mut($start..);
+                $b.arg(&mut $p16)
+            }
+            candle_core::cuda::CudaStorageSlice::BF16(p) => {
+                $pb16 = p.slice_mut($start..);
+                $b.arg(&mut $pb16)
+            }
+            _ => candle_core::bail!("pools are f32, f16 or bf16"),
+        }
+    };
+}
+
+/// A pool's element type, as the kernels name it.
+fn pool_type(pool: &CudaStorage) -> Result<&'static str> {
+    use candle_core::cuda::CudaStorageSlice as S;
+    Ok(match &pool.slice {
+        S::F32(_) => "f32",
+        S::F16(_) => "f16",
+        S::BF16(_) => "bf16",
+        _ => candle_core::bail!("pools are f32, f16 or bf16"),
+    })
+}
+
+/// The attention's inputs from the stacked Q/K/V output (`s`, `[tokens, width]`, f32 or f16), in
+/// one launch (`kernels/rope_store.cu`): `rope_qk`, returning the f32 planes of
+/// [`crate::llama::RopeQk`], or with [`RopeOut::Pools`] `rope_store`, returning the queries'
+/// plane (`tokens · q_w` f32) and writing the keys and values into the pools.
+pub(crate) fn rope(
     s: &CudaStorage,
     l: &Layout,
     op: &crate::llama::RopeQk<'_>,
     tokens: usize,
+    to: RopeOut<'_>,
 ) -> Result<CudaStorage> {
     use candle_core::cuda::CudaStorageSlice as S;
     let dev = &s.device;
-    let width = (op.n_head + 2 * op.n_kv) * op.head_dim;
-    let name = match &s.slice {
-        S::F32(_) => "rope_qk_f32",
-        S::F16(_) => "rope_qk_f16",
+    let (q_w, kv_w) = (op.n_head * op.head_dim, op.n_kv * op.head_dim);
+    let width = q_w + 2 * kv_w;
+    let input = match &s.slice {
+        S::F32(_) => "f32",
+        S::F16(_) => "f16",
         _ => candle_core::bail!("rope: the projection's output must be f32 or f16"),
     };
-    let func = dev.get_or_load_custom_func(name, "quarry_rope_store", ROPE_STORE_PTX)?;
+    let (name, out_len) = match &to {
+        RopeOut::Planes => (format!("rope_qk_{input}"), tokens * width),
+        RopeOut::Pools { k, v, .. } => {
+            let pool = pool_type(k.0)?;
+            if pool_type(v.0)? != pool {
+                candle_core::bail!("rope: the key and value pools differ in type");
+            }
+            (format!("rope_store_{input}_{pool}"), tokens * q_w)
+        }
+    };
+    let func = dev.get_or_load_custom_func(&name, "quarry_rope_store", ROPE_STORE_PTX)?;
     let shared = (width * 4) as u32;
     if shared > 48 * 1024 {
         candle_core::bail!("rope: rows of {width} values exceed a block's shared memory");
@@ -190,6 +250,10 @@ pub(crate) fn rope_qk(
     let (cos, sin) = (held(op.cos), held(op.sin));
     let bias = op.bias.map(held);
     let norms = op.qk_norm.map(|(q, k)| (held(q), held(k)));
+    let slots = match &to {
+        RopeOut::Pools { slots, .. } => Some(held(slots)),
+        RopeOut::Planes => None,
+    };
     let positions = held_view::<u32>(&positions.0, positions.1, "rope: positions")?;
     let cos = held_view::<f32>(&cos.0, cos.1, "rope: cos")?;
     let sin = held_view::<f32>(&sin.0, sin.1, "rope: sin")?;
@@ -204,8 +268,12 @@ pub(crate) fn rope_qk(
         )),
         None => None,
     };
-    // SAFETY: the kernel writes every value of its planes (tokens · width).
-    let mut out = unsafe { dev.alloc::<f32>((tokens * width).max(1)) }?;
+    let slots = match &slots {
+        Some((g, l)) => Some(held_view::<u32>(g, l, "rope: slots")?),
+        None => None,
+    };
+    // SAFETY: the kernel writes every value of its output (the planes, or the queries).
+    let mut out = unsafe { dev.alloc::<f32>(out_len.max(1)) }?;
     if tokens == 0 {
         return Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()));
     }
@@ -233,19 +301,28 @@ pub(crate) fn rope_qk(
         Some((q, k)) => b.arg(q).arg(k),
         None => b.arg(&null).arg(&null),
     };
-    b.arg(&cos)
-        .arg(&sin)
-        .arg(&positions)
-        .arg(&mut out)
-        .arg(&tokens32)
-        .arg(&n_head)
+    b.arg(&cos).arg(&sin).arg(&positions);
+    let (mut k32, mut k16, mut kb16, mut v32, mut v16, mut vb16);
+    match (to, &slots) {
+        (RopeOut::Planes, _) => {
+            b.arg(&mut out).arg(&tokens32);
+        }
+        (RopeOut::Pools { k, v, .. }, Some(slots)) => {
+            b.arg(slots).arg(&mut out);
+            arg_pool!(b, k.0, k.1.start_offset(), k32, k16, kb16);
+            arg_pool!(b, v.0, v.1.start_offset(), v32, v16, vb16);
+        }
+        (RopeOut::Pools { .. }, None) => unreachable!("held above"),
+    }
+    b.arg(&n_head)
         .arg(&n_kv)
         .arg(&head_dim)
         .arg(&interleaved)
         .arg(&op.eps);
-    // SAFETY: the arguments match `rope_qk_*` in kernels/rope_store.cu; the input holds `tokens`
-    // rows of `width`, the bias `width` values, each norm `head_dim`, and the tables cover every
-    // position (the plan checked them against the context length).
+    // SAFETY: the arguments match `rope_qk_*` or `rope_store_*` in kernels/rope_store.cu; the
+    // input holds `tokens` rows of `width`, the bias `width` values, each norm `head_dim`, the
+    // tables cover every position (the plan checked them against the context length) and the
+    // slots name rows of the pools (the plan checked them against the pool's size).
     unsafe { b.launch(cfg) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
@@ -454,7 +531,6 @@ pub(crate) fn store_rows(
     tokens: usize,
     width: usize,
 ) -> Result<()> {
-    use candle_core::cuda::CudaStorageSlice as S;
     if tokens == 0 {
         return Ok(());
     }
@@ -464,31 +540,12 @@ pub(crate) fn store_rows(
     let (tokens64, width64) = (tokens as u64, width as u64);
     let cfg = elementwise(tokens * width);
     let start = lp.start_offset();
-    let name = match &pool.slice {
-        S::F32(_) => "store_rows_f32",
-        S::F16(_) => "store_rows_f16",
-        S::BF16(_) => "store_rows_bf16",
-        _ => candle_core::bail!("store rows: pools are f32, f16 or bf16"),
-    };
-    let func = dev.get_or_load_custom_func(name, "quarry_rope_store", ROPE_STORE_PTX)?;
+    let name = format!("store_rows_{}", pool_type(pool)?);
+    let func = dev.get_or_load_custom_func(&name, "quarry_rope_store", ROPE_STORE_PTX)?;
     let mut b = func.builder();
     b.arg(&src).arg(&slots);
     let (mut p32, mut p16, mut pb16);
-    match &mut pool.slice {
-        S::F32(p) => {
-            p32 = p.slice_mut(start..);
-            b.arg(&mut p32)
-        }
-        S::F16(p) => {
-            p16 = p.slice_mut(start..);
-            b.arg(&mut p16)
-        }
-        S::BF16(p) => {
-            pb16 = p.slice_mut(start..);
-            b.arg(&mut pb16)
-        }
-        _ => unreachable!("matched above"),
-    };
+    arg_pool!(b, pool, start, p32, p16, pb16);
     b.arg(&tokens64).arg(&width64);
     // SAFETY: the arguments match `store_rows_*`; the plane holds `tokens · width` values, the
     // slots `tokens` rows of the pool (the plan checked them against the pool's size).
@@ -535,7 +592,23 @@ mod tests {
     /// Gemma 3's (NeoX pairs, heads of 256, query and key norms).
     #[test]
     fn rope_qk_matches_its_reference() {
+        rope_check(false);
+    }
+
+    /// RoPE with the KV writes (`RopeStore`, one launch; `QUARRY_ROPE_STORE`) against `RopeQk`
+    /// then `StoreRows` on each pool, on the GPU, bit for bit, on [`rope_qk_matches_its_reference`]'s
+    /// cases, in every pool type. A test of its own: gpu-check stops where a default kernel
+    /// fails, and leaves only this fusion's runs out where this fails.
+    #[test]
+    fn rope_store_matches_rope_qk_and_store_rows() {
+        rope_check(true);
+    }
+
+    /// `rope_qk` against its CPU side, or (`store`) `rope_store` against `rope_qk` and `store_rows`.
+    fn rope_check(store: bool) {
+        use crate::attention::StoreRows;
         use crate::config::RopeStyle;
+        use crate::llama::fused::RopeStore;
         use crate::llama::RopeQk;
         let (tokens, context) = (37, 1000);
         let cases = [
@@ -596,8 +669,61 @@ mod tests {
                 .apply_op1_no_bwd(&op(&pc, &cc, &sc, &bc, (&qc, &kc)))
                 .unwrap();
             assert_eq!(got.dims(), [tokens * width]);
-            let (got, want) = (host_f32(&got), host_f32(&want));
             let what = format!("{n_head}/{n_kv} heads of {head_dim}, {style:?}, bias {with_bias}, norms {with_norm}, {input:?}");
+
+            // RoPE with the KV writes (`RopeStore`): the queries, and the pools' rows as `RopeQk`
+            // then `StoreRows` on each pool leave them, bit for bit, in every pool type.
+            let (q_w, kv_w) = (n_head * head_dim, n_kv * head_dim);
+            let slots: Vec<u32> = (0..tokens as u32)
+                .map(|i| (i * 131 + 7) % context as u32)
+                .collect();
+            let (zg, _) = ids_on_both(&slots);
+            let plane = |i: usize| {
+                got.narrow(0, tokens * q_w + i * tokens * kv_w, tokens * kv_w)
+                    .unwrap()
+                    .reshape((tokens, kv_w))
+                    .unwrap()
+            };
+            for pool in [DType::F32, DType::F16, DType::BF16]
+                .into_iter()
+                .filter(|_| store)
+            {
+                let fresh = || {
+                    let start = values(seed + 5, context * kv_w, -1.0, 1.0);
+                    both(&start, &[context, kv_w], pool).0
+                };
+                let (k_two, v_two, k_one, v_one) = (fresh(), fresh(), fresh(), fresh());
+                k_two.inplace_op3(&plane(0), &zg, &StoreRows).unwrap();
+                v_two.inplace_op3(&plane(1), &zg, &StoreRows).unwrap();
+                let fused = RopeStore {
+                    rope: op(&pg, &cg, &sg, &bg, (&qg, &kg)),
+                    slots: &zg,
+                    k_pool: &k_one,
+                    v_pool: &v_one,
+                };
+                let q = xg.apply_op1_no_bwd(&fused).unwrap();
+                let queries = got.narrow(0, 0, tokens * q_w).unwrap();
+                assert_eq!(
+                    host_f32(&q),
+                    host_f32(&queries),
+                    "{what}, {pool:?}: the queries"
+                );
+                assert_eq!(
+                    host_f32(&k_one),
+                    host_f32(&k_two),
+                    "{what}, {pool:?}: the keys"
+                );
+                assert_eq!(
+                    host_f32(&v_one),
+                    host_f32(&v_two),
+                    "{what}, {pool:?}: the values"
+                );
+            }
+
+            if store {
+                continue;
+            }
+            let (got, want) = (host_f32(&got), host_f32(&want));
             if with_norm {
                 let err = relative_error(&got, &want);
                 eprintln!("rope_qk {what}: relative error {err:.2e}");
@@ -685,7 +811,7 @@ mod tests {
     /// or f16; the in-place add bit for bit, from f32 or f16.
     #[test]
     fn residual_ops_match_their_reference() {
-        use crate::llama::{AddInto, AddNorm, Norm};
+        use crate::llama::{AddInto, Norm};
         let (rows, width) = (37, 896);
         let x = values(51, rows * width, -4.0, 4.0);
         let (wg, wc) = both(&values(53, width, 0.5, 1.5), &[width], DType::F32);
@@ -710,10 +836,26 @@ mod tests {
             sg.inplace_op2(&xg, &AddInto).unwrap();
             sc.inplace_op2(&xc, &AddInto).unwrap();
             assert_eq!(host_f32(&sg), host_f32(&sc), "add from {input:?}");
+        }
+    }
 
-            // The add and the next norm in one op: the stream as the add leaves it, the norm's
-            // rows as the GPU's own norm writes them over it (bit for bit), and within rounding
-            // of the CPU side.
+    /// The add and the next norm in one op (`AddNorm`, `QUARRY_ADD_NORM`): the stream as
+    /// `AddInto` leaves it, the norm's rows as the GPU's own norm writes them over it (bit for
+    /// bit), and within rounding of the CPU side; from f32 or f16 projection outputs. A test of
+    /// its own: gpu-check stops where a default kernel fails, and leaves only this fusion's runs
+    /// out where this fails.
+    #[test]
+    fn add_norm_matches_add_into_then_rms_norm() {
+        use crate::llama::{AddInto, AddNorm, Norm};
+        let (rows, width) = (37, 896);
+        let x = values(51, rows * width, -4.0, 4.0);
+        let (wg, wc) = both(&values(53, width, 0.5, 1.5), &[width], DType::F32);
+        for input in [DType::F32, DType::F16] {
+            let (xg, xc) = both(&x, &[rows, width], input);
+            let stream = values(57, rows * width, -4.0, 4.0);
+            let (sg, sc) = both(&stream, &[rows, width], DType::F32);
+            sg.inplace_op2(&xg, &AddInto).unwrap();
+            sc.inplace_op2(&xc, &AddInto).unwrap();
             let room: Vec<f32> = stream.iter().chain(&stream).copied().collect();
             let (hg, hc) = both(&room, &[2 * rows, width], DType::F32);
             let add_norm = |weight| AddNorm { weight, eps: 1e-5 };

@@ -25,7 +25,7 @@ pub mod sampling;
 pub use crate::kernel_plan::AttentionShape;
 pub use attention::{paged_attention, AttentionOut, DeviceBatch, KvPool};
 pub use forward::glu;
-pub(crate) use forward::{add_into, add_norm, gemm_add, rms_norm, rope_qk, store_rows};
+pub(crate) use forward::{add_into, add_norm, gemm_add, rms_norm, rope, store_rows, RopeOut};
 pub use graph::StepGraphs;
 pub use sampling::{sample_rows, MaskUpload};
 

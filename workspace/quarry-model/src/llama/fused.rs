@@ -180,8 +180,146 @@ impl CustomOp1 for RopeQk<'_> {
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let tokens = self.tokens(l)?;
         let (q_w, kv_w) = self.widths();
-        let out = crate::cuda::rope_qk(s, l, self, tokens)?;
+        let out = crate::cuda::rope(s, l, self, tokens, crate::cuda::RopeOut::Planes)?;
         Ok((out, Shape::from(tokens * (q_w + 2 * kv_w))))
+    }
+}
+
+/// RoPE with the KV writes in one op: [`RopeQk`]'s work on the stacked Q/K/V output, returning
+/// only the queries (`[tokens · q_w]` f32) and writing the keys and values into the pools' rows
+/// at `slots` in the pools' element type, as [`crate::attention::StoreRows`] writes them:
+/// `qkv.apply_op1_no_bwd(&RopeStore { .. })`. On a GPU one launch (`rope_store`,
+/// kernels/rope_store.cu) where `RopeQk` and two `StoreRows` run three. candle lets an op write
+/// one storage, so the op writes the pools from inside an in-place op on each (the key pool's,
+/// and within it the value pool's): each storage written under candle's own write lock. On the
+/// CPU, `RopeQk` then `StoreRows` on each pool.
+pub(crate) struct RopeStore<'a> {
+    pub rope: RopeQk<'a>,
+    /// The tokens' pool rows (u32, `[tokens]`).
+    pub slots: &'a Tensor,
+    pub k_pool: &'a Tensor,
+    pub v_pool: &'a Tensor,
+}
+
+impl CustomOp1 for RopeStore<'_> {
+    fn name(&self) -> &'static str {
+        "quarry-rope-store"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let tokens = self.rope.tokens(l)?;
+        let (q_w, kv_w) = self.rope.widths();
+        let (CpuStorage::F32(mut planes), _) = self.rope.cpu_fwd(s, l)? else {
+            candle_core::bail!("rope: the planes are f32");
+        };
+        let plane = |at: usize| {
+            Tensor::from_slice(
+                &planes[at..at + tokens * kv_w],
+                (tokens, kv_w),
+                &candle_core::Device::Cpu,
+            )
+        };
+        let store = crate::attention::StoreRows;
+        self.k_pool
+            .inplace_op3(&plane(tokens * q_w)?, self.slots, &store)?;
+        self.v_pool
+            .inplace_op3(&plane(tokens * (q_w + kv_w))?, self.slots, &store)?;
+        planes.truncate(tokens * q_w);
+        Ok((CpuStorage::F32(planes), Shape::from(tokens * q_w)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let tokens = self.rope.tokens(l)?;
+        let queries = std::cell::Cell::new(None);
+        self.k_pool.inplace_op1(&rope_store::WithKeys {
+            op: self,
+            qkv: (s, l),
+            tokens,
+            queries: &queries,
+        })?;
+        let Some(q) = queries.take() else {
+            candle_core::bail!("rope: the queries were not written");
+        };
+        Ok((q, Shape::from(tokens * self.rope.widths().0)))
+    }
+}
+
+/// [`RopeStore`]'s launch from inside the pools' in-place ops.
+#[cfg(feature = "cuda")]
+mod rope_store {
+    use std::cell::Cell;
+
+    use candle_core::{CpuStorage, CudaStorage, InplaceOp1, Layout};
+
+    use super::RopeStore;
+    use crate::cuda::RopeOut;
+
+    /// The op on the key pool: runs [`WithValues`] on the value pool.
+    pub(super) struct WithKeys<'a> {
+        pub op: &'a RopeStore<'a>,
+        pub qkv: (&'a CudaStorage, &'a Layout),
+        pub tokens: usize,
+        /// Where the launch leaves the queries.
+        pub queries: &'a Cell<Option<CudaStorage>>,
+    }
+
+    /// The op on the value pool, holding the key pool's storage: the launch.
+    struct WithValues<'a> {
+        keys: &'a WithKeys<'a>,
+        k: Cell<Option<(&'a mut CudaStorage, &'a Layout)>>,
+    }
+
+    fn cpu_side() -> candle_core::Result<()> {
+        candle_core::bail!(
+            "rope: the pools' nested ops are the GPU's (the CPU runs RopeQk and StoreRows)"
+        )
+    }
+
+    impl InplaceOp1 for WithKeys<'_> {
+        fn name(&self) -> &'static str {
+            "quarry-rope-store-keys"
+        }
+
+        fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> candle_core::Result<()> {
+            cpu_side()
+        }
+
+        fn cuda_fwd(&self, k: &mut CudaStorage, lk: &Layout) -> candle_core::Result<()> {
+            self.op.v_pool.inplace_op1(&WithValues {
+                keys: self,
+                k: Cell::new(Some((k, lk))),
+            })
+        }
+    }
+
+    impl InplaceOp1 for WithValues<'_> {
+        fn name(&self) -> &'static str {
+            "quarry-rope-store-values"
+        }
+
+        fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout) -> candle_core::Result<()> {
+            cpu_side()
+        }
+
+        fn cuda_fwd(&self, v: &mut CudaStorage, lv: &Layout) -> candle_core::Result<()> {
+            let Some(k) = self.k.take() else {
+                candle_core::bail!("rope: the key pool was taken");
+            };
+            let (s, l) = self.keys.qkv;
+            let to = RopeOut::Pools {
+                slots: self.keys.op.slots,
+                k,
+                v: (v, lv),
+            };
+            let q = crate::cuda::rope(s, l, &self.keys.op.rope, self.keys.tokens, to)?;
+            self.keys.queries.set(Some(q));
+            Ok(())
+        }
     }
 }
 
@@ -290,11 +428,34 @@ impl InplaceOp2 for AddInto {
     }
 }
 
-/// A fusion of the tensor forward that a variable turns `on` (`QUARRY_ADD_NORM`: [`AddNorm`];
-/// `QUARRY_GEMM_ADD`: `linear::GemmAdd`): off unless set, until a GPU's measurement says
-/// otherwise.
-pub(crate) fn fusion_switch(name: &str) -> Result<bool, String> {
-    crate::step_graph::parse_switch(name, std::env::var(name).ok().as_deref(), false)
+/// The tensor forward's optional fusions, each fewer launches for the same work (docs/gpu.md):
+/// off unless its variable is `on`, until a GPU's measurement says otherwise
+/// ([`crate::Llama::set_fusions`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fusions {
+    /// `QUARRY_GEMM_ADD`: the dense output and down projections' GEMMs add into the residual
+    /// stream (`linear::GemmAdd`, a GPU's).
+    pub gemm_add: bool,
+    /// `QUARRY_ADD_NORM`: the residual add writes the next norm where its rows are f32
+    /// ([`AddNorm`]).
+    pub add_norm: bool,
+    /// `QUARRY_ROPE_STORE`: RoPE writes the keys and values into the pools itself
+    /// ([`RopeStore`]).
+    pub rope_store: bool,
+}
+
+impl Fusions {
+    /// The fusions the environment turns on, or the error naming a bad value.
+    pub fn from_env() -> Result<Self, String> {
+        let on = |name: &str| {
+            crate::step_graph::parse_switch(name, std::env::var(name).ok().as_deref(), false)
+        };
+        Ok(Self {
+            gemm_add: on("QUARRY_GEMM_ADD")?,
+            add_norm: on("QUARRY_ADD_NORM")?,
+            rope_store: on("QUARRY_ROPE_STORE")?,
+        })
+    }
 }
 
 /// `x += y`, then each row of the new `x` normalized by `weight` (as [`Norm`] into f32) into the

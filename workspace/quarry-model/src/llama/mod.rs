@@ -18,6 +18,7 @@ use crate::ragged::AttentionKernel;
 pub(crate) mod fused;
 #[cfg(all(feature = "cuda", test))]
 pub(crate) use fused::AddInto;
+pub use fused::Fusions;
 #[cfg(feature = "cuda")]
 pub(crate) use fused::{AddNorm, Norm, RopeQk};
 mod host;
@@ -74,12 +75,8 @@ pub struct Llama {
     graphs: std::sync::Mutex<crate::cuda::StepGraphs>,
     /// Whether decode steps on a GPU replay CUDA graphs (`$QUARRY_CUDA_GRAPHS` at load).
     graphs_on: std::sync::atomic::AtomicBool,
-    /// Whether the tensor forward adds a projection into the stream and normalizes it for the
-    /// next in one op where the norm's rows are f32 (`$QUARRY_ADD_NORM` at load, off unless set).
-    add_norm_on: std::sync::atomic::AtomicBool,
-    /// Whether the dense output and down projections add into the stream in their GEMM
-    /// (`linear::GemmAdd`; `$QUARRY_GEMM_ADD` at load, off unless set).
-    gemm_add_on: std::sync::atomic::AtomicBool,
+    /// The tensor forward's optional fusions (the environment's at load).
+    fusions: std::sync::Mutex<Fusions>,
 }
 
 impl Llama {
@@ -213,10 +210,7 @@ impl Llama {
             graphs_on: crate::step_graph::graphs_enabled()
                 .map_err(|message| ModelError::Forward { message })?
                 .into(),
-            add_norm_on: fused::fusion_switch("QUARRY_ADD_NORM")
-                .map_err(|message| ModelError::Forward { message })?
-                .into(),
-            gemm_add_on: fused::fusion_switch("QUARRY_GEMM_ADD")
+            fusions: Fusions::from_env()
                 .map_err(|message| ModelError::Forward { message })?
                 .into(),
         })
@@ -237,27 +231,21 @@ impl Llama {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Turns the fused residual add and norm ([`fused::AddNorm`]) of the tensor forward on or off
-    /// (the default comes from `$QUARRY_ADD_NORM`, off unless set); the decode graphs captured
-    /// before are dropped, since they replay the other form.
-    pub fn set_fused_add_norm(&self, on: bool) {
-        self.set_fusion(&self.add_norm_on, on);
-    }
-
-    /// Turns on or off the dense output and down projections' GEMMs adding into the residual
-    /// stream themselves (`linear::GemmAdd`, on a GPU; the default comes from `$QUARRY_GEMM_ADD`,
-    /// off unless set); the decode graphs captured before are dropped.
-    pub fn set_gemm_add(&self, on: bool) {
-        self.set_fusion(&self.gemm_add_on, on);
-    }
-
-    fn set_fusion(&self, switch: &std::sync::atomic::AtomicBool, on: bool) {
-        switch.store(on, std::sync::atomic::Ordering::Relaxed);
+    /// Sets the tensor forward's optional fusions (the default comes from the environment,
+    /// [`Fusions::from_env`]); the decode graphs captured before are dropped, since they replay
+    /// the other form.
+    pub fn set_fusions(&self, fusions: Fusions) {
+        *self.fusions.lock().unwrap_or_else(|p| p.into_inner()) = fusions;
         #[cfg(feature = "cuda")]
         self.graphs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+    }
+
+    /// The tensor forward's optional fusions.
+    pub fn fusions(&self) -> Fusions {
+        *self.fusions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// What the decode steps' CUDA graphs have done since the model was loaded (all zero on a
@@ -440,7 +428,8 @@ impl Llama {
         // every norm's rows are f32 (the quantized weights' small batches) and `QUARRY_ADD_NORM`
         // is on, the stream has room after its rows for a norm's, and each add but the last
         // writes the next norm in the same op (`fused::AddNorm`).
-        let fuse = self.add_norm_on.load(std::sync::atomic::Ordering::Relaxed)
+        let fusions = self.fusions();
+        let fuse = fusions.add_norm
             && self.layers.iter().all(|l| {
                 l.qkv.input_dtype(t) == DType::F32 && l.gate_up.input_dtype(t) == DType::F32
             });
@@ -457,7 +446,7 @@ impl Llama {
         let norm = |x: &Tensor, weight: &Tensor, out: DType| -> Result<Tensor> {
             Ok(x.apply_op1_no_bwd(&fused::Norm { weight, eps, out })?)
         };
-        let gemm_add = self.gemm_add_on.load(std::sync::atomic::Ordering::Relaxed);
+        let gemm_add = fusions.gemm_add;
         // A block's output projection `proj` of `input` (then Gemma's output norm `post`, where
         // the model has them) added into the stream: by the projection's GEMM itself where
         // `QUARRY_GEMM_ADD` is on and nothing comes between (`linear::GemmAdd`), else projected
@@ -530,12 +519,25 @@ impl Llama {
             };
             let qkv = layer.qkv.forward(&h)?;
             phases.mark("Q/K/V projection")?;
-            let planes = qkv.apply_op1_no_bwd(&op)?;
-            let [q, k, v] = op.split(&planes, t)?;
-            phases.mark("RoPE")?;
-            k_pool[l].inplace_op3(&k, &slots, &attention::StoreRows)?;
-            v_pool[l].inplace_op3(&v, &slots, &attention::StoreRows)?;
-            phases.mark("KV writes")?;
+            let q = if fusions.rope_store {
+                // The keys and values straight into the pools (QUARRY_ROPE_STORE).
+                let q = qkv.apply_op1_no_bwd(&fused::RopeStore {
+                    rope: op,
+                    slots: &slots,
+                    k_pool: &k_pool[l],
+                    v_pool: &v_pool[l],
+                })?;
+                phases.mark("RoPE and KV writes")?;
+                q.reshape((t, c.head_count, c.head_dim))?
+            } else {
+                let planes = qkv.apply_op1_no_bwd(&op)?;
+                let [q, k, v] = op.split(&planes, t)?;
+                phases.mark("RoPE")?;
+                k_pool[l].inplace_op3(&k, &slots, &attention::StoreRows)?;
+                v_pool[l].inplace_op3(&v, &slots, &attention::StoreRows)?;
+                phases.mark("KV writes")?;
+                q
+            };
             let heads = Heads {
                 window: c.window(l),
                 ..heads
