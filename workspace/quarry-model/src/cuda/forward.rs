@@ -718,6 +718,13 @@ mod tests {
                     host_f32(&v_two),
                     "{what}, {pool:?}: the values"
                 );
+                // One pool for both: an error, not the nested locks' hang.
+                let one = RopeStore {
+                    v_pool: &k_one,
+                    ..fused
+                };
+                let err = xg.apply_op1_no_bwd(&one).unwrap_err().to_string();
+                assert!(err.contains("three storages"), "{err}");
             }
 
             if store {

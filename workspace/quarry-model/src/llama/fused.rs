@@ -235,6 +235,17 @@ impl CustomOp1 for RopeStore<'_> {
         l: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let tokens = self.rope.tokens(l)?;
+        // The nested write locks would wait on each other (a hang) if two of the storages were
+        // one: an error instead.
+        let (k, v) = (
+            rope_store::address(self.k_pool),
+            rope_store::address(self.v_pool),
+        );
+        if k == v || [k, v].contains(&std::ptr::from_ref(s).addr()) {
+            candle_core::bail!(
+                "rope: the key pool, the value pool and the input must be three storages"
+            );
+        }
         let queries = std::cell::Cell::new(None);
         self.k_pool.inplace_op1(&rope_store::WithKeys {
             op: self,
@@ -272,6 +283,15 @@ mod rope_store {
     struct WithValues<'a> {
         keys: &'a WithKeys<'a>,
         k: Cell<Option<(&'a mut CudaStorage, &'a Layout)>>,
+    }
+
+    /// Where a GPU tensor's storage lives (0 for another device's): two tensors of one storage
+    /// have one address.
+    pub(super) fn address(t: &candle_core::Tensor) -> usize {
+        match &*t.storage_and_layout().0 {
+            candle_core::Storage::Cuda(c) => std::ptr::from_ref(c).addr(),
+            _ => 0,
+        }
     }
 
     fn cpu_side() -> candle_core::Result<()> {
