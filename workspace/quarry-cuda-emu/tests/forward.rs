@@ -374,29 +374,31 @@ impl RopeInputs {
         self.q_w + 2 * self.kv_w
     }
 
-    /// The bias and the two norms' pointers (null where absent).
-    fn optional(&self) -> (*const f32, *const f32, *const f32) {
+    /// The arguments both RoPE kernels take first (the rows, the bias and the two norms, null
+    /// where absent, the tables, the positions), and the pair style of `h`.
+    fn args(&self, h: &Heads) -> RopeArgs {
         let null = std::ptr::null::<f32>();
-        let (qn, kn) = self
+        let (q_norm, k_norm) = self
             .norms
             .as_ref()
             .map_or((null, null), |(q, k)| (q.ptr(), k.ptr()));
-        (self.bias.as_ref().map_or(null, |b| b.ptr()), qn, kn)
+        RopeArgs {
+            x: self.x.ptr(),
+            bias: self.bias.as_ref().map_or(null, |b| b.ptr()),
+            q_norm,
+            k_norm,
+            cos: self.cos.ptr(),
+            sin: self.sin.ptr(),
+            positions: self.positions.ptr(),
+            interleaved: i32::from(h.style == RopeStyle::Interleaved),
+        }
     }
 
     /// `rope_qk`'s planes, from the kernel of that name.
     fn planes(&self, name: &str, h: &Heads) -> Vec<f32> {
         let kernel = kernels::rope_qk::by_name(name).expect(name);
         let mut out = Buf::<f32>::poisoned(self.tokens * self.width());
-        let (bp, qn, kn) = self.optional();
-        let (xp, cp, sp, pp, op) = (
-            self.x.ptr(),
-            self.cos.ptr(),
-            self.sin.ptr(),
-            self.positions.ptr(),
-            out.ptr_mut(),
-        );
-        let interleaved = i32::from(h.style == RopeStyle::Interleaved);
+        let (a, op) = (self.args(h), out.ptr_mut());
         unsafe {
             run(
                 name,
@@ -405,19 +407,19 @@ impl RopeInputs {
                 self.width() * 4,
                 || {
                     kernel(
-                        xp,
-                        bp,
-                        qn,
-                        kn,
-                        cp,
-                        sp,
-                        pp,
+                        a.x,
+                        a.bias,
+                        a.q_norm,
+                        a.k_norm,
+                        a.cos,
+                        a.sin,
+                        a.positions,
                         op,
                         self.tokens as i32,
                         h.n_head as i32,
                         h.n_kv as i32,
                         h.head_dim as i32,
-                        interleaved,
+                        a.interleaved,
                         ROPE_EPS,
                     )
                 },
@@ -511,26 +513,18 @@ fn rope_store_writes_what_rope_qk_and_store_rows_write() {
                     Pool::new(pool, pool_rows * kv_w),
                 );
                 let mut q = Buf::<f32>::poisoned(tokens * q_w);
-                let (bp, qn, kn) = r.optional();
-                let (xp, cp, sp, pp, sl) = (
-                    r.x.ptr(),
-                    r.cos.ptr(),
-                    r.sin.ptr(),
-                    r.positions.ptr(),
-                    lb.ptr(),
-                );
+                let (a, sl) = (r.args(&h), lb.ptr());
                 let (qp, kp, vp) = (q.ptr_mut(), k.ptr(), v.ptr());
-                let interleaved = i32::from(h.style == RopeStyle::Interleaved);
                 unsafe {
                     run(&name, (tokens as u32, 1, 1), THREADS, r.width() * 4, || {
                         kernel(
-                            xp,
-                            bp,
-                            qn,
-                            kn,
-                            cp,
-                            sp,
-                            pp,
+                            a.x,
+                            a.bias,
+                            a.q_norm,
+                            a.k_norm,
+                            a.cos,
+                            a.sin,
+                            a.positions,
                             sl,
                             qp,
                             kp,
@@ -538,7 +532,7 @@ fn rope_store_writes_what_rope_qk_and_store_rows_write() {
                             h.n_head as i32,
                             h.n_kv as i32,
                             h.head_dim as i32,
-                            interleaved,
+                            a.interleaved,
                             ROPE_EPS,
                         )
                     })
@@ -569,6 +563,19 @@ fn rope_store_writes_what_rope_qk_and_store_rows_write() {
             }
         }
     }
+}
+
+/// [`RopeInputs::args`]: the RoPE kernels' first arguments.
+#[derive(Clone, Copy)]
+struct RopeArgs {
+    x: *const c_void,
+    bias: *const f32,
+    q_norm: *const f32,
+    k_norm: *const f32,
+    cos: *const f32,
+    sin: *const f32,
+    positions: *const u32,
+    interleaved: i32,
 }
 
 /// A KV pool of f32, f16 or bf16 values, poisoned, read back as f32.

@@ -32,13 +32,7 @@ fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     let profiled = run(true);
     assert_eq!(profiled, plain, "profiling changes no logit");
     let phases = profile::take();
-    let calls = |name: &str| {
-        phases
-            .iter()
-            .find(|p| p.phase == name)
-            .unwrap_or_else(|| panic!("no phase {name}: {phases:?}"))
-            .calls
-    };
+    let calls = |name: &str| calls_of(&phases, name);
     let passes = 3;
     for per_layer in [
         "Q/K/V projection",
@@ -72,16 +66,19 @@ fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     model.set_fusions(Fusions::default());
     assert_eq!(fused, plain, "the fusions change no logit");
     let phases = profile::take();
-    let calls = |name: &str| {
-        phases
-            .iter()
-            .find(|p| p.phase == name)
-            .map_or(0, |p| p.calls)
-    };
+    let calls = |name: &str| calls_of(&phases, name);
     assert_eq!(calls("norms"), passes);
     assert_eq!(calls("residual adds"), passes);
     assert_eq!(calls("residual adds and norms"), (2 * layers - 1) * passes);
     assert_eq!(calls("RoPE and KV writes"), layers * passes);
     assert_eq!((calls("RoPE"), calls("KV writes")), (0, 0));
     profile::set_enabled(false);
+}
+
+/// How many times `phases` recorded `name` (0 if never).
+fn calls_of(phases: &[profile::PhaseTime], name: &str) -> u64 {
+    phases
+        .iter()
+        .find(|p| p.phase == name)
+        .map_or(0, |p| p.calls)
 }
