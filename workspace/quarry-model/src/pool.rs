@@ -44,7 +44,7 @@ pub fn kv_dtype(device: &Device) -> Result<DType> {
     }
 }
 
-/// Storage for `slots = num_pages * page_size` rows of `kv_dim` values per layer, for K and for V.
+/// Storage for `slots = num_pages * page_size` rows (one page more in the tensor layout) of `kv_dim` values per layer, for K and for V.
 pub(crate) enum KvStorage {
     Host { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
     Tensor { k: Vec<Tensor>, v: Vec<Tensor> },
@@ -97,7 +97,7 @@ impl KvPool {
                 "page size ({page_size}) and page count ({num_pages}) must be positive"
             )));
         }
-        if num_pages > PageId::MAX as usize {
+        if num_pages >= PageId::MAX as usize {
             return Err(pool_err(format!(
                 "{num_pages} pages is more than {}",
                 PageId::MAX
@@ -136,7 +136,9 @@ impl KvPool {
                 }
             }
             KvLayout::Tensor => {
-                let slots = num_pages * page_size;
+                // One page more than the allocator hands out: the scratch page that a CUDA
+                // graph's padding writes (`KvPool::scratch_page`).
+                let slots = (num_pages + 1) * page_size;
                 let zeros = || Tensor::zeros((slots, kv_dim), dtype, device);
                 KvStorage::Tensor {
                     k: (0..layers)
@@ -180,6 +182,16 @@ impl KvPool {
 
     pub fn num_pages(&self) -> usize {
         self.num_pages
+    }
+
+    /// The page after the last one the allocator hands out, which the tensor layout holds too:
+    /// no sequence owns it, so a step padded to its CUDA graph's shape writes its padding's keys
+    /// and values there (`step_graph::GraphKey::pad`). `None` for the host layout (no graphs).
+    pub fn scratch_page(&self) -> Option<PageId> {
+        match self.storage {
+            KvStorage::Host { .. } => None,
+            KvStorage::Tensor { .. } => Some(self.num_pages as PageId),
+        }
     }
 
     pub fn free_pages(&self) -> usize {

@@ -375,6 +375,91 @@ fn prefill_then_decode(
     logits
 }
 
+/// A step padded to its CUDA graph's shape (`step_graph::GraphKey::pad`) gives every real row the
+/// logits the step gives unpadded, and leaves the real sequences' keys and values as they were:
+/// a mixed prefill of three sequences (62 tokens, padded to 64), an extend step with every logit
+/// wanted (6 tokens, to 8), then decodes (3 tokens, to 4), on SmolLM2 and Gemma 3, each run on a
+/// pool of its own. `forward_paged` runs the pass a graph replays without a graph (on the CPU the
+/// paged attention's reference arithmetic, which the host kernel agrees with, above), so a
+/// padding token that wrote a real sequence's row, or attended to one, would move the logits of
+/// the steps after it. (Against the gather attention of the CPU's tensor forward, the paged
+/// reference differs by rounding, about 1e-7 in the first layer's output, which the quantized
+/// activations of 30 layers carry to about a logit: so both runs here take the paged attention.)
+#[test]
+fn padded_steps_keep_every_real_row() {
+    for model in [smollm2(), gemma3()] {
+        let prompts = [
+            text_tokens(40, 0),
+            text_tokens(17, 100),
+            text_tokens(5, 300),
+        ];
+        let extend = [
+            text_tokens(3, 500),
+            text_tokens(1, 520),
+            text_tokens(2, 540),
+        ];
+        let next = text_tokens(3, 700);
+        let run = |padded: bool| -> Vec<Vec<f32>> {
+            let mut pool = pool_for(model, 16, 12, KvLayout::Tensor);
+            let tables: Vec<Vec<PageId>> = (0..3)
+                .map(|_| {
+                    let mut t = Vec::new();
+                    assert!(pool.alloc_into(4, &mut t));
+                    t
+                })
+                .collect();
+            let mut rows = Vec::new();
+            let mut out = Logits::new();
+            let mut step = |batch: &[SeqInput], pool: &mut quarry_model::KvPool| {
+                model.forward_paged(batch, pool, &mut out, padded).unwrap();
+                for s in 0..batch.len() {
+                    rows.extend(out.positions(s).map(<[f32]>::to_vec));
+                }
+            };
+            let mut len: Vec<usize> = prompts.iter().map(Vec::len).collect();
+            let prefill: Vec<SeqInput> = prompts
+                .iter()
+                .zip(&tables)
+                .map(|(p, t)| SeqInput::new(p, 0, t))
+                .collect();
+            step(&prefill, &mut pool);
+            let extends: Vec<SeqInput> = extend
+                .iter()
+                .zip(&tables)
+                .zip(&len)
+                .map(|((e, t), &l)| SeqInput::new(e, l, t).with_all_logits())
+                .collect();
+            step(&extends, &mut pool);
+            for (l, e) in len.iter_mut().zip(&extend) {
+                *l += e.len();
+            }
+            for (i, token) in next.iter().enumerate() {
+                let token = [*token];
+                let decode: Vec<SeqInput> = tables
+                    .iter()
+                    .zip(&len)
+                    .map(|(t, &l)| SeqInput::new(&token, l + i, t))
+                    .collect();
+                step(&decode, &mut pool);
+            }
+            rows
+        };
+        let (plain, padded) = (run(false), run(true));
+        assert_eq!(plain.len(), 3 + 6 + 3 * 3);
+        assert_eq!(plain.len(), padded.len());
+        let worst = plain
+            .iter()
+            .zip(&padded)
+            .map(|(a, b)| max_diff(a, b))
+            .fold(0f32, f32::max);
+        eprintln!("padded steps: worst logit difference {worst:e}");
+        assert!(
+            worst <= batch_tolerance(),
+            "padding moved a logit by {worst}"
+        );
+    }
+}
+
 /// The forward pass's fusions ([`Fusions`]) change no logit beyond their stated bounds: SmolLM2,
 /// and Gemma 3 (norms after the projections, a scaled embedding, per-head norms), over a prefill
 /// of three sequences and five decode steps, each model loaded for this test (the switches are the

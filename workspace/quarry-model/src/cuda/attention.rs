@@ -64,7 +64,7 @@ impl DeviceBatch {
 
     /// The buffer a CUDA graph of `key` reads its batch from ([`GraphKey::layout`]): a step of
     /// that key refills it ([`DeviceBatch::refill`]) and its launches are planned for the key's
-    /// bound on the context.
+    /// tokens and its bound on the context.
     pub fn fixed(dev: &CudaDevice, key: GraphKey) -> Result<Self> {
         let at = key.layout();
         Ok(Self {
@@ -72,29 +72,29 @@ impl DeviceBatch {
             at,
             page_size: key.page_size,
             size: BatchSize {
-                tokens: key.seqs,
+                tokens: key.tokens,
                 longest: key.context,
                 sms: multiprocessors(dev)?,
             },
         })
     }
 
-    /// Copies a step of `key` into a [`DeviceBatch::fixed`] buffer of that key, through `packed`
-    /// (the caller's, reused between steps).
+    /// Copies a step padded to `key` ([`GraphKey::pad`]) into a [`DeviceBatch::fixed`] buffer of
+    /// that key, through `packed` (the caller's, reused between steps): only the words the step
+    /// uses, up to the end of its block table.
     pub fn refill(
         &mut self,
         dev: &CudaDevice,
         key: GraphKey,
-        meta: &RaggedBatch,
+        padded: &RaggedBatch,
         packed: &mut Vec<u32>,
     ) -> Result<()> {
-        if self.at != key.layout() || self.size.tokens != key.seqs {
+        if self.at != key.layout() || self.size.tokens != key.tokens {
             candle_core::bail!("paged attention: a batch refilled with another key's step");
         }
-        key.pack(meta, packed);
-        dev.cuda_stream()
-            .memcpy_htod(&packed[..], &mut self.ids)
-            .w()
+        let used = key.pack(padded, packed);
+        let mut dst = self.ids.slice_mut(0..used);
+        dev.cuda_stream().memcpy_htod(&packed[..used], &mut dst).w()
     }
 
     /// `token_seq`, `token_pos`, `page_start` and `block_table`, as the kernel reads them.

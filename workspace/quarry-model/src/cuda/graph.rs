@@ -1,19 +1,20 @@
-//! CUDA graphs of the decode step (issue 25). A batch-1 pass is launch-bound: about 13 launches a
-//! layer, each paying the driver's enqueue and candle's bookkeeping on the host, while the GPU's
-//! part is a few microseconds. A graph captures a whole pass once and replays it with one launch.
+//! CUDA graphs of the forward pass (`step_graph.rs` says which steps, padded how). A pass at
+//! small batches is launch-bound: about 13 launches a layer, each paying the driver's enqueue and
+//! candle's bookkeeping on the host, while the GPU's part is a few microseconds. A graph captures
+//! a pass's layers once and replays them with one launch.
 //!
-//! A graph replays the same launches on the same buffers, so a step of [`GraphKey`] `k` reads its
-//! inputs from buffers the graph of `k` owns (the forward's ids, the attention's batch in
-//! [`GraphKey::layout`]), refilled before each replay, and writes its logits into a buffer of the
-//! graph's. Everything the pass allocates in between (activations, the logits before their copy)
-//! is allocated and freed inside the graph, which owns that memory. A key is captured the second
-//! step in a row it comes (so a batch whose size changes every step never pays for a capture it
-//! does not replay). The capture's step runs the pass once first (so that candle's upload cache
-//! holds the small parameters some of its ops copy from the host, which a capture cannot take),
-//! then captures it (nothing runs while capturing) and replays the graph.
+//! A graph replays the same launches on the same buffers, so a step of key `k`, padded to `k`
+//! ([`crate::step_graph::GraphKey::pad`]), reads its inputs from buffers the graph of `k` owns (the layers'
+//! ids, the attention's batch in [`crate::step_graph::GraphKey::layout`]), refilled before each replay, and the
+//! layers write the residual stream into a buffer of the graph's, which the logits (run after the
+//! graph at the step's own size) read. Everything the layers allocate in between is allocated and
+//! freed inside the graph, which owns that memory. A key is captured the second time a step of
+//! it comes ([`GraphCache`]). The capture's step runs the pass once first (so that candle's
+//! upload cache holds the small parameters some of its ops copy from the host, which a capture
+//! cannot take), then captures it (nothing runs while capturing) and replays the graph.
 //!
-//! If a capture fails (an operation the driver refuses to capture), decode steps run without
-//! graphs from then on and the reason is printed once: the pass itself is the same either way.
+//! If a capture fails (an operation the driver refuses to capture), steps run without graphs
+//! from then on and the reason is printed once: the pass itself is the same either way.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda::cudarc::driver::{sys, CudaGraph, DriverError};
@@ -22,10 +23,11 @@ use candle_core::{CpuStorage, CudaDevice, DType, Device, Layout, Tensor};
 
 use super::attention::DeviceBatch;
 use crate::error::{ModelError, Result};
+use crate::llama::PaddedStep;
 use crate::ragged::RaggedBatch;
-use crate::step_graph::{Decision, GraphCache, GraphKey, GraphStats};
+use crate::step_graph::{Decision, GraphCache, GraphStats};
 
-/// The decode graphs of one model ([`GraphCache`]: which step captures, which replays).
+/// The graphs of one model ([`GraphCache`]: which step captures, which replays) and their counts.
 #[derive(Default)]
 pub struct StepGraphs {
     cache: GraphCache<Entry, Option<candle_core::TensorId>>,
@@ -33,17 +35,16 @@ pub struct StepGraphs {
     failed: Option<String>,
     /// The attention's batch in its fixed layout, reused between steps.
     packed: Vec<u32>,
-    captured: u64,
-    replayed: u64,
+    stats: GraphStats,
 }
 
 /// A graph and the buffers it reads and writes.
 struct Entry {
-    /// The forward's ids (tokens, positions, slots, logit rows; `4 · seqs` words).
+    /// The layers' ids (tokens, positions, slots; `3 · tokens` words).
     ids: Tensor,
     batch: DeviceBatch,
-    /// `[seqs, vocab]` f32: the step's logits after each replay.
-    logits: Tensor,
+    /// `[tokens, embedding]` f32: the residual stream after the last layer, after each replay.
+    stream: Tensor,
     graph: Graph,
 }
 
@@ -56,45 +57,51 @@ struct Graph(CudaGraph);
 unsafe impl Send for Graph {}
 
 impl StepGraphs {
-    /// Runs a decode step of `key` through its graph: replays the graph with the step's `ids`
-    /// and `meta`, or captures the pass `pass` makes (from the graph's own inputs) and replays
-    /// it. Returns the step's logits (`[seqs, vocab]` f32, the graph's buffer: valid until the
-    /// next step), or `None` when the step must run without a graph (the first step of a key, or
-    /// every step once a capture failed).
-    #[allow(clippy::too_many_arguments)]
-    pub fn run(
+    /// A pass on the GPU that ran without a graph.
+    pub fn count_eager(&mut self) {
+        self.stats.eager += 1;
+    }
+
+    /// Runs the layers of a padded `step` through its key's graph: replays the graph with the
+    /// step's ids and batch, or captures the layers `layers` runs (from the graph's own inputs)
+    /// and replays them. Returns the residual stream after the last layer (`[tokens, embedding]`
+    /// f32, the graph's buffer: valid until the next step), or `None` when the step must run
+    /// without a graph (the first step of a key, or every step once a capture failed).
+    pub(crate) fn run(
         &mut self,
         dev: &CudaDevice,
-        key: GraphKey,
+        step: &PaddedStep,
         pool: &[Tensor],
-        ids: &[u32],
-        meta: &RaggedBatch,
-        vocab: usize,
-        pass: impl Fn(&Tensor, &DeviceBatch) -> Result<Tensor>,
+        embedding: usize,
+        layers: impl Fn(&Tensor, &RaggedBatch, &DeviceBatch) -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
         if self.failed.is_some() {
             return Ok(None);
         }
+        let key = step.key;
         // A pool is told apart by its first layer's tensor (a pool's tensors are made with it,
         // and tensor ids are never reused).
         let pool = pool.first().map(Tensor::id);
-        match self.cache.decide(key, pool) {
-            Decision::Eager => return Ok(None),
-            Decision::Replay(i) => {
-                let e = self.cache.get_mut(i);
-                e.ids.inplace_op1(&Fill(ids))?;
-                e.batch.refill(dev, key, meta, &mut self.packed)?;
-                e.graph.0.launch().map_err(driver("replaying"))?;
-                self.replayed += 1;
-                return Ok(Some(e.logits.clone()));
-            }
-            Decision::Capture => {}
+        let decision = self.cache.decide(key, pool);
+        if decision == Decision::Eager {
+            return Ok(None);
+        }
+        self.stats.padded_tokens += step.pad as u64;
+        self.stats.real_tokens += (key.tokens - step.pad) as u64;
+        if let Decision::Replay(i) = decision {
+            let e = self.cache.get_mut(i);
+            e.ids.inplace_op1(&Fill(&step.ids))?;
+            e.batch.refill(dev, key, &step.meta, &mut self.packed)?;
+            e.graph.0.launch().map_err(driver("replaying"))?;
+            self.stats.replayed += 1;
+            return Ok(Some(e.stream.clone()));
         }
         let device = Device::Cuda(dev.clone());
-        let inputs = Tensor::from_slice(ids, ids.len(), &device)?;
+        let free_before = free_memory(dev)?;
+        let inputs = Tensor::from_slice(&step.ids, step.ids.len(), &device)?;
         let mut batch = DeviceBatch::fixed(dev, key)?;
-        batch.refill(dev, key, meta, &mut self.packed)?;
-        let logits = Tensor::zeros((key.seqs, vocab), DType::F32, &device)?;
+        batch.refill(dev, key, &step.meta, &mut self.packed)?;
+        let stream = Tensor::zeros((key.tokens, embedding), DType::F32, &device)?;
         // Some of candle's ops upload small parameters from the host at every call
         // (`index_select` its index tensor's shape and strides): a capture would keep a copy from
         // host memory freed by the time it replays. With candle's upload cache on, such uploads
@@ -102,26 +109,32 @@ impl StepGraphs {
         // instead; one pass before the capture fills it. (That pass writes the same keys and
         // values to the same slots as the graph's launch after it.)
         let _cache = dev.enable_cuda_graph_htod_cache();
-        drop(pass(&inputs, &batch)?);
+        drop(layers(&inputs, &step.meta, &batch)?);
         let Some(graph) = self.capture(dev, || {
-            let y = pass(&inputs, &batch)?.to_dtype(DType::F32)?;
-            Ok(logits.slice_set(&y, 0, 0)?)
+            let x = layers(&inputs, &step.meta, &batch)?;
+            Ok(stream.slice_set(&x, 0, 0)?)
         })?
         else {
             return Ok(None);
         };
         graph.0.launch().map_err(driver("launching"))?;
-        self.captured += 1;
+        // What the graph holds: its buffers and the memory its launch reserved, as the driver
+        // counts free memory (stream-ordered frees may return later: an estimate, not a bound).
+        dev.cuda_stream().synchronize().w()?;
+        let bytes = free_before.saturating_sub(free_memory(dev)?) as u64;
+        self.stats.captured += 1;
         let entry = Entry {
             ids: inputs,
             batch,
-            logits: logits.clone(),
+            stream: stream.clone(),
             graph,
         };
         // A graph pushed out may still run (the step before launched it): the driver frees it
         // when it completes.
-        drop(self.cache.insert(key, pool, entry));
-        Ok(Some(logits))
+        let evicted = self.cache.insert(key, pool, entry, bytes);
+        self.stats.evicted += evicted.len() as u64;
+        drop(evicted);
+        Ok(Some(stream))
     }
 
     /// Drops every graph (the pass they replay has changed); the counts stay.
@@ -133,9 +146,10 @@ impl StepGraphs {
     pub fn stats(&self, enabled: bool) -> GraphStats {
         GraphStats {
             enabled,
-            captured: self.captured,
-            replayed: self.replayed,
+            graphs: self.cache.len() as u64,
+            bytes: self.cache.bytes(),
             failed: self.failed.clone(),
+            ..self.stats.clone()
         }
     }
 
@@ -164,8 +178,8 @@ impl StepGraphs {
         // step runs without a graph.
         let _ = stream.context().check_err();
         eprintln!(
-            "quarry-model: decode steps run without CUDA graphs (QUARRY_CUDA_GRAPHS): the capture \
-             failed: {why}"
+            "quarry-model: steps run without CUDA graphs (QUARRY_CUDA_GRAPHS): the capture failed: \
+             {why}"
         );
         self.failed = Some(why);
         Ok(None)
@@ -174,8 +188,14 @@ impl StepGraphs {
 
 fn driver(doing: &'static str) -> impl Fn(DriverError) -> ModelError {
     move |e| ModelError::Forward {
-        message: format!("{doing} a decode step's CUDA graph: {e:?}"),
+        message: format!("{doing} a step's CUDA graph: {e:?}"),
     }
+}
+
+/// The device's free memory, as the driver counts it.
+fn free_memory(dev: &CudaDevice) -> Result<usize> {
+    let (free, _total) = dev.cuda_stream().context().mem_get_info().w()?;
+    Ok(free)
 }
 
 /// Copies host words into a u32 tensor on the GPU, in place (a graph's inputs keep their buffer).

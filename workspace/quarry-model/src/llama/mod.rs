@@ -273,6 +273,33 @@ impl Llama {
     /// all of them. Sequences may share pages for positions before their new tokens; two
     /// sequences writing the same pool row in one call is a typed error.
     pub fn forward(&self, batch: &[SeqInput], pool: &mut KvPool, out: &mut Logits) -> Result<()> {
+        self.forward_as(batch, pool, out, Route::Default)
+    }
+
+    /// [`Llama::forward`] through the paged attention as a GPU runs it (on the CPU, the kernel's
+    /// reference arithmetic), without a graph; with `pad`, the step padded to the shape of its
+    /// CUDA graph's key first ([`crate::step_graph::GraphKey::pad`]): the pass a graph replays,
+    /// on any device, so the CPU's tests check that padding leaves every real row's logits as
+    /// they are. Needs the tensor KV layout (its scratch page); a step past the largest bucket
+    /// runs unpadded.
+    #[doc(hidden)]
+    pub fn forward_paged(
+        &self,
+        batch: &[SeqInput],
+        pool: &mut KvPool,
+        out: &mut Logits,
+        pad: bool,
+    ) -> Result<()> {
+        self.forward_as(batch, pool, out, Route::Paged { pad })
+    }
+
+    fn forward_as(
+        &self,
+        batch: &[SeqInput],
+        pool: &mut KvPool,
+        out: &mut Logits,
+        route: Route,
+    ) -> Result<()> {
         pool.check_shape(&self.config, &self.device)?;
         out.vocab = self.config.vocab_size;
         out.rows.clear();
@@ -291,9 +318,24 @@ impl Llama {
             scale: c.attention_scale,
             window: None,
         };
-        match &mut pool.storage {
-            KvStorage::Host { k, v } => self.forward_host(batch, &plan, k, v, heads, out)?,
-            KvStorage::Tensor { k, v } => self.forward_tensor(batch, &plan, k, v, heads, out)?,
+        let scratch = pool.scratch_page();
+        match (&mut pool.storage, route) {
+            (KvStorage::Host { k, v }, Route::Default) => {
+                self.forward_host(batch, &plan, k, v, heads, out)?
+            }
+            (KvStorage::Host { .. }, Route::Paged { .. }) => {
+                return Err(ModelError::Pool {
+                    message: "the paged attention needs the tensor KV layout".into(),
+                })
+            }
+            (KvStorage::Tensor { k, v }, route) => {
+                let pool = PoolView {
+                    k,
+                    v,
+                    scratch: scratch.expect("the tensor layout has a scratch page"),
+                };
+                self.forward_tensor(batch, &plan, pool, heads, route, out)?
+            }
         }
         out.rows = plan.out_rows;
         Ok(())
@@ -305,26 +347,21 @@ impl Llama {
         &self,
         batch: &[SeqInput],
         plan: &Plan,
-        k_pool: &[Tensor],
-        v_pool: &[Tensor],
+        pool: PoolView<'_>,
         heads: Heads,
+        route: Route,
         out: &mut Logits,
     ) -> Result<()> {
         let t = plan.tokens.len();
         let dev = &self.device;
         // `QUARRY_PROFILE=1`: each phase below ends with a synchronization and a mark.
         let mut phases = crate::profile::Phases::start(dev)?;
-        // The step's token ids, positions, slots and logit rows in one upload, before any
-        // kernel is queued (an upload from pageable memory may wait for the work queued before it).
-        let rows = plan.logit_rows.len();
-        let ids: Vec<u32> = [&plan.tokens, &plan.positions, &plan.slots, &plan.logit_rows]
-            .into_iter()
-            .flatten()
-            .copied()
-            .collect();
         // Attention: one paged attention launch per layer for the whole batch on a GPU, or the
         // per-sequence gather of tensor ops (the CPU's cross-check, and QUARRY_ATTENTION=gather).
-        let attention = attention_kernel(dev)?;
+        let attention = match (attention_kernel(dev)?, route) {
+            (None, Route::Paged { .. }) => Some(AttentionKernel::Warps),
+            (kernel, _) => kernel,
+        };
         let mut meta = crate::ragged::RaggedBatch::default();
         if attention.is_some() {
             meta.fill(batch, heads.page_size);
@@ -336,15 +373,74 @@ impl Llama {
             #[cfg(feature = "cuda")]
             device_batch: None,
             attention,
-            k_pool,
-            v_pool,
+            k_pool: pool.k,
+            v_pool: pool.v,
             heads,
         };
-        // A decode step replays its CUDA graph where it has one (cuda/graph.rs).
+        // The step padded to its graph's shape: replayed through its CUDA graph where it has one
+        // (cuda/graph.rs), or run as it is for `forward_paged`.
+        let padded = match (attention, route) {
+            (_, Route::Paged { pad: false }) | (None, _) => None,
+            (Some(_), _) => crate::step_graph::GraphKey::of(&meta).map(|key| {
+                let scratch = pool.scratch;
+                let mut step = PaddedStep {
+                    key,
+                    meta: Default::default(),
+                    ids: Vec::new(),
+                    pad: 0,
+                };
+                step.pad = key.pad(&meta, scratch, &mut step.meta);
+                let scratch_slot = scratch * heads.page_size as u32;
+                key.pad_ids(
+                    &plan.tokens,
+                    &plan.positions,
+                    &plan.slots,
+                    scratch_slot,
+                    &mut step.ids,
+                );
+                step
+            }),
+        };
+        let logit_rows = || Tensor::from_slice(&plan.logit_rows, plan.logit_rows.len(), dev);
         #[cfg(feature = "cuda")]
-        if let Some(logits) = self.graph_pass(&args, &ids, rows)? {
+        if let (Some(step), Route::Default) = (&padded, route) {
+            if let Some(x) = self.graph_pass(&args, step)? {
+                let logits = self.head(&x, &logit_rows()?, &mut phases)?;
+                return self.logits_out(logits, out);
+            }
+        }
+        if let (Some(step), Route::Paged { pad: true }) = (&padded, route) {
+            let ids = Tensor::from_slice(&step.ids, step.ids.len(), dev)?;
+            #[cfg(feature = "cuda")]
+            let device_batch = match dev {
+                Device::Cuda(d) => Some(crate::cuda::DeviceBatch::upload(d, &step.meta, 0)?),
+                _ => None,
+            };
+            let args = PassArgs {
+                meta: &step.meta,
+                #[cfg(feature = "cuda")]
+                device_batch: device_batch.as_ref(),
+                ..args
+            };
+            let x = self.layers(&args, step.key.tokens, &ids, &mut phases)?;
+            let logits = self.head(&x, &logit_rows()?, &mut phases)?;
             return self.logits_out(logits, out);
         }
+        #[cfg(feature = "cuda")]
+        if !dev.is_cpu() {
+            self.graphs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .count_eager();
+        }
+        // The step's token ids, positions and slots in one upload, before any kernel is queued
+        // (an upload from pageable memory may wait for the work queued before it).
+        let rows = plan.logit_rows.len();
+        let ids: Vec<u32> = [&plan.tokens, &plan.positions, &plan.slots, &plan.logit_rows]
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
         let ids = Tensor::from_vec(ids, 3 * t + rows, dev)?;
         #[cfg(feature = "cuda")]
         let device_batch = match attention {
@@ -360,42 +456,42 @@ impl Llama {
             device_batch: device_batch.as_ref(),
             ..args
         };
-        let logits = self.pass(&args, &ids, &mut phases)?;
+        let x = self.layers(&args, t, &ids, &mut phases)?;
+        let logits = self.head(&x, &ids.narrow(0, 3 * t, rows)?, &mut phases)?;
         self.logits_out(logits, out)
     }
 
-    /// A decode step through its CUDA graph ([`crate::cuda::StepGraphs`]): the logits, or `None`
-    /// when the step runs without one (not a plain decode step, profiling on, the gather
-    /// attention, `$QUARRY_CUDA_GRAPHS=off`, or the first step of its key).
+    /// A step through its CUDA graph ([`crate::cuda::StepGraphs`]): the residual stream after
+    /// the last layer (`[key.tokens, embedding]` f32, padding rows included), or `None` when the
+    /// step runs without one (profiling on, the gather attention, `$QUARRY_CUDA_GRAPHS=off`, the
+    /// first step of its key, or every step once a capture failed).
     #[cfg(feature = "cuda")]
-    fn graph_pass(&self, args: &PassArgs<'_>, ids: &[u32], rows: usize) -> Result<Option<Tensor>> {
+    fn graph_pass(&self, args: &PassArgs<'_>, step: &PaddedStep) -> Result<Option<Tensor>> {
         let Device::Cuda(dev) = &self.device else {
             return Ok(None);
         };
-        if args.attention.is_none() || crate::profile::enabled() {
-            return Ok(None);
-        }
-        if !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed) {
-            return Ok(None);
-        }
-        let Some(key) = crate::step_graph::GraphKey::of(args.meta, rows) else {
-            return Ok(None);
-        };
         let mut graphs = self.graphs.lock().unwrap_or_else(|p| p.into_inner());
+        if args.attention.is_none()
+            || crate::profile::enabled()
+            || !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            graphs.count_eager();
+            return Ok(None);
+        }
         graphs.run(
             dev,
-            key,
+            step,
             args.k_pool,
-            ids,
-            args.meta,
-            self.config.vocab_size,
-            |ids, db| {
+            self.config.embedding_length,
+            |ids, meta, db| {
                 let args = PassArgs {
+                    meta,
                     device_batch: Some(db),
                     ..*args
                 };
-                self.pass(
+                self.layers(
                     &args,
+                    step.key.tokens,
                     ids,
                     &mut crate::profile::Phases::start(&self.device)?,
                 )
@@ -403,19 +499,42 @@ impl Llama {
         )
     }
 
-    /// The layers and the logits of a step whose ids (tokens, positions, slots, logit rows) are
-    /// on the device: the logits in the output projection's element type.
-    fn pass(
+    /// The output norm and the vocabulary projection of the rows `logit_rows` of `x` (the
+    /// residual stream after the last layer): the logits in the output projection's element
+    /// type. Only the rows whose logits are wanted go through them: the vocabulary projection is
+    /// the largest matmul of a decode step.
+    fn head(
+        &self,
+        x: &Tensor,
+        logit_rows: &Tensor,
+        phases: &mut crate::profile::Phases<'_>,
+    ) -> Result<Tensor> {
+        let rows = logit_rows.elem_count();
+        let x = x.index_select(logit_rows, 0)?;
+        let h = x.apply_op1_no_bwd(&fused::Norm {
+            weight: &self.norm,
+            eps: self.config.rms_norm_eps,
+            out: self.lm_head.input_dtype(rows),
+        })?;
+        let logits = self.lm_head.forward(&h)?;
+        phases.mark("output norm and logits")?;
+        Ok(logits)
+    }
+
+    /// The layers of a step of `t` new tokens whose ids (tokens, positions, slots: `t` words
+    /// each, from the start of `ids`) are on the device: the residual stream after the last
+    /// layer, `[t, embedding]` f32.
+    fn layers(
         &self,
         a: &PassArgs<'_>,
+        t: usize,
         ids: &Tensor,
         phases: &mut crate::profile::Phases<'_>,
     ) -> Result<Tensor> {
         let c = &self.config;
         let dev = &self.device;
-        let (t, rows) = (a.plan.tokens.len(), a.plan.logit_rows.len());
         let (tokens, positions) = (ids.narrow(0, 0, t)?, ids.narrow(0, t, t)?);
-        let (slots, logit_rows) = (ids.narrow(0, 2 * t, t)?, ids.narrow(0, 3 * t, rows)?);
+        let slots = ids.narrow(0, 2 * t, t)?;
         let (k_pool, v_pool, heads) = (a.k_pool, a.v_pool, a.heads);
         let eps = c.rms_norm_eps;
 
@@ -596,14 +715,7 @@ impl Llama {
                 next_h = Some(normed(added, weight, out, phases)?);
             }
         }
-        // Only the rows whose logits are wanted go through the final norm and the vocabulary
-        // projection, the largest matmul of a decode step.
-        let x = x.index_select(&logit_rows, 0)?;
-        let logits =
-            self.lm_head
-                .forward(&norm(&x, &self.norm, self.lm_head.input_dtype(rows))?)?;
-        phases.mark("output norm and logits")?;
-        Ok(logits)
+        Ok(x)
     }
 
     /// Hands a pass's logits to `out`: copied to the host, or left on the GPU for
@@ -681,6 +793,34 @@ impl Llama {
             dev, &rows_view, vocab, dm, words, rows,
         )?)
     }
+}
+
+/// Which form of the forward pass [`Llama::forward_as`] runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// The host kernels on the host layout; on the tensor layout a step's CUDA graph where it has
+    /// one, else the pass at the step's own size.
+    Default,
+    /// The paged attention without a graph, the step padded to its graph's key or not
+    /// ([`Llama::forward_paged`]).
+    Paged { pad: bool },
+}
+
+/// The tensor layout's pools and its scratch page.
+#[derive(Clone, Copy)]
+struct PoolView<'a> {
+    k: &'a [Tensor],
+    v: &'a [Tensor],
+    scratch: crate::pool::PageId,
+}
+
+/// A step padded to its graph's key ([`crate::step_graph::GraphKey::pad`]): the padded batch, the
+/// padded ids (tokens, positions, slots: `key.tokens` each) and how many are padding.
+pub(crate) struct PaddedStep {
+    pub key: crate::step_graph::GraphKey,
+    pub meta: crate::ragged::RaggedBatch,
+    pub ids: Vec<u32>,
+    pub pad: usize,
 }
 
 /// What one pass over a step reads besides its ids: the batch and its plan, the attention's
