@@ -124,6 +124,10 @@ pub struct EngineStats {
     /// Time spent filling constraint masks (overlapped with the forward pass), and the steps that
     /// filled any.
     pub mask_s: f64,
+    /// Time steps waited for their masks after the forward pass returned: the mask time not
+    /// hidden behind the pass (on a GPU, behind the launches; the device computes meanwhile, so
+    /// the draw's wait for it shrinks by as much).
+    pub mask_wait_s: f64,
     pub mask_steps: u64,
     pub masks_filled: u64,
     /// Time in forward passes. On a GPU this includes the pass's device time: the pass uploads
@@ -166,6 +170,16 @@ impl EngineStats {
         }
     }
 
+    /// Mean time a step that filled masks waited for them after its forward pass returned, in
+    /// microseconds ([`EngineStats::mask_wait_s`]).
+    pub fn mask_wait_us_per_step(&self) -> f64 {
+        if self.mask_steps == 0 {
+            0.0
+        } else {
+            self.mask_wait_s * 1e6 / self.mask_steps as f64
+        }
+    }
+
     /// Mean mask-filling time per step that filled masks, in microseconds.
     pub fn mask_us_per_step(&self) -> f64 {
         if self.mask_steps == 0 {
@@ -191,6 +205,8 @@ pub struct Engine {
     done: Vec<Completion>,
     logits: Logits,
     masks: Vec<u32>,
+    /// How many of the step's masks are sequences' own (the drafts' follow them).
+    regular_masks: usize,
     /// The sequences whose drafts this step's draws verify, and their samplers' stream positions
     /// before each draft row's uniform (and after the last).
     checks: Vec<DraftCheck>,
@@ -206,6 +222,29 @@ pub struct Engine {
     freed: Vec<PageId>,
     next_id: u64,
     stats: EngineStats,
+}
+
+/// One sequence's masks for a step, filled beside the forward pass: its own (the matcher's state
+/// now) and, for its drafts, the state before each (rolled back, then each draft accepted again).
+struct MaskJob<'a> {
+    matcher: &'a mut Matcher,
+    mask: &'a mut [u32],
+    drafts: &'a [u32],
+    draft_masks: &'a mut [u32],
+}
+
+impl MaskJob<'_> {
+    fn fill(&mut self, words: usize) {
+        self.matcher.fill_mask(self.mask);
+        if self.drafts.is_empty() {
+            return;
+        }
+        self.matcher.rollback(self.drafts.len());
+        for (&t, mask) in self.drafts.iter().zip(self.draft_masks.chunks_mut(words)) {
+            self.matcher.fill_mask(mask);
+            self.matcher.accept_token(t).expect("accepted as a draft");
+        }
+    }
 }
 
 /// What one sequence contributes to a step.
@@ -254,6 +293,7 @@ impl Engine {
             done: Vec::new(),
             logits,
             masks: Vec::new(),
+            regular_masks: 0,
             checks: Vec::new(),
             draft_positions: Vec::new(),
             draw_used: Vec::new(),
@@ -715,16 +755,25 @@ impl Engine {
         }
     }
 
-    /// Runs the forward pass; the masks of the constrained sequences that sample this step are
-    /// filled on another thread meanwhile. Returns the forward time.
+    /// Runs the forward pass; every mask this step's draws need is filled on another thread
+    /// meanwhile (rayon over sequences): each constrained sequence that samples, in its state now,
+    /// and for one with drafts also in its state before each draft (the matcher rolled back and
+    /// moved forward again, so it ends where it began). On a GPU the pass returns once its
+    /// launches are queued, so the masks are built while the device runs the step; what the
+    /// step still waits for them after the pass returns is `mask_wait_s`. Returns the forward
+    /// time.
     fn forward(&mut self, plan: &[Slot]) -> Result<f64, EngineError> {
         let words = self.vocab.mask_words();
-        let rows: Vec<usize> = plan
+        // (sequence, drafts) of every constrained sequence that samples, in plan order: its
+        // mask is row `k` of the step's masks, its drafts' after every such row, in this order.
+        let jobs: Vec<(usize, usize)> = plan
             .iter()
             .filter(|s| s.samples && self.running[s.seq].is_constrained_now())
-            .map(|s| s.seq)
+            .map(|s| (s.seq, self.running[s.seq].drafts))
             .collect();
-        self.masks.resize(rows.len() * words, 0);
+        self.regular_masks = jobs.len();
+        let drafts: usize = jobs.iter().map(|j| j.1).sum();
+        self.masks.resize((jobs.len() + drafts) * words, 0);
         let Engine {
             model,
             pool,
@@ -734,51 +783,67 @@ impl Engine {
             stats,
             ..
         } = self;
+        // Each sequence split into what the pass reads and the matcher the masks move.
+        let mut views = Vec::with_capacity(running.len());
+        let mut matchers = Vec::with_capacity(running.len());
+        for seq in running.iter_mut() {
+            let Sequence {
+                tokens,
+                slots,
+                kv_len,
+                matcher,
+                drafts,
+                ..
+            } = seq;
+            views.push((tokens.as_slice(), slots.as_slice(), *kv_len, *drafts));
+            matchers.push(matcher.as_mut());
+        }
         let inputs: Vec<SeqInput> = plan
             .iter()
             .map(|s| {
-                let seq = &running[s.seq];
-                let input = SeqInput::new(
-                    &seq.tokens[seq.kv_len..seq.kv_len + s.tokens],
-                    seq.kv_len,
-                    &seq.slots,
-                );
-                if s.samples && seq.drafts > 0 {
+                let (tokens, slots, kv_len, drafts) = views[s.seq];
+                let input = SeqInput::new(&tokens[kv_len..kv_len + s.tokens], kv_len, slots);
+                if s.samples && drafts > 0 {
                     // The position before each draft, and the last one.
-                    input.with_last_logits(seq.drafts + 1)
+                    input.with_last_logits(drafts + 1)
                 } else {
                     input
                 }
             })
             .collect();
-        let running = &*running;
-        let (fwd, mask_s) = std::thread::scope(|scope| {
-            let filler = (!rows.is_empty()).then(|| {
-                scope.spawn(|| {
+        let (regular, mut rest) = masks.split_at_mut(jobs.len() * words);
+        let mut tasks: Vec<MaskJob> = Vec::with_capacity(jobs.len());
+        for (&(seq, d), mask) in jobs.iter().zip(regular.chunks_mut(words)) {
+            let (draft_masks, after) = std::mem::take(&mut rest).split_at_mut(d * words);
+            rest = after;
+            let tokens = views[seq].0;
+            tasks.push(MaskJob {
+                matcher: matchers[seq].take().expect("constrained"),
+                mask,
+                drafts: &tokens[tokens.len() - d..],
+                draft_masks,
+            });
+        }
+        let (fwd, mask_s, wait_s) = std::thread::scope(|scope| {
+            let filler = (!tasks.is_empty()).then(|| {
+                scope.spawn(move || {
                     let t = Instant::now();
-                    masks
-                        .par_chunks_mut(words)
-                        .zip(rows.par_iter())
-                        .for_each(|(out, &i)| {
-                            running[i]
-                                .matcher
-                                .as_ref()
-                                .expect("constrained")
-                                .fill_mask(out)
-                        });
+                    tasks.par_iter_mut().for_each(|job| job.fill(words));
                     t.elapsed().as_secs_f64()
                 })
             });
             let t = Instant::now();
             let r = model.forward(&inputs, pool, logits);
             let fwd = t.elapsed().as_secs_f64();
+            let t = Instant::now();
             let mask_s = filler.map(|h| h.join().expect("mask thread panicked"));
-            (r.map(|_| fwd), mask_s)
+            (r.map(|_| fwd), mask_s, t.elapsed().as_secs_f64())
         });
         if let Some(s) = mask_s {
             stats.mask_s += s;
+            stats.mask_wait_s += wait_s;
             stats.mask_steps += 1;
-            stats.masks_filled += rows.len() as u64;
+            stats.masks_filled += (jobs.len() + drafts) as u64;
         }
         let fwd = fwd?;
         stats.forward_passes += 1;
@@ -801,6 +866,7 @@ impl Engine {
         };
         let eog = &self.tok.special_tokens().end_of_generation;
         let mut mask_row = 0;
+        let mut draft_mask = self.regular_masks;
         let mut inserts = Vec::new();
         self.draws.rows.clear();
         self.draws.words = words;
@@ -827,21 +893,17 @@ impl Engine {
                     positions: self.draft_positions.len(),
                 });
                 self.draft_positions.push(seq.sampler.position());
-                let m = seq.matcher.as_mut().expect("drafts are constrained");
-                m.rollback(seq.drafts);
                 for i in 0..seq.drafts {
-                    let at = self.masks.len();
-                    self.masks.resize(at + words, 0);
-                    m.fill_mask(&mut self.masks[at..]);
-                    m.accept_token(seq.tokens[first + i])
-                        .expect("accepted as a draft");
+                    // Filled beside the forward pass, after every sequence's own mask.
+                    let at = draft_mask;
+                    draft_mask += 1;
                     self.bans.clear();
                     processor_bans(
                         &seq.req.processors,
                         &seq.tokens[seq.prompt_len..first + i],
                         &mut self.bans,
                     );
-                    let mask = Some(u32::try_from(at / words).expect("a step's masks fit u32"));
+                    let mask = Some(u32::try_from(at).expect("a step's masks fit u32"));
                     let logit_row = self.logits.row_index(row, i);
                     self.draws.rows.push(
                         &mut seq.sampler,

@@ -328,11 +328,21 @@ pub struct RunMetrics {
     pub hit_rate: f64,
     /// Mask computation per engine step, in microseconds.
     pub mask_us_per_step: f64,
+    /// What a step waited for its masks after the forward pass returned, in microseconds: the
+    /// mask time not hidden behind the pass (on a GPU, behind its launches and device work).
+    pub mask_wait_us_per_step: f64,
+    /// Seconds of the wall time that were neither the forward call, the draws nor the wait for
+    /// masks: the host's own scheduling, radix cache, jump-forward and bookkeeping, during which
+    /// a GPU sits idle.
+    pub host_s: f64,
     /// Radix-cache bookkeeping over step time.
     pub cache_overhead: f64,
     pub retokenized_tokens: u64,
     /// Requests that ended complete (constraint complete or stop).
     pub complete: usize,
+    /// Requests that ran out of `max_tokens` (or the context, or the pool) before they ended:
+    /// under a constraint, records lost.
+    pub cut_at_max_tokens: usize,
     /// Outputs that parse as JSON and pass the schema (jsonschema crate).
     pub schema_valid: usize,
     /// Each request's output text and finish reason, in request order (not serialized: the
@@ -403,9 +413,15 @@ pub fn measure(
         forced_share: s.forced_share(),
         hit_rate: s.cache.hit_rate(),
         mask_us_per_step: s.mask_us_per_step(),
+        mask_wait_us_per_step: s.mask_wait_us_per_step(),
+        host_s: (s.schedule_s - s.sample_s - s.mask_wait_s).max(0.0),
         cache_overhead: s.cache_overhead(),
         retokenized_tokens: s.retokenized_tokens,
         complete: out.iter().filter(|c| c.is_complete()).count(),
+        cut_at_max_tokens: out
+            .iter()
+            .filter(|c| c.finish == quarry_engine::FinishReason::Length)
+            .count(),
         schema_valid: out.iter().filter(|c| valid(&c.text)).count(),
         outputs: out
             .iter()

@@ -1,14 +1,12 @@
 //! `ModelInfo` against llama.cpp's reading of the same GGUF headers (fixture made by
-//! `tests/fixtures/gen_tokenizer_fixtures.py`).
+//! `tests/fixtures/gen_tokenizer_fixtures.py`). The files are found under `$QUARRY_ROOT` where it is
+//! set ([`common::root`]), as on a GPU machine the test binaries are carried to.
 
-use std::path::PathBuf;
+mod common;
 
+use common::root;
 use quarry_model::ModelInfo;
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn check(model_file: &str, fixture: &str) {
     let path = root().join("models").join(model_file);

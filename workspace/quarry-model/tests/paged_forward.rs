@@ -563,17 +563,21 @@ fn fusions_check(path: &std::path::Path, gemm_adds: bool) {
     }
 }
 
-/// CUDA graphs of the decode step (`QUARRY_CUDA_GRAPHS`): the same decode steps of three
-/// sequences, once without graphs and once with them on a pool of their own, give the same logits.
-/// The steps cross a context bound (256 positions), so the graph path runs a step without a graph,
-/// captures the next and replays the rest, for each of two keys. A replay runs the captured
-/// launches themselves, the attention planned for the bound instead of the context (the same
-/// arithmetic over the same positions), so the logits are expected equal; the bound leaves room
-/// for cuBLAS choosing another algorithm under capture. Needs a GPU (a CUDA build with
-/// `QUARRY_TEST_DEVICE=cuda:0`, as infra/gpu-check.sh runs it).
+/// CUDA graphs (`QUARRY_CUDA_GRAPHS`, step_graph.rs): the same steps of three sequences, once
+/// without graphs and once with them on a pool of their own, give the same logits.
+/// - Decode steps (3 tokens, padded to 4) cross a context bound (256 positions): for each of the
+///   two keys a step runs without a graph, the next captures and the rest replay.
+/// - Then, on another pool and three other sequences, extend steps (2 tokens a sequence, every
+///   logit wanted: 6 tokens, padded to 8) alternate with decode steps, as jump-forward makes them: each key is captured the second time it
+///   comes, though never twice in a row, and replayed after.
+/// A replay runs the captured launches themselves, the attention planned for the bounds instead
+/// of the step (the same arithmetic over the same positions, the padding's rows apart), so the
+/// logits are expected equal; the bound leaves room for cuBLAS choosing another algorithm for
+/// the padded shape. Needs a GPU (a CUDA build with `QUARRY_TEST_DEVICE=cuda:0`, as
+/// infra/gpu-check.sh runs it).
 #[cfg(feature = "cuda")]
 #[test]
-fn cuda_graphs_replay_the_decode_steps_they_capture() {
+fn cuda_graphs_replay_the_steps_they_capture() {
     assert!(
         !device().is_cpu(),
         "the CUDA graph test runs on a GPU: QUARRY_TEST_DEVICE=cuda:0"
@@ -585,23 +589,88 @@ fn cuda_graphs_replay_the_decode_steps_they_capture() {
         text_tokens(30, 500),
     ];
     let next = text_tokens(10, 700);
-    let run = |graphs: bool| -> Vec<Vec<Vec<f32>>> {
+    let others = [
+        text_tokens(100, 300),
+        text_tokens(30, 500),
+        text_tokens(60, 900),
+    ];
+    let extend = text_tokens(2 * 6, 800);
+    let run = |graphs: bool| -> Vec<Vec<f32>> {
         model.set_cuda_graphs(graphs);
-        prefill_then_decode(model, &prompts, &next)
+        let mut rows: Vec<Vec<f32>> = prefill_then_decode(model, &prompts, &next)
+            .into_iter()
+            .flatten()
+            .collect();
+        // Extends and decodes in turn on a pool of their own, after a prefill.
+        let mut pool = pool_for(model, 16, 3 * 8, KvLayout::Tensor);
+        let prompts = &others;
+        let tables: Vec<Vec<PageId>> = (0..3)
+            .map(|_| {
+                let mut t = Vec::new();
+                assert!(pool.alloc_into(8, &mut t));
+                t
+            })
+            .collect();
+        let mut len: Vec<usize> = prompts.iter().map(Vec::len).collect();
+        let mut out = Logits::new();
+        let prefill: Vec<SeqInput> = prompts
+            .iter()
+            .zip(&tables)
+            .map(|(p, t)| SeqInput::new(p, 0, t))
+            .collect();
+        model.forward(&prefill, &mut pool, &mut out).unwrap();
+        for i in 0..6 {
+            let n = if i % 2 == 0 { 2 } else { 1 };
+            let tokens = &extend[2 * i..2 * i + n];
+            let batch: Vec<SeqInput> = tables
+                .iter()
+                .zip(&len)
+                .map(|(t, &l)| SeqInput::new(tokens, l, t).with_all_logits())
+                .collect();
+            model.forward(&batch, &mut pool, &mut out).unwrap();
+            for s in 0..3 {
+                rows.extend(out.positions(s).map(<[f32]>::to_vec));
+            }
+            for l in len.iter_mut() {
+                *l += n;
+            }
+        }
+        rows
     };
     let before = model.cuda_graphs();
     let eager = run(false);
+    let after_eager = model.cuda_graphs();
     let graphed = run(true);
     let after = model.cuda_graphs();
     model.set_cuda_graphs(quarry_model::step_graph::graphs_enabled().unwrap());
     assert_eq!(after.failed, None, "a capture failed");
-    // Contexts 251..=256 (one key: a step, a capture, 4 replays), then 257..=260 (a step, a
-    // capture, 2 replays).
-    assert_eq!(after.captured - before.captured, 2, "{after:?}");
-    assert_eq!(after.replayed - before.replayed, 6, "{after:?}");
+    let (off, on) = (after_eager.since(&before), after.since(&after_eager));
+    // Without graphs: 2 prefills, 10 decodes, 6 alternating steps, every one eager.
+    assert_eq!(
+        (off.captured, off.replayed, off.eager),
+        (0, 0, 18),
+        "{off:?}"
+    );
+    // With them: contexts 251..=256 (a step, a capture, 4 replays), 257..=260 (a step, a
+    // capture, 2 replays); then extends and decodes in turn (each key: a step, a capture, a
+    // replay); the two prefills once each (a key of its own pool) without one.
+    assert_eq!(on.captured, 2 + 2, "{on:?}");
+    assert_eq!(on.replayed, 6 + 2, "{on:?}");
+    assert_eq!(on.eager, 2 + 2 + 2, "{on:?}");
+    assert!(
+        on.padded_tokens > 0 && on.graphs >= 4 && on.bytes > 0,
+        "{on:?}"
+    );
+    eprintln!(
+        "CUDA graphs: {} graphs hold {} bytes ({} bytes a graph on average)",
+        on.graphs,
+        on.bytes,
+        on.bytes / on.graphs
+    );
     let mut worst = 0f32;
     let mut differ = 0;
-    for (e, g) in eager.iter().flatten().zip(graphed.iter().flatten()) {
+    assert_eq!(eager.len(), graphed.len());
+    for (e, g) in eager.iter().zip(&graphed) {
         worst = worst.max(max_diff(e, g));
         differ += e
             .iter()

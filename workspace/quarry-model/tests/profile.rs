@@ -54,22 +54,38 @@ fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     assert!(phases.iter().all(|p| p.seconds > 0.0), "{phases:?}");
     assert!(profile::take().is_empty(), "take clears the totals");
 
-    // With the fusions that run on the CPU (every norm f32 here): the first layer's attention
-    // norm alone, the last add alone, every other add with the norm after it; RoPE with the KV
-    // writes once per layer.
-    model.set_fusions(Fusions {
+    // With the add-and-norm and RoPE-store fusions: RoPE with the KV writes once per layer; where
+    // a pass's norms are f32 (the quantized weights: the CPU), the first layer's attention norm
+    // alone, the last add alone, every other add with the norm after it. A GPU multiplies dense
+    // f16 weights at every batch size, so its norms write f16 and the add-and-norm never runs
+    // there (`Llama::fuses_add_norm` says which).
+    let fusions = Fusions {
         add_norm: true,
         rope_store: true,
         ..Fusions::default()
-    });
+    };
+    model.set_fusions(fusions);
+    let fused_passes = [10, 1, 1]
+        .into_iter()
+        .filter(|&t| model.fuses_add_norm(t))
+        .count() as u64;
+    assert_eq!(
+        fused_passes == passes,
+        device().is_cpu(),
+        "every pass fuses on the CPU, none on a GPU's dense f16 weights"
+    );
     let fused = run(true);
     model.set_fusions(Fusions::default());
     assert_eq!(fused, plain, "the fusions change no logit");
     let phases = profile::take();
     let calls = |name: &str| calls_of(&phases, name);
-    assert_eq!(calls("norms"), passes);
-    assert_eq!(calls("residual adds"), passes);
-    assert_eq!(calls("residual adds and norms"), (2 * layers - 1) * passes);
+    let unfused = passes - fused_passes;
+    assert_eq!(calls("norms"), fused_passes + 2 * layers * unfused);
+    assert_eq!(calls("residual adds"), fused_passes + 2 * layers * unfused);
+    assert_eq!(
+        calls("residual adds and norms"),
+        (2 * layers - 1) * fused_passes
+    );
     assert_eq!(calls("RoPE and KV writes"), layers * passes);
     assert_eq!((calls("RoPE"), calls("KV writes")), (0, 0));
     profile::set_enabled(false);

@@ -176,16 +176,35 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
                 }
                 runs.push(m);
             }
-            // The decode steps' CUDA graphs over these runs (quarry_model::step_graph).
-            let g = model.cuda_graphs();
+            // The CUDA graphs over these runs (quarry_model::step_graph): passes replayed
+            // against every pass on the GPU, what the kept graphs hold, the padding computed.
+            let g = model.cuda_graphs().since(&graphs_before);
             let graphs = json!({
                 "enabled": g.enabled,
-                "captured": g.captured - graphs_before.captured,
-                "replayed": g.replayed - graphs_before.replayed,
+                "captured": g.captured,
+                "replayed": g.replayed,
+                "eager": g.eager,
+                "replay_share": g.replay_share(),
+                "evicted": g.evicted,
+                "graphs": g.graphs,
+                "bytes": g.bytes,
+                "padded_tokens": g.padded_tokens,
+                "real_tokens": g.real_tokens,
                 "failed": g.failed,
             });
             if g.enabled {
-                eprintln!("batch {b} mode {mode}: CUDA graphs {graphs}");
+                eprintln!(
+                    "batch {b} mode {mode}: CUDA graphs replayed {} of {} passes ({:.1}%), {} \
+                     captured, {} kept ({:.1} MiB), padding {:.1}% of graphed tokens",
+                    g.replayed,
+                    g.replayed + g.captured + g.eager,
+                    100.0 * g.replay_share(),
+                    g.captured,
+                    g.graphs,
+                    g.bytes as f64 / (1 << 20) as f64,
+                    100.0 * g.padded_tokens as f64
+                        / (g.padded_tokens + g.real_tokens).max(1) as f64,
+                );
             }
             results.push((b, mode.clone(), runs, profiles, graphs));
         }
@@ -242,7 +261,7 @@ fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
     let mut w = std::io::stdout().lock();
     writeln!(
         w,
-        "{:>5} {:>4}  {:>8}  {:>12}  {:>8}  {:>9}  {:>9}  {:>7}  {:>9}  {:>7}  {:>11}  {:>12}",
+        "{:>5} {:>4}  {:>8}  {:>12}  {:>8}  {:>9}  {:>9}  {:>10}  {:>7}  {:>9}  {:>7}  {:>5}  {:>11}  {:>12}  {:>12}",
         "batch",
         "mode",
         "docs/s",
@@ -250,30 +269,37 @@ fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
         "TPOT ms",
         "TTFT ms",
         "mask µs",
+        "mask wait",
         "forced",
         "cache hit",
         "valid",
+        "cut",
         "fwd ms/pass",
-        "draw ms/pass"
+        "draw ms/pass",
+        "host ms/pass"
     )?;
     for (b, mode, runs) in results {
         let Some(m) = bench::median_run(runs) else {
             continue;
         };
+        let per_pass = |s: f64| 1e3 * s / m.forward_passes.max(1) as f64;
         writeln!(
             w,
-            "{b:>5} {mode:>4}  {:>8.3}  {:>12.1}  {:>8.2}  {:>9.1}  {:>9.0}  {:>6.1}%  {:>8.1}%  {:>3}/{:<3}  {:>11.2}  {:>12.2}",
+            "{b:>5} {mode:>4}  {:>8.3}  {:>12.1}  {:>8.2}  {:>9.1}  {:>9.0}  {:>10.0}  {:>6.1}%  {:>8.1}%  {:>3}/{:<3}  {:>5}  {:>11.2}  {:>12.2}  {:>12.2}",
             m.docs_per_s,
             m.output_tokens_per_s,
             m.tpot_ms,
             m.ttft_ms,
             m.mask_us_per_step,
+            m.mask_wait_us_per_step,
             100.0 * m.forced_share,
             100.0 * m.hit_rate,
             m.schema_valid,
             m.docs,
-            1e3 * m.forward_s / m.forward_passes.max(1) as f64,
-            1e3 * m.sample_s / m.forward_passes.max(1) as f64
+            m.cut_at_max_tokens,
+            per_pass(m.forward_s),
+            per_pass(m.sample_s),
+            per_pass(m.host_s)
         )?;
     }
     Ok(())

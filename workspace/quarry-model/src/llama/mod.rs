@@ -243,6 +243,18 @@ impl Llama {
             .clear();
     }
 
+    /// Whether a tensor forward pass of `tokens` new tokens takes the fused add-and-norm
+    /// ([`Fusions::add_norm`] on, and every norm of the pass writing f32 rows: the quantized
+    /// weights, which the CPU multiplies at every size and a GPU only below
+    /// `$QUARRY_DENSE_FROM_ROWS`).
+    pub fn fuses_add_norm(&self, tokens: usize) -> bool {
+        self.fusions().add_norm
+            && self.layers.iter().all(|l| {
+                l.qkv.input_dtype(tokens) == DType::F32
+                    && l.gate_up.input_dtype(tokens) == DType::F32
+            })
+    }
+
     /// The tensor forward's optional fusions.
     pub fn fusions(&self) -> Fusions {
         *self.fusions.lock().unwrap_or_else(|p| p.into_inner())
@@ -470,14 +482,13 @@ impl Llama {
         let Device::Cuda(dev) = &self.device else {
             return Ok(None);
         };
-        let mut graphs = self.graphs.lock().unwrap_or_else(|p| p.into_inner());
         if args.attention.is_none()
             || crate::profile::enabled()
             || !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed)
         {
-            graphs.count_eager();
             return Ok(None);
         }
+        let mut graphs = self.graphs.lock().unwrap_or_else(|p| p.into_inner());
         graphs.run(
             dev,
             step,
@@ -548,10 +559,7 @@ impl Llama {
         // is on, the stream has room after its rows for a norm's, and each add but the last
         // writes the next norm in the same op (`fused::AddNorm`).
         let fusions = self.fusions();
-        let fuse = fusions.add_norm
-            && self.layers.iter().all(|l| {
-                l.qkv.input_dtype(t) == DType::F32 && l.gate_up.input_dtype(t) == DType::F32
-            });
+        let fuse = self.fuses_add_norm(t);
         let stream = if fuse {
             // The room starts as a copy of the stream: every value is written before it is read.
             Some(Tensor::cat(&[&x, &x], 0)?)
