@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU check and benchmark of issue 25, on the GPU machine, from what `make gpu-pack`
+# The whole GPU check and benchmark (constrained extraction on the GPU), on the GPU machine, from what `make gpu-pack`
 # built here (docs/gpu.md). Each device call carries one chunk (.gpu/pN) and runs this script: it
 # keeps the chunk in $STAGE_DIR (the machine stays warm between calls) and, once it holds every
 # chunk, verifies and unpacks them and runs, in order:
@@ -12,7 +12,8 @@
 #      `llama-batched-bench` (CUDA build) and transformers `generate` (bf16);
 #   5. `quarry bench --device cuda:0` over the batch sweep and modes;
 # then prints one table. Raw results go to $OUT (the device tool brings them back).
-# Variables: BATCHES (default 1,8,32,128,256,512), MODES (default a,c), REPEATS (default 1),
+# Variables: BATCHES (default 1,8,32,128,256,512), MODES (default a,b,c: no constraint, schema
+# without jump-forward, schema with it), REPEATS (default 3: medians of 3),
 # DOCS (default: the batch size, 16 at least), PP and TG (the peers' prompt and output tokens, default 700
 # and 160, about quarry's documents), CALL_SECONDS (default 570: every step gets a share of what
 # is left, so the call ends inside the device tool's 10 minutes and says what did not run),
@@ -152,8 +153,8 @@ if ! passed the_fusions_keep_the_logits; then
   echo "!! the fusions failed the logits test: their A/B runs are left out"
   failed_fusions+=(GEMM_ADD ADD_NORM ROPE_STORE)
 fi
-if ! passed cuda_graphs_replay_the_decode_steps_they_capture; then
-  echo "!! the decode step's CUDA graphs failed their test: QUARRY_CUDA_GRAPHS=off from here on"
+if ! passed cuda_graphs_replay_the_steps_they_capture; then
+  echo "!! the steps' CUDA graphs failed their test: QUARRY_CUDA_GRAPHS=off from here on"
   export QUARRY_CUDA_GRAPHS=off
 fi
 if ! passed sampling_matches_the_host_draw_row_for_row || ! passed mask_uploads_alternate_grow_and_arrive_whole; then
@@ -207,7 +208,7 @@ for b in $(tr ',' ' ' <<<"$BATCHES"); do
   fi
   docs="${DOCS:-$(( b > 16 ? b : 16 ))}"
   timeout "$left" "$Q" bench --device cuda:0 --status "$STATUS" --batch "$b" --docs "$docs" \
-    --modes "${MODES:-a,c}" --repeats "${REPEATS:-1}" --step-tokens 4096 --out "$STAGE_DIR/quarry-bench-$b.json"
+    --modes "${MODES:-a,b,c}" --repeats "${REPEATS:-3}" --step-tokens 4096 --out "$STAGE_DIR/quarry-bench-$b.json"
   rc=$?
   [ $rc = 124 ] && echo "batch $b: stopped at the deadline"
   [ $rc = 0 ] && runs+=("$STAGE_DIR/quarry-bench-$b.json")
@@ -215,19 +216,17 @@ for b in $(tr ',' ' ' <<<"$BATCHES"); do
 done
 merge_runs "$OUT/quarry-bench-cuda.json" "${runs[@]}"
 
-# The choices issue 25 left to measurement, each against the defaults (the sweep's run of the same
+# The kernel choices left to measurement, each against the defaults (the sweep's run of the same
 # batch size), mode a: one run per setting in AB (space separated VAR=value[,VAR=value…][@BATCH],
-# batch 128 unless given; default: the forward pass's fusions (off by default until measured):
-# the output and down projections' GEMMs adding into the stream (QUARRY_GEMM_ADD=on) with RoPE
-# writing the keys and values into the pools (QUARRY_ROPE_STORE=on) at batch 1, 8, 32 and 512,
-# each alone at batch 1; the quantized weights at batch 1 (QUARRY_DENSE_FROM_ROWS=2) with and
-# without the residual add fused with the next norm and RoPE's pool writes (QUARRY_ADD_NORM=on
-# needs f32 norms, so the quantized weights); the decode step's CUDA graphs off at batch 1 and 8, the attention kernel split over the positions (split-K, under graphs) at batch 1 and 8,
-# the forward pass's phases timed (QUARRY_PROFILE, its table in the log) at batch 512; the settings
+# batch 128 unless given). Default, first: the candidate defaults together (split-K attention, the
+# output and down projections' GEMMs adding into the stream, RoPE writing the pools: 1.45× at
+# batch 1 in one H100 run, 2026-11-27) at every batch size, to be flipped where they win; then
+# split-K alone at 512 (0.93× in one run), the steps' CUDA graphs off at batch 1 and 32, and the
+# forward pass's phases timed (QUARRY_PROFILE, its table in the log) at batch 512. The settings
 # measured before (QUARRY_EVENT_TRACKING=on, QUARRY_ATTENTION=per-dimension or gather,
-# QUARRY_SAMPLING=host, QUARRY_DENSE_FROM_ROWS, QUARRY_KV_DTYPE=bf16) run when AB names them),
-# all into one JSON whose runs carry their setting.
-AB="${AB-QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@1 QUARRY_GEMM_ADD=on@1 QUARRY_ROPE_STORE=on@1 QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@8 QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@32 QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@512 QUARRY_DENSE_FROM_ROWS=2,QUARRY_ADD_NORM=on,QUARRY_ROPE_STORE=on@1 QUARRY_DENSE_FROM_ROWS=2@1 QUARRY_CUDA_GRAPHS=off@1 QUARRY_CUDA_GRAPHS=off@8 QUARRY_ATTENTION=split@1 QUARRY_ATTENTION=split@8 QUARRY_PROFILE=1@512}"
+# QUARRY_SAMPLING=host, QUARRY_DENSE_FROM_ROWS, QUARRY_ADD_NORM, QUARRY_KV_DTYPE=bf16) run when AB
+# names them; all into one JSON whose runs carry their setting.
+AB="${AB-QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@1 QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@8 QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@32 QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@128 QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@512 QUARRY_ATTENTION=split@512 QUARRY_CUDA_GRAPHS=off@1 QUARRY_CUDA_GRAPHS=off@32 QUARRY_PROFILE=1@512}"
 if [ "$split_ok" = 0 ]; then
   AB="$(tr ' ' '\n' <<<"$AB" | grep -v '^QUARRY_ATTENTION=split' | paste -sd' ')"
 fi
@@ -291,5 +290,21 @@ print("output tokens/s over wall time (peers: / decode phase only; quarry: (TPOT
 print(f"{'batch':>6} " + " ".join(f"{c:>16}" for c in cols))
 for b in sorted(rows):
     print(f"{b:>6} " + " ".join(f"{rows[b].get(c, '-'):>16}" for c in cols))
+# Constrained against free: documents per second by mode (c / a is the target: at least 1 at
+# every batch size), records cut at max_tokens, the share of passes that replayed a CUDA graph,
+# the masks' wait after the forward call and the host's own time per pass.
+try:
+    res = json.load(open(os.path.join(out, "quarry-bench-cuda.json")))["results"]
+    docs = {(r["batch"], r["mode"]): r["median"]["docs_per_s"] for r in res}
+    print("batch mode   docs/s   c/a   cut  graphs  mask wait µs  host ms/pass")
+    for r in res:
+        m, g = r["median"], r.get("cuda_graphs", {})
+        a = docs.get((r["batch"], "a"))
+        ratio = f"{m['docs_per_s'] / a:5.2f}" if a else "    -"
+        host = 1e3 * m.get("host_s", 0) / max(m["forward_passes"], 1)
+        print(f"{r['batch']:>5} {r['mode']:>4} {m['docs_per_s']:>8.1f} {ratio} {m.get('cut_at_max_tokens', '-'):>5}"
+              f" {100 * g.get('replay_share', 0):>6.1f}% {m.get('mask_wait_us_per_step', 0):>13.0f} {host:>13.2f}")
+except (OSError, ValueError, KeyError) as e:
+    print("quarry-bench-cuda.json: no results", e)
 EOF
 exit $status
