@@ -218,6 +218,8 @@ pub struct Engine {
     /// each is for: kept across steps.
     draws: Draws,
     draw_seqs: Vec<usize>,
+    /// Per running sequence, the draw it takes this step, if any.
+    taken: Vec<Option<usize>>,
     bans: Vec<u32>,
     freed: Vec<PageId>,
     next_id: u64,
@@ -299,6 +301,7 @@ impl Engine {
             draw_used: Vec::new(),
             draws: Draws::default(),
             draw_seqs: Vec::new(),
+            taken: Vec::new(),
             bans: Vec::new(),
             freed: Vec::new(),
             next_id: 0,
@@ -945,17 +948,23 @@ impl Engine {
             .sample(&mut self.logits, &self.masks, &mut self.draws);
         self.stats.sample_s += t.elapsed().as_secs_f64();
         self.settle_drafts(&ctx);
-        for (d, (&i, drawn)) in self.draw_seqs.iter().zip(&self.draws.out).enumerate() {
-            if !self.draw_used[d] {
-                continue;
+        // Each sequence takes its drawn token on its own (the matcher, jump-forward, re-encoding
+        // a boundary): on a GPU the device waits for this, so large batches take them in
+        // parallel over sequences (each sequence's state is its own: the same tokens either way).
+        self.taken.clear();
+        self.taken.resize(self.running.len(), None);
+        for (d, &i) in self.draw_seqs.iter().enumerate() {
+            if self.draw_used[d] {
+                debug_assert!(self.taken[i].is_none(), "one draw taken a sequence");
+                self.taken[i] = Some(d);
             }
-            let seq = &mut self.running[i];
-            match drawn {
-                Ok(id) => {
-                    self.stats.sampled_tokens += 1;
-                    take(seq, &mut self.stats, *id, &ctx);
-                }
-                Err(e) => {
+        }
+        let draws = &self.draws.out;
+        let take_drawn = |(seq, d): (&mut Sequence, &Option<usize>)| -> Taken {
+            match d.map(|d| &draws[d]) {
+                None => Taken::default(),
+                Some(Ok(id)) => take(seq, *id, &ctx),
+                Some(Err(e)) => {
                     let overflow = seq
                         .matcher
                         .as_ref()
@@ -965,9 +974,26 @@ impl Engine {
                     seq.finish = Some(FinishReason::Error(format!(
                         "no token can follow: {e}{overflow}"
                     )));
+                    Taken::default()
                 }
             }
-        }
+        };
+        let taken = if self.draw_seqs.len() >= PARALLEL_TAKES {
+            self.running
+                .par_iter_mut()
+                .zip(self.taken.par_iter())
+                .map(take_drawn)
+                .reduce(Taken::default, Taken::add)
+        } else {
+            self.running
+                .iter_mut()
+                .zip(&self.taken)
+                .map(take_drawn)
+                .fold(Taken::default(), Taken::add)
+        };
+        self.stats.sampled_tokens += taken.sampled;
+        self.stats.forced_tokens += taken.forced;
+        self.stats.retokenized_tokens += taken.retokenized;
         // Prompts whose prefill just finished go into the cache, so requests admitted next reuse them.
         for i in inserts {
             self.cache_prefix(i)?;
@@ -1032,7 +1058,10 @@ impl Engine {
                     // The model's own token replaces the refused draft; the last row's draw
                     // (for the state after the drafts) goes unused.
                     self.draw_used[last] = false;
-                    take(seq, &mut self.stats, id, ctx);
+                    // Counted as sampled with the verdict.
+                    let t = take(seq, id, ctx);
+                    self.stats.forced_tokens += t.forced;
+                    self.stats.retokenized_tokens += t.retokenized;
                 }
                 Verdict::Failed(e) => {
                     self.draw_used[last] = false;
@@ -1144,12 +1173,38 @@ fn common_len(a: &[u32], b: &[u32]) -> usize {
 }
 
 /// Appends sampled token `id` to `seq`, with what follows from it, counted in `stats`.
-fn take(seq: &mut Sequence, stats: &mut EngineStats, id: u32, ctx: &TokenCtx) {
+/// Draws from which a step's sequences take their tokens in parallel (below, one after another:
+/// handing a few sequences to the thread pool costs more than it saves).
+const PARALLEL_TAKES: usize = 32;
+
+/// What sequences' tokens added to the engine's counters.
+#[derive(Default, Clone, Copy)]
+struct Taken {
+    sampled: u64,
+    forced: u64,
+    retokenized: u64,
+}
+
+impl Taken {
+    fn add(self, o: Taken) -> Taken {
+        Taken {
+            sampled: self.sampled + o.sampled,
+            forced: self.forced + o.forced,
+            retokenized: self.retokenized + o.retokenized,
+        }
+    }
+}
+
+/// `seq` takes the sampled token `id` (and whatever jump-forward appends after it).
+fn take(seq: &mut Sequence, id: u32, ctx: &TokenCtx) -> Taken {
     let forced_before = seq.stats.forced_tokens;
     let retok_before = seq.stats.retokenized_tokens;
     seq.take_token(id, ctx);
-    stats.forced_tokens += (seq.stats.forced_tokens - forced_before) as u64;
-    stats.retokenized_tokens += (seq.stats.retokenized_tokens - retok_before) as u64;
+    Taken {
+        sampled: 1,
+        forced: (seq.stats.forced_tokens - forced_before) as u64,
+        retokenized: (seq.stats.retokenized_tokens - retok_before) as u64,
+    }
 }
 
 /// A sequence whose drafts this step's draws verify: draws `first_draw..first_draw + count` are

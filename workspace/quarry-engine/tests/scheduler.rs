@@ -338,6 +338,58 @@ fn jump_forward_appends_what_the_schema_forces_and_every_record_is_valid() {
     );
 }
 
+/// Forty constrained requests with jump-forward in one batch take their drawn tokens in parallel
+/// over sequences (32 draws a step or more), four at a time one after another: every output is
+/// the one the request gets alone, and the engine's counters add up to the same either way.
+#[test]
+fn a_large_batch_takes_its_tokens_in_parallel_and_changes_no_output() {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "fruit": {"type": "string", "enum": ["apple", "pear", "quince"]},
+            "count": {"type": "integer", "minimum": 0, "maximum": 999}
+        },
+        "required": ["fruit", "count"]
+    });
+    let reqs: Vec<Request> = (0..40)
+        .map(|i| {
+            let p = match &prompts()[i % 6] {
+                Prompt::Text(t) => Prompt::Text(format!("{t} ({i})")),
+                other => other.clone(),
+            };
+            Request::new(p)
+                .with_constraint(ConstraintSpec::JsonSchema(schema.clone()))
+                .with_max_tokens(48)
+        })
+        .collect();
+    let wide = EngineConfig {
+        max_running: 40,
+        kv_tokens: 16_384,
+        ..base()
+    };
+    let (out, stats, seen) = run_as_alone(wide, &reqs);
+    assert!(seen.max_seqs >= 32, "{seen:?}");
+    assert!(stats.forced_tokens > 0, "{stats:?}");
+    let narrow = EngineConfig {
+        max_running: 4,
+        ..base()
+    };
+    let (few, few_stats, _) = run(narrow, reqs);
+    assert_eq!(tokens(&few), tokens(&out));
+    assert_eq!(
+        (
+            stats.sampled_tokens,
+            stats.forced_tokens,
+            stats.retokenized_tokens
+        ),
+        (
+            few_stats.sampled_tokens,
+            few_stats.forced_tokens,
+            few_stats.retokenized_tokens
+        )
+    );
+}
+
 #[test]
 fn a_constraint_with_no_text_at_all_fails_its_request_alone() {
     let empty = Request::new(prompts().remove(0))
