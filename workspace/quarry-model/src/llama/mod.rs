@@ -391,9 +391,16 @@ impl Llama {
         };
         // The step padded to its graph's shape: replayed through its CUDA graph where it has one
         // (cuda/graph.rs), or run as it is for `forward_paged`.
-        let padded = match (attention, route) {
-            (_, Route::Paged { pad: false }) | (None, _) => None,
-            (Some(_), _) => crate::step_graph::GraphKey::of(&meta).map(|key| {
+        let pad = match route {
+            Route::Paged { pad } => pad,
+            Route::Default => {
+                !dev.is_cpu()
+                    && self.graphs_on.load(std::sync::atomic::Ordering::Relaxed)
+                    && !crate::profile::enabled()
+            }
+        };
+        let padded = match attention {
+            Some(_) if pad => crate::step_graph::GraphKey::of(&meta).map(|key| {
                 let scratch = pool.scratch;
                 let mut step = PaddedStep {
                     key,
@@ -412,6 +419,7 @@ impl Llama {
                 );
                 step
             }),
+            _ => None,
         };
         let logit_rows = || Tensor::from_slice(&plan.logit_rows, plan.logit_rows.len(), dev);
         #[cfg(feature = "cuda")]
