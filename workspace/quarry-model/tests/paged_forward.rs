@@ -32,6 +32,26 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Three prompts of the fixture's text (40, 17 and 5 tokens).
+fn three_prompts() -> [Vec<u32>; 3] {
+    [
+        text_tokens(40, 0),
+        text_tokens(17, 100),
+        text_tokens(5, 300),
+    ]
+}
+
+/// `n` block tables of `pages` pages each from `pool`.
+fn tables(pool: &mut quarry_model::KvPool, n: usize, pages: usize) -> Vec<Vec<PageId>> {
+    (0..n)
+        .map(|_| {
+            let mut t = Vec::new();
+            assert!(pool.alloc_into(pages, &mut t));
+            t
+        })
+        .collect()
+}
+
 /// Pages of the pool in a scrambled (but fixed) order.
 fn scrambled(pool: &mut quarry_model::KvPool) -> Vec<PageId> {
     let mut all = Vec::new();
@@ -388,11 +408,7 @@ fn prefill_then_decode(
 #[test]
 fn padded_steps_keep_every_real_row() {
     for model in [smollm2(), gemma3()] {
-        let prompts = [
-            text_tokens(40, 0),
-            text_tokens(17, 100),
-            text_tokens(5, 300),
-        ];
+        let prompts = three_prompts();
         let extend = [
             text_tokens(3, 500),
             text_tokens(1, 520),
@@ -401,13 +417,7 @@ fn padded_steps_keep_every_real_row() {
         let next = text_tokens(3, 700);
         let run = |padded: bool| -> Vec<Vec<f32>> {
             let mut pool = pool_for(model, 16, 12, KvLayout::Tensor);
-            let tables: Vec<Vec<PageId>> = (0..3)
-                .map(|_| {
-                    let mut t = Vec::new();
-                    assert!(pool.alloc_into(4, &mut t));
-                    t
-                })
-                .collect();
+            let tables = tables(&mut pool, 3, 4);
             let mut rows = Vec::new();
             let mut out = Logits::new();
             let mut step = |batch: &[SeqInput], pool: &mut quarry_model::KvPool| {
@@ -492,11 +502,7 @@ fn gemma3_the_fusions_keep_the_logits() {
 /// projections may add into the stream in their GEMMs (no output norms).
 fn fusions_check(path: &std::path::Path, gemm_adds: bool) {
     let model = quarry_model::Llama::load(path, &device()).unwrap();
-    let prompts = [
-        text_tokens(40, 0),
-        text_tokens(17, 100),
-        text_tokens(5, 300),
-    ];
+    let prompts = three_prompts();
     let next = text_tokens(5, 700);
     let run = |fusions: Fusions| -> Vec<Vec<f32>> {
         model.set_fusions(fusions);
@@ -604,13 +610,7 @@ fn cuda_graphs_replay_the_steps_they_capture() {
         // Extends and decodes in turn on a pool of their own, after a prefill.
         let mut pool = pool_for(model, 16, 3 * 8, KvLayout::Tensor);
         let prompts = &others;
-        let tables: Vec<Vec<PageId>> = (0..3)
-            .map(|_| {
-                let mut t = Vec::new();
-                assert!(pool.alloc_into(8, &mut t));
-                t
-            })
-            .collect();
+        let tables = tables(&mut pool, 3, 8);
         let mut len: Vec<usize> = prompts.iter().map(Vec::len).collect();
         let mut out = Logits::new();
         let prefill: Vec<SeqInput> = prompts
