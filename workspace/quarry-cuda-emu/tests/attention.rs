@@ -66,14 +66,41 @@ fn attend(
     out16: bool,
 ) -> (AttentionPlan, Vec<f32>) {
     let size = BatchSize::new(meta, shape.window, SMS);
-    let plan = AttentionPlan::new(size, shape, kernel, element, out16).unwrap();
     let arrays = [
-        &meta.token_seq,
+        &meta.token_seq[..],
         &meta.token_pos,
         &meta.page_start,
         &meta.block_table,
-    ]
-    .map(|a| Buf::from_slice(a));
+    ];
+    let launch = Batch {
+        arrays,
+        size,
+        page_size: meta.page_size,
+    };
+    attend_batch(&launch, q, pool, element, shape, kernel, out16)
+}
+
+/// A batch as the kernel reads it: its four arrays (`token_seq`, `token_pos`, `page_start`,
+/// `block_table`) and what its launch is planned for.
+struct Batch<'a> {
+    arrays: [&'a [u32]; 4],
+    size: BatchSize,
+    page_size: u32,
+}
+
+/// [`attend`] over a batch given as the kernel's arrays and planned for `b.size`: a CUDA graph's
+/// fixed layout, planned for its key's bounds.
+fn attend_batch(
+    b: &Batch<'_>,
+    q: &[f32],
+    pool: &Pool,
+    element: &str,
+    shape: AttentionShape,
+    kernel: AttentionKernel,
+    out16: bool,
+) -> (AttentionPlan, Vec<f32>) {
+    let plan = AttentionPlan::new(b.size, shape, kernel, element, out16).unwrap();
+    let arrays = b.arrays.map(Buf::from_slice);
     let [seq, pos, start, table] = arrays.each_ref().map(|b| b.ptr());
     let qb = Buf::from_slice(q);
     let (qp, (kp, vp)) = (qb.ptr(), pool.ptrs());
@@ -88,7 +115,7 @@ fn attend(
         shape.n_kv as i32,
         shape.head_dim as i32,
     );
-    let (page, scale, window) = (meta.page_size as i32, shape.scale, shape.window as i32);
+    let (page, scale, window) = (b.page_size as i32, shape.scale, shape.window as i32);
     // The launch as the driver checks it: the kernel's static `red[32]` and the limit the CUDA
     // launcher raises.
     let launch = Launch {
@@ -110,7 +137,7 @@ fn attend(
         }
         Some(chunk) => {
             let f = kernels::attention_split::by_name(&plan.kernel).expect(&plan.kernel);
-            let rows = meta.tokens() * shape.n_head * plan.splits();
+            let rows = b.size.tokens * shape.n_head * plan.splits();
             let mut acc = Buf::<f32>::poisoned(rows * shape.head_dim);
             let mut ml = Buf::<f32>::poisoned(rows * 2);
             let (ap, mp) = (acc.ptr_mut(), ml.ptr_mut());
@@ -278,4 +305,68 @@ fn contexts_on_either_side_of_the_default_shared_memory_launch() {
         );
         Ok(got)
     });
+}
+
+/// A step padded to its CUDA graph's key (`step_graph::GraphKey::pad`), in the graph's fixed
+/// layout (`GraphKey::pack`: a sequence slot per token, unused `page_start` entries repeating its
+/// end) and planned for the key's bounds (its tokens, the context rounded up to 256): every real
+/// token's output is the unpadded reference's, in every layout, on the f16 pool quarry runs. The
+/// padding's tokens sit at position 0 of a scratch page past the case's pages, as the pool's
+/// scratch page is past the allocator's.
+#[test]
+fn a_step_padded_to_its_graph_matches_the_unpadded_reference() {
+    use quarry_model::step_graph::GraphKey;
+    for case in AttentionCase::mixed(16) {
+        let h = case.heads;
+        let shape = AttentionShape::from(h);
+        let key = GraphKey::of(&case.meta).unwrap();
+        let rows = case.k.len() / (h.n_kv * h.head_dim);
+        let scratch = rows.div_ceil(16) as u32;
+        let mut padded = RaggedBatch::default();
+        let pad = key.pad(&case.meta, scratch, &mut padded);
+        assert!(pad > 0, "the mixed batch fills no bucket exactly");
+        let mut packed = Vec::new();
+        let used = key.pack(&padded, &mut packed);
+        let at = key.layout();
+        packed.resize(at[4], u32::MAX); // past what a step uses: never read
+        let arrays: [&[u32]; 4] = std::array::from_fn(|i| &packed[at[i]..at[i + 1]]);
+        assert!(used <= at[4]);
+        // The pools with the scratch page after the case's rows, the queries with the padding's.
+        let width = h.n_kv * h.head_dim;
+        let scratch_rows = (scratch as usize + 1) * 16;
+        let (mut k, mut v) = (case.k.clone(), case.v.clone());
+        k.resize(scratch_rows * width, 0.5);
+        v.resize(scratch_rows * width, -0.5);
+        let mut q = case.q.clone();
+        q.resize(key.tokens * h.n_head * h.head_dim, 0.25);
+        let batch = Batch {
+            arrays,
+            size: BatchSize {
+                tokens: key.tokens,
+                longest: key.context,
+                sms: SMS,
+            },
+            page_size: 16,
+        };
+        let pool = Pool::new("f16", &k, &v);
+        for kernel in [
+            AttentionKernel::Warps,
+            AttentionKernel::Split { chunk: None },
+            AttentionKernel::PerDimension,
+        ] {
+            let (plan, got) = attend_batch(&batch, &q, &pool, "f16", shape, kernel, true);
+            let real = &got[..case.want.len()];
+            let err = relative_error(real, &case.want);
+            eprintln!(
+                "{} padded by {pad} to {} tokens, context {}: relative error {err:.2e}",
+                plan.kernel, key.tokens, key.context
+            );
+            assert!(err < 2e-3, "{}: relative error {err:.2e}", plan.kernel);
+            assert!(
+                got.iter().all(|x| x.is_finite()),
+                "{}: padding rows",
+                plan.kernel
+            );
+        }
+    }
 }
