@@ -576,6 +576,7 @@ fn fusions_check(path: &std::path::Path, gemm_adds: bool) {
 /// - Then, on another pool and three other sequences, extend steps (2 tokens a sequence, every
 ///   logit wanted: 6 tokens, padded to 8) alternate with decode steps, as jump-forward makes them: each key is captured the second time it
 ///   comes, though never twice in a row, and replayed after.
+///
 /// A replay runs the captured launches themselves, the attention planned for the bounds instead
 /// of the step (the same arithmetic over the same positions, the padding's rows apart), so the
 /// logits are expected equal; the bound leaves room for cuBLAS choosing another algorithm for
