@@ -1,0 +1,260 @@
+//! The engine's step against a device that takes a fixed time per pass: what a GPU sees of the
+//! host. A model double stands in for the GPU: its forward call returns at once (a launch) and
+//! its draw waits until the pass's device time has passed since the launch, then picks each row's
+//! token from the row's mask, as the device-side sampler does. Everything else is the real
+//! engine on real documents: the SmolLM2 tokenizer, the package schema, constrained decoding with
+//! jump-forward and drafts, the radix cache.
+//!
+//! The peer is the device alone: a step can take no less than its device time, and the engine
+//! hides its masks behind it when it builds them while the pass runs. Per batch size and mode,
+//! the table gives the step's wall time against its device time (1.00 is a step the device
+//! alone decides), the masks' time and what a step still waited for them after the launch, and
+//! the host's own time per step (scheduling, the radix cache, taking tokens, jump-forward), during
+//! which a GPU would sit idle. The device time per pass is `--pass-us` plus `--token-us` per new
+//! token (defaults from an H100 running SmolLM2: about 1.2 ms at batch 1 and 10 ms at 512).
+//!
+//! The double's token choice is not a model's: each row takes the smallest allowed id (in
+//! SmolLM2's vocabulary the single bytes, which close strings and objects) one time in three and
+//! an allowed id picked by a hash of the row otherwise, so records run to a few dozen tokens, some
+//! to `max_tokens`. Throughput here says nothing about a model; the host's share of a step does.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use clap::Parser;
+use quarry_bench::median;
+use quarry_engine::{Draws, Engine, EngineConfig, FinishReason, Model};
+use quarry_eval as bench;
+use quarry_model::{parse_device, KvPool, LlamaConfig, Logits, SeqInput, NO_MASK};
+use quarry_tokenizer::Tokenizer;
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    model: PathBuf,
+    #[arg(long, default_value = "schemas/debian-package.json")]
+    schema: PathBuf,
+    #[arg(long, default_value = "/var/lib/dpkg/status")]
+    status: PathBuf,
+    /// Batch sizes (documents: the batch size, 16 at least).
+    #[arg(long, value_delimiter = ',', default_value = "8,32,128,512")]
+    batch: Vec<usize>,
+    /// Modes: b, the schema without jump-forward; c, with it (the default).
+    #[arg(long, value_delimiter = ',', default_value = "b,c")]
+    modes: Vec<String>,
+    #[arg(long, default_value_t = 160)]
+    max_tokens: usize,
+    /// The device's time per pass, in microseconds, and per new token of the pass.
+    #[arg(long, default_value_t = 1200)]
+    pass_us: u64,
+    #[arg(long, default_value_t = 17)]
+    token_us: u64,
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// A device that takes `pass + token · tokens` per pass, asynchronously.
+struct Device {
+    vocab: usize,
+    pass: Duration,
+    token: Duration,
+    /// The last launch and when its pass ends.
+    busy_until: Mutex<Option<Instant>>,
+    /// Device time of every pass so far.
+    device_s: Mutex<f64>,
+    step: Mutex<u64>,
+}
+
+impl Model for Device {
+    fn forward(
+        &self,
+        batch: &[SeqInput],
+        _pool: &mut KvPool,
+        out: &mut Logits,
+    ) -> quarry_model::Result<()> {
+        let tokens: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        let d = self.pass + self.token * tokens as u32;
+        *self.busy_until.lock().unwrap() = Some(Instant::now() + d);
+        *self.device_s.lock().unwrap() += d.as_secs_f64();
+        // The rows the draws read; the values stay on the "device".
+        out.layout(1, batch);
+        Ok(())
+    }
+
+    fn kv_pool(&self, page_size: usize, num_pages: usize) -> quarry_model::Result<KvPool> {
+        let cfg = LlamaConfig::minimal("device-double", self.vocab, self.context_length());
+        KvPool::new(&cfg, page_size, num_pages, &parse_device("cpu")?, None)
+    }
+
+    fn context_length(&self) -> usize {
+        8192
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    fn sample(&self, _logits: &mut Logits, masks: &[u32], draws: &mut Draws) {
+        if let Some(end) = self.busy_until.lock().unwrap().take() {
+            // The draw waits for the pass, as a device's sampling does.
+            while Instant::now() < end {
+                std::hint::spin_loop();
+            }
+        }
+        let step = {
+            let mut s = self.step.lock().unwrap();
+            *s += 1;
+            *s
+        };
+        draws.out.clear();
+        for r in 0..draws.rows.rows() {
+            let m = draws.rows.mask_index[r];
+            let h = mix(step, r as u64);
+            let id = if m == NO_MASK {
+                Some((h % self.vocab as u64) as u32)
+            } else {
+                let mask = &masks[m as usize * draws.words..][..draws.words];
+                pick_allowed(mask, h)
+            };
+            draws
+                .out
+                .push(id.ok_or_else(|| quarry_model::ModelError::Sampling {
+                    message: "no token allowed".into(),
+                }));
+        }
+    }
+}
+
+fn mix(a: u64, b: u64) -> u64 {
+    let mut h = a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_add(0xD1B5_4A32_D192_ED03);
+    h ^= h >> 31;
+    h.wrapping_mul(0xFF51_AFD7_ED55_8CCD)
+}
+
+/// The smallest allowed id one time in three, else the allowed id a hash of the row picks.
+fn pick_allowed(mask: &[u32], h: u64) -> Option<u32> {
+    let allowed: u64 = mask.iter().map(|w| w.count_ones() as u64).sum();
+    if allowed == 0 {
+        return None;
+    }
+    let mut k = if h.is_multiple_of(3) {
+        0
+    } else {
+        (h >> 8) % allowed
+    };
+    for (w, &word) in mask.iter().enumerate() {
+        let n = word.count_ones() as u64;
+        if k < n {
+            let mut bits = word;
+            for _ in 0..k {
+                bits &= bits - 1;
+            }
+            return Some(w as u32 * 32 + bits.trailing_zeros());
+        }
+        k -= n;
+    }
+    None
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let tok = Arc::new(Tokenizer::from_gguf(&args.model)?);
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(&args.schema)?)?;
+    let mut results = Vec::new();
+    println!(
+        "device: {} µs a pass + {} µs a token; {} repeats, medians",
+        args.pass_us, args.token_us, args.repeats
+    );
+    println!(
+        "{:>5} {:>4}  {:>6}  {:>8}  {:>10}  {:>9}  {:>8}  {:>12}  {:>13}  {:>4}",
+        "batch",
+        "mode",
+        "steps",
+        "step ms",
+        "device ms",
+        "step/dev",
+        "mask µs",
+        "mask wait µs",
+        "host ms/step",
+        "cut"
+    );
+    for &b in &args.batch {
+        let docs = bench::package_records(&args.status, b.max(16))?;
+        for mode in &args.modes {
+            let mut runs = Vec::new();
+            for _ in 0..args.repeats {
+                let device = Arc::new(Device {
+                    vocab: tok.vocab_size(),
+                    pass: Duration::from_micros(args.pass_us),
+                    token: Duration::from_micros(args.token_us),
+                    busy_until: Mutex::new(None),
+                    device_s: Mutex::new(0.0),
+                    step: Mutex::new(0),
+                });
+                let cfg = EngineConfig {
+                    max_running: b,
+                    step_tokens: 4096,
+                    kv_tokens: (b * (1024 + args.max_tokens)).max(16_384),
+                    jump_forward: mode != "b",
+                    ..EngineConfig::default()
+                };
+                let mut engine = Engine::new(device.clone(), tok.clone(), cfg)?;
+                let reqs = bench::requests(&docs, Some(&schema), args.max_tokens);
+                let t = Instant::now();
+                let out = engine.run_batch(reqs)?;
+                let wall = t.elapsed().as_secs_f64();
+                let s = engine.stats();
+                let passes = s.forward_passes.max(1) as f64;
+                let device_s = *device.device_s.lock().unwrap();
+                let cut = out
+                    .iter()
+                    .filter(|c| c.finish == FinishReason::Length)
+                    .count();
+                runs.push(json!({
+                    "wall_s": wall,
+                    "passes": s.forward_passes,
+                    "step_ms": 1e3 * wall / passes,
+                    "device_ms": 1e3 * device_s / passes,
+                    "step_over_device": wall / device_s,
+                    "mask_us": s.mask_us_per_step(),
+                    "mask_wait_us": s.mask_wait_us_per_step(),
+                    "host_ms": 1e3 * (wall - device_s).max(0.0) / passes,
+                    "forced_share": s.forced_share(),
+                    "cut_at_max_tokens": cut,
+                    "docs": out.len(),
+                }));
+            }
+            let med = |k: &str| median(runs.iter().map(|r| r[k].as_f64().unwrap()).collect());
+            println!(
+                "{b:>5} {mode:>4}  {:>6.0}  {:>8.2}  {:>10.2}  {:>9.2}  {:>8.0}  {:>12.0}  {:>13.2}  {:>4.0}",
+                med("passes"),
+                med("step_ms"),
+                med("device_ms"),
+                med("step_over_device"),
+                med("mask_us"),
+                med("mask_wait_us"),
+                med("host_ms"),
+                med("cut_at_max_tokens"),
+            );
+            results.push(json!({"batch": b, "mode": mode, "runs": runs}));
+        }
+    }
+    if let Some(out) = &args.out {
+        std::fs::write(
+            out,
+            serde_json::to_string_pretty(&json!({
+                "bench": "overlap-bench",
+                "pass_us": args.pass_us,
+                "token_us": args.token_us,
+                "max_tokens": args.max_tokens,
+                "results": results,
+            }))?,
+        )?;
+    }
+    Ok(())
+}
