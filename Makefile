@@ -12,7 +12,7 @@ QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-.PHONY: setup build build-cuda gpu-pack demo tour test lint fixtures bench-grammar bench-cfg bench-schemas bench-model bench-engine bench-pipeline bench-workers fuzz
+.PHONY: setup build build-cuda gpu-pack demo tour test lint fixtures bench-grammar bench-cfg bench-schemas bench-model bench-engine bench-overlap bench-pipeline bench-workers fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -83,6 +83,11 @@ bench-model: setup
 # Engine: JSON extraction from 50 Debian package records, configurations (a)–(d) (BENCHMARKS.md).
 bench-engine: setup
 	$(CARGO) run --release -p quarry-bench --bin engine-bench -- --out $(CARGO_TARGET_DIR)/bench/engine.json $(ARGS)
+
+# The engine's step against a device double that takes a fixed time per pass: what a GPU sees of the
+# host (masks hidden or not, the host's own time per step); BENCHMARKS.md.
+bench-overlap: setup
+	$(CARGO) run --release -p quarry-bench --bin overlap-bench -- --out $(CARGO_TARGET_DIR)/bench/overlap.json $(ARGS)
 
 # Pipeline overhead: the dataset job vs the engine alone on the same documents (BENCHMARKS.md).
 bench-pipeline: setup
