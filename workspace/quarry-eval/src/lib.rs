@@ -533,9 +533,12 @@ mod tests {
             forced_share: 0.0,
             hit_rate: 0.0,
             mask_us_per_step: 0.0,
+            mask_wait_us_per_step: 0.0,
+            host_s: 0.0,
             cache_overhead: 0.0,
             retokenized_tokens: 0,
             complete: 0,
+            cut_at_max_tokens: 0,
             schema_valid: 0,
             outputs: Vec::new(),
         };
