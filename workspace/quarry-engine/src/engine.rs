@@ -55,6 +55,14 @@ pub struct EngineConfig {
     /// kept back. With the same sampler draws in the same order, the output is the one keep-back
     /// alone gives (greedy: byte for byte), with fewer forward passes.
     pub draft_kept_back: bool,
+    /// Records that always close (`docs/budget.md`): a constrained sequence takes only tokens
+    /// after which a completion of its constraint still fits in what is left of `max_tokens`
+    /// (a drawn token that does not fit is drawn again from those that do), so no constrained
+    /// output ends cut at `max_tokens`; a request whose shortest record is longer than
+    /// `max_tokens` is refused before decoding (`budget_too_small`). Records whose end the
+    /// budget shaped finish `budget_closed`. Default on. Off: outputs may end cut (`length`),
+    /// as in every other engine.
+    pub close_within_budget: bool,
     /// Compiled constraints kept for reuse.
     pub grammar_cache: usize,
     #[serde(skip)]
@@ -76,6 +84,7 @@ impl Default for EngineConfig {
             keep_back_rule: KeepBack::Count,
             keep_back: 1,
             draft_kept_back: true,
+            close_within_budget: true,
             grammar_cache: 64,
             schema_options: SchemaOptions::default(),
             limits: Limits::default(),
@@ -138,6 +147,12 @@ pub struct EngineStats {
     pub sample_s: f64,
     /// Time in the rest of a step (scheduling, radix cache, the draws that `sample_s` counts).
     pub schedule_s: f64,
+    /// Draws the token budget refused (no completion would have fitted after the token) and
+    /// drew again from the tokens that fit (`docs/budget.md`).
+    pub budget_redraws: u64,
+    /// Time in the budget's checks of drawn tokens and its draws again: the host's cost of
+    /// records that always close.
+    pub budget_s: f64,
     /// Sequences sent back to the queue because the pool ran out of pages.
     pub retracted: u64,
     pub completed: u64,
@@ -220,6 +235,10 @@ pub struct Engine {
     draw_seqs: Vec<usize>,
     /// Per running sequence, the draw it takes this step, if any.
     taken: Vec<Option<usize>>,
+    /// The budget's draws again ([`Engine::redraw_over_budget`]) and their masks: kept across
+    /// steps.
+    redraw: Draws,
+    redraw_masks: Vec<u32>,
     bans: Vec<u32>,
     freed: Vec<PageId>,
     next_id: u64,
@@ -236,8 +255,13 @@ struct MaskJob<'a> {
 }
 
 impl MaskJob<'_> {
-    fn fill(&mut self, words: usize) {
+    fn fill(&mut self, words: usize, budget: bool) {
         self.matcher.fill_mask(self.mask);
+        if budget {
+            // The budget's check after the draw looks up the completions of the states ahead:
+            // computing this state's (and the chain it walks) here keeps that off the step.
+            let _ = self.matcher.completion_len();
+        }
         if self.drafts.is_empty() {
             return;
         }
@@ -302,6 +326,8 @@ impl Engine {
             draws: Draws::default(),
             draw_seqs: Vec::new(),
             taken: Vec::new(),
+            redraw: Draws::default(),
+            redraw_masks: Vec::new(),
             bans: Vec::new(),
             freed: Vec::new(),
             next_id: 0,
@@ -366,7 +392,7 @@ impl Engine {
                 text: String::new(),
                 reasoning: None,
                 tokens: Vec::new(),
-                finish: FinishReason::Error(e.to_string()),
+                finish: e.finish(),
                 stats: RequestStats {
                     total_s: submitted.elapsed().as_secs_f64(),
                     ..RequestStats::default()
@@ -410,7 +436,7 @@ impl Engine {
                             text: String::new(),
                             reasoning: None,
                             tokens: Vec::new(),
-                            finish: FinishReason::Error(e.to_string()),
+                            finish: e.finish(),
                             stats: RequestStats::default(),
                         })
                     }
@@ -490,6 +516,35 @@ impl Engine {
                 req.max_tokens,
             )),
         };
+        // The tokens the end-of-thinking marker takes when it is forced ("\n" + marker).
+        let marker_tokens = match (&req.reasoning, &matcher) {
+            (Some(r), Some(_)) => self
+                .tok
+                .encode_with(
+                    &format!("\n{}", r.end_marker),
+                    EncodeOptions {
+                        add_bos: false,
+                        parse_special: true,
+                    },
+                )
+                .map_or(0, |ids| ids.len()),
+            _ => 0,
+        };
+        let budget = self.cfg.close_within_budget && matcher.is_some();
+        if let Some(shortest) = matcher
+            .as_ref()
+            .filter(|_| budget)
+            .and_then(|m| m.grammar().shortest_record())
+        {
+            // With reasoning, the answer follows at least one thinking token and the marker.
+            let shortest = shortest + marker_tokens + usize::from(marker_tokens > 0);
+            if shortest > req.max_tokens {
+                return Err(RequestError::BudgetTooSmall {
+                    shortest,
+                    max_tokens: req.max_tokens,
+                });
+            }
+        }
         let phase = if req.reasoning.is_some() {
             Phase::Thinking
         } else {
@@ -514,6 +569,9 @@ impl Engine {
             thinking_tokens: 0,
             finish: None,
             drafts: 0,
+            budget,
+            budget_shaped: false,
+            marker_tokens,
             stats: RequestStats {
                 prompt_tokens: prompt_len,
                 ..RequestStats::default()
@@ -784,6 +842,7 @@ impl Engine {
             masks,
             running,
             stats,
+            cfg,
             ..
         } = self;
         // Each sequence split into what the pass reads and the matcher the masks move.
@@ -827,11 +886,12 @@ impl Engine {
                 draft_masks,
             });
         }
+        let budget = cfg.close_within_budget;
         let (fwd, mask_s, wait_s) = std::thread::scope(|scope| {
             let filler = (!tasks.is_empty()).then(|| {
                 scope.spawn(move || {
                     let t = Instant::now();
-                    tasks.par_iter_mut().for_each(|job| job.fill(words));
+                    tasks.par_iter_mut().for_each(|job| job.fill(words, budget));
                     t.elapsed().as_secs_f64()
                 })
             });
@@ -959,6 +1019,9 @@ impl Engine {
                 self.taken[i] = Some(d);
             }
         }
+        if self.cfg.close_within_budget {
+            self.redraw_over_budget(ctx.context_length);
+        }
         let draws = &self.draws.out;
         let take_drawn = |(seq, d): (&mut Sequence, &Option<usize>)| -> Taken {
             match d.map(|d| &draws[d]) {
@@ -999,6 +1062,83 @@ impl Engine {
             self.cache_prefix(i)?;
         }
         Ok(())
+    }
+
+    /// The token budget (`docs/budget.md`): each taken draw after which no completion of its
+    /// constraint would fit in what the sequence has left is drawn again, from the same logits
+    /// row, under the mask of the tokens that do fit ([`quarry_grammar::Matcher::retain_fitting`])
+    /// and the row's bans. The first token of the state's completion always fits, so the draw
+    /// again always has a token; the model still chooses among those that fit (an enum's value
+    /// it prefers, not the shortest one). On a GPU the second draw reads the logits the step
+    /// left on the device. Checked in parallel over sequences at large batches (a state seen
+    /// the first time computes its completion).
+    fn redraw_over_budget(&mut self, context_length: usize) {
+        let t = Instant::now();
+        let draws = &self.draws.out;
+        let over = |(seq, d): (&Sequence, &Option<usize>)| -> bool {
+            match d.map(|d| &draws[d]) {
+                Some(Ok(id)) => !seq.budget_allows(*id, context_length),
+                _ => false,
+            }
+        };
+        let over: Vec<bool> = if self.draw_seqs.len() >= PARALLEL_TAKES {
+            self.running
+                .par_iter()
+                .zip(self.taken.par_iter())
+                .map(over)
+                .collect()
+        } else {
+            self.running.iter().zip(&self.taken).map(over).collect()
+        };
+        if !over.contains(&true) {
+            self.stats.budget_s += t.elapsed().as_secs_f64();
+            return;
+        }
+        let words = self.vocab.mask_words();
+        self.redraw.rows.clear();
+        self.redraw.words = words;
+        self.redraw_masks.clear();
+        let mut which: Vec<usize> = Vec::new();
+        for (i, _) in over.iter().enumerate().filter(|(_, &o)| o) {
+            let d = self.taken[i].expect("a checked draw");
+            let seq = &mut self.running[i];
+            let m = seq.matcher.as_ref().expect("constrained");
+            let start = self.redraw_masks.len();
+            self.redraw_masks.resize(start + words, 0);
+            let mask = &mut self.redraw_masks[start..];
+            m.fill_mask(mask);
+            if m.retain_fitting(mask, seq.tokens_left(context_length)) == 0 {
+                // Nothing fits (a `uniqueItems` tracker refused the completion): the draw
+                // stands, and the record may end cut (counted as `length`).
+                self.redraw_masks.truncate(start);
+                continue;
+            }
+            self.bans.clear();
+            processor_bans(
+                &seq.req.processors,
+                &seq.tokens[seq.prompt_len..],
+                &mut self.bans,
+            );
+            let logit_row = self.draws.rows.logit_row[d] as usize;
+            let mask_index = u32::try_from(which.len()).expect("a step's masks fit u32");
+            self.redraw.rows.push(
+                &mut seq.sampler,
+                logit_row,
+                Some(mask_index),
+                self.bans.iter().copied(),
+            );
+            seq.budget_shaped = true;
+            which.push(d);
+        }
+        if !which.is_empty() {
+            self.model
+                .sample(&mut self.logits, &self.redraw_masks, &mut self.redraw);
+            for (k, &d) in which.iter().enumerate() {
+                std::mem::swap(&mut self.draws.out[d], &mut self.redraw.out[k]);
+            }
+            self.stats.budget_redraws += which.len() as u64;
+        }
+        self.stats.budget_s += t.elapsed().as_secs_f64();
     }
 
     /// Reads the verdict on every sequence's drafts from the step's draws (rows
@@ -1051,7 +1191,7 @@ impl Engine {
                     self.draw_used[last] = false;
                     seq.sampler
                         .rewind(self.draft_positions[c.positions + c.count]);
-                    seq.finish = Some(FinishReason::Length);
+                    seq.finish = Some(seq.finish_at_limit());
                 }
                 Verdict::Confirmed => {}
                 Verdict::Replaced(id) => {

@@ -51,4 +51,25 @@ pub enum RequestError {
     /// The constraint does not compile, or admits no text at all.
     #[error("constraint: {0}")]
     Constraint(GrammarError),
+    /// Even the constraint's shortest record does not fit in `max_tokens`
+    /// ([`crate::EngineConfig::close_within_budget`]).
+    #[error("max_tokens is {max_tokens}, but the constraint's shortest record takes {shortest} tokens: raise max_tokens to at least {shortest}")]
+    BudgetTooSmall { shortest: usize, max_tokens: usize },
+}
+
+impl RequestError {
+    /// How a request refused with this error finishes: [`crate::FinishReason::BudgetTooSmall`]
+    /// for a budget too small, [`crate::FinishReason::Error`] with the message otherwise.
+    pub fn finish(&self) -> crate::FinishReason {
+        match self {
+            RequestError::BudgetTooSmall {
+                shortest,
+                max_tokens,
+            } => crate::FinishReason::BudgetTooSmall {
+                shortest: *shortest,
+                max_tokens: *max_tokens,
+            },
+            e => crate::FinishReason::Error(e.to_string()),
+        }
+    }
 }

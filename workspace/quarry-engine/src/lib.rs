@@ -39,8 +39,18 @@
 //!
 //! # Finish reasons
 //! `stop` (end of generation or a stop string), `length` (`max_tokens`, the context, or the pool;
-//! a constrained output cut short is never reported valid), `constraint_complete`, and `error`
-//! with the cause (bad constraint, prompt too long, nothing allowed).
+//! a constrained output cut short is never reported valid), `constraint_complete`,
+//! `budget_closed` (complete, its end shaped by the token budget), `budget_too_small` (refused:
+//! the shortest record does not fit `max_tokens`), and `error` with the cause (bad constraint,
+//! prompt too long, nothing allowed).
+//!
+//! # Records that always close
+//! With [`EngineConfig::close_within_budget`] (the default) a constrained sequence only takes a
+//! token after which a completion of its constraint still fits in the tokens it has left
+//! (`quarry_grammar::Matcher::completion_after`): a drawn token that does not fit is drawn again
+//! from the tokens that do. So a constrained output never ends cut at `max_tokens`; a request
+//! whose shortest record is longer than `max_tokens` is refused before decoding
+//! (`docs/budget.md`).
 
 mod engine;
 mod error;

@@ -219,6 +219,15 @@ pub enum FinishReason {
     /// The constraint is complete: its automaton accepts and the model ended (or nothing more
     /// could follow).
     ConstraintComplete,
+    /// The constraint is complete, and the token budget shaped its end
+    /// ([`crate::EngineConfig::close_within_budget`], `docs/budget.md`): a token the model
+    /// chose was refused because no completion would have fitted after it, or the record was
+    /// complete when `max_tokens` ran out. Valid like `ConstraintComplete`; counted apart so a
+    /// user sees how many records the budget closed and can raise `max_tokens` where it matters.
+    BudgetClosed,
+    /// Refused before decoding: even the constraint's shortest record (`shortest` tokens) is
+    /// longer than `max_tokens`.
+    BudgetTooSmall { shortest: usize, max_tokens: usize },
     /// The request failed; the message says why (bad constraint, prompt too long, …).
     Error(String),
 }
@@ -229,6 +238,8 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::ConstraintComplete => "constraint_complete",
+            FinishReason::BudgetClosed => "budget_closed",
+            FinishReason::BudgetTooSmall { .. } => "budget_too_small",
             FinishReason::Error(_) => "error",
         }
     }
@@ -276,7 +287,7 @@ impl Completion {
     pub fn is_complete(&self) -> bool {
         matches!(
             self.finish,
-            FinishReason::Stop | FinishReason::ConstraintComplete
+            FinishReason::Stop | FinishReason::ConstraintComplete | FinishReason::BudgetClosed
         )
     }
 }

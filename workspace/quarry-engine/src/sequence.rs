@@ -48,6 +48,14 @@ pub(crate) struct Sequence {
     /// logits at the position before each, and [`crate::Engine`] keeps a draft only if the model,
     /// sampling there under the constraint, chooses it.
     pub drafts: usize,
+    /// Under [`crate::EngineConfig::close_within_budget`], with a constraint: every token taken
+    /// leaves a completion that fits in what is left (`docs/budget.md`).
+    pub budget: bool,
+    /// The budget refused a token the model chose, or ended the record at `max_tokens`: the
+    /// record finishes `budget_closed`.
+    pub budget_shaped: bool,
+    /// Tokens the forced end-of-thinking marker takes ("\n" + marker), kept free for it.
+    pub marker_tokens: usize,
     pub stats: RequestStats,
     pub submitted: Instant,
     pub started: Option<Instant>,
@@ -80,6 +88,52 @@ impl Sequence {
         self.phase == Phase::Output && self.matcher.is_some()
     }
 
+    /// Output tokens this sequence may still write: what is left of `max_tokens` (its drafts
+    /// counted as written) and of the context.
+    pub fn tokens_left(&self, context_length: usize) -> usize {
+        let by_max = self.req.max_tokens.saturating_sub(self.output().len());
+        by_max.min(context_length.saturating_sub(self.tokens.len()))
+    }
+
+    /// Whether the budget lets this sequence take `id` now: a completion of its constraint
+    /// still fits after it (`docs/budget.md`). Always where the budget is off, outside the
+    /// constrained phase, for end of generation (the mask allows it only where the constraint
+    /// accepts), and in a state whose completion the search did not find (no guarantee to keep).
+    pub fn budget_allows(&self, id: u32, context_length: usize) -> bool {
+        if !self.budget || !self.is_constrained_now() {
+            return true;
+        }
+        let m = self.matcher.as_ref().expect("constrained");
+        if m.grammar().vocabulary().is_eos(id) {
+            return true;
+        }
+        match m.completion_after(id) {
+            Some(need) => need < self.tokens_left(context_length),
+            None => m.completion_len().is_none(),
+        }
+    }
+
+    /// How a constrained record that is complete finishes.
+    fn complete(&self) -> FinishReason {
+        if self.budget_shaped {
+            FinishReason::BudgetClosed
+        } else {
+            FinishReason::ConstraintComplete
+        }
+    }
+
+    /// How this sequence finishes when `max_tokens` or the context runs out (drafts already
+    /// dropped): a complete record under the budget is `budget_closed`, anything else `length`.
+    pub fn finish_at_limit(&self) -> FinishReason {
+        let complete =
+            self.is_constrained_now() && self.matcher.as_ref().is_some_and(|m| m.is_accepting());
+        if self.budget && complete {
+            FinishReason::BudgetClosed
+        } else {
+            FinishReason::Length
+        }
+    }
+
     fn thinking_budget(&self) -> Option<usize> {
         self.req.processors.iter().find_map(|p| match p {
             Processor::ThinkingBudget { max_tokens } => Some(*max_tokens),
@@ -98,7 +152,7 @@ impl Sequence {
         {
             // The mask allowed EOS only where the constraint accepts.
             self.finish = Some(if self.is_constrained_now() {
-                FinishReason::ConstraintComplete
+                self.complete()
             } else if self.phase == Phase::Thinking && self.matcher.is_some() {
                 FinishReason::Error("the model ended while still thinking".into())
             } else {
@@ -106,6 +160,20 @@ impl Sequence {
             });
             return;
         }
+        // The engine draws again where a drawn token leaves no completion that fits; a token
+        // taken on another path (a refused draft's replacement) that does not fit gives way to
+        // the first token of the completion, which always does.
+        let id = if self.budget_allows(id, ctx.context_length) {
+            id
+        } else {
+            match self.matcher.as_ref().and_then(|m| m.completion_first()) {
+                Some(first) => {
+                    self.budget_shaped = true;
+                    first
+                }
+                None => id,
+            }
+        };
         if let Some(m) = self
             .matcher
             .as_mut()
@@ -147,9 +215,18 @@ impl Sequence {
             self.start_answer(at + marker.len());
             return;
         }
-        if self
-            .thinking_budget()
-            .is_some_and(|b| self.thinking_tokens >= b)
+        // Under the budget the answer keeps room for the marker and its shortest record.
+        let reserve = self
+            .matcher
+            .as_ref()
+            .filter(|_| self.budget)
+            .and_then(|m| m.completion_len())
+            .map(|c| c + self.marker_tokens);
+        let out_of_room = reserve.is_some_and(|r| self.tokens_left(ctx.context_length) <= r);
+        if out_of_room
+            || self
+                .thinking_budget()
+                .is_some_and(|b| self.thinking_tokens >= b)
         {
             // Force a newline and the marker, in one extend pass.
             let text = format!("\n{}", String::from_utf8_lossy(marker));
@@ -199,13 +276,13 @@ impl Sequence {
         if self.is_constrained_now() {
             let m = self.matcher.as_ref().expect("constrained");
             if m.is_finished() {
-                self.finish = Some(FinishReason::ConstraintComplete);
+                self.finish = Some(self.complete());
                 return;
             }
             if ctx.jump_forward && !m.forced_bytes().is_empty() {
                 self.jump_forward(ctx);
                 if self.matcher.as_ref().is_some_and(|m| m.is_finished()) {
-                    self.finish = Some(FinishReason::ConstraintComplete);
+                    self.finish = Some(self.complete());
                     return;
                 }
             }
@@ -219,7 +296,7 @@ impl Sequence {
         if written >= self.req.max_tokens || self.tokens.len() >= ctx.context_length {
             // What is returned was written or confirmed by the model.
             self.drop_drafts(ctx.tok);
-            self.finish = Some(FinishReason::Length);
+            self.finish = Some(self.finish_at_limit());
         }
     }
 
@@ -256,6 +333,7 @@ impl Sequence {
         let floor = self.constrained_from.max(self.shared_len);
         let k = ctx.retokenize.min(self.tokens.len() - floor).min(accepted);
         let cut = self.tokens.len() - k;
+        let budget_on = self.budget;
         let old_start = self.out_bytes.len() - self.token_bytes_len(cut, ctx.tok);
         let m = self.matcher.as_mut().expect("constrained");
         let mut text = self.out_bytes[old_start..].to_vec();
@@ -328,6 +406,18 @@ impl Sequence {
             }
         }
         m.rollback(new.len() - retained);
+        // Under the budget the forced run must leave a completion that fits: its tokens are not
+        // always the completion's own (a boundary re-encoded, a run cut by keep-back). Where it
+        // would not, nothing is forced and the model writes the bytes under the budget's rule.
+        if budget_on {
+            let left = (budget + k).min(ctx.context_length.saturating_sub(cut));
+            if m.completion_len()
+                .is_some_and(|need| retained + need > left)
+            {
+                restore(m, retained, &self.tokens[cut..]);
+                return;
+            }
+        }
         let retained_bytes: usize = new[..retained]
             .iter()
             .map(|&t| ctx.tok.token_bytes(t).map_or(0, |b| b.len()))
@@ -382,12 +472,20 @@ impl Sequence {
         if spelled != forced.as_bytes() {
             return;
         }
+        let left = self.tokens_left(ctx.context_length);
         let m = self.matcher.as_mut().expect("constrained");
         for (i, &t) in ids.iter().enumerate() {
             if m.accept_token(t).is_err() {
                 m.rollback(i);
                 return;
             }
+        }
+        if self.budget
+            && m.completion_len()
+                .is_some_and(|need| ids.len() + need > left)
+        {
+            m.rollback(ids.len());
+            return;
         }
         // The model's last token is the verifying position: it must be computed by the pass.
         self.kv_len = self.kv_len.min(self.tokens.len() - 1);

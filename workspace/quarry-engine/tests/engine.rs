@@ -301,15 +301,24 @@ fn drafts_give_the_kept_back_outputs_with_more_forced_tokens() {
     for max_tokens in 4..=24 {
         reqs.push(schema_request(PACKAGES[1]).with_max_tokens(max_tokens));
     }
+    // Without the token budget first (outputs cut inside a forced run: every path of drafts
+    // and `max_tokens` runs), then with it (its checks of forced runs and drafts).
+    for close_within_budget in [false, true] {
+        drafts_equal_keep_back(&reqs, close_within_budget);
+    }
+}
+
+fn drafts_equal_keep_back(reqs: &[Request], close_within_budget: bool) {
     let mut runs = Vec::new();
     for draft_kept_back in [false, true] {
         // One sequence at a time, so a sequence's passes are the engine's.
         let mut e = engine(EngineConfig {
             draft_kept_back,
             max_running: 1,
+            close_within_budget,
             ..small()
         });
-        let out = run(&mut e, reqs.clone());
+        let out = run(&mut e, reqs.to_vec());
         runs.push((out, e.stats()));
     }
     let ((kept, ks), (drafted, ds)) = (&runs[0], &runs[1]);
@@ -324,7 +333,16 @@ fn drafts_give_the_kept_back_outputs_with_more_forced_tokens() {
             r.max_tokens
         );
     }
-    assert!(kept.iter().any(|c| c.finish == FinishReason::Length));
+    if close_within_budget {
+        // Budgets under the shortest record are refused; every other record closes.
+        assert!(kept.iter().all(|c| c.finish != FinishReason::Length));
+        assert!(kept
+            .iter()
+            .any(|c| matches!(c.finish, FinishReason::BudgetTooSmall { .. })));
+        assert!(kept.iter().any(|c| c.finish == FinishReason::BudgetClosed));
+    } else {
+        assert!(kept.iter().any(|c| c.finish == FinishReason::Length));
+    }
     assert_eq!((ks.drafts_confirmed, ks.drafts_refused), (0, 0));
     assert!(ds.drafts_confirmed > 0 && ds.drafts_refused > 0, "{ds:?}");
     assert_eq!(
@@ -338,6 +356,7 @@ fn drafts_give_the_kept_back_outputs_with_more_forced_tokens() {
     // last, even when a draft is refused.
     let mut e = engine(EngineConfig {
         max_running: 1,
+        close_within_budget,
         ..small()
     });
     for r in reqs.iter().take(8) {
@@ -397,7 +416,7 @@ fn a_grammar_that_hit_a_limit_is_compiled_afresh_for_new_requests() {
     match &c.finish {
         FinishReason::Error(m) => assert!(m.contains("max_states"), "{m}"),
         FinishReason::Length => {}
-        FinishReason::ConstraintComplete => {
+        FinishReason::ConstraintComplete | FinishReason::BudgetClosed => {
             let v: serde_json::Value = serde_json::from_str(&c.text).unwrap();
             assert!(v.is_object(), "{}", c.text);
         }
@@ -409,8 +428,11 @@ fn a_grammar_that_hit_a_limit_is_compiled_afresh_for_new_requests() {
 }
 
 #[test]
-fn max_tokens_inside_a_constraint_is_length() {
-    let mut e = engine(small());
+fn max_tokens_inside_a_constraint_is_length_without_the_budget() {
+    let mut e = engine(EngineConfig {
+        close_within_budget: false,
+        ..small()
+    });
     let c = run(
         &mut e,
         vec![Request::new(extraction(PACKAGES[0]))

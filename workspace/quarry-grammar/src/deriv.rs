@@ -95,6 +95,10 @@ pub(crate) struct Terms {
     /// derivative row asks for it, and building it each time (a 256-byte set and two lookups)
     /// was the largest cost of stepping an intersection's lazy states.
     universe: Id,
+    /// [`Terms::min_len`] of the terms asked about.
+    min_lens: FxHashMap<Id, u32>,
+    /// The shortest yield of each rule of a grammar with recursion ([`Terms::settle_rules`]).
+    rule_mins: Vec<u32>,
 }
 
 impl std::fmt::Debug for Terms {
@@ -115,6 +119,8 @@ impl Terms {
             ref_rows: FxHashMap::default(),
             spine: Vec::new(),
             universe: NOTHING,
+            min_lens: FxHashMap::default(),
+            rule_mins: Vec::new(),
         };
         t.intern(Node::Nothing);
         t.intern(Node::Empty);
@@ -383,6 +389,78 @@ impl Terms {
             }
         }
         (true, false)
+    }
+
+    /// A lower bound on the length of `e`'s shortest byte string ([`INF`] for the empty
+    /// language): exact for terms without `And` or `Not` (an intersection counts its longest
+    /// part's shortest string, a complement 0), a rule reference its rule's shortest yield
+    /// ([`Terms::settle_rules`]). Memoized. The budget's search for a shortest completion
+    /// ([`crate::budget`]) is A* with this as its estimate: exact where it is exact, so the
+    /// search walks straight down a shortest path there.
+    pub(crate) fn min_len(&mut self, e: Id) -> u32 {
+        let mut memo = std::mem::take(&mut self.min_lens);
+        let v = self.min_len_by(e, &self.rule_mins, &mut memo);
+        self.min_lens = memo;
+        v
+    }
+
+    fn min_len_by(&self, e: Id, rules: &[u32], memo: &mut FxHashMap<Id, u32>) -> u32 {
+        if let Some(&v) = memo.get(&e) {
+            return v;
+        }
+        let v = match &self.nodes[e as usize] {
+            Node::Nothing => INF,
+            Node::Empty | Node::Not(_) => 0,
+            Node::Bytes(_) => 1,
+            Node::Concat(..) => {
+                // Right-nested: walk the chain instead of recursing down it.
+                let (mut total, mut x) = (0u32, e);
+                while let Node::Concat(h, t) = self.nodes[x as usize] {
+                    total = total.saturating_add(self.min_len_by(h, rules, memo));
+                    x = t;
+                }
+                total.saturating_add(self.min_len_by(x, rules, memo))
+            }
+            Node::Or(xs) => xs
+                .iter()
+                .map(|&x| self.min_len_by(x, rules, memo))
+                .min()
+                .unwrap_or(INF),
+            Node::Repeat(x, min, _) => match *min {
+                0 => 0,
+                n => self.min_len_by(*x, rules, memo).saturating_mul(n),
+            },
+            Node::And(xs) => xs
+                .iter()
+                .map(|&x| self.min_len_by(x, rules, memo))
+                .max()
+                .unwrap_or(0),
+            Node::Ref(r) => rules.get(*r as usize).copied().unwrap_or(INF),
+        };
+        memo.insert(e, v);
+        v
+    }
+
+    /// Computes each rule's shortest yield (`bodies[r]` is rule `r`'s body) as the least fixpoint
+    /// of [`Terms::min_len`] over the rules, for the pushdown layer's states.
+    pub(crate) fn settle_rules(&mut self, bodies: &[Id]) {
+        let mut rules = vec![INF; bodies.len()];
+        loop {
+            let mut memo = FxHashMap::default();
+            let mut changed = false;
+            for (r, &body) in bodies.iter().enumerate() {
+                let v = self.min_len_by(body, &rules, &mut memo);
+                if v < rules[r] {
+                    rules[r] = v;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        self.rule_mins = rules;
+        self.min_lens.clear();
     }
 
     /// A reference to rule `r` ([`Node::Ref`]).

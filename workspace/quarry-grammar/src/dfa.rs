@@ -138,6 +138,8 @@ struct Pda {
     seen: rustc_hash::FxHashSet<(Id, u32)>,
     /// [`Pda::merged`] of each node list already merged.
     merged_of: FxHashMap<Box<[u32]>, u32>,
+    /// [`Pda::stack_bound`] of each node, once asked ([`UNKNOWN`] before).
+    node_bounds: Vec<u32>,
 }
 
 impl Pda {
@@ -153,6 +155,7 @@ impl Pda {
             max_entries: max_entries.max(1),
             seen: Default::default(),
             merged_of: FxHashMap::default(),
+            node_bounds: Vec::new(),
         };
         pda.pset(vec![BOTTOM]);
         pda
@@ -285,6 +288,32 @@ impl Pda {
         k
     }
 
+    /// A lower bound on the bytes that the stacks of parent set `ps` still need before they
+    /// are empty: the least, over its nodes, of the node's term's [`Terms::min_len`] plus its own
+    /// parents'. Memoized per node (nodes are immutable, and a node's parents are older).
+    fn stack_bound(&mut self, terms: &mut Terms, ps: u32) -> u32 {
+        let nodes = self.psets[ps as usize].clone();
+        let mut best = crate::deriv::INF;
+        for &k in nodes.iter() {
+            if k == BOTTOM {
+                return 0;
+            }
+            if self.node_bounds.len() <= k as usize {
+                self.node_bounds.resize(self.nodes.len(), UNKNOWN);
+            }
+            let mut v = self.node_bounds[k as usize];
+            if v == UNKNOWN {
+                let (term, parents) = self.nodes[k as usize];
+                v = terms
+                    .min_len(term)
+                    .saturating_add(self.stack_bound(terms, parents));
+                self.node_bounds[k as usize] = v;
+            }
+            best = best.min(v);
+        }
+        best
+    }
+
     fn accepting(&self, terms: &Terms, config: &[(Id, u32)]) -> bool {
         config
             .iter()
@@ -308,6 +337,8 @@ pub(crate) struct LazyDfa {
     pub(crate) nclasses: usize,
     /// A byte of each class.
     reps: Vec<u8>,
+    /// A byte of each class as a completion spells it ([`LazyDfa::class_byte`]).
+    nice: Vec<u8>,
     rows: Grow<AtomicU32>,
     accepting: Grow<AtomicBool>,
     states: AtomicU32,
@@ -340,6 +371,7 @@ impl LazyDfa {
         let mut guard = dfa.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let inner = &mut *guard;
         let mut pda = Pda::new(bodies, limits.max_parser_stacks);
+        inner.terms.settle_rules(&pda.bodies);
         let config = match pda.close(&mut inner.terms, &[(root, BOTTOM)]) {
             Some(c) => c,
             None => {
@@ -368,10 +400,28 @@ impl LazyDfa {
         for b in (0..=255u8).rev() {
             reps[classes[b as usize] as usize] = b;
         }
+        // The most readable byte of each class: a lower-case letter, a digit, an upper-case
+        // letter, a space, other printable ASCII, then the lowest byte.
+        let rank = |b: u8| match b {
+            b'a'..=b'z' => 0,
+            b'0'..=b'9' => 1,
+            b'A'..=b'Z' => 2,
+            b' ' => 3,
+            0x21..=0x7e => 4,
+            _ => 5,
+        };
+        let mut nice = reps.clone();
+        for b in 0..=255u8 {
+            let c = classes[b as usize] as usize;
+            if rank(b) < rank(nice[c]) {
+                nice[c] = b;
+            }
+        }
         let dfa = Self {
             classes,
             nclasses,
             reps,
+            nice,
             rows: Grow::new(nclasses, || AtomicU32::new(UNKNOWN)),
             accepting: Grow::new(1, || AtomicBool::new(false)),
             states: AtomicU32::new(1),
@@ -418,6 +468,37 @@ impl LazyDfa {
 
     pub(crate) fn is_accepting(&self, s: u32) -> bool {
         self.accepting.at(s as usize).load(Ordering::Relaxed)
+    }
+
+    /// The byte a completion writes for class `class`: every byte of a class steps every state
+    /// alike, so any would do; this is the most readable one.
+    pub(crate) fn class_byte(&self, class: usize) -> u8 {
+        self.nice[class]
+    }
+
+    /// A lower bound on the bytes from state `s` to an accepting state ([`Terms::min_len`] of
+    /// its term; for a configuration, the least over its tops of the top's plus its stacks'),
+    /// [`crate::deriv::INF`] where none is reachable. Takes the term store's lock: callers
+    /// cache it per state ([`crate::Grammar`]).
+    pub(crate) fn lower_bound(&self, s: u32) -> u32 {
+        let mut guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let Inner {
+            terms,
+            pda,
+            term_of,
+            ..
+        } = &mut *guard;
+        match pda {
+            None => terms.min_len(term_of[s as usize]),
+            Some(pda) => {
+                let config = pda.configs[s as usize].clone();
+                config
+                    .iter()
+                    .map(|&(t, ps)| terms.min_len(t).saturating_add(pda.stack_bound(terms, ps)))
+                    .min()
+                    .unwrap_or(crate::deriv::INF)
+            }
+        }
     }
 
     /// States built so far.

@@ -1,5 +1,6 @@
 //! Compiling a constraint to a byte DFA, and the per-state token masks and forced bytes cached in it.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::cfg::{Prepared, Rules};
@@ -307,6 +308,11 @@ pub struct Grammar {
     group_classes: Box<[Box<[u8]>]>,
     /// Arrays whose items must be unique beyond what the DFA enforces, checked by each matcher.
     unique: Option<Arc<UniquePlan>>,
+    /// Per state: [`LazyDfa::lower_bound`], once asked ([`crate::budget::UNKNOWN_BOUND`] before).
+    bounds: Grow<AtomicU32>,
+    /// Per state: the first step of its completion in tokens ([`crate::budget`]), computed on
+    /// first use; `None` where the search found none within [`Limits::max_completion_search`].
+    completions: Grow<OnceLock<Option<crate::budget::Step>>>,
 }
 
 impl Grammar {
@@ -402,6 +408,8 @@ impl Grammar {
             group_classes: Self::group_classes(&dfa),
             dfa,
             unique,
+            bounds: Grow::new(1, || AtomicU32::new(crate::budget::UNKNOWN_BOUND)),
+            completions: Grow::new(1, OnceLock::new),
         })
     }
 
@@ -1038,6 +1046,51 @@ impl Grammar {
             }
         });
         n
+    }
+
+    /// The DFA, for the budget's search ([`crate::budget`]).
+    pub(crate) fn dfa(&self) -> &LazyDfa {
+        &self.dfa
+    }
+
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// [`LazyDfa::lower_bound`] of state `s`, cached.
+    pub(crate) fn lower_bound(&self, s: u32) -> u32 {
+        let slot = self.bounds.at(s as usize);
+        let v = slot.load(Ordering::Relaxed);
+        if v != crate::budget::UNKNOWN_BOUND {
+            return v;
+        }
+        let v = self.dfa.lower_bound(s);
+        slot.store(v, Ordering::Relaxed);
+        v
+    }
+
+    /// The first step of state `s`'s completion ([`crate::budget`]), computed once and
+    /// cached; `None` where the search found none.
+    pub(crate) fn completion(&self, s: u32) -> Option<crate::budget::Step> {
+        crate::budget::completion(self, s)
+    }
+
+    /// The cache cell of state `s`'s completion step, for [`crate::budget`].
+    pub(crate) fn completion_cell(&self, s: u32) -> &OnceLock<Option<crate::budget::Step>> {
+        self.completions.at(s as usize)
+    }
+
+    /// The length in tokens of the shortest record this constraint accepts, as quarry's budget
+    /// counts it (`docs/budget.md`; end of generation not counted): a request whose
+    /// `max_tokens` is below it cannot end complete. `None` where the language is empty or the
+    /// search gave up ([`Limits::max_completion_search`]).
+    pub fn shortest_record(&self) -> Option<usize> {
+        self.completion(self.start()).map(|c| c.len as usize)
+    }
+
+    /// The tokens of [`Grammar::shortest_record`].
+    pub fn shortest_record_tokens(&self) -> Option<Vec<u32>> {
+        crate::budget::tokens(self, self.start())
     }
 
     /// The forced bytes of state `s`: each step has exactly one live byte and passes no accepting

@@ -63,6 +63,7 @@
 //! Status: regex and choice constraints; JSON Schema for the keywords listed in [`schema`], with
 //! recursive `$ref`; GBNF grammars (llama.cpp's syntax, without left recursion) and `json_object`.
 
+mod budget;
 mod cfg;
 mod deriv;
 mod dfa;

@@ -34,6 +34,14 @@ pub struct Limits {
     pub max_parser_stacks: usize,
     /// Longest forced (jump-forward) byte run computed at once. Default 4,096.
     pub max_forced_bytes: usize,
+    /// States one search for a shortest completion may expand ([`crate::Grammar::shortest_record`],
+    /// the token budget's closing path: `docs/budget.md`). Default 20,000. The search is A*
+    /// with an estimate that is exact for plain regular terms, so it expands about one state per
+    /// byte of the completion there; intersections and complements (a schema's
+    /// `additionalProperties` beside named ones, `not`) can make it look wider. Past the bound
+    /// the state has no completion, and a sequence there decodes without the budget's guarantee
+    /// (counted, never wrong).
+    pub max_completion_search: usize,
     /// Wall-clock bound on compiling (translating a schema and parsing the regex). Default 5 s.
     pub compile_time: std::time::Duration,
     /// Speed only, not a bound: a mask walk of a grammar with recursion that reaches a state
@@ -54,6 +62,7 @@ impl Default for Limits {
             max_states: 100_000,
             max_parser_stacks: 2048,
             max_forced_bytes: 4096,
+            max_completion_search: 20_000,
             compile_time: std::time::Duration::from_secs(5),
             min_loop_region: 256,
         }

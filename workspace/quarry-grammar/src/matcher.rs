@@ -209,6 +209,82 @@ impl Matcher {
         }
     }
 
+    /// The length in tokens of a shortest completion from here ([`crate::Grammar::shortest_record`]'s
+    /// measure, `docs/budget.md`): 0 where the input is already a match, `None` after EOS or
+    /// where the search found none. Cached per state: a lookup once computed.
+    pub fn completion_len(&self) -> Option<usize> {
+        if self.terminated {
+            return None;
+        }
+        self.grammar.completion(self.state).map(|c| c.len as usize)
+    }
+
+    /// The first token of that completion (`None` where the input is a match or there is none):
+    /// following it always leaves a completion exactly one token shorter.
+    pub fn completion_first(&self) -> Option<u32> {
+        if self.terminated {
+            return None;
+        }
+        self.grammar
+            .completion(self.state)
+            .filter(|c| c.len > 0)
+            .map(|c| c.token)
+    }
+
+    /// The whole completion from here, token by token (for display and tests).
+    pub fn completion_tokens(&self) -> Option<Vec<u32>> {
+        if self.terminated {
+            return None;
+        }
+        crate::budget::tokens(&self.grammar, self.state)
+    }
+
+    /// The tokens a shortest completion needs after token `id`: `Some(0)` for EOS where the
+    /// input is a match, `None` where the constraint refuses `id` or no completion was found.
+    /// The `uniqueItems` tracker is not consulted (see [`Matcher::accept_token`]).
+    pub fn completion_after(&self, id: u32) -> Option<usize> {
+        if self.terminated {
+            return None;
+        }
+        let vocab = self.grammar.vocabulary();
+        if vocab.is_eos(id) {
+            return self.is_accepting().then_some(0);
+        }
+        if vocab.is_special(id) {
+            return None;
+        }
+        let next = self.walk(vocab.token_bytes(id)?).ok()?;
+        self.grammar.completion(next).map(|c| c.len as usize)
+    }
+
+    /// Clears from `mask` every token after which no completion fits: a token fits when it and
+    /// a shortest completion after it take at most `left` tokens (EOS, which ends the output
+    /// without taking a token, fits wherever it is allowed). Returns the tokens kept. Costs a
+    /// walk of each allowed token's bytes: the engine calls it only where the token it drew
+    /// did not fit.
+    pub fn retain_fitting(&self, mask: &mut [u32], left: usize) -> usize {
+        let mut kept = 0;
+        for (w, word) in mask.iter_mut().enumerate() {
+            let mut bits = *word;
+            while bits != 0 {
+                let bit = bits.trailing_zeros();
+                bits &= bits - 1;
+                let id = (w * 32) as u32 + bit;
+                let fits = match self.completion_after(id) {
+                    Some(0) if self.grammar.vocabulary().is_eos(id) => true,
+                    Some(need) => need < left,
+                    None => false,
+                };
+                if fits {
+                    kept += 1;
+                } else {
+                    *word &= !(1 << bit);
+                }
+            }
+        }
+        kept
+    }
+
     /// Number of tokens accepted so far (EOS included).
     pub fn tokens_accepted(&self) -> usize {
         self.history.len()

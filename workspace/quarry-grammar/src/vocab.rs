@@ -157,6 +157,50 @@ impl Vocabulary {
         })
     }
 
+    /// The fewest tokens that spell `bytes` exactly (special tokens never), or `None` where some
+    /// byte starts no token. A shortest path over the positions of `bytes`, each step a token
+    /// found by walking the byte trie: O(len × longest token). Used for the budget's completions
+    /// ([`crate::budget`]), which are short.
+    pub(crate) fn fewest_tokens(&self, bytes: &[u8]) -> Option<Vec<u32>> {
+        let n = bytes.len();
+        let nodes = &self.trie.nodes;
+        // best[i]: (tokens to spell bytes[i..], the first one's end, its id).
+        let mut best: Vec<(u32, usize, u32)> = vec![(u32::MAX, 0, 0); n + 1];
+        best[n] = (0, n, 0);
+        for i in (0..n).rev() {
+            let mut node = 0usize;
+            for (j, &b) in bytes.iter().enumerate().skip(i) {
+                // The child of `node` for byte `b`: children follow their parent in preorder,
+                // each after the previous one's subtree.
+                let mut child = node + 1;
+                let end = nodes[node].subtree_end as usize;
+                while child < end && nodes[child].byte != b {
+                    child = nodes[child].subtree_end as usize;
+                }
+                if child >= end {
+                    break;
+                }
+                node = child;
+                let here = &nodes[node];
+                let rest = best[j + 1].0;
+                if here.tokens_end > here.tokens_start && rest != u32::MAX && rest + 1 < best[i].0 {
+                    let id = self.trie.token_ids[here.tokens_start as usize];
+                    best[i] = (rest + 1, j + 1, id);
+                }
+            }
+        }
+        if best[0].0 == u32::MAX {
+            return None;
+        }
+        let mut out = Vec::with_capacity(best[0].0 as usize);
+        let mut i = 0;
+        while i < n {
+            out.push(best[i].2);
+            i = best[i].1;
+        }
+        Some(out)
+    }
+
     pub fn len(&self) -> usize {
         self.special.len()
     }

@@ -157,7 +157,16 @@ impl Validator {
         match &g.finish {
             FinishReason::Error(e) => return reject(RejectCause::Engine(e.clone())),
             FinishReason::Length => return reject(RejectCause::Truncated),
-            FinishReason::Stop | FinishReason::ConstraintComplete => {}
+            FinishReason::BudgetTooSmall {
+                shortest,
+                max_tokens,
+            } => {
+                return reject(RejectCause::BudgetTooSmall {
+                    shortest: *shortest,
+                    max_tokens: *max_tokens,
+                })
+            }
+            FinishReason::Stop | FinishReason::ConstraintComplete | FinishReason::BudgetClosed => {}
         }
         let value: Value = match serde_json::from_str(&g.text) {
             Ok(v) => v,

@@ -82,6 +82,8 @@ pub struct FileReport {
     pub group: String,
     pub consumed: u64,
     pub accepted: u64,
+    /// Of the accepted, those whose end the token budget shaped (finish `budget_closed`).
+    pub budget_closed: u64,
     pub rejected: u64,
     /// Left out by configuration (tombstones with `source.tombstones = "skip"`); no row anywhere.
     pub skipped: u64,
@@ -454,6 +456,7 @@ impl Publisher {
                     stats,
                 } => {
                     add(&mut report.stats, &stats);
+                    report.budget_closed += u64::from(finish == "budget_closed");
                     accepted.push(AcceptedRow {
                         lineage: input.lineage,
                         doc_id,

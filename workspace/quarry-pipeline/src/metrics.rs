@@ -39,6 +39,7 @@ pub struct Metrics {
     registry: Mutex<Registry>,
     pub docs_consumed: Counter,
     pub docs_accepted: Counter,
+    pub docs_budget_closed: Counter,
     pub docs_rejected: Family<CauseLabel, Counter>,
     pub docs_skipped: Family<CauseLabel, Counter>,
     pub files_published: Counter,
@@ -71,6 +72,7 @@ impl Metrics {
             registry: Mutex::new(Registry::with_prefix("quarry")),
             docs_consumed: Counter::default(),
             docs_accepted: Counter::default(),
+            docs_budget_closed: Counter::default(),
             docs_rejected: Family::default(),
             docs_skipped: Family::default(),
             files_published: Counter::default(),
@@ -101,6 +103,11 @@ impl Metrics {
                 "docs_accepted",
                 "Documents written as valid records",
                 m.docs_accepted.clone(),
+            );
+            r.register(
+                "docs_budget_closed",
+                "Valid records whose end the token budget shaped (finish budget_closed; docs/budget.md)",
+                m.docs_budget_closed.clone(),
             );
             r.register(
                 "docs_rejected",
@@ -187,6 +194,7 @@ impl Metrics {
         }
         self.docs_consumed.inc_by(r.consumed);
         self.docs_accepted.inc_by(r.accepted);
+        self.docs_budget_closed.inc_by(r.budget_closed);
         for (cause, n) in &r.causes {
             self.docs_rejected
                 .get_or_create(&CauseLabel {

@@ -73,8 +73,12 @@ pub enum RejectCause {
     Template(String),
     /// The engine refused or failed the request (prompt longer than the context, ...).
     Engine(String),
-    /// The model stopped at `max_tokens` before the constraint was complete.
+    /// The model stopped at `max_tokens` before the constraint was complete (only with
+    /// `engine.close_within_budget = false`; with the budget, records close).
     Truncated,
+    /// Refused before decoding: the schema's shortest record takes `shortest` tokens, more than
+    /// `sampling.max_tokens`.
+    BudgetTooSmall { shortest: usize, max_tokens: usize },
     /// The output is not JSON.
     InvalidJson(String),
     /// The output is JSON but breaks the schema.
@@ -99,6 +103,7 @@ impl RejectCause {
             RejectCause::Template(_) => "template",
             RejectCause::Engine(_) => "engine_error",
             RejectCause::Truncated => "truncated",
+            RejectCause::BudgetTooSmall { .. } => "budget_too_small",
             RejectCause::InvalidJson(_) => "invalid_json",
             RejectCause::SchemaViolation(_) => "schema_violation",
             RejectCause::Encoding(_) => "encoding",
@@ -131,6 +136,12 @@ impl RejectCause {
             RejectCause::Truncated => {
                 "the output hit sampling.max_tokens before the schema was complete".into()
             }
+            RejectCause::BudgetTooSmall {
+                shortest,
+                max_tokens,
+            } => format!(
+                "the schema's shortest record takes {shortest} tokens, over sampling.max_tokens = {max_tokens}: raise it to at least {shortest}"
+            ),
         }
     }
 }

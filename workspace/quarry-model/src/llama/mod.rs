@@ -737,6 +737,7 @@ impl Llama {
     /// Hands a pass's logits to `out`: copied to the host, or left on the GPU for
     /// [`Llama::sample_on_device`].
     fn logits_out(&self, logits: Tensor, out: &mut Logits) -> Result<()> {
+        out.device = None;
         if self.device.is_cpu() {
             out.data.clear();
             attention::with_host_slice(&logits, |s| out.data.extend_from_slice(s))?;
@@ -761,7 +762,10 @@ impl Llama {
         masks: &[u32],
         words: usize,
     ) -> Option<Result<Vec<Result<u32>>>> {
-        let t = logits.device.take()?;
+        // Kept (a handle, not a copy): the token budget may draw a row again from the same
+        // step's logits (the kernel only writes -inf where a row bans, which a second draw under
+        // a narrower mask repeats). The next pass replaces them.
+        let t = logits.device.clone()?;
         #[cfg(feature = "cuda")]
         {
             Some(self.sample_cuda(&t, logits.vocab, rows, masks, words))
