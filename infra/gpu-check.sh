@@ -137,7 +137,8 @@ done
 # Split-K (QUARRY_ATTENTION=split) is measured below only when its test passed.
 split_ok=1
 if ! passed paged_attention_split_matches_its_reference_on_a_mixed_batch; then
-  echo "!! the attention kernel's split-K form failed its test: its A/B runs are left out"
+  echo "!! the attention kernel's split-K form failed its test: QUARRY_ATTENTION=warps from here on (small steps default to split), its A/B runs left out"
+  export QUARRY_ATTENTION=warps
   split_ok=0
 fi
 # The forward pass's optional fusions likewise: each when its kernel's test passed, all of them
@@ -218,15 +219,17 @@ merge_runs "$OUT/quarry-bench-cuda.json" "${runs[@]}"
 
 # The kernel choices left to measurement, each against the defaults (the sweep's run of the same
 # batch size), mode a: one run per setting in AB (space separated VAR=value[,VAR=value…][@BATCH],
-# batch 128 unless given). Default, first: the candidate defaults together (split-K attention, the
-# output and down projections' GEMMs adding into the stream, RoPE writing the pools: 1.45× at
-# batch 1 in one H100 run, 2026-11-27) at every batch size, to be flipped where they win; then
-# split-K alone at 512 (0.93× in one run), the steps' CUDA graphs off at batch 1 and 32, and the
-# forward pass's phases timed (QUARRY_PROFILE, its table in the log) at batch 512. The settings
-# measured before (QUARRY_EVENT_TRACKING=on, QUARRY_ATTENTION=per-dimension or gather,
-# QUARRY_SAMPLING=host, QUARRY_DENSE_FROM_ROWS, QUARRY_ADD_NORM, QUARRY_KV_DTYPE=bf16) run when AB
-# names them; all into one JSON whose runs carry their setting.
-AB="${AB-QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@1 QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@8 QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@32 QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@128 QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on@512 QUARRY_ATTENTION=split@512 QUARRY_CUDA_GRAPHS=off@1 QUARRY_CUDA_GRAPHS=off@32 QUARRY_PROFILE=1@512}"
+# batch 128 unless given). Default, first: the old defaults (warps attention, no GEMM add, no
+# RoPE store) at batch 1 and 8, where the defaults now take split-K attention and both fusions
+# (steps of at most 16 tokens: 1.44x at batch 1 and 1.20x at 8 on an H200, 2026-11-28); then all
+# three at batch 32, just past the threshold; the steps' CUDA graphs off at batch 1 and 32, and
+# the forward pass's phases timed (QUARRY_PROFILE, its table in the log) at batch 512. The
+# settings measured before (QUARRY_EVENT_TRACKING=on, QUARRY_ATTENTION=per-dimension or gather,
+# QUARRY_SAMPLING=host, QUARRY_DENSE_FROM_ROWS, QUARRY_ADD_NORM, QUARRY_KV_DTYPE=bf16) run when
+# AB names them; all into one JSON whose runs carry their setting.
+OLD=QUARRY_ATTENTION=warps,QUARRY_GEMM_ADD=off,QUARRY_ROPE_STORE=off
+ALL=QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on
+AB="${AB-$OLD@1 $OLD@8 $ALL@32 QUARRY_CUDA_GRAPHS=off@32 QUARRY_PROFILE=1@512}"
 if [ "$split_ok" = 0 ]; then
   AB="$(tr ' ' '\n' <<<"$AB" | grep -v '^QUARRY_ATTENTION=split' | paste -sd' ')"
 fi
@@ -296,13 +299,13 @@ for b in sorted(rows):
 try:
     res = json.load(open(os.path.join(out, "quarry-bench-cuda.json")))["results"]
     docs = {(r["batch"], r["mode"]): r["median"]["docs_per_s"] for r in res}
-    print("batch mode   docs/s   c/a   cut  graphs  mask wait µs  host ms/pass")
+    print("batch mode   docs/s   c/a   cut closed  graphs  mask wait µs  host ms/pass")
     for r in res:
         m, g = r["median"], r.get("cuda_graphs", {})
         a = docs.get((r["batch"], "a"))
         ratio = f"{m['docs_per_s'] / a:5.2f}" if a else "    -"
         host = 1e3 * m.get("host_s", 0) / max(m["forward_passes"], 1)
-        print(f"{r['batch']:>5} {r['mode']:>4} {m['docs_per_s']:>8.1f} {ratio} {m.get('cut_at_max_tokens', '-'):>5}"
+        print(f"{r['batch']:>5} {r['mode']:>4} {m['docs_per_s']:>8.1f} {ratio} {m.get('cut_at_max_tokens', '-'):>5} {m.get('budget_closed', '-'):>6}"
               f" {100 * g.get('replay_share', 0):>6.1f}% {m.get('mask_wait_us_per_step', 0):>13.0f} {host:>13.2f}")
 except (OSError, ValueError, KeyError) as e:
     print("quarry-bench-cuda.json: no results", e)

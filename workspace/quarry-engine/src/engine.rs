@@ -1097,22 +1097,40 @@ impl Engine {
         let words = self.vocab.mask_words();
         self.redraw.rows.clear();
         self.redraw.words = words;
+        // The masks of the tokens that fit, one per refused draw, built in parallel (each walks
+        // the tokens its state allows).
+        let refused: Vec<usize> = (0..over.len()).filter(|&i| over[i]).collect();
         self.redraw_masks.clear();
-        let mut which: Vec<usize> = Vec::new();
-        for (i, _) in over.iter().enumerate().filter(|(_, &o)| o) {
-            let d = self.taken[i].expect("a checked draw");
-            let seq = &mut self.running[i];
+        self.redraw_masks.resize(refused.len() * words, 0);
+        let running = &self.running;
+        let fit = |(mask, &i): (&mut [u32], &usize)| -> usize {
+            let seq = &running[i];
             let m = seq.matcher.as_ref().expect("constrained");
-            let start = self.redraw_masks.len();
-            self.redraw_masks.resize(start + words, 0);
-            let mask = &mut self.redraw_masks[start..];
             m.fill_mask(mask);
-            if m.retain_fitting(mask, seq.tokens_left(context_length)) == 0 {
+            m.retain_fitting(mask, seq.tokens_left(context_length))
+        };
+        let kept: Vec<usize> = if refused.len() > 1 {
+            self.redraw_masks
+                .par_chunks_mut(words)
+                .zip(refused.par_iter())
+                .map(fit)
+                .collect()
+        } else {
+            self.redraw_masks
+                .chunks_mut(words)
+                .zip(refused.iter())
+                .map(fit)
+                .collect()
+        };
+        let mut which: Vec<usize> = Vec::new();
+        for (k, &i) in refused.iter().enumerate() {
+            if kept[k] == 0 {
                 // Nothing fits (a `uniqueItems` tracker refused the completion): the draw
                 // stands, and the record may end cut (counted as `length`).
-                self.redraw_masks.truncate(start);
                 continue;
             }
+            let d = self.taken[i].expect("a checked draw");
+            let seq = &mut self.running[i];
             self.bans.clear();
             processor_bans(
                 &seq.req.processors,
@@ -1120,7 +1138,7 @@ impl Engine {
                 &mut self.bans,
             );
             let logit_row = self.draws.rows.logit_row[d] as usize;
-            let mask_index = u32::try_from(which.len()).expect("a step's masks fit u32");
+            let mask_index = u32::try_from(k).expect("a step's masks fit u32");
             self.redraw.rows.push(
                 &mut seq.sampler,
                 logit_row,

@@ -322,7 +322,7 @@ fn drafts_equal_keep_back(reqs: &[Request], close_within_budget: bool) {
         runs.push((out, e.stats()));
     }
     let ((kept, ks), (drafted, ds)) = (&runs[0], &runs[1]);
-    for ((k, d), r) in kept.iter().zip(drafted).zip(&reqs) {
+    for ((k, d), r) in kept.iter().zip(drafted).zip(reqs) {
         assert_eq!(k.text, d.text);
         assert_eq!(k.tokens, d.tokens, "{}", k.text);
         assert_eq!(k.finish, d.finish);

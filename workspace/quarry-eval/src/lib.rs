@@ -343,6 +343,13 @@ pub struct RunMetrics {
     /// Requests that ran out of `max_tokens` (or the context, or the pool) before they ended:
     /// under a constraint, records lost.
     pub cut_at_max_tokens: usize,
+    /// Requests that ended complete with their end shaped by the token budget
+    /// (`budget_closed`, docs/budget.md).
+    pub budget_closed: usize,
+    /// Draws the budget refused and drew again ([`quarry_engine::EngineStats::budget_redraws`]).
+    pub budget_redraws: u64,
+    /// The budget's checks and draws again per engine step, in microseconds: its host cost.
+    pub budget_us_per_step: f64,
     /// Outputs that parse as JSON and pass the schema (jsonschema crate).
     pub schema_valid: usize,
     /// Each request's output text and finish reason, in request order (not serialized: the
@@ -422,6 +429,12 @@ pub fn measure(
             .iter()
             .filter(|c| c.finish == quarry_engine::FinishReason::Length)
             .count(),
+        budget_closed: out
+            .iter()
+            .filter(|c| c.finish == quarry_engine::FinishReason::BudgetClosed)
+            .count(),
+        budget_redraws: s.budget_redraws,
+        budget_us_per_step: s.budget_s * 1e6 / s.steps.max(1) as f64,
         schema_valid: out.iter().filter(|c| valid(&c.text)).count(),
         outputs: out
             .iter()
@@ -539,6 +552,9 @@ mod tests {
             retokenized_tokens: 0,
             complete: 0,
             cut_at_max_tokens: 0,
+            budget_closed: 0,
+            budget_redraws: 0,
+            budget_us_per_step: 0.0,
             schema_valid: 0,
             outputs: Vec::new(),
         };

@@ -31,20 +31,25 @@ use crate::ragged::RaggedBatch;
 pub const CONTEXT_BUCKET: usize = 256;
 
 /// The most new tokens a graphed step carries: a step past it (a long prefill chunk, which is
-/// compute-bound: its launches are a small share of its time) runs without a graph.
-pub const MAX_GRAPH_TOKENS: usize = 512;
+/// compute-bound: its launches are a small share of its time) runs without a graph. 1,024 and not
+/// 512: a batch of 512 that decodes and extends in one step carries a few more than 512 tokens,
+/// and at 512 such steps ran without a graph (mode c replayed 29.5% of its passes at batch 512,
+/// H200, 2026-11-28).
+pub const MAX_GRAPH_TOKENS: usize = 1024;
 
 /// The bucket a step of `tokens` new tokens is padded up to: 1, 2, 4, then multiples of 8 up to
-/// 64, of 16 up to 256 and of 32 up to [`MAX_GRAPH_TOKENS`]: 31 buckets, and fewer padding tokens
-/// than the bucket's step (8, 16, 32: under an eighth of the step's tokens past 256, where the
-/// matmuls start to cost more than the launches). `None` for 0 or past the largest.
+/// 64, of 16 up to 256, of 32 up to 512 and of 64 up to [`MAX_GRAPH_TOKENS`]: 39 buckets, and
+/// fewer padding tokens than the bucket's step (8, 16, 32, 64: under an eighth of the step's
+/// tokens past 256, where the matmuls start to cost more than the launches). `None` for 0 or past
+/// the largest.
 pub fn token_bucket(tokens: usize) -> Option<usize> {
     let step = match tokens {
         0 => return None,
         1..=4 => return Some(tokens.next_power_of_two()),
         5..=64 => 8,
         65..=256 => 16,
-        257..=MAX_GRAPH_TOKENS => 32,
+        257..=512 => 32,
+        513..=MAX_GRAPH_TOKENS => 64,
         _ => return None,
     };
     Some(tokens.div_ceil(step) * step)
@@ -167,17 +172,17 @@ impl GraphKey {
 pub enum Decision {
     /// Replay the graph at this index ([`GraphCache::get_mut`]).
     Replay(usize),
-    /// Capture a graph of the step (its key came before), then replay it.
+    /// Capture a graph of the step (its key's first step on this pool), then replay it.
     Capture,
-    /// Run without a graph.
-    Eager,
 }
 
 /// How many graphs a model keeps, and how much device memory they may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GraphLimits {
-    /// Default 64: the 31 token buckets over two context buckets, as a batch's size and mix of
-    /// decodes and extends wander through them.
+    /// Default 256: the 39 token buckets over four or five context buckets, as a batch's size
+    /// and mix of decodes and extends wander through them. At 64, mode c at batch 128-512
+    /// captured 66-75 graphs a run and evicted 23-56 of them (H200, 2026-11-28); a SmolLM2 graph
+    /// holds about 1 MiB.
     pub max_graphs: usize,
     /// Default 4 GiB. Each graph holds its pass's activations (measured at capture: the device's
     /// free memory before the capture and after the first launch, [`GraphStats::bytes`]).
@@ -187,25 +192,22 @@ pub struct GraphLimits {
 impl Default for GraphLimits {
     fn default() -> Self {
         Self {
-            max_graphs: 64,
+            max_graphs: 256,
             max_bytes: 4 << 30,
         }
     }
 }
 
-/// Keys seen once and not captured, remembered at most (the oldest forgotten first).
-const SEEN: usize = 256;
-
 /// The graphs of one model, each `T` tied to its key and to the KV pool `P` it was captured on (a
 /// graph holds the pool's addresses: another pool needs its own graph), and the policy: a key is
-/// captured the second time a step of it comes on the same pool, in a row or not (constrained
-/// steps alternate between decodes and extends), so a shape that comes once never pays for a
-/// capture; past [`GraphLimits`] the least recently replayed graphs go.
+/// captured the first time a step of it comes on a pool, and replayed after; past
+/// [`GraphLimits`] the least recently replayed graphs go. (Capturing only the second time a key
+/// came, so that a shape seen once never paid for a capture, ran every key's first step without
+/// a graph: in mode c at batch 128, 66 of about 160 passes a run. A capture costs about the pass
+/// it records, and the buckets bound the keys.)
 pub struct GraphCache<T, P> {
     limits: GraphLimits,
     entries: Vec<Entry<T, P>>,
-    /// Keys seen once, oldest first.
-    seen: std::collections::VecDeque<(GraphKey, P)>,
     /// Steps seen, for the least recently used.
     clock: u64,
     bytes: u64,
@@ -230,7 +232,6 @@ impl<T, P> GraphCache<T, P> {
         Self {
             limits,
             entries: Vec::new(),
-            seen: Default::default(),
             clock: 0,
             bytes: 0,
         }
@@ -249,15 +250,7 @@ impl<T, P: Copy + Eq> GraphCache<T, P> {
             self.entries[i].used = self.clock;
             return Decision::Replay(i);
         }
-        if let Some(i) = self.seen.iter().position(|s| *s == (key, pool)) {
-            self.seen.remove(i);
-            return Decision::Capture;
-        }
-        if self.seen.len() == SEEN {
-            self.seen.pop_front();
-        }
-        self.seen.push_back((key, pool));
-        Decision::Eager
+        Decision::Capture
     }
 
     pub fn get_mut(&mut self, i: usize) -> &mut T {
@@ -292,10 +285,9 @@ impl<T, P: Copy + Eq> GraphCache<T, P> {
         evicted
     }
 
-    /// Drops every graph and every key seen: the next step of any key runs without one.
+    /// Drops every graph: the next step of any key is captured again.
     pub fn clear(&mut self) {
         self.entries.clear();
-        self.seen.clear();
         self.bytes = 0;
     }
 
@@ -420,7 +412,7 @@ mod tests {
     }
 
     /// Every step size up to the largest has a bucket at or above it, with the stated padding at
-    /// most; a bucket is its own bucket; there are 31.
+    /// most; a bucket is its own bucket; there are 39.
     #[test]
     fn token_buckets_bound_the_padding() {
         let mut buckets = std::collections::BTreeSet::new();
@@ -432,13 +424,14 @@ mod tests {
                 1..=4 => 2,
                 5..=64 => 8,
                 65..=256 => 16,
-                _ => 32,
+                257..=512 => 32,
+                _ => 64,
             };
             assert!(b - n < step, "{n} → {b}");
             assert!(n <= 256 || (b - n) * 8 < n, "{n} → {b}");
             buckets.insert(b);
         }
-        assert_eq!(buckets.len(), 31);
+        assert_eq!(buckets.len(), 39);
         assert_eq!(
             buckets.iter().take(6).copied().collect::<Vec<_>>(),
             [1, 2, 4, 8, 16, 24]
@@ -461,7 +454,7 @@ mod tests {
         assert_eq!(GraphKey::of(&decode(&[256], 16)).unwrap().context, 256);
         assert_eq!(GraphKey::of(&decode(&[257], 16)).unwrap().context, 512);
         // A prefill chunk past the largest bucket, and an empty step, run without a graph.
-        let long: Vec<_> = (0..9).map(|_| (64, 64)).collect();
+        let long: Vec<_> = (0..17).map(|_| (64, 64)).collect();
         assert_eq!(GraphKey::of(&step(&long, 16)), None);
         assert_eq!(GraphKey::of(&step(&[], 16)), None);
     }
@@ -538,32 +531,29 @@ mod tests {
         }
     }
 
-    /// A key runs without a graph the first time, is captured the second time (in a row or not:
-    /// steps alternate between decodes and extends) and replays after; each pool has its own.
+    /// A key is captured the first time it comes on a pool and replays after; each pool has its
+    /// own.
     #[test]
-    fn a_key_is_captured_the_second_time_it_comes_and_replayed_after() {
+    fn a_key_is_captured_the_first_time_it_comes_and_replayed_after() {
         let mut c: GraphCache<&str, u32> = GraphCache::default();
         let (a, b) = (key(8, 256), key(16, 256));
-        assert_eq!(c.decide(a, 1), Decision::Eager);
-        assert_eq!(c.decide(b, 1), Decision::Eager);
-        assert_eq!(c.decide(a, 2), Decision::Eager, "another pool");
-        assert_eq!(c.decide(a, 1), Decision::Capture, "not in a row");
+        assert_eq!(c.decide(a, 1), Decision::Capture);
         assert!(c.insert(a, 1, "a on 1", 10).is_empty());
         assert_eq!(c.decide(b, 1), Decision::Capture);
         assert!(c.insert(b, 1, "b on 1", 10).is_empty());
         assert_eq!(c.decide(a, 1), Decision::Replay(0));
         assert_eq!(*c.get_mut(0), "a on 1");
         assert_eq!(c.decide(b, 1), Decision::Replay(1));
-        assert_eq!(c.decide(a, 2), Decision::Capture, "pool 2 saw it once");
+        assert_eq!(c.decide(a, 2), Decision::Capture, "another pool");
         assert!(c.insert(a, 2, "a on 2", 10).is_empty());
         assert_eq!(c.decide(a, 2), Decision::Replay(2));
+        assert_eq!(c.decide(a, 1), Decision::Replay(0));
         assert_eq!((c.len(), c.bytes()), (3, 30));
     }
 
     fn filled(limits: GraphLimits, n: usize, bytes: u64) -> GraphCache<usize, u32> {
         let mut c = GraphCache::new(limits);
         for s in 1..=n {
-            c.decide(key(s, 256), 0);
             assert_eq!(c.decide(key(s, 256), 0), Decision::Capture);
             assert!(c.insert(key(s, 256), 0, s, bytes).is_empty());
         }
@@ -581,12 +571,15 @@ mod tests {
         // Graph 1 replayed: graph 2 is now the least recently used.
         assert!(matches!(c.decide(key(1, 256), 0), Decision::Replay(_)));
         let new = key(5, 256);
-        c.decide(new, 0);
         assert_eq!(c.decide(new, 0), Decision::Capture);
         assert_eq!(c.insert(new, 0, 5, 1), [2]);
         assert_eq!(c.len(), 4);
         assert!(matches!(c.decide(key(1, 256), 0), Decision::Replay(_)));
-        assert_eq!(c.decide(key(2, 256), 0), Decision::Eager, "graph 2 is gone");
+        assert_eq!(
+            c.decide(key(2, 256), 0),
+            Decision::Capture,
+            "graph 2 is gone"
+        );
     }
 
     /// The memory limit pushes out as many graphs as a new one needs room for, and keeps the new
@@ -600,32 +593,31 @@ mod tests {
         let mut c = filled(limits, 3, 30);
         assert_eq!(c.bytes(), 90);
         let new = key(9, 256);
-        c.decide(new, 0);
-        c.decide(new, 0);
+        assert_eq!(c.decide(new, 0), Decision::Capture);
         assert_eq!(c.insert(new, 0, 9, 50), [1, 2]);
         assert_eq!((c.len(), c.bytes()), (2, 80));
         let huge = key(10, 256);
-        c.decide(huge, 0);
-        c.decide(huge, 0);
+        assert_eq!(c.decide(huge, 0), Decision::Capture);
         assert_eq!(c.insert(huge, 0, 10, 500).len(), 2);
         assert_eq!((c.len(), c.bytes()), (1, 500));
     }
 
-    /// After a clear no graph replays, and a key is captured again only the second time.
+    /// After a clear no graph replays: each key is captured again.
     #[test]
     fn a_cleared_cache_starts_over() {
         let mut c: GraphCache<&str, u32> = GraphCache::default();
         let a = key(8, 256);
-        c.decide(a, 0);
         assert_eq!(c.decide(a, 0), Decision::Capture);
         c.insert(a, 0, "a", 1);
-        c.decide(key(7, 256), 0);
+        assert_eq!(c.decide(a, 0), Decision::Replay(0));
         c.clear();
         assert!(c.is_empty());
         assert_eq!(c.bytes(), 0);
-        assert_eq!(c.decide(a, 0), Decision::Eager, "no graph after the clear");
-        assert_eq!(c.decide(key(7, 256), 0), Decision::Eager, "forgotten");
-        assert_eq!(c.decide(a, 0), Decision::Capture);
+        assert_eq!(
+            c.decide(a, 0),
+            Decision::Capture,
+            "no graph after the clear"
+        );
     }
 
     /// The replay share counts every pass; `since` subtracts the counts, not the kept graphs.

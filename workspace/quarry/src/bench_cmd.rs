@@ -261,7 +261,7 @@ fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
     let mut w = std::io::stdout().lock();
     writeln!(
         w,
-        "{:>5} {:>4}  {:>8}  {:>12}  {:>8}  {:>9}  {:>9}  {:>10}  {:>7}  {:>9}  {:>7}  {:>5}  {:>11}  {:>12}  {:>12}",
+        "{:>5} {:>4}  {:>8}  {:>12}  {:>8}  {:>9}  {:>9}  {:>10}  {:>7}  {:>9}  {:>7}  {:>5}  {:>6}  {:>11}  {:>12}  {:>12}",
         "batch",
         "mode",
         "docs/s",
@@ -274,6 +274,7 @@ fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
         "cache hit",
         "valid",
         "cut",
+        "closed",
         "fwd ms/pass",
         "draw ms/pass",
         "host ms/pass"
@@ -285,7 +286,7 @@ fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
         let per_pass = |s: f64| 1e3 * s / m.forward_passes.max(1) as f64;
         writeln!(
             w,
-            "{b:>5} {mode:>4}  {:>8.3}  {:>12.1}  {:>8.2}  {:>9.1}  {:>9.0}  {:>10.0}  {:>6.1}%  {:>8.1}%  {:>3}/{:<3}  {:>5}  {:>11.2}  {:>12.2}  {:>12.2}",
+            "{b:>5} {mode:>4}  {:>8.3}  {:>12.1}  {:>8.2}  {:>9.1}  {:>9.0}  {:>10.0}  {:>6.1}%  {:>8.1}%  {:>3}/{:<3}  {:>5}  {:>6}  {:>11.2}  {:>12.2}  {:>12.2}",
             m.docs_per_s,
             m.output_tokens_per_s,
             m.tpot_ms,
@@ -297,6 +298,7 @@ fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
             m.schema_valid,
             m.docs,
             m.cut_at_max_tokens,
+            m.budget_closed,
             per_pass(m.forward_s),
             per_pass(m.sample_s),
             per_pass(m.host_s)

@@ -66,7 +66,7 @@ impl StepGraphs {
     /// step's ids and batch, or captures the layers `layers` runs (from the graph's own inputs)
     /// and replays them. Returns the residual stream after the last layer (`[tokens, embedding]`
     /// f32, the graph's buffer: valid until the next step), or `None` when the step must run
-    /// without a graph (the first step of a key, or every step once a capture failed).
+    /// without a graph (every step once a capture failed).
     pub(crate) fn run(
         &mut self,
         dev: &CudaDevice,
@@ -83,9 +83,6 @@ impl StepGraphs {
         // and tensor ids are never reused).
         let pool = pool.first().map(Tensor::id);
         let decision = self.cache.decide(key, pool);
-        if decision == Decision::Eager {
-            return Ok(None);
-        }
         self.stats.padded_tokens += step.pad as u64;
         self.stats.real_tokens += (key.tokens - step.pad) as u64;
         if let Decision::Replay(i) = decision {

@@ -448,8 +448,14 @@ impl InplaceOp2 for AddInto {
     }
 }
 
-/// The tensor forward's optional fusions, each fewer launches for the same work (docs/gpu.md):
-/// off unless its variable is `on`, until a GPU's measurement says otherwise
+/// Steps of at most this many new tokens (their graph's bucket) take the GEMM-add and RoPE-store
+/// fusions and the split-K attention on a GPU unless a variable says otherwise
+/// ([`Fusions::small_steps`]): together they made a decode step 1.44x faster at batch 1 and 1.20x
+/// at batch 8, the same at 32 and 512, and 0.95x at 128 (H200, SmolLM2, `quarry bench` mode a,
+/// 2026-11-28; 1.45x at batch 1 on an H100, 2026-11-27). BENCHMARKS.md has the runs.
+pub const SMALL_STEP_TOKENS: usize = 16;
+
+/// The tensor forward's optional fusions, each fewer launches for the same work (docs/gpu.md)
 /// ([`crate::Llama::set_fusions`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Fusions {
@@ -462,6 +468,10 @@ pub struct Fusions {
     /// `QUARRY_ROPE_STORE`: RoPE writes the keys and values into the pools itself
     /// ([`RopeStore`]).
     pub rope_store: bool,
+    /// GEMM add and RoPE store for GPU steps of at most [`SMALL_STEP_TOKENS`] tokens, where they
+    /// measured faster ([`Fusions::for_step`]): the default when neither `QUARRY_GEMM_ADD` nor
+    /// `QUARRY_ROPE_STORE` is set (either set decides for every step).
+    pub small_steps: bool,
 }
 
 impl Fusions {
@@ -470,11 +480,27 @@ impl Fusions {
         let on = |name: &str| {
             crate::step_graph::parse_switch(name, std::env::var(name).ok().as_deref(), false)
         };
+        let set = |name: &str| std::env::var_os(name).is_some();
         Ok(Self {
             gemm_add: on("QUARRY_GEMM_ADD")?,
             add_norm: on("QUARRY_ADD_NORM")?,
             rope_store: on("QUARRY_ROPE_STORE")?,
+            small_steps: !set("QUARRY_GEMM_ADD") && !set("QUARRY_ROPE_STORE"),
         })
+    }
+
+    /// The fusions a GPU step of `tokens` new tokens takes: [`Fusions::small_steps`] turns the
+    /// GEMM add and the RoPE store on at most [`SMALL_STEP_TOKENS`].
+    pub fn for_step(self, tokens: usize) -> Self {
+        if self.small_steps && tokens <= SMALL_STEP_TOKENS {
+            Self {
+                gemm_add: true,
+                rope_store: true,
+                ..self
+            }
+        } else {
+            self
+        }
     }
 }
 

@@ -370,7 +370,7 @@ impl Llama {
         let mut phases = crate::profile::Phases::start(dev)?;
         // Attention: one paged attention launch per layer for the whole batch on a GPU, or the
         // per-sequence gather of tensor ops (the CPU's cross-check, and QUARRY_ATTENTION=gather).
-        let attention = match (attention_kernel(dev)?, route) {
+        let attention = match (attention_kernel(dev, t)?, route) {
             (None, Route::Paged { .. }) => Some(AttentionKernel::Warps),
             (kernel, _) => kernel,
         };
@@ -566,7 +566,13 @@ impl Llama {
         // every norm's rows are f32 (the quantized weights' small batches) and `QUARRY_ADD_NORM`
         // is on, the stream has room after its rows for a norm's, and each add but the last
         // writes the next norm in the same op (`fused::AddNorm`).
-        let fusions = self.fusions();
+        let fusions = if self.device.is_cpu() {
+            self.fusions()
+        } else {
+            // By the step's bucket, as the attention below: one graph, one form.
+            self.fusions()
+                .for_step(crate::step_graph::token_bucket(t).unwrap_or(t))
+        };
         let fuse = self.fuses_add_norm(t);
         let stream = if fuse {
             // The room starts as a copy of the stream: every value is written before it is read.
@@ -891,11 +897,13 @@ fn device_sampling() -> Result<bool> {
     }
 }
 
-/// Whether the tensor forward pass runs attention as one paged attention launch per layer (a
-/// GPU: `$QUARRY_ATTENTION` `warps`, the default, `split`, its split-K form, with
-/// `$QUARRY_ATTENTION_CHUNK` positions per chunk when set, or `per-dimension`, the kernel's first
-/// layout) or as the per-sequence gather of tensor ops (the CPU, and `gather`).
-fn attention_kernel(dev: &Device) -> Result<Option<AttentionKernel>> {
+/// Whether the tensor forward pass of a step of `tokens` new tokens runs attention as one paged
+/// attention launch per layer (a GPU: `$QUARRY_ATTENTION` `warps`, `split`, its split-K form,
+/// with `$QUARRY_ATTENTION_CHUNK` positions per chunk when set, or `per-dimension`, the kernel's
+/// first layout; unset, `split` for steps whose bucket is at most
+/// [`fused::SMALL_STEP_TOKENS`] tokens and `warps` above, as measured) or as the per-sequence
+/// gather of tensor ops (the CPU, and `gather`).
+fn attention_kernel(dev: &Device, tokens: usize) -> Result<Option<AttentionKernel>> {
     if dev.is_cpu() {
         return Ok(None);
     }
@@ -913,7 +921,10 @@ fn attention_kernel(dev: &Device) -> Result<Option<AttentionKernel>> {
             }
         },
     };
+    let small =
+        crate::step_graph::token_bucket(tokens).unwrap_or(tokens) <= fused::SMALL_STEP_TOKENS;
     match var("QUARRY_ATTENTION").as_deref() {
+        Err(_) | Ok("") if small => Ok(Some(AttentionKernel::Split { chunk })),
         Err(_) | Ok("") | Ok("warps") => Ok(Some(AttentionKernel::Warps)),
         Ok("split") => Ok(Some(AttentionKernel::Split { chunk })),
         Ok("per-dimension") => Ok(Some(AttentionKernel::PerDimension)),
