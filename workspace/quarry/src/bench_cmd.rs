@@ -82,6 +82,10 @@ pub(crate) struct BenchArgs {
     /// `QUARRY_PROFILE=1`). The CPU's forward pass (the host layout) is not split.
     #[arg(long)]
     profile: bool,
+    /// Records that always close off (`close_within_budget`, docs/budget.md): constrained
+    /// outputs may end cut at `--max-tokens`, for before/after comparisons.
+    #[arg(long)]
+    no_budget: bool,
 }
 
 pub(crate) fn run(args: BenchArgs) -> Result<()> {
@@ -137,6 +141,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
                 .kv_tokens
                 .max(batch * (longest_prompt + args.max_tokens + 16)),
             jump_forward,
+            close_within_budget: !args.no_budget,
             ..d
         }
     };
@@ -235,6 +240,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         "docs": docs.len(),
         "longest_prompt_tokens": longest_prompt,
         "max_tokens": args.max_tokens,
+        "close_within_budget": !args.no_budget,
         "modes": {"a": "no constraint", "b": "schema, no jump-forward", "c": "schema + jump-forward"},
         "repeats": args.repeats,
         "results": results.iter().map(|(b, mode, runs, profiles, graphs)| {

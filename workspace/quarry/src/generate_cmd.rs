@@ -218,8 +218,15 @@ pub(crate) fn run(args: GenerateArgs) -> Result<()> {
     };
     // A single prompt that could not run is the command's error (one line, exit 2).
     if let (None, [c]) = (&args.batch, &completions[..]) {
-        if let FinishReason::Error(m) = &c.finish {
-            bail!("{m}");
+        match &c.finish {
+            FinishReason::Error(m) => bail!("{m}"),
+            FinishReason::BudgetTooSmall {
+                shortest,
+                max_tokens,
+            } => bail!(
+                "--max-tokens is {max_tokens}, but the constraint's shortest record takes {shortest} tokens: raise it to at least {shortest} (docs/budget.md)"
+            ),
+            _ => {}
         }
     }
     report(
@@ -303,6 +310,15 @@ fn result_line(index: usize, c: &Completion) -> Value {
     });
     if let FinishReason::Error(m) = &c.finish {
         v["error"] = json!(m);
+    }
+    if let FinishReason::BudgetTooSmall {
+        shortest,
+        max_tokens,
+    } = &c.finish
+    {
+        v["error"] = json!(format!(
+            "max_tokens is {max_tokens}, but the constraint's shortest record takes {shortest} tokens"
+        ));
     }
     if let Some(r) = &c.reasoning {
         v["reasoning"] = json!(r);

@@ -216,6 +216,25 @@ pub fn run(cmd: GrammarCommand) -> Result<bool> {
                     writeln!(out, "{name}: {pattern}")?;
                 }
             }
+            // The shortest record for the model's vocabulary (docs/budget.md), on stderr so
+            // that stdout stays the regex.
+            let Loaded { vocab, .. } = load(&constraint)?;
+            let grammar = compile(&constraint, &vocab)?;
+            match grammar.shortest_record_tokens() {
+                Some(tokens) => {
+                    let text: Vec<u8> = tokens
+                        .iter()
+                        .flat_map(|&t| vocab.token_bytes(t).unwrap_or_default().to_vec())
+                        .collect();
+                    eprintln!(
+                        "shortest record: {} tokens with {} (max_tokens below it is refused): {}",
+                        tokens.len(),
+                        constraint.model.model.display(),
+                        String::from_utf8_lossy(&text)
+                    );
+                }
+                None => eprintln!("shortest record: not found (Limits::max_completion_search)"),
+            }
             Ok(true)
         }
         GrammarCommand::Mask {

@@ -694,3 +694,51 @@ fn every_help_carries_examples_and_the_exit_codes_are_listed() {
         );
     }
 }
+
+/// Records that always close (docs/budget.md): `grammar explain` prints the shortest record for
+/// the model, a `--max-tokens` below it is a one-line error naming both numbers, and at it the
+/// record comes out complete.
+#[test]
+fn a_budget_under_the_shortest_record_is_refused_and_at_it_the_record_closes() {
+    let regex = "[a-z]{3}-[0-9]{4}";
+    let explained = quarry(&["grammar", "explain", "--regex", regex]);
+    assert!(explained.status.success());
+    let err = String::from_utf8(explained.stderr).unwrap();
+    let shortest: usize = err
+        .strip_prefix("shortest record: ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no shortest record in {err}"));
+    assert!(shortest >= 2 && shortest <= 8, "{err}");
+    let below = (shortest - 1).to_string();
+    let err = one_line_error(&quarry(&[
+        "generate",
+        "--prompt",
+        "Code:",
+        "--regex",
+        regex,
+        "--max-tokens",
+        &below,
+    ]));
+    assert!(
+        err.contains(&format!("shortest record takes {shortest} tokens"))
+            && err.contains(&format!("--max-tokens is {below}")),
+        "{err}"
+    );
+    let at = shortest.to_string();
+    let out = stdout(&quarry(&[
+        "generate",
+        "--prompt",
+        "Code:",
+        "--regex",
+        regex,
+        "--max-tokens",
+        &at,
+    ]));
+    let text = out.trim_end_matches('\n').as_bytes();
+    let complete = text.len() == 8
+        && text[..3].iter().all(u8::is_ascii_lowercase)
+        && text[3] == b'-'
+        && text[4..].iter().all(u8::is_ascii_digit);
+    assert!(complete, "{out:?}");
+}

@@ -56,6 +56,10 @@ struct Args {
     /// for the next pass to verify.
     #[arg(long)]
     no_drafts: bool,
+    /// Records that always close off (`EngineConfig::close_within_budget`): outputs may end cut
+    /// at `--max-tokens`, as before it (docs/budget.md), for before/after comparisons.
+    #[arg(long)]
+    no_budget: bool,
     /// Jump-forward: sampled tokens re-encoded with the forced bytes at a boundary.
     #[arg(long, default_value_t = EngineConfig::default().retokenize)]
     retokenize: usize,
@@ -150,6 +154,7 @@ fn main() -> Result<()> {
                 keep_back: args.keep_back,
                 keep_back_rule: cfg.keep_back_rule,
                 draft_kept_back: !args.no_drafts,
+                close_within_budget: !args.no_budget,
                 retokenize: args.retokenize,
                 schema_options: SchemaOptions {
                     whitespace: args.whitespace,
@@ -206,6 +211,9 @@ fn main() -> Result<()> {
             "mask_us_per_step": med("mask_us_per_step"),
             "cache_overhead": med("cache_overhead"),
             "complete": med("complete"),
+            "cut_at_max_tokens": med("cut_at_max_tokens"),
+            "budget_closed": med("budget_closed"),
+            "budget_us_per_step": med("budget_us_per_step"),
             "schema_valid": med("schema_valid"),
             "facts_correct": med("facts_correct"),
             "forced_ceiling": runs[0].get("forced_ceiling").cloned(),
@@ -213,15 +221,15 @@ fn main() -> Result<()> {
         }));
     }
     println!(
-        "| config | docs/s | output tok/s | forward passes | forced share | forced ceiling | cache hit rate | mask µs/step | complete | schema-valid | facts correct |"
+        "| config | docs/s | output tok/s | forward passes | forced share | forced ceiling | cache hit rate | mask µs/step | budget µs/step | complete | cut | budget-closed | schema-valid | facts correct |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         let ceiling = r["forced_ceiling"]
             .as_f64()
             .map_or("—".to_string(), |c| format!("{:.1}%", 100.0 * c));
         println!(
-            "| ({}) {} | {:.3} | {:.1} | {:.0} | {:.1}% | {ceiling} | {:.1}% | {:.0} | {:.0}/{} | {:.0}/{} | {:.1}% |",
+            "| ({}) {} | {:.3} | {:.1} | {:.0} | {:.1}% | {ceiling} | {:.1}% | {:.0} | {:.0} | {:.0}/{} | {:.0} | {:.0} | {:.0}/{} | {:.1}% |",
             r["config"].as_str().unwrap(),
             r["label"].as_str().unwrap(),
             r["docs_per_s"].as_f64().unwrap(),
@@ -230,8 +238,11 @@ fn main() -> Result<()> {
             100.0 * r["forced_share"].as_f64().unwrap(),
             100.0 * r["hit_rate"].as_f64().unwrap(),
             r["mask_us_per_step"].as_f64().unwrap(),
+            r["budget_us_per_step"].as_f64().unwrap(),
             r["complete"].as_f64().unwrap(),
             docs.len(),
+            r["cut_at_max_tokens"].as_f64().unwrap(),
+            r["budget_closed"].as_f64().unwrap(),
             r["schema_valid"].as_f64().unwrap(),
             docs.len(),
             100.0 * r["facts_correct"].as_f64().unwrap(),
@@ -282,6 +293,7 @@ fn main() -> Result<()> {
             "max_tokens": args.max_tokens,
             "keep_back": args.keep_back,
             "drafts": !args.no_drafts,
+            "close_within_budget": !args.no_budget,
             "retokenize": args.retokenize,
             "whitespace": args.whitespace.to_string(),
             "quarry_version": env!("CARGO_PKG_VERSION"),
