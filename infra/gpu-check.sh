@@ -253,6 +253,20 @@ for entry in $AB; do
 done
 merge_runs "$OUT/quarry-bench-ab.json" "${ab_runs[@]}"
 
+# Records that always close (docs/budget.md) against the same engine with them off
+# (`--no-budget`), modes b and c, at NO_BUDGET_BATCHES (default 32,512; empty: none): the records
+# lost to max_tokens before, and what the budget costs.
+nb_runs=()
+for b in $(tr ',' ' ' <<<"${NO_BUDGET_BATCHES-32,512}"); do
+  section "quarry bench --no-budget, batch $b, modes b and c"
+  left=$(( END - $(date +%s) - 5 ))
+  [ "$left" -lt 20 ] && { echo "not run: the call's time is spent"; continue; }
+  timeout "$(budget 40 5)" "$Q" bench --device cuda:0 --status "$STATUS" --batch "$b" --docs "$b" \
+    --modes b,c --step-tokens 4096 --no-budget --out "$STAGE_DIR/quarry-bench-nobudget-$b.json" \
+    && nb_runs+=("$STAGE_DIR/quarry-bench-nobudget-$b.json") || echo "(stopped or failed)"
+done
+merge_runs "$OUT/quarry-bench-nobudget.json" "${nb_runs[@]}"
+
 section "summary"
 python3 - "$OUT" <<'EOF'
 # Output tokens per second of wall time, prefill included, for all three (quarry's documents have

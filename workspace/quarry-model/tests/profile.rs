@@ -11,6 +11,8 @@ use quarry_model::{profile, Fusions, KvLayout, Logits, SeqInput};
 #[test]
 fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     let model = smollm2();
+    // No fusions to begin with (a GPU's default takes two on small steps).
+    model.set_fusions(Fusions::default());
     let layers = model.config().block_count as u64;
     let tokens: Vec<u32> = (1..=12).collect();
     let run = |on: bool| {
@@ -30,7 +32,7 @@ fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     let plain = run(false);
     assert!(profile::take().is_empty(), "nothing recorded while off");
     let profiled = run(true);
-    assert_eq!(profiled, plain, "profiling changes no logit");
+    same_logits(&profiled, &plain, "profiling changes no logit");
     let phases = profile::take();
     let calls = |name: &str| calls_of(&phases, name);
     let passes = 3;
@@ -76,7 +78,7 @@ fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     );
     let fused = run(true);
     model.set_fusions(Fusions::default());
-    assert_eq!(fused, plain, "the fusions change no logit");
+    same_logits(&fused, &plain, "the fusions change no logit");
     let phases = profile::take();
     let calls = |name: &str| calls_of(&phases, name);
     let unfused = passes - fused_passes;
@@ -89,6 +91,24 @@ fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     assert_eq!(calls("RoPE and KV writes"), layers * passes);
     assert_eq!((calls("RoPE"), calls("KV writes")), (0, 0));
     profile::set_enabled(false);
+}
+
+/// The same logits: bit for bit on the CPU; on a GPU within the batch tolerance (0.1), since a pass
+/// replayed from its CUDA graph plans its split-K attention (the default for steps of at most 16
+/// tokens) for the graph's bounds and a profiled pass, which runs without one, for the step
+/// itself: the chunks are summed in another order.
+fn same_logits(a: &[f32], b: &[f32], what: &str) {
+    if device().is_cpu() {
+        assert_eq!(a, b, "{what}");
+        return;
+    }
+    assert_eq!(a.len(), b.len(), "{what}");
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= 0.1, "{what}: worst logit difference {worst}");
 }
 
 /// How many times `phases` recorded `name` (0 if never).

@@ -252,6 +252,10 @@ pub struct SamplingConfig {
     /// Base seed; each document's seed also mixes in its lineage, so a rerun draws the same.
     pub seed: u64,
     pub max_tokens: usize,
+    /// Records that always close (docs/budget.md): a record never ends cut at `max_tokens`; a
+    /// schema whose shortest record does not fit is a `budget_too_small` reject. Default on;
+    /// off, a record that runs out is a `truncated` reject.
+    pub close_within_budget: bool,
 }
 
 impl Default for SamplingConfig {
@@ -263,6 +267,7 @@ impl Default for SamplingConfig {
             top_k: p.top_k,
             seed: p.seed,
             max_tokens: quarry_engine::DEFAULT_MAX_TOKENS,
+            close_within_budget: quarry_engine::EngineConfig::default().close_within_budget,
         }
     }
 }

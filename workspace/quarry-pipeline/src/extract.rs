@@ -214,6 +214,7 @@ impl EngineExtractor {
             step_tokens: EngineConfig::default()
                 .step_tokens
                 .max(cfg.batching.max_running),
+            close_within_budget: cfg.sampling.close_within_budget,
             ..EngineConfig::default()
         };
         Self::new(Arc::new(model), Arc::new(tok), ecfg, cfg, schema)
