@@ -549,6 +549,42 @@ fn no_repeat_ngram_removes_repeats() {
     assert!(!repeats(&c.tokens, 3), "{:?}", c.text);
 }
 
+/// Records that always close with a reasoning mode and no thinking budget (docs/budget.md): the
+/// model thinks until only the answer's room is left (the marker and the shortest record), then
+/// the marker is forced and the record closes within `max_tokens`; a budget under that room is
+/// refused up front.
+#[test]
+fn the_token_budget_ends_the_thinking_in_time_for_the_record() {
+    let schema = json!({"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+        "required": ["answer"]});
+    let request = |max_tokens: usize| {
+        let mut r = Request::new(chat("Think at length, then answer: is the sky blue?"))
+            .with_constraint(ConstraintSpec::JsonSchema(schema.clone()))
+            .with_max_tokens(max_tokens);
+        r.reasoning = Some(Reasoning::default());
+        r
+    };
+    let mut e = engine(small());
+    let out = run(&mut e, vec![request(40), request(3)]);
+    let c = &out[0];
+    assert!(c.is_complete(), "{c:?}");
+    assert!(c.tokens.len() <= 40, "{}", c.tokens.len());
+    let v: serde_json::Value = serde_json::from_str(&c.text).unwrap();
+    assert!(v["answer"] == "yes" || v["answer"] == "no", "{}", c.text);
+    assert!(
+        c.reasoning.as_deref().unwrap().ends_with("</think>"),
+        "{c:?}"
+    );
+    assert!(
+        matches!(
+            out[1].finish,
+            FinishReason::BudgetTooSmall { max_tokens: 3, .. }
+        ),
+        "{:?}",
+        out[1].finish
+    );
+}
+
 #[test]
 fn thinking_budget_then_constraint() {
     let (_, tok) = model();
