@@ -301,7 +301,7 @@ fn real_model_closes_records(file: &str) {
     let prompt = |what: &str| {
         Prompt::Chat(vec![quarry_tokenizer::ChatMessage::new(
             "user",
-            &format!("{what}\n\n{document}"),
+            format!("{what}\n\n{document}"),
         )])
     };
     let mut e = Engine::new(model, tok.clone(), config(true)).unwrap();

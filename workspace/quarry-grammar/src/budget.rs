@@ -125,7 +125,7 @@ pub(crate) fn tokens(g: &Grammar, s: u32) -> Option<Vec<u32>> {
 fn shortest_bytes(g: &Grammar, s: u32, max_expansions: usize) -> Option<Vec<u8>> {
     let dfa = g.dfa();
     let h0 = g.lower_bound(s);
-    if h0 >= INF {
+    if h0 == INF {
         return None;
     }
     // state → (bytes from `s`, the state before, the byte taken from it).
@@ -162,7 +162,7 @@ fn shortest_bytes(g: &Grammar, s: u32, max_expansions: usize) -> Option<Vec<u8>>
                 continue;
             }
             let h = g.lower_bound(n);
-            if h >= INF {
+            if h == INF {
                 continue;
             }
             best.insert(n, (next_cost, x, dfa.class_byte(c)));

@@ -709,7 +709,7 @@ fn a_budget_under_the_shortest_record_is_refused_and_at_it_the_record_closes() {
         .and_then(|r| r.split(' ').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no shortest record in {err}"));
-    assert!(shortest >= 2 && shortest <= 8, "{err}");
+    assert!((2..=8).contains(&shortest), "{err}");
     let below = (shortest - 1).to_string();
     let err = one_line_error(&quarry(&[
         "generate",
