@@ -141,7 +141,10 @@ fn summary(mut v: Vec<f64>) -> Value {
 }
 
 /// Measures one engine on one case. `cold_reps` fresh compiles, each walked once (cold), then
-/// `warm_reps` more walks on the last compile (warm).
+/// `warm_reps` more walks on the last compile (warm). For an engine with a token budget (quarry,
+/// `docs/budget.md`), each step also times the budget's check of the walk's next token (a walk
+/// of its bytes and its next state's shortest completion, computed on first use: `budget`), the
+/// check the engine makes after every draw, to set against the mask's time.
 pub fn measure(
     peer: &dyn Peer,
     spec: &Spec,
@@ -155,6 +158,7 @@ pub fn measure(
     let mut ttfm_us = Vec::new();
     let mut cold = Vec::new();
     let mut warm = Vec::new();
+    let (mut budget_cold, mut budget_warm) = (Vec::new(), Vec::new());
     let mut last = None;
     for _ in 0..cold_reps.max(1) {
         let t0 = Instant::now();
@@ -169,6 +173,10 @@ pub fn measure(
         for (i, &t) in tokens.iter().enumerate() {
             if mask[t as usize / 32] >> (t % 32) & 1 == 0 {
                 bail!("{} does not allow token {i} ({t}) of the walk", peer.name());
+            }
+            let t2 = Instant::now();
+            if w.budget_check(t).is_some() {
+                budget_cold.push(t2.elapsed().as_secs_f64() * 1e6);
             }
             if !w.accept(t) {
                 bail!("{} refused token {i} ({t}) of the walk", peer.name());
@@ -187,19 +195,27 @@ pub fn measure(
         w.fill_mask(&mut mask);
         warm.push(t1.elapsed().as_secs_f64() * 1e6);
         for &t in tokens {
+            let t2 = Instant::now();
+            if w.budget_check(t).is_some() {
+                budget_warm.push(t2.elapsed().as_secs_f64() * 1e6);
+            }
             w.accept(t);
             let t1 = Instant::now();
             w.fill_mask(&mut mask);
             warm.push(t1.elapsed().as_secs_f64() * 1e6);
         }
     }
-    Ok(json!({
+    let mut out = json!({
         "engine": peer.name(),
         "compile_us": median(&mut compile_us),
         "time_to_first_mask_us": median(&mut ttfm_us),
         "cold": summary(cold),
         "warm": summary(warm),
-    }))
+    });
+    if !budget_cold.is_empty() {
+        out["budget"] = json!({"cold": summary(budget_cold), "warm": summary(budget_warm)});
+    }
+    Ok(out)
 }
 
 /// The table header [`run_case`] prints rows under.
@@ -262,6 +278,19 @@ pub fn run_case(peer: &dyn Peer, spec: &Spec, run: &Run) -> Value {
         f("warm", "p99_us"),
         f("warm", "max_us"),
     );
+    if r.get("budget").is_some() {
+        let b = |k: &str, q: &str| r["budget"][k][q].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{:<15} {:<15} budget check p50/p99 µs: cold {:.2}/{:.2}, warm {:.2}/{:.2} ({:.0}% of the warm mask p99)",
+            "",
+            "",
+            b("cold", "p50_us"),
+            b("cold", "p99_us"),
+            b("warm", "p50_us"),
+            b("warm", "p99_us"),
+            100.0 * b("warm", "p99_us") / f("warm", "p99_us"),
+        );
+    }
     let mut r = r;
     r["model"] = json!(run.model);
     r["case"] = json!(run.case);

@@ -13,6 +13,11 @@ pub trait Walker {
     fn fill_mask(&mut self, mask: &mut [u32]);
     /// Accepts a token; false if the engine refuses it.
     fn accept(&mut self, token: u32) -> bool;
+    /// The token budget's check of a drawn token (`docs/budget.md`): the tokens a shortest
+    /// completion needs after `token`. `None` for an engine without a budget (every peer).
+    fn budget_check(&mut self, _token: u32) -> Option<usize> {
+        None
+    }
 }
 
 /// A constraint for every peer: the same regex or JSON Schema for all, or a grammar written in
@@ -103,6 +108,9 @@ impl Walker for Matcher {
     }
     fn accept(&mut self, token: u32) -> bool {
         self.accept_token(token).is_ok()
+    }
+    fn budget_check(&mut self, token: u32) -> Option<usize> {
+        Some(self.completion_after(token).unwrap_or(usize::MAX))
     }
 }
 
