@@ -239,6 +239,8 @@ pub struct Engine {
     /// steps.
     redraw: Draws,
     redraw_masks: Vec<u32>,
+    /// Per running sequence, whether its draw this step does not fit the budget.
+    over_budget: Vec<bool>,
     bans: Vec<u32>,
     freed: Vec<PageId>,
     next_id: u64,
@@ -328,6 +330,7 @@ impl Engine {
             taken: Vec::new(),
             redraw: Draws::default(),
             redraw_masks: Vec::new(),
+            over_budget: Vec::new(),
             bans: Vec::new(),
             freed: Vec::new(),
             next_id: 0,
@@ -1075,22 +1078,37 @@ impl Engine {
     fn redraw_over_budget(&mut self, context_length: usize) {
         let t = Instant::now();
         let draws = &self.draws.out;
-        let over = |(seq, d): (&Sequence, &Option<usize>)| -> bool {
-            match d.map(|d| &draws[d]) {
+        let check = |((seq, d), over): ((&Sequence, &Option<usize>), &mut bool)| {
+            *over = match d.map(|d| &draws[d]) {
                 Some(Ok(id)) => !seq.budget_allows(*id, context_length),
                 _ => false,
-            }
+            };
         };
-        let over: Vec<bool> = if self.draw_seqs.len() >= PARALLEL_TAKES {
+        // One flag per running sequence, in a buffer kept across steps.
+        let mut over = std::mem::take(&mut self.over_budget);
+        over.clear();
+        over.resize(self.running.len(), false);
+        if self.draw_seqs.len() >= PARALLEL_TAKES {
             self.running
                 .par_iter()
                 .zip(self.taken.par_iter())
-                .map(over)
-                .collect()
+                .zip(over.par_iter_mut())
+                .for_each(check);
         } else {
-            self.running.iter().zip(&self.taken).map(over).collect()
+            self.running
+                .iter()
+                .zip(&self.taken)
+                .zip(over.iter_mut())
+                .for_each(check);
+        }
+        let any = over.contains(&true);
+        let refused: Vec<usize> = if any {
+            (0..over.len()).filter(|&i| over[i]).collect()
+        } else {
+            Vec::new()
         };
-        if !over.contains(&true) {
+        self.over_budget = over;
+        if !any {
             self.stats.budget_s += t.elapsed().as_secs_f64();
             return;
         }
@@ -1099,7 +1117,6 @@ impl Engine {
         self.redraw.words = words;
         // The masks of the tokens that fit, one per refused draw, built in parallel (each walks
         // the tokens its state allows).
-        let refused: Vec<usize> = (0..over.len()).filter(|&i| over[i]).collect();
         self.redraw_masks.clear();
         self.redraw_masks.resize(refused.len() * words, 0);
         let running = &self.running;
