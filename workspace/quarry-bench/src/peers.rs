@@ -18,6 +18,12 @@ pub trait Walker {
     fn budget_check(&mut self, _token: u32) -> Option<usize> {
         None
     }
+    /// Accepts a token as the engine does under the budget: one walk of its bytes serves the
+    /// check (the tokens a completion needs after it, returned) and the acceptance. `None`
+    /// where the engine has no budget or refuses the token.
+    fn budget_accept(&mut self, _token: u32) -> Option<usize> {
+        None
+    }
 }
 
 /// A constraint for every peer: the same regex or JSON Schema for all, or a grammar written in
@@ -111,6 +117,12 @@ impl Walker for Matcher {
     }
     fn budget_check(&mut self, token: u32) -> Option<usize> {
         Some(self.completion_after(token).unwrap_or(usize::MAX))
+    }
+    fn budget_accept(&mut self, token: u32) -> Option<usize> {
+        let peek = self.peek_token(token).ok()?;
+        let need = self.completion_after_peek(&peek).unwrap_or(usize::MAX);
+        self.accept_peeked(peek).ok()?;
+        Some(need)
     }
 }
 

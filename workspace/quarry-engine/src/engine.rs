@@ -18,7 +18,7 @@ use crate::error::EngineError;
 use crate::logits::processor_bans;
 use crate::radix::{CacheStats, RadixCache, ROOT};
 use crate::request::{Completion, FinishReason, Processor, Prompt, Request, RequestStats};
-use crate::sequence::{Phase, Sequence, TokenCtx};
+use crate::sequence::{OverBudget, Phase, Sequence, TokenCtx, Took};
 
 /// Engine settings. The defaults suit the CPU and SmolLM2; see the configuration reference in docs/pipelines.md.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -239,7 +239,8 @@ pub struct Engine {
     /// steps.
     redraw: Draws,
     redraw_masks: Vec<u32>,
-    /// Per running sequence, whether its draw this step does not fit the budget.
+    /// Per running sequence, whether the take refused its draw this step (it does not fit the
+    /// budget): drawn again.
     over_budget: Vec<bool>,
     bans: Vec<u32>,
     freed: Vec<PageId>,
@@ -1022,14 +1023,20 @@ impl Engine {
                 self.taken[i] = Some(d);
             }
         }
-        if self.cfg.close_within_budget {
-            self.redraw_over_budget(ctx.context_length);
-        }
+        // A draw after which no completion of its constraint fits is refused here (the budget,
+        // `docs/budget.md`) and drawn again below.
+        let mut over = std::mem::take(&mut self.over_budget);
+        over.clear();
+        over.resize(self.running.len(), false);
         let draws = &self.draws.out;
-        let take_drawn = |(seq, d): (&mut Sequence, &Option<usize>)| -> Taken {
+        let take_drawn = |((seq, d), over): ((&mut Sequence, &Option<usize>), &mut bool)| -> Taken {
             match d.map(|d| &draws[d]) {
                 None => Taken::default(),
-                Some(Ok(id)) => take(seq, *id, &ctx),
+                Some(Ok(id)) => {
+                    let (t, took) = take(seq, *id, &ctx, OverBudget::Refuse);
+                    *over = took == Took::OverBudget;
+                    t
+                }
                 Some(Err(e)) => {
                     let overflow = seq
                         .matcher
@@ -1044,19 +1051,25 @@ impl Engine {
                 }
             }
         };
-        let taken = if self.draw_seqs.len() >= PARALLEL_TAKES {
+        let mut taken = if self.draw_seqs.len() >= PARALLEL_TAKES {
             self.running
                 .par_iter_mut()
                 .zip(self.taken.par_iter())
+                .zip(over.par_iter_mut())
                 .map(take_drawn)
                 .reduce(Taken::default, Taken::add)
         } else {
             self.running
                 .iter_mut()
                 .zip(&self.taken)
+                .zip(over.iter_mut())
                 .map(take_drawn)
                 .fold(Taken::default(), Taken::add)
         };
+        if over.contains(&true) {
+            taken = taken.add(self.redraw_over_budget(&over, &ctx));
+        }
+        self.over_budget = over;
         self.stats.sampled_tokens += taken.sampled;
         self.stats.forced_tokens += taken.forced;
         self.stats.retokenized_tokens += taken.retokenized;
@@ -1067,51 +1080,20 @@ impl Engine {
         Ok(())
     }
 
-    /// The token budget (`docs/budget.md`): each taken draw after which no completion of its
-    /// constraint would fit in what the sequence has left is drawn again, from the same logits
-    /// row, under the mask of the tokens that do fit ([`quarry_grammar::Matcher::retain_fitting`])
-    /// and the row's bans. The first token of the state's completion always fits, so the draw
-    /// again always has a token; the model still chooses among those that fit (an enum's value
-    /// it prefers, not the shortest one). On a GPU the second draw reads the logits the step
-    /// left on the device. Checked in parallel over sequences at large batches (a state seen
-    /// the first time computes its completion).
-    fn redraw_over_budget(&mut self, context_length: usize) {
+    /// The token budget (`docs/budget.md`): each draw the take refused (`over[i]`: after it no
+    /// completion of its constraint would fit in what the sequence has left) is drawn again,
+    /// from the same logits row, under the mask of the tokens that do fit
+    /// ([`quarry_grammar::Matcher::retain_fitting`]) and the row's bans, then taken. The first
+    /// token of the state's completion always fits, so the draw again always has a token; the
+    /// model still chooses among those that fit (an enum's value it prefers, not the shortest
+    /// one). On a GPU the second draw reads the logits the step left on the device. The check
+    /// itself costs nothing here: it is a cached length the take looks up after the walk it
+    /// makes anyway ([`quarry_grammar::Matcher::peek_token`]); what is timed (`budget_s`) is
+    /// this draw again.
+    fn redraw_over_budget(&mut self, over: &[bool], ctx: &TokenCtx) -> Taken {
         let t = Instant::now();
-        let draws = &self.draws.out;
-        let check = |((seq, d), over): ((&Sequence, &Option<usize>), &mut bool)| {
-            *over = match d.map(|d| &draws[d]) {
-                Some(Ok(id)) => !seq.budget_allows(*id, context_length),
-                _ => false,
-            };
-        };
-        // One flag per running sequence, in a buffer kept across steps.
-        let mut over = std::mem::take(&mut self.over_budget);
-        over.clear();
-        over.resize(self.running.len(), false);
-        if self.draw_seqs.len() >= PARALLEL_TAKES {
-            self.running
-                .par_iter()
-                .zip(self.taken.par_iter())
-                .zip(over.par_iter_mut())
-                .for_each(check);
-        } else {
-            self.running
-                .iter()
-                .zip(&self.taken)
-                .zip(over.iter_mut())
-                .for_each(check);
-        }
-        let any = over.contains(&true);
-        let refused: Vec<usize> = if any {
-            (0..over.len()).filter(|&i| over[i]).collect()
-        } else {
-            Vec::new()
-        };
-        self.over_budget = over;
-        if !any {
-            self.stats.budget_s += t.elapsed().as_secs_f64();
-            return;
-        }
+        let context_length = ctx.context_length;
+        let refused: Vec<usize> = (0..over.len()).filter(|&i| over[i]).collect();
         let words = self.vocab.mask_words();
         self.redraw.rows.clear();
         self.redraw.words = words;
@@ -1165,15 +1147,32 @@ impl Engine {
             seq.budget_shaped = true;
             which.push(d);
         }
+        let mut taken = Taken::default();
         if !which.is_empty() {
             self.model
                 .sample(&mut self.logits, &self.redraw_masks, &mut self.redraw);
-            for (k, &d) in which.iter().enumerate() {
-                std::mem::swap(&mut self.draws.out[d], &mut self.redraw.out[k]);
-            }
             self.stats.budget_redraws += which.len() as u64;
         }
+        let mut k = 0;
+        for &i in &refused {
+            let d = self.taken[i].expect("a checked draw");
+            // The draw again where there was one (it fits); else the draw stands.
+            let (drawn, over) = if which.get(k) == Some(&d) {
+                k += 1;
+                (&self.redraw.out[k - 1], OverBudget::First)
+            } else {
+                (&self.draws.out[d], OverBudget::Take)
+            };
+            let seq = &mut self.running[i];
+            match drawn {
+                Ok(id) => taken = taken.add(take(seq, *id, ctx, over).0),
+                Err(e) => {
+                    seq.finish = Some(FinishReason::Error(format!("no token can follow: {e}")))
+                }
+            }
+        }
         self.stats.budget_s += t.elapsed().as_secs_f64();
+        taken
     }
 
     /// Reads the verdict on every sequence's drafts from the step's draws (rows
@@ -1234,7 +1233,7 @@ impl Engine {
                     // (for the state after the drafts) goes unused.
                     self.draw_used[last] = false;
                     // Counted as sampled with the verdict.
-                    let t = take(seq, id, ctx);
+                    let (t, _) = take(seq, id, ctx, OverBudget::First);
                     self.stats.forced_tokens += t.forced;
                     self.stats.retokenized_tokens += t.retokenized;
                 }
@@ -1371,15 +1370,16 @@ impl Taken {
 }
 
 /// `seq` takes the sampled token `id` (and whatever jump-forward appends after it).
-fn take(seq: &mut Sequence, id: u32, ctx: &TokenCtx) -> Taken {
+fn take(seq: &mut Sequence, id: u32, ctx: &TokenCtx, over: OverBudget) -> (Taken, Took) {
     let forced_before = seq.stats.forced_tokens;
     let retok_before = seq.stats.retokenized_tokens;
-    seq.take_token(id, ctx);
-    Taken {
-        sampled: 1,
+    let took = seq.take_token(id, ctx, over);
+    let taken = Taken {
+        sampled: u64::from(took == Took::Taken),
         forced: (seq.stats.forced_tokens - forced_before) as u64,
         retokenized: (seq.stats.retokenized_tokens - retok_before) as u64,
-    }
+    };
+    (taken, took)
 }
 
 /// A sequence whose drafts this step's draws verify: draws `first_draw..first_draw + count` are

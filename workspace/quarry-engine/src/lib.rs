@@ -47,8 +47,9 @@
 //! # Records that always close
 //! With [`EngineConfig::close_within_budget`] (the default) a constrained sequence only takes a
 //! token after which a completion of its constraint still fits in the tokens it has left
-//! (`quarry_grammar::Matcher::completion_after`): a drawn token that does not fit is drawn again
-//! from the tokens that do. So a constrained output never ends cut at `max_tokens`; a request
+//! (a cached length looked up after the walk that accepts the token:
+//! `quarry_grammar::Matcher::peek_token`): a drawn token that does not fit is drawn again from
+//! the tokens that do. So a constrained output never ends cut at `max_tokens`; a request
 //! whose shortest record is longer than `max_tokens` is refused before decoding
 //! (`docs/budget.md`).
 

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use quarry_grammar::Matcher;
+use quarry_grammar::{Matcher, Peek};
 use quarry_model::{PageId, Sampler};
 use quarry_tokenizer::{EncodeOptions, Tokenizer};
 
@@ -74,6 +74,30 @@ pub(crate) struct TokenCtx<'a> {
     pub context_length: usize,
 }
 
+/// What [`Sequence::take_token`] does with a token after which no completion of the constraint
+/// fits in what is left (`docs/budget.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverBudget {
+    /// Leave the sequence as it was and say so: the engine draws again, from the same logits,
+    /// under the mask of the tokens that fit.
+    Refuse,
+    /// Take the first token of the state's completion instead (a refused draft's replacement,
+    /// which has no draw of its own to repeat).
+    First,
+    /// Take it anyway: nothing fits (a `uniqueItems` tracker refused the completion), so the
+    /// record may end cut.
+    Take,
+}
+
+/// Whether [`Sequence::take_token`] took the token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Took {
+    Taken,
+    /// Refused under [`OverBudget::Refuse`]; the sequence is unchanged.
+    OverBudget,
+}
+
 impl Sequence {
     pub fn output(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
@@ -95,19 +119,16 @@ impl Sequence {
         by_max.min(context_length.saturating_sub(self.tokens.len()))
     }
 
-    /// Whether the budget lets this sequence take `id` now: a completion of its constraint
-    /// still fits after it (`docs/budget.md`). Always where the budget is off, outside the
-    /// constrained phase, for end of generation (the mask allows it only where the constraint
-    /// accepts), and in a state whose completion the search did not find (no guarantee to keep).
-    pub fn budget_allows(&self, id: u32, context_length: usize) -> bool {
-        if !self.budget || !self.is_constrained_now() {
+    /// Whether the budget lets this sequence take the peeked token: a completion of its
+    /// constraint still fits after it (`docs/budget.md`; a cached length, the walk was the
+    /// peek's). Always where the budget is off, and in a state whose completion the search did
+    /// not find (no guarantee to keep). End of generation is never peeked: the mask allows it
+    /// only where the constraint accepts.
+    fn budget_allows(&self, m: &Matcher, peek: &Peek, context_length: usize) -> bool {
+        if !self.budget {
             return true;
         }
-        let m = self.matcher.as_ref().expect("constrained");
-        if m.grammar().vocabulary().is_eos(id) {
-            return true;
-        }
-        match m.completion_after(id) {
+        match m.completion_after_peek(peek) {
             Some(need) => need < self.tokens_left(context_length),
             None => m.completion_len().is_none(),
         }
@@ -142,7 +163,7 @@ impl Sequence {
     }
 
     /// Appends a sampled token and applies everything that follows from it.
-    pub fn take_token(&mut self, id: u32, ctx: &TokenCtx) {
+    pub fn take_token(&mut self, id: u32, ctx: &TokenCtx, over: OverBudget) -> Took {
         if ctx
             .tok
             .special_tokens()
@@ -158,32 +179,34 @@ impl Sequence {
             } else {
                 FinishReason::Stop
             });
-            return;
+            return Took::Taken;
         }
-        // The engine draws again where a drawn token leaves no completion that fits; a token
-        // taken on another path (a refused draft's replacement) that does not fit gives way to
-        // the first token of the completion, which always does.
-        let id = if self.budget_allows(id, ctx.context_length) {
-            id
-        } else {
-            match self.matcher.as_ref().and_then(|m| m.completion_first()) {
-                Some(first) => {
-                    self.budget_shaped = true;
-                    first
+        let mut id = id;
+        if self.is_constrained_now() {
+            let m = self.matcher.as_ref().expect("constrained");
+            // One walk of the token's bytes serves the budget's check and the acceptance.
+            let mut peeked = m.peek_token(id);
+            if let Ok(p) = &peeked {
+                if over != OverBudget::Take && !self.budget_allows(m, p, ctx.context_length) {
+                    match over {
+                        OverBudget::Refuse => return Took::OverBudget,
+                        // The first token of the completion always fits.
+                        _ => {
+                            if let Some(first) = m.completion_first() {
+                                self.budget_shaped = true;
+                                id = first;
+                                peeked = m.peek_token(id);
+                            }
+                        }
+                    }
                 }
-                None => id,
             }
-        };
-        if let Some(m) = self
-            .matcher
-            .as_mut()
-            .filter(|_| self.phase == Phase::Output)
-        {
-            if let Err(e) = m.accept_token(id) {
+            let m = self.matcher.as_mut().expect("constrained");
+            if let Err(e) = peeked.and_then(|p| m.accept_peeked(p)) {
                 self.finish = Some(FinishReason::Error(format!(
                     "sampled token {id} that the constraint refuses: {e}"
                 )));
-                return;
+                return Took::Taken;
             }
         }
         self.push(id, ctx.tok);
@@ -196,6 +219,7 @@ impl Sequence {
             self.after_thinking_token(ctx);
         }
         self.after_token(ctx);
+        Took::Taken
     }
 
     fn push(&mut self, id: u32, tok: &Tokenizer) {

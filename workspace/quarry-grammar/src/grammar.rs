@@ -1027,10 +1027,11 @@ impl Grammar {
         })
     }
 
-    /// Builds every state ([`Grammar::explore`]) and computes its mask and forced bytes now, on
-    /// `threads` threads (at least one), instead of on first use. Call it from a background thread
-    /// on an `Arc<Grammar>` to warm a grammar while sequences already use it; results are identical
-    /// either way. Returns the number of states computed (up to the limits).
+    /// Builds every state ([`Grammar::explore`]) and computes its mask, forced bytes and shortest
+    /// completion (the token budget's, [`crate::budget`]) now, on `threads` threads (at least
+    /// one), instead of on first use. Call it from a background thread on an `Arc<Grammar>` to
+    /// warm a grammar while sequences already use it; results are identical either way. Returns
+    /// the number of states computed (up to the limits).
     pub fn precompute(&self, threads: usize) -> usize {
         let _ = self.explore();
         let n = self.state_count();
@@ -1041,6 +1042,7 @@ impl Grammar {
                     for s in (t..n).step_by(threads) {
                         self.mask(s as u32);
                         self.forced(s as u32);
+                        let _ = self.completion(s as u32);
                     }
                 });
             }
@@ -1071,11 +1073,17 @@ impl Grammar {
 
     /// The first step of state `s`'s completion ([`crate::budget`]), computed once and
     /// cached; `None` where the search found none.
+    #[inline]
     pub(crate) fn completion(&self, s: u32) -> Option<crate::budget::Step> {
-        crate::budget::completion(self, s)
+        // A known completion is one load; the search stays out of line.
+        match self.completion_cell(s).get() {
+            Some(known) => *known,
+            None => crate::budget::completion(self, s),
+        }
     }
 
     /// The cache cell of state `s`'s completion step, for [`crate::budget`].
+    #[inline]
     pub(crate) fn completion_cell(&self, s: u32) -> &OnceLock<Option<crate::budget::Step>> {
         self.completions.at(s as usize)
     }

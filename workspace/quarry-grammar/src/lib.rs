@@ -82,6 +82,6 @@ mod vocab;
 pub use error::{GrammarError, Rejection};
 pub use grammar::{Constraint, ConstraintKey, Grammar};
 pub use limits::Limits;
-pub use matcher::Matcher;
+pub use matcher::{Matcher, Peek};
 pub use schema::{SchemaError, SchemaOptions, Whitespace};
 pub use vocab::Vocabulary;

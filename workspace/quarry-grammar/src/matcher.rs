@@ -7,6 +7,23 @@ use crate::error::Rejection;
 use crate::grammar::Grammar;
 use crate::schema::unique::Tracker;
 
+/// A token walked from a matcher's position but not yet accepted ([`Matcher::peek_token`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peek {
+    id: u32,
+    /// The state and history length it was walked from.
+    from: u32,
+    at: usize,
+    next: u32,
+}
+
+impl Peek {
+    /// The token walked.
+    pub fn token(&self) -> u32 {
+        self.id
+    }
+}
+
 /// One sequence's position in a shared [`Grammar`]. A few words of state; accepting a token
 /// allocates nothing once the history has grown to the sequence length (reserve it with
 /// [`Matcher::with_capacity`]). A JSON Schema whose `uniqueItems` is checked while decoding
@@ -57,6 +74,7 @@ impl Matcher {
         &self.grammar
     }
 
+    #[inline]
     fn walk(&self, bytes: &[u8]) -> Result<u32, usize> {
         let mut s = self.state;
         for (i, &b) in bytes.iter().enumerate() {
@@ -70,8 +88,7 @@ impl Matcher {
         if self.terminated {
             return Err(Rejection::Terminated);
         }
-        let vocab = self.grammar.vocabulary();
-        if vocab.is_eos(id) {
+        if self.grammar.vocabulary().is_eos(id) {
             if !self.is_accepting() {
                 return Err(Rejection::EosNotAllowed);
             }
@@ -82,15 +99,63 @@ impl Matcher {
             self.terminated = true;
             return Ok(());
         }
-        if vocab.is_special(id) {
+        let peek = self.peek_token(id)?;
+        self.accept_peeked(peek)
+    }
+
+    /// Walks token `id` (not end of generation) from here without accepting it: what the token
+    /// budget looks at before a token is taken ([`Matcher::completion_after_peek`]), then
+    /// accepted with [`Matcher::accept_peeked`] without walking its bytes a second time.
+    #[inline]
+    pub fn peek_token(&self, id: u32) -> Result<Peek, Rejection> {
+        if self.terminated {
+            return Err(Rejection::Terminated);
+        }
+        let vocab = self.grammar.vocabulary();
+        if vocab.is_eos(id) || vocab.is_special(id) {
             return Err(Rejection::Special { id });
         }
         let bytes = vocab
             .token_bytes(id)
             .ok_or(Rejection::UnknownToken { id })?;
         let next = self.walk(bytes).map_err(|_| Rejection::Token { id })?;
-        if let Some(mark) = Self::track(&mut self.unique, bytes)? {
-            self.unique.as_mut().expect("tracked").marks.push(mark);
+        Ok(Peek {
+            id,
+            from: self.state,
+            at: self.history.len(),
+            next,
+        })
+    }
+
+    /// The tokens a shortest completion needs after a peeked token (a cached length: the walk
+    /// was the peek's). `None` where no completion was found.
+    #[inline]
+    pub fn completion_after_peek(&self, peek: &Peek) -> Option<usize> {
+        self.grammar.completion(peek.next).map(|c| c.len as usize)
+    }
+
+    /// Accepts a token [`Matcher::peek_token`] walked. A peek made at another position (the
+    /// matcher moved since) is walked again, so the result is always that of
+    /// [`Matcher::accept_token`].
+    #[inline]
+    pub fn accept_peeked(&mut self, peek: Peek) -> Result<(), Rejection> {
+        if self.terminated {
+            return Err(Rejection::Terminated);
+        }
+        let next = if peek.from == self.state && peek.at == self.history.len() {
+            peek.next
+        } else {
+            self.peek_token(peek.id)?.next
+        };
+        if self.unique.is_some() {
+            let bytes = self
+                .grammar
+                .vocabulary()
+                .token_bytes(peek.id)
+                .ok_or(Rejection::UnknownToken { id: peek.id })?;
+            if let Some(mark) = Self::track(&mut self.unique, bytes)? {
+                self.unique.as_mut().expect("tracked").marks.push(mark);
+            }
         }
         self.history.push(self.state);
         self.state = next;
@@ -246,15 +311,11 @@ impl Matcher {
         if self.terminated {
             return None;
         }
-        let vocab = self.grammar.vocabulary();
-        if vocab.is_eos(id) {
+        if self.grammar.vocabulary().is_eos(id) {
             return self.is_accepting().then_some(0);
         }
-        if vocab.is_special(id) {
-            return None;
-        }
-        let next = self.walk(vocab.token_bytes(id)?).ok()?;
-        self.grammar.completion(next).map(|c| c.len as usize)
+        let peek = self.peek_token(id).ok()?;
+        self.completion_after_peek(&peek)
     }
 
     /// Clears from `mask` every token after which no completion fits: a token fits when it and

@@ -296,3 +296,48 @@ fn breaking_the_bound_by_one_token_lets_records_end_cut() {
         .count();
     assert!(cut > 0, "a bound loosened by one still closed every record");
 }
+
+#[test]
+fn a_peeked_token_is_accepted_as_accept_token_would() {
+    // The engine walks a drawn token once (`peek_token`), checks the budget on it and accepts
+    // the walk (`accept_peeked`): the same states, masks and completions as `accept_token`,
+    // and a peek made before the matcher moved is walked again, not trusted.
+    let vocab = vocab::model_vocab("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let (mut a_mask, mut b_mask) = (
+        vec![0u32; vocab.mask_words()],
+        vec![0u32; vocab.mask_words()],
+    );
+    for (name, c) in corpus() {
+        let g = compile(&c, &vocab);
+        let record = g.shortest_record_tokens().unwrap();
+        let (mut a, mut b) = (Matcher::new(g.clone()), Matcher::new(g.clone()));
+        let mut stale = None;
+        for (i, &t) in record.iter().enumerate() {
+            let peek = b.peek_token(t).unwrap();
+            assert_eq!(peek.token(), t);
+            assert_eq!(
+                b.completion_after_peek(&peek),
+                a.completion_after(t),
+                "{name}"
+            );
+            a.accept_token(t).unwrap();
+            b.accept_peeked(peek).unwrap();
+            a.fill_mask(&mut a_mask);
+            b.fill_mask(&mut b_mask);
+            assert!(a_mask == b_mask, "{name}: masks differ after token {i}");
+            assert_eq!(a.completion_len(), b.completion_len(), "{name}");
+            if i == 0 {
+                stale = Some(peek);
+            }
+        }
+        assert!(b.is_accepting(), "{name}");
+        if record.len() > 1 {
+            // A peek of the first token, from the start, accepted at the end: walked again from
+            // where the matcher is, so the result is whatever `accept_token` says there.
+            let stale = stale.unwrap();
+            let by_token = a.clone().accept_token(stale.token());
+            let by_peek = b.accept_peeked(stale);
+            assert_eq!(by_token.is_ok(), by_peek.is_ok(), "{name}");
+        }
+    }
+}
