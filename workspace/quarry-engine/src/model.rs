@@ -70,7 +70,15 @@ impl Model for Llama {
     }
 
     fn kv_pool(&self, page_size: usize, num_pages: usize) -> quarry_model::Result<KvPool> {
-        KvPool::new(self.config(), page_size, num_pages, self.device(), None)
+        let dtype = quarry_model::kv_dtype(self.device(), self.options().kv_dtype);
+        KvPool::with_dtype(
+            self.config(),
+            page_size,
+            num_pages,
+            self.device(),
+            None,
+            dtype,
+        )
     }
 
     fn context_length(&self) -> usize {

@@ -13,7 +13,7 @@
 //! - **tensor**: device-agnostic candle ops. Each sequence's rows are gathered with `index_select`
 //!   and attended with batched matmuls under a causal mask: on CPU the independent cross-check of
 //!   the host kernel (a GPU runs the paged attention kernel, `crate::ragged`, unless
-//!   `QUARRY_ATTENTION=gather`). The tensor layout's KV writes are [`StoreRows`].
+//!   `attention = gather` in `ModelOptions`). The tensor layout's KV writes are [`StoreRows`].
 
 use std::cell::RefCell;
 

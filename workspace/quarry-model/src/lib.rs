@@ -11,6 +11,8 @@
 //! - [`Sampler`]: greedy, temperature, top-k and top-p sampling on a seeded, reproducible stream.
 //! - [`ModelInfo`] and [`LlamaConfig`]: what a GGUF file says about its model.
 //! - [`parse_device`]: `cpu`, or `cuda:N` in a build with the `cuda` feature.
+//! - [`ModelOptions`]: how the model runs (attention form, KV type, CUDA graphs, fusions,
+//!   profiling), fixed at load ([`Llama::load_with`]); this crate reads no environment.
 //!
 //! # Where the time goes
 //! On CPU the forward pass runs on plain slices (`llama/host.rs`): the Q4_1 and Q8_0 matmuls are
@@ -34,6 +36,7 @@ mod info;
 pub mod kernel_plan;
 mod linear;
 mod llama;
+mod options;
 mod pool;
 pub mod profile;
 pub mod step_graph;
@@ -49,6 +52,7 @@ pub use device::parse_device;
 pub use error::{ModelError, Result};
 pub use info::ModelInfo;
 pub use llama::{Fusions, Llama};
+pub use options::{Attention, KvDtype, ModelOptions, OptionError, SamplingSite, Switch};
 pub use pool::{kv_dtype, KvLayout, KvPool, PageId};
 pub use ragged::{AttentionKernel, RaggedBatch};
 pub use sampling::{apply_mask, argmax, pick, SampleRows, Sampler, SamplingParams, NO_MASK};

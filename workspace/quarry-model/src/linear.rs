@@ -37,8 +37,8 @@ pub(crate) enum Linear {
     /// On a GPU: the weights dequantized once to f16 (a cuBLAS GEMM with f32 accumulation) for
     /// steps of at least `dense_from` rows, and the quantized weights (candle's kernels, which
     /// round activations to 8 bits) for fewer. By default every step is dense
-    /// ([`DENSE_FROM_ROWS`]); `$QUARRY_DENSE_FROM_ROWS` moves the switch, 0 keeps only the
-    /// quantized weights.
+    /// ([`crate::ModelOptions::dense_from_rows`], which says why); 0 keeps only the quantized
+    /// weights.
     Dual {
         quant: QMatMul,
         dense: Tensor,
@@ -46,31 +46,15 @@ pub(crate) enum Linear {
     },
 }
 
-/// Rows from which a GPU projection uses its dense f16 weights: `$QUARRY_DENSE_FROM_ROWS`, else
-/// [`DENSE_FROM_ROWS`]; 0 turns the dense copy off.
-fn dense_from_rows() -> usize {
-    std::env::var("QUARRY_DENSE_FROM_ROWS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(DENSE_FROM_ROWS)
-}
-
-/// Every step dense, chosen on an H100 on 2026-11-26 (BENCHMARKS.md): with the switch at 32 rows,
-/// batch 128 ran 1.19× faster than with the quantized kernels alone, and the dense arithmetic came
-/// closer to llama.cpp (top-1 agreement 96.4% against 93.5%); but a row's logits then depended on
-/// how many rows shared its step (up to 2.6 logits apart: a record's text changed with the batch
-/// it ran in). Dense at every size gives every row one arithmetic. At one row a step is bound by
-/// launches, not by the 4× more weight bytes (0.09 ms against 0.03 ms at 3 TB/s for SmolLM2);
-/// batch 1 is still to be measured against a larger switch.
-const DENSE_FROM_ROWS: usize = 1;
-
 impl Linear {
-    pub(crate) fn new(t: QTensor, device: &Device) -> Result<Self> {
+    /// A projection of weights `t` on `device`; on a GPU dense from `dense_from` rows
+    /// ([`crate::ModelOptions::dense_from_rows`]).
+    pub(crate) fn new(t: QTensor, device: &Device, dense_from: usize) -> Result<Self> {
         if device.is_cpu() && Format::of(t.dtype()).is_some() {
             return Ok(Linear::Quant(QuantMatrix::new(&[t])?));
         }
         if !device.is_cpu() {
-            return Self::dual(t, device, dense_from_rows());
+            return Self::dual(t, device, dense_from);
         }
         Ok(Linear::Candle(QMatMul::from_qtensor(t)?))
     }
@@ -278,7 +262,7 @@ pub(crate) enum Fused {
 }
 
 impl Fused {
-    pub(crate) fn new(parts: Vec<QTensor>, device: &Device) -> Result<Self> {
+    pub(crate) fn new(parts: Vec<QTensor>, device: &Device, dense_from: usize) -> Result<Self> {
         let format = Format::of(parts[0].dtype());
         if device.is_cpu()
             && format.is_some()
@@ -287,12 +271,12 @@ impl Fused {
             return Ok(Fused::Stacked(QuantMatrix::new(&parts)?));
         }
         if !device.is_cpu() {
-            return Self::dense(parts, device, dense_from_rows());
+            return Self::dense(parts, device, dense_from);
         }
         Ok(Fused::Separate(
             parts
                 .into_iter()
-                .map(|t| Linear::new(t, device))
+                .map(|t| Linear::new(t, device, dense_from))
                 .collect::<Result<_>>()?,
         ))
     }

@@ -10,6 +10,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
+use crate::options::KvDtype;
 
 /// Index of a page in a [`KvPool`].
 pub type PageId = u32;
@@ -26,21 +27,16 @@ pub enum KvLayout {
     Tensor,
 }
 
-/// The element type of a tensor-layout pool on `device`: f32 on the CPU; on a GPU f16 (half the
-/// bytes read per attended position, and twice the pages in the same memory; f16 rather than
-/// bf16 for its three more mantissa bits, not yet compared on a GPU), or `$QUARRY_KV_DTYPE`
-/// (`f32`, `f16` or `bf16`).
-pub fn kv_dtype(device: &Device) -> Result<DType> {
+/// The element type of a tensor-layout pool on `device`: f32 on the CPU, `choice` on a GPU
+/// ([`crate::ModelOptions::kv_dtype`], which says why f16 is the default).
+pub fn kv_dtype(device: &Device, choice: KvDtype) -> DType {
     if device.is_cpu() {
-        return Ok(DType::F32);
+        return DType::F32;
     }
-    match std::env::var("QUARRY_KV_DTYPE").as_deref().map(str::trim) {
-        Err(_) | Ok("") | Ok("f16") => Ok(DType::F16),
-        Ok("bf16") => Ok(DType::BF16),
-        Ok("f32") => Ok(DType::F32),
-        Ok(other) => Err(ModelError::Pool {
-            message: format!("QUARRY_KV_DTYPE is `{other}`: expected f32, f16 or bf16"),
-        }),
+    match choice {
+        KvDtype::F16 => DType::F16,
+        KvDtype::Bf16 => DType::BF16,
+        KvDtype::F32 => DType::F32,
     }
 }
 
@@ -64,7 +60,8 @@ pub struct KvPool {
 
 impl KvPool {
     /// A pool of `num_pages` pages of `page_size` token positions each, shaped for `config`, on
-    /// `device`. `layout` defaults to [`KvLayout::Host`] on CPU and [`KvLayout::Tensor`] elsewhere.
+    /// `device`. `layout` defaults to [`KvLayout::Host`] on CPU and [`KvLayout::Tensor`] elsewhere,
+    /// whose element type on a GPU is then the default f16 ([`KvPool::with_dtype`] chooses).
     pub fn new(
         config: &LlamaConfig,
         page_size: usize,
@@ -78,7 +75,7 @@ impl KvPool {
             num_pages,
             device,
             layout,
-            kv_dtype(device)?,
+            kv_dtype(device, KvDtype::F16),
         )
     }
 

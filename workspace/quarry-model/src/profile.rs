@@ -1,5 +1,5 @@
-//! Where the tensor forward pass's time goes, phase by phase (issue 25): with profiling on
-//! (`$QUARRY_PROFILE=1`, or [`set_enabled`]; `quarry bench --profile`), every phase of a pass
+//! Where the tensor forward pass's time goes, phase by phase: with profiling on (`profile` in
+//! [`crate::ModelOptions`], or [`set_enabled`]; `quarry bench --profile`), every phase of a pass
 //! (the norms, each projection, RoPE, the KV writes, attention, the residual adds, the logits)
 //! ends with a synchronization of the device and adds its wall time to a process-wide total that
 //! [`take`] hands out. A phase's time on a GPU is then its launches' host time plus their GPU
@@ -7,7 +7,7 @@
 //! a profiler would show, in one `quarry bench` run and without one. Off (the default), a phase
 //! mark is one branch.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -25,27 +25,18 @@ pub struct PhaseTime {
 }
 
 static TOTALS: Mutex<Vec<PhaseTime>> = Mutex::new(Vec::new());
-/// 0: not decided yet (read `$QUARRY_PROFILE` once), 1: off, 2: on.
-static STATE: AtomicU8 = AtomicU8::new(0);
+/// Whether forward passes record their phases (off until [`set_enabled`]).
+static ON: AtomicBool = AtomicBool::new(false);
 
 /// Whether forward passes record their phases.
 pub fn enabled() -> bool {
-    match STATE.load(Ordering::Relaxed) {
-        0 => {
-            let on = matches!(
-                std::env::var("QUARRY_PROFILE").as_deref().map(str::trim),
-                Ok("1") | Ok("true")
-            );
-            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-            on
-        }
-        s => s == 2,
-    }
+    ON.load(Ordering::Relaxed)
 }
 
-/// Turns recording on or off for the whole process.
+/// Turns recording on or off for the whole process (a model loaded with
+/// [`crate::ModelOptions::profile`] turns it on).
 pub fn set_enabled(on: bool) {
-    STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    ON.store(on, Ordering::Relaxed);
 }
 
 /// Every phase's totals since the last call, in the order the phases first ran; clears them.

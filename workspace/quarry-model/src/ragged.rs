@@ -232,8 +232,8 @@ pub(crate) struct PagedAttention<'a> {
     pub kernel: AttentionKernel,
 }
 
-/// The layouts of `kernels/paged_attention.cu`, the same arithmetic: `QUARRY_ATTENTION` is
-/// `warps` (the default), `split` or `per-dimension`.
+/// The layouts of `kernels/paged_attention.cu`, the same arithmetic: `ModelOptions::attention` is
+/// `warps`, `split` or `per-dimension` (`auto`, the default, picks by the step's size).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKernel {
     /// 128 threads; in the weighted sum, a thread per dimension walks every position (a chain of
@@ -252,7 +252,7 @@ pub enum AttentionKernel {
     /// (token, key-value head, `chunk` positions), then a launch that combines the chunks
     /// ([`attend_split_reference`]'s arithmetic). `chunk: None` chooses it per launch, so that a
     /// step has about four blocks per SM (a decode step at batch 1 is 3 blocks unsplit); with few
-    /// enough blocks to split at all, it runs as `Warps`. `QUARRY_ATTENTION_CHUNK` sets it.
+    /// enough blocks to split at all, it runs as `Warps`. `ModelOptions::attention_chunk` sets it.
     Split { chunk: Option<usize> },
 }
 

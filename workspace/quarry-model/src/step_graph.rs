@@ -353,26 +353,6 @@ impl GraphStats {
     }
 }
 
-/// Whether a GPU replays steps as CUDA graphs: `$QUARRY_CUDA_GRAPHS` `on` (the default)
-/// or `off`.
-pub fn graphs_enabled() -> Result<bool, String> {
-    parse_switch(
-        "QUARRY_CUDA_GRAPHS",
-        std::env::var("QUARRY_CUDA_GRAPHS").ok().as_deref(),
-        true,
-    )
-}
-
-/// An `on`/`off` switch's value from its variable (`None`: unset), or the error naming it.
-pub fn parse_switch(name: &str, value: Option<&str>, default: bool) -> Result<bool, String> {
-    match value.map(str::trim) {
-        None | Some("") => Ok(default),
-        Some("on" | "1" | "true") => Ok(true),
-        Some("off" | "0" | "false") => Ok(false),
-        Some(other) => Err(format!("{name} is `{other}`: expected on or off")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -645,18 +625,5 @@ mod tests {
         );
         assert!((d.replay_share() - 18.0 / 21.0).abs() < 1e-12);
         assert_eq!(GraphStats::default().replay_share(), 0.0);
-    }
-
-    #[test]
-    fn the_switch_reads_on_and_off_and_names_a_bad_value() {
-        assert_eq!(parse_switch("X", None, true), Ok(true));
-        assert_eq!(parse_switch("X", Some(" "), false), Ok(false));
-        assert_eq!(parse_switch("X", Some("off"), true), Ok(false));
-        assert_eq!(parse_switch("X", Some("on"), false), Ok(true));
-        let err = parse_switch("QUARRY_CUDA_GRAPHS", Some("maybe"), true).unwrap_err();
-        assert!(
-            err.contains("QUARRY_CUDA_GRAPHS") && err.contains("maybe"),
-            "{err}"
-        );
     }
 }

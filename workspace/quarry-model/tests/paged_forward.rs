@@ -512,7 +512,7 @@ fn gemma3_the_fusions_keep_the_logits() {
 /// [`the_fusions_keep_the_logits`] for the model at `path`; `gemm_adds`: whether its
 /// projections may add into the stream in their GEMMs (no output norms).
 fn fusions_check(path: &std::path::Path, gemm_adds: bool) {
-    let model = quarry_model::Llama::load(path, &device()).unwrap();
+    let model = quarry_model::Llama::load_with(path, &device(), &options()).unwrap();
     let prompts = three_prompts();
     let next = text_tokens(5, 700);
     let run = |fusions: Fusions| -> Vec<Vec<f32>> {
@@ -657,7 +657,7 @@ fn cuda_graphs_replay_the_steps_they_capture() {
     let after_eager = model.cuda_graphs();
     let graphed = run(true);
     let after = model.cuda_graphs();
-    model.set_cuda_graphs(quarry_model::step_graph::graphs_enabled().unwrap());
+    model.set_cuda_graphs(model.options().cuda_graphs);
     assert_eq!(after.failed, None, "a capture failed");
     let (off, on) = (after_eager.since(&before), after.since(&after_eager));
     // Without graphs: 2 prefills, 10 decodes, 6 alternating steps, every one eager.

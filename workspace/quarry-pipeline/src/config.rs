@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use quarry_grammar::Whitespace;
+use quarry_model::ModelOptions;
 use serde::Deserialize;
 
 use crate::error::PipelineError;
@@ -222,6 +223,11 @@ pub struct ModelConfig {
     /// `cpu` or `cuda:N`.
     #[serde(default = "default_device")]
     pub device: String,
+    /// The `[model.runtime]` table: how the model runs (attention form, KV type, CUDA graphs,
+    /// fusions, profiling; `quarry_model::ModelOptions`, docs/model-options.md). The binary
+    /// applies the `QUARRY_*` variables over it at start-up.
+    #[serde(default)]
+    pub runtime: ModelOptions,
 }
 
 impl Default for ModelConfig {
@@ -229,6 +235,7 @@ impl Default for ModelConfig {
         Self {
             path: default_model(),
             device: default_device(),
+            runtime: ModelOptions::default(),
         }
     }
 }

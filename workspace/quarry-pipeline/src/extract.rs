@@ -204,7 +204,7 @@ impl EngineExtractor {
             source,
         };
         let device = parse_device(&cfg.model.device).map_err(model_err)?;
-        let model = Llama::load(&path, &device).map_err(model_err)?;
+        let model = Llama::load_with(&path, &device, &cfg.model.runtime).map_err(model_err)?;
         let tok = Tokenizer::from_gguf(&path).map_err(|source| PipelineError::Tokenizer {
             path: path.display().to_string(),
             source,

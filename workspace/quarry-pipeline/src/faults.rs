@@ -4,7 +4,8 @@
 //! function).
 //!
 //! Crash points: with `QUARRY_CRASH_AT=<point>` (and optionally `QUARRY_CRASH_AFTER=<n>`, default
-//! 0) the process SIGKILLs itself the (n+1)-th time it reaches that [`CrashPoint`].
+//! 0) in the environment of a `quarry` process ([`arm_from`]), it SIGKILLs itself the (n+1)-th
+//! time it reaches that [`CrashPoint`].
 
 /// Where a test may kill the process, in the order a file goes through them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +39,7 @@ impl CrashPoint {
     }
 }
 
-/// Kills the process here if the environment armed this point.
+/// Kills the process here if [`arm_from`] armed this point.
 #[inline]
 pub fn crash_point(point: CrashPoint) {
     #[cfg(feature = "test-support")]
@@ -47,34 +48,49 @@ pub fn crash_point(point: CrashPoint) {
     let _ = point;
 }
 
+/// Arms a crash point from `get`'s `QUARRY_CRASH_AT` (a [`CrashPoint::name`]) and
+/// `QUARRY_CRASH_AFTER` (default 0): the binary passes its environment once at start-up, so the
+/// crash tests can kill a real `quarry` process. Without the `test-support` feature nothing is
+/// read or armed. The error names a bad value.
+pub fn arm_from(get: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+    #[cfg(feature = "test-support")]
+    {
+        let Some(name) = get("QUARRY_CRASH_AT") else {
+            return Ok(());
+        };
+        let point = CrashPoint::ALL
+            .into_iter()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = CrashPoint::ALL.iter().map(|p| p.name()).collect();
+                format!("QUARRY_CRASH_AT is `{name}`: expected one of {names:?}")
+            })?;
+        let after = match get("QUARRY_CRASH_AFTER") {
+            None => 0,
+            Some(n) => n
+                .trim()
+                .parse()
+                .map_err(|_| format!("QUARRY_CRASH_AFTER is `{n}`: expected a count"))?,
+        };
+        let _ = armed::ARMED.set((point, after));
+    }
+    #[cfg(not(feature = "test-support"))]
+    let _ = get;
+    Ok(())
+}
+
 #[cfg(feature = "test-support")]
 mod armed {
     use super::CrashPoint;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::OnceLock;
 
-    fn armed() -> Option<(CrashPoint, usize)> {
-        static ARMED: OnceLock<Option<(CrashPoint, usize)>> = OnceLock::new();
-        *ARMED.get_or_init(|| {
-            let name = std::env::var("QUARRY_CRASH_AT").ok()?;
-            let point = CrashPoint::ALL
-                .into_iter()
-                .find(|p| p.name() == name)
-                .unwrap_or_else(|| {
-                    let names: Vec<&str> = CrashPoint::ALL.iter().map(|p| p.name()).collect();
-                    panic!("QUARRY_CRASH_AT={name:?} is not one of {names:?}")
-                });
-            let after = std::env::var("QUARRY_CRASH_AFTER")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0);
-            Some((point, after))
-        })
-    }
+    /// The point [`super::arm_from`] armed, and how many times it is passed before it kills.
+    pub(super) static ARMED: OnceLock<(CrashPoint, usize)> = OnceLock::new();
 
     pub(super) fn reached(point: CrashPoint) {
         static HITS: AtomicUsize = AtomicUsize::new(0);
-        let Some((armed, after)) = armed() else {
+        let Some(&(armed, after)) = ARMED.get() else {
             return;
         };
         if armed != point {

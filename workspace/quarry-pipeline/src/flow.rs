@@ -378,6 +378,9 @@ pub struct Publisher {
     pub rejects: Location,
     pub pipeline: String,
     pub model: String,
+    /// The model runtime options in force (`[model.runtime]` and the `QUARRY_*` variables), as
+    /// JSON: each file's `quarry.model_runtime` metadata. Empty: not recorded (a test's fake).
+    pub model_runtime: String,
     pub schema_sha256: String,
     pub row_group_rows: usize,
     pub zstd_level: i32,
@@ -407,6 +410,9 @@ impl Publisher {
                 self.schema_sha256.clone(),
             ),
         ];
+        if !self.model_runtime.is_empty() {
+            m.push(("quarry.model_runtime".into(), self.model_runtime.clone()));
+        }
         if let (Some(a), Some(b)) = (file.first_offset(), file.last_offset()) {
             m.push(("quarry.offset_first".into(), a.to_string()));
             m.push(("quarry.offset_last".into(), b.to_string()));
@@ -749,6 +755,7 @@ mod tests {
             rejects: Location::open(&format!("memory://flow-{tag}/rej")).unwrap(),
             pipeline: "test".into(),
             model: "fake".into(),
+            model_runtime: String::new(),
             schema_sha256: "0".into(),
             row_group_rows: 2,
             zstd_level: 3,

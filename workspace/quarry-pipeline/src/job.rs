@@ -79,6 +79,8 @@ impl Prepared {
             rejects,
             pipeline: self.cfg.name.clone(),
             model: self.model_name(),
+            model_runtime: serde_json::to_string(&self.cfg.model.runtime)
+                .expect("options serialize"),
             schema_sha256: self.schema_sha256.clone(),
             row_group_rows: self.cfg.output.row_group_rows,
             zstd_level: self.cfg.output.zstd_level,

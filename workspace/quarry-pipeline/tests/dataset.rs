@@ -182,6 +182,10 @@ fn dataset_job_end_to_end() {
         assert_eq!(f["metadata"]["quarry.pipeline"], "debian-packages");
         assert_eq!(f["metadata"]["quarry.version"], env!("CARGO_PKG_VERSION"));
         assert!(f["metadata"]["quarry.offset_first"].is_string());
+        // The model runtime options in force, as JSON (this job sets none: the defaults).
+        let runtime = f["metadata"]["quarry.model_runtime"].as_str().unwrap();
+        let runtime: quarry_model::ModelOptions = serde_json::from_str(runtime).unwrap();
+        assert_eq!(runtime, quarry_model::ModelOptions::default());
         assert_eq!(f["row_groups"], f["rows"]);
     }
 

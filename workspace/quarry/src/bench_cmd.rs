@@ -39,6 +39,8 @@ The table goes to stdout, every run as JSON to --out.")]
 pub(crate) struct BenchArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    runtime: crate::RuntimeArgs,
     /// `cpu`, or `cuda:N` in a build with CUDA (`make build-cuda`).
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -79,7 +81,7 @@ pub(crate) struct BenchArgs {
     /// Time each phase of the forward pass on a GPU (norms, projections, RoPE, KV writes,
     /// attention, …), synchronizing the device after each: the runs get slower, the split shows
     /// where a pass's time goes. Printed per run and written to the JSON as `profile` (also
-    /// `QUARRY_PROFILE=1`). The CPU's forward pass (the host layout) is not split.
+    /// `--runtime profile=on`). The CPU's forward pass (the host layout) is not split.
     #[arg(long)]
     profile: bool,
     /// Records that always close off (`close_within_budget`, docs/budget.md): constrained
@@ -111,8 +113,11 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     };
     let device = parse_device(&args.device)?;
     let tok = Arc::new(crate::load_tokenizer(&args.model.model)?);
+    let mut options = args.runtime.options()?;
+    // Profiling starts at load; the warm-up's phases are dropped below.
+    options.profile |= args.profile;
     let model = Arc::new(
-        Llama::load(&args.model.model, &device)
+        Llama::load_with(&args.model.model, &device, &options)
             .with_context(|| format!("loading {}", args.model.model.display()))?,
     );
     let longest_prompt = bench::requests(&docs, None, 1)
@@ -153,9 +158,6 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     );
     // Kernel loading and first-touch allocation stay out of the numbers.
     let warm = bench::requests(&docs[..docs.len().min(2)], Some(&schema), 8);
-    if args.profile {
-        quarry_model::profile::set_enabled(true);
-    }
     bench::measure(&model, &tok, config(2, true), warm, &validator)?;
     quarry_model::profile::take();
 
@@ -241,6 +243,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         "longest_prompt_tokens": longest_prompt,
         "max_tokens": args.max_tokens,
         "close_within_budget": !args.no_budget,
+        "model_runtime": model.options(),
         "modes": {"a": "no constraint", "b": "schema, no jump-forward", "c": "schema + jump-forward"},
         "repeats": args.repeats,
         "results": results.iter().map(|(b, mode, runs, profiles, graphs)| {

@@ -37,6 +37,8 @@ Keys a line leaves out come from the command line. Results are JSON lines in inp
 pub(crate) struct GenerateArgs {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    runtime: crate::RuntimeArgs,
     /// The prompt text.
     #[arg(
         long,
@@ -176,7 +178,7 @@ pub(crate) fn run(args: GenerateArgs) -> Result<()> {
     let device = parse_device(&args.device)?;
     let tok = Arc::new(crate::load_tokenizer(&args.model.model)?);
     let model = Arc::new(
-        Llama::load(&args.model.model, &device)
+        Llama::load_with(&args.model.model, &device, &args.runtime.options()?)
             .with_context(|| format!("loading {}", args.model.model.display()))?,
     );
     let cfg = EngineConfig {

@@ -21,7 +21,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
-use quarry_model::{ModelError, ModelInfo};
+use quarry_model::{ModelError, ModelInfo, ModelOptions};
 use quarry_tokenizer::{ChatMessage, EncodeOptions, TokenKind, Tokenizer, TokenizerError};
 
 /// The model `make setup` installs; every subcommand uses it unless `--model` says otherwise.
@@ -147,6 +147,37 @@ pub(crate) struct ModelArg {
     pub(crate) model: PathBuf,
 }
 
+/// The model runtime options of a command that loads a model (`quarry_model::ModelOptions`,
+/// docs/model-options.md).
+#[derive(Args)]
+pub(crate) struct RuntimeArgs {
+    /// A model runtime option as KEY=VALUE (repeatable): attention, attention_chunk, kv_dtype,
+    /// dense_from_rows, sampling, cuda_graphs, gemm_add, rope_store, add_norm, event_tracking,
+    /// profile. Over the QUARRY_<KEY> variables, which are over the defaults.
+    #[arg(long = "runtime", value_name = "KEY=VALUE", long_help = quarry_model::ModelOptions::HELP)]
+    pub(crate) runtime: Vec<String>,
+}
+
+impl RuntimeArgs {
+    /// The defaults, then the environment's `QUARRY_*` variables ([`runtime_env`]), then the
+    /// flags.
+    pub(crate) fn options(&self) -> Result<ModelOptions> {
+        let mut o = ModelOptions::default();
+        runtime_env(&mut o)?;
+        for pair in &self.runtime {
+            o.set_pair(pair)?;
+        }
+        Ok(o)
+    }
+}
+
+/// Applies the `QUARRY_*` model runtime variables over `options`: the one place the process
+/// environment configures the model (the libraries read none).
+pub(crate) fn runtime_env(options: &mut ModelOptions) -> Result<()> {
+    options.apply_vars(|name| std::env::var(name).ok())?;
+    Ok(())
+}
+
 /// How a command ended, for its exit code ([`EXIT_CODES`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Exit {
@@ -228,6 +259,8 @@ fn hint(e: &anyhow::Error) -> Option<&'static str> {
 
 /// Runs the command.
 fn run(cli: Cli) -> Result<Exit> {
+    // The crash tests' fault injection (a build with quarry-pipeline's `test-support` only).
+    quarry_pipeline::faults::arm_from(|k| std::env::var(k).ok()).map_err(anyhow::Error::msg)?;
     match cli.command {
         Command::Grammar(cmd) => {
             return Ok(if grammar_cmd::run(cmd)? {

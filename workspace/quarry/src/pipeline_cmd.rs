@@ -146,6 +146,8 @@ fn load(
     model: &Option<PathBuf>,
 ) -> Result<Prepared> {
     let mut cfg = PipelineConfig::load(pipeline)?;
+    crate::runtime_env(&mut cfg.model.runtime)
+        .with_context(|| format!("the model runtime options of {}", pipeline.display()))?;
     if let Some(d) = device {
         cfg.model.device = d.clone();
     }
@@ -330,6 +332,9 @@ pub(crate) fn worker(args: WorkerArgs) -> Result<()> {
         instance_id: args.instance_id.clone(),
         idle_exit: seconds(args.idle_exit, "--idle-exit")?,
         stall_timeout: seconds(args.stall_timeout, "--stall-timeout")?,
+        client_env: std::env::vars()
+            .filter(|(k, _)| k.starts_with(quarry_pipeline::kafka::ENV_PREFIX))
+            .collect(),
     };
     let worker = Worker::new(&job.cfg, &opts, &mut flow, &publisher, &metrics)?;
     let summary = worker

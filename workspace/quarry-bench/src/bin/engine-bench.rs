@@ -133,7 +133,10 @@ fn main() -> Result<()> {
     let validator = jsonschema::validator_for(&schema).map_err(|e| anyhow::anyhow!("{e}"))?;
     let docs = bench::package_records(&args.status, args.docs)?;
     let device = parse_device("cpu")?;
-    let model = Arc::new(Llama::load(&args.model, &device)?);
+    // The QUARRY_* model runtime variables, as `quarry` reads them.
+    let mut options = quarry_model::ModelOptions::default();
+    options.apply_vars(|k| std::env::var(k).ok())?;
+    let model = Arc::new(Llama::load_with(&args.model, &device, &options)?);
     let tok = Arc::new(Tokenizer::from_gguf(&args.model)?);
     let prefix_tokens = tok.encode(bench::PACKAGE_INSTRUCTION)?.len();
     eprintln!(

@@ -147,12 +147,16 @@ fn long_prompt(root: &std::path::Path, model: &std::path::Path) -> Result<Vec<u3
 
 fn run_quarry(args: &Args, prefill: &[u32], prompts: &[Vec<u32>]) -> Result<Value> {
     let dev = candle_core::Device::Cpu;
-    let model = Llama::load(&args.model, &dev)?;
+    // The QUARRY_* model runtime variables, as `quarry` reads them.
+    let mut options = quarry_model::ModelOptions::default();
+    options.apply_vars(|k| std::env::var(k).ok())?;
+    let model = Llama::load_with(&args.model, &dev, &options)?;
     let page = 16;
     let max_b = prompts.len();
     let per_seq = (64 + args.steps).div_ceil(page);
     let pages = (max_b * per_seq).max(prefill.len().div_ceil(page));
-    let mut pool = KvPool::new(model.config(), page, pages, &dev, None)?;
+    let dtype = quarry_model::kv_dtype(&dev, options.kv_dtype);
+    let mut pool = KvPool::with_dtype(model.config(), page, pages, &dev, None, dtype)?;
     let mut out = Logits::new();
     let mut result = serde_json::Map::new();
     result.insert(

@@ -40,11 +40,17 @@ struct Args {
 fn main() -> Result<()> {
     let args = Args::parse();
     std::env::set_var("RAYON_NUM_THREADS", args.threads.to_string());
-    let cfg = PipelineConfig::load(&args.pipeline)?;
+    let mut cfg = PipelineConfig::load(&args.pipeline)?;
+    // The QUARRY_* model runtime variables over `[model.runtime]`, as `quarry` reads them.
+    cfg.model.runtime.apply_vars(|k| std::env::var(k).ok())?;
     let job = Prepared::new(cfg)?;
     let docs = package_records(&args.status, args.docs)?;
     let device = parse_device(&job.cfg.model.device)?;
-    let model = Arc::new(Llama::load(job.cfg.model_path(), &device)?);
+    let model = Arc::new(Llama::load_with(
+        job.cfg.model_path(),
+        &device,
+        &job.cfg.model.runtime,
+    )?);
     let tok = Arc::new(Tokenizer::from_gguf(job.cfg.model_path())?);
     let ecfg = EngineConfig {
         max_running: job.cfg.batching.max_running,

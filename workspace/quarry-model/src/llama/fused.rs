@@ -14,6 +14,7 @@
 use candle_core::{CpuStorage, CustomOp1, DType, InplaceOp2, Layout, Shape, Tensor};
 
 use crate::config::RopeStyle;
+use crate::options::{ModelOptions, Switch};
 
 /// `y = y / rms(y) · w` for one row, as candle's `rms_norm` computes it.
 #[inline]
@@ -455,38 +456,32 @@ impl InplaceOp2 for AddInto {
 /// 2026-11-28; 1.45x at batch 1 on an H100, 2026-11-27). BENCHMARKS.md has the runs.
 pub const SMALL_STEP_TOKENS: usize = 16;
 
-/// The tensor forward's optional fusions, each fewer launches for the same work (docs/gpu.md)
-/// ([`crate::Llama::set_fusions`]).
+/// The tensor forward's optional fusions, each fewer launches for the same work (docs/gpu.md),
+/// as [`ModelOptions`] chose them ([`Fusions::from_options`], [`crate::Llama::set_fusions`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Fusions {
-    /// `QUARRY_GEMM_ADD`: the dense output and down projections' GEMMs add into the residual
-    /// stream (`linear::GemmAdd`, a GPU's).
+    /// The dense output and down projections' GEMMs add into the residual stream
+    /// (`linear::GemmAdd`, a GPU's).
     pub gemm_add: bool,
-    /// `QUARRY_ADD_NORM`: the residual add writes the next norm where its rows are f32
-    /// ([`AddNorm`]).
+    /// The residual add writes the next norm where its rows are f32 ([`AddNorm`]).
     pub add_norm: bool,
-    /// `QUARRY_ROPE_STORE`: RoPE writes the keys and values into the pools itself
-    /// ([`RopeStore`]).
+    /// RoPE writes the keys and values into the pools itself ([`RopeStore`]).
     pub rope_store: bool,
     /// GEMM add and RoPE store for GPU steps of at most [`SMALL_STEP_TOKENS`] tokens, where they
-    /// measured faster ([`Fusions::for_step`]): the default when neither `QUARRY_GEMM_ADD` nor
-    /// `QUARRY_ROPE_STORE` is set (either set decides for every step).
+    /// measured faster ([`Fusions::for_step`]): where both options are `auto` (the default;
+    /// either `on` or `off` decides for every step).
     pub small_steps: bool,
 }
 
 impl Fusions {
-    /// The fusions the environment turns on, or the error naming a bad value.
-    pub fn from_env() -> Result<Self, String> {
-        let on = |name: &str| {
-            crate::step_graph::parse_switch(name, std::env::var(name).ok().as_deref(), false)
-        };
-        let set = |name: &str| std::env::var_os(name).is_some();
-        Ok(Self {
-            gemm_add: on("QUARRY_GEMM_ADD")?,
-            add_norm: on("QUARRY_ADD_NORM")?,
-            rope_store: on("QUARRY_ROPE_STORE")?,
-            small_steps: !set("QUARRY_GEMM_ADD") && !set("QUARRY_ROPE_STORE"),
-        })
+    /// The fusions `options` choose.
+    pub fn from_options(options: &ModelOptions) -> Self {
+        Self {
+            gemm_add: options.gemm_add == Switch::On,
+            add_norm: options.add_norm,
+            rope_store: options.rope_store == Switch::On,
+            small_steps: options.gemm_add == Switch::Auto && options.rope_store == Switch::Auto,
+        }
     }
 
     /// The fusions a GPU step of `tokens` new tokens takes: [`Fusions::small_steps`] turns the

@@ -12,6 +12,7 @@ use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::info::candle_message;
 use crate::linear::{Fused, Linear};
+use crate::options::{Attention, ModelOptions, SamplingSite};
 use crate::pool::{KvPool, KvStorage};
 use crate::ragged::AttentionKernel;
 
@@ -73,23 +74,37 @@ pub struct Llama {
     /// The decode steps' CUDA graphs.
     #[cfg(feature = "cuda")]
     graphs: std::sync::Mutex<crate::cuda::StepGraphs>,
-    /// Whether decode steps on a GPU replay CUDA graphs (`$QUARRY_CUDA_GRAPHS` at load).
+    /// Whether decode steps on a GPU replay CUDA graphs ([`ModelOptions::cuda_graphs`] at load;
+    /// a benchmark may switch it).
     graphs_on: std::sync::atomic::AtomicBool,
-    /// The tensor forward's optional fusions (the environment's at load).
+    /// The tensor forward's optional fusions ([`ModelOptions`]'s at load; a benchmark or a test
+    /// may switch them).
     fusions: std::sync::Mutex<Fusions>,
+    /// What the model was loaded with.
+    options: ModelOptions,
 }
 
 impl Llama {
-    /// Loads a llama-architecture GGUF file onto `device`.
+    /// Loads a llama-architecture GGUF file onto `device` with the default [`ModelOptions`].
     pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
+        Self::load_with(path, device, &ModelOptions::default())
+    }
+
+    /// Loads a llama-architecture GGUF file onto `device`, to run as `options` say for its
+    /// whole life.
+    pub fn load_with(
+        path: impl AsRef<Path>,
+        device: &Device,
+        options: &ModelOptions,
+    ) -> Result<Self> {
         let (content, file_bytes, mut file) = crate::info::read_gguf(path.as_ref())?;
         // Reports a truncated file by name before any tensor read fails on it.
         crate::ModelInfo::from_content(&content, file_bytes)?;
         #[cfg(feature = "cuda")]
         if let Device::Cuda(d) = device {
-            crate::cuda::prepare(d)?;
+            crate::cuda::prepare(d, options.event_tracking)?;
         }
-        Self::from_content(&content, &mut file, device)
+        Self::from_content(&content, &mut file, device, options)
     }
 
     /// Loads the weights described by `content` from `reader`.
@@ -97,7 +112,12 @@ impl Llama {
         content: &Content,
         reader: &mut R,
         device: &Device,
+        options: &ModelOptions,
     ) -> Result<Self> {
+        if options.profile {
+            crate::profile::set_enabled(true);
+        }
+        let dense_from = options.dense_from_rows;
         let config = LlamaConfig::from_content(content)?;
         let mut get = |name: &str, dims: &[usize]| -> Result<QTensor> {
             if !content.tensor_infos.contains_key(name) {
@@ -123,7 +143,7 @@ impl Llama {
         let c = &config;
         let (e, hd) = (c.embedding_length, c.head_dim);
         let dense = |t: QTensor| -> Result<Tensor> { Ok(t.dequantize(device)?) };
-        let mm = |t: QTensor| Linear::new(t, device);
+        let mm = |t: QTensor| Linear::new(t, device, dense_from);
         let embed_q = get("token_embd.weight", &[c.vocab_size, e])?;
         let embed = embed_q.dequantize(device)?;
         let lm_head = if content.tensor_infos.contains_key("output.weight") {
@@ -171,6 +191,7 @@ impl Llama {
                         t("attn_v.weight", &[c.head_count_kv * hd, e])?,
                     ],
                     device,
+                    dense_from,
                 )?,
                 wo: mm(t("attn_output.weight", &[e, c.head_count * hd])?)?,
                 ffn_norm: dense(t("ffn_norm.weight", &[e])?)?,
@@ -180,6 +201,7 @@ impl Llama {
                         t("ffn_up.weight", &[c.feed_forward_length, e])?,
                     ],
                     device,
+                    dense_from,
                 )?,
                 w_down: mm(t("ffn_down.weight", &[e, c.feed_forward_length])?)?,
             });
@@ -207,12 +229,9 @@ impl Llama {
             masks: std::sync::Mutex::new(None),
             #[cfg(feature = "cuda")]
             graphs: Default::default(),
-            graphs_on: crate::step_graph::graphs_enabled()
-                .map_err(|message| ModelError::Forward { message })?
-                .into(),
-            fusions: Fusions::from_env()
-                .map_err(|message| ModelError::Forward { message })?
-                .into(),
+            graphs_on: options.cuda_graphs.into(),
+            fusions: Fusions::from_options(options).into(),
+            options: options.clone(),
         })
     }
 
@@ -224,16 +243,21 @@ impl Llama {
         &self.device
     }
 
-    /// Turns the decode steps' CUDA graphs on or off (the default comes from
-    /// `$QUARRY_CUDA_GRAPHS`; a CPU has none either way).
+    /// What the model was loaded with.
+    pub fn options(&self) -> &ModelOptions {
+        &self.options
+    }
+
+    /// Turns the decode steps' CUDA graphs on or off (for a benchmark or a test; the default
+    /// is [`ModelOptions::cuda_graphs`]; a CPU has none either way).
     pub fn set_cuda_graphs(&self, on: bool) {
         self.graphs_on
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Sets the tensor forward's optional fusions (the default comes from the environment,
-    /// [`Fusions::from_env`]); the decode graphs captured before are dropped, since they replay
-    /// the other form.
+    /// Sets the tensor forward's optional fusions (for a benchmark or a test; the default comes
+    /// from [`ModelOptions`], [`Fusions::from_options`]); the decode graphs captured before are
+    /// dropped, since they replay the other form.
     pub fn set_fusions(&self, fusions: Fusions) {
         *self.fusions.lock().unwrap_or_else(|p| p.into_inner()) = fusions;
         #[cfg(feature = "cuda")]
@@ -246,7 +270,7 @@ impl Llama {
     /// Whether a tensor forward pass of `tokens` new tokens takes the fused add-and-norm
     /// ([`Fusions::add_norm`] on, and every norm of the pass writing f32 rows: the quantized
     /// weights, which the CPU multiplies at every size and a GPU only below
-    /// `$QUARRY_DENSE_FROM_ROWS`).
+    /// [`ModelOptions::dense_from_rows`]).
     pub fn fuses_add_norm(&self, tokens: usize) -> bool {
         self.fusions().add_norm
             && self.layers.iter().all(|l| {
@@ -366,11 +390,11 @@ impl Llama {
     ) -> Result<()> {
         let t = plan.tokens.len();
         let dev = &self.device;
-        // `QUARRY_PROFILE=1`: each phase below ends with a synchronization and a mark.
+        // Profiling on (`ModelOptions::profile`): each phase below ends with a synchronization and a mark.
         let mut phases = crate::profile::Phases::start(dev)?;
         // Attention: one paged attention launch per layer for the whole batch on a GPU, or the
-        // per-sequence gather of tensor ops (the CPU's cross-check, and QUARRY_ATTENTION=gather).
-        let attention = match (attention_kernel(dev, t)?, route) {
+        // per-sequence gather of tensor ops (the CPU's cross-check, and `attention = gather`).
+        let attention = match (attention_kernel(dev, t, &self.options), route) {
             (None, Route::Paged { .. }) => Some(AttentionKernel::Warps),
             (kernel, _) => kernel,
         };
@@ -483,7 +507,7 @@ impl Llama {
 
     /// A step through its CUDA graph ([`crate::cuda::StepGraphs`]): the residual stream after
     /// the last layer (`[key.tokens, embedding]` f32, padding rows included), or `None` when the
-    /// step runs without one (profiling on, the gather attention, `$QUARRY_CUDA_GRAPHS=off`, the
+    /// step runs without one (profiling on, the gather attention, `cuda_graphs` off, the
     /// first step of its key, or every step once a capture failed).
     #[cfg(feature = "cuda")]
     fn graph_pass(&self, args: &PassArgs<'_>, step: &PaddedStep) -> Result<Option<Tensor>> {
@@ -563,7 +587,7 @@ impl Llama {
         }
         // The residual stream `x` (f32) takes each projection's output in place; each norm writes
         // its rows in the element type the next projection multiplies (llama/fused.rs). Where
-        // every norm's rows are f32 (the quantized weights' small batches) and `QUARRY_ADD_NORM`
+        // every norm's rows are f32 (the quantized weights' small batches) and `add_norm`
         // is on, the stream has room after its rows for a norm's, and each add but the last
         // writes the next norm in the same op (`fused::AddNorm`).
         let fusions = if self.device.is_cpu() {
@@ -590,7 +614,7 @@ impl Llama {
         let gemm_add = fusions.gemm_add;
         // A block's output projection `proj` of `input` (then Gemma's output norm `post`, where
         // the model has them) added into the stream: by the projection's GEMM itself where
-        // `QUARRY_GEMM_ADD` is on and nothing comes between (`linear::GemmAdd`), else projected
+        // `gemm_add` is on and nothing comes between (`linear::GemmAdd`), else projected
         // and added. Where the stream has room for a norm and `norm` (the next projection's norm
         // weight and element type) asks for f32 rows, the add writes them too (`fused::AddNorm`)
         // and they are returned; otherwise the caller normalizes.
@@ -661,7 +685,7 @@ impl Llama {
             let qkv = layer.qkv.forward(&h)?;
             phases.mark("Q/K/V projection")?;
             let q = if fusions.rope_store {
-                // The keys and values straight into the pools (QUARRY_ROPE_STORE).
+                // The keys and values straight into the pools (`rope_store`).
                 let q = qkv.apply_op1_no_bwd(&fused::RopeStore {
                     rope: op,
                     slots: &slots,
@@ -747,7 +771,10 @@ impl Llama {
         if self.device.is_cpu() {
             out.data.clear();
             attention::with_host_slice(&logits, |s| out.data.extend_from_slice(s))?;
-        } else if out.device_wanted && cfg!(feature = "cuda") && device_sampling()? {
+        } else if out.device_wanted
+            && cfg!(feature = "cuda")
+            && self.options.sampling == SamplingSite::Device
+        {
             // Sampled on the device (Llama::sample_on_device): only the tokens come back.
             out.data.clear();
             out.device = Some(logits.to_dtype(DType::F32)?.contiguous()?);
@@ -885,54 +912,26 @@ fn rope_table(c: &LlamaConfig, base: f32, device: &Device) -> Result<RopeTable> 
     })
 }
 
-/// Whether a GPU draws a step's tokens with the sampling kernel when the engine allows it (unless
-/// `$QUARRY_SAMPLING` is `host`: the logits then come back and the host draws, as on a CPU).
-fn device_sampling() -> Result<bool> {
-    match std::env::var("QUARRY_SAMPLING").as_deref().map(str::trim) {
-        Err(_) | Ok("") | Ok("device") => Ok(true),
-        Ok("host") => Ok(false),
-        Ok(other) => Err(ModelError::Forward {
-            message: format!("QUARRY_SAMPLING is `{other}`: expected device or host"),
-        }),
-    }
-}
-
 /// Whether the tensor forward pass of a step of `tokens` new tokens runs attention as one paged
-/// attention launch per layer (a GPU: `$QUARRY_ATTENTION` `warps`, `split`, its split-K form,
-/// with `$QUARRY_ATTENTION_CHUNK` positions per chunk when set, or `per-dimension`, the kernel's
-/// first layout; unset, `split` for steps whose bucket is at most
-/// [`fused::SMALL_STEP_TOKENS`] tokens and `warps` above, as measured) or as the per-sequence
-/// gather of tensor ops (the CPU, and `gather`).
-fn attention_kernel(dev: &Device, tokens: usize) -> Result<Option<AttentionKernel>> {
+/// attention launch per layer (a GPU: [`ModelOptions::attention`]'s form, `auto` being `split`
+/// for steps whose bucket is at most [`fused::SMALL_STEP_TOKENS`] tokens and `warps` above, as
+/// measured) or as the per-sequence gather of tensor ops (the CPU, and `gather`).
+fn attention_kernel(
+    dev: &Device,
+    tokens: usize,
+    options: &ModelOptions,
+) -> Option<AttentionKernel> {
     if dev.is_cpu() {
-        return Ok(None);
+        return None;
     }
-    let var = |name: &str| std::env::var(name).map(|v| v.trim().to_string());
-    let chunk = match var("QUARRY_ATTENTION_CHUNK").as_deref() {
-        Err(_) | Ok("") => None,
-        Ok(n) => match n.parse::<usize>() {
-            Ok(c) if c > 0 => Some(c),
-            _ => {
-                return Err(ModelError::Forward {
-                    message: format!(
-                        "QUARRY_ATTENTION_CHUNK is `{n}`: expected a number of positions over 0"
-                    ),
-                })
-            }
-        },
-    };
+    let chunk = options.attention_chunk;
     let small =
         crate::step_graph::token_bucket(tokens).unwrap_or(tokens) <= fused::SMALL_STEP_TOKENS;
-    match var("QUARRY_ATTENTION").as_deref() {
-        Err(_) | Ok("") if small => Ok(Some(AttentionKernel::Split { chunk })),
-        Err(_) | Ok("") | Ok("warps") => Ok(Some(AttentionKernel::Warps)),
-        Ok("split") => Ok(Some(AttentionKernel::Split { chunk })),
-        Ok("per-dimension") => Ok(Some(AttentionKernel::PerDimension)),
-        Ok("gather") => Ok(None),
-        Ok(other) => Err(ModelError::Forward {
-            message: format!(
-                "QUARRY_ATTENTION is `{other}`: expected warps, split, per-dimension or gather"
-            ),
-        }),
+    match options.attention {
+        Attention::Auto if small => Some(AttentionKernel::Split { chunk }),
+        Attention::Auto | Attention::Warps => Some(AttentionKernel::Warps),
+        Attention::Split => Some(AttentionKernel::Split { chunk }),
+        Attention::PerDimension => Some(AttentionKernel::PerDimension),
+        Attention::Gather => None,
     }
 }

@@ -28,6 +28,16 @@ pub fn device() -> Device {
         .clone()
 }
 
+/// The model runtime options the tests load with: the defaults, or what the `QUARRY_*`
+/// variables of `ModelOptions::VARIABLES` say (a GPU run of another form, as the binary reads
+/// them).
+pub fn options() -> quarry_model::ModelOptions {
+    let mut o = quarry_model::ModelOptions::default();
+    o.apply_vars(|k| std::env::var(k).ok())
+        .expect("QUARRY_* model options");
+    o
+}
+
 /// `layout`, except that host-memory pools exist only on the CPU.
 pub fn layout_for_device(layout: KvLayout) -> KvLayout {
     if device().is_cpu() {
@@ -52,7 +62,7 @@ pub fn qwen25_path() -> PathBuf {
 /// Qwen2.5-Coder 0.5B Instruct, loaded once per test binary.
 pub fn qwen25() -> &'static Llama {
     static MODEL: OnceLock<Llama> = OnceLock::new();
-    MODEL.get_or_init(|| Llama::load(qwen25_path(), &device()).unwrap())
+    MODEL.get_or_init(|| Llama::load_with(qwen25_path(), &device(), &options()).unwrap())
 }
 
 /// Qwen2.5 with every weight dequantized to F32, loaded once per test binary.
@@ -73,13 +83,13 @@ fn model_path(file: &str) -> PathBuf {
 /// The model, loaded once per test binary.
 pub fn smollm2() -> &'static Llama {
     static MODEL: OnceLock<Llama> = OnceLock::new();
-    MODEL.get_or_init(|| Llama::load(smollm2_path(), &device()).unwrap())
+    MODEL.get_or_init(|| Llama::load_with(smollm2_path(), &device(), &options()).unwrap())
 }
 
 /// Gemma 3 270M, loaded once per test binary.
 pub fn gemma3() -> &'static Llama {
     static MODEL: OnceLock<Llama> = OnceLock::new();
-    MODEL.get_or_init(|| Llama::load(gemma3_path(), &device()).unwrap())
+    MODEL.get_or_init(|| Llama::load_with(gemma3_path(), &device(), &options()).unwrap())
 }
 
 /// A pool of `pages` pages of `page_size` on the test device.
@@ -107,7 +117,7 @@ pub fn pool_for(model: &Llama, page_size: usize, pages: usize, layout: KvLayout)
     let layout = Some(layout_for_device(layout));
     let dtype = match is_f32_copy(model) {
         true => candle_core::DType::F32,
-        false => quarry_model::kv_dtype(&device()).unwrap(),
+        false => quarry_model::kv_dtype(&device(), model.options().kv_dtype),
     };
     KvPool::with_dtype(model.config(), page_size, pages, &device(), layout, dtype).unwrap()
 }
@@ -209,7 +219,7 @@ fn load_f32(src: &std::path::Path, name: &str) -> Llama {
     let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
     gguf_file::write(&mut out, &metadata, &tensor_refs).unwrap();
     drop(out);
-    let model = Llama::load(&path, &device());
+    let model = Llama::load_with(&path, &device(), &options());
     std::fs::remove_file(&path).unwrap();
     model.unwrap()
 }

@@ -102,6 +102,10 @@ pub struct WorkerOptions {
     pub idle_exit: Option<Duration>,
     /// Overrides `source.stall_timeout_s`.
     pub stall_timeout: Option<Duration>,
+    /// The `QUARRY_KAFKA_*` variables ([`ENV_PREFIX`]) that set client properties over
+    /// `source.properties` (credentials from a Kubernetes Secret): the binary passes its
+    /// environment's; this crate reads none.
+    pub client_env: Vec<(String, String)>,
 }
 
 /// The file a partition is filling.
@@ -237,7 +241,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
         if let Some(id) = &opts.instance_id {
             cc.set("group.instance.id", id);
         }
-        let props = client_properties(&src, std::env::vars());
+        let props = client_properties(&src, opts.client_env.iter().cloned());
         for (k, v) in &props {
             cc.set(k, v);
         }
@@ -1086,6 +1090,7 @@ url = "memory://reconcile-fails/rej"
             rejects: rejects.with_store(std::sync::Arc::new(failing)),
             pipeline: "test".into(),
             model: "none".into(),
+            model_runtime: String::new(),
             schema_sha256: "0".into(),
             row_group_rows: 1,
             zstd_level: 3,

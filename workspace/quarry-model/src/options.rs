@@ -1,0 +1,357 @@
+//! How the model runs, as data: [`ModelOptions`], fixed for a model's life
+//! ([`crate::Llama::load_with`]).
+//!
+//! Every choice of the forward pass that is not in the model file lives here: the attention
+//! kernel's form, the KV pool's element type, when projections use dense weights, where tokens
+//! are drawn, CUDA graphs, the optional fusions, event tracking and profiling. A job file gives
+//! them as its `[model.runtime]` table, `quarry bench` and `quarry generate` as `--runtime
+//! KEY=VALUE`, and the binary reads the `QUARRY_*` variables of [`ModelOptions::VARIABLES`] once
+//! at start-up through [`ModelOptions::apply_vars`]: this crate reads no environment. Every field
+//! says its default, what it trades and the measurement behind the default (BENCHMARKS.md). A
+//! CPU ignores the GPU's options.
+
+use serde::de::value::{Error as ValueError, StrDeserializer};
+use serde::{Deserialize, Serialize};
+
+/// The model runtime's options; `ModelOptions::default()` is what quarry runs with unless told.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelOptions {
+    /// The paged attention kernel's form on a GPU. `auto` (the default): `split` (split-K over
+    /// chunks of the context) for steps of at most 16 (`SMALL_STEP_TOKENS`) new
+    /// tokens, `warps` (one warp per query row) above: split-K with the two small-step fusions
+    /// made a decode step 1.48× faster at batch 1 and 1.34× at batch 8 on an H200, and 0.95× at
+    /// batch 128 (2026-11-28). `per-dimension` is the kernel's first layout; `gather` runs
+    /// attention as per-sequence tensor ops (the CPU's cross-check; slow).
+    pub attention: Attention,
+    /// Context positions per split-K chunk; `None` (the default) lets the kernel plan choose
+    /// from the step's shape.
+    pub attention_chunk: Option<usize>,
+    /// The GPU KV pool's element type. `f16` (the default): half the bytes read per attended
+    /// position of `f32` and twice the pages in the same memory; f16 over bf16 for its three
+    /// more mantissa bits (not yet compared on a GPU). A CPU always stores f32.
+    pub kv_dtype: KvDtype,
+    /// Rows from which a GPU projection multiplies dequantized f16 weights instead of the
+    /// quantized ones (candle's kernels, which round activations to 8 bits); 0 keeps only the
+    /// quantized weights. 1 (the default): every step dense, so a row's logits do not depend on
+    /// how many rows share its step. With the switch at 32 a record's text changed with its
+    /// batch (logits up to 2.6 apart); dense, batch 128 ran 1.19× faster and agreed with
+    /// llama.cpp more often (H100, 2026-11-26).
+    pub dense_from_rows: usize,
+    /// Where a GPU draws a step's tokens: `device` (the default: the sampling kernel, so only
+    /// the tokens come back) or `host` (the logits come back and the host draws, as on a CPU;
+    /// for comparing the two).
+    pub sampling: SamplingSite,
+    /// Decode steps on a GPU replay CUDA graphs (one per batch shape bucket), one launch where
+    /// a step makes hundreds. On by default: 98% of batch-1 passes replayed and the batch-1
+    /// step went under llama.cpp's (1.22 against 1.32 ms, H200, 2026-11-28).
+    pub cuda_graphs: bool,
+    /// The dense output and down projections' GEMMs add into the residual stream (one launch
+    /// fewer each). `auto` (the default): on for steps of at most
+    /// 16 (`SMALL_STEP_TOKENS`) tokens, where it measured faster (with `rope_store`
+    /// and the split attention, above); `on`/`off` decide for every step.
+    pub gemm_add: Switch,
+    /// RoPE writes the keys and values into the pool itself (one launch where there were two);
+    /// `auto` as `gemm_add`.
+    pub rope_store: Switch,
+    /// The residual add writes the next norm where its rows are f32 (the quantized weights'
+    /// small batches): one launch fewer per norm. Off by default (not faster where measured).
+    pub add_norm: bool,
+    /// cudarc's per-buffer event tracking on a GPU. Off by default: quarry queues all its work
+    /// on one stream, where order is already kept, so the events (a dozen driver calls per
+    /// launch) buy nothing, and a CUDA graph cannot capture them. On only to measure their cost.
+    pub event_tracking: bool,
+    /// Every phase of a forward pass synchronizes and records its time ([`crate::profile`]).
+    /// Off by default (it slows the pass); `quarry bench --profile` turns it on.
+    pub profile: bool,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        Self {
+            attention: Attention::Auto,
+            attention_chunk: None,
+            kv_dtype: KvDtype::F16,
+            dense_from_rows: 1,
+            sampling: SamplingSite::Device,
+            cuda_graphs: true,
+            gemm_add: Switch::Auto,
+            rope_store: Switch::Auto,
+            add_norm: false,
+            event_tracking: false,
+            profile: false,
+        }
+    }
+}
+
+/// [`ModelOptions::attention`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Attention {
+    Auto,
+    Warps,
+    Split,
+    PerDimension,
+    Gather,
+}
+
+/// [`ModelOptions::kv_dtype`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KvDtype {
+    F16,
+    Bf16,
+    F32,
+}
+
+/// [`ModelOptions::sampling`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SamplingSite {
+    Device,
+    Host,
+}
+
+/// An option that is on, off, or decided per step by what was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Switch {
+    Auto,
+    On,
+    Off,
+}
+
+/// A bad option: which one (the key, or the variable it came from), what it was given and what
+/// it accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptionError {
+    #[error("{name} is `{value}`: expected {expected}")]
+    Value {
+        name: String,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("`{key}` is not a model runtime option (expected one of {})", KEYS.join(", "))]
+    Unknown { key: String },
+}
+
+/// The option keys, in the order of [`ModelOptions`]'s fields.
+const KEYS: [&str; 11] = [
+    "attention",
+    "attention_chunk",
+    "kv_dtype",
+    "dense_from_rows",
+    "sampling",
+    "cuda_graphs",
+    "gemm_add",
+    "rope_store",
+    "add_norm",
+    "event_tracking",
+    "profile",
+];
+
+impl ModelOptions {
+    /// The environment variables the binary reads at start-up, and the option each sets.
+    pub const VARIABLES: [(&'static str, &'static str); 11] = [
+        ("QUARRY_ATTENTION", "attention"),
+        ("QUARRY_ATTENTION_CHUNK", "attention_chunk"),
+        ("QUARRY_KV_DTYPE", "kv_dtype"),
+        ("QUARRY_DENSE_FROM_ROWS", "dense_from_rows"),
+        ("QUARRY_SAMPLING", "sampling"),
+        ("QUARRY_CUDA_GRAPHS", "cuda_graphs"),
+        ("QUARRY_GEMM_ADD", "gemm_add"),
+        ("QUARRY_ROPE_STORE", "rope_store"),
+        ("QUARRY_ADD_NORM", "add_norm"),
+        ("QUARRY_EVENT_TRACKING", "event_tracking"),
+        ("QUARRY_PROFILE", "profile"),
+    ];
+
+    /// Every option with its values and default, for `--help` (docs/model-options.md has the
+    /// trade-offs).
+    pub const HELP: &'static str = "Model runtime options, as KEY=VALUE (repeatable; the same keys as a job file's \
+[model.runtime] table and the QUARRY_<KEY> variables; a CPU ignores the GPU's):
+  attention=auto|warps|split|per-dimension|gather   GPU attention kernel (auto: split up to 16-token steps, warps above)
+  attention_chunk=auto|N                             context positions per split-K chunk (auto: the kernel plan's)
+  kv_dtype=f16|bf16|f32                              GPU KV pool element type (f16)
+  dense_from_rows=N                                  rows from which GPU projections use f16 weights; 0: quantized only (1)
+  sampling=device|host                               where a GPU draws tokens (device)
+  cuda_graphs=on|off                                 replay decode steps as CUDA graphs (on)
+  gemm_add=auto|on|off                               GEMMs add into the residual stream (auto: up to 16-token steps)
+  rope_store=auto|on|off                             RoPE writes the KV pool itself (auto: up to 16-token steps)
+  add_norm=on|off                                    residual add writes the next norm (off)
+  event_tracking=on|off                              cudarc's per-buffer events (off)
+  profile=on|off                                     time every phase of a pass (off)";
+
+    /// Sets option `key` from its text form (`on`/`off` also as `true`/`false`/`1`/`0`), or says
+    /// what it accepts.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), OptionError> {
+        let v = value.trim();
+        let bad = |expected: &'static str| OptionError::Value {
+            name: key.to_owned(),
+            value: value.to_owned(),
+            expected,
+        };
+        match key.trim() {
+            "attention" => {
+                self.attention =
+                    choice(v).ok_or_else(|| bad("auto, warps, split, per-dimension or gather"))?
+            }
+            "attention_chunk" => {
+                self.attention_chunk = match v {
+                    "auto" => None,
+                    n => Some(
+                        n.parse()
+                            .ok()
+                            .filter(|&c: &usize| c > 0)
+                            .ok_or_else(|| bad("auto or a number of positions over 0"))?,
+                    ),
+                }
+            }
+            "kv_dtype" => self.kv_dtype = choice(v).ok_or_else(|| bad("f16, bf16 or f32"))?,
+            "dense_from_rows" => {
+                self.dense_from_rows = v
+                    .parse()
+                    .map_err(|_| bad("a number of rows (0: the quantized weights only)"))?
+            }
+            "sampling" => self.sampling = choice(v).ok_or_else(|| bad("device or host"))?,
+            "gemm_add" => self.gemm_add = choice(v).ok_or_else(|| bad("auto, on or off"))?,
+            "rope_store" => self.rope_store = choice(v).ok_or_else(|| bad("auto, on or off"))?,
+            k @ ("cuda_graphs" | "add_norm" | "event_tracking" | "profile") => {
+                let on = switch(v).ok_or_else(|| bad("on or off"))?;
+                match k {
+                    "cuda_graphs" => self.cuda_graphs = on,
+                    "add_norm" => self.add_norm = on,
+                    "event_tracking" => self.event_tracking = on,
+                    _ => self.profile = on,
+                }
+            }
+            _ => return Err(OptionError::Unknown { key: key.into() }),
+        }
+        Ok(())
+    }
+
+    /// Sets each option from `KEY=VALUE` (a flag's form).
+    pub fn set_pair(&mut self, pair: &str) -> Result<(), OptionError> {
+        match pair.split_once('=') {
+            Some((k, v)) => self.set(k, v),
+            None => Err(OptionError::Value {
+                name: "--runtime".into(),
+                value: pair.into(),
+                expected: "KEY=VALUE",
+            }),
+        }
+    }
+
+    /// Sets the options whose variable ([`ModelOptions::VARIABLES`]) `get` returns non-empty;
+    /// an error names the variable. The binary passes the process environment, once.
+    pub fn apply_vars(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), OptionError> {
+        for (var, key) in Self::VARIABLES {
+            let Some(value) = get(var).filter(|v| !v.trim().is_empty()) else {
+                continue;
+            };
+            self.set(key, &value).map_err(|e| match e {
+                OptionError::Value {
+                    value, expected, ..
+                } => OptionError::Value {
+                    name: var.into(),
+                    value,
+                    expected,
+                },
+                other => other,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// A unit variant of `T` by its serde name (`per-dimension`, `f16`, `auto`).
+fn choice<T: for<'de> Deserialize<'de>>(v: &str) -> Option<T> {
+    T::deserialize(StrDeserializer::<ValueError>::new(v)).ok()
+}
+
+fn switch(v: &str) -> Option<bool> {
+    match v {
+        "on" | "1" | "true" => Some(true),
+        "off" | "0" | "false" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_parses_and_names_what_it_accepts() {
+        let mut o = ModelOptions::default();
+        for (key, good, bad) in [
+            ("attention", "per-dimension", "fast"),
+            ("attention_chunk", "64", "0"),
+            ("kv_dtype", "bf16", "f8"),
+            ("dense_from_rows", "0", "-1"),
+            ("sampling", "host", "gpu"),
+            ("cuda_graphs", "off", "maybe"),
+            ("gemm_add", "on", "yes"),
+            ("rope_store", "off", "2"),
+            ("add_norm", "true", "auto"),
+            ("event_tracking", "1", "x"),
+            ("profile", "on", ""),
+        ] {
+            o.set(key, good).unwrap();
+            let e = o.set(key, bad).unwrap_err().to_string();
+            assert!(e.starts_with(key) && e.contains("expected"), "{e}");
+        }
+        assert_eq!(o.attention, Attention::PerDimension);
+        assert_eq!(o.attention_chunk, Some(64));
+        assert_eq!(o.kv_dtype, KvDtype::Bf16);
+        assert_eq!(o.dense_from_rows, 0);
+        assert_eq!(o.sampling, SamplingSite::Host);
+        assert!(!o.cuda_graphs && o.add_norm && o.event_tracking && o.profile);
+        assert_eq!((o.gemm_add, o.rope_store), (Switch::On, Switch::Off));
+        assert!(matches!(
+            o.set("attn", "warps"),
+            Err(OptionError::Unknown { .. })
+        ));
+        assert_eq!(KEYS.len(), ModelOptions::VARIABLES.len());
+        for (var, key) in ModelOptions::VARIABLES {
+            assert_eq!(var, format!("QUARRY_{}", key.to_uppercase()));
+            assert!(ModelOptions::HELP.contains(&format!("  {key}=")), "{key}");
+        }
+    }
+
+    #[test]
+    fn variables_override_and_a_bad_one_is_named() {
+        let mut o = ModelOptions::default();
+        o.apply_vars(|v| match v {
+            "QUARRY_KV_DTYPE" => Some("f32".into()),
+            "QUARRY_CUDA_GRAPHS" => Some(" off ".into()),
+            "QUARRY_PROFILE" => Some(String::new()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(o.kv_dtype, KvDtype::F32);
+        assert!(!o.cuda_graphs && !o.profile);
+        let e = o
+            .apply_vars(|v| (v == "QUARRY_SAMPLING").then(|| "gpu".into()))
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "QUARRY_SAMPLING is `gpu`: expected device or host"
+        );
+    }
+
+    #[test]
+    fn a_job_table_reads_the_same_names() {
+        let o: ModelOptions = serde_json::from_value(serde_json::json!({
+            "attention": "split", "kv_dtype": "bf16", "gemm_add": "off", "cuda_graphs": false
+        }))
+        .unwrap();
+        assert_eq!(o.attention, Attention::Split);
+        assert_eq!(o.kv_dtype, KvDtype::Bf16);
+        assert_eq!(o.gemm_add, Switch::Off);
+        assert!(!o.cuda_graphs);
+        assert_eq!(o.rope_store, Switch::Auto);
+        let unknown = serde_json::from_value::<ModelOptions>(serde_json::json!({"graphs": true}));
+        assert!(unknown.is_err());
+    }
+}
