@@ -515,6 +515,78 @@ fn bad_job_definitions_are_one_line_errors_naming_file_and_key() {
     }
 }
 
+/// The model runtime options (docs/model-options.md): `--help` lists every key, a good one runs,
+/// and a bad flag, variable or `[model.runtime]` entry is one line naming it and what it accepts.
+#[test]
+fn model_runtime_options_are_documented_and_bad_ones_are_one_line_errors() {
+    let help = stdout(&quarry(&["bench", "--help"]));
+    for key in [
+        "attention=",
+        "attention_chunk=",
+        "kv_dtype=",
+        "dense_from_rows=",
+        "sampling=",
+        "cuda_graphs=",
+        "gemm_add=",
+        "rope_store=",
+        "add_norm=",
+        "event_tracking=",
+        "profile=",
+    ] {
+        assert!(help.contains(key), "bench --help lacks {key}");
+    }
+    stdout(&quarry(&[
+        "generate",
+        "--prompt",
+        "x",
+        "--max-tokens",
+        "2",
+        "--runtime",
+        "cuda_graphs=off",
+        "--runtime",
+        "kv_dtype=bf16",
+    ]));
+    for (args, wants) in [
+        (
+            vec!["--runtime", "kv_dtype=f8"],
+            vec!["kv_dtype is `f8`", "f16, bf16 or f32"],
+        ),
+        (
+            vec!["--runtime", "attn=warps"],
+            vec!["`attn` is not a model runtime option", "attention"],
+        ),
+        (vec!["--runtime", "profile"], vec!["KEY=VALUE"]),
+    ] {
+        let mut a = vec!["generate", "--prompt", "x"];
+        a.extend_from_slice(&args);
+        let err = one_line_error(&quarry(&a));
+        assert!(wants.iter().all(|w| err.contains(w)), "{args:?}: {err}");
+    }
+    // A variable the binary reads is named by its own name.
+    let o = Command::new(env!("CARGO_BIN_EXE_quarry"))
+        .args(["generate", "--prompt", "x"])
+        .current_dir(root())
+        .env_remove("QUARRY_MODEL")
+        .env("QUARRY_SAMPLING", "gpu")
+        .output()
+        .unwrap();
+    let err = one_line_error(&o);
+    assert!(
+        err.contains("QUARRY_SAMPLING is `gpu`: expected device or host"),
+        "{err}"
+    );
+    // A job file's `[model.runtime]` is read with the same names and refuses a bad value.
+    let def = scratch("runtime.toml");
+    let text = std::fs::read_to_string(root().join("pipelines/debian-packages.toml")).unwrap();
+    let text = format!("{text}\n[model.runtime]\nkv_dtype = \"f8\"\n");
+    std::fs::write(&def, text).unwrap();
+    let err = one_line_error(&quarry(&["extract", "--pipeline", def.to_str().unwrap()]));
+    assert!(
+        err.contains("runtime.toml") && err.contains("f8") && err.contains("bf16"),
+        "{err}"
+    );
+}
+
 #[test]
 fn extract_writes_parquet_and_a_rerun_skips_published_shards() {
     let dir = scratch("extract-run");
