@@ -42,6 +42,9 @@ pub mod profile;
 pub mod step_graph;
 
 mod ragged;
+/// The kernels' reference arithmetic and test cases, for this crate's GPU tests and
+/// quarry-cuda-emu: a test kit, behind the `test-support` feature.
+#[cfg(any(test, feature = "test-support"))]
 pub mod reference;
 mod sampling;
 mod simd;

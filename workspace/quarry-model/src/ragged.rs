@@ -120,7 +120,8 @@ pub fn attend_reference(
 /// `chunk`; per chunk z and query head, the scores' maximum `m_z`, `l_z = Σ exp(s - m_z)` and the
 /// unnormalized `acc_z = Σ exp(s - m_z)·v`; then, with `M = max m_z`, `out = Σ exp(m_z - M)·acc_z
 /// / Σ exp(m_z - M)·l_z`, chunks in order. Equal to [`attend_reference`] up to rounding (the
-/// test below), with which the CUDA kernel's GPU test compares its split form.
+/// test below), with which the CUDA kernel's GPU test compares its split form (a test kit's).
+#[cfg(any(test, feature = "test-support"))]
 pub fn attend_split_reference(
     meta: &RaggedBatch,
     q: &[f32],
