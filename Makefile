@@ -44,6 +44,7 @@ tour: build
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	python3 infra/lint_docs.py
 
 test: setup lint
 	@bash infra/setup-test.sh

@@ -52,7 +52,7 @@ MODEL="$(ls "$PACK"/*.gguf | head -1)"
 mkdir -p models
 ln -sf "$MODEL" "models/$(basename "$MODEL")"
 # quarry's commands run the carried model (SmolLM2 by default; `MODEL=… make gpu-pack` carries
-# another, e.g. Qwen2.5 for issue 26 in about a dozen chunks).
+# another, e.g. Qwen2.5 in about a dozen chunks).
 export QUARRY_MODEL="models/$(basename "$MODEL")"
 Q="$PACK/bin/quarry"
 STATUS="$PACK/status"

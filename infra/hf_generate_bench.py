@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""transformers `generate` on the same GGUF, the baseline everyone knows (issue 25's peer).
+"""transformers `generate` on the same GGUF, the baseline everyone knows (the GPU benchmarks' peer).
 
 Loads the GGUF through transformers (its GGUF loader dequantizes the weights; `gguf` must be
 importable), casts to bf16 on the GPU and times greedy `generate` at each batch size with the

@@ -1,4 +1,4 @@
-// The gated feed-forward's activation in one pass (issue 25): out = act(gate) * up, read from the
+// The gated feed-forward's activation in one pass: out = act(gate) * up, read from the
 // stacked gate/up projection ([rows, 2f]: a row's f gate values, then its f up values) that one
 // GEMM produces, and written in the element type the down projection multiplies (f16 for its
 // dense weights), where candle would run a split, two casts, the activation, the product and a

@@ -1,4 +1,4 @@
-// Paged attention for a whole ragged batch in one launch per layer (issue 25).
+// Paged attention for a whole ragged batch in one launch per layer.
 //
 // The grid is (new tokens, key-value heads); one block computes the rows of every query head of
 // its group (grouped-query attention: query head h reads key-value head h / group), so each key

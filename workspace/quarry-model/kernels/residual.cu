@@ -1,4 +1,4 @@
-// The residual stream's ops in the element types around them (issue 25), where candle ran a
+// The residual stream's ops in the element types around them, where candle ran a
 // cast, an add, its RMS norm and another cast:
 //
 // `add_into` adds a projection's output (f16 from the dense weights' GEMM, or f32) into the f32

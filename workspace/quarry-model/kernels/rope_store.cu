@@ -1,5 +1,5 @@
 // The attention's inputs from the stacked Q/K/V projection in one launch per layer, then one per
-// pool for the KV writes (issue 25), where candle ran a cast, three bias adds, two norms, two
+// pool for the KV writes, where candle ran a cast, three bias adds, two norms, two
 // RoPE kernels, copies and a cast and a scatter per pool.
 //
 // `rope_qk` takes the stacked projection ([tokens, width], width = q_w + 2 kv_w: a token's query

@@ -1,4 +1,4 @@
-// Masks, bans and sampling for a whole step's rows in one launch (issue 25): the logits stay on
+// Masks, bans and sampling for a whole step's rows in one launch: the logits stay on
 // the GPU and only one token id (and a status) per row comes back to the host.
 //
 // One block of 512 threads per row computes exactly the draw that `pick` in src/sampling.rs

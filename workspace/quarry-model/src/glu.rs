@@ -1,4 +1,4 @@
-//! The gated feed-forward's activation as one op (issue 25): `act(gate) · up` from the stacked
+//! The gated feed-forward's activation as one op: `act(gate) · up` from the stacked
 //! gate/up projection (`[rows, 2·f]`, each row's gate values then its up values, as one GEMM of
 //! the stacked weights writes them), in the element type the down projection multiplies. candle
 //! would run a split, casts, an activation kernel and a product kernel, with tensors between

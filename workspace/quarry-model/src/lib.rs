@@ -21,8 +21,12 @@
 //! ([`KvLayout::Host`]); norms, RoPE and SiLU are fused passes. Every step is shared out on
 //! candle's barrier pool. On other devices the forward pass is candle tensor ops over f16 KV
 //! pages ([`KvLayout::Tensor`]), with quarry's own CUDA kernels as candle ops for attention (one
-//! paged launch per layer for the whole batch) and the gated activation, and projections that
-//! switch to dequantized f16 weights for many rows (docs/gpu.md; not yet run on a GPU).
+//! paged launch per layer for the whole batch), the norms, RoPE and KV writes, the residual stream
+//! and sampling, projections on dequantized f16 weights, and decode steps replayed as CUDA graphs
+//! (docs/gpu.md, measured on H100s and H200s in BENCHMARKS.md).
+//!
+//! Where this crate sits among the others, and which state it owns (the weights and the device's
+//! buffers and graphs; the KV pages belong to the engine): docs/architecture.md.
 
 mod attention;
 mod batch;

@@ -1,4 +1,4 @@
-//! The ragged batch as a whole-batch paged attention kernel reads it (issue 25): flat `u32` arrays,
+//! The ragged batch as a whole-batch paged attention kernel reads it: flat `u32` arrays,
 //! one upload each per step, and the plain-Rust arithmetic such a kernel must reproduce.
 //!
 //! One launch covers every new token of every sequence, decode rows and prefill rows alike: the

@@ -253,7 +253,7 @@ pub fn pick(
 /// A row without a mask in [`SampleRows::mask_index`].
 pub const NO_MASK: u32 = u32::MAX;
 
-/// One step's draws as a device samples them (issue 25), one array per argument of the sampling
+/// One step's draws as a device samples them, one array per argument of the sampling
 /// kernel (kernels/sampling.cu), in row order: each row's parameters, its uniform, the edits the
 /// host decided (a mask, by index into the step's mask buffer, and banned ids) and nothing else,
 /// so only these small arrays travel up and one token per row comes back.

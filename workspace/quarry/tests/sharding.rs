@@ -1,4 +1,4 @@
-//! Dataset jobs split across workers (issue 28), as users run them: `quarry extract` processes
+//! Dataset jobs split across workers, as users run them: `quarry extract` processes
 //! with `--shard-index`/`--shard-count` over one input prefix on a real S3 API (moto_server,
 //! started by `make test` as QUARRY_S3_ENDPOINT), the real model, the output read back from S3 by
 //! pyarrow, and the shard assignment checked against Python's own SHA-256.

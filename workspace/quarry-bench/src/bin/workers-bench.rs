@@ -1,4 +1,4 @@
-//! Scale-out of a dataset job (issue 28): the same input processed by one `quarry extract` worker
+//! Scale-out of a dataset job: the same input processed by one `quarry extract` worker
 //! and by two (`--shard-index 0/1 --shard-count 2`) started together, each worker pinned to one
 //! core (`taskset`) with one compute thread. Repeats alternate the order of the two
 //! configurations; every run must publish every shard with every document accounted for.

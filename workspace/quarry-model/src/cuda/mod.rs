@@ -1,4 +1,4 @@
-//! quarry's own CUDA kernels (issue 25), launched on the stream of candle's device so that they
+//! quarry's own CUDA kernels, launched on the stream of candle's device so that they
 //! order with candle's own work, one file per concept:
 //! - [`attention`]: the whole-batch paged attention (`kernels/paged_attention.cu`), its layouts
 //!   and split-K;

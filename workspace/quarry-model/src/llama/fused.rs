@@ -1,4 +1,4 @@
-//! The attention's inputs as few ops (issue 25): what the tensor forward pass does between the
+//! The attention's inputs as few ops: what the tensor forward pass does between the
 //! stacked Q/K/V projection and the attention kernel.
 //!
 //! [`RopeQk`] takes the projection's `[tokens, q_w + 2·kv_w]` output (f32, or f16 from the
