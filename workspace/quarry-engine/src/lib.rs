@@ -60,6 +60,7 @@ mod model;
 pub mod radix;
 mod request;
 mod sequence;
+mod spec;
 
 pub use engine::{Engine, EngineConfig, EngineStats, KeepBack};
 pub use error::{EngineError, RequestError};
@@ -69,6 +70,7 @@ pub use request::{
     Completion, ConstraintSpec, FinishReason, Processor, Prompt, Reasoning, Request, RequestStats,
     DEFAULT_MAX_TOKENS,
 };
+pub use spec::{LoadError, Loaded, ModelSpec};
 
 use std::sync::Arc;
 

@@ -26,5 +26,5 @@ pub fn parse_device(name: &str) -> Result<Device> {
                 .into(),
         ));
     }
-    Device::new_cuda(ordinal).map_err(|e| err(crate::info::candle_message(e)))
+    Device::new_cuda(ordinal).map_err(|e| err(crate::error::candle_message(e)))
 }

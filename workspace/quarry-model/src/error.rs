@@ -62,7 +62,16 @@ pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 impl From<candle_core::Error> for ModelError {
     fn from(e: candle_core::Error) -> Self {
         ModelError::Forward {
-            message: crate::info::candle_message(e),
+            message: candle_message(e),
         }
+    }
+}
+
+/// candle attaches a captured backtrace to its errors when `RUST_BACKTRACE` is set; a user-facing
+/// message wants only the cause.
+pub(crate) fn candle_message(e: candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(*inner),
+        other => other.to_string(),
     }
 }

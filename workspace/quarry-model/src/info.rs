@@ -5,7 +5,7 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 
-use crate::error::{ModelError, Result};
+use crate::error::{candle_message, ModelError, Result};
 
 /// What a GGUF file says about its model. Reading it touches only the header.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -162,14 +162,5 @@ pub(crate) fn as_f64(v: &Value) -> candle_core::Result<f64> {
         Value::F32(x) => Ok(*x as f64),
         Value::F64(x) => Ok(*x),
         other => as_u64(other).map(|x| x as f64),
-    }
-}
-
-/// candle attaches a captured backtrace to its errors when `RUST_BACKTRACE` is set; a user-facing
-/// message wants only the cause.
-pub(crate) fn candle_message(e: candle_core::Error) -> String {
-    match e {
-        candle_core::Error::WithBacktrace { inner, .. } => candle_message(*inner),
-        other => other.to_string(),
     }
 }

@@ -489,6 +489,15 @@ impl PipelineConfig {
     pub fn model_path(&self) -> PathBuf {
         self.resolve(&self.model.path)
     }
+
+    /// The model this job runs: its resolved path, the device and `[model.runtime]`.
+    pub fn model_spec(&self) -> quarry_engine::ModelSpec {
+        quarry_engine::ModelSpec {
+            path: self.model_path(),
+            device: self.model.device.clone(),
+            options: self.model.runtime.clone(),
+        }
+    }
 }
 
 /// `a/b/../c` → `a/c`, without touching the file system (`..` at the start stays).

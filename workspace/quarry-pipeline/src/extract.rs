@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use minijinja::Environment;
 use quarry_engine::{
-    ConstraintSpec, Engine, EngineConfig, EngineStats, FinishReason, Prompt, Request,
+    ConstraintSpec, Engine, EngineConfig, EngineStats, FinishReason, LoadError, Model, Prompt,
+    Request,
 };
-use quarry_model::{parse_device, Llama};
 use quarry_tokenizer::{ChatMessage, Tokenizer};
 use serde_json::Value;
 
@@ -196,18 +196,11 @@ pub struct EngineExtractor {
 }
 
 impl EngineExtractor {
-    /// Loads the job's model and tokenizer and starts an engine.
+    /// Loads the job's model and tokenizer ([`PipelineConfig::model_spec`]) and starts an engine.
     pub fn load(cfg: &PipelineConfig, schema: &Value) -> Result<Self, PipelineError> {
-        let path = cfg.model_path();
-        let model_err = |source| PipelineError::Model {
-            path: path.display().to_string(),
-            source,
-        };
-        let device = parse_device(&cfg.model.device).map_err(model_err)?;
-        let model = Llama::load_with(&path, &device, &cfg.model.runtime).map_err(model_err)?;
-        let tok = Tokenizer::from_gguf(&path).map_err(|source| PipelineError::Tokenizer {
-            path: path.display().to_string(),
-            source,
+        let loaded = cfg.model_spec().load().map_err(|e| match e {
+            LoadError::Model { path, source } => PipelineError::Model { path, source },
+            LoadError::Tokenizer { path, source } => PipelineError::Tokenizer { path, source },
         })?;
         let ecfg = EngineConfig {
             max_running: cfg.batching.max_running,
@@ -217,11 +210,12 @@ impl EngineExtractor {
             close_within_budget: cfg.sampling.close_within_budget,
             ..EngineConfig::default()
         };
-        Self::new(Arc::new(model), Arc::new(tok), ecfg, cfg, schema)
+        Self::new(loaded.model, loaded.tokenizer, ecfg, cfg, schema)
     }
 
-    pub fn new(
-        model: Arc<Llama>,
+    /// An extractor over `model` (the real one, or any other behind the engine's [`Model`] seam).
+    pub fn new<M: Model + 'static>(
+        model: Arc<M>,
         tok: Arc<Tokenizer>,
         mut ecfg: EngineConfig,
         cfg: &PipelineConfig,

@@ -4,13 +4,11 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use quarry_engine::EngineConfig;
 use quarry_eval::{self as bench, RunMetrics};
-use quarry_model::{parse_device, Llama};
 use serde_json::{json, Value};
 
 use crate::ModelArg;
@@ -111,15 +109,13 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         Some(path) => bench::jsonl_records(path, args.docs)?,
         None => bench::package_records(&args.status, args.docs)?,
     };
-    let device = parse_device(&args.device)?;
-    let tok = Arc::new(crate::load_tokenizer(&args.model.model)?);
     let mut options = args.runtime.options()?;
     // Profiling starts at load; the warm-up's phases are dropped below.
     options.profile |= args.profile;
-    let model = Arc::new(
-        Llama::load_with(&args.model.model, &device, &options)
-            .with_context(|| format!("loading {}", args.model.model.display()))?,
-    );
+    let crate::Loaded {
+        model,
+        tokenizer: tok,
+    } = crate::load_model(&args.model.model, &args.device, options)?;
     let longest_prompt = bench::requests(&docs, None, 1)
         .iter()
         .map(|r| match &r.prompt {

@@ -3,7 +3,6 @@
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -12,7 +11,7 @@ use quarry_engine::{
     Completion, ConstraintSpec, Engine, EngineConfig, EngineStats, FinishReason, Prompt, Request,
 };
 use quarry_grammar::{SchemaOptions, Whitespace};
-use quarry_model::{parse_device, Llama, SamplingParams};
+use quarry_model::SamplingParams;
 use quarry_tokenizer::ChatMessage;
 use serde_json::{json, Value};
 
@@ -175,12 +174,7 @@ impl GenerateArgs {
 
 pub(crate) fn run(args: GenerateArgs) -> Result<()> {
     let defaults = args.defaults()?;
-    let device = parse_device(&args.device)?;
-    let tok = Arc::new(crate::load_tokenizer(&args.model.model)?);
-    let model = Arc::new(
-        Llama::load_with(&args.model.model, &device, &args.runtime.options()?)
-            .with_context(|| format!("loading {}", args.model.model.display()))?,
-    );
+    let loaded = crate::load_model(&args.model.model, &args.device, args.runtime.options()?)?;
     let cfg = EngineConfig {
         jump_forward: !args.no_jump_forward,
         keep_back: args.keep_back,
@@ -194,7 +188,7 @@ pub(crate) fn run(args: GenerateArgs) -> Result<()> {
         },
         ..EngineConfig::default()
     };
-    let mut engine = Engine::new(model, tok, cfg)?;
+    let mut engine = loaded.engine(cfg)?;
     let started = Instant::now();
     let completions = match &args.batch {
         Some(path) => {

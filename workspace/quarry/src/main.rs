@@ -21,6 +21,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
+use quarry_engine::Loaded;
 use quarry_model::{ModelError, ModelInfo, ModelOptions};
 use quarry_tokenizer::{ChatMessage, EncodeOptions, TokenKind, Tokenizer, TokenizerError};
 
@@ -331,6 +332,29 @@ fn check_exists(path: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Loads a command's model (`--model`, `--device`, `--runtime`) the one way every engine is built
+/// ([`quarry_engine::ModelSpec`]), with the set-up hint where the file is missing or not a model.
+pub(crate) fn load_model(path: &Path, device: &str, options: ModelOptions) -> Result<Loaded> {
+    use quarry_engine::LoadError;
+    check_exists(path)?;
+    let spec = quarry_engine::ModelSpec {
+        path: path.to_path_buf(),
+        device: device.to_owned(),
+        options,
+    };
+    spec.load().map_err(|e| match e {
+        LoadError::Model {
+            source: source @ ModelError::Device { .. },
+            ..
+        } => anyhow::Error::new(source),
+        LoadError::Tokenizer {
+            source: source @ (TokenizerError::Gguf { .. } | TokenizerError::Io { .. }),
+            ..
+        } => anyhow::anyhow!("{source}. To fix: {}", setup_hint(path)),
+        other => anyhow::Error::new(other),
+    })
 }
 
 pub(crate) fn load_tokenizer(path: &Path) -> Result<Tokenizer> {

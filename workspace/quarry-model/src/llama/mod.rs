@@ -10,7 +10,7 @@ use crate::attention::{self, Heads};
 use crate::batch::{Logits, Plan, SeqInput};
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
-use crate::info::candle_message;
+use crate::error::candle_message;
 use crate::linear::{Fused, Linear};
 use crate::options::{Attention, ModelOptions, SamplingSite};
 use crate::pool::{KvPool, KvStorage};
