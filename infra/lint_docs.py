@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SKIP_DIRS = ("workspace/quarry-bench/results/", "tests/fixtures/", "bench/results/")
+SKIP_DIRS = ("bench/results/", "tests/fixtures/")
 SKIP_SUFFIXES = (".json", ".gz", ".parquet", ".gguf", ".bin", ".lock", ".png")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 ISSUE = re.compile(r"\bissues? #?\d+", re.IGNORECASE)

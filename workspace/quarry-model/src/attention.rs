@@ -21,35 +21,10 @@ use candle_core::{CpuStorage, Device, InplaceOp3, Layout, Tensor};
 
 use crate::batch::{Plan, SeqInput};
 use crate::error::Result;
-use crate::linear::SharedMut;
+use crate::host_mem::SharedMut;
 use crate::pool::PageId;
+use crate::ragged::Heads;
 use crate::simd::{softmax_in_place, Avx2};
-
-/// Shapes shared by both implementations.
-#[derive(Debug, Clone, Copy)]
-pub struct Heads {
-    pub n_head: usize,
-    pub n_kv: usize,
-    pub head_dim: usize,
-    pub page_size: usize,
-    /// Multiplier of the query-key dot products.
-    pub scale: f32,
-    /// Sliding window: a query at position `p` sees positions `p + 1 - window ..= p` only.
-    pub window: Option<usize>,
-}
-
-impl Heads {
-    fn group(&self) -> usize {
-        self.n_head / self.n_kv
-    }
-    fn kv_dim(&self) -> usize {
-        self.n_kv * self.head_dim
-    }
-    /// The first position a query at `pos` attends to.
-    fn first_seen(&self, pos: usize) -> usize {
-        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
-    }
-}
 
 /// The host kernel. Row `t` of `q` starts at `t * q_stride` and holds `n_head * head_dim` query
 /// values (the stacked Q/K/V output has room for K and V after them); `k`/`v` are one layer of the
@@ -473,23 +448,6 @@ pub(crate) fn attend_tensor(
         outs.push(o);
     }
     Ok(Tensor::cat(&outs, 0)?.contiguous()?)
-}
-
-/// Runs `f` on the contiguous f32 data of a CPU tensor without copying it.
-pub(crate) fn with_host_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    let candle_core::Storage::Cpu(cpu) = &*storage else {
-        return Err(crate::ModelError::Forward {
-            message: "expected a CPU tensor".into(),
-        });
-    };
-    let data = cpu.as_slice::<f32>()?;
-    match layout.contiguous_offsets() {
-        Some((a, b)) => Ok(f(&data[a..b])),
-        None => Err(crate::ModelError::Forward {
-            message: "expected a contiguous tensor".into(),
-        }),
-    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! and quarry-cuda-emu (the kernels run on the CPU) check the very plan the CUDA launcher in
 //! `src/cuda/attention.rs` follows.
 
-use crate::ragged::{AttentionKernel, RaggedBatch};
+use crate::ragged::{Heads, RaggedBatch};
 
 /// Threads per block of the per-dimension layout.
 pub const PER_DIMENSION_THREADS: u32 = 128;
@@ -26,6 +26,30 @@ pub const DEFAULT_SHARED: usize = 48 * 1024 - STATIC_SHARED;
 const SPLIT_BLOCKS_PER_SM: usize = 4;
 const MIN_CHUNK: usize = 32;
 
+/// The layouts of `kernels/paged_attention.cu`, the same arithmetic: `ModelOptions::attention` is
+/// `warps`, `split` or `per-dimension` (`auto`, the default, picks by the step's size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// 128 threads; in the weighted sum, a thread per dimension walks every position (a chain of
+    /// dependent loads: 303 µs a layer at batch 1 and 800 positions on an H100, 2026-11-26).
+    PerDimension,
+    /// 256 threads; the scores a thread per position (16-byte loads of its key row), the
+    /// weighted sum a lane per 16-byte piece of a value row, a warp over a few positions, the
+    /// rows they read gathered first (the kernel's comments). With a warp per position in both
+    /// phases it took 123 µs in that case, 1.7-2.5x faster than `PerDimension` from batch 1 to
+    /// 512; the 16-byte loads (newer, written without a GPU, tested by quarry-cuda-emu) are not
+    /// yet measured.
+    /// A block per (token, key-value head), except for a context too long for one block's shared
+    /// memory, which it splits as [`AttentionKernel::Split`] does.
+    Warps,
+    /// The warps layout split over the positions too (split-K, flash-decoding): a block per
+    /// (token, key-value head, `chunk` positions), then a launch that combines the chunks
+    /// (`ragged::attend_split_reference`'s arithmetic). `chunk: None` chooses it per launch, so that a
+    /// step has about four blocks per SM (a decode step at batch 1 is 3 blocks unsplit); with few
+    /// enough blocks to split at all, it runs as `Warps`. `ModelOptions::attention_chunk` sets it.
+    Split { chunk: Option<usize> },
+}
+
 /// The attention's shape: heads, grouped-query KV heads, and Gemma's sliding window (0: none).
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
@@ -36,8 +60,8 @@ pub struct AttentionShape {
     pub window: usize,
 }
 
-impl From<crate::attention::Heads> for AttentionShape {
-    fn from(h: crate::attention::Heads) -> Self {
+impl From<Heads> for AttentionShape {
+    fn from(h: Heads) -> Self {
         Self {
             n_head: h.n_head,
             n_kv: h.n_kv,

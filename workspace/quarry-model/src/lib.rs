@@ -36,15 +36,18 @@ pub mod cuda;
 mod device;
 mod error;
 mod glu;
+mod host_mem;
 mod info;
 pub mod kernel_plan;
 mod linear;
 mod llama;
+mod op_args;
 mod options;
 mod pool;
 pub mod profile;
 pub mod step_graph;
 
+mod paged;
 mod ragged;
 /// The kernels' reference arithmetic and test cases, for this crate's GPU tests and
 /// quarry-cuda-emu: a test kit, behind the `test-support` feature.
@@ -58,8 +61,9 @@ pub use config::{Activation, LlamaConfig, RopeStyle, SlidingWindow, SUPPORTED_AR
 pub use device::parse_device;
 pub use error::{ModelError, Result};
 pub use info::ModelInfo;
+pub use kernel_plan::AttentionKernel;
 pub use llama::{Fusions, Llama};
 pub use options::{Attention, KvDtype, ModelOptions, OptionError, SamplingSite, Switch};
 pub use pool::{kv_dtype, KvLayout, KvPool, PageId};
-pub use ragged::{AttentionKernel, RaggedBatch};
+pub use ragged::RaggedBatch;
 pub use sampling::{apply_mask, argmax, pick, SampleRows, Sampler, SamplingParams, NO_MASK};

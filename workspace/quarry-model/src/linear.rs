@@ -26,6 +26,7 @@ use candle_core::{Device, Module, Tensor};
 use half::f16;
 
 use crate::error::Result;
+use crate::host_mem::SharedMut;
 use crate::simd::Avx2;
 
 const QK: usize = 32;
@@ -139,7 +140,7 @@ impl Linear {
                 let x = Tensor::from_slice(xs, (m, xs.len() / m.max(1)), &Device::Cpu)?;
                 let y = self.forward(&x)?;
                 dst.clear();
-                crate::attention::with_host_slice(&y, |ys| dst.extend_from_slice(ys))
+                crate::host_mem::with_host_slice(&y, |ys| dst.extend_from_slice(ys))
             }
         }
     }
@@ -672,7 +673,7 @@ impl QuantMatrix {
         let (m, _) = x.dims2()?;
         let x = x.contiguous()?;
         let mut dst = Vec::new();
-        crate::attention::with_host_slice(&x, |xs| self.forward_host(xs, m, &mut dst))??;
+        crate::host_mem::with_host_slice(&x, |xs| self.forward_host(xs, m, &mut dst))??;
         Ok(Tensor::from_vec(dst, (m, self.rows), x.device())?)
     }
 
@@ -739,42 +740,6 @@ impl QuantMatrix {
             });
         });
         Ok(())
-    }
-}
-
-/// A mutable buffer that work items on the pool write in disjoint parts.
-pub(crate) struct SharedMut<T = f32> {
-    ptr: *mut T,
-    len: usize,
-}
-
-impl<T> Clone for SharedMut<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SharedMut<T> {}
-
-// SAFETY: users write disjoint ranges only (see `slice`).
-unsafe impl<T: Send> Send for SharedMut<T> {}
-unsafe impl<T: Send> Sync for SharedMut<T> {}
-
-impl<T> SharedMut<T> {
-    pub(crate) fn new(buf: &mut [T]) -> Self {
-        Self {
-            ptr: buf.as_mut_ptr(),
-            len: buf.len(),
-        }
-    }
-
-    /// `len` values from `at`.
-    ///
-    /// # Safety
-    /// No two live slices may overlap, and the buffer must outlive them.
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn slice(&self, at: usize, len: usize) -> &mut [T] {
-        assert!(at + len <= self.len, "{at}+{len} past {}", self.len);
-        std::slice::from_raw_parts_mut(self.ptr.add(at), len)
     }
 }
 

@@ -7,12 +7,37 @@
 //! to. [`RaggedBatch::fill`] builds those arrays from the engine's [`SeqInput`]s into buffers it
 //! keeps, so a step allocates nothing once the buffers have grown; [`attend_reference`] is the
 //! kernel's arithmetic, checked here against the host kernel ([`crate::attention`]) and, on a
-//! GPU, the reference the CUDA kernel is compared with.
+//! GPU, the reference the CUDA kernel is compared with. [`Heads`], the attention's shape, lives
+//! here too; the candle op that launches the kernel is `paged.rs`, its launch plan
+//! `kernel_plan.rs`. This module imports nothing above it.
 
-use candle_core::{CpuStorage, CustomOp3, Layout, Shape};
-
-use crate::attention::Heads;
 use crate::batch::SeqInput;
+
+/// The attention's heads and pages, as the host kernel, the reference and the launch plan see them.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    pub n_head: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    pub page_size: usize,
+    /// Multiplier of the query-key dot products.
+    pub scale: f32,
+    /// Sliding window: a query at position `p` sees positions `p + 1 - window ..= p` only.
+    pub window: Option<usize>,
+}
+
+impl Heads {
+    pub(crate) fn group(&self) -> usize {
+        self.n_head / self.n_kv
+    }
+    pub(crate) fn kv_dim(&self) -> usize {
+        self.n_kv * self.head_dim
+    }
+    /// The first position a query at `pos` attends to.
+    pub(crate) fn first_seen(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+}
 
 /// The batch's metadata, as the kernel reads it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -214,161 +239,14 @@ fn score(qh: &[f32], k: &[f32], row: usize, kv: usize, h: Heads) -> f32 {
     dot * h.scale
 }
 
-/// Attention for every new token of the batch as one candle op over `q` (`[tokens, n_head,
-/// head_dim]`, f32) and a layer's K and V pools: on CUDA one launch of the paged attention kernel
-/// (`kernels/paged_attention.cu`) reading the pool in its element type; on the CPU
-/// [`attend_reference`], which checks the op's plumbing where there is no GPU. Returns `[tokens,
-/// n_head · head_dim]` in `out`'s element type (f32, or f16 for an output projection that
-/// multiplies dense f16 weights).
-pub(crate) struct PagedAttention<'a> {
-    pub meta: &'a RaggedBatch,
-    /// The batch's metadata uploaded once per forward pass (CUDA only).
-    #[cfg(feature = "cuda")]
-    pub device_batch: Option<&'a crate::cuda::DeviceBatch>,
-    pub heads: Heads,
-    /// The output's element type: f32 or f16.
-    pub out: candle_core::DType,
-    /// Which of the kernel's two layouts a GPU runs (the CPU runs the reference either way).
-    #[cfg(feature = "cuda")]
-    pub kernel: AttentionKernel,
-}
-
-/// The layouts of `kernels/paged_attention.cu`, the same arithmetic: `ModelOptions::attention` is
-/// `warps`, `split` or `per-dimension` (`auto`, the default, picks by the step's size).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttentionKernel {
-    /// 128 threads; in the weighted sum, a thread per dimension walks every position (a chain of
-    /// dependent loads: 303 µs a layer at batch 1 and 800 positions on an H100, 2026-11-26).
-    PerDimension,
-    /// 256 threads; the scores a thread per position (16-byte loads of its key row), the
-    /// weighted sum a lane per 16-byte piece of a value row, a warp over a few positions, the
-    /// rows they read gathered first (the kernel's comments). With a warp per position in both
-    /// phases it took 123 µs in that case, 1.7-2.5x faster than `PerDimension` from batch 1 to
-    /// 512; the 16-byte loads (newer, written without a GPU, tested by quarry-cuda-emu) are not
-    /// yet measured.
-    /// A block per (token, key-value head), except for a context too long for one block's shared
-    /// memory, which it splits as [`AttentionKernel::Split`] does.
-    Warps,
-    /// The warps layout split over the positions too (split-K, flash-decoding): a block per
-    /// (token, key-value head, `chunk` positions), then a launch that combines the chunks
-    /// ([`attend_split_reference`]'s arithmetic). `chunk: None` chooses it per launch, so that a
-    /// step has about four blocks per SM (a decode step at batch 1 is 3 blocks unsplit); with few
-    /// enough blocks to split at all, it runs as `Warps`. `ModelOptions::attention_chunk` sets it.
-    Split { chunk: Option<usize> },
-}
-
-impl PagedAttention<'_> {
-    fn out_shape(&self) -> Shape {
-        Shape::from((self.meta.tokens(), self.heads.n_head * self.heads.head_dim))
-    }
-}
-
-/// The f32 values of a contiguous CPU storage from offset 0 (16-bit pools widened).
-fn host_values(s: &CpuStorage, l: &Layout, what: &str) -> candle_core::Result<Vec<f32>> {
-    let Some((0, end)) = l.contiguous_offsets() else {
-        candle_core::bail!("paged attention: {what} must be contiguous from its start");
-    };
-    Ok(match s {
-        CpuStorage::F32(v) => v[..end].to_vec(),
-        CpuStorage::F16(v) => v[..end].iter().map(|x| x.to_f32()).collect(),
-        CpuStorage::BF16(v) => v[..end].iter().map(|x| x.to_f32()).collect(),
-        _ => candle_core::bail!("paged attention: {what} must be f32, f16 or bf16"),
-    })
-}
-
-impl CustomOp3 for PagedAttention<'_> {
-    fn name(&self) -> &'static str {
-        "quarry-paged-attention"
-    }
-
-    fn cpu_fwd(
-        &self,
-        q: &CpuStorage,
-        lq: &Layout,
-        k: &CpuStorage,
-        lk: &Layout,
-        v: &CpuStorage,
-        lv: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let shape = self.out_shape();
-        let q = host_values(q, lq, "q")?;
-        if q.len() != shape.elem_count() {
-            candle_core::bail!(
-                "paged attention: q has {} values, expected {shape:?}",
-                q.len()
-            );
-        }
-        let (k, v) = (host_values(k, lk, "k")?, host_values(v, lv, "v")?);
-        let mut out = vec![0f32; shape.elem_count()];
-        attend_reference(self.meta, &q, &k, &v, self.heads, &mut out);
-        Ok(match self.out {
-            candle_core::DType::F16 => (
-                CpuStorage::F16(out.iter().map(|&x| half::f16::from_f32(x)).collect()),
-                shape,
-            ),
-            _ => (CpuStorage::F32(out), shape),
-        })
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        q: &candle_core::CudaStorage,
-        lq: &Layout,
-        k: &candle_core::CudaStorage,
-        lk: &Layout,
-        v: &candle_core::CudaStorage,
-        lv: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::{AttentionOut, AttentionShape, KvPool};
-        use candle_core::cuda::CudaStorageSlice as S;
-        for (l, what) in [(lq, "q"), (lk, "k"), (lv, "v")] {
-            if !matches!(l.contiguous_offsets(), Some((0, _))) {
-                candle_core::bail!("paged attention: {what} must be contiguous from its start");
-            }
-        }
-        let Some(batch) = self.device_batch else {
-            candle_core::bail!("paged attention: the batch was not uploaded");
-        };
-        let shape = self.out_shape();
-        let dev = &q.device;
-        let pool = match (&k.slice, &v.slice) {
-            (S::F32(k), S::F32(v)) => KvPool::F32(k, v),
-            (S::F16(k), S::F16(v)) => KvPool::F16(k, v),
-            (S::BF16(k), S::BF16(v)) => KvPool::Bf16(k, v),
-            _ => {
-                candle_core::bail!("paged attention: K and V pools must be f32, f16 or bf16 alike")
-            }
-        };
-        let h = self.heads;
-        let dims = AttentionShape::from(h);
-        let q = q.as_cuda_slice::<f32>()?;
-        let n = shape.elem_count();
-        // SAFETY (both allocations): the kernel writes every output value (one block per token
-        // and head, a thread per dimension).
-        let out = match self.out {
-            candle_core::DType::F16 => {
-                let mut out = unsafe { dev.alloc::<half::f16>(n) }?;
-                let o = AttentionOut::F16(&mut out);
-                crate::cuda::paged_attention(dev, q, pool, batch, dims, self.kernel, o)?;
-                candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
-            }
-            _ => {
-                let mut out = unsafe { dev.alloc::<f32>(n) }?;
-                let o = AttentionOut::F32(&mut out);
-                crate::cuda::paged_attention(dev, q, pool, batch, dims, self.kernel, o)?;
-                candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
-            }
-        };
-        Ok((out, shape))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::attention::attend_host;
     use crate::batch::Plan;
+    #[cfg(feature = "cuda")]
+    use crate::kernel_plan::AttentionKernel;
+    use crate::paged::PagedAttention;
     use crate::simd::testing::{relative_error, values};
 
     /// Three sequences in one batch, as a step mixes them: a 7-token prefill, a decode at

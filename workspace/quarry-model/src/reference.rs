@@ -2,14 +2,15 @@
 //! are checked on: on a GPU by the tests in `src/cuda/`, on the CPU by `quarry-cuda-emu`, which
 //! runs the kernels' CUDA source there. One set of inputs, so both check the same thing.
 
-pub use crate::attention::Heads;
 pub use crate::glu::{gelu_tanh, silu};
 pub use crate::llama::fused::{rms_norm_row, rotate_heads, QkNorm};
+pub use crate::ragged::Heads;
 pub use crate::ragged::{attend_reference, attend_split_reference};
 
 use crate::batch::SeqInput;
+use crate::kernel_plan::AttentionKernel;
 use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize, DEFAULT_SHARED};
-use crate::ragged::{AttentionKernel, RaggedBatch};
+use crate::ragged::RaggedBatch;
 use crate::sampling::{SampleRows, Sampler, SamplingParams};
 
 /// ‖got − want‖ / ‖want‖, in f64.

@@ -353,6 +353,15 @@ impl GraphStats {
     }
 }
 
+/// A step padded to its graph's key ([`GraphKey::pad`]): the padded batch, the
+/// padded ids (tokens, positions, slots: `key.tokens` each) and how many are padding.
+pub(crate) struct PaddedStep {
+    pub key: GraphKey,
+    pub meta: crate::ragged::RaggedBatch,
+    pub ids: Vec<u32>,
+    pub pad: usize,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

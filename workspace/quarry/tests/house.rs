@@ -78,3 +78,117 @@ fn the_check_sees_an_environment_read_where_there_is_one() {
         1
     );
 }
+
+/// The `crate::` modules a source file of a crate names, outside its `#[cfg(test)]` modules and
+/// comments: `crate::a::…` and each name of `crate::{a, b::…}`.
+fn crate_imports(text: &str) -> std::collections::BTreeSet<String> {
+    // Up to the first test-only module (`#[cfg(test)]` then `mod` or `pub(crate) mod`).
+    let mut end = text.len();
+    for (i, _) in text.match_indices("#[cfg(test)]\n") {
+        let next = text[i..].lines().nth(1).unwrap_or("");
+        if next.trim_start().contains("mod ") {
+            end = i;
+            break;
+        }
+    }
+    let code = &text[..end];
+    let code: String = code
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect()
+    };
+    let mut out = std::collections::BTreeSet::new();
+    for (i, _) in code.match_indices("crate::") {
+        let rest = &code[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            out.extend(group.split(',').map(|part| ident(part.trim())));
+        } else {
+            out.insert(ident(rest));
+        }
+    }
+    out.retain(|m| !m.is_empty());
+    out
+}
+
+/// A module path of `quarry-model` that leads back to where it started, if any.
+fn import_loop(
+    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Option<Vec<String>> {
+    fn visit(
+        at: &str,
+        graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == at) {
+            return Some(path[i..].iter().cloned().chain([at.to_owned()]).collect());
+        }
+        if !done.insert(at.to_owned()) {
+            return None;
+        }
+        path.push(at.to_owned());
+        for next in graph.get(at).into_iter().flatten() {
+            if graph.contains_key(next) {
+                if let Some(l) = visit(next, graph, path, done) {
+                    return Some(l);
+                }
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    for start in graph.keys() {
+        done.clear();
+        if let Some(l) = visit(start, graph, &mut Vec::new(), &mut done) {
+            return Some(l);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_two_modules_of_the_model_crate_import_each_other() {
+    let src = root().join("workspace/quarry-model/src");
+    let mut files = Vec::new();
+    library_sources(&src, &mut files);
+    let mut graph = std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
+    for path in &files {
+        let rel = path.strip_prefix(&src).unwrap();
+        let top = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        let module = top.trim_end_matches(".rs").to_owned();
+        if module == "lib" {
+            continue;
+        }
+        let mut imports = crate_imports(&std::fs::read_to_string(path).unwrap());
+        imports.remove(&module);
+        graph.entry(module).or_default().extend(imports);
+    }
+    assert!(graph.len() > 15, "found {} modules", graph.len());
+    assert_eq!(import_loop(&graph), None, "an import loop in quarry-model");
+}
+
+#[test]
+fn the_loop_check_finds_a_loop_where_there_is_one() {
+    let text = "use crate::a::X;\n// use crate::zz;\nuse crate::{b::Y, c};\n#[cfg(test)]\nfn f() { crate::e::g() }\n#[cfg(test)]\npub(crate) mod testing { use crate::d; }";
+    let found: Vec<String> = crate_imports(text).into_iter().collect();
+    assert_eq!(found, ["a", "b", "c", "e"]);
+    let mut g = std::collections::BTreeMap::new();
+    g.insert("a".to_string(), ["b".to_string()].into());
+    g.insert("b".to_string(), ["c".to_string()].into());
+    g.insert("c".to_string(), std::collections::BTreeSet::new());
+    assert_eq!(import_loop(&g), None);
+    g.get_mut("c").unwrap().insert("a".into());
+    assert_eq!(import_loop(&g).unwrap().len(), 4);
+}

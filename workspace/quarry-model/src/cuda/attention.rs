@@ -8,8 +8,9 @@ use candle_core::cuda::WrapErr;
 use candle_core::{CudaDevice, Result};
 
 use super::nonempty;
+use crate::kernel_plan::AttentionKernel;
 use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
-use crate::ragged::{AttentionKernel, RaggedBatch};
+use crate::ragged::RaggedBatch;
 use crate::step_graph::GraphKey;
 
 const ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));

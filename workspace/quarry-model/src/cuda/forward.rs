@@ -165,7 +165,7 @@ fn in_out_name(prefix: &str, s: &CudaStorage, out: DType) -> Result<String> {
 
 /// Where [`rope`] writes the keys and values.
 pub(crate) enum RopeOut<'a> {
-    /// Planes after the queries, in the op's output ([`crate::llama::RopeQk`]).
+    /// Planes after the queries, in the op's output ([`crate::op_args::RopeQk`]).
     Planes,
     /// The pools' rows at the tokens' slots (`[tokens]` u32), in the pools' element type
     /// ([`crate::llama::RopeStore`]).
@@ -212,12 +212,12 @@ fn pool_type(pool: &CudaStorage) -> Result<&'static str> {
 
 /// The attention's inputs from the stacked Q/K/V output (`s`, `[tokens, width]`, f32 or f16), in
 /// one launch (`kernels/rope_store.cu`): `rope_qk`, returning the f32 planes of
-/// [`crate::llama::RopeQk`], or with [`RopeOut::Pools`] `rope_store`, returning the queries'
+/// [`crate::op_args::RopeQk`], or with [`RopeOut::Pools`] `rope_store`, returning the queries'
 /// plane (`tokens · q_w` f32) and writing the keys and values into the pools.
 pub(crate) fn rope(
     s: &CudaStorage,
     l: &Layout,
-    op: &crate::llama::RopeQk<'_>,
+    op: &crate::op_args::RopeQk<'_>,
     tokens: usize,
     to: RopeOut<'_>,
 ) -> Result<CudaStorage> {
@@ -327,12 +327,12 @@ pub(crate) fn rope(
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
 
-/// Each row of `s` (`rows` × `width`, f32 or f16) normalized by [`crate::llama::Norm`]'s weight,
+/// Each row of `s` (`rows` × `width`, f32 or f16) normalized by [`crate::op_args::Norm`]'s weight,
 /// into a new tensor of its `out` type: one launch of `rms_norm` (`kernels/residual.cu`).
 pub(crate) fn rms_norm(
     s: &CudaStorage,
     l: &Layout,
-    op: &crate::llama::Norm<'_>,
+    op: &crate::op_args::Norm<'_>,
     rows: usize,
     width: usize,
 ) -> Result<CudaStorage> {
@@ -403,7 +403,7 @@ pub(crate) fn add_into(
     Ok(())
 }
 
-/// `x += y`, then each of `x`'s new rows normalized by [`crate::llama::AddNorm`]'s weight into
+/// `x += y`, then each of `x`'s new rows normalized by [`crate::op_args::AddNorm`]'s weight into
 /// the rows after them: `xh` the stream's `rows` rows of `width` f32 values, then room for as many
 /// (contiguous), `y` `rows` × `width` f32 or f16. One launch of `add_norm` (`kernels/residual.cu`).
 pub(crate) fn add_norm(
@@ -411,7 +411,7 @@ pub(crate) fn add_norm(
     lxh: &Layout,
     y: &CudaStorage,
     ly: &Layout,
-    op: &crate::llama::AddNorm<'_>,
+    op: &crate::op_args::AddNorm<'_>,
     rows: usize,
     width: usize,
 ) -> Result<()> {
@@ -609,7 +609,7 @@ mod tests {
         use crate::attention::StoreRows;
         use crate::config::RopeStyle;
         use crate::llama::fused::RopeStore;
-        use crate::llama::RopeQk;
+        use crate::op_args::RopeQk;
         let (tokens, context) = (37, 1000);
         let cases = [
             (9, 3, 64, RopeStyle::Interleaved, false, false, DType::F16),
@@ -818,7 +818,8 @@ mod tests {
     /// or f16; the in-place add bit for bit, from f32 or f16.
     #[test]
     fn residual_ops_match_their_reference() {
-        use crate::llama::{AddInto, Norm};
+        use crate::llama::AddInto;
+        use crate::op_args::Norm;
         let (rows, width) = (37, 896);
         let x = values(51, rows * width, -4.0, 4.0);
         let (wg, wc) = both(&values(53, width, 0.5, 1.5), &[width], DType::F32);
@@ -853,7 +854,8 @@ mod tests {
     /// out where this fails.
     #[test]
     fn add_norm_matches_add_into_then_rms_norm() {
-        use crate::llama::{AddInto, AddNorm, Norm};
+        use crate::llama::AddInto;
+        use crate::op_args::{AddNorm, Norm};
         let (rows, width) = (37, 896);
         let x = values(51, rows * width, -4.0, 4.0);
         let (wg, wc) = both(&values(53, width, 0.5, 1.5), &[width], DType::F32);

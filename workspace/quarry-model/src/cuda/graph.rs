@@ -23,9 +23,8 @@ use candle_core::{CpuStorage, CudaDevice, DType, Device, Layout, Tensor};
 
 use super::attention::DeviceBatch;
 use crate::error::{ModelError, Result};
-use crate::llama::PaddedStep;
 use crate::ragged::RaggedBatch;
-use crate::step_graph::{Decision, GraphCache, GraphStats};
+use crate::step_graph::{Decision, GraphCache, GraphStats, PaddedStep};
 
 /// The graphs of one model ([`GraphCache`]: which step captures, which replays) and their counts.
 #[derive(Default)]

@@ -19,11 +19,12 @@ use std::ops::Range;
 
 use candle_core::Tensor;
 
-use crate::attention::{self, Heads};
+use crate::attention;
 use crate::batch::{Logits, Plan, SeqInput};
 use crate::config::{Activation, RopeStyle};
 use crate::error::Result;
-use crate::linear::SharedMut;
+use crate::host_mem::SharedMut;
+use crate::ragged::Heads;
 use crate::simd;
 
 use super::fused::{rms_norm_row, rotate_heads, QkNorm};
@@ -108,7 +109,7 @@ impl Llama {
         let (t, e, eps) = (plan.tokens.len(), c.embedding_length, c.rms_norm_eps);
         let (q_w, kv_w) = (c.head_count * c.head_dim, c.kv_dim());
         let mut b = Buffers::default();
-        attention::with_host_slice(&self.embed, |emb| {
+        crate::host_mem::with_host_slice(&self.embed, |emb| {
             b.x.reserve(t * e);
             for &tok in &plan.tokens {
                 let at = tok as usize * e;

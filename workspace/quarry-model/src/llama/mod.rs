@@ -6,22 +6,23 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file::Content, QTensor};
 use candle_core::{DType, Device, Tensor};
 
-use crate::attention::{self, Heads};
+use crate::attention;
 use crate::batch::{Logits, Plan, SeqInput};
 use crate::config::LlamaConfig;
-use crate::error::{ModelError, Result};
-use crate::error::candle_message;
+use crate::error::{candle_message, ModelError, Result};
+use crate::kernel_plan::AttentionKernel;
 use crate::linear::{Fused, Linear};
 use crate::options::{Attention, ModelOptions, SamplingSite};
 use crate::pool::{KvPool, KvStorage};
-use crate::ragged::AttentionKernel;
+use crate::ragged::Heads;
+use crate::step_graph::PaddedStep;
 
 pub(crate) mod fused;
+mod residual;
 #[cfg(all(feature = "cuda", test))]
 pub(crate) use fused::AddInto;
 pub use fused::Fusions;
-#[cfg(feature = "cuda")]
-pub(crate) use fused::{AddNorm, Norm, RopeQk};
+use residual::{Add, Residual, StepIds};
 mod host;
 
 struct Layer {
@@ -575,193 +576,142 @@ impl Llama {
         phases: &mut crate::profile::Phases<'_>,
     ) -> Result<Tensor> {
         let c = &self.config;
-        let dev = &self.device;
         let (tokens, positions) = (ids.narrow(0, 0, t)?, ids.narrow(0, t, t)?);
         let slots = ids.narrow(0, 2 * t, t)?;
-        let (k_pool, v_pool, heads) = (a.k_pool, a.v_pool, a.heads);
-        let eps = c.rms_norm_eps;
-
         let mut x = self.embed.index_select(&tokens, 0)?;
         if c.embedding_scale != 1.0 {
             x = (x * c.embedding_scale as f64)?;
         }
-        // The residual stream `x` (f32) takes each projection's output in place; each norm writes
-        // its rows in the element type the next projection multiplies (llama/fused.rs). Where
-        // every norm's rows are f32 (the quantized weights' small batches) and `add_norm`
-        // is on, the stream has room after its rows for a norm's, and each add but the last
-        // writes the next norm in the same op (`fused::AddNorm`).
         let fusions = if self.device.is_cpu() {
             self.fusions()
         } else {
-            // By the step's bucket, as the attention below: one graph, one form.
+            // By the step's bucket, as the attention: one graph, one form.
             self.fusions()
                 .for_step(crate::step_graph::token_bucket(t).unwrap_or(t))
         };
-        let fuse = self.fuses_add_norm(t);
-        let stream = if fuse {
-            // The room starts as a copy of the stream: every value is written before it is read.
-            Some(Tensor::cat(&[&x, &x], 0)?)
-        } else {
-            None
-        };
-        if let Some(xh) = &stream {
-            x = xh.narrow(0, 0, t)?;
-        }
+        let mut stream = Residual::new(x, t, c.rms_norm_eps, fusions, self.fuses_add_norm(t))?;
         phases.mark("set-up and embedding")?;
-        let norm = |x: &Tensor, weight: &Tensor, out: DType| -> Result<Tensor> {
-            Ok(x.apply_op1_no_bwd(&fused::Norm { weight, eps, out })?)
-        };
-        let gemm_add = fusions.gemm_add;
-        // A block's output projection `proj` of `input` (then Gemma's output norm `post`, where
-        // the model has them) added into the stream: by the projection's GEMM itself where
-        // `gemm_add` is on and nothing comes between (`linear::GemmAdd`), else projected
-        // and added. Where the stream has room for a norm and `norm` (the next projection's norm
-        // weight and element type) asks for f32 rows, the add writes them too (`fused::AddNorm`)
-        // and they are returned; otherwise the caller normalizes.
-        let add_residual = |proj: &Linear,
-                            input: &Tensor,
-                            post: Option<&Tensor>,
-                            norm_with: Option<(&Tensor, DType)>,
-                            what: &'static str,
-                            phases: &mut crate::profile::Phases<'_>|
-         -> Result<Option<Tensor>> {
-            if gemm_add && post.is_none() && proj.add_into(&x, input)? {
-                phases.mark(what)?;
-                return Ok(None);
-            }
-            let mut y = proj.forward_raw(input)?;
-            if let Some(weight) = post {
-                y = norm(&y, weight, DType::F32)?;
-            }
-            phases.mark(what)?;
-            if let (Some(xh), Some((weight, DType::F32))) = (&stream, norm_with) {
-                xh.inplace_op2(&y, &fused::AddNorm { weight, eps })?;
-                phases.mark("residual adds and norms")?;
-                return Ok(Some(xh.narrow(0, t, t)?));
-            }
-            x.inplace_op2(&y, &fused::AddInto)?;
-            phases.mark("residual adds")?;
-            Ok(None)
-        };
-        // The stream's rows normalized for a projection of `out` rows, unless the add wrote them.
-        let normed = |added: Option<Tensor>,
-                      weight: &Tensor,
-                      out: DType,
-                      phases: &mut crate::profile::Phases<'_>|
-         -> Result<Tensor> {
-            match added {
-                Some(h) => Ok(h),
-                None => {
-                    let h = norm(&x, weight, out)?;
-                    phases.mark("norms")?;
-                    Ok(h)
-                }
-            }
+        let ids = StepIds {
+            positions: &positions,
+            slots: &slots,
         };
         // A layer's attention norm, from the add before it (none before the first layer).
         let mut next_h: Option<Tensor> = None;
-        for (l, layer) in self.layers.iter().enumerate() {
-            let h = normed(
-                next_h.take(),
-                &layer.attn_norm,
-                layer.qkv.input_dtype(t),
-                phases,
-            )?;
-            // Q, K and V from one stacked projection, biased, normalized and rotated in one op
-            // (llama/fused.rs), the keys and values written to the pools in one op each.
-            let rope = &self.rope[layer.rope];
-            let op = fused::RopeQk {
-                n_head: c.head_count,
-                n_kv: c.head_count_kv,
-                head_dim: c.head_dim,
-                style: c.rope_style,
-                positions: &positions,
-                cos: &rope.cos,
-                sin: &rope.sin,
-                bias: layer.qkv_bias.as_ref(),
-                qk_norm: layer.qk_norm.as_ref().map(|(q, k)| (q, k)),
-                eps,
-            };
-            let qkv = layer.qkv.forward(&h)?;
-            phases.mark("Q/K/V projection")?;
-            let q = if fusions.rope_store {
-                // The keys and values straight into the pools (`rope_store`).
-                let q = qkv.apply_op1_no_bwd(&fused::RopeStore {
-                    rope: op,
-                    slots: &slots,
-                    k_pool: &k_pool[l],
-                    v_pool: &v_pool[l],
-                })?;
-                phases.mark("RoPE and KV writes")?;
-                q.reshape((t, c.head_count, c.head_dim))?
-            } else {
-                let planes = qkv.apply_op1_no_bwd(&op)?;
-                let [q, k, v] = op.split(&planes, t)?;
-                phases.mark("RoPE")?;
-                k_pool[l].inplace_op3(&k, &slots, &attention::StoreRows)?;
-                v_pool[l].inplace_op3(&v, &slots, &attention::StoreRows)?;
-                phases.mark("KV writes")?;
-                q
-            };
-            let heads = Heads {
-                window: c.window(l),
-                ..heads
-            };
-            let attn = if let Some(_kernel) = a.attention {
-                let op = crate::ragged::PagedAttention {
-                    meta: a.meta,
-                    #[cfg(feature = "cuda")]
-                    device_batch: a.device_batch,
-                    heads,
-                    // The element type the output projection multiplies: no cast between.
-                    out: layer.wo.input_dtype(t),
-                    #[cfg(feature = "cuda")]
-                    kernel: _kernel,
-                };
-                q.apply_op3_no_bwd(&k_pool[l], &v_pool[l], &op)?
-            } else {
-                attention::attend_tensor(&q, &k_pool[l], &v_pool[l], a.plan, a.batch, heads, dev)?
-            };
-            // Gemma's output norms, applied before the residual add when the model has them.
-            let (post_attn, post_ffw) = match &layer.post_norms {
-                Some((a, f)) => (Some(a), Some(f)),
-                None => (None, None),
-            };
-            phases.mark("attention")?;
-            let ffn_in = layer.gate_up.input_dtype(t);
-            let added = add_residual(
-                &layer.wo,
-                &attn,
-                post_attn,
-                Some((&layer.ffn_norm, ffn_in)),
-                "output projection",
-                phases,
-            )?;
-            let h_ffn = normed(added, &layer.ffn_norm, ffn_in, phases)?;
-            let gate_up = layer.gate_up.forward(&h_ffn)?;
-            phases.mark("gate/up projection")?;
-            // act(gate) · up from the stacked gate/up output in one op, in the element type the
-            // down projection multiplies.
-            let act = gate_up.apply_op1_no_bwd(&crate::glu::Glu {
-                act: c.activation,
-                out: layer.w_down.input_dtype(t),
-            })?;
-            phases.mark("GLU")?;
-            let next = self.layers.get(l + 1);
-            let next_norm = next.map(|n| (&n.attn_norm, n.qkv.input_dtype(t)));
-            let added = add_residual(
-                &layer.w_down,
-                &act,
-                post_ffw,
-                next_norm,
-                "down projection",
-                phases,
-            )?;
-            if let Some((weight, out)) = next_norm {
-                next_h = Some(normed(added, weight, out, phases)?);
-            }
+        for l in 0..self.layers.len() {
+            next_h = self.layer(l, a, &ids, &mut stream, next_h.take(), phases)?;
         }
-        Ok(x)
+        Ok(stream.into_stream())
+    }
+
+    /// Layer `l` of a step over the residual `stream`: attention, then the feed-forward, each
+    /// added into the stream. `h`, the attention norm's rows where the add before wrote them;
+    /// returns the next layer's, where this layer's last add wrote them.
+    fn layer(
+        &self,
+        l: usize,
+        a: &PassArgs<'_>,
+        ids: &StepIds<'_>,
+        stream: &mut Residual,
+        h: Option<Tensor>,
+        phases: &mut crate::profile::Phases<'_>,
+    ) -> Result<Option<Tensor>> {
+        let (c, layer, t) = (&self.config, &self.layers[l], stream.rows());
+        let h = stream.normed(h, &layer.attn_norm, layer.qkv.input_dtype(t), phases)?;
+        // Q, K and V from one stacked projection, biased, normalized and rotated in one op
+        // (llama/fused.rs), the keys and values written to the pools in one op each.
+        let rope = &self.rope[layer.rope];
+        let op = fused::RopeQk {
+            n_head: c.head_count,
+            n_kv: c.head_count_kv,
+            head_dim: c.head_dim,
+            style: c.rope_style,
+            positions: ids.positions,
+            cos: &rope.cos,
+            sin: &rope.sin,
+            bias: layer.qkv_bias.as_ref(),
+            qk_norm: layer.qk_norm.as_ref().map(|(q, k)| (q, k)),
+            eps: c.rms_norm_eps,
+        };
+        let qkv = layer.qkv.forward(&h)?;
+        phases.mark("Q/K/V projection")?;
+        let (k_pool, v_pool) = (&a.k_pool[l], &a.v_pool[l]);
+        let q = if stream.fusions.rope_store {
+            // The keys and values straight into the pools (`rope_store`).
+            let q = qkv.apply_op1_no_bwd(&fused::RopeStore {
+                rope: op,
+                slots: ids.slots,
+                k_pool,
+                v_pool,
+            })?;
+            phases.mark("RoPE and KV writes")?;
+            q.reshape((t, c.head_count, c.head_dim))?
+        } else {
+            let planes = qkv.apply_op1_no_bwd(&op)?;
+            let [q, k, v] = op.split(&planes, t)?;
+            phases.mark("RoPE")?;
+            k_pool.inplace_op3(&k, ids.slots, &attention::StoreRows)?;
+            v_pool.inplace_op3(&v, ids.slots, &attention::StoreRows)?;
+            phases.mark("KV writes")?;
+            q
+        };
+        let heads = Heads {
+            window: c.window(l),
+            ..a.heads
+        };
+        let attn = if let Some(_kernel) = a.attention {
+            let op = crate::paged::PagedAttention {
+                meta: a.meta,
+                #[cfg(feature = "cuda")]
+                device_batch: a.device_batch,
+                heads,
+                // The element type the output projection multiplies: no cast between.
+                out: layer.wo.input_dtype(t),
+                #[cfg(feature = "cuda")]
+                kernel: _kernel,
+            };
+            q.apply_op3_no_bwd(k_pool, v_pool, &op)?
+        } else {
+            attention::attend_tensor(&q, k_pool, v_pool, a.plan, a.batch, heads, &self.device)?
+        };
+        // Gemma's output norms, applied before the residual add when the model has them.
+        let (post_attn, post_ffw) = match &layer.post_norms {
+            Some((a, f)) => (Some(a), Some(f)),
+            None => (None, None),
+        };
+        phases.mark("attention")?;
+        let ffn_in = layer.gate_up.input_dtype(t);
+        let add = Add {
+            proj: &layer.wo,
+            post: post_attn,
+            norm_with: Some((&layer.ffn_norm, ffn_in)),
+            what: "output projection",
+        };
+        let added = stream.add(&add, &attn, phases)?;
+        let h_ffn = stream.normed(added, &layer.ffn_norm, ffn_in, phases)?;
+        let gate_up = layer.gate_up.forward(&h_ffn)?;
+        phases.mark("gate/up projection")?;
+        // act(gate) · up from the stacked gate/up output in one op, in the element type the
+        // down projection multiplies.
+        let act = gate_up.apply_op1_no_bwd(&crate::glu::Glu {
+            act: c.activation,
+            out: layer.w_down.input_dtype(t),
+        })?;
+        phases.mark("GLU")?;
+        let next_norm = self
+            .layers
+            .get(l + 1)
+            .map(|n| (&n.attn_norm, n.qkv.input_dtype(t)));
+        let add = Add {
+            proj: &layer.w_down,
+            post: post_ffw,
+            norm_with: next_norm,
+            what: "down projection",
+        };
+        let added = stream.add(&add, &act, phases)?;
+        match next_norm {
+            Some((weight, out)) => Ok(Some(stream.normed(added, weight, out, phases)?)),
+            None => Ok(None),
+        }
     }
 
     /// Hands a pass's logits to `out`: copied to the host, or left on the GPU for
@@ -770,7 +720,7 @@ impl Llama {
         out.device = None;
         if self.device.is_cpu() {
             out.data.clear();
-            attention::with_host_slice(&logits, |s| out.data.extend_from_slice(s))?;
+            crate::host_mem::with_host_slice(&logits, |s| out.data.extend_from_slice(s))?;
         } else if out.device_wanted
             && cfg!(feature = "cuda")
             && self.options.sampling == SamplingSite::Device
@@ -865,15 +815,6 @@ struct PoolView<'a> {
     k: &'a [Tensor],
     v: &'a [Tensor],
     scratch: crate::pool::PageId,
-}
-
-/// A step padded to its graph's key ([`crate::step_graph::GraphKey::pad`]): the padded batch, the
-/// padded ids (tokens, positions, slots: `key.tokens` each) and how many are padding.
-pub(crate) struct PaddedStep {
-    pub key: crate::step_graph::GraphKey,
-    pub meta: crate::ragged::RaggedBatch,
-    pub ids: Vec<u32>,
-    pub pad: usize,
 }
 
 /// What one pass over a step reads besides its ids: the batch and its plan, the attention's
