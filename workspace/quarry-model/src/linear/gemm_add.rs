@@ -1,7 +1,5 @@
 //! `x += a · wᵀ` in place on a GPU: a projection's GEMM adding into the residual stream.
 
-use candle_core::{CpuStorage, Layout};
-
 /// `x += a · wᵀ` in place: `x.inplace_op3(&a, &w, &GemmAdd)`, `x` the f32 residual stream
 /// (`[rows, outputs]`), `a` a projection's f16 input (`[rows, inputs]`), `w` its dense f16
 /// weights (`[outputs, inputs]`), all contiguous. On a GPU one cuBLAS GEMM that accumulates into

@@ -5,19 +5,15 @@
 //! into the residual stream), or candle's quantized kernels below
 //! `ModelOptions::dense_from_rows`.
 
-
 mod gemm_add;
 pub(crate) mod quant;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
-use half::f16;
 
 use crate::error::Result;
-use crate::host_mem::SharedMut;
-use crate::simd::Avx2;
-
-const QK: usize = 32;
+pub(crate) use gemm_add::GemmAdd;
+use quant::{Format, QuantMatrix};
 
 /// A projection `y = x·Wᵀ`.
 pub(crate) enum Linear {

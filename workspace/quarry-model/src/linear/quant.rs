@@ -21,10 +21,19 @@
 //! decode run about 1.7× faster end to end (BENCHMARKS.md). On x86-64 without AVX2 and FMA, and elsewhere, a scalar loop
 //! computes the identical integer sums and rounds the same float operations.
 
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::Tensor;
+use half::f16;
+
+use crate::error::Result;
+use crate::host_mem::SharedMut;
+use crate::simd::Avx2;
+
+const QK: usize = 32;
 
 /// The block formats with a kernel here.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Format {
+pub(crate) enum Format {
     /// A scale `d` and a minimum `m` per 32 values, 4-bit `q` in 0..16: `w = d·q + m`.
     Q4_1,
     /// A scale `d` per 32 values, signed bytes: `w = d·q`.
@@ -49,7 +58,7 @@ impl Format {
     ///
     /// candle multiplies the two K-quants by whole 256-value rows per activation row; here they
     /// join the repacked kernel, whose weights are read once per call whatever the batch.
-    fn of(dtype: GgmlDType) -> Option<Self> {
+    pub(crate) fn of(dtype: GgmlDType) -> Option<Self> {
         match dtype {
             GgmlDType::Q4_1 | GgmlDType::Q4K => Some(Format::Q4_1),
             GgmlDType::Q8_0 | GgmlDType::Q5_0 => Some(Format::Q8_0),
@@ -237,7 +246,7 @@ impl Format {
 
 impl QuantMatrix {
     /// The rows of `parts` (all of one format, all the same width), stacked in order.
-    fn new(parts: &[QTensor]) -> Result<Self> {
+    pub(crate) fn new(parts: &[QTensor]) -> Result<Self> {
         let format = Format::of(parts[0].dtype()).expect("a format with a kernel");
         let cols = parts[0].shape().dims2()?.1;
         // Each part's GGUF blocks, with its type (Q5_0 and Q8_0 parts stack, as do Q4_K and Q4_1).
@@ -318,7 +327,7 @@ impl QuantMatrix {
         }
     }
 
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (m, _) = x.dims2()?;
         let x = x.contiguous()?;
         let mut dst = Vec::new();
@@ -328,7 +337,7 @@ impl QuantMatrix {
 
     /// `m` rows of `xs` times the weights into `dst` (`[m, rows]`). `dst` is resized, not cleared:
     /// every element is written, so a buffer reused across calls is never zeroed.
-    fn forward_host(&self, xs: &[f32], m: usize, dst: &mut Vec<f32>) -> Result<()> {
+    pub(crate) fn forward_host(&self, xs: &[f32], m: usize, dst: &mut Vec<f32>) -> Result<()> {
         let k = self.cols;
         if xs.len() != m * k {
             return Err(crate::ModelError::Forward {
@@ -665,7 +674,11 @@ unsafe fn group_avx2<const R: usize>(w: &Group, a: &[Act]) -> [[f32; LANES]; R] 
 
 #[cfg(test)]
 mod tests {
+    use super::super::gemm_add::GemmAdd;
+    use super::super::{Fused, Linear};
     use super::*;
+    use candle_core::quantized::QMatMul;
+    use candle_core::{Device, Module};
 
     /// `GemmAdd`'s CPU side (the GPU test's reference) adds each row's products into the stream
     /// in place, against the same sums in f64, at an offset into the stream's storage; and names
