@@ -111,7 +111,6 @@ impl LlamaConfig {
 
     /// Reads the hyper-parameters from GGUF metadata. `vocab_size` comes from the embedding tensor.
     pub fn from_content(content: &Content) -> Result<Self> {
-        let md = &content.metadata;
         let architecture = architecture(content)?;
         if !SUPPORTED_ARCHITECTURES.contains(&architecture.as_str()) {
             return Err(ModelError::UnsupportedArchitecture {
@@ -119,124 +118,18 @@ impl LlamaConfig {
                 supported: SUPPORTED_ARCHITECTURES.join(", "),
             });
         }
-        let get = |k: &str| -> Option<(String, &Value)> {
-            let key = format!("{architecture}.{k}");
-            md.get(&key).map(|v| (key, v))
+        let keys = Keys {
+            content,
+            architecture: &architecture,
         };
-        let uint = |k: &str| -> Result<Option<usize>> {
-            get(k)
-                .map(|(key, v)| match as_u64(v) {
-                    Ok(0) => Err(ModelError::InvalidKey {
-                        key,
-                        message: "must be positive".into(),
-                    }),
-                    Ok(x) => Ok(x as usize),
-                    Err(e) => Err(invalid(&key, e)),
-                })
-                .transpose()
-        };
-        let required = |k: &str| -> Result<usize> {
-            uint(k)?.ok_or_else(|| ModelError::MissingKey {
-                key: format!("{architecture}.{k}"),
-            })
-        };
-        let float = |k: &str| -> Result<Option<f64>> {
-            get(k)
-                .map(|(key, v)| as_f64(v).map_err(|e| invalid(&key, e)))
-                .transpose()
-        };
-        let embedding_length = required("embedding_length")?;
-        let head_count = required("attention.head_count")?;
-        let head_count_kv = uint("attention.head_count_kv")?.unwrap_or(head_count);
-        let head_dim = match uint("attention.key_length")? {
-            Some(d) => d,
-            None if embedding_length % head_count == 0 => embedding_length / head_count,
-            None => {
-                return Err(ModelError::InvalidKey {
-                    key: format!("{architecture}.attention.head_count"),
-                    message: format!(
-                        "{head_count} heads do not divide the embedding length {embedding_length}"
-                    ),
-                })
-            }
-        };
-        if head_count % head_count_kv != 0 {
-            return Err(ModelError::InvalidKey {
-                key: format!("{architecture}.attention.head_count_kv"),
-                message: format!("{head_count_kv} KV heads do not divide {head_count} query heads"),
-            });
-        }
-        if let Some(v) = uint("attention.value_length")? {
-            if v != head_dim {
-                return Err(ModelError::InvalidKey {
-                    key: format!("{architecture}.attention.value_length"),
-                    message: format!(
-                        "value width {v} differs from key width {head_dim}, which is not supported"
-                    ),
-                });
-            }
-        }
-        let rope_dim = uint("rope.dimension_count")?.unwrap_or(head_dim);
-        if rope_dim != head_dim || head_dim % 2 != 0 {
-            return Err(ModelError::InvalidKey {
-                key: format!("{architecture}.rope.dimension_count"),
-                message: format!(
-                    "RoPE over {rope_dim} of {head_dim} head dimensions is not supported (only full, even widths)"
-                ),
-            });
-        }
-        // Scaled RoPE (Llama 3.1's `rope_freqs`, linear or YaRN scaling) changes every position's
-        // rotation; running such a model with plain RoPE would be silently wrong.
-        let scaling = md
-            .get(&format!("{architecture}.rope.scaling.type"))
-            .and_then(|v| v.to_string().ok().cloned());
-        if let Some(kind) = scaling.filter(|k| k != "none") {
-            return Err(ModelError::InvalidKey {
-                key: format!("{architecture}.rope.scaling.type"),
-                message: format!("RoPE scaling `{kind}` is not supported"),
-            });
-        }
-        if content.tensor_infos.contains_key("rope_freqs.weight") {
-            return Err(ModelError::InvalidKey {
-                key: "rope_freqs.weight".into(),
-                message: "per-frequency RoPE factors (Llama 3.1 style) are not supported".into(),
-            });
-        }
-        let embd = content
-            .tensor_infos
-            .get("token_embd.weight")
-            .ok_or_else(|| ModelError::MissingTensor {
-                tensor: "token_embd.weight".into(),
-            })?;
-        let vocab_size = match embd.shape.dims() {
-            [v, d] if *d == embedding_length && *v > 0 => *v,
-            dims => {
-                return Err(ModelError::TensorShape {
-                    tensor: "token_embd.weight".into(),
-                    expected: format!("[vocab, {embedding_length}]"),
-                    found: format!("{dims:?}"),
-                })
-            }
-        };
+        let embedding_length = keys.required("embedding_length")?;
+        let (head_count, head_count_kv, head_dim) = keys.heads(embedding_length)?;
+        keys.check_rope(head_dim)?;
+        let vocab_size = vocab_size(content, embedding_length)?;
         let gemma = architecture == "gemma3";
         let qwen2 = architecture == "qwen2";
-        let sliding_window = match uint("attention.sliding_window")? {
-            // llama.cpp: Gemma 3's pattern is five local layers to one global, the local RoPE base
-            // 10,000 whatever the file says for the global layers.
-            Some(size) if gemma => Some(SlidingWindow {
-                size,
-                pattern: 6,
-                rope_freq_base: 10_000.0,
-            }),
-            Some(_) => {
-                return Err(ModelError::InvalidKey {
-                    key: format!("{architecture}.attention.sliding_window"),
-                    message: "sliding-window attention is only supported for gemma3".into(),
-                })
-            }
-            None => None,
-        };
-        let block_count = required("block_count")?;
+        let sliding_window = keys.sliding_window(gemma)?;
+        let block_count = keys.required("block_count")?;
         let attention_scale = if gemma && block_count == 62 {
             // Gemma 3 27B scales by the query width per head, not the head size (as llama.cpp).
             1.0 / ((embedding_length / head_count) as f32).sqrt()
@@ -246,13 +139,15 @@ impl LlamaConfig {
         Ok(Self {
             block_count,
             embedding_length,
-            feed_forward_length: required("feed_forward_length")?,
+            feed_forward_length: keys.required("feed_forward_length")?,
             head_count,
             head_count_kv,
             head_dim,
-            rope_freq_base: float("rope.freq_base")?.unwrap_or(10_000.0) as f32,
-            rms_norm_eps: float("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5) as f32,
-            context_length: required("context_length")?,
+            rope_freq_base: keys.float("rope.freq_base")?.unwrap_or(10_000.0) as f32,
+            rms_norm_eps: keys
+                .float("attention.layer_norm_rms_epsilon")?
+                .unwrap_or(1e-5) as f32,
+            context_length: keys.required("context_length")?,
             vocab_size,
             embedding_scale: if gemma {
                 (embedding_length as f32).sqrt()
@@ -299,5 +194,246 @@ impl LlamaConfig {
         self.sliding_window
             .as_ref()
             .filter(|w| layer % w.pattern < w.pattern - 1)
+    }
+}
+
+/// An architecture's GGUF metadata keys (`<architecture>.<key>`), read with typed errors that
+/// name the key.
+struct Keys<'a> {
+    content: &'a Content,
+    architecture: &'a str,
+}
+
+impl Keys<'_> {
+    fn name(&self, k: &str) -> String {
+        format!("{}.{k}", self.architecture)
+    }
+
+    fn get(&self, k: &str) -> Option<(String, &Value)> {
+        let key = self.name(k);
+        self.content.metadata.get(&key).map(|v| (key, v))
+    }
+
+    /// A positive integer, if present.
+    fn uint(&self, k: &str) -> Result<Option<usize>> {
+        self.get(k)
+            .map(|(key, v)| match as_u64(v) {
+                Ok(0) => Err(ModelError::InvalidKey {
+                    key,
+                    message: "must be positive".into(),
+                }),
+                Ok(x) => Ok(x as usize),
+                Err(e) => Err(invalid(&key, e)),
+            })
+            .transpose()
+    }
+
+    fn required(&self, k: &str) -> Result<usize> {
+        self.uint(k)?
+            .ok_or_else(|| ModelError::MissingKey { key: self.name(k) })
+    }
+
+    fn float(&self, k: &str) -> Result<Option<f64>> {
+        self.get(k)
+            .map(|(key, v)| as_f64(v).map_err(|e| invalid(&key, e)))
+            .transpose()
+    }
+
+    fn bad(&self, k: &str, message: String) -> ModelError {
+        ModelError::InvalidKey {
+            key: self.name(k),
+            message,
+        }
+    }
+
+    /// `(head_count, head_count_kv, head_dim)`: grouped queries that divide evenly, values as
+    /// wide as keys.
+    fn heads(&self, embedding_length: usize) -> Result<(usize, usize, usize)> {
+        let head_count = self.required("attention.head_count")?;
+        let head_count_kv = self.uint("attention.head_count_kv")?.unwrap_or(head_count);
+        let head_dim = match self.uint("attention.key_length")? {
+            Some(d) => d,
+            None if embedding_length.is_multiple_of(head_count) => embedding_length / head_count,
+            None => {
+                return Err(self.bad(
+                    "attention.head_count",
+                    format!(
+                        "{head_count} heads do not divide the embedding length {embedding_length}"
+                    ),
+                ))
+            }
+        };
+        if !head_count.is_multiple_of(head_count_kv) {
+            return Err(self.bad(
+                "attention.head_count_kv",
+                format!("{head_count_kv} KV heads do not divide {head_count} query heads"),
+            ));
+        }
+        if let Some(v) = self.uint("attention.value_length")? {
+            if v != head_dim {
+                return Err(self.bad(
+                    "attention.value_length",
+                    format!(
+                        "value width {v} differs from key width {head_dim}, which is not supported"
+                    ),
+                ));
+            }
+        }
+        Ok((head_count, head_count_kv, head_dim))
+    }
+
+    /// Full-width RoPE without scaling: scaled RoPE (Llama 3.1's `rope_freqs`, linear or YaRN
+    /// scaling) changes every position's rotation, and running such a model with plain RoPE
+    /// would be silently wrong.
+    fn check_rope(&self, head_dim: usize) -> Result<()> {
+        let rope_dim = self.uint("rope.dimension_count")?.unwrap_or(head_dim);
+        if rope_dim != head_dim || !head_dim.is_multiple_of(2) {
+            return Err(self.bad(
+                "rope.dimension_count",
+                format!(
+                    "RoPE over {rope_dim} of {head_dim} head dimensions is not supported (only full, even widths)"
+                ),
+            ));
+        }
+        let scaling = self
+            .content
+            .metadata
+            .get(&self.name("rope.scaling.type"))
+            .and_then(|v| v.to_string().ok().cloned());
+        if let Some(kind) = scaling.filter(|k| k != "none") {
+            return Err(self.bad(
+                "rope.scaling.type",
+                format!("RoPE scaling `{kind}` is not supported"),
+            ));
+        }
+        if self.content.tensor_infos.contains_key("rope_freqs.weight") {
+            return Err(ModelError::InvalidKey {
+                key: "rope_freqs.weight".into(),
+                message: "per-frequency RoPE factors (Llama 3.1 style) are not supported".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Gemma 3's local layers: llama.cpp's pattern of five local layers to one global, the local
+    /// RoPE base 10,000 whatever the file says for the global layers.
+    fn sliding_window(&self, gemma: bool) -> Result<Option<SlidingWindow>> {
+        match self.uint("attention.sliding_window")? {
+            Some(size) if gemma => Ok(Some(SlidingWindow {
+                size,
+                pattern: 6,
+                rope_freq_base: 10_000.0,
+            })),
+            Some(_) => Err(self.bad(
+                "attention.sliding_window",
+                "sliding-window attention is only supported for gemma3".into(),
+            )),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The vocabulary size, from the token embedding's shape (`[vocab, embedding_length]`).
+fn vocab_size(content: &Content, embedding_length: usize) -> Result<usize> {
+    let embd = content
+        .tensor_infos
+        .get("token_embd.weight")
+        .ok_or_else(|| ModelError::MissingTensor {
+            tensor: "token_embd.weight".into(),
+        })?;
+    match embd.shape.dims() {
+        [v, d] if *d == embedding_length && *v > 0 => Ok(*v),
+        dims => Err(ModelError::TensorShape {
+            tensor: "token_embd.weight".into(),
+            expected: format!("[vocab, {embedding_length}]"),
+            found: format!("{dims:?}"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use candle_core::quantized::gguf_file::{TensorInfo, VersionedMagic};
+    use candle_core::quantized::GgmlDType;
+
+    use super::*;
+
+    /// A llama header of 8 heads over 64 dimensions, 2 KV heads, with `extra` keys on top.
+    fn content(extra: &[(&str, Value)]) -> Content {
+        let mut metadata: HashMap<String, Value> = [
+            ("general.architecture", Value::String("llama".into())),
+            ("llama.embedding_length", Value::U32(64)),
+            ("llama.attention.head_count", Value::U32(8)),
+            ("llama.attention.head_count_kv", Value::U32(2)),
+            ("llama.block_count", Value::U32(2)),
+            ("llama.feed_forward_length", Value::U32(128)),
+            ("llama.context_length", Value::U32(256)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        for (k, v) in extra {
+            metadata.insert(k.to_string(), v.clone());
+        }
+        let embd = TensorInfo {
+            ggml_dtype: GgmlDType::F32,
+            shape: candle_core::Shape::from((100, 64)),
+            offset: 0,
+        };
+        Content {
+            magic: VersionedMagic::GgufV3,
+            metadata,
+            tensor_infos: [("token_embd.weight".to_string(), embd)].into(),
+            tensor_data_offset: 0,
+        }
+    }
+
+    fn refused_key(extra: &[(&str, Value)]) -> String {
+        match LlamaConfig::from_content(&content(extra)) {
+            Err(ModelError::InvalidKey { key, .. }) => key,
+            other => panic!("expected an invalid key, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_header_reads_into_its_config_and_each_bad_key_is_named() {
+        let c = LlamaConfig::from_content(&content(&[])).unwrap();
+        assert_eq!((c.head_count, c.head_count_kv, c.head_dim), (8, 2, 8));
+        assert_eq!((c.vocab_size, c.context_length), (100, 256));
+        assert!(c.sliding_window.is_none());
+        let cases: [(&[(&str, Value)], &str); 5] = [
+            (
+                &[("llama.attention.head_count_kv", Value::U32(3))],
+                "llama.attention.head_count_kv",
+            ),
+            (
+                &[("llama.attention.value_length", Value::U32(16))],
+                "llama.attention.value_length",
+            ),
+            (
+                &[("llama.rope.dimension_count", Value::U32(4))],
+                "llama.rope.dimension_count",
+            ),
+            (
+                &[("llama.rope.scaling.type", Value::String("yarn".into()))],
+                "llama.rope.scaling.type",
+            ),
+            (
+                &[("llama.attention.sliding_window", Value::U32(512))],
+                "llama.attention.sliding_window",
+            ),
+        ];
+        for (extra, key) in cases {
+            assert_eq!(refused_key(extra), key);
+        }
+        let missing = content(&[]);
+        let mut missing = missing;
+        missing.metadata.remove("llama.block_count");
+        assert!(matches!(
+            LlamaConfig::from_content(&missing),
+            Err(ModelError::MissingKey { key }) if key == "llama.block_count"
+        ));
     }
 }
