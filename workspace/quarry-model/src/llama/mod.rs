@@ -44,6 +44,72 @@ struct Layer {
     rope: usize,
 }
 
+impl Layer {
+    /// Layer `i`'s weights: `get` reads a tensor by name and checks its shape.
+    fn load(
+        c: &LlamaConfig,
+        i: usize,
+        get: &mut impl FnMut(&str, &[usize]) -> Result<QTensor>,
+        device: &Device,
+        dense_from: usize,
+    ) -> Result<Self> {
+        let (e, hd) = (c.embedding_length, c.head_dim);
+        let dense = |t: QTensor| -> Result<Tensor> { Ok(t.dequantize(device)?) };
+        let mm = |t: QTensor| Linear::new(t, device, dense_from);
+        let mut t = |suffix: &str, dims: &[usize]| get(&format!("blk.{i}.{suffix}"), dims);
+        // A pair of norm vectors of width `w` that the config may or may not have.
+        let mut norms = |has: bool, a: &str, b: &str, w: usize| -> Result<_> {
+            has.then(|| Ok((dense(t(a, &[w])?)?, dense(t(b, &[w])?)?)))
+                .transpose()
+        };
+        let qk_norm = norms(c.qk_norm, "attn_q_norm.weight", "attn_k_norm.weight", hd)?;
+        let post_norms = norms(
+            c.post_norms,
+            "post_attention_norm.weight",
+            "post_ffw_norm.weight",
+            e,
+        )?;
+        let (q_w, kv_w) = (c.head_count * hd, c.kv_dim());
+        let qkv_bias = if c.qkv_bias {
+            let parts = [
+                dense(t("attn_q.bias", &[q_w])?)?,
+                dense(t("attn_k.bias", &[kv_w])?)?,
+                dense(t("attn_v.bias", &[kv_w])?)?,
+            ];
+            Some(Tensor::cat(&parts, 0)?)
+        } else {
+            None
+        };
+        Ok(Layer {
+            qk_norm,
+            post_norms,
+            qkv_bias,
+            rope: usize::from(c.window(i).is_some()),
+            attn_norm: dense(t("attn_norm.weight", &[e])?)?,
+            qkv: Fused::new(
+                vec![
+                    t("attn_q.weight", &[c.head_count * hd, e])?,
+                    t("attn_k.weight", &[c.head_count_kv * hd, e])?,
+                    t("attn_v.weight", &[c.head_count_kv * hd, e])?,
+                ],
+                device,
+                dense_from,
+            )?,
+            wo: mm(t("attn_output.weight", &[e, c.head_count * hd])?)?,
+            ffn_norm: dense(t("ffn_norm.weight", &[e])?)?,
+            gate_up: Fused::new(
+                vec![
+                    t("ffn_gate.weight", &[c.feed_forward_length, e])?,
+                    t("ffn_up.weight", &[c.feed_forward_length, e])?,
+                ],
+                device,
+                dense_from,
+            )?,
+            w_down: mm(t("ffn_down.weight", &[e, c.feed_forward_length])?)?,
+        })
+    }
+}
+
 /// RoPE tables `[context_length, head_dim / 2]` for one base.
 struct RopeTable {
     cos: Tensor,
@@ -142,7 +208,7 @@ impl Llama {
             Ok(t)
         };
         let c = &config;
-        let (e, hd) = (c.embedding_length, c.head_dim);
+        let e = c.embedding_length;
         let dense = |t: QTensor| -> Result<Tensor> { Ok(t.dequantize(device)?) };
         let mm = |t: QTensor| Linear::new(t, device, dense_from);
         let embed_q = get("token_embd.weight", &[c.vocab_size, e])?;
@@ -153,60 +219,9 @@ impl Llama {
             // Tied embeddings (SmolLM2): the output projection is the embedding matrix.
             mm(embed_q)?
         };
-        let mut layers = Vec::with_capacity(c.block_count);
-        for i in 0..c.block_count {
-            let mut t = |suffix: &str, dims: &[usize]| get(&format!("blk.{i}.{suffix}"), dims);
-            // A pair of norm vectors of width `w` that the config may or may not have.
-            let mut norms = |has: bool, a: &str, b: &str, w: usize| -> Result<_> {
-                has.then(|| Ok((dense(t(a, &[w])?)?, dense(t(b, &[w])?)?)))
-                    .transpose()
-            };
-            let qk_norm = norms(c.qk_norm, "attn_q_norm.weight", "attn_k_norm.weight", hd)?;
-            let post_norms = norms(
-                c.post_norms,
-                "post_attention_norm.weight",
-                "post_ffw_norm.weight",
-                e,
-            )?;
-            let (q_w, kv_w) = (c.head_count * hd, c.kv_dim());
-            let qkv_bias = if c.qkv_bias {
-                let parts = [
-                    dense(t("attn_q.bias", &[q_w])?)?,
-                    dense(t("attn_k.bias", &[kv_w])?)?,
-                    dense(t("attn_v.bias", &[kv_w])?)?,
-                ];
-                Some(Tensor::cat(&parts, 0)?)
-            } else {
-                None
-            };
-            layers.push(Layer {
-                qk_norm,
-                post_norms,
-                qkv_bias,
-                rope: usize::from(c.window(i).is_some()),
-                attn_norm: dense(t("attn_norm.weight", &[e])?)?,
-                qkv: Fused::new(
-                    vec![
-                        t("attn_q.weight", &[c.head_count * hd, e])?,
-                        t("attn_k.weight", &[c.head_count_kv * hd, e])?,
-                        t("attn_v.weight", &[c.head_count_kv * hd, e])?,
-                    ],
-                    device,
-                    dense_from,
-                )?,
-                wo: mm(t("attn_output.weight", &[e, c.head_count * hd])?)?,
-                ffn_norm: dense(t("ffn_norm.weight", &[e])?)?,
-                gate_up: Fused::new(
-                    vec![
-                        t("ffn_gate.weight", &[c.feed_forward_length, e])?,
-                        t("ffn_up.weight", &[c.feed_forward_length, e])?,
-                    ],
-                    device,
-                    dense_from,
-                )?,
-                w_down: mm(t("ffn_down.weight", &[e, c.feed_forward_length])?)?,
-            });
-        }
+        let layers = (0..c.block_count)
+            .map(|i| Layer::load(c, i, &mut get, device, dense_from))
+            .collect::<Result<Vec<_>>>()?;
         let norm = dense(get("output_norm.weight", &[e])?)?;
         let mut rope = vec![rope_table(c, c.rope_freq_base, device)?];
         if let Some(w) = &c.sliding_window {
