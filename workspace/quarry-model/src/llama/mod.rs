@@ -440,25 +440,7 @@ impl Llama {
             }
         };
         let padded = match attention {
-            Some(_) if pad => crate::step_graph::GraphKey::of(&meta).map(|key| {
-                let scratch = pool.scratch;
-                let mut step = PaddedStep {
-                    key,
-                    meta: Default::default(),
-                    ids: Vec::new(),
-                    pad: 0,
-                };
-                step.pad = key.pad(&meta, scratch, &mut step.meta);
-                let scratch_slot = scratch * heads.page_size as u32;
-                key.pad_ids(
-                    &plan.tokens,
-                    &plan.positions,
-                    &plan.slots,
-                    scratch_slot,
-                    &mut step.ids,
-                );
-                step
-            }),
+            Some(_) if pad => padded_step(&meta, plan, pool.scratch, heads.page_size),
             _ => None,
         };
         let logit_rows = || Tensor::from_slice(&plan.logit_rows, plan.logit_rows.len(), dev);
@@ -845,6 +827,33 @@ struct PassArgs<'a> {
     k_pool: &'a [Tensor],
     v_pool: &'a [Tensor],
     heads: Heads,
+}
+
+/// The step padded to its graph's key ([`PaddedStep`]): its batch and ids, the padding's rows in
+/// the `scratch` page. `None` where the step has no graph key (too many tokens).
+fn padded_step(
+    meta: &crate::ragged::RaggedBatch,
+    plan: &Plan,
+    scratch: crate::pool::PageId,
+    page_size: usize,
+) -> Option<PaddedStep> {
+    let key = crate::step_graph::GraphKey::of(meta)?;
+    let mut step = PaddedStep {
+        key,
+        meta: Default::default(),
+        ids: Vec::new(),
+        pad: 0,
+    };
+    step.pad = key.pad(meta, scratch, &mut step.meta);
+    let scratch_slot = scratch * page_size as u32;
+    key.pad_ids(
+        &plan.tokens,
+        &plan.positions,
+        &plan.slots,
+        scratch_slot,
+        &mut step.ids,
+    );
+    Some(step)
 }
 
 /// `cos(p * θ_i)` and `sin(p * θ_i)` for every position and frequency, `θ_i = base^(-2i/d)`.
