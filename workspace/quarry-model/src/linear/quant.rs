@@ -898,29 +898,22 @@ mod tests {
         assert_eq!(qa[QK + 2], -14, "-14.5 rounds to even");
     }
 
+    /// Every format with a kernel here, against the same matmul on dequantized weights: Q4_1 and
+    /// Q8_0 on their own kernels; Q5_0 on the Q8_0 kernel (its unpacking: high bits, nibble
+    /// order, the offset of 16); Q4_K on the Q4_1 kernel (packed 6-bit scales and minimums,
+    /// sub-block nibble order) and Q6_K on Q8x16 (split low and high bits, sixteen signed
+    /// scales), each checked against candle's own dequantization of the same blocks.
     #[test]
-    fn q4_1_matmul_matches_dequantized_weights() {
-        matches_dequantized_weights(GgmlDType::Q4_1);
-    }
-
-    #[test]
-    fn q8_0_matmul_matches_dequantized_weights() {
-        matches_dequantized_weights(GgmlDType::Q8_0);
-    }
-
-    /// Q5_0 runs on the Q8_0 kernel: its unpacking (high bits, nibble order, the offset of 16) is
-    /// checked against candle's own dequantization of the same blocks.
-    #[test]
-    fn q5_0_matmul_matches_dequantized_weights() {
-        matches_dequantized_weights(GgmlDType::Q5_0);
-    }
-
-    /// Q4_K runs on the Q4_1 kernel (packed 6-bit scales and minimums, sub-block nibble order),
-    /// Q6_K on Q8x16 (split low and high bits, sixteen signed scales).
-    #[test]
-    fn k_quant_matmuls_match_dequantized_weights() {
-        matches_dequantized_weights(GgmlDType::Q4K);
-        matches_dequantized_weights(GgmlDType::Q6K);
+    fn every_kernel_format_matches_dequantized_weights() {
+        for dtype in [
+            GgmlDType::Q4_1,
+            GgmlDType::Q8_0,
+            GgmlDType::Q5_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ] {
+            matches_dequantized_weights(dtype);
+        }
     }
 
     /// The repacked weights are exactly candle's (and llama.cpp's) dequantized values: every
