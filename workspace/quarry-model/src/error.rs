@@ -10,8 +10,12 @@ pub enum ModelError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{path} is not a readable GGUF file: {message}")]
-    Gguf { path: PathBuf, message: String },
+    #[error("{path} is not a readable GGUF file: {source}")]
+    Gguf {
+        path: PathBuf,
+        #[source]
+        source: Box<candle_core::Error>,
+    },
     /// The header is intact but tensor data runs past the end of the file (an interrupted download).
     #[error("tensor `{tensor}` needs bytes up to offset {needed} but the file has only {file_bytes}: the file is truncated")]
     Truncated {
@@ -36,8 +40,12 @@ pub enum ModelError {
         expected: String,
         found: String,
     },
-    #[error("cannot load tensor `{tensor}`: {message}")]
-    LoadTensor { tensor: String, message: String },
+    #[error("cannot load tensor `{tensor}`: {source}")]
+    LoadTensor {
+        tensor: String,
+        #[source]
+        source: Box<candle_core::Error>,
+    },
     /// `--device` named something this build cannot run on.
     #[error("device `{device}`: {message}")]
     Device { device: String, message: String },
@@ -52,17 +60,24 @@ pub enum ModelError {
     PoolMismatch { message: String },
     #[error("sampling: {message}")]
     Sampling { message: String },
-    /// A tensor operation failed inside the forward pass (a bug or a device error, not bad input).
+    /// The forward pass found something it cannot run (a bug, not bad input).
     #[error("forward pass: {message}")]
     Forward { message: String },
+    /// A tensor operation (candle's, or one of quarry's kernels through it) failed inside the
+    /// forward pass: a bug or a device error, not bad input.
+    #[error("forward pass: {source}")]
+    Candle {
+        #[source]
+        source: Box<candle_core::Error>,
+    },
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
 
 impl From<candle_core::Error> for ModelError {
     fn from(e: candle_core::Error) -> Self {
-        ModelError::Forward {
-            message: candle_message(e),
+        ModelError::Candle {
+            source: Box::new(without_backtrace(e)),
         }
     }
 }
@@ -70,8 +85,13 @@ impl From<candle_core::Error> for ModelError {
 /// candle attaches a captured backtrace to its errors when `RUST_BACKTRACE` is set; a user-facing
 /// message wants only the cause.
 pub(crate) fn candle_message(e: candle_core::Error) -> String {
+    without_backtrace(e).to_string()
+}
+
+/// candle's error without the backtrace it may carry: what a typed error keeps as its source.
+pub(crate) fn without_backtrace(e: candle_core::Error) -> candle_core::Error {
     match e {
-        candle_core::Error::WithBacktrace { inner, .. } => candle_message(*inner),
-        other => other.to_string(),
+        candle_core::Error::WithBacktrace { inner, .. } => without_backtrace(*inner),
+        other => other,
     }
 }

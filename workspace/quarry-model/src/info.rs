@@ -118,7 +118,7 @@ pub(crate) fn read_gguf(path: &Path) -> Result<(Content, u64, std::io::BufReader
     let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
     let content = Content::read(&mut file).map_err(|e| ModelError::Gguf {
         path: path.to_owned(),
-        message: candle_message(e),
+        source: Box::new(crate::error::without_backtrace(e)),
     })?;
     Ok((content, file_bytes, file))
 }

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::attention;
 use crate::batch::{Logits, Plan, SeqInput};
 use crate::config::LlamaConfig;
-use crate::error::{candle_message, ModelError, Result};
+use crate::error::{without_backtrace, ModelError, Result};
 use crate::kernel_plan::AttentionKernel;
 use crate::linear::{Fused, Linear};
 use crate::options::{Attention, ModelOptions, SamplingSite};
@@ -196,7 +196,7 @@ impl Llama {
                 .tensor(reader, name, device)
                 .map_err(|e| ModelError::LoadTensor {
                     tensor: name.into(),
-                    message: candle_message(e),
+                    source: Box::new(without_backtrace(e)),
                 })?;
             if t.shape().dims() != dims {
                 return Err(ModelError::TensorShape {
