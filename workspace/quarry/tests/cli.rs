@@ -782,31 +782,26 @@ fn a_budget_under_the_shortest_record_is_refused_and_at_it_the_record_closes() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no shortest record in {err}"));
     assert!((2..=8).contains(&shortest), "{err}");
+    let generate = |max_tokens: &str| {
+        quarry(&[
+            "generate",
+            "--prompt",
+            "Code:",
+            "--regex",
+            regex,
+            "--max-tokens",
+            max_tokens,
+        ])
+    };
     let below = (shortest - 1).to_string();
-    let err = one_line_error(&quarry(&[
-        "generate",
-        "--prompt",
-        "Code:",
-        "--regex",
-        regex,
-        "--max-tokens",
-        &below,
-    ]));
+    let err = one_line_error(&generate(&below));
     assert!(
         err.contains(&format!("shortest record takes {shortest} tokens"))
             && err.contains(&format!("--max-tokens is {below}")),
         "{err}"
     );
     let at = shortest.to_string();
-    let out = stdout(&quarry(&[
-        "generate",
-        "--prompt",
-        "Code:",
-        "--regex",
-        regex,
-        "--max-tokens",
-        &at,
-    ]));
+    let out = stdout(&generate(&at));
     let text = out.trim_end_matches('\n').as_bytes();
     let complete = text.len() == 8
         && text[..3].iter().all(u8::is_ascii_lowercase)

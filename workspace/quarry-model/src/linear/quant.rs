@@ -898,6 +898,15 @@ mod tests {
         assert_eq!(qa[QK + 2], -14, "-14.5 rounds to even");
     }
 
+    /// The GGUF types with a kernel here (some repacked into another's form).
+    const KERNEL_FORMATS: [GgmlDType; 5] = [
+        GgmlDType::Q4_1,
+        GgmlDType::Q8_0,
+        GgmlDType::Q5_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+    ];
+
     /// Every format with a kernel here, against the same matmul on dequantized weights: Q4_1 and
     /// Q8_0 on their own kernels; Q5_0 on the Q8_0 kernel (its unpacking: high bits, nibble
     /// order, the offset of 16); Q4_K on the Q4_1 kernel (packed 6-bit scales and minimums,
@@ -905,13 +914,7 @@ mod tests {
     /// scales), each checked against candle's own dequantization of the same blocks.
     #[test]
     fn every_kernel_format_matches_dequantized_weights() {
-        for dtype in [
-            GgmlDType::Q4_1,
-            GgmlDType::Q8_0,
-            GgmlDType::Q5_0,
-            GgmlDType::Q4K,
-            GgmlDType::Q6K,
-        ] {
+        for dtype in KERNEL_FORMATS {
             matches_dequantized_weights(dtype);
         }
     }
@@ -924,13 +927,7 @@ mod tests {
         let dev = Device::Cpu;
         let (n, k) = (3, 512);
         let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
-        for dtype in [
-            GgmlDType::Q4_1,
-            GgmlDType::Q8_0,
-            GgmlDType::Q5_0,
-            GgmlDType::Q4K,
-            GgmlDType::Q6K,
-        ] {
+        for dtype in KERNEL_FORMATS {
             let q = QTensor::quantize(&w, dtype).unwrap();
             let want = q
                 .dequantize(&dev)
