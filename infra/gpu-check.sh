@@ -6,7 +6,7 @@
 #   1. the GPU: name, driver, memory, clocks;
 #   2. the CUDA kernel tests (each kernel against its plain-Rust reference) and the model tests
 #      (paged forward, llama.cpp fixtures, greedy continuations) on cuda:0;
-#   3. the attention kernel's layouts timed against a device copy (attention_bench), and
+#   3. the attention kernel's layouts timed against a device copy (attention-bench), and
 #      `quarry generate --device cuda:0`, free and constrained;
 #   4. the peers on the same GPU and GGUF, first (they are quick): llama.cpp's
 #      `llama-batched-bench` (CUDA build) and transformers `generate` (bf16);
@@ -17,7 +17,7 @@
 # DOCS (default: the batch size, 16 at least), PP and TG (the peers' prompt and output tokens, default 700
 # and 160, about quarry's documents), CALL_SECONDS (default 570: every step gets a share of what
 # is left, so the call ends inside the device tool's 10 minutes and says what did not run),
-# TESTS=0 (skip the tests, attention_bench and generate), STAGE_DIR (default /root/quarry-gpu), AB_SECONDS (default 150: kept for the A/B runs), PEERS=0 (skip llama.cpp and transformers, for a short
+# TESTS=0 (skip the tests, attention-bench and generate), STAGE_DIR (default /root/quarry-gpu), AB_SECONDS (default 150: kept for the A/B runs), PEERS=0 (skip llama.cpp and transformers, for a short
 # call after they were measured on the same GPU kind; PEERS=llama: llama.cpp only).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -163,8 +163,8 @@ if ! passed sampling_matches_the_host_draw_row_for_row || ! passed mask_uploads_
   export QUARRY_SAMPLING=host
 fi
 
-section "the attention kernel's layouts (attention_bench)"
-timeout 60 "$PACK/bin/attention_bench" || status=1
+section "the attention kernel's layouts (attention-bench)"
+timeout 60 "$PACK/bin/attention-bench" || status=1
 
 section "quarry generate --device cuda:0"
 timeout 60 "$Q" generate --device cuda:0 --chat --max-tokens 48 \
@@ -224,7 +224,7 @@ merge_runs "$OUT/quarry-bench-cuda.json" "${runs[@]}"
 # (steps of at most 16 tokens: 1.44x at batch 1 and 1.20x at 8 on an H200, 2026-11-28); then all
 # three at batch 32, just past the threshold; the steps' CUDA graphs off at batch 1 and 32, and
 # the forward pass's phases timed (QUARRY_PROFILE, its table in the log) at batch 512. The
-# settings measured before (QUARRY_EVENT_TRACKING=on, QUARRY_ATTENTION=per-dimension or gather,
+# settings measured before (QUARRY_ATTENTION=per-dimension or gather,
 # QUARRY_SAMPLING=host, QUARRY_DENSE_FROM_ROWS, QUARRY_ADD_NORM, QUARRY_KV_DTYPE=bf16) run when
 # AB names them; all into one JSON whose runs carry their setting.
 OLD=QUARRY_ATTENTION=warps,QUARRY_GEMM_ADD=off,QUARRY_ROPE_STORE=off

@@ -2,7 +2,7 @@
 # Packs everything one GPU check needs into .gpu/ (git-ignored), built here, on a machine without
 # a GPU, so that the lent GPU spends its minutes measuring instead of compiling (`make gpu-pack`):
 #   - quarry with CUDA and the CUDA model tests (infra/build-cuda.sh, CUDA_TESTS=1), and the
-#     attention kernel's benchmark (quarry-model's example attention_bench);
+#     attention kernel's benchmark (quarry-bench's attention-bench);
 #   - llama.cpp with CUDA, the peer (infra/build-llama-cuda.sh);
 #   - the `gguf` wheel, which transformers needs to read a GGUF (the GPU image lacks it);
 #   - the model file, and this machine's package database as the benchmark's documents, so that
@@ -36,8 +36,8 @@ trap 'rm -rf "$STAGE" "$CHUNKS"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/tests"
 cp "$TARGET/release/quarry" "$STAGE/bin/"
 source infra/cuda-env.sh >/dev/null
-cargo build --release -p quarry-model --features cuda --example attention_bench
-cp "$TARGET/release/examples/attention_bench" "$STAGE/bin/"
+cargo build --release -p quarry-bench --features cuda --bin attention-bench
+cp "$TARGET/release/attention-bench" "$STAGE/bin/"
 [ "${PEERS:-1}" = 0 ] || cp "$CACHE/llama-cuda/bin/llama-batched-bench" "$STAGE/bin/"
 # The CUDA test binaries of quarry-model, as cargo names them (no rebuild: built above).
 cargo test --release -p quarry-model --features cuda --no-run --message-format json 2>/dev/null \

@@ -1311,7 +1311,7 @@ impl Engine {
 
     /// Checks that every page is accounted for exactly once: free, in the cache, or held by one
     /// running sequence (shared prefixes excepted). For tests.
-    pub fn check_pages(&self) -> Result<(), String> {
+    pub fn check_pages(&self) -> Result<(), crate::radix::Inconsistency> {
         let mut owner = vec![0u8; self.pool.num_pages()];
         for p in self.cache.pages() {
             owner[p as usize] += 1;
@@ -1324,7 +1324,11 @@ impl Engine {
         for (p, &n) in owner.iter().enumerate() {
             let allocated = self.pool.is_allocated(p as u32);
             if (n == 0 && allocated) || (n > 0 && !allocated) || n > 1 {
-                return Err(format!("page {p}: {n} owners, allocated = {allocated}"));
+                return Err(crate::radix::Inconsistency::PageOwners {
+                    page: p as PageId,
+                    owners: n,
+                    allocated,
+                });
             }
         }
         let mut locks = FxHashMap::default();

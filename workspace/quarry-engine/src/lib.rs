@@ -65,7 +65,7 @@ mod spec;
 pub use engine::{Engine, EngineConfig, EngineStats, KeepBack};
 pub use error::{EngineError, RequestError};
 pub use model::{Draws, Model};
-pub use radix::{CacheStats, RadixCache};
+pub use radix::{CacheStats, Inconsistency, RadixCache};
 pub use request::{
     Completion, ConstraintSpec, FinishReason, Processor, Prompt, Reasoning, Request, RequestStats,
     DEFAULT_MAX_TOKENS,

@@ -343,22 +343,22 @@ impl RadixCache {
     ///   non-empty key with one page per token;
     /// - a node's lock count is its own locks plus its children's (`own_locks` gives the former);
     /// - no page appears twice, and `cached_pages` counts them all.
-    pub fn check(&self, own_locks: &FxHashMap<NodeId, u32>) -> Result<(), String> {
+    pub fn check(&self, own_locks: &FxHashMap<NodeId, u32>) -> Result<(), Inconsistency> {
         let mut seen = rustc_hash::FxHashSet::default();
         let mut total = 0;
         let mut stack = vec![ROOT];
         while let Some(id) = stack.pop() {
             let n = &self.nodes[id as usize];
             if !n.live {
-                return Err(format!("node {id} is reachable but not live"));
+                return Err(Inconsistency::DeadNode { node: id });
             }
             if id != ROOT {
                 if n.key.is_empty() || n.key.len() != n.pages.len() {
-                    return Err(format!(
-                        "node {id}: {} tokens, {} pages",
-                        n.key.len(),
-                        n.pages.len()
-                    ));
+                    return Err(Inconsistency::PagesPerToken {
+                        node: id,
+                        tokens: n.key.len(),
+                        pages: n.pages.len(),
+                    });
                 }
                 let expected = own_locks.get(&id).copied().unwrap_or(0)
                     + n.children
@@ -366,31 +366,39 @@ impl RadixCache {
                         .map(|&c| self.nodes[c as usize].lock_ref)
                         .sum::<u32>();
                 if n.lock_ref != expected {
-                    return Err(format!(
-                        "node {id}: lock_ref {} but {expected} locks at or below it",
-                        n.lock_ref
-                    ));
+                    return Err(Inconsistency::LockCount {
+                        node: id,
+                        lock_ref: n.lock_ref,
+                        expected,
+                    });
                 }
             }
             for &p in &n.pages {
                 if !seen.insert(p) {
-                    return Err(format!("page {p} is held twice"));
+                    return Err(Inconsistency::PageOwners {
+                        page: p,
+                        owners: 2,
+                        allocated: true,
+                    });
                 }
             }
             total += n.pages.len();
             for (&first, &c) in &n.children {
                 let child = &self.nodes[c as usize];
                 if child.parent != id || child.key.first() != Some(&first) {
-                    return Err(format!("child {c} of {id} is linked wrongly"));
+                    return Err(Inconsistency::Link {
+                        child: c,
+                        parent: id,
+                    });
                 }
                 stack.push(c);
             }
         }
         if total != self.cached_pages {
-            return Err(format!(
-                "cached_pages is {} but the tree holds {total}",
-                self.cached_pages
-            ));
+            return Err(Inconsistency::CachedPages {
+                counted: self.cached_pages,
+                held: total,
+            });
         }
         Ok(())
     }
@@ -403,6 +411,39 @@ impl RadixCache {
             .flat_map(|n| n.pages.iter().copied())
             .collect()
     }
+}
+
+/// What [`RadixCache::check`] or the engine's page check found wrong: a defect in quarry, named
+/// by the node or page where it shows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Inconsistency {
+    #[error("node {node} is reachable but not live")]
+    DeadNode { node: NodeId },
+    #[error("node {node}: {tokens} tokens, {pages} pages")]
+    PagesPerToken {
+        node: NodeId,
+        tokens: usize,
+        pages: usize,
+    },
+    #[error("node {node}: lock_ref {lock_ref} but {expected} locks at or below it")]
+    LockCount {
+        node: NodeId,
+        lock_ref: u32,
+        expected: u32,
+    },
+    #[error("child {child} of {parent} is linked wrongly")]
+    Link { child: NodeId, parent: NodeId },
+    #[error("cached_pages is {counted} but the tree holds {held}")]
+    CachedPages { counted: usize, held: usize },
+    /// A page with no owner that is allocated, an owner that is not, or several owners (the
+    /// tree and the running sequences are the owners).
+    #[error("page {page}: {owners} owners, allocated = {allocated}")]
+    PageOwners {
+        page: PageId,
+        owners: u8,
+        allocated: bool,
+    },
 }
 
 fn common_len(a: &[u32], b: &[u32]) -> usize {

@@ -3,8 +3,12 @@
 #[non_exhaustive]
 pub enum GrammarError {
     /// The regex does not parse, or uses a feature a byte DFA cannot express.
-    #[error("invalid regex {pattern:?}: {message}")]
-    InvalidRegex { pattern: String, message: String },
+    #[error("invalid regex {pattern:?}: {reason}")]
+    InvalidRegex {
+        pattern: String,
+        #[source]
+        reason: RegexError,
+    },
     /// A grammar (GBNF) that does not parse; `line` and `column` count from 1 (columns in
     /// characters).
     #[error("invalid grammar at line {line}, column {column}: {message}")]
@@ -34,6 +38,30 @@ pub enum GrammarError {
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
     UnknownToken { id: u32, vocab_size: usize },
+}
+
+/// Why a regex does not become a constraint: [`GrammarError::InvalidRegex`]'s source.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegexError {
+    /// regex-syntax refused the pattern; `message` is its error on one line (it draws the
+    /// pattern with a caret under the error on several).
+    #[error("{message}")]
+    Syntax { message: String },
+    /// An assertion other than an anchor at the very start or end of the pattern (`look` is its
+    /// name), or a word boundary: the whole output is matched, so nothing else is expressible.
+    #[error(
+        "the assertion {look} is not supported: anchors (^ $ \\A \\z) only at the start or end \
+         of the pattern, since the whole output is matched, and no word boundaries"
+    )]
+    Assertion { look: String },
+    /// Schema text with rule references or intersections that leaves the direct parser's
+    /// dialect at byte `at`: a defect in quarry's schema translation, not in the schema.
+    #[error(
+        "internal error: schema regex with rule references or intersections leaves the direct \
+         parser's dialect at byte {at} (please report the schema)"
+    )]
+    Internal { at: usize },
 }
 
 /// A token or bytes the constraint does not allow at this point. The matcher is unchanged.

@@ -245,7 +245,7 @@ fn from_regex_rules(root: &Re, rules: Vec<Re>) -> Result<Prepared, GrammarError>
     let parse = |terms: &mut Terms, re: &Re| {
         re.lower(terms).map_err(|e| GrammarError::InvalidRegex {
             pattern: e.text,
-            message: e.message,
+            reason: e.reason,
         })
     };
     let root = parse(&mut terms, root)?;
@@ -366,10 +366,10 @@ impl Grammar {
                 let pattern = constraint.pattern()?;
                 within(pattern.len(), limits.max_regex_bytes, "max_regex_bytes")?;
                 let mut terms = Terms::new();
-                let root = crate::parse::parse(&mut terms, &pattern, false).map_err(|message| {
+                let root = crate::parse::parse(&mut terms, &pattern, false).map_err(|reason| {
                     GrammarError::InvalidRegex {
                         pattern: pattern.clone(),
-                        message,
+                        reason,
                     }
                 })?;
                 Prepared {

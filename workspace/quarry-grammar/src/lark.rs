@@ -377,7 +377,7 @@ impl Parser<'_> {
                 } else if self.eat("i") {
                     let re = format!("(?i:{})", regex_syntax::escape(&s));
                     crate::parse::parse(&mut self.terms, &re, false)
-                        .map_err(|e| self.error_at(at, &e))?
+                        .map_err(|e| self.error_at(at, &e.to_string()))?
                 } else {
                     literal(&mut self.terms, s.as_bytes())
                 };

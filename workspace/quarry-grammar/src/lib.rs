@@ -79,9 +79,9 @@ mod parse;
 pub mod schema;
 mod vocab;
 
-pub use error::{GrammarError, Rejection};
+pub use error::{GrammarError, RegexError, Rejection};
 pub use grammar::{Constraint, ConstraintKey, Grammar};
 pub use limits::Limits;
 pub use matcher::{Matcher, Peek};
-pub use schema::{SchemaError, SchemaOptions, Whitespace};
+pub use schema::{SchemaError, SchemaOptions, UnknownWhitespace, Whitespace};
 pub use vocab::Vocabulary;

@@ -17,13 +17,14 @@ use regex_syntax::hir::{Class, ClassBytes, ClassBytesRange, ClassUnicode, ClassU
 use regex_syntax::hir::{Hir, HirKind, Look};
 
 use crate::deriv::{ByteSet, Id, Terms, EMPTY, INF};
+use crate::error::RegexError;
 
 /// Deepest group nesting accepted (the derivative recursion follows it).
 const NEST_LIMIT: u32 = 400;
 
 /// Parses `pattern`. `bytes`: byte-mode groups may match invalid UTF-8 (schema regexes, whose
 /// intersections split code points); user regexes must match UTF-8 only.
-pub(crate) fn parse(terms: &mut Terms, pattern: &str, bytes: bool) -> Result<Id, String> {
+pub(crate) fn parse(terms: &mut Terms, pattern: &str, bytes: bool) -> Result<Id, RegexError> {
     parse_with_rules(terms, pattern, bytes, 0)
 }
 
@@ -76,7 +77,7 @@ pub(crate) fn parse_with_rules(
     pattern: &str,
     bytes: bool,
     rules: u32,
-) -> Result<Id, String> {
+) -> Result<Id, RegexError> {
     let mut fast = Fast::new(terms, pattern, bytes);
     fast.rules = rules;
     if let Some(id) = fast.alternation(false) {
@@ -89,10 +90,7 @@ pub(crate) fn parse_with_rules(
         // concatenation, losing which parts the intersection joins, and refuses a group name
         // used twice. The schema translator writes only the direct dialect (user patterns are
         // rewritten into it), so this is a defect in quarry, reported as one.
-        return Err(format!(
-            "internal error: schema regex with rule references or intersections leaves the              direct parser's dialect at byte {} (please report the schema)",
-            fast.i
-        ));
+        return Err(RegexError::Internal { at: fast.i });
     }
     let hir = regex_syntax::ParserBuilder::new()
         .utf8(!bytes)
@@ -100,17 +98,23 @@ pub(crate) fn parse_with_rules(
         .build()
         .parse(pattern)
         // One line: regex-syntax draws the pattern with a caret under the error.
-        .map_err(|e| {
-            e.to_string()
+        .map_err(|e| RegexError::Syntax {
+            message: e
+                .to_string()
                 .split_whitespace()
                 .collect::<Vec<_>>()
-                .join(" ")
+                .join(" "),
         })?;
     from_hir(terms, &hir, true, true)
 }
 
 /// The term of a regex-syntax HIR. `at_start`/`at_end`: nothing can precede/follow this node.
-pub(crate) fn from_hir(t: &mut Terms, h: &Hir, at_start: bool, at_end: bool) -> Result<Id, String> {
+pub(crate) fn from_hir(
+    t: &mut Terms,
+    h: &Hir,
+    at_start: bool,
+    at_end: bool,
+) -> Result<Id, RegexError> {
     Ok(match h.kind() {
         HirKind::Empty => EMPTY,
         HirKind::Literal(lit) => literal(t, &lit.0),
@@ -120,11 +124,9 @@ pub(crate) fn from_hir(t: &mut Terms, h: &Hir, at_start: bool, at_end: bool) -> 
             Look::Start if at_start => EMPTY,
             Look::End if at_end => EMPTY,
             _ => {
-                return Err(format!(
-                    "the assertion {look:?} is not supported: anchors (^ $ \\A \\z) only at the \
-                     start or end of the pattern, since the whole output is matched, and no word \
-                     boundaries"
-                ))
+                return Err(RegexError::Assertion {
+                    look: format!("{look:?}"),
+                })
             }
         },
         HirKind::Repetition(r) => {
@@ -711,7 +713,7 @@ mod tests {
             format!("x{}(?i)y", and_text("a", "b", false)),
         ] {
             let err = parse_with_rules(&mut t, &text, true, 1).unwrap_err();
-            assert!(err.contains("internal error"), "{text}: {err}");
+            assert!(matches!(err, RegexError::Internal { .. }), "{text}: {err}");
         }
         // In user regexes, the marker names are ordinary groups.
         let user = format!("a{}b", rule_ref_text(0));

@@ -26,5 +26,8 @@ pub fn parse_device(name: &str) -> Result<Device> {
                 .into(),
         ));
     }
-    Device::new_cuda(ordinal).map_err(|e| err(crate::error::candle_message(e)))
+    Device::new_cuda(ordinal).map_err(|e| ModelError::DeviceOpen {
+        device: name.to_owned(),
+        source: Box::new(crate::error::without_backtrace(e)),
+    })
 }

@@ -25,8 +25,16 @@ pub enum ModelError {
     },
     #[error("GGUF metadata key `{key}` is missing")]
     MissingKey { key: String },
+    /// A key whose value quarry cannot use (`message` says why, in quarry's words).
     #[error("GGUF metadata key `{key}` is invalid: {message}")]
     InvalidKey { key: String, message: String },
+    /// A key whose value is not of the type it must have (candle's error says which).
+    #[error("GGUF metadata key `{key}` is invalid: {source}")]
+    KeyType {
+        key: String,
+        #[source]
+        source: Box<candle_core::Error>,
+    },
     #[error("architecture `{architecture}` is not supported (supported: {supported})")]
     UnsupportedArchitecture {
         architecture: String,
@@ -49,6 +57,13 @@ pub enum ModelError {
     /// `--device` named something this build cannot run on.
     #[error("device `{device}`: {message}")]
     Device { device: String, message: String },
+    /// A device this build supports that cannot be opened (no such GPU, a driver error).
+    #[error("device `{device}` cannot be opened: {source}")]
+    DeviceOpen {
+        device: String,
+        #[source]
+        source: Box<candle_core::Error>,
+    },
     /// The KV pool cannot be created with these settings (zero pages, or more memory than allowed).
     #[error("KV pool: {message}")]
     Pool { message: String },
@@ -82,13 +97,8 @@ impl From<candle_core::Error> for ModelError {
     }
 }
 
-/// candle attaches a captured backtrace to its errors when `RUST_BACKTRACE` is set; a user-facing
-/// message wants only the cause.
-pub(crate) fn candle_message(e: candle_core::Error) -> String {
-    without_backtrace(e).to_string()
-}
-
-/// candle's error without the backtrace it may carry: what a typed error keeps as its source.
+/// candle's error without the backtrace it may carry (candle attaches one when `RUST_BACKTRACE`
+/// is set; a user-facing message wants only the cause): what a typed error keeps as its source.
 pub(crate) fn without_backtrace(e: candle_core::Error) -> candle_core::Error {
     match e {
         candle_core::Error::WithBacktrace { inner, .. } => without_backtrace(*inner),

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 
-use crate::error::{candle_message, ModelError, Result};
+use crate::error::{without_backtrace, ModelError, Result};
 
 /// What a GGUF file says about its model. Reading it touches only the header.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -137,9 +137,9 @@ pub(crate) fn architecture(content: &Content) -> Result<String> {
 }
 
 pub(crate) fn invalid(key: &str, e: candle_core::Error) -> ModelError {
-    ModelError::InvalidKey {
+    ModelError::KeyType {
         key: key.to_owned(),
-        message: candle_message(e),
+        source: Box::new(without_backtrace(e)),
     }
 }
 

@@ -102,6 +102,26 @@ impl BatchSize {
     }
 }
 
+/// Why the paged attention kernel cannot run a batch in the layout asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    #[error("paged attention: heads of {head_dim} dimensions (256 at most)")]
+    HeadDim { head_dim: usize },
+    #[error(
+        "paged attention: {n_head} query heads on {n_kv} key-value heads (groups of at most \
+         {MAX_GROUP})"
+    )]
+    Groups { n_head: usize, n_kv: usize },
+    #[error(
+        "paged attention: {positions} positions of context need {bytes} bytes of shared memory, \
+         over {MAX_SHARED}; the runtime option attention = warps (or split) runs such contexts"
+    )]
+    SharedMemory { positions: usize, bytes: usize },
+    #[error("paged attention: {chunks} chunks of context (65,535 at most)")]
+    Chunks { chunks: usize },
+}
+
 /// One layer's attention launch: the kernel's name, its grid, threads and shared memory, and for
 /// split-K the chunk and the combine's launch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,22 +146,20 @@ impl AttentionPlan {
         kernel: AttentionKernel,
         element: &str,
         out16: bool,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, PlanError> {
         if shape.head_dim > 256 {
-            return Err(format!(
-                "paged attention: heads of {} dimensions (256 at most)",
-                shape.head_dim
-            ));
+            return Err(PlanError::HeadDim {
+                head_dim: shape.head_dim,
+            });
         }
         if shape.n_kv == 0
             || !shape.n_head.is_multiple_of(shape.n_kv)
             || shape.n_head / shape.n_kv > MAX_GROUP
         {
-            return Err(format!(
-                "paged attention: {} query heads on {} key-value heads (groups of at most \
-                 {MAX_GROUP})",
-                shape.n_head, shape.n_kv
-            ));
+            return Err(PlanError::Groups {
+                n_head: shape.n_head,
+                n_kv: shape.n_kv,
+            });
         }
         let group = shape.n_head / shape.n_kv;
         let chunk = split_chunk(batch, shape, kernel);
@@ -170,16 +188,13 @@ impl AttentionPlan {
             }
         };
         if shared_bytes > MAX_SHARED {
-            return Err(format!(
-                "paged attention: {} positions of context need {shared_bytes} bytes of shared \
-                 memory, over {MAX_SHARED}; QUARRY_ATTENTION=warps or split runs such contexts",
-                batch.longest
-            ));
+            return Err(PlanError::SharedMemory {
+                positions: batch.longest,
+                bytes: shared_bytes,
+            });
         }
         if splits > 65_535 {
-            return Err(format!(
-                "paged attention: {splits} chunks of context (65,535 at most)"
-            ));
+            return Err(PlanError::Chunks { chunks: splits });
         }
         Ok(Self {
             kernel,
@@ -347,22 +362,25 @@ mod tests {
             false,
         )
         .unwrap_err();
-        assert!(e.contains("QUARRY_ATTENTION=warps"), "{e}");
+        assert!(
+            matches!(e, PlanError::SharedMemory { positions: 20_000, bytes } if bytes > MAX_SHARED),
+            "{e}"
+        );
+        assert!(e.to_string().contains("attention = warps"), "{e}");
         let wide = AttentionShape {
             head_dim: 512,
             ..qwen
         };
-        assert!(
-            AttentionPlan::new(batch(1, 10), wide, AttentionKernel::Warps, "f16", false).is_err()
-        );
+        let warps =
+            |shape| AttentionPlan::new(batch(1, 10), shape, AttentionKernel::Warps, "f16", false);
+        assert_eq!(warps(wide), Err(PlanError::HeadDim { head_dim: 512 }));
         let ungrouped = AttentionShape { n_kv: 1, ..qwen };
-        assert!(AttentionPlan::new(
-            batch(1, 10),
-            ungrouped,
-            AttentionKernel::Warps,
-            "f16",
-            false
-        )
-        .is_err());
+        assert_eq!(
+            warps(ungrouped),
+            Err(PlanError::Groups {
+                n_head: qwen.n_head,
+                n_kv: 1
+            })
+        );
     }
 }

@@ -57,10 +57,6 @@ pub struct ModelOptions {
     /// The residual add writes the next norm where its rows are f32 (the quantized weights'
     /// small batches): one launch fewer per norm. Off by default (not faster where measured).
     pub add_norm: bool,
-    /// cudarc's per-buffer event tracking on a GPU. Off by default: quarry queues all its work
-    /// on one stream, where order is already kept, so the events (a dozen driver calls per
-    /// launch) buy nothing, and a CUDA graph cannot capture them. On only to measure their cost.
-    pub event_tracking: bool,
     /// Every phase of a forward pass synchronizes and records its time ([`crate::profile`]).
     /// Off by default (it slows the pass); `quarry bench --profile` turns it on.
     pub profile: bool,
@@ -78,7 +74,6 @@ impl Default for ModelOptions {
             gemm_add: Switch::Auto,
             rope_store: Switch::Auto,
             add_norm: false,
-            event_tracking: false,
             profile: false,
         }
     }
@@ -136,7 +131,7 @@ pub enum OptionError {
 }
 
 /// The option keys, in the order of [`ModelOptions`]'s fields.
-const KEYS: [&str; 11] = [
+const KEYS: [&str; 10] = [
     "attention",
     "attention_chunk",
     "kv_dtype",
@@ -146,13 +141,12 @@ const KEYS: [&str; 11] = [
     "gemm_add",
     "rope_store",
     "add_norm",
-    "event_tracking",
     "profile",
 ];
 
 impl ModelOptions {
     /// The environment variables the binary reads at start-up, and the option each sets.
-    pub const VARIABLES: [(&'static str, &'static str); 11] = [
+    pub const VARIABLES: [(&'static str, &'static str); 10] = [
         ("QUARRY_ATTENTION", "attention"),
         ("QUARRY_ATTENTION_CHUNK", "attention_chunk"),
         ("QUARRY_KV_DTYPE", "kv_dtype"),
@@ -162,7 +156,6 @@ impl ModelOptions {
         ("QUARRY_GEMM_ADD", "gemm_add"),
         ("QUARRY_ROPE_STORE", "rope_store"),
         ("QUARRY_ADD_NORM", "add_norm"),
-        ("QUARRY_EVENT_TRACKING", "event_tracking"),
         ("QUARRY_PROFILE", "profile"),
     ];
 
@@ -179,7 +172,6 @@ impl ModelOptions {
   gemm_add=auto|on|off                               GEMMs add into the residual stream (auto: up to 16-token steps)
   rope_store=auto|on|off                             RoPE writes the KV pool itself (auto: up to 16-token steps)
   add_norm=on|off                                    residual add writes the next norm (off)
-  event_tracking=on|off                              cudarc's per-buffer events (off)
   profile=on|off                                     time every phase of a pass (off)";
 
     /// Sets option `key` from its text form (`on`/`off` also as `true`/`false`/`1`/`0`), or says
@@ -216,12 +208,11 @@ impl ModelOptions {
             "sampling" => self.sampling = choice(v).ok_or_else(|| bad("device or host"))?,
             "gemm_add" => self.gemm_add = choice(v).ok_or_else(|| bad("auto, on or off"))?,
             "rope_store" => self.rope_store = choice(v).ok_or_else(|| bad("auto, on or off"))?,
-            k @ ("cuda_graphs" | "add_norm" | "event_tracking" | "profile") => {
+            k @ ("cuda_graphs" | "add_norm" | "profile") => {
                 let on = switch(v).ok_or_else(|| bad("on or off"))?;
                 match k {
                     "cuda_graphs" => self.cuda_graphs = on,
                     "add_norm" => self.add_norm = on,
-                    "event_tracking" => self.event_tracking = on,
                     _ => self.profile = on,
                 }
             }
@@ -294,7 +285,6 @@ mod tests {
             ("gemm_add", "on", "yes"),
             ("rope_store", "off", "2"),
             ("add_norm", "true", "auto"),
-            ("event_tracking", "1", "x"),
             ("profile", "on", ""),
         ] {
             o.set(key, good).unwrap();
@@ -306,7 +296,7 @@ mod tests {
         assert_eq!(o.kv_dtype, KvDtype::Bf16);
         assert_eq!(o.dense_from_rows, 0);
         assert_eq!(o.sampling, SamplingSite::Host);
-        assert!(!o.cuda_graphs && o.add_norm && o.event_tracking && o.profile);
+        assert!(!o.cuda_graphs && o.add_norm && o.profile);
         assert_eq!((o.gemm_add, o.rope_store), (Switch::On, Switch::Off));
         assert!(matches!(
             o.set("attn", "warps"),

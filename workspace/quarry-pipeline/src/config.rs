@@ -397,57 +397,62 @@ impl PipelineConfig {
                 source: Box::new(e),
             })?;
         cfg.base_dir = base_dir;
-        cfg.check().map_err(|message| PipelineError::Config {
+        cfg.check().map_err(|problem| PipelineError::Config {
             path: origin.to_string(),
-            message,
+            message: problem.to_string(),
         })?;
         Ok(cfg)
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), ConfigProblem> {
+        use ConfigProblem::*;
         if self.name.trim().is_empty() {
-            return Err("`name` is empty".into());
+            return Err(Empty { field: "name" });
         }
         let b = &self.batching;
-        if b.max_running == 0 || b.file_docs == 0 || b.max_buffered == 0 {
-            return Err(
-                "batching.max_running, file_docs and max_buffered must be at least 1".into(),
-            );
-        }
-        if self.output.row_group_rows == 0 {
-            return Err("output.row_group_rows must be at least 1".into());
+        for (field, value) in [
+            ("batching.max_running", b.max_running),
+            ("batching.file_docs", b.file_docs),
+            ("batching.max_buffered", b.max_buffered),
+            ("output.row_group_rows", self.output.row_group_rows),
+            ("sampling.max_tokens", self.sampling.max_tokens),
+        ] {
+            if value == 0 {
+                return Err(Zero { field });
+            }
         }
         if !(1..=22).contains(&self.output.zstd_level) {
-            return Err(format!(
-                "output.zstd_level {} is outside 1..=22",
-                self.output.zstd_level
-            ));
-        }
-        if self.sampling.max_tokens == 0 {
-            return Err("sampling.max_tokens must be at least 1".into());
+            return Err(ZstdLevel {
+                level: self.output.zstd_level,
+            });
         }
         match &self.source {
             SourceConfig::Dataset(d) if d.text_shard_files == 0 => {
-                return Err("source.text_shard_files must be at least 1".into());
+                return Err(Zero {
+                    field: "source.text_shard_files",
+                });
             }
             SourceConfig::Dataset(d) if d.shard_count == Some(0) => {
-                return Err("source.shard_count must be at least 1".into());
+                return Err(Zero {
+                    field: "source.shard_count",
+                });
             }
             SourceConfig::Dataset(d) if matches!((d.shard_index, d.shard_count), (Some(i), c) if i >= c.unwrap_or(1)) =>
             {
-                return Err(format!(
-                    "source.shard_index {} is not below source.shard_count {}",
-                    d.shard_index.unwrap_or(0),
-                    d.shard_count.unwrap_or(1)
-                ));
+                return Err(ShardIndex {
+                    index: d.shard_index.unwrap_or(0),
+                    count: d.shard_count.unwrap_or(1),
+                });
             }
             SourceConfig::Kafka(k) if k.stall_timeout_s == 0 => {
-                return Err("source.stall_timeout_s must be at least 1".into());
+                return Err(Zero {
+                    field: "source.stall_timeout_s",
+                });
             }
             _ => {}
         }
         if self.output.url == self.rejects.url {
-            return Err("output.url and rejects.url must differ".into());
+            return Err(SameOutput);
         }
         Ok(())
     }
@@ -518,6 +523,23 @@ fn lexical(p: &Path) -> PathBuf {
     out
 }
 
+/// Why a job definition's values cannot be used together: what [`PipelineError::Config`]
+/// says after the file's path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigProblem {
+    #[error("`{field}` is empty")]
+    Empty { field: &'static str },
+    #[error("{field} must be at least 1")]
+    Zero { field: &'static str },
+    #[error("output.zstd_level {level} is outside 1..=22")]
+    ZstdLevel { level: i32 },
+    #[error("source.shard_index {index} is not below source.shard_count {count}")]
+    ShardIndex { index: usize, count: usize },
+    #[error("output.url and rejects.url must differ")]
+    SameOutput,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -563,6 +585,21 @@ mod tests {
         assert!(e.contains("must differ"), "{e}");
         let e = bad(&base.replace("kind = \"dataset\"", "kind = \"dataset\"\nbrokers = \"x\""));
         assert!(e.contains("brokers"), "{e}");
+        // Each check names its own field.
+        let check = |t: &str| {
+            let cfg: PipelineConfig = toml::from_str(t).unwrap();
+            cfg.check().unwrap_err()
+        };
+        for (line, field) in [
+            ("file_docs = 0", "batching.file_docs"),
+            ("max_buffered = 0", "batching.max_buffered"),
+            ("max_running = 0", "batching.max_running"),
+        ] {
+            let t = format!("{base}[batching]\n{line}\n");
+            assert_eq!(check(&t), ConfigProblem::Zero { field }, "{line}");
+        }
+        let t = base.replace("[output]", "[output]\nzstd_level = 23");
+        assert_eq!(check(&t), ConfigProblem::ZstdLevel { level: 23 });
     }
 
     #[test]

@@ -52,7 +52,7 @@ pub fn crash_point(point: CrashPoint) {
 /// `QUARRY_CRASH_AFTER` (default 0): the binary passes its environment once at start-up, so the
 /// crash tests can kill a real `quarry` process. Without the `test-support` feature nothing is
 /// read or armed. The error names a bad value.
-pub fn arm_from(get: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+pub fn arm_from(get: impl Fn(&str) -> Option<String>) -> Result<(), BadFaultVariable> {
     #[cfg(feature = "test-support")]
     {
         let Some(name) = get("QUARRY_CRASH_AT") else {
@@ -61,22 +61,33 @@ pub fn arm_from(get: impl Fn(&str) -> Option<String>) -> Result<(), String> {
         let point = CrashPoint::ALL
             .into_iter()
             .find(|p| p.name() == name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = CrashPoint::ALL.iter().map(|p| p.name()).collect();
-                format!("QUARRY_CRASH_AT is `{name}`: expected one of {names:?}")
+            .ok_or_else(|| BadFaultVariable {
+                variable: "QUARRY_CRASH_AT",
+                value: name.clone(),
+                expected: "one of before_publish, mid_write, between_files, before_commit",
             })?;
         let after = match get("QUARRY_CRASH_AFTER") {
             None => 0,
-            Some(n) => n
-                .trim()
-                .parse()
-                .map_err(|_| format!("QUARRY_CRASH_AFTER is `{n}`: expected a count"))?,
+            Some(n) => n.trim().parse().map_err(|_| BadFaultVariable {
+                variable: "QUARRY_CRASH_AFTER",
+                value: n.clone(),
+                expected: "a count",
+            })?,
         };
         let _ = armed::ARMED.set((point, after));
     }
     #[cfg(not(feature = "test-support"))]
     let _ = get;
     Ok(())
+}
+
+/// A fault-injection variable [`arm_from`] cannot read: which, its value, what it accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{variable} is `{value}`: expected {expected}")]
+pub struct BadFaultVariable {
+    pub variable: &'static str,
+    pub value: String,
+    pub expected: &'static str,
 }
 
 #[cfg(feature = "test-support")]
@@ -287,5 +298,35 @@ mod store {
         ) -> object_store::Result<()> {
             self.inner.copy_opts(from, to, options).await
         }
+    }
+}
+
+#[cfg(all(test, feature = "test-support"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_variable_is_named_with_what_it_accepts() {
+        let vars = |at: &'static str, after: Option<&'static str>| {
+            move |k: &str| match k {
+                "QUARRY_CRASH_AT" => Some(at.to_owned()),
+                "QUARRY_CRASH_AFTER" => after.map(str::to_owned),
+                _ => None,
+            }
+        };
+        let e = arm_from(vars("halfway", None)).unwrap_err();
+        assert_eq!(
+            (e.variable, e.value.as_str()),
+            ("QUARRY_CRASH_AT", "halfway")
+        );
+        for point in CrashPoint::ALL {
+            assert!(e.expected.contains(point.name()), "{e}");
+        }
+        let e = arm_from(vars("mid_write", Some("twice"))).unwrap_err();
+        assert_eq!(
+            (e.variable, e.value.as_str()),
+            ("QUARRY_CRASH_AFTER", "twice")
+        );
+        assert!(arm_from(|_| None).is_ok());
     }
 }

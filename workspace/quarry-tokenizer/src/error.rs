@@ -14,14 +14,25 @@ pub enum TokenizerError {
         source: std::io::Error,
     },
     /// The file is not a readable GGUF file (bad magic, truncated, corrupt header).
-    #[error("{path} is not a readable GGUF file: {message}")]
-    Gguf { path: PathBuf, message: String },
+    #[error("{path} is not a readable GGUF file: {source}")]
+    Gguf {
+        path: PathBuf,
+        #[source]
+        source: Box<candle_core::Error>,
+    },
     /// A metadata key the tokenizer needs is absent.
     #[error("GGUF metadata key `{key}` is missing")]
     MissingKey { key: &'static str },
-    /// A metadata key has the wrong type or an impossible value.
+    /// A metadata key has an impossible value (`message` says why).
     #[error("GGUF metadata key `{key}` is invalid: {message}")]
     InvalidKey { key: &'static str, message: String },
+    /// A metadata key's value is not of the type it must have (candle's error says which).
+    #[error("GGUF metadata key `{key}` is invalid: {source}")]
+    KeyType {
+        key: &'static str,
+        #[source]
+        source: Box<candle_core::Error>,
+    },
     /// The vocabulary type (`tokenizer.ggml.model`) or pre-tokenizer is one we do not implement.
     #[error("unsupported tokenizer: {0}")]
     Unsupported(String),
@@ -33,7 +44,7 @@ pub enum TokenizerError {
     UnknownTokenId { id: u32, vocab_size: usize },
     /// The underlying `tokenizers` library failed to encode or build.
     #[error("tokenizer failure: {0}")]
-    Tokenizers(String),
+    Tokenizers(#[source] tokenizers::Error),
     /// The chat template failed to compile or render; the message carries the template's line.
     #[error("chat template: {0}")]
     ChatTemplate(String),
@@ -45,5 +56,5 @@ pub enum TokenizerError {
 pub type Result<T, E = TokenizerError> = std::result::Result<T, E>;
 
 pub(crate) fn tk_err(e: tokenizers::Error) -> TokenizerError {
-    TokenizerError::Tokenizers(e.to_string())
+    TokenizerError::Tokenizers(e)
 }

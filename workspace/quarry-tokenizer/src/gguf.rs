@@ -39,7 +39,7 @@ pub fn read_content(path: &Path) -> Result<Content> {
     let mut reader = std::io::BufReader::new(&mut file);
     Content::read(&mut reader).map_err(|e| TokenizerError::Gguf {
         path: path.to_owned(),
-        message: candle_message(e),
+        source: Box::new(without_backtrace(e)),
     })
 }
 
@@ -122,17 +122,17 @@ impl GgufVocab {
 }
 
 /// candle attaches a captured backtrace to its errors when `RUST_BACKTRACE` is set; keep the cause.
-fn candle_message(e: candle_core::Error) -> String {
+fn without_backtrace(e: candle_core::Error) -> candle_core::Error {
     match e {
-        candle_core::Error::WithBacktrace { inner, .. } => candle_message(*inner),
-        other => other.to_string(),
+        candle_core::Error::WithBacktrace { inner, .. } => without_backtrace(*inner),
+        other => other,
     }
 }
 
 fn invalid(key: &'static str, e: candle_core::Error) -> TokenizerError {
-    TokenizerError::InvalidKey {
+    TokenizerError::KeyType {
         key,
-        message: candle_message(e),
+        source: Box::new(without_backtrace(e)),
     }
 }
 

@@ -153,7 +153,7 @@ pub(crate) struct ModelArg {
 #[derive(Args)]
 pub(crate) struct RuntimeArgs {
     /// A model runtime option as KEY=VALUE (repeatable): attention, attention_chunk, kv_dtype,
-    /// dense_from_rows, sampling, cuda_graphs, gemm_add, rope_store, add_norm, event_tracking,
+    /// dense_from_rows, sampling, cuda_graphs, gemm_add, rope_store, add_norm,
     /// profile. Over the QUARRY_<KEY> variables, which are over the defaults.
     #[arg(long = "runtime", value_name = "KEY=VALUE", long_help = quarry_model::ModelOptions::HELP)]
     pub(crate) runtime: Vec<String>,
@@ -261,7 +261,7 @@ fn hint(e: &anyhow::Error) -> Option<&'static str> {
 /// Runs the command.
 fn run(cli: Cli) -> Result<Exit> {
     // The crash tests' fault injection (a build with quarry-pipeline's `test-support` only).
-    quarry_pipeline::faults::arm_from(|k| std::env::var(k).ok()).map_err(anyhow::Error::msg)?;
+    quarry_pipeline::faults::arm_from(|k| std::env::var(k).ok())?;
     match cli.command {
         Command::Grammar(cmd) => {
             return Ok(if grammar_cmd::run(cmd)? {
@@ -346,7 +346,7 @@ pub(crate) fn load_model(path: &Path, device: &str, options: ModelOptions) -> Re
     };
     spec.load().map_err(|e| match e {
         LoadError::Model {
-            source: source @ ModelError::Device { .. },
+            source: source @ (ModelError::Device { .. } | ModelError::DeviceOpen { .. }),
             ..
         } => anyhow::Error::new(source),
         LoadError::Tokenizer {

@@ -530,7 +530,6 @@ fn model_runtime_options_are_documented_and_bad_ones_are_one_line_errors() {
         "gemm_add=",
         "rope_store=",
         "add_norm=",
-        "event_tracking=",
         "profile=",
     ] {
         assert!(help.contains(key), "bench --help lacks {key}");

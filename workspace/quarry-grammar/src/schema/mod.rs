@@ -217,21 +217,30 @@ impl Whitespace {
 /// `compact`, `spaced`, `pretty` (up to 8 whitespace bytes) or `pretty:N`: the names the CLI and
 /// job files use.
 impl std::str::FromStr for Whitespace {
-    type Err = String;
+    type Err = UnknownWhitespace;
 
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    fn from_str(s: &str) -> std::result::Result<Self, UnknownWhitespace> {
         match s {
             "compact" => Ok(Whitespace::Compact),
             "spaced" => Ok(Whitespace::Spaced),
             "pretty" => Ok(Whitespace::Pretty { max_run: 8 }),
             _ => match s.strip_prefix("pretty:").map(str::parse::<u8>) {
                 Some(Ok(max_run)) if max_run > 0 => Ok(Whitespace::Pretty { max_run }),
-                _ => Err(format!(
-                    "unknown whitespace {s:?}: expected compact, spaced, pretty or pretty:N (N from 1 to 255)"
-                )),
+                _ => Err(UnknownWhitespace {
+                    given: s.to_owned(),
+                }),
             },
         }
     }
+}
+
+/// A whitespace name [`Whitespace`]'s `FromStr` does not know; `given` is the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown whitespace {given:?}: expected compact, spaced, pretty or pretty:N (N from 1 to 255)"
+)]
+pub struct UnknownWhitespace {
+    pub given: String,
 }
 
 impl std::fmt::Display for Whitespace {

@@ -652,7 +652,7 @@ impl Narrowing {
         let mut terms = crate::deriv::Terms::new();
         let root = re
             .lower(&mut terms)
-            .map_err(|e| unsupported(keyword, pointer, &e.message))?;
+            .map_err(|e| unsupported(keyword, pointer, &e.reason.to_string()))?;
         Ok(Self::Terms(Box::new(crate::dfa::LazyDfa::new(
             terms,
             root,

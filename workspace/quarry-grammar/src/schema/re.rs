@@ -327,7 +327,7 @@ impl fmt::Debug for Re {
 #[derive(Debug)]
 pub(crate) struct LeafError {
     pub(crate) text: String,
-    pub(crate) message: String,
+    pub(crate) reason: crate::error::RegexError,
 }
 
 /// Stack kept free for one more level of lowering (the tree is as deep as the schema's
@@ -363,9 +363,9 @@ impl<'r> Lowering<'r> {
                 if let Some(&id) = self.texts.get(&**s) {
                     return Ok(id);
                 }
-                let id = crate::parse::parse(t, s, true).map_err(|message| LeafError {
+                let id = crate::parse::parse(t, s, true).map_err(|reason| LeafError {
                     text: s.to_string(),
-                    message,
+                    reason,
                 })?;
                 self.texts.insert(s, id);
                 id

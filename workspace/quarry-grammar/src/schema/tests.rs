@@ -399,7 +399,11 @@ fn whitespace_names_round_trip() {
     assert_eq!("pretty".parse(), Ok(Whitespace::Pretty { max_run: 8 }));
     for bad in ["", "Spaced", "pretty:0", "pretty:256", "pretty:x", "tabs"] {
         let e = bad.parse::<Whitespace>().unwrap_err();
-        assert!(e.contains("expected compact, spaced"), "{bad}: {e}");
+        assert_eq!(e.given, bad);
+        assert!(
+            e.to_string().contains("expected compact, spaced"),
+            "{bad}: {e}"
+        );
     }
 }
 

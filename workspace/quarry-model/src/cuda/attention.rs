@@ -3,7 +3,9 @@
 //! positions (split-K) where the launch would have too few blocks or a context too long for one
 //! block's shared memory.
 
-use candle_core::cuda::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda::WrapErr;
 use candle_core::{CudaDevice, Result};
 
@@ -144,29 +146,13 @@ pub fn paged_attention(
     )
     .map_err(candle_core::Error::msg)?;
     let (chunk, splits) = (plan.chunk, plan.splits());
-    let shared = plan.shared_bytes as u32;
     let func =
         dev.get_or_load_custom_func(&plan.kernel, "quarry_paged_attention", ATTENTION_PTX)?;
-    if let Some(limit) = plan.shared_limit() {
-        // Beyond the default dynamic shared memory (48 KiB less the kernel's static memory):
-        // raise the kernel's limit (up to the device's 227 KiB per block on Hopper).
-        use candle_core::cuda::cudarc::driver::sys::CUfunction_attribute;
-        func.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            limit as i32,
-        )
-        .map_err(|e| {
-            candle_core::Error::msg(format!(
-                "paged attention: {} could not have {shared} bytes of dynamic shared memory \
-                 ({} positions of context): {e:?}",
-                plan.kernel, batch.size.longest
-            ))
-        })?;
-    }
+    raise_shared_limit(&func, &plan, batch.size.longest)?;
     let cfg = LaunchConfig {
         grid_dim: plan.grid,
         block_dim: (plan.threads, 1, 1),
-        shared_mem_bytes: shared,
+        shared_mem_bytes: plan.shared_bytes as u32,
     };
     // Split-K's chunk results: per (token, query head, chunk), the unnormalized sums and the
     // maximum and sum of the chunk's weights.
@@ -225,9 +211,43 @@ pub fn paged_attention(
         // and plan).
         unsafe { b.launch(cfg) }.w()?;
     }
-    let Some(Split { acc, ml }) = &parts else {
-        return Ok(());
-    };
+    match &parts {
+        Some(split) => combine(dev, &plan, shape, split, out),
+        None => Ok(()),
+    }
+}
+
+/// Raises `func`'s dynamic shared memory limit where `plan` needs more than the default
+/// (`longest`: the batch's longest context, for the error).
+fn raise_shared_limit(func: &CudaFunction, plan: &AttentionPlan, longest: usize) -> Result<()> {
+    if let Some(limit) = plan.shared_limit() {
+        // Beyond the default dynamic shared memory (48 KiB less the kernel's static memory):
+        // raise the kernel's limit (up to the device's 227 KiB per block on Hopper).
+        use candle_core::cuda::cudarc::driver::sys::CUfunction_attribute;
+        func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            limit as i32,
+        )
+        .map_err(|e| {
+            candle_core::Error::msg(format!(
+                "paged attention: {} could not have {limit} bytes of dynamic shared memory \
+                 ({longest} positions of context): {e:?}",
+                plan.kernel
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// Split-K's second launch: `split`'s chunk results combined into `out`.
+fn combine(
+    dev: &CudaDevice,
+    plan: &AttentionPlan,
+    shape: AttentionShape,
+    Split { acc, ml }: &Split,
+    out: AttentionOut<'_>,
+) -> Result<()> {
+    let splits = plan.splits();
     let func = dev.get_or_load_custom_func(
         plan.combine_kernel(),
         "quarry_paged_attention",

@@ -35,22 +35,20 @@ pub use sampling::{sample_rows, MaskUpload};
 ///   allocation two events and makes every launch wait on and record them for each buffer it
 ///   reads or writes (a dozen driver calls per launch), so that buffers shared between streams
 ///   stay ordered. quarry queues all its work on candle's one stream, where order is already
-///   kept; a CUDA graph cannot capture waits on events recorded outside it either.
-///   `event_tracking` on ([`crate::ModelOptions::event_tracking`]) keeps it (to measure what
-///   it costs).
+///   kept; a CUDA graph cannot capture waits on events recorded outside it either. Measured on
+///   an H100 (2026-11-27, docs/benchmarks-history.md): with the events a batch-1 step ran at
+///   0.8× and could not be captured, so there is no switch back.
 /// - Freed memory stays mapped. candle allocates every tensor through the stream-ordered
 ///   allocator (`cuMemAllocAsync` from the device's default pool), whose default release
 ///   threshold of 0 hands freed memory back to the driver at every synchronization, so each step
 ///   (one synchronization at least: its tokens come back) would map its activations and its
 ///   logits (100 MB at batch 512 for a 49,152-token vocabulary) afresh. With no threshold the
 ///   pool keeps what the largest step needed, as PyTorch's caching allocator does.
-pub fn prepare(dev: &CudaDevice, event_tracking: bool) -> crate::Result<()> {
-    if !event_tracking {
-        // SAFETY: every buffer of the process is used on candle's stream only (the kernels of
-        // this module, candle's ops and cuBLAS all queue there), so no wait between streams is
-        // needed; page-locked host buffers keep their own events (MaskUpload).
-        unsafe { dev.disable_event_tracking() };
-    }
+pub fn prepare(dev: &CudaDevice) -> crate::Result<()> {
+    // SAFETY: every buffer of the process is used on candle's stream only (the kernels of this
+    // module, candle's ops and cuBLAS all queue there), so no wait between streams is needed;
+    // page-locked host buffers keep their own events (MaskUpload).
+    unsafe { dev.disable_event_tracking() };
     Ok(keep_freed_memory(dev)?)
 }
 

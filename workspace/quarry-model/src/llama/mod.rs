@@ -169,7 +169,7 @@ impl Llama {
         crate::ModelInfo::from_content(&content, file_bytes)?;
         #[cfg(feature = "cuda")]
         if let Device::Cuda(d) = device {
-            crate::cuda::prepare(d, options.event_tracking)?;
+            crate::cuda::prepare(d)?;
         }
         Self::from_content(&content, &mut file, device, options)
     }

@@ -1,7 +1,7 @@
 //! The paged attention kernel's layouts on a GPU, against the copy engine as the ceiling
 //! (`make gpu-pack` builds it, `infra/gpu-check.sh` runs it; needs the `cuda` feature and a GPU):
 //!
-//! `attention_bench [context]`
+//! `attention-bench [context]`
 //!
 //! SmolLM2's shape (9 query heads on 3 key-value heads of 64), an f16 pool with one position per
 //! page (as the engine allocates), every sequence's pages scattered. For decode batches of 1 to 512
@@ -62,7 +62,7 @@ fn main() {
         .unwrap_or(800);
     let dev = candle_core::Device::new_cuda(0)
         .and_then(|d| d.as_cuda_device().cloned())
-        .expect("attention_bench needs a GPU");
+        .expect("attention-bench needs a GPU");
     let kv_dim = N_KV * HEAD_DIM;
     let shape = AttentionShape {
         n_head: N_HEAD,
