@@ -4,7 +4,9 @@
 #      moto (a real S3 API, moto_server) with boto3, and kafka-python (a Kafka client that is not
 #      librdkafka) with its codecs (lz4, python-snappy, zstandard), the producer of the codec tests;
 #   2. tansu, a Kafka-protocol broker from crates.io ($QUARRY_CACHE/tools/bin/tansu; about 14
-#      minutes to build the first time on 2 cores, then reused).
+#      minutes to build the first time on 2 cores, then reused);
+#   3. the tiny random-weight models (models/tiny/, tests/fixtures/tiny_models.py, with the test
+#      venv's pinned numpy and gguf): rebuilt when the script changes, about 30 seconds.
 set -euo pipefail
 QUARRY_CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
 VENV="$QUARRY_CACHE/testvenv"
@@ -16,6 +18,18 @@ if ! "$VENV/bin/python" -c 'import pyarrow, moto, boto3, kafka, lz4, snappy, zst
     "$VENV/bin/pip" install --quiet --disable-pip-version-check \
         "pyarrow==22.*" "moto[server]==5.*" "boto3==1.*" \
         "kafka-python==2.3.3" "lz4==4.*" "python-snappy==0.7.*" "zstandard==0.*"
+fi
+if ! "$VENV/bin/python" -c 'import numpy, gguf' >/dev/null 2>&1; then
+    echo "setup-test: installing numpy and gguf into $VENV"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "numpy==2.3.5" "gguf==0.19.0"
+fi
+
+STAMP="$(sha256sum tests/fixtures/tiny_models.py | cut -d' ' -f1)"
+if [[ "$(cat models/tiny/.built-from 2>/dev/null)" != "$STAMP" ]]; then
+    echo "setup-test: building the tiny random-weight models into models/tiny/"
+    rm -rf models/tiny
+    "$VENV/bin/python" tests/fixtures/tiny_models.py models/tiny
+    echo "$STAMP" > models/tiny/.built-from
 fi
 
 TANSU="$QUARRY_CACHE/tools/bin/tansu"

@@ -9,7 +9,15 @@
 //!
 //! Qwen2 (Qwen2 and Qwen2.5) is a llama with biases on the Q, K and V projections, RoPE over head
 //! halves (llama.cpp's NEOX rope type: its converter does not permute Q and K), and an output
-//! projection tied to the embeddings in the small models.
+//! projection tied to the embeddings in the small models. Qwen3 drops the biases and normalizes
+//! each head's queries and keys (Gemma 3's Q/K norms), with heads wider than
+//! `embedding_length / head_count` (`attention.key_length`).
+//!
+//! RoPE is scaled the two ways llama.cpp reads from a GGUF file: linear (`rope.scaling.type =
+//! linear`, `rope.scaling.factor`: every angle divided by the factor; Gemma 3 1B–27B scale their
+//! global layers so, the local ones not), and per-frequency factors (the `rope_freqs.weight`
+//! tensor llama.cpp's converter writes for Llama 3.1/3.2's `rope_scaling` of type `llama3`: each
+//! frequency divided by its factor). YaRN and LongRoPE are refused.
 
 use candle_core::quantized::gguf_file::{Content, Value};
 
@@ -17,7 +25,7 @@ use crate::error::{ModelError, Result};
 use crate::info::{architecture, as_f64, as_u64, invalid};
 
 /// The architectures whose tensors and forward pass [`crate::Llama`] implements.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "gemma3", "qwen2"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "gemma3", "qwen2", "qwen3"];
 
 /// How a head's dimensions pair up for RoPE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -25,7 +33,7 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "gemma3", "qwen2"];
 pub enum RopeStyle {
     /// Pairs `(2i, 2i + 1)`: GGUF llama files (the converter permutes Q and K into this order).
     Interleaved,
-    /// Pairs `(i, i + head_dim / 2)` (llama.cpp's NEOX style): Gemma, Qwen2.
+    /// Pairs `(i, i + head_dim / 2)` (llama.cpp's NEOX style): Gemma, Qwen2, Qwen3.
     Halves,
 }
 
@@ -60,6 +68,13 @@ pub struct LlamaConfig {
     /// Per-head width of queries and keys (`attention.key_length`, default `embedding_length / head_count`).
     pub head_dim: usize,
     pub rope_freq_base: f32,
+    /// Linear RoPE scaling of the global layers: every angle times this, `1 / rope.scaling.factor`
+    /// (1 without scaling; local layers are never scaled, as in llama.cpp).
+    pub rope_freq_scale: f32,
+    /// Per-frequency RoPE divisors (`head_dim / 2` of them, llama.cpp's `rope_freqs.weight`:
+    /// Llama 3.1/3.2's `llama3` scaling), for every layer. Read with the weights
+    /// ([`crate::Llama::load`]); `None` in a config read from metadata alone.
+    pub rope_freq_factors: Option<Vec<f32>>,
     pub rms_norm_eps: f32,
     /// The training context; positions at or past it are refused.
     pub context_length: usize,
@@ -95,6 +110,8 @@ impl LlamaConfig {
             head_count_kv: 1,
             head_dim: 2,
             rope_freq_base: 10_000.0,
+            rope_freq_scale: 1.0,
+            rope_freq_factors: None,
             rms_norm_eps: 1e-6,
             context_length,
             vocab_size,
@@ -124,10 +141,11 @@ impl LlamaConfig {
         };
         let embedding_length = keys.required("embedding_length")?;
         let (head_count, head_count_kv, head_dim) = keys.heads(embedding_length)?;
-        keys.check_rope(head_dim)?;
+        let rope_freq_scale = keys.rope_scale(head_dim)?;
         let vocab_size = vocab_size(content, embedding_length)?;
         let gemma = architecture == "gemma3";
         let qwen2 = architecture == "qwen2";
+        let qwen3 = architecture == "qwen3";
         let sliding_window = keys.sliding_window(gemma)?;
         let block_count = keys.required("block_count")?;
         let attention_scale = if gemma && block_count == 62 {
@@ -144,6 +162,8 @@ impl LlamaConfig {
             head_count_kv,
             head_dim,
             rope_freq_base: keys.float("rope.freq_base")?.unwrap_or(10_000.0) as f32,
+            rope_freq_scale,
+            rope_freq_factors: None,
             rms_norm_eps: keys
                 .float("attention.layer_norm_rms_epsilon")?
                 .unwrap_or(1e-5) as f32,
@@ -155,7 +175,7 @@ impl LlamaConfig {
                 1.0
             },
             attention_scale,
-            rope_style: if gemma || qwen2 {
+            rope_style: if gemma || qwen2 || qwen3 {
                 RopeStyle::Halves
             } else {
                 RopeStyle::Interleaved
@@ -165,7 +185,7 @@ impl LlamaConfig {
             } else {
                 Activation::Silu
             },
-            qk_norm: gemma,
+            qk_norm: gemma || qwen3,
             post_norms: gemma,
             qkv_bias: qwen2,
             sliding_window,
@@ -188,6 +208,26 @@ impl LlamaConfig {
     pub fn rope_base(&self, layer: usize) -> f32 {
         self.local(layer)
             .map_or(self.rope_freq_base, |w| w.rope_freq_base)
+    }
+
+    /// The angle per position of each of a head's `head_dim / 2` rotations, in the global layers
+    /// (`local`: Gemma 3's local ones): `scale · base^(-2i/head_dim) / factor_i`, as llama.cpp's
+    /// `ggml_rope_ext` computes it.
+    pub fn rope_frequencies(&self, local: bool) -> Vec<f64> {
+        let (base, scale) = match (&self.sliding_window, local) {
+            (Some(w), true) => (w.rope_freq_base, 1.0),
+            _ => (self.rope_freq_base, self.rope_freq_scale),
+        };
+        let d = self.head_dim as f64;
+        (0..self.head_dim / 2)
+            .map(|i| {
+                let factor = self
+                    .rope_freq_factors
+                    .as_ref()
+                    .map_or(1.0, |f| f64::from(f[i]));
+                f64::from(scale) * f64::from(base).powf(-2.0 * i as f64 / d) / factor
+            })
+            .collect()
     }
 
     fn local(&self, layer: usize) -> Option<&SlidingWindow> {
@@ -282,10 +322,12 @@ impl Keys<'_> {
         Ok((head_count, head_count_kv, head_dim))
     }
 
-    /// Full-width RoPE without scaling: scaled RoPE (Llama 3.1's `rope_freqs`, linear or YaRN
-    /// scaling) changes every position's rotation, and running such a model with plain RoPE
-    /// would be silently wrong.
-    fn check_rope(&self, head_dim: usize) -> Result<()> {
+    /// Full-width RoPE, and its linear scale (`1 / rope.scaling.factor`, 1 without): llama.cpp
+    /// reads a factor under `rope.scaling.factor` or the older `rope.scale_linear`, as linear
+    /// unless `rope.scaling.type` says otherwise. YaRN and LongRoPE change every position's
+    /// rotation in ways quarry does not implement, and running such a model with plain RoPE
+    /// would be silently wrong: refused.
+    fn rope_scale(&self, head_dim: usize) -> Result<f32> {
         let rope_dim = self.uint("rope.dimension_count")?.unwrap_or(head_dim);
         if rope_dim != head_dim || !head_dim.is_multiple_of(2) {
             return Err(self.bad(
@@ -300,29 +342,38 @@ impl Keys<'_> {
             .metadata
             .get(&self.name("rope.scaling.type"))
             .and_then(|v| v.to_string().ok().cloned());
-        if let Some(kind) = scaling.filter(|k| k != "none") {
-            return Err(self.bad(
-                "rope.scaling.type",
-                format!("RoPE scaling `{kind}` is not supported"),
-            ));
+        let factor = match scaling.as_deref() {
+            Some("none") => None,
+            None | Some("linear") => match self.float("rope.scaling.factor")? {
+                Some(f) => Some(("rope.scaling.factor", f)),
+                None => self
+                    .float("rope.scale_linear")?
+                    .map(|f| ("rope.scale_linear", f)),
+            },
+            Some(kind) => {
+                return Err(self.bad(
+                    "rope.scaling.type",
+                    format!("RoPE scaling `{kind}` is not supported (none and linear are)"),
+                ))
+            }
+        };
+        match factor {
+            // llama.cpp reads 0 as no scaling.
+            None => Ok(1.0),
+            Some((_, f)) if f == 0.0 => Ok(1.0),
+            Some((_, f)) if f.is_finite() && f > 0.0 => Ok((1.0 / f) as f32),
+            Some((key, f)) => Err(self.bad(key, format!("a RoPE scaling factor of {f}"))),
         }
-        if self.content.tensor_infos.contains_key("rope_freqs.weight") {
-            return Err(ModelError::InvalidKey {
-                key: "rope_freqs.weight".into(),
-                message: "per-frequency RoPE factors (Llama 3.1 style) are not supported".into(),
-            });
-        }
-        Ok(())
     }
 
     /// Gemma 3's local layers: llama.cpp's pattern of five local layers to one global, the local
-    /// RoPE base 10,000 whatever the file says for the global layers.
+    /// RoPE base `rope.freq_base_swa` (10,000 when absent, whatever the global layers' base).
     fn sliding_window(&self, gemma: bool) -> Result<Option<SlidingWindow>> {
         match self.uint("attention.sliding_window")? {
             Some(size) if gemma => Ok(Some(SlidingWindow {
                 size,
                 pattern: 6,
-                rope_freq_base: 10_000.0,
+                rope_freq_base: self.float("rope.freq_base_swa")?.unwrap_or(10_000.0) as f32,
             })),
             Some(_) => Err(self.bad(
                 "attention.sliding_window",
@@ -435,5 +486,72 @@ mod tests {
             LlamaConfig::from_content(&missing),
             Err(ModelError::MissingKey { key }) if key == "llama.block_count"
         ));
+    }
+
+    #[test]
+    fn rope_scaling_reads_as_llama_cpp_reads_it() {
+        let scale = |extra: &[(&str, Value)]| {
+            LlamaConfig::from_content(&content(extra))
+                .unwrap()
+                .rope_freq_scale
+        };
+        let linear = Value::String("linear".into());
+        assert_eq!(scale(&[]), 1.0);
+        assert_eq!(
+            scale(&[
+                ("llama.rope.scaling.type", linear.clone()),
+                ("llama.rope.scaling.factor", Value::F32(8.0)),
+            ]),
+            0.125
+        );
+        // No type is linear; the older key; 0 is no scaling; `none` ignores a factor.
+        assert_eq!(
+            scale(&[("llama.rope.scaling.factor", Value::F32(2.0))]),
+            0.5
+        );
+        assert_eq!(scale(&[("llama.rope.scale_linear", Value::F32(4.0))]), 0.25);
+        assert_eq!(
+            scale(&[("llama.rope.scaling.factor", Value::F32(0.0))]),
+            1.0
+        );
+        assert_eq!(
+            scale(&[
+                ("llama.rope.scaling.type", Value::String("none".into())),
+                ("llama.rope.scaling.factor", Value::F32(8.0)),
+            ]),
+            1.0
+        );
+        assert_eq!(
+            refused_key(&[
+                ("llama.rope.scaling.type", linear),
+                ("llama.rope.scaling.factor", Value::F32(-2.0)),
+            ]),
+            "llama.rope.scaling.factor"
+        );
+    }
+
+    #[test]
+    fn rope_frequencies_take_the_scale_and_the_factors_in_global_layers_only() {
+        let mut c = LlamaConfig::from_content(&content(&[])).unwrap();
+        let plain = c.rope_frequencies(false);
+        assert_eq!(plain.len(), c.head_dim / 2);
+        assert!(plain.windows(2).all(|w| w[1] < w[0]) && plain[0] == 1.0);
+        c.rope_freq_scale = 0.25;
+        let f = c.rope_frequencies(false);
+        assert!(f.iter().zip(&plain).all(|(s, p)| *s == p * 0.25));
+        c.rope_freq_factors = Some(vec![1.0, 2.0, 4.0, 8.0]);
+        let g = c.rope_frequencies(false);
+        for (i, d) in [1.0, 2.0, 4.0, 8.0].into_iter().enumerate() {
+            assert_eq!(g[i], f[i] / d, "frequency {i}");
+        }
+        // Gemma 3's local layers: their own base, never scaled.
+        c.sliding_window = Some(SlidingWindow {
+            size: 4,
+            pattern: 6,
+            rope_freq_base: c.rope_freq_base,
+        });
+        c.rope_freq_factors = None;
+        assert_eq!(c.rope_frequencies(true), plain);
+        assert_eq!(c.rope_frequencies(false), f);
     }
 }

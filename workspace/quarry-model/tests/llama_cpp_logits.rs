@@ -495,3 +495,59 @@ fn qwen25_f32_weights_greedy_continuations_match_llama_cpp() {
         F32_GAP_TOL,
     );
 }
+
+// The tiny random-weight models (tests/fixtures/tiny_models.py): the architectures and RoPE
+// scalings no small real model on the registries has, on F32 weights, held to the F32 bar.
+// `qwen3`: per-head Q/K norms, no Q/K/V bias, heads wider than embedding/heads; `llama3`: Llama
+// 3.1's per-frequency RoPE factors (`rope_freqs.weight`) over 1,100 positions, 17 times the
+// original context the factors were computed for, and an untied output; `gemma3`: linear RoPE
+// scaling (factor 8) of the global layer, unscaled local layers with a window of 8.
+
+#[test]
+fn tiny_models_prompt_logits_match_llama_cpp() {
+    for name in TINY {
+        eprintln!("tiny-{name}:");
+        let fx = read_fixture(&format!("tiny-{name}.logits.json.gz"));
+        Comparison::run(tiny(name, &fx), &fx, F32_GAP_TOL)
+            .assert_f32_bar(F32_GAP_TOL, F32_LOGPROB_MAX_TOL);
+    }
+}
+
+/// The tensor layout (candle ops: the CUDA path's forward) on the same bar.
+#[test]
+fn tiny_models_tensor_layout_matches_llama_cpp() {
+    for name in TINY {
+        eprintln!("tiny-{name}:");
+        let fx = read_fixture(&format!("tiny-{name}.logits.json.gz"));
+        Comparison::run_on(tiny(name, &fx), &fx, F32_GAP_TOL, KvLayout::Tensor)
+            .assert_f32_bar(F32_GAP_TOL, F32_LOGPROB_MAX_TOL);
+    }
+}
+
+#[test]
+fn tiny_models_greedy_continuations_match_llama_cpp() {
+    for name in TINY {
+        let fx = read_fixture(&format!("tiny-{name}.logits.json.gz"));
+        greedy_matches(tiny(name, &fx), &fx, F32_GAP_TOL);
+    }
+}
+
+/// Each tiny model's scaling is what the fixture tests: without it the logits leave llama.cpp's.
+#[test]
+fn tiny_models_need_their_rope_scaling() {
+    let fx = read_fixture("tiny-llama3.logits.json.gz");
+    let c = tiny("llama3", &fx).config();
+    let factors = c
+        .rope_freq_factors
+        .as_ref()
+        .expect("rope_freqs.weight read");
+    assert!(factors.iter().any(|f| *f == 1.0) && factors.iter().any(|f| *f == 8.0));
+    assert!(factors.iter().any(|f| *f > 1.0 && *f < 8.0), "{factors:?}");
+    let fx = read_fixture("tiny-gemma3.logits.json.gz");
+    let c = tiny("gemma3", &fx).config();
+    assert_eq!(c.rope_freq_scale, 0.125);
+    assert_eq!(c.sliding_window.map(|w| w.rope_freq_base), Some(10_000.0));
+    let fx = read_fixture("tiny-qwen3.logits.json.gz");
+    let c = tiny("qwen3", &fx).config();
+    assert!(c.qk_norm && !c.qkv_bias && c.head_dim * c.head_count > c.embedding_length);
+}

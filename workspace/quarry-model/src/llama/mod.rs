@@ -185,7 +185,8 @@ impl Llama {
             crate::profile::set_enabled(true);
         }
         let dense_from = options.dense_from_rows;
-        let config = LlamaConfig::from_content(content)?;
+        let mut config = LlamaConfig::from_content(content)?;
+        config.rope_freq_factors = rope_freq_factors(content, reader, &config)?;
         let mut get = |name: &str, dims: &[usize]| -> Result<QTensor> {
             if !content.tensor_infos.contains_key(name) {
                 return Err(ModelError::MissingTensor {
@@ -223,9 +224,9 @@ impl Llama {
             .map(|i| Layer::load(c, i, &mut get, device, dense_from))
             .collect::<Result<Vec<_>>>()?;
         let norm = dense(get("output_norm.weight", &[e])?)?;
-        let mut rope = vec![rope_table(c, c.rope_freq_base, device)?];
-        if let Some(w) = &c.sliding_window {
-            rope.push(rope_table(c, w.rope_freq_base, device)?);
+        let mut rope = vec![rope_table(c, false, device)?];
+        if c.sliding_window.is_some() {
+            rope.push(rope_table(c, true, device)?);
         }
         let host = if device.is_cpu() {
             Some(host::HostParams::new(&layers, &norm, &rope)?)
@@ -856,12 +857,48 @@ fn padded_step(
     Some(step)
 }
 
-/// `cos(p * θ_i)` and `sin(p * θ_i)` for every position and frequency, `θ_i = base^(-2i/d)`.
-fn rope_table(c: &LlamaConfig, base: f32, device: &Device) -> Result<RopeTable> {
+/// The per-frequency RoPE divisors of `rope_freqs.weight`, where the file has them (Llama 3.1/3.2:
+/// `head_dim / 2` positive values; [`LlamaConfig::rope_freq_factors`]).
+fn rope_freq_factors<R: std::io::Read + std::io::Seek>(
+    content: &Content,
+    reader: &mut R,
+    c: &LlamaConfig,
+) -> Result<Option<Vec<f32>>> {
+    const NAME: &str = "rope_freqs.weight";
+    if !content.tensor_infos.contains_key(NAME) {
+        return Ok(None);
+    }
+    let t = content
+        .tensor(reader, NAME, &Device::Cpu)
+        .map_err(|e| ModelError::LoadTensor {
+            tensor: NAME.into(),
+            source: Box::new(without_backtrace(e)),
+        })?;
+    let factors = t
+        .dequantize(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    if factors.len() != c.head_dim / 2 {
+        return Err(ModelError::TensorShape {
+            tensor: NAME.into(),
+            expected: format!("[{}]", c.head_dim / 2),
+            found: format!("{:?}", t.shape().dims()),
+        });
+    }
+    if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+        return Err(ModelError::InvalidKey {
+            key: NAME.into(),
+            message: format!("a RoPE frequency factor of {bad} (they divide the frequencies)"),
+        });
+    }
+    Ok(Some(factors))
+}
+
+/// `cos(p * θ_i)` and `sin(p * θ_i)` for every position and frequency: the global layers' angles
+/// ([`LlamaConfig::rope_frequencies`]), or with `local` Gemma 3's local layers'.
+fn rope_table(c: &LlamaConfig, local: bool, device: &Device) -> Result<RopeTable> {
     let half = c.head_dim / 2;
-    let inv: Vec<f64> = (0..half)
-        .map(|i| (base as f64).powf(-2.0 * i as f64 / c.head_dim as f64))
-        .collect();
+    let inv = c.rope_frequencies(local);
     let mut cos = Vec::with_capacity(c.context_length * half);
     let mut sin = Vec::with_capacity(c.context_length * half);
     for p in 0..c.context_length {

@@ -74,7 +74,7 @@ fn model_path(file: &str) -> PathBuf {
     let path = root().join("models").join(file);
     assert!(
         path.exists(),
-        "{} is missing: run `make setup` first",
+        "{} is missing: run `make setup` (`make test` for models/tiny/) first",
         path.display()
     );
     path
@@ -101,11 +101,39 @@ static SMOLLM2_F32: OnceLock<Llama> = OnceLock::new();
 static GEMMA3_F32: OnceLock<Llama> = OnceLock::new();
 static QWEN25_F32: OnceLock<Llama> = OnceLock::new();
 
-/// Whether `model` is one of the F32 copies ([`smollm2_f32`] and the others).
+/// The tiny random-weight models (`tests/fixtures/tiny_models.py`), by name.
+pub const TINY: [&str; 3] = ["qwen3", "llama3", "gemma3"];
+static TINY_MODELS: [OnceLock<Llama>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+
+/// Whether `model` is one of the F32 copies ([`smollm2_f32`] and the others) or a tiny model
+/// (F32 weights too).
 fn is_f32_copy(model: &Llama) -> bool {
     [&SMOLLM2_F32, &GEMMA3_F32, &QWEN25_F32]
-        .iter()
+        .into_iter()
+        .chain(&TINY_MODELS)
         .any(|copy| copy.get().is_some_and(|m| std::ptr::eq(m, model)))
+}
+
+/// The tiny model `name` (one of [`TINY`]), as `make test` builds it into `models/tiny/`
+/// (infra/setup-test.sh), loaded once per test binary, after checking that it is the file
+/// llama.cpp computed its fixture on (`fixture`'s `model_sha256`): the same script with another
+/// numpy or gguf could write other weights.
+pub fn tiny(name: &str, fixture: &serde_json::Value) -> &'static Llama {
+    use sha2::Digest;
+    let k = TINY.iter().position(|t| *t == name).expect("a tiny model");
+    TINY_MODELS[k].get_or_init(|| {
+        let path = model_path(&format!("tiny/tiny-{name}.gguf"));
+        let sha = sha2::Sha256::digest(std::fs::read(&path).unwrap());
+        let hex: String = sha.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            hex,
+            fixture["model_sha256"].as_str().unwrap(),
+            "{} is not the file llama.cpp saw: rebuild it with tests/fixtures/tiny_models.py, or \
+             the fixture with gen_model_fixtures.py tiny-{name}",
+            path.display()
+        );
+        Llama::load_with(&path, &device(), &options()).unwrap()
+    })
 }
 
 /// [`pool`] shaped for `model`. The F32 copies are held to the F32 bar, which is the arithmetic's
