@@ -360,7 +360,7 @@ impl Keys<'_> {
         match factor {
             // llama.cpp reads 0 as no scaling.
             None => Ok(1.0),
-            Some((_, f)) if f == 0.0 => Ok(1.0),
+            Some((_, 0.0)) => Ok(1.0),
             Some((_, f)) if f.is_finite() && f > 0.0 => Ok((1.0 / f) as f32),
             Some((key, f)) => Err(self.bad(key, format!("a RoPE scaling factor of {f}"))),
         }
