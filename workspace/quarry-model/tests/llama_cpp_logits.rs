@@ -541,7 +541,7 @@ fn tiny_models_need_their_rope_scaling() {
         .rope_freq_factors
         .as_ref()
         .expect("rope_freqs.weight read");
-    assert!(factors.iter().any(|f| *f == 1.0) && factors.iter().any(|f| *f == 8.0));
+    assert!(factors.contains(&1.0) && factors.contains(&8.0));
     assert!(factors.iter().any(|f| *f > 1.0 && *f < 8.0), "{factors:?}");
     let fx = read_fixture("tiny-gemma3.logits.json.gz");
     let c = tiny("gemma3", &fx).config();
