@@ -5,8 +5,10 @@
 #      librdkafka) with its codecs (lz4, python-snappy, zstandard), the producer of the codec tests;
 #   2. tansu, a Kafka-protocol broker from crates.io ($QUARRY_CACHE/tools/bin/tansu; about 14
 #      minutes to build the first time on 2 cores, then reused);
-#   3. the tiny random-weight models (models/tiny/, tests/fixtures/tiny_models.py, with the test
-#      venv's pinned numpy and gguf): rebuilt when the script changes, about 30 seconds.
+#   3. the tiny random-weight models (models/tiny/, tests/fixtures/tiny_models.py) and the Hugging
+#      Face checkpoint folders built from the GGUFs (models/checkpoints/,
+#      tests/fixtures/checkpoints.py), with the test venv's pinned numpy, gguf, safetensors and
+#      transformers (no torch): rebuilt when a script changes, about a minute.
 set -euo pipefail
 QUARRY_CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
 VENV="$QUARRY_CACHE/testvenv"
@@ -19,9 +21,10 @@ if ! "$VENV/bin/python" -c 'import pyarrow, moto, boto3, kafka, lz4, snappy, zst
         "pyarrow==22.*" "moto[server]==5.*" "boto3==1.*" \
         "kafka-python==2.3.3" "lz4==4.*" "python-snappy==0.7.*" "zstandard==0.*"
 fi
-if ! "$VENV/bin/python" -c 'import numpy, gguf' >/dev/null 2>&1; then
-    echo "setup-test: installing numpy and gguf into $VENV"
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "numpy==2.3.5" "gguf==0.19.0"
+if ! "$VENV/bin/python" -c 'import numpy, gguf, safetensors, transformers' >/dev/null 2>&1; then
+    echo "setup-test: installing numpy, gguf, safetensors and transformers into $VENV"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "numpy==2.3.5" "gguf==0.19.0" \
+        "safetensors==0.6.2" "transformers==4.57.1"
 fi
 
 STAMP="$(sha256sum tests/fixtures/tiny_models.py | cut -d' ' -f1)"
@@ -30,6 +33,13 @@ if [[ "$(cat models/tiny/.built-from 2>/dev/null)" != "$STAMP" ]]; then
     rm -rf models/tiny
     "$VENV/bin/python" tests/fixtures/tiny_models.py models/tiny
     echo "$STAMP" > models/tiny/.built-from
+fi
+STAMP="$(cat tests/fixtures/tiny_models.py tests/fixtures/checkpoints.py | sha256sum | cut -d' ' -f1)"
+if [[ "$(cat models/checkpoints/.built-from 2>/dev/null)" != "$STAMP" ]]; then
+    echo "setup-test: building the checkpoint folders into models/checkpoints/"
+    rm -rf models/checkpoints
+    "$VENV/bin/python" tests/fixtures/checkpoints.py models/checkpoints 2>&1 | { grep -v '^None of PyTorch' || true; }
+    echo "$STAMP" > models/checkpoints/.built-from
 fi
 
 TANSU="$QUARRY_CACHE/tools/bin/tansu"

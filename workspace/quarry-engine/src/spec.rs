@@ -13,7 +13,7 @@ use crate::{Engine, EngineConfig, EngineError};
 /// A model to run: a job's `[model]` table, or a command's `--model`, `--device` and `--runtime`.
 #[derive(Debug, Clone)]
 pub struct ModelSpec {
-    /// The GGUF file.
+    /// The GGUF file, or a Hugging Face checkpoint folder.
     pub path: PathBuf,
     /// `cpu` or `cuda:N`.
     pub device: String,
@@ -57,7 +57,7 @@ impl ModelSpec {
         };
         let device = parse_device(&self.device).map_err(model_err)?;
         let tokenizer =
-            Tokenizer::from_gguf(&self.path).map_err(|source| LoadError::Tokenizer {
+            Tokenizer::from_model(&self.path).map_err(|source| LoadError::Tokenizer {
                 path: path.clone(),
                 source,
             })?;

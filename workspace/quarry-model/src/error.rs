@@ -57,6 +57,10 @@ pub enum ModelError {
     /// `--device` named something this build cannot run on.
     #[error("device `{device}`: {message}")]
     Device { device: String, message: String },
+    /// A Hugging Face checkpoint folder (or its index) that cannot be read as one: no weights,
+    /// a config that is not JSON, a shard outside the folder.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint { path: PathBuf, message: String },
     /// A device this build supports that cannot be opened (no such GPU, a driver error).
     #[error("device `{device}` cannot be opened: {source}")]
     DeviceOpen {

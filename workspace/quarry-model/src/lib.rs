@@ -30,6 +30,7 @@
 
 mod attention;
 mod batch;
+pub mod checkpoint;
 mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -55,8 +56,10 @@ mod ragged;
 pub mod reference;
 mod sampling;
 mod simd;
+mod weights;
 
 pub use batch::{Logits, SeqInput};
+pub use checkpoint::{Checkpoint, CHECKPOINT_TYPES};
 pub use config::{Activation, LlamaConfig, RopeStyle, SlidingWindow, SUPPORTED_ARCHITECTURES};
 pub use device::parse_device;
 pub use error::{ModelError, Result};

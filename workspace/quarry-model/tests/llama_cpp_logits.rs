@@ -551,3 +551,53 @@ fn tiny_models_need_their_rope_scaling() {
     let c = tiny("qwen3", &fx).config();
     assert!(c.qk_norm && !c.qkv_bias && c.head_dim * c.head_count > c.embedding_length);
 }
+
+// Hugging Face checkpoint folders built from the same GGUFs (tests/fixtures/checkpoints.py:
+// safetensors, config.json, Q/K rows un-permuted, Gemma's norms as transformers holds them): the
+// same models, so the same bars against the same fixtures. SmolLM2's F32 fixture is its Q4_1 file
+// dequantized, which is what the checkpoint holds.
+
+#[test]
+fn checkpoints_prompt_logits_match_llama_cpp() {
+    for (name, fixture) in CHECKPOINTS {
+        eprintln!("checkpoint {name}:");
+        let gap = if name.contains("gemma") {
+            GEMMA_F32_GAP_TOL
+        } else {
+            F32_GAP_TOL
+        };
+        Comparison::run(checkpoint(name), &read_fixture(fixture), gap)
+            .assert_f32_bar(gap, F32_LOGPROB_MAX_TOL);
+    }
+}
+
+#[test]
+fn checkpoints_greedy_continuations_match_llama_cpp() {
+    for (name, fixture) in CHECKPOINTS {
+        greedy_matches(checkpoint(name), &read_fixture(fixture), F32_GAP_TOL);
+    }
+}
+
+/// A checkpoint reads into the config of the GGUF it was built from, but for what a checkpoint
+/// spells its own way: RoPE over head halves (its Q/K rows are not permuted), and Llama 3's
+/// factors computed from `rope_scaling` rather than read from `rope_freqs.weight`.
+#[test]
+fn checkpoints_read_into_their_gguf_s_config() {
+    for (name, fixture) in CHECKPOINTS {
+        let fx = read_fixture(fixture);
+        let gguf = match name.strip_prefix("tiny-") {
+            Some(tiny_name) => tiny(tiny_name, &fx).config().clone(),
+            None => smollm2().config().clone(),
+        };
+        let mut c = checkpoint(name).config().clone();
+        assert_eq!(c.rope_style, quarry_model::RopeStyle::Halves, "{name}");
+        c.rope_style = gguf.rope_style;
+        if let (Some(got), Some(want)) = (&c.rope_freq_factors, &gguf.rope_freq_factors) {
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() <= 1e-6 * w, "{name}: factor {g} against {w}");
+            }
+            c.rope_freq_factors = gguf.rope_freq_factors.clone();
+        }
+        assert_eq!(c, gguf, "{name}");
+    }
+}

@@ -320,6 +320,59 @@ impl Tokenizer {
         })
     }
 
+    /// The tokenizer of a model: a GGUF file's ([`Tokenizer::from_gguf`]), or a Hugging Face
+    /// checkpoint folder's ([`Tokenizer::from_checkpoint`]).
+    pub fn from_model(path: impl AsRef<Path>) -> Result<Self> {
+        match path.as_ref().is_dir() {
+            true => Self::from_checkpoint(path),
+            false => Self::from_gguf(path),
+        }
+    }
+
+    /// A checkpoint folder's tokenizer: `tokenizer.json` with its `tokenizer_config.json`
+    /// ([`Tokenizer::from_tokenizer_json`]); the chat template from `chat_template.jinja` where the
+    /// config has none (recent transformers write it there); and every id that
+    /// `generation_config.json`'s `eos_token_id` names (a number or a list: Llama 3's
+    /// `<|eot_id|>` beside its EOS) ends generation too.
+    pub fn from_checkpoint(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        let mut t = Self::from_tokenizer_json(dir.join("tokenizer.json"))?;
+        let jinja = dir.join("chat_template.jinja");
+        if t.chat_template.is_none() && jinja.exists() {
+            let src = std::fs::read_to_string(&jinja).map_err(|source| TokenizerError::Io {
+                path: jinja.clone(),
+                source,
+            })?;
+            let text = |id: Option<u32>| id.and_then(|id| t.token_text(id)).unwrap_or_default();
+            let (bos, eos) = (text(t.special.bos), text(t.special.eos));
+            t.chat_template = Some(ChatTemplate::new(&src, &bos, &eos)?);
+        }
+        let gen_path = dir.join("generation_config.json");
+        if let Ok(raw) = std::fs::read_to_string(&gen_path) {
+            let bad = |message: String| TokenizerError::TokenizerJson {
+                path: gen_path.clone(),
+                message,
+            };
+            let doc: serde_json::Value =
+                serde_json::from_str(&raw).map_err(|e| bad(e.to_string()))?;
+            let ids = match &doc["eos_token_id"] {
+                serde_json::Value::Null => Vec::new(),
+                serde_json::Value::Array(a) => a.clone(),
+                one => vec![one.clone()],
+            };
+            for v in ids {
+                let id = v
+                    .as_u64()
+                    .filter(|&id| (id as usize) < t.vocab_size())
+                    .ok_or_else(|| bad(format!("eos_token_id {v} is not a token id")))?;
+                t.special.end_of_generation.push(id as u32);
+            }
+            t.special.end_of_generation.sort_unstable();
+            t.special.end_of_generation.dedup();
+        }
+        Ok(t)
+    }
+
     /// Loads a Hugging Face `tokenizer.json`. A `tokenizer_config.json` beside it, when present,
     /// supplies the chat template, BOS/EOS and `add_bos_token`.
     pub fn from_tokenizer_json(path: impl AsRef<Path>) -> Result<Self> {

@@ -2,7 +2,7 @@
 
 use std::io::Read;
 
-use common::{model, root};
+use common::{checkpoint, model, root};
 use quarry_tokenizer::{ChatMessage, EncodeOptions, TokenKind, Tokenizer};
 use serde_json::Value;
 
@@ -283,5 +283,77 @@ fn tokenizer_json_round_trip_agrees_with_llama_cpp() {
             );
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+// Checkpoint folders' tokenizers: `tokenizer.json` and `tokenizer_config.json` as transformers'
+// own GGUF conversion writes them (tests/fixtures/checkpoints.py), `chat_template.jinja` and
+// `generation_config.json` beside them, against llama.cpp's ids on the GGUF they were built from.
+// (Gemma 3's is left out: transformers converts a GGUF's Gemma vocabulary into a Unigram model,
+// where the Hub's tokenizer.json is BPE, so it is not the tokenizer a Gemma checkpoint ships.)
+
+const CHECKPOINT_TOKENIZERS: [(&str, &str, &str); 2] = [
+    ("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"),
+    ("tiny-qwen3", QWEN25, "qwen25"),
+];
+
+/// Every case gets llama.cpp's ids, but where a tokenizer.json means otherwise than the GGUF:
+/// Qwen's applies Unicode NFC first (as the Hub's does; llama.cpp does not), and transformers'
+/// converter does not mark `</s>` (a control token in the GGUF) special.
+#[test]
+fn checkpoint_tokenizers_give_llama_cpp_s_ids() {
+    for (name, _, fx) in CHECKPOINT_TOKENIZERS {
+        let mut fx = fixture(&format!("{fx}.cases.json"));
+        let qwen = name.contains("qwen");
+        let cases = fx["cases"].as_array_mut().unwrap();
+        let before = cases.len();
+        cases.retain(|c| {
+            let text = c["text"].as_str().unwrap();
+            let nfc_changes = text.contains('\u{301}');
+            let control = c["parse_special"] == true && text.contains("</s>");
+            !(qwen && (nfc_changes || control))
+        });
+        let left_out = before - cases.len();
+        assert!(
+            if qwen {
+                (1..=20).contains(&left_out)
+            } else {
+                left_out == 0
+            },
+            "{name}: {left_out} cases left out"
+        );
+        let (n, bad) = id_mismatches(&checkpoint(name), &fx);
+        assert!(
+            bad.is_empty(),
+            "{name}: {} of {n} cases differ:\n{}",
+            bad.len(),
+            bad.join("\n")
+        );
+    }
+}
+
+#[test]
+fn checkpoint_tokenizers_chat_and_end_as_their_gguf_does() {
+    for (name, gguf, fx) in CHECKPOINT_TOKENIZERS {
+        let (tok, reference) = (checkpoint(name), model(gguf));
+        // The template comes from chat_template.jinja (transformers writes it there).
+        assert_chat_renders_like_llama_cpp(&tok, &format!("{fx}.chat.json"));
+        let (got, want) = (tok.special_tokens(), reference.special_tokens());
+        assert_eq!(got.eos, want.eos, "{name}");
+        // Every end the GGUF has is one here, where the tokenizer.json marks the token special
+        // (transformers' converter leaves Qwen's `</s>` an added plain token: the case above).
+        let special = |id: u32| tok.token_table().kind(id) == Some(TokenKind::Control);
+        let mut ends = 0;
+        for &id in &want.end_of_generation {
+            if special(id) {
+                assert!(
+                    got.end_of_generation.contains(&id),
+                    "{name}: {id} does not end"
+                );
+                ends += 1;
+            }
+        }
+        assert!(ends >= 1, "{name}: no end checked");
+        assert_eq!(tok.vocab_size(), reference.vocab_size(), "{name}");
     }
 }

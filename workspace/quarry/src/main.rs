@@ -323,8 +323,16 @@ fn setup_hint(path: &Path) -> String {
     }
 }
 
+/// A GGUF file, or a Hugging Face checkpoint folder (which has a `config.json`).
 fn check_exists(path: &Path) -> Result<()> {
-    if !path.is_file() {
+    if path.is_dir() && !path.join("config.json").is_file() {
+        anyhow::bail!(
+            "{} is a folder without a config.json: --model takes a GGUF file or a Hugging Face \
+             checkpoint folder (config.json, *.safetensors, tokenizer.json)",
+            path.display()
+        );
+    }
+    if !path.exists() {
         anyhow::bail!(
             "model file {} not found: {}",
             path.display(),
@@ -359,7 +367,7 @@ pub(crate) fn load_model(path: &Path, device: &str, options: ModelOptions) -> Re
 
 pub(crate) fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     check_exists(path)?;
-    Tokenizer::from_gguf(path).map_err(|e| match e {
+    Tokenizer::from_model(path).map_err(|e| match e {
         TokenizerError::Gguf { .. } | TokenizerError::Io { .. } => {
             anyhow::anyhow!("{e}. To fix: {}", setup_hint(path))
         }

@@ -808,3 +808,30 @@ fn a_budget_under_the_shortest_record_is_refused_and_at_it_the_record_closes() {
         && text[4..].iter().all(u8::is_ascii_digit);
     assert!(complete, "{out:?}");
 }
+
+/// `--model` takes a Hugging Face checkpoint folder (built from SmolLM2's GGUF by
+/// tests/fixtures/checkpoints.py, `make test`'s set-up): a schema-constrained record with the
+/// folder's chat template, and a folder that is not a checkpoint refused by name.
+#[test]
+fn generate_runs_a_checkpoint_folder() {
+    let o = quarry(&[
+        "generate",
+        "--model",
+        "models/checkpoints/smollm2",
+        "--chat",
+        "--prompt",
+        "Package: jq\nVersion: 1.6-2.1\nDescription: lightweight JSON processor",
+        "--schema",
+        "schemas/debian-package.json",
+        "--max-tokens",
+        "200",
+    ]);
+    let v: Value = serde_json::from_str(stdout(&o).trim_end()).expect("schema output is JSON");
+    assert!(v["name"].is_string() && v["depends"].is_array(), "{v}");
+    let o = quarry(&["generate", "--model", "schemas", "--prompt", "x"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("without a config.json"),
+        "{err}"
+    );
+}

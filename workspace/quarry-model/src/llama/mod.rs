@@ -16,6 +16,7 @@ use crate::options::{Attention, ModelOptions, SamplingSite};
 use crate::pool::{KvPool, KvStorage};
 use crate::ragged::Heads;
 use crate::step_graph::PaddedStep;
+use crate::weights::Weights;
 
 pub(crate) mod fused;
 mod residual;
@@ -157,13 +158,22 @@ impl Llama {
         Self::load_with(path, device, &ModelOptions::default())
     }
 
-    /// Loads a llama-architecture GGUF file onto `device`, to run as `options` say for its
-    /// whole life.
+    /// Loads a llama-architecture GGUF file, or a Hugging Face checkpoint folder
+    /// ([`crate::checkpoint`]), onto `device`, to run as `options` say for its whole life.
     pub fn load_with(
         path: impl AsRef<Path>,
         device: &Device,
         options: &ModelOptions,
     ) -> Result<Self> {
+        if path.as_ref().is_dir() {
+            let mut checkpoint = crate::checkpoint::Checkpoint::open(path.as_ref())?;
+            #[cfg(feature = "cuda")]
+            if let Device::Cuda(d) = device {
+                crate::cuda::prepare(d)?;
+            }
+            let config = checkpoint.config().clone();
+            return Self::from_weights(config, &mut checkpoint, device, options);
+        }
         let (content, file_bytes, mut file) = crate::info::read_gguf(path.as_ref())?;
         // Reports a truncated file by name before any tensor read fails on it.
         crate::ModelInfo::from_content(&content, file_bytes)?;
@@ -181,24 +191,35 @@ impl Llama {
         device: &Device,
         options: &ModelOptions,
     ) -> Result<Self> {
+        let mut config = LlamaConfig::from_content(content)?;
+        config.rope_freq_factors = rope_freq_factors(content, reader, &config)?;
+        Self::from_weights(
+            config,
+            &mut GgufWeights { content, reader },
+            device,
+            options,
+        )
+    }
+
+    /// The model of `config` with the tensors of `weights` (llama.cpp's names) on `device`.
+    pub(crate) fn from_weights(
+        config: LlamaConfig,
+        weights: &mut impl Weights,
+        device: &Device,
+        options: &ModelOptions,
+    ) -> Result<Self> {
         if options.profile {
             crate::profile::set_enabled(true);
         }
         let dense_from = options.dense_from_rows;
-        let mut config = LlamaConfig::from_content(content)?;
-        config.rope_freq_factors = rope_freq_factors(content, reader, &config)?;
+        let untied = weights.has("output.weight");
         let mut get = |name: &str, dims: &[usize]| -> Result<QTensor> {
-            if !content.tensor_infos.contains_key(name) {
+            if !weights.has(name) {
                 return Err(ModelError::MissingTensor {
                     tensor: name.into(),
                 });
             }
-            let t = content
-                .tensor(reader, name, device)
-                .map_err(|e| ModelError::LoadTensor {
-                    tensor: name.into(),
-                    source: Box::new(without_backtrace(e)),
-                })?;
+            let t = weights.tensor(name, device)?;
             if t.shape().dims() != dims {
                 return Err(ModelError::TensorShape {
                     tensor: name.into(),
@@ -214,7 +235,7 @@ impl Llama {
         let mm = |t: QTensor| Linear::new(t, device, dense_from);
         let embed_q = get("token_embd.weight", &[c.vocab_size, e])?;
         let embed = embed_q.dequantize(device)?;
-        let lm_head = if content.tensor_infos.contains_key("output.weight") {
+        let lm_head = if untied {
             mm(get("output.weight", &[c.vocab_size, e])?)?
         } else {
             // Tied embeddings (SmolLM2): the output projection is the embedding matrix.
@@ -855,6 +876,27 @@ fn padded_step(
         &mut step.ids,
     );
     Some(step)
+}
+
+/// A GGUF file's tensors, read from `reader` as `content` places them.
+struct GgufWeights<'a, R> {
+    content: &'a Content,
+    reader: &'a mut R,
+}
+
+impl<R: std::io::Read + std::io::Seek> Weights for GgufWeights<'_, R> {
+    fn has(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    fn tensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
+        self.content
+            .tensor(self.reader, name, device)
+            .map_err(|e| ModelError::LoadTensor {
+                tensor: name.into(),
+                source: Box::new(without_backtrace(e)),
+            })
+    }
 }
 
 /// The per-frequency RoPE divisors of `rope_freqs.weight`, where the file has them (Llama 3.1/3.2:

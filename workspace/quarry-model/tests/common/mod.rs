@@ -105,12 +105,40 @@ static QWEN25_F32: OnceLock<Llama> = OnceLock::new();
 pub const TINY: [&str; 3] = ["qwen3", "llama3", "gemma3"];
 static TINY_MODELS: [OnceLock<Llama>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
 
-/// Whether `model` is one of the F32 copies ([`smollm2_f32`] and the others) or a tiny model
-/// (F32 weights too).
+/// The checkpoint folders `tests/fixtures/checkpoints.py` builds from the GGUFs into
+/// `models/checkpoints/` (`make test` runs it), and the fixture each is the model of.
+pub const CHECKPOINTS: [(&str, &str); 4] = [
+    ("smollm2", "smollm2-f32.logits.json.gz"),
+    ("tiny-llama3", "tiny-llama3.logits.json.gz"),
+    ("tiny-gemma3", "tiny-gemma3.logits.json.gz"),
+    ("tiny-qwen3", "tiny-qwen3.logits.json.gz"),
+];
+static CHECKPOINT_MODELS: [OnceLock<Llama>; 4] = [
+    OnceLock::new(),
+    OnceLock::new(),
+    OnceLock::new(),
+    OnceLock::new(),
+];
+
+/// The checkpoint folder `name` (one of [`CHECKPOINTS`]), loaded once per test binary.
+pub fn checkpoint(name: &str) -> &'static Llama {
+    let k = CHECKPOINTS
+        .iter()
+        .position(|(n, _)| *n == name)
+        .expect("a checkpoint");
+    CHECKPOINT_MODELS[k].get_or_init(|| {
+        let dir = model_path(&format!("checkpoints/{name}"));
+        Llama::load_with(&dir, &device(), &options()).unwrap()
+    })
+}
+
+/// Whether `model` is one of the F32 copies ([`smollm2_f32`] and the others), a tiny model or a
+/// checkpoint (F32 weights too: a checkpoint's are held in f32 on a CPU).
 fn is_f32_copy(model: &Llama) -> bool {
     [&SMOLLM2_F32, &GEMMA3_F32, &QWEN25_F32]
         .into_iter()
         .chain(&TINY_MODELS)
+        .chain(&CHECKPOINT_MODELS)
         .any(|copy| copy.get().is_some_and(|m| std::ptr::eq(m, model)))
 }
 

@@ -1,0 +1,499 @@
+//! Hugging Face checkpoint folders: `config.json` for the architecture, the weights in
+//! safetensors (`model.safetensors`, or the shards `model.safetensors.index.json` names),
+//! memory-mapped through candle. Each tensor is read under llama.cpp's name and converted as
+//! llama.cpp's converter converts it, so that the forward pass is the GGUF one:
+//!
+//! - names: `model.layers.N.self_attn.q_proj.weight` is `blk.N.attn_q.weight`, and so on
+//!   ([`Checkpoint::hf_name`]); multimodal Gemma 3 folders keep the text model under
+//!   `model.language_model.` (or `language_model.model.`), which is found by its embeddings;
+//! - RoPE: a checkpoint's queries and keys rotate head halves (transformers' `rotate_half`) in
+//!   every architecture; llama.cpp permutes a llama's Q and K rows into adjacent pairs instead,
+//!   which is the same rotation, so a checkpoint needs no permutation, only
+//!   [`RopeStyle::Halves`];
+//! - Gemma 3's RMS norms scale by `1 + w`; llama.cpp stores `1 + w`, so 1 is added here;
+//! - RoPE scaling from `rope_scaling` (or `rope_parameters`): `linear` (a scale), `llama3` (the
+//!   per-frequency factors, computed as Meta publishes them: [`llama3_factors`]);
+//! - the values: bf16, f16 or f32, held as f32 on a CPU (what the F32 GGUF path holds) and as
+//!   f16 on a GPU (which multiplies in f16 anyway).
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device};
+use serde_json::Value;
+
+use crate::config::{Activation, LlamaConfig, RopeStyle, SlidingWindow};
+use crate::error::{without_backtrace, ModelError, Result};
+use crate::weights::Weights;
+
+/// The `model_type`s a checkpoint may have, and the architecture each runs as.
+pub const CHECKPOINT_TYPES: &[(&str, &str)] = &[
+    ("llama", "llama"),
+    ("mistral", "llama"),
+    ("qwen2", "qwen2"),
+    ("qwen3", "qwen3"),
+    ("gemma3_text", "gemma3"),
+    ("gemma3", "gemma3"),
+];
+
+/// Where the text model's tensors may live in a checkpoint: a text-only model, then the
+/// multimodal Gemma 3 layouts of recent and older transformers.
+const PREFIXES: [&str; 3] = ["model.", "model.language_model.", "language_model.model."];
+
+/// An opened checkpoint folder.
+pub struct Checkpoint {
+    dir: PathBuf,
+    config: LlamaConfig,
+    tensors: MmapedSafetensors,
+    /// The text model's prefix ([`PREFIXES`]).
+    prefix: &'static str,
+    /// Names of every tensor in the safetensors files.
+    names: std::collections::HashSet<String>,
+}
+
+impl Checkpoint {
+    /// Reads `dir/config.json` and maps the safetensors files.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let bad = |message: String| ModelError::Checkpoint {
+            path: dir.to_owned(),
+            message,
+        };
+        let config_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&config_path).map_err(|source| ModelError::Io {
+            path: config_path.clone(),
+            source,
+        })?;
+        let json: Value = serde_json::from_str(&text)
+            .map_err(|e| bad(format!("config.json is not JSON: {e}")))?;
+        let files = safetensors_files(dir)?;
+        // SAFETY: the files are mapped read-only; a file changed on disk while a model is loaded
+        // from it is outside what any loader can guard against (candle's and transformers' alike).
+        let tensors = unsafe { MmapedSafetensors::multi(&files) }.map_err(|e| {
+            bad(format!(
+                "the safetensors files do not read: {}",
+                without_backtrace(e)
+            ))
+        })?;
+        let names: std::collections::HashSet<String> =
+            tensors.tensors().into_iter().map(|(n, _)| n).collect();
+        let prefix = PREFIXES
+            .into_iter()
+            .find(|p| names.contains(&format!("{p}embed_tokens.weight")))
+            .ok_or_else(|| {
+                bad("no `model.embed_tokens.weight` (nor a multimodal model's) in the safetensors files".into())
+            })?;
+        let vocab = tensors
+            .get(&format!("{prefix}embed_tokens.weight"))
+            .map(|v| v.shape().first().copied().unwrap_or(0))
+            .unwrap_or(0);
+        let config = config_from_json(&json, vocab)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            config,
+            tensors,
+            prefix,
+            names,
+        })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The checkpoint's name for llama.cpp's tensor `gguf`, or `None` for a tensor a checkpoint
+    /// never has (`rope_freqs.weight`: computed from the config).
+    pub fn hf_name(&self, gguf: &str) -> Option<String> {
+        hf_name(self.prefix, self.config.architecture == "gemma3", gguf)
+    }
+}
+
+/// The checkpoint name of llama.cpp's tensor `gguf` in a text model under `p` ([`PREFIXES`]),
+/// Gemma 3's (`gemma`) or another's.
+fn hf_name(p: &str, gemma: bool, gguf: &str) -> Option<String> {
+    {
+        match gguf {
+            "token_embd.weight" => return Some(format!("{p}embed_tokens.weight")),
+            "output_norm.weight" => return Some(format!("{p}norm.weight")),
+            // The output projection sits beside the text model, not in it.
+            "output.weight" => {
+                return Some(match p {
+                    "language_model.model." => "language_model.lm_head.weight".into(),
+                    _ => "lm_head.weight".into(),
+                })
+            }
+            _ => {}
+        }
+        let rest = gguf.strip_prefix("blk.")?;
+        let (layer, name) = rest.split_once('.')?;
+        let hf = match name {
+            "attn_norm.weight" => "input_layernorm.weight",
+            "attn_q.weight" => "self_attn.q_proj.weight",
+            "attn_k.weight" => "self_attn.k_proj.weight",
+            "attn_v.weight" => "self_attn.v_proj.weight",
+            "attn_q.bias" => "self_attn.q_proj.bias",
+            "attn_k.bias" => "self_attn.k_proj.bias",
+            "attn_v.bias" => "self_attn.v_proj.bias",
+            "attn_output.weight" => "self_attn.o_proj.weight",
+            "attn_q_norm.weight" => "self_attn.q_norm.weight",
+            "attn_k_norm.weight" => "self_attn.k_norm.weight",
+            // Gemma 3 normalizes the attention's output here; a llama the feed-forward's input.
+            "post_attention_norm.weight" if gemma => "post_attention_layernorm.weight",
+            "ffn_norm.weight" if gemma => "pre_feedforward_layernorm.weight",
+            "ffn_norm.weight" => "post_attention_layernorm.weight",
+            "post_ffw_norm.weight" => "post_feedforward_layernorm.weight",
+            "ffn_gate.weight" => "mlp.gate_proj.weight",
+            "ffn_up.weight" => "mlp.up_proj.weight",
+            "ffn_down.weight" => "mlp.down_proj.weight",
+            _ => return None,
+        };
+        Some(format!("{p}layers.{layer}.{hf}"))
+    }
+}
+
+impl Weights for Checkpoint {
+    fn has(&self, name: &str) -> bool {
+        self.hf_name(name).is_some_and(|n| self.names.contains(&n))
+    }
+
+    fn tensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
+        let hf = self
+            .hf_name(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                tensor: name.into(),
+            })?;
+        let load_err = |e: candle_core::Error| ModelError::LoadTensor {
+            tensor: hf.clone(),
+            source: Box::new(without_backtrace(e)),
+        };
+        let mut t = self
+            .tensors
+            .load(&hf, &Device::Cpu)
+            .and_then(|t| t.to_dtype(DType::F32))
+            .map_err(load_err)?;
+        if self.config.architecture == "gemma3" && name.contains("norm") {
+            t = (t + 1.0).map_err(load_err)?;
+        }
+        let held = if device.is_cpu() {
+            GgmlDType::F32
+        } else {
+            GgmlDType::F16
+        };
+        let t = t.to_device(device).map_err(load_err)?;
+        QTensor::quantize(&t, held).map_err(load_err)
+    }
+}
+
+/// `model.safetensors`, or every shard `model.safetensors.index.json` names (in its order, each
+/// once).
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    let index_path = dir.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index_path).map_err(|_| ModelError::Checkpoint {
+        path: dir.to_owned(),
+        message: "neither model.safetensors nor model.safetensors.index.json is there".into(),
+    })?;
+    let index: Value = serde_json::from_str(&text).map_err(|e| ModelError::Checkpoint {
+        path: index_path.clone(),
+        message: format!("not JSON: {e}"),
+    })?;
+    let map = index["weight_map"]
+        .as_object()
+        .ok_or_else(|| ModelError::Checkpoint {
+            path: index_path.clone(),
+            message: "no `weight_map` object".into(),
+        })?;
+    let mut files: Vec<PathBuf> = Vec::new();
+    for shard in map.values() {
+        let name = shard.as_str().ok_or_else(|| ModelError::Checkpoint {
+            path: index_path.clone(),
+            message: format!("a shard name that is not a string: {shard}"),
+        })?;
+        // A shard is a file in the folder, never a path out of it.
+        if name.contains('/') || name.contains('\\') || name.starts_with('.') {
+            return Err(ModelError::Checkpoint {
+                path: index_path.clone(),
+                message: format!("shard `{name}` is not a file name in the folder"),
+            });
+        }
+        let path = dir.join(name);
+        if !files.contains(&path) {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}
+
+/// A checkpoint's `config.json` read into the config the forward pass runs (`vocab`: the rows
+/// of the embeddings, which a config's `vocab_size` must agree with).
+pub(crate) fn config_from_json(json: &Value, vocab: usize) -> Result<LlamaConfig> {
+    let model_type = json["model_type"].as_str().unwrap_or("");
+    let architecture = CHECKPOINT_TYPES
+        .iter()
+        .find(|(t, _)| *t == model_type)
+        .map(|(_, a)| *a)
+        .ok_or_else(|| ModelError::UnsupportedArchitecture {
+            architecture: format!("{model_type:?} (config.json's model_type)"),
+            supported: CHECKPOINT_TYPES
+                .iter()
+                .map(|(t, _)| *t)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
+    // Multimodal Gemma 3 keeps the text model's hyper-parameters under `text_config`.
+    let c = match &json["text_config"] {
+        Value::Object(_) => &json["text_config"],
+        _ => json,
+    };
+    let keys = JsonKeys(c);
+    let embedding_length = keys.required("hidden_size")?;
+    let head_count = keys.required("num_attention_heads")?;
+    let head_count_kv = keys.uint("num_key_value_heads")?.unwrap_or(head_count);
+    let head_dim = match keys.uint("head_dim")? {
+        Some(d) => d,
+        None => embedding_length / head_count,
+    };
+    if !head_count.is_multiple_of(head_count_kv) || !head_dim.is_multiple_of(2) || head_dim == 0 {
+        return Err(keys.bad(
+            "num_key_value_heads",
+            format!(
+                "{head_count} query heads on {head_count_kv} key-value heads of {head_dim} \
+                 dimensions (groups must divide evenly, heads be of an even width)"
+            ),
+        ));
+    }
+    let vocab_size = keys.uint("vocab_size")?.unwrap_or(vocab);
+    if vocab_size != vocab {
+        return Err(keys.bad(
+            "vocab_size",
+            format!("{vocab_size}, but the embeddings have {vocab} rows"),
+        ));
+    }
+    let gemma = architecture == "gemma3";
+    let rope_freq_base = keys
+        .float("rope_theta")?
+        .or(keys.rope_param("rope_theta"))
+        .unwrap_or(10_000.0) as f32;
+    let (rope_freq_scale, rope_freq_factors) = keys.rope_scaling(head_dim, rope_freq_base)?;
+    let sliding_window = match (gemma, keys.uint("sliding_window")?) {
+        (true, Some(size)) => Some(SlidingWindow {
+            size,
+            pattern: keys.sliding_window_pattern()?,
+            rope_freq_base: keys.float("rope_local_base_freq")?.unwrap_or(10_000.0) as f32,
+        }),
+        (false, Some(_)) if architecture == "llama" => {
+            return Err(keys.bad(
+                "sliding_window",
+                "sliding-window attention is only supported for Gemma 3".into(),
+            ))
+        }
+        _ => None,
+    };
+    let attention_scale = match keys.float("query_pre_attn_scalar")? {
+        Some(s) if gemma => 1.0 / (s as f32).sqrt(),
+        _ => 1.0 / (head_dim as f32).sqrt(),
+    };
+    Ok(LlamaConfig {
+        architecture: architecture.into(),
+        block_count: keys.required("num_hidden_layers")?,
+        embedding_length,
+        feed_forward_length: keys.required("intermediate_size")?,
+        head_count,
+        head_count_kv,
+        head_dim,
+        rope_freq_base,
+        rope_freq_scale,
+        rope_freq_factors,
+        rms_norm_eps: keys.float("rms_norm_eps")?.unwrap_or(1e-6) as f32,
+        context_length: keys.required("max_position_embeddings")?,
+        vocab_size,
+        embedding_scale: if gemma {
+            (embedding_length as f32).sqrt()
+        } else {
+            1.0
+        },
+        attention_scale,
+        rope_style: RopeStyle::Halves,
+        activation: if gemma {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        },
+        qk_norm: gemma || architecture == "qwen3",
+        post_norms: gemma,
+        qkv_bias: architecture == "qwen2" || c["attention_bias"] == true,
+        sliding_window,
+    })
+}
+
+/// A checkpoint's config keys, read with typed errors that name the key.
+struct JsonKeys<'a>(&'a Value);
+
+impl JsonKeys<'_> {
+    fn name(k: &str) -> String {
+        format!("config.json: {k}")
+    }
+
+    fn bad(&self, k: &str, message: String) -> ModelError {
+        ModelError::InvalidKey {
+            key: Self::name(k),
+            message,
+        }
+    }
+
+    /// A positive integer, if present (and not null).
+    fn uint(&self, k: &str) -> Result<Option<usize>> {
+        match &self.0[k] {
+            Value::Null => Ok(None),
+            v => match v.as_u64() {
+                Some(x) if x > 0 => Ok(Some(x as usize)),
+                _ => Err(self.bad(k, format!("{v} is not a positive integer"))),
+            },
+        }
+    }
+
+    fn required(&self, k: &str) -> Result<usize> {
+        self.uint(k)?
+            .ok_or_else(|| ModelError::MissingKey { key: Self::name(k) })
+    }
+
+    fn float(&self, k: &str) -> Result<Option<f64>> {
+        match &self.0[k] {
+            Value::Null => Ok(None),
+            v => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .map(Some)
+                .ok_or_else(|| self.bad(k, format!("{v} is not a number"))),
+        }
+    }
+
+    /// Gemma 3's local-to-global pattern: `sliding_window_pattern`, or where recent transformers
+    /// list `layer_types`, the position of the first full-attention layer plus one; else 6.
+    fn sliding_window_pattern(&self) -> Result<usize> {
+        if let Some(n) = self.uint("sliding_window_pattern")? {
+            return Ok(n);
+        }
+        let Some(types) = self.0["layer_types"].as_array() else {
+            return Ok(6);
+        };
+        let pattern = types
+            .iter()
+            .position(|t| t == "full_attention")
+            .map(|i| i + 1)
+            .ok_or_else(|| self.bad("layer_types", "no full_attention layer".into()))?;
+        // The forward pass repeats one pattern: every layer must follow it.
+        let follows = types
+            .iter()
+            .enumerate()
+            .all(|(i, t)| (t == "full_attention") == (i % pattern == pattern - 1));
+        if !follows {
+            return Err(self.bad(
+                "layer_types",
+                format!(
+                    "not a repetition of {} local layers and a global one",
+                    pattern - 1
+                ),
+            ));
+        }
+        Ok(pattern)
+    }
+
+    /// `rope_parameters.<k>` (recent transformers' spelling of `rope_theta` and
+    /// `rope_scaling`).
+    fn rope_param(&self, k: &str) -> Option<f64> {
+        self.0["rope_parameters"][k].as_f64()
+    }
+
+    /// The linear scale and the per-frequency factors of `rope_scaling` (or `rope_parameters`).
+    fn rope_scaling(&self, head_dim: usize, base: f32) -> Result<(f32, Option<Vec<f32>>)> {
+        let (key, s) = match (&self.0["rope_scaling"], &self.0["rope_parameters"]) {
+            (Value::Object(_), _) => ("rope_scaling", &self.0["rope_scaling"]),
+            (_, Value::Object(_)) => ("rope_parameters", &self.0["rope_parameters"]),
+            _ => return Ok((1.0, None)),
+        };
+        let kind = s["rope_type"]
+            .as_str()
+            .or(s["type"].as_str())
+            .unwrap_or("default");
+        let number = |k: &str, default: Option<f64>| -> Result<f64> {
+            s[k].as_f64()
+                .or(default)
+                .filter(|x| x.is_finite() && *x > 0.0)
+                .ok_or_else(|| {
+                    self.bad(
+                        &format!("{key}.{k}"),
+                        format!("{} is not a positive number", s[k]),
+                    )
+                })
+        };
+        match kind {
+            "default" => Ok((1.0, None)),
+            "linear" => Ok(((1.0 / number("factor", None)?) as f32, None)),
+            "llama3" => {
+                let scaling = Llama3Scaling {
+                    factor: number("factor", Some(8.0))?,
+                    low_freq_factor: number("low_freq_factor", Some(1.0))?,
+                    high_freq_factor: number("high_freq_factor", Some(4.0))?,
+                    original_context: number("original_max_position_embeddings", Some(8192.0))?,
+                };
+                if scaling.low_freq_factor >= scaling.high_freq_factor {
+                    return Err(self.bad(
+                        &format!("{key}.low_freq_factor"),
+                        "must be below high_freq_factor".into(),
+                    ));
+                }
+                Ok((1.0, Some(llama3_factors(&scaling, head_dim, base))))
+            }
+            other => Err(self.bad(
+                &format!("{key}.rope_type"),
+                format!("RoPE scaling `{other}` is not supported (default, linear and llama3 are)"),
+            )),
+        }
+    }
+}
+
+/// Llama 3.1's RoPE scaling (`rope_scaling` of type `llama3`).
+#[derive(Debug, Clone, Copy)]
+pub struct Llama3Scaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_context: f64,
+}
+
+/// The divisor of each of a head's `head_dim / 2` RoPE frequencies under Llama 3's scaling, as
+/// Meta's reference publishes it: frequencies whose wavelength is below
+/// `original_context / high_freq_factor` are kept, those above `original_context /
+/// low_freq_factor` divided by `factor`, and those between interpolated smoothly.
+pub fn llama3_factors(s: &Llama3Scaling, head_dim: usize, base: f32) -> Vec<f32> {
+    let low_wavelen = s.original_context / s.low_freq_factor;
+    let high_wavelen = s.original_context / s.high_freq_factor;
+    (0..head_dim / 2)
+        .map(|i| {
+            let wavelen =
+                2.0 * std::f64::consts::PI * f64::from(base).powf(2.0 * i as f64 / head_dim as f64);
+            let divisor = if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                s.factor
+            } else {
+                let smooth = (s.original_context / wavelen - s.low_freq_factor)
+                    / (s.high_freq_factor - s.low_freq_factor);
+                1.0 / ((1.0 - smooth) / s.factor + smooth)
+            };
+            divisor as f32
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,186 @@
+use serde_json::json;
+
+use super::*;
+
+fn llama() -> Value {
+    json!({
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "vocab_size": 100,
+    })
+}
+
+fn with(mut base: Value, extra: Value) -> Value {
+    for (k, v) in extra.as_object().unwrap() {
+        base[k] = v.clone();
+    }
+    base
+}
+
+fn key_of(e: ModelError) -> String {
+    match e {
+        ModelError::InvalidKey { key, .. } | ModelError::MissingKey { key } => key,
+        other => panic!("expected a key error, got {other}"),
+    }
+}
+
+#[test]
+fn a_config_reads_as_the_gguf_header_would() {
+    let c = config_from_json(&llama(), 100).unwrap();
+    assert_eq!(c.architecture, "llama");
+    assert_eq!((c.head_count, c.head_count_kv, c.head_dim), (4, 2, 16));
+    assert_eq!((c.block_count, c.feed_forward_length), (2, 128));
+    assert_eq!((c.rope_freq_base, c.rope_freq_scale), (500_000.0, 1.0));
+    // A checkpoint's queries and keys rotate head halves in every architecture.
+    assert_eq!(c.rope_style, RopeStyle::Halves);
+    assert!(!c.qk_norm && !c.qkv_bias && c.sliding_window.is_none());
+    let q = config_from_json(&with(llama(), json!({"model_type": "qwen2"})), 100).unwrap();
+    assert!(q.qkv_bias && !q.qk_norm);
+    let q = config_from_json(
+        &with(llama(), json!({"model_type": "qwen3", "head_dim": 32})),
+        100,
+    )
+    .unwrap();
+    assert!(q.qk_norm && !q.qkv_bias && q.head_dim == 32);
+    assert_eq!(q.attention_scale, 1.0 / 32f32.sqrt());
+}
+
+#[test]
+fn gemma3_reads_its_window_its_scale_and_its_layer_pattern() {
+    let g = json!({
+        "model_type": "gemma3_text",
+        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 32, "num_hidden_layers": 6,
+        "max_position_embeddings": 2048, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        "sliding_window": 8, "query_pre_attn_scalar": 64, "vocab_size": 100,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+                        "sliding_attention", "sliding_attention", "full_attention"],
+    });
+    let c = config_from_json(&g, 100).unwrap();
+    assert_eq!(c.architecture, "gemma3");
+    assert_eq!(c.rope_freq_scale, 0.125);
+    assert_eq!(c.attention_scale, 1.0 / 8.0);
+    assert_eq!(c.embedding_scale, 8.0);
+    let w = c.sliding_window.unwrap();
+    assert_eq!((w.size, w.pattern, w.rope_freq_base), (8, 6, 10_000.0));
+    assert!(c.qk_norm && c.post_norms && c.activation == Activation::GeluTanh);
+    // A multimodal folder's text model.
+    let mm = json!({"model_type": "gemma3", "text_config": g});
+    assert_eq!(config_from_json(&mm, 100).unwrap(), c);
+    let odd = with(
+        g.clone(),
+        json!({"layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                               "sliding_attention", "full_attention", "full_attention"]}),
+    );
+    assert_eq!(
+        key_of(config_from_json(&odd, 100).unwrap_err()),
+        "config.json: layer_types"
+    );
+}
+
+#[test]
+fn llama3_scaling_divides_low_frequencies_and_keeps_high_ones() {
+    let scaled = with(
+        llama(),
+        json!({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    );
+    let c = config_from_json(&scaled, 100).unwrap();
+    let f = c.rope_freq_factors.clone().unwrap();
+    assert_eq!(f.len(), 8);
+    // Wavelength 2π·base^(2i/d) grows with i: kept below 16 positions, divided by 8 above 64.
+    assert_eq!(f[0], 1.0);
+    assert_eq!(f[7], 8.0);
+    assert!(f.windows(2).all(|w| w[0] <= w[1]), "{f:?}");
+    assert!(f.iter().any(|x| *x > 1.0 && *x < 8.0), "{f:?}");
+    for (i, x) in f.iter().enumerate() {
+        let wavelen = 2.0 * std::f64::consts::PI * 500_000f64.powf(2.0 * i as f64 / 16.0);
+        match wavelen {
+            w if w < 16.0 => assert_eq!(*x, 1.0),
+            w if w > 64.0 => assert_eq!(*x, 8.0),
+            _ => assert!(*x > 1.0 && *x < 8.0),
+        }
+    }
+    // recent transformers' spelling
+    let params = with(
+        llama(),
+        json!({"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                   "original_max_position_embeddings": 64}}),
+    );
+    let p = config_from_json(&params, 100).unwrap();
+    assert_eq!(p.rope_freq_factors, c.rope_freq_factors);
+}
+
+#[test]
+fn what_quarry_cannot_run_is_refused_by_name() {
+    let cases = [
+        (
+            json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+            "config.json: rope_scaling.rope_type",
+        ),
+        (
+            json!({"rope_scaling": {"rope_type": "linear"}}),
+            "config.json: rope_scaling.factor",
+        ),
+        (
+            json!({"num_key_value_heads": 3}),
+            "config.json: num_key_value_heads",
+        ),
+        (json!({"vocab_size": 99}), "config.json: vocab_size"),
+        (
+            json!({"sliding_window": 4096}),
+            "config.json: sliding_window",
+        ),
+        (json!({"hidden_size": -1}), "config.json: hidden_size"),
+        (
+            json!({"num_hidden_layers": null}),
+            "config.json: num_hidden_layers",
+        ),
+    ];
+    for (extra, key) in cases {
+        let e = config_from_json(&with(llama(), extra.clone()), 100).unwrap_err();
+        assert_eq!(key_of(e), key, "{extra}");
+    }
+    let e = config_from_json(&with(llama(), json!({"model_type": "phi3"})), 100).unwrap_err();
+    assert!(
+        matches!(e, ModelError::UnsupportedArchitecture { .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn tensor_names_follow_llama_cpp_s_converter() {
+    let llama = |n: &str| hf_name("model.", false, n);
+    assert_eq!(
+        llama("token_embd.weight").unwrap(),
+        "model.embed_tokens.weight"
+    );
+    assert_eq!(llama("output.weight").unwrap(), "lm_head.weight");
+    assert_eq!(
+        llama("blk.3.ffn_norm.weight").unwrap(),
+        "model.layers.3.post_attention_layernorm.weight"
+    );
+    assert_eq!(
+        llama("blk.0.attn_q.bias").unwrap(),
+        "model.layers.0.self_attn.q_proj.bias"
+    );
+    assert_eq!(llama("rope_freqs.weight"), None);
+    let gemma = |n: &str| hf_name("model.language_model.", true, n);
+    assert_eq!(
+        gemma("blk.1.ffn_norm.weight").unwrap(),
+        "model.language_model.layers.1.pre_feedforward_layernorm.weight"
+    );
+    assert_eq!(
+        gemma("blk.1.post_attention_norm.weight").unwrap(),
+        "model.language_model.layers.1.post_attention_layernorm.weight"
+    );
+    assert_eq!(gemma("output.weight").unwrap(), "lm_head.weight");
+}
