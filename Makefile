@@ -12,10 +12,16 @@ QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-.PHONY: setup build build-cuda gpu-pack demo tour test lint fixtures bench-grammar bench-cfg bench-schemas bench-model bench-engine bench-overlap bench-pipeline bench-workers fuzz
+.PHONY: setup model build build-cuda gpu-pack demo tour test lint fixtures bench-grammar bench-cfg bench-schemas bench-model bench-engine bench-overlap bench-pipeline bench-workers fuzz
 
 setup:
 	@bash infra/setup.sh
+
+# An optional model of infra/models.json, by file name (not installed by `setup`), e.g.
+# `make model NAME=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf` (1.1 GB).
+model:
+	@test -n "$(NAME)" || { echo "make model NAME=<a file name of infra/models.json>" >&2; exit 2; }
+	python3 infra/fetch_models.py models $(QUARRY_CACHE)/wheels $(NAME)
 
 build: setup
 	$(CARGO) build -p quarry

@@ -8,8 +8,10 @@
 #   3. `quarry inspect`: what was written, with sample rows.
 #   4. Accuracy per field against ground truth parsed from the same entries (infra/demo_report.py).
 #   5. The same job again: every shard is published already, so nothing is redone.
-# DEMO_PACKAGES (default 16) sets the number of documents; DEMO_MODEL (a GGUF path) runs another model
-# than the job file's, e.g. DEMO_MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf.
+# DEMO_PACKAGES (default 16) sets the number of documents; DEMO_MODEL (a GGUF path, or a checkpoint
+# folder) runs another model than the job file's, e.g. DEMO_MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf,
+# or DEMO_MODEL=models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf (an optional model of
+# infra/models.json, fetched here the first time: 1.1 GB).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 Q="${QUARRY:?set QUARRY to the quarry binary}"
@@ -17,6 +19,11 @@ N="${DEMO_PACKAGES:-16}"
 DEMO=target/demo
 MODEL=()
 [ -n "${DEMO_MODEL:-}" ] && MODEL=(--model "$DEMO_MODEL")
+# An optional model of infra/models.json is fetched the first time it is asked for.
+if [ -n "${DEMO_MODEL:-}" ] && [ ! -e "$DEMO_MODEL" ] && [ "$(dirname "$DEMO_MODEL")" = models ] \
+    && grep -q "\"$(basename "$DEMO_MODEL")\"" infra/models.json; then
+  python3 infra/fetch_models.py models "${QUARRY_CACHE:-$HOME/.cache/quarry}/wheels" "$(basename "$DEMO_MODEL")"
+fi
 
 section() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 

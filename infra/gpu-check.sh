@@ -17,7 +17,7 @@
 # DOCS (default: the batch size, 16 at least), PP and TG (the peers' prompt and output tokens, default 700
 # and 160, about quarry's documents), CALL_SECONDS (default 570: every step gets a share of what
 # is left, so the call ends inside the device tool's 10 minutes and says what did not run),
-# TESTS=0 (skip the tests, attention-bench and generate), STAGE_DIR (default /root/quarry-gpu), AB_SECONDS (default 150: kept for the A/B runs), PEERS=0 (skip llama.cpp and transformers, for a short
+# DUMMY="llama3.1-8b …" (a call of dummy-weight runs only, with DUMMY_BATCHES), TESTS=0 (skip the tests, attention-bench and generate), STAGE_DIR (default /root/quarry-gpu), AB_SECONDS (default 150: kept for the A/B runs), PEERS=0 (skip llama.cpp and transformers, for a short
 # call after they were measured on the same GPU kind; PEERS=llama: llama.cpp only).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -91,6 +91,48 @@ status=0
 
 section "GPU"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt" || status=1
+
+# Dummy weights (DUMMY="llama3.1-8b qwen3-8b", docs/checkpoints.md): a call with DUMMY runs only
+# this. Per shape: quarry bench mode a with random weights built on the GPU, one batch size of
+# DUMMY_BATCHES (default 1,8,32,64,128,256) at a time with that many documents (16 at least), each
+# record capped at TG (160) output tokens, medians of REPEATS; the same weights written as a GGUF
+# (--dummy-gguf) for llama-batched-bench in the same call; the GPU's memory in use sampled every
+# half second (dummy-SHAPE-memory.csv: the peak per batch is read against the runs' times).
+if [ -n "${DUMMY:-}" ]; then
+  tok="$PACK/dummy-tokenizer.tok"
+  [ -s "$tok" ] || tok="$MODEL"
+  batches="${DUMMY_BATCHES:-1,8,32,64,128,256}"
+  for shape in $DUMMY; do
+    section "dummy weights: $shape, quarry bench mode a"
+    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 \
+      > "$OUT/dummy-$shape-memory.csv" 2>/dev/null &
+    smi=$!
+    gguf="$STAGE_DIR/dummy-$shape.gguf"
+    runs=()
+    for b in $(tr ',' ' ' <<<"$batches"); do
+      left=$(( END - $(date +%s) - 60 ))
+      [ "$left" -lt 20 ] && { echo "batch $b and larger: not run (the call's time is spent)"; break; }
+      write=()
+      [ -s "$gguf" ] || write=(--dummy-gguf "$gguf")
+      timeout "$left" "$Q" bench --device cuda:0 --dummy-weights "$shape" --dummy-tokenizer "$tok" \
+        "${write[@]}" --status "$STATUS" --modes a --batch "$b" --docs "$(( b > 16 ? b : 16 ))" \
+        --max-tokens "${TG:-160}" --repeats "${REPEATS:-3}" --step-tokens 4096 \
+        --out "$STAGE_DIR/dummy-$shape-$b.json" && runs+=("$STAGE_DIR/dummy-$shape-$b.json") || status=1
+    done
+    kill "$smi" 2>/dev/null
+    merge_runs "$OUT/dummy-$shape.json" "${runs[@]}"
+    if [ -x "$PACK/bin/llama-batched-bench" ] && [ -s "$gguf" ]; then
+      section "dummy weights: $shape, llama-batched-bench on the same weights"
+      llama_batches="$(tr ',' '\n' <<<"$batches" | awk '$1 <= 256' | paste -sd,)"
+      largest="$(tr ',' '\n' <<<"$llama_batches" | sort -n | tail -1)"
+      timeout "$(budget 200 10)" "$PACK/bin/llama-batched-bench" -m "$gguf" -ngl 99 \
+        -c "$(( largest * (${PP:-700} + ${TG:-160}) + 4096 ))" -b 2048 -ub 512 \
+        -npp "${PP:-700}" -ntg "${TG:-160}" -npl "$llama_batches" --output-format jsonl \
+        2>"$OUT/dummy-$shape-llama.log" | tee "$OUT/dummy-$shape-llama.jsonl" || status=1
+    fi
+  done
+  exit $status
+fi
 
 # One model is carried: the tests of the other models' files are skipped here (they run in CI),
 # and of the library's unit tests only the kernels' (the rest run in CI, without a GPU). The tiny

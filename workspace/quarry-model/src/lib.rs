@@ -35,6 +35,7 @@ mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod device;
+pub mod dummy;
 mod error;
 mod glu;
 mod host_mem;
@@ -62,6 +63,7 @@ pub use batch::{Logits, SeqInput};
 pub use checkpoint::{Checkpoint, CHECKPOINT_TYPES};
 pub use config::{Activation, LlamaConfig, RopeStyle, SlidingWindow, SUPPORTED_ARCHITECTURES};
 pub use device::parse_device;
+pub use dummy::{DummyShape, DUMMY_SHAPES};
 pub use error::{ModelError, Result};
 pub use info::ModelInfo;
 pub use kernel_plan::AttentionKernel;

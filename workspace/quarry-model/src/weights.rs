@@ -10,6 +10,7 @@ use crate::error::Result;
 
 pub(crate) trait Weights {
     fn has(&self, name: &str) -> bool;
-    /// Tensor `name` on `device` (the caller checks that it exists and its shape).
-    fn tensor(&mut self, name: &str, device: &Device) -> Result<QTensor>;
+    /// Tensor `name`, of shape `dims` where the file agrees (the caller checks that it exists
+    /// and its shape), on `device`.
+    fn tensor(&mut self, name: &str, dims: &[usize], device: &Device) -> Result<QTensor>;
 }

@@ -50,7 +50,7 @@ impl Prepared {
         Validator::new(&self.schema, &self.schema_path.display().to_string())
     }
 
-    /// The model's name in the `_model` column: its file name.
+    /// The model's name in the `_model` column: its file name, or a checkpoint folder's name.
     pub fn model_name(&self) -> String {
         self.cfg
             .model_path()

@@ -86,6 +86,24 @@ pub(crate) struct BenchArgs {
     /// outputs may end cut at `--max-tokens`, for before/after comparisons.
     #[arg(long)]
     no_budget: bool,
+    /// Random weights in a real model's shape instead of `--model`'s (speed does not depend on
+    /// the values): llama3.1-8b, qwen2.5-7b, qwen3-8b, qwen2.5-1.5b, or a config.json path.
+    /// Quantized Q4_1 on a CPU, Q8_0 (with f16 copies) on a GPU; the tokenizer is
+    /// `--dummy-tokenizer`'s, whose vocabulary the output projection takes. Outputs are random
+    /// text, so use mode a (`--modes a`), where each runs to `--max-tokens`.
+    #[arg(long, value_name = "SHAPE")]
+    dummy_weights: Option<String>,
+    /// Also write the `--dummy-weights` model (the same weights, format and tokenizer) as a GGUF
+    /// file here, for llama.cpp's `llama-batched-bench` to run beside it.
+    #[arg(long, value_name = "FILE.gguf", requires = "dummy_weights")]
+    dummy_gguf: Option<PathBuf>,
+    /// The model file whose tokenizer a `--dummy-weights` model runs with.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    )]
+    dummy_tokenizer: PathBuf,
 }
 
 pub(crate) fn run(args: BenchArgs) -> Result<()> {
@@ -112,10 +130,32 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     let mut options = args.runtime.options()?;
     // Profiling starts at load; the warm-up's phases are dropped below.
     options.profile |= args.profile;
-    let crate::Loaded {
-        model,
-        tokenizer: tok,
-    } = crate::load_model(&args.model.model, &args.device, options)?;
+    let (
+        crate::Loaded {
+            model,
+            tokenizer: tok,
+        },
+        dummy,
+    ) = match &args.dummy_weights {
+        None => (
+            crate::load_model(&args.model.model, &args.device, options)?,
+            None,
+        ),
+        Some(shape) => {
+            let (loaded, shape) = load_dummy(shape, &args.dummy_tokenizer, &args.device, &options)?;
+            if let Some(path) = &args.dummy_gguf {
+                quarry_model::dummy::write_gguf(
+                    &shape,
+                    &args.dummy_tokenizer,
+                    loaded.model.device(),
+                    path,
+                )
+                .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("dummy weights written to {} for llama.cpp", path.display());
+            }
+            (loaded, Some(shape))
+        }
+    };
     let longest_prompt = bench::requests(&docs, None, 1)
         .iter()
         .map(|r| match &r.prompt {
@@ -232,7 +272,18 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         "device": args.device,
         "device_name": device_name,
         "threads": args.threads,
-        "model": args.model.model.display().to_string(),
+        "model": match &dummy {
+            Some(_) => "dummy weights".to_string(),
+            None => args.model.model.display().to_string(),
+        },
+        "dummy_weights": dummy.as_ref().map(|s| json!({
+            "shape": s.name,
+            "parameters": s.parameters(),
+            "format": format!("{:?}", quarry_model::DummyShape::format(model.device())),
+            "vocabulary": s.config.vocab_size,
+            "published_vocabulary": s.published_vocab,
+            "tokenizer": args.dummy_tokenizer.display().to_string(),
+        })),
         "schema": args.schema.display().to_string(),
         "documents": args.input.as_ref().unwrap_or(&args.status).display().to_string(),
         "docs": docs.len(),
@@ -364,4 +415,37 @@ fn describe_device(device: &str) -> String {
     let cpu = bench::cpu_model().unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!("{cpu}, {cores} cores")
+}
+
+/// A `--dummy-weights` model ([`quarry_model::dummy`]): `tokenizer`'s tokenizer, the shape with
+/// its vocabulary, random weights on `device`; said once on stderr.
+fn load_dummy(
+    shape: &str,
+    tokenizer: &std::path::Path,
+    device: &str,
+    options: &quarry_model::ModelOptions,
+) -> Result<(crate::Loaded, quarry_model::DummyShape)> {
+    let tok = crate::load_tokenizer(tokenizer)?;
+    let shape = quarry_model::DummyShape::resolve(shape, tok.vocab_size())?;
+    let dev = quarry_model::parse_device(device)?;
+    let started = std::time::Instant::now();
+    let model = quarry_model::Llama::dummy(&shape, &dev, options)?;
+    eprintln!(
+        "dummy weights: {} ({:.2} B parameters, {:?}; vocabulary {} of {}'s tokenizer, the \
+         published model's is {}), built in {:.1} s",
+        shape.name,
+        shape.parameters() as f64 / 1e9,
+        quarry_model::DummyShape::format(&dev),
+        shape.config.vocab_size,
+        tokenizer.display(),
+        shape.published_vocab,
+        started.elapsed().as_secs_f64()
+    );
+    Ok((
+        crate::Loaded {
+            model: std::sync::Arc::new(model),
+            tokenizer: std::sync::Arc::new(tok),
+        },
+        shape,
+    ))
 }

@@ -143,7 +143,8 @@ enum Command {
 
 #[derive(Args)]
 pub(crate) struct ModelArg {
-    /// GGUF model file (default: the SmolLM2 file `make setup` installs, or $QUARRY_MODEL).
+    /// GGUF model file, or Hugging Face checkpoint folder (default: the SmolLM2 file `make setup`
+    /// installs, or $QUARRY_MODEL).
     #[arg(long, env = "QUARRY_MODEL", default_value = DEFAULT_MODEL)]
     pub(crate) model: PathBuf,
 }
@@ -386,7 +387,7 @@ pub(crate) fn load_schema(path: &Path, resources: &[PathBuf]) -> Result<serde_js
 
 fn load_info(path: &Path) -> Result<ModelInfo> {
     check_exists(path)?;
-    ModelInfo::from_gguf(path).map_err(|e| match e {
+    ModelInfo::from_model(path).map_err(|e| match e {
         ModelError::Gguf { .. } | ModelError::Io { .. } | ModelError::Truncated { .. } => {
             anyhow::anyhow!("{e}. To fix: {}", setup_hint(path))
         }
@@ -422,12 +423,15 @@ fn info(path: &Path, json: bool) -> Result<()> {
         return Ok(());
     }
     let opt = |v: Option<u64>| v.map_or("?".to_string(), |v| v.to_string());
+    let format = match model.gguf_version {
+        0 => "checkpoint folder, safetensors".to_string(),
+        v => format!("GGUF v{v}"),
+    };
     writeln!(
         out,
-        "file            {} ({:.1} MiB, GGUF v{})",
+        "file            {} ({:.1} MiB, {format})",
         path.display(),
         model.file_bytes as f64 / 1048576.0,
-        model.gguf_version
     )?;
     writeln!(
         out,

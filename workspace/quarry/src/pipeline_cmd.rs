@@ -155,13 +155,15 @@ fn load(
         cfg.model.path = std::path::absolute(m)?;
     }
     let path = cfg.model_path();
-    if !path.is_file() {
+    // A GGUF file, or a Hugging Face checkpoint folder (its config.json).
+    if !(path.is_file() || path.join("config.json").is_file()) {
         let from = match model {
             Some(_) => "--model".to_string(),
             None => format!("model.path in {}", pipeline.display()),
         };
         anyhow::bail!(
-            "model file {} ({from}) not found: run `make setup`, or fix the path",
+            "model {} ({from}) not found (a GGUF file, or a checkpoint folder with a \
+             config.json): run `make setup`, or fix the path",
             path.display()
         );
     }

@@ -828,6 +828,22 @@ fn generate_runs_a_checkpoint_folder() {
     ]);
     let v: Value = serde_json::from_str(stdout(&o).trim_end()).expect("schema output is JSON");
     assert!(v["name"].is_string() && v["depends"].is_array(), "{v}");
+    // `info` reads the folder's config and safetensors headers: the GGUF's model.
+    let info = |model: &str| -> Value {
+        serde_json::from_str(&stdout(&quarry(&["info", "--model", model, "--json"]))).unwrap()
+    };
+    let (folder, gguf) = (
+        info("models/checkpoints/smollm2"),
+        info("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    );
+    for key in [
+        "architecture",
+        "block_count",
+        "head_count",
+        "parameter_count",
+    ] {
+        assert_eq!(folder["model"][key], gguf["model"][key], "{key}");
+    }
     let o = quarry(&["generate", "--model", "schemas", "--prompt", "x"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

@@ -219,7 +219,7 @@ impl Llama {
                     tensor: name.into(),
                 });
             }
-            let t = weights.tensor(name, device)?;
+            let t = weights.tensor(name, dims, device)?;
             if t.shape().dims() != dims {
                 return Err(ModelError::TensorShape {
                     tensor: name.into(),
@@ -889,7 +889,7 @@ impl<R: std::io::Read + std::io::Seek> Weights for GgufWeights<'_, R> {
         self.content.tensor_infos.contains_key(name)
     }
 
-    fn tensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
+    fn tensor(&mut self, name: &str, _: &[usize], device: &Device) -> Result<QTensor> {
         self.content
             .tensor(self.reader, name, device)
             .map_err(|e| ModelError::LoadTensor {
