@@ -24,7 +24,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};
 use serde_json::Value;
 
-use crate::config::{Activation, LlamaConfig, RopeStyle, SlidingWindow};
+use crate::config::{LlamaConfig, RopeStyle, SlidingWindow, Switches};
 use crate::error::{without_backtrace, ModelError, Result};
 use crate::weights::Weights;
 
@@ -337,6 +337,7 @@ pub(crate) fn config_from_json(json: &Value, vocab: usize) -> Result<LlamaConfig
         Some(s) if gemma => 1.0 / (s as f32).sqrt(),
         _ => 1.0 / (head_dim as f32).sqrt(),
     };
+    let switches = Switches::of(architecture, embedding_length);
     Ok(LlamaConfig {
         architecture: architecture.into(),
         block_count: keys.required("num_hidden_layers")?,
@@ -351,21 +352,13 @@ pub(crate) fn config_from_json(json: &Value, vocab: usize) -> Result<LlamaConfig
         rms_norm_eps: keys.float("rms_norm_eps")?.unwrap_or(1e-6) as f32,
         context_length: keys.required("max_position_embeddings")?,
         vocab_size,
-        embedding_scale: if gemma {
-            (embedding_length as f32).sqrt()
-        } else {
-            1.0
-        },
+        embedding_scale: switches.embedding_scale,
         attention_scale,
         rope_style: RopeStyle::Halves,
-        activation: if gemma {
-            Activation::GeluTanh
-        } else {
-            Activation::Silu
-        },
-        qk_norm: gemma || architecture == "qwen3",
-        post_norms: gemma,
-        qkv_bias: architecture == "qwen2" || c["attention_bias"] == true,
+        activation: switches.activation,
+        qk_norm: switches.qk_norm,
+        post_norms: switches.post_norms,
+        qkv_bias: switches.qkv_bias || c["attention_bias"] == true,
         sliding_window,
     })
 }

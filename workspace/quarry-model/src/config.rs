@@ -147,6 +147,7 @@ impl LlamaConfig {
         let qwen2 = architecture == "qwen2";
         let qwen3 = architecture == "qwen3";
         let sliding_window = keys.sliding_window(gemma)?;
+        let switches = Switches::of(&architecture, embedding_length);
         let block_count = keys.required("block_count")?;
         let attention_scale = if gemma && block_count == 62 {
             // Gemma 3 27B scales by the query width per head, not the head size (as llama.cpp).
@@ -169,25 +170,17 @@ impl LlamaConfig {
                 .unwrap_or(1e-5) as f32,
             context_length: keys.required("context_length")?,
             vocab_size,
-            embedding_scale: if gemma {
-                (embedding_length as f32).sqrt()
-            } else {
-                1.0
-            },
+            embedding_scale: switches.embedding_scale,
             attention_scale,
             rope_style: if gemma || qwen2 || qwen3 {
                 RopeStyle::Halves
             } else {
                 RopeStyle::Interleaved
             },
-            activation: if gemma {
-                Activation::GeluTanh
-            } else {
-                Activation::Silu
-            },
-            qk_norm: gemma || qwen3,
-            post_norms: gemma,
-            qkv_bias: qwen2,
+            activation: switches.activation,
+            qk_norm: switches.qk_norm,
+            post_norms: switches.post_norms,
+            qkv_bias: switches.qkv_bias,
             sliding_window,
             architecture,
         })
@@ -234,6 +227,37 @@ impl LlamaConfig {
         self.sliding_window
             .as_ref()
             .filter(|w| layer % w.pattern < w.pattern - 1)
+    }
+}
+
+/// What an architecture switches on in the shared forward pass, as llama.cpp's
+/// `llama-model.cpp` sets it (the same for a GGUF file and a checkpoint folder).
+pub(crate) struct Switches {
+    pub(crate) embedding_scale: f32,
+    pub(crate) activation: Activation,
+    pub(crate) qk_norm: bool,
+    pub(crate) post_norms: bool,
+    pub(crate) qkv_bias: bool,
+}
+
+impl Switches {
+    pub(crate) fn of(architecture: &str, embedding_length: usize) -> Self {
+        let gemma = architecture == "gemma3";
+        Self {
+            embedding_scale: if gemma {
+                (embedding_length as f32).sqrt()
+            } else {
+                1.0
+            },
+            activation: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            qk_norm: gemma || architecture == "qwen3",
+            post_norms: gemma,
+            qkv_bias: architecture == "qwen2",
+        }
     }
 }
 

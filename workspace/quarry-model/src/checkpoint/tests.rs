@@ -1,6 +1,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::config::Activation;
 
 fn llama() -> Value {
     json!({
