@@ -136,6 +136,10 @@ impl KvPool {
                 // One page more than the allocator hands out: the scratch page that a CUDA
                 // graph's padding writes (`KvPool::scratch_page`).
                 let slots = (num_pages + 1) * page_size;
+                #[cfg(feature = "cuda")]
+                if let Device::Cuda(d) = device {
+                    fits_on_gpu(d, config, slots, dtype)?;
+                }
                 let zeros = || Tensor::zeros((slots, kv_dim), dtype, device);
                 KvStorage::Tensor {
                     k: (0..layers)
@@ -158,6 +162,11 @@ impl KvPool {
             free: (0..num_pages as PageId).rev().collect(),
             in_use: vec![false; num_pages],
         })
+    }
+
+    /// Bytes one position takes across all layers (keys and values) with elements of `dtype`.
+    pub fn bytes_per_token(config: &LlamaConfig, dtype: DType) -> usize {
+        Self::bytes_per_page(config, 1, dtype)
     }
 
     /// Bytes one page takes across all layers (keys and values) with elements of `dtype`.
@@ -277,4 +286,43 @@ impl KvPool {
         }
         Ok(())
     }
+}
+
+/// Memory a GPU keeps free beside the KV pool for the passes' activations, logits and graphs:
+/// a tenth of what is free, 1 GiB at least.
+#[cfg(feature = "cuda")]
+fn gpu_headroom(free: usize) -> usize {
+    (free / 10).max(1 << 30)
+}
+
+/// Refuses a pool of `slots` positions that the device's free memory (after the weights and
+/// whatever is allocated already) cannot hold with [`gpu_headroom`] to spare, naming how many
+/// positions would fit: a clear error where the allocation would fail mid-way.
+#[cfg(feature = "cuda")]
+fn fits_on_gpu(
+    dev: &candle_core::CudaDevice,
+    config: &LlamaConfig,
+    slots: usize,
+    dtype: DType,
+) -> Result<()> {
+    let (free, total) = crate::cuda::memory_info(dev)?;
+    let per_token = KvPool::bytes_per_token(config, dtype);
+    let need = slots.saturating_mul(per_token);
+    let room = free.saturating_sub(gpu_headroom(free));
+    if need <= room {
+        return Ok(());
+    }
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    Err(ModelError::Pool {
+        message: format!(
+            "{slots} positions of keys and values need {:.1} GiB ({per_token} bytes each); the \
+             device has {:.1} of {:.1} GiB free after the weights, of which {:.1} GiB stay for \
+             the passes: at most {} positions fit (a batch of that many tokens of context in all)",
+            gib(need),
+            gib(free),
+            gib(total),
+            gib(free - room),
+            room / per_token.max(1)
+        ),
+    })
 }

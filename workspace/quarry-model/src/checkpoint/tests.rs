@@ -185,3 +185,70 @@ fn tensor_names_follow_llama_cpp_s_converter() {
     );
     assert_eq!(gemma("output.weight").unwrap(), "lm_head.weight");
 }
+
+/// A micro checkpoint written by the test itself in bf16, f16 and f32: the same values (bf16's,
+/// which f16 and f32 hold exactly at this scale), so the three load into the same model and give
+/// the same logits bit for bit; the f32 one split into two shards with an index.
+#[test]
+fn bf16_f16_and_f32_weights_and_shards_load_into_one_model() {
+    use candle_core::Tensor;
+    let config = json!({
+        "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "max_position_embeddings": 256, "vocab_size": 96, "tie_word_embeddings": true,
+    });
+    let c = config_from_json(&config, 96).unwrap();
+    let mut tensors = std::collections::HashMap::new();
+    for (gguf, dims) in crate::dummy::tensor_list(&c, true) {
+        let n: usize = dims.iter().product();
+        // Values with few mantissa bits (multiples of 1/256 below 1/4) are exact in all three.
+        let values: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 127) as f32 - 63.0) / 256.0)
+            .collect();
+        let t = Tensor::from_vec(values, dims, &Device::Cpu).unwrap();
+        tensors.insert(hf_name("model.", false, &gguf).unwrap(), t);
+    }
+    let logits: Vec<Vec<f32>> = [DType::BF16, DType::F16, DType::F32]
+        .into_iter()
+        .map(|dtype| {
+            let dir =
+                std::env::temp_dir().join(format!("quarry-ckpt-{dtype:?}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+            let cast: Vec<(String, Tensor)> = tensors
+                .iter()
+                .map(|(k, v)| (k.clone(), v.to_dtype(dtype).unwrap()))
+                .collect();
+            if dtype == DType::F32 {
+                let (a, b) = cast.split_at(cast.len() / 2);
+                let mut map = serde_json::Map::new();
+                for (file, part) in [("one.safetensors", a), ("two.safetensors", b)] {
+                    let part: std::collections::HashMap<_, _> = part.iter().cloned().collect();
+                    candle_core::safetensors::save(&part, dir.join(file)).unwrap();
+                    for k in part.keys() {
+                        map.insert(k.clone(), file.into());
+                    }
+                }
+                let index = json!({ "weight_map": map });
+                std::fs::write(dir.join("model.safetensors.index.json"), index.to_string())
+                    .unwrap();
+            } else {
+                let all: std::collections::HashMap<_, _> = cast.into_iter().collect();
+                candle_core::safetensors::save(&all, dir.join("model.safetensors")).unwrap();
+            }
+            let model = crate::Llama::load(&dir, &Device::Cpu).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+            let mut pool = crate::KvPool::new(model.config(), 16, 1, &Device::Cpu, None).unwrap();
+            let mut table = Vec::new();
+            assert!(pool.alloc_into(1, &mut table));
+            let mut out = crate::Logits::new();
+            let tokens = [3u32, 14, 15, 92];
+            let seq = [crate::SeqInput::new(&tokens, 0, &table)];
+            model.forward(&seq, &mut pool, &mut out).unwrap();
+            out.last(0).to_vec()
+        })
+        .collect();
+    assert!(logits[0].iter().all(|x| x.is_finite()) && logits[0].len() == 96);
+    assert_eq!(logits[0], logits[1], "bf16 against f16");
+    assert_eq!(logits[0], logits[2], "bf16 against f32 in shards");
+}

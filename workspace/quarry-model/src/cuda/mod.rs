@@ -52,6 +52,13 @@ pub fn prepare(dev: &CudaDevice) -> crate::Result<()> {
     Ok(keep_freed_memory(dev)?)
 }
 
+/// The device's free and total memory in bytes (the driver's `cuMemGetInfo`).
+pub fn memory_info(dev: &CudaDevice) -> crate::Result<(usize, usize)> {
+    let ctx = dev.cuda_stream().context().clone();
+    ctx.bind_to_thread().w()?;
+    Ok(candle_core::cuda::cudarc::driver::result::mem_get_info().w()?)
+}
+
 /// The default memory pool's release threshold at its maximum ([`prepare`]).
 fn keep_freed_memory(dev: &CudaDevice) -> Result<()> {
     use candle_core::cuda::cudarc::driver::sys;
