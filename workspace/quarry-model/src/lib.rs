@@ -1,15 +1,18 @@
-//! The model runtime on candle: llama-family GGUF models with a batched ragged forward pass over a
-//! KV page pool that the engine owns.
+//! The model runtime on candle: llama-family models (Llama 3, Qwen2/3, Gemma 3) from GGUF files or
+//! Hugging Face checkpoint folders, with a batched ragged forward pass over a KV page pool that
+//! the engine owns.
 //!
 //! # Key types
-//! - [`Llama`]: weights loaded from GGUF (quantized types stay quantized) and
+//! - [`Llama`]: weights loaded from a GGUF file (quantized types stay quantized), a checkpoint
+//!   folder ([`Checkpoint`]: safetensors and `config.json`) or random ones in a real model's shape
+//!   ([`DummyShape`], for benchmarks), through one seam (`weights.rs`), and
 //!   [`Llama::forward`], which takes a ragged batch of [`SeqInput`]s (prefills, extends and
 //!   decodes side by side) and fills [`Logits`].
 //! - [`KvPool`]: fixed-size pages of keys and values for every layer. The engine allocates pages
 //!   and builds block tables; the model only writes the rows of new tokens and reads the rows a
 //!   block table names. Sequences that share a prefix share its pages.
 //! - [`Sampler`]: greedy, temperature, top-k and top-p sampling on a seeded, reproducible stream.
-//! - [`ModelInfo`] and [`LlamaConfig`]: what a GGUF file says about its model.
+//! - [`ModelInfo`] and [`LlamaConfig`]: what a GGUF file or a checkpoint says about its model.
 //! - [`parse_device`]: `cpu`, or `cuda:N` in a build with the `cuda` feature.
 //! - [`ModelOptions`]: how the model runs (attention form, KV type, CUDA graphs, fusions,
 //!   profiling), fixed at load ([`Llama::load_with`]); this crate reads no environment.

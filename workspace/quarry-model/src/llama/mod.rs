@@ -1,5 +1,6 @@
-//! The llama architecture (and Gemma 3, a llama with the switches of [`LlamaConfig`]): GGUF weights
-//! and the batched ragged forward pass.
+//! The llama architecture (and Gemma 3, Qwen2 and Qwen3, llamas with the switches of
+//! [`LlamaConfig`]): the weights, from whichever source ([`crate::weights::Weights`]), and the
+//! batched ragged forward pass.
 
 use std::path::Path;
 
