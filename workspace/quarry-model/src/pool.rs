@@ -164,6 +164,24 @@ impl KvPool {
         })
     }
 
+    /// How many positions of keys and values a GPU's free memory holds now (after the weights and
+    /// whatever is allocated), with the passes' headroom kept, in elements of `dtype`: what a
+    /// benchmark's largest batch is read from. `None` on a CPU, whose pool is host memory.
+    pub fn gpu_capacity(
+        config: &LlamaConfig,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Option<usize>> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(d) = device {
+            let (free, _) = crate::cuda::memory_info(d)?;
+            let room = free.saturating_sub(gpu_headroom(free));
+            return Ok(Some(room / Self::bytes_per_token(config, dtype).max(1)));
+        }
+        let _ = (config, device, dtype);
+        Ok(None)
+    }
+
     /// Bytes one position takes across all layers (keys and values) with elements of `dtype`.
     pub fn bytes_per_token(config: &LlamaConfig, dtype: DType) -> usize {
         Self::bytes_per_page(config, 1, dtype)

@@ -20,6 +20,7 @@ use crate::ModelArg;
   quarry bench --docs 8 --batch 4 --repeats 3 --out cpu.json
   quarry bench --device cuda:0 --batch 1,64 --modes a,b,c    # what constraints and jump-forward cost
   quarry bench --input my-docs.jsonl --schema schemas/my-schema.json
+  quarry bench --dummy-weights llama3.1-8b --modes a --batch 1 --max-tokens 16   # an 8B shape, random weights
 
 The documents are Debian package records from /var/lib/dpkg/status (real text, the same on every
 Debian or Ubuntu machine of a release), or --input, a JSONL file of {\"text\": …} objects. Every
@@ -186,6 +187,26 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             ..d
         }
     };
+    // On a GPU: the positions its free memory holds after the weights, and so the largest batch
+    // at this job's context (each document's prompt and output).
+    let kv_dtype = quarry_model::kv_dtype(model.device(), model.options().kv_dtype);
+    let kv_capacity = quarry_model::KvPool::gpu_capacity(model.config(), model.device(), kv_dtype)?;
+    let per_doc = longest_prompt + args.max_tokens + 16;
+    if let Some(tokens) = kv_capacity {
+        eprintln!(
+            "KV capacity: {tokens} positions in the free GPU memory; at {per_doc} a document, \
+             batches up to {} fit",
+            tokens / per_doc
+        );
+        if let Some(&b) = args.batch.iter().find(|&&b| b * per_doc > tokens) {
+            bail!(
+                "batch {b} needs {} positions of keys and values, over the {tokens} the GPU's free \
+                 memory holds: the largest batch at {per_doc} positions a document is {}",
+                b * per_doc,
+                tokens / per_doc
+            );
+        }
+    }
     let device_name = describe_device(&args.device);
     eprintln!(
         "{} documents (longest prompt {longest_prompt} tokens) on {} ({device_name}); warming up",
@@ -291,6 +312,8 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         "max_tokens": args.max_tokens,
         "close_within_budget": !args.no_budget,
         "model_runtime": model.options(),
+        "kv_capacity_tokens": kv_capacity,
+        "largest_batch": kv_capacity.map(|t| t / per_doc),
         "modes": {"a": "no constraint", "b": "schema, no jump-forward", "c": "schema + jump-forward"},
         "repeats": args.repeats,
         "results": results.iter().map(|(b, mode, runs, profiles, graphs)| {

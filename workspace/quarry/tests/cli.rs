@@ -851,3 +851,45 @@ fn generate_runs_a_checkpoint_folder() {
         "{err}"
     );
 }
+
+/// `bench --dummy-weights` with a config.json of the test's: random weights in that shape, the
+/// run and the shape in the JSON; an unknown shape is refused naming the known ones.
+#[test]
+fn bench_runs_dummy_weights() {
+    let dir = std::env::temp_dir().join(format!("quarry-cli-dummy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "num_hidden_layers": 2, "max_position_embeddings": 2048}"#,
+    )
+    .unwrap();
+    let out = dir.join("bench.json");
+    let o = quarry(&[
+        "bench",
+        "--dummy-weights",
+        config.to_str().unwrap(),
+        "--modes",
+        "a",
+        "--batch",
+        "2",
+        "--docs",
+        "2",
+        "--max-tokens",
+        "8",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    stdout(&o);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(v["model"], "dummy weights");
+    // Qwen2.5's tokenizer by default: its vocabulary sizes the output projection.
+    assert_eq!(v["dummy_weights"]["vocabulary"], 151_936);
+    assert_eq!(v["results"][0]["median"]["docs"], 2, "{v}");
+    let o = quarry(&["bench", "--dummy-weights", "gpt-9"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("llama3.1-8b"), "{err}");
+}
