@@ -225,6 +225,18 @@ impl Weights for Checkpoint {
     }
 }
 
+impl crate::ModelInfo {
+    /// What a GGUF file's header says ([`crate::ModelInfo::from_gguf`]), or a Hugging Face
+    /// checkpoint folder's `config.json` and safetensors headers ([`Checkpoint::info`]). (Here
+    /// rather than in `info.rs`, which the config reader below it imports.)
+    pub fn from_model(path: impl AsRef<Path>) -> Result<Self> {
+        match path.as_ref().is_dir() {
+            true => Ok(Checkpoint::open(path.as_ref())?.info()),
+            false => Self::from_gguf(path),
+        }
+    }
+}
+
 /// `model.safetensors`, or every shard `model.safetensors.index.json` names (in its order, each
 /// once).
 fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {

@@ -32,15 +32,6 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
-    /// What a GGUF file's header says, or a Hugging Face checkpoint folder's `config.json` and
-    /// safetensors headers ([`crate::Checkpoint::info`]).
-    pub fn from_model(path: impl AsRef<Path>) -> Result<Self> {
-        match path.as_ref().is_dir() {
-            true => Ok(crate::checkpoint::Checkpoint::open(path.as_ref())?.info()),
-            false => Self::from_gguf(path),
-        }
-    }
-
     /// Reads the header of the GGUF file at `path`.
     pub fn from_gguf(path: impl AsRef<Path>) -> Result<Self> {
         let (content, file_bytes, _) = read_gguf(path.as_ref())?;

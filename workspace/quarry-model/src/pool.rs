@@ -174,7 +174,7 @@ impl KvPool {
     ) -> Result<Option<usize>> {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(d) = device {
-            let (free, _) = crate::cuda::memory_info(d)?;
+            let (free, _) = crate::device::memory_info(d)?;
             let room = free.saturating_sub(gpu_headroom(free));
             return Ok(Some(room / Self::bytes_per_token(config, dtype).max(1)));
         }
@@ -323,7 +323,7 @@ fn fits_on_gpu(
     slots: usize,
     dtype: DType,
 ) -> Result<()> {
-    let (free, total) = crate::cuda::memory_info(dev)?;
+    let (free, total) = crate::device::memory_info(dev)?;
     let per_token = KvPool::bytes_per_token(config, dtype);
     let need = slots.saturating_mul(per_token);
     let room = free.saturating_sub(gpu_headroom(free));

@@ -199,7 +199,7 @@ fn bf16_f16_and_f32_weights_and_shards_load_into_one_model() {
     });
     let c = config_from_json(&config, 96).unwrap();
     let mut tensors = std::collections::HashMap::new();
-    for (gguf, dims) in crate::dummy::tensor_list(&c, true) {
+    for (gguf, dims) in crate::weights::tensor_list(&c, true) {
         let n: usize = dims.iter().product();
         // Values with few mantissa bits (multiples of 1/256 below 1/4) are exact in all three.
         let values: Vec<f32> = (0..n)
