@@ -13,20 +13,21 @@
 //! - Gemma 3's RMS norms scale by `1 + w`; llama.cpp stores `1 + w`, so 1 is added here;
 //! - RoPE scaling from `rope_scaling` (or `rope_parameters`): `linear` (a scale), `llama3` (the
 //!   per-frequency factors, computed as Meta publishes them: [`llama3_factors`]);
-//! - the values: bf16, f16 or f32, held as f32 on every device: what the F32 GGUF path holds
-//!   (checked against llama.cpp on CPU and GPU). On a GPU that is twice an f16 copy's memory: a
-//!   dense f16 form for unquantized weights is still to be written.
+//! - the values: bf16, f16 or f32, read in their own type ([`crate::weights::Stored::Dense`]);
+//!   a CPU multiplies them in f32 (what the F32 GGUF path does, checked against llama.cpp), a GPU
+//!   in f16 from bf16 and f16 (exact: bf16's 8-bit significand fits f16's 11, within f16's range)
+//!   and in f32 from f32. Norms are f32 everywhere.
 
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::GgmlDType;
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};
 use serde_json::Value;
 
 use crate::config::{LlamaConfig, RopeStyle, SlidingWindow, Switches};
 use crate::error::{without_backtrace, ModelError, Result};
-use crate::weights::Weights;
+use crate::weights::{Stored, Weights};
 
 /// The `model_type`s a checkpoint may have, and the architecture each runs as.
 pub const CHECKPOINT_TYPES: &[(&str, &str)] = &[
@@ -202,7 +203,16 @@ impl Weights for Checkpoint {
         self.hf_name(name).is_some_and(|n| self.names.contains(&n))
     }
 
-    fn tensor(&mut self, name: &str, _: &[usize], device: &Device) -> Result<QTensor> {
+    fn stored_type(&self, name: &str) -> Option<GgmlDType> {
+        let view = self.tensors.get(&self.hf_name(name)?).ok()?;
+        match view.dtype() {
+            safetensors::Dtype::BF16 => Some(GgmlDType::BF16),
+            safetensors::Dtype::F16 => Some(GgmlDType::F16),
+            _ => Some(GgmlDType::F32),
+        }
+    }
+
+    fn tensor(&mut self, name: &str, _: &[usize], device: &Device) -> Result<Stored> {
         let hf = self
             .hf_name(name)
             .ok_or_else(|| ModelError::MissingTensor {
@@ -212,16 +222,15 @@ impl Weights for Checkpoint {
             tensor: hf.clone(),
             source: Box::new(without_backtrace(e)),
         };
-        let mut t = self
-            .tensors
-            .load(&hf, &Device::Cpu)
-            .and_then(|t| t.to_dtype(DType::F32))
-            .map_err(load_err)?;
+        let mut t = self.tensors.load(&hf, &Device::Cpu).map_err(load_err)?;
+        // Anything but bf16 and f16 (f32, f64, integers) is read as f32; norms always are.
+        if !matches!(t.dtype(), DType::BF16 | DType::F16) || name.contains("norm") {
+            t = t.to_dtype(DType::F32).map_err(load_err)?;
+        }
         if self.config.architecture == "gemma3" && name.contains("norm") {
             t = (t + 1.0).map_err(load_err)?;
         }
-        let t = t.to_device(device).map_err(load_err)?;
-        QTensor::quantize(&t, GgmlDType::F32).map_err(load_err)
+        Ok(Stored::Dense(t.to_device(device).map_err(load_err)?))
     }
 }
 
@@ -234,6 +243,23 @@ impl crate::ModelInfo {
             true => Ok(Checkpoint::open(path.as_ref())?.info()),
             false => Self::from_gguf(path),
         }
+    }
+}
+
+impl crate::Footprint {
+    /// What the weights of the GGUF file or checkpoint folder at `path` take on a GPU in each
+    /// form, from its header alone (no weights read).
+    pub fn of_model(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        if path.is_dir() {
+            let c = Checkpoint::open(path)?;
+            return Ok(Self::of(&c.config, |n| c.stored_type(n)));
+        }
+        let (content, _, _) = crate::info::read_gguf(path)?;
+        let config = LlamaConfig::from_content(&content)?;
+        Ok(Self::of(&config, |n| {
+            content.tensor_infos.get(n).map(|t| t.ggml_dtype)
+        }))
     }
 }
 

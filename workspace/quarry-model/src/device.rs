@@ -32,6 +32,12 @@ pub fn parse_device(name: &str) -> Result<Device> {
     })
 }
 
+/// Memory a GPU keeps free beside the weights and the KV pool for the passes' activations,
+/// logits and graphs: a tenth of what is free, 1 GiB at least.
+pub(crate) fn gpu_headroom(free: usize) -> usize {
+    (free / 10).max(1 << 30)
+}
+
 /// The device's memory available to a new allocation, and its total, in bytes: what the driver
 /// reports free (`cuMemGetInfo`) plus what the default memory pool holds reserved but unused —
 /// memory freed earlier, which `cuda::prepare` keeps mapped for reuse instead of handing it back, so

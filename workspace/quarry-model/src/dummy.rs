@@ -21,7 +21,7 @@ use serde_json::Value;
 use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::options::ModelOptions;
-use crate::weights::{tensor_list, Weights};
+use crate::weights::{tensor_list, Stored, Weights};
 use crate::Llama;
 
 /// The named shapes: each published model's `config.json` (the keys quarry reads).
@@ -213,7 +213,10 @@ pub fn write_gguf(shape: &DummyShape, tokenizer: &Path, device: &Device, out: &P
     };
     let mut tensors = Vec::new();
     for (name, dims) in tensor_list(c, shape.tied) {
-        let t = weights.tensor(&name, &dims, &Device::Cpu)?;
+        let t = match weights.tensor(&name, &dims, &Device::Cpu)? {
+            Stored::Quant(q) => q,
+            Stored::Dense(t) => QTensor::quantize(&t, GgmlDType::F32)?,
+        };
         tensors.push((name, t));
     }
     if let Some(f) = &c.rope_freq_factors {
@@ -254,14 +257,21 @@ impl Weights for DummyWeights {
         }
     }
 
-    fn tensor(&mut self, name: &str, dims: &[usize], device: &Device) -> Result<QTensor> {
+    fn stored_type(&self, name: &str) -> Option<GgmlDType> {
+        // Vectors (norms, biases) end in `.weight`/`.bias` like matrices: told apart by name.
+        let vector = name.contains("norm") || name.ends_with(".bias");
+        self.has(name)
+            .then_some(if vector { GgmlDType::F32 } else { self.format })
+    }
+
+    fn tensor(&mut self, name: &str, dims: &[usize], device: &Device) -> Result<Stored> {
         if dims.len() == 1 {
             // Norms scale by one; biases add nothing.
             let t = match name.ends_with(".bias") {
                 true => Tensor::zeros(dims, DType::F32, device)?,
                 false => Tensor::ones(dims, DType::F32, device)?,
             };
-            return Ok(QTensor::quantize(&t, GgmlDType::F32)?);
+            return Ok(Stored::Dense(t));
         }
         let block = self.format.block_size();
         let elements: usize = dims.iter().product();
@@ -290,7 +300,7 @@ impl Weights for DummyWeights {
         let bytes = elements / block * self.format.type_size();
         let data: Vec<u8> = self.tile.iter().copied().cycle().take(bytes).collect();
         let storage = QStorage::from_data(Cow::Owned(data), device, self.format)?;
-        Ok(QTensor::new(storage, dims)?)
+        Ok(Stored::Quant(QTensor::new(storage, dims)?))
     }
 }
 

@@ -74,6 +74,10 @@ pub enum ModelError {
     /// A sequence of a forward batch is malformed (bad token id, page id, position or block table).
     #[error("batch sequence {seq}: {message}")]
     Batch { seq: usize, message: String },
+    /// The model's weights do not fit in the GPU's free memory in any form (quantized, or as f16
+    /// copies), with what they need and what is free.
+    #[error("the model does not fit on the GPU: {message}")]
+    DoesNotFit { message: String },
     /// The pool was made for a different model shape or device.
     #[error("the KV pool does not fit this model: {message}")]
     PoolMismatch { message: String },

@@ -70,6 +70,7 @@ pub use dummy::{DummyShape, DUMMY_SHAPES};
 pub use error::{ModelError, Result};
 pub use info::ModelInfo;
 pub use kernel_plan::AttentionKernel;
+pub use linear::{Footprint, GpuWeights};
 pub use llama::{Fusions, Llama};
 pub use options::{Attention, KvDtype, ModelOptions, OptionError, SamplingSite, Switch};
 pub use pool::{kv_dtype, KvLayout, KvPool, PageId};

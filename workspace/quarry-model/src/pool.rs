@@ -175,7 +175,7 @@ impl KvPool {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(d) = device {
             let (free, _) = crate::device::memory_info(d)?;
-            let room = free.saturating_sub(gpu_headroom(free));
+            let room = free.saturating_sub(crate::device::gpu_headroom(free));
             return Ok(Some(room / Self::bytes_per_token(config, dtype).max(1)));
         }
         let _ = (config, device, dtype);
@@ -306,16 +306,9 @@ impl KvPool {
     }
 }
 
-/// Memory a GPU keeps free beside the KV pool for the passes' activations, logits and graphs:
-/// a tenth of what is free, 1 GiB at least.
-#[cfg(feature = "cuda")]
-fn gpu_headroom(free: usize) -> usize {
-    (free / 10).max(1 << 30)
-}
-
 /// Refuses a pool of `slots` positions that the device's free memory (after the weights and
-/// whatever is allocated already) cannot hold with [`gpu_headroom`] to spare, naming how many
-/// positions would fit: a clear error where the allocation would fail mid-way.
+/// whatever is allocated already) cannot hold with [`crate::device::gpu_headroom`] to spare,
+/// naming how many positions would fit: a clear error where the allocation would fail mid-way.
 #[cfg(feature = "cuda")]
 fn fits_on_gpu(
     dev: &candle_core::CudaDevice,
@@ -326,7 +319,7 @@ fn fits_on_gpu(
     let (free, total) = crate::device::memory_info(dev)?;
     let per_token = KvPool::bytes_per_token(config, dtype);
     let need = slots.saturating_mul(per_token);
-    let room = free.saturating_sub(gpu_headroom(free));
+    let room = free.saturating_sub(crate::device::gpu_headroom(free));
     if need <= room {
         return Ok(());
     }

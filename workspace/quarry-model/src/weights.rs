@@ -3,8 +3,8 @@
 //! converts its own. A bottom-layer module: the forward pass reads through it, the checkpoint
 //! implements it, and neither imports the other for it.
 
-use candle_core::quantized::QTensor;
-use candle_core::Device;
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
 
 use crate::config::LlamaConfig;
 use crate::error::Result;
@@ -13,7 +13,49 @@ pub(crate) trait Weights {
     fn has(&self, name: &str) -> bool;
     /// Tensor `name`, of shape `dims` where the file agrees (the caller checks that it exists
     /// and its shape), on `device`.
-    fn tensor(&mut self, name: &str, dims: &[usize], device: &Device) -> Result<QTensor>;
+    fn tensor(&mut self, name: &str, dims: &[usize], device: &Device) -> Result<Stored>;
+    /// The type tensor `name` is stored in (a checkpoint's bf16, f16 and f32 as `BF16`, `F16`
+    /// and `F32`), without reading it; `None` where there is no such tensor. What a GPU's weight
+    /// plan sizes the projections by (`linear::plan`).
+    fn stored_type(&self, name: &str) -> Option<GgmlDType>;
+}
+
+/// A tensor as its source holds it: quantized blocks (a GGUF file, the dummy weights; F32 and
+/// F16 GGUF tensors too) or plain values in their own element type (a checkpoint's bf16, f16 or
+/// f32). Which form multiplies a projection is `linear`'s choice; everything else reads f32
+/// ([`Stored::to_f32`]).
+// A CUDA build's QTensor is 232 bytes; a `Stored` lives only while one tensor is loaded.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Stored {
+    Quant(QTensor),
+    Dense(Tensor),
+}
+
+impl Stored {
+    pub(crate) fn dims(&self) -> &[usize] {
+        match self {
+            Stored::Quant(t) => t.shape().dims(),
+            Stored::Dense(t) => t.dims(),
+        }
+    }
+
+    /// The values in f32, on `device`.
+    pub(crate) fn to_f32(&self, device: &Device) -> Result<Tensor> {
+        Ok(match self {
+            Stored::Quant(t) => t.dequantize(device)?,
+            Stored::Dense(t) => t.to_dtype(DType::F32)?.to_device(device)?,
+        })
+    }
+}
+
+/// Whether values of type `t` are quantized blocks (not plain f32, f16 or bf16).
+pub(crate) fn is_quantized(t: GgmlDType) -> bool {
+    !matches!(t, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
+}
+
+/// Bytes `elements` values of type `t` take (whole blocks).
+pub(crate) fn stored_bytes(t: GgmlDType, elements: usize) -> u64 {
+    (elements.div_ceil(t.block_size()) * t.type_size()) as u64
 }
 
 /// llama.cpp's name and shape (rows, then columns) of every tensor a model of `c` has.

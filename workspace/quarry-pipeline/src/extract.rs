@@ -202,6 +202,12 @@ impl EngineExtractor {
             LoadError::Model { path, source } => PipelineError::Model { path, source },
             LoadError::Tokenizer { path, source } => PipelineError::Tokenizer { path, source },
         })?;
+        // On a GPU, the projections' form, once: a warning where the f16 copies did not fit.
+        match loaded.model.gpu_weights() {
+            Some(w) if w.fell_back => tracing::warn!("{w}"),
+            Some(w) => tracing::info!("{w}"),
+            None => {}
+        }
         let ecfg = EngineConfig {
             max_running: cfg.batching.max_running,
             step_tokens: EngineConfig::default()

@@ -312,6 +312,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         "max_tokens": args.max_tokens,
         "close_within_budget": !args.no_budget,
         "model_runtime": model.options(),
+        "gpu_weights": model.gpu_weights(),
         "kv_capacity_tokens": kv_capacity,
         "largest_batch": kv_capacity.map(|t| t / per_doc),
         "modes": {"a": "no constraint", "b": "schema, no jump-forward", "c": "schema + jump-forward"},
@@ -453,6 +454,7 @@ fn load_dummy(
     let dev = quarry_model::parse_device(device)?;
     let started = std::time::Instant::now();
     let model = quarry_model::Llama::dummy(&shape, &dev, options)?;
+    crate::say_gpu_weights(&model);
     eprintln!(
         "dummy weights: {} ({:.2} B parameters, {:?}; vocabulary {} of {}'s tokenizer, the \
          published model's is {}), built in {:.1} s",

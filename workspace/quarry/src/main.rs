@@ -353,7 +353,7 @@ pub(crate) fn load_model(path: &Path, device: &str, options: ModelOptions) -> Re
         device: device.to_owned(),
         options,
     };
-    spec.load().map_err(|e| match e {
+    let loaded = spec.load().map_err(|e| match e {
         LoadError::Model {
             source: source @ (ModelError::Device { .. } | ModelError::DeviceOpen { .. }),
             ..
@@ -363,7 +363,16 @@ pub(crate) fn load_model(path: &Path, device: &str, options: ModelOptions) -> Re
             ..
         } => anyhow::anyhow!("{source}. To fix: {}", setup_hint(path)),
         other => anyhow::Error::new(other),
-    })
+    })?;
+    say_gpu_weights(&loaded.model);
+    Ok(loaded)
+}
+
+/// On a GPU, how the projections are held and why, once on stderr at load.
+pub(crate) fn say_gpu_weights(model: &quarry_model::Llama) {
+    if let Some(w) = model.gpu_weights() {
+        eprintln!("{w}");
+    }
 }
 
 pub(crate) fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
@@ -403,10 +412,13 @@ fn info(path: &Path, json: bool) -> Result<()> {
     let count = |k: TokenKind| table.iter().filter(|(_, _, kind)| *kind == k).count();
     let sp = tok.special_tokens();
     let name_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i));
+    // Only for architectures quarry runs (the header of any other still reads).
+    let gpu = quarry_model::Footprint::of_model(path).ok();
     if json {
         let json = serde_json::json!({
             "path": path,
             "model": model,
+            "gpu_weights": gpu,
             "tokenizer": {
                 "vocab_kind": tok.vocab_kind(),
                 "pre_tokenizer": tok.pre_tokenizer(),
@@ -451,6 +463,24 @@ fn info(path: &Path, json: bool) -> Result<()> {
         model.tensor_count,
         dtypes.join(", ")
     )?;
+    if let Some(g) = gpu {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        match g.quantized {
+            0 => writeln!(
+                out,
+                "on a GPU        {:.2} GiB of weights (plain values: f32 as f32, bf16 and f16 \
+                 as f16)",
+                gib(g.with_f16())
+            )?,
+            _ => writeln!(
+                out,
+                "on a GPU        {:.2} GiB of weights with f16 copies (the default), {:.2} GiB \
+                 quantized only",
+                gib(g.with_f16()),
+                gib(g.quantized_only())
+            )?,
+        }
+    }
     writeln!(out, "context length  {}", opt(model.context_length))?;
     writeln!(
         out,

@@ -844,6 +844,31 @@ fn generate_runs_a_checkpoint_folder() {
     ] {
         assert_eq!(folder["model"][key], gguf["model"][key], "{key}");
     }
+    // What each takes on a GPU, from the parameter count: the GGUF's projections (every matrix
+    // but the norms; the tied embedding is the output projection too) as f16 copies, beside the
+    // f32 embedding table and norms; the folder's f32 values held as they are.
+    let n = |v: &Value, k: &str| v["model"][k].as_u64().unwrap();
+    let (params, e, layers) = (
+        n(&gguf, "parameter_count"),
+        n(&gguf, "embedding_length"),
+        n(&gguf, "block_count"),
+    );
+    let (norms, embed) = (e * (2 * layers + 1), 49_152 * e);
+    let g = |v: &Value, k: &str| v["gpu_weights"][k].as_u64().unwrap();
+    assert_eq!(g(&gguf, "f16"), 2 * (params - norms));
+    assert_eq!(g(&gguf, "fixed"), 4 * (embed + norms));
+    // As stored: the embedding in Q8_0 (34 bytes a block of 32), the rest in Q4_1 (20 bytes).
+    assert_eq!(
+        g(&gguf, "quantized"),
+        embed / 32 * 34 + (params - norms - embed) / 32 * 20,
+        "{gguf}"
+    );
+    assert_eq!(
+        (g(&folder, "quantized"), g(&folder, "f16")),
+        (0, 0),
+        "{folder}"
+    );
+    assert_eq!(g(&folder, "fixed"), 4 * (params + embed));
     let o = quarry(&["generate", "--model", "schemas", "--prompt", "x"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

@@ -1,29 +1,36 @@
 //! Weight matrices and which form multiplies them: [`Linear`] (one projection) and [`Fused`]
 //! (several projections of one input, side by side). On a CPU the quantized kernels of
-//! [`quant`] (Q4_1 and Q8_0, and the formats repacked into them) or candle's quantized matmul;
-//! on a GPU the weights dequantized once to f16 for cuBLAS (with [`gemm_add::GemmAdd`] adding
-//! into the residual stream), or candle's quantized kernels below
-//! `ModelOptions::dense_from_rows`.
+//! [`quant`] (Q4_1 and Q8_0, and the formats repacked into them) or candle's quantized matmul,
+//! and plain weights in f32; on a GPU the weights in f16 for cuBLAS (dequantized once, or a
+//! checkpoint's bf16/f16 as they are; [`gemm_add::GemmAdd`] adds into the residual stream), or
+//! candle's quantized kernels where [`GpuWeights`] finds that the f16 copies do not fit (or
+//! below `ModelOptions::dense_from_rows`).
 
 mod gemm_add;
+mod plan;
 pub(crate) mod quant;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{Device, Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 
 use crate::error::Result;
+use crate::weights::Stored;
 pub(crate) use gemm_add::GemmAdd;
+pub use plan::{Footprint, GpuWeights};
 use quant::{Format, QuantMatrix};
 
 /// A projection `y = x·Wᵀ`.
 pub(crate) enum Linear {
     Candle(QMatMul),
     Quant(QuantMatrix),
-    /// On a GPU: the weights dequantized once to f16 (a cuBLAS GEMM with f32 accumulation) for
-    /// steps of at least `dense_from` rows, and the quantized weights (candle's kernels, which
-    /// round activations to 8 bits) for fewer. By default every step is dense
-    /// ([`crate::ModelOptions::dense_from_rows`], which says why); 0 keeps only the quantized
-    /// weights.
+    /// On a GPU: f16 weights (a cuBLAS GEMM with f32 accumulation) at every row count — the
+    /// quantized weights dequantized once (the default, `dense_from_rows = 1`), or a
+    /// checkpoint's or GGUF's own f16/bf16 values.
+    Dense(Tensor),
+    /// On a GPU: the weights dequantized once to f16 for steps of at least `dense_from` rows,
+    /// and the quantized weights (candle's kernels, which round activations to 8 bits) for
+    /// fewer ([`crate::ModelOptions::dense_from_rows`] above 1, which says why it is not the
+    /// default); both held.
     Dual {
         quant: QMatMul,
         dense: Tensor,
@@ -33,22 +40,28 @@ pub(crate) enum Linear {
 
 impl Linear {
     /// A projection of weights `t` on `device`; on a GPU dense from `dense_from` rows
-    /// ([`crate::ModelOptions::dense_from_rows`]).
-    pub(crate) fn new(t: QTensor, device: &Device, dense_from: usize) -> Result<Self> {
-        if device.is_cpu() && Format::of(t.dtype()).is_some() {
-            return Ok(Linear::Quant(QuantMatrix::new(&[t])?));
+    /// ([`crate::ModelOptions::dense_from_rows`], or 0 where [`GpuWeights`] found no room).
+    pub(crate) fn new(t: Stored, device: &Device, dense_from: usize) -> Result<Self> {
+        match t {
+            Stored::Quant(t) if device.is_cpu() => match Format::of(t.dtype()) {
+                Some(_) => Ok(Linear::Quant(QuantMatrix::new(&[t])?)),
+                None => Ok(Linear::Candle(QMatMul::from_qtensor(t)?)),
+            },
+            Stored::Quant(t) => Self::dual(t, device, dense_from),
+            Stored::Dense(t) => Self::plain(t, device),
         }
-        if !device.is_cpu() {
-            return Self::dual(t, device, dense_from);
-        }
-        Ok(Linear::Candle(QMatMul::from_qtensor(t)?))
     }
 
-    /// Both forms of the weights, switching at `dense_from` rows (0: the quantized form only).
+    /// A GPU's forms of quantized (or GGUF F32/F16/BF16) weights: f16 only from 1 row, both
+    /// forms switching at `dense_from` rows above that, the quantized form only at 0. F16 and
+    /// BF16 values are f16 weights at every setting; F32 stay f32.
     fn dual(t: QTensor, device: &Device, dense_from: usize) -> Result<Self> {
-        if dense_from == 0 || matches!(t.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
-        {
-            return Ok(Linear::Candle(QMatMul::from_qtensor(t)?));
+        match t.dtype() {
+            GgmlDType::F32 => return Ok(Linear::Candle(QMatMul::from_qtensor(t)?)),
+            GgmlDType::F16 | GgmlDType::BF16 => return Self::plain(t.dequantize(device)?, device),
+            _ if dense_from == 0 => return Ok(Linear::Candle(QMatMul::from_qtensor(t)?)),
+            _ if dense_from == 1 => return Ok(Linear::Dense(t.dequantize_f16(device)?)),
+            _ => {}
         }
         let dense = t.dequantize_f16(device)?;
         Ok(Linear::Dual {
@@ -58,10 +71,26 @@ impl Linear {
         })
     }
 
+    /// Plain weights (f32, f16, bf16): f32 on a CPU (what llama.cpp multiplies them in); on a
+    /// GPU f16 from f16 and bf16 ([`f16_copy`]), f32 from f32.
+    fn plain(t: Tensor, device: &Device) -> Result<Self> {
+        if !device.is_cpu() && t.dtype() != DType::F32 {
+            if let Some(h) = f16_copy(&t)? {
+                return Ok(Linear::Dense(h));
+            }
+        }
+        Ok(Linear::Candle(QMatMul::Tensor(
+            t.to_dtype(DType::F32)?.to_device(device)?,
+        )))
+    }
+
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Linear::Candle(m) => Ok(m.forward(x)?),
             Linear::Quant(m) => m.forward(x),
+            Linear::Dense(dense) => {
+                Ok(dense_forward(&x.to_dtype(DType::F16)?, dense)?.to_dtype(DType::F32)?)
+            }
             Linear::Dual {
                 quant,
                 dense,
@@ -80,6 +109,7 @@ impl Linear {
     /// op reads f16 as it is); f32 from the other forms.
     pub(crate) fn forward_raw(&self, x: &Tensor) -> Result<Tensor> {
         match self {
+            Linear::Dense(dense) => dense_forward(&x.to_dtype(DType::F16)?, dense),
             Linear::Dual {
                 dense, dense_from, ..
             } if rows_of(x)? >= *dense_from => {
@@ -89,29 +119,33 @@ impl Linear {
         }
     }
 
-    /// Where this projection multiplies its dense f16 weights (a [`Linear::Dual`] at or past its
-    /// switch, on a GPU): `x += input · Wᵀ` in one GEMM that accumulates into the f32 stream `x`
-    /// ([`GemmAdd`]), and true; false, with nothing done, otherwise (the caller adds
-    /// [`Linear::forward_raw`]'s output).
+    /// Where this projection multiplies its dense f16 weights (a [`Linear::Dense`], or a
+    /// [`Linear::Dual`] at or past its switch, on a GPU): `x += input · Wᵀ` in one GEMM that
+    /// accumulates into the f32 stream `x` ([`GemmAdd`]), and true; false, with nothing done,
+    /// otherwise (the caller adds [`Linear::forward_raw`]'s output).
     pub(crate) fn add_into(&self, x: &Tensor, input: &Tensor) -> Result<bool> {
-        match self {
+        let dense = match self {
+            Linear::Dense(dense) => dense,
             Linear::Dual {
                 dense, dense_from, ..
-            } if !x.device().is_cpu() && rows_of(input)? >= *dense_from => {
-                let a = input.to_dtype(candle_core::DType::F16)?;
-                x.inplace_op3(&a, dense, &GemmAdd)?;
-                Ok(true)
-            }
-            _ => Ok(false),
+            } if rows_of(input)? >= *dense_from => dense,
+            _ => return Ok(false),
+        };
+        if x.device().is_cpu() {
+            return Ok(false);
         }
+        let a = input.to_dtype(candle_core::DType::F16)?;
+        x.inplace_op3(&a, dense, &GemmAdd)?;
+        Ok(true)
     }
 
     /// The element type this projection takes its `rows`-row input in without a cast: f16 for
-    /// the dense weights of a [`Linear::Dual`] at or past its switch, else f32.
+    /// f16 weights ([`Linear::Dense`], a [`Linear::Dual`] at or past its switch), else f32.
     pub(crate) fn input_dtype(&self, rows: usize) -> candle_core::DType {
         match self {
-            Linear::Dual { dense_from, .. } if rows >= *dense_from => candle_core::DType::F16,
-            _ => candle_core::DType::F32,
+            Linear::Dense(_) => DType::F16,
+            Linear::Dual { dense_from, .. } if rows >= *dense_from => DType::F16,
+            _ => DType::F32,
         }
     }
 
@@ -119,7 +153,7 @@ impl Linear {
     pub(crate) fn forward_host(&self, xs: &[f32], m: usize, dst: &mut Vec<f32>) -> Result<()> {
         match self {
             Linear::Quant(q) => q.forward_host(xs, m, dst),
-            Linear::Candle(_) | Linear::Dual { .. } => {
+            Linear::Candle(_) | Linear::Dense(_) | Linear::Dual { .. } => {
                 // Types without a kernel here (F16, F32, Q2_K ...) go through candle.
                 let x = Tensor::from_slice(xs, (m, xs.len() / m.max(1)), &Device::Cpu)?;
                 let y = self.forward(&x)?;
@@ -143,14 +177,14 @@ fn dense_forward(x16: &Tensor, dense: &Tensor) -> Result<Tensor> {
 /// Projections of the same input (Q, K and V; gate and up), whose outputs the forward pass reads
 /// side by side (`[rows, Σ widths]`). On CPU, parts of one type with a kernel here are stacked
 /// into one matrix, so the input is quantized once and the worker pool is woken once instead of
-/// per projection; on a GPU their dense f16 copies are stacked into one matrix, one GEMM for all
-/// parts; other types keep one candle matmul each.
+/// per projection; on a GPU their f16 weights are stacked into one matrix, one GEMM for all
+/// parts; other types keep one matmul each.
 pub(crate) enum Fused {
     Stacked(QuantMatrix),
     Separate(Vec<Linear>),
-    /// On a GPU: every part's weights dequantized to f16 and stacked (`[Σ widths, inputs]`), for
-    /// steps of at least `dense_from` rows (as [`Linear::Dual`]), and the parts' quantized forms
-    /// for fewer.
+    /// On a GPU: every part's f16 weights stacked (`[Σ widths, inputs]`); with `quant`, the
+    /// parts' quantized forms for steps of fewer than `dense_from` rows (as [`Linear::Dual`]),
+    /// without (empty), the stacked weights at every row count (as [`Linear::Dense`]).
     Dense {
         stacked: Tensor,
         quant: Vec<Linear>,
@@ -159,51 +193,64 @@ pub(crate) enum Fused {
 }
 
 impl Fused {
-    pub(crate) fn new(parts: Vec<QTensor>, device: &Device, dense_from: usize) -> Result<Self> {
-        let format = Format::of(parts[0].dtype());
-        if device.is_cpu()
-            && format.is_some()
-            && parts.iter().all(|t| Format::of(t.dtype()) == format)
-        {
+    pub(crate) fn new(parts: Vec<Stored>, device: &Device, dense_from: usize) -> Result<Self> {
+        let format = |t: &Stored| match t {
+            Stored::Quant(q) => Format::of(q.dtype()),
+            Stored::Dense(_) => None,
+        };
+        let first = format(&parts[0]);
+        if device.is_cpu() && first.is_some() && parts.iter().all(|t| format(t) == first) {
+            let parts: Vec<QTensor> = parts
+                .into_iter()
+                .filter_map(|t| match t {
+                    Stored::Quant(q) => Some(q),
+                    Stored::Dense(_) => None,
+                })
+                .collect();
             return Ok(Fused::Stacked(QuantMatrix::new(&parts)?));
         }
-        if !device.is_cpu() {
-            return Self::dense(parts, device, dense_from);
+        let parts = parts
+            .into_iter()
+            .map(|t| Linear::new(t, device, dense_from))
+            .collect::<Result<Vec<_>>>()?;
+        if device.is_cpu() {
+            return Ok(Fused::Separate(parts));
         }
-        Ok(Fused::Separate(
-            parts
-                .into_iter()
-                .map(|t| Linear::new(t, device, dense_from))
-                .collect::<Result<_>>()?,
-        ))
+        Self::stack(parts)
     }
 
-    /// The GPU's form: the parts' f16 copies stacked, switching at `dense_from` rows (0, or a
-    /// part stored as F32, F16 or BF16: each part alone, as [`Linear::dual`] decides).
-    fn dense(parts: Vec<QTensor>, device: &Device, dense_from: usize) -> Result<Self> {
-        let dense =
-            |t: &QTensor| !matches!(t.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16);
-        if dense_from == 0 || !parts.iter().all(dense) {
-            return Ok(Fused::Separate(
-                parts
-                    .into_iter()
-                    .map(|t| Linear::dual(t, device, dense_from))
-                    .collect::<Result<_>>()?,
-            ));
+    /// The GPU's form: the parts' f16 weights stacked where every part has them in the same
+    /// form (all [`Linear::Dense`], or all [`Linear::Dual`] switching at one row count); each
+    /// part alone otherwise (the quantized form only, or plain f32 weights).
+    fn stack(parts: Vec<Linear>) -> Result<Self> {
+        let switch = |l: &Linear| match l {
+            Linear::Dense(_) => Some(1),
+            Linear::Dual { dense_from, .. } => Some(*dense_from),
+            _ => None,
+        };
+        let first = switch(&parts[0]);
+        if first.is_none() || !parts.iter().all(|l| switch(l) == first) {
+            return Ok(Fused::Separate(parts));
         }
-        let copies = parts
+        let copies: Vec<&Tensor> = parts
             .iter()
-            .map(|t| t.dequantize_f16(device))
-            .collect::<candle_core::Result<Vec<_>>>()?;
+            .filter_map(|l| match l {
+                Linear::Dense(dense) | Linear::Dual { dense, .. } => Some(dense),
+                _ => None,
+            })
+            .collect();
         let stacked = Tensor::cat(&copies, 0)?;
-        drop(copies);
+        let quant = parts
+            .into_iter()
+            .filter_map(|l| match l {
+                Linear::Dual { quant, .. } => Some(Linear::Candle(quant)),
+                _ => None,
+            })
+            .collect();
         Ok(Fused::Dense {
             stacked,
-            quant: parts
-                .into_iter()
-                .map(|t| Ok(Linear::Candle(QMatMul::from_qtensor(t)?)))
-                .collect::<Result<_>>()?,
-            dense_from,
+            quant,
+            dense_from: first.unwrap_or(1),
         })
     }
 
@@ -211,8 +258,10 @@ impl Fused {
     /// the stacked dense weights at or past their switch, else f32.
     pub(crate) fn input_dtype(&self, rows: usize) -> candle_core::DType {
         match self {
-            Fused::Dense { dense_from, .. } if rows >= *dense_from => candle_core::DType::F16,
-            _ => candle_core::DType::F32,
+            Fused::Dense {
+                quant, dense_from, ..
+            } if quant.is_empty() || rows >= *dense_from => DType::F16,
+            _ => DType::F32,
         }
     }
 
@@ -234,7 +283,7 @@ impl Fused {
                 quant,
                 dense_from,
             } => {
-                if rows_of(x)? < *dense_from {
+                if !quant.is_empty() && rows_of(x)? < *dense_from {
                     return side_by_side(quant);
                 }
                 dense_forward(&x.to_dtype(candle_core::DType::F16)?, stacked)
@@ -266,5 +315,119 @@ impl Fused {
                 Ok(())
             }
         }
+    }
+}
+
+/// `t` (f16 or bf16) as f16 weights, or `None` where a value is beyond f16's range (bf16 reaches
+/// 3·10³⁸, f16 65504): those stay f32 rather than become infinities.
+fn f16_copy(t: &Tensor) -> Result<Option<Tensor>> {
+    let h = t.to_dtype(DType::F16)?;
+    if t.dtype() == DType::F16 {
+        return Ok(Some(h));
+    }
+    let largest = h.abs()?.flatten_all()?.max(0)?.to_dtype(DType::F32)?;
+    Ok(largest.to_scalar::<f32>()?.is_finite().then_some(h))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    }
+
+    /// `dense_from_rows = 1` (the default) keeps the f16 copy alone: the same products as the
+    /// both-forms projection past its switch, bit for bit, at every row count, with f16 input.
+    #[test]
+    fn dense_from_one_row_drops_the_quantized_copy() {
+        let dev = Device::Cpu;
+        let (n, k) = (24, 128);
+        let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
+        let q = || QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        let dense = Linear::dual(q(), &dev, 1).unwrap();
+        assert!(matches!(dense, Linear::Dense(_)));
+        let both = Linear::dual(q(), &dev, 2).unwrap();
+        for m in [1usize, 2, 5] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap();
+            assert_eq!(dense.input_dtype(m), DType::F16);
+            let got = dense.forward(&x).unwrap();
+            assert_eq!(got.dtype(), DType::F32);
+            if m >= 2 {
+                assert_eq!(values(&got), values(&both.forward(&x).unwrap()), "{m} rows");
+            }
+            let raw = dense.forward_raw(&x).unwrap();
+            assert_eq!(raw.dtype(), DType::F16);
+            assert_eq!(values(&raw.to_dtype(DType::F32).unwrap()), values(&got));
+        }
+    }
+
+    /// A checkpoint's bf16 values become f16 weights exactly (bf16's significand fits), unless
+    /// one is beyond f16's range; f16 passes as it is.
+    #[test]
+    fn bf16_weights_become_f16_exactly_within_range() {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 3.0, (8, 64), &dev)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let h = f16_copy(&w).unwrap().expect("in range");
+        assert_eq!(h.dtype(), DType::F16);
+        assert_eq!(values(&h), values(&w));
+        let wide = Tensor::new(&[1.0f32, -7.0e4, 2.0, 0.5], &dev)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        assert!(f16_copy(&wide).unwrap().is_none());
+        let f16 = w.to_dtype(DType::F16).unwrap();
+        assert_eq!(values(&f16_copy(&f16).unwrap().unwrap()), values(&w));
+    }
+
+    /// On a CPU, plain weights multiply in f32 whatever they are stored in: a bf16 matrix gives
+    /// the f32 product of its values.
+    #[test]
+    fn plain_weights_multiply_in_f32_on_a_cpu() {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 1.0, (16, 32), &dev)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let l = Linear::new(Stored::Dense(w.clone()), &dev, 1).unwrap();
+        assert!(matches!(l, Linear::Candle(_)));
+        assert_eq!(l.input_dtype(3), DType::F32);
+        let x = Tensor::randn(0f32, 1.0, (3, 32), &dev).unwrap();
+        let want = x
+            .matmul(&w.to_dtype(DType::F32).unwrap().t().unwrap())
+            .unwrap();
+        assert_eq!(values(&l.forward(&x).unwrap()), values(&want));
+    }
+
+    /// Parts held as f16 alone stack into one matrix used at every row count: each part's
+    /// output side by side, in f16.
+    #[test]
+    fn dense_parts_stack_without_a_quantized_form() {
+        let dev = Device::Cpu;
+        let k = 64;
+        let parts: Vec<Linear> = [16usize, 8]
+            .iter()
+            .map(|&n| {
+                let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
+                Linear::dual(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(), &dev, 1).unwrap()
+            })
+            .collect();
+        let x = Tensor::randn(0f32, 1.0, (1, k), &dev).unwrap();
+        let want: Vec<Tensor> = parts.iter().map(|p| p.forward_raw(&x).unwrap()).collect();
+        let want = values(&Tensor::cat(&want, 1).unwrap());
+        let fused = Fused::stack(parts).unwrap();
+        assert!(matches!(&fused, Fused::Dense { quant, .. } if quant.is_empty()));
+        assert_eq!(fused.input_dtype(1), DType::F16);
+        let got = fused.forward(&x).unwrap();
+        assert_eq!((got.dims(), got.dtype()), ([1, 24].as_slice(), DType::F16));
+        assert_eq!(values(&got), want);
     }
 }

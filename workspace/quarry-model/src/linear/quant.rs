@@ -837,7 +837,12 @@ mod tests {
                 .map(|q| Linear::dual(q, &dev, 4).unwrap())
                 .collect(),
         );
-        let dense = Fused::dense(quantized().collect(), &dev, 4).unwrap();
+        let dense = Fused::stack(
+            quantized()
+                .map(|q| Linear::dual(q, &dev, 4).unwrap())
+                .collect(),
+        )
+        .unwrap();
         assert!(matches!(dense, Fused::Dense { dense_from: 4, .. }));
         let v = |t: &Tensor| {
             t.to_dtype(candle_core::DType::F32)
@@ -866,10 +871,11 @@ mod tests {
         // A part without a quantized form keeps the parts apart.
         let f32_part = QTensor::quantize(&weights[0], GgmlDType::F32).unwrap();
         let q8 = QTensor::quantize(&weights[1], GgmlDType::Q8_0).unwrap();
-        assert!(matches!(
-            Fused::dense(vec![f32_part, q8], &dev, 4).unwrap(),
-            Fused::Separate(_)
-        ));
+        let parts = vec![
+            Linear::dual(f32_part, &dev, 4).unwrap(),
+            Linear::dual(q8, &dev, 4).unwrap(),
+        ];
+        assert!(matches!(Fused::stack(parts).unwrap(), Fused::Separate(_)));
     }
 
     /// The AVX2 activation quantizer writes the scalar one's bytes, scales and sums, on random

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use candle_core::quantized::{gguf_file::Content, QTensor};
+use candle_core::quantized::{gguf_file::Content, GgmlDType};
 use candle_core::{DType, Device, Tensor};
 
 use crate::attention;
@@ -17,7 +17,7 @@ use crate::options::{Attention, ModelOptions, SamplingSite};
 use crate::pool::{KvPool, KvStorage};
 use crate::ragged::Heads;
 use crate::step_graph::PaddedStep;
-use crate::weights::Weights;
+use crate::weights::{Stored, Weights};
 
 pub(crate) mod fused;
 mod residual;
@@ -51,13 +51,13 @@ impl Layer {
     fn load(
         c: &LlamaConfig,
         i: usize,
-        get: &mut impl FnMut(&str, &[usize]) -> Result<QTensor>,
+        get: &mut impl FnMut(&str, &[usize]) -> Result<Stored>,
         device: &Device,
         dense_from: usize,
     ) -> Result<Self> {
         let (e, hd) = (c.embedding_length, c.head_dim);
-        let dense = |t: QTensor| -> Result<Tensor> { Ok(t.dequantize(device)?) };
-        let mm = |t: QTensor| Linear::new(t, device, dense_from);
+        let dense = |t: Stored| t.to_f32(device);
+        let mm = |t: Stored| Linear::new(t, device, dense_from);
         let mut t = |suffix: &str, dims: &[usize]| get(&format!("blk.{i}.{suffix}"), dims);
         // A pair of norm vectors of width `w` that the config may or may not have.
         let mut norms = |has: bool, a: &str, b: &str, w: usize| -> Result<_> {
@@ -151,6 +151,8 @@ pub struct Llama {
     fusions: std::sync::Mutex<Fusions>,
     /// What the model was loaded with.
     options: ModelOptions,
+    /// On a GPU, the projections' form and the memory it was chosen by.
+    gpu_weights: Option<crate::linear::GpuWeights>,
 }
 
 impl Llama {
@@ -212,30 +214,32 @@ impl Llama {
         if options.profile {
             crate::profile::set_enabled(true);
         }
-        let dense_from = options.dense_from_rows;
         let untied = weights.has("output.weight");
-        let mut get = |name: &str, dims: &[usize]| -> Result<QTensor> {
+        let gpu_weights = crate::linear::GpuWeights::plan(&config, weights, device, options)?;
+        let dense_from = gpu_weights
+            .as_ref()
+            .map_or(options.dense_from_rows, |p| p.dense_from);
+        let mut get = |name: &str, dims: &[usize]| -> Result<Stored> {
             if !weights.has(name) {
                 return Err(ModelError::MissingTensor {
                     tensor: name.into(),
                 });
             }
             let t = weights.tensor(name, dims, device)?;
-            if t.shape().dims() != dims {
+            if t.dims() != dims {
                 return Err(ModelError::TensorShape {
                     tensor: name.into(),
                     expected: format!("{dims:?}"),
-                    found: format!("{:?}", t.shape().dims()),
+                    found: format!("{:?}", t.dims()),
                 });
             }
             Ok(t)
         };
         let c = &config;
         let e = c.embedding_length;
-        let dense = |t: QTensor| -> Result<Tensor> { Ok(t.dequantize(device)?) };
-        let mm = |t: QTensor| Linear::new(t, device, dense_from);
+        let mm = |t: Stored| Linear::new(t, device, dense_from);
         let embed_q = get("token_embd.weight", &[c.vocab_size, e])?;
-        let embed = embed_q.dequantize(device)?;
+        let embed = embed_q.to_f32(device)?;
         let lm_head = if untied {
             mm(get("output.weight", &[c.vocab_size, e])?)?
         } else {
@@ -245,7 +249,7 @@ impl Llama {
         let layers = (0..c.block_count)
             .map(|i| Layer::load(c, i, &mut get, device, dense_from))
             .collect::<Result<Vec<_>>>()?;
-        let norm = dense(get("output_norm.weight", &[e])?)?;
+        let norm = get("output_norm.weight", &[e])?.to_f32(device)?;
         let mut rope = vec![rope_table(c, false, device)?];
         if c.sliding_window.is_some() {
             rope.push(rope_table(c, true, device)?);
@@ -271,7 +275,14 @@ impl Llama {
             graphs_on: options.cuda_graphs.into(),
             fusions: Fusions::from_options(options).into(),
             options: options.clone(),
+            gpu_weights,
         })
+    }
+
+    /// How a GPU holds the projections, and why (`None` on a CPU): what a command says once
+    /// at load.
+    pub fn gpu_weights(&self) -> Option<&crate::linear::GpuWeights> {
+        self.gpu_weights.as_ref()
     }
 
     pub fn config(&self) -> &LlamaConfig {
@@ -890,9 +901,14 @@ impl<R: std::io::Read + std::io::Seek> Weights for GgufWeights<'_, R> {
         self.content.tensor_infos.contains_key(name)
     }
 
-    fn tensor(&mut self, name: &str, _: &[usize], device: &Device) -> Result<QTensor> {
+    fn stored_type(&self, name: &str) -> Option<GgmlDType> {
+        self.content.tensor_infos.get(name).map(|t| t.ggml_dtype)
+    }
+
+    fn tensor(&mut self, name: &str, _: &[usize], device: &Device) -> Result<Stored> {
         self.content
             .tensor(self.reader, name, device)
+            .map(Stored::Quant)
             .map_err(|e| ModelError::LoadTensor {
                 tensor: name.into(),
                 source: Box::new(without_backtrace(e)),
