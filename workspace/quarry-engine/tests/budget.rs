@@ -217,7 +217,7 @@ fn assert_complete(name: &str, spec: &ConstraintSpec, c: &Completion) {
         c.text
     );
     let grammar = Grammar::compile(
-        &spec.to_constraint(SchemaOptions::default()).unwrap(),
+        &spec.to_constraint(config(true).schema_options).unwrap(),
         grammar_vocabulary(&tokenizer()),
         Limits::default(),
     )
@@ -235,7 +235,7 @@ fn assert_complete(name: &str, spec: &ConstraintSpec, c: &Completion) {
 fn the_adversary_closes_every_record_under_the_budget_and_none_without() {
     let tok = tokenizer();
     for (name, spec) in constraints() {
-        let adversary = Adversary::new(tok.clone(), &spec, SchemaOptions::default());
+        let adversary = Adversary::new(tok.clone(), &spec, config(true).schema_options);
         let shortest = adversary.grammar.shortest_record().unwrap();
         let budgets: Vec<usize> = [0, 1, 2, 4, 9, 25].iter().map(|x| shortest + x).collect();
         let requests = |budgets: &[usize]| -> Vec<Request> {
@@ -313,7 +313,7 @@ fn real_model_closes_records(file: &str) {
         .filter(|(n, _)| ["package", "open object", "long strings and a growing array"].contains(n))
     {
         let g = Grammar::compile(
-            &spec.to_constraint(SchemaOptions::default()).unwrap(),
+            &spec.to_constraint(config(true).schema_options).unwrap(),
             vocab.clone(),
             Limits::default(),
         )
@@ -334,7 +334,7 @@ fn real_model_closes_records(file: &str) {
     e.check_pages().unwrap();
     for (c, (name, spec)) in out.iter().zip(&specs) {
         let grammar = Grammar::compile(
-            &spec.to_constraint(SchemaOptions::default()).unwrap(),
+            &spec.to_constraint(config(true).schema_options).unwrap(),
             vocab.clone(),
             Limits::default(),
         )

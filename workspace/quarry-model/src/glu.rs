@@ -97,14 +97,7 @@ mod tests {
     fn glu_equals_candles_ops() {
         let dev = Device::Cpu;
         let gate_up = Tensor::randn(0f32, 3.0, (5, 2 * 77), &dev).unwrap();
-        let v = |t: &Tensor| {
-            t.to_dtype(DType::F32)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-        };
+        let v = crate::simd::testing::f32s;
         for input in [DType::F32, DType::F16] {
             let x = gate_up.to_dtype(input).unwrap();
             let xf = x.to_dtype(DType::F32).unwrap();

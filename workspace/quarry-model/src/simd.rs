@@ -182,6 +182,16 @@ pub(crate) mod testing {
     }
 
     pub(crate) use crate::reference::{relative_error, values};
+
+    /// A tensor's elements in f32, flattened (whatever its element type).
+    pub(crate) fn f32s(t: &candle_core::Tensor) -> Vec<f32> {
+        t.to_dtype(candle_core::DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    }
 }
 
 #[cfg(test)]

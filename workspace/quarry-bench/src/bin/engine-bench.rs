@@ -72,6 +72,16 @@ struct Args {
     /// {"text", "finish"} line per document, to see what the model wrote.
     #[arg(long, value_name = "DIR")]
     outputs: Option<PathBuf>,
+    /// Write the documents' prompts as this run would tokenize them (one {"ids"} line per
+    /// document: the chat template rendered, the instruction and the record) to FILE, and stop:
+    /// what a peer is given (`infra/llama_cpp_extract_bench.py`).
+    #[arg(long, value_name = "FILE")]
+    write_prompts: Option<PathBuf>,
+    /// Score a peer's outputs instead of running quarry: FILE holds one {"text", "finish"} line
+    /// per document, in order (as `--outputs` writes them); each is validated against the schema
+    /// and scored on the same facts.
+    #[arg(long, value_name = "FILE")]
+    peer: Option<PathBuf>,
 }
 
 struct Config {
@@ -136,8 +146,14 @@ fn main() -> Result<()> {
     // The QUARRY_* model runtime variables, as `quarry` reads them.
     let mut options = quarry_model::ModelOptions::default();
     options.apply_vars(|k| std::env::var(k).ok())?;
-    let model = Arc::new(Llama::load_with(&args.model, &device, &options)?);
     let tok = Arc::new(Tokenizer::from_gguf(&args.model)?);
+    if let Some(path) = &args.write_prompts {
+        return write_prompts(&tok, &docs, path);
+    }
+    if let Some(path) = &args.peer {
+        return score_peer(&docs, path, &validator, args.out.as_deref());
+    }
+    let model = Arc::new(Llama::load_with(&args.model, &device, &options)?);
     let prefix_tokens = tok.encode(bench::PACKAGE_INSTRUCTION)?.len();
     eprintln!(
         "{} documents; shared instruction of {prefix_tokens} tokens",
@@ -304,6 +320,93 @@ fn main() -> Result<()> {
             "ratios": ratios,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
+}
+
+/// The prompts `bench::requests` makes, as the engine tokenizes them, one {"ids"} line each.
+fn write_prompts(tok: &Tokenizer, docs: &[String], path: &std::path::Path) -> Result<()> {
+    let mut lines = String::new();
+    for d in docs {
+        let messages = [quarry_tokenizer::ChatMessage::new(
+            "user",
+            format!("{}{d}", bench::PACKAGE_INSTRUCTION),
+        )];
+        let text = tok.apply_chat_template(&messages, true)?;
+        let ids = tok.encode_with(
+            &text,
+            quarry_tokenizer::EncodeOptions {
+                add_bos: tok.add_bos_by_default(),
+                parse_special: true,
+            },
+        )?;
+        lines.push_str(&json!({ "ids": ids }).to_string());
+        lines.push('\n');
+    }
+    std::fs::write(path, lines)?;
+    eprintln!("{} prompts written to {}", docs.len(), path.display());
+    Ok(())
+}
+
+/// A peer's outputs for `docs` (one {"text", "finish"} line each, in order): how many are
+/// schema-valid JSON, and the facts right per field, as quarry's runs are scored.
+fn score_peer(
+    docs: &[String],
+    path: &std::path::Path,
+    validator: &jsonschema::Validator,
+    out: Option<&std::path::Path>,
+) -> Result<()> {
+    let text = std::fs::read_to_string(path)?;
+    let outputs: Vec<Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    if outputs.len() != docs.len() {
+        anyhow::bail!(
+            "{} holds {} outputs for {} documents: run the peer on the same --docs",
+            path.display(),
+            outputs.len(),
+            docs.len()
+        );
+    }
+    let (mut valid, mut by_fact) = (0usize, [0usize; 6]);
+    for (d, o) in docs.iter().zip(&outputs) {
+        let out = o["text"].as_str().unwrap_or_default();
+        if serde_json::from_str::<Value>(out).is_ok_and(|v| validator.is_valid(&v)) {
+            valid += 1;
+        }
+        for (n, right) in by_fact.iter_mut().zip(bench::facts_right(d, out)) {
+            *n += usize::from(right);
+        }
+    }
+    let facts: usize = by_fact.iter().sum();
+    let per: Vec<String> = bench::FACTS
+        .iter()
+        .zip(by_fact)
+        .map(|(f, n)| format!("{f} {n}/{}", docs.len()))
+        .collect();
+    println!(
+        "peer {}: schema-valid {valid}/{}, facts right {:.1}% ({})",
+        path.display(),
+        docs.len(),
+        100.0 * facts as f64 / (docs.len() * bench::FACTS.len()) as f64,
+        per.join(", ")
+    );
+    if let Some(out) = out {
+        let doc = json!({
+            "bench": "engine-peer",
+            "peer_outputs": path.display().to_string(),
+            "docs": docs.len(),
+            "schema_valid": valid,
+            "facts_correct": facts as f64 / (docs.len() * bench::FACTS.len()) as f64,
+            "facts_right": bench::FACTS
+                .iter()
+                .zip(by_fact)
+                .map(|(f, n)| (f.to_string(), json!(n)))
+                .collect::<serde_json::Map<_, _>>(),
+        });
+        std::fs::write(out, serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())
 }

@@ -332,15 +332,7 @@ fn f16_copy(t: &Tensor) -> Result<Option<Tensor>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(t: &Tensor) -> Vec<f32> {
-        t.to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
-    }
+    use crate::simd::testing::f32s as values;
 
     /// `dense_from_rows = 1` (the default) keeps the f16 copy alone: the same products as the
     /// both-forms projection past its switch, bit for bit, at every row count, with f16 input.

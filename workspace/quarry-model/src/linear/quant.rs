@@ -844,14 +844,7 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(dense, Fused::Dense { dense_from: 4, .. }));
-        let v = |t: &Tensor| {
-            t.to_dtype(candle_core::DType::F32)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-        };
+        let v = crate::simd::testing::f32s;
         for m in [1usize, 3, 4, 9] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap();
             let want: Vec<Tensor> = alone.iter().map(|l| l.forward(&x).unwrap()).collect();
