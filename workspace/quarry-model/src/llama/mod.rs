@@ -170,20 +170,12 @@ impl Llama {
     ) -> Result<Self> {
         if path.as_ref().is_dir() {
             let mut checkpoint = crate::checkpoint::Checkpoint::open(path.as_ref())?;
-            #[cfg(feature = "cuda")]
-            if let Device::Cuda(d) = device {
-                crate::cuda::prepare(d)?;
-            }
             let config = checkpoint.config().clone();
             return Self::from_weights(config, &mut checkpoint, device, options);
         }
         let (content, file_bytes, mut file) = crate::info::read_gguf(path.as_ref())?;
         // Reports a truncated file by name before any tensor read fails on it.
         crate::ModelInfo::from_content(&content, file_bytes)?;
-        #[cfg(feature = "cuda")]
-        if let Device::Cuda(d) = device {
-            crate::cuda::prepare(d)?;
-        }
         Self::from_content(&content, &mut file, device, options)
     }
 
@@ -213,6 +205,13 @@ impl Llama {
     ) -> Result<Self> {
         if options.profile {
             crate::profile::set_enabled(true);
+        }
+        // Every source (a GGUF file, a checkpoint, dummy weights) runs on a prepared device:
+        // event tracking off, freed memory kept (`cuda::prepare`), before the weights' plan
+        // reads the free memory.
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(d) = device {
+            crate::cuda::prepare(d)?;
         }
         let untied = weights.has("output.weight");
         let gpu_weights = crate::linear::GpuWeights::plan(&config, weights, device, options)?;
