@@ -118,8 +118,10 @@ pub struct ConstraintArgs {
     #[arg(long, value_name = "N", requires = "schema")]
     max_recursion_depth: Option<usize>,
     /// With --schema or --json-object: the layout, compact (`{"a":1,"b":2}`), spaced
-    /// (`{"a": 1, "b": 2}`), pretty (up to 8 whitespace bytes around each token) or pretty:N.
-    #[arg(long, value_name = "LAYOUT", default_value_t = SchemaOptions::default().whitespace)]
+    /// (`{"a": 1, "b": 2}`), pretty (up to 8 whitespace bytes around each token) or pretty:N;
+    /// by default `generate`'s and the jobs' (the engine's), so the constraint inspected is the
+    /// one they decode with.
+    #[arg(long, value_name = "LAYOUT", default_value_t = quarry_engine::EngineConfig::default().schema_options.whitespace)]
     whitespace: Whitespace,
     /// Most DFA states the constraint may build (the DFA grows lazily as it is used).
     #[arg(long, default_value_t = Limits::default().max_states)]

@@ -246,12 +246,25 @@ fn schema_constraints_compile_accept_and_explain() {
     // A required property missing: refused even in canonical form.
     let missing = r#"{"name": "jq", "version": "1", "maintainer": "x", "depends": []}"#;
     assert_eq!(quarry(&canon, missing).status.code(), Some(1));
-    // The mask after a property forces the next key.
+    // In compact JSON the mask after a property forces the next key (the default layout,
+    // `pretty:1`, leaves a space to the model first).
+    let compact = ["--whitespace", "compact"];
     assert_eq!(
-        forced_after(schema, &[], r#"{"name":"jq","#),
+        forced_after(schema, &compact, r#"{"name":"jq","#),
         r#""version":""#
     );
-    let o = quarry(&["grammar", "explain", "--schema", schema], "");
+    assert_eq!(forced_after(schema, &[], r#"{"name":"jq","#), "");
+    let o = quarry(
+        &[
+            "grammar",
+            "explain",
+            "--schema",
+            schema,
+            "--whitespace",
+            "compact",
+        ],
+        "",
+    );
     assert!(o.status.success());
     assert!(String::from_utf8(o.stdout)
         .unwrap()
@@ -271,9 +284,12 @@ fn schema_layouts_are_chosen_by_whitespace() {
         }
         quarry(&args, text).status.code()
     };
-    // Compact is the default; spaced wants exactly one space after each separator.
+    // The default is the engine's, `pretty:1` (either spacing); compact wants none, spaced
+    // exactly one space after each separator.
     assert_eq!(accepts(None, compact), Some(0));
-    assert_eq!(accepts(None, spaced), Some(1));
+    assert_eq!(accepts(None, spaced), Some(0));
+    assert_eq!(accepts(Some("compact"), compact), Some(0));
+    assert_eq!(accepts(Some("compact"), spaced), Some(1));
     assert_eq!(accepts(Some("spaced"), spaced), Some(0));
     assert_eq!(accepts(Some("spaced"), compact), Some(1));
     assert_eq!(accepts(Some("pretty:1"), spaced), Some(0));
