@@ -334,6 +334,15 @@ mod tests {
     use super::*;
     use crate::simd::testing::f32s as values;
 
+    /// A `rows × cols` matrix of normal values of deviation `std`, stored in bf16 as a
+    /// checkpoint stores it.
+    fn bf16_matrix(rows: usize, cols: usize, std: f32) -> Tensor {
+        Tensor::randn(0f32, std, (rows, cols), &Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap()
+    }
+
     /// `dense_from_rows = 1` (the default) keeps the f16 copy alone: the same products as the
     /// both-forms projection past its switch, bit for bit, at every row count, with f16 input.
     #[test]
@@ -364,10 +373,7 @@ mod tests {
     #[test]
     fn bf16_weights_become_f16_exactly_within_range() {
         let dev = Device::Cpu;
-        let w = Tensor::randn(0f32, 3.0, (8, 64), &dev)
-            .unwrap()
-            .to_dtype(DType::BF16)
-            .unwrap();
+        let w = bf16_matrix(8, 64, 3.0);
         let h = f16_copy(&w).unwrap().expect("in range");
         assert_eq!(h.dtype(), DType::F16);
         assert_eq!(values(&h), values(&w));
@@ -385,10 +391,7 @@ mod tests {
     #[test]
     fn plain_weights_multiply_in_f32_on_a_cpu() {
         let dev = Device::Cpu;
-        let w = Tensor::randn(0f32, 1.0, (16, 32), &dev)
-            .unwrap()
-            .to_dtype(DType::BF16)
-            .unwrap();
+        let w = bf16_matrix(16, 32, 1.0);
         let l = Linear::new(Stored::Dense(w.clone()), &dev, 1).unwrap();
         assert!(matches!(l, Linear::Candle(_)));
         assert_eq!(l.input_dtype(3), DType::F32);
