@@ -142,6 +142,8 @@ impl Checkpoint {
             head_count_kv: Some(c.head_count_kv as u64),
             rope_freq_base: Some(f64::from(c.rope_freq_base)),
             rms_norm_eps: Some(f64::from(c.rms_norm_eps)),
+            sliding_window: c.sliding_window.map(|w| w.size as u64),
+            sliding_layers: Some(c.sliding_layers() as u64),
             tensor_count: self.names.len(),
             parameter_count,
             tensor_dtypes,
@@ -239,10 +241,18 @@ impl crate::ModelInfo {
     /// checkpoint folder's `config.json` and safetensors headers ([`Checkpoint::info`]). (Here
     /// rather than in `info.rs`, which the config reader below it imports.)
     pub fn from_model(path: impl AsRef<Path>) -> Result<Self> {
-        match path.as_ref().is_dir() {
-            true => Ok(Checkpoint::open(path.as_ref())?.info()),
-            false => Self::from_gguf(path),
+        let path = path.as_ref();
+        if path.is_dir() {
+            return Ok(Checkpoint::open(path)?.info());
         }
+        let (content, file_bytes, _) = crate::info::read_gguf(path)?;
+        let mut info = Self::from_content(&content, file_bytes)?;
+        // Which layers slide is the architecture's to say; a file quarry cannot run keeps `None`.
+        if let Ok(c) = LlamaConfig::from_content(&content) {
+            info.sliding_window = c.sliding_window.map(|w| w.size as u64);
+            info.sliding_layers = Some(c.sliding_layers() as u64);
+        }
+        Ok(info)
     }
 }
 
@@ -357,20 +367,7 @@ pub(crate) fn config_from_json(json: &Value, vocab: usize) -> Result<LlamaConfig
         .or(keys.rope_param("rope_theta"))
         .unwrap_or(10_000.0) as f32;
     let (rope_freq_scale, rope_freq_factors) = keys.rope_scaling(head_dim, rope_freq_base)?;
-    let sliding_window = match (gemma, keys.uint("sliding_window")?) {
-        (true, Some(size)) => Some(SlidingWindow {
-            size,
-            pattern: keys.sliding_window_pattern()?,
-            rope_freq_base: keys.float("rope_local_base_freq")?.unwrap_or(10_000.0) as f32,
-        }),
-        (false, Some(_)) if architecture == "llama" => {
-            return Err(keys.bad(
-                "sliding_window",
-                "sliding-window attention is only supported for Gemma 3".into(),
-            ))
-        }
-        _ => None,
-    };
+    let sliding_window = keys.sliding_window(model_type)?;
     let attention_scale = match keys.float("query_pre_attn_scalar")? {
         Some(s) if gemma => 1.0 / (s as f32).sqrt(),
         _ => 1.0 / (head_dim as f32).sqrt(),
@@ -440,6 +437,47 @@ impl JsonKeys<'_> {
                 .filter(|x| x.is_finite())
                 .map(Some)
                 .ok_or_else(|| self.bad(k, format!("{v} is not a number"))),
+        }
+    }
+
+    /// The local layers, as transformers reads them for each `model_type`:
+    /// - Gemma 3: `sliding_window` in the pattern below, with their own RoPE base
+    ///   (`rope_local_base_freq`);
+    /// - Mistral: `sliding_window` in every layer (Mistral 7B v0.1: 4,096; null in v0.2 and
+    ///   later);
+    /// - Qwen2 and Qwen3: only where `use_sliding_window` is true (no released model sets it),
+    ///   refused;
+    /// - a llama: none (transformers' llama reads no `sliding_window`).
+    ///
+    /// Where the key is absent, transformers' default for the type (4,096 for Gemma 3 and
+    /// Mistral) applies; `null` is no window.
+    fn sliding_window(&self, model_type: &str) -> Result<Option<SlidingWindow>> {
+        let size = || -> Result<Option<usize>> {
+            match self.0.get("sliding_window") {
+                None => Ok(Some(4096)),
+                Some(_) => self.uint("sliding_window"),
+            }
+        };
+        match model_type {
+            "gemma3" | "gemma3_text" => size()?
+                .map(|size| {
+                    Ok(SlidingWindow {
+                        size,
+                        pattern: self.sliding_window_pattern()?,
+                        rope_freq_base: Some(
+                            self.float("rope_local_base_freq")?.unwrap_or(10_000.0) as f32,
+                        ),
+                    })
+                })
+                .transpose(),
+            "mistral" => Ok(size()?.map(SlidingWindow::every_layer)),
+            "qwen2" | "qwen3" if self.0["use_sliding_window"] == true => Err(self.bad(
+                "use_sliding_window",
+                "sliding-window attention in the layers past `max_window_layers` is not \
+                 supported"
+                    .into(),
+            )),
+            _ => Ok(None),
         }
     }
 

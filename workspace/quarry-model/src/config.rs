@@ -47,13 +47,32 @@ pub enum Activation {
     GeluTanh,
 }
 
-/// Local attention layers (Gemma 3): every `pattern`-th layer is global, the others attend only to
-/// the last `size` positions (the query's own included) and use RoPE base `rope_freq_base`.
+/// Local attention layers, which attend only to the last `size` positions (the query's own
+/// included). `pattern` says which layers, as llama.cpp's `set_swa_pattern` does: every
+/// `pattern`-th layer is global and the others local (Gemma 3: 6), or with 0 every layer is local
+/// (Mistral 7B v0.1's window of 4,096).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct SlidingWindow {
     pub size: usize,
     pub pattern: usize,
-    pub rope_freq_base: f32,
+    /// The local layers' own RoPE base, never scaled (Gemma 3's `rope.freq_base_swa`); `None`:
+    /// they rotate as the global layers do (Mistral).
+    pub rope_freq_base: Option<f32>,
+}
+
+impl SlidingWindow {
+    /// Every layer attends over the last `size` positions, with the model's one RoPE.
+    pub fn every_layer(size: usize) -> Self {
+        Self {
+            size,
+            pattern: 0,
+            rope_freq_base: None,
+        }
+    }
+
+    fn holds(&self, layer: usize) -> bool {
+        self.pattern == 0 || layer % self.pattern < self.pattern - 1
+    }
 }
 
 /// What the forward pass needs to know about a llama-architecture model.
@@ -146,7 +165,7 @@ impl LlamaConfig {
         let gemma = architecture == "gemma3";
         let qwen2 = architecture == "qwen2";
         let qwen3 = architecture == "qwen3";
-        let sliding_window = keys.sliding_window(gemma)?;
+        let sliding_window = keys.sliding_window()?;
         let switches = Switches::of(&architecture, embedding_length);
         let block_count = keys.required("block_count")?;
         let attention_scale = if gemma && block_count == 62 {
@@ -197,18 +216,32 @@ impl LlamaConfig {
         self.local(layer).map(|w| w.size)
     }
 
+    /// How many layers attend over a sliding window (Gemma 3: five in six; Mistral 7B v0.1:
+    /// all).
+    pub fn sliding_layers(&self) -> usize {
+        (0..self.block_count)
+            .filter(|&l| self.window(l).is_some())
+            .count()
+    }
+
     /// Layer `layer`'s RoPE base.
     pub fn rope_base(&self, layer: usize) -> f32 {
-        self.local(layer)
-            .map_or(self.rope_freq_base, |w| w.rope_freq_base)
+        self.local_rope(layer).unwrap_or(self.rope_freq_base)
+    }
+
+    /// Layer `layer`'s own RoPE base, where it is a local layer with one (Gemma 3's); `None`
+    /// where the layer rotates by the global layers' angles.
+    pub fn local_rope(&self, layer: usize) -> Option<f32> {
+        self.local(layer).and_then(|w| w.rope_freq_base)
     }
 
     /// The angle per position of each of a head's `head_dim / 2` rotations, in the global layers
-    /// (`local`: Gemma 3's local ones): `scale · base^(-2i/head_dim) / factor_i`, as llama.cpp's
-    /// `ggml_rope_ext` computes it.
+    /// (`local`: Gemma 3's local ones, with their own base): `scale · base^(-2i/head_dim) /
+    /// factor_i`, as llama.cpp's `ggml_rope_ext` computes it.
     pub fn rope_frequencies(&self, local: bool) -> Vec<f64> {
-        let (base, scale) = match (&self.sliding_window, local) {
-            (Some(w), true) => (w.rope_freq_base, 1.0),
+        let own = self.sliding_window.and_then(|w| w.rope_freq_base);
+        let (base, scale) = match (own, local) {
+            (Some(b), true) => (b, 1.0),
             _ => (self.rope_freq_base, self.rope_freq_scale),
         };
         let d = self.head_dim as f64;
@@ -224,9 +257,7 @@ impl LlamaConfig {
     }
 
     fn local(&self, layer: usize) -> Option<&SlidingWindow> {
-        self.sliding_window
-            .as_ref()
-            .filter(|w| layer % w.pattern < w.pattern - 1)
+        self.sliding_window.as_ref().filter(|w| w.holds(layer))
     }
 }
 
@@ -391,19 +422,25 @@ impl Keys<'_> {
     }
 
     /// Gemma 3's local layers: llama.cpp's pattern of five local layers to one global, the local
-    /// RoPE base `rope.freq_base_swa` (10,000 when absent, whatever the global layers' base).
-    fn sliding_window(&self, gemma: bool) -> Result<Option<SlidingWindow>> {
-        match self.uint("attention.sliding_window")? {
-            Some(size) if gemma => Ok(Some(SlidingWindow {
+    /// RoPE base `rope.freq_base_swa` (10,000 when absent, whatever the global layers' base). A
+    /// llama's window slides in every layer, as Mistral 7B v0.1 was trained (llama.cpp's
+    /// converter writes no window for it, and llama.cpp reads none for `llama`: a file that has
+    /// one says what its model needs).
+    fn sliding_window(&self) -> Result<Option<SlidingWindow>> {
+        let Some(size) = self.uint("attention.sliding_window")? else {
+            return Ok(None);
+        };
+        match self.architecture {
+            "gemma3" => Ok(Some(SlidingWindow {
                 size,
                 pattern: 6,
-                rope_freq_base: self.float("rope.freq_base_swa")?.unwrap_or(10_000.0) as f32,
+                rope_freq_base: Some(self.float("rope.freq_base_swa")?.unwrap_or(10_000.0) as f32),
             })),
-            Some(_) => Err(self.bad(
+            "llama" => Ok(Some(SlidingWindow::every_layer(size))),
+            _ => Err(self.bad(
                 "attention.sliding_window",
-                "sliding-window attention is only supported for gemma3".into(),
+                "sliding-window attention is supported for gemma3 and llama (every layer)".into(),
             )),
-            None => Ok(None),
         }
     }
 }
@@ -496,7 +533,7 @@ mod tests {
                 "llama.rope.scaling.type",
             ),
             (
-                &[("llama.attention.sliding_window", Value::U32(512))],
+                &[("llama.attention.sliding_window", Value::U32(0))],
                 "llama.attention.sliding_window",
             ),
         ];
@@ -572,10 +609,54 @@ mod tests {
         c.sliding_window = Some(SlidingWindow {
             size: 4,
             pattern: 6,
-            rope_freq_base: c.rope_freq_base,
+            rope_freq_base: Some(c.rope_freq_base),
         });
         c.rope_freq_factors = None;
         assert_eq!(c.rope_frequencies(true), plain);
         assert_eq!(c.rope_frequencies(false), f);
+        // Mistral's: the global layers' angles, scale included.
+        c.sliding_window = Some(SlidingWindow::every_layer(4));
+        assert_eq!(c.rope_frequencies(true), f);
+    }
+
+    #[test]
+    fn a_llama_window_slides_in_every_layer_and_other_architectures_refuse_one() {
+        let c = LlamaConfig::from_content(&content(&[(
+            "llama.attention.sliding_window",
+            Value::U32(512),
+        )]))
+        .unwrap();
+        for layer in 0..c.block_count {
+            assert_eq!(c.window(layer), Some(512), "layer {layer}");
+            assert_eq!(c.rope_base(layer), c.rope_freq_base, "layer {layer}");
+            assert_eq!(c.local_rope(layer), None, "layer {layer}");
+        }
+        // Gemma 3's pattern: five local layers with their own base, then a global one.
+        let mut g = c.clone();
+        g.sliding_window = Some(SlidingWindow {
+            size: 512,
+            pattern: 6,
+            rope_freq_base: Some(10_000.0),
+        });
+        let local: Vec<bool> = (0..12).map(|l| g.window(l).is_some()).collect();
+        assert_eq!(local, [true, true, true, true, true, false].repeat(2));
+        assert_eq!((g.local_rope(0), g.local_rope(5)), (Some(10_000.0), None));
+        // Qwen2 has no sliding window in llama.cpp's reading (nor in any released Qwen2.5).
+        let mut qwen = content(&[]);
+        let renamed: HashMap<String, Value> = qwen
+            .metadata
+            .drain()
+            .map(|(k, v)| (k.replacen("llama.", "qwen2.", 1), v))
+            .collect();
+        qwen.metadata = renamed;
+        qwen.metadata
+            .insert("general.architecture".into(), Value::String("qwen2".into()));
+        assert!(LlamaConfig::from_content(&qwen).is_ok());
+        qwen.metadata
+            .insert("qwen2.attention.sliding_window".into(), Value::U32(512));
+        assert!(matches!(
+            LlamaConfig::from_content(&qwen),
+            Err(ModelError::InvalidKey { key, .. }) if key == "qwen2.attention.sliding_window"
+        ));
     }
 }

@@ -194,7 +194,9 @@ pub fn write_gguf(shape: &DummyShape, tokenizer: &Path, device: &Device, out: &P
     }
     if let Some(w) = &c.sliding_window {
         arch_keys.push(("attention.sliding_window", u(w.size)));
-        arch_keys.push(("rope.freq_base_swa", V::F32(w.rope_freq_base)));
+        if let Some(base) = w.rope_freq_base {
+            arch_keys.push(("rope.freq_base_swa", V::F32(base)));
+        }
     }
     keys.extend(
         arch_keys

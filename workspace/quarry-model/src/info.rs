@@ -25,6 +25,11 @@ pub struct ModelInfo {
     pub head_count_kv: Option<u64>,
     pub rope_freq_base: Option<f64>,
     pub rms_norm_eps: Option<f64>,
+    /// The positions a local layer attends over (Gemma 3's window, Mistral 7B v0.1's), if any.
+    pub sliding_window: Option<u64>,
+    /// How many layers are local; the others attend over every position. Known where quarry
+    /// reads the architecture ([`ModelInfo::from_model`]), else `None`.
+    pub sliding_layers: Option<u64>,
     pub tensor_count: usize,
     pub parameter_count: u64,
     /// Tensor count per ggml dtype (`Q4_1`, `Q6K`, `F32`, …).
@@ -99,6 +104,8 @@ impl ModelInfo {
             head_count_kv: uint("attention.head_count_kv")?,
             rope_freq_base: float("rope.freq_base")?,
             rms_norm_eps: float("attention.layer_norm_rms_epsilon")?,
+            sliding_window: uint("attention.sliding_window")?,
+            sliding_layers: None,
             tensor_count: content.tensor_infos.len(),
             parameter_count,
             tensor_dtypes,

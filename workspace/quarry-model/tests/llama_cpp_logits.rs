@@ -501,7 +501,9 @@ fn qwen25_f32_weights_greedy_continuations_match_llama_cpp() {
 // `qwen3`: per-head Q/K norms, no Q/K/V bias, heads wider than embedding/heads; `llama3`: Llama
 // 3.1's per-frequency RoPE factors (`rope_freqs.weight`) over 1,100 positions, 17 times the
 // original context the factors were computed for, and an untied output; `gemma3`: linear RoPE
-// scaling (factor 8) of the global layer, unscaled local layers with a window of 8.
+// scaling (factor 8) of the global layer, unscaled local layers with a window of 8; `mistral`:
+// Mistral 7B v0.1's window (8 here) in every layer, against llama.cpp's logits on the same
+// weights as its `granite_swa` (llama.cpp reads no window for a `llama`).
 
 #[test]
 fn tiny_models_prompt_logits_match_llama_cpp() {
@@ -534,7 +536,7 @@ fn tiny_models_greedy_continuations_match_llama_cpp() {
 
 /// Each tiny model's scaling is what the fixture tests: without it the logits leave llama.cpp's.
 #[test]
-fn tiny_models_need_their_rope_scaling() {
+fn tiny_models_need_their_rope_scaling_and_their_window() {
     let fx = read_fixture("tiny-llama3.logits.json.gz");
     let c = tiny("llama3", &fx).config();
     let factors = c
@@ -546,10 +548,38 @@ fn tiny_models_need_their_rope_scaling() {
     let fx = read_fixture("tiny-gemma3.logits.json.gz");
     let c = tiny("gemma3", &fx).config();
     assert_eq!(c.rope_freq_scale, 0.125);
-    assert_eq!(c.sliding_window.map(|w| w.rope_freq_base), Some(10_000.0));
+    assert_eq!(
+        c.sliding_window.and_then(|w| w.rope_freq_base),
+        Some(10_000.0)
+    );
     let fx = read_fixture("tiny-qwen3.logits.json.gz");
     let c = tiny("qwen3", &fx).config();
     assert!(c.qk_norm && !c.qkv_bias && c.head_dim * c.head_count > c.embedding_length);
+}
+
+/// The tiny Mistral's window is what its fixture tests: in every layer, and without it (the same
+/// weights, the window key taken out of the header) the logits leave llama.cpp's far past the bar.
+#[test]
+fn tiny_mistral_attends_over_its_window_in_every_layer() {
+    let fx = read_fixture("tiny-mistral.logits.json.gz");
+    let c = tiny("mistral", &fx).config();
+    assert!((0..c.block_count).all(|l| c.window(l) == Some(8) && c.local_rope(l).is_none()));
+    let path = model_path("tiny/tiny-mistral.gguf");
+    let mut file = std::fs::File::open(&path).unwrap();
+    let mut content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    assert!(content
+        .metadata
+        .remove("llama.attention.sliding_window")
+        .is_some());
+    let full = Llama::from_content(&content, &mut file, &device(), &options()).unwrap();
+    assert!(full.config().sliding_window.is_none());
+    let unwindowed = Comparison::run(&full, &fx, F32_GAP_TOL);
+    assert!(
+        unwindowed.agreement() < 0.9 && unwindowed.quantile(1.0) > 100.0 * F32_LOGPROB_MAX_TOL,
+        "full attention should leave llama.cpp's windowed logits: agreement {}, worst {}",
+        unwindowed.agreement(),
+        unwindowed.quantile(1.0)
+    );
 }
 
 // Hugging Face checkpoint folders built from the same GGUFs (tests/fixtures/checkpoints.py:

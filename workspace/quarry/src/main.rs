@@ -499,6 +499,17 @@ fn info(path: &Path, json: bool) -> Result<()> {
             .rms_norm_eps
             .map_or("?".into(), |v| format!("{v:.1e}"))
     )?;
+    if let Some(w) = model.sliding_window {
+        let layers = match (model.sliding_layers, model.block_count) {
+            (Some(n), Some(all)) if n == all => "every layer".into(),
+            (Some(n), Some(all)) => format!("{n} of {all} layers (the others see every position)"),
+            _ => "its local layers".into(),
+        };
+        writeln!(
+            out,
+            "attention       a sliding window of {w} positions in {layers}"
+        )?;
+    }
     writeln!(
         out,
         "vocabulary      {} tokens, {}{} · {} control, {} user-defined, {} byte tokens",

@@ -98,6 +98,7 @@ fn info_reports_model_facts() {
         "{out}"
     );
     assert!(out.contains("layers          30"), "{out}");
+    assert!(!out.contains("sliding window"), "{out}");
     assert!(
         out.contains("<|im_start|>assistant"),
         "chat template missing: {out}"
@@ -113,6 +114,25 @@ fn info_reports_model_facts() {
     assert_eq!(json["model"]["architecture"], "gemma3");
     assert_eq!(json["tokenizer"]["vocab_size"], 262_144);
     assert_eq!(json["tokenizer"]["vocab_kind"], "sentence_piece");
+    // Gemma 3 270M: five local layers in six, over 512 positions; Mistral 7B v0.1's window
+    // slides in every layer (the tiny model in its shape, as a checkpoint folder).
+    assert_eq!(
+        (
+            &json["model"]["sliding_window"],
+            &json["model"]["sliding_layers"]
+        ),
+        (&Value::from(512), &Value::from(15)),
+        "{json}"
+    );
+    let mistral = stdout(&quarry(&[
+        "info",
+        "--model",
+        "models/checkpoints/tiny-mistral",
+    ]));
+    assert!(
+        mistral.contains("attention       a sliding window of 8 positions in every layer"),
+        "{mistral}"
+    );
 }
 
 #[test]

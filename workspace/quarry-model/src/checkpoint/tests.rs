@@ -71,7 +71,10 @@ fn gemma3_reads_its_window_its_scale_and_its_layer_pattern() {
     assert_eq!(c.attention_scale, 1.0 / 8.0);
     assert_eq!(c.embedding_scale, 8.0);
     let w = c.sliding_window.unwrap();
-    assert_eq!((w.size, w.pattern, w.rope_freq_base), (8, 6, 10_000.0));
+    assert_eq!(
+        (w.size, w.pattern, w.rope_freq_base),
+        (8, 6, Some(10_000.0))
+    );
     assert!(c.qk_norm && c.post_norms && c.activation == Activation::GeluTanh);
     // A multimodal folder's text model.
     let mm = json!({"model_type": "gemma3", "text_config": g});
@@ -84,6 +87,44 @@ fn gemma3_reads_its_window_its_scale_and_its_layer_pattern() {
     assert_eq!(
         key_of(config_from_json(&odd, 100).unwrap_err()),
         "config.json: layer_types"
+    );
+}
+
+#[test]
+fn mistral_s_window_slides_in_every_layer_as_transformers_reads_it() {
+    let window = |extra: Value| {
+        config_from_json(&with(llama(), extra), 100)
+            .unwrap()
+            .sliding_window
+    };
+    // Mistral 7B v0.1; v0.2 and later write null; an absent key is transformers' default.
+    assert_eq!(
+        window(json!({"model_type": "mistral", "sliding_window": 4096})),
+        Some(SlidingWindow::every_layer(4096))
+    );
+    assert_eq!(
+        window(json!({"model_type": "mistral", "sliding_window": null})),
+        None
+    );
+    assert_eq!(
+        window(json!({"model_type": "mistral"})),
+        Some(SlidingWindow::every_layer(4096))
+    );
+    let c = config_from_json(
+        &with(
+            llama(),
+            json!({"model_type": "mistral", "sliding_window": 8}),
+        ),
+        100,
+    )
+    .unwrap();
+    assert!((0..c.block_count).all(|l| c.window(l) == Some(8) && c.local_rope(l).is_none()));
+    // transformers' llama and Qwen read no window unless `use_sliding_window` says so.
+    assert_eq!(window(json!({"sliding_window": 4096})), None);
+    assert_eq!(
+        window(json!({"model_type": "qwen2", "sliding_window": 32768,
+                      "use_sliding_window": false})),
+        None
     );
 }
 
@@ -137,8 +178,12 @@ fn what_quarry_cannot_run_is_refused_by_name() {
         ),
         (json!({"vocab_size": 99}), "config.json: vocab_size"),
         (
-            json!({"sliding_window": 4096}),
+            json!({"model_type": "mistral", "sliding_window": 0}),
             "config.json: sliding_window",
+        ),
+        (
+            json!({"model_type": "qwen2", "use_sliding_window": true, "sliding_window": 4096}),
+            "config.json: use_sliding_window",
         ),
         (json!({"hidden_size": -1}), "config.json: hidden_size"),
         (

@@ -42,7 +42,8 @@ struct Layer {
     post_norms: Option<(Tensor, Tensor)>,
     /// Q, K and V biases side by side (`[q_w + 2 * kv_w]`), when the config has them (Qwen2).
     qkv_bias: Option<Tensor>,
-    /// Index into [`Llama::rope`]: 0 global, 1 local (sliding-window) layers.
+    /// Index into [`Llama::rope`]: 1 for the local layers with a RoPE of their own (Gemma 3),
+    /// else 0.
     rope: usize,
 }
 
@@ -86,7 +87,7 @@ impl Layer {
             qk_norm,
             post_norms,
             qkv_bias,
-            rope: usize::from(c.window(i).is_some()),
+            rope: usize::from(c.local_rope(i).is_some()),
             attn_norm: dense(t("attn_norm.weight", &[e])?)?,
             qkv: Fused::new(
                 vec![
@@ -250,7 +251,7 @@ impl Llama {
             .collect::<Result<Vec<_>>>()?;
         let norm = get("output_norm.weight", &[e])?.to_f32(device)?;
         let mut rope = vec![rope_table(c, false, device)?];
-        if c.sliding_window.is_some() {
+        if c.sliding_window.is_some_and(|w| w.rope_freq_base.is_some()) {
             rope.push(rope_table(c, true, device)?);
         }
         let host = if device.is_cpu() {

@@ -70,7 +70,7 @@ pub fn qwen25_f32() -> &'static Llama {
     QWEN25_F32.get_or_init(|| load_f32(&qwen25_path(), "qwen25"))
 }
 
-fn model_path(file: &str) -> PathBuf {
+pub fn model_path(file: &str) -> PathBuf {
     let path = root().join("models").join(file);
     assert!(
         path.exists(),
@@ -102,23 +102,19 @@ static GEMMA3_F32: OnceLock<Llama> = OnceLock::new();
 static QWEN25_F32: OnceLock<Llama> = OnceLock::new();
 
 /// The tiny random-weight models (`tests/fixtures/tiny_models.py`), by name.
-pub const TINY: [&str; 3] = ["qwen3", "llama3", "gemma3"];
-static TINY_MODELS: [OnceLock<Llama>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+pub const TINY: [&str; 4] = ["qwen3", "llama3", "gemma3", "mistral"];
+static TINY_MODELS: [OnceLock<Llama>; 4] = [const { OnceLock::new() }; 4];
 
 /// The checkpoint folders `tests/fixtures/checkpoints.py` builds from the GGUFs into
 /// `models/checkpoints/` (`make test` runs it), and the fixture each is the model of.
-pub const CHECKPOINTS: [(&str, &str); 4] = [
+pub const CHECKPOINTS: [(&str, &str); 5] = [
     ("smollm2", "smollm2-f32.logits.json.gz"),
     ("tiny-llama3", "tiny-llama3.logits.json.gz"),
     ("tiny-gemma3", "tiny-gemma3.logits.json.gz"),
     ("tiny-qwen3", "tiny-qwen3.logits.json.gz"),
+    ("tiny-mistral", "tiny-mistral.logits.json.gz"),
 ];
-static CHECKPOINT_MODELS: [OnceLock<Llama>; 4] = [
-    OnceLock::new(),
-    OnceLock::new(),
-    OnceLock::new(),
-    OnceLock::new(),
-];
+static CHECKPOINT_MODELS: [OnceLock<Llama>; 5] = [const { OnceLock::new() }; 5];
 
 /// The checkpoint folder `name` (one of [`CHECKPOINTS`]), loaded once per test binary.
 pub fn checkpoint(name: &str) -> &'static Llama {
