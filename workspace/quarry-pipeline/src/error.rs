@@ -194,6 +194,11 @@ pub enum PipelineError {
     /// `prompt.template` does not parse.
     #[error("prompt template: {0:#}")]
     Template(#[from] minijinja::Error),
+    /// `prompt.chat` is on and the model's chat template cannot render the job's turns (no
+    /// template, or one that refuses them, such as a system message): every document would be
+    /// rejected, so the job stops before the first.
+    #[error("prompt.chat: {problem}; {fix}")]
+    ChatTurns { problem: String, fix: &'static str },
 }
 
 /// What the worker saw while a partition did not move: the consumer errors since it last moved,

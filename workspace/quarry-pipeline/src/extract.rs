@@ -73,12 +73,50 @@ impl PromptBuilder {
             })
             .unwrap_or_default();
         specials.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        Ok(Self {
+        let builder = Self {
             env,
             system: cfg.system.clone(),
             chat: cfg.chat,
             specials,
-        })
+        };
+        if let (true, Some(t)) = (cfg.chat, tokenizer) {
+            builder.check_turns(t)?;
+        }
+        Ok(builder)
+    }
+
+    /// The model's chat template renders the job's turns (its system message, a user message),
+    /// or the job stops with what to change: a template that refuses them (Mistral 7B v0.1's and
+    /// v0.2's take no system message) would reject every document.
+    fn check_turns(&self, tokenizer: &Tokenizer) -> Result<(), PipelineError> {
+        let turns = self.turns("the document".into());
+        tokenizer
+            .apply_chat_template(&turns, true)
+            .map(drop)
+            .map_err(|e| match (e, &self.system) {
+                (quarry_tokenizer::TokenizerError::NoChatTemplate, _) => PipelineError::ChatTurns {
+                    problem: "the model has no chat template".into(),
+                    fix: "set `chat = false` and write the whole prompt in `prompt.template`",
+                },
+                (e, Some(_)) => PipelineError::ChatTurns {
+                    problem: format!("the model's template refuses a system message and a user message: {e}"),
+                    fix: "if it takes no system message, drop `prompt.system` and put its text in `prompt.template`",
+                },
+                (e, None) => PipelineError::ChatTurns {
+                    problem: format!("the model's template refuses a user message: {e}"),
+                    fix: "set `chat = false` and write the whole prompt in `prompt.template`",
+                },
+            })
+    }
+
+    /// The chat turns around the rendered user message.
+    fn turns(&self, user: String) -> Vec<ChatMessage> {
+        let mut messages = Vec::with_capacity(2);
+        if let Some(s) = &self.system {
+            messages.push(ChatMessage::new("system", s.clone()));
+        }
+        messages.push(ChatMessage::new("user", user));
+        messages
     }
 
     /// `text` with every control-token spelling broken by a zero-width space after its first
@@ -124,12 +162,7 @@ impl PromptBuilder {
         if !self.chat {
             return Ok(Prompt::Text(user));
         }
-        let mut messages = Vec::with_capacity(2);
-        if let Some(s) = &self.system {
-            messages.push(ChatMessage::new("system", s.clone()));
-        }
-        messages.push(ChatMessage::new("user", user));
-        Ok(Prompt::Chat(messages))
+        Ok(Prompt::Chat(self.turns(user)))
     }
 }
 

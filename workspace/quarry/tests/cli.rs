@@ -977,3 +977,68 @@ fn extract_runs_a_checkpoint_folder_and_lineage_names_it() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["_model"], "tiny-qwen3", "{:?}", rows[0]);
 }
+
+/// A job whose turns the model's chat template cannot render stops before its first document,
+/// saying what to change, rather than rejecting every document: a template that takes no system
+/// message (Mistral 7B v0.1's and v0.2's raise on one) and a model without a template.
+#[test]
+fn extract_stops_at_start_when_the_chat_template_refuses_the_job_s_turns() {
+    let dir = scratch("chat-turns");
+    let input = dir.join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::write(
+        input.join("docs.jsonl"),
+        "{\"id\": \"jq\", \"text\": \"Package: jq\"}\n",
+    )
+    .unwrap();
+    // The tiny Mistral folder with a template in the manner of Mistral 7B v0.1's.
+    let model = dir.join("no-system");
+    std::fs::create_dir_all(&model).unwrap();
+    let src = root().join("models/checkpoints/tiny-mistral");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, model.join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(
+        model.join("chat_template.jinja"),
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} \
+         [/INST]{% elif m['role'] == 'assistant' %}{{ m['content'] }}{{ eos_token }}{% else %}\
+         {{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}",
+    )
+    .unwrap();
+    let run = |model: &str, out: &str| {
+        quarry(&[
+            "extract",
+            "--pipeline",
+            "pipelines/debian-packages.toml",
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            dir.join(out).to_str().unwrap(),
+            "--rejects",
+            dir.join(format!("{out}-rejects")).to_str().unwrap(),
+            "--model",
+            model,
+        ])
+    };
+    let refused = one_line_error(&run(model.to_str().unwrap(), "a"));
+    assert!(
+        refused.contains("Only user and assistant roles are supported!")
+            && refused.contains("drop `prompt.system`"),
+        "{refused}"
+    );
+    let none = one_line_error(&run("models/tiny/tiny-gemma3.gguf", "b"));
+    assert!(
+        none.contains("has no chat template") && none.contains("chat = false"),
+        "{none}"
+    );
+    // Nothing was written: the job stopped before its first document.
+    let written: Vec<_> = ["a", "a-rejects", "b", "b-rejects"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(dir.join(d)).ok())
+        .flatten()
+        .map(|e| e.unwrap().path())
+        .collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(written.is_empty(), "{written:?}");
+}
