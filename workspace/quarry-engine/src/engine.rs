@@ -10,7 +10,7 @@ use quarry_model::{KvPool, Logits, PageId, Sampler, SeqInput};
 
 use crate::error::RequestError;
 use crate::model::{Draws, Model};
-use quarry_tokenizer::{EncodeOptions, Tokenizer};
+use quarry_tokenizer::{ChatVars, EncodeOptions, Tokenizer};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
@@ -74,6 +74,9 @@ pub struct EngineConfig {
     pub schema_options: SchemaOptions,
     #[serde(skip)]
     pub limits: Limits,
+    /// Variables chat prompts are rendered with ([`ChatVars`]); `enable_thinking`, where they
+    /// leave it out, is whether the request has a reasoning mode.
+    pub chat_vars: ChatVars,
 }
 
 impl Default for EngineConfig {
@@ -96,6 +99,7 @@ impl Default for EngineConfig {
                 ..SchemaOptions::default()
             },
             limits: Limits::default(),
+            chat_vars: ChatVars::default(),
         }
     }
 }
@@ -504,7 +508,7 @@ impl Engine {
                 return Err(RequestError::EmptyEndMarker);
             }
         }
-        let tokens = self.encode_prompt(&req.prompt)?;
+        let tokens = self.encode_prompt(&req.prompt, req.reasoning.is_some())?;
         let ctx = self.model.context_length();
         if tokens.len() >= ctx {
             return Err(RequestError::PromptOverContext {
@@ -593,12 +597,17 @@ impl Engine {
         })
     }
 
-    fn encode_prompt(&self, prompt: &Prompt) -> Result<Vec<u32>, RequestError> {
+    /// The prompt's token ids; a chat rendered for a reply that thinks first (`thinking`) or not.
+    fn encode_prompt(&self, prompt: &Prompt, thinking: bool) -> Result<Vec<u32>, RequestError> {
         let (text, chat) = match prompt {
             Prompt::Text(t) => (t.clone(), false),
             Prompt::Chat(messages) => (
                 self.tok
-                    .apply_chat_template(messages, true)
+                    .apply_chat_template_with(
+                        messages,
+                        true,
+                        &self.cfg.chat_vars.for_reply(thinking),
+                    )
                     .map_err(RequestError::ChatTemplate)?,
                 true,
             ),

@@ -406,3 +406,53 @@ fn a_constraint_with_no_text_at_all_fails_its_request_alone() {
     assert_eq!(out[1].finish, FinishReason::ConstraintComplete);
     assert_eq!(out[1].text.len(), 3);
 }
+
+/// A chat prompt is rendered for the reply its request asks for: a hybrid-reasoning template's
+/// `enable_thinking` is false for a plain request (the record starts at once) and true in a
+/// reasoning mode, unless the engine's `chat_vars` set it; other variables reach the template.
+#[test]
+fn chat_prompts_tell_the_template_whether_the_reply_thinks() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let mut vocab =
+        quarry_tokenizer::GgufVocab::from_content(&quarry_tokenizer::read_content(&path).unwrap())
+            .unwrap();
+    vocab.chat_template = Some(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n\
+         {% endfor %}<|im_start|>assistant\n{{ greeting | default('') }}\
+         {% if not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+            .into(),
+    );
+    let tok = Arc::new(Tokenizer::from_gguf_vocab(vocab).unwrap());
+    let chat = || {
+        Request::new(Prompt::Chat(vec![quarry_tokenizer::ChatMessage::new(
+            "user", "Total?",
+        )]))
+        .with_max_tokens(2)
+    };
+    let mut thinking = chat();
+    thinking.reasoning = Some(quarry_engine::Reasoning::default());
+    let prompt_tokens = |cfg: EngineConfig, reqs: Vec<Request>| -> Vec<usize> {
+        let fake = Fake::new(&tok);
+        let mut e = Engine::new(fake, tok.clone(), cfg).unwrap();
+        e.run_batch(reqs)
+            .unwrap()
+            .iter()
+            .map(|c| c.stats.prompt_tokens)
+            .collect()
+    };
+    let think_block = tok.encode("<think>\n\n</think>\n\n").unwrap().len();
+    let n = prompt_tokens(base(), vec![chat(), thinking.clone()]);
+    assert_eq!(n[0], n[1] + think_block, "{n:?}");
+    // The engine's variables win over the request's mode, and reach the template.
+    let mut vars = quarry_tokenizer::ChatVars::default();
+    vars.0.insert("enable_thinking".into(), json!(true));
+    vars.0.insert("greeting".into(), json!("Hello"));
+    let cfg = EngineConfig {
+        chat_vars: vars,
+        ..base()
+    };
+    let m = prompt_tokens(cfg, vec![chat(), thinking]);
+    let greeting = tok.encode("Hello").unwrap().len();
+    assert_eq!(m, [n[1] + greeting, n[1] + greeting], "{m:?}");
+}

@@ -208,6 +208,11 @@ pub struct PromptConfig {
     /// Wrap the prompt in the model's chat template.
     #[serde(default = "yes")]
     pub chat: bool,
+    /// Variables the chat template sees beside the messages (transformers'
+    /// `chat_template_kwargs`); `enable_thinking` is `false` unless they set it
+    /// ([`quarry_tokenizer::ChatVars`]).
+    #[serde(default)]
+    pub chat_vars: quarry_tokenizer::ChatVars,
 }
 
 fn yes() -> bool {
@@ -662,5 +667,23 @@ mod tests {
             e.contains("a.toml") && e.contains("whitespace") && e.contains("tabs"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn chat_vars_are_a_table_of_the_template_s_variables() {
+        let base = "name = \"x\"\nschema = \"s.json\"\n[source]\nkind = \"dataset\"\ninput = \"in\"\nformat = \"jsonl\"\n[prompt]\ntemplate = \"{{ text }}\"\n[output]\nurl = \"o\"\n[rejects]\nurl = \"r\"\n";
+        let parse = |t: &str| PipelineConfig::parse(t, "a.toml", PathBuf::new());
+        assert!(parse(base).unwrap().prompt.chat_vars.0.is_empty());
+        let with = base.replace(
+            "[output]",
+            "chat_vars = { enable_thinking = true, tools = [\"a\"] }\n[output]",
+        );
+        let vars = parse(&with).unwrap().prompt.chat_vars;
+        assert_eq!(vars.0["enable_thinking"], serde_json::json!(true));
+        assert_eq!(vars.0["tools"], serde_json::json!(["a"]));
+        let e = parse(&base.replace("[output]", "chat_vars = 3\n[output]"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a.toml") && e.contains("chat_vars"), "{e}");
     }
 }

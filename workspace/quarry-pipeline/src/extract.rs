@@ -13,7 +13,7 @@ use quarry_engine::{
     ConstraintSpec, Engine, EngineConfig, EngineStats, FinishReason, LoadError, Model, Prompt,
     Request,
 };
-use quarry_tokenizer::{ChatMessage, Tokenizer};
+use quarry_tokenizer::{ChatMessage, ChatVars, Tokenizer};
 use serde_json::Value;
 
 use crate::config::{PipelineConfig, PromptConfig, SamplingConfig};
@@ -50,6 +50,7 @@ pub struct PromptBuilder {
     env: Environment<'static>,
     system: Option<String>,
     chat: bool,
+    chat_vars: ChatVars,
     /// Control-token spellings (`<|im_start|>`, ...) defused in document text, so a document can
     /// never inject a turn into the chat template.
     specials: Vec<String>,
@@ -77,6 +78,7 @@ impl PromptBuilder {
             env,
             system: cfg.system.clone(),
             chat: cfg.chat,
+            chat_vars: cfg.chat_vars.for_reply(false),
             specials,
         };
         if let (true, Some(t)) = (cfg.chat, tokenizer) {
@@ -91,7 +93,7 @@ impl PromptBuilder {
     fn check_turns(&self, tokenizer: &Tokenizer) -> Result<(), PipelineError> {
         let turns = self.turns("the document".into());
         tokenizer
-            .apply_chat_template(&turns, true)
+            .apply_chat_template_with(&turns, true, &self.chat_vars)
             .map(drop)
             .map_err(|e| match (e, &self.system) {
                 (quarry_tokenizer::TokenizerError::NoChatTemplate, _) => PipelineError::ChatTurns {
@@ -266,6 +268,7 @@ impl EngineExtractor {
         // own limit is the backpressure, and no document becomes an `engine_error` for it.
         ecfg.max_waiting = ecfg.max_waiting.max(2 * max_running);
         ecfg.schema_options.whitespace = cfg.whitespace;
+        ecfg.chat_vars = cfg.prompt.chat_vars.clone();
         let prompts = PromptBuilder::new(&cfg.prompt, Some(&tok))?;
         let constraint = match cfg.grammar_path() {
             Some(path) => ConstraintSpec::grammar_file(
@@ -483,6 +486,7 @@ mod tests {
             template: "[{{ id }}] {{ doc.title }}: {{ text }}".into(),
             system: Some("sys".into()),
             chat: false,
+            chat_vars: ChatVars::default(),
         };
         let b = PromptBuilder::new(&cfg, None).unwrap();
         assert_eq!(
@@ -493,6 +497,7 @@ mod tests {
             template: "{{ doc.missing.deeper }}".into(),
             system: None,
             chat: true,
+            chat_vars: ChatVars::default(),
         };
         let err = PromptBuilder::new(&cfg, None)
             .unwrap()

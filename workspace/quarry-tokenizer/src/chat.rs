@@ -26,6 +26,43 @@ impl ChatMessage {
     }
 }
 
+/// The variables a chat template sees beside `messages`, `add_generation_prompt`, `bos_token` and
+/// `eos_token` (which they cannot replace): transformers' `chat_template_kwargs`.
+///
+/// Where they leave `enable_thinking` out, quarry sets it to whether the reply thinks first
+/// ([`ChatVars::for_reply`]: a request in a reasoning mode), so by default to `false`. A record
+/// is shaped by its constraint from its first byte, with no room for a reasoning block, and the
+/// hybrid-reasoning templates that read the variable (Qwen3's, SmolLM3's) then open the reply
+/// where an answer begins (Qwen3's after an empty `<think></think>`), as their authors advise
+/// for answers without reasoning. A template that reads no such variable ignores it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct ChatVars(pub serde_json::Map<String, serde_json::Value>);
+
+impl ChatVars {
+    /// The variables a reply that thinks first (`thinking`) or not is rendered with:
+    /// `enable_thinking = thinking` unless these set it.
+    pub fn for_reply(&self, thinking: bool) -> ChatVars {
+        let mut vars = self.clone();
+        vars.0
+            .entry("enable_thinking")
+            .or_insert(serde_json::Value::Bool(thinking));
+        vars
+    }
+
+    /// Parses `KEY=VALUE` (a command line's `--chat-var`): VALUE as JSON where it is JSON
+    /// (`true`, `3`, `[1]`), else as a string.
+    pub fn parse_pair(pair: &str) -> std::result::Result<(String, serde_json::Value), String> {
+        let (key, value) = pair
+            .split_once('=')
+            .filter(|(k, _)| !k.is_empty())
+            .ok_or_else(|| format!("`{pair}` is not KEY=VALUE"))?;
+        let value = serde_json::from_str(value)
+            .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+        Ok((key.to_string(), value))
+    }
+}
+
 /// A compiled chat template plus the special-token strings templates refer to.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -77,15 +114,30 @@ impl ChatTemplate {
         &self.source
     }
 
-    /// Renders `messages`. With `add_generation_prompt` the text ends where the assistant's reply
-    /// begins.
+    /// Renders `messages` for a reply that does not think first (`enable_thinking = false`).
+    /// With `add_generation_prompt` the text ends where the assistant's reply begins.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(
+            messages,
+            add_generation_prompt,
+            &ChatVars::default().for_reply(false),
+        )
+    }
+
+    /// Renders `messages` with `vars` beside them, as given.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        vars: &ChatVars,
+    ) -> Result<String> {
         let tmpl = self.env.get_template(NAME).map_err(render_err)?;
         tmpl.render(minijinja::context! {
             messages => Value::from(minijinja::value::Serde(messages)),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
+            ..Value::from(minijinja::value::Serde(&vars.0))
         })
         .map_err(render_err)
     }
@@ -184,6 +236,36 @@ mod tests {
             .render(&[ChatMessage::new("user", "  hi  ")], true)
             .unwrap();
         assert_eq!(out, "<user>hi\n<assistant>");
+    }
+
+    #[test]
+    fn chat_vars_reach_the_template_and_cannot_replace_its_own() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{{ m['content'] }}{% endfor %}\
+             {% if add_generation_prompt %}|{% if not enable_thinking %}<think></think>{% endif %}\
+             {{ style | default('plain') }}{% endif %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let msgs = [ChatMessage::new("user", "hi")];
+        assert_eq!(t.render(&msgs, true).unwrap(), "hi|<think></think>plain");
+        // A reasoning reply thinks unless the variables say otherwise.
+        let none = ChatVars::default();
+        assert_eq!(
+            t.render_with(&msgs, true, &none.for_reply(true)).unwrap(),
+            "hi|plain"
+        );
+        let mut vars = ChatVars::default();
+        for pair in ["enable_thinking=false", "style=terse", "messages=[]"] {
+            let (k, v) = ChatVars::parse_pair(pair).unwrap();
+            vars.0.insert(k, v);
+        }
+        assert_eq!(
+            t.render_with(&msgs, true, &vars.for_reply(true)).unwrap(),
+            "hi|<think></think>terse"
+        );
+        assert!(ChatVars::parse_pair("=1").is_err() && ChatVars::parse_pair("x").is_err());
     }
 
     #[test]

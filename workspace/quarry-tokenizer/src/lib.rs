@@ -39,7 +39,7 @@ mod spm;
 mod table;
 mod tokenizer;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, ChatVars};
 pub use error::{Result, TokenizerError};
 pub use gguf::{read_content, GgufVocab};
 pub use table::{TokenKind, TokenTable};

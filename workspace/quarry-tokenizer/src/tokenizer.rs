@@ -17,7 +17,7 @@ use tokenizers::SplitDelimiterBehavior;
 use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper};
 
 use crate::byte_level::CharToByte;
-use crate::chat::{ChatMessage, ChatTemplate};
+use crate::chat::{ChatMessage, ChatTemplate, ChatVars};
 use crate::error::{tk_err, Result, TokenizerError};
 use crate::gguf::{read_content, GgufVocab};
 use crate::settle::{settled_len, Settling};
@@ -625,16 +625,31 @@ impl Tokenizer {
         self.chat_template.as_ref()
     }
 
-    /// Renders `messages` with the model's chat template.
+    /// Renders `messages` with the model's chat template, for a reply that does not think first
+    /// (`enable_thinking = false`: [`ChatVars`]).
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.apply_chat_template_with(
+            messages,
+            add_generation_prompt,
+            &ChatVars::default().for_reply(false),
+        )
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with the template variables `vars`, as given.
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        vars: &ChatVars,
+    ) -> Result<String> {
         self.chat_template
             .as_ref()
             .ok_or(TokenizerError::NoChatTemplate)?
-            .render(messages, add_generation_prompt)
+            .render_with(messages, add_generation_prompt, vars)
     }
 
     /// The underlying `tokenizers::Tokenizer` (with control-token parsing on).

@@ -12,7 +12,7 @@ use quarry_engine::{
 };
 use quarry_grammar::{SchemaOptions, Whitespace};
 use quarry_model::SamplingParams;
-use quarry_tokenizer::ChatMessage;
+use quarry_tokenizer::{ChatMessage, ChatVars};
 use serde_json::{json, Value};
 
 use crate::ModelArg;
@@ -52,6 +52,11 @@ pub(crate) struct GenerateArgs {
     /// Wrap text prompts in the model's chat template as a user message.
     #[arg(long)]
     chat: bool,
+    /// A variable the chat template sees (transformers' `chat_template_kwargs`): KEY=VALUE,
+    /// VALUE as JSON where it is JSON, else a string (repeat the flag). `enable_thinking` is
+    /// false unless set here (true for a request in a reasoning mode).
+    #[arg(long, value_name = "KEY=VALUE", value_parser = ChatVars::parse_pair)]
+    chat_var: Vec<(String, serde_json::Value)>,
     /// The output must match this regex.
     #[arg(long, group = "constraint", allow_hyphen_values = true)]
     regex: Option<String>,
@@ -186,6 +191,7 @@ pub(crate) fn run(args: GenerateArgs) -> Result<()> {
             whitespace: args.whitespace,
             ..EngineConfig::default().schema_options
         },
+        chat_vars: ChatVars(args.chat_var.iter().cloned().collect()),
         ..EngineConfig::default()
     };
     let mut engine = loaded.engine(cfg)?;

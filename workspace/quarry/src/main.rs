@@ -23,7 +23,9 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use quarry_engine::Loaded;
 use quarry_model::{ModelError, ModelInfo, ModelOptions};
-use quarry_tokenizer::{ChatMessage, EncodeOptions, TokenKind, Tokenizer, TokenizerError};
+use quarry_tokenizer::{
+    ChatMessage, ChatVars, EncodeOptions, TokenKind, Tokenizer, TokenizerError,
+};
 
 /// The model `make setup` installs; every subcommand uses it unless `--model` says otherwise.
 const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -116,6 +118,10 @@ enum Command {
         /// Leave out the assistant prefix that starts the model's reply.
         #[arg(long)]
         no_generation_prompt: bool,
+        /// A variable the template sees: KEY=VALUE, VALUE as JSON where it is JSON, else a
+        /// string (repeat the flag). `enable_thinking` is false unless set here.
+        #[arg(long, value_name = "KEY=VALUE", value_parser = ChatVars::parse_pair)]
+        chat_var: Vec<(String, serde_json::Value)>,
         /// The user message.
         #[arg(allow_hyphen_values = true)]
         user: String,
@@ -298,6 +304,7 @@ fn run(cli: Cli) -> Result<Exit> {
             model,
             system,
             no_generation_prompt,
+            chat_var,
             user,
         } => {
             let tok = load_tokenizer(&model.model)?;
@@ -309,7 +316,11 @@ fn run(cli: Cli) -> Result<Exit> {
             write!(
                 std::io::stdout().lock(),
                 "{}",
-                tok.apply_chat_template(&msgs, !no_generation_prompt)?
+                tok.apply_chat_template_with(
+                    &msgs,
+                    !no_generation_prompt,
+                    &ChatVars(chat_var.into_iter().collect()).for_reply(false)
+                )?
             )?;
         }
     }

@@ -1,6 +1,6 @@
 //! The `quarry` binary as a user runs it, on the real model files from `make setup`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
@@ -991,21 +991,13 @@ fn extract_stops_at_start_when_the_chat_template_refuses_the_job_s_turns() {
         "{\"id\": \"jq\", \"text\": \"Package: jq\"}\n",
     )
     .unwrap();
-    // The tiny Mistral folder with a template in the manner of Mistral 7B v0.1's.
-    let model = dir.join("no-system");
-    std::fs::create_dir_all(&model).unwrap();
-    let src = root().join("models/checkpoints/tiny-mistral");
-    for f in std::fs::read_dir(&src).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, model.join(f.file_name().unwrap())).unwrap();
-    }
-    std::fs::write(
-        model.join("chat_template.jinja"),
+    // A template in the manner of Mistral 7B v0.1's.
+    let model = folder_with_template(
+        &dir.join("no-system"),
         "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} \
          [/INST]{% elif m['role'] == 'assistant' %}{{ m['content'] }}{{ eos_token }}{% else %}\
          {{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}",
-    )
-    .unwrap();
+    );
     let run = |model: &str, out: &str| {
         quarry(&[
             "extract",
@@ -1041,4 +1033,47 @@ fn extract_stops_at_start_when_the_chat_template_refuses_the_job_s_turns() {
         .collect();
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(written.is_empty(), "{written:?}");
+}
+
+/// The tiny Mistral checkpoint folder copied to `dir`, with `template` as its chat template.
+fn folder_with_template(dir: &Path, template: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let src = root().join("models/checkpoints/tiny-mistral");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+    dir.to_path_buf()
+}
+
+/// `--chat-var` reaches the template; `enable_thinking` is false unless it is set.
+#[test]
+fn chat_template_renders_with_the_variables_given() {
+    let dir = scratch("chat-vars");
+    let model = folder_with_template(
+        &dir,
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}|\
+         {% if not enable_thinking %}<think></think>{% endif %}{{ tone | default('') }}",
+    );
+    let render = |vars: &[&str]| {
+        let mut args = vec!["chat-template", "--model", model.to_str().unwrap()];
+        for v in vars {
+            args.extend(["--chat-var", v]);
+        }
+        args.push("Total?");
+        stdout(&quarry(&args))
+    };
+    assert_eq!(render(&[]), "Total?|<think></think>");
+    assert_eq!(
+        render(&["enable_thinking=true", "tone=terse"]),
+        "Total?|terse"
+    );
+    let bad = quarry(&["chat-template", "--chat-var", "novalue", "x"]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        !bad.status.success() && err.contains("`novalue` is not KEY=VALUE"),
+        "{err}"
+    );
 }
