@@ -473,7 +473,7 @@ impl Tokenizer {
             add_bos: config["add_bos_token"].as_bool(),
             add_eos: None,
             add_space_prefix: None,
-            chat_template: config["chat_template"].as_str().map(String::from),
+            chat_template: config_template(&config["chat_template"]),
         };
         let special = special_tokens(&v, &table);
         let chat_template = match &v.chat_template {
@@ -655,6 +655,21 @@ impl Tokenizer {
     /// The underlying `tokenizers::Tokenizer` (with control-token parsing on).
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.parsing
+    }
+}
+
+/// `tokenizer_config.json`'s `chat_template`: one template, or transformers' list of named
+/// templates (`[{"name": "default", "template": …}, {"name": "tool_use", …}]`), of which the
+/// default.
+fn config_template(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(named) => named
+            .iter()
+            .find(|t| t["name"] == "default")
+            .and_then(|t| t["template"].as_str())
+            .map(String::from),
+        _ => None,
     }
 }
 

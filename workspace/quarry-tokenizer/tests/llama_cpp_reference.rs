@@ -281,6 +281,19 @@ fn tokenizer_json_round_trip_agrees_with_llama_cpp() {
                 tok.apply_chat_template(&msgs, true).unwrap(),
                 t.render(&msgs, true).unwrap()
             );
+            // transformers' named templates: the default one is the chat template.
+            let mut named = config.clone();
+            named["chat_template"] = serde_json::json!([
+                {"name": "tool_use", "template": "tools"},
+                {"name": "default", "template": t.source()},
+            ]);
+            std::fs::write(dir.join("tokenizer_config.json"), named.to_string()).unwrap();
+            let tok = Tokenizer::from_tokenizer_json(&json_path).unwrap();
+            assert_eq!(
+                tok.chat_template().map(|c| c.source()),
+                Some(t.source()),
+                "{file}"
+            );
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
