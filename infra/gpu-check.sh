@@ -155,7 +155,7 @@ fi
 case "$(basename "$MODEL")" in
   qwen2.5*) model_tests=(qwen25) ;;
   gemma-3*) model_tests=(gemma3) ;;
-  *) model_tests=(--skip gemma3 --skip qwen25 --skip tiny_models --skip checkpoints_read_into) ;;
+  *) model_tests=(--skip gemma3 --skip qwen25 --skip tiny_ --skip checkpoints_read_into) ;;
 esac
 # TESTS=0: straight to the benchmarks (a second call on binaries whose tests passed this lease).
 split_ok=1
