@@ -944,27 +944,12 @@ fn bench_runs_dummy_weights() {
 #[test]
 fn extract_runs_a_checkpoint_folder_and_lineage_names_it() {
     let dir = scratch("checkpoint-job");
-    let input = dir.join("in");
-    std::fs::create_dir_all(&input).unwrap();
-    std::fs::write(
-        input.join("docs.jsonl"),
-        "{\"id\": \"jq\", \"text\": \"Package: jq\\nVersion: 1.6-2.1\\nDescription: lightweight JSON processor\"}\n",
-    )
-    .unwrap();
+    let input = one_package_input(
+        &dir,
+        "Package: jq\nVersion: 1.6-2.1\nDescription: lightweight JSON processor",
+    );
     let (out, rejects) = (dir.join("out"), dir.join("rejects"));
-    let o = quarry(&[
-        "extract",
-        "--pipeline",
-        "pipelines/debian-packages.toml",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "--rejects",
-        rejects.to_str().unwrap(),
-        "--model",
-        "models/checkpoints/tiny-qwen3",
-    ]);
+    let o = extract_packages(&input, &out, &rejects, "models/checkpoints/tiny-qwen3");
     stdout(&o);
     // The tiny model's weights are random: its record is valid (the schema constrains it), so
     // it is accepted; either way exactly one row names the folder.
@@ -984,13 +969,7 @@ fn extract_runs_a_checkpoint_folder_and_lineage_names_it() {
 #[test]
 fn extract_stops_at_start_when_the_chat_template_refuses_the_job_s_turns() {
     let dir = scratch("chat-turns");
-    let input = dir.join("in");
-    std::fs::create_dir_all(&input).unwrap();
-    std::fs::write(
-        input.join("docs.jsonl"),
-        "{\"id\": \"jq\", \"text\": \"Package: jq\"}\n",
-    )
-    .unwrap();
+    let input = one_package_input(&dir, "Package: jq");
     // A template in the manner of Mistral 7B v0.1's.
     let model = folder_with_template(
         &dir.join("no-system"),
@@ -999,19 +978,8 @@ fn extract_stops_at_start_when_the_chat_template_refuses_the_job_s_turns() {
          {{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}",
     );
     let run = |model: &str, out: &str| {
-        quarry(&[
-            "extract",
-            "--pipeline",
-            "pipelines/debian-packages.toml",
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            dir.join(out).to_str().unwrap(),
-            "--rejects",
-            dir.join(format!("{out}-rejects")).to_str().unwrap(),
-            "--model",
-            model,
-        ])
+        let rejects = dir.join(format!("{out}-rejects"));
+        extract_packages(&input, &dir.join(out), &rejects, model)
     };
     let refused = one_line_error(&run(model.to_str().unwrap(), "a"));
     assert!(
@@ -1033,6 +1001,32 @@ fn extract_stops_at_start_when_the_chat_template_refuses_the_job_s_turns() {
         .collect();
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(written.is_empty(), "{written:?}");
+}
+
+/// `dir/in/docs.jsonl`: one document, `text`, with the id `jq`; returns the folder.
+fn one_package_input(dir: &Path, text: &str) -> PathBuf {
+    let input = dir.join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let line = serde_json::json!({"id": "jq", "text": text});
+    std::fs::write(input.join("docs.jsonl"), format!("{line}\n")).unwrap();
+    input
+}
+
+/// `quarry extract` of the package pipeline over `input` with `model`.
+fn extract_packages(input: &Path, out: &Path, rejects: &Path, model: &str) -> Output {
+    quarry(&[
+        "extract",
+        "--pipeline",
+        "pipelines/debian-packages.toml",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--rejects",
+        rejects.to_str().unwrap(),
+        "--model",
+        model,
+    ])
 }
 
 /// The tiny Mistral checkpoint folder copied to `dir`, with `template` as its chat template.
