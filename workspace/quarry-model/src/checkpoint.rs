@@ -260,17 +260,33 @@ impl crate::Footprint {
     /// What the weights of the GGUF file or checkpoint folder at `path` take on a GPU in each
     /// form, from its header alone (no weights read).
     pub fn of_model(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        if path.is_dir() {
-            let c = Checkpoint::open(path)?;
-            return Ok(Self::of(&c.config, |n| c.stored_type(n)));
-        }
-        let (content, _, _) = crate::info::read_gguf(path)?;
-        let config = LlamaConfig::from_content(&content)?;
-        Ok(Self::of(&config, |n| {
-            content.tensor_infos.get(n).map(|t| t.ggml_dtype)
-        }))
+        from_header(path.as_ref(), |c, ty| Self::of(c, ty))
     }
+}
+
+impl crate::HostFootprint {
+    /// What the weights of the GGUF file or checkpoint folder at `path` take in a CPU's memory
+    /// in each form, from its header alone (no weights read).
+    pub fn of_model(path: impl AsRef<Path>) -> Result<Self> {
+        from_header(path.as_ref(), |c, ty| Self::of(c, ty))
+    }
+}
+
+/// `f` of the config and the tensors' stored types of the GGUF file or checkpoint folder at
+/// `path`, read from its header.
+fn from_header<T>(
+    path: &Path,
+    f: impl Fn(&LlamaConfig, &dyn Fn(&str) -> Option<GgmlDType>) -> T,
+) -> Result<T> {
+    if path.is_dir() {
+        let c = Checkpoint::open(path)?;
+        return Ok(f(&c.config, &|n| c.stored_type(n)));
+    }
+    let (content, _, _) = crate::info::read_gguf(path)?;
+    let config = LlamaConfig::from_content(&content)?;
+    Ok(f(&config, &|n| {
+        content.tensor_infos.get(n).map(|t| t.ggml_dtype)
+    }))
 }
 
 /// `model.safetensors`, or every shard `model.safetensors.index.json` names (in its order, each

@@ -70,9 +70,11 @@ pub use dummy::{DummyShape, DUMMY_SHAPES};
 pub use error::{ModelError, Result};
 pub use info::ModelInfo;
 pub use kernel_plan::AttentionKernel;
-pub use linear::{Footprint, GpuWeights};
+pub use linear::{Footprint, GpuWeights, HostFootprint, HostWeights};
 pub use llama::{Fusions, Llama};
-pub use options::{Attention, KvDtype, ModelOptions, OptionError, SamplingSite, Switch};
+pub use options::{
+    Attention, CpuWeights, KvDtype, ModelOptions, OptionError, SamplingSite, Switch,
+};
 pub use pool::{kv_dtype, KvLayout, KvPool, PageId};
 pub use ragged::RaggedBatch;
 pub use sampling::{apply_mask, argmax, pick, SampleRows, Sampler, SamplingParams, NO_MASK};

@@ -60,6 +60,11 @@ pub struct ModelOptions {
     /// Every phase of a forward pass synchronizes and records its time ([`crate::profile`]).
     /// Off by default (it slows the pass); `quarry bench --profile` turns it on.
     pub profile: bool,
+    /// How a CPU holds plain projections (a checkpoint's bf16, f16 and f32): `auto` (the
+    /// default) in f32 where they leave an eighth of the available memory, else quantized to
+    /// Q8_0 at load, said once ([`crate::HostWeights`]); `f32` always (refused where it does not
+    /// fit); `q8_0` always. A GPU ignores it.
+    pub cpu_weights: CpuWeights,
 }
 
 impl Default for ModelOptions {
@@ -75,6 +80,7 @@ impl Default for ModelOptions {
             rope_store: Switch::Auto,
             add_norm: false,
             profile: false,
+            cpu_weights: CpuWeights::Auto,
         }
     }
 }
@@ -107,6 +113,15 @@ pub enum SamplingSite {
     Host,
 }
 
+/// [`ModelOptions::cpu_weights`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CpuWeights {
+    Auto,
+    F32,
+    Q8_0,
+}
+
 /// An option that is on, off, or decided per step by what was measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -131,7 +146,7 @@ pub enum OptionError {
 }
 
 /// The option keys, in the order of [`ModelOptions`]'s fields.
-const KEYS: [&str; 10] = [
+const KEYS: [&str; 11] = [
     "attention",
     "attention_chunk",
     "kv_dtype",
@@ -142,11 +157,12 @@ const KEYS: [&str; 10] = [
     "rope_store",
     "add_norm",
     "profile",
+    "cpu_weights",
 ];
 
 impl ModelOptions {
     /// The environment variables the binary reads at start-up, and the option each sets.
-    pub const VARIABLES: [(&'static str, &'static str); 10] = [
+    pub const VARIABLES: [(&'static str, &'static str); 11] = [
         ("QUARRY_ATTENTION", "attention"),
         ("QUARRY_ATTENTION_CHUNK", "attention_chunk"),
         ("QUARRY_KV_DTYPE", "kv_dtype"),
@@ -157,6 +173,7 @@ impl ModelOptions {
         ("QUARRY_ROPE_STORE", "rope_store"),
         ("QUARRY_ADD_NORM", "add_norm"),
         ("QUARRY_PROFILE", "profile"),
+        ("QUARRY_CPU_WEIGHTS", "cpu_weights"),
     ];
 
     /// Every option with its values and default, for `--help` (docs/model-options.md has the
@@ -172,7 +189,8 @@ impl ModelOptions {
   gemm_add=auto|on|off                               GEMMs add into the residual stream (auto: up to 16-token steps)
   rope_store=auto|on|off                             RoPE writes the KV pool itself (auto: up to 16-token steps)
   add_norm=on|off                                    residual add writes the next norm (off)
-  profile=on|off                                     time every phase of a pass (off)";
+  profile=on|off                                     time every phase of a pass (off)
+  cpu_weights=auto|f32|q8_0                          how a CPU holds plain (checkpoint) projections (auto: f32, Q8_0 where f32 does not fit)";
 
     /// Sets option `key` from its text form (`on`/`off` also as `true`/`false`/`1`/`0`), or says
     /// what it accepts.
@@ -208,6 +226,9 @@ impl ModelOptions {
             "sampling" => self.sampling = choice(v).ok_or_else(|| bad("device or host"))?,
             "gemm_add" => self.gemm_add = choice(v).ok_or_else(|| bad("auto, on or off"))?,
             "rope_store" => self.rope_store = choice(v).ok_or_else(|| bad("auto, on or off"))?,
+            "cpu_weights" => {
+                self.cpu_weights = choice(v).ok_or_else(|| bad("auto, f32 or q8_0"))?
+            }
             k @ ("cuda_graphs" | "add_norm" | "profile") => {
                 let on = switch(v).ok_or_else(|| bad("on or off"))?;
                 match k {

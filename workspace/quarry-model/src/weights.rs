@@ -48,6 +48,41 @@ impl Stored {
     }
 }
 
+/// A source whose plain projections become Q8_0 blocks as they are read (a CPU's Q8_0 form:
+/// [`crate::HostWeights`]); everything else as the source has it.
+pub(crate) struct Q8AtLoad<'a, W>(pub(crate) &'a mut W);
+
+impl<W: Weights> Weights for Q8AtLoad<'_, W> {
+    fn has(&self, name: &str) -> bool {
+        self.0.has(name)
+    }
+
+    fn stored_type(&self, name: &str) -> Option<GgmlDType> {
+        self.0.stored_type(name)
+    }
+
+    fn tensor(&mut self, name: &str, dims: &[usize], device: &Device) -> Result<Stored> {
+        let t = self.0.tensor(name, dims, device)?;
+        let plain = match &t {
+            Stored::Dense(_) => true,
+            Stored::Quant(q) => !is_quantized(q.dtype()),
+        };
+        if !plain || !q8_0_at_load(name, dims) {
+            return Ok(t);
+        }
+        let values = t.to_f32(device)?;
+        Ok(Stored::Quant(QTensor::quantize(&values, GgmlDType::Q8_0)?))
+    }
+}
+
+/// Whether a plain projection of `dims` becomes Q8_0 blocks in a CPU's Q8_0 form: a matrix
+/// whose rows are whole blocks, and not the embedding table (looked up in f32).
+pub(crate) fn q8_0_at_load(name: &str, dims: &[usize]) -> bool {
+    name != "token_embd.weight"
+        && dims.len() == 2
+        && dims[1].is_multiple_of(GgmlDType::Q8_0.block_size())
+}
+
 /// Whether values of type `t` are quantized blocks (not plain f32, f16 or bf16).
 pub(crate) fn is_quantized(t: GgmlDType) -> bool {
     !matches!(t, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)

@@ -243,6 +243,12 @@ impl EngineExtractor {
             Some(w) => tracing::info!("{w}"),
             None => {}
         }
+        // On a CPU, plain weights quantized to Q8_0: a warning where f32 did not fit.
+        match loaded.model.host_weights() {
+            Some(w) if w.fell_back => tracing::warn!("{w}"),
+            Some(w) if w.q8_0 => tracing::info!("{w}"),
+            _ => {}
+        }
         let ecfg = EngineConfig {
             max_running: cfg.batching.max_running,
             step_tokens: EngineConfig::default()

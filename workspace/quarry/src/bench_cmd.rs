@@ -313,6 +313,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         "close_within_budget": !args.no_budget,
         "model_runtime": model.options(),
         "gpu_weights": model.gpu_weights(),
+        "host_weights": model.host_weights(),
         "kv_capacity_tokens": kv_capacity,
         "largest_batch": kv_capacity.map(|t| t / per_doc),
         "modes": {"a": "no constraint", "b": "schema, no jump-forward", "c": "schema + jump-forward"},
@@ -454,7 +455,7 @@ fn load_dummy(
     let dev = quarry_model::parse_device(device)?;
     let started = std::time::Instant::now();
     let model = quarry_model::Llama::dummy(&shape, &dev, options)?;
-    crate::say_gpu_weights(&model);
+    crate::say_weights(&model);
     eprintln!(
         "dummy weights: {} ({:.2} B parameters, {:?}; vocabulary {} of {}'s tokenizer, the \
          published model's is {}), built in {:.1} s",

@@ -375,13 +375,17 @@ pub(crate) fn load_model(path: &Path, device: &str, options: ModelOptions) -> Re
         } => anyhow::anyhow!("{source}. To fix: {}", setup_hint(path)),
         other => anyhow::Error::new(other),
     })?;
-    say_gpu_weights(&loaded.model);
+    say_weights(&loaded.model);
     Ok(loaded)
 }
 
-/// On a GPU, how the projections are held and why, once on stderr at load.
-pub(crate) fn say_gpu_weights(model: &quarry_model::Llama) {
+/// How the projections are held and why, once on stderr at load: on a GPU always, on a CPU
+/// where plain weights were quantized to Q8_0.
+pub(crate) fn say_weights(model: &quarry_model::Llama) {
     if let Some(w) = model.gpu_weights() {
+        eprintln!("{w}");
+    }
+    if let Some(w) = model.host_weights().filter(|w| w.q8_0) {
         eprintln!("{w}");
     }
 }
@@ -425,11 +429,13 @@ fn info(path: &Path, json: bool) -> Result<()> {
     let name_of = |id: Option<u32>| id.and_then(|i| tok.token_text(i));
     // Only for architectures quarry runs (the header of any other still reads).
     let gpu = quarry_model::Footprint::of_model(path).ok();
+    let cpu = quarry_model::HostFootprint::of_model(path).ok();
     if json {
         let json = serde_json::json!({
             "path": path,
             "model": model,
             "gpu_weights": gpu,
+            "cpu_weights": cpu,
             "tokenizer": {
                 "vocab_kind": tok.vocab_kind(),
                 "pre_tokenizer": tok.pre_tokenizer(),
@@ -490,6 +496,19 @@ fn info(path: &Path, json: bool) -> Result<()> {
                 gib(g.with_f16()),
                 gib(g.quantized_only())
             )?,
+        }
+    }
+    if let Some(h) = cpu {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        match h.q8_0 < h.f32 {
+            true => writeln!(
+                out,
+                "on a CPU        {:.2} GiB of weights (plain values in f32), {:.2} GiB with them \
+                 quantized to Q8_0 at load",
+                gib(h.f32),
+                gib(h.q8_0)
+            )?,
+            false => writeln!(out, "on a CPU        {:.2} GiB of weights", gib(h.f32))?,
         }
     }
     writeln!(out, "context length  {}", opt(model.context_length))?;

@@ -7,6 +7,7 @@
 //! below `ModelOptions::dense_from_rows`).
 
 mod gemm_add;
+mod host_plan;
 mod plan;
 pub(crate) mod quant;
 
@@ -16,6 +17,8 @@ use candle_core::{DType, Device, Module, Tensor};
 use crate::error::Result;
 use crate::weights::Stored;
 pub(crate) use gemm_add::GemmAdd;
+pub(crate) use host_plan::host_available;
+pub use host_plan::{HostFootprint, HostWeights};
 pub use plan::{Footprint, GpuWeights};
 use quant::{Format, QuantMatrix};
 

@@ -17,7 +17,7 @@ use crate::options::{Attention, ModelOptions, SamplingSite};
 use crate::pool::{KvPool, KvStorage};
 use crate::ragged::Heads;
 use crate::step_graph::PaddedStep;
-use crate::weights::{Stored, Weights};
+use crate::weights::{Q8AtLoad, Stored, Weights};
 
 pub(crate) mod fused;
 mod residual;
@@ -154,6 +154,8 @@ pub struct Llama {
     options: ModelOptions,
     /// On a GPU, the projections' form and the memory it was chosen by.
     gpu_weights: Option<crate::linear::GpuWeights>,
+    /// On a CPU, the plain projections' form and the memory it was chosen by.
+    host_weights: Option<crate::linear::HostWeights>,
 }
 
 impl Llama {
@@ -214,8 +216,35 @@ impl Llama {
         if let Device::Cuda(d) = device {
             crate::cuda::prepare(d)?;
         }
-        let untied = weights.has("output.weight");
         let gpu_weights = crate::linear::GpuWeights::plan(&config, weights, device, options)?;
+        let host_weights = match device.is_cpu() {
+            true => Some(crate::linear::HostWeights::plan(
+                &config,
+                |n| weights.stored_type(n),
+                crate::linear::host_available(),
+                options.cpu_weights,
+            )?),
+            false => None,
+        };
+        let plans = (gpu_weights, host_weights);
+        match plans.1.as_ref().is_some_and(|h| h.q8_0) {
+            true => Self::build(config, &mut Q8AtLoad(weights), device, options, plans),
+            false => Self::build(config, weights, device, options, plans),
+        }
+    }
+
+    /// The model of `config` from `weights` in the forms `plans` chose (a GPU's, a CPU's).
+    fn build(
+        config: LlamaConfig,
+        weights: &mut impl Weights,
+        device: &Device,
+        options: &ModelOptions,
+        (gpu_weights, host_weights): (
+            Option<crate::linear::GpuWeights>,
+            Option<crate::linear::HostWeights>,
+        ),
+    ) -> Result<Self> {
+        let untied = weights.has("output.weight");
         let dense_from = gpu_weights
             .as_ref()
             .map_or(options.dense_from_rows, |p| p.dense_from);
@@ -276,7 +305,14 @@ impl Llama {
             fusions: Fusions::from_options(options).into(),
             options: options.clone(),
             gpu_weights,
+            host_weights,
         })
+    }
+
+    /// How a CPU holds the plain projections, and why (`None` on a GPU): what a command says
+    /// once at load where they are quantized.
+    pub fn host_weights(&self) -> Option<&crate::linear::HostWeights> {
+        self.host_weights.as_ref()
     }
 
     /// How a GPU holds the projections, and why (`None` on a CPU): what a command says once
