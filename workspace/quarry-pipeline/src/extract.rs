@@ -92,23 +92,26 @@ impl PromptBuilder {
     /// v0.2's take no system message) would reject every document.
     fn check_turns(&self, tokenizer: &Tokenizer) -> Result<(), PipelineError> {
         let turns = self.turns("the document".into());
-        tokenizer
-            .apply_chat_template_with(&turns, true, &self.chat_vars)
-            .map(drop)
-            .map_err(|e| match (e, &self.system) {
-                (quarry_tokenizer::TokenizerError::NoChatTemplate, _) => PipelineError::ChatTurns {
-                    problem: "the model has no chat template".into(),
-                    fix: "set `chat = false` and write the whole prompt in `prompt.template`",
-                },
-                (e, Some(_)) => PipelineError::ChatTurns {
-                    problem: format!("the model's template refuses a system message and a user message: {e}"),
-                    fix: "if it takes no system message, drop `prompt.system` and put its text in `prompt.template`",
-                },
-                (e, None) => PipelineError::ChatTurns {
-                    problem: format!("the model's template refuses a user message: {e}"),
-                    fix: "set `chat = false` and write the whole prompt in `prompt.template`",
-                },
-            })
+        let Err(e) = tokenizer.apply_chat_template_with(&turns, true, &self.chat_vars) else {
+            return Ok(());
+        };
+        const SET_CHAT_OFF: &str =
+            "set `chat = false` and write the whole prompt in `prompt.template`";
+        let (problem, fix) = match (e, &self.system) {
+            (quarry_tokenizer::TokenizerError::NoChatTemplate, _) => {
+                ("the model has no chat template".to_string(), SET_CHAT_OFF)
+            }
+            (e, Some(_)) => (
+                format!("the model's template refuses a system message and a user message: {e}"),
+                "if it takes no system message, drop `prompt.system` and put its text in \
+                 `prompt.template`",
+            ),
+            (e, None) => (
+                format!("the model's template refuses a user message: {e}"),
+                SET_CHAT_OFF,
+            ),
+        };
+        Err(PipelineError::ChatTurns { problem, fix })
     }
 
     /// The chat turns around the rendered user message.
