@@ -49,7 +49,8 @@ impl Stored {
 }
 
 /// A source whose plain projections become Q8_0 blocks as they are read (a CPU's Q8_0 form:
-/// [`crate::HostWeights`]); everything else as the source has it.
+/// [`crate::HostWeights`]), a tied embedding table too (it is the output projection; looked up,
+/// its blocks are dequantized, as a Q8_0 GGUF's are); everything else as the source has it.
 pub(crate) struct Q8AtLoad<'a, W>(pub(crate) &'a mut W);
 
 impl<W: Weights> Weights for Q8AtLoad<'_, W> {
@@ -67,7 +68,8 @@ impl<W: Weights> Weights for Q8AtLoad<'_, W> {
             Stored::Dense(_) => true,
             Stored::Quant(q) => !is_quantized(q.dtype()),
         };
-        if !plain || !q8_0_at_load(name, dims) {
+        let tied = !self.0.has("output.weight");
+        if !plain || !q8_0_at_load(name, dims, tied) {
             return Ok(t);
         }
         let values = t.to_f32(device)?;
@@ -75,10 +77,10 @@ impl<W: Weights> Weights for Q8AtLoad<'_, W> {
     }
 }
 
-/// Whether a plain projection of `dims` becomes Q8_0 blocks in a CPU's Q8_0 form: a matrix
-/// whose rows are whole blocks, and not the embedding table (looked up in f32).
-pub(crate) fn q8_0_at_load(name: &str, dims: &[usize]) -> bool {
-    name != "token_embd.weight"
+/// Whether plain tensor `name` of `dims` becomes Q8_0 blocks in a CPU's Q8_0 form: a matrix
+/// whose rows are whole blocks, but the embedding table of an untied model (only looked up).
+pub(crate) fn q8_0_at_load(name: &str, dims: &[usize], tied: bool) -> bool {
+    (tied || name != "token_embd.weight")
         && dims.len() == 2
         && dims[1].is_multiple_of(GgmlDType::Q8_0.block_size())
 }

@@ -627,9 +627,10 @@ fn checkpoints_greedy_continuations_match_llama_cpp() {
 /// the distance llama.cpp's own quantized kernels keep from it on the same weights (its Q4_1
 /// file, of which the F32 fixture's weights are the exact dequantization, so the two differ only
 /// by the kernels' 8-bit activations): top-1 agreement at least that less one point; median, p99
-/// and worst log-softmax difference within 1.25, 1.25 and 1.5 times. Measured (2026-11-28):
-/// 97.25% top-1, median 0.076, p99 0.52, worst 1.55 nats against llama.cpp's 96.76%, 0.071,
-/// 0.44 and 1.43.
+/// and worst log-softmax difference within 1.5 times (Q8_0 rounds the weights once more, where
+/// llama.cpp's file holds the fixture's values exactly). Measured (2026-11-28): 97.1% top-1,
+/// median 0.086, p99 0.53, worst 1.51 nats against llama.cpp's 96.8%, 0.071, 0.44 and 1.43; a
+/// wrong block layout or scale gives garbage, tenths of a nat at the median.
 #[test]
 fn checkpoint_quantized_to_q8_0_at_load_stays_as_near_as_llama_cpp_s_kernels() {
     if !device().is_cpu() {
@@ -639,9 +640,9 @@ fn checkpoint_quantized_to_q8_0_at_load_stays_as_near_as_llama_cpp_s_kernels() {
     o.cpu_weights = quarry_model::CpuWeights::Q8_0;
     let m = Llama::load_with(model_path("checkpoints/smollm2"), &device(), &o).unwrap();
     let plan = m.host_weights().unwrap();
-    // The tied embedding stays f32 (lookup and output projection): 52% of the f32 form here.
+    // The table looked up stays f32: 39% of the f32 form here.
     assert!(
-        plan.q8_0 && !plan.fell_back && plan.bytes < plan.footprint.f32 * 3 / 5,
+        plan.q8_0 && !plan.fell_back && plan.bytes < plan.footprint.f32 / 2,
         "{plan:?}"
     );
     let f32_fx = fixture_f32();
@@ -655,7 +656,7 @@ fn checkpoint_quantized_to_q8_0_at_load_stays_as_near_as_llama_cpp_s_kernels() {
         q(1.0)
     );
     assert!(c.agreement() >= agreement - 0.01, "top-1 {}", c.agreement());
-    for (p, slack) in [(0.5, 1.25), (0.99, 1.25), (1.0, 1.5)] {
+    for (p, slack) in [(0.5, 1.5), (0.99, 1.5), (1.0, 1.5)] {
         assert!(
             c.quantile(p) <= q(p) * slack,
             "quantile {p}: {} > {slack} x llama.cpp's {}",

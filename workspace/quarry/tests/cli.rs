@@ -889,13 +889,14 @@ fn generate_runs_a_checkpoint_folder() {
         "{folder}"
     );
     assert_eq!(g(&folder, "fixed"), 4 * (params + embed));
-    // On a CPU: the folder's projections in f32, or as Q8_0 blocks (34 bytes a block of 32)
-    // beside the f32 embedding table, looked up and (tied) multiplied; the GGUF's as stored.
+    // On a CPU: the folder's projections in f32 (the tied embedding twice: looked up and
+    // multiplied), or as Q8_0 blocks (34 bytes a block of 32, the tied output projection too)
+    // beside the f32 table looked up; the GGUF's as stored.
     let h = |v: &Value, k: &str| v["cpu_weights"][k].as_u64().unwrap();
     assert_eq!(h(&folder, "f32"), 4 * (params + embed));
     assert_eq!(
         h(&folder, "q8_0"),
-        4 * (norms + 2 * embed) + (params - norms - embed) / 32 * 34
+        4 * (norms + embed) + (params - norms) / 32 * 34
     );
     assert_eq!(
         (h(&gguf, "f32"), h(&gguf, "q8_0")),

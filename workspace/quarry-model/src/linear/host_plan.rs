@@ -33,29 +33,40 @@ impl HostFootprint {
             let elements: usize = dims.iter().product();
             let ty = stored_type(&name).unwrap_or(GgmlDType::F32);
             let both = if name == "token_embd.weight" {
-                // Looked up in f32; tied, the output projection's weights as stored too.
-                4 * elements as u64
-                    + match (tied, is_quantized(ty)) {
-                        (true, true) => stored_bytes(ty, elements),
-                        (true, false) => 4 * elements as u64,
-                        (false, _) => 0,
+                // Looked up in f32; tied, the output projection's weights too: as stored where
+                // quantized, else in the form's type.
+                let lookup = 4 * elements as u64;
+                match (tied, is_quantized(ty)) {
+                    (false, _) => lookup,
+                    (true, true) => lookup + stored_bytes(ty, elements),
+                    (true, false) => {
+                        f.f32 += 2 * lookup;
+                        f.q8_0 += lookup + q8_0_bytes(&name, &dims, tied);
+                        continue;
                     }
+                }
             } else if dims.len() < 2 {
                 4 * elements as u64
             } else if is_quantized(ty) {
                 stored_bytes(ty, elements)
             } else {
                 f.f32 += 4 * elements as u64;
-                f.q8_0 += match q8_0_at_load(&name, &dims) {
-                    true => stored_bytes(GgmlDType::Q8_0, elements),
-                    false => 4 * elements as u64,
-                };
+                f.q8_0 += q8_0_bytes(&name, &dims, tied);
                 continue;
             };
             f.f32 += both;
             f.q8_0 += both;
         }
         f
+    }
+}
+
+/// Bytes plain tensor `name` of `dims` takes in the Q8_0 form.
+fn q8_0_bytes(name: &str, dims: &[usize], tied: bool) -> u64 {
+    let elements: usize = dims.iter().product();
+    match q8_0_at_load(name, dims, tied) {
+        true => stored_bytes(GgmlDType::Q8_0, elements),
+        false => 4 * elements as u64,
     }
 }
 
