@@ -30,9 +30,14 @@ pub fn device() -> Device {
 
 /// The model runtime options the tests load with: the defaults, or what the `QUARRY_*`
 /// variables of `ModelOptions::VARIABLES` say (a GPU run of another form, as the binary reads
-/// them).
+/// them). On a CPU plain weights stay f32 unless a variable says otherwise: the F32 bars are for
+/// f32 weights, so a machine short of memory gets a clear refusal rather than the Q8_0 form
+/// `auto` would fall back to.
 pub fn options() -> quarry_model::ModelOptions {
-    let mut o = quarry_model::ModelOptions::default();
+    let mut o = quarry_model::ModelOptions {
+        cpu_weights: quarry_model::CpuWeights::F32,
+        ..Default::default()
+    };
     o.apply_vars(|k| std::env::var(k).ok())
         .expect("QUARRY_* model options");
     o
