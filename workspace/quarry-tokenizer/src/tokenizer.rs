@@ -115,16 +115,19 @@ const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'
 /// [`QWEN2_SPLIT`] but with up to three digits per pre-token.
 const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// GGUF pre-tokenizer names and the split regex llama.cpp gives each (followed by the byte-level
-/// mapping, without the GPT-2 regex).
-const SPLIT_THEN_BYTES: &[(&str, &str)] = &[
-    ("qwen2", QWEN2_SPLIT),
-    ("deepseek-r1-qwen", QWEN2_SPLIT),
-    ("megrez", QWEN2_SPLIT),
-    ("llama3", LLAMA3_SPLIT),
-    ("llama-v3", LLAMA3_SPLIT),
-    ("llama-bpe", LLAMA3_SPLIT),
-    ("falcon3", LLAMA3_SPLIT),
+/// GGUF pre-tokenizer names, the split regex llama.cpp gives each (followed by the byte-level
+/// mapping, without the GPT-2 regex), and whether a pre-token that is itself in the vocabulary is
+/// taken whole before any merge (llama.cpp's `ignore_merges`, the `tokenizer.json` key of the same
+/// name): Llama 3's vocabulary, made by tiktoken, has tokens no chain of its merges reaches
+/// (` dấu`), which merging alone would split.
+const SPLIT_THEN_BYTES: &[(&str, &str, bool)] = &[
+    ("qwen2", QWEN2_SPLIT, false),
+    ("deepseek-r1-qwen", QWEN2_SPLIT, false),
+    ("megrez", QWEN2_SPLIT, false),
+    ("llama3", LLAMA3_SPLIT, true),
+    ("llama-v3", LLAMA3_SPLIT, true),
+    ("llama-bpe", LLAMA3_SPLIT, true),
+    ("falcon3", LLAMA3_SPLIT, true),
 ];
 
 /// Texts that end a turn although the metadata does not call them EOS. Like llama.cpp, a token with
@@ -162,6 +165,7 @@ impl Tokenizer {
         let (kind, model, table, normalizer, pre, decoder) = match v.model.as_str() {
             "gpt2" => {
                 let pre_name = v.pre.as_deref().unwrap_or("gpt-2");
+                let mut ignore_merges = false;
                 let pre: PreTokenizerWrapper = if DIGITS_THEN_GPT2.contains(&pre_name) {
                     PreTokenizerSequence::new(vec![
                         Digits::new(true).into(),
@@ -170,11 +174,12 @@ impl Tokenizer {
                     .into()
                 } else if pre_name == "gpt-2" || pre_name == "gpt2" {
                     ByteLevel::new(false, true, true).into()
-                } else if let Some((_, regex)) =
-                    SPLIT_THEN_BYTES.iter().find(|(name, _)| *name == pre_name)
+                } else if let Some(&(_, regex, whole)) =
+                    SPLIT_THEN_BYTES.iter().find(|(name, ..)| *name == pre_name)
                 {
+                    ignore_merges = whole;
                     let split = Split::new(
-                        SplitPattern::Regex((*regex).to_string()),
+                        SplitPattern::Regex(regex.to_string()),
                         SplitDelimiterBehavior::Isolated,
                         false,
                     )
@@ -185,7 +190,7 @@ impl Tokenizer {
                     ])
                     .into()
                 } else {
-                    let split: Vec<&str> = SPLIT_THEN_BYTES.iter().map(|(n, _)| *n).collect();
+                    let split: Vec<&str> = SPLIT_THEN_BYTES.iter().map(|(n, ..)| *n).collect();
                     return Err(TokenizerError::Unsupported(format!(
                         "byte-level BPE pre-tokenizer `{pre_name}` (supported: gpt-2, {}, {})",
                         DIGITS_THEN_GPT2.join(", "),
@@ -210,6 +215,7 @@ impl Tokenizer {
                     .collect::<Result<Vec<_>>>()?;
                 let model = BPE::builder()
                     .vocab_and_merges(vocab_map(&v.tokens), merges)
+                    .ignore_merges(ignore_merges)
                     .build()
                     .map_err(tk_err)?;
                 let table = byte_level_table(&v.tokens, &v.kinds);
@@ -470,7 +476,13 @@ impl Tokenizer {
             eom: None,
             unk: id_of(&token_text("unk_token")),
             pad: id_of(&token_text("pad_token")),
-            add_bos: config["add_bos_token"].as_bool(),
+            // transformers' fast tokenizers add what the post-processor's template says where
+            // tokenizer_config.json does not say (Llama 3's puts `<|begin_of_text|>` there).
+            add_bos: config["add_bos_token"].as_bool().or_else(|| {
+                bos_text
+                    .as_deref()
+                    .map(|bos| template_starts_with(&doc["post_processor"], bos))
+            }),
             add_eos: None,
             add_space_prefix: None,
             chat_template: config_template(&config["chat_template"]),
@@ -655,6 +667,21 @@ impl Tokenizer {
     /// The underlying `tokenizers::Tokenizer` (with control-token parsing on).
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.parsing
+    }
+}
+
+/// Whether a `tokenizer.json` post-processor puts the special token `token` first in a single
+/// sequence: a `TemplateProcessing` whose `single` template starts with it, alone or inside a
+/// `Sequence` of processors.
+fn template_starts_with(processor: &serde_json::Value, token: &str) -> bool {
+    match processor["type"].as_str() {
+        Some("TemplateProcessing") => {
+            processor["single"][0]["SpecialToken"]["id"].as_str() == Some(token)
+        }
+        Some("Sequence") => processor["processors"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().any(|p| template_starts_with(p, token))),
+        _ => false,
     }
 }
 

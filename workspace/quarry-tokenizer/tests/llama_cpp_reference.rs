@@ -1,42 +1,10 @@
 //! quarry's tokenizer against llama.cpp, on fixtures made by `tests/fixtures/gen_tokenizer_fixtures.py`.
 
-use std::io::Read;
-
-use common::{checkpoint, model, root};
+use common::{checkpoint, fixture, ids, model, pieces};
 use quarry_tokenizer::{ChatMessage, EncodeOptions, TokenKind, Tokenizer};
 use serde_json::Value;
 
 mod common;
-
-fn fixture(name: &str) -> Value {
-    let path = root().join("tests/fixtures/tokenizer").join(name);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap()
-}
-
-fn pieces(name: &str) -> Vec<Vec<u8>> {
-    let path = root().join("tests/fixtures/tokenizer").join(name);
-    let mut text = String::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap())
-        .read_to_string(&mut text)
-        .unwrap();
-    text.lines()
-        .map(|l| {
-            (0..l.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&l[i..i + 2], 16).unwrap())
-                .collect()
-        })
-        .collect()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// A fixture case's text and `parse_special`, and quarry's ids for it (without BOS, as the
 /// fixture script asks llama.cpp).
