@@ -115,6 +115,14 @@ const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'
 /// [`QWEN2_SPLIT`] but with up to three digits per pre-token.
 const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// The split regex of llama.cpp's `tekken` pre-tokenizer (Mistral Nemo, Mistral Small 3, Ministral):
+/// words split at case changes, one digit per pre-token, `/` kept with punctuation. Written as
+/// llama.cpp writes it: an upper-case letter is a letter outside `a-z` and a lower-case one a
+/// letter outside `A-Z`, so every letter beyond ASCII is both, and a combining mark (`\p{M}`, in
+/// the letters of the `tokenizer.json` original) is not a letter. The two differ on marks
+/// (Devanagari's vowel signs), where quarry follows llama.cpp, as for every GGUF.
+const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+|[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// GGUF pre-tokenizer names, the split regex llama.cpp gives each (followed by the byte-level
 /// mapping, without the GPT-2 regex), and whether a pre-token that is itself in the vocabulary is
 /// taken whole before any merge (llama.cpp's `ignore_merges`, the `tokenizer.json` key of the same
@@ -128,6 +136,7 @@ const SPLIT_THEN_BYTES: &[(&str, &str, bool)] = &[
     ("llama-v3", LLAMA3_SPLIT, true),
     ("llama-bpe", LLAMA3_SPLIT, true),
     ("falcon3", LLAMA3_SPLIT, true),
+    ("tekken", TEKKEN_SPLIT, true),
 ];
 
 /// Texts that end a turn although the metadata does not call them EOS. Like llama.cpp, a token with

@@ -1,5 +1,6 @@
 //! The tokenizers and chat templates the models people run ship on the Hub: the real
-//! `tokenizer.json` and `tokenizer_config.json` of Llama 3, Qwen2.5, Qwen3 and Gemma 3
+//! `tokenizer.json` and `tokenizer_config.json` of Llama 3 and 3.2, Qwen2.5, Qwen3, Gemma 3 and
+//! Mistral Nemo
 //! (`models/hub-tokenizers/`, installed by `make test`'s set-up from npm packages that carry them),
 //! against transformers and llama.cpp on fixtures made by
 //! `tests/fixtures/gen_hub_tokenizer_fixtures.py`.
@@ -8,7 +9,8 @@
 //!   ids, BOS and chat renders (template variables included);
 //! - quarry's own GGUF tokenizer, on the same vocabularies written as llama.cpp's converter writes
 //!   them (`tests/fixtures/hub_vocab.py`), gives llama.cpp's ids and token bytes: the split-regex
-//!   byte-level BPE of `llama-bpe` (every Llama 3.x GGUF) and of `qwen2` with Qwen3's added tokens.
+//!   byte-level BPE of `llama-bpe` (every Llama 3.x GGUF), of `qwen2` with Qwen3's added tokens
+//!   and of `tekken` (Mistral Nemo, Mistral Small 3).
 
 use std::path::PathBuf;
 
@@ -18,7 +20,14 @@ use serde_json::Value;
 
 mod common;
 
-const NAMES: [&str; 4] = ["llama3", "qwen2.5", "qwen3", "gemma3"];
+const NAMES: [&str; 6] = [
+    "llama3",
+    "llama3.2",
+    "qwen2.5",
+    "qwen3",
+    "gemma3",
+    "mistral-nemo",
+];
 
 fn folder(name: &str) -> PathBuf {
     let dir = root().join("models/hub-tokenizers").join(name);
