@@ -119,6 +119,8 @@ if [ -n "${DUMMY:-}" ]; then
   batches="${DUMMY_BATCHES:-1,8,32,64,128,256}"
   for shape in $DUMMY; do
     section "dummy weights: $shape, quarry bench mode a"
+    shape_tok="$tok"
+    case "$shape" in llama3*) [ -s "$PACK/dummy-tokenizer-llama3.tok" ] && shape_tok="$PACK/dummy-tokenizer-llama3.tok" ;; esac
     nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 \
       > "$OUT/dummy-$shape-memory.csv" 2>/dev/null &
     smi=$!
@@ -129,7 +131,7 @@ if [ -n "${DUMMY:-}" ]; then
       [ "$left" -lt 20 ] && { echo "batch $b and larger: not run (the call's time is spent)"; break; }
       write=()
       [ -s "$gguf" ] || write=(--dummy-gguf "$gguf")
-      timeout "$left" "$Q" bench --device cuda:0 --dummy-weights "$shape" --dummy-tokenizer "$tok" \
+      timeout "$left" "$Q" bench --device cuda:0 --dummy-weights "$shape" --dummy-tokenizer "$shape_tok" \
         "${write[@]}" --status "$STATUS" --modes a --batch "$b" --docs "$(( b > 16 ? b : 16 ))" \
         --max-tokens "${TG:-160}" --repeats "${REPEATS:-3}" --step-tokens 4096 \
         --out "$STAGE_DIR/dummy-$shape-$b.json" && runs+=("$STAGE_DIR/dummy-$shape-$b.json") || status=1

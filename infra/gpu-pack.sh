@@ -94,13 +94,21 @@ PY
 else
   echo "no dummy tokenizer packed ($DUMMY_TOKENIZER or the test venv's gguf is missing): DUMMY runs take the model's"
 fi
+# Llama 3's own vocabulary (128,256 tokens; tests/fixtures/hub_vocab.py writes it from the Hub's
+# tokenizer in make test's set-up), for the llama3.1-8b shape: its output projection is then the
+# published model's, not Qwen2.5's 151,936 rows.
+if [ -s models/hub-tokenizers/llama3/vocab.gguf ]; then
+  cp models/hub-tokenizers/llama3/vocab.gguf "$STAGE/dummy-tokenizer-llama3.tok"
+else
+  echo "no Llama 3 vocabulary packed (run make test's set-up first): the llama3.1-8b shape takes Qwen2.5's"
+fi
 # Binaries compress about eightfold: candle's PTX is text, and in every binary; -9's 64 MiB window
 # shares it across them (385 MB of binaries: 49 MB, where -6 gave 66 MB).
 tar -C "$STAGE" -cf - bin tests | xz -T0 -9 > "$STAGE/binaries.tar.xz"
 rm -rf "$STAGE/bin" "$STAGE/tests"
 ln -s "$(realpath "$MODEL")" "$STAGE/$(basename "$MODEL")"
 (cd "$STAGE" && sha256sum -b "$(basename "$MODEL")" binaries.tar.xz "$GGUF_WHEEL" \
-  "$SAFETENSORS_WHEEL" status $(ls dummy-tokenizer.tok checkpoint-tokenizer/* 2>/dev/null) \
+  "$SAFETENSORS_WHEEL" status $(ls dummy-tokenizer*.tok checkpoint-tokenizer/* 2>/dev/null) \
   > SHA256SUMS)
 rm -rf "$GPU_DIR"/p*
 mkdir -p "$GPU_DIR"
