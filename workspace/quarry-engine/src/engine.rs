@@ -612,16 +612,18 @@ impl Engine {
                 true,
             ),
         };
-        let tokens = self
-            .tok
-            .encode_with(
+        let tokens = if chat {
+            self.tok.encode_chat(&text)
+        } else {
+            self.tok.encode_with(
                 &text,
                 EncodeOptions {
                     add_bos: self.tok.add_bos_by_default(),
-                    parse_special: chat,
+                    parse_special: false,
                 },
             )
-            .map_err(RequestError::Tokenize)?;
+        }
+        .map_err(RequestError::Tokenize)?;
         if tokens.is_empty() {
             return Err(RequestError::EmptyPrompt);
         }

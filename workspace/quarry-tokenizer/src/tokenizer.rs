@@ -548,6 +548,23 @@ impl Tokenizer {
         Ok(out)
     }
 
+    /// Encodes a prompt the chat template rendered: control tokens parsed, and the model's BOS
+    /// once. Where the template already wrote it (Llama 3's and Gemma 3's begin with
+    /// `bos_token`), none is added, as llama.cpp strips the template's and transformers adds none;
+    /// otherwise BOS is added where the model adds it to every prompt.
+    pub fn encode_chat(&self, rendered: &str) -> Result<Vec<u32>> {
+        let written = self
+            .special
+            .bos
+            .and_then(|b| self.token_bytes(b).ok())
+            .is_some_and(|b| !b.is_empty() && rendered.as_bytes().starts_with(b));
+        let opts = EncodeOptions {
+            add_bos: self.add_bos && !written,
+            parse_special: true,
+        };
+        self.encode_with(rendered, opts)
+    }
+
     /// The exact bytes of `ids` concatenated, special tokens included as their text. This is the
     /// byte stream a grammar sees.
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>> {

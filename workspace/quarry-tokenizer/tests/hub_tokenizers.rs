@@ -138,8 +138,57 @@ fn hub_chat_templates_render_as_transformers() {
             let vars: ChatVars = serde_json::from_value(r["chat_vars"].clone()).unwrap();
             let got = tok.apply_chat_template_with(&msgs, add, &vars).unwrap();
             assert_eq!(got, r["text"].as_str().unwrap(), "{name}: {r}");
+            // One BOS, the template's where it writes one (Llama 3's, Gemma 3's, Mistral's):
+            // the ids transformers gives the conversation.
+            assert_eq!(
+                tok.encode_chat(&got).unwrap(),
+                ids(&r["ids"]),
+                "{name}: {r}"
+            );
         }
     }
+}
+
+/// The templates that write `bos_token` themselves would get a second BOS if the prompt were
+/// encoded with the model's default BOS on top: `encode_chat` leaves it out.
+#[test]
+fn chat_prompts_start_with_one_bos() {
+    let mut checked = 0;
+    for name in NAMES {
+        let tok = Tokenizer::from_checkpoint(folder(name)).unwrap();
+        let Some(bos) = tok
+            .special_tokens()
+            .bos
+            .filter(|_| tok.add_bos_by_default())
+        else {
+            continue;
+        };
+        let text = tok
+            .apply_chat_template(&[ChatMessage::new("user", "hi")], true)
+            .unwrap();
+        let ids = tok.encode_chat(&text).unwrap();
+        assert_eq!(ids[0], bos, "{name}");
+        assert_ne!(ids[1], bos, "{name}: two BOS");
+        let doubled = tok
+            .encode_with(
+                &text,
+                EncodeOptions {
+                    add_bos: true,
+                    parse_special: true,
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            &doubled[..2],
+            &[bos, bos],
+            "{name}: the template writes BOS"
+        );
+        checked += 1;
+    }
+    assert_eq!(
+        checked, 4,
+        "llama3, llama3.2, gemma3 and mistral-nemo add BOS"
+    );
 }
 
 /// Qwen3's template opens the reply after an empty think block where `enable_thinking` is

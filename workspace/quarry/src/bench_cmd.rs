@@ -160,10 +160,12 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     let longest_prompt = bench::requests(&docs, None, 1)
         .iter()
         .map(|r| match &r.prompt {
-            quarry_engine::Prompt::Chat(m) => tok.apply_chat_template(m, true),
-            quarry_engine::Prompt::Text(t) => Ok(t.clone()),
+            quarry_engine::Prompt::Chat(m) => {
+                Ok(tok.encode_chat(&tok.apply_chat_template(m, true)?)?)
+            }
+            quarry_engine::Prompt::Text(t) => Ok(tok.encode(t)?),
         })
-        .map(|p| Ok(tok.encode(&p?)?.len()))
+        .map(|ids: Result<Vec<u32>>| Ok(ids?.len()))
         .collect::<Result<Vec<usize>>>()?
         .into_iter()
         .max()

@@ -333,13 +333,7 @@ fn write_prompts(tok: &Tokenizer, docs: &[String], path: &std::path::Path) -> Re
             format!("{}{d}", bench::PACKAGE_INSTRUCTION),
         )];
         let text = tok.apply_chat_template(&messages, true)?;
-        let ids = tok.encode_with(
-            &text,
-            quarry_tokenizer::EncodeOptions {
-                add_bos: tok.add_bos_by_default(),
-                parse_special: true,
-            },
-        )?;
+        let ids = tok.encode_chat(&text)?;
         lines.push_str(&json!({ "ids": ids }).to_string());
         lines.push('\n');
     }
