@@ -390,8 +390,13 @@ pub(crate) fn say_weights(model: &quarry_model::Llama) {
     }
 }
 
+/// A command's tokenizer: a GGUF file's, a checkpoint folder's, or a folder of tokenizer files
+/// alone (`tokenizer.json` and its `tokenizer_config.json`: `tokenize`, `chat-template` and
+/// `grammar` need no weights).
 pub(crate) fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
-    check_exists(path)?;
+    if !(path.is_dir() && path.join("tokenizer.json").is_file()) {
+        check_exists(path)?;
+    }
     Tokenizer::from_model(path).map_err(|e| match e {
         TokenizerError::Gguf { .. } | TokenizerError::Io { .. } => {
             anyhow::anyhow!("{e}. To fix: {}", setup_hint(path))

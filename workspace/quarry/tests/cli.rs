@@ -1084,3 +1084,41 @@ fn chat_template_renders_with_the_variables_given() {
         "{err}"
     );
 }
+
+/// A folder of tokenizer files alone (the Hub's Qwen3 and Llama 3 ones the set-up installs) is
+/// enough for `chat-template` and `tokenize`: Qwen3's real template opens the reply after an empty
+/// think block unless `enable_thinking` is set, and the folder tokenizes as the same vocabulary
+/// written as a GGUF does.
+#[test]
+fn tokenizer_commands_take_a_folder_of_tokenizer_files() {
+    let qwen3 = root().join("models/hub-tokenizers/qwen3");
+    let render = |vars: &[&str]| {
+        let mut args = vec!["chat-template", "--model", qwen3.to_str().unwrap()];
+        for v in vars {
+            args.extend(["--chat-var", v]);
+        }
+        args.push("Total?");
+        stdout(&quarry(&args))
+    };
+    let (off, on) = (render(&[]), render(&["enable_thinking=true"]));
+    assert!(
+        off.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        "{off}"
+    );
+    assert!(on.ends_with("<|im_start|>assistant\n"), "{on}");
+    let llama3 = root().join("models/hub-tokenizers/llama3");
+    let ids = |model: &Path| {
+        let o = quarry(&[
+            "tokenize",
+            "--json",
+            "--model",
+            model.to_str().unwrap(),
+            "Tiếng Việt có dấu",
+        ]);
+        let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        v["ids"].clone()
+    };
+    let (folder, gguf) = (ids(&llama3), ids(&llama3.join("vocab.gguf")));
+    assert_eq!(folder, gguf);
+    assert!(folder.as_array().is_some_and(|a| a.len() == 6), "{folder}");
+}
