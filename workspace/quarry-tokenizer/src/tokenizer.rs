@@ -124,10 +124,11 @@ const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|
 const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])*(?:(?=\p{L})[^A-Z])+|[^\r\n\p{L}\p{N}]?(?:(?=\p{L})[^a-z])+(?:(?=\p{L})[^A-Z])*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// GGUF pre-tokenizer names, the split regex llama.cpp gives each (followed by the byte-level
-/// mapping, without the GPT-2 regex), and whether a pre-token that is itself in the vocabulary is
-/// taken whole before any merge (llama.cpp's `ignore_merges`, the `tokenizer.json` key of the same
-/// name): Llama 3's vocabulary, made by tiktoken, has tokens no chain of its merges reaches
-/// (` dấu`), which merging alone would split.
+/// mapping, without the GPT-2 regex), and whether llama.cpp treats the vocabulary as Llama 3's:
+/// a pre-token that is itself in the vocabulary is taken whole before any merge (`ignore_merges`,
+/// the `tokenizer.json` key of the same name: Llama 3's vocabulary, made by tiktoken, has tokens
+/// no chain of its merges reaches, such as ` dấu`, which merging alone would split), and BOS is
+/// added by default where the file has no `tokenizer.ggml.add_bos_token`.
 const SPLIT_THEN_BYTES: &[(&str, &str, bool)] = &[
     ("qwen2", QWEN2_SPLIT, false),
     ("deepseek-r1-qwen", QWEN2_SPLIT, false),
@@ -171,10 +172,10 @@ impl Tokenizer {
                 *k = TokenKind::Control;
             }
         }
+        let mut llama3_like = false;
         let (kind, model, table, normalizer, pre, decoder) = match v.model.as_str() {
             "gpt2" => {
                 let pre_name = v.pre.as_deref().unwrap_or("gpt-2");
-                let mut ignore_merges = false;
                 let pre: PreTokenizerWrapper = if DIGITS_THEN_GPT2.contains(&pre_name) {
                     PreTokenizerSequence::new(vec![
                         Digits::new(true).into(),
@@ -183,10 +184,10 @@ impl Tokenizer {
                     .into()
                 } else if pre_name == "gpt-2" || pre_name == "gpt2" {
                     ByteLevel::new(false, true, true).into()
-                } else if let Some(&(_, regex, whole)) =
+                } else if let Some(&(_, regex, llama3)) =
                     SPLIT_THEN_BYTES.iter().find(|(name, ..)| *name == pre_name)
                 {
-                    ignore_merges = whole;
+                    llama3_like = llama3;
                     let split = Split::new(
                         SplitPattern::Regex(regex.to_string()),
                         SplitDelimiterBehavior::Isolated,
@@ -224,7 +225,7 @@ impl Tokenizer {
                     .collect::<Result<Vec<_>>>()?;
                 let model = BPE::builder()
                     .vocab_and_merges(vocab_map(&v.tokens), merges)
-                    .ignore_merges(ignore_merges)
+                    .ignore_merges(llama3_like)
                     .build()
                     .map_err(tk_err)?;
                 let table = byte_level_table(&v.tokens, &v.kinds);
@@ -326,7 +327,11 @@ impl Tokenizer {
             table,
             kind,
             pre_tokenizer: v.pre.clone(),
-            add_bos: v.add_bos.unwrap_or(kind == VocabKind::SentencePiece) && v.bos.is_some(),
+            // llama.cpp's default where the file does not say.
+            add_bos: v
+                .add_bos
+                .unwrap_or(kind == VocabKind::SentencePiece || llama3_like)
+                && v.bos.is_some(),
             strip_leading_space: kind == VocabKind::SentencePiece
                 && v.add_space_prefix.unwrap_or(true),
             special,

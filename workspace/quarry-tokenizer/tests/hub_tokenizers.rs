@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 
 use common::{fixture, ids, pieces, root};
-use quarry_tokenizer::{ChatMessage, ChatVars, EncodeOptions, Tokenizer};
+use quarry_tokenizer::{read_content, ChatMessage, ChatVars, EncodeOptions, GgufVocab, Tokenizer};
 use serde_json::Value;
 
 mod common;
@@ -305,4 +305,18 @@ fn gemma3_hub_tokenizer_gives_llama_cpp_s_ids_on_its_gguf() {
         bad.len(),
         bad.join("\n")
     );
+}
+
+/// A GGUF that does not say `add_bos_token` (older Llama 3 conversions) gets llama.cpp's default
+/// for its pre-tokenizer: BOS for the Llama 3 family and tekken, none for Qwen.
+#[test]
+fn a_gguf_without_add_bos_token_gets_llama_cpp_s_default() {
+    for (name, bos) in [("llama3", true), ("mistral-nemo", true), ("qwen3", false)] {
+        let content = read_content(&folder(name).join("vocab.gguf")).unwrap();
+        let mut v = GgufVocab::from_content(&content).unwrap();
+        assert!(v.add_bos.is_some(), "{name}: the converter writes the key");
+        v.add_bos = None;
+        let tok = Tokenizer::from_gguf_vocab(v).unwrap();
+        assert_eq!(tok.add_bos_by_default(), bos, "{name}");
+    }
 }
