@@ -112,3 +112,16 @@ fn masks_and_forced_bytes_match_the_oracle_on_gemma3() {
         8,
     );
 }
+
+/// Llama 3's real vocabulary (128,256 tokens, tiktoken's long whitespace and code runs), as the
+/// Hub's tokenizer written as a GGUF by `tests/fixtures/hub_vocab.py` in `make test`'s set-up.
+#[test]
+fn masks_and_forced_bytes_match_the_oracle_on_llama3() {
+    check_walks(
+        &vocab::model_vocab("hub-tokenizers/llama3/vocab.gguf"),
+        &patterns(3, 4),
+        13,
+        2,
+        8,
+    );
+}
