@@ -120,7 +120,8 @@ if [ -n "${DUMMY:-}" ]; then
   for shape in $DUMMY; do
     section "dummy weights: $shape, quarry bench mode a"
     shape_tok="$tok"
-    case "$shape" in llama3*) [ -s "$PACK/dummy-tokenizer-llama3.tok" ] && shape_tok="$PACK/dummy-tokenizer-llama3.tok" ;; esac
+    case "$shape" in llama3*) v=llama3 ;; mistral-nemo*) v=mistral-nemo ;; *) v= ;; esac
+    [ -n "$v" ] && [ -s "$PACK/dummy-tokenizer-$v.tok" ] && shape_tok="$PACK/dummy-tokenizer-$v.tok"
     nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 \
       > "$OUT/dummy-$shape-memory.csv" 2>/dev/null &
     smi=$!

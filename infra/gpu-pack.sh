@@ -94,14 +94,17 @@ PY
 else
   echo "no dummy tokenizer packed ($DUMMY_TOKENIZER or the test venv's gguf is missing): DUMMY runs take the model's"
 fi
-# Llama 3's own vocabulary (128,256 tokens; tests/fixtures/hub_vocab.py writes it from the Hub's
-# tokenizer in make test's set-up), for the llama3.1-8b shape: its output projection is then the
-# published model's, not Qwen2.5's 151,936 rows.
-if [ -s models/hub-tokenizers/llama3/vocab.gguf ]; then
-  cp models/hub-tokenizers/llama3/vocab.gguf "$STAGE/dummy-tokenizer-llama3.tok"
-else
-  echo "no Llama 3 vocabulary packed (run make test's set-up first): the llama3.1-8b shape takes Qwen2.5's"
-fi
+# The Hub vocabularies of Llama 3 (128,256 tokens) and Mistral Nemo (131,072), as GGUF files that
+# tests/fixtures/hub_vocab.py writes in make test's set-up, for the llama3.1-8b and
+# mistral-nemo-12b shapes: their output projections are then the published models', not Qwen2.5's
+# 151,936 rows.
+for v in llama3 mistral-nemo; do
+  if [ -s "models/hub-tokenizers/$v/vocab.gguf" ]; then
+    cp "models/hub-tokenizers/$v/vocab.gguf" "$STAGE/dummy-tokenizer-$v.tok"
+  else
+    echo "no $v vocabulary packed (run make test's set-up first): its dummy shape takes Qwen2.5's"
+  fi
+done
 # Binaries compress about eightfold: candle's PTX is text, and in every binary; -9's 64 MiB window
 # shares it across them (385 MB of binaries: 49 MB, where -6 gave 66 MB).
 tar -C "$STAGE" -cf - bin tests | xz -T0 -9 > "$STAGE/binaries.tar.xz"

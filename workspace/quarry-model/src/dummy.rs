@@ -50,6 +50,14 @@ pub const DUMMY_SHAPES: &[(&str, &str)] = &[
             "rope_theta": 1000000.0, "vocab_size": 151936, "tie_word_embeddings": false}"#,
     ),
     (
+        "mistral-nemo-12b",
+        r#"{"model_type": "mistral", "hidden_size": 5120, "intermediate_size": 14336,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "num_hidden_layers": 40, "max_position_embeddings": 1024000, "rms_norm_eps": 1e-5,
+            "rope_theta": 1000000.0, "sliding_window": null, "vocab_size": 131072,
+            "tie_word_embeddings": false}"#,
+    ),
+    (
         "qwen2.5-1.5b",
         r#"{"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960,
             "num_attention_heads": 12, "num_key_value_heads": 2, "num_hidden_layers": 28,
@@ -323,6 +331,16 @@ mod tests {
         // A shape runs with the tokenizer's vocabulary and remembers the published one.
         let s = DummyShape::resolve("qwen2.5-7b", 151_936).unwrap();
         assert_eq!((s.config.vocab_size, s.published_vocab), (151_936, 152_064));
+        // Mistral Nemo: heads narrower than hidden / heads (128 against 160), no window.
+        let n = DummyShape::resolve("mistral-nemo-12b", 131_072).unwrap();
+        assert_eq!((n.config.head_dim, n.config.head_count), (128, 32));
+        assert!(n.config.sliding_window.is_none() && !n.tied);
+        // Published as 12.2 B parameters.
+        assert!(
+            (12.2e9..12.3e9).contains(&(n.parameters() as f64)),
+            "{}",
+            n.parameters()
+        );
         let small = DummyShape::resolve("qwen2.5-1.5b", 151_936).unwrap();
         assert!(small.tied && small.config.qkv_bias);
         assert!(matches!(
