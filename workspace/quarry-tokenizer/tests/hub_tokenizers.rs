@@ -70,13 +70,15 @@ fn encode(tok: &Tokenizer, text: &str, parse_special: bool) -> Vec<u32> {
     tok.encode_with(text, options).unwrap()
 }
 
-/// Cases whose ids differ from the reference's, as printable lines, out of how many.
-fn mismatches(
+/// Every case's ids from quarry (`got`, from its text) equal the reference's (`reference`, from
+/// the case); else the differing cases, one line each, out of how many.
+fn assert_same_ids(
+    what: &str,
     cases: &[Value],
     reference: impl Fn(&Value) -> Vec<u32>,
     got: impl Fn(&str) -> Vec<u32>,
-) -> (usize, Vec<String>) {
-    let bad = cases
+) {
+    let bad: Vec<String> = cases
         .iter()
         .filter_map(|c| {
             let text = c["text"].as_str().unwrap();
@@ -84,7 +86,22 @@ fn mismatches(
             (want != got).then(|| format!("{text:?}: reference {want:?}, quarry {got:?}"))
         })
         .collect();
-    (cases.len(), bad)
+    assert!(
+        bad.is_empty(),
+        "{what}: {} of {} differ:\n{}",
+        bad.len(),
+        cases.len(),
+        bad.join("\n")
+    );
+}
+
+/// "Hello" with the tokenizer's default BOS.
+fn hello(tok: &Tokenizer) -> Vec<u32> {
+    let options = EncodeOptions {
+        add_bos: tok.add_bos_by_default(),
+        parse_special: false,
+    };
+    tok.encode_with("Hello", options).unwrap()
 }
 
 #[test]
@@ -101,27 +118,17 @@ fn hub_tokenizer_json_gives_transformers_ids() {
         assert!(cases.len() > 340, "{name}: {} cases", cases.len());
         // transformers matches every added token in text (its default), as quarry does when
         // asked to parse special tokens.
-        let (n, bad) = mismatches(
+        assert_same_ids(
+            name,
             cases,
             |c| ids(&c["transformers"]),
             |t| encode(&tok, t, true),
         );
-        assert!(
-            bad.is_empty(),
-            "{name}: {} of {n} differ:\n{}",
-            bad.len(),
-            bad.join("\n")
+        assert_eq!(
+            hello(&tok),
+            ids(&fx["hello_with_default_specials"]),
+            "{name}"
         );
-        let hello = tok
-            .encode_with(
-                "Hello",
-                EncodeOptions {
-                    add_bos: tok.add_bos_by_default(),
-                    parse_special: false,
-                },
-            )
-            .unwrap();
-        assert_eq!(hello, ids(&fx["hello_with_default_specials"]), "{name}");
     }
 }
 
@@ -228,6 +235,7 @@ fn hub_vocabularies_as_gguf_give_llama_cpp_s_ids_and_bytes() {
     for (name, pre, vocab) in [
         ("llama3", "llama-bpe", 128_256),
         ("qwen3", "qwen2", 151_936),
+        ("mistral-nemo", "tekken", 131_072),
     ] {
         let fx = hub_fixture(name);
         let path = folder(name).join("vocab.gguf");
@@ -242,29 +250,15 @@ fn hub_vocabularies_as_gguf_give_llama_cpp_s_ids_and_bytes() {
         let cases = fx["cases"].as_array().unwrap();
         for special in [false, true] {
             let key = if special { "true" } else { "false" };
-            let (n, bad) = mismatches(
+            assert_same_ids(
+                &format!("{name} (parse_special={special})"),
                 cases,
                 |c| ids(&c["llama_cpp"][key]),
                 |t| encode(&tok, t, special),
             );
-            assert!(
-                bad.is_empty(),
-                "{name} (parse_special={special}): {} of {n} differ:\n{}",
-                bad.len(),
-                bad.join("\n")
-            );
         }
-        let hello = tok
-            .encode_with(
-                "Hello",
-                EncodeOptions {
-                    add_bos: tok.add_bos_by_default(),
-                    parse_special: false,
-                },
-            )
-            .unwrap();
         assert_eq!(
-            hello,
+            hello(&tok),
             ids(&fx["hello_with_default_bos_llama_cpp"]),
             "{name}"
         );
@@ -297,13 +291,12 @@ fn gemma3_hub_tokenizer_gives_llama_cpp_s_ids_on_its_gguf() {
         .filter(|c| c["parse_special"] == true)
         .cloned()
         .collect();
-    let (n, bad) = mismatches(&cases, |c| ids(&c["ids"]), |t| encode(&tok, t, true));
-    assert!(n > 300);
-    assert!(
-        bad.is_empty(),
-        "{} of {n} differ:\n{}",
-        bad.len(),
-        bad.join("\n")
+    assert!(cases.len() > 300);
+    assert_same_ids(
+        "gemma3",
+        &cases,
+        |c| ids(&c["ids"]),
+        |t| encode(&tok, t, true),
     );
 }
 
