@@ -66,8 +66,13 @@ def npm_tarball(spec: str, cache: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         url = f"https://registry.npmjs.org/{name}/-/{base}-{version}.tgz"
         tmp = path.with_suffix(".partial")
-        with urllib.request.urlopen(url, timeout=120) as src, tmp.open("wb") as out:
-            shutil.copyfileobj(src, out, CHUNK)
+        try:
+            with urllib.request.urlopen(url, timeout=120) as src, tmp.open("wb") as out:
+                shutil.copyfileobj(src, out, CHUNK)
+        except OSError as e:  # URLError, HTTPError and timeouts are OSErrors
+            tmp.unlink(missing_ok=True)
+            sys.exit(f"error: downloading {spec} from {url} failed ({e}); "
+                     "check the network or a proxy, then run the set-up again")
         tmp.replace(path)
     return path
 
