@@ -120,7 +120,7 @@ if [ -n "${DUMMY:-}" ]; then
   for shape in $DUMMY; do
     section "dummy weights: $shape, quarry bench mode a"
     shape_tok="$tok"
-    case "$shape" in llama3*) v=llama3 ;; mistral-nemo*) v=mistral-nemo ;; *) v= ;; esac
+    case "$shape" in llama3*) v=llama3 ;; mistral-nemo*) v=mistral-nemo ;; gemma3*) v=gemma3 ;; *) v= ;; esac
     [ -n "$v" ] && [ -s "$PACK/dummy-tokenizer-$v.tok" ] && shape_tok="$PACK/dummy-tokenizer-$v.tok"
     nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 \
       > "$OUT/dummy-$shape-memory.csv" 2>/dev/null &

@@ -72,12 +72,19 @@ else
   echo "no checkpoint tokenizer packed (run make test's set-up first): the GPU check skips the checkpoint"
 fi
 cp "$STATUS" "$STAGE/status"
-# The tokenizer `--dummy-weights` runs take (DUMMY=… infra/gpu-check.sh): Qwen2.5's, whose 151,936
-# tokens are the 7-8B shapes' vocabulary, as a GGUF of its metadata alone (a few MB where the model
-# file is 491 MB). Needs the test venv's gguf (`make test` installs it).
+# The tokenizers `--dummy-weights` runs take (DUMMY=… infra/gpu-check.sh), each as a GGUF of its
+# metadata alone (a few MB where a model file is hundreds): Qwen2.5's, whose 151,936 tokens are the
+# Qwen shapes' vocabulary and every other shape's fallback, and Gemma 3's (262,144) for the gemma3
+# shapes, with the chat template of Gemma 3's Hub tokenizer_config.json (the 270M GGUF has none,
+# and `quarry bench` prompts through the template). Needs the test venv's gguf (`make test`
+# installs it, and the Hub tokenizers).
 DUMMY_TOKENIZER="${DUMMY_TOKENIZER:-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}"
-if [ -s "$DUMMY_TOKENIZER" ] && "$CACHE/testvenv/bin/python" -c 'import gguf' 2>/dev/null; then
-  "$CACHE/testvenv/bin/python" - "$DUMMY_TOKENIZER" "$STAGE/dummy-tokenizer.tok" <<'PY'
+for triple in "$DUMMY_TOKENIZER:dummy-tokenizer.tok:" \
+    "models/gemma-3-270m-q4_k_m.gguf:dummy-tokenizer-gemma3.tok:models/hub-tokenizers/gemma3/tokenizer_config.json"; do
+  IFS=: read -r src dst template <<<"$triple"
+  if [ -s "$src" ] && "$CACHE/testvenv/bin/python" -c 'import gguf' 2>/dev/null; then
+    "$CACHE/testvenv/bin/python" - "$src" "$STAGE/$dst" "$template" <<'PY'
+import json
 import sys
 import gguf
 src = gguf.GGUFReader(sys.argv[1])
@@ -86,14 +93,17 @@ for key, f in src.fields.items():
     if key.startswith("tokenizer."):
         sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, f.contents(), f.types[0], sub_type=sub)
+if sys.argv[3] and "tokenizer.chat_template" not in src.fields:
+    w.add_chat_template(json.load(open(sys.argv[3]))["chat_template"])
 w.write_header_to_file()
 w.write_kv_data_to_file()
 w.write_tensors_to_file()
 w.close()
 PY
-else
-  echo "no dummy tokenizer packed ($DUMMY_TOKENIZER or the test venv's gguf is missing): DUMMY runs take the model's"
-fi
+  else
+    echo "no $dst packed ($src or the test venv's gguf is missing): its DUMMY runs take the model's"
+  fi
+done
 # The Hub vocabularies of Llama 3 (128,256 tokens) and Mistral Nemo (131,072), as GGUF files that
 # tests/fixtures/hub_vocab.py writes in make test's set-up, for the llama3.1-8b and
 # mistral-nemo-12b shapes: their output projections are then the published models', not Qwen2.5's

@@ -50,6 +50,36 @@ pub const DUMMY_SHAPES: &[(&str, &str)] = &[
             "rope_theta": 1000000.0, "vocab_size": 151936, "tie_word_embeddings": false}"#,
     ),
     (
+        "llama3.2-3b",
+        r#"{"model_type": "llama", "hidden_size": 3072, "intermediate_size": 8192,
+            "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128,
+            "num_hidden_layers": 28, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+            "vocab_size": 128256, "tie_word_embeddings": true}"#,
+    ),
+    (
+        "gemma3-12b",
+        r#"{"model_type": "gemma3", "text_config": {"model_type": "gemma3_text",
+            "hidden_size": 3840, "intermediate_size": 15360, "num_attention_heads": 16,
+            "num_key_value_heads": 8, "head_dim": 256, "num_hidden_layers": 48,
+            "query_pre_attn_scalar": 256, "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 1024,
+            "sliding_window_pattern": 6, "vocab_size": 262208}}"#,
+    ),
+    (
+        "gemma3-27b",
+        r#"{"model_type": "gemma3", "text_config": {"model_type": "gemma3_text",
+            "hidden_size": 5376, "intermediate_size": 21504, "num_attention_heads": 32,
+            "num_key_value_heads": 16, "head_dim": 128, "num_hidden_layers": 62,
+            "query_pre_attn_scalar": 168, "max_position_embeddings": 131072,
+            "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 1024,
+            "sliding_window_pattern": 6, "vocab_size": 262208}}"#,
+    ),
+    (
         "mistral-nemo-12b",
         r#"{"model_type": "mistral", "hidden_size": 5120, "intermediate_size": 14336,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
@@ -109,7 +139,11 @@ impl DummyShape {
             _ => &mut json,
         };
         let published_vocab = c["vocab_size"].as_u64().unwrap_or(vocab as u64) as usize;
-        let tied = c["tie_word_embeddings"].as_bool().unwrap_or(false);
+        // transformers' default where the config does not say: Gemma ties, the others do not.
+        let gemma = c["model_type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("gemma"));
+        let tied = c["tie_word_embeddings"].as_bool().unwrap_or(gemma);
         c["vocab_size"] = vocab.into();
         let mut config = crate::checkpoint::config_from_json(&json, vocab)?;
         // Random weights rotate as the GGUF of the shape does ([`write_gguf`]), so that quarry
@@ -331,6 +365,24 @@ mod tests {
         // A shape runs with the tokenizer's vocabulary and remembers the published one.
         let s = DummyShape::resolve("qwen2.5-7b", 151_936).unwrap();
         assert_eq!((s.config.vocab_size, s.published_vocab), (151_936, 152_064));
+        // Llama 3.2 3B: tied, the published 3.21 B parameters.
+        let l = DummyShape::resolve("llama3.2-3b", 128_256).unwrap();
+        assert!(l.tied && l.config.rope_freq_factors.is_some());
+        assert_eq!(l.parameters(), 3_212_749_824);
+        // Gemma 3 12B and 27B (the text model of the multimodal folder): five local layers in
+        // six with a window of 1,024, linear RoPE scaling on the global ones, 27B's query scale
+        // from hidden / heads; 11.77 B and 27.0 B parameters with the published vocabulary
+        // (262,208, with the image tokens).
+        for (name, scale, billions) in [("gemma3-12b", 256.0, 11.77), ("gemma3-27b", 168.0, 27.01)]
+        {
+            let g = DummyShape::resolve(name, 262_208).unwrap();
+            let w = g.config.sliding_window.unwrap();
+            assert_eq!((w.size, w.pattern), (1024, 6), "{name}");
+            assert_eq!(g.config.rope_freq_scale, 0.125, "{name}");
+            assert_eq!(g.config.attention_scale, 1.0 / f32::sqrt(scale), "{name}");
+            let b = g.parameters() as f64 / 1e9;
+            assert!((b - billions).abs() < 0.005, "{name}: {b}");
+        }
         // Mistral Nemo: heads narrower than hidden / heads (128 against 160), no window.
         let n = DummyShape::resolve("mistral-nemo-12b", 131_072).unwrap();
         assert_eq!((n.config.head_dim, n.config.head_count), (128, 32));
@@ -351,29 +403,42 @@ mod tests {
 
     #[test]
     fn a_dummy_model_runs_a_forward_pass() {
-        let json = r#"{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
+        let shapes = [
+            r#"{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-            "num_hidden_layers": 2, "max_position_embeddings": 256, "vocab_size": 100}"#;
-        let path = std::env::temp_dir().join(format!("quarry-dummy-{}.json", std::process::id()));
-        std::fs::write(&path, json).unwrap();
-        let shape = DummyShape::resolve(path.to_str().unwrap(), 96).unwrap();
-        std::fs::remove_file(&path).unwrap();
-        let model = Llama::dummy(&shape, &Device::Cpu, &ModelOptions::default()).unwrap();
-        let mut pool = crate::KvPool::new(model.config(), 16, 4, &Device::Cpu, None).unwrap();
-        let mut table = Vec::new();
-        assert!(pool.alloc_into(4, &mut table));
-        let mut out = crate::Logits::new();
-        let tokens = [1u32, 2, 3, 4, 5];
-        model
-            .forward(
-                &[crate::SeqInput::new(&tokens, 0, &table)],
-                &mut pool,
-                &mut out,
-            )
-            .unwrap();
-        let row = out.last(0);
-        assert_eq!(row.len(), 96);
-        assert!(row.iter().all(|x| x.is_finite()));
+            "num_hidden_layers": 2, "max_position_embeddings": 256, "vocab_size": 100}"#,
+            // Gemma 3's extra norms, scaled embeddings, tied output and local layers.
+            r#"{"model_type": "gemma3", "text_config": {"model_type": "gemma3_text",
+            "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 6,
+            "query_pre_attn_scalar": 32, "max_position_embeddings": 256,
+            "rope_local_base_freq": 10000.0, "sliding_window": 2,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "vocab_size": 100}}"#,
+        ];
+        for (k, json) in shapes.iter().enumerate() {
+            let path =
+                std::env::temp_dir().join(format!("quarry-dummy-{}-{k}.json", std::process::id()));
+            std::fs::write(&path, json).unwrap();
+            let shape = DummyShape::resolve(path.to_str().unwrap(), 96).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            assert_eq!(shape.tied, k == 1, "{json}");
+            let model = Llama::dummy(&shape, &Device::Cpu, &ModelOptions::default()).unwrap();
+            let mut pool = crate::KvPool::new(model.config(), 16, 4, &Device::Cpu, None).unwrap();
+            let mut table = Vec::new();
+            assert!(pool.alloc_into(4, &mut table));
+            let mut out = crate::Logits::new();
+            let tokens = [1u32, 2, 3, 4, 5];
+            model
+                .forward(
+                    &[crate::SeqInput::new(&tokens, 0, &table)],
+                    &mut pool,
+                    &mut out,
+                )
+                .unwrap();
+            let row = out.last(0);
+            assert_eq!(row.len(), 96);
+            assert!(row.iter().all(|x| x.is_finite()), "{json}");
+        }
     }
 
     /// The file [`write_gguf`] writes is the model [`Llama::dummy`] runs: loaded back through the
@@ -382,34 +447,45 @@ mod tests {
     fn the_written_gguf_is_the_dummy_model() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let tokenizer = root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-        let json = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        let shapes = [
+            r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
             "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
             "max_position_embeddings": 256, "tie_word_embeddings": false,
             "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
-                             "original_max_position_embeddings": 64}}"#;
-        let dir = std::env::temp_dir().join(format!("quarry-dummy-gguf-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = dir.join("config.json");
-        std::fs::write(&config, json).unwrap();
-        let shape = DummyShape::resolve(config.to_str().unwrap(), 49_152).unwrap();
-        let file = dir.join("dummy.gguf");
-        write_gguf(&shape, &tokenizer, &Device::Cpu, &file).unwrap();
-        let logits = |model: &Llama| {
-            let mut pool = crate::KvPool::new(model.config(), 16, 2, &Device::Cpu, None).unwrap();
-            let mut table = Vec::new();
-            assert!(pool.alloc_into(2, &mut table));
-            let mut out = crate::Logits::new();
-            let tokens = [1u32, 200, 3000, 40, 5];
-            let seq = [crate::SeqInput::new(&tokens, 0, &table)];
-            model.forward(&seq, &mut pool, &mut out).unwrap();
-            out.last(0).to_vec()
-        };
-        let options = ModelOptions::default();
-        let built = Llama::dummy(&shape, &Device::Cpu, &options).unwrap();
-        let loaded = Llama::load_with(&file, &Device::Cpu, &options).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(loaded.config(), built.config());
-        assert_eq!(logits(&loaded), logits(&built));
-        assert!(logits(&built).iter().any(|x| *x != 0.0));
+                             "original_max_position_embeddings": 64}}"#,
+            r#"{"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "num_hidden_layers": 6, "query_pre_attn_scalar": 32,
+            "max_position_embeddings": 256, "rope_local_base_freq": 10000.0,
+            "sliding_window": 2, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}"#,
+        ];
+        for (k, json) in shapes.iter().enumerate() {
+            let dir =
+                std::env::temp_dir().join(format!("quarry-dummy-gguf-{}-{k}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let config = dir.join("config.json");
+            std::fs::write(&config, json).unwrap();
+            let shape = DummyShape::resolve(config.to_str().unwrap(), 49_152).unwrap();
+            let file = dir.join("dummy.gguf");
+            write_gguf(&shape, &tokenizer, &Device::Cpu, &file).unwrap();
+            let logits = |model: &Llama| {
+                let mut pool =
+                    crate::KvPool::new(model.config(), 16, 2, &Device::Cpu, None).unwrap();
+                let mut table = Vec::new();
+                assert!(pool.alloc_into(2, &mut table));
+                let mut out = crate::Logits::new();
+                let tokens = [1u32, 200, 3000, 40, 5];
+                let seq = [crate::SeqInput::new(&tokens, 0, &table)];
+                model.forward(&seq, &mut pool, &mut out).unwrap();
+                out.last(0).to_vec()
+            };
+            let options = ModelOptions::default();
+            let built = Llama::dummy(&shape, &Device::Cpu, &options).unwrap();
+            let loaded = Llama::load_with(&file, &Device::Cpu, &options).unwrap();
+            std::fs::remove_dir_all(&dir).unwrap();
+            assert_eq!(loaded.config(), built.config(), "{json}");
+            assert_eq!(logits(&loaded), logits(&built), "{json}");
+            assert!(logits(&built).iter().any(|x| *x != 0.0));
+        }
     }
 }

@@ -88,7 +88,8 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     no_budget: bool,
     /// Random weights in a real model's shape instead of `--model`'s (speed does not depend on
-    /// the values): llama3.1-8b, qwen2.5-7b, qwen3-8b, qwen2.5-1.5b, mistral-nemo-12b, or a config.json path.
+    /// the values): llama3.1-8b, llama3.2-3b, qwen2.5-7b, qwen3-8b,
+    /// qwen2.5-1.5b, mistral-nemo-12b, gemma3-12b, gemma3-27b, or a config.json path.
     /// Quantized Q4_1 on a CPU, Q8_0 (with f16 copies) on a GPU; the tokenizer is
     /// `--dummy-tokenizer`'s, whose vocabulary the output projection takes. Outputs are random
     /// text, so use mode a (`--modes a`), where each runs to `--max-tokens`.
