@@ -1,6 +1,6 @@
 //! Compiling a constraint to a byte DFA, and the per-state token masks and forced bytes cached in it.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::cfg::{Prepared, Rules};
@@ -313,6 +313,13 @@ pub struct Grammar {
     /// Per state: the first step of its completion in tokens ([`crate::budget`]), computed on
     /// first use; `None` where the search found none within [`Limits::max_completion_search`].
     completions: Grow<OnceLock<Option<crate::budget::Step>>>,
+    /// Per state: its allowed tokens by the completion they leave ([`crate::fits`]), built on
+    /// the first draw again there; `None` past [`Limits::max_fit_table_bytes`].
+    pub(crate) fit_tables: Grow<OnceLock<Option<crate::fits::FitTable>>>,
+    /// Bytes the fit tables take.
+    pub(crate) fit_bytes: AtomicUsize,
+    /// Per state: the draws again there before its fit table was built.
+    pub(crate) fit_visits: Grow<AtomicU8>,
 }
 
 impl Grammar {
@@ -410,6 +417,9 @@ impl Grammar {
             unique,
             bounds: Grow::new(1, || AtomicU32::new(crate::budget::UNKNOWN_BOUND)),
             completions: Grow::new(1, OnceLock::new),
+            fit_tables: Grow::new(1, OnceLock::new),
+            fit_bytes: AtomicUsize::new(0),
+            fit_visits: Grow::new(1, || AtomicU8::new(0)),
         })
     }
 

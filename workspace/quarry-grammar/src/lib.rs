@@ -69,6 +69,7 @@ mod deriv;
 mod dfa;
 mod ebnf;
 mod error;
+mod fits;
 mod gbnf;
 mod grammar;
 mod lark;

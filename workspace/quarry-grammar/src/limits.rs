@@ -42,6 +42,11 @@ pub struct Limits {
     /// the state has no completion, and a sequence there decodes without the budget's guarantee
     /// (counted, never wrong).
     pub max_completion_search: usize,
+    /// Bytes a grammar's fit tables may take in all: per state, its allowed tokens sorted into
+    /// masks by the completion they leave, so that the budget's draw again is a mask AND
+    /// ([`crate::fits`]). Default 64 MiB (about 400 states' tables at a 152k-token vocabulary);
+    /// past it the draw again walks the tokens (same result, slower).
+    pub max_fit_table_bytes: usize,
     /// Wall-clock bound on compiling (translating a schema and parsing the regex). Default 5 s.
     pub compile_time: std::time::Duration,
     /// Speed only, not a bound: a mask walk of a grammar with recursion that reaches a state
@@ -63,6 +68,7 @@ impl Default for Limits {
             max_parser_stacks: 2048,
             max_forced_bytes: 4096,
             max_completion_search: 20_000,
+            max_fit_table_bytes: 64 << 20,
             compile_time: std::time::Duration::from_secs(5),
             min_loop_region: 256,
         }

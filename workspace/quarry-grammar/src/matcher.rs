@@ -320,10 +320,22 @@ impl Matcher {
 
     /// Clears from `mask` every token after which no completion fits: a token fits when it and
     /// a shortest completion after it take at most `left` tokens (EOS, which ends the output
-    /// without taking a token, fits wherever it is allowed). Returns the tokens kept. Costs a
-    /// walk of each allowed token's bytes: the engine calls it only where the token it drew
-    /// did not fit.
+    /// without taking a token, fits wherever it is allowed). Returns the tokens kept. The state's
+    /// fit table ([`crate::fits`], shared by the grammar's matchers and built on the first call
+    /// in a state) makes it a mask AND; where the table cannot say, it walks each allowed
+    /// token's bytes ([`Matcher::retain_fitting_by_walk`], the same result).
     pub fn retain_fitting(&self, mask: &mut [u32], left: usize) -> usize {
+        if !self.terminated {
+            if let Some(kept) = self.grammar.retain_fitting_by_table(self.state, mask, left) {
+                return kept;
+            }
+        }
+        self.retain_fitting_by_walk(mask, left)
+    }
+
+    /// [`Matcher::retain_fitting`] by walking each allowed token's bytes (the reference the
+    /// fit tables are tested against).
+    pub fn retain_fitting_by_walk(&self, mask: &mut [u32], left: usize) -> usize {
         let mut kept = 0;
         for (w, word) in mask.iter_mut().enumerate() {
             let mut bits = *word;

@@ -341,3 +341,58 @@ fn a_peeked_token_is_accepted_as_accept_token_would() {
         }
     }
 }
+
+/// The budget's draw again by the states' fit tables keeps exactly the tokens the walk over
+/// every allowed token keeps, at every step of adversarial and greedy decodes and for every
+/// number of tokens left; with no room for tables (`max_fit_table_bytes = 0`) it walks, with
+/// the same result.
+#[test]
+fn fit_tables_keep_what_the_walk_keeps() {
+    let vocab = vocab::model_vocab("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let mut compared = 0;
+    let mut tables = 0;
+    for room in [64 << 20, 0] {
+        let limits = Limits {
+            max_fit_table_bytes: room,
+            ..Limits::default()
+        };
+        for (name, c) in corpus() {
+            let g = Arc::new(Grammar::compile(&c, vocab.clone(), limits).unwrap());
+            let mut m = Matcher::new(g.clone());
+            let mut mask = vec![0u32; vocab.mask_words()];
+            for step in 0..40 {
+                if m.is_finished() {
+                    break;
+                }
+                m.fill_mask(&mut mask);
+                for left in [0, 1, 2, 3, 5, 8, 13] {
+                    let (mut by_table, mut by_walk) = (mask.clone(), mask.clone());
+                    let kept = m.retain_fitting(&mut by_table, left);
+                    let walked = m.retain_fitting_by_walk(&mut by_walk, left);
+                    assert_eq!(
+                        (kept, &by_table),
+                        (walked, &by_walk),
+                        "{name}: step {step}, {left} left"
+                    );
+                    compared += 1;
+                }
+                // Alternate the longest-needing and the completion's own token, so that the
+                // walk meets states with many distinct needs and accepting ones.
+                let next = if step % 2 == 0 {
+                    m.completion_first()
+                } else {
+                    (0..vocab.len() as u32)
+                        .filter(|&t| mask[t as usize / 32] >> (t % 32) & 1 == 1)
+                        .filter(|&t| !vocab.is_eos(t))
+                        .step_by(7)
+                        .take(300)
+                        .max_by_key(|&t| (m.completion_after(t).unwrap_or(0), t))
+                };
+                let Some(t) = next else { break };
+                m.accept_token(t).unwrap();
+            }
+            tables += usize::from(room > 0);
+        }
+    }
+    assert!(compared > 500 && tables > 5, "{compared} comparisons");
+}
