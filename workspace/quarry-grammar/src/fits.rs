@@ -44,8 +44,8 @@ impl FitTable {
 }
 
 impl Grammar {
-    /// State `s`'s table, built on first use; `None` where the grammar's tables already take
-    /// [`crate::Limits::max_fit_table_bytes`].
+    /// State `s`'s table, built on the second call in `s`; `None` before that, and where the
+    /// grammar's tables already take [`crate::Limits::max_fit_table_bytes`].
     pub(crate) fn fit_table(&self, s: u32) -> Option<&FitTable> {
         let cell = self.fit_tables.at(s as usize);
         if cell.get().is_none() {

@@ -314,7 +314,7 @@ pub struct Grammar {
     /// first use; `None` where the search found none within [`Limits::max_completion_search`].
     completions: Grow<OnceLock<Option<crate::budget::Step>>>,
     /// Per state: its allowed tokens by the completion they leave ([`crate::fits`]), built on
-    /// the first draw again there; `None` past [`Limits::max_fit_table_bytes`].
+    /// the second draw again there; `None` past [`Limits::max_fit_table_bytes`].
     pub(crate) fit_tables: Grow<OnceLock<Option<crate::fits::FitTable>>>,
     /// Bytes the fit tables take.
     pub(crate) fit_bytes: AtomicUsize,

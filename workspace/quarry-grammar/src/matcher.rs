@@ -321,9 +321,9 @@ impl Matcher {
     /// Clears from `mask` every token after which no completion fits: a token fits when it and
     /// a shortest completion after it take at most `left` tokens (EOS, which ends the output
     /// without taking a token, fits wherever it is allowed). Returns the tokens kept. The state's
-    /// fit table ([`crate::fits`], shared by the grammar's matchers and built on the first call
-    /// in a state) makes it a mask AND; where the table cannot say, it walks each allowed
-    /// token's bytes ([`Matcher::retain_fitting_by_walk`], the same result).
+    /// fit table ([`crate::fits`], shared by the grammar's matchers and built on the second call
+    /// in a state) makes it a mask AND; elsewhere it walks each allowed token's bytes
+    /// ([`Matcher::retain_fitting_by_walk`], the same result).
     pub fn retain_fitting(&self, mask: &mut [u32], left: usize) -> usize {
         if !self.terminated {
             if let Some(kept) = self.grammar.retain_fitting_by_table(self.state, mask, left) {
