@@ -1054,6 +1054,16 @@ fn folder_with_template(dir: &Path, template: &str) -> PathBuf {
     dir.to_path_buf()
 }
 
+/// `quarry chat-template --model MODEL [--chat-var V]… USER`'s output.
+fn render_chat(model: &Path, vars: &[&str], user: &str) -> String {
+    let mut args = vec!["chat-template", "--model", model.to_str().unwrap()];
+    for v in vars {
+        args.extend(["--chat-var", v]);
+    }
+    args.push(user);
+    stdout(&quarry(&args))
+}
+
 /// `--chat-var` reaches the template; `enable_thinking` is false unless it is set.
 #[test]
 fn chat_template_renders_with_the_variables_given() {
@@ -1063,14 +1073,7 @@ fn chat_template_renders_with_the_variables_given() {
         "{% for m in messages %}{{ m['content'] }}{% endfor %}|\
          {% if not enable_thinking %}<think></think>{% endif %}{{ tone | default('') }}",
     );
-    let render = |vars: &[&str]| {
-        let mut args = vec!["chat-template", "--model", model.to_str().unwrap()];
-        for v in vars {
-            args.extend(["--chat-var", v]);
-        }
-        args.push("Total?");
-        stdout(&quarry(&args))
-    };
+    let render = |vars: &[&str]| render_chat(&model, vars, "Total?");
     assert_eq!(render(&[]), "Total?|<think></think>");
     assert_eq!(
         render(&["enable_thinking=true", "tone=terse"]),
@@ -1092,14 +1095,7 @@ fn chat_template_renders_with_the_variables_given() {
 #[test]
 fn tokenizer_commands_take_a_folder_of_tokenizer_files() {
     let qwen3 = root().join("models/hub-tokenizers/qwen3");
-    let render = |vars: &[&str]| {
-        let mut args = vec!["chat-template", "--model", qwen3.to_str().unwrap()];
-        for v in vars {
-            args.extend(["--chat-var", v]);
-        }
-        args.push("Total?");
-        stdout(&quarry(&args))
-    };
+    let render = |vars: &[&str]| render_chat(&qwen3, vars, "Total?");
     let (off, on) = (render(&[]), render(&["enable_thinking=true"]));
     assert!(
         off.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
