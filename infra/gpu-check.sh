@@ -104,15 +104,48 @@ if [ -d "$PACK/checkpoint-tokenizer" ] && [ -s models/SmolLM2-135M-Instruct.Q4_1
   fi
 fi
 
+# The tiny random-weight models of the new architectures (tests/fixtures/tiny_models.py: Qwen3,
+# Llama 3.1's RoPE factors, Gemma 3's linear scaling, Mistral's window), built here as make test
+# builds them: the script reads only their tokenizers' metadata, which the pack carries
+# (Qwen2.5's and Gemma 3's as the dummy-weight tokenizers, SmolLM2's as the model), so each source
+# file is stood in for by its metadata while the script runs (Gemma 3's without the chat template
+# the pack added). The tests check each file's sha256 against the one llama.cpp saw.
+TINY_BUILT=0
+if [ ! -s models/tiny/tiny-mistral.gguf ] && [ -s "$PACK/dummy-tokenizer.tok" ] \
+  && [ -s "$PACK/dummy-tokenizer-gemma3.tok" ] && [ -s models/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+  ln -sf "$PACK/dummy-tokenizer.tok" models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+  python3 - "$PACK/dummy-tokenizer-gemma3.tok" models/gemma-3-270m-q4_k_m.gguf <<'PY'
+import sys
+import gguf
+src = gguf.GGUFReader(sys.argv[1])
+w = gguf.GGUFWriter(sys.argv[2], src.fields["general.architecture"].contents())
+for key, f in src.fields.items():
+    if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
+        sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, f.contents(), f.types[0], sub_type=sub)
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_tensors_to_file()
+w.close()
+PY
+  python3 tests/fixtures/tiny_models.py models/tiny || echo "!! the tiny models were not built: their tests fail below"
+  rm -f models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf models/gemma-3-270m-q4_k_m.gguf
+fi
+[ -s models/tiny/tiny-mistral.gguf ] && TINY_BUILT=1
+
 section "GPU"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt" || status=1
 
 # Dummy weights (DUMMY="llama3.1-8b qwen3-8b", docs/checkpoints.md): a call with DUMMY runs only
 # this. Per shape: quarry bench mode a with random weights built on the GPU, one batch size of
-# DUMMY_BATCHES (default 1,8,32,64,128,256) at a time with that many documents (16 at least), each
-# record capped at TG (160) output tokens, medians of REPEATS; the same weights written as a GGUF
-# (--dummy-gguf) for llama-batched-bench in the same call; the GPU's memory in use sampled every
-# half second (dummy-SHAPE-memory.csv: the peak per batch is read against the runs' times).
+# DUMMY_BATCHES (default 1,8,32,64,128,256) at a time with that many documents (16 at least, 4 at
+# batch 1), each record capped at TG (160) output tokens, medians of REPEATS, the GPU's memory in
+# use sampled every quarter second during each (its peak in dummy-SHAPE-peak.csv); then the same
+# weights written as a GGUF (--dummy-gguf) run by llama-batched-bench; a batch over the KV
+# capacity, which must be refused with its message; the DUMMY_AB settings; a table.
+# Documents a dummy run takes at batch B: B, 16 at least, but 4 at batch 1 (an 8B model's
+# records one after another: four give its step time).
+dummy_docs() { if [ "$1" = 1 ]; then echo 4; elif [ "$1" -gt 16 ]; then echo "$1"; else echo 16; fi; }
 if [ -n "${DUMMY:-}" ]; then
   tok="$PACK/dummy-tokenizer.tok"
   [ -s "$tok" ] || tok="$MODEL"
@@ -122,32 +155,96 @@ if [ -n "${DUMMY:-}" ]; then
     shape_tok="$tok"
     case "$shape" in llama3*) v=llama3 ;; mistral-nemo*) v=mistral-nemo ;; gemma3*) v=gemma3 ;; *) v= ;; esac
     [ -n "$v" ] && [ -s "$PACK/dummy-tokenizer-$v.tok" ] && shape_tok="$PACK/dummy-tokenizer-$v.tok"
-    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 \
-      > "$OUT/dummy-$shape-memory.csv" 2>/dev/null &
-    smi=$!
+    echo "batch,peak_mib" > "$OUT/dummy-$shape-peak.csv"
     gguf="$STAGE_DIR/dummy-$shape.gguf"
     runs=()
     for b in $(tr ',' ' ' <<<"$batches"); do
-      left=$(( END - $(date +%s) - 60 ))
+      left=$(( END - $(date +%s) - 180 ))
       [ "$left" -lt 20 ] && { echo "batch $b and larger: not run (the call's time is spent)"; break; }
       write=()
       [ -s "$gguf" ] || write=(--dummy-gguf "$gguf")
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$STAGE_DIR/memory-$b.csv" 2>/dev/null &
+      smi=$!
       timeout "$left" "$Q" bench --device cuda:0 --dummy-weights "$shape" --dummy-tokenizer "$shape_tok" \
-        "${write[@]}" --status "$STATUS" --modes a --batch "$b" --docs "$(( b > 16 ? b : 16 ))" \
+        "${write[@]}" --status "$STATUS" --modes a --batch "$b" --docs "$(dummy_docs "$b")" \
         --max-tokens "${TG:-160}" --repeats "${REPEATS:-3}" --step-tokens 4096 \
-        --out "$STAGE_DIR/dummy-$shape-$b.json" && runs+=("$STAGE_DIR/dummy-$shape-$b.json") || status=1
+        --out "$STAGE_DIR/dummy-$shape-$b.json" 2>&1 | tee -a "$OUT/dummy-$shape.log" | grep -v '^batch .* run '
+      [ "${PIPESTATUS[0]}" = 0 ] && runs+=("$STAGE_DIR/dummy-$shape-$b.json") || status=1
+      kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+      echo "$b,$(sort -n "$STAGE_DIR/memory-$b.csv" | tail -1)" >> "$OUT/dummy-$shape-peak.csv"
     done
-    kill "$smi" 2>/dev/null
-    merge_runs "$OUT/dummy-$shape.json" "${runs[@]}"
     if [ -x "$PACK/bin/llama-batched-bench" ] && [ -s "$gguf" ]; then
       section "dummy weights: $shape, llama-batched-bench on the same weights"
       llama_batches="$(tr ',' '\n' <<<"$batches" | awk '$1 <= 256' | paste -sd,)"
       largest="$(tr ',' '\n' <<<"$llama_batches" | sort -n | tail -1)"
-      timeout "$(budget 200 10)" "$PACK/bin/llama-batched-bench" -m "$gguf" -ngl 99 \
+      timeout "$(budget 200 40)" "$PACK/bin/llama-batched-bench" -m "$gguf" -ngl 99 \
         -c "$(( largest * (${PP:-700} + ${TG:-160}) + 4096 ))" -b 2048 -ub 512 \
         -npp "${PP:-700}" -ntg "${TG:-160}" -npl "$llama_batches" --output-format jsonl \
         2>"$OUT/dummy-$shape-llama.log" | tee "$OUT/dummy-$shape-llama.jsonl" || status=1
     fi
+    # A batch over what the GPU's free memory holds is refused before it runs, with the largest
+    # that fits (never an out-of-memory crash): one such run, which must fail with that message.
+    section "dummy weights: $shape, a batch over the KV capacity"
+    if timeout "$(budget 120 0)" "$Q" bench --device cuda:0 --dummy-weights "$shape" --dummy-tokenizer "$shape_tok" \
+      --status "$STATUS" --modes a --batch 100000 --docs 16 --max-tokens "${TG:-160}" --repeats 1 \
+      --out "$STAGE_DIR/dummy-$shape-over.json" > "$OUT/dummy-$shape-over.log" 2>&1; then
+      echo "!! batch 100000 ran: it should have been refused"; status=1
+    elif grep -q "over the .* the GPU's free memory holds" "$OUT/dummy-$shape-over.log"; then
+      grep -E "KV capacity|Error|batch 100000" "$OUT/dummy-$shape-over.log"
+    else
+      echo "!! batch 100000 failed without the capacity error:"; tail -5 "$OUT/dummy-$shape-over.log"; status=1
+    fi
+    # DUMMY_AB (space separated VAR=value[,VAR=value…]@BATCH): the same shape with other runtime
+    # settings, e.g. QUARRY_DENSE_FROM_ROWS=9@1 (candle's quantized Q8_0 kernels for steps under 9
+    # rows, the weights llama.cpp multiplies, where the default multiplies their f16 copies).
+    for entry in ${DUMMY_AB:-}; do
+      setting="${entry%@*}" b="${entry##*@}"
+      left=$(( END - $(date +%s) - 10 ))
+      [ "$left" -lt 20 ] && { echo "$setting at batch $b: not run (the call's time is spent)"; continue; }
+      section "dummy weights: $shape with $setting, batch $b"
+      env $(tr ',' ' ' <<<"$setting") timeout "$left" "$Q" bench --device cuda:0 --dummy-weights "$shape" \
+        --dummy-tokenizer "$shape_tok" --status "$STATUS" --modes a --batch "$b" --docs "$(dummy_docs "$b")" \
+        --max-tokens "${TG:-160}" --repeats "${REPEATS:-3}" --step-tokens 4096 \
+        --out "$STAGE_DIR/dummy-$shape-ab-$b-${setting//[^A-Za-z0-9]/_}.json" 2>&1 | tee -a "$OUT/dummy-$shape.log" \
+        | grep -v '^batch .* run '
+      [ "${PIPESTATUS[0]}" = 0 ] && runs+=("$setting=$STAGE_DIR/dummy-$shape-ab-$b-${setting//[^A-Za-z0-9]/_}.json")
+    done
+    merge_runs "$OUT/dummy-$shape.json" "${runs[@]}"
+    section "dummy weights: $shape, summary"
+    python3 - "$OUT" "$shape" <<'SUMMARY'
+# Output tokens/s over wall time and the step time by batch: quarry (median of its runs; TPOT),
+# llama.cpp on the same weights (over its whole run / its decode phase; its step), quarry's
+# peak GPU memory in use.
+import csv, json, os, sys
+out, shape = sys.argv[1], sys.argv[2]
+rows = {}
+try:
+    for r in json.load(open(os.path.join(out, f"dummy-{shape}.json")))["results"]:
+        m = r["median"]
+        key = "quarry" + (f" {r['env']}" if "env" in r else "")
+        rows.setdefault(r["batch"], {})[key] = f"{m['output_tokens_per_s']:.0f} ({m['tpot_ms']:.2f} ms)"
+except (OSError, ValueError, KeyError) as e:
+    print("quarry: no results", e)
+try:
+    for line in open(os.path.join(out, f"dummy-{shape}-llama.jsonl")).readlines() + \
+            open(os.path.join(out, f"dummy-{shape}-llama.log")).readlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            rows.setdefault(r["pl"], {})["llama.cpp"] = (
+                f"{r['pl'] * r['tg'] / r['t']:.0f} / {r['speed_tg']:.0f} ({1e3 * r['t_tg'] / r['tg']:.2f} ms)")
+except (OSError, ValueError, KeyError) as e:
+    print("llama.cpp: no results", e)
+try:
+    for r in csv.DictReader(open(os.path.join(out, f"dummy-{shape}-peak.csv"))):
+        rows.setdefault(int(r["batch"]), {})["peak MiB"] = r["peak_mib"]
+except (OSError, ValueError, KeyError) as e:
+    print("memory: no samples", e)
+cols = sorted({k for r in rows.values() for k in r})
+print(f"{shape}: output tokens/s (step ms), by batch size")
+print(f"{'batch':>6} " + " ".join(f"{c:>28}" for c in cols))
+for b in sorted(rows):
+    print(f"{b:>6} " + " ".join(f"{rows[b].get(c, '-'):>28}" for c in cols))
+SUMMARY
   done
   exit $status
 fi
@@ -158,8 +255,9 @@ fi
 case "$(basename "$MODEL")" in
   qwen2.5*) model_tests=(qwen25) ;;
   gemma-3*) model_tests=(gemma3) ;;
-  *) model_tests=(--skip gemma3 --skip qwen25 --skip tiny_ --skip checkpoints_read_into) ;;
+  *) model_tests=(--skip gemma3 --skip qwen25 --skip checkpoints_read_into) ;;
 esac
+[ "$TINY_BUILT" = 1 ] || model_tests+=(--skip tiny_)
 # TESTS=0: straight to the benchmarks (a second call on binaries whose tests passed this lease).
 split_ok=1
 failed_fusions=()
