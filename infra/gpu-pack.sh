@@ -10,7 +10,7 @@
 #   - the model file, and this machine's package database as the benchmark's documents, so that
 #     both machines extract the same records.
 # A device call carries at most 64 MiB with the working tree, so the payload is cut into chunks
-# of CHUNK_MB (default 48) MiB, .gpu/p1, .gpu/p2, …: carry one per call; infra/gpu-check.sh keeps
+# of CHUNK_MB (default 45) MiB, .gpu/p1, .gpu/p2, …: carry one per call; infra/gpu-check.sh keeps
 # each on the GPU machine until it has them all, then checks and runs (docs/gpu.md).
 # Variables: MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf), STATUS (default
 # /var/lib/dpkg/status), CHUNK_MB, SKIP_BUILD=1 (pack what is built), PEERS=0 (neither build nor
@@ -22,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MODEL="${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 STATUS="${STATUS:-/var/lib/dpkg/status}"
-CHUNK_MB="${CHUNK_MB:-48}"
+CHUNK_MB="${CHUNK_MB:-45}"
 GPU_DIR="${GPU_DIR:-.gpu}"
 CACHE="${QUARRY_CACHE:-$HOME/.cache/quarry}"
 TARGET="${CARGO_TARGET_DIR:-target}"
