@@ -8,7 +8,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 5] = [
+const KERNELS: [&str; 6] = [
+    "gemv_q8",
     "glu",
     "paged_attention",
     "residual",

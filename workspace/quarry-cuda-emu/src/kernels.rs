@@ -92,6 +92,13 @@ family! {
 }
 
 family! {
+    /// `gemv_q8_{x}`: q (int8), scales (f16), x (f32 or f16), y (f32), inputs, outputs, rows.
+    gemv_q8: fn(*const i8, *const c_void, *const c_void, *mut f32, i32, i32, i32) {
+        gemv_q8_f32, gemv_q8_f16,
+    }
+}
+
+family! {
     /// `glu_{act}_{in}_{out}`: gate_up, out, rows, f.
     glu: fn(*const c_void, *mut c_void, u64, u64) {
         glu_silu_f32_f32, glu_silu_f32_f16, glu_silu_f16_f32, glu_silu_f16_f16,

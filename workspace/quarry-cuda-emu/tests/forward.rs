@@ -13,7 +13,7 @@ use common::{first_difference, run};
 use half::f16;
 use quarry_cuda_emu::{kernels, Buf};
 use quarry_model::reference::{
-    gelu_tanh, relative_error, rms_norm_row, rotate_heads, silu, values,
+    gelu_tanh, gemv_q8_reference, relative_error, rms_norm_row, rotate_heads, silu, values,
 };
 use quarry_model::RopeStyle;
 
@@ -660,4 +660,39 @@ fn store_rows_writes_each_row_at_its_slot() {
     check("store_rows_bf16", got, &|x| {
         half::bf16::from_f32(x).to_f32()
     });
+}
+
+/// `gemv_q8` (the small steps' 8-bit GEMV) with the launcher's shape (256 threads, a warp per 2
+/// outputs) against `gemv_q8_reference`, within f32 rounding (the lanes add their 16-value sums
+/// in another order): inputs with and without a partial last pass (576 = 512 + 64, 1024), an odd
+/// number of outputs (the warp's second output past the end), 1 to 8 rows, f32 and f16 inputs.
+#[test]
+fn gemv_q8_matches_its_reference() {
+    for (inputs, outputs, rows) in [(576usize, 37usize, 1usize), (576, 64, 3), (1024, 33, 8)] {
+        let q: Vec<i8> = values(7, outputs * inputs, -128.0, 128.0)
+            .iter()
+            .map(|v| v.floor().clamp(-128.0, 127.0) as i8)
+            .collect();
+        let scales = to_f16(&values(11, outputs * inputs / 32, 1e-3, 2e-2));
+        let (qb, sb) = (Buf::from_slice(&q), Buf::from_slice(&scales));
+        for f16_in in [false, true] {
+            let name = format!("gemv_q8_{}", ty(f16_in));
+            let kernel = kernels::gemv_q8::by_name(&name).expect(&name);
+            let x = Input::new(&values(13, rows * inputs, -2.0, 2.0), f16_in);
+            let mut y = Buf::<f32>::poisoned(rows * outputs);
+            let (qp, sp, xp, yp) = (qb.ptr(), sb.ptr() as *const c_void, x.ptr(), y.ptr_mut());
+            let blocks = (outputs.div_ceil(2) * 32).div_ceil(THREADS as usize) as u32;
+            unsafe {
+                run(&name, (blocks, 1, 1), THREADS, 0, || {
+                    kernel(qp, sp, xp, yp, inputs as i32, outputs as i32, rows as i32)
+                })
+            };
+            let want = gemv_q8_reference(&q, &scales, &x.values(), rows, inputs);
+            let err = relative_error(&y.read(&name), &want);
+            assert!(
+                err < 1e-6,
+                "{name} {inputs}x{outputs}, {rows} rows: {err:.2e}"
+            );
+        }
+    }
 }

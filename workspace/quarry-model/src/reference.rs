@@ -3,6 +3,7 @@
 //! runs the kernels' CUDA source there. One set of inputs, so both check the same thing.
 
 pub use crate::glu::{gelu_tanh, silu};
+pub use crate::linear::gemv_q8_reference;
 pub use crate::llama::fused::{rms_norm_row, rotate_heads, QkNorm};
 pub use crate::ragged::Heads;
 pub use crate::ragged::{attend_reference, attend_split_reference};

@@ -110,6 +110,18 @@ __forceinline__ float __uint_as_float(uint32_t u) {
     return x;
 }
 
+// The bytes of y:x (x the low 4) that the low 3 bits of each of s's 4 nibbles select, byte 0
+// first (CUDA's default mode).
+__forceinline__ uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+    const uint64_t v = ((uint64_t)y << 32) | x;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t sel = (s >> (4 * i)) & 7u;
+        r |= (uint32_t)((v >> (8 * sel)) & 0xffu) << (8 * i);
+    }
+    return r;
+}
+
 // 16-bit floats: IEEE half as the compiler's _Float16 (conversions round to nearest even), bf16
 // as its bits.
 typedef _Float16 __half;

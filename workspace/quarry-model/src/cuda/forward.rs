@@ -8,6 +8,7 @@ use candle_core::cuda::WrapErr;
 use candle_core::{DType, Layout, Result, Storage, Tensor};
 
 const GLU_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/glu.ptx"));
+const GEMV_Q8_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gemv_q8.ptx"));
 const ROPE_STORE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rope_store.ptx"));
 const RESIDUAL_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/residual.ptx"));
 /// Threads per block of `rms_norm` (its `NORM_THREADS`): a block per row.
@@ -145,6 +146,71 @@ pub fn glu(
             }
         )
     })
+}
+
+/// Threads per block of `gemv_q8`: 8 warps, each computing `GEMV_Q8_OUTS` outputs.
+const GEMV_Q8_THREADS: u32 = 256;
+/// Outputs a warp of `gemv_q8` computes (its `Q8_OUTS`).
+const GEMV_Q8_OUTS: usize = 2;
+
+/// `x · Wᵀ` for `rows` (at most 8) rows of `x` (`s`, `[rows, inputs]`, f32 or f16, contiguous,
+/// 16-byte aligned) and the repacked Q8_0 matrix `q` (u8 `[outputs, inputs]`) with its `scales`
+/// (f16 `[outputs, inputs / 32]`), into a new f32 `[rows, outputs]`: one launch of
+/// `kernels/gemv_q8.cu` ([`crate::linear::Q8Rows`]).
+pub(crate) fn gemv_q8(
+    s: &CudaStorage,
+    l: &Layout,
+    q: &Tensor,
+    scales: &Tensor,
+    rows: usize,
+    inputs: usize,
+) -> Result<CudaStorage> {
+    use candle_core::cuda::CudaStorageSlice as S;
+    let outputs = q.dims()[0];
+    if !inputs.is_multiple_of(32) || !l.start_offset().is_multiple_of(16) {
+        candle_core::bail!(
+            "gemv_q8: rows of a multiple of 32 values from a 16-value boundary, not {inputs} from {}",
+            l.start_offset()
+        );
+    }
+    let name = match &s.slice {
+        S::F32(_) => "gemv_q8_f32",
+        S::F16(_) => "gemv_q8_f16",
+        _ => candle_core::bail!("gemv_q8: an f32 or f16 input"),
+    };
+    let func = s
+        .device
+        .get_or_load_custom_func(name, "quarry_gemv_q8", GEMV_Q8_PTX)?;
+    let qh = held(q);
+    let qv = held_view::<u8>(&qh.0, qh.1, "gemv_q8: the weights")?;
+    let sh = held(scales);
+    let sv = held_view::<half::f16>(&sh.0, sh.1, "gemv_q8: the scales")?;
+    let warps = outputs.div_ceil(GEMV_Q8_OUTS);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            (warps * 32).div_ceil(GEMV_Q8_THREADS as usize).max(1) as u32,
+            1,
+            1,
+        ),
+        block_dim: (GEMV_Q8_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (inputs32, outputs32, rows32) = (inputs as i32, outputs as i32, rows as i32);
+    // SAFETY: the kernel below writes every one of the rows · outputs values (none when there
+    // are none).
+    let mut y = unsafe { s.device.alloc::<f32>((rows * outputs).max(1))? };
+    let (x32, x16);
+    if rows > 0 && outputs > 0 {
+        let mut b = func.builder();
+        b.arg(&qv).arg(&sv);
+        arg_f32_or_f16!(b, s, l, "gemv_q8: the input", x32, x16);
+        b.arg(&mut y).arg(&inputs32).arg(&outputs32).arg(&rows32);
+        // SAFETY: the arguments match `gemv_q8_*` in kernels/gemv_q8.cu: `q` holds outputs ·
+        // inputs bytes and `scales` outputs · inputs / 32 values, the input `rows` rows of
+        // `inputs` values from an aligned start; the kernel writes all rows · outputs values.
+        unsafe { b.launch(cfg) }.w()?;
+    }
+    Ok(CudaStorage::wrap_cuda_slice(y, s.device.clone()))
 }
 
 /// The kernel `{prefix}_{input}_{output}` for an f32 or f16 input and output.
@@ -556,7 +622,7 @@ pub(crate) fn store_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::testing::{both, host_f32, ids_on_both};
+    use crate::cuda::testing::{both, gpu, host_f32, ids_on_both};
     use crate::simd::testing::{relative_error, values};
 
     /// The fused activation equals its reference (the op's CPU side) on a large random stacked
@@ -580,6 +646,56 @@ mod tests {
                     // expf and tanhf against Rust's: an ulp or two, then f16 rounding.
                     let bound = if out == DType::F16 { 1e-3 } else { 1e-6 };
                     assert!(err < bound, "{act:?} {input:?} -> {out:?}: {err:.2e}");
+                }
+            }
+        }
+    }
+
+    /// The small steps' 8-bit GEMV (`gemv_q8`, through `Q8Rows` as the forward pass calls it)
+    /// against its reference (the op's CPU side) on a random Q8_0 matrix in Llama 3 8B's down
+    /// projection's width (14,336 inputs: 28 passes of a warp, the last one whole) and an odd
+    /// number of outputs, and on SmolLM2's (576: a partial last pass), at 1 to 20 rows (slices of
+    /// 8 past 8), from f32 and f16, the outputs poisoned by a first run on other inputs.
+    #[test]
+    fn gemv_q8_matches_its_reference() {
+        use crate::linear::Q8Rows;
+        use candle_core::quantized::{GgmlDType, QTensor};
+        let cuda = candle_core::Device::Cuda(gpu());
+        for (outputs, inputs) in [(1001usize, 14_336usize), (96, 576)] {
+            let w = Tensor::from_slice(
+                &values(5, outputs * inputs, -1.0, 1.0),
+                (outputs, inputs),
+                &candle_core::Device::Cpu,
+            )
+            .unwrap();
+            let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+            let on_gpu = Q8Rows::from_q8_0(&q, &cuda).unwrap();
+            let on_cpu = Q8Rows::from_q8_0(&q, &candle_core::Device::Cpu).unwrap();
+            for rows in [1usize, 2, 5, 8, 20] {
+                for input in [DType::F32, DType::F16] {
+                    let (junk, _) = both(
+                        &values(9, rows * inputs, -50.0, 50.0),
+                        &[rows, inputs],
+                        input,
+                    );
+                    let _ = on_gpu.forward(&junk).unwrap();
+                    let (xg, xc) = both(
+                        &values(17, rows * inputs, -2.0, 2.0),
+                        &[rows, inputs],
+                        input,
+                    );
+                    let got = on_gpu.forward(&xg).unwrap();
+                    assert_eq!(
+                        (got.dims(), got.dtype()),
+                        (&[rows, outputs][..], DType::F32)
+                    );
+                    let want = host_f32(&on_cpu.forward(&xc).unwrap());
+                    let err = relative_error(&host_f32(&got), &want);
+                    eprintln!("gemv_q8 {outputs}x{inputs}, {rows} rows, {input:?}: relative error {err:.2e}");
+                    assert!(
+                        err < 1e-5,
+                        "{outputs}x{inputs}, {rows} rows, {input:?}: {err:.2e}"
+                    );
                 }
             }
         }

@@ -3,7 +3,8 @@
 //! - [`attention`]: the whole-batch paged attention (`kernels/paged_attention.cu`), its layouts
 //!   and split-K;
 //! - [`forward`]: the forward pass's fused ops (`kernels/rope_store.cu`, `residual.cu`,
-//!   `glu.cu`), the launchers of the candle ops in `llama/fused.rs` and `glu.rs`;
+//!   `glu.cu`), the launchers of the candle ops in `llama/fused.rs` and `glu.rs`, and the small
+//!   steps' 8-bit GEMV (`kernels/gemv_q8.cu`, `linear/q8_rows.rs`);
 //! - [`sampling`]: the step's masks on their way to the GPU and its draws
 //!   (`kernels/sampling.cu`).
 //!
@@ -25,7 +26,9 @@ pub mod sampling;
 pub use crate::kernel_plan::AttentionShape;
 pub use attention::{paged_attention, AttentionOut, DeviceBatch, KvPool};
 pub use forward::glu;
-pub(crate) use forward::{add_into, add_norm, gemm_add, rms_norm, rope, store_rows, RopeOut};
+pub(crate) use forward::{
+    add_into, add_norm, gemm_add, gemv_q8, rms_norm, rope, store_rows, RopeOut,
+};
 pub use graph::StepGraphs;
 pub use sampling::{sample_rows, MaskUpload};
 

@@ -3,12 +3,14 @@
 //! [`quant`] (Q4_1 and Q8_0, and the formats repacked into them) or candle's quantized matmul,
 //! and plain weights in f32; on a GPU the weights in f16 for cuBLAS (dequantized once, or a
 //! checkpoint's bf16/f16 as they are; [`gemm_add::GemmAdd`] adds into the residual stream), or
-//! candle's quantized kernels where [`GpuWeights`] finds that the f16 copies do not fit (or
-//! below `ModelOptions::dense_from_rows`).
+//! candle's quantized kernels where [`GpuWeights`] finds that the f16 copies do not fit; below
+//! `ModelOptions::dense_from_rows`, Q8_0 weights through quarry's own 8-bit GEMV ([`q8_rows`])
+//! and other formats through candle's quantized kernels.
 
 mod gemm_add;
 mod host_plan;
 mod plan;
+mod q8_rows;
 pub(crate) mod quant;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
@@ -20,6 +22,9 @@ pub(crate) use gemm_add::GemmAdd;
 pub(crate) use host_plan::host_available;
 pub use host_plan::{HostFootprint, HostWeights};
 pub use plan::{Footprint, GpuWeights};
+#[cfg(any(test, feature = "test-support"))]
+pub use q8_rows::gemv_q8_reference;
+pub(crate) use q8_rows::{Q8Rows, Q8_MAX_ROWS};
 use quant::{Format, QuantMatrix};
 
 /// A projection `y = x·Wᵀ`.
@@ -31,14 +36,69 @@ pub(crate) enum Linear {
     /// checkpoint's or GGUF's own f16/bf16 values.
     Dense(Tensor),
     /// On a GPU: the weights dequantized once to f16 for steps of at least `dense_from` rows,
-    /// and the quantized weights (candle's kernels, which round activations to 8 bits) for
-    /// fewer ([`crate::ModelOptions::dense_from_rows`] above 1, which says why it is not the
-    /// default); both held.
+    /// and the quantized weights for fewer ([`Small`]; [`crate::ModelOptions::dense_from_rows`]
+    /// above 1); both held.
     Dual {
-        quant: QMatMul,
+        quant: Small,
         dense: Tensor,
         dense_from: usize,
     },
+}
+
+/// The quantized form a GPU multiplies steps of fewer than `dense_from_rows` rows with.
+pub(crate) enum Small {
+    /// candle's quantized kernels (activations rounded to 8 bits).
+    Candle(QMatMul),
+    /// Q8_0 weights through `kernels/gemv_q8.cu` (activations as they come, 8.5 bits a weight
+    /// read): where `dense_from_rows` is at most [`Q8_MAX_ROWS`] + 1, so that a small step is
+    /// one launch.
+    Q8(Q8Rows),
+}
+
+impl Small {
+    /// The form for `t`'s format below a switch at `dense_from` rows.
+    fn new(t: QTensor, device: &Device, dense_from: usize) -> Result<Self> {
+        if t.dtype() == GgmlDType::Q8_0
+            && dense_from <= Q8_MAX_ROWS + 1
+            && t.shape().dims2()?.1.is_multiple_of(32)
+        {
+            return Ok(Small::Q8(Q8Rows::from_q8_0(&t, device)?));
+        }
+        Ok(Small::Candle(QMatMul::from_qtensor(t)?))
+    }
+
+    /// `x · Wᵀ` in f32.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Small::Candle(m) => Ok(m.forward(x)?),
+            Small::Q8(m) => m.forward(x),
+        }
+    }
+
+    /// The input type taken without a cast: f32 for candle's kernels; the 8-bit GEMV reads f32
+    /// or f16, and f16 (what the dense path multiplies, at half the bytes).
+    fn input_dtype(&self) -> DType {
+        match self {
+            Small::Candle(_) => DType::F32,
+            Small::Q8(_) => DType::F16,
+        }
+    }
+
+    /// The forms of several projections side by side: the 8-bit matrices stacked into one where
+    /// every part has one, each part alone otherwise.
+    fn stack(parts: Vec<Small>) -> Result<Vec<Small>> {
+        if !parts.is_empty() && parts.iter().all(|p| matches!(p, Small::Q8(_))) {
+            let q8 = parts
+                .into_iter()
+                .filter_map(|p| match p {
+                    Small::Q8(m) => Some(m),
+                    Small::Candle(_) => None,
+                })
+                .collect();
+            return Ok(vec![Small::Q8(Q8Rows::stack(q8)?)]);
+        }
+        Ok(parts)
+    }
 }
 
 impl Linear {
@@ -68,7 +128,7 @@ impl Linear {
         }
         let dense = t.dequantize_f16(device)?;
         Ok(Linear::Dual {
-            quant: QMatMul::from_qtensor(t)?,
+            quant: Small::new(t, device, dense_from)?,
             dense,
             dense_from,
         })
@@ -100,7 +160,7 @@ impl Linear {
                 dense_from,
             } => {
                 if rows_of(x)? < *dense_from {
-                    return Ok(quant.forward(x)?);
+                    return quant.forward(x);
                 }
                 Ok(dense_forward(&x.to_dtype(candle_core::DType::F16)?, dense)?
                     .to_dtype(candle_core::DType::F32)?)
@@ -143,11 +203,13 @@ impl Linear {
     }
 
     /// The element type this projection takes its `rows`-row input in without a cast: f16 for
-    /// f16 weights ([`Linear::Dense`], a [`Linear::Dual`] at or past its switch), else f32.
+    /// f16 weights ([`Linear::Dense`], a [`Linear::Dual`] at or past its switch) and the 8-bit
+    /// GEMV ([`Small::Q8`]), else f32.
     pub(crate) fn input_dtype(&self, rows: usize) -> candle_core::DType {
         match self {
             Linear::Dense(_) => DType::F16,
             Linear::Dual { dense_from, .. } if rows >= *dense_from => DType::F16,
+            Linear::Dual { quant, .. } => quant.input_dtype(),
             _ => DType::F32,
         }
     }
@@ -186,11 +248,12 @@ pub(crate) enum Fused {
     Stacked(QuantMatrix),
     Separate(Vec<Linear>),
     /// On a GPU: every part's f16 weights stacked (`[Σ widths, inputs]`); with `quant`, the
-    /// parts' quantized forms for steps of fewer than `dense_from` rows (as [`Linear::Dual`]),
-    /// without (empty), the stacked weights at every row count (as [`Linear::Dense`]).
+    /// parts' quantized forms for steps of fewer than `dense_from` rows (as [`Linear::Dual`]:
+    /// one stacked matrix where all are [`Small::Q8`], one per part otherwise), without
+    /// (empty), the stacked weights at every row count (as [`Linear::Dense`]).
     Dense {
         stacked: Tensor,
-        quant: Vec<Linear>,
+        quant: Vec<Small>,
         dense_from: usize,
     },
 }
@@ -243,13 +306,15 @@ impl Fused {
             })
             .collect();
         let stacked = Tensor::cat(&copies, 0)?;
-        let quant = parts
-            .into_iter()
-            .filter_map(|l| match l {
-                Linear::Dual { quant, .. } => Some(Linear::Candle(quant)),
-                _ => None,
-            })
-            .collect();
+        let quant = Small::stack(
+            parts
+                .into_iter()
+                .filter_map(|l| match l {
+                    Linear::Dual { quant, .. } => Some(quant),
+                    _ => None,
+                })
+                .collect(),
+        )?;
         Ok(Fused::Dense {
             stacked,
             quant,
@@ -258,12 +323,14 @@ impl Fused {
     }
 
     /// The element type this projection takes its `rows`-row input in without a cast: f16 for
-    /// the stacked dense weights at or past their switch, else f32.
+    /// the stacked dense weights at or past their switch, the quantized forms' below it (f16
+    /// for the 8-bit GEMV), else f32.
     pub(crate) fn input_dtype(&self, rows: usize) -> candle_core::DType {
         match self {
             Fused::Dense {
                 quant, dense_from, ..
             } if quant.is_empty() || rows >= *dense_from => DType::F16,
+            Fused::Dense { quant, .. } => quant[0].input_dtype(),
             _ => DType::F32,
         }
     }
@@ -287,7 +354,14 @@ impl Fused {
                 dense_from,
             } => {
                 if !quant.is_empty() && rows_of(x)? < *dense_from {
-                    return side_by_side(quant);
+                    let parts = quant
+                        .iter()
+                        .map(|q| q.forward(x))
+                        .collect::<Result<Vec<_>>>()?;
+                    return match <[Tensor; 1]>::try_from(parts) {
+                        Ok([one]) => Ok(one),
+                        Err(parts) => Ok(Tensor::cat(&parts, candle_core::D::Minus1)?),
+                    };
                 }
                 dense_forward(&x.to_dtype(candle_core::DType::F16)?, stacked)
             }

@@ -774,9 +774,11 @@ mod tests {
         }
     }
 
-    /// The dual projection: below its switch the quantized weights (candle's matmul, exactly),
-    /// from it the f16 copy, within f16 rounding of the dequantized weights; 0 keeps only the
-    /// quantized form.
+    /// The dual projection: below its switch the quantized weights (Q8_0 through the 8-bit GEMV,
+    /// within f32 rounding of the dequantized weights, where candle's matmul rounds the
+    /// activations to 8 bits), from it the f16 copy, within f16 rounding of the dequantized
+    /// weights; 0 keeps only the quantized form. Other formats, and a switch above the GEMV's
+    /// rows, take candle's matmul below the switch, exactly.
     #[test]
     fn dual_weights_switch_at_their_row_count() {
         let dev = Device::Cpu;
@@ -797,8 +799,14 @@ mod tests {
             assert_eq!(got.dims(), [m, n]);
             assert_eq!(got.dtype(), candle_core::DType::F32);
             if m < 4 {
-                let want = quant.forward(&x).unwrap();
-                assert_eq!(rel(&got, &want), 0.0, "{m} rows: the quantized path");
+                let want = x.matmul(&exact.t().unwrap()).unwrap();
+                let err = rel(&got, &want);
+                assert!(err < 1e-6, "{m} rows: the 8-bit GEMV off by {err}");
+                let candle = rel(&got, &quant.forward(&x).unwrap());
+                assert!(
+                    candle > 1e-4,
+                    "{m} rows: not candle's 8-bit activations ({candle})"
+                );
             } else {
                 let want = x.matmul(&exact.t().unwrap()).unwrap();
                 let err = rel(&got, &want);
@@ -813,6 +821,23 @@ mod tests {
             Linear::dual(off, &dev, 0).unwrap(),
             Linear::Candle(_)
         ));
+        let x = Tensor::randn(0f32, 1.0, (2, k), &dev).unwrap();
+        for (format, dense_from) in [(GgmlDType::Q4_1, 4), (GgmlDType::Q8_0, 32)] {
+            let dual =
+                Linear::dual(QTensor::quantize(&w, format).unwrap(), &dev, dense_from).unwrap();
+            assert!(matches!(
+                dual,
+                Linear::Dual {
+                    quant: super::super::Small::Candle(_),
+                    ..
+                }
+            ));
+            let want = QMatMul::from_qtensor(QTensor::quantize(&w, format).unwrap())
+                .unwrap()
+                .forward(&x)
+                .unwrap();
+            assert_eq!(rel(&dual.forward(&x).unwrap(), &want), 0.0, "{format:?}");
+        }
     }
 
     /// A fused projection's output is its parts' outputs side by side: for parts that each switch

@@ -1,0 +1,128 @@
+// Small steps on 8-bit weights (W8A16): y[r][o] = sum_k x[r][k] * W[o][k] for a step of at most
+// Q8_MAX_ROWS rows, where W is a Q8_0 matrix repacked at load into its int8 values `q`
+// ([outputs, inputs], row-major, so a row's values are 16-byte aligned) and one f16 scale per 32
+// consecutive values of a row (`scales`, [outputs, inputs / 32]). A step of a few rows reads each
+// weight once and is bound by memory: this reads 8.5 bits a weight where the f16 copies cost 16,
+// and keeps the activations as they come (f32 or f16), where candle's quantized kernels round
+// them to 8 bits. Sums in f32; the output is f32 ([rows, outputs]).
+//
+// A warp per Q8_OUTS outputs (the same activations serve them all); each lane takes 16 values of
+// a row at a time (one 16-byte load), converts them without a conversion instruction (below) and
+// multiplies them by the 16 activations of every row of the step; each 16 values' sum is scaled
+// by its block's scale; the lanes' sums are added by a warp reduction. inputs must be a multiple
+// of 32 (Q8_0's block), and q, x 16-byte aligned (the launcher checks both).
+//
+// The reference is `Q8Rows`'s CPU side (src/linear/q8_rows.rs): the same products, summed in
+// another order.
+
+#include "common.cuh"
+
+#include <string.h>
+
+#define Q8_MAX_ROWS 8
+#define Q8_OUTS 2
+
+// The 4 signed bytes of `w` as floats, exactly: each byte, made unsigned (+128), becomes the low
+// mantissa byte of 2^23 (one byte permutation), and 2^23 + 128 is taken off. Hopper converts
+// integers to floats at a quarter of its FMA rate; this costs one integer and one float op.
+__device__ __forceinline__ void bytes_to_floats(uint32_t w, float* out) {
+    const uint32_t u = w ^ 0x80808080u;
+    out[0] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540)) - 8388736.0f;
+    out[1] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541)) - 8388736.0f;
+    out[2] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7542)) - 8388736.0f;
+    out[3] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7543)) - 8388736.0f;
+}
+
+// 16 activations from `p` (16-byte aligned) as floats.
+__device__ __forceinline__ void load16(const float* p, float* out) {
+    const uint4* v = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint4 w = __ldg(v + j);
+        out[4 * j] = __uint_as_float(w.x);
+        out[4 * j + 1] = __uint_as_float(w.y);
+        out[4 * j + 2] = __uint_as_float(w.z);
+        out[4 * j + 3] = __uint_as_float(w.w);
+    }
+}
+
+__device__ __forceinline__ void load16(const __half* p, float* out) {
+    const uint4* v = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const uint4 w = __ldg(v + j);
+        __half h[8];
+        memcpy(h, &w, sizeof(h));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[8 * j + i] = __half2float(h[i]);
+    }
+}
+
+template <typename X>
+__device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__ scales,
+                        const X* __restrict__ x, float* __restrict__ y, int inputs, int outputs,
+                        int rows) {
+    const int lane = threadIdx.x & 31;
+    const int first = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * Q8_OUTS;
+    if (first >= outputs) return;  // the whole warp: no lane is left to reduce with
+    const int blocks = inputs / 32;
+    float acc[Q8_OUTS][Q8_MAX_ROWS];
+#pragma unroll
+    for (int o = 0; o < Q8_OUTS; ++o)
+#pragma unroll
+        for (int r = 0; r < Q8_MAX_ROWS; ++r) acc[o][r] = 0.0f;
+#pragma unroll 2
+    for (int k = lane * 16; k < inputs; k += 32 * 16) {
+        float w[Q8_OUTS][16];
+        float s[Q8_OUTS];
+#pragma unroll
+        for (int o = 0; o < Q8_OUTS; ++o) {
+            if (first + o < outputs) {
+                const size_t row = (size_t)(first + o);
+                const uint4 v = __ldg(reinterpret_cast<const uint4*>(q + row * inputs + k));
+                bytes_to_floats(v.x, w[o]);
+                bytes_to_floats(v.y, w[o] + 4);
+                bytes_to_floats(v.z, w[o] + 8);
+                bytes_to_floats(v.w, w[o] + 12);
+                s[o] = __half2float(scales[row * blocks + k / 32]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 16; ++i) w[o][i] = 0.0f;
+                s[o] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < Q8_MAX_ROWS; ++r) {
+            if (r < rows) {
+                float a[16];
+                load16(x + (size_t)r * inputs + k, a);
+#pragma unroll
+                for (int o = 0; o < Q8_OUTS; ++o) {
+                    float p = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 16; ++i) p += w[o][i] * a[i];
+                    acc[o][r] += s[o] * p;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < Q8_MAX_ROWS; ++r) {
+        if (r < rows) {
+#pragma unroll
+            for (int o = 0; o < Q8_OUTS; ++o) {
+                const float v = warp_sum(acc[o][r]);
+                if (lane == 0 && first + o < outputs) y[(size_t)r * outputs + first + o] = v;
+            }
+        }
+    }
+}
+
+#define GEMV_Q8(NAME, X)                                                                        \
+    extern "C" __global__ void NAME(const int8_t* q, const __half* scales, const X* x, float* y, \
+                                    int inputs, int outputs, int rows) {                       \
+        gemv_q8<X>(q, scales, x, y, inputs, outputs, rows);                                    \
+    }
+
+GEMV_Q8(gemv_q8_f32, float)
+GEMV_Q8(gemv_q8_f16, __half)
