@@ -159,8 +159,12 @@ if [ -n "${DUMMY:-}" ]; then
     echo "batch,peak_mib" > "$OUT/dummy-$shape-peak.csv"
     gguf="$STAGE_DIR/dummy-$shape.gguf"
     runs=()
+    # The sweep leaves time for llama.cpp (150 s) and the refusal (30 s) when they run.
+    reserve=20
+    [ "${PEERS:-1}" != 0 ] && reserve=$(( reserve + 150 ))
+    [ "${DUMMY_OVER:-1}" != 0 ] && reserve=$(( reserve + 30 ))
     for b in $(tr ',' ' ' <<<"$batches"); do
-      left=$(( END - $(date +%s) - 180 ))
+      left=$(( END - $(date +%s) - reserve ))
       [ "$left" -lt 20 ] && { echo "batch $b and larger: not run (the call's time is spent)"; break; }
       write=()
       [ -s "$gguf" ] || write=(--dummy-gguf "$gguf")
