@@ -13,12 +13,15 @@
 #      `llama-batched-bench` (CUDA build) and transformers `generate` (bf16);
 #   5. `quarry bench --device cuda:0` over the batch sweep and modes;
 # then prints one table. Raw results go to $OUT (the device tool brings them back).
-# Variables: BATCHES (default 1,8,32,128,256,512), MODES (default a,b,c: no constraint, schema
+# Variables: BATCHES (default 1,8,32,128,256,512; empty: no sweep), MODES (default a,b,c: no constraint, schema
 # without jump-forward, schema with it), REPEATS (default 3: medians of 3),
 # DOCS (default: the batch size, 16 at least), PP and TG (the peers' prompt and output tokens, default 700
 # and 160, about quarry's documents), CALL_SECONDS (default 570: every step gets a share of what
 # is left, so the call ends inside the device tool's 10 minutes and says what did not run),
-# DUMMY="llama3.1-8b …" (a call of dummy-weight runs only, with DUMMY_BATCHES), TESTS=0 (skip the tests, attention-bench and generate), STAGE_DIR (default /root/quarry-gpu), AB_SECONDS (default 150: kept for the A/B runs), PEERS=0 (skip llama.cpp and transformers, for a short
+# DUMMY="llama3.1-8b …" (a call of dummy-weight runs only, with DUMMY_BATCHES), TESTS=0 (skip the tests, attention-bench and generate), TESTS_SECONDS (default 210 of
+# CALL_SECONDS: when the tests must end; a lease that runs them alone, or before DUMMY runs in
+# the same command, gives them more: 2026-11-28, 170 seconds of which 107 were kept for the
+# steps after them cut every test binary short), STAGE_DIR (default /root/quarry-gpu), AB_SECONDS (default 150: kept for the A/B runs), PEERS=0 (skip llama.cpp and transformers, for a short
 # call after they were measured on the same GPU kind; PEERS=llama: llama.cpp only).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -62,7 +65,7 @@ python3 -m pip install -q --root-user-action=ignore --no-index --no-deps --no-co
 # The CUDA 13 runtime, cuBLAS, cuRAND and NVRTC that the binaries load: PyTorch's wheels have them.
 libdirs="$(find / -xdev \( -name 'libcublas.so.13' -o -name 'libcudart.so.13' -o -name 'libnvrtc.so.13' -o -name 'libcurand.so.10' \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)"
 export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-BATCHES="${BATCHES:-1,8,32,128,256,512}"
+BATCHES="${BATCHES-1,8,32,128,256,512}"
 largest="$(tr ',' '\n' <<<"$BATCHES" | sort -n | tail -1)"
 # merge_runs OUT [SETTING=]FILE...: the results of several `quarry bench` JSON files in one, each
 # result tagged with its SETTING (an environment variable) when one is given.
@@ -203,14 +206,15 @@ if [ -n "${DUMMY:-}" ]; then
     fi
     # DUMMY_AB (space separated VAR=value[,VAR=value…]@BATCH): the same shape with other runtime
     # settings, e.g. QUARRY_DENSE_FROM_ROWS=9@1 (candle's quantized Q8_0 kernels for steps under 9
-    # rows, the weights llama.cpp multiplies, where the default multiplies their f16 copies).
+    # rows, the weights llama.cpp multiplies, where the default multiplies their f16 copies), or
+    # QUARRY_DENSE_FROM_ROWS=9,QUARRY_Q8_GEMV=on@1 (quarry's 8-bit GEMV there instead).
     for entry in ${DUMMY_AB:-}; do
       setting="${entry%@*}" b="${entry##*@}"
-      # Small steps below QUARRY_DENSE_FROM_ROWS multiply Q8_0 weights with gemv_q8: not where
-      # its test failed earlier in this lease.
-      if [[ "$setting" == *QUARRY_DENSE_FROM_ROWS* ]] && [ -s "$STAGE_DIR/tests-raw.txt" ] \
+      # QUARRY_Q8_GEMV=on multiplies small steps' Q8_0 weights with gemv_q8: not where its test
+      # did not pass earlier in this lease.
+      if [[ "$setting" == *QUARRY_Q8_GEMV* ]] && [ -s "$STAGE_DIR/tests-raw.txt" ] \
         && ! grep -q "gemv_q8_matches_its_reference \.\.\. ok" "$STAGE_DIR/tests-raw.txt"; then
-        echo "$setting at batch $b: not run (gemv_q8 failed its test)"; continue
+        echo "$setting at batch $b: not run (gemv_q8 did not pass its test)"; continue
       fi
       left=$(( END - $(date +%s) - 10 ))
       [ "$left" -lt 20 ] && { echo "$setting at batch $b: not run (the call's time is spent)"; continue; }
@@ -276,16 +280,25 @@ split_ok=1
 failed_fusions=()
 if [ "${TESTS:-1}" != 0 ]; then
 : > "$STAGE_DIR/tests-raw.txt"
+# The tests end TESTS_SECONDS (default 210 of the 570) after the call began, leaving the rest
+# for what follows them; a call of tests alone (BATCHES= PEERS=0) gives them all but 30.
+after_tests=$(( ${CALL_SECONDS:-570} - ${TESTS_SECONDS:-$(( ${CALL_SECONDS:-570} * 210 / 570 ))} ))
 for t in "$PACK"/tests/quarry_model-* $(ls "$PACK"/tests/* | grep -v '/quarry_model-'); do
   section "tests $(basename "$t") on cuda:0"
   only=("${model_tests[@]}")
   case "$(basename "$t")" in quarry_model-*) only=(cuda::) ;; esac
-  QUARRY_TEST_DEVICE=cuda:0 QUARRY_ROOT="$PWD" timeout "$(budget 180 $(( ${CALL_SECONDS:-570} * 360 / 570 )))" "$t" "${only[@]}" \
+  QUARRY_TEST_DEVICE=cuda:0 QUARRY_ROOT="$PWD" timeout "$(budget 180 "$after_tests")" "$t" "${only[@]}" \
     --test-threads 1 2>&1 | tee -a "$STAGE_DIR/tests-raw.txt" | grep -Ev '^test .* \.\.\. ok$' | tail -40 || status=1
 done 2>&1 | tee "$OUT/tests.txt"
 # A kernel that fails its test (or crashes it) would make every timing after it meaningless: the
 # rest of the call then runs with that kernel's fallback, and says so.
 passed() { grep -q "$1 \.\.\. ok" "$STAGE_DIR/tests-raw.txt"; }
+# Every "!! … failed" below means "did not pass": where no test failed, the time limit cut the
+# tests short (TESTS_SECONDS), which this says once.
+if ! grep -q "\.\.\. FAILED" "$STAGE_DIR/tests-raw.txt" && grep -q "^running [0-9]* test" "$STAGE_DIR/tests-raw.txt" \
+  && [ "$(grep -c '^test result:' "$STAGE_DIR/tests-raw.txt")" -lt "$(grep -c '^running [0-9]* test' "$STAGE_DIR/tests-raw.txt")" ]; then
+  echo "!! no test failed, but some test binaries did not finish in their time (raise TESTS_SECONDS): what did not run counts as failed below"
+fi
 # The attention kernel's default layout is `warps`; `per-dimension` is its other one.
 if ! passed paged_attention_warps_matches_its_reference_on_a_mixed_batch; then
   if passed paged_attention_matches_its_reference_on_a_mixed_batch; then

@@ -92,9 +92,11 @@ family! {
 }
 
 family! {
-    /// `gemv_q8_{x}`: q (int8), scales (f16), x (f32 or f16), y (f32), inputs, outputs, rows.
+    /// `gemv_q8_r{room}_{x}`: q (int8), scales (f16), x (f32 or f16), y (f32), inputs, outputs,
+    /// rows (at most room).
     gemv_q8: fn(*const i8, *const c_void, *const c_void, *mut f32, i32, i32, i32) {
-        gemv_q8_f32, gemv_q8_f16,
+        gemv_q8_r1_f32, gemv_q8_r2_f32, gemv_q8_r4_f32, gemv_q8_r8_f32,
+        gemv_q8_r1_f16, gemv_q8_r2_f16, gemv_q8_r4_f16, gemv_q8_r8_f16,
     }
 }
 

@@ -38,6 +38,13 @@ pub struct ModelOptions {
     /// batch (logits up to 2.6 apart); dense, batch 128 ran 1.19× faster and agreed with
     /// llama.cpp more often (H100, 2026-11-26).
     pub dense_from_rows: usize,
+    /// Steps below `dense_from_rows` multiply Q8_0 weights with quarry's 8-bit GEMV
+    /// (`kernels/gemv_q8.cu`: the weights' int8 values with activations kept f16) instead of
+    /// candle's quantized kernels, where `dense_from_rows` is at most 9. Off by default: its
+    /// first form made a batch-1 step of the Llama-3.1-8B shape 5.90 ms on an H200, where
+    /// candle's kernels took 5.08 and the f16 copies 5.69 (2026-11-28); the form built since is
+    /// not yet measured.
+    pub q8_gemv: bool,
     /// Where a GPU draws a step's tokens: `device` (the default: the sampling kernel, so only
     /// the tokens come back) or `host` (the logits come back and the host draws, as on a CPU;
     /// for comparing the two).
@@ -74,6 +81,7 @@ impl Default for ModelOptions {
             attention_chunk: None,
             kv_dtype: KvDtype::F16,
             dense_from_rows: 1,
+            q8_gemv: false,
             sampling: SamplingSite::Device,
             cuda_graphs: true,
             gemm_add: Switch::Auto,
@@ -146,11 +154,12 @@ pub enum OptionError {
 }
 
 /// The option keys, in the order of [`ModelOptions`]'s fields.
-const KEYS: [&str; 11] = [
+const KEYS: [&str; 12] = [
     "attention",
     "attention_chunk",
     "kv_dtype",
     "dense_from_rows",
+    "q8_gemv",
     "sampling",
     "cuda_graphs",
     "gemm_add",
@@ -162,11 +171,12 @@ const KEYS: [&str; 11] = [
 
 impl ModelOptions {
     /// The environment variables the binary reads at start-up, and the option each sets.
-    pub const VARIABLES: [(&'static str, &'static str); 11] = [
+    pub const VARIABLES: [(&'static str, &'static str); 12] = [
         ("QUARRY_ATTENTION", "attention"),
         ("QUARRY_ATTENTION_CHUNK", "attention_chunk"),
         ("QUARRY_KV_DTYPE", "kv_dtype"),
         ("QUARRY_DENSE_FROM_ROWS", "dense_from_rows"),
+        ("QUARRY_Q8_GEMV", "q8_gemv"),
         ("QUARRY_SAMPLING", "sampling"),
         ("QUARRY_CUDA_GRAPHS", "cuda_graphs"),
         ("QUARRY_GEMM_ADD", "gemm_add"),
@@ -184,6 +194,7 @@ impl ModelOptions {
   attention_chunk=auto|N                             context positions per split-K chunk (auto: the kernel plan's)
   kv_dtype=f16|bf16|f32                              GPU KV pool element type (f16)
   dense_from_rows=N                                  rows from which GPU projections use f16 weights; 0: quantized only (1)
+  q8_gemv=on|off                                     Q8_0 below dense_from_rows (at most 9) through quarry's 8-bit GEMV (off)
   sampling=device|host                               where a GPU draws tokens (device)
   cuda_graphs=on|off                                 replay decode steps as CUDA graphs (on)
   gemm_add=auto|on|off                               GEMMs add into the residual stream (auto: up to 16-token steps)
@@ -229,11 +240,12 @@ impl ModelOptions {
             "cpu_weights" => {
                 self.cpu_weights = choice(v).ok_or_else(|| bad("auto, f32 or q8_0"))?
             }
-            k @ ("cuda_graphs" | "add_norm" | "profile") => {
+            k @ ("cuda_graphs" | "add_norm" | "profile" | "q8_gemv") => {
                 let on = switch(v).ok_or_else(|| bad("on or off"))?;
                 match k {
                     "cuda_graphs" => self.cuda_graphs = on,
                     "add_norm" => self.add_norm = on,
+                    "q8_gemv" => self.q8_gemv = on,
                     _ => self.profile = on,
                 }
             }
@@ -301,6 +313,7 @@ mod tests {
             ("attention_chunk", "64", "0"),
             ("kv_dtype", "bf16", "f8"),
             ("dense_from_rows", "0", "-1"),
+            ("q8_gemv", "on", "fast"),
             ("sampling", "host", "gpu"),
             ("cuda_graphs", "off", "maybe"),
             ("gemm_add", "on", "yes"),
@@ -317,7 +330,7 @@ mod tests {
         assert_eq!(o.kv_dtype, KvDtype::Bf16);
         assert_eq!(o.dense_from_rows, 0);
         assert_eq!(o.sampling, SamplingSite::Host);
-        assert!(!o.cuda_graphs && o.add_norm && o.profile);
+        assert!(!o.cuda_graphs && o.add_norm && o.profile && o.q8_gemv);
         assert_eq!((o.gemm_add, o.rope_store), (Switch::On, Switch::Off));
         assert!(matches!(
             o.set("attn", "warps"),

@@ -173,14 +173,18 @@ pub(crate) fn gemv_q8(
             l.start_offset()
         );
     }
-    let name = match &s.slice {
-        S::F32(_) => "gemv_q8_f32",
-        S::F16(_) => "gemv_q8_f16",
+    let input = match &s.slice {
+        S::F32(_) => "f32",
+        S::F16(_) => "f16",
         _ => candle_core::bail!("gemv_q8: an f32 or f16 input"),
     };
-    let func = s
-        .device
-        .get_or_load_custom_func(name, "quarry_gemv_q8", GEMV_Q8_PTX)?;
+    // The form with room for the step's rows (its registers grow with them).
+    let room = [1, 2, 4, 8].into_iter().find(|&r| r >= rows).unwrap_or(8);
+    let func = s.device.get_or_load_custom_func(
+        &format!("gemv_q8_r{room}_{input}"),
+        "quarry_gemv_q8",
+        GEMV_Q8_PTX,
+    )?;
     let qh = held(q);
     let qv = held_view::<u8>(&qh.0, qh.1, "gemv_q8: the weights")?;
     let sh = held(scales);
@@ -205,7 +209,7 @@ pub(crate) fn gemv_q8(
         b.arg(&qv).arg(&sv);
         arg_f32_or_f16!(b, s, l, "gemv_q8: the input", x32, x16);
         b.arg(&mut y).arg(&inputs32).arg(&outputs32).arg(&rows32);
-        // SAFETY: the arguments match `gemv_q8_*` in kernels/gemv_q8.cu: `q` holds outputs ·
+        // SAFETY: the arguments match `gemv_q8_r*` in kernels/gemv_q8.cu: `q` holds outputs ·
         // inputs bytes and `scales` outputs · inputs / 32 values, the input `rows` rows of
         // `inputs` values from an aligned start; the kernel writes all rows · outputs values.
         unsafe { b.launch(cfg) }.w()?;
@@ -671,7 +675,7 @@ mod tests {
             let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
             let on_gpu = Q8Rows::from_q8_0(&q, &cuda).unwrap();
             let on_cpu = Q8Rows::from_q8_0(&q, &candle_core::Device::Cpu).unwrap();
-            for rows in [1usize, 2, 5, 8, 20] {
+            for rows in [1usize, 2, 3, 5, 8, 20] {
                 for input in [DType::F32, DType::F16] {
                     let (junk, _) = both(
                         &values(9, rows * inputs, -50.0, 50.0),

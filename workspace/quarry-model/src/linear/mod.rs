@@ -27,6 +27,27 @@ pub use q8_rows::gemv_q8_reference;
 pub(crate) use q8_rows::{Q8Rows, Q8_MAX_ROWS};
 use quant::{Format, QuantMatrix};
 
+/// How a GPU holds a projection's quantized weights: their f16 copies from `dense_from` rows
+/// ([`crate::ModelOptions::dense_from_rows`], or 0 where [`GpuWeights`] found no room), and
+/// below, Q8_0 through the 8-bit GEMV where `q8_gemv` ([`crate::ModelOptions::q8_gemv`]),
+/// candle's kernels otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GpuForms {
+    pub dense_from: usize,
+    pub q8_gemv: bool,
+}
+
+#[cfg(test)]
+impl GpuForms {
+    /// Dense from `rows`, candle's kernels below.
+    pub(crate) fn dense_from(rows: usize) -> Self {
+        Self {
+            dense_from: rows,
+            q8_gemv: false,
+        }
+    }
+}
+
 /// A projection `y = x·Wᵀ`.
 pub(crate) enum Linear {
     Candle(QMatMul),
@@ -50,16 +71,17 @@ pub(crate) enum Small {
     /// candle's quantized kernels (activations rounded to 8 bits).
     Candle(QMatMul),
     /// Q8_0 weights through `kernels/gemv_q8.cu` (activations as they come, 8.5 bits a weight
-    /// read): where `dense_from_rows` is at most [`Q8_MAX_ROWS`] + 1, so that a small step is
-    /// one launch.
+    /// read), with `q8_gemv` and where `dense_from_rows` is at most [`Q8_MAX_ROWS`] + 1, so
+    /// that a small step is one launch.
     Q8(Q8Rows),
 }
 
 impl Small {
-    /// The form for `t`'s format below a switch at `dense_from` rows.
-    fn new(t: QTensor, device: &Device, dense_from: usize) -> Result<Self> {
-        if t.dtype() == GgmlDType::Q8_0
-            && dense_from <= Q8_MAX_ROWS + 1
+    /// The form for `t`'s format below the switch of `forms`.
+    fn new(t: QTensor, device: &Device, forms: GpuForms) -> Result<Self> {
+        if forms.q8_gemv
+            && t.dtype() == GgmlDType::Q8_0
+            && forms.dense_from <= Q8_MAX_ROWS + 1
             && t.shape().dims2()?.1.is_multiple_of(32)
         {
             return Ok(Small::Q8(Q8Rows::from_q8_0(&t, device)?));
@@ -102,15 +124,14 @@ impl Small {
 }
 
 impl Linear {
-    /// A projection of weights `t` on `device`; on a GPU dense from `dense_from` rows
-    /// ([`crate::ModelOptions::dense_from_rows`], or 0 where [`GpuWeights`] found no room).
-    pub(crate) fn new(t: Stored, device: &Device, dense_from: usize) -> Result<Self> {
+    /// A projection of weights `t` on `device`, held on a GPU in the `forms` given.
+    pub(crate) fn new(t: Stored, device: &Device, forms: GpuForms) -> Result<Self> {
         match t {
             Stored::Quant(t) if device.is_cpu() => match Format::of(t.dtype()) {
                 Some(_) => Ok(Linear::Quant(QuantMatrix::new(&[t])?)),
                 None => Ok(Linear::Candle(QMatMul::from_qtensor(t)?)),
             },
-            Stored::Quant(t) => Self::dual(t, device, dense_from),
+            Stored::Quant(t) => Self::dual(t, device, forms),
             Stored::Dense(t) => Self::plain(t, device),
         }
     }
@@ -118,7 +139,8 @@ impl Linear {
     /// A GPU's forms of quantized (or GGUF F32/F16/BF16) weights: f16 only from 1 row, both
     /// forms switching at `dense_from` rows above that, the quantized form only at 0. F16 and
     /// BF16 values are f16 weights at every setting; F32 stay f32.
-    fn dual(t: QTensor, device: &Device, dense_from: usize) -> Result<Self> {
+    fn dual(t: QTensor, device: &Device, forms: GpuForms) -> Result<Self> {
+        let dense_from = forms.dense_from;
         match t.dtype() {
             GgmlDType::F32 => return Ok(Linear::Candle(QMatMul::from_qtensor(t)?)),
             GgmlDType::F16 | GgmlDType::BF16 => return Self::plain(t.dequantize(device)?, device),
@@ -128,7 +150,7 @@ impl Linear {
         }
         let dense = t.dequantize_f16(device)?;
         Ok(Linear::Dual {
-            quant: Small::new(t, device, dense_from)?,
+            quant: Small::new(t, device, forms)?,
             dense,
             dense_from,
         })
@@ -259,7 +281,7 @@ pub(crate) enum Fused {
 }
 
 impl Fused {
-    pub(crate) fn new(parts: Vec<Stored>, device: &Device, dense_from: usize) -> Result<Self> {
+    pub(crate) fn new(parts: Vec<Stored>, device: &Device, forms: GpuForms) -> Result<Self> {
         let format = |t: &Stored| match t {
             Stored::Quant(q) => Format::of(q.dtype()),
             Stored::Dense(_) => None,
@@ -277,7 +299,7 @@ impl Fused {
         }
         let parts = parts
             .into_iter()
-            .map(|t| Linear::new(t, device, dense_from))
+            .map(|t| Linear::new(t, device, forms))
             .collect::<Result<Vec<_>>>()?;
         if device.is_cpu() {
             return Ok(Fused::Separate(parts));
@@ -428,9 +450,9 @@ mod tests {
         let (n, k) = (24, 128);
         let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
         let q = || QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
-        let dense = Linear::dual(q(), &dev, 1).unwrap();
+        let dense = Linear::dual(q(), &dev, GpuForms::dense_from(1)).unwrap();
         assert!(matches!(dense, Linear::Dense(_)));
-        let both = Linear::dual(q(), &dev, 2).unwrap();
+        let both = Linear::dual(q(), &dev, GpuForms::dense_from(2)).unwrap();
         for m in [1usize, 2, 5] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &dev).unwrap();
             assert_eq!(dense.input_dtype(m), DType::F16);
@@ -469,7 +491,7 @@ mod tests {
     fn plain_weights_multiply_in_f32_on_a_cpu() {
         let dev = Device::Cpu;
         let w = bf16_matrix(16, 32, 1.0);
-        let l = Linear::new(Stored::Dense(w.clone()), &dev, 1).unwrap();
+        let l = Linear::new(Stored::Dense(w.clone()), &dev, GpuForms::dense_from(1)).unwrap();
         assert!(matches!(l, Linear::Candle(_)));
         assert_eq!(l.input_dtype(3), DType::F32);
         let x = Tensor::randn(0f32, 1.0, (3, 32), &dev).unwrap();
@@ -489,7 +511,12 @@ mod tests {
             .iter()
             .map(|&n| {
                 let w = Tensor::randn(0f32, 1.0, (n, k), &dev).unwrap();
-                Linear::dual(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(), &dev, 1).unwrap()
+                Linear::dual(
+                    QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(),
+                    &dev,
+                    GpuForms::dense_from(1),
+                )
+                .unwrap()
             })
             .collect();
         let x = Tensor::randn(0f32, 1.0, (1, k), &dev).unwrap();

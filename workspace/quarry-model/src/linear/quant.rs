@@ -675,7 +675,13 @@ unsafe fn group_avx2<const R: usize>(w: &Group, a: &[Act]) -> [[f32; LANES]; R] 
 #[cfg(test)]
 mod tests {
     use super::super::gemm_add::GemmAdd;
-    use super::super::{Fused, Linear};
+    use super::super::{Fused, GpuForms, Linear};
+
+    /// Dense from 4 rows, Q8_0 through the 8-bit GEMV below.
+    const Q8_GEMV_FROM_4: GpuForms = GpuForms {
+        dense_from: 4,
+        q8_gemv: true,
+    };
     use super::*;
     use candle_core::quantized::QMatMul;
     use candle_core::{Device, Module};
@@ -774,11 +780,11 @@ mod tests {
         }
     }
 
-    /// The dual projection: below its switch the quantized weights (Q8_0 through the 8-bit GEMV,
-    /// within f32 rounding of the dequantized weights, where candle's matmul rounds the
-    /// activations to 8 bits), from it the f16 copy, within f16 rounding of the dequantized
-    /// weights; 0 keeps only the quantized form. Other formats, and a switch above the GEMV's
-    /// rows, take candle's matmul below the switch, exactly.
+    /// The dual projection: below its switch the quantized weights (Q8_0 through the 8-bit GEMV
+    /// with `q8_gemv`, within f32 rounding of the dequantized weights, where candle's matmul
+    /// rounds the activations to 8 bits), from it the f16 copy, within f16 rounding of the
+    /// dequantized weights; 0 keeps only the quantized form. Other formats, a switch above the
+    /// GEMV's rows, and Q8_0 without `q8_gemv` take candle's matmul below the switch, exactly.
     #[test]
     fn dual_weights_switch_at_their_row_count() {
         let dev = Device::Cpu;
@@ -787,7 +793,7 @@ mod tests {
         let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
         let exact = q.dequantize(&dev).unwrap();
         let quant = QMatMul::from_qtensor(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap()).unwrap();
-        let dual = Linear::dual(q, &dev, 4).unwrap();
+        let dual = Linear::dual(q, &dev, Q8_GEMV_FROM_4).unwrap();
         assert!(matches!(dual, Linear::Dual { dense_from: 4, .. }));
         let rel = |a: &Tensor, b: &Tensor| {
             let v = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -818,13 +824,22 @@ mod tests {
         }
         let off = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
         assert!(matches!(
-            Linear::dual(off, &dev, 0).unwrap(),
+            Linear::dual(off, &dev, GpuForms::dense_from(0)).unwrap(),
             Linear::Candle(_)
         ));
         let x = Tensor::randn(0f32, 1.0, (2, k), &dev).unwrap();
-        for (format, dense_from) in [(GgmlDType::Q4_1, 4), (GgmlDType::Q8_0, 32)] {
-            let dual =
-                Linear::dual(QTensor::quantize(&w, format).unwrap(), &dev, dense_from).unwrap();
+        for (format, forms) in [
+            (GgmlDType::Q4_1, Q8_GEMV_FROM_4),
+            (
+                GgmlDType::Q8_0,
+                GpuForms {
+                    dense_from: 32,
+                    q8_gemv: true,
+                },
+            ),
+            (GgmlDType::Q8_0, GpuForms::dense_from(4)),
+        ] {
+            let dual = Linear::dual(QTensor::quantize(&w, format).unwrap(), &dev, forms).unwrap();
             assert!(matches!(
                 dual,
                 Linear::Dual {
@@ -855,16 +870,16 @@ mod tests {
                 .map(|w| QTensor::quantize(w, GgmlDType::Q8_0).unwrap())
         };
         let alone: Vec<Linear> = quantized()
-            .map(|q| Linear::dual(q, &dev, 4).unwrap())
+            .map(|q| Linear::dual(q, &dev, Q8_GEMV_FROM_4).unwrap())
             .collect();
         let separate = Fused::Separate(
             quantized()
-                .map(|q| Linear::dual(q, &dev, 4).unwrap())
+                .map(|q| Linear::dual(q, &dev, Q8_GEMV_FROM_4).unwrap())
                 .collect(),
         );
         let dense = Fused::stack(
             quantized()
-                .map(|q| Linear::dual(q, &dev, 4).unwrap())
+                .map(|q| Linear::dual(q, &dev, Q8_GEMV_FROM_4).unwrap())
                 .collect(),
         )
         .unwrap();
@@ -890,8 +905,8 @@ mod tests {
         let f32_part = QTensor::quantize(&weights[0], GgmlDType::F32).unwrap();
         let q8 = QTensor::quantize(&weights[1], GgmlDType::Q8_0).unwrap();
         let parts = vec![
-            Linear::dual(f32_part, &dev, 4).unwrap(),
-            Linear::dual(q8, &dev, 4).unwrap(),
+            Linear::dual(f32_part, &dev, Q8_GEMV_FROM_4).unwrap(),
+            Linear::dual(q8, &dev, Q8_GEMV_FROM_4).unwrap(),
         ];
         assert!(matches!(Fused::stack(parts).unwrap(), Fused::Separate(_)));
     }

@@ -12,7 +12,7 @@ use crate::batch::{Logits, Plan, SeqInput};
 use crate::config::LlamaConfig;
 use crate::error::{without_backtrace, ModelError, Result};
 use crate::kernel_plan::AttentionKernel;
-use crate::linear::{Fused, Linear};
+use crate::linear::{Fused, GpuForms, Linear};
 use crate::options::{Attention, ModelOptions, SamplingSite};
 use crate::pool::{KvPool, KvStorage};
 use crate::ragged::Heads;
@@ -54,11 +54,11 @@ impl Layer {
         i: usize,
         get: &mut impl FnMut(&str, &[usize]) -> Result<Stored>,
         device: &Device,
-        dense_from: usize,
+        forms: GpuForms,
     ) -> Result<Self> {
         let (e, hd) = (c.embedding_length, c.head_dim);
         let dense = |t: Stored| t.to_f32(device);
-        let mm = |t: Stored| Linear::new(t, device, dense_from);
+        let mm = |t: Stored| Linear::new(t, device, forms);
         let mut t = |suffix: &str, dims: &[usize]| get(&format!("blk.{i}.{suffix}"), dims);
         // A pair of norm vectors of width `w` that the config may or may not have.
         let mut norms = |has: bool, a: &str, b: &str, w: usize| -> Result<_> {
@@ -96,7 +96,7 @@ impl Layer {
                     t("attn_v.weight", &[c.head_count_kv * hd, e])?,
                 ],
                 device,
-                dense_from,
+                forms,
             )?,
             wo: mm(t("attn_output.weight", &[e, c.head_count * hd])?)?,
             ffn_norm: dense(t("ffn_norm.weight", &[e])?)?,
@@ -106,7 +106,7 @@ impl Layer {
                     t("ffn_up.weight", &[c.feed_forward_length, e])?,
                 ],
                 device,
-                dense_from,
+                forms,
             )?,
             w_down: mm(t("ffn_down.weight", &[e, c.feed_forward_length])?)?,
         })
@@ -245,9 +245,12 @@ impl Llama {
         ),
     ) -> Result<Self> {
         let untied = weights.has("output.weight");
-        let dense_from = gpu_weights
-            .as_ref()
-            .map_or(options.dense_from_rows, |p| p.dense_from);
+        let forms = GpuForms {
+            dense_from: gpu_weights
+                .as_ref()
+                .map_or(options.dense_from_rows, |p| p.dense_from),
+            q8_gemv: options.q8_gemv,
+        };
         let mut get = |name: &str, dims: &[usize]| -> Result<Stored> {
             if !weights.has(name) {
                 return Err(ModelError::MissingTensor {
@@ -266,7 +269,7 @@ impl Llama {
         };
         let c = &config;
         let e = c.embedding_length;
-        let mm = |t: Stored| Linear::new(t, device, dense_from);
+        let mm = |t: Stored| Linear::new(t, device, forms);
         let embed_q = get("token_embd.weight", &[c.vocab_size, e])?;
         let embed = embed_q.to_f32(device)?;
         let lm_head = if untied {
@@ -276,7 +279,7 @@ impl Llama {
             mm(embed_q)?
         };
         let layers = (0..c.block_count)
-            .map(|i| Layer::load(c, i, &mut get, device, dense_from))
+            .map(|i| Layer::load(c, i, &mut get, device, forms))
             .collect::<Result<Vec<_>>>()?;
         let norm = get("output_norm.weight", &[e])?.to_f32(device)?;
         let mut rope = vec![rope_table(c, false, device)?];
