@@ -350,6 +350,9 @@ fi
 
 section "the attention kernel's layouts (attention-bench)"
 timeout 60 "$PACK/bin/attention-bench" || status=1
+# Llama 3.1 8B's heads (32 on 8 of 128), where the 8B shape's step at batch 256 spent half its
+# time in attention (BENCHMARKS.md, 2026-11-28).
+timeout 60 "$PACK/bin/attention-bench" 800 llama3-8b || status=1
 
 section "quarry generate --device cuda:0"
 timeout 60 "$Q" generate --device cuda:0 --chat --max-tokens 48 \

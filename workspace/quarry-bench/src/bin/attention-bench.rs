@@ -1,10 +1,12 @@
 //! The paged attention kernel's layouts on a GPU, against the copy engine as the ceiling
 //! (`make gpu-pack` builds it, `infra/gpu-check.sh` runs it; needs the `cuda` feature and a GPU):
 //!
-//! `attention-bench [context]`
+//! `attention-bench [context] [shape]`
 //!
-//! SmolLM2's shape (9 query heads on 3 key-value heads of 64), an f16 pool with one position per
-//! page (as the engine allocates), every sequence's pages scattered. For decode batches of 1 to 512
+//! A model's heads (`smollm2`, the default: 9 query heads on 3 key-value heads of 64;
+//! `llama3-8b`: 32 on 8 of 128, Llama 3.1 8B's and Qwen3 8B's; `qwen2.5-0.5b`: 14 on 2 of 64), an
+//! f16 pool with one position per page (as the engine allocates), every sequence's pages
+//! scattered. For decode batches of 1 to 512
 //! rows at `context` positions each (default 800), and a 512-token prefill, it times each layout
 //! (per-dimension, warps, and warps split over the positions with the chunk it chooses) with CUDA
 //! events (median of 20 launches after 3 warm-ups) and reports the bytes of keys and values a
@@ -20,9 +22,12 @@ use quarry_model::{AttentionKernel, RaggedBatch, SeqInput};
 
 const REPEATS: usize = 20;
 const WARM_UP: usize = 3;
-const N_HEAD: usize = 9;
-const N_KV: usize = 3;
-const HEAD_DIM: usize = 64;
+/// The shapes by name: query heads, key-value heads, head width.
+const SHAPES: [(&str, usize, usize, usize); 3] = [
+    ("smollm2", 9, 3, 64),
+    ("llama3-8b", 32, 8, 128),
+    ("qwen2.5-0.5b", 14, 2, 64),
+];
 
 fn values(seed: u64, n: usize) -> Vec<f32> {
     let mut s = seed | 1;
@@ -60,19 +65,27 @@ fn main() {
         .nth(1)
         .map(|s| s.parse().expect("the context is a number of positions"))
         .unwrap_or(800);
+    let name = std::env::args().nth(2).unwrap_or_else(|| "smollm2".into());
+    let Some(&(_, n_head, n_kv, head_dim)) = SHAPES.iter().find(|s| s.0 == name) else {
+        eprintln!(
+            "attention-bench: no shape `{name}` (one of {})",
+            SHAPES.map(|s| s.0).join(", ")
+        );
+        std::process::exit(2);
+    };
     let dev = candle_core::Device::new_cuda(0)
         .and_then(|d| d.as_cuda_device().cloned())
         .expect("attention-bench needs a GPU");
-    let kv_dim = N_KV * HEAD_DIM;
+    let kv_dim = n_kv * head_dim;
     let shape = AttentionShape {
-        n_head: N_HEAD,
-        n_kv: N_KV,
-        head_dim: HEAD_DIM,
-        scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+        n_head,
+        n_kv,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
         window: 0,
     };
     println!(
-        "paged attention, {N_HEAD}/{N_KV} heads of {HEAD_DIM}, f16 pool, {context} positions per sequence"
+        "paged attention, {name}: {n_head}/{n_kv} heads of {head_dim}, f16 pool, {context} positions per sequence"
     );
     println!(
         "{:>22} {:>16} {:>10} {:>10} {:>16} {:>10} {:>10}",
@@ -95,6 +108,7 @@ fn main() {
         ("decode, batch 8", 8, 1),
         ("decode, batch 32", 32, 1),
         ("decode, batch 128", 128, 1),
+        ("decode, batch 256", 256, 1),
         ("decode, batch 512", 512, 1),
         ("prefill, 512 tokens", 1, 512),
     ];
@@ -121,13 +135,13 @@ fn main() {
         let k = dev.clone_htod(&half(values(1, rows * kv_dim))).expect("k");
         let v = dev.clone_htod(&half(values(2, rows * kv_dim))).expect("v");
         let q = dev
-            .clone_htod(&values(3, meta.tokens() * N_HEAD * HEAD_DIM))
+            .clone_htod(&values(3, meta.tokens() * n_head * head_dim))
             .expect("q");
         let mut outs: Vec<CudaSlice<f32>> = Vec::new();
         let mut times = Vec::new();
         for kernel in kernels {
             let mut out = dev
-                .alloc_zeros::<f32>(meta.tokens() * N_HEAD * HEAD_DIM)
+                .alloc_zeros::<f32>(meta.tokens() * n_head * head_dim)
                 .expect("out");
             let ms = time_ms(&dev, || {
                 paged_attention(
