@@ -4,8 +4,8 @@
 //! and plain weights in f32; on a GPU the weights in f16 for cuBLAS (dequantized once, or a
 //! checkpoint's bf16/f16 as they are; [`gemm_add::GemmAdd`] adds into the residual stream), or
 //! candle's quantized kernels where [`GpuWeights`] finds that the f16 copies do not fit; below
-//! `ModelOptions::dense_from_rows`, Q8_0 weights through quarry's own 8-bit GEMV ([`q8_rows`])
-//! and other formats through candle's quantized kernels.
+//! `ModelOptions::dense_from_rows`, candle's quantized kernels, or for Q8_0 with
+//! `ModelOptions::q8_gemv` quarry's own 8-bit GEMV ([`q8_rows`]).
 
 mod gemm_add;
 mod host_plan;

@@ -3,7 +3,8 @@
 //! (`[outputs, inputs / 32]`), multiplied by `kernels/gemv_q8.cu` for steps of a few rows. Such a
 //! step reads every weight once, so its time is the weights' bytes: 8.5 bits a weight where the
 //! f16 copies take 16. The activations stay f16 or f32 (candle's quantized kernels, which this
-//! replaces for Q8_0 below `dense_from_rows`, round them to 8 bits), with sums in f32.
+//! replaces for Q8_0 below `dense_from_rows` with `q8_gemv`, round them to 8 bits), with sums in
+//! f32.
 //!
 //! The op's CPU side is the reference ([`gemv_q8_reference`]): the kernel's products, summed in
 //! another order. Tests: `quarry-cuda-emu` runs the kernel's source against it on the CPU, and
