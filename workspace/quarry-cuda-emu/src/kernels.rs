@@ -44,14 +44,24 @@ family! {
                   *const u32, *mut c_void, i32, i32, i32, i32, f32, i32) {
         paged_attention_f32, paged_attention_f16, paged_attention_bf16,
         paged_attention_f32_out16, paged_attention_f16_out16, paged_attention_bf16_out16,
-        paged_attention_warps2_f32, paged_attention_warps2_f16, paged_attention_warps2_bf16,
-        paged_attention_warps4_f32, paged_attention_warps4_f16, paged_attention_warps4_bf16,
-        paged_attention_warps8_f32, paged_attention_warps8_f16, paged_attention_warps8_bf16,
-        paged_attention_warps2_f32_out16, paged_attention_warps2_f16_out16,
-        paged_attention_warps2_bf16_out16, paged_attention_warps4_f32_out16,
-        paged_attention_warps4_f16_out16, paged_attention_warps4_bf16_out16,
-        paged_attention_warps8_f32_out16, paged_attention_warps8_f16_out16,
-        paged_attention_warps8_bf16_out16,
+        paged_attention_warps2g4_f32, paged_attention_warps2g4_f32_out16,
+        paged_attention_warps2g4_f16, paged_attention_warps2g4_f16_out16,
+        paged_attention_warps2g4_bf16, paged_attention_warps2g4_bf16_out16,
+        paged_attention_warps4g4_f32, paged_attention_warps4g4_f32_out16,
+        paged_attention_warps4g4_f16, paged_attention_warps4g4_f16_out16,
+        paged_attention_warps4g4_bf16, paged_attention_warps4g4_bf16_out16,
+        paged_attention_warps8g4_f32, paged_attention_warps8g4_f32_out16,
+        paged_attention_warps8g4_f16, paged_attention_warps8g4_f16_out16,
+        paged_attention_warps8g4_bf16, paged_attention_warps8g4_bf16_out16,
+        paged_attention_warps2g8_f32, paged_attention_warps2g8_f32_out16,
+        paged_attention_warps2g8_f16, paged_attention_warps2g8_f16_out16,
+        paged_attention_warps2g8_bf16, paged_attention_warps2g8_bf16_out16,
+        paged_attention_warps4g8_f32, paged_attention_warps4g8_f32_out16,
+        paged_attention_warps4g8_f16, paged_attention_warps4g8_f16_out16,
+        paged_attention_warps4g8_bf16, paged_attention_warps4g8_bf16_out16,
+        paged_attention_warps8g8_f32, paged_attention_warps8g8_f32_out16,
+        paged_attention_warps8g8_f16, paged_attention_warps8g8_f16_out16,
+        paged_attention_warps8g8_bf16, paged_attention_warps8g8_bf16_out16,
     }
 }
 
@@ -60,9 +70,12 @@ family! {
     attention_split: fn(*const f32, *const c_void, *const c_void, *const u32, *const u32,
                         *const u32, *const u32, *mut f32, i32, i32, i32, i32, f32, i32, i32,
                         *mut f32) {
-        paged_attention_split2_f32, paged_attention_split2_f16, paged_attention_split2_bf16,
-        paged_attention_split4_f32, paged_attention_split4_f16, paged_attention_split4_bf16,
-        paged_attention_split8_f32, paged_attention_split8_f16, paged_attention_split8_bf16,
+        paged_attention_split2g4_f32, paged_attention_split2g4_f16, paged_attention_split2g4_bf16,
+        paged_attention_split4g4_f32, paged_attention_split4g4_f16, paged_attention_split4g4_bf16,
+        paged_attention_split8g4_f32, paged_attention_split8g4_f16, paged_attention_split8g4_bf16,
+        paged_attention_split2g8_f32, paged_attention_split2g8_f16, paged_attention_split2g8_bf16,
+        paged_attention_split4g8_f32, paged_attention_split4g8_f16, paged_attention_split4g8_bf16,
+        paged_attention_split8g8_f32, paged_attention_split8g8_f16, paged_attention_split8g8_bf16,
     }
 }
 

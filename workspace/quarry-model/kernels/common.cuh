@@ -11,7 +11,13 @@
 // A kernel's dynamic shared memory (the launch's shared_mem_bytes), as a macro so that
 // quarry-cuda-emu, which runs these kernels on the CPU, can give it a block's memory.
 #ifndef DYNAMIC_SHARED
-#define DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#define DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
+#endif
+
+// Four floats of shared memory in one 16-byte load (`p` 16-byte aligned), as a macro so that
+// quarry-cuda-emu can refuse a misaligned one, as a GPU faults on it.
+#ifndef SHARED_LOAD4
+#define SHARED_LOAD4(p) (*reinterpret_cast<const float4*>(p))
 #endif
 
 __device__ __forceinline__ float to_float(float x) { return x; }

@@ -19,6 +19,12 @@
 // position): the launcher passes group * (longest context + head_dim) * 4 bytes, and refuses a
 // group above MAX_GROUP.
 //
+// The warps and split forms are compiled for groups of up to G = 4 and of up to G = 8 (the `g4`
+// and `g8` in their names): a thread keeps G accumulators per value it sums, so a form sized for
+// 8 where the model's groups are 4 (Llama 3 8B, Qwen3 8B, Mistral, Gemma 3 1B) holds twice the
+// registers it uses. ptxas gave the heads of 128 in f16 128 registers a thread sized for 8, two
+// blocks of 256 threads an SM, before the forms were split.
+//
 // Split-K (flash-decoding, the `_split` kernels): a third grid dimension cuts each token's
 // positions into chunks of `chunk`, one block per (token, key-value head, chunk), so a step with
 // few rows still fills the GPU (a decode step at batch 1 on SmolLM2 is 3 blocks otherwise, on 132
@@ -107,7 +113,7 @@ __device__ void group_scores(const float* qs, const KV* __restrict__ k, RowOf ro
 // position on SmolLM2's groups of 3 and kept 128 bytes in flight per warp, and read the pool at
 // 19% of a device copy's rate on an H100 at batch 512 (BENCHMARKS.md, 2026-11-26). Rows whose
 // head does not start on 16 bytes (head_dim * sizeof(KV) % 16) are read value by value.
-template <typename KV, int DPL>
+template <typename KV, int DPL, int G>
 __device__ void group_scores_threads(const float* qs, const KV* __restrict__ k,
                                      const uint32_t* rows, int n, int group, int head_dim,
                                      int kv_dim, int kv_head, float scale, float* scores) {
@@ -117,9 +123,9 @@ __device__ void group_scores_threads(const float* qs, const KV* __restrict__ k,
     const bool vector = head_dim % PER == 0 && kv_dim % PER == 0;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
         const KV* krow = k + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
-        float dot[MAX_GROUP];
+        float dot[G];
 #pragma unroll
-        for (int g = 0; g < MAX_GROUP; ++g) dot[g] = 0.0f;
+        for (int g = 0; g < G; ++g) dot[g] = 0.0f;
         if (vector) {
             // Eight loads (128 bytes) issued at a time, then their arithmetic: registers for
             // 32 values, whatever the head.
@@ -134,13 +140,25 @@ __device__ void group_scores_threads(const float* qs, const KV* __restrict__ k,
                 for (int c = 0; c < BATCH; ++c) {
                     if ((c0 + c) * PER >= head_dim) break;
                     const KV* x = reinterpret_cast<const KV*>(&raw[c]);
+                    float kx[PER];
 #pragma unroll
-                    for (int e = 0; e < PER; ++e) {
-                        const float kx = to_float(x[e]);
-                        const int i = (c0 + c) * PER + e;
+                    for (int e = 0; e < PER; ++e) kx[e] = to_float(x[e]);
+                    // The queries in 16-byte shared loads (a broadcast: every lane reads the
+                    // same words), four values a load where one a load made the scores wait on
+                    // shared memory: 32 loads per 32 products for groups of 4.
 #pragma unroll
-                        for (int g = 0; g < MAX_GROUP; ++g)
-                            if (g < group) dot[g] += qs[g * head_dim + i] * kx;
+                    for (int g = 0; g < G; ++g) {
+                        if (g < group) {
+                            const float* qg = qs + g * head_dim + (c0 + c) * PER;
+#pragma unroll
+                            for (int e = 0; e < PER; e += 4) {
+                                const float4 q4 = SHARED_LOAD4(qg + e);
+                                dot[g] += q4.x * kx[e];
+                                dot[g] += q4.y * kx[e + 1];
+                                dot[g] += q4.z * kx[e + 2];
+                                dot[g] += q4.w * kx[e + 3];
+                            }
+                        }
                     }
                 }
             }
@@ -148,12 +166,12 @@ __device__ void group_scores_threads(const float* qs, const KV* __restrict__ k,
             for (int i = 0; i < head_dim; ++i) {
                 const float kx = to_float(krow[i]);
 #pragma unroll
-                for (int g = 0; g < MAX_GROUP; ++g)
+                for (int g = 0; g < G; ++g)
                     if (g < group) dot[g] += qs[g * head_dim + i] * kx;
             }
         }
 #pragma unroll
-        for (int g = 0; g < MAX_GROUP; ++g)
+        for (int g = 0; g < G; ++g)
             if (g < group) scores[g * n + j] = dot[g] * scale;
     }
     __syncthreads();
@@ -224,30 +242,52 @@ __device__ __forceinline__ bool vector_rows(int head_dim, int kv_dim) {
 // position with a value per lane kept 4 bytes per lane in flight (an f16 head of 64); this keeps
 // 16 per load. Heads whose rows do not split so (an f32 head of 256, a head of 80) take the warp
 // per position.
-template <typename KV>
+template <typename KV, int G>
 __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
                                   const uint32_t* rows, int n, int group, int head_dim,
                                   int kv_dim, int kv_head, float* partial) {
     constexpr int PER = 16 / sizeof(KV);
+    // Loads a lane issues before their arithmetic: U 16-byte loads, 2 KiB a warp in flight,
+    // where the loop that loaded one position at a time (unrolled twice) kept about 1 KiB. An
+    // H200 read the pool at a quarter of its copy rate in a decode step at batch 256
+    // (2026-11-28), with two blocks an SM; attention-bench measures this form.
+    constexpr int U = 4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int lanes = head_dim / PER, per_warp = 32 / lanes;
     const int piece = lane % lanes, slot = lane / lanes;
-    float acc[MAX_GROUP][PER];
+    const int step = WARPS * per_warp;
+    const KV* vhead = v + (size_t)kv_head * head_dim;
+    float acc[G][PER];
 #pragma unroll
-    for (int g = 0; g < MAX_GROUP; ++g)
+    for (int g = 0; g < G; ++g)
 #pragma unroll
         for (int e = 0; e < PER; ++e) acc[g][e] = 0.0f;
-#pragma unroll 2
-    for (int j = warp * per_warp + slot; j < n; j += WARPS * per_warp) {
-        const KV* vrow = v + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
-        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(vrow) + piece);
-        const KV* x = reinterpret_cast<const KV*>(&raw);
+#pragma unroll 1
+    for (int j0 = warp * per_warp + slot; j0 < n; j0 += U * step) {
+        uint4 raw[U];
 #pragma unroll
-        for (int g = 0; g < MAX_GROUP; ++g) {
-            if (g < group) {
-                const float w = scores[g * n + j];
+        for (int u = 0; u < U; ++u) {
+            const int j = j0 + u * step;
+            if (j < n)
+                raw[u] = __ldg(reinterpret_cast<const uint4*>(vhead + (size_t)rows[j] * kv_dim) +
+                               piece);
+        }
 #pragma unroll
-                for (int e = 0; e < PER; ++e) acc[g][e] += w * to_float(x[e]);
+        for (int u = 0; u < U; ++u) {
+            const int j = j0 + u * step;
+            if (j < n) {
+                const KV* x = reinterpret_cast<const KV*>(&raw[u]);
+                float vx[PER];
+#pragma unroll
+                for (int e = 0; e < PER; ++e) vx[e] = to_float(x[e]);
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    if (g < group) {
+                        const float w = scores[g * n + j];
+#pragma unroll
+                        for (int e = 0; e < PER; ++e) acc[g][e] += w * vx[e];
+                    }
+                }
             }
         }
     }
@@ -255,7 +295,7 @@ __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
     // every lane shuffles).
     for (int o = lanes; o < 32; o <<= 1) {
 #pragma unroll
-        for (int g = 0; g < MAX_GROUP; ++g) {
+        for (int g = 0; g < G; ++g) {
             if (g < group) {
 #pragma unroll
                 for (int e = 0; e < PER; ++e) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
@@ -265,7 +305,7 @@ __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
     if (slot == 0) {
         const int gd = group * head_dim;
 #pragma unroll
-        for (int g = 0; g < MAX_GROUP; ++g)
+        for (int g = 0; g < G; ++g)
             if (g < group)
 #pragma unroll
                 for (int e = 0; e < PER; ++e)
@@ -281,7 +321,7 @@ __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
 // chunks' unnormalized sums, [tokens, n_head, chunks, head_dim], and `ml` their maxima and sums,
 // [tokens, n_head, chunks, 2]. OUT: the output's element type (f16 where the output projection
 // multiplies dense f16 weights, so no cast follows; the split kernels' sums stay f32).
-template <typename KV, typename OUT, int DPL, bool SPLIT>
+template <typename KV, typename OUT, int DPL, int G, bool SPLIT>
 __device__ void paged_attention(
     const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
     const uint32_t* __restrict__ token_seq, const uint32_t* __restrict__ token_pos,
@@ -290,6 +330,7 @@ __device__ void paged_attention(
     int window, int chunk, float* __restrict__ ml) {
     static_assert(!SPLIT || DPL > 0, "split-K runs the warps layout");
     static_assert(!SPLIT || sizeof(OUT) == 4, "split-K's sums are f32");
+    static_assert(G <= MAX_GROUP, "groups of at most MAX_GROUP");
     DYNAMIC_SHARED(float, shared);
     __shared__ float red[32];
     const int t = blockIdx.x, kv_head = blockIdx.y;
@@ -332,8 +373,8 @@ __device__ void paged_attention(
         for (int j = threadIdx.x; j < n; j += blockDim.x)
             rows[j] = pool_row(pages, first + j, page_size);
         __syncthreads();
-        group_scores_threads<KV, DPL>(qs, k, rows, n, group, head_dim, kv_dim, kv_head, scale,
-                                      scores);
+        group_scores_threads<KV, DPL, G>(qs, k, rows, n, group, head_dim, kv_dim, kv_head,
+                                         scale, scores);
     }
     group_softmax<SPLIT>(scores, group, n, red, ml, splits);
 
@@ -359,11 +400,12 @@ __device__ void paged_attention(
     } else {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
         if (vector_rows<KV>(head_dim, kv_dim)) {
-            group_sum_vectors<KV>(scores, v, rows, n, group, head_dim, kv_dim, kv_head, partial);
+            group_sum_vectors<KV, G>(scores, v, rows, n, group, head_dim, kv_dim, kv_head,
+                                     partial);
         } else {
-            float acc[MAX_GROUP][DPL];
+            float acc[G][DPL];
     #pragma unroll
-            for (int g = 0; g < MAX_GROUP; ++g)
+            for (int g = 0; g < G; ++g)
     #pragma unroll
                 for (int m = 0; m < DPL; ++m) acc[g][m] = 0.0f;
     #pragma unroll 2
@@ -375,13 +417,13 @@ __device__ void paged_attention(
                     if (i < head_dim) {
                         const float vx = to_float(vrow[i]);
     #pragma unroll
-                        for (int g = 0; g < MAX_GROUP; ++g)
+                        for (int g = 0; g < G; ++g)
                             if (g < group) acc[g][m] += scores[g * n + j] * vx;
                     }
                 }
             }
     #pragma unroll
-            for (int g = 0; g < MAX_GROUP; ++g)
+            for (int g = 0; g < G; ++g)
     #pragma unroll
                 for (int m = 0; m < DPL; ++m) {
                     const int i = lane + 32 * m;
@@ -409,32 +451,33 @@ __device__ void paged_attention(
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         OUT* out, int n_head, int n_kv, int head_dim, int page_size, float scale,             \
         int window) {                                                                          \
-        paged_attention<KV, OUT, 0, false>(q, k, v, token_seq, token_pos, page_start,        \
-                                           block_table, out, n_head, n_kv, head_dim,           \
-                                           page_size, scale, window, 0, nullptr);              \
+        paged_attention<KV, OUT, 0, MAX_GROUP, false>(q, k, v, token_seq, token_pos,         \
+                                                      page_start, block_table, out, n_head,   \
+                                                      n_kv, head_dim, page_size, scale,       \
+                                                      window, 0, nullptr);                    \
     }
 
-#define PAGED_ATTENTION_WARPS(NAME, KV, OUT, DPL)                                              \
+#define PAGED_ATTENTION_WARPS(NAME, KV, OUT, DPL, G)                                           \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         OUT* out, int n_head, int n_kv, int head_dim, int page_size, float scale,             \
         int window) {                                                                          \
-        paged_attention<KV, OUT, DPL, false>(q, k, v, token_seq, token_pos, page_start,      \
-                                             block_table, out, n_head, n_kv, head_dim,         \
-                                             page_size, scale, window, 0, nullptr);            \
+        paged_attention<KV, OUT, DPL, G, false>(q, k, v, token_seq, token_pos, page_start,   \
+                                                block_table, out, n_head, n_kv, head_dim,      \
+                                                page_size, scale, window, 0, nullptr);         \
     }
 
 // The split-K kernels: `out` is the chunks' sums and `ml` their maxima and sums (see the top).
-#define PAGED_ATTENTION_SPLIT(NAME, KV, DPL)                                                   \
+#define PAGED_ATTENTION_SPLIT(NAME, KV, DPL, G)                                                \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
         int window, int chunk, float* ml) {                                                    \
-        paged_attention<KV, float, DPL, true>(q, k, v, token_seq, token_pos, page_start,     \
-                                              block_table, out, n_head, n_kv, head_dim,        \
-                                              page_size, scale, window, chunk, ml);            \
+        paged_attention<KV, float, DPL, G, true>(q, k, v, token_seq, token_pos, page_start,  \
+                                                 block_table, out, n_head, n_kv, head_dim,     \
+                                                 page_size, scale, window, chunk, ml);         \
     }
 
 PAGED_ATTENTION(paged_attention_f32, float, float)
@@ -444,34 +487,63 @@ PAGED_ATTENTION(paged_attention_f16_out16, __half, __half)
 PAGED_ATTENTION(paged_attention_bf16, __nv_bfloat16, float)
 PAGED_ATTENTION(paged_attention_bf16_out16, __nv_bfloat16, __half)
 
-PAGED_ATTENTION_WARPS(paged_attention_warps2_f32, float, float, 2)
-PAGED_ATTENTION_WARPS(paged_attention_warps2_f32_out16, float, __half, 2)
-PAGED_ATTENTION_WARPS(paged_attention_warps2_f16, __half, float, 2)
-PAGED_ATTENTION_WARPS(paged_attention_warps2_f16_out16, __half, __half, 2)
-PAGED_ATTENTION_WARPS(paged_attention_warps2_bf16, __nv_bfloat16, float, 2)
-PAGED_ATTENTION_WARPS(paged_attention_warps2_bf16_out16, __nv_bfloat16, __half, 2)
-PAGED_ATTENTION_WARPS(paged_attention_warps4_f32, float, float, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4_f32_out16, float, __half, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4_f16, __half, float, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4_f16_out16, __half, __half, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4_bf16, __nv_bfloat16, float, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4_bf16_out16, __nv_bfloat16, __half, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps8_f32, float, float, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8_f32_out16, float, __half, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8_f16, __half, float, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8_f16_out16, __half, __half, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8_bf16, __nv_bfloat16, float, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8_bf16_out16, __nv_bfloat16, __half, 8)
+// The warps forms: heads of up to 32 * DPL dimensions, groups of up to G.
+PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f32, float, float, 2, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f32_out16, float, __half, 2, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f16, __half, float, 2, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f16_out16, __half, __half, 2, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g4_bf16, __nv_bfloat16, float, 2, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g4_bf16_out16, __nv_bfloat16, __half, 2, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f32, float, float, 4, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f32_out16, float, __half, 4, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f16, __half, float, 4, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f16_out16, __half, __half, 4, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g4_bf16, __nv_bfloat16, float, 4, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g4_bf16_out16, __nv_bfloat16, __half, 4, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f32, float, float, 8, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f32_out16, float, __half, 8, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f16, __half, float, 8, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f16_out16, __half, __half, 8, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g4_bf16, __nv_bfloat16, float, 8, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g4_bf16_out16, __nv_bfloat16, __half, 8, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f32, float, float, 2, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f32_out16, float, __half, 2, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f16, __half, float, 2, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f16_out16, __half, __half, 2, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g8_bf16, __nv_bfloat16, float, 2, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g8_bf16_out16, __nv_bfloat16, __half, 2, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f32, float, float, 4, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f32_out16, float, __half, 4, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f16, __half, float, 4, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f16_out16, __half, __half, 4, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g8_bf16, __nv_bfloat16, float, 4, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g8_bf16_out16, __nv_bfloat16, __half, 4, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g8_f32, float, float, 8, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g8_f32_out16, float, __half, 8, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g8_f16, __half, float, 8, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g8_f16_out16, __half, __half, 8, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g8_bf16, __nv_bfloat16, float, 8, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g8_bf16_out16, __nv_bfloat16, __half, 8, 8)
 
-PAGED_ATTENTION_SPLIT(paged_attention_split2_f32, float, 2)
-PAGED_ATTENTION_SPLIT(paged_attention_split2_f16, __half, 2)
-PAGED_ATTENTION_SPLIT(paged_attention_split2_bf16, __nv_bfloat16, 2)
-PAGED_ATTENTION_SPLIT(paged_attention_split4_f32, float, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split4_f16, __half, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split4_bf16, __nv_bfloat16, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split8_f32, float, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split8_f16, __half, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split8_bf16, __nv_bfloat16, 8)
+// The split forms (split-K).
+PAGED_ATTENTION_SPLIT(paged_attention_split2g4_f32, float, 2, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split2g4_f16, __half, 2, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split2g4_bf16, __nv_bfloat16, 2, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split4g4_f32, float, 4, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split4g4_f16, __half, 4, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split4g4_bf16, __nv_bfloat16, 4, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split8g4_f32, float, 8, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split8g4_f16, __half, 8, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split8g4_bf16, __nv_bfloat16, 8, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split2g8_f32, float, 2, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split2g8_f16, __half, 2, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split2g8_bf16, __nv_bfloat16, 2, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split4g8_f32, float, 4, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split4g8_f16, __half, 4, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split4g8_bf16, __nv_bfloat16, 4, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split8g8_f32, float, 8, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split8g8_f16, __half, 8, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split8g8_bf16, __nv_bfloat16, 8, 8)
 
 // The chunks' results combined, one block per (token, query head), a thread per dimension:
 // out[row] = sum_z exp(m_z - M) acc_z / sum_z exp(m_z - M) l_z with M the largest m_z, in chunk

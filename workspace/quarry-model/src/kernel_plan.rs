@@ -12,6 +12,11 @@ pub const PER_DIMENSION_THREADS: u32 = 128;
 pub const WARPS_THREADS: u32 = 256;
 /// Query heads per key-value head one block serves (the kernel's `MAX_GROUP`).
 pub const MAX_GROUP: usize = 8;
+/// The group sizes the warps and split forms are compiled for (their `g4` and `g8`): a block
+/// keeps accumulators for as many query heads as its form's bound, so a model's groups take the
+/// smallest bound that holds them (ptxas: 79 registers a thread for heads of 128 in f16 with the
+/// bound 4, 122 with 8, so three blocks of 256 threads an SM where there were two).
+pub const GROUP_FORMS: [usize; 2] = [4, MAX_GROUP];
 /// The attention kernel's static shared memory (its `red[32]`), which counts against both
 /// limits below: the driver's limits are on a block's static and dynamic shared memory together.
 pub const STATIC_SHARED: usize = 32 * 4;
@@ -58,6 +63,10 @@ pub struct AttentionShape {
     pub head_dim: usize,
     pub scale: f32,
     pub window: usize,
+    /// Run the warps and split forms compiled for groups of up to [`MAX_GROUP`] even where a
+    /// narrower one holds the groups ([`GROUP_FORMS`]): the same arithmetic, more registers
+    /// (attention-bench times both). `false` in the forward pass.
+    pub widest_group_form: bool,
 }
 
 impl From<Heads> for AttentionShape {
@@ -68,6 +77,7 @@ impl From<Heads> for AttentionShape {
             head_dim: h.head_dim,
             scale: h.scale,
             window: h.window.unwrap_or(0),
+            widest_group_form: false,
         }
     }
 }
@@ -126,7 +136,7 @@ pub enum PlanError {
 /// split-K the chunk and the combine's launch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttentionPlan {
-    /// The compiled form, e.g. `paged_attention_warps2_f16`.
+    /// The compiled form, e.g. `paged_attention_warps2g4_f16`.
     pub kernel: String,
     pub grid: (u32, u32, u32),
     pub threads: u32,
@@ -179,8 +189,9 @@ impl AttentionPlan {
                 let positions = chunk.unwrap_or(batch.longest).min(batch.longest);
                 (
                     format!(
-                        "paged_attention_{layout}{}_{element}{suffix}",
-                        dims_per_lane(shape)
+                        "paged_attention_{layout}{}g{}_{element}{suffix}",
+                        dims_per_lane(shape),
+                        group_form(shape)
                     ),
                     WARPS_THREADS,
                     warps_shared_words(group, shape.head_dim, positions) * 4,
@@ -246,6 +257,19 @@ fn dims_per_lane(shape: AttentionShape) -> usize {
     }
 }
 
+/// The group bound of the warps and split forms a shape runs (their template's G): the smallest
+/// of [`GROUP_FORMS`] that holds its groups, unless it asks for the widest.
+fn group_form(shape: AttentionShape) -> usize {
+    let group = shape.n_head / shape.n_kv;
+    match shape.widest_group_form {
+        true => MAX_GROUP,
+        false => GROUP_FORMS
+            .into_iter()
+            .find(|&g| g >= group)
+            .unwrap_or(MAX_GROUP),
+    }
+}
+
 /// Shared memory words of one warps-layout block attending to `positions` positions: the group's
 /// queries and scores, the pool rows, the warps' partial sums.
 fn warps_shared_words(group: usize, head_dim: usize, positions: usize) -> usize {
@@ -290,6 +314,7 @@ mod tests {
             head_dim: 64,
             scale: 0.125,
             window: 0,
+            widest_group_form: false,
         }
     }
 
@@ -308,7 +333,7 @@ mod tests {
     fn split_k_fills_the_device_at_small_batches() {
         let auto = AttentionKernel::Split { chunk: None };
         let p = AttentionPlan::new(batch(1, 800), smollm2(), auto, "f16", false).unwrap();
-        assert_eq!(p.kernel, "paged_attention_split2_f16");
+        assert_eq!(p.kernel, "paged_attention_split2g4_f16");
         assert_eq!((p.chunk, p.grid), (Some(32), (1, 3, 25)));
         let p = AttentionPlan::new(batch(1, 8_000), smollm2(), auto, "f16", false).unwrap();
         assert_eq!((p.chunk, p.grid), (Some(46), (1, 3, 174)));
@@ -316,16 +341,16 @@ mod tests {
         let p = AttentionPlan::new(batch(512, 800), smollm2(), auto, "f16", false).unwrap();
         assert_eq!(
             (p.kernel.as_str(), p.chunk),
-            ("paged_attention_warps2_f16", None)
+            ("paged_attention_warps2g4_f16", None)
         );
         // An f16 output: the one-launch form writes it; a split launch's combine does.
         let p = AttentionPlan::new(batch(512, 800), smollm2(), auto, "f16", true).unwrap();
-        assert_eq!(p.kernel, "paged_attention_warps2_f16_out16");
+        assert_eq!(p.kernel, "paged_attention_warps2g4_f16_out16");
         let p = AttentionPlan::new(batch(1, 800), smollm2(), auto, "f16", true).unwrap();
         assert_eq!(
             (p.kernel.as_str(), p.combine_kernel()),
             (
-                "paged_attention_split2_f16",
+                "paged_attention_split2g4_f16",
                 "paged_attention_combine_out16"
             )
         );
@@ -334,6 +359,29 @@ mod tests {
         let p = AttentionPlan::new(batch(4, 450), smollm2(), fixed, "bf16", false).unwrap();
         assert_eq!((p.chunk, p.grid), (Some(100), (4, 3, 5)));
         assert_eq!(p.combine(smollm2()), (36, 64));
+    }
+
+    /// Groups of up to 4 run the forms sized for 4, larger ones those sized for 8; a shape may
+    /// ask for the widest (attention-bench's comparison).
+    #[test]
+    fn groups_take_the_narrowest_form_that_holds_them() {
+        let form = |n_head, n_kv, widest_group_form| {
+            let shape = AttentionShape {
+                n_head,
+                n_kv,
+                head_dim: 128,
+                widest_group_form,
+                ..smollm2()
+            };
+            AttentionPlan::new(batch(256, 800), shape, AttentionKernel::Warps, "f16", true)
+                .unwrap()
+                .kernel
+        };
+        assert_eq!(form(32, 8, false), "paged_attention_warps4g4_f16_out16");
+        assert_eq!(form(32, 8, true), "paged_attention_warps4g8_f16_out16");
+        assert_eq!(form(8, 8, false), "paged_attention_warps4g4_f16_out16");
+        assert_eq!(form(28, 4, false), "paged_attention_warps4g8_f16_out16");
+        assert_eq!(form(40, 8, false), "paged_attention_warps4g8_f16_out16");
     }
 
     /// The warps layout splits only a context beyond one block's shared memory; the
@@ -347,6 +395,7 @@ mod tests {
             head_dim: 64,
             scale: 0.125,
             window: 0,
+            widest_group_form: false,
         };
         let p = AttentionPlan::new(batch(1, 6_000), qwen, AttentionKernel::Warps, "f16", false)
             .unwrap();

@@ -8,8 +8,9 @@
 //! f16 pool with one position per page (as the engine allocates), every sequence's pages
 //! scattered. For decode batches of 1 to 512
 //! rows at `context` positions each (default 800), and a 512-token prefill, it times each layout
-//! (per-dimension, warps, and warps split over the positions with the chunk it chooses) with CUDA
-//! events (median of 20 launches after 3 warm-ups) and reports the bytes of keys and values a
+//! (per-dimension, warps, and warps split over the positions with the chunk it chooses; then the
+//! warps layout in the forms compiled for groups of up to 8, against the forms the model's groups
+//! take) with CUDA events (median of 20 launches after 3 warm-ups) and reports the bytes of keys and values a
 //! launch must read over its time for the fastest, beside a device-to-device copy of as many bytes
 //! (the bandwidth a kernel that only streamed the pool could reach), and the layouts' largest
 //! relative difference from the first (their GPU tests are the real check).
@@ -83,24 +84,34 @@ fn main() {
         head_dim,
         scale: 1.0 / (head_dim as f32).sqrt(),
         window: 0,
+        widest_group_form: false,
     };
     println!(
         "paged attention, {name}: {n_head}/{n_kv} heads of {head_dim}, f16 pool, {context} positions per sequence"
     );
     println!(
-        "{:>22} {:>16} {:>10} {:>10} {:>16} {:>10} {:>10}",
+        "{:>22} {:>16} {:>10} {:>10} {:>16} {:>10} {:>16} {:>10} {:>10}",
         "case",
         "per-dimension µs",
         "warps µs",
         "split µs",
         "split speed-up",
+        "warps g8 µs",
+        "g8 ÷ own group",
         "best GB/s",
         "copy GB/s"
     );
+    // The layouts, then the warps layout in the forms compiled for groups of up to 8 (the only
+    // forms before 2026-11-28's g4 forms: the same arithmetic with the registers of 8 heads).
+    let widest = AttentionShape {
+        widest_group_form: true,
+        ..shape
+    };
     let kernels = [
-        AttentionKernel::PerDimension,
-        AttentionKernel::Warps,
-        AttentionKernel::Split { chunk: None },
+        (AttentionKernel::PerDimension, shape),
+        (AttentionKernel::Warps, shape),
+        (AttentionKernel::Split { chunk: None }, shape),
+        (AttentionKernel::Warps, widest),
     ];
     // (label, sequences, new tokens per sequence)
     let cases = [
@@ -139,7 +150,7 @@ fn main() {
             .expect("q");
         let mut outs: Vec<CudaSlice<f32>> = Vec::new();
         let mut times = Vec::new();
-        for kernel in kernels {
+        for (kernel, shape) in kernels {
             let mut out = dev
                 .alloc_zeros::<f32>(meta.tokens() * n_head * head_dim)
                 .expect("out");
@@ -186,11 +197,13 @@ fn main() {
         let best = times.iter().copied().fold(f32::INFINITY, f32::min);
         let gbs = |ms: f32| read as f64 / (ms as f64 * 1e-3) / 1e9;
         println!(
-            "{label:>22} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
+            "{label:>22} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
             1e3 * times[0],
             1e3 * times[1],
             1e3 * times[2],
             times[1] / times[2],
+            1e3 * times[3],
+            times[3] / times[1],
             gbs(best),
             2.0 * bytes as f64 / (copy_ms as f64 * 1e-3) / 1e9,
         );

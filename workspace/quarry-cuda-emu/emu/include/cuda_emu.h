@@ -146,3 +146,8 @@ __forceinline__ T __ldg(const T* at) {
     if (reinterpret_cast<uintptr_t>(at) % alignof(T) != 0) quarry_emu::fail("a misaligned vector load");
     return *at;
 }
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+// common.cuh's 16-byte load of shared memory, refused where misaligned as a GPU faults.
+#define SHARED_LOAD4(p) __ldg(reinterpret_cast<const float4*>(p))

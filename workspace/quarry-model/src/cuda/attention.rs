@@ -368,7 +368,7 @@ mod tests {
             let shape = AttentionShape::from(h);
             let db = DeviceBatch::upload(&dev, &meta, window).unwrap();
             let dq = dev.clone_htod(&q).unwrap();
-            let check = |pool: KvPool<'_>, what: &str, bound: f64| {
+            let check = |pool: KvPool<'_>, shape: AttentionShape, what: &str, bound: f64| {
                 // Poisoned: an unwritten output is NaN and fails.
                 let mut out = dev.clone_htod(&vec![f32::NAN; q.len()]).unwrap();
                 let o = AttentionOut::F32(&mut out);
@@ -386,18 +386,25 @@ mod tests {
                 );
             };
             let (dk, dv) = (dev.clone_htod(&k).unwrap(), dev.clone_htod(&v).unwrap());
-            check(KvPool::F32(&dk, &dv), "f32 pool", 1e-5);
+            check(KvPool::F32(&dk, &dv), shape, "f32 pool", 1e-5);
             // The 16-bit pools hold rounded keys and values: bf16 keeps 8 bits of mantissa,
             // f16 11, so their errors sit near 2^-9 and 2^-12 of the values.
             let to =
                 |x: &[f32], f: fn(f32) -> half::f16| x.iter().map(|&y| f(y)).collect::<Vec<_>>();
             let (hk, hv) = (to(&k, half::f16::from_f32), to(&v, half::f16::from_f32));
             let (dk, dv) = (dev.clone_htod(&hk).unwrap(), dev.clone_htod(&hv).unwrap());
-            check(KvPool::F16(&dk, &dv), "f16 pool", 2e-3);
+            check(KvPool::F16(&dk, &dv), shape, "f16 pool", 2e-3);
+            // The forms sized for groups of 8 too, which attention-bench compares.
+            let widest = AttentionShape {
+                widest_group_form: true,
+                ..shape
+            };
+            let what = "f16 pool, the forms for groups of 8";
+            check(KvPool::F16(&dk, &dv), widest, what, 2e-3);
             let bk: Vec<half::bf16> = k.iter().map(|&y| half::bf16::from_f32(y)).collect();
             let bv: Vec<half::bf16> = v.iter().map(|&y| half::bf16::from_f32(y)).collect();
             let (dk, dv) = (dev.clone_htod(&bk).unwrap(), dev.clone_htod(&bv).unwrap());
-            check(KvPool::Bf16(&dk, &dv), "bf16 pool", 1e-2);
+            check(KvPool::Bf16(&dk, &dv), shape, "bf16 pool", 1e-2);
         }
     }
 }
