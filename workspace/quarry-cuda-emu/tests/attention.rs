@@ -116,7 +116,7 @@ fn attend_batch(
         shape.head_dim as i32,
     );
     let (page, scale, window) = (b.page_size as i32, shape.scale, shape.window as i32);
-    // The launch as the driver checks it: the kernel's static `red[32]` and the limit the CUDA
+    // The launch as the driver checks it: the kernel's static `red` and the limit the CUDA
     // launcher raises.
     let launch = Launch {
         static_shared: STATIC_SHARED,

@@ -39,18 +39,27 @@
 
 #include "common.cuh"
 
-// The block's reduction of one value per thread, through `red` (one float per warp). Every
-// thread gets the result.
-template <bool MAX>
-__device__ float block_reduce(float x, float* red) {
+// A block's reductions of the first `group` of G values per thread, at once, through `red`
+// (RED_WARPS * MAX_GROUP floats: one per query head and warp; blocks of at most RED_WARPS
+// warps): two barriers for the whole group, where a reduction per query head took two each (16
+// a softmax for groups of 4). Each value is reduced in the same order as alone. Every thread
+// gets the results.
+#define RED_WARPS 8
+template <bool MAX, int G>
+__device__ void block_reduce_group(float* x, int group, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    x = MAX ? warp_max(x) : warp_sum(x);
-    if (lane == 0) red[warp] = x;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        x[g] = MAX ? warp_max(x[g]) : warp_sum(x[g]);
+        if (lane == 0) red[g * RED_WARPS + warp] = x[g];
+    }
     __syncthreads();
-    x = lane < warps ? red[lane] : (MAX ? -INFINITY : 0.0f);
-    x = MAX ? warp_max(x) : warp_sum(x);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const float y = lane < warps ? red[g * RED_WARPS + lane] : (MAX ? -INFINITY : 0.0f);
+        x[g] = MAX ? warp_max(y) : warp_sum(y);
+    }
     __syncthreads();
-    return x;
 }
 
 // What block (token t, a key-value head) attends: its sequence's block table, and positions
@@ -177,32 +186,57 @@ __device__ void group_scores_threads(const float* qs, const KV* __restrict__ k,
     __syncthreads();
 }
 
-// One softmax per query head of the group, in place over its row of n scores. SPLIT: the weights
-// stay unnormalized, exp(score - max), and thread 0 writes each head's max and sum to
-// ml[2 * g * ml_stride], ml[2 * g * ml_stride + 1] (a chunk's share of the combine).
-template <bool SPLIT>
+// One softmax per query head of the group, in place over its row of n scores, the G heads' maxima
+// and sums each reduced together (block_reduce_group). SPLIT: the weights stay unnormalized,
+// exp(score - max), and thread 0 writes each head's max and sum to ml[2 * g * ml_stride],
+// ml[2 * g * ml_stride + 1] (a chunk's share of the combine).
+template <bool SPLIT, int G>
 __device__ void group_softmax(float* scores, int group, int n, float* red, float* ml,
                               size_t ml_stride) {
-    for (int g = 0; g < group; ++g) {
-        float* sg = scores + g * n;
-        float local_max = -INFINITY;
-        for (int j = threadIdx.x; j < n; j += blockDim.x) local_max = fmaxf(local_max, sg[j]);
-        const float max = block_reduce<true>(local_max, red);
-        float local_sum = 0.0f;
-        for (int j = threadIdx.x; j < n; j += blockDim.x) {
-            const float e = __expf(sg[j] - max);
-            sg[j] = e;
-            local_sum += e;
-        }
-        const float sum = block_reduce<false>(local_sum, red);
-        if constexpr (SPLIT) {
-            if (threadIdx.x == 0) {
-                ml[2 * g * ml_stride] = max;
-                ml[2 * g * ml_stride + 1] = sum;
+    float max[G], sum[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        max[g] = -INFINITY;
+        sum[g] = 0.0f;
+    }
+#pragma unroll 1
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+            if (g < group) max[g] = fmaxf(max[g], scores[g * n + j]);
+    }
+    block_reduce_group<true, G>(max, group, red);
+#pragma unroll 1
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            if (g < group) {
+                const float e = __expf(scores[g * n + j] - max[g]);
+                scores[g * n + j] = e;
+                sum[g] += e;
             }
-        } else {
-            const float inv = 1.0f / sum;
-            for (int j = threadIdx.x; j < n; j += blockDim.x) sg[j] *= inv;
+        }
+    }
+    block_reduce_group<false, G>(sum, group, red);
+    if constexpr (SPLIT) {
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                if (g < group) {
+                    ml[2 * g * ml_stride] = max[g];
+                    ml[2 * g * ml_stride + 1] = sum[g];
+                }
+            }
+        }
+    } else {
+        float inv[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) inv[g] = 1.0f / sum[g];
+    #pragma unroll 1
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+                if (g < group) scores[g * n + j] *= inv[g];
         }
     }
     __syncthreads();
@@ -332,7 +366,7 @@ __device__ void paged_attention(
     static_assert(!SPLIT || sizeof(OUT) == 4, "split-K's sums are f32");
     static_assert(G <= MAX_GROUP, "groups of at most MAX_GROUP");
     DYNAMIC_SHARED(float, shared);
-    __shared__ float red[32];
+    __shared__ float red[RED_WARPS * MAX_GROUP];  // block_reduce_group's (the plan's STATIC_SHARED)
     const int t = blockIdx.x, kv_head = blockIdx.y;
     const int group = n_head / n_kv;
     const Attended a = attended(t, token_seq, token_pos, page_start, block_table, window);
@@ -376,7 +410,7 @@ __device__ void paged_attention(
         group_scores_threads<KV, DPL, G>(qs, k, rows, n, group, head_dim, kv_dim, kv_head,
                                          scale, scores);
     }
-    group_softmax<SPLIT>(scores, group, n, red, ml, splits);
+    group_softmax<SPLIT, G>(scores, group, n, red, ml, splits);
 
     if constexpr (DPL == 0) {
         // The weighted sums: a thread per dimension, every position (adjacent threads, adjacent
@@ -457,8 +491,12 @@ __device__ void paged_attention(
                                                       window, 0, nullptr);                    \
     }
 
+// The warps and split forms ask ptxas for three blocks of 256 threads an SM where groups are at
+// most 4 (85 registers a thread at most; it gives them 80 without spilling) and two for 8: where
+// the `g4` forms were left to ptxas, the fused reductions made some of the split ones take 96-107
+// registers, two blocks an SM.
 #define PAGED_ATTENTION_WARPS(NAME, KV, OUT, DPL, G)                                           \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, G == 4 ? 3 : 2) NAME(                             \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         OUT* out, int n_head, int n_kv, int head_dim, int page_size, float scale,             \
@@ -470,7 +508,7 @@ __device__ void paged_attention(
 
 // The split-K kernels: `out` is the chunks' sums and `ml` their maxima and sums (see the top).
 #define PAGED_ATTENTION_SPLIT(NAME, KV, DPL, G)                                                \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(                             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, G == 4 ? 3 : 2) NAME(                             \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \

@@ -17,9 +17,10 @@ pub const MAX_GROUP: usize = 8;
 /// smallest bound that holds them (ptxas: 79 registers a thread for heads of 128 in f16 with the
 /// bound 4, 122 with 8, so three blocks of 256 threads an SM where there were two).
 pub const GROUP_FORMS: [usize; 2] = [4, MAX_GROUP];
-/// The attention kernel's static shared memory (its `red[32]`), which counts against both
+/// The attention kernel's static shared memory (its `red`: a float per query head of
+/// [`MAX_GROUP`] and warp of 8, for the group's reductions together), which counts against both
 /// limits below: the driver's limits are on a block's static and dynamic shared memory together.
-pub const STATIC_SHARED: usize = 32 * 4;
+pub const STATIC_SHARED: usize = 8 * MAX_GROUP * 4;
 /// Dynamic shared memory a block may have on Hopper once the kernel opts in (227 KiB in all).
 pub const MAX_SHARED: usize = 227 * 1024 - STATIC_SHARED;
 /// Dynamic shared memory a block may have without opting in (48 KiB in all): the launcher raises

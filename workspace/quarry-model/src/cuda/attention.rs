@@ -319,6 +319,29 @@ mod tests {
         assert!(err < 1e-5, "relative error {err:.2e}");
     }
 
+    /// Every form's static shared memory is what the plan counts against the driver's limits
+    /// (`kernel_plan::STATIC_SHARED`): the PTX declares it, so this needs no GPU.
+    #[test]
+    fn the_plan_counts_the_kernels_static_shared_memory() {
+        let declared: Vec<usize> = ATTENTION_PTX
+            .lines()
+            .filter(|l| l.trim_start().starts_with(".shared") && l.contains("E3red["))
+            .map(|l| {
+                let size = l.rsplit('[').next().and_then(|r| r.split(']').next());
+                size.and_then(|n| n.parse().ok()).expect(l)
+            })
+            .collect();
+        assert!(
+            !declared.is_empty(),
+            "no static shared memory declared in the PTX"
+        );
+        let want = crate::kernel_plan::STATIC_SHARED;
+        assert!(
+            declared.iter().all(|&b| b == want),
+            "{declared:?} against {want}"
+        );
+    }
+
     /// Shared memory on either side of the 48 KiB a kernel has without opting in
     /// (`reference::check_around_default_shared`).
     #[test]
