@@ -3,18 +3,42 @@
 //!
 //! nvcc is `$NVCC`, else `$CUDA_ROOT/bin/nvcc`, else `nvcc` on the PATH (`make build-cuda` sets
 //! them up, see infra/cuda-env.sh); the target is `compute_$CUDA_COMPUTE_CAP` (default 90), PTX
-//! the driver compiles for its GPU at load time.
+//! the driver compiles for its GPU at load time, a module at a time. The attention kernel's
+//! forms are compiled into a module per pool type (`paged_attention_f16.ptx`, …), so that a
+//! process compiles the forms of its pool type alone.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: [&str; 6] = [
-    "gemv_q8",
-    "glu",
-    "paged_attention",
-    "residual",
-    "rope_store",
-    "sampling",
+/// The modules: the source's name, the module's, and the macros it is compiled with.
+const MODULES: [(&str, &str, &[&str]); 8] = [
+    ("gemv_q8", "gemv_q8", &[]),
+    ("glu", "glu", &[]),
+    ("paged_attention", "paged_attention_f32", &POOLS[0]),
+    ("paged_attention", "paged_attention_f16", &POOLS[1]),
+    ("paged_attention", "paged_attention_bf16", &POOLS[2]),
+    ("residual", "residual", &[]),
+    ("rope_store", "rope_store", &[]),
+    ("sampling", "sampling", &[]),
+];
+
+/// The attention's pool types, one module each (kernels/paged_attention.cu's `QUARRY_POOL_*`).
+const POOLS: [[&str; 3]; 3] = [
+    [
+        "-DQUARRY_POOL_F32=1",
+        "-DQUARRY_POOL_F16=0",
+        "-DQUARRY_POOL_BF16=0",
+    ],
+    [
+        "-DQUARRY_POOL_F32=0",
+        "-DQUARRY_POOL_F16=1",
+        "-DQUARRY_POOL_BF16=0",
+    ],
+    [
+        "-DQUARRY_POOL_F32=0",
+        "-DQUARRY_POOL_F16=0",
+        "-DQUARRY_POOL_BF16=1",
+    ],
 ];
 
 fn main() {
@@ -36,18 +60,14 @@ fn main() {
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo::rerun-if-changed=kernels/common.cuh");
-    for name in KERNELS {
+    for (name, module, defines) in MODULES {
         let src = format!("kernels/{name}.cu");
         println!("cargo::rerun-if-changed={src}");
-        let ptx = out.join(format!("{name}.ptx"));
+        let ptx = out.join(format!("{module}.ptx"));
         let status = Command::new(&nvcc)
-            .args([
-                "-ptx",
-                "-O3",
-                "-std=c++17",
-                &format!("-arch=compute_{cap}"),
-                "-o",
-            ])
+            .args(["-ptx", "-O3", "-std=c++17", &format!("-arch=compute_{cap}")])
+            .args(defines)
+            .arg("-o")
             .arg(&ptx)
             .arg(&src)
             .status()

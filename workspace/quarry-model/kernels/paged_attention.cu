@@ -518,70 +518,84 @@ __device__ void paged_attention(
                                                  page_size, scale, window, chunk, ml);         \
     }
 
+// The forms by pool type. build.rs compiles a module of each pool type's forms (-DQUARRY_POOL_F16=1
+// and the others 0, and so on): the driver compiles a module's PTX whole the first time it is
+// loaded, and a process reads one pool type, so it compiles a third of the forms. Compiled
+// without them (quarry-cuda-emu), the file holds every form.
+#ifndef QUARRY_POOL_F32
+#define QUARRY_POOL_F32 1
+#define QUARRY_POOL_F16 1
+#define QUARRY_POOL_BF16 1
+#endif
+
+#if QUARRY_POOL_F32
 PAGED_ATTENTION(paged_attention_f32, float, float)
 PAGED_ATTENTION(paged_attention_f32_out16, float, __half)
-PAGED_ATTENTION(paged_attention_f16, __half, float)
-PAGED_ATTENTION(paged_attention_f16_out16, __half, __half)
-PAGED_ATTENTION(paged_attention_bf16, __nv_bfloat16, float)
-PAGED_ATTENTION(paged_attention_bf16_out16, __nv_bfloat16, __half)
-
-// The warps forms: heads of up to 32 * DPL dimensions, groups of up to G.
 PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f32, float, float, 2, 4)
 PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f32_out16, float, __half, 2, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f16, __half, float, 2, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f16_out16, __half, __half, 2, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g4_bf16, __nv_bfloat16, float, 2, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g4_bf16_out16, __nv_bfloat16, __half, 2, 4)
 PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f32, float, float, 4, 4)
 PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f32_out16, float, __half, 4, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f16, __half, float, 4, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f16_out16, __half, __half, 4, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g4_bf16, __nv_bfloat16, float, 4, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g4_bf16_out16, __nv_bfloat16, __half, 4, 4)
 PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f32, float, float, 8, 4)
 PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f32_out16, float, __half, 8, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f16, __half, float, 8, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f16_out16, __half, __half, 8, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g4_bf16, __nv_bfloat16, float, 8, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g4_bf16_out16, __nv_bfloat16, __half, 8, 4)
 PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f32, float, float, 2, 8)
 PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f32_out16, float, __half, 2, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f16, __half, float, 2, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f16_out16, __half, __half, 2, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g8_bf16, __nv_bfloat16, float, 2, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g8_bf16_out16, __nv_bfloat16, __half, 2, 8)
 PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f32, float, float, 4, 8)
 PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f32_out16, float, __half, 4, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f16, __half, float, 4, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f16_out16, __half, __half, 4, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g8_bf16, __nv_bfloat16, float, 4, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g8_bf16_out16, __nv_bfloat16, __half, 4, 8)
 PAGED_ATTENTION_WARPS(paged_attention_warps8g8_f32, float, float, 8, 8)
 PAGED_ATTENTION_WARPS(paged_attention_warps8g8_f32_out16, float, __half, 8, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split2g4_f32, float, 2, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split4g4_f32, float, 4, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split8g4_f32, float, 8, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split2g8_f32, float, 2, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split4g8_f32, float, 4, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split8g8_f32, float, 8, 8)
+#endif  // QUARRY_POOL_F32
+
+#if QUARRY_POOL_F16
+PAGED_ATTENTION(paged_attention_f16, __half, float)
+PAGED_ATTENTION(paged_attention_f16_out16, __half, __half)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f16, __half, float, 2, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f16_out16, __half, __half, 2, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f16, __half, float, 4, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f16_out16, __half, __half, 4, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f16, __half, float, 8, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f16_out16, __half, __half, 8, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f16, __half, float, 2, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f16_out16, __half, __half, 2, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f16, __half, float, 4, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f16_out16, __half, __half, 4, 8)
 PAGED_ATTENTION_WARPS(paged_attention_warps8g8_f16, __half, float, 8, 8)
 PAGED_ATTENTION_WARPS(paged_attention_warps8g8_f16_out16, __half, __half, 8, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split2g4_f16, __half, 2, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split4g4_f16, __half, 4, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split8g4_f16, __half, 8, 4)
+PAGED_ATTENTION_SPLIT(paged_attention_split2g8_f16, __half, 2, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split4g8_f16, __half, 4, 8)
+PAGED_ATTENTION_SPLIT(paged_attention_split8g8_f16, __half, 8, 8)
+#endif  // QUARRY_POOL_F16
+
+#if QUARRY_POOL_BF16
+PAGED_ATTENTION(paged_attention_bf16, __nv_bfloat16, float)
+PAGED_ATTENTION(paged_attention_bf16_out16, __nv_bfloat16, __half)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g4_bf16, __nv_bfloat16, float, 2, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g4_bf16_out16, __nv_bfloat16, __half, 2, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g4_bf16, __nv_bfloat16, float, 4, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g4_bf16_out16, __nv_bfloat16, __half, 4, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g4_bf16, __nv_bfloat16, float, 8, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps8g4_bf16_out16, __nv_bfloat16, __half, 8, 4)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g8_bf16, __nv_bfloat16, float, 2, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps2g8_bf16_out16, __nv_bfloat16, __half, 2, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g8_bf16, __nv_bfloat16, float, 4, 8)
+PAGED_ATTENTION_WARPS(paged_attention_warps4g8_bf16_out16, __nv_bfloat16, __half, 4, 8)
 PAGED_ATTENTION_WARPS(paged_attention_warps8g8_bf16, __nv_bfloat16, float, 8, 8)
 PAGED_ATTENTION_WARPS(paged_attention_warps8g8_bf16_out16, __nv_bfloat16, __half, 8, 8)
-
-// The split forms (split-K).
-PAGED_ATTENTION_SPLIT(paged_attention_split2g4_f32, float, 2, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split2g4_f16, __half, 2, 4)
 PAGED_ATTENTION_SPLIT(paged_attention_split2g4_bf16, __nv_bfloat16, 2, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split4g4_f32, float, 4, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split4g4_f16, __half, 4, 4)
 PAGED_ATTENTION_SPLIT(paged_attention_split4g4_bf16, __nv_bfloat16, 4, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split8g4_f32, float, 8, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split8g4_f16, __half, 8, 4)
 PAGED_ATTENTION_SPLIT(paged_attention_split8g4_bf16, __nv_bfloat16, 8, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split2g8_f32, float, 2, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split2g8_f16, __half, 2, 8)
 PAGED_ATTENTION_SPLIT(paged_attention_split2g8_bf16, __nv_bfloat16, 2, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split4g8_f32, float, 4, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split4g8_f16, __half, 4, 8)
 PAGED_ATTENTION_SPLIT(paged_attention_split4g8_bf16, __nv_bfloat16, 4, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split8g8_f32, float, 8, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split8g8_f16, __half, 8, 8)
 PAGED_ATTENTION_SPLIT(paged_attention_split8g8_bf16, __nv_bfloat16, 8, 8)
+#endif  // QUARRY_POOL_BF16
 
 // The chunks' results combined, one block per (token, query head), a thread per dimension:
 // out[row] = sum_z exp(m_z - M) acc_z / sum_z exp(m_z - M) l_z with M the largest m_z, in chunk

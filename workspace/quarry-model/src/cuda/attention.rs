@@ -15,7 +15,32 @@ use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
 use crate::ragged::RaggedBatch;
 use crate::step_graph::GraphKey;
 
-const ATTENTION_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
+/// The attention's forms, a module per pool type (build.rs): the driver compiles a module whole
+/// at its first load, and a process reads one pool type.
+const ATTENTION_PTX: [(&str, &str); 3] = [
+    (
+        "f32",
+        include_str!(concat!(env!("OUT_DIR"), "/paged_attention_f32.ptx")),
+    ),
+    (
+        "f16",
+        include_str!(concat!(env!("OUT_DIR"), "/paged_attention_f16.ptx")),
+    ),
+    (
+        "bf16",
+        include_str!(concat!(env!("OUT_DIR"), "/paged_attention_bf16.ptx")),
+    ),
+];
+
+/// The module of `element`'s pool: its name on the device, and its PTX.
+fn attention_module(element: &str) -> Result<(&'static str, &'static str)> {
+    match element {
+        "f32" => Ok(("quarry_paged_attention_f32", ATTENTION_PTX[0].1)),
+        "f16" => Ok(("quarry_paged_attention_f16", ATTENTION_PTX[1].1)),
+        "bf16" => Ok(("quarry_paged_attention_bf16", ATTENTION_PTX[2].1)),
+        _ => candle_core::bail!("paged attention: no pool of {element}"),
+    }
+}
 
 /// A layer's KV pool on the device, in the element type it is stored in.
 pub enum KvPool<'a> {
@@ -146,8 +171,8 @@ pub fn paged_attention(
     )
     .map_err(candle_core::Error::msg)?;
     let (chunk, splits) = (plan.chunk, plan.splits());
-    let func =
-        dev.get_or_load_custom_func(&plan.kernel, "quarry_paged_attention", ATTENTION_PTX)?;
+    let module = attention_module(element)?;
+    let func = dev.get_or_load_custom_func(&plan.kernel, module.0, module.1)?;
     raise_shared_limit(&func, &plan, batch.size.longest)?;
     let cfg = LaunchConfig {
         grid_dim: plan.grid,
@@ -212,7 +237,7 @@ pub fn paged_attention(
         unsafe { b.launch(cfg) }.w()?;
     }
     match &parts {
-        Some(split) => combine(dev, &plan, shape, split, out),
+        Some(split) => combine(dev, module, &plan, shape, split, out),
         None => Ok(()),
     }
 }
@@ -242,17 +267,14 @@ fn raise_shared_limit(func: &CudaFunction, plan: &AttentionPlan, longest: usize)
 /// Split-K's second launch: `split`'s chunk results combined into `out`.
 fn combine(
     dev: &CudaDevice,
+    (module, ptx): (&str, &str),
     plan: &AttentionPlan,
     shape: AttentionShape,
     Split { acc, ml }: &Split,
     out: AttentionOut<'_>,
 ) -> Result<()> {
     let splits = plan.splits();
-    let func = dev.get_or_load_custom_func(
-        plan.combine_kernel(),
-        "quarry_paged_attention",
-        ATTENTION_PTX,
-    )?;
+    let func = dev.get_or_load_custom_func(plan.combine_kernel(), module, ptx)?;
     let (blocks, threads) = plan.combine(shape);
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
@@ -320,11 +342,13 @@ mod tests {
     }
 
     /// Every form's static shared memory is what the plan counts against the driver's limits
-    /// (`kernel_plan::STATIC_SHARED`): the PTX declares it, so this needs no GPU.
+    /// (`kernel_plan::STATIC_SHARED`): the PTX declares it, so this needs no GPU. Each pool
+    /// type's module holds its 20 forms.
     #[test]
     fn the_plan_counts_the_kernels_static_shared_memory() {
         let declared: Vec<usize> = ATTENTION_PTX
-            .lines()
+            .iter()
+            .flat_map(|(_, ptx)| ptx.lines())
             .filter(|l| l.trim_start().starts_with(".shared") && l.contains("E3red["))
             .map(|l| {
                 let size = l.rsplit('[').next().and_then(|r| r.split(']').next());
@@ -332,8 +356,9 @@ mod tests {
             })
             .collect();
         assert!(
-            !declared.is_empty(),
-            "no static shared memory declared in the PTX"
+            declared.len() == 3 * 20,
+            "{} forms' static shared memory declared in the PTX",
+            declared.len()
         );
         let want = crate::kernel_plan::STATIC_SHARED;
         assert!(
