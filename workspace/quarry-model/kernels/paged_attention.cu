@@ -528,74 +528,31 @@ __device__ void paged_attention(
 #define QUARRY_POOL_BF16 1
 #endif
 
+// Every form of a pool type P (f32, f16, bf16) of element KV: per-dimension, then warps and split
+// for heads of up to 64, 128 and 256 dimensions and groups of up to 4 and 8.
+#define PAGED_ATTENTION_WARPS_DPL(P, KV, DPL, G)                                                \
+    PAGED_ATTENTION_WARPS(paged_attention_warps##DPL##g##G##_##P, KV, float, DPL, G)            \
+    PAGED_ATTENTION_WARPS(paged_attention_warps##DPL##g##G##_##P##_out16, KV, __half, DPL, G)   \
+    PAGED_ATTENTION_SPLIT(paged_attention_split##DPL##g##G##_##P, KV, DPL, G)
+#define PAGED_ATTENTION_GROUP(P, KV, G)                                                        \
+    PAGED_ATTENTION_WARPS_DPL(P, KV, 2, G)                                                      \
+    PAGED_ATTENTION_WARPS_DPL(P, KV, 4, G)                                                      \
+    PAGED_ATTENTION_WARPS_DPL(P, KV, 8, G)
+#define PAGED_ATTENTION_POOL(P, KV)                                                            \
+    PAGED_ATTENTION(paged_attention_##P, KV, float)                                             \
+    PAGED_ATTENTION(paged_attention_##P##_out16, KV, __half)                                    \
+    PAGED_ATTENTION_GROUP(P, KV, 4)                                                             \
+    PAGED_ATTENTION_GROUP(P, KV, 8)
+
 #if QUARRY_POOL_F32
-PAGED_ATTENTION(paged_attention_f32, float, float)
-PAGED_ATTENTION(paged_attention_f32_out16, float, __half)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f32, float, float, 2, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f32_out16, float, __half, 2, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f32, float, float, 4, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f32_out16, float, __half, 4, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f32, float, float, 8, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f32_out16, float, __half, 8, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f32, float, float, 2, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f32_out16, float, __half, 2, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f32, float, float, 4, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f32_out16, float, __half, 4, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g8_f32, float, float, 8, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g8_f32_out16, float, __half, 8, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split2g4_f32, float, 2, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split4g4_f32, float, 4, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split8g4_f32, float, 8, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split2g8_f32, float, 2, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split4g8_f32, float, 4, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split8g8_f32, float, 8, 8)
-#endif  // QUARRY_POOL_F32
-
+PAGED_ATTENTION_POOL(f32, float)
+#endif
 #if QUARRY_POOL_F16
-PAGED_ATTENTION(paged_attention_f16, __half, float)
-PAGED_ATTENTION(paged_attention_f16_out16, __half, __half)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f16, __half, float, 2, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g4_f16_out16, __half, __half, 2, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f16, __half, float, 4, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g4_f16_out16, __half, __half, 4, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f16, __half, float, 8, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g4_f16_out16, __half, __half, 8, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f16, __half, float, 2, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g8_f16_out16, __half, __half, 2, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f16, __half, float, 4, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g8_f16_out16, __half, __half, 4, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g8_f16, __half, float, 8, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g8_f16_out16, __half, __half, 8, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split2g4_f16, __half, 2, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split4g4_f16, __half, 4, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split8g4_f16, __half, 8, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split2g8_f16, __half, 2, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split4g8_f16, __half, 4, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split8g8_f16, __half, 8, 8)
-#endif  // QUARRY_POOL_F16
-
+PAGED_ATTENTION_POOL(f16, __half)
+#endif
 #if QUARRY_POOL_BF16
-PAGED_ATTENTION(paged_attention_bf16, __nv_bfloat16, float)
-PAGED_ATTENTION(paged_attention_bf16_out16, __nv_bfloat16, __half)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g4_bf16, __nv_bfloat16, float, 2, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g4_bf16_out16, __nv_bfloat16, __half, 2, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g4_bf16, __nv_bfloat16, float, 4, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g4_bf16_out16, __nv_bfloat16, __half, 4, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g4_bf16, __nv_bfloat16, float, 8, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g4_bf16_out16, __nv_bfloat16, __half, 8, 4)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g8_bf16, __nv_bfloat16, float, 2, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps2g8_bf16_out16, __nv_bfloat16, __half, 2, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g8_bf16, __nv_bfloat16, float, 4, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps4g8_bf16_out16, __nv_bfloat16, __half, 4, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g8_bf16, __nv_bfloat16, float, 8, 8)
-PAGED_ATTENTION_WARPS(paged_attention_warps8g8_bf16_out16, __nv_bfloat16, __half, 8, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split2g4_bf16, __nv_bfloat16, 2, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split4g4_bf16, __nv_bfloat16, 4, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split8g4_bf16, __nv_bfloat16, 8, 4)
-PAGED_ATTENTION_SPLIT(paged_attention_split2g8_bf16, __nv_bfloat16, 2, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split4g8_bf16, __nv_bfloat16, 4, 8)
-PAGED_ATTENTION_SPLIT(paged_attention_split8g8_bf16, __nv_bfloat16, 8, 8)
-#endif  // QUARRY_POOL_BF16
+PAGED_ATTENTION_POOL(bf16, __nv_bfloat16)
+#endif
 
 // The chunks' results combined, one block per (token, query head), a thread per dimension:
 // out[row] = sum_z exp(m_z - M) acc_z / sum_z exp(m_z - M) l_z with M the largest m_z, in chunk
