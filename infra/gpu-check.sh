@@ -216,6 +216,11 @@ if [ -n "${DUMMY:-}" ]; then
         && ! grep -q "gemv_q8_matches_its_reference \.\.\. ok" "$STAGE_DIR/tests-raw.txt"; then
         echo "$setting at batch $b: not run (gemv_q8 did not pass its test)"; continue
       fi
+      # The tiled attention likewise.
+      if [[ "$setting" == *QUARRY_ATTENTION=tiled* ]] && [ -s "$STAGE_DIR/tests-raw.txt" ] \
+        && ! grep -q "paged_attention_tiled_matches_its_reference_on_a_mixed_batch \.\.\. ok" "$STAGE_DIR/tests-raw.txt"; then
+        echo "$setting at batch $b: not run (the tiled attention did not pass its test)"; continue
+      fi
       left=$(( END - $(date +%s) - 10 ))
       [ "$left" -lt 20 ] && { echo "$setting at batch $b: not run (the call's time is spent)"; continue; }
       section "dummy weights: $shape with $setting, batch $b"
@@ -277,6 +282,7 @@ esac
 [ "$TINY_BUILT" = 1 ] || model_tests+=(--skip tiny_)
 # TESTS=0: straight to the benchmarks (a second call on binaries whose tests passed this lease).
 split_ok=1
+tiled_ok=1
 failed_fusions=()
 if [ "${TESTS:-1}" != 0 ]; then
 : > "$STAGE_DIR/tests-raw.txt"
@@ -325,6 +331,12 @@ if ! passed paged_attention_split_matches_its_reference_on_a_mixed_batch; then
   echo "!! the attention kernel's split-K form failed its test: QUARRY_ATTENTION=warps from here on (small steps default to split), its A/B runs left out"
   export QUARRY_ATTENTION=warps
   split_ok=0
+fi
+# The tiled form (QUARRY_ATTENTION=tiled, not a default) likewise.
+tiled_ok=1
+if ! passed paged_attention_tiled_matches_its_reference_on_a_mixed_batch; then
+  echo "!! the attention kernel's tiled form failed its test: its A/B runs left out"
+  tiled_ok=0
 fi
 # The forward pass's optional fusions likewise: each when its kernel's test passed, all of them
 # when the forward with them gave the logits of the forward without them.
@@ -423,9 +435,12 @@ merge_runs "$OUT/quarry-bench-cuda.json" "${runs[@]}"
 # AB names them; all into one JSON whose runs carry their setting.
 OLD=QUARRY_ATTENTION=warps,QUARRY_GEMM_ADD=off,QUARRY_ROPE_STORE=off
 ALL=QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on
-AB="${AB-$OLD@1 $OLD@8 $ALL@32 QUARRY_CUDA_GRAPHS=off@32 QUARRY_PROFILE=1@512}"
+AB="${AB-$OLD@1 $OLD@8 $ALL@32 QUARRY_CUDA_GRAPHS=off@32 QUARRY_ATTENTION=tiled@512 QUARRY_PROFILE=1@512}"
 if [ "$split_ok" = 0 ]; then
   AB="$(tr ' ' '\n' <<<"$AB" | grep -v '^QUARRY_ATTENTION=split' | paste -sd' ')"
+fi
+if [ "$tiled_ok" = 0 ]; then
+  AB="$(tr ' ' '\n' <<<"$AB" | grep -v '^QUARRY_ATTENTION=tiled' | paste -sd' ')"
 fi
 for fusion in "${failed_fusions[@]}"; do
   AB="$(tr ' ' '\n' <<<"$AB" | grep -v "QUARRY_$fusion=on" | paste -sd' ')"

@@ -10,36 +10,31 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The modules: the source's name, the module's, and the macros it is compiled with.
-const MODULES: [(&str, &str, &[&str]); 8] = [
-    ("gemv_q8", "gemv_q8", &[]),
-    ("glu", "glu", &[]),
-    ("paged_attention", "paged_attention_f32", &POOLS[0]),
-    ("paged_attention", "paged_attention_f16", &POOLS[1]),
-    ("paged_attention", "paged_attention_bf16", &POOLS[2]),
-    ("residual", "residual", &[]),
-    ("rope_store", "rope_store", &[]),
-    ("sampling", "sampling", &[]),
-];
+/// Sources compiled into a module each.
+const PLAIN: [&str; 5] = ["gemv_q8", "glu", "residual", "rope_store", "sampling"];
+/// The attention's pool types: a module of each one's one-token forms and one of its tiled forms
+/// (kernels/paged_attention.cu's `QUARRY_POOL_*` and `QUARRY_TILED`).
+const POOLS: [&str; 3] = ["f32", "f16", "bf16"];
 
-/// The attention's pool types, one module each (kernels/paged_attention.cu's `QUARRY_POOL_*`).
-const POOLS: [[&str; 3]; 3] = [
-    [
-        "-DQUARRY_POOL_F32=1",
-        "-DQUARRY_POOL_F16=0",
-        "-DQUARRY_POOL_BF16=0",
-    ],
-    [
-        "-DQUARRY_POOL_F32=0",
-        "-DQUARRY_POOL_F16=1",
-        "-DQUARRY_POOL_BF16=0",
-    ],
-    [
-        "-DQUARRY_POOL_F32=0",
-        "-DQUARRY_POOL_F16=0",
-        "-DQUARRY_POOL_BF16=1",
-    ],
-];
+/// Every module: its source's name, its own, and the macros it is compiled with.
+fn modules() -> Vec<(&'static str, String, Vec<String>)> {
+    let mut all: Vec<_> = PLAIN.map(|n| (n, n.to_owned(), Vec::new())).into();
+    for tiled in [false, true] {
+        for pool in POOLS {
+            let mut defines: Vec<String> = POOLS
+                .map(|p| format!("-DQUARRY_POOL_{}={}", p.to_uppercase(), u8::from(p == pool)))
+                .into();
+            defines.push(format!("-DQUARRY_TILED={}", u8::from(tiled)));
+            let kind = if tiled { "tiled_" } else { "" };
+            all.push((
+                "paged_attention",
+                format!("paged_attention_{kind}{pool}"),
+                defines,
+            ));
+        }
+    }
+    all
+}
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
@@ -60,20 +55,29 @@ fn main() {
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo::rerun-if-changed=kernels/common.cuh");
-    for (name, module, defines) in MODULES {
-        let src = format!("kernels/{name}.cu");
-        println!("cargo::rerun-if-changed={src}");
-        let ptx = out.join(format!("{module}.ptx"));
-        let status = Command::new(&nvcc)
-            .args(["-ptx", "-O3", "-std=c++17", &format!("-arch=compute_{cap}")])
-            .args(defines)
-            .arg("-o")
-            .arg(&ptx)
-            .arg(&src)
-            .status()
-            .unwrap_or_else(|e| {
-                panic!("cannot run {} ({e}): see `make build-cuda`", nvcc.display())
-            });
-        assert!(status.success(), "nvcc failed on {src}");
+    // Every module's nvcc at once (the attention's six take most of the time), then each
+    // one's outcome.
+    let runs: Vec<_> = modules()
+        .into_iter()
+        .map(|(name, module, defines)| {
+            let src = format!("kernels/{name}.cu");
+            println!("cargo::rerun-if-changed={src}");
+            let ptx = out.join(format!("{module}.ptx"));
+            let child = Command::new(&nvcc)
+                .args(["-ptx", "-O3", "-std=c++17", &format!("-arch=compute_{cap}")])
+                .args(&defines)
+                .arg("-o")
+                .arg(&ptx)
+                .arg(&src)
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!("cannot run {} ({e}): see `make build-cuda`", nvcc.display())
+                });
+            (module, child)
+        })
+        .collect();
+    for (module, mut child) in runs {
+        let status = child.wait().expect("nvcc runs");
+        assert!(status.success(), "nvcc failed on the module {module}");
     }
 }

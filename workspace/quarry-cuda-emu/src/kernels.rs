@@ -80,6 +80,31 @@ family! {
 }
 
 family! {
+    /// `paged_attention_tiled*`: the attention's arguments, then the batch's tokens.
+    attention_tiled: fn(*const f32, *const c_void, *const c_void, *const u32, *const u32,
+                        *const u32, *const u32, *mut c_void, i32, i32, i32, i32, f32, i32, i32) {
+        paged_attention_tiled2g4_f32, paged_attention_tiled2g4_f32_out16,
+        paged_attention_tiled2g4_f16, paged_attention_tiled2g4_f16_out16,
+        paged_attention_tiled2g4_bf16, paged_attention_tiled2g4_bf16_out16,
+        paged_attention_tiled4g4_f32, paged_attention_tiled4g4_f32_out16,
+        paged_attention_tiled4g4_f16, paged_attention_tiled4g4_f16_out16,
+        paged_attention_tiled4g4_bf16, paged_attention_tiled4g4_bf16_out16,
+        paged_attention_tiled8g4_f32, paged_attention_tiled8g4_f32_out16,
+        paged_attention_tiled8g4_f16, paged_attention_tiled8g4_f16_out16,
+        paged_attention_tiled8g4_bf16, paged_attention_tiled8g4_bf16_out16,
+        paged_attention_tiled2g8_f32, paged_attention_tiled2g8_f32_out16,
+        paged_attention_tiled2g8_f16, paged_attention_tiled2g8_f16_out16,
+        paged_attention_tiled2g8_bf16, paged_attention_tiled2g8_bf16_out16,
+        paged_attention_tiled4g8_f32, paged_attention_tiled4g8_f32_out16,
+        paged_attention_tiled4g8_f16, paged_attention_tiled4g8_f16_out16,
+        paged_attention_tiled4g8_bf16, paged_attention_tiled4g8_bf16_out16,
+        paged_attention_tiled8g8_f32, paged_attention_tiled8g8_f32_out16,
+        paged_attention_tiled8g8_f16, paged_attention_tiled8g8_f16_out16,
+        paged_attention_tiled8g8_bf16, paged_attention_tiled8g8_bf16_out16,
+    }
+}
+
+family! {
     /// `paged_attention_combine` and `_out16`: part, ml, out (f32 or f16), head_dim, splits.
     combine: fn(*const f32, *const f32, *mut c_void, i32, i32) {
         paged_attention_combine, paged_attention_combine_out16,

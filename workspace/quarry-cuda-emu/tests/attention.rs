@@ -13,7 +13,7 @@ use std::ffi::c_void;
 use common::{run, run_launch};
 use half::{bf16, f16};
 use quarry_cuda_emu::{kernels, Buf, Launch};
-use quarry_model::kernel_plan::{AttentionPlan, AttentionShape, BatchSize, STATIC_SHARED};
+use quarry_model::kernel_plan::{AttentionPlan, AttentionShape, BatchSize, STATIC_SHARED, TILE};
 use quarry_model::reference::{check_around_default_shared, relative_error, AttentionCase};
 use quarry_model::{AttentionKernel, RaggedBatch};
 
@@ -123,8 +123,20 @@ fn attend_batch(
         shared_limit: plan.shared_limit(),
         ..Launch::new(plan.grid, plan.threads, plan.shared_bytes)
     };
-    match plan.chunk {
-        None => {
+    match (plan.chunk, plan.tokens) {
+        (None, Some(tokens)) => {
+            let f = kernels::attention_tiled::by_name(&plan.kernel).expect(&plan.kernel);
+            let tokens = tokens as i32;
+            unsafe {
+                run_launch(&plan.kernel, launch, || {
+                    f(
+                        qp, kp, vp, seq, pos, start, table, op, n_head, n_kv, head_dim, page,
+                        scale, window, tokens,
+                    )
+                })
+            };
+        }
+        (None, None) => {
             let f = kernels::attention::by_name(&plan.kernel).expect(&plan.kernel);
             unsafe {
                 run_launch(&plan.kernel, launch, || {
@@ -135,7 +147,7 @@ fn attend_batch(
                 })
             };
         }
-        Some(chunk) => {
+        (Some(chunk), _) => {
             let f = kernels::attention_split::by_name(&plan.kernel).expect(&plan.kernel);
             let rows = b.size.tokens * shape.n_head * plan.splits();
             let mut acc = Buf::<f32>::poisoned(rows * shape.head_dim);
@@ -228,6 +240,9 @@ fn matches_its_reference(kernel: AttentionKernel) {
                 ..AttentionShape::from(h)
             };
             let (plan, got) = attend(&meta, &q, &pool, element, shape, kernel, out16);
+            if kernel == AttentionKernel::Tiled {
+                assert!(plan.kernel.contains("tiled"), "{}", plan.kernel);
+            }
             let name = match plan.chunk {
                 Some(c) => format!(
                     "{} + {} (chunks of {c})",
@@ -258,6 +273,26 @@ fn per_dimension_layout_matches_its_reference_on_a_mixed_batch() {
 #[test]
 fn warps_layout_matches_its_reference_on_a_mixed_batch() {
     matches_its_reference(AttentionKernel::Warps);
+}
+
+/// The tiled form on the mixed batch, which has both kinds of tile: whole ones (tokens of one
+/// sequence at consecutive positions: the 120- and 37-token prefills, the extension's) that one
+/// block computes, and tokens computed alone (decode rows, tiles across two sequences, the last
+/// partial tile); with Gemma's window, the tile's tokens' ranges start at different positions.
+#[test]
+fn tiled_form_matches_its_reference_on_a_mixed_batch() {
+    let meta = &AttentionCase::mixed(16)[0].meta;
+    let (seq, pos) = (&meta.token_seq, &meta.token_pos);
+    let tiles = meta.tokens().div_ceil(TILE);
+    let whole = (0..meta.tokens() / TILE)
+        .filter(|&b| {
+            (1..TILE).all(|i| {
+                seq[b * TILE + i] == seq[b * TILE] && pos[b * TILE + i] == pos[b * TILE] + i as u32
+            })
+        })
+        .count();
+    assert!(whole > 0 && whole < tiles, "{whole} whole tiles of {tiles}");
+    matches_its_reference(AttentionKernel::Tiled);
 }
 
 /// Split-K with chunks of 16 and 100 positions (most tokens' contexts split, some in one chunk,
@@ -362,6 +397,7 @@ fn a_step_padded_to_its_graph_matches_the_unpadded_reference() {
             AttentionKernel::Warps,
             AttentionKernel::Split { chunk: None },
             AttentionKernel::PerDimension,
+            AttentionKernel::Tiled,
         ] {
             let (plan, got) = attend_batch(&batch, &q, &pool, "f16", shape, kernel, true);
             let real = &got[..case.want.len()];

@@ -122,19 +122,25 @@ __device__ void group_scores(const float* qs, const KV* __restrict__ k, RowOf ro
 // position on SmolLM2's groups of 3 and kept 128 bytes in flight per warp, and read the pool at
 // 19% of a device copy's rate on an H100 at batch 512 (BENCHMARKS.md, 2026-11-26). Rows whose
 // head does not start on 16 bytes (head_dim * sizeof(KV) % 16) are read value by value.
-template <typename KV, int DPL, int G>
+//
+// T tokens of one sequence at once (the tiled form, below): query head g of token i is row
+// i * group + g of `qs` and `scores`, and a position outside token i's range (`lo[i]` to
+// `hi[i]`, the causal end and the window's start) scores -inf, so the key row is read once for
+// T tokens. T = 1 is the one-token form (its range every position).
+template <typename KV, int DPL, int G, int T = 1>
 __device__ void group_scores_threads(const float* qs, const KV* __restrict__ k,
                                      const uint32_t* rows, int n, int group, int head_dim,
-                                     int kv_dim, int kv_head, float scale, float* scores) {
+                                     int kv_dim, int kv_head, float scale, float* scores,
+                                     const int* lo = nullptr, const int* hi = nullptr) {
     constexpr int PER = 16 / sizeof(KV);       // values per 16-byte load
     constexpr int LOADS = DPL * 32 / PER;      // loads that cover the longest head of DPL
     constexpr int BATCH = LOADS < 8 ? LOADS : 8;
     const bool vector = head_dim % PER == 0 && kv_dim % PER == 0;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
         const KV* krow = k + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
-        float dot[G];
+        float dot[T * G];
 #pragma unroll
-        for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+        for (int g = 0; g < T * G; ++g) dot[g] = 0.0f;
         if (vector) {
             // Eight loads (128 bytes) issued at a time, then their arithmetic: registers for
             // 32 values, whatever the head.
@@ -156,32 +162,44 @@ __device__ void group_scores_threads(const float* qs, const KV* __restrict__ k,
                     // same words), four values a load where one a load made the scores wait on
                     // shared memory: 32 loads per 32 products for groups of 4.
 #pragma unroll
-                    for (int g = 0; g < G; ++g) {
-                        if (g < group) {
-                            const float* qg = qs + g * head_dim + (c0 + c) * PER;
+                    for (int i = 0; i < T; ++i) {
 #pragma unroll
-                            for (int e = 0; e < PER; e += 4) {
-                                const float4 q4 = SHARED_LOAD4(qg + e);
-                                dot[g] += q4.x * kx[e];
-                                dot[g] += q4.y * kx[e + 1];
-                                dot[g] += q4.z * kx[e + 2];
-                                dot[g] += q4.w * kx[e + 3];
+                        for (int g = 0; g < G; ++g) {
+                            if (g < group) {
+                                const float* qg =
+                                    qs + (i * group + g) * head_dim + (c0 + c) * PER;
+                                float& d = dot[i * G + g];
+#pragma unroll
+                                for (int e = 0; e < PER; e += 4) {
+                                    const float4 q4 = SHARED_LOAD4(qg + e);
+                                    d += q4.x * kx[e];
+                                    d += q4.y * kx[e + 1];
+                                    d += q4.z * kx[e + 2];
+                                    d += q4.w * kx[e + 3];
+                                }
                             }
                         }
                     }
                 }
             }
         } else {
-            for (int i = 0; i < head_dim; ++i) {
-                const float kx = to_float(krow[i]);
+            for (int x = 0; x < head_dim; ++x) {
+                const float kx = to_float(krow[x]);
 #pragma unroll
-                for (int g = 0; g < G; ++g)
-                    if (g < group) dot[g] += qs[g * head_dim + i] * kx;
+                for (int i = 0; i < T; ++i)
+#pragma unroll
+                    for (int g = 0; g < G; ++g)
+                        if (g < group) dot[i * G + g] += qs[(i * group + g) * head_dim + x] * kx;
             }
         }
 #pragma unroll
-        for (int g = 0; g < G; ++g)
-            if (g < group) scores[g * n + j] = dot[g] * scale;
+        for (int i = 0; i < T; ++i) {
+            const bool seen = T == 1 || (j >= lo[i] && j <= hi[i]);
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+                if (g < group)
+                    scores[(i * group + g) * n + j] = seen ? dot[i * G + g] * scale : -INFINITY;
+        }
     }
     __syncthreads();
 }
@@ -276,20 +294,25 @@ __device__ __forceinline__ bool vector_rows(int head_dim, int kv_dim) {
 // position with a value per lane kept 4 bytes per lane in flight (an f16 head of 64); this keeps
 // 16 per load. Heads whose rows do not split so (an f32 head of 256, a head of 80) take the warp
 // per position.
+//
+// `scores` holds the group's rows of n weights; this warp is warp `wi` of the `wn` that share
+// positions begin .. end - 1 (the one-token form: every warp, every position; the tiled form:
+// the warps of one token, its range) and writes its sums to `partial` (group * head_dim).
 template <typename KV, int G>
 __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
-                                  const uint32_t* rows, int n, int group, int head_dim,
-                                  int kv_dim, int kv_head, float* partial) {
+                                  const uint32_t* rows, int n, int begin, int end, int group,
+                                  int head_dim, int kv_dim, int kv_head, int wi, int wn,
+                                  float* partial) {
     constexpr int PER = 16 / sizeof(KV);
     // Loads a lane issues before their arithmetic: U 16-byte loads, 2 KiB a warp in flight,
     // where the loop that loaded one position at a time (unrolled twice) kept about 1 KiB. An
     // H200 read the pool at a quarter of its copy rate in a decode step at batch 256
     // (2026-11-28), with two blocks an SM; attention-bench measures this form.
     constexpr int U = 4;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
     const int lanes = head_dim / PER, per_warp = 32 / lanes;
     const int piece = lane % lanes, slot = lane / lanes;
-    const int step = WARPS * per_warp;
+    const int step = wn * per_warp;
     const KV* vhead = v + (size_t)kv_head * head_dim;
     float acc[G][PER];
 #pragma unroll
@@ -297,19 +320,19 @@ __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
 #pragma unroll
         for (int e = 0; e < PER; ++e) acc[g][e] = 0.0f;
 #pragma unroll 1
-    for (int j0 = warp * per_warp + slot; j0 < n; j0 += U * step) {
+    for (int j0 = begin + wi * per_warp + slot; j0 < end; j0 += U * step) {
         uint4 raw[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int j = j0 + u * step;
-            if (j < n)
+            if (j < end)
                 raw[u] = __ldg(reinterpret_cast<const uint4*>(vhead + (size_t)rows[j] * kv_dim) +
                                piece);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int j = j0 + u * step;
-            if (j < n) {
+            if (j < end) {
                 const KV* x = reinterpret_cast<const KV*>(&raw[u]);
                 float vx[PER];
 #pragma unroll
@@ -337,13 +360,11 @@ __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
         }
     }
     if (slot == 0) {
-        const int gd = group * head_dim;
 #pragma unroll
         for (int g = 0; g < G; ++g)
             if (g < group)
 #pragma unroll
-                for (int e = 0; e < PER; ++e)
-                    partial[warp * gd + g * head_dim + piece * PER + e] = acc[g][e];
+                for (int e = 0; e < PER; ++e) partial[g * head_dim + piece * PER + e] = acc[g][e];
     }
 }
 
@@ -361,13 +382,13 @@ __device__ void paged_attention(
     const uint32_t* __restrict__ token_seq, const uint32_t* __restrict__ token_pos,
     const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
     OUT* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
-    int window, int chunk, float* __restrict__ ml) {
+    int window, int chunk, float* __restrict__ ml, int t) {
     static_assert(!SPLIT || DPL > 0, "split-K runs the warps layout");
     static_assert(!SPLIT || sizeof(OUT) == 4, "split-K's sums are f32");
     static_assert(G <= MAX_GROUP, "groups of at most MAX_GROUP");
     DYNAMIC_SHARED(float, shared);
     __shared__ float red[RED_WARPS * MAX_GROUP];  // block_reduce_group's (the plan's STATIC_SHARED)
-    const int t = blockIdx.x, kv_head = blockIdx.y;
+    const int kv_head = blockIdx.y;
     const int group = n_head / n_kv;
     const Attended a = attended(t, token_seq, token_pos, page_start, block_table, window);
     int first = a.first, n = a.n;
@@ -434,8 +455,8 @@ __device__ void paged_attention(
     } else {
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
         if (vector_rows<KV>(head_dim, kv_dim)) {
-            group_sum_vectors<KV, G>(scores, v, rows, n, group, head_dim, kv_dim, kv_head,
-                                     partial);
+            group_sum_vectors<KV, G>(scores, v, rows, n, 0, n, group, head_dim, kv_dim, kv_head,
+                                     warp, WARPS, partial + warp * gd);
         } else {
             float acc[G][DPL];
     #pragma unroll
@@ -478,6 +499,91 @@ __device__ void paged_attention(
     }
 }
 
+// The tiled form (`AttentionKernel::Tiled`): the warps layout, where a prefill or extension's
+// tokens of one sequence share their key reads. The grid is still a block per (token, key-value
+// head). Tokens are taken in tiles of TILE by their index in the batch (t - t % TILE onwards);
+// where a tile's TILE tokens are one sequence's at consecutive positions and its heads' rows
+// split into 16-byte pieces, the tile's first block computes all of them and the others return.
+// Every other block (a decode row, a tile across two sequences, the batch's last partial tile)
+// computes its own token as the warps layout does. The tile's block reads each position of the
+// union of the tokens' ranges once for the scores of TILE * group query heads (each token's
+// positions past its own end, or before its window, score -inf), runs the TILE * group
+// softmaxes' reductions together, and gives WARPS / TILE warps to each token's weighted sum (its
+// value rows, the same ones, are read by each token's warps: from L1 or L2 after the first).
+// Dynamic shared memory: the larger of the warps layout's for the longest context and the tile's,
+// (TILE * group * (head_dim + n) + n + WARPS * group * head_dim + RED_WARPS * TILE * G) * 4 bytes
+// with n = longest + TILE - 1 (the union of the tile's ranges). `tokens`: the batch's tokens.
+#define TILE 4
+template <typename KV, typename OUT, int DPL, int G>
+__device__ void paged_attention_tiled(
+    const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
+    const uint32_t* __restrict__ token_seq, const uint32_t* __restrict__ token_pos,
+    const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
+    OUT* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
+    int window, int tokens) {
+    static_assert(WARPS % TILE == 0, "a tile's tokens share the warps evenly");
+    const int t = blockIdx.x, kv_head = blockIdx.y;
+    const int lead = t - t % TILE;
+    const int kv_dim = n_kv * head_dim;
+    // Every block of the tile reads the same answer, so the returns below are the whole block's.
+    bool whole = lead + TILE <= tokens && vector_rows<KV>(head_dim, kv_dim);
+    for (int i = 1; whole && i < TILE; ++i)
+        whole = token_seq[lead + i] == token_seq[lead] && token_pos[lead + i] == token_pos[lead] + i;
+    if (!whole) {
+        paged_attention<KV, OUT, DPL, G, false>(q, k, v, token_seq, token_pos, page_start,
+                                                block_table, out, n_head, n_kv, head_dim,
+                                                page_size, scale, window, 0, nullptr, t);
+        return;
+    }
+    if (t != lead) return;
+    DYNAMIC_SHARED(float, shared);
+    const int group = n_head / n_kv, gd = group * head_dim;
+    const Attended a = attended(lead, token_seq, token_pos, page_start, block_table, window);
+    const int first = a.first;
+    const int n = (int)token_pos[lead + TILE - 1] + 1 - first;  // the union of the ranges
+    int lo[TILE], hi[TILE];
+#pragma unroll
+    for (int i = 0; i < TILE; ++i) {
+        const Attended ai =
+            attended(lead + i, token_seq, token_pos, page_start, block_table, window);
+        lo[i] = ai.first - first;
+        hi[i] = ai.first + ai.n - 1 - first;
+    }
+    float* qs = shared;                                     // TILE * gd query values
+    float* scores = qs + TILE * gd;                         // TILE * group rows of n
+    uint32_t* rows = reinterpret_cast<uint32_t*>(scores + TILE * group * n);
+    float* partial = reinterpret_cast<float*>(rows + n);    // WARPS * gd partial sums
+    float* red = partial + WARPS * gd;                      // RED_WARPS * TILE * G
+    for (int e = threadIdx.x; e < TILE * gd; e += blockDim.x)
+        qs[e] = q[(size_t)(lead + e / gd) * n_head * head_dim + (size_t)kv_head * gd + e % gd];
+    for (int j = threadIdx.x; j < n; j += blockDim.x)
+        rows[j] = pool_row(a.pages, first + j, page_size);
+    __syncthreads();
+    group_scores_threads<KV, DPL, G, TILE>(qs, k, rows, n, group, head_dim, kv_dim, kv_head,
+                                           scale, scores, lo, hi);
+    group_softmax<false, TILE * G>(scores, TILE * group, n, red, nullptr, 0);
+    // Warp w sums token w % TILE's values, with the tile's other warps of that token.
+    const int warp = threadIdx.x >> 5, mine = warp % TILE;
+    int begin = 0, end = 0;
+#pragma unroll
+    for (int i = 0; i < TILE; ++i) {
+        if (i == mine) {
+            begin = lo[i];
+            end = hi[i] + 1;
+        }
+    }
+    group_sum_vectors<KV, G>(scores + mine * group * n, v, rows, n, begin, end, group, head_dim,
+                             kv_dim, kv_head, warp / TILE, WARPS / TILE, partial + warp * gd);
+    __syncthreads();
+    for (int e = threadIdx.x; e < TILE * gd; e += blockDim.x) {
+        const int i = e / gd, r = e % gd;
+        float sum = 0.0f;
+        for (int w = i; w < WARPS; w += TILE) sum += partial[w * gd + r];
+        out[(size_t)(lead + i) * n_head * head_dim + (size_t)kv_head * gd + r] =
+            from_float<OUT>(sum);
+    }
+}
+
 // The forms: a pool's element type, and the output's (the `_out16` forms write f16).
 #define PAGED_ATTENTION(NAME, KV, OUT)                                                         \
     extern "C" __global__ void NAME(                                                           \
@@ -488,7 +594,7 @@ __device__ void paged_attention(
         paged_attention<KV, OUT, 0, MAX_GROUP, false>(q, k, v, token_seq, token_pos,         \
                                                       page_start, block_table, out, n_head,   \
                                                       n_kv, head_dim, page_size, scale,       \
-                                                      window, 0, nullptr);                    \
+                                                      window, 0, nullptr, blockIdx.x);        \
     }
 
 // The warps and split forms ask ptxas for three blocks of 256 threads an SM where groups are at
@@ -503,7 +609,19 @@ __device__ void paged_attention(
         int window) {                                                                          \
         paged_attention<KV, OUT, DPL, G, false>(q, k, v, token_seq, token_pos, page_start,   \
                                                 block_table, out, n_head, n_kv, head_dim,      \
-                                                page_size, scale, window, 0, nullptr);         \
+                                                page_size, scale, window, 0, nullptr,          \
+                                                blockIdx.x);                                   \
+    }
+
+#define PAGED_ATTENTION_TILED(NAME, KV, OUT, DPL, G)                                           \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) NAME(                          \
+        const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
+        const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
+        OUT* out, int n_head, int n_kv, int head_dim, int page_size, float scale,             \
+        int window, int tokens) {                                                              \
+        paged_attention_tiled<KV, OUT, DPL, G>(q, k, v, token_seq, token_pos, page_start,    \
+                                               block_table, out, n_head, n_kv, head_dim,       \
+                                               page_size, scale, window, tokens);              \
     }
 
 // The split-K kernels: `out` is the chunks' sums and `ml` their maxima and sums (see the top).
@@ -515,45 +633,72 @@ __device__ void paged_attention(
         int window, int chunk, float* ml) {                                                    \
         paged_attention<KV, float, DPL, G, true>(q, k, v, token_seq, token_pos, page_start,  \
                                                  block_table, out, n_head, n_kv, head_dim,     \
-                                                 page_size, scale, window, chunk, ml);         \
+                                                 page_size, scale, window, chunk, ml,          \
+                                                 blockIdx.x);                                  \
     }
 
-// The forms by pool type. build.rs compiles a module of each pool type's forms (-DQUARRY_POOL_F16=1
-// and the others 0, and so on): the driver compiles a module's PTX whole the first time it is
-// loaded, and a process reads one pool type, so it compiles a third of the forms. Compiled
-// without them (quarry-cuda-emu), the file holds every form.
+// The forms by pool type and kind. build.rs compiles a module of each pool type's one-token forms
+// (per-dimension, warps, split, and the combine: -DQUARRY_POOL_F16=1 -DQUARRY_TILED=0, the other
+// pools 0) and one of its tiled forms (-DQUARRY_TILED=1), since the driver compiles a module's
+// PTX whole the first time it is loaded: a process reads one pool type, and only
+// `attention = tiled` loads the tiled module (5 MB of PTX for f16, where the one-token forms
+// take 2.8). Compiled without them (quarry-cuda-emu), the file holds every form.
 #ifndef QUARRY_POOL_F32
 #define QUARRY_POOL_F32 1
 #define QUARRY_POOL_F16 1
 #define QUARRY_POOL_BF16 1
 #endif
+#ifndef QUARRY_TILED
+#define QUARRY_ONE_TOKEN_FORMS 1
+#define QUARRY_TILED_FORMS 1
+#else
+#define QUARRY_ONE_TOKEN_FORMS (!QUARRY_TILED)
+#define QUARRY_TILED_FORMS QUARRY_TILED
+#endif
 
-// Every form of a pool type P (f32, f16, bf16) of element KV: per-dimension, then warps and split
-// for heads of up to 64, 128 and 256 dimensions and groups of up to 4 and 8.
+// Every one-token form of a pool type P (f32, f16, bf16) of element KV: per-dimension, then warps
+// and split for heads of up to 64, 128 and 256 dimensions and groups of up to 4 and 8; and every
+// tiled form.
 #define PAGED_ATTENTION_WARPS_DPL(P, KV, DPL, G)                                                \
     PAGED_ATTENTION_WARPS(paged_attention_warps##DPL##g##G##_##P, KV, float, DPL, G)            \
     PAGED_ATTENTION_WARPS(paged_attention_warps##DPL##g##G##_##P##_out16, KV, __half, DPL, G)   \
     PAGED_ATTENTION_SPLIT(paged_attention_split##DPL##g##G##_##P, KV, DPL, G)
-#define PAGED_ATTENTION_GROUP(P, KV, G)                                                        \
-    PAGED_ATTENTION_WARPS_DPL(P, KV, 2, G)                                                      \
-    PAGED_ATTENTION_WARPS_DPL(P, KV, 4, G)                                                      \
-    PAGED_ATTENTION_WARPS_DPL(P, KV, 8, G)
+#define PAGED_ATTENTION_TILED_DPL(P, KV, DPL, G)                                                \
+    PAGED_ATTENTION_TILED(paged_attention_tiled##DPL##g##G##_##P, KV, float, DPL, G)            \
+    PAGED_ATTENTION_TILED(paged_attention_tiled##DPL##g##G##_##P##_out16, KV, __half, DPL, G)
+#define PAGED_ATTENTION_HEADS(FORMS, P, KV, G)                                                 \
+    FORMS(P, KV, 2, G)                                                                          \
+    FORMS(P, KV, 4, G)                                                                          \
+    FORMS(P, KV, 8, G)
 #define PAGED_ATTENTION_POOL(P, KV)                                                            \
     PAGED_ATTENTION(paged_attention_##P, KV, float)                                             \
     PAGED_ATTENTION(paged_attention_##P##_out16, KV, __half)                                    \
-    PAGED_ATTENTION_GROUP(P, KV, 4)                                                             \
-    PAGED_ATTENTION_GROUP(P, KV, 8)
+    PAGED_ATTENTION_HEADS(PAGED_ATTENTION_WARPS_DPL, P, KV, 4)                                  \
+    PAGED_ATTENTION_HEADS(PAGED_ATTENTION_WARPS_DPL, P, KV, 8)
+#define PAGED_ATTENTION_POOL_TILED(P, KV)                                                      \
+    PAGED_ATTENTION_HEADS(PAGED_ATTENTION_TILED_DPL, P, KV, 4)                                  \
+    PAGED_ATTENTION_HEADS(PAGED_ATTENTION_TILED_DPL, P, KV, 8)
 
-#if QUARRY_POOL_F32
+#if QUARRY_ONE_TOKEN_FORMS && QUARRY_POOL_F32
 PAGED_ATTENTION_POOL(f32, float)
 #endif
-#if QUARRY_POOL_F16
+#if QUARRY_ONE_TOKEN_FORMS && QUARRY_POOL_F16
 PAGED_ATTENTION_POOL(f16, __half)
 #endif
-#if QUARRY_POOL_BF16
+#if QUARRY_ONE_TOKEN_FORMS && QUARRY_POOL_BF16
 PAGED_ATTENTION_POOL(bf16, __nv_bfloat16)
 #endif
+#if QUARRY_TILED_FORMS && QUARRY_POOL_F32
+PAGED_ATTENTION_POOL_TILED(f32, float)
+#endif
+#if QUARRY_TILED_FORMS && QUARRY_POOL_F16
+PAGED_ATTENTION_POOL_TILED(f16, __half)
+#endif
+#if QUARRY_TILED_FORMS && QUARRY_POOL_BF16
+PAGED_ATTENTION_POOL_TILED(bf16, __nv_bfloat16)
+#endif
 
+#if QUARRY_ONE_TOKEN_FORMS
 // The chunks' results combined, one block per (token, query head), a thread per dimension:
 // out[row] = sum_z exp(m_z - M) acc_z / sum_z exp(m_z - M) l_z with M the largest m_z, in chunk
 // order (no atomics). `part` and `ml` are the split kernel's `out` and `ml`; chunk 0 always holds
@@ -585,3 +730,4 @@ extern "C" __global__ void paged_attention_combine_out16(const float* part, cons
                                                          __half* out, int head_dim, int splits) {
     paged_attention_combine<__half>(part, ml, out, head_dim, splits);
 }
+#endif  // QUARRY_ONE_TOKEN_FORMS

@@ -54,7 +54,17 @@ pub enum AttentionKernel {
     /// step has about four blocks per SM (a decode step at batch 1 is 3 blocks unsplit); with few
     /// enough blocks to split at all, it runs as `Warps`. `ModelOptions::attention_chunk` sets it.
     Split { chunk: Option<usize> },
+    /// The warps layout where a step's tokens of one sequence (a prefill's or an extension's)
+    /// share their key reads: tokens in tiles of [`TILE`] by batch index, a tile of one
+    /// sequence's consecutive positions computed by one block, every other token as `Warps`
+    /// computes it (the kernel's comments). Where the tile's shared memory would pass the
+    /// limit, it runs as `Warps`. Written 2026-11-28 without a GPU (quarry-cuda-emu checks it);
+    /// `ModelOptions::attention = tiled` asks for it.
+    Tiled,
 }
+
+/// Tokens a tiled block serves (the kernel's `TILE`).
+pub const TILE: usize = 4;
 
 /// The attention's shape: heads, grouped-query KV heads, and Gemma's sliding window (0: none).
 #[derive(Debug, Clone, Copy)]
@@ -146,6 +156,8 @@ pub struct AttentionPlan {
     pub chunk: Option<usize>,
     /// Whether the output is f16 (the `_out16` forms, and the combine's).
     pub out16: bool,
+    /// The tiled form's last argument, the batch's tokens (`None`: another form).
+    pub tokens: Option<usize>,
 }
 
 impl AttentionPlan {
@@ -173,6 +185,26 @@ impl AttentionPlan {
             });
         }
         let group = shape.n_head / shape.n_kv;
+        if kernel == AttentionKernel::Tiled {
+            let words = tiled_shared_words(group, shape.head_dim, batch.longest, shape);
+            if words * 4 <= MAX_SHARED {
+                let suffix = if out16 { "_out16" } else { "" };
+                return Ok(Self {
+                    kernel: format!(
+                        "paged_attention_tiled{}g{}_{element}{suffix}",
+                        dims_per_lane(shape),
+                        group_form(shape)
+                    ),
+                    grid: (batch.tokens as u32, shape.n_kv as u32, 1),
+                    threads: WARPS_THREADS,
+                    shared_bytes: words * 4,
+                    chunk: None,
+                    out16,
+                    tokens: Some(batch.tokens),
+                });
+            }
+            return Self::new(batch, shape, AttentionKernel::Warps, element, out16);
+        }
         let chunk = split_chunk(batch, shape, kernel);
         let splits = chunk.map_or(1, |c| batch.longest.div_ceil(c));
         // Shared memory: the group's queries and scores, and for the `warps` layout the rows it
@@ -185,7 +217,7 @@ impl AttentionPlan {
                 PER_DIMENSION_THREADS,
                 group * (batch.longest + shape.head_dim) * 4,
             ),
-            AttentionKernel::Warps | AttentionKernel::Split { .. } => {
+            AttentionKernel::Warps | AttentionKernel::Split { .. } | AttentionKernel::Tiled => {
                 let layout = if splits > 1 { "split" } else { "warps" };
                 let positions = chunk.unwrap_or(batch.longest).min(batch.longest);
                 (
@@ -215,6 +247,7 @@ impl AttentionPlan {
             shared_bytes,
             chunk,
             out16,
+            tokens: None,
         })
     }
 
@@ -278,6 +311,23 @@ fn warps_shared_words(group: usize, head_dim: usize, positions: usize) -> usize 
     group * (head_dim + positions) + positions + warps * group * head_dim
 }
 
+/// Shared memory words of a tiled block: the warps layout's for the longest context (the tokens
+/// it computes alone), or a tile's, whichever is larger: its [`TILE`] tokens' queries and scores
+/// over the union of their ranges (up to `longest + TILE - 1` positions), the rows, the warps'
+/// partial sums and the reductions' room (8 warps by `TILE` times the form's group bound).
+fn tiled_shared_words(
+    group: usize,
+    head_dim: usize,
+    longest: usize,
+    shape: AttentionShape,
+) -> usize {
+    let warps = WARPS_THREADS as usize / 32;
+    let n = longest + TILE - 1;
+    let tile =
+        TILE * group * (head_dim + n) + n + warps * group * head_dim + 8 * TILE * group_form(shape);
+    tile.max(warps_shared_words(group, head_dim, longest))
+}
+
 /// The positions per chunk a launch splits each token's context into, or `None` for one block
 /// per (token, key-value head). `Warps` splits only a context too long for one block's shared
 /// memory; `Split` takes its chunk, or chooses one that gives the launch about
@@ -289,7 +339,7 @@ fn split_chunk(batch: BatchSize, shape: AttentionShape, kernel: AttentionKernel)
     let most = (MAX_SHARED / 4).saturating_sub(fixed) / (group + 1);
     let chunk = match kernel {
         AttentionKernel::PerDimension => return None,
-        AttentionKernel::Warps => most,
+        AttentionKernel::Warps | AttentionKernel::Tiled => most,
         AttentionKernel::Split { chunk: Some(c) } => c.clamp(1, most),
         AttentionKernel::Split { chunk: None } => {
             let blocks = batch.tokens * shape.n_kv;
@@ -383,6 +433,38 @@ mod tests {
         assert_eq!(form(8, 8, false), "paged_attention_warps4g4_f16_out16");
         assert_eq!(form(28, 4, false), "paged_attention_warps4g8_f16_out16");
         assert_eq!(form(40, 8, false), "paged_attention_warps4g8_f16_out16");
+    }
+
+    /// The tiled form: a block per token like the warps layout, the batch's tokens as its last
+    /// argument, room for a tile's scores; a context whose tile passes the shared memory limit
+    /// runs as the warps layout.
+    #[test]
+    fn tiled_plans_room_for_a_tile_or_runs_as_warps() {
+        let p = AttentionPlan::new(
+            batch(512, 800),
+            smollm2(),
+            AttentionKernel::Tiled,
+            "f16",
+            true,
+        )
+        .unwrap();
+        assert_eq!(p.kernel, "paged_attention_tiled2g4_f16_out16");
+        assert_eq!((p.grid, p.tokens, p.chunk), ((512, 3, 1), Some(512), None));
+        let words = TILE * 3 * (64 + 803) + 803 + 8 * 3 * 64 + 8 * TILE * 4;
+        assert_eq!(p.shared_bytes, words * 4);
+        let long = AttentionPlan::new(
+            batch(1, 20_000),
+            smollm2(),
+            AttentionKernel::Tiled,
+            "f16",
+            true,
+        )
+        .unwrap();
+        assert!(
+            long.kernel.starts_with("paged_attention_split2g4"),
+            "{long:?}"
+        );
+        assert_eq!(long.tokens, None);
     }
 
     /// The warps layout splits only a context beyond one block's shared memory; the

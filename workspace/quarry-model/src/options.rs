@@ -21,8 +21,10 @@ pub struct ModelOptions {
     /// chunks of the context) for steps of at most 16 (`SMALL_STEP_TOKENS`) new
     /// tokens, `warps` (one warp per query row) above: split-K with the two small-step fusions
     /// made a decode step 1.48× faster at batch 1 and 1.34× at batch 8 on an H200, and 0.95× at
-    /// batch 128 (2026-11-28). `per-dimension` is the kernel's first layout; `gather` runs
-    /// attention as per-sequence tensor ops (the CPU's cross-check; slow).
+    /// batch 128 (2026-11-28). `tiled`: the warps layout where a prefill's or extension's tokens
+    /// of one sequence share their key reads, four tokens a block (not yet measured).
+    /// `per-dimension` is the kernel's first layout; `gather` runs attention as per-sequence
+    /// tensor ops (the CPU's cross-check; slow).
     pub attention: Attention,
     /// Context positions per split-K chunk; `None` (the default) lets the kernel plan choose
     /// from the step's shape.
@@ -102,6 +104,7 @@ pub enum Attention {
     Split,
     PerDimension,
     Gather,
+    Tiled,
 }
 
 /// [`ModelOptions::kv_dtype`].
@@ -190,7 +193,7 @@ impl ModelOptions {
     /// trade-offs).
     pub const HELP: &'static str = "Model runtime options, as KEY=VALUE (repeatable; the same keys as a job file's \
 [model.runtime] table and the QUARRY_<KEY> variables; a CPU ignores the GPU's):
-  attention=auto|warps|split|per-dimension|gather   GPU attention kernel (auto: split up to 16-token steps, warps above)
+  attention=auto|warps|split|tiled|per-dimension|gather   GPU attention kernel (auto: split up to 16-token steps, warps above)
   attention_chunk=auto|N                             context positions per split-K chunk (auto: the kernel plan's)
   kv_dtype=f16|bf16|f32                              GPU KV pool element type (f16)
   dense_from_rows=N                                  rows from which GPU projections use f16 weights; 0: quantized only (1)
@@ -214,8 +217,8 @@ impl ModelOptions {
         };
         match key.trim() {
             "attention" => {
-                self.attention =
-                    choice(v).ok_or_else(|| bad("auto, warps, split, per-dimension or gather"))?
+                self.attention = choice(v)
+                    .ok_or_else(|| bad("auto, warps, split, tiled, per-dimension or gather"))?
             }
             "attention_chunk" => {
                 self.attention_chunk = match v {

@@ -10,7 +10,8 @@
 //! rows at `context` positions each (default 800), and a 512-token prefill, it times each layout
 //! (per-dimension, warps, and warps split over the positions with the chunk it chooses; then the
 //! warps layout in the forms compiled for groups of up to 8, against the forms the model's groups
-//! take) with CUDA events (median of 20 launches after 3 warm-ups) and reports the bytes of keys and values a
+//! take; then the tiled form, whose prefill tokens share their key reads, against the warps
+//! layout) with CUDA events (median of 20 launches after 3 warm-ups) and reports the bytes of keys and values a
 //! launch must read over its time for the fastest, beside a device-to-device copy of as many bytes
 //! (the bandwidth a kernel that only streamed the pool could reach), and the layouts' largest
 //! relative difference from the first (their GPU tests are the real check).
@@ -90,7 +91,7 @@ fn main() {
         "paged attention, {name}: {n_head}/{n_kv} heads of {head_dim}, f16 pool, {context} positions per sequence"
     );
     println!(
-        "{:>22} {:>16} {:>10} {:>10} {:>16} {:>10} {:>16} {:>10} {:>10}",
+        "{:>22} {:>16} {:>10} {:>10} {:>16} {:>10} {:>16} {:>10} {:>16} {:>10} {:>10}",
         "case",
         "per-dimension µs",
         "warps µs",
@@ -98,6 +99,8 @@ fn main() {
         "split speed-up",
         "warps g8 µs",
         "g8 ÷ own group",
+        "tiled µs",
+        "tiled speed-up",
         "best GB/s",
         "copy GB/s"
     );
@@ -112,6 +115,7 @@ fn main() {
         (AttentionKernel::Warps, shape),
         (AttentionKernel::Split { chunk: None }, shape),
         (AttentionKernel::Warps, widest),
+        (AttentionKernel::Tiled, shape),
     ];
     // (label, sequences, new tokens per sequence)
     let cases = [
@@ -197,13 +201,15 @@ fn main() {
         let best = times.iter().copied().fold(f32::INFINITY, f32::min);
         let gbs = |ms: f32| read as f64 / (ms as f64 * 1e-3) / 1e9;
         println!(
-            "{label:>22} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
+            "{label:>22} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.1} {:>15.2}x {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
             1e3 * times[0],
             1e3 * times[1],
             1e3 * times[2],
             times[1] / times[2],
             1e3 * times[3],
             times[3] / times[1],
+            1e3 * times[4],
+            times[1] / times[4],
             gbs(best),
             2.0 * bytes as f64 / (copy_ms as f64 * 1e-3) / 1e9,
         );

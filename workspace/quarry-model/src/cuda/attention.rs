@@ -15,30 +15,48 @@ use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
 use crate::ragged::RaggedBatch;
 use crate::step_graph::GraphKey;
 
-/// The attention's forms, a module per pool type (build.rs): the driver compiles a module whole
-/// at its first load, and a process reads one pool type.
-const ATTENTION_PTX: [(&str, &str); 3] = [
+/// The attention's forms, a module per pool type and kind (build.rs): the driver compiles a
+/// module whole at its first load, a process reads one pool type, and only `attention = tiled`
+/// launches the tiled forms.
+macro_rules! attention_ptx {
+    ($module:literal) => {
+        include_str!(concat!(env!("OUT_DIR"), "/", $module, ".ptx"))
+    };
+}
+const ATTENTION_PTX: [(&str, &str); 6] = [
     (
-        "f32",
-        include_str!(concat!(env!("OUT_DIR"), "/paged_attention_f32.ptx")),
+        "quarry_paged_attention_f32",
+        attention_ptx!("paged_attention_f32"),
     ),
     (
-        "f16",
-        include_str!(concat!(env!("OUT_DIR"), "/paged_attention_f16.ptx")),
+        "quarry_paged_attention_f16",
+        attention_ptx!("paged_attention_f16"),
     ),
     (
-        "bf16",
-        include_str!(concat!(env!("OUT_DIR"), "/paged_attention_bf16.ptx")),
+        "quarry_paged_attention_bf16",
+        attention_ptx!("paged_attention_bf16"),
+    ),
+    (
+        "quarry_paged_attention_tiled_f32",
+        attention_ptx!("paged_attention_tiled_f32"),
+    ),
+    (
+        "quarry_paged_attention_tiled_f16",
+        attention_ptx!("paged_attention_tiled_f16"),
+    ),
+    (
+        "quarry_paged_attention_tiled_bf16",
+        attention_ptx!("paged_attention_tiled_bf16"),
     ),
 ];
 
-/// The module of `element`'s pool: its name on the device, and its PTX.
-fn attention_module(element: &str) -> Result<(&'static str, &'static str)> {
-    match element {
-        "f32" => Ok(("quarry_paged_attention_f32", ATTENTION_PTX[0].1)),
-        "f16" => Ok(("quarry_paged_attention_f16", ATTENTION_PTX[1].1)),
-        "bf16" => Ok(("quarry_paged_attention_bf16", ATTENTION_PTX[2].1)),
-        _ => candle_core::bail!("paged attention: no pool of {element}"),
+/// The module of `element`'s pool that holds `plan`'s form: its name on the device, its PTX.
+fn attention_module(element: &str, plan: &AttentionPlan) -> Result<(&'static str, &'static str)> {
+    let kind = if plan.tokens.is_some() { "tiled_" } else { "" };
+    let name = format!("quarry_paged_attention_{kind}{element}");
+    match ATTENTION_PTX.iter().find(|(n, _)| *n == name) {
+        Some(&module) => Ok(module),
+        None => candle_core::bail!("paged attention: no pool of {element}"),
     }
 }
 
@@ -171,7 +189,7 @@ pub fn paged_attention(
     )
     .map_err(candle_core::Error::msg)?;
     let (chunk, splits) = (plan.chunk, plan.splits());
-    let module = attention_module(element)?;
+    let module = attention_module(element, &plan)?;
     let func = dev.get_or_load_custom_func(&plan.kernel, module.0, module.1)?;
     raise_shared_limit(&func, &plan, batch.size.longest)?;
     let cfg = LaunchConfig {
@@ -230,6 +248,11 @@ pub fn paged_attention(
             .arg(&window);
         if let Some(ml) = ml {
             b.arg(&chunk32).arg(ml);
+        }
+        // The tiled form's last argument: the batch's tokens.
+        let tokens32 = plan.tokens.unwrap_or(0) as i32;
+        if plan.tokens.is_some() {
+            b.arg(&tokens32);
         }
         // SAFETY: the arguments match the kernel's signature in kernels/paged_attention.cu, and
         // the buffers hold what the batch's metadata addresses (checked by the caller's pool
@@ -318,6 +341,13 @@ mod tests {
         paged_attention_matches_its_reference(AttentionKernel::Warps);
     }
 
+    /// The tiled form: the mixed batch has whole tiles (a 120-token prefill, a 37-token one, an
+    /// extension's 4 tokens), tiles across sequences and a last partial tile.
+    #[test]
+    fn paged_attention_tiled_matches_its_reference_on_a_mixed_batch() {
+        paged_attention_matches_its_reference(AttentionKernel::Tiled);
+    }
+
     /// Split-K with chunks of 16 and 100 positions (most tokens' contexts split, some in one
     /// chunk; chunks past short tokens' ends left empty) and with the chunk it chooses.
     #[test]
@@ -343,7 +373,8 @@ mod tests {
 
     /// Every form's static shared memory is what the plan counts against the driver's limits
     /// (`kernel_plan::STATIC_SHARED`): the PTX declares it, so this needs no GPU. Each pool
-    /// type's module holds its 20 forms.
+    /// type's one-token module holds 20 forms that declare it, and its tiled module 12 (their
+    /// one-token path's).
     #[test]
     fn the_plan_counts_the_kernels_static_shared_memory() {
         let declared: Vec<usize> = ATTENTION_PTX
@@ -356,7 +387,7 @@ mod tests {
             })
             .collect();
         assert!(
-            declared.len() == 3 * 20,
+            declared.len() == 3 * (20 + 12),
             "{} forms' static shared memory declared in the PTX",
             declared.len()
         );

@@ -1032,6 +1032,7 @@ fn attention_kernel(
         Attention::Auto | Attention::Warps => Some(AttentionKernel::Warps),
         Attention::Split => Some(AttentionKernel::Split { chunk }),
         Attention::PerDimension => Some(AttentionKernel::PerDimension),
+        Attention::Tiled => Some(AttentionKernel::Tiled),
         Attention::Gather => None,
     }
 }
