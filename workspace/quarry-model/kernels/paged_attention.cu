@@ -39,14 +39,15 @@
 
 #include "common.cuh"
 
-// A block's reductions of the first `group` of G values per thread, at once, through `red`
-// (RED_WARPS * MAX_GROUP floats: one per query head and warp; blocks of at most RED_WARPS
-// warps): two barriers for the whole group, where a reduction per query head took two each (16
-// a softmax for groups of 4). Each value is reduced in the same order as alone. Every thread
-// gets the results.
+// A block's reductions of G values per thread, at once, through `red` (RED_WARPS * G floats: one
+// per value and warp; blocks of at most RED_WARPS warps): two barriers for the whole group,
+// where a reduction per query head took two each (16 a softmax for groups of 4). Each value is
+// reduced in the same order as alone; values past the group's heads hold the reduction's
+// identity (-inf, 0), so all G are reduced without a branch (a branch per head gave some split
+// forms 96-107 registers where 80 do). Every thread gets the results.
 #define RED_WARPS 8
 template <bool MAX, int G>
-__device__ void block_reduce_group(float* x, int group, float* red) {
+__device__ void block_reduce_group(float* x, float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -223,7 +224,7 @@ __device__ void group_softmax(float* scores, int group, int n, float* red, float
         for (int g = 0; g < G; ++g)
             if (g < group) max[g] = fmaxf(max[g], scores[g * n + j]);
     }
-    block_reduce_group<true, G>(max, group, red);
+    block_reduce_group<true, G>(max, red);
 #pragma unroll 1
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
 #pragma unroll
@@ -235,7 +236,7 @@ __device__ void group_softmax(float* scores, int group, int n, float* red, float
             }
         }
     }
-    block_reduce_group<false, G>(sum, group, red);
+    block_reduce_group<false, G>(sum, red);
     if constexpr (SPLIT) {
         if (threadIdx.x == 0) {
 #pragma unroll
@@ -250,8 +251,8 @@ __device__ void group_softmax(float* scores, int group, int n, float* red, float
         float inv[G];
 #pragma unroll
         for (int g = 0; g < G; ++g) inv[g] = 1.0f / sum[g];
-    #pragma unroll 1
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+#pragma unroll 1
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
 #pragma unroll
             for (int g = 0; g < G; ++g)
                 if (g < group) scores[g * n + j] *= inv[g];
@@ -513,7 +514,7 @@ __device__ void paged_attention(
 // Dynamic shared memory: the larger of the warps layout's for the longest context and the tile's,
 // (TILE * group * (head_dim + n) + n + WARPS * group * head_dim + RED_WARPS * TILE * G) * 4 bytes
 // with n = longest + TILE - 1 (the union of the tile's ranges). `tokens`: the batch's tokens.
-#define TILE 4
+#define TILE 4  // kernel_plan::TILE
 template <typename KV, typename OUT, int DPL, int G>
 __device__ void paged_attention_tiled(
     const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
@@ -602,7 +603,7 @@ __device__ void paged_attention_tiled(
 // the `g4` forms were left to ptxas, the fused reductions made some of the split ones take 96-107
 // registers, two blocks an SM.
 #define PAGED_ATTENTION_WARPS(NAME, KV, OUT, DPL, G)                                           \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, G == 4 ? 3 : 2) NAME(                             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, G == 4 ? 3 : 2) NAME(             \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         OUT* out, int n_head, int n_kv, int head_dim, int page_size, float scale,             \
@@ -626,7 +627,7 @@ __device__ void paged_attention_tiled(
 
 // The split-K kernels: `out` is the chunks' sums and `ml` their maxima and sums (see the top).
 #define PAGED_ATTENTION_SPLIT(NAME, KV, DPL, G)                                                \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, G == 4 ? 3 : 2) NAME(                             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, G == 4 ? 3 : 2) NAME(             \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \

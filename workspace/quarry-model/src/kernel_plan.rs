@@ -58,8 +58,10 @@ pub enum AttentionKernel {
     /// share their key reads: tokens in tiles of [`TILE`] by batch index, a tile of one
     /// sequence's consecutive positions computed by one block, every other token as `Warps`
     /// computes it (the kernel's comments). Where the tile's shared memory would pass the
-    /// limit, it runs as `Warps`. Written 2026-11-28 without a GPU (quarry-cuda-emu checks it);
-    /// `ModelOptions::attention = tiled` asks for it.
+    /// limit, it runs as `Warps`. Every block holds a tile's shared memory and 128 registers a
+    /// thread, so the tokens it computes alone (decode rows) run two blocks an SM where `Warps`
+    /// runs three: a step of decodes only is `Warps`'s to run. Written 2026-11-28 without a GPU
+    /// (quarry-cuda-emu checks it); `ModelOptions::attention = tiled` asks for it.
     Tiled,
 }
 

@@ -11,10 +11,10 @@
 //! (per-dimension, warps, and warps split over the positions with the chunk it chooses; then the
 //! warps layout in the forms compiled for groups of up to 8, against the forms the model's groups
 //! take; then the tiled form, whose prefill tokens share their key reads, against the warps
-//! layout) with CUDA events (median of 20 launches after 3 warm-ups) and reports the bytes of keys and values a
-//! launch must read over its time for the fastest, beside a device-to-device copy of as many bytes
-//! (the bandwidth a kernel that only streamed the pool could reach), and the layouts' largest
-//! relative difference from the first (their GPU tests are the real check).
+//! layout) with CUDA events (median of 20 launches after 3 warm-ups) and reports the bytes of
+//! keys and values a launch must read over its time for the fastest, beside a device-to-device
+//! copy of as many bytes (the bandwidth a kernel that only streamed the pool could reach), and
+//! the layouts' largest relative difference from the first (their GPU tests are the real check).
 
 use candle_core::cuda::cudarc::driver::sys::CUevent_flags;
 use candle_core::cuda::cudarc::driver::CudaSlice;
