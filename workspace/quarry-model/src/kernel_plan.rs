@@ -14,8 +14,8 @@ pub const WARPS_THREADS: u32 = 256;
 pub const MAX_GROUP: usize = 8;
 /// The group sizes the warps and split forms are compiled for (their `g4` and `g8`): a block
 /// keeps accumulators for as many query heads as its form's bound, so a model's groups take the
-/// smallest bound that holds them (ptxas: 79 registers a thread for heads of 128 in f16 with the
-/// bound 4, 122 with 8, so three blocks of 256 threads an SM where there were two).
+/// smallest bound that holds them (ptxas: 80 registers a thread for heads of 128 in f16 with the
+/// bound 4, 121 with 8, so three blocks of 256 threads an SM where there were two).
 pub const GROUP_FORMS: [usize; 2] = [4, MAX_GROUP];
 /// The attention kernel's static shared memory (its `red`: a float per query head of
 /// [`MAX_GROUP`] and warp of 8, for the group's reductions together), which counts against both
