@@ -147,6 +147,26 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 # weights written as a GGUF (--dummy-gguf) run by llama-batched-bench (not with PEERS=0); a batch
 # over the KV capacity, which must be refused with its message (not with DUMMY_OVER=0); the
 # DUMMY_AB settings (QUARRY_PROFILE=1@256 prints the forward pass's phases into the log); a table.
+# The opt-in kernels an A/B setting may name, each with the GPU test it must have passed in this
+# lease (the tests' output stays on the machine between calls): pattern|test|what.
+GATED_FORMS=(
+  "QUARRY_Q8_GEMV|gemv_q8_matches_its_reference|gemv_q8"
+  "QUARRY_ATTENTION=tiled|paged_attention_tiled_matches_its_reference_on_a_mixed_batch|the tiled attention"
+  "QUARRY_ATTENTION=cascade|paged_attention_cascade_matches_its_reference_on_a_mixed_batch|the cascade attention"
+)
+# untested SETTING: prints the kernel SETTING names that did not pass its test this lease (and
+# succeeds), or fails where there is none (or no test ran this lease).
+untested() {
+  local g pat test what
+  [ -s "$STAGE_DIR/tests-raw.txt" ] || return 1
+  for g in "${GATED_FORMS[@]}"; do
+    IFS='|' read -r pat test what <<<"$g"
+    if [[ "$1" == *"$pat"* ]] && ! grep -q "$test \\.\\.\\. ok" "$STAGE_DIR/tests-raw.txt"; then
+      echo "$what"; return 0
+    fi
+  done
+  return 1
+}
 # Documents a dummy run takes at batch B: B, 16 at least, but 4 at batch 1 (an 8B model's
 # records one after another: four give its step time).
 dummy_docs() { if [ "$1" = 1 ]; then echo 4; elif [ "$1" -gt 16 ]; then echo "$1"; else echo 16; fi; }
@@ -210,16 +230,10 @@ if [ -n "${DUMMY:-}" ]; then
     # QUARRY_DENSE_FROM_ROWS=9,QUARRY_Q8_GEMV=on@1 (quarry's 8-bit GEMV there instead).
     for entry in ${DUMMY_AB:-}; do
       setting="${entry%@*}" b="${entry##*@}"
-      # QUARRY_Q8_GEMV=on multiplies small steps' Q8_0 weights with gemv_q8: not where its test
-      # did not pass earlier in this lease.
-      if [[ "$setting" == *QUARRY_Q8_GEMV* ]] && [ -s "$STAGE_DIR/tests-raw.txt" ] \
-        && ! grep -q "gemv_q8_matches_its_reference \.\.\. ok" "$STAGE_DIR/tests-raw.txt"; then
-        echo "$setting at batch $b: not run (gemv_q8 did not pass its test)"; continue
-      fi
-      # The tiled attention likewise.
-      if [[ "$setting" == *QUARRY_ATTENTION=tiled* ]] && [ -s "$STAGE_DIR/tests-raw.txt" ] \
-        && ! grep -q "paged_attention_tiled_matches_its_reference_on_a_mixed_batch \.\.\. ok" "$STAGE_DIR/tests-raw.txt"; then
-        echo "$setting at batch $b: not run (the tiled attention did not pass its test)"; continue
+      # An opt-in kernel (gemv_q8, the tiled or cascade attention) only where its test passed
+      # earlier in this lease.
+      if failed="$(untested "$setting")"; then
+        echo "$setting at batch $b: not run ($failed did not pass its test)"; continue
       fi
       left=$(( END - $(date +%s) - 10 ))
       [ "$left" -lt 20 ] && { echo "$setting at batch $b: not run (the call's time is spent)"; continue; }
@@ -282,7 +296,6 @@ esac
 [ "$TINY_BUILT" = 1 ] || model_tests+=(--skip tiny_)
 # TESTS=0: straight to the benchmarks (a second call on binaries whose tests passed this lease).
 split_ok=1
-tiled_ok=1
 failed_fusions=()
 if [ "${TESTS:-1}" != 0 ]; then
 : > "$STAGE_DIR/tests-raw.txt"
@@ -332,12 +345,12 @@ if ! passed paged_attention_split_matches_its_reference_on_a_mixed_batch; then
   export QUARRY_ATTENTION=warps
   split_ok=0
 fi
-# The tiled form (QUARRY_ATTENTION=tiled, not a default) likewise.
-tiled_ok=1
-if ! passed paged_attention_tiled_matches_its_reference_on_a_mixed_batch; then
-  echo "!! the attention kernel's tiled form failed its test: its A/B runs left out"
-  tiled_ok=0
-fi
+# The opt-in forms (the tiled and cascade attention, gemv_q8) likewise: their A/B runs only where
+# their tests passed (GATED_FORMS).
+for g in "${GATED_FORMS[@]}"; do
+  IFS='|' read -r pat test what <<<"$g"
+  passed "$test" || echo "!! $what failed its test: its A/B runs left out"
+done
 # The forward pass's optional fusions likewise: each when its kernel's test passed, all of them
 # when the forward with them gave the logits of the forward without them.
 for fusion in GEMM_ADD:gemm_add_matches_its_reference ADD_NORM:add_norm_matches_add_into_then_rms_norm \
@@ -435,13 +448,15 @@ merge_runs "$OUT/quarry-bench-cuda.json" "${runs[@]}"
 # AB names them; all into one JSON whose runs carry their setting.
 OLD=QUARRY_ATTENTION=warps,QUARRY_GEMM_ADD=off,QUARRY_ROPE_STORE=off
 ALL=QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on
-AB="${AB-$OLD@1 $OLD@8 $ALL@32 QUARRY_CUDA_GRAPHS=off@32 QUARRY_ATTENTION=tiled@512 QUARRY_PROFILE=1@512}"
+AB="${AB-$OLD@1 $OLD@8 $ALL@32 QUARRY_CUDA_GRAPHS=off@32 QUARRY_ATTENTION=tiled@512 QUARRY_ATTENTION=cascade@512 QUARRY_PROFILE=1@512}"
 if [ "$split_ok" = 0 ]; then
   AB="$(tr ' ' '\n' <<<"$AB" | grep -v '^QUARRY_ATTENTION=split' | paste -sd' ')"
 fi
-if [ "$tiled_ok" = 0 ]; then
-  AB="$(tr ' ' '\n' <<<"$AB" | grep -v '^QUARRY_ATTENTION=tiled' | paste -sd' ')"
-fi
+kept=()
+for entry in $AB; do
+  if failed="$(untested "$entry")"; then echo "$entry: not run ($failed did not pass its test)"; else kept+=("$entry"); fi
+done
+AB="${kept[*]}"
 for fusion in "${failed_fusions[@]}"; do
   AB="$(tr ' ' '\n' <<<"$AB" | grep -v "QUARRY_$fusion=on" | paste -sd' ')"
 done

@@ -12,20 +12,21 @@ use std::process::Command;
 
 /// Sources compiled into a module each.
 const PLAIN: [&str; 5] = ["gemv_q8", "glu", "residual", "rope_store", "sampling"];
-/// The attention's pool types: a module of each one's one-token forms and one of its tiled forms
-/// (kernels/paged_attention.cu's `QUARRY_POOL_*` and `QUARRY_TILED`).
+/// The attention's pool types: a module of each one's one-token forms, one of its tiled forms and
+/// one of its cascade prefix forms (kernels/paged_attention.cu's `QUARRY_POOL_*`, `QUARRY_TILED`
+/// and `QUARRY_PREFIX`).
 const POOLS: [&str; 3] = ["f32", "f16", "bf16"];
 
 /// Every module: its source's name, its own, and the macros it is compiled with.
 fn modules() -> Vec<(&'static str, String, Vec<String>)> {
     let mut all: Vec<_> = PLAIN.map(|n| (n, n.to_owned(), Vec::new())).into();
-    for tiled in [false, true] {
+    for kind in ["", "tiled_", "prefix_"] {
         for pool in POOLS {
             let mut defines: Vec<String> = POOLS
                 .map(|p| format!("-DQUARRY_POOL_{}={}", p.to_uppercase(), u8::from(p == pool)))
                 .into();
-            defines.push(format!("-DQUARRY_TILED={}", u8::from(tiled)));
-            let kind = if tiled { "tiled_" } else { "" };
+            defines.push(format!("-DQUARRY_TILED={}", u8::from(kind == "tiled_")));
+            defines.push(format!("-DQUARRY_PREFIX={}", u8::from(kind == "prefix_")));
             all.push((
                 "paged_attention",
                 format!("paged_attention_{kind}{pool}"),

@@ -66,10 +66,11 @@ family! {
 }
 
 family! {
-    /// `paged_attention_split*`: the attention's arguments, then chunk and ml.
+    /// `paged_attention_split*`: the attention's arguments, then chunk, ml, token_shared and
+    /// slot0 (the cascade's prefix slots before the chunks; 0 elsewhere).
     attention_split: fn(*const f32, *const c_void, *const c_void, *const u32, *const u32,
                         *const u32, *const u32, *mut f32, i32, i32, i32, i32, f32, i32, i32,
-                        *mut f32) {
+                        *mut f32, *const u32, i32) {
         paged_attention_split2g4_f32, paged_attention_split2g4_f16, paged_attention_split2g4_bf16,
         paged_attention_split4g4_f32, paged_attention_split4g4_f16, paged_attention_split4g4_bf16,
         paged_attention_split8g4_f32, paged_attention_split8g4_f16, paged_attention_split8g4_bf16,
@@ -101,6 +102,21 @@ family! {
         paged_attention_tiled8g8_f32, paged_attention_tiled8g8_f32_out16,
         paged_attention_tiled8g8_f16, paged_attention_tiled8g8_f16_out16,
         paged_attention_tiled8g8_bf16, paged_attention_tiled8g8_bf16_out16,
+    }
+}
+
+family! {
+    /// `paged_attention_prefix*` (the cascade's shared prefix): q, k, v, token_seq, token_shared,
+    /// page_start, block_table, part, ml, tokens, n_head, n_kv, head_dim, page_size, scale, slots.
+    attention_prefix: fn(*const f32, *const c_void, *const c_void, *const u32, *const u32,
+                         *const u32, *const u32, *mut f32, *mut f32, i32, i32, i32, i32, i32,
+                         f32, i32) {
+        paged_attention_prefix2g4_f32, paged_attention_prefix2g4_f16, paged_attention_prefix2g4_bf16,
+        paged_attention_prefix4g4_f32, paged_attention_prefix4g4_f16, paged_attention_prefix4g4_bf16,
+        paged_attention_prefix8g4_f32, paged_attention_prefix8g4_f16, paged_attention_prefix8g4_bf16,
+        paged_attention_prefix2g8_f32, paged_attention_prefix2g8_f16, paged_attention_prefix2g8_bf16,
+        paged_attention_prefix4g8_f32, paged_attention_prefix4g8_f16, paged_attention_prefix4g8_bf16,
+        paged_attention_prefix8g8_f32, paged_attention_prefix8g8_f16, paged_attention_prefix8g8_bf16,
     }
 }
 

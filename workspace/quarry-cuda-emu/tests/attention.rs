@@ -69,6 +69,7 @@ fn attend(
     let arrays = [
         &meta.token_seq[..],
         &meta.token_pos,
+        &meta.token_shared,
         &meta.page_start,
         &meta.block_table,
     ];
@@ -80,10 +81,10 @@ fn attend(
     attend_batch(&launch, q, pool, element, shape, kernel, out16)
 }
 
-/// A batch as the kernel reads it: its four arrays (`token_seq`, `token_pos`, `page_start`,
-/// `block_table`) and what its launch is planned for.
+/// A batch as the kernel reads it: its five arrays (`token_seq`, `token_pos`, `token_shared`,
+/// `page_start`, `block_table`) and what its launch is planned for.
 struct Batch<'a> {
-    arrays: [&'a [u32]; 4],
+    arrays: [&'a [u32]; 5],
     size: BatchSize,
     page_size: u32,
 }
@@ -101,7 +102,7 @@ fn attend_batch(
 ) -> (AttentionPlan, Vec<f32>) {
     let plan = AttentionPlan::new(b.size, shape, kernel, element, out16).unwrap();
     let arrays = b.arrays.map(Buf::from_slice);
-    let [seq, pos, start, table] = arrays.each_ref().map(|b| b.ptr());
+    let [seq, pos, shared, start, table] = arrays.each_ref().map(|b| b.ptr());
     let qb = Buf::from_slice(q);
     let (qp, (kp, vp)) = (qb.ptr(), pool.ptrs());
     let (mut out32, mut out16b) = (Buf::<f32>::poisoned(q.len()), Buf::<f16>::poisoned(q.len()));
@@ -148,11 +149,29 @@ fn attend_batch(
             };
         }
         (Some(chunk), _) => {
-            let f = kernels::attention_split::by_name(&plan.kernel).expect(&plan.kernel);
-            let rows = b.size.tokens * shape.n_head * plan.splits();
+            let slots = plan.slots();
+            let rows = b.size.tokens * shape.n_head * slots;
             let mut acc = Buf::<f32>::poisoned(rows * shape.head_dim);
             let mut ml = Buf::<f32>::poisoned(rows * 2);
             let (ap, mp) = (acc.ptr_mut(), ml.ptr_mut());
+            let (slots32, tokens32) = (slots as i32, b.size.tokens as i32);
+            if let Some(prefix) = &plan.prefix {
+                let f = kernels::attention_prefix::by_name(&prefix.kernel).expect(&prefix.kernel);
+                let launch = Launch {
+                    shared_limit: prefix.shared_limit(),
+                    ..Launch::new(prefix.grid, prefix.threads, prefix.shared_bytes)
+                };
+                unsafe {
+                    run_launch(&prefix.kernel, launch, || {
+                        f(
+                            qp, kp, vp, seq, shared, start, table, ap, mp, tokens32, n_head, n_kv,
+                            head_dim, page, scale, slots32,
+                        )
+                    })
+                };
+            }
+            let f = kernels::attention_split::by_name(&plan.kernel).expect(&plan.kernel);
+            let slot0 = plan.prefix_slots() as i32;
             unsafe {
                 run_launch(&plan.kernel, launch, || {
                     f(
@@ -172,27 +191,35 @@ fn attend_batch(
                         window,
                         chunk as i32,
                         mp,
+                        shared,
+                        slot0,
                     )
                 })
             };
-            // Every chunk's sums and its maximum and sum written (empty chunks too).
+            // Every slot's maximum and sum written, and the sums of every slot the combine
+            // reads (those whose maximum is finite: the cascade's prefix slots of a token
+            // outside the prefix are -inf, their sums never written).
+            let (acc_read, ml_read) = (acc.read("acc"), ml.read("ml"));
             assert!(
-                acc.read("acc").iter().all(|x| !x.is_nan()),
-                "{}: a chunk's sums unwritten",
+                ml_read.iter().all(|x| !x.is_nan()),
+                "{}: a slot's max or sum unwritten",
                 plan.kernel
             );
-            assert!(
-                ml.read("ml").iter().all(|x| !x.is_nan()),
-                "{}: a chunk's max or sum unwritten",
-                plan.kernel
-            );
+            for (i, row) in acc_read.chunks(shape.head_dim).enumerate() {
+                if ml_read[2 * i] != f32::NEG_INFINITY {
+                    assert!(
+                        row.iter().all(|x| !x.is_nan()),
+                        "{}: slot {i}'s sums unwritten",
+                        plan.kernel
+                    );
+                }
+            }
             let combine = kernels::combine::by_name(plan.combine_kernel()).unwrap();
             let (blocks, threads) = plan.combine(shape);
-            let splits = plan.splits() as i32;
             let (ap, mp) = (acc.ptr(), ml.ptr());
             unsafe {
                 run(plan.combine_kernel(), (blocks, 1, 1), threads, 0, || {
-                    combine(ap, mp, op, head_dim, splits)
+                    combine(ap, mp, op, head_dim, slots32)
                 })
             };
         }
@@ -295,6 +322,68 @@ fn tiled_form_matches_its_reference_on_a_mixed_batch() {
     matches_its_reference(AttentionKernel::Tiled);
 }
 
+/// The cascade on the mixed batch, whose sequences 1, 2 and 3 (two decodes and an extension)
+/// share 208 positions' pages and sequence 6 the first 64 of them: the prefix launch serves the
+/// three members' tokens among blocks of tokens outside the prefix (the 37-token prefill's last
+/// ones, the extension's neighbours), the split launch their own positions past it, every other
+/// token's whole context. On 132 SMs the prefix is cut into slots of one chunk; on one SM a slot
+/// takes all four chunks (the online softmax's rescaling). Shapes with a window or heads of 80
+/// run as the warps layout.
+#[test]
+fn cascade_matches_its_reference_on_a_mixed_batch() {
+    let case = &AttentionCase::mixed(16)[0];
+    let shared = &case.meta.token_shared;
+    assert_eq!(case.meta.shared_prefix(), 208);
+    let members = shared.iter().filter(|&&s| s > 0).count();
+    assert_eq!(members, 1 + 1 + 5, "{shared:?}");
+    for case in AttentionCase::mixed(16) {
+        let shape = AttentionShape::from(case.heads);
+        let size = BatchSize::new(&case.meta, shape.window, SMS);
+        let plan = AttentionPlan::new(size, shape, AttentionKernel::Cascade, "f16", true).unwrap();
+        let runs_prefix = shape.window == 0 && shape.head_dim % 64 == 0;
+        assert_eq!(plan.prefix.is_some(), runs_prefix, "{plan:?}");
+    }
+    matches_its_reference(AttentionKernel::Cascade);
+    // One slot of four chunks.
+    for case in AttentionCase::mixed(16)
+        .into_iter()
+        .filter(|c| c.heads.window.is_none())
+    {
+        let meta = &case.meta;
+        let arrays = [
+            &meta.token_seq[..],
+            &meta.token_pos,
+            &meta.token_shared,
+            &meta.page_start,
+            &meta.block_table,
+        ];
+        let shape = AttentionShape::from(case.heads);
+        let batch = Batch {
+            arrays,
+            size: BatchSize {
+                sms: 1,
+                ..BatchSize::new(meta, 0, 1)
+            },
+            page_size: meta.page_size,
+        };
+        for element in ["f32", "f16"] {
+            let pool = Pool::new(element, &case.k, &case.v);
+            let kernel = AttentionKernel::Cascade;
+            let (plan, got) = attend_batch(&batch, &case.q, &pool, element, shape, kernel, false);
+            if let Some(prefix) = &plan.prefix {
+                assert_eq!(prefix.slots(), 1, "{plan:?}");
+            }
+            let err = relative_error(&got, &case.want);
+            let bound = if element == "f32" { 1e-5 } else { 2e-3 };
+            eprintln!(
+                "{} on one SM, {element}: relative error {err:.2e}",
+                plan.kernel
+            );
+            assert!(err < bound, "{}: relative error {err:.2e}", plan.kernel);
+        }
+    }
+}
+
 /// Split-K with chunks of 16 and 100 positions (most tokens' contexts split, some in one chunk,
 /// chunks past short tokens' ends left empty) and with the chunk it chooses for 132 SMs.
 #[test]
@@ -372,9 +461,9 @@ fn a_step_padded_to_its_graph_matches_the_unpadded_reference() {
         let mut packed = Vec::new();
         let used = key.pack(&padded, &mut packed);
         let at = key.layout();
-        packed.resize(at[4], u32::MAX); // past what a step uses: never read
-        let arrays: [&[u32]; 4] = std::array::from_fn(|i| &packed[at[i]..at[i + 1]]);
-        assert!(used <= at[4]);
+        packed.resize(at[5], u32::MAX); // past what a step uses: never read
+        let arrays: [&[u32]; 5] = std::array::from_fn(|i| &packed[at[i]..at[i + 1]]);
+        assert!(used <= at[5]);
         // The pools with the scratch page after the case's rows, the queries with the padding's.
         let width = h.n_kv * h.head_dim;
         let scratch_rows = (scratch as usize + 1) * 16;
@@ -398,6 +487,7 @@ fn a_step_padded_to_its_graph_matches_the_unpadded_reference() {
             AttentionKernel::Split { chunk: None },
             AttentionKernel::PerDimension,
             AttentionKernel::Tiled,
+            AttentionKernel::Cascade,
         ] {
             let (plan, got) = attend_batch(&batch, &q, &pool, "f16", shape, kernel, true);
             let real = &got[..case.want.len()];

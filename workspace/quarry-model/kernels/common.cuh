@@ -20,6 +20,13 @@
 #define SHARED_LOAD4(p) (*reinterpret_cast<const float4*>(p))
 #endif
 
+// 16 bytes of shared memory loaded and stored whole (`p` 16-byte aligned), refused by
+// quarry-cuda-emu where misaligned, as a GPU faults on it.
+#ifndef SHARED_LOAD16
+#define SHARED_LOAD16(p) (*reinterpret_cast<const uint4*>(p))
+#define SHARED_STORE16(p, x) (*reinterpret_cast<uint4*>(p) = (x))
+#endif
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

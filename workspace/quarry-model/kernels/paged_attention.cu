@@ -383,7 +383,8 @@ __device__ void paged_attention(
     const uint32_t* __restrict__ token_seq, const uint32_t* __restrict__ token_pos,
     const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
     OUT* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
-    int window, int chunk, float* __restrict__ ml, int t) {
+    int window, int chunk, float* __restrict__ ml, const uint32_t* __restrict__ token_shared,
+    int slot0, int t) {
     static_assert(!SPLIT || DPL > 0, "split-K runs the warps layout");
     static_assert(!SPLIT || sizeof(OUT) == 4, "split-K's sums are f32");
     static_assert(G <= MAX_GROUP, "groups of at most MAX_GROUP");
@@ -396,10 +397,19 @@ __device__ void paged_attention(
     const uint32_t* pages = a.pages;
     const int kv_dim = n_kv * head_dim;
     const int gd = group * head_dim;
-    // SPLIT: where this chunk's results go (query head g of the group at g * split_stride).
-    const size_t splits = gridDim.z, split_stride = splits * (size_t)head_dim;
-    const size_t split_row = ((size_t)t * n_head + (size_t)kv_head * group) * splits + blockIdx.z;
+    // SPLIT: where this chunk's results go (query head g of the group at g * split_stride): after
+    // the cascade's `slot0` slots of the shared prefix, whose positions a token of it skips.
+    const size_t splits = slot0 + gridDim.z, split_stride = splits * (size_t)head_dim;
+    const size_t split_row =
+        ((size_t)t * n_head + (size_t)kv_head * group) * splits + slot0 + blockIdx.z;
     if constexpr (SPLIT) {
+        if (slot0 > 0) {
+            const int skip = (int)token_shared[t];
+            if (skip > first) {
+                n -= skip - first;
+                first = skip;
+            }
+        }
         first += (int)blockIdx.z * chunk;
         n = min(chunk, n - (int)blockIdx.z * chunk);
         ml += 2 * split_row;
@@ -533,7 +543,8 @@ __device__ void paged_attention_tiled(
     if (!whole) {
         paged_attention<KV, OUT, DPL, G, false>(q, k, v, token_seq, token_pos, page_start,
                                                 block_table, out, n_head, n_kv, head_dim,
-                                                page_size, scale, window, 0, nullptr, t);
+                                                page_size, scale, window, 0, nullptr, nullptr,
+                                                0, t);
         return;
     }
     if (t != lead) return;
@@ -585,6 +596,236 @@ __device__ void paged_attention_tiled(
     }
 }
 
+// The cascade (`AttentionKernel::Cascade`): a batch's sequences that share their first P
+// positions' pages (an extraction job's instructions, held once by the radix cache) attend to
+// them once for all of them. Per new token, `token_shared` is P where the token's sequence holds
+// the batch's shared prefix (kernel_plan and ragged.rs choose it), else 0. This launch computes
+// the shared positions' share of every such token's attention, in split-K's form: the grid is
+// (tokens / PREFIX_ROWS rounded up, key-value heads, slots); a block takes PREFIX_ROWS tokens in
+// batch order, each with its group's query heads (PREFIX_ROWS * group query rows), reads the
+// prefix's key and value rows PREFIX_CHUNK positions at a time into shared memory once for all
+// of them, and keeps an online softmax per query row (its running maximum m, its sum l, and the
+// sums of weighted values, rescaled by exp(m_old - m_new) as m grows). Slot z of the gridDim.z
+// takes the z-th of as many equal runs of whole chunks, and writes its (m, l, sums) at slot z of
+// the split kernel's layout ([tokens, n_head, slots, head_dim] and [.., 2]); the split kernel
+// then computes each token's own positions, P onwards, into the slots after them
+// (`slot0` = gridDim.z here), and the combine adds them all. A token outside the shared prefix,
+// or a slot past P, gets m = -inf, l = 0, which the combine weighs 0 without reading the sums.
+// Every member row of the batch reads one prefix, so a block reads it through its first
+// member's block table. Where a step's decode rows each read the same few hundred shared
+// positions (an 8B model at batch 256: a third to half of the attention's bytes), this reads
+// them once per PREFIX_ROWS tokens and multiplies them from shared memory.
+//
+// Threads: in the scores, thread i takes query rows i / 8 (+ 32, ...) against positions i % 8,
+// i % 8 + 8, ... of the chunk (the key rows padded by 16 bytes, so the 8 positions a warp reads
+// at once fall in different banks); in the softmax a warp takes PREFIX_ROWS * G / 8 query rows, a
+// lane two positions; in the weighted sums thread i takes query rows i / 8 (+ 32, ...) and the
+// 16-byte pieces i % 8, i % 8 + 8, ... of the value rows (8 lanes, a row's 128 consecutive
+// bytes). Heads whose rows split into 8 pieces per lane evenly (head_dim a multiple of
+// 8 * 16 / sizeof(KV): 64, 128, 256 in f16) only: the plan runs the others as `warps`.
+// Dynamic shared memory (kernel_plan's prefix_shared_bytes): the query rows, (head_dim + 4)
+// floats each; the key and value chunks, (head_dim * sizeof(KV) + 16) bytes a position; the
+// weights, PREFIX_SCORE_STRIDE floats a query row; m, l and the rescaling, a float each per row.
+#define PREFIX_ROWS 8           // kernel_plan::PREFIX_ROWS
+#define PREFIX_CHUNK 64         // kernel_plan::PREFIX_CHUNK
+#define PREFIX_SCORE_STRIDE 72  // a query row's weights: 64 and 8 floats of padding (banks)
+template <typename KV, int DPL, int G>
+__device__ void paged_attention_prefix(
+    const float* __restrict__ q, const KV* __restrict__ k, const KV* __restrict__ v,
+    const uint32_t* __restrict__ token_seq, const uint32_t* __restrict__ token_shared,
+    const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
+    float* __restrict__ part, float* __restrict__ ml, int tokens, int n_head, int n_kv,
+    int head_dim, int page_size, float scale, int slots) {
+    constexpr int PER = 16 / sizeof(KV);  // values per 16-byte piece
+    constexpr int Q = PREFIX_ROWS * G;    // query rows a block has room for
+    constexpr int QPT = Q / 32;           // query rows a thread takes in the scores and sums
+    constexpr int PIECES = DPL * 4 / PER; // 16-byte pieces a thread sums, at most (head_dim / 8)
+    constexpr int POS = PREFIX_CHUNK / 8; // positions a thread scores per chunk
+    static_assert(Q % 32 == 0 && Q / 8 <= 32, "query rows by warps and lanes");
+    static_assert(PREFIX_CHUNK == 64, "a lane takes two positions in the softmax");
+    DYNAMIC_SHARED(float, shared);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int r0 = blockIdx.x * PREFIX_ROWS, kv_head = blockIdx.y;
+    const int group = n_head / n_kv, kv_dim = n_kv * head_dim;
+    const int real = min(PREFIX_ROWS, tokens - r0);
+    // The prefix (every member's is the batch's one) and the first member, whose table is read.
+    int prefix = 0, lead = -1;
+    for (int i = 0; i < real; ++i) {
+        const int s = (int)token_shared[r0 + i];
+        if (s > 0) {
+            prefix = s;
+            if (lead < 0) lead = r0 + i;
+        }
+    }
+    const int per = ((prefix + (int)gridDim.z - 1) / (int)gridDim.z + PREFIX_CHUNK - 1) /
+                    PREFIX_CHUNK * PREFIX_CHUNK;
+    const int begin = (int)blockIdx.z * per, end = min(prefix, begin + per);
+    // Slot z of token r0 + i's query head g of this group.
+    const auto slot = [&](int i, int g) {
+        return ((size_t)(r0 + i) * n_head + (size_t)kv_head * group + g) * slots + blockIdx.z;
+    };
+    if (begin >= end) {  // no member here, or a slot past the prefix: weighed 0
+        for (int e = tid; e < real * group; e += blockDim.x) {
+            const size_t s = slot(e / group, e % group);
+            ml[2 * s] = -INFINITY;
+            ml[2 * s + 1] = 0.0f;
+        }
+        return;
+    }
+    const int qstride = head_dim + 4, kstride = head_dim + PER;
+    float* qs = shared;                                             // Q rows of qstride
+    KV* kt = reinterpret_cast<KV*>(qs + Q * qstride);               // PREFIX_CHUNK rows
+    KV* vt = kt + PREFIX_CHUNK * kstride;                           // PREFIX_CHUNK rows
+    float* w = reinterpret_cast<float*>(vt + PREFIX_CHUNK * kstride);  // Q rows of weights
+    float* m = w + Q * PREFIX_SCORE_STRIDE;                         // Q running maxima
+    float* l = m + Q;                                               // Q running sums
+    float* alpha = l + Q;                                           // Q rescalings
+    for (int e = tid; e < Q * head_dim; e += blockDim.x) {
+        const int r = e / head_dim, d = e % head_dim;
+        const int i = r / group, g = r % group;
+        qs[r * qstride + d] =
+            r < real * group
+                ? q[((size_t)(r0 + i) * n_head + (size_t)kv_head * group + g) * head_dim + d]
+                : 0.0f;
+    }
+    for (int r = tid; r < Q; r += blockDim.x) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    const uint32_t* pages = block_table + page_start[token_seq[lead]];
+    const int pieces = head_dim / PER, mine = pieces / 8;  // a row's pieces, a thread's in the sums
+    const int qa = tid >> 3, part8 = tid & 7;
+    float acc[QPT][PIECES][PER];
+#pragma unroll
+    for (int u = 0; u < QPT; ++u)
+#pragma unroll
+        for (int c = 0; c < PIECES; ++c)
+#pragma unroll
+            for (int e = 0; e < PER; ++e) acc[u][c][e] = 0.0f;
+#pragma unroll 1
+    for (int c0 = begin; c0 < end; c0 += PREFIX_CHUNK) {
+        const int cn = min(PREFIX_CHUNK, end - c0);
+        // The chunk's key and value rows, 16 bytes a load.
+        for (int e = tid; e < cn * pieces; e += blockDim.x) {
+            const int j = e / pieces, c = e % pieces;
+            const size_t at = (size_t)pool_row(pages, c0 + j, page_size) * kv_dim +
+                              (size_t)kv_head * head_dim + (size_t)c * PER;
+            const uint4 kx = __ldg(reinterpret_cast<const uint4*>(k + at));
+            const uint4 vx = __ldg(reinterpret_cast<const uint4*>(v + at));
+            SHARED_STORE16(kt + j * kstride + c * PER, kx);
+            SHARED_STORE16(vt + j * kstride + c * PER, vx);
+        }
+        __syncthreads();
+        // Scores: query rows qa (+ 32 ...) against positions part8 + 8 p.
+        float dot[QPT][POS];
+#pragma unroll
+        for (int u = 0; u < QPT; ++u)
+#pragma unroll
+            for (int p = 0; p < POS; ++p) dot[u][p] = 0.0f;
+#pragma unroll 1
+        for (int d = 0; d < head_dim; d += PER) {
+            float qx[QPT][PER];
+#pragma unroll
+            for (int u = 0; u < QPT; ++u)
+#pragma unroll
+                for (int e = 0; e < PER; e += 4) {
+                    const float4 q4 = SHARED_LOAD4(qs + (qa + 32 * u) * qstride + d + e);
+                    qx[u][e] = q4.x;
+                    qx[u][e + 1] = q4.y;
+                    qx[u][e + 2] = q4.z;
+                    qx[u][e + 3] = q4.w;
+                }
+#pragma unroll
+            for (int p = 0; p < POS; ++p) {
+                const uint4 raw = SHARED_LOAD16(kt + (part8 + 8 * p) * kstride + d);
+                const KV* x = reinterpret_cast<const KV*>(&raw);
+#pragma unroll
+                for (int e = 0; e < PER; ++e) {
+                    const float kx = to_float(x[e]);
+#pragma unroll
+                    for (int u = 0; u < QPT; ++u) dot[u][p] += qx[u][e] * kx;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < QPT; ++u)
+#pragma unroll
+            for (int p = 0; p < POS; ++p) {
+                const int j = part8 + 8 * p;
+                w[(qa + 32 * u) * PREFIX_SCORE_STRIDE + j] = j < cn ? dot[u][p] * scale : -INFINITY;
+            }
+        __syncthreads();
+        // The online softmax: a warp per Q / 8 query rows, a lane per two positions.
+#pragma unroll 1
+        for (int r = warp * (Q / 8); r < (warp + 1) * (Q / 8); ++r) {
+            float* wr = w + r * PREFIX_SCORE_STRIDE;
+            const float s0 = wr[lane], s1 = wr[lane + 32];
+            const float old = m[r];
+            const float top = fmaxf(old, warp_max(fmaxf(s0, s1)));  // finite: cn >= 1
+            const float p0 = __expf(s0 - top), p1 = __expf(s1 - top);
+            wr[lane] = p0;
+            wr[lane + 32] = p1;
+            const float sum = warp_sum(p0 + p1);
+            if (lane == 0) {
+                const float a = __expf(old - top);
+                alpha[r] = a;
+                l[r] = l[r] * a + sum;
+                m[r] = top;
+            }
+        }
+        __syncthreads();
+        // The weighted sums, rescaled to the new maxima first.
+#pragma unroll
+        for (int u = 0; u < QPT; ++u) {
+            const float a = alpha[qa + 32 * u];
+#pragma unroll
+            for (int c = 0; c < PIECES; ++c)
+#pragma unroll
+                for (int e = 0; e < PER; ++e) acc[u][c][e] *= a;
+        }
+#pragma unroll 2
+        for (int j = 0; j < cn; ++j) {
+            float wj[QPT];
+#pragma unroll
+            for (int u = 0; u < QPT; ++u) wj[u] = w[(qa + 32 * u) * PREFIX_SCORE_STRIDE + j];
+#pragma unroll
+            for (int c = 0; c < PIECES; ++c) {
+                if (c < mine) {
+                    const uint4 raw = SHARED_LOAD16(vt + j * kstride + (part8 + 8 * c) * PER);
+                    const KV* x = reinterpret_cast<const KV*>(&raw);
+#pragma unroll
+                    for (int e = 0; e < PER; ++e) {
+                        const float vx = to_float(x[e]);
+#pragma unroll
+                        for (int u = 0; u < QPT; ++u) acc[u][c][e] += wj[u] * vx;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // Each member row's maximum, sum and sums at slot z; other rows weigh 0.
+#pragma unroll
+    for (int u = 0; u < QPT; ++u) {
+        const int r = qa + 32 * u;
+        if (r >= real * group) continue;
+        const int i = r / group, g = r % group;
+        const bool member = token_shared[r0 + i] > 0;
+        const size_t s = slot(i, g);
+        if (part8 == 0) {
+            ml[2 * s] = member ? m[r] : -INFINITY;
+            ml[2 * s + 1] = member ? l[r] : 0.0f;
+        }
+        if (!member) continue;
+#pragma unroll
+        for (int c = 0; c < PIECES; ++c)
+            if (c < mine)
+#pragma unroll
+                for (int e = 0; e < PER; ++e)
+                    part[s * head_dim + (part8 + 8 * c) * PER + e] = acc[u][c][e];
+    }
+}
+
 // The forms: a pool's element type, and the output's (the `_out16` forms write f16).
 #define PAGED_ATTENTION(NAME, KV, OUT)                                                         \
     extern "C" __global__ void NAME(                                                           \
@@ -595,7 +836,8 @@ __device__ void paged_attention_tiled(
         paged_attention<KV, OUT, 0, MAX_GROUP, false>(q, k, v, token_seq, token_pos,         \
                                                       page_start, block_table, out, n_head,   \
                                                       n_kv, head_dim, page_size, scale,       \
-                                                      window, 0, nullptr, blockIdx.x);        \
+                                                      window, 0, nullptr, nullptr, 0,         \
+                                                      blockIdx.x);                            \
     }
 
 // The warps and split forms ask ptxas for three blocks of 256 threads an SM where groups are at
@@ -610,8 +852,8 @@ __device__ void paged_attention_tiled(
         int window) {                                                                          \
         paged_attention<KV, OUT, DPL, G, false>(q, k, v, token_seq, token_pos, page_start,   \
                                                 block_table, out, n_head, n_kv, head_dim,      \
-                                                page_size, scale, window, 0, nullptr,          \
-                                                blockIdx.x);                                   \
+                                                page_size, scale, window, 0, nullptr, nullptr, \
+                                                0, blockIdx.x);                                \
     }
 
 #define PAGED_ATTENTION_TILED(NAME, KV, OUT, DPL, G)                                           \
@@ -626,24 +868,39 @@ __device__ void paged_attention_tiled(
     }
 
 // The split-K kernels: `out` is the chunks' sums and `ml` their maxima and sums (see the top).
+// `slot0` > 0 (the cascade): the slots before it are the shared prefix's, and a token whose
+// `token_shared` is P starts at position P; `token_shared` is not read where `slot0` is 0.
 #define PAGED_ATTENTION_SPLIT(NAME, KV, DPL, G)                                                \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, G == 4 ? 3 : 2) NAME(             \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
-        int window, int chunk, float* ml) {                                                    \
+        int window, int chunk, float* ml, const uint32_t* token_shared, int slot0) {           \
         paged_attention<KV, float, DPL, G, true>(q, k, v, token_seq, token_pos, page_start,  \
                                                  block_table, out, n_head, n_kv, head_dim,     \
                                                  page_size, scale, window, chunk, ml,          \
-                                                 blockIdx.x);                                  \
+                                                 token_shared, slot0, blockIdx.x);             \
+    }
+
+// The cascade's prefix forms: the split layout's results for the shared prefix (see above).
+#define PAGED_ATTENTION_PREFIX(NAME, KV, DPL, G)                                               \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) NAME(                          \
+        const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
+        const uint32_t* token_shared, const uint32_t* page_start,                             \
+        const uint32_t* block_table, float* part, float* ml, int tokens, int n_head,          \
+        int n_kv, int head_dim, int page_size, float scale, int slots) {                      \
+        paged_attention_prefix<KV, DPL, G>(q, k, v, token_seq, token_shared, page_start,     \
+                                           block_table, part, ml, tokens, n_head, n_kv,        \
+                                           head_dim, page_size, scale, slots);                 \
     }
 
 // The forms by pool type and kind. build.rs compiles a module of each pool type's one-token forms
-// (per-dimension, warps, split, and the combine: -DQUARRY_POOL_F16=1 -DQUARRY_TILED=0, the other
-// pools 0) and one of its tiled forms (-DQUARRY_TILED=1), since the driver compiles a module's
-// PTX whole the first time it is loaded: a process reads one pool type, and only
-// `attention = tiled` loads the tiled module (5.2 MB of PTX for f16, where the one-token forms
-// take 2.9). Compiled without them (quarry-cuda-emu), the file holds every form.
+// (per-dimension, warps, split, and the combine: -DQUARRY_POOL_F16=1 -DQUARRY_TILED=0
+// -DQUARRY_PREFIX=0, the other pools 0), one of its tiled forms (-DQUARRY_TILED=1) and one of
+// its cascade prefix forms (-DQUARRY_PREFIX=1), since the driver compiles a module's PTX whole
+// the first time it is loaded: a process reads one pool type, and only `attention = tiled` and
+// `attention = cascade` load the other two (5.2 MB of PTX for f16's tiled forms, where the
+// one-token forms take 2.9). Compiled without them (quarry-cuda-emu), the file holds every form.
 #ifndef QUARRY_POOL_F32
 #define QUARRY_POOL_F32 1
 #define QUARRY_POOL_F16 1
@@ -652,9 +909,11 @@ __device__ void paged_attention_tiled(
 #ifndef QUARRY_TILED
 #define QUARRY_ONE_TOKEN_FORMS 1
 #define QUARRY_TILED_FORMS 1
+#define QUARRY_PREFIX_FORMS 1
 #else
-#define QUARRY_ONE_TOKEN_FORMS (!QUARRY_TILED)
+#define QUARRY_ONE_TOKEN_FORMS (!QUARRY_TILED && !QUARRY_PREFIX)
 #define QUARRY_TILED_FORMS QUARRY_TILED
+#define QUARRY_PREFIX_FORMS QUARRY_PREFIX
 #endif
 
 // Every one-token form of a pool type P (f32, f16, bf16) of element KV: per-dimension, then warps
@@ -679,6 +938,11 @@ __device__ void paged_attention_tiled(
 #define PAGED_ATTENTION_POOL_TILED(P, KV)                                                      \
     PAGED_ATTENTION_HEADS(PAGED_ATTENTION_TILED_DPL, P, KV, 4)                                  \
     PAGED_ATTENTION_HEADS(PAGED_ATTENTION_TILED_DPL, P, KV, 8)
+#define PAGED_ATTENTION_PREFIX_DPL(P, KV, DPL, G)                                               \
+    PAGED_ATTENTION_PREFIX(paged_attention_prefix##DPL##g##G##_##P, KV, DPL, G)
+#define PAGED_ATTENTION_POOL_PREFIX(P, KV)                                                     \
+    PAGED_ATTENTION_HEADS(PAGED_ATTENTION_PREFIX_DPL, P, KV, 4)                                 \
+    PAGED_ATTENTION_HEADS(PAGED_ATTENTION_PREFIX_DPL, P, KV, 8)
 
 #if QUARRY_ONE_TOKEN_FORMS && QUARRY_POOL_F32
 PAGED_ATTENTION_POOL(f32, float)
@@ -698,12 +962,23 @@ PAGED_ATTENTION_POOL_TILED(f16, __half)
 #if QUARRY_TILED_FORMS && QUARRY_POOL_BF16
 PAGED_ATTENTION_POOL_TILED(bf16, __nv_bfloat16)
 #endif
+#if QUARRY_PREFIX_FORMS && QUARRY_POOL_F32
+PAGED_ATTENTION_POOL_PREFIX(f32, float)
+#endif
+#if QUARRY_PREFIX_FORMS && QUARRY_POOL_F16
+PAGED_ATTENTION_POOL_PREFIX(f16, __half)
+#endif
+#if QUARRY_PREFIX_FORMS && QUARRY_POOL_BF16
+PAGED_ATTENTION_POOL_PREFIX(bf16, __nv_bfloat16)
+#endif
 
 #if QUARRY_ONE_TOKEN_FORMS
 // The chunks' results combined, one block per (token, query head), a thread per dimension:
 // out[row] = sum_z exp(m_z - M) acc_z / sum_z exp(m_z - M) l_z with M the largest m_z, in chunk
-// order (no atomics). `part` and `ml` are the split kernel's `out` and `ml`; chunk 0 always holds
-// a position, so M is finite.
+// order (no atomics). `part` and `ml` are the split kernel's `out` and `ml` (and the cascade's
+// prefix slots before them); the token's first chunk of its own positions always holds one, so M
+// is finite. A slot with m = -inf (an empty chunk, or a prefix slot of a token outside the shared
+// prefix, whose sums are never written) weighs 0 and is not read.
 template <typename OUT>
 __device__ void paged_attention_combine(const float* __restrict__ part,
                                         const float* __restrict__ ml, OUT* __restrict__ out,
@@ -718,7 +993,8 @@ __device__ void paged_attention_combine(const float* __restrict__ part,
     const float* p = part + row * splits * head_dim;
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
         float acc = 0.0f;
-        for (int z = 0; z < splits; ++z) acc += __expf(m[2 * z] - max) * p[(size_t)z * head_dim + i];
+        for (int z = 0; z < splits; ++z)
+            if (m[2 * z] != -INFINITY) acc += __expf(m[2 * z] - max) * p[(size_t)z * head_dim + i];
         out[row * head_dim + i] = from_float<OUT>(acc * inv);
     }
 }

@@ -63,7 +63,29 @@ pub enum AttentionKernel {
     /// runs three: a step of decodes only is `Warps`'s to run. Written 2026-11-28 without a GPU
     /// (quarry-cuda-emu checks it); `ModelOptions::attention = tiled` asks for it.
     Tiled,
+    /// The shared prefix's positions once for all its tokens, then each token's own (cascade
+    /// attention): where the batch's sequences begin with the same pages
+    /// ([`RaggedBatch::token_shared`]), a first launch (the kernel's `prefix` forms, a block per
+    /// [`PREFIX_ROWS`] tokens) reads the prefix's rows once for those tokens and writes its
+    /// share in split-K's form; the split layout then computes each token's positions past the
+    /// prefix (every position for a token outside it) into the slots after, and the combine adds
+    /// them. Layers with a sliding window, and heads whose rows do not split into 8 pieces of 16
+    /// bytes per lane, run as `Warps`. Written 2026-11-29 without a GPU (quarry-cuda-emu checks
+    /// it); `ModelOptions::attention = cascade` asks for it.
+    Cascade,
 }
+
+/// Tokens one block of the cascade's prefix launch serves (the kernel's `PREFIX_ROWS`).
+pub const PREFIX_ROWS: usize = 8;
+/// Positions of the prefix a block holds in shared memory at a time (the kernel's
+/// `PREFIX_CHUNK`).
+pub const PREFIX_CHUNK: usize = 64;
+/// The prefix launch's slots (its grid's third dimension, each a run of the prefix's chunks) are
+/// chosen for about this many blocks per SM (its `g4` forms take 78-96 registers a thread and
+/// under 64 KiB for heads of up to 128: three blocks an SM), at most [`MAX_PREFIX_SLOTS`]: each
+/// slot is a row of sums per token and query head that the combine reads.
+const PREFIX_BLOCKS_PER_SM: usize = 3;
+const MAX_PREFIX_SLOTS: usize = 8;
 
 /// Tokens a tiled block serves (the kernel's `TILE`).
 pub const TILE: usize = 4;
@@ -160,6 +182,32 @@ pub struct AttentionPlan {
     pub out16: bool,
     /// The tiled form's last argument, the batch's tokens (`None`: another form).
     pub tokens: Option<usize>,
+    /// The cascade's first launch, whose slots come before this launch's chunks (`None`:
+    /// another form).
+    pub prefix: Option<PrefixPlan>,
+}
+
+/// The cascade's prefix launch (`paged_attention_prefix*`): a block per ([`PREFIX_ROWS`] tokens,
+/// key-value head, slot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixPlan {
+    pub kernel: String,
+    pub grid: (u32, u32, u32),
+    pub threads: u32,
+    pub shared_bytes: usize,
+}
+
+impl PrefixPlan {
+    /// The dynamic shared memory limit the launcher must set first, where the default is too
+    /// small.
+    pub fn shared_limit(&self) -> Option<usize> {
+        (self.shared_bytes > DEFAULT_SHARED).then_some(self.shared_bytes)
+    }
+
+    /// Its slots: the split layout's chunks come after them.
+    pub fn slots(&self) -> usize {
+        self.grid.2 as usize
+    }
 }
 
 impl AttentionPlan {
@@ -187,6 +235,9 @@ impl AttentionPlan {
             });
         }
         let group = shape.n_head / shape.n_kv;
+        if kernel == AttentionKernel::Cascade {
+            return Self::cascade(batch, shape, element, out16);
+        }
         if kernel == AttentionKernel::Tiled {
             let words = tiled_shared_words(group, shape.head_dim, batch.longest, shape);
             if words * 4 <= MAX_SHARED {
@@ -203,6 +254,7 @@ impl AttentionPlan {
                     chunk: None,
                     out16,
                     tokens: Some(batch.tokens),
+                    prefix: None,
                 });
             }
             return Self::new(batch, shape, AttentionKernel::Warps, element, out16);
@@ -219,7 +271,10 @@ impl AttentionPlan {
                 PER_DIMENSION_THREADS,
                 group * (batch.longest + shape.head_dim) * 4,
             ),
-            AttentionKernel::Warps | AttentionKernel::Split { .. } | AttentionKernel::Tiled => {
+            AttentionKernel::Warps
+            | AttentionKernel::Split { .. }
+            | AttentionKernel::Tiled
+            | AttentionKernel::Cascade => {
                 let layout = if splits > 1 { "split" } else { "warps" };
                 let positions = chunk.unwrap_or(batch.longest).min(batch.longest);
                 (
@@ -250,6 +305,59 @@ impl AttentionPlan {
             chunk,
             out16,
             tokens: None,
+            prefix: None,
+        })
+    }
+
+    /// The cascade's two launches and the combine (see [`AttentionKernel::Cascade`]), or the
+    /// warps layout where the shape or the shared memory rules it out. The split launch takes
+    /// the whole of a token's context in one chunk unless one block's shared memory cannot hold
+    /// it, so each token has its prefix slots and (mostly) one of its own.
+    fn cascade(
+        batch: BatchSize,
+        shape: AttentionShape,
+        element: &str,
+        out16: bool,
+    ) -> Result<Self, PlanError> {
+        let element_size = if element == "f32" { 4 } else { 2 };
+        let pieces = 16 / element_size;
+        let prefix_bytes = prefix_shared_words(shape, element_size) * 4;
+        if shape.window > 0
+            || !shape.head_dim.is_multiple_of(8 * pieces)
+            || prefix_bytes > MAX_SHARED
+            || batch.longest == 0
+        {
+            return Self::new(batch, shape, AttentionKernel::Warps, element, out16);
+        }
+        let chunk = split_chunk(batch, shape, AttentionKernel::Warps).unwrap_or(batch.longest);
+        let splits = batch.longest.div_ceil(chunk);
+        if splits > 65_535 {
+            return Err(PlanError::Chunks { chunks: splits });
+        }
+        let blocks = batch.tokens.div_ceil(PREFIX_ROWS) * shape.n_kv;
+        let slots = (PREFIX_BLOCKS_PER_SM * batch.sms)
+            .div_ceil(blocks.max(1))
+            .clamp(1, MAX_PREFIX_SLOTS);
+        let group = shape.n_head / shape.n_kv;
+        let form = format!("{}g{}_{element}", dims_per_lane(shape), group_form(shape));
+        Ok(Self {
+            kernel: format!("paged_attention_split{form}"),
+            grid: (batch.tokens as u32, shape.n_kv as u32, splits as u32),
+            threads: WARPS_THREADS,
+            shared_bytes: warps_shared_words(group, shape.head_dim, chunk) * 4,
+            chunk: Some(chunk),
+            out16,
+            tokens: None,
+            prefix: Some(PrefixPlan {
+                kernel: format!("paged_attention_prefix{form}"),
+                grid: (
+                    batch.tokens.div_ceil(PREFIX_ROWS) as u32,
+                    shape.n_kv as u32,
+                    slots as u32,
+                ),
+                threads: WARPS_THREADS,
+                shared_bytes: prefix_bytes,
+            }),
         })
     }
 
@@ -260,9 +368,19 @@ impl AttentionPlan {
         (self.shared_bytes > DEFAULT_SHARED).then_some(self.shared_bytes)
     }
 
-    /// Chunks per token (1 unsplit).
+    /// Chunks per token (1 unsplit): this launch's.
     pub fn splits(&self) -> usize {
         self.grid.2 as usize
+    }
+
+    /// The cascade's prefix slots, which come before this launch's chunks (0: another form).
+    pub fn prefix_slots(&self) -> usize {
+        self.prefix.as_ref().map_or(0, PrefixPlan::slots)
+    }
+
+    /// Slots per (token, query head) the combine adds: the prefix's and the chunks.
+    pub fn slots(&self) -> usize {
+        self.prefix_slots() + self.splits()
     }
 
     /// The combine's form (split launches): f32 or f16 output.
@@ -313,6 +431,16 @@ fn warps_shared_words(group: usize, head_dim: usize, positions: usize) -> usize 
     group * (head_dim + positions) + positions + warps * group * head_dim
 }
 
+/// Shared memory words of a cascade prefix block (the kernel's layout): the query rows of
+/// [`PREFIX_ROWS`] tokens at the form's group bound, `head_dim + 4` floats each; the key and
+/// value chunks, `head_dim` values and 16 bytes a position; the weights, 72 floats a query row;
+/// each row's maximum, sum and rescaling.
+fn prefix_shared_words(shape: AttentionShape, element_size: usize) -> usize {
+    let rows = PREFIX_ROWS * group_form(shape);
+    let kv_row_words = (shape.head_dim * element_size + 16) / 4;
+    rows * (shape.head_dim + 4) + 2 * PREFIX_CHUNK * kv_row_words + rows * 72 + 3 * rows
+}
+
 /// Shared memory words of a tiled block: the warps layout's for the longest context (the tokens
 /// it computes alone), or a tile's, whichever is larger: its [`TILE`] tokens' queries and scores
 /// over the union of their ranges (up to `longest + TILE - 1` positions), the rows, the warps'
@@ -341,7 +469,7 @@ fn split_chunk(batch: BatchSize, shape: AttentionShape, kernel: AttentionKernel)
     let most = (MAX_SHARED / 4).saturating_sub(fixed) / (group + 1);
     let chunk = match kernel {
         AttentionKernel::PerDimension => return None,
-        AttentionKernel::Warps | AttentionKernel::Tiled => most,
+        AttentionKernel::Warps | AttentionKernel::Tiled | AttentionKernel::Cascade => most,
         AttentionKernel::Split { chunk: Some(c) } => c.clamp(1, most),
         AttentionKernel::Split { chunk: None } => {
             let blocks = batch.tokens * shape.n_kv;
@@ -467,6 +595,77 @@ mod tests {
             "{long:?}"
         );
         assert_eq!(long.tokens, None);
+    }
+
+    /// The cascade: a prefix launch of a block per 8 tokens and key-value head, its slots chosen
+    /// for about three blocks an SM (at most 8), then the split forms with one chunk per token
+    /// (several past one block's shared memory), the combine over both; a window, heads that do
+    /// not split into 8 pieces of 16 bytes per lane, or a prefix block past the shared memory
+    /// limit run as the warps layout.
+    #[test]
+    fn cascade_plans_the_prefix_slots_before_each_tokens_own() {
+        let llama8b = AttentionShape {
+            n_head: 32,
+            n_kv: 8,
+            head_dim: 128,
+            ..smollm2()
+        };
+        let cascade = AttentionKernel::Cascade;
+        let p = AttentionPlan::new(batch(256, 800), llama8b, cascade, "f16", true).unwrap();
+        assert_eq!(p.kernel, "paged_attention_split4g4_f16");
+        assert_eq!((p.grid, p.chunk), ((256, 8, 1), Some(800)));
+        assert_eq!(p.combine_kernel(), "paged_attention_combine_out16");
+        let prefix = p.prefix.clone().unwrap();
+        assert_eq!(prefix.kernel, "paged_attention_prefix4g4_f16");
+        // 32 × 8 blocks a slot: two slots for 396 blocks (3 an SM on 132).
+        assert_eq!(prefix.grid, (32, 8, 2));
+        assert_eq!((p.prefix_slots(), p.slots()), (2, 3));
+        // 32 query rows of 132 floats, two chunks of 64 rows of 272 bytes, 32 rows of 72
+        // weights and 3 statistics.
+        let words = 32 * 132 + 2 * 64 * 68 + 32 * 72 + 3 * 32;
+        assert_eq!(prefix.shared_bytes, words * 4);
+        assert_eq!(prefix.shared_limit(), Some(words * 4));
+        // Batch 1: the slots' cap.
+        let p = AttentionPlan::new(batch(1, 800), llama8b, cascade, "f16", true).unwrap();
+        assert_eq!(p.prefix.unwrap().grid, (1, 8, 8));
+        // A context past one block's shared memory: split into chunks after the prefix's slots.
+        let p = AttentionPlan::new(batch(4, 40_000), llama8b, cascade, "f32", false).unwrap();
+        assert!(p.splits() > 1 && p.shared_bytes <= MAX_SHARED, "{p:?}");
+        assert_eq!(p.slots(), p.prefix_slots() + p.splits());
+        // What runs as warps.
+        let warps = |shape, element| {
+            let p = AttentionPlan::new(batch(256, 800), shape, cascade, element, true).unwrap();
+            assert!(p.prefix.is_none(), "{p:?}");
+            p.kernel
+        };
+        let windowed = AttentionShape {
+            window: 512,
+            ..llama8b
+        };
+        assert_eq!(warps(windowed, "f16"), "paged_attention_warps4g4_f16_out16");
+        let head80 = AttentionShape {
+            head_dim: 80,
+            ..llama8b
+        };
+        assert_eq!(warps(head80, "f32"), "paged_attention_warps4g4_f32_out16");
+        // Heads of 64 in f32 split into 8 pieces a lane of 2; Qwen's groups of 7 take the g8
+        // forms, whose largest block (f32 heads of 256) still fits: 218,880 bytes.
+        let qwen = AttentionShape {
+            n_head: 14,
+            n_kv: 2,
+            head_dim: 64,
+            ..smollm2()
+        };
+        let p = AttentionPlan::new(batch(256, 800), qwen, cascade, "f32", false).unwrap();
+        assert_eq!(p.prefix.unwrap().kernel, "paged_attention_prefix2g8_f32");
+        let wide = AttentionShape {
+            head_dim: 256,
+            ..qwen
+        };
+        let p = AttentionPlan::new(batch(256, 800), wide, cascade, "f32", false).unwrap();
+        let prefix = p.prefix.unwrap();
+        assert_eq!(prefix.kernel, "paged_attention_prefix8g8_f32");
+        assert!(prefix.shared_bytes == 218_880 && prefix.shared_bytes <= MAX_SHARED);
     }
 
     /// The warps layout splits only a context beyond one block's shared memory; the

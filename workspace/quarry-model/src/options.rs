@@ -23,6 +23,9 @@ pub struct ModelOptions {
     /// made a decode step 1.48× faster at batch 1 and 1.34× at batch 8 on an H200, and 0.95× at
     /// batch 128 (2026-11-28). `tiled`: the warps layout where a prefill's or extension's tokens
     /// of one sequence share their key reads, four tokens a block (not yet measured).
+    /// `cascade`: the positions a batch's sequences share at their start (an extraction job's
+    /// instructions, held once by the radix cache) read once for all their tokens, then each
+    /// token's own (not yet measured).
     /// `per-dimension` is the kernel's first layout; `gather` runs attention as per-sequence
     /// tensor ops (the CPU's cross-check; slow).
     pub attention: Attention,
@@ -105,6 +108,7 @@ pub enum Attention {
     PerDimension,
     Gather,
     Tiled,
+    Cascade,
 }
 
 /// [`ModelOptions::kv_dtype`].
@@ -193,7 +197,7 @@ impl ModelOptions {
     /// trade-offs).
     pub const HELP: &'static str = "Model runtime options, as KEY=VALUE (repeatable; the same keys as a job file's \
 [model.runtime] table and the QUARRY_<KEY> variables; a CPU ignores the GPU's):
-  attention=auto|warps|split|tiled|per-dimension|gather   GPU attention kernel (auto: split up to 16-token steps, warps above)
+  attention=auto|warps|split|tiled|cascade|per-dimension|gather   GPU attention kernel (auto: split up to 16-token steps, warps above)
   attention_chunk=auto|N                             context positions per split-K chunk (auto: the kernel plan's)
   kv_dtype=f16|bf16|f32                              GPU KV pool element type (f16)
   dense_from_rows=N                                  rows from which GPU projections use f16 weights; 0: quantized only (1)
@@ -217,8 +221,9 @@ impl ModelOptions {
         };
         match key.trim() {
             "attention" => {
-                self.attention = choice(v)
-                    .ok_or_else(|| bad("auto, warps, split, tiled, per-dimension or gather"))?
+                self.attention = choice(v).ok_or_else(|| {
+                    bad("auto, warps, split, tiled, cascade, per-dimension or gather")
+                })?
             }
             "attention_chunk" => {
                 self.attention_chunk = match v {

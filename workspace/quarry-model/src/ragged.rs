@@ -46,6 +46,9 @@ pub struct RaggedBatch {
     pub token_seq: Vec<u32>,
     /// Per new token: its position in its sequence.
     pub token_pos: Vec<u32>,
+    /// Per new token: the positions at the start of its context that are the batch's shared
+    /// prefix (the cascade's, [`RaggedBatch::fill`]), or 0 where its sequence does not hold it.
+    pub token_shared: Vec<u32>,
     /// Per sequence, where its pages begin in `block_table`; one more entry than sequences, the
     /// last being `block_table.len()` (the offsets of a compressed sparse row).
     pub page_start: Vec<u32>,
@@ -65,6 +68,7 @@ impl RaggedBatch {
         assert!(page_size > 0, "a page holds at least one position");
         self.token_seq.clear();
         self.token_pos.clear();
+        self.token_shared.clear();
         self.page_start.clear();
         self.block_table.clear();
         self.page_size = u32::try_from(page_size).expect("page size fits u32");
@@ -85,6 +89,63 @@ impl RaggedBatch {
             }
         }
         self.page_start.push(to_u32(self.block_table.len()));
+        self.token_shared.resize(self.token_seq.len(), 0);
+        self.mark_shared_prefix(batch, page_size);
+    }
+
+    /// Finds the batch's shared prefix and marks its sequences' tokens in `token_shared`: the
+    /// first pages of their block tables that several sequences hold in common (the same pages:
+    /// the radix cache's, an extraction job's instructions), at least two sequences and one page,
+    /// chosen to save the most reads: (sequences - 1) × pages, the reads of the prefix that the
+    /// sequences beyond the first no longer make (ties to the longer prefix). A sequence can
+    /// share only whole pages before its first new token, so every marked token attends past
+    /// the prefix. The tables compared are against the one of the most common first page (a
+    /// majority vote: no allocation but the list of lengths).
+    fn mark_shared_prefix<'a>(&mut self, batch: &[SeqInput<'a>], page_size: usize) {
+        let whole = |s: &SeqInput<'a>| -> &'a [u32] {
+            &s.pages[..(s.start / page_size).min(s.pages.len())]
+        };
+        let (mut anchor, mut votes) = (None::<&[u32]>, 0usize);
+        for pages in batch.iter().map(whole).filter(|p| !p.is_empty()) {
+            match anchor {
+                Some(a) if a[0] == pages[0] => votes += 1,
+                _ if votes == 0 => (anchor, votes) = (Some(pages), 1),
+                _ => votes -= 1,
+            }
+        }
+        let Some(anchor) = anchor else { return };
+        let common = |s: &SeqInput<'a>| {
+            let pages = whole(s);
+            anchor.iter().zip(pages).take_while(|(a, b)| a == b).count()
+        };
+        let mut lens: Vec<usize> = batch.iter().map(common).filter(|&n| n > 0).collect();
+        lens.sort_unstable_by(|a, b| b.cmp(a));
+        // The k longest share lens[k - 1] pages.
+        let Some((k, pages)) = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (i + 1, n))
+            .max_by_key(|&(k, n)| ((k - 1) * n, n))
+        else {
+            return;
+        };
+        if k < 2 {
+            return;
+        }
+        let shared = to_u32(pages * page_size);
+        let mut t = 0;
+        for seq in batch {
+            let n = seq.tokens.len();
+            if common(seq) >= pages {
+                self.token_shared[t..t + n].fill(shared);
+            }
+            t += n;
+        }
+    }
+
+    /// The positions the batch's shared prefix covers (0: none; [`RaggedBatch::fill`]).
+    pub fn shared_prefix(&self) -> usize {
+        self.token_shared.iter().copied().max().unwrap_or(0) as usize
     }
 
     /// New tokens in the batch.
@@ -326,6 +387,53 @@ mod tests {
         meta.fill(&mixed.batch()[1..], 4);
         assert_eq!(meta.page_start, [0, 3, 5]);
         assert_eq!(meta.block_table.capacity(), cap, "the buffer is reused");
+    }
+
+    /// The shared prefix: the pages the most sequences begin with, chosen for the reads it saves
+    /// ((sequences - 1) × pages), only whole pages before each sequence's first new token; a
+    /// sequence that shares fewer pages attends to all of its own.
+    #[test]
+    fn fill_marks_the_prefix_that_saves_the_most_reads() {
+        let tokens = [1u32; 5];
+        // Pages of 4. a, b and c begin with pages 10, 11, 12; d with 10, 11 only; e with others.
+        let a = [10, 11, 12, 13, 14];
+        let b = [10, 11, 12, 20, 21];
+        let c = [10, 11, 12, 30];
+        let d = [10, 11, 40, 41];
+        let e = [50, 51, 52];
+        let batch = [
+            SeqInput::new(&tokens[..1], 19, &a),
+            SeqInput::new(&tokens[..3], 17, &b),
+            SeqInput::new(&tokens[..1], 14, &c),
+            SeqInput::new(&tokens[..2], 14, &d),
+            SeqInput::new(&tokens[..1], 10, &e),
+        ];
+        let mut meta = RaggedBatch::default();
+        meta.fill(&batch, 4);
+        // Three sequences over 3 pages save 6 pages' reads; four over 2 save 6: the longer.
+        assert_eq!(meta.token_shared, [12, 12, 12, 12, 12, 0, 0, 0]);
+        assert_eq!(meta.shared_prefix(), 12);
+        // c's first new token at 11: only 2 whole pages before it, so a, b, c, d share 2 pages
+        // (6 pages' reads) where a and b share 3 (3): the four take the prefix of 8.
+        let batch2 = [
+            batch[0],
+            batch[1],
+            SeqInput::new(&tokens[..1], 11, &c),
+            batch[3],
+        ];
+        meta.fill(&batch2, 4);
+        assert_eq!(meta.token_shared, [8; 7]);
+        // A single sequence shares nothing, nor do sequences without a whole page before their
+        // new tokens (prefills).
+        meta.fill(&batch[..1], 4);
+        assert_eq!(meta.token_shared, [0]);
+        let prefills = [
+            SeqInput::new(&tokens, 0, &a),
+            SeqInput::new(&tokens[..3], 0, &b),
+        ];
+        meta.fill(&prefills, 4);
+        assert_eq!(meta.shared_prefix(), 0);
+        assert_eq!(meta.token_shared.len(), meta.tokens());
     }
 
     #[test]

@@ -162,18 +162,30 @@ pub fn check_around_default_shared(
 /// The attention kernel's batch, as a step mixes them, on scattered pages of `page_size`
 /// positions: long and short prefills, decodes at long contexts, an extension. Per sequence: its
 /// new tokens, its start, its pages (every other page, backwards: nothing contiguous or ordered).
+/// Sequences 1, 2 and 3 (two decodes and the extension) begin with the same pages for 208
+/// positions, the batch's shared prefix (`RaggedBatch::fill` marks it; the cascade reads it once,
+/// in 64-position chunks), and sequence 6 (a decode) with the first 64 of them only, so it
+/// attends to shared pages outside the prefix.
 fn mixed_batch(page_size: usize) -> (Vec<Vec<u32>>, Vec<usize>, Vec<Vec<u32>>) {
-    let lens = [37usize, 1, 1, 5, 120, 1];
-    let starts = [0usize, 700, 63, 30, 0, 2];
+    let lens = [37usize, 1, 1, 5, 120, 1, 1];
+    let starts = [0usize, 700, 263, 260, 0, 2, 300];
+    let shared_positions = [0usize, 208, 208, 208, 0, 0, 64];
     let mut next_page = 0u32;
-    let mut pages = Vec::new();
-    for (l, s) in lens.iter().zip(&starts) {
-        let n = (s + l).div_ceil(page_size);
+    let mut take = |n: usize| {
         let p: Vec<u32> = (0..n as u32)
             .rev()
             .map(|i| (next_page + i) * 2 + 1)
             .collect();
         next_page += n as u32;
+        p
+    };
+    let prefix = take(208usize.div_ceil(page_size));
+    let mut pages = Vec::new();
+    for ((l, s), shared) in lens.iter().zip(&starts).zip(shared_positions) {
+        let n = (s + l).div_ceil(page_size);
+        let own = shared / page_size;
+        let mut p = prefix[..own].to_vec();
+        p.extend(take(n - own));
         pages.push(p);
     }
     let tokens = lens.iter().map(|&l| vec![1u32; l]).collect();

@@ -85,12 +85,12 @@ impl GraphKey {
         self.tokens * self.context.div_ceil(self.page_size)
     }
 
-    /// Where `token_seq`, `token_pos`, `page_start` (room for a sequence per token, and the end)
-    /// and `block_table` start in the graph's metadata buffer, and where the last ends (its
-    /// length).
-    pub fn layout(&self) -> [usize; 5] {
+    /// Where `token_seq`, `token_pos`, `token_shared`, `page_start` (room for a sequence per
+    /// token, and the end) and `block_table` start in the graph's metadata buffer, and where the
+    /// last ends (its length).
+    pub fn layout(&self) -> [usize; 6] {
         let t = self.tokens;
-        [0, t, 2 * t, 3 * t + 1, 3 * t + 1 + self.blocks()]
+        [0, t, 2 * t, 3 * t, 4 * t + 1, 4 * t + 1 + self.blocks()]
     }
 
     /// `meta`'s step padded to this key's tokens, into `out` (its buffers reused): the real
@@ -112,6 +112,7 @@ impl GraphKey {
             let seq = u32::try_from(meta.page_start.len() - 1).expect("sequences fit u32");
             out.token_seq.resize(self.tokens, seq);
             out.token_pos.resize(self.tokens, 0);
+            out.token_shared.resize(self.tokens, 0);
             out.block_table.push(scratch_page);
             out.page_start
                 .push(u32::try_from(out.block_table.len()).expect("pages fit u32"));
@@ -150,18 +151,19 @@ impl GraphKey {
         let at = self.layout();
         assert_eq!(padded.tokens(), self.tokens, "a padded step of this key");
         assert!(
-            padded.page_start.len() <= at[3] - at[2] && padded.block_table.len() <= at[4] - at[3],
+            padded.page_start.len() <= at[4] - at[3] && padded.block_table.len() <= at[5] - at[4],
             "a step of this key"
         );
         out.clear();
         out.extend_from_slice(&padded.token_seq);
         out.extend_from_slice(&padded.token_pos);
+        out.extend_from_slice(&padded.token_shared);
         out.extend_from_slice(&padded.page_start);
         let end = *padded
             .page_start
             .last()
             .expect("a batch has its end offset");
-        out.resize(at[3], end);
+        out.resize(at[4], end);
         out.extend_from_slice(&padded.block_table);
         out.len()
     }
@@ -500,15 +502,16 @@ mod tests {
             let mut packed = vec![99; 3];
             let used = key.pack(&padded, &mut packed);
             assert_eq!(used, packed.len());
-            assert!(used <= at[4]);
+            assert!(used <= at[5]);
             let part = |i: usize| &packed[at[i]..at[i + 1].min(used)];
             assert_eq!(part(0), &padded.token_seq[..]);
             assert_eq!(part(1), &padded.token_pos[..]);
-            let starts = part(2);
+            assert_eq!(part(2), &padded.token_shared[..]);
+            let starts = part(3);
             assert_eq!(&starts[..padded.page_start.len()], &padded.page_start[..]);
             let end = *padded.page_start.last().unwrap();
             assert!(starts[padded.page_start.len()..].iter().all(|&s| s == end));
-            assert_eq!(part(3), &padded.block_table[..]);
+            assert_eq!(part(4), &padded.block_table[..]);
         }
     }
 

@@ -151,3 +151,10 @@ struct alignas(16) float4 {
 };
 // common.cuh's 16-byte load of shared memory, refused where misaligned as a GPU faults.
 #define SHARED_LOAD4(p) __ldg(reinterpret_cast<const float4*>(p))
+#define SHARED_LOAD16(p) __ldg(reinterpret_cast<const uint4*>(p))
+template <typename T>
+__forceinline__ void quarry_emu_store(T* at, T x) {
+    if (reinterpret_cast<uintptr_t>(at) % alignof(T) != 0) quarry_emu::fail("a misaligned vector store");
+    *at = x;
+}
+#define SHARED_STORE16(p, x) quarry_emu_store(reinterpret_cast<uint4*>(p), (x))

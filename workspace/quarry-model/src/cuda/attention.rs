@@ -11,19 +11,19 @@ use candle_core::{CudaDevice, Result};
 
 use super::nonempty;
 use crate::kernel_plan::AttentionKernel;
-use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize};
+use crate::kernel_plan::{AttentionPlan, AttentionShape, BatchSize, PrefixPlan};
 use crate::ragged::RaggedBatch;
 use crate::step_graph::GraphKey;
 
 /// The attention's forms, a module per pool type and kind (build.rs): the driver compiles a
 /// module whole at its first load, a process reads one pool type, and only `attention = tiled`
-/// launches the tiled forms.
+/// launches the tiled forms, only `attention = cascade` the prefix forms.
 macro_rules! attention_ptx {
     ($module:literal) => {
         include_str!(concat!(env!("OUT_DIR"), "/", $module, ".ptx"))
     };
 }
-const ATTENTION_PTX: [(&str, &str); 6] = [
+const ATTENTION_PTX: [(&str, &str); 9] = [
     (
         "quarry_paged_attention_f32",
         attention_ptx!("paged_attention_f32"),
@@ -48,11 +48,23 @@ const ATTENTION_PTX: [(&str, &str); 6] = [
         "quarry_paged_attention_tiled_bf16",
         attention_ptx!("paged_attention_tiled_bf16"),
     ),
+    (
+        "quarry_paged_attention_prefix_f32",
+        attention_ptx!("paged_attention_prefix_f32"),
+    ),
+    (
+        "quarry_paged_attention_prefix_f16",
+        attention_ptx!("paged_attention_prefix_f16"),
+    ),
+    (
+        "quarry_paged_attention_prefix_bf16",
+        attention_ptx!("paged_attention_prefix_bf16"),
+    ),
 ];
 
-/// The module of `element`'s pool that holds `plan`'s form: its name on the device, its PTX.
-fn attention_module(element: &str, plan: &AttentionPlan) -> Result<(&'static str, &'static str)> {
-    let kind = if plan.tokens.is_some() { "tiled_" } else { "" };
+/// The module of `element`'s pool of a kind (`""`, `"tiled_"` or `"prefix_"`): its name on the
+/// device, its PTX.
+fn attention_module(element: &str, kind: &str) -> Result<(&'static str, &'static str)> {
     let name = format!("quarry_paged_attention_{kind}{element}");
     match ATTENTION_PTX.iter().find(|(n, _)| *n == name) {
         Some(&module) => Ok(module),
@@ -77,11 +89,11 @@ pub enum AttentionOut<'a> {
 /// The batch's metadata on the device, uploaded once per step (one copy) and read by every
 /// layer's launch.
 pub struct DeviceBatch {
-    /// `token_seq`, `token_pos`, `page_start` and `block_table` of [`RaggedBatch`], one after the
-    /// other.
+    /// `token_seq`, `token_pos`, `token_shared`, `page_start` and `block_table` of
+    /// [`RaggedBatch`], one after the other.
     ids: CudaSlice<u32>,
-    /// Where each of the four starts in `ids`, and where the last ends.
-    at: [usize; 5],
+    /// Where each of the five starts in `ids`, and where the last ends.
+    at: [usize; 6],
     page_size: usize,
     /// What the launch plan needs: tokens, the longest context, the device's SMs.
     size: BatchSize,
@@ -92,10 +104,11 @@ impl DeviceBatch {
         let parts = [
             &meta.token_seq,
             &meta.token_pos,
+            &meta.token_shared,
             &meta.page_start,
             &meta.block_table,
         ];
-        let mut at = [0; 5];
+        let mut at = [0; 6];
         for (i, p) in parts.iter().enumerate() {
             at[i + 1] = at[i] + p.len();
         }
@@ -114,7 +127,7 @@ impl DeviceBatch {
     pub fn fixed(dev: &CudaDevice, key: GraphKey) -> Result<Self> {
         let at = key.layout();
         Ok(Self {
-            ids: dev.alloc_zeros::<u32>(at[4])?,
+            ids: dev.alloc_zeros::<u32>(at[5])?,
             at,
             page_size: key.page_size,
             size: BatchSize {
@@ -143,8 +156,9 @@ impl DeviceBatch {
         dev.cuda_stream().memcpy_htod(&packed[..used], &mut dst).w()
     }
 
-    /// `token_seq`, `token_pos`, `page_start` and `block_table`, as the kernel reads them.
-    fn arrays(&self) -> [CudaView<'_, u32>; 4] {
+    /// `token_seq`, `token_pos`, `token_shared`, `page_start` and `block_table`, as the kernel
+    /// reads them.
+    fn arrays(&self) -> [CudaView<'_, u32>; 5] {
         std::array::from_fn(|i| self.ids.slice(self.at[i]..self.at[i + 1]))
     }
 }
@@ -162,6 +176,7 @@ fn multiprocessors(dev: &CudaDevice) -> Result<usize> {
 
 /// Attention for every new token of the batch: `q` is `[tokens, n_head · head_dim]` (f32), `out`
 /// the same shape (f32 or f16). One launch, or two for split-K (the chunks, then their
+/// combination), or three for the cascade (the shared prefix's slots, the chunks, the
 /// combination).
 pub fn paged_attention(
     dev: &CudaDevice,
@@ -188,21 +203,23 @@ pub fn paged_attention(
         matches!(out, AttentionOut::F16(_)),
     )
     .map_err(candle_core::Error::msg)?;
-    let (chunk, splits) = (plan.chunk, plan.splits());
-    let module = attention_module(element, &plan)?;
+    let (chunk, slots) = (plan.chunk, plan.slots());
+    let kind = if plan.tokens.is_some() { "tiled_" } else { "" };
+    let module = attention_module(element, kind)?;
     let func = dev.get_or_load_custom_func(&plan.kernel, module.0, module.1)?;
-    raise_shared_limit(&func, &plan, batch.size.longest)?;
+    raise_limit(&func, &plan.kernel, plan.shared_limit(), batch.size.longest)?;
     let cfg = LaunchConfig {
         grid_dim: plan.grid,
         block_dim: (plan.threads, 1, 1),
         shared_mem_bytes: plan.shared_bytes as u32,
     };
-    // Split-K's chunk results: per (token, query head, chunk), the unnormalized sums and the
-    // maximum and sum of the chunk's weights.
-    let rows = batch.size.tokens * shape.n_head * splits;
-    let mut parts = match splits {
+    // Split-K's chunk results: per (token, query head, slot), the unnormalized sums and the
+    // maximum and sum of the slot's weights.
+    let rows = batch.size.tokens * shape.n_head * slots;
+    let mut parts = match slots {
         1 => None,
-        // SAFETY: the split kernel writes every chunk's values, empty chunks included.
+        // SAFETY: the launches write every slot's maximum and sum, and the sums of every slot
+        // whose maximum is finite, the only ones the combine reads.
         _ => Some(unsafe {
             Split {
                 acc: dev.alloc::<f32>(rows * shape.head_dim)?,
@@ -210,6 +227,9 @@ pub fn paged_attention(
             }
         }),
     };
+    if let (Some(prefix), Some(split)) = (&plan.prefix, &mut parts) {
+        launch_prefix(dev, prefix, element, q, &kv, batch, shape, slots, split)?;
+    }
     {
         let mut b = func.builder();
         b.arg(q);
@@ -218,7 +238,7 @@ pub fn paged_attention(
             KvPool::F16(k, v) => b.arg(k).arg(v),
             KvPool::Bf16(k, v) => b.arg(k).arg(v),
         };
-        let [token_seq, token_pos, page_start, block_table] = batch.arrays();
+        let [token_seq, token_pos, token_shared, page_start, block_table] = batch.arrays();
         b.arg(&token_seq)
             .arg(&token_pos)
             .arg(&page_start)
@@ -246,8 +266,11 @@ pub fn paged_attention(
             .arg(&page_size)
             .arg(&shape.scale)
             .arg(&window);
+        // The split forms' last: the cascade's shared prefix per token and its slots before
+        // this launch's chunks (0: `token_shared` is not read).
+        let slot0 = plan.prefix_slots() as i32;
         if let Some(ml) = ml {
-            b.arg(&chunk32).arg(ml);
+            b.arg(&chunk32).arg(ml).arg(&token_shared).arg(&slot0);
         }
         // The tiled form's last argument: the batch's tokens.
         let tokens32 = plan.tokens.unwrap_or(0) as i32;
@@ -265,10 +288,76 @@ pub fn paged_attention(
     }
 }
 
-/// Raises `func`'s dynamic shared memory limit where `plan` needs more than the default
-/// (`longest`: the batch's longest context, for the error).
-fn raise_shared_limit(func: &CudaFunction, plan: &AttentionPlan, longest: usize) -> Result<()> {
-    if let Some(limit) = plan.shared_limit() {
+/// The cascade's first launch: the shared prefix's share of its tokens' attention, into the
+/// first `prefix.slots()` of the `slots` slots of `split` (kernel_plan's `PrefixPlan`).
+#[allow(clippy::too_many_arguments)]
+fn launch_prefix(
+    dev: &CudaDevice,
+    prefix: &PrefixPlan,
+    element: &str,
+    q: &CudaSlice<f32>,
+    kv: &KvPool<'_>,
+    batch: &DeviceBatch,
+    shape: AttentionShape,
+    slots: usize,
+    split: &mut Split,
+) -> Result<()> {
+    let (module, ptx) = attention_module(element, "prefix_")?;
+    let func = dev.get_or_load_custom_func(&prefix.kernel, module, ptx)?;
+    raise_limit(
+        &func,
+        &prefix.kernel,
+        prefix.shared_limit(),
+        batch.size.longest,
+    )?;
+    let cfg = LaunchConfig {
+        grid_dim: prefix.grid,
+        block_dim: (prefix.threads, 1, 1),
+        shared_mem_bytes: prefix.shared_bytes as u32,
+    };
+    let mut b = func.builder();
+    b.arg(q);
+    match kv {
+        KvPool::F32(k, v) => b.arg(*k).arg(*v),
+        KvPool::F16(k, v) => b.arg(*k).arg(*v),
+        KvPool::Bf16(k, v) => b.arg(*k).arg(*v),
+    };
+    let [token_seq, _, token_shared, page_start, block_table] = batch.arrays();
+    let ints = [
+        batch.size.tokens,
+        shape.n_head,
+        shape.n_kv,
+        shape.head_dim,
+        batch.page_size,
+    ]
+    .map(|n| n as i32);
+    let slots32 = slots as i32;
+    b.arg(&token_seq)
+        .arg(&token_shared)
+        .arg(&page_start)
+        .arg(&block_table)
+        .arg(&mut split.acc)
+        .arg(&mut split.ml);
+    for n in &ints {
+        b.arg(n);
+    }
+    b.arg(&shape.scale).arg(&slots32);
+    // SAFETY: `paged_attention_prefix`'s signature in kernels/paged_attention.cu; `split` holds
+    // `slots` slots of every (token, query head), of which the kernel writes the first
+    // `prefix.slots()`.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// Raises `func`'s (`kernel`'s) dynamic shared memory limit to `limit`, where its launch needs
+/// more than the default (`longest`: the batch's longest context, for the error).
+fn raise_limit(
+    func: &CudaFunction,
+    kernel: &str,
+    limit: Option<usize>,
+    longest: usize,
+) -> Result<()> {
+    if let Some(limit) = limit {
         // Beyond the default dynamic shared memory (48 KiB less the kernel's static memory):
         // raise the kernel's limit (up to the device's 227 KiB per block on Hopper).
         use candle_core::cuda::cudarc::driver::sys::CUfunction_attribute;
@@ -278,9 +367,8 @@ fn raise_shared_limit(func: &CudaFunction, plan: &AttentionPlan, longest: usize)
         )
         .map_err(|e| {
             candle_core::Error::msg(format!(
-                "paged attention: {} could not have {limit} bytes of dynamic shared memory \
-                 ({longest} positions of context): {e:?}",
-                plan.kernel
+                "paged attention: {kernel} could not have {limit} bytes of dynamic shared memory \
+                 ({longest} positions of context): {e:?}"
             ))
         })?;
     }
@@ -296,7 +384,7 @@ fn combine(
     Split { acc, ml }: &Split,
     out: AttentionOut<'_>,
 ) -> Result<()> {
-    let splits = plan.splits();
+    let slots = plan.slots();
     let func = dev.get_or_load_custom_func(plan.combine_kernel(), module, ptx)?;
     let (blocks, threads) = plan.combine(shape);
     let cfg = LaunchConfig {
@@ -304,15 +392,15 @@ fn combine(
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (head_dim, splits32) = (shape.head_dim as i32, splits as i32);
+    let (head_dim, slots32) = (shape.head_dim as i32, slots as i32);
     let mut b = func.builder();
     b.arg(acc).arg(ml);
     match out {
         AttentionOut::F32(o) => b.arg(o),
         AttentionOut::F16(o) => b.arg(o),
     };
-    b.arg(&head_dim).arg(&splits32);
-    // SAFETY: `paged_attention_combine`'s signature; `acc` and `ml` hold `splits` chunks of every
+    b.arg(&head_dim).arg(&slots32);
+    // SAFETY: `paged_attention_combine`'s signature; `acc` and `ml` hold `slots` slots of every
     // (token, query head), `out` one row of `head_dim` each.
     unsafe { b.launch(cfg) }.w()?;
     Ok(())
@@ -346,6 +434,13 @@ mod tests {
     #[test]
     fn paged_attention_tiled_matches_its_reference_on_a_mixed_batch() {
         paged_attention_matches_its_reference(AttentionKernel::Tiled);
+    }
+
+    /// The cascade: the mixed batch's sequences 1, 2 and 3 share 208 positions' pages
+    /// (`reference::AttentionCase::mixed`); shapes with a window or heads of 80 run as `warps`.
+    #[test]
+    fn paged_attention_cascade_matches_its_reference_on_a_mixed_batch() {
+        paged_attention_matches_its_reference(AttentionKernel::Cascade);
     }
 
     /// Split-K with chunks of 16 and 100 positions (most tokens' contexts split, some in one

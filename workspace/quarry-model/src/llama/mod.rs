@@ -1033,6 +1033,7 @@ fn attention_kernel(
         Attention::Split => Some(AttentionKernel::Split { chunk }),
         Attention::PerDimension => Some(AttentionKernel::PerDimension),
         Attention::Tiled => Some(AttentionKernel::Tiled),
+        Attention::Cascade => Some(AttentionKernel::Cascade),
         Attention::Gather => None,
     }
 }
