@@ -65,19 +65,7 @@ fn attend(
     kernel: AttentionKernel,
     out16: bool,
 ) -> (AttentionPlan, Vec<f32>) {
-    let size = BatchSize::new(meta, shape.window, SMS);
-    let arrays = [
-        &meta.token_seq[..],
-        &meta.token_pos,
-        &meta.token_shared,
-        &meta.page_start,
-        &meta.block_table,
-    ];
-    let launch = Batch {
-        arrays,
-        size,
-        page_size: meta.page_size,
-    };
+    let launch = Batch::of(meta, BatchSize::new(meta, shape.window, SMS));
     attend_batch(&launch, q, pool, element, shape, kernel, out16)
 }
 
@@ -87,6 +75,23 @@ struct Batch<'a> {
     arrays: [&'a [u32]; 5],
     size: BatchSize,
     page_size: u32,
+}
+
+impl<'a> Batch<'a> {
+    /// `meta`'s arrays, its launch planned for `size`.
+    fn of(meta: &'a RaggedBatch, size: BatchSize) -> Self {
+        Self {
+            arrays: [
+                &meta.token_seq,
+                &meta.token_pos,
+                &meta.token_shared,
+                &meta.page_start,
+                &meta.block_table,
+            ],
+            size,
+            page_size: meta.page_size,
+        }
+    }
 }
 
 /// [`attend`] over a batch given as the kernel's arrays and planned for `b.size`: a CUDA graph's
@@ -349,23 +354,8 @@ fn cascade_matches_its_reference_on_a_mixed_batch() {
         .into_iter()
         .filter(|c| c.heads.window.is_none())
     {
-        let meta = &case.meta;
-        let arrays = [
-            &meta.token_seq[..],
-            &meta.token_pos,
-            &meta.token_shared,
-            &meta.page_start,
-            &meta.block_table,
-        ];
         let shape = AttentionShape::from(case.heads);
-        let batch = Batch {
-            arrays,
-            size: BatchSize {
-                sms: 1,
-                ..BatchSize::new(meta, 0, 1)
-            },
-            page_size: meta.page_size,
-        };
+        let batch = Batch::of(&case.meta, BatchSize::new(&case.meta, 0, 1));
         for element in ["f32", "f16"] {
             let pool = Pool::new(element, &case.k, &case.v);
             let kernel = AttentionKernel::Cascade;
