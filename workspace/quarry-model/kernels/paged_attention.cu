@@ -315,11 +315,7 @@ __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
     const int piece = lane % lanes, slot = lane / lanes;
     const int step = wn * per_warp;
     const KV* vhead = v + (size_t)kv_head * head_dim;
-    float acc[G][PER];
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int e = 0; e < PER; ++e) acc[g][e] = 0.0f;
+    float acc[G][PER] = {};
 #pragma unroll 1
     for (int j0 = begin + wi * per_warp + slot; j0 < end; j0 += U * step) {
         uint4 raw[U];
@@ -695,13 +691,7 @@ __device__ void paged_attention_prefix(
     const uint32_t* pages = block_table + page_start[token_seq[lead]];
     const int pieces = head_dim / PER, mine = pieces / 8;  // a row's pieces, a thread's in the sums
     const int qa = tid >> 3, part8 = tid & 7;
-    float acc[QPT][PIECES][PER];
-#pragma unroll
-    for (int u = 0; u < QPT; ++u)
-#pragma unroll
-        for (int c = 0; c < PIECES; ++c)
-#pragma unroll
-            for (int e = 0; e < PER; ++e) acc[u][c][e] = 0.0f;
+    float acc[QPT][PIECES][PER] = {};
 #pragma unroll 1
     for (int c0 = begin; c0 < end; c0 += PREFIX_CHUNK) {
         const int cn = min(PREFIX_CHUNK, end - c0);
@@ -717,11 +707,7 @@ __device__ void paged_attention_prefix(
         }
         __syncthreads();
         // Scores: query rows qa (+ 32 ...) against positions part8 + 8 p.
-        float dot[QPT][POS];
-#pragma unroll
-        for (int u = 0; u < QPT; ++u)
-#pragma unroll
-            for (int p = 0; p < POS; ++p) dot[u][p] = 0.0f;
+        float dot[QPT][POS] = {};
 #pragma unroll 1
         for (int d = 0; d < head_dim; d += PER) {
             float qx[QPT][PER];
