@@ -12,7 +12,7 @@ QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 
-.PHONY: setup model build build-cuda gpu-pack demo tour test lint fixtures bench-grammar bench-cfg bench-schemas bench-model bench-engine bench-overlap bench-pipeline bench-workers fuzz
+.PHONY: setup model build build-cuda gpu-pack demo tour test lint fixtures bench-grammar bench-cfg bench-schemas bench-walks bench-model bench-engine bench-overlap bench-pipeline bench-workers fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -84,6 +84,10 @@ bench-cfg: setup
 # JSON Schema compile times on the real-schema corpus, quarry vs llguidance (BENCHMARKS.md).
 bench-schemas: setup
 	$(CARGO) run --release -p quarry-bench --bin schema-bench -- --out $(CARGO_TARGET_DIR)/bench/schemas.json $(ARGS)
+
+# Masks along random records of the package schema, quarry vs llguidance (BENCHMARKS.md).
+bench-walks: setup
+	$(CARGO) run --release -p quarry-bench --bin walk-bench -- --out $(CARGO_TARGET_DIR)/bench/walks.json $(ARGS)
 
 # Model runtime throughput, quarry vs llama.cpp (2 threads, same GGUF and token ids). Needs the
 # `make fixtures` venv for llama.cpp; results go to BENCHMARKS.md.

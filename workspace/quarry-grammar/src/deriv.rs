@@ -97,6 +97,10 @@ pub(crate) struct Terms {
     universe: Id,
     /// [`Terms::min_len`] of the terms asked about.
     min_lens: FxHashMap<Id, u32>,
+    /// [`Terms::horizon`] of the terms asked about.
+    horizons: FxHashMap<Id, u32>,
+    /// [`Terms::widen`] of the (term, length) pairs asked about.
+    widened: FxHashMap<(Id, u32), Id>,
     /// The shortest yield of each rule of a grammar with recursion ([`Terms::settle_rules`]).
     rule_mins: Vec<u32>,
 }
@@ -120,6 +124,8 @@ impl Terms {
             spine: Vec::new(),
             universe: NOTHING,
             min_lens: FxHashMap::default(),
+            horizons: FxHashMap::default(),
+            widened: FxHashMap::default(),
             rule_mins: Vec::new(),
         };
         t.intern(Node::Nothing);
@@ -439,6 +445,91 @@ impl Terms {
         };
         memo.insert(e, v);
         v
+    }
+
+    /// The length below which [`Terms::widen`] changes `e`: 0 where it never does (no counted
+    /// repetition outside an `And` or a `Not`). Memoized.
+    pub(crate) fn horizon(&mut self, e: Id) -> u32 {
+        if let Some(&v) = self.horizons.get(&e) {
+            return v;
+        }
+        let v = match self.nodes[e as usize].clone() {
+            Node::Nothing | Node::Empty | Node::Bytes(_) | Node::And(_) | Node::Not(_) => 0,
+            Node::Ref(_) => 0,
+            Node::Concat(..) => {
+                let (mut v, mut x) = (0, e);
+                while let Node::Concat(h, t) = self.nodes[x as usize] {
+                    v = v.max(self.horizon(h));
+                    x = t;
+                }
+                v.max(self.horizon(x))
+            }
+            Node::Or(xs) => xs.iter().map(|&x| self.horizon(x)).max().unwrap_or(0),
+            Node::Repeat(x, min, max) => {
+                let max = if max == INF { 0 } else { max };
+                let min = if self.nullable(x) {
+                    0
+                } else {
+                    min.saturating_sub(1)
+                };
+                self.horizon(x).max(max).max(min)
+            }
+        };
+        self.horizons.insert(e, v);
+        v
+    }
+
+    /// `e` with its counted repetitions widened where their bounds cannot show within `h`
+    /// bytes: an upper bound above `h` removed, a lower bound above `h + 1` lowered to `h + 1`
+    /// (for a repeated term that reads at least a byte each time). A string of at most `h`
+    /// bytes can be continued into a string of the language of `e` exactly when it can be
+    /// continued into one of the widened term's: it completes at most `h` repetitions of any
+    /// one repetition, and either bound only decides counts past that (a repetition of at most
+    /// 120 string characters with 40 read allows what one without a bound allows, over the next
+    /// 16 bytes). So a trie subtree of height `h` has the same allowed tokens from both, and the
+    /// states of a long counted repetition (a JSON string's `maxLength`) share one walk of it
+    /// ([`crate::Grammar`]'s subtree walks). `And` and `Not` are left as they are: what their
+    /// parts allow together depends on their lengths past `h`. Memoized.
+    pub(crate) fn widen(&mut self, e: Id, h: u32) -> Id {
+        if self.horizon(e) <= h {
+            return e;
+        }
+        if let Some(&x) = self.widened.get(&(e, h)) {
+            return x;
+        }
+        let out = match self.nodes[e as usize].clone() {
+            Node::Concat(..) => {
+                let mut heads = Vec::new();
+                let mut x = e;
+                while let Node::Concat(a, t) = self.nodes[x as usize] {
+                    heads.push(a);
+                    x = t;
+                }
+                let mut acc = self.widen(x, h);
+                for &a in heads.iter().rev() {
+                    let a = self.widen(a, h);
+                    acc = self.concat(a, acc);
+                }
+                acc
+            }
+            Node::Or(xs) => {
+                let items: Vec<Id> = xs.iter().map(|&x| self.widen(x, h)).collect();
+                self.or(&items)
+            }
+            Node::Repeat(x, min, max) => {
+                let min = if !self.nullable(x) && min > h.saturating_add(1) {
+                    h + 1
+                } else {
+                    min
+                };
+                let max = if max > h { INF } else { max };
+                let x = self.widen(x, h);
+                self.repeat(x, min, max)
+            }
+            _ => e,
+        };
+        self.widened.insert((e, h), out);
+        out
     }
 
     /// Computes each rule's shortest yield (`bodies[r]` is rule `r`'s body) as the least fixpoint
@@ -782,5 +873,87 @@ impl Terms {
             n = fresh as usize;
         }
         (class, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `w` can still be continued into a string of `e`'s language.
+    fn live(terms: &mut Terms, e: Id, w: &[u8]) -> bool {
+        let (class, n) = terms.byte_classes();
+        let mut reps = vec![0u8; n];
+        for b in (0..=255u8).rev() {
+            reps[class[b as usize] as usize] = b;
+        }
+        let mut x = e;
+        for &b in w {
+            x = terms.deriv_row(x, &reps)[class[b as usize] as usize];
+            if x == NOTHING {
+                return false;
+            }
+        }
+        !terms.is_void(x, &reps, 1_000_000).0
+    }
+
+    /// Every string of at most `h` bytes over `alphabet`.
+    fn strings(alphabet: &[u8], h: usize) -> Vec<Vec<u8>> {
+        let mut out = vec![Vec::new()];
+        let mut last = vec![Vec::new()];
+        for _ in 0..h {
+            last = last
+                .iter()
+                .flat_map(|w: &Vec<u8>| {
+                    alphabet.iter().map(move |&b| [w.as_slice(), &[b]].concat())
+                })
+                .collect();
+            out.extend(last.iter().cloned());
+        }
+        out
+    }
+
+    /// [`Terms::widen`] keeps which strings of at most `h` bytes are live, for every `h` and
+    /// every string over the patterns' bytes (both bounds at, just past and far past `h`, nested
+    /// repetitions, repetitions after a prefix, and an intersection it must leave alone), and
+    /// changes the term where a bound is past `h` (so the check is not vacuous).
+    #[test]
+    fn widening_keeps_the_strings_a_subtree_of_that_height_can_read() {
+        let patterns = [
+            "a{5,9}b",
+            "a{0,3}b",
+            "(?:ab|c){2,7}b?",
+            "x(?:a{1,4}b){3,6}c",
+            "(?:a|bc){6}a{0,2}",
+            "a{0,12}(?:b|c{2,5})",
+            "(?:a{2,3}|b){4,}c",
+            "a{0,3}b{0,9}c",
+            "a{3,4}b{0,9}",
+            "(?:ba{0,9}){0,3}c",
+        ];
+        let alphabet = b"abcx";
+        let mut widened = 0;
+        for p in patterns {
+            let mut terms = Terms::new();
+            let e = crate::parse::parse(&mut terms, p, false).unwrap();
+            let inter = {
+                let other = crate::parse::parse(&mut terms, "[ab]{0,10}", false).unwrap();
+                terms.and(&[e, other])
+            };
+            for h in 0..=6u32 {
+                let w = terms.widen(e, h);
+                widened += (w != e) as usize;
+                assert_eq!(terms.widen(inter, h), inter, "{p} at {h}: an intersection");
+                for s in strings(alphabet, h as usize) {
+                    assert_eq!(
+                        live(&mut terms, e, &s),
+                        live(&mut terms, w, &s),
+                        "{p} widened at {h}: {:?}",
+                        String::from_utf8_lossy(&s)
+                    );
+                }
+            }
+        }
+        assert!(widened >= 20, "only {widened} widenings changed a term");
     }
 }

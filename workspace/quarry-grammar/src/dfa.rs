@@ -41,7 +41,7 @@ use crate::deriv::{Id, Terms, EMPTY, NOTHING};
 /// No transition: the byte leads outside the language.
 pub(crate) const DEAD: u32 = u32::MAX;
 /// A row slot not computed yet.
-const UNKNOWN: u32 = u32::MAX - 1;
+pub(crate) const UNKNOWN: u32 = u32::MAX - 1;
 
 /// Why the DFA stopped growing ([`LazyDfa::overflow`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +102,8 @@ struct Inner {
     term_of: Vec<Id>,
     /// The pushdown layer, for grammars with recursion (then `state_of`/`term_of` are unused).
     pda: Option<Pda>,
+    /// Each widened term ([`LazyDfa::widened`]) and the first state widened to it.
+    widened_from: FxHashMap<Id, u32>,
 }
 
 /// The bottom of every stack: the node below the root's frame.
@@ -430,6 +432,7 @@ impl LazyDfa {
                 term_of: vec![root],
                 terms,
                 pda: None,
+                widened_from: FxHashMap::default(),
             }),
             max_states: max_states.max(1),
             max_terms,
@@ -513,6 +516,56 @@ impl LazyDfa {
             Some(pda) => pda.configs[0].is_empty(),
             None => inner.term_of[0] == NOTHING || inner.terms.known_void(inner.term_of[0]),
         }
+    }
+
+    /// [`Terms::horizon`] of state `s`'s term: the subtree heights below which [`LazyDfa::widened`]
+    /// gives another state. 0 for a pushdown configuration (never widened). Takes the term
+    /// store's lock: callers cache it per state ([`crate::Grammar`]).
+    pub(crate) fn horizon(&self, s: u32) -> u32 {
+        let mut guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let Inner {
+            terms,
+            term_of,
+            pda,
+            ..
+        } = &mut *guard;
+        match pda {
+            Some(_) => 0,
+            None => terms.horizon(term_of[s as usize]),
+        }
+    }
+
+    /// The state of [`Terms::widen`] of `s`'s term by `h`: from it, every byte string of at
+    /// most `h` bytes is live exactly when it is from `s`. `s` itself where that term is `s`'s,
+    /// where no other state has widened to it yet (a state is made only where two share it: the
+    /// second one, and every one after it, gets it), for a pushdown configuration, or past half of
+    /// `max_states` or `max_terms` (the states it adds only save work, so they never take the
+    /// room of the states a walk needs).
+    pub(crate) fn widened(&self, s: u32, h: u32) -> u32 {
+        let mut guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let Inner {
+            terms,
+            state_of,
+            term_of,
+            pda,
+            widened_from,
+        } = &mut *guard;
+        if pda.is_some() || 2 * term_of.len() >= self.max_states || 2 * terms.len() > self.max_terms
+        {
+            return s;
+        }
+        let w = terms.widen(term_of[s as usize], h);
+        if *widened_from.entry(w).or_insert(s) == s {
+            return s;
+        }
+        if let Some(&t) = state_of.get(&w) {
+            return t;
+        }
+        let t = term_of.len() as u32;
+        term_of.push(w);
+        state_of.insert(w, t);
+        self.publish(t, terms.nullable(w));
+        t
     }
 
     /// The state of `s`'s configuration with every parent set replaced by the bottom of the

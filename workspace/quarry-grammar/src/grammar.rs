@@ -1,11 +1,13 @@
 //! Compiling a constraint to a byte DFA, and the per-state token masks and forced bytes cached in it.
 
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+
+use rustc_hash::FxHashMap;
 
 use crate::cfg::{Prepared, Rules};
 use crate::deriv::Terms;
-use crate::dfa::{Grow, LazyDfa, Overflow, DEAD};
+use crate::dfa::{Grow, LazyDfa, Overflow, DEAD, UNKNOWN};
 use crate::error::GrammarError;
 use crate::limits::Limits;
 use crate::loops::{ByteSet, Lookup, LoopIndex, LoopKey, Part, Trie};
@@ -298,6 +300,12 @@ pub struct Grammar {
     text_loops: Grow<OnceLock<Option<TextEntry>>>,
     /// Per state: the bytes that lead back to it ([`Grammar::through_loop`]).
     loop_sets: Grow<OnceLock<ByteSet>>,
+    /// Per state whose [`LazyDfa::horizon`] is not 0: [`LazyDfa::widened`] by each subtree
+    /// height below it, once asked ([`Grammar::shared_subtree`]).
+    widened: Grow<OnceLock<Option<Box<[AtomicU32]>>>>,
+    /// The allowed tokens below a trie node from a widened state ([`Grammar::shared_subtree`]):
+    /// `(node, state)` to runs of the vocabulary trie's token positions.
+    subtrees: RwLock<SubtreeCache>,
     /// Whether mask walks use loop regions: in a grammar with recursion, where one loop is
     /// reached from many contexts. A regular grammar reaches each state once per compile, and
     /// recording a region's index on that first walk cost more than it saved (the e-mail regex's
@@ -411,6 +419,8 @@ impl Grammar {
             returns: Grow::new(1, OnceLock::new),
             text_loops: Grow::new(1, OnceLock::new),
             loop_sets: Grow::new(1, OnceLock::new),
+            widened: Grow::new(1, OnceLock::new),
+            subtrees: RwLock::new(SubtreeCache::default()),
             loop_regions: dfa.is_context_free(),
             group_classes: Self::group_classes(&dfa),
             dfa,
@@ -430,6 +440,16 @@ impl Grammar {
 
     pub fn vocabulary(&self) -> &Arc<Vocabulary> {
         &self.vocab
+    }
+
+    /// Subtree walks kept for the states of long counted repetitions to share (see
+    /// [`Limits::max_shared_subtrees`]).
+    pub fn shared_subtree_walks(&self) -> usize {
+        self.subtrees
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .runs
+            .len()
     }
 
     /// DFA states built so far. The DFA grows as it is used; [`Grammar::explore`] builds all of it.
@@ -902,15 +922,99 @@ impl Grammar {
                 // Every path below stays in the language: the whole subtree is allowed.
                 set_tokens(mask, trie, n.tokens_end, n.subtree_tokens_end);
                 i = n.subtree_end as usize;
-            } else if self.loop_regions
-                && self.through_loop(mask, trie, i, next, at, points.as_deref_mut())
+            } else if (points.is_none() && self.shared_subtree(mask, trie, i, next))
+                || (self.loop_regions
+                    && self.through_loop(mask, trie, i, next, at, points.as_deref_mut()))
             {
+                // Added from a walk shared with other states, or through a loop region.
                 i = n.subtree_end as usize;
             } else {
                 at.states[d] = next;
                 i += 1;
             }
         }
+    }
+
+    /// Adds the tokens below trie node `n` allowed from `x`, the state there, by the walk below
+    /// `n` from [`LazyDfa::widened`]`(x, height of n)`, which every state that widens to the same
+    /// state shares: a string's `maxLength` of 120 gives about 120 states, one per character
+    /// read, and with the vocabulary's subtrees mostly a few bytes high, most of them widen to
+    /// the state of a string without a bound there, so a subtree is walked once for all of
+    /// them instead of once per state (a mask of such a state walked most of the trie: ~3 ms at
+    /// 152k tokens). The walk's result is kept as runs of trie positions, for subtrees of the
+    /// vocabulary's trie with at least [`MIN_SHARED_SUBTREE`] tokens, up to
+    /// [`Limits::max_shared_subtrees`] of them. `false` (nothing done) where `x` does not widen
+    /// at that height, the subtree is smaller, or the trie is another one.
+    fn shared_subtree(&self, mask: &mut [u32], trie: &TokenTrie, n: usize, x: u32) -> bool {
+        let node = &trie.nodes[n];
+        if node.subtree_tokens_end - node.tokens_end < MIN_SHARED_SUBTREE
+            || self.limits.max_shared_subtrees == 0
+            || !std::ptr::eq(trie, self.vocab.trie())
+        {
+            return false;
+        }
+        let height = node.height as usize;
+        let widened = self.widened.at(x as usize).get_or_init(|| {
+            let horizon = self.dfa.horizon(x) as usize;
+            (horizon > 0).then(|| {
+                (0..horizon.min(trie.max_depth + 1))
+                    .map(|_| AtomicU32::new(UNKNOWN))
+                    .collect()
+            })
+        });
+        let Some(cell) = widened.as_ref().and_then(|w| w.get(height)) else {
+            return false;
+        };
+        let w = match cell.load(Ordering::Relaxed) {
+            UNKNOWN => {
+                let w = self.dfa.widened(x, height as u32);
+                cell.store(w, Ordering::Relaxed);
+                w
+            }
+            w => w,
+        };
+        if w == x {
+            return false;
+        }
+        let key = (n as u32, w);
+        let cached = self
+            .subtrees
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .runs
+            .get(&key)
+            .cloned();
+        let runs = match cached {
+            Some(runs) => runs,
+            None => {
+                let mut below = vec![0u32; mask.len()];
+                self.walk(&mut below, w, trie, n, None);
+                let mut runs: Vec<(u32, u32)> = Vec::new();
+                for p in node.tokens_end..node.subtree_tokens_end {
+                    let t = trie.token_ids[p as usize];
+                    if below[t as usize / 32] >> (t % 32) & 1 == 1 {
+                        match runs.last_mut() {
+                            Some(r) if r.1 == p => r.1 = p + 1,
+                            _ => runs.push((p, p + 1)),
+                        }
+                    }
+                }
+                let runs: TokenRuns = runs.into();
+                let mut cache = self
+                    .subtrees
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if cache.held + runs.len() <= self.limits.max_shared_subtrees {
+                    cache.held += runs.len();
+                    cache.runs.insert(key, runs.clone());
+                }
+                runs
+            }
+        };
+        for &(first, end) in runs.iter() {
+            set_tokens(mask, trie, first, end);
+        }
+        true
     }
 
     /// Where `x`, the state at trie node `n`, loops on a set of bytes: adds the tokens below `n`
@@ -1148,6 +1252,21 @@ struct Path {
     top: usize,
     states: Vec<u32>,
     bytes: Vec<u8>,
+}
+
+/// The fewest tokens below a trie node for [`Grammar::shared_subtree`] to keep its walk: a
+/// lookup costs about what walking a dozen nodes does.
+const MIN_SHARED_SUBTREE: u32 = 64;
+
+/// Runs `first..end` of a trie's token positions.
+type TokenRuns = Arc<[(u32, u32)]>;
+
+/// [`Grammar::shared_subtree`]'s walks, and the runs they hold in all.
+#[derive(Debug, Default)]
+struct SubtreeCache {
+    /// `(trie node, widened state)` to its allowed tokens below the node.
+    runs: FxHashMap<(u32, u32), TokenRuns>,
+    held: usize,
 }
 
 /// Adds `trie.token_ids[first..end]` to `mask`.

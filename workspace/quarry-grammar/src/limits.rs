@@ -47,6 +47,11 @@ pub struct Limits {
     /// ([`crate::fits`]). Default 64 MiB (about 400 states' tables at a 152k-token vocabulary);
     /// past it the draw again walks the tokens (same result, slower).
     pub max_fit_table_bytes: usize,
+    /// Runs of allowed tokens a grammar may keep from the mask walks that states of long
+    /// counted repetitions share (a string's `maxLength`: [`crate::Grammar`]'s subtree walks);
+    /// 8 bytes each. Default 1 million (8 MiB); past it such walks are not kept (the same masks,
+    /// slower). 0 turns the sharing off.
+    pub max_shared_subtrees: usize,
     /// Wall-clock bound on compiling (translating a schema and parsing the regex). Default 5 s.
     pub compile_time: std::time::Duration,
     /// Speed only, not a bound: a mask walk of a grammar with recursion that reaches a state
@@ -69,6 +74,7 @@ impl Default for Limits {
             max_forced_bytes: 4096,
             max_completion_search: 20_000,
             max_fit_table_bytes: 64 << 20,
+            max_shared_subtrees: 1 << 20,
             compile_time: std::time::Duration::from_secs(5),
             min_loop_region: 256,
         }

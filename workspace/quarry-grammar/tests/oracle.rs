@@ -113,6 +113,41 @@ fn masks_and_forced_bytes_match_the_oracle_on_gemma3() {
     );
 }
 
+/// Long counted repetitions (a JSON string's `maxLength`, a list's `maxItems`), whose states
+/// share the walks of the vocabulary's subtrees ([`quarry_grammar::Limits::max_shared_subtrees`]):
+/// every mask still equals the oracle's, on SmolLM2's vocabulary and on Llama 3's (long
+/// whitespace runs, and byte-level pieces of multi-byte characters), with walks that end
+/// strings at every count; and the walks are shared (some are kept), so the test is about them.
+#[test]
+fn masks_of_long_counted_repetitions_match_the_oracle() {
+    let patterns: Vec<String> = vec![
+        // A string body of at most 120 characters, then a field of at most 40.
+        r#""(?:[^"\\\x00-\x1f]|\\["\\nt]){0,120}","b":"[a-zé ]{1,40}"\}"#.into(),
+        // A lower bound past every subtree's height, and one repetition inside another.
+        r"(?:ab|[0-9]|x ){30,50}!(?:[a-z]{1,20} ){2,30}\.".into(),
+        r"(?:[^,]{1,64},){1,8}[0-9]{3,90}".into(),
+        r"[a-z]{12,40} [a-z]{1,8}".into(),
+    ];
+    for file in [
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "hub-tokenizers/llama3/vocab.gguf",
+    ] {
+        let vocab = vocab::model_vocab(file);
+        check_walks(&vocab, &patterns, 17, 3, 40);
+        let c = Constraint::Regex(patterns[0].clone());
+        let g = Arc::new(Grammar::compile(&c, vocab.clone(), Limits::default()).unwrap());
+        let mut m = Matcher::new(g.clone());
+        m.accept_bytes(b"\"ab").unwrap();
+        m.mask();
+        m.accept_bytes(b"c").unwrap();
+        m.mask();
+        assert!(
+            g.shared_subtree_walks() > 0,
+            "{file}: no subtree walk was shared"
+        );
+    }
+}
+
 /// Llama 3's real vocabulary (128,256 tokens, tiktoken's long whitespace and code runs), as the
 /// Hub's tokenizer written as a GGUF by `tests/fixtures/hub_vocab.py` in `make test`'s set-up.
 #[test]

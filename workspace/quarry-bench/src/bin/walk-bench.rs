@@ -1,0 +1,247 @@
+//! `walk-bench`: token masks along whole records of a JSON Schema, quarry against llguidance, in
+//! one run on the same vocabulary and the same token sequences. The records are random walks:
+//! each step takes the smallest allowed token one time in three and a random allowed one
+//! otherwise (what `overlap-bench`'s device double draws), so strings run to their `maxLength`
+//! and every grammar state a bounded string has is visited. Each engine then replays the same
+//! sequences from a fresh compile, timing every mask: the total is what a batch of that many
+//! documents costs the host before the masks are warm, which is when an engine on a GPU waits for
+//! them. quarry runs twice, with its shared subtree walks (the default) and without them
+//! (`Limits::max_shared_subtrees = 0`), so the table also gives that change's effect. Prints a
+//! table and writes JSON (see `BENCHMARKS.md`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use quarry_bench::median;
+use quarry_bench::peers::{Llguidance, Peer, Quarry, Spec, Walker};
+use quarry_bench::ModelVocab;
+use quarry_grammar::{Constraint, Grammar, Limits, SchemaOptions, Vocabulary};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+#[command(about = "Masks along random records of a schema: quarry vs llguidance")]
+struct Args {
+    /// GGUF files whose vocabularies are used, one run each (Llama 3's 128k vocabulary is
+    /// `models/hub-tokenizers/llama3/vocab.gguf` once `make test`'s set-up has written it).
+    #[arg(long, default_values = [
+        "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    ])]
+    model: Vec<PathBuf>,
+    #[arg(long, default_value = "schemas/debian-package.json")]
+    schema: PathBuf,
+    /// Records per run.
+    #[arg(long, default_value_t = 64)]
+    docs: usize,
+    /// Tokens a record may take at most.
+    #[arg(long, default_value_t = 160)]
+    max_tokens: usize,
+    /// Runs per engine (fresh compiles); medians are reported.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// quarry's grammar with the given limits.
+fn quarry_grammar(vocab: &Arc<Vocabulary>, schema: &Value, limits: Limits) -> Result<Arc<Grammar>> {
+    let c = Constraint::JsonSchema {
+        schema: schema.clone(),
+        options: SchemaOptions::default(),
+    };
+    Ok(Arc::new(Grammar::compile(&c, vocab.clone(), limits)?))
+}
+
+/// `docs` random records (token ids), drawn from the tokens both engines allow (llguidance
+/// refuses DEL, U+007F, inside a JSON string, which JSON allows and quarry does too).
+fn records(
+    vocab: &Arc<Vocabulary>,
+    schema: &Value,
+    llg: &Llguidance,
+    args: &Args,
+) -> Result<Vec<Vec<u32>>> {
+    let g = quarry_grammar(vocab, schema, Limits::default())?;
+    let peer = llg.compile_spec(&Spec::Schema(schema.clone()))?;
+    let mut mask = vec![0u32; vocab.mask_words()];
+    let mut peer_mask = mask.clone();
+    let mut allowed = Vec::with_capacity(vocab.len());
+    let mut h: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut out = Vec::with_capacity(args.docs);
+    for _ in 0..args.docs {
+        let mut m = quarry_grammar::Matcher::new(g.clone());
+        let mut p = peer.walker()?;
+        let mut ids = Vec::new();
+        while ids.len() < args.max_tokens && !m.is_finished() {
+            m.fill_mask(&mut mask);
+            p.fill_mask(&mut peer_mask);
+            for (a, b) in mask.iter_mut().zip(&peer_mask) {
+                *a &= b;
+            }
+            allowed.clear();
+            allowed.extend(
+                (0..vocab.len() as u32)
+                    .filter(|&i| mask[i as usize / 32] >> (i % 32) & 1 == 1 && !vocab.is_eos(i)),
+            );
+            if allowed.is_empty() {
+                break;
+            }
+            h = h
+                .wrapping_mul(0x5851_F42D_4C95_7F2D)
+                .wrapping_add(0x1405_7B7E_F767_814F);
+            let id = if h >> 60 < 5 {
+                allowed[0]
+            } else {
+                allowed[(h >> 20) as usize % allowed.len()]
+            };
+            m.accept_token(id)?;
+            if !p.accept(id) {
+                bail!("llguidance refused token {id}, which its mask allowed");
+            }
+            ids.push(id);
+        }
+        out.push(ids);
+    }
+    Ok(out)
+}
+
+/// Replays `records` through fresh walkers, timing each mask (µs).
+fn replay<'a>(
+    mut walker: impl FnMut() -> Result<Box<dyn Walker + 'a>>,
+    records: &[Vec<u32>],
+    words: usize,
+) -> Result<Vec<f64>> {
+    let mut mask = vec![0u32; words];
+    let mut times = Vec::new();
+    for (r, ids) in records.iter().enumerate() {
+        let mut w = walker()?;
+        for (i, &id) in ids.iter().enumerate() {
+            let t = Instant::now();
+            w.fill_mask(&mut mask);
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+            if mask[id as usize / 32] >> (id % 32) & 1 == 0 || !w.accept(id) {
+                bail!("record {r}: token {i} ({id}) refused on replay");
+            }
+        }
+    }
+    Ok(times)
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(&args.schema)?)?;
+    let spec = Spec::Schema(schema.clone());
+    let mut results = Vec::new();
+    println!(
+        "{:<40} {:<23} {:>6} {:>10} {:>8} {:>9} {:>9}  {:>13}",
+        "vocabulary", "engine", "masks", "total ms", "p50 µs", "p99 µs", "max µs", "÷ llguidance"
+    );
+    for path in &args.model {
+        let mv = ModelVocab::load(path)?;
+        let vocab = mv.vocab.clone();
+        let words = vocab.mask_words();
+        let llg = Llguidance::new(&vocab)?;
+        let recs = records(&vocab, &schema, &llg, &args)?;
+        let quarry = Quarry {
+            vocab: vocab.clone(),
+            eager: false,
+        };
+        let engines = ["quarry", "quarry, no shared walks", "llguidance"];
+        let mut runs: Vec<Vec<Vec<f64>>> = vec![Vec::new(); engines.len()];
+        for _ in 0..args.repeats {
+            for (e, run) in runs.iter_mut().enumerate() {
+                let times = match e {
+                    0 => {
+                        let c = quarry.compile_spec(&spec)?;
+                        replay(|| c.walker(), &recs, words)?
+                    }
+                    1 => {
+                        let limits = Limits {
+                            max_shared_subtrees: 0,
+                            ..Limits::default()
+                        };
+                        let g = quarry_grammar(&vocab, &schema, limits)?;
+                        replay(
+                            || Ok(Box::new(quarry_grammar::Matcher::new(g.clone()))),
+                            &recs,
+                            words,
+                        )?
+                    }
+                    _ => {
+                        let c = llg.compile_spec(&spec)?;
+                        replay(|| c.walker(), &recs, words)?
+                    }
+                };
+                run.push(times);
+            }
+        }
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |f| f.to_string_lossy().into_owned(),
+        );
+        let summary: Vec<Value> = runs
+            .iter()
+            .map(|reps| {
+                let q = |f: &dyn Fn(&[f64]) -> f64| {
+                    median(
+                        reps.iter()
+                            .map(|t| {
+                                let mut s = t.clone();
+                                s.sort_by(f64::total_cmp);
+                                f(&s)
+                            })
+                            .collect(),
+                    )
+                };
+                json!({
+                    "masks": reps[0].len(),
+                    "total_ms": q(&|s| s.iter().sum::<f64>() / 1e3),
+                    "p50_us": q(&|s| s[s.len() / 2]),
+                    "p99_us": q(&|s| s[s.len() * 99 / 100]),
+                    "max_us": q(&|s| s[s.len() - 1]),
+                })
+            })
+            .collect();
+        let llg_total = summary[2]["total_ms"].as_f64().unwrap_or(0.0);
+        for (engine, s) in engines.iter().zip(&summary) {
+            let total = s["total_ms"].as_f64().unwrap_or(0.0);
+            println!(
+                "{:<40} {:<23} {:>6} {:>10.1} {:>8.1} {:>9.0} {:>9.0}  {:>13.2}",
+                name,
+                engine,
+                s["masks"],
+                total,
+                s["p50_us"].as_f64().unwrap_or(0.0),
+                s["p99_us"].as_f64().unwrap_or(0.0),
+                s["max_us"].as_f64().unwrap_or(0.0),
+                total / llg_total
+            );
+        }
+        results.push(json!({
+            "vocabulary": name,
+            "tokens": vocab.len(),
+            "records": recs.len(),
+            "engines": engines.iter().zip(&summary).map(|(e, s)| json!({"engine": e, "median": s})).collect::<Vec<_>>(),
+            "total_ms_per_run": runs
+                .iter()
+                .map(|reps| reps.iter().map(|t| t.iter().sum::<f64>() / 1e3).collect::<Vec<_>>())
+                .collect::<Vec<_>>(),
+        }));
+    }
+    if let Some(out) = &args.out {
+        std::fs::write(
+            out,
+            serde_json::to_string_pretty(&json!({
+                "bench": "walk-bench",
+                "schema": args.schema,
+                "docs": args.docs,
+                "max_tokens": args.max_tokens,
+                "repeats": args.repeats,
+                "results": results,
+            }))?,
+        )?;
+    }
+    Ok(())
+}
