@@ -498,20 +498,7 @@ impl Terms {
             return x;
         }
         let out = match self.nodes[e as usize].clone() {
-            Node::Concat(..) => {
-                let mut heads = Vec::new();
-                let mut x = e;
-                while let Node::Concat(a, t) = self.nodes[x as usize] {
-                    heads.push(a);
-                    x = t;
-                }
-                let mut acc = self.widen(x, h);
-                for &a in heads.iter().rev() {
-                    let a = self.widen(a, h);
-                    acc = self.concat(a, acc);
-                }
-                acc
-            }
+            Node::Concat(..) => self.map_concat(e, &mut |terms, x| terms.widen(x, h)),
             Node::Or(xs) => {
                 let items: Vec<Id> = xs.iter().map(|&x| self.widen(x, h)).collect();
                 self.or(&items)
@@ -628,6 +615,23 @@ impl Terms {
         !self.ref_row(e).is_empty()
     }
 
+    /// The concatenation `e` with `f` applied to each of its parts, rebuilt: along the spine,
+    /// iteratively (literals make long ones), the last part first.
+    fn map_concat(&mut self, e: Id, f: &mut dyn FnMut(&mut Self, Id) -> Id) -> Id {
+        let mut heads = Vec::new();
+        let mut x = e;
+        while let Node::Concat(h, t) = self.nodes[x as usize] {
+            heads.push(h);
+            x = t;
+        }
+        let mut acc = f(self, x);
+        for &h in heads.iter().rev() {
+            let h = f(self, h);
+            acc = self.concat(h, acc);
+        }
+        acc
+    }
+
     /// `e` with every reference to a rule `r` for which `f(r)` is `Some(x)` replaced by `x`
     /// (memoized in `memo` across calls with the same `f`).
     pub(crate) fn substitute(
@@ -642,21 +646,7 @@ impl Terms {
         let out = match self.nodes[e as usize].clone() {
             Node::Nothing | Node::Empty | Node::Bytes(_) | Node::And(_) | Node::Not(_) => e,
             Node::Ref(r) => f(r).unwrap_or(e),
-            Node::Concat(..) => {
-                // Along the spine iteratively: literals make long ones.
-                let mut heads = Vec::new();
-                let mut x = e;
-                while let Node::Concat(h, t) = self.nodes[x as usize] {
-                    heads.push(h);
-                    x = t;
-                }
-                let mut acc = self.substitute(x, f, memo);
-                for &h in heads.iter().rev() {
-                    let h = self.substitute(h, f, memo);
-                    acc = self.concat(h, acc);
-                }
-                acc
-            }
+            Node::Concat(..) => self.map_concat(e, &mut |terms, x| terms.substitute(x, f, memo)),
             Node::Or(xs) => {
                 let items: Vec<Id> = xs.iter().map(|&x| self.substitute(x, f, memo)).collect();
                 self.or(&items)

@@ -230,18 +230,16 @@ fn main() -> Result<()> {
                 .collect::<Vec<_>>(),
         }));
     }
+    let doc = json!({
+        "bench": "walk-bench",
+        "schema": args.schema,
+        "docs": args.docs,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "results": results,
+    });
     if let Some(out) = &args.out {
-        std::fs::write(
-            out,
-            serde_json::to_string_pretty(&json!({
-                "bench": "walk-bench",
-                "schema": args.schema,
-                "docs": args.docs,
-                "max_tokens": args.max_tokens,
-                "repeats": args.repeats,
-                "results": results,
-            }))?,
-        )?;
+        std::fs::write(out, serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())
 }
