@@ -887,22 +887,6 @@ mod tests {
         !terms.is_void(x, &reps, 1_000_000).0
     }
 
-    /// Every string of at most `h` bytes over `alphabet`.
-    fn strings(alphabet: &[u8], h: usize) -> Vec<Vec<u8>> {
-        let mut out = vec![Vec::new()];
-        let mut last = vec![Vec::new()];
-        for _ in 0..h {
-            last = last
-                .iter()
-                .flat_map(|w: &Vec<u8>| {
-                    alphabet.iter().map(move |&b| [w.as_slice(), &[b]].concat())
-                })
-                .collect();
-            out.extend(last.iter().cloned());
-        }
-        out
-    }
-
     /// [`Terms::widen`] keeps which strings of at most `h` bytes are live, for every `h` and
     /// every string over the patterns' bytes (both bounds at, just past and far past `h`, nested
     /// repetitions, repetitions after a prefix, and an intersection it must leave alone), and
@@ -934,7 +918,7 @@ mod tests {
                 let w = terms.widen(e, h);
                 widened += (w != e) as usize;
                 assert_eq!(terms.widen(inter, h), inter, "{p} at {h}: an intersection");
-                for s in strings(alphabet, h as usize) {
+                for s in crate::testing::words(alphabet, h as usize) {
                     assert_eq!(
                         live(&mut terms, e, &s),
                         live(&mut terms, w, &s),

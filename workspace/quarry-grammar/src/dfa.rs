@@ -523,16 +523,11 @@ impl LazyDfa {
     /// store's lock: callers cache it per state ([`crate::Grammar`]).
     pub(crate) fn horizon(&self, s: u32) -> u32 {
         let mut guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let Inner {
-            terms,
-            term_of,
-            pda,
-            ..
-        } = &mut *guard;
-        match pda {
-            Some(_) => 0,
-            None => terms.horizon(term_of[s as usize]),
+        let inner = &mut *guard;
+        if inner.pda.is_some() {
+            return 0;
         }
+        inner.terms.horizon(inner.term_of[s as usize])
     }
 
     /// The state of [`Terms::widen`] of `s`'s term by `h`: from it, every byte string of at

@@ -78,6 +78,8 @@ mod loops;
 mod matcher;
 mod parse;
 pub mod schema;
+#[cfg(test)]
+mod testing;
 mod vocab;
 
 pub use error::{GrammarError, RegexError, Rejection};

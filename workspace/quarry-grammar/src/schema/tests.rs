@@ -446,16 +446,10 @@ fn json_pointers_and_the_ascii_forms_of_iri_and_idn_email() {
 /// Every string of at most `max` characters from `alphabet`.
 fn words(alphabet: &str, max: usize) -> Vec<String> {
     let chars: Vec<char> = alphabet.chars().collect();
-    let mut words = vec![String::new()];
-    let mut last = words.clone();
-    for _ in 0..max {
-        last = last
-            .iter()
-            .flat_map(|w| chars.iter().map(move |c| format!("{w}{c}")))
-            .collect();
-        words.extend(last.iter().cloned());
-    }
-    words
+    crate::testing::words(&chars, max)
+        .into_iter()
+        .map(String::from_iter)
+        .collect()
 }
 
 /// Look-aheads at the top level of a pattern and anchors on each branch of an alternation: every
