@@ -163,8 +163,18 @@ pub struct EngineStats {
     /// drew again from the tokens that fit (`docs/budget.md`).
     pub budget_redraws: u64,
     /// Time in the budget's checks of drawn tokens and its draws again: the host's cost of
-    /// records that always close.
+    /// records that always close (what the step waits for; the masks of the tokens that fit
+    /// filled beside the pass are in `mask_s`).
     pub budget_s: f64,
+    /// Masks of the tokens that fit filled beside the forward pass, for sequences whose tokens
+    /// left are no more than their state's shortest completion (where almost every draw again
+    /// happens), and how many draws again took theirs instead of walking after the draw.
+    pub budget_fits_beside: u64,
+    pub budget_redraws_beside: u64,
+    /// Draws again whose token did not fit either (a logit processor's ban or a `uniqueItems`
+    /// tracker kept no token that fits, `docs/budget.md`): the completion's first token was
+    /// taken in its place. 0 where the masks of the tokens that fit are right.
+    pub budget_replaced: u64,
     /// Sequences sent back to the queue because the pool ran out of pages.
     pub retracted: u64,
     pub completed: u64,
@@ -251,6 +261,12 @@ pub struct Engine {
     /// steps.
     redraw: Draws,
     redraw_masks: Vec<u32>,
+    /// Per regular mask of the step, the tokens that fit the budget, filled beside the pass
+    /// where the budget is tight ([`MaskJob`]), and `(tokens left, tokens kept)` where it was;
+    /// per running sequence, its regular mask's row this step.
+    fit_masks: Vec<u32>,
+    fit_kept: Vec<Option<(usize, usize)>>,
+    fit_row: Vec<Option<usize>>,
     /// Per running sequence, whether the take refused its draw this step (it does not fit the
     /// budget): drawn again.
     over_budget: Vec<bool>,
@@ -267,6 +283,15 @@ struct MaskJob<'a> {
     mask: &'a mut [u32],
     drafts: &'a [u32],
     draft_masks: &'a mut [u32],
+    /// With the budget on and no drafts: the tokens left, and where to put the tokens that fit.
+    fit: Option<FitJob<'a>>,
+}
+
+/// The budget's mask for a draw again, filled ahead ([`MaskJob::fill`]).
+struct FitJob<'a> {
+    left: usize,
+    mask: &'a mut [u32],
+    kept: &'a mut Option<(usize, usize)>,
 }
 
 impl MaskJob<'_> {
@@ -275,7 +300,19 @@ impl MaskJob<'_> {
         if budget {
             // The budget's check after the draw looks up the completions of the states ahead:
             // computing this state's (and the chain it walks) here keeps that off the step.
-            let _ = self.matcher.completion_len();
+            let need = self.matcher.completion_len();
+            // Where the tokens left are no more than the state's shortest completion, only tokens
+            // on a shortest completion fit, and a draw is refused unless it is one: almost every
+            // draw again happens there (BENCHMARKS.md, *Records that always close*). The tokens
+            // that fit are kept here, beside the pass, so that a draw again does not walk them
+            // while the device waits. Where the budget is looser, a draw again walks as before.
+            if let (Some(fit), Some(need)) = (self.fit.as_mut(), need) {
+                if fit.left <= need {
+                    fit.mask.copy_from_slice(self.mask);
+                    let kept = self.matcher.retain_fitting(fit.mask, fit.left);
+                    *fit.kept = Some((fit.left, kept));
+                }
+            }
         }
         if self.drafts.is_empty() {
             return;
@@ -343,6 +380,9 @@ impl Engine {
             taken: Vec::new(),
             redraw: Draws::default(),
             redraw_masks: Vec::new(),
+            fit_masks: Vec::new(),
+            fit_kept: Vec::new(),
+            fit_row: Vec::new(),
             over_budget: Vec::new(),
             bans: Vec::new(),
             freed: Vec::new(),
@@ -858,6 +898,18 @@ impl Engine {
         self.regular_masks = jobs.len();
         let drafts: usize = jobs.iter().map(|j| j.1).sum();
         self.masks.resize((jobs.len() + drafts) * words, 0);
+        let budget = self.cfg.close_within_budget;
+        let context_length = self.model.context_length();
+        self.fit_row.clear();
+        self.fit_row.resize(self.running.len(), None);
+        self.fit_kept.clear();
+        self.fit_kept.resize(jobs.len(), None);
+        if budget {
+            self.fit_masks.resize(jobs.len() * words, 0);
+            for (k, &(seq, _)) in jobs.iter().enumerate() {
+                self.fit_row[seq] = Some(k);
+            }
+        }
         let Engine {
             model,
             pool,
@@ -865,9 +917,14 @@ impl Engine {
             masks,
             running,
             stats,
-            cfg,
+            fit_masks,
+            fit_kept,
             ..
         } = self;
+        let lefts: Vec<usize> = running
+            .iter()
+            .map(|s| s.tokens_left(context_length))
+            .collect();
         // Each sequence split into what the pass reads and the matcher the masks move.
         let mut views = Vec::with_capacity(running.len());
         let mut matchers = Vec::with_capacity(running.len());
@@ -897,19 +954,25 @@ impl Engine {
             })
             .collect();
         let (regular, mut rest) = masks.split_at_mut(jobs.len() * words);
+        let mut fits = fit_masks.chunks_mut(words).zip(fit_kept.iter_mut());
         let mut tasks: Vec<MaskJob> = Vec::with_capacity(jobs.len());
         for (&(seq, d), mask) in jobs.iter().zip(regular.chunks_mut(words)) {
             let (draft_masks, after) = std::mem::take(&mut rest).split_at_mut(d * words);
             rest = after;
             let tokens = views[seq].0;
+            let fit = fits.next().filter(|_| d == 0).map(|(mask, kept)| FitJob {
+                left: lefts[seq],
+                mask,
+                kept,
+            });
             tasks.push(MaskJob {
                 matcher: matchers[seq].take().expect("constrained"),
                 mask,
                 drafts: &tokens[tokens.len() - d..],
                 draft_masks,
+                fit,
             });
         }
-        let budget = cfg.close_within_budget;
         let (fwd, mask_s, wait_s) = std::thread::scope(|scope| {
             let filler = (!tasks.is_empty()).then(|| {
                 scope.spawn(move || {
@@ -930,6 +993,7 @@ impl Engine {
             stats.mask_wait_s += wait_s;
             stats.mask_steps += 1;
             stats.masks_filled += (jobs.len() + drafts) as u64;
+            stats.budget_fits_beside += fit_kept.iter().filter(|k| k.is_some()).count() as u64;
         }
         let fwd = fwd?;
         stats.forward_passes += 1;
@@ -1121,13 +1185,25 @@ impl Engine {
         self.redraw_masks.clear();
         self.redraw_masks.resize(refused.len() * words, 0);
         let running = &self.running;
-        let fit = |(mask, &i): (&mut [u32], &usize)| -> usize {
+        let (fit_masks, fit_kept, fit_row) = (&self.fit_masks, &self.fit_kept, &self.fit_row);
+        let fit = |(mask, &i): (&mut [u32], &usize)| -> (usize, bool) {
             let seq = &running[i];
+            let left = seq.tokens_left(context_length);
+            // Filled beside the pass for this state and these tokens left (the refused draw is
+            // the sequence's own row: it had no drafts), else walked now.
+            let ahead = fit_row[i].and_then(|k| match fit_kept[k] {
+                Some((l, kept)) if l == left => Some((k, kept)),
+                _ => None,
+            });
+            if let Some((k, kept)) = ahead {
+                mask.copy_from_slice(&fit_masks[k * words..(k + 1) * words]);
+                return (kept, true);
+            }
             let m = seq.matcher.as_ref().expect("constrained");
             m.fill_mask(mask);
-            m.retain_fitting(mask, seq.tokens_left(context_length))
+            (m.retain_fitting(mask, left), false)
         };
-        let kept: Vec<usize> = if refused.len() > 1 {
+        let kept: Vec<(usize, bool)> = if refused.len() > 1 {
             self.redraw_masks
                 .par_chunks_mut(words)
                 .zip(refused.par_iter())
@@ -1140,9 +1216,10 @@ impl Engine {
                 .map(fit)
                 .collect()
         };
+        self.stats.budget_redraws_beside += kept.iter().filter(|k| k.1).count() as u64;
         let mut which: Vec<usize> = Vec::new();
         for (k, &i) in refused.iter().enumerate() {
-            if kept[k] == 0 {
+            if kept[k].0 == 0 {
                 // Nothing fits (a `uniqueItems` tracker refused the completion): the draw
                 // stands, and the record may end cut (counted as `length`).
                 continue;
@@ -1184,7 +1261,11 @@ impl Engine {
             };
             let seq = &mut self.running[i];
             match drawn {
-                Ok(id) => taken = taken.add(take(seq, *id, ctx, over).0),
+                Ok(id) => {
+                    let (t, took) = take(seq, *id, ctx, over);
+                    self.stats.budget_replaced += u64::from(took == Took::Replaced);
+                    taken = taken.add(t);
+                }
                 Err(e) => {
                     seq.finish = Some(FinishReason::Error(format!("no token can follow: {e}")))
                 }
@@ -1398,7 +1479,7 @@ fn take(seq: &mut Sequence, id: u32, ctx: &TokenCtx, over: OverBudget) -> (Taken
     let retok_before = seq.stats.retokenized_tokens;
     let took = seq.take_token(id, ctx, over);
     let taken = Taken {
-        sampled: u64::from(took == Took::Taken),
+        sampled: u64::from(took != Took::OverBudget),
         forced: (seq.stats.forced_tokens - forced_before) as u64,
         retokenized: (seq.stats.retokenized_tokens - retok_before) as u64,
     };

@@ -96,6 +96,9 @@ pub enum Took {
     Taken,
     /// Refused under [`OverBudget::Refuse`]; the sequence is unchanged.
     OverBudget,
+    /// It did not fit either under [`OverBudget::First`], and the first token of the state's
+    /// completion was taken in its place.
+    Replaced,
 }
 
 impl Sequence {
@@ -182,6 +185,7 @@ impl Sequence {
             return Took::Taken;
         }
         let mut id = id;
+        let mut took = Took::Taken;
         if self.is_constrained_now() {
             let m = self.matcher.as_ref().expect("constrained");
             // One walk of the token's bytes serves the budget's check and the acceptance.
@@ -194,6 +198,7 @@ impl Sequence {
                         _ => {
                             if let Some(first) = m.completion_first() {
                                 self.budget_shaped = true;
+                                took = Took::Replaced;
                                 id = first;
                                 peeked = m.peek_token(id);
                             }
@@ -219,7 +224,7 @@ impl Sequence {
             self.after_thinking_token(ctx);
         }
         self.after_token(ctx);
-        Took::Taken
+        took
     }
 
     fn push(&mut self, id: u32, tok: &Tokenizer) {

@@ -261,6 +261,11 @@ fn the_adversary_closes_every_record_under_the_budget_and_none_without() {
             "{name}: the adversary was never stopped"
         );
         assert!(e.stats().budget_redraws > 0, "{name}");
+        // Where the tokens left were the state's shortest completion, the tokens that fit were
+        // kept beside the pass, and the draws again took them.
+        assert!(e.stats().budget_redraws_beside > 0, "{name}");
+        // And every draw again drew a token that fits: none had to be replaced.
+        assert_eq!(e.stats().budget_replaced, 0, "{name}");
         // Below the shortest record: refused before decoding, naming both numbers.
         let below: Vec<usize> = (1..shortest).rev().take(3).collect();
         for (c, &n) in e.run_batch(requests(&below)).unwrap().iter().zip(&below) {

@@ -14,13 +14,24 @@
 //! [`crate::Limits::max_fit_table_bytes`] in all; beyond either, the matcher walks the tokens
 //! as before (same result, slower). A table costs one walk of the state's tokens, so it is
 //! built on the second draw again in a state: a state met once is walked once.
+//!
+//! Both walk the vocabulary's byte trie from the state ([`Grammar::for_each_need`]), not each
+//! token's bytes: a prefix that thousands of tokens share is stepped once, and a dead one ends
+//! the walk of everything below it (at 49k tokens about 0.4× the time of the walk of each
+//! token, BENCHMARKS.md, *Records that always close*). [`crate::Matcher::retain_fitting_by_walk`]
+//! keeps the walk of each token as the reference the tests hold both to.
 
 use std::sync::atomic::Ordering;
 
+use crate::dfa::DEAD;
 use crate::grammar::Grammar;
 
 /// Distinct needs a table keeps as masks (the smallest ones).
 pub(crate) const MAX_LEVELS: usize = 8;
+
+/// Tokens below a trie node from which [`Grammar::for_each_need`] tries to take the node's
+/// whole subtree at once.
+const MIN_RUN_TOKENS: u32 = 8;
 
 /// A state's allowed tokens (end of generation and special tokens left out) by the tokens a
 /// shortest completion needs after them.
@@ -61,6 +72,10 @@ impl Grammar {
             }
         }
         cell.get_or_init(|| {
+            if self.fit_bytes.load(Ordering::Relaxed) >= self.limits().max_fit_table_bytes {
+                // No room left: not built only to be dropped.
+                return None;
+            }
             let table = self.build_fit_table(s);
             let bytes = table.bytes();
             let used = self.fit_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -74,41 +89,122 @@ impl Grammar {
         .as_ref()
     }
 
+    /// Calls `f(ids, need)` for every node of the vocabulary's trie that tokens end at and that
+    /// the walk from state `s` reaches alive: `ids` the tokens that end there (end of
+    /// generation among them too, where it has bytes: callers leave it out), `need` the tokens
+    /// a shortest completion takes after them (`None` where the search found none).
+    pub(crate) fn for_each_need(&self, s: u32, mut f: impl FnMut(&[u32], Option<u32>)) {
+        let trie = self.vocabulary().trie();
+        let nodes = &trie.nodes;
+        let dfa = self.dfa();
+        // The state at each depth of the path to the current node (the root's is `s`).
+        let mut states = vec![s; trie.max_depth + 1];
+        let mut i = 1;
+        while i < nodes.len() {
+            let n = &nodes[i];
+            let d = n.depth as usize;
+            let next = dfa.next(states[d - 1], dfa.classes[n.byte as usize] as usize);
+            if next == DEAD {
+                i = n.subtree_end as usize;
+                continue;
+            }
+            if n.tokens_end > n.tokens_start {
+                let ids = &trie.token_ids[n.tokens_start as usize..n.tokens_end as usize];
+                f(ids, self.completion(next).map(|c| c.len));
+            }
+            if let Some(need) = self.need_below(next, n) {
+                // Every token below ends in a state of one need: all of them at once.
+                f(
+                    &trie.token_ids[n.tokens_end as usize..n.subtree_tokens_end as usize],
+                    need,
+                );
+                i = n.subtree_end as usize;
+                continue;
+            }
+            states[d] = next;
+            i += 1;
+        }
+    }
+
+    /// Where every path below trie node `n` from `x`, the state at `n`, follows `x`'s run
+    /// ([`Grammar::run_below`]) through states whose shortest completions all take the same
+    /// number of tokens: that number (`Some(None)` where none was found). Inside a string
+    /// without a lower bound left, say, every token of plain text leaves the string open, and
+    /// closing it takes as many tokens after any of them: the subtrees of those tokens take one
+    /// look each instead of a walk. `None` for subtrees of fewer than [`MIN_RUN_TOKENS`]
+    /// tokens (walked: cheaper than the look).
+    fn need_below(&self, x: u32, n: &crate::vocab::Node) -> Option<Option<u32>> {
+        if n.subtree_tokens_end - n.tokens_end < MIN_RUN_TOKENS {
+            return None;
+        }
+        let mut need = None;
+        for state in self.run_below(x, n)? {
+            let here = self.completion(state).map(|c| c.len);
+            if need.is_some_and(|need| need != here) {
+                return None;
+            }
+            need = Some(here);
+        }
+        need
+    }
+
+    /// [`crate::Matcher::retain_fitting`] from state `s` by one walk of the trie
+    /// ([`Grammar::for_each_need`]): clears from `mask` every token that does not fit in `left`
+    /// and returns the tokens kept.
+    pub(crate) fn retain_fitting_by_trie(&self, s: u32, mask: &mut [u32], left: usize) -> usize {
+        let vocab = self.vocabulary();
+        let mut fit = vec![0u32; mask.len()];
+        self.for_each_need(s, |ids, need| {
+            if need.is_some_and(|n| (n as usize) < left) {
+                for &id in ids {
+                    fit[id as usize / 32] |= 1 << (id % 32);
+                }
+            }
+        });
+        // End of generation takes no token: it fits wherever it is allowed, where `s` accepts
+        // (whatever the walk said of an end token with bytes).
+        let accepting = self.is_accepting(s);
+        for &e in vocab.eos() {
+            if let Some(w) = fit.get_mut(e as usize / 32) {
+                *w = if accepting {
+                    *w | 1 << (e % 32)
+                } else {
+                    *w & !(1 << (e % 32))
+                };
+            }
+        }
+        let mut kept = 0;
+        for (word, f) in mask.iter_mut().zip(&fit) {
+            *word &= f;
+            kept += word.count_ones() as usize;
+        }
+        kept
+    }
+
     fn build_fit_table(&self, s: u32) -> FitTable {
         let vocab = self.vocabulary();
         let words = vocab.mask_words();
-        let base = self.mask(s);
-        let allowed: usize = base.iter().map(|w| w.count_ones() as usize).sum();
-        let mut needs: Vec<(u32, u32)> = Vec::with_capacity(allowed);
+        let mut needs: Vec<(u32, u32)> = Vec::new();
         // The smallest distinct needs, ascending; one more than kept says some were left out.
         let mut smallest: Vec<u32> = Vec::with_capacity(MAX_LEVELS + 1);
-        for (w, &word) in base.iter().enumerate() {
-            let mut bits = word;
-            while bits != 0 {
-                let id = (w * 32) as u32 + bits.trailing_zeros();
-                bits &= bits - 1;
-                if vocab.is_eos(id) || vocab.is_special(id) {
-                    continue;
-                }
-                let Some(bytes) = vocab.token_bytes(id) else {
-                    continue;
-                };
-                let mut next = Some(s);
-                for &b in bytes {
-                    next = next.and_then(|n| self.step(n, b));
-                }
-                let Some(need) = next.and_then(|n| self.completion(n)).map(|c| c.len) else {
-                    continue;
-                };
-                needs.push((need, id));
-                if let Err(at) = smallest.binary_search(&need) {
-                    if at <= MAX_LEVELS {
-                        smallest.insert(at, need);
-                        smallest.truncate(MAX_LEVELS + 1);
-                    }
+        self.for_each_need(s, |ids, need| {
+            let Some(need) = need else { return };
+            let before = needs.len();
+            needs.extend(
+                ids.iter()
+                    .filter(|&&id| !vocab.is_eos(id))
+                    .map(|&id| (need, id)),
+            );
+            if needs.len() == before {
+                return;
+            }
+            if let Err(at) = smallest.binary_search(&need) {
+                if at <= MAX_LEVELS {
+                    smallest.insert(at, need);
+                    smallest.truncate(MAX_LEVELS + 1);
                 }
             }
-        }
+        });
         let complete = smallest.len() <= MAX_LEVELS;
         smallest.truncate(MAX_LEVELS);
         let mut masks = vec![vec![0u32; words]; smallest.len()];

@@ -571,6 +571,22 @@ impl Grammar {
         })
     }
 
+    /// Where every path below trie node `n` from `x`, the state at `n`, follows `x`'s run
+    /// ([`Run`], what lets a mask walk add a whole subtree): the state each path below is in at
+    /// depths 1, 2, … up to the node's height (one state per depth, whatever the bytes), else
+    /// `None`.
+    pub(crate) fn run_below(
+        &self,
+        x: u32,
+        n: &crate::vocab::Node,
+    ) -> Option<impl Iterator<Item = u32> + '_> {
+        if n.below & !self.first(x).0 != 0 || !self.run(x).covers(n.below, n.height) {
+            return None;
+        }
+        let states = std::iter::successors(Some(x), move |&c| Some(self.first(c).1));
+        Some(states.skip(1).take(n.height as usize))
+    }
+
     fn first(&self, s: u32) -> (u64, u32) {
         *self
             .firsts

@@ -322,19 +322,21 @@ impl Matcher {
     /// a shortest completion after it take at most `left` tokens (EOS, which ends the output
     /// without taking a token, fits wherever it is allowed). Returns the tokens kept. The state's
     /// fit table ([`crate::fits`], shared by the grammar's matchers and built on the second call
-    /// in a state) makes it a mask AND; elsewhere it walks each allowed token's bytes
-    /// ([`Matcher::retain_fitting_by_walk`], the same result).
+    /// in a state) makes it a mask AND; elsewhere it walks the vocabulary's trie from the state
+    /// (the same result as [`Matcher::retain_fitting_by_walk`]).
     pub fn retain_fitting(&self, mask: &mut [u32], left: usize) -> usize {
-        if !self.terminated {
-            if let Some(kept) = self.grammar.retain_fitting_by_table(self.state, mask, left) {
-                return kept;
-            }
+        if self.terminated {
+            mask.fill(0);
+            return 0;
         }
-        self.retain_fitting_by_walk(mask, left)
+        if let Some(kept) = self.grammar.retain_fitting_by_table(self.state, mask, left) {
+            return kept;
+        }
+        self.grammar.retain_fitting_by_trie(self.state, mask, left)
     }
 
-    /// [`Matcher::retain_fitting`] by walking each allowed token's bytes (the reference the
-    /// fit tables are tested against).
+    /// [`Matcher::retain_fitting`] by walking each allowed token's bytes: the reference the fit
+    /// tables and the trie walk are tested against.
     pub fn retain_fitting_by_walk(&self, mask: &mut [u32], left: usize) -> usize {
         let mut kept = 0;
         for (w, word) in mask.iter_mut().enumerate() {

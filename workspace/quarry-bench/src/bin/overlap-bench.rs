@@ -177,7 +177,7 @@ fn main() -> Result<()> {
         args.pass_us, args.token_us, args.repeats
     );
     println!(
-        "{:>5} {:>4}  {:>6}  {:>8}  {:>10}  {:>9}  {:>8}  {:>12}  {:>13}  {:>4}",
+        "{:>5} {:>4}  {:>6}  {:>8}  {:>10}  {:>9}  {:>8}  {:>12}  {:>13}  {:>9}  {:>7}  {:>4}",
         "batch",
         "mode",
         "steps",
@@ -187,6 +187,8 @@ fn main() -> Result<()> {
         "mask µs",
         "mask wait µs",
         "host ms/step",
+        "budget µs",
+        "redraws",
         "cut"
     );
     for &b in &args.batch {
@@ -232,6 +234,11 @@ fn main() -> Result<()> {
                     "mask_us": s.mask_us_per_step(),
                     "mask_wait_us": s.mask_wait_us_per_step(),
                     "host_ms": 1e3 * (wall - device_s).max(0.0) / passes,
+                    // The budget's draws again, a step, on the step's path (not beside it).
+                    "budget_us": 1e6 * s.budget_s / passes,
+                    "redraws": s.budget_redraws,
+                    "fits_beside": s.budget_fits_beside,
+                    "redraws_beside": s.budget_redraws_beside,
                     "forced_share": s.forced_share(),
                     "cut_at_max_tokens": cut,
                     "docs": out.len(),
@@ -239,7 +246,7 @@ fn main() -> Result<()> {
             }
             let med = |k: &str| median(runs.iter().map(|r| r[k].as_f64().unwrap()).collect());
             println!(
-                "{b:>5} {mode:>4}  {:>6.0}  {:>8.2}  {:>10.2}  {:>9.2}  {:>8.0}  {:>12.0}  {:>13.2}  {:>4.0}",
+                "{b:>5} {mode:>4}  {:>6.0}  {:>8.2}  {:>10.2}  {:>9.2}  {:>8.0}  {:>12.0}  {:>13.2}  {:>9.0}  {:>7.0}  {:>4.0}",
                 med("passes"),
                 med("step_ms"),
                 med("device_ms"),
@@ -247,6 +254,8 @@ fn main() -> Result<()> {
                 med("mask_us"),
                 med("mask_wait_us"),
                 med("host_ms"),
+                med("budget_us"),
+                med("redraws"),
                 med("cut_at_max_tokens"),
             );
             results.push(json!({"batch": b, "mode": mode, "runs": runs}));

@@ -6,8 +6,15 @@
 //! sequences from a fresh compile, timing every mask: the total is what a batch of that many
 //! documents costs the host before the masks are warm, which is when an engine on a GPU waits for
 //! them. quarry runs twice, with its shared subtree walks (the default) and without them
-//! (`Limits::max_shared_subtrees = 0`), so the table also gives that change's effect. Prints a
-//! table and writes JSON (see `BENCHMARKS.md`).
+//! (`Limits::max_shared_subtrees = 0`), so the table also gives that change's effect.
+//!
+//! A second table times the token budget's mask of the tokens that fit (`Matcher::retain_fitting`,
+//! `docs/budget.md`) along the first `--fit-docs` records, at every step as if the tokens left
+//! were exactly the state's shortest completion (where almost every draw again happens): by one
+//! walk of the vocabulary's trie (what quarry does where a state has no fit table yet; tables off
+//! here) against the walk of each allowed token's bytes (what it did before,
+//! `Matcher::retain_fitting_by_walk`), each on a fresh compile, checked equal. Prints the tables
+//! and writes JSON (see `BENCHMARKS.md`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -42,6 +49,9 @@ struct Args {
     /// Runs per engine (fresh compiles); medians are reported.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Records along which the budget's fit masks are timed (0: none).
+    #[arg(long, default_value_t = 16)]
+    fit_docs: usize,
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -129,11 +139,73 @@ fn replay<'a>(
     Ok(times)
 }
 
+/// The budget's fit mask at every step of `records` with as many tokens left as the state's
+/// shortest completion, on a fresh compile without fit tables: by the trie walk (`by_trie`) or
+/// by each token's walk. Returns each step's time (µs) and the tokens kept.
+fn fits(
+    vocab: &Arc<Vocabulary>,
+    schema: &Value,
+    records: &[Vec<u32>],
+    by_trie: bool,
+) -> Result<(Vec<f64>, Vec<usize>)> {
+    let limits = Limits {
+        max_fit_table_bytes: 0,
+        ..Limits::default()
+    };
+    let g = quarry_grammar(vocab, schema, limits)?;
+    let mut mask = vec![0u32; vocab.mask_words()];
+    let (mut times, mut kept) = (Vec::new(), Vec::new());
+    for ids in records {
+        let mut m = quarry_grammar::Matcher::new(g.clone());
+        for &id in ids {
+            m.fill_mask(&mut mask);
+            if let Some(need) = m.completion_len() {
+                let t = Instant::now();
+                let k = if by_trie {
+                    m.retain_fitting(&mut mask, need)
+                } else {
+                    m.retain_fitting_by_walk(&mut mask, need)
+                };
+                times.push(t.elapsed().as_secs_f64() * 1e6);
+                kept.push(k);
+            }
+            m.accept_token(id)?;
+        }
+    }
+    Ok((times, kept))
+}
+
+/// Prints one vocabulary's fit-mask line (medians over runs of the totals).
+fn fit_results_summary(name: &str, trie_ms: f64, walk_ms: f64, run: &Value) {
+    println!(
+        "{:<40} fit masks at {:>5} tight steps: trie walk {:>8.1} ms, each token's walk {:>8.1} ms, {:.2}×",
+        name,
+        run["by_trie"]["steps"],
+        trie_ms,
+        walk_ms,
+        trie_ms / walk_ms
+    );
+}
+
+/// Total, p50 and p99 of per-step times (µs), as JSON.
+fn spread(times: &[f64]) -> Value {
+    let mut s = times.to_vec();
+    s.sort_by(f64::total_cmp);
+    let at = |q: usize| s.get(s.len() * q / 100).copied().unwrap_or(0.0);
+    json!({
+        "steps": s.len(),
+        "total_ms": s.iter().sum::<f64>() / 1e3,
+        "p50_us": at(50),
+        "p99_us": at(99),
+    })
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let schema: Value = serde_json::from_str(&std::fs::read_to_string(&args.schema)?)?;
     let spec = Spec::Schema(schema.clone());
     let mut results = Vec::new();
+    let mut fit_results = Vec::new();
     println!(
         "{:<40} {:<23} {:>6} {:>10} {:>8} {:>9} {:>9}  {:>13}",
         "vocabulary", "engine", "masks", "total ms", "p50 µs", "p99 µs", "max µs", "÷ llguidance"
@@ -219,6 +291,30 @@ fn main() -> Result<()> {
                 total / llg_total
             );
         }
+        if args.fit_docs > 0 {
+            let recs = &recs[..args.fit_docs.min(recs.len())];
+            let (mut trie, mut walk) = (Vec::new(), Vec::new());
+            for _ in 0..args.repeats {
+                let (t, kept_trie) = fits(&vocab, &schema, recs, true)?;
+                let (w, kept_walk) = fits(&vocab, &schema, recs, false)?;
+                if kept_trie != kept_walk {
+                    bail!("{name}: the trie walk's fit masks differ from each token's walk");
+                }
+                trie.push(t.iter().sum::<f64>() / 1e3);
+                walk.push(w.iter().sum::<f64>() / 1e3);
+                if trie.len() == 1 {
+                    fit_results.push(json!({
+                        "vocabulary": name,
+                        "records": recs.len(),
+                        "by_trie": spread(&t),
+                        "by_each_token": spread(&w),
+                    }));
+                }
+            }
+            let last = fit_results.last_mut().expect("pushed");
+            last["total_ms_per_run"] = json!({"by_trie": trie, "by_each_token": walk});
+            fit_results_summary(&name, median(trie), median(walk), last);
+        }
         results.push(json!({
             "vocabulary": name,
             "tokens": vocab.len(),
@@ -237,6 +333,7 @@ fn main() -> Result<()> {
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
         "results": results,
+        "fits": fit_results,
     });
     if let Some(out) = &args.out {
         std::fs::write(out, serde_json::to_string_pretty(&doc)?)?;
