@@ -17,8 +17,10 @@
 //!
 //! Both walk the vocabulary's byte trie from the state ([`Grammar::for_each_need`]), not each
 //! token's bytes: a prefix that thousands of tokens share is stepped once, and a dead one ends
-//! the walk of everything below it (at 49k tokens about 0.4× the time of the walk of each
-//! token, BENCHMARKS.md, *Records that always close*). [`crate::Matcher::retain_fitting_by_walk`]
+//! the walk of everything below it, and a subtree whose paths run through states of one need
+//! is taken in one look (0.14× the time of the walk of each token at 49k tokens, 0.5× at
+//! 128k–152k, where non-ASCII tokens are walked node by node: BENCHMARKS.md, *The budget's
+//! masks beside the pass*). [`crate::Matcher::retain_fitting_by_walk`]
 //! keeps the walk of each token as the reference the tests hold both to.
 
 use std::sync::atomic::Ordering;
