@@ -18,7 +18,7 @@
 //! Both walk the vocabulary's byte trie from the state ([`Grammar::for_each_need`]), not each
 //! token's bytes: a prefix that thousands of tokens share is stepped once, and a dead one ends
 //! the walk of everything below it, and a subtree whose paths run through states of one need
-//! is taken in one look (0.14× the time of the walk of each token at 49k tokens, 0.5× at
+//! is taken in one look (0.10× the time of the walk of each token at 49k tokens, 0.45× at
 //! 128k–152k, where non-ASCII tokens are walked node by node: BENCHMARKS.md, *The budget's
 //! masks beside the pass*). [`crate::Matcher::retain_fitting_by_walk`]
 //! keeps the walk of each token as the reference the tests hold both to.

@@ -139,15 +139,19 @@ fn replay<'a>(
     Ok(times)
 }
 
+/// Each step's time (µs), and the tokens kept with a hash of the mask they make.
+type FitRun = (Vec<f64>, Vec<(usize, u64)>);
+
 /// The budget's fit mask at every step of `records` with as many tokens left as the state's
 /// shortest completion, on a fresh compile without fit tables: by the trie walk (`by_trie`) or
-/// by each token's walk. Returns each step's time (µs) and the tokens kept.
+/// by each token's walk. Returns each step's time (µs), and the tokens kept with a hash of the
+/// mask they make (to check the two walks agree without keeping every mask).
 fn fits(
     vocab: &Arc<Vocabulary>,
     schema: &Value,
     records: &[Vec<u32>],
     by_trie: bool,
-) -> Result<(Vec<f64>, Vec<usize>)> {
+) -> Result<FitRun> {
     let limits = Limits {
         max_fit_table_bytes: 0,
         ..Limits::default()
@@ -167,7 +171,10 @@ fn fits(
                     m.retain_fitting_by_walk(&mut mask, need)
                 };
                 times.push(t.elapsed().as_secs_f64() * 1e6);
-                kept.push(k);
+                let hash = mask.iter().fold(0xCBF2_9CE4_8422_2325u64, |h, &w| {
+                    (h ^ u64::from(w)).wrapping_mul(0x0100_0000_01B3)
+                });
+                kept.push((k, hash));
             }
             m.accept_token(id)?;
         }
