@@ -61,8 +61,9 @@ pub mod radix;
 mod request;
 mod sequence;
 mod spec;
+mod stats;
 
-pub use engine::{Engine, EngineConfig, EngineStats, KeepBack};
+pub use engine::{Engine, EngineConfig, KeepBack};
 pub use error::{EngineError, RequestError};
 pub use model::{Draws, Model};
 pub use radix::{CacheStats, Inconsistency, RadixCache};
@@ -71,6 +72,7 @@ pub use request::{
     DEFAULT_MAX_TOKENS,
 };
 pub use spec::{LoadError, Loaded, ModelSpec};
+pub use stats::EngineStats;
 
 use std::sync::Arc;
 
