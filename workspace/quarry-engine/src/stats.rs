@@ -63,42 +63,37 @@ pub struct EngineStats {
 impl EngineStats {
     /// The radix cache's time as a share of all step time.
     pub fn cache_overhead(&self) -> f64 {
-        let total = self.forward_s + self.schedule_s;
-        if total == 0.0 {
-            0.0
-        } else {
-            self.cache.busy_ns as f64 * 1e-9 / total
-        }
+        ratio(
+            self.cache.busy_ns as f64 * 1e-9,
+            self.forward_s + self.schedule_s,
+        )
     }
-}
 
-impl EngineStats {
     /// Forced share of output tokens.
     pub fn forced_share(&self) -> f64 {
-        let out = self.sampled_tokens + self.forced_tokens;
-        if out == 0 {
-            0.0
-        } else {
-            self.forced_tokens as f64 / out as f64
-        }
+        ratio(
+            self.forced_tokens as f64,
+            (self.sampled_tokens + self.forced_tokens) as f64,
+        )
     }
 
     /// Mean time a step that filled masks waited for them after its forward pass returned, in
     /// microseconds ([`EngineStats::mask_wait_s`]).
     pub fn mask_wait_us_per_step(&self) -> f64 {
-        if self.mask_steps == 0 {
-            0.0
-        } else {
-            self.mask_wait_s * 1e6 / self.mask_steps as f64
-        }
+        ratio(self.mask_wait_s * 1e6, self.mask_steps as f64)
     }
 
     /// Mean mask-filling time per step that filled masks, in microseconds.
     pub fn mask_us_per_step(&self) -> f64 {
-        if self.mask_steps == 0 {
-            0.0
-        } else {
-            self.mask_s * 1e6 / self.mask_steps as f64
-        }
+        ratio(self.mask_s * 1e6, self.mask_steps as f64)
+    }
+}
+
+/// `part / whole`, 0 where nothing was counted.
+fn ratio(part: f64, whole: f64) -> f64 {
+    if whole == 0.0 {
+        0.0
+    } else {
+        part / whole
     }
 }
