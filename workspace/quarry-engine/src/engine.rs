@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use quarry_grammar::{Grammar, Limits, Matcher, SchemaOptions, Vocabulary};
-use quarry_model::{KvPool, Logits, PageId, Sampler, SeqInput};
+use quarry_model::{Logits, PageId, Sampler, SeqInput};
 
 use crate::error::RequestError;
-use crate::model::{Draws, Model};
+use crate::model::{Draws, LentPool, Model};
 use quarry_tokenizer::{ChatVars, EncodeOptions, Tokenizer};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -134,7 +134,8 @@ pub struct Engine {
     tok: Arc<Tokenizer>,
     vocab: Arc<Vocabulary>,
     cfg: EngineConfig,
-    pool: KvPool,
+    /// Given back to the model when the engine drops ([`Model::give_back_pool`]).
+    pool: LentPool,
     cache: RadixCache,
     /// Compiled grammars by constraint (compared structurally, schema values included).
     grammars: FxHashMap<quarry_grammar::ConstraintKey, Arc<Grammar>>,
@@ -255,7 +256,8 @@ impl Engine {
             )));
         }
         let vocab = crate::grammar_vocabulary(&tok);
-        let pool = model.kv_pool(1, cfg.kv_tokens)?;
+        let model: Arc<dyn Model> = model;
+        let pool = LentPool::new(model.clone(), model.kv_pool(1, cfg.kv_tokens)?);
         // On a GPU the logits may stay there: the step's draws happen on the device
         // (Model::sample) and one token per row comes back.
         let mut logits = Logits::new();

@@ -19,6 +19,13 @@ pub trait Model: Send + Sync {
     /// A KV pool shaped for this model, on its device: `num_pages` pages of `page_size` positions.
     fn kv_pool(&self, page_size: usize, num_pages: usize) -> quarry_model::Result<KvPool>;
 
+    /// Takes back a pool of [`Model::kv_pool`]'s that its engine is done with (the engine's
+    /// drop), to lend again; the default drops it. [`Llama`] keeps it: the CUDA graphs captured
+    /// on a pool replay only on that pool ([`Llama::kv_pool`]).
+    fn give_back_pool(&self, pool: KvPool) {
+        drop(pool);
+    }
+
     /// Positions at or past this are refused.
     fn context_length(&self) -> usize;
 
@@ -70,15 +77,11 @@ impl Model for Llama {
     }
 
     fn kv_pool(&self, page_size: usize, num_pages: usize) -> quarry_model::Result<KvPool> {
-        let dtype = quarry_model::kv_dtype(self.device(), self.options().kv_dtype);
-        KvPool::with_dtype(
-            self.config(),
-            page_size,
-            num_pages,
-            self.device(),
-            None,
-            dtype,
-        )
+        Llama::kv_pool(self, page_size, num_pages)
+    }
+
+    fn give_back_pool(&self, pool: KvPool) {
+        Llama::give_back_pool(self, pool);
     }
 
     fn context_length(&self) -> usize {
@@ -103,6 +106,44 @@ impl Model for Llama {
                 }));
             }
             None => draws.on_host(logits, masks),
+        }
+    }
+}
+
+/// An engine's KV pool, given back to its model ([`Model::give_back_pool`]) when the engine
+/// drops; the engine uses it as the pool itself.
+pub(crate) struct LentPool {
+    pool: Option<KvPool>,
+    model: std::sync::Arc<dyn Model>,
+}
+
+impl LentPool {
+    pub(crate) fn new(model: std::sync::Arc<dyn Model>, pool: KvPool) -> Self {
+        Self {
+            pool: Some(pool),
+            model,
+        }
+    }
+}
+
+impl std::ops::Deref for LentPool {
+    type Target = KvPool;
+
+    fn deref(&self) -> &KvPool {
+        self.pool.as_ref().expect("held until the drop")
+    }
+}
+
+impl std::ops::DerefMut for LentPool {
+    fn deref_mut(&mut self) -> &mut KvPool {
+        self.pool.as_mut().expect("held until the drop")
+    }
+}
+
+impl Drop for LentPool {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            self.model.give_back_pool(pool);
         }
     }
 }

@@ -112,6 +112,45 @@ fn greedy_is_deterministic_and_batched_equals_sequential() {
     assert!(s.cache.hit_tokens > 0, "{s:?}");
 }
 
+/// An engine gives its KV pool back to the model when it drops, and the next engine of the same
+/// pool size runs on that pool (`Llama::kv_pool`: on a GPU its CUDA graphs replay there): with
+/// the requests in the other order, so that each takes pages another wrote, every request gets
+/// the tokens it got on the new pool. An engine of another pool size gets a new pool.
+#[test]
+fn engines_one_after_another_share_one_pool() {
+    // A model of its own: the other tests' engines would take its spare pool meanwhile.
+    let llama = Arc::new(Llama::load(model_path(), &parse_device("cpu").unwrap()).unwrap());
+    let tok = model().1;
+    let reqs: Vec<Request> = QUESTIONS
+        .iter()
+        .map(|q| Request::new(chat(q)).with_max_tokens(12))
+        .collect();
+    let outputs = |reqs: Vec<Request>| {
+        let mut e = Engine::new(llama.clone(), tok.clone(), small()).unwrap();
+        run(&mut e, reqs)
+    };
+    let first = outputs(reqs.clone());
+    assert_eq!((llama.kv_pools().made, llama.kv_pools().lent_again), (1, 0));
+    let mut second = outputs(reqs.into_iter().rev().collect());
+    second.reverse();
+    assert_eq!((llama.kv_pools().made, llama.kv_pools().lent_again), (1, 1));
+    for (i, (a, b)) in first.iter().zip(&second).enumerate() {
+        assert!(!a.tokens.is_empty());
+        assert_eq!(a.tokens, b.tokens, "request {i} on the pool lent again");
+    }
+    let other = Engine::new(
+        llama.clone(),
+        tok,
+        EngineConfig {
+            kv_tokens: 4096,
+            ..small()
+        },
+    )
+    .unwrap();
+    assert_eq!((llama.kv_pools().made, llama.kv_pools().lent_again), (2, 1));
+    drop(other);
+}
+
 fn full_match(pattern: &str, text: &str) -> bool {
     let re = regex_automata::meta::Regex::new(&format!("^(?:{pattern})$")).unwrap();
     re.is_match(text)

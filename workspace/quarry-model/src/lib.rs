@@ -75,6 +75,6 @@ pub use llama::{Fusions, Llama};
 pub use options::{
     Attention, CpuWeights, KvDtype, ModelOptions, OptionError, SamplingSite, Switch,
 };
-pub use pool::{kv_dtype, KvLayout, KvPool, PageId};
+pub use pool::{kv_dtype, KvLayout, KvPool, PageId, PoolCounts};
 pub use ragged::RaggedBatch;
 pub use sampling::{apply_mask, argmax, pick, SampleRows, Sampler, SamplingParams, NO_MASK};

@@ -46,6 +46,13 @@ pub(crate) enum KvStorage {
     Tensor { k: Vec<Tensor>, v: Vec<Tensor> },
 }
 
+/// How many KV pools a model made and lent again ([`crate::Llama::kv_pools`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolCounts {
+    pub made: u64,
+    pub lent_again: u64,
+}
+
 /// Fixed-size KV pages for every layer of one model, with a free list.
 pub struct KvPool {
     page_size: usize,
@@ -278,6 +285,46 @@ impl KvPool {
 
     pub fn is_allocated(&self, page: PageId) -> bool {
         self.in_use.get(page as usize).copied().unwrap_or(false)
+    }
+
+    /// Every page free again, handed out in the order a new pool's are. What the pages hold
+    /// stays: a position is always written before it is read, as after an eviction.
+    pub fn reset(&mut self) {
+        self.free.clear();
+        self.free.extend((0..self.num_pages as PageId).rev());
+        self.in_use.fill(false);
+    }
+
+    /// Whether this is the pool [`KvPool::with_dtype`] makes for `config` on `device` with these
+    /// pages, the default layout and `dtype`: one a model may lend again ([`crate::Llama::kv_pool`]).
+    pub(crate) fn is_shaped(
+        &self,
+        config: &LlamaConfig,
+        device: &Device,
+        page_size: usize,
+        num_pages: usize,
+        dtype: DType,
+    ) -> bool {
+        let layout = if device.is_cpu() {
+            KvLayout::Host
+        } else {
+            KvLayout::Tensor
+        };
+        self.check_shape(config, device).is_ok()
+            && self.page_size == page_size
+            && self.num_pages == num_pages
+            && self.layout() == layout
+            && self.dtype() == dtype
+    }
+
+    /// What tells this pool's memory apart from another's for whatever holds its addresses (a
+    /// CUDA graph): its first layer's keys' tensor, whose id no other tensor ever gets. `None`
+    /// for the host layout.
+    pub fn storage_id(&self) -> Option<candle_core::TensorId> {
+        match &self.storage {
+            KvStorage::Host { .. } => None,
+            KvStorage::Tensor { k, .. } => k.first().map(Tensor::id),
+        }
     }
 
     /// Checks that the pool was made for a model of this shape.

@@ -287,6 +287,22 @@ impl<T, P: Copy + Eq> GraphCache<T, P> {
         evicted
     }
 
+    /// Drops the graphs captured on `pool` (which is going: they could never replay), so that
+    /// they stop holding device memory; returns how many went.
+    pub fn forget_pool(&mut self, pool: P) -> usize {
+        let before = self.entries.len();
+        let mut bytes = self.bytes;
+        self.entries.retain(|e| {
+            let keep = e.pool != pool;
+            if !keep {
+                bytes -= e.bytes;
+            }
+            keep
+        });
+        self.bytes = bytes;
+        before - self.entries.len()
+    }
+
     /// Drops every graph: the next step of any key is captured again.
     pub fn clear(&mut self) {
         self.entries.clear();
@@ -592,6 +608,27 @@ mod tests {
         assert_eq!(c.decide(huge, 0), Decision::Capture);
         assert_eq!(c.insert(huge, 0, 10, 500).len(), 2);
         assert_eq!((c.len(), c.bytes()), (1, 500));
+    }
+
+    /// Forgetting a pool drops its graphs and the memory they held, and no other pool's.
+    #[test]
+    fn a_forgotten_pool_takes_its_graphs_with_it() {
+        let mut c: GraphCache<&str, u32> = GraphCache::default();
+        let (a, b) = (key(8, 256), key(16, 512));
+        for (k, pool, g, bytes) in [
+            (a, 1, "a on 1", 10),
+            (b, 1, "b on 1", 20),
+            (a, 2, "a on 2", 40),
+        ] {
+            assert_eq!(c.decide(k, pool), Decision::Capture);
+            c.insert(k, pool, g, bytes);
+        }
+        assert_eq!(c.forget_pool(1), 2);
+        assert_eq!((c.len(), c.bytes()), (1, 40));
+        assert_eq!(c.decide(a, 1), Decision::Capture, "pool 1's graph is gone");
+        assert!(matches!(c.decide(a, 2), Decision::Replay(i) if *c.get_mut(i) == "a on 2"));
+        assert_eq!(c.forget_pool(3), 0);
+        assert_eq!((c.len(), c.bytes()), (1, 40));
     }
 
     /// After a clear no graph replays: each key is captured again.

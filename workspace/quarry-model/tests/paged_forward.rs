@@ -365,11 +365,23 @@ fn prefill_then_decode(
         prompts.iter().map(pages_of).sum(),
         KvLayout::Tensor,
     );
+    prefill_then_decode_on(model, &mut pool, prompts, next)
+}
+
+/// [`prefill_then_decode`] on `pool`, from whose free pages each sequence takes its own.
+fn prefill_then_decode_on(
+    model: &quarry_model::Llama,
+    pool: &mut quarry_model::KvPool,
+    prompts: &[Vec<u32>],
+    next: &[u32],
+) -> Vec<Vec<Vec<f32>>> {
+    let page_size = pool.page_size();
+    let pages_of = |p: &Vec<u32>| (p.len() + next.len()).div_ceil(page_size);
     let tables: Vec<Vec<PageId>> = prompts
         .iter()
         .map(|p| {
             let mut t = Vec::new();
-            assert!(pool.alloc_into(pages_of(p), &mut t));
+            assert!(pool.alloc_into(pages_of(p), &mut t), "the pool has room");
             t
         })
         .collect();
@@ -380,7 +392,7 @@ fn prefill_then_decode(
         .zip(&tables)
         .map(|(p, t)| SeqInput::new(p, 0, t))
         .collect();
-    model.forward(&prefill, &mut pool, &mut out).unwrap();
+    model.forward(&prefill, pool, &mut out).unwrap();
     let mut logits = vec![last(&out)];
     for (i, token) in next.iter().enumerate() {
         let token = [*token];
@@ -389,10 +401,79 @@ fn prefill_then_decode(
             .zip(&tables)
             .map(|(p, t)| SeqInput::new(&token, p.len() + i, t))
             .collect();
-        model.forward(&decode, &mut pool, &mut out).unwrap();
+        model.forward(&decode, pool, &mut out).unwrap();
         logits.push(last(&out));
     }
     logits
+}
+
+/// An engine gives its KV pool back to the model when it drops, and the next pool asked for in
+/// that shape is the same one (`Llama::kv_pool`): every page free again, and what the last user
+/// wrote in it changes nothing, so the same steps give the same logits as on a new pool. A pool
+/// of another shape is a new one. On a GPU, the graphs captured on the pool replay on it when it
+/// is lent again (no capture), and go when it is dropped.
+#[test]
+fn a_pool_given_back_is_lent_again_clean() {
+    let model = smollm2();
+    let prompts = three_prompts().map(|p| p.to_vec());
+    let next = text_tokens(4, 700);
+    // Other text on the pages `prompts` will take next time, to leave them dirty.
+    let others = [
+        text_tokens(45, 400),
+        text_tokens(44, 500),
+        text_tokens(30, 600),
+    ];
+    let pages = 256;
+    let counts = model.kv_pools();
+    let mut fresh = model.kv_pool(1, pages).unwrap();
+    let reference = prefill_then_decode_on(model, &mut fresh, &prompts, &next);
+    let graphs_before = model.cuda_graphs();
+    drop(fresh);
+
+    let mut pool = model.kv_pool(1, pages).unwrap();
+    prefill_then_decode_on(model, &mut pool, &others, &next);
+    // On later pages, the steps of `prompts` (their graphs captured on this pool, on a GPU).
+    prefill_then_decode_on(model, &mut pool, &prompts, &next);
+    let mut rest = Vec::new();
+    assert!(pool.alloc_into(pool.free_pages(), &mut rest));
+    model.give_back_pool(pool);
+    let graphs_given = model.cuda_graphs();
+    let mut again = model.kv_pool(1, pages).unwrap();
+    let lent = model.kv_pools();
+    assert_eq!(
+        (lent.made - counts.made, lent.lent_again - counts.lent_again),
+        (2, 1),
+        "the second pool new (the first was dropped, not given back), the third lent again"
+    );
+    assert_eq!(again.free_pages(), pages, "every page free again");
+    let replayed = prefill_then_decode_on(model, &mut again, &prompts, &next);
+    let graphs_again = model.cuda_graphs().since(&graphs_given);
+    let mut worst = 0f32;
+    for (r, a) in reference.iter().flatten().zip(replayed.iter().flatten()) {
+        worst = worst.max(max_diff(r, a));
+    }
+    assert!(worst <= batch_tolerance(), "worst logit difference {worst}");
+    model.give_back_pool(again);
+
+    // Another shape: a new pool, the spare dropped with its graphs.
+    let other = model.kv_pool(1, pages / 2).unwrap();
+    let after = model.kv_pools();
+    assert_eq!(
+        (after.made - lent.made, after.lent_again),
+        (1, lent.lent_again)
+    );
+    assert_eq!(other.free_pages(), pages / 2);
+    let graphs_dropped = model.cuda_graphs();
+    if graphs_again.enabled {
+        assert_eq!(graphs_again.captured, 0, "{graphs_again:?}");
+        assert!(graphs_again.replayed > 0, "{graphs_again:?}");
+        assert!(
+            graphs_given.graphs > graphs_before.graphs
+                && graphs_dropped.graphs < graphs_given.graphs,
+            "the lent pool's graphs go with it: {graphs_before:?} {graphs_given:?} {graphs_dropped:?}"
+        );
+    }
+    model.give_back_pool(other);
 }
 
 /// A step padded to its CUDA graph's shape (`step_graph::GraphKey::pad`) gives every real row the

@@ -227,9 +227,15 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             let constrained = mode != "a";
             let (mut runs, mut profiles) = (Vec::new(), Vec::new());
             let graphs_before = model.cuda_graphs();
+            // Graphs captured in each run: the first run of a pool's shape captures its steps'
+            // keys, and the runs after replay them on the same pool (`Llama::kv_pool`), as a
+            // long job's steps do.
+            let mut captured_per_run = Vec::new();
             for rep in 0..args.repeats {
                 let reqs = bench::requests(&docs, constrained.then_some(&schema), args.max_tokens);
+                let run_before = model.cuda_graphs();
                 let m = bench::measure(&model, &tok, config(b, mode != "b"), reqs, &validator)?;
+                captured_per_run.push(model.cuda_graphs().since(&run_before).captured);
                 eprintln!(
                     "batch {b} mode {mode} run {}: {:.3} docs/s, {:.1} output tok/s",
                     rep + 1,
@@ -249,6 +255,7 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             let graphs = json!({
                 "enabled": g.enabled,
                 "captured": g.captured,
+                "captured_per_run": captured_per_run,
                 "replayed": g.replayed,
                 "eager": g.eager,
                 "replay_share": g.replay_share(),
@@ -262,7 +269,8 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             if g.enabled {
                 eprintln!(
                     "batch {b} mode {mode}: CUDA graphs replayed {} of {} passes ({:.1}%), {} \
-                     captured, {} kept ({:.1} MiB), padding {:.1}% of graphed tokens",
+                     captured ({captured_per_run:?} by run), {} kept ({:.1} MiB), padding {:.1}% \
+                     of graphed tokens",
                     g.replayed,
                     g.replayed + g.captured + g.eager,
                     100.0 * g.replay_share(),

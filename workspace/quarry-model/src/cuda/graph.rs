@@ -79,7 +79,7 @@ impl StepGraphs {
         }
         let key = step.key;
         // A pool is told apart by its first layer's tensor (a pool's tensors are made with it,
-        // and tensor ids are never reused).
+        // and tensor ids are never reused): `KvPool::storage_id`.
         let pool = pool.first().map(Tensor::id);
         let decision = self.cache.decide(key, pool);
         self.stats.padded_tokens += step.pad as u64;
@@ -131,6 +131,13 @@ impl StepGraphs {
         self.stats.evicted += evicted.len() as u64;
         drop(evicted);
         Ok(Some(stream))
+    }
+
+    /// Drops the graphs captured on the pool whose storage is `pool` ([`crate::KvPool::storage_id`]),
+    /// which is going: their memory goes back (a graph still running is freed by the driver when
+    /// it completes, as an evicted one is).
+    pub fn forget_pool(&mut self, pool: candle_core::TensorId) {
+        self.cache.forget_pool(Some(pool));
     }
 
     /// Drops every graph (the pass they replay has changed); the counts stay.

@@ -156,6 +156,10 @@ pub struct Llama {
     gpu_weights: Option<crate::linear::GpuWeights>,
     /// On a CPU, the plain projections' form and the memory it was chosen by.
     host_weights: Option<crate::linear::HostWeights>,
+    /// The KV pool an engine gave back last ([`Llama::give_back_pool`]), lent again to the next
+    /// that asks for its shape ([`Llama::kv_pool`]), and how often each happened.
+    spare_pool: std::sync::Mutex<Option<KvPool>>,
+    pools: std::sync::Mutex<crate::pool::PoolCounts>,
 }
 
 impl Llama {
@@ -309,7 +313,81 @@ impl Llama {
             options: options.clone(),
             gpu_weights,
             host_weights,
+            spare_pool: Default::default(),
+            pools: Default::default(),
         })
+    }
+
+    /// A KV pool for this model: `num_pages` pages of `page_size` positions on its device, in
+    /// the default layout ([`crate::KvLayout::Host`] on a CPU, [`crate::KvLayout::Tensor`] elsewhere) and
+    /// [`ModelOptions::kv_dtype`]'s element type.
+    ///
+    /// The pool given back last ([`Llama::give_back_pool`]) is lent again where it has this
+    /// shape, every page free. A CUDA graph holds the addresses of the pool it was captured on,
+    /// so the engines one after another over a model (a benchmark's runs, one each for a fresh
+    /// radix cache; a scheduled job's) replay the graphs the first captured, where each had
+    /// captured its own inside its run; and a CPU pool's pages are not faulted in again. A spare
+    /// of another shape is dropped first, with its graphs, so that its memory is free for the
+    /// new one.
+    pub fn kv_pool(&self, page_size: usize, num_pages: usize) -> Result<KvPool> {
+        let dtype = crate::kv_dtype(&self.device, self.options.kv_dtype);
+        let spare = self
+            .spare_pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(mut pool) = spare {
+            if pool.is_shaped(&self.config, &self.device, page_size, num_pages, dtype) {
+                pool.reset();
+                self.pools
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .lent_again += 1;
+                return Ok(pool);
+            }
+            self.drop_pool(pool);
+        }
+        let pool = KvPool::with_dtype(
+            &self.config,
+            page_size,
+            num_pages,
+            &self.device,
+            None,
+            dtype,
+        )?;
+        self.pools.lock().unwrap_or_else(|p| p.into_inner()).made += 1;
+        Ok(pool)
+    }
+
+    /// Keeps `pool`, which its engine is done with, to lend again ([`Llama::kv_pool`]); the spare
+    /// it replaces is dropped with its graphs. What the pool's sequences wrote stays in it until
+    /// the next engine overwrites it.
+    pub fn give_back_pool(&self, pool: KvPool) {
+        let old = self
+            .spare_pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(pool);
+        if let Some(old) = old {
+            self.drop_pool(old);
+        }
+    }
+
+    /// How many KV pools [`Llama::kv_pool`] made and how many it lent again.
+    pub fn kv_pools(&self) -> crate::pool::PoolCounts {
+        *self.pools.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drops a pool and the CUDA graphs captured on it, which could never replay again.
+    fn drop_pool(&self, pool: KvPool) {
+        #[cfg(feature = "cuda")]
+        if let Some(id) = pool.storage_id() {
+            self.graphs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .forget_pool(id);
+        }
+        drop(pool);
     }
 
     /// How a CPU holds the plain projections, and why (`None` on a GPU): what a command says
