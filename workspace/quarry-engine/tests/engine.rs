@@ -235,6 +235,46 @@ fn schema_request(doc: &str) -> Request {
         .with_max_tokens(120)
 }
 
+/// An engine started over runs its next requests as a new engine does: the same outputs, passes
+/// and prompt tokens computed (its prefix cache emptied: nothing hits from before), with the
+/// grammar it compiled still warm (no new compile). It refuses to start over with requests in
+/// flight.
+#[test]
+fn an_engine_started_over_runs_like_a_new_one() {
+    let reqs: Vec<Request> = PACKAGES.iter().map(|d| schema_request(d)).collect();
+    let mut fresh = engine(small());
+    let first = run(&mut fresh, reqs.clone());
+    let cold = fresh.stats();
+    fresh.start_over().unwrap();
+    assert_eq!(fresh.stats().forward_passes, 0, "counters zeroed");
+    let again = run(&mut fresh, reqs.clone());
+    let warm = fresh.stats();
+    for (i, (a, b)) in first.iter().zip(&again).enumerate() {
+        assert_eq!(a.finish, FinishReason::ConstraintComplete, "{a:?}");
+        assert_eq!(a.tokens, b.tokens, "request {i} after starting over");
+    }
+    assert_eq!(
+        (
+            warm.forward_passes,
+            warm.forward_tokens,
+            warm.cache.hit_tokens
+        ),
+        (
+            cold.forward_passes,
+            cold.forward_tokens,
+            cold.cache.hit_tokens
+        ),
+        "the prompts computed as on a new engine"
+    );
+    assert_eq!(
+        warm.grammars_compiled, 0,
+        "the grammar stays compiled: {warm:?}"
+    );
+    assert!(cold.grammars_compiled > 0, "{cold:?}");
+    fresh.submit(schema_request(PACKAGES[0])).unwrap();
+    assert!(fresh.start_over().is_err(), "a request is in flight");
+}
+
 #[test]
 fn json_schema_outputs_validate_with_and_without_jump_forward() {
     let schema = package_schema();

@@ -368,12 +368,22 @@ pub fn measure(
     requests: Vec<Request>,
     validator: &jsonschema::Validator,
 ) -> Result<RunMetrics, EvalError> {
+    let mut engine = Engine::new(model.clone(), tok.clone(), config)
+        .map_err(|e| EvalError::Engine(e.to_string()))?;
+    measure_on(&mut engine, requests, validator)
+}
+
+/// [`measure`] on `engine`, which must be idle with its counters as they should count from
+/// (a new engine, or one [`Engine::start_over`] started over: its grammars stay warm).
+pub fn measure_on(
+    engine: &mut Engine,
+    requests: Vec<Request>,
+    validator: &jsonschema::Validator,
+) -> Result<RunMetrics, EvalError> {
     let constrained: Vec<bool> = requests
         .iter()
         .map(|r| !matches!(r.constraint, ConstraintSpec::None))
         .collect();
-    let mut engine = Engine::new(model.clone(), tok.clone(), config)
-        .map_err(|e| EvalError::Engine(e.to_string()))?;
     let t = Instant::now();
     let out = engine
         .run_batch(requests)

@@ -25,7 +25,9 @@ use crate::ModelArg;
 The documents are Debian package records from /var/lib/dpkg/status (real text, the same on every
 Debian or Ubuntu machine of a release), or --input, a JSONL file of {\"text\": …} objects. Every
 prompt starts with the same instruction of about 300 tokens; outputs are constrained by --schema
-and checked with the jsonschema crate. Columns:
+and checked with the jsonschema crate. The runs of a batch size and mode share one engine, started
+over between them (the prefix cache emptied, the grammar and its masks kept: a long job's steady
+state); --cold gives every run a new engine. Columns:
   docs/s, output tok/s  over the wall time of the run
   TPOT ms               median time per output token after the first, per request
   TTFT ms               median time from admission to the first output token (prefill)
@@ -83,6 +85,13 @@ pub(crate) struct BenchArgs {
     /// `--runtime profile=on`). The CPU's forward pass (the host layout) is not split.
     #[arg(long)]
     profile: bool,
+    /// A new engine for every run: each run compiles the constraint and fills its masks
+    /// afresh, as a job's first documents do. By default the runs of a batch size and mode share
+    /// one engine, started over between them (its prefix cache emptied, its counters zeroed, its
+    /// grammar and masks kept: `Engine::start_over`), as a long job's later documents run; the
+    /// first run is cold either way.
+    #[arg(long)]
+    cold: bool,
     /// Records that always close off (`close_within_budget`, docs/budget.md): constrained
     /// outputs may end cut at `--max-tokens`, for before/after comparisons.
     #[arg(long)]
@@ -231,14 +240,33 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
             // keys, and the runs after replay them on the same pool (`Llama::kv_pool`), as a
             // long job's steps do.
             let mut captured_per_run = Vec::new();
+            // One engine per batch size and mode, started over between runs (its grammar and
+            // masks warm, its prefix cache empty), unless every run is to start cold.
+            let mut engine = None;
             for rep in 0..args.repeats {
                 let reqs = bench::requests(&docs, constrained.then_some(&schema), args.max_tokens);
                 let run_before = model.cuda_graphs();
-                let m = bench::measure(&model, &tok, config(b, mode != "b"), reqs, &validator)?;
+                let warm = match engine.as_mut().filter(|_| !args.cold) {
+                    Some(e) => {
+                        quarry_engine::Engine::start_over(e)?;
+                        true
+                    }
+                    None => {
+                        engine = Some(quarry_engine::Engine::new(
+                            model.clone(),
+                            tok.clone(),
+                            config(b, mode != "b"),
+                        )?);
+                        false
+                    }
+                };
+                let e = engine.as_mut().expect("made above");
+                let m = bench::measure_on(e, reqs, &validator)?;
                 captured_per_run.push(model.cuda_graphs().since(&run_before).captured);
                 eprintln!(
-                    "batch {b} mode {mode} run {}: {:.3} docs/s, {:.1} output tok/s",
+                    "batch {b} mode {mode} run {} ({}): {:.3} docs/s, {:.1} output tok/s",
                     rep + 1,
+                    if warm { "started over" } else { "new engine" },
                     m.docs_per_s,
                     m.output_tokens_per_s
                 );
@@ -329,6 +357,9 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
         "largest_batch": kv_capacity.map(|t| t / per_doc),
         "modes": {"a": "no constraint", "b": "schema, no jump-forward", "c": "schema + jump-forward"},
         "repeats": args.repeats,
+        // Whether every run had a new engine (`--cold`), or the runs after the first of each
+        // batch size and mode ran on it started over.
+        "cold": args.cold,
         "results": results.iter().map(|(b, mode, runs, profiles, graphs)| {
             let mut r = json!({
                 "batch": b,

@@ -59,6 +59,10 @@ struct Args {
     token_us: u64,
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// A new engine for every run (each run compiles the schema and fills its masks afresh);
+    /// by default the runs of a batch size and mode share one, started over between them.
+    #[arg(long)]
+    cold: bool,
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -195,23 +199,34 @@ fn main() -> Result<()> {
         let docs = bench::package_records(&args.status, b.max(16))?;
         for mode in &args.modes {
             let mut runs = Vec::new();
+            let device = Arc::new(Device {
+                vocab: tok.vocab_size(),
+                pass: Duration::from_micros(args.pass_us),
+                token: Duration::from_micros(args.token_us),
+                busy_until: Mutex::new(None),
+                device_s: Mutex::new(0.0),
+                step: Mutex::new(0),
+            });
+            let cfg = EngineConfig {
+                max_running: b,
+                step_tokens: 4096,
+                kv_tokens: (b * (1024 + args.max_tokens)).max(16_384),
+                jump_forward: mode != "b",
+                ..EngineConfig::default()
+            };
+            // One engine per batch size and mode, started over between runs (its grammar and
+            // masks warm), as `quarry bench` runs; `--cold`: a new engine every run.
+            let mut kept: Option<Engine> = None;
             for _ in 0..args.repeats {
-                let device = Arc::new(Device {
-                    vocab: tok.vocab_size(),
-                    pass: Duration::from_micros(args.pass_us),
-                    token: Duration::from_micros(args.token_us),
-                    busy_until: Mutex::new(None),
-                    device_s: Mutex::new(0.0),
-                    step: Mutex::new(0),
-                });
-                let cfg = EngineConfig {
-                    max_running: b,
-                    step_tokens: 4096,
-                    kv_tokens: (b * (1024 + args.max_tokens)).max(16_384),
-                    jump_forward: mode != "b",
-                    ..EngineConfig::default()
+                *device.device_s.lock().unwrap() = 0.0;
+                *device.step.lock().unwrap() = 0;
+                let mut engine = match kept.take().filter(|_| !args.cold) {
+                    Some(mut e) => {
+                        e.start_over()?;
+                        e
+                    }
+                    None => Engine::new(device.clone(), tok.clone(), cfg.clone())?,
                 };
-                let mut engine = Engine::new(device.clone(), tok.clone(), cfg)?;
                 let constraint = (mode != "a").then_some(&schema);
                 let reqs = bench::requests(&docs, constraint, args.max_tokens);
                 let t = Instant::now();
@@ -243,6 +258,7 @@ fn main() -> Result<()> {
                     "cut_at_max_tokens": cut,
                     "docs": out.len(),
                 }));
+                kept = Some(engine);
             }
             let med = |k: &str| median(runs.iter().map(|r| r[k].as_f64().unwrap()).collect());
             println!(
@@ -269,6 +285,7 @@ fn main() -> Result<()> {
                 "pass_us": args.pass_us,
                 "token_us": args.token_us,
                 "max_tokens": args.max_tokens,
+                "cold": args.cold,
                 "results": results,
             }))?,
         )?;
