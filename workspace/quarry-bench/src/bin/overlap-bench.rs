@@ -257,6 +257,10 @@ fn main() -> Result<()> {
                     "forced_share": s.forced_share(),
                     "cut_at_max_tokens": cut,
                     "docs": out.len(),
+                    // Runs of the same outputs have the same hash (`--cold` or not).
+                    "outputs_hash": out.iter().fold(0, |h, c| {
+                        c.tokens.iter().fold(mix(h, c.tokens.len() as u64), |h, &t| mix(h, t.into()))
+                    }),
                 }));
                 kept = Some(engine);
             }
