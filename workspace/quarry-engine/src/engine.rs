@@ -1,23 +1,26 @@
 //! The engine: admission, the per-step batch, the forward pass with masks filled alongside it,
-//! sampling, and returning pages to the radix cache.
+//! sampling, and returning pages to the radix cache. Requests become sequences in `prepare`.
+
+mod prepare;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
 use quarry_grammar::{Grammar, Limits, Matcher, SchemaOptions, Vocabulary};
-use quarry_model::{Logits, PageId, Sampler, SeqInput};
+use quarry_model::{Logits, PageId, SeqInput};
 
+use self::prepare::{Encoded, Pending};
 use crate::error::RequestError;
 use crate::model::{Draws, LentPool, Model};
-use quarry_tokenizer::{ChatVars, EncodeOptions, Tokenizer};
+use quarry_tokenizer::{ChatVars, Tokenizer};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use crate::error::EngineError;
 use crate::logits::processor_bans;
 use crate::radix::{RadixCache, ROOT};
-use crate::request::{Completion, FinishReason, Processor, Prompt, Request, RequestStats};
+use crate::request::{Completion, FinishReason, Request, RequestStats};
 use crate::sequence::{OverBudget, Phase, Sequence, TokenCtx, Took};
 use crate::stats::EngineStats;
 
@@ -139,6 +142,10 @@ pub struct Engine {
     cache: RadixCache,
     /// Compiled grammars by constraint (compared structurally, schema values included).
     grammars: FxHashMap<quarry_grammar::ConstraintKey, Arc<Grammar>>,
+    /// Requests submitted and not yet tokenized ([`prepare`]: beside the next pass), and those
+    /// tokenized beside the last pass, queued before the next admission.
+    pending: VecDeque<Pending>,
+    encoded: Vec<Encoded>,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     done: Vec<Completion>,
@@ -269,6 +276,8 @@ impl Engine {
             pool,
             cache: RadixCache::new(),
             grammars: FxHashMap::default(),
+            pending: VecDeque::new(),
+            encoded: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             done: Vec::new(),
@@ -340,7 +349,11 @@ impl Engine {
 
     /// Requests submitted and not yet returned by [`Engine::step`].
     pub fn in_flight(&self) -> usize {
-        self.waiting.len() + self.running.len() + self.done.len()
+        self.pending.len()
+            + self.encoded.len()
+            + self.waiting.len()
+            + self.running.len()
+            + self.done.len()
     }
 
     pub fn is_idle(&self) -> bool {
@@ -355,34 +368,31 @@ impl Engine {
             .chain(self.waiting.iter())
             .find(|s| s.id == id)
             .map(|s| s.written_bytes(&self.tok))
+            .or_else(|| {
+                // Not yet tokenized: nothing written.
+                let mut queued = self.pending.iter().chain(self.encoded.iter().map(|e| &e.0));
+                queued.any(|p| p.id == id).then_some(&[][..])
+            })
     }
 
     /// Queues a request and returns its id. A request that cannot run (bad constraint, empty or
     /// too long prompt, bad sampling parameters) is not an error here: it comes back from the next
-    /// [`Engine::step`] with [`FinishReason::Error`]. The only error is a full queue.
+    /// [`Engine::step`] with [`FinishReason::Error`]. The only error is a full queue. The prompt
+    /// is tokenized by the next step, beside its forward pass where one runs (`prepare`).
     pub fn submit(&mut self, req: Request) -> Result<u64, EngineError> {
-        if self.waiting.len() >= self.cfg.max_waiting {
+        let queued = self.pending.len() + self.encoded.len() + self.waiting.len();
+        if queued >= self.cfg.max_waiting {
             return Err(EngineError::QueueFull {
                 capacity: self.cfg.max_waiting,
             });
         }
         let id = self.next_id;
         self.next_id += 1;
-        let submitted = Instant::now();
-        match self.prepare(id, req.clone(), submitted) {
-            Ok(seq) => self.waiting.push_back(seq),
-            Err(e) => self.done.push(Completion {
-                id,
-                text: String::new(),
-                reasoning: None,
-                tokens: Vec::new(),
-                finish: e.finish(),
-                stats: RequestStats {
-                    total_s: submitted.elapsed().as_secs_f64(),
-                    ..RequestStats::default()
-                },
-            }),
-        }
+        self.pending.push_back(Pending {
+            id,
+            req,
+            submitted: Instant::now(),
+        });
         Ok(id)
     }
 
@@ -391,13 +401,24 @@ impl Engine {
     /// completions in the order of `requests`.
     pub fn run_batch(&mut self, requests: Vec<Request>) -> Result<Vec<Completion>, EngineError> {
         let n = requests.len();
-        let mut prepared: Vec<(usize, Result<Sequence, RequestError>)> = requests
+        let t = Instant::now();
+        let batch: Vec<Pending> = requests
             .into_iter()
             .enumerate()
-            .map(|(i, r)| {
-                let id = self.next_id + i as u64;
-                (i, self.prepare(id, r, Instant::now()))
+            .map(|(i, req)| Pending {
+                id: self.next_id + i as u64,
+                req,
+                submitted: t,
             })
+            .collect();
+        // Every prompt first, on every core: the order below needs their tokens.
+        let tokens = self.encode_all(&batch);
+        self.stats.prompt_s += t.elapsed().as_secs_f64();
+        let mut prepared: Vec<(usize, Result<Sequence, RequestError>)> = batch
+            .into_iter()
+            .zip(tokens)
+            .enumerate()
+            .map(|(i, (p, tokens))| (i, self.prepare(p, tokens)))
             .collect();
         let first = self.next_id;
         self.next_id += n as u64;
@@ -441,202 +462,23 @@ impl Engine {
             .collect())
     }
 
-    /// Tokenizes the prompt, compiles the constraint and validates the request.
-    fn prepare(
-        &mut self,
-        id: u64,
-        req: Request,
-        submitted: Instant,
-    ) -> Result<Sequence, RequestError> {
-        let sampler = Sampler::new(req.sampling()).map_err(RequestError::Sampling)?;
-        for p in &req.processors {
-            match p {
-                Processor::ThinkingBudget { .. } if req.reasoning.is_none() => {
-                    return Err(RequestError::ThinkingBudgetWithoutReasoning)
-                }
-                Processor::NoRepeatNgram { n, window, .. } if *n == 0 || window < n => {
-                    return Err(RequestError::NoRepeatNgram {
-                        n: *n,
-                        window: *window,
-                    })
-                }
-                Processor::DisallowTokens { ids } => {
-                    if let Some(id) = ids.iter().find(|&&i| i as usize >= self.vocab.len()) {
-                        return Err(RequestError::TokenOutsideVocabulary {
-                            id: *id,
-                            vocab_size: self.vocab.len(),
-                        });
-                    }
-                }
-                _ => {}
-            }
-        }
-        if let Some(r) = &req.reasoning {
-            if r.end_marker.is_empty() {
-                return Err(RequestError::EmptyEndMarker);
-            }
-        }
-        let tokens = self.encode_prompt(&req.prompt, req.reasoning.is_some())?;
-        let ctx = self.model.context_length();
-        if tokens.len() >= ctx {
-            return Err(RequestError::PromptOverContext {
-                tokens: tokens.len(),
-                context: ctx,
-            });
-        }
-        if tokens.len() >= self.cfg.kv_tokens {
-            return Err(RequestError::PromptOverPool {
-                tokens: tokens.len(),
-                pool: self.cfg.kv_tokens,
-            });
-        }
-        if req.max_tokens == 0 {
-            return Err(RequestError::ZeroMaxTokens);
-        }
-        let matcher = match req.constraint.to_constraint(self.cfg.schema_options) {
-            None => None,
-            Some(c) => Some(Matcher::with_capacity(
-                self.grammar(&c).map_err(RequestError::Constraint)?,
-                req.max_tokens,
-            )),
-        };
-        // The tokens the end-of-thinking marker takes when it is forced ("\n" + marker).
-        let marker_tokens = match (&req.reasoning, &matcher) {
-            (Some(r), Some(_)) => self
-                .tok
-                .encode_with(
-                    &format!("\n{}", r.end_marker),
-                    EncodeOptions {
-                        add_bos: false,
-                        parse_special: true,
-                    },
-                )
-                .map_or(0, |ids| ids.len()),
-            _ => 0,
-        };
-        let budget = self.cfg.close_within_budget && matcher.is_some();
-        if let Some(shortest) = matcher
-            .as_ref()
-            .filter(|_| budget)
-            .and_then(|m| m.grammar().shortest_record())
-        {
-            // With reasoning, the answer follows at least one thinking token and the marker.
-            let shortest = shortest + marker_tokens + usize::from(marker_tokens > 0);
-            if shortest > req.max_tokens {
-                return Err(RequestError::BudgetTooSmall {
-                    shortest,
-                    max_tokens: req.max_tokens,
-                });
-            }
-        }
-        let phase = if req.reasoning.is_some() {
-            Phase::Thinking
-        } else {
-            Phase::Output
-        };
-        let prompt_len = tokens.len();
-        Ok(Sequence {
-            id,
-            req,
-            tokens,
-            prompt_len,
-            kv_len: 0,
-            slots: Vec::new(),
-            shared_len: 0,
-            node: ROOT,
-            matcher,
-            sampler,
-            phase,
-            out_bytes: Vec::new(),
-            answer_start: 0,
-            constrained_from: prompt_len,
-            thinking_tokens: 0,
-            finish: None,
-            drafts: 0,
-            budget,
-            budget_shaped: false,
-            marker_tokens,
-            stats: RequestStats {
-                prompt_tokens: prompt_len,
-                ..RequestStats::default()
-            },
-            submitted,
-            started: None,
-        })
-    }
-
-    /// The prompt's token ids; a chat rendered for a reply that thinks first (`thinking`) or not.
-    fn encode_prompt(&self, prompt: &Prompt, thinking: bool) -> Result<Vec<u32>, RequestError> {
-        let (text, chat) = match prompt {
-            Prompt::Text(t) => (t.clone(), false),
-            Prompt::Chat(messages) => (
-                self.tok
-                    .apply_chat_template_with(
-                        messages,
-                        true,
-                        &self.cfg.chat_vars.for_reply(thinking),
-                    )
-                    .map_err(RequestError::ChatTemplate)?,
-                true,
-            ),
-        };
-        let tokens = if chat {
-            self.tok.encode_chat(&text)
-        } else {
-            self.tok.encode_with(
-                &text,
-                EncodeOptions {
-                    add_bos: self.tok.add_bos_by_default(),
-                    parse_special: false,
-                },
-            )
-        }
-        .map_err(RequestError::Tokenize)?;
-        if tokens.is_empty() {
-            return Err(RequestError::EmptyPrompt);
-        }
-        Ok(tokens)
-    }
-
-    /// The compiled grammar for `c`, shared by every request with the same constraint.
-    fn grammar(
-        &mut self,
-        c: &quarry_grammar::Constraint,
-    ) -> Result<Arc<Grammar>, quarry_grammar::GrammarError> {
-        // A grammar that stopped growing at a limit refuses some valid continuations from then
-        // on; new requests get a fresh one (sequences already running keep theirs). A grammar
-        // with recursion meets new parser configurations for as long as a worker runs, so this
-        // bounds its memory without ever failing a request that a fresh grammar would serve.
-        let key = quarry_grammar::ConstraintKey::new(c);
-        if let Some(g) = self.grammars.get(&key) {
-            if g.overflow_error().is_none() {
-                return Ok(g.clone());
-            }
-        }
-        let g = Arc::new(Grammar::compile(c, self.vocab.clone(), self.cfg.limits)?);
-        self.stats.grammars_compiled += 1;
-        if g.is_empty_language() {
-            return Err(quarry_grammar::GrammarError::EmptyLanguage);
-        }
-        if self.grammars.len() >= self.cfg.grammar_cache {
-            self.grammars.clear();
-        }
-        self.grammars.insert(key, g.clone());
-        Ok(g)
-    }
-
     /// One scheduler step: admit, run one forward pass over decodes and prefill chunks, choose
     /// tokens, and return the requests that finished.
     pub fn step(&mut self) -> Result<Vec<Completion>, EngineError> {
         let t0 = Instant::now();
         self.stats.steps += 1;
+        self.prepare_needed();
         self.admit()?;
         let plan = self.plan()?;
         let mut forward_s = 0.0;
         if !plan.is_empty() {
+            // Tokenizes the pending requests beside the pass.
             forward_s = self.forward(&plan)?;
+            self.queue_encoded();
             self.after_forward(&plan)?;
         }
+        // Where no pass ran, now: a request's errors come back from the step after its submit.
+        self.prepare_now(self.pending.len());
         self.release_finished()?;
         self.stats.forward_s += forward_s;
         self.stats.schedule_s += t0.elapsed().as_secs_f64() - forward_s;
@@ -812,8 +654,8 @@ impl Engine {
     /// and for one with drafts also in its state before each draft (the matcher rolled back and
     /// moved forward again, so it ends where it began). On a GPU the pass returns once its
     /// launches are queued, so the masks are built while the device runs the step; what the
-    /// step still waits for them after the pass returns is `mask_wait_s`. Returns the forward
-    /// time.
+    /// step still waits for them after the pass returns is `mask_wait_s`. The pending requests'
+    /// prompts are tokenized meanwhile, on this thread (`prepare`). Returns the forward time.
     fn forward(&mut self, plan: &[Slot]) -> Result<f64, EngineError> {
         let words = self.vocab.mask_words();
         // (sequence, drafts) of every constrained sequence that samples, in plan order: its
@@ -847,6 +689,10 @@ impl Engine {
             stats,
             fit_masks,
             fit_kept,
+            pending,
+            encoded,
+            tok,
+            cfg,
             ..
         } = self;
         let lefts: Vec<usize> = running
@@ -912,6 +758,15 @@ impl Engine {
             let t = Instant::now();
             let r = model.forward(&inputs, pool, logits);
             let fwd = t.elapsed().as_secs_f64();
+            // The pending requests' prompts, while the device runs the pass (on a GPU the
+            // forward call returns once it is queued) and the masks fill.
+            // Many (a burst of documents) share the thread pool with the masks.
+            let t = Instant::now();
+            let batch: Vec<Pending> = pending.drain(..).collect();
+            let tokens = prepare::encode_all(tok, &cfg.chat_vars, &batch);
+            stats.prompts_beside += batch.len() as u64;
+            encoded.extend(batch.into_iter().zip(tokens));
+            stats.prompt_beside_s += t.elapsed().as_secs_f64();
             let t = Instant::now();
             let mask_s = filler.map(|h| h.join().expect("mask thread panicked"));
             (r.map(|_| fwd), mask_s, t.elapsed().as_secs_f64())

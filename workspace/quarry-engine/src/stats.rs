@@ -35,6 +35,14 @@ pub struct EngineStats {
     pub sample_s: f64,
     /// Time in the rest of a step (scheduling, radix cache, the draws that `sample_s` counts).
     pub schedule_s: f64,
+    /// Time tokenizing prompts on the step's path: [`crate::Engine::run_batch`]'s before its
+    /// first step, and a step's where it needs them before its pass (nothing running, or free
+    /// slots the queue cannot fill), on every core.
+    pub prompt_s: f64,
+    /// Time tokenizing the prompts of requests submitted since the last step, beside the
+    /// forward pass (on a GPU, while the device runs it), and how many.
+    pub prompt_beside_s: f64,
+    pub prompts_beside: u64,
     /// Draws the token budget refused (no completion would have fitted after the token) and
     /// drew again from the tokens that fit (`docs/budget.md`).
     pub budget_redraws: u64,

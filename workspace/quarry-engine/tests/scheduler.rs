@@ -456,3 +456,68 @@ fn chat_prompts_tell_the_template_whether_the_reply_thinks() {
     let greeting = tok.encode("Hello").unwrap().len();
     assert_eq!(m, [n[1] + greeting, n[1] + greeting], "{m:?}");
 }
+
+/// A job feeds the engine as documents finish (the pipeline keeps twice the batch in flight):
+/// each new prompt is tokenized beside the next forward pass instead of before it, and the outputs
+/// are the ones every request gets alone. A request that cannot run still comes back from the
+/// step after its submit.
+#[test]
+fn requests_fed_as_others_finish_are_tokenized_beside_the_pass() {
+    // Twelve requests that finish at different steps.
+    let reqs: Vec<Request> = prompts()
+        .into_iter()
+        .cycle()
+        .take(12)
+        .enumerate()
+        .map(|(i, p)| Request::new(p).with_max_tokens(3 + i))
+        .collect();
+    let want = alone(&reqs);
+    let tok = tokenizer();
+    let cfg = EngineConfig {
+        max_running: 2,
+        ..base()
+    };
+    let mut e = Engine::new(Fake::new(&tok), tok, cfg).unwrap();
+    let mut out: Vec<Option<Completion>> = vec![None; reqs.len()];
+    let mut ids = std::collections::HashMap::new();
+    let mut next = reqs.iter().enumerate();
+    let mut steps = 0;
+    loop {
+        while e.in_flight() < 4 {
+            let Some((i, r)) = next.next() else { break };
+            ids.insert(e.submit(r.clone()).unwrap(), i);
+        }
+        if e.is_idle() {
+            break;
+        }
+        for c in e.step().unwrap() {
+            let i = ids.remove(&c.id).unwrap();
+            out[i] = Some(c);
+        }
+        steps += 1;
+        assert!(steps < 1000, "the fed run does not end");
+    }
+    let out: Vec<Completion> = out.into_iter().map(Option::unwrap).collect();
+    assert_eq!(tokens(&out), want);
+    e.check_pages().unwrap();
+    // The first four were tokenized before the first pass (nothing ran to hide them behind);
+    // each later one beside a pass, since the queue always held enough for the free slots.
+    let s = e.stats();
+    assert_eq!(s.prompts_beside, 8, "{s:?}");
+    assert!(s.prompt_s > 0.0 && s.prompt_beside_s > 0.0, "{s:?}");
+
+    // While others run, a request that cannot run is refused by the next step.
+    for r in &reqs[..2] {
+        e.submit(r.clone()).unwrap();
+    }
+    assert!(e.step().unwrap().is_empty());
+    let bad = e.submit(Request::text("")).unwrap();
+    assert_eq!(e.partial_output(bad), Some(&[][..]), "queued, nothing written");
+    let done = e.step().unwrap();
+    let refused = done.iter().find(|c| c.id == bad).expect("refused at once");
+    match &refused.finish {
+        FinishReason::Error(why) => assert!(why.contains("empty"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.stats().prompts_beside, 9);
+}

@@ -77,6 +77,16 @@ const KEPT_FIELDS: [&str; 11] = [
 /// `n` package records with a homepage and a description, spread evenly over the sorted database,
 /// each cut to [`KEPT_FIELDS`] and the first lines of its description.
 pub fn package_records(status: &Path, n: usize) -> Result<Vec<String>, EvalError> {
+    let records = usable_package_records(status)?;
+    spread(records, n).map_err(|message| EvalError::Input {
+        location: status.display().to_string(),
+        message,
+    })
+}
+
+/// Every usable record of a Debian package database (with a homepage and a description, cut as
+/// [`package_records`] cuts them), sorted.
+pub fn usable_package_records(status: &Path) -> Result<Vec<String>, EvalError> {
     let input_err = |message: String| EvalError::Input {
         location: status.display().to_string(),
         message,
@@ -94,7 +104,7 @@ pub fn package_records(status: &Path, n: usize) -> Result<Vec<String>, EvalError
         .map(cut_record)
         .collect();
     records.sort();
-    spread(records, n).map_err(input_err)
+    Ok(records)
 }
 
 fn cut_record(r: &str) -> String {

@@ -9,8 +9,9 @@
 //! hides its masks behind it when it builds them while the pass runs. Per batch size and mode,
 //! the table gives the step's wall time against its device time (1.00 is a step the device
 //! alone decides), the masks' time and what a step still waited for them after the launch, and
-//! the host's own time per step (scheduling, the radix cache, taking tokens, jump-forward), during
-//! which a GPU would sit idle. The device time per pass is `--pass-us` plus `--token-us` per new
+//! the host's own time per step (scheduling, the radix cache, taking tokens, jump-forward, the
+//! budget's draws again), during which a GPU would sit idle. The double's own picks (a GPU
+//! sampler's work, done here on the host) are timed apart (`pick ms`) and left out of it. The device time per pass is `--pass-us` plus `--token-us` per new
 //! token (defaults from an H100 running SmolLM2: about 1.2 ms at batch 1 and 10 ms at 512).
 //!
 //! With `--modes a --pass-us 0 --token-us 0` it measures the engine's own bookkeeping per step
@@ -63,6 +64,12 @@ struct Args {
     /// by default the runs of a batch size and mode share one, started over between them.
     #[arg(long)]
     cold: bool,
+    /// Feed the engine as the pipeline does, this many documents a run (0: the batch's
+    /// documents at once, through `run_batch`): twice the batch in flight, a new document
+    /// submitted for each one that finishes. Documents past the database's usable records repeat
+    /// them, each copy with its number appended, so every prompt is its own.
+    #[arg(long, default_value_t = 0)]
+    feed: usize,
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -76,6 +83,8 @@ struct Device {
     busy_until: Mutex<Option<Instant>>,
     /// Device time of every pass so far.
     device_s: Mutex<f64>,
+    /// Host time of the double's own picks (a GPU's sampler's work, done here on the host).
+    pick_s: Mutex<f64>,
     step: Mutex<u64>,
 }
 
@@ -115,6 +124,7 @@ impl Model for Device {
                 std::hint::spin_loop();
             }
         }
+        let picked = Instant::now();
         let step = {
             let mut s = self.step.lock().unwrap();
             *s += 1;
@@ -137,7 +147,52 @@ impl Model for Device {
                     message: "no token allowed".into(),
                 }));
         }
+        *self.pick_s.lock().unwrap() += picked.elapsed().as_secs_f64();
     }
+}
+
+/// `n` package records: every usable one, then copies of them, each copy's number appended.
+fn fed_documents(status: &std::path::Path, n: usize) -> Result<Vec<String>> {
+    let records = bench::usable_package_records(status)?;
+    anyhow::ensure!(!records.is_empty(), "no usable package records");
+    Ok((0..n)
+        .map(|i| match i / records.len() {
+            0 => records[i].clone(),
+            copy => format!("{}\n(copy {copy})", records[i % records.len()]),
+        })
+        .collect())
+}
+
+/// Runs `reqs` as the pipeline feeds an engine: `in_flight` submitted, then one submitted for
+/// each that finishes. The completions in the order of `reqs`.
+fn run_fed(
+    engine: &mut Engine,
+    reqs: Vec<quarry_engine::Request>,
+    in_flight: usize,
+) -> Result<Vec<quarry_engine::Completion>> {
+    let n = reqs.len();
+    let mut reqs = reqs.into_iter();
+    let mut ids = std::collections::HashMap::new();
+    let mut out: Vec<Option<quarry_engine::Completion>> = vec![None; n];
+    let mut next = 0;
+    loop {
+        while engine.in_flight() < in_flight {
+            let Some(r) = reqs.next() else { break };
+            ids.insert(engine.submit(r)?, next);
+            next += 1;
+        }
+        if engine.is_idle() {
+            break;
+        }
+        for c in engine.step()? {
+            let i = ids.remove(&c.id).expect("a submitted request");
+            out[i] = Some(c);
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|c| c.expect("every request completes"))
+        .collect())
 }
 
 fn mix(a: u64, b: u64) -> u64 {
@@ -181,7 +236,7 @@ fn main() -> Result<()> {
         args.pass_us, args.token_us, args.repeats
     );
     println!(
-        "{:>5} {:>4}  {:>6}  {:>8}  {:>10}  {:>9}  {:>8}  {:>12}  {:>13}  {:>9}  {:>7}  {:>4}",
+        "{:>5} {:>4}  {:>6}  {:>8}  {:>10}  {:>9}  {:>8}  {:>12}  {:>13}  {:>8}  {:>9}  {:>7}  {:>4}",
         "batch",
         "mode",
         "steps",
@@ -191,12 +246,17 @@ fn main() -> Result<()> {
         "mask µs",
         "mask wait µs",
         "host ms/step",
+        "pick ms",
         "budget µs",
         "redraws",
         "cut"
     );
     for &b in &args.batch {
-        let docs = bench::package_records(&args.status, b.max(16))?;
+        let docs = if args.feed > 0 {
+            fed_documents(&args.status, args.feed)?
+        } else {
+            bench::package_records(&args.status, b.max(16))?
+        };
         for mode in &args.modes {
             let mut runs = Vec::new();
             let device = Arc::new(Device {
@@ -205,6 +265,7 @@ fn main() -> Result<()> {
                 token: Duration::from_micros(args.token_us),
                 busy_until: Mutex::new(None),
                 device_s: Mutex::new(0.0),
+                pick_s: Mutex::new(0.0),
                 step: Mutex::new(0),
             });
             let cfg = EngineConfig {
@@ -219,6 +280,7 @@ fn main() -> Result<()> {
             let mut kept: Option<Engine> = None;
             for _ in 0..args.repeats {
                 *device.device_s.lock().unwrap() = 0.0;
+                *device.pick_s.lock().unwrap() = 0.0;
                 *device.step.lock().unwrap() = 0;
                 let mut engine = match kept.take().filter(|_| !args.cold) {
                     Some(mut e) => {
@@ -230,11 +292,16 @@ fn main() -> Result<()> {
                 let constraint = (mode != "a").then_some(&schema);
                 let reqs = bench::requests(&docs, constraint, args.max_tokens);
                 let t = Instant::now();
-                let out = engine.run_batch(reqs)?;
+                let out = if args.feed > 0 {
+                    run_fed(&mut engine, reqs, 2 * b)?
+                } else {
+                    engine.run_batch(reqs)?
+                };
                 let wall = t.elapsed().as_secs_f64();
                 let s = engine.stats();
                 let passes = s.forward_passes.max(1) as f64;
                 let device_s = *device.device_s.lock().unwrap();
+                let pick_s = *device.pick_s.lock().unwrap();
                 let cut = out
                     .iter()
                     .filter(|c| c.finish == FinishReason::Length)
@@ -249,6 +316,10 @@ fn main() -> Result<()> {
                     "mask_us": s.mask_us_per_step(),
                     "mask_wait_us": s.mask_wait_us_per_step(),
                     "host_ms": 1e3 * (wall - device_s).max(0.0) / passes,
+                    // The double's picks, which a GPU's sampler makes on the device; the host's
+                    // own time a step is `host_ms - pick_ms`.
+                    "pick_ms": 1e3 * pick_s / passes,
+                    "engine_host_ms": 1e3 * (wall - device_s - pick_s).max(0.0) / passes,
                     // The budget's draws again, a step, on the step's path (not beside it).
                     "budget_us": 1e6 * s.budget_s / passes,
                     "redraws": s.budget_redraws,
@@ -266,14 +337,15 @@ fn main() -> Result<()> {
             }
             let med = |k: &str| median(runs.iter().map(|r| r[k].as_f64().unwrap()).collect());
             println!(
-                "{b:>5} {mode:>4}  {:>6.0}  {:>8.2}  {:>10.2}  {:>9.2}  {:>8.0}  {:>12.0}  {:>13.2}  {:>9.0}  {:>7.0}  {:>4.0}",
+                "{b:>5} {mode:>4}  {:>6.0}  {:>8.2}  {:>10.2}  {:>9.2}  {:>8.0}  {:>12.0}  {:>13.2}  {:>8.2}  {:>9.0}  {:>7.0}  {:>4.0}",
                 med("passes"),
                 med("step_ms"),
                 med("device_ms"),
                 med("step_over_device"),
                 med("mask_us"),
                 med("mask_wait_us"),
-                med("host_ms"),
+                med("engine_host_ms"),
+                med("pick_ms"),
                 med("budget_us"),
                 med("redraws"),
                 med("cut_at_max_tokens"),
