@@ -512,7 +512,11 @@ fn requests_fed_as_others_finish_are_tokenized_beside_the_pass() {
     }
     assert!(e.step().unwrap().is_empty());
     let bad = e.submit(Request::text("")).unwrap();
-    assert_eq!(e.partial_output(bad), Some(&[][..]), "queued, nothing written");
+    assert_eq!(
+        e.partial_output(bad),
+        Some(&[][..]),
+        "queued, nothing written"
+    );
     let done = e.step().unwrap();
     let refused = done.iter().find(|c| c.id == bad).expect("refused at once");
     match &refused.finish {

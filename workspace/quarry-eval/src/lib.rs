@@ -345,6 +345,10 @@ pub struct RunMetrics {
     /// masks: the host's own scheduling, radix cache, jump-forward and bookkeeping, during which
     /// a GPU sits idle.
     pub host_s: f64,
+    /// Seconds tokenizing prompts before the first step (on every core; in the wall time, in no
+    /// step's), and beside the passes (requests submitted mid-run; `run_batch` submits none).
+    pub prompt_s: f64,
+    pub prompt_beside_s: f64,
     /// Radix-cache bookkeeping over step time.
     pub cache_overhead: f64,
     pub retokenized_tokens: u64,
@@ -442,6 +446,8 @@ pub fn measure_on(
         mask_us_per_step: s.mask_us_per_step(),
         mask_wait_us_per_step: s.mask_wait_us_per_step(),
         host_s: (s.schedule_s - s.sample_s - s.mask_wait_s).max(0.0),
+        prompt_s: s.prompt_s,
+        prompt_beside_s: s.prompt_beside_s,
         cache_overhead: s.cache_overhead(),
         retokenized_tokens: s.retokenized_tokens,
         complete: out.iter().filter(|c| c.is_complete()).count(),
@@ -568,6 +574,8 @@ mod tests {
             mask_us_per_step: 0.0,
             mask_wait_us_per_step: 0.0,
             host_s: 0.0,
+            prompt_s: 0.0,
+            prompt_beside_s: 0.0,
             cache_overhead: 0.0,
             retokenized_tokens: 0,
             complete: 0,

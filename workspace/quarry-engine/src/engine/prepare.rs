@@ -2,14 +2,15 @@
 //! compiled (or taken from the engine's cache).
 //!
 //! Tokenizing a chat prompt of a few hundred tokens takes most of a millisecond (the chat
-//! template, then the tokenizer's pre-tokenizing regexes), about as long as a GPU's decode pass
-//! of a small model. So a request [`Engine::submit`] queues is tokenized beside the next forward
-//! pass, on the engine's thread while the device runs the pass and the mask thread fills the
-//! masks, and joins the queue after it: a job that feeds documents as others finish (the
-//! pipeline keeps twice the batch in flight) no longer stops the device to tokenize them. Where
-//! that would leave the batch short (nothing running, so no pass to hide behind, or free slots
-//! that only new requests can fill) the step tokenizes what it needs first, on every core.
-//! [`Engine::run_batch`] tokenizes its requests on every core before its first step.
+//! template, then the tokenizer's pre-tokenizing regexes), half a small model's decode step on a
+//! GPU. So a request [`Engine::submit`] queues is tokenized beside the next forward pass, on the
+//! engine's thread (with the thread pool where more than two wait) while the device runs the pass
+//! and the mask thread fills the masks, and joins the queue after it: a job that feeds documents
+//! as others finish (the pipeline keeps twice the batch in flight) no longer stops the device to
+//! tokenize them. Where that would leave the batch short (nothing running or waiting, so no pass
+//! to hide behind, or free slots that only new requests can fill) the step tokenizes what it
+//! needs first, on every core. [`Engine::run_batch`] tokenizes its requests on every core before
+//! its first step.
 
 use std::sync::Arc;
 use std::time::Instant;
