@@ -494,17 +494,20 @@ impl Engine {
             };
             // A prompt sharing more than the cache holds with one still being prefilled waits
             // for that prefill to land in the cache (in-batch prefix sharing).
-            let waits_for_prefix = self.cfg.radix_cache && {
-                let shared = self
-                    .running
-                    .iter()
-                    .filter(|r| r.kv_len < r.prompt_len)
-                    .map(|r| common_len(&r.tokens, &seq.tokens))
-                    .max()
-                    .unwrap_or(0);
-                let tokens = &seq.tokens[..seq.tokens.len() - 1];
-                shared >= 32 && shared >= self.cache.match_prefix(tokens).pages.len() + 32
+            // (Whether one shares its first `n` tokens: a slice comparison that stops at the
+            // first such sequence, where the longest common prefix over all of them made a
+            // burst's admission quadratic in its prompts' lengths.)
+            let shares = |r: &Sequence, n: usize| {
+                r.kv_len < r.prompt_len
+                    && n <= r.tokens.len().min(seq.tokens.len())
+                    && r.tokens[..n] == seq.tokens[..n]
             };
+            let waits_for_prefix =
+                self.cfg.radix_cache && self.running.iter().any(|r| shares(r, 32)) && {
+                    let tokens = &seq.tokens[..seq.tokens.len() - 1];
+                    let need = self.cache.match_prefix(tokens).pages.len() + 32;
+                    self.running.iter().any(|r| shares(r, need))
+                };
             if waits_for_prefix {
                 break;
             }
@@ -1227,10 +1230,6 @@ impl Engine {
         }
         self.cache.check(&locks)
     }
-}
-
-fn common_len(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// Appends sampled token `id` to `seq`, with what follows from it, counted in `stats`.
