@@ -71,7 +71,7 @@ pub use request::{
     Completion, ConstraintSpec, FinishReason, Processor, Prompt, Reasoning, Request, RequestStats,
     DEFAULT_MAX_TOKENS,
 };
-pub use spec::{LoadError, Loaded, ModelSpec};
+pub use spec::{BatchSizes, LoadError, Loaded, ModelSpec, SizeError};
 pub use stats::EngineStats;
 
 use std::sync::Arc;

@@ -315,6 +315,17 @@ pub struct BatchingConfig {
     /// Documents larger than this are rejected (`too_large`) without reaching the model.
     #[serde(default = "default_max_doc_bytes")]
     pub max_doc_bytes: usize,
+    /// Positions of keys and values the engine's pool holds (the radix cache's pages among them).
+    /// Default: on a GPU, every position its free memory holds once the model is loaded (less
+    /// the passes' headroom, as `quarry bench` sizes it); on a CPU, the engine's 16,384.
+    #[serde(default)]
+    pub kv_tokens: Option<usize>,
+    /// Tokens one forward pass computes at most: every running sequence's next token first, then
+    /// prompt chunks in the rest. Default: on a GPU, 4,096 or twice `max_running`, whichever is
+    /// more (the prompts of the documents that replace finished ones need that room, or the
+    /// batch runs short of them); on a CPU, 512 or `max_running`.
+    #[serde(default)]
+    pub step_tokens: Option<usize>,
 }
 
 impl Default for BatchingConfig {
@@ -325,6 +336,8 @@ impl Default for BatchingConfig {
             flush_ms: default_flush_ms(),
             max_buffered: default_max_buffered(),
             max_doc_bytes: default_max_doc_bytes(),
+            kv_tokens: None,
+            step_tokens: None,
         }
     }
 }
@@ -419,12 +432,20 @@ impl PipelineConfig {
             ("batching.max_running", b.max_running),
             ("batching.file_docs", b.file_docs),
             ("batching.max_buffered", b.max_buffered),
+            ("batching.kv_tokens", b.kv_tokens.unwrap_or(1)),
+            ("batching.step_tokens", b.step_tokens.unwrap_or(1)),
             ("output.row_group_rows", self.output.row_group_rows),
             ("sampling.max_tokens", self.sampling.max_tokens),
         ] {
             if value == 0 {
                 return Err(Zero { field });
             }
+        }
+        if let Some(step_tokens) = b.step_tokens.filter(|&t| t < b.max_running) {
+            return Err(StepTokens {
+                step_tokens,
+                max_running: b.max_running,
+            });
         }
         if !(1..=22).contains(&self.output.zstd_level) {
             return Err(ZstdLevel {
@@ -543,6 +564,14 @@ pub enum ConfigProblem {
     ShardIndex { index: usize, count: usize },
     #[error("output.url and rejects.url must differ")]
     SameOutput,
+    #[error(
+        "batching.step_tokens {step_tokens} is below batching.max_running {max_running}: every \
+         running sequence computes a token each step"
+    )]
+    StepTokens {
+        step_tokens: usize,
+        max_running: usize,
+    },
 }
 
 #[cfg(test)]
@@ -599,12 +628,27 @@ mod tests {
             ("file_docs = 0", "batching.file_docs"),
             ("max_buffered = 0", "batching.max_buffered"),
             ("max_running = 0", "batching.max_running"),
+            ("kv_tokens = 0", "batching.kv_tokens"),
+            ("step_tokens = 0", "batching.step_tokens"),
         ] {
             let t = format!("{base}[batching]\n{line}\n");
             assert_eq!(check(&t), ConfigProblem::Zero { field }, "{line}");
         }
         let t = base.replace("[output]", "[output]\nzstd_level = 23");
         assert_eq!(check(&t), ConfigProblem::ZstdLevel { level: 23 });
+        let t = format!("{base}[batching]\nmax_running = 64\nstep_tokens = 63\n");
+        assert_eq!(
+            check(&t),
+            ConfigProblem::StepTokens {
+                step_tokens: 63,
+                max_running: 64
+            }
+        );
+        let e = bad(&t);
+        assert!(
+            e.contains("a.toml") && e.contains("batching.step_tokens 63"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use minijinja::Environment;
 use quarry_engine::{
     ConstraintSpec, Engine, EngineConfig, EngineStats, FinishReason, LoadError, Model, Prompt,
-    Request,
+    Request, SizeError,
 };
 use quarry_tokenizer::{ChatMessage, ChatVars, Tokenizer};
 use serde_json::Value;
@@ -252,11 +252,26 @@ impl EngineExtractor {
             Some(w) if w.q8_0 => tracing::info!("{w}"),
             _ => {}
         }
+        // The KV pool and the pass's size for the device: on a GPU, what its free memory holds
+        // now that the weights are in, as `quarry bench` sizes it.
+        let b = &cfg.batching;
+        let sizes = loaded
+            .batch_sizes(b.max_running, b.kv_tokens, b.step_tokens)
+            .map_err(|e| match e {
+                SizeError::Device(source) => PipelineError::Model {
+                    path: cfg.model_path().display().to_string(),
+                    source,
+                },
+                e => PipelineError::Config {
+                    path: cfg.name.clone(),
+                    message: format!("batching: {e}"),
+                },
+            })?;
+        tracing::info!("{sizes}");
         let ecfg = EngineConfig {
             max_running: cfg.batching.max_running,
-            step_tokens: EngineConfig::default()
-                .step_tokens
-                .max(cfg.batching.max_running),
+            step_tokens: sizes.step_tokens,
+            kv_tokens: sizes.kv_tokens,
             close_within_budget: cfg.sampling.close_within_budget,
             ..EngineConfig::default()
         };

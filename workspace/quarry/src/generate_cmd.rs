@@ -116,6 +116,14 @@ pub(crate) struct GenerateArgs {
     /// Sequences decoding at once.
     #[arg(long, default_value_t = EngineConfig::default().max_running)]
     max_running: usize,
+    /// Positions of keys and values the engine's pool holds. Default: on a GPU, every position
+    /// its free memory holds once the model is loaded; on a CPU, 16,384.
+    #[arg(long, value_name = "N")]
+    kv_tokens: Option<usize>,
+    /// Tokens a forward pass computes at most. Default: on a GPU, 4,096 or twice
+    /// `--max-running`; on a CPU, 512 or `--max-running`.
+    #[arg(long, value_name = "N")]
+    step_tokens: Option<usize>,
     /// Print forward passes, forced tokens, cache hits and mask time (stderr).
     #[arg(long)]
     stats: bool,
@@ -180,13 +188,15 @@ impl GenerateArgs {
 pub(crate) fn run(args: GenerateArgs) -> Result<()> {
     let defaults = args.defaults()?;
     let loaded = crate::load_model(&args.model.model, &args.device, args.runtime.options()?)?;
+    let sizes = loaded.batch_sizes(args.max_running, args.kv_tokens, args.step_tokens)?;
     let cfg = EngineConfig {
         jump_forward: !args.no_jump_forward,
         keep_back: args.keep_back,
         draft_kept_back: !args.no_drafts,
         radix_cache: !args.no_prefix_cache,
         max_running: args.max_running,
-        step_tokens: EngineConfig::default().step_tokens.max(args.max_running),
+        step_tokens: sizes.step_tokens,
+        kv_tokens: sizes.kv_tokens,
         schema_options: SchemaOptions {
             whitespace: args.whitespace,
             ..EngineConfig::default().schema_options

@@ -294,6 +294,18 @@ fn generate_chat_stops_at_end_of_turn_and_bad_input_is_one_line() {
         ),
         (vec!["generate", "--prompt", "x", "--top-p", "0"], "top_p"),
         (vec!["generate", "--prompt", ""], "prompt is empty"),
+        (
+            vec![
+                "generate",
+                "--prompt",
+                "x",
+                "--max-running",
+                "16",
+                "--step-tokens",
+                "8",
+            ],
+            "step_tokens 8 is below max_running 16",
+        ),
     ] {
         let o = quarry(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");
