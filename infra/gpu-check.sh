@@ -11,7 +11,8 @@
 #      `quarry generate --device cuda:0`, free and constrained;
 #   4. the peers on the same GPU and GGUF, first (they are quick): llama.cpp's
 #      `llama-batched-bench` (CUDA build) and transformers `generate` (bf16);
-#   5. `quarry bench --device cuda:0` over the batch sweep and modes;
+#   5. `quarry bench --device cuda:0` over the batch sweep and modes (and, with PIPELINE_BATCHES,
+#      the dataset job against the engine alone: pipeline-bench);
 # then prints one table. Raw results go to $OUT (the device tool brings them back).
 # Variables: BATCHES (default 1,8,32,128,256,512; empty: no sweep), MODES (default a,b,c: no constraint, schema
 # without jump-forward, schema with it), REPEATS (default 3: medians of 3),
@@ -490,6 +491,23 @@ for b in $(tr ',' ' ' <<<"${NO_BUDGET_BATCHES-32,512}"); do
     && nb_runs+=("$STAGE_DIR/quarry-bench-nobudget-$b.json") || echo "(stopped or failed)"
 done
 merge_runs "$OUT/quarry-bench-nobudget.json" "${nb_runs[@]}"
+
+# The whole dataset job against the engine alone (pipeline-bench: the same documents and prompts,
+# JSONL shards in, validation, Parquet out; both with the job's KV pool and pass sizes for the
+# GPU) at PIPELINE_BATCHES (default none, e.g. 128,512), with PIPELINE_DOCS documents (default
+# four times the batch, at most 600), TG output tokens at most, medians of 2. On a GPU a step is a
+# few milliseconds, so whatever the job does between steps shows here.
+for b in $(tr ',' ' ' <<<"${PIPELINE_BATCHES-}"); do
+  section "pipeline-bench --device cuda:0, batch $b"
+  left=$(( END - $(date +%s) - 5 ))
+  [ "$left" -lt 30 ] && { echo "not run: the call's time is spent"; continue; }
+  docs="${PIPELINE_DOCS:-$(( 4 * b ))}"
+  [ "$docs" -gt 600 ] && docs=600
+  timeout "$(budget 150 5)" "$PACK/bin/pipeline-bench" --pipeline pipelines/debian-packages.toml \
+    --status "$STATUS" --model "$QUARRY_MODEL" --device cuda:0 --max-running "$b" \
+    --max-tokens "${TG:-160}" --docs "$docs" --repeats 2 --threads "$(nproc)" \
+    --out "$OUT/pipeline-bench-$b.json" || echo "(stopped or failed)"
+done
 
 section "summary"
 python3 - "$OUT" <<'EOF'

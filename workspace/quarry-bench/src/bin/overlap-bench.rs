@@ -70,6 +70,9 @@ struct Args {
     /// them, each copy with its number appended, so every prompt is its own.
     #[arg(long, default_value_t = 0)]
     feed: usize,
+    /// Tokens a pass computes at most (the engine's `step_tokens`).
+    #[arg(long, default_value_t = 4096)]
+    step_tokens: usize,
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -270,7 +273,7 @@ fn main() -> Result<()> {
             });
             let cfg = EngineConfig {
                 max_running: b,
-                step_tokens: 4096,
+                step_tokens: args.step_tokens.max(b),
                 kv_tokens: (b * (1024 + args.max_tokens)).max(16_384),
                 jump_forward: mode != "b",
                 ..EngineConfig::default()
@@ -328,6 +331,7 @@ fn main() -> Result<()> {
                     "forced_share": s.forced_share(),
                     "cut_at_max_tokens": cut,
                     "docs": out.len(),
+                "docs_per_s": out.len() as f64 / wall,
                     // Runs of the same outputs have the same hash (`--cold` or not).
                     "outputs_hash": out.iter().fold(0, |h, c| {
                         c.tokens.iter().fold(mix(h, c.tokens.len() as u64), |h, &t| mix(h, t.into()))
@@ -362,6 +366,8 @@ fn main() -> Result<()> {
                 "token_us": args.token_us,
                 "max_tokens": args.max_tokens,
                 "cold": args.cold,
+                "feed": args.feed,
+                "step_tokens": args.step_tokens,
                 "results": results,
             }))?,
         )?;
