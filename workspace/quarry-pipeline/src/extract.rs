@@ -267,7 +267,12 @@ impl EngineExtractor {
                     message: format!("batching: {e}"),
                 },
             })?;
-        tracing::info!("{sizes}");
+        // Said on a GPU, where the pool takes what its memory holds; a CPU's is the default.
+        if sizes.gpu_capacity.is_some() {
+            tracing::info!("{sizes}");
+        } else {
+            tracing::debug!("{sizes}");
+        }
         let ecfg = EngineConfig {
             max_running: cfg.batching.max_running,
             step_tokens: sizes.step_tokens,
