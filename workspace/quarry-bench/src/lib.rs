@@ -9,6 +9,7 @@
 //! It is never a dependency of the other crates.
 
 pub mod cfg;
+pub mod double;
 pub mod grammar;
 pub mod peers;
 
@@ -55,4 +56,16 @@ pub fn package_records(path: &Path, n: usize) -> Result<Vec<String>> {
     anyhow::ensure!(recs.len() >= n, "only {} records", recs.len());
     let step = recs.len() / n;
     Ok((0..n).map(|i| recs[i * step].clone()).collect())
+}
+
+/// `n` package records: every usable one, then copies of them, each copy's number appended.
+pub fn fed_documents(status: &Path, n: usize) -> Result<Vec<String>> {
+    let records = quarry_eval::usable_package_records(status)?;
+    anyhow::ensure!(!records.is_empty(), "no usable package records");
+    Ok((0..n)
+        .map(|i| match i / records.len() {
+            0 => records[i].clone(),
+            copy => format!("{}\n(copy {copy})", records[i % records.len()]),
+        })
+        .collect())
 }

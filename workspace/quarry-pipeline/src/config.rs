@@ -369,6 +369,9 @@ pub struct OutputConfig {
     /// zstd level (1–22).
     #[serde(default = "default_zstd_level")]
     pub zstd_level: i32,
+    /// Dataset jobs: files encoded and published at once, beside the step loop.
+    #[serde(default = "default_publishers")]
+    pub publishers: usize,
 }
 
 fn default_row_group_rows() -> usize {
@@ -376,6 +379,9 @@ fn default_row_group_rows() -> usize {
 }
 fn default_zstd_level() -> i32 {
     3
+}
+fn default_publishers() -> usize {
+    4
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -435,6 +441,7 @@ impl PipelineConfig {
             ("batching.kv_tokens", b.kv_tokens.unwrap_or(1)),
             ("batching.step_tokens", b.step_tokens.unwrap_or(1)),
             ("output.row_group_rows", self.output.row_group_rows),
+            ("output.publishers", self.output.publishers),
             ("sampling.max_tokens", self.sampling.max_tokens),
         ] {
             if value == 0 {
@@ -615,6 +622,8 @@ mod tests {
         assert!(e.contains("a.toml") && e.contains("csv"), "{e}");
         let e = bad(&base.replace("[output]", "[output]\nrow_group_rows = 0"));
         assert!(e.contains("row_group_rows"), "{e}");
+        let e = bad(&base.replace("[output]", "[output]\npublishers = 0"));
+        assert!(e.contains("output.publishers"), "{e}");
         let e = bad(&base.replace("url = \"r\"", "url = \"o\""));
         assert!(e.contains("must differ"), "{e}");
         let e = bad(&base.replace("kind = \"dataset\"", "kind = \"dataset\"\nbrokers = \"x\""));

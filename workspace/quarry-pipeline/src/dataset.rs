@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 
+mod io;
+
 use crate::config::{DatasetSource, InputFormat, PipelineConfig, SourceConfig, ValueFormat};
 use crate::error::{FormatError, PipelineError};
 use crate::extract::Extractor;
@@ -21,6 +23,7 @@ use crate::record::{decode, Input, Lineage};
 pub use crate::shard::{shards, Shard, ShardSlice};
 use crate::shutdown::Shutdown;
 use crate::store::Location;
+use io::{Beside, Next, Read, Stores};
 
 /// What a dataset job did (`quarry extract --json` prints it).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -54,9 +57,15 @@ pub struct JobSummary {
     pub output_tokens: u64,
     pub forced_tokens: u64,
     pub wall_s: f64,
-    /// Of `wall_s`, the time spent reading shards and encoding and publishing files (the
-    /// pipeline's own work; validation runs per document between engine steps, in microseconds).
+    /// Time spent reading shards and encoding and publishing files (the pipeline's own work,
+    /// beside the step loop, on threads of its own: it can exceed `wall_s`). Validation runs per
+    /// document between engine steps, in microseconds.
     pub io_s: f64,
+    /// Of `wall_s`, the time the step loop waited for that work: with no document to step while
+    /// the next shard was read, at the end for the last publishes, or with too many files
+    /// waiting for a publisher.
+    #[serde(default)]
+    pub io_wait_s: f64,
     /// Stopped by a signal before every shard was done.
     pub interrupted: bool,
     /// The files this worker published.
@@ -110,6 +119,7 @@ impl JobSummary {
         self.forced_tokens += o.forced_tokens;
         self.wall_s = self.wall_s.max(o.wall_s);
         self.io_s += o.io_s;
+        self.io_wait_s += o.io_wait_s;
         self.interrupted |= o.interrupted;
         self.files.extend(o.files.iter().cloned());
         self.duplicated.extend(o.duplicated.iter().cloned());
@@ -225,7 +235,7 @@ pub struct DatasetJob<'a, E: Extractor> {
 
 /// The shards left to read, and the footer metadata every file of the job carries.
 struct Plan {
-    todo: std::vec::IntoIter<Shard>,
+    todo: Vec<Shard>,
     job_meta: Vec<(String, String)>,
 }
 
@@ -256,61 +266,36 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
         })
     }
 
-    /// Runs to the end (or to a signal).
+    /// Runs to the end (or to a signal). Shards are read and files published beside the step
+    /// loop ([`io`]).
     pub fn run(mut self, shutdown: &Shutdown) -> Result<JobSummary, PipelineError> {
         let started = Instant::now();
         let mut summary = JobSummary {
             slice: self.opts.slice,
             ..Default::default()
         };
-        let Plan { mut todo, job_meta } = self.plan(&mut summary)?;
+        let Plan { todo, job_meta } = self.plan(&mut summary)?;
         let progress = Progress::new(self.opts.progress, todo.len());
-        let low_water = self.flow.extractor.capacity() * 2;
-        let mut exhausted = false;
-        loop {
-            self.metrics.beat();
-            if shutdown.abandon() {
-                summary.interrupted = true;
-                break;
-            }
-            if shutdown.requested() {
-                summary.interrupted = true;
-                exhausted = true;
-            }
-            // Keep enough documents loaded to keep the engine full, a shard at a time.
-            while !exhausted && self.flow.pending() < low_water {
-                match todo.next() {
-                    Some(shard) => self.load(shard, &job_meta, &mut summary)?,
-                    None => exhausted = true,
-                }
-            }
-            let t = Instant::now();
-            let worked = self.flow.pump()?;
-            if worked {
-                self.metrics.step(t.elapsed());
-            }
-            self.metrics.in_flight.set(self.flow.pending() as i64);
-            for file in self.flow.take_ready() {
-                let t = Instant::now();
-                let report = self.publisher.publish(file)?;
-                summary.io_s += t.elapsed().as_secs_f64();
-                self.metrics.file(&report);
-                if report.duplicate {
-                    tracing::warn!(shard = %report.name, slice = %self.opts.slice, docs = report.duplicated_docs, "another worker published this shard first; this worker's work on it is discarded (is the same index running twice?)");
-                }
-                summary.add(&report);
-                progress.shard(&report, &summary, started.elapsed());
-            }
-            if let Some(s) = self.flow.extractor.engine_stats() {
-                self.metrics.engine(&s);
-            }
-            if exhausted && self.flow.open_files() == 0 {
-                break;
-            }
-            if !worked && self.flow.pending() > 0 {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
+        let stores = Stores {
+            input: self.input,
+            src: self.src,
+            max_doc_bytes: self.cfg.batching.max_doc_bytes,
+            publisher: self.publisher,
+            publishers: self.cfg.output.publishers,
+        };
+        std::thread::scope(|scope| {
+            let mut io = Beside::start(scope, todo, stores);
+            let looped = self.run_loop(
+                &mut io,
+                shutdown,
+                &job_meta,
+                &mut summary,
+                &progress,
+                started,
+            );
+            summary.io_wait_s = io.wait_s;
+            looped
+        })?;
         progress.finish();
         summary.wall_s = started.elapsed().as_secs_f64();
         if summary.accepted + summary.rejected != summary.consumed {
@@ -323,6 +308,76 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
             });
         }
         Ok(summary)
+    }
+
+    /// Feeds the engine from `io`'s shards and hands `io` each finished file, until every shard
+    /// is published (or a signal).
+    fn run_loop(
+        &mut self,
+        io: &mut Beside,
+        shutdown: &Shutdown,
+        job_meta: &[(String, String)],
+        summary: &mut JobSummary,
+        progress: &Progress,
+        started: Instant,
+    ) -> Result<(), PipelineError> {
+        let low_water = self.flow.extractor.capacity() * 2;
+        let mut exhausted = false;
+        let mut done = Vec::new();
+        loop {
+            self.metrics.beat();
+            if shutdown.abandon() {
+                summary.interrupted = true;
+                return Ok(());
+            }
+            if shutdown.requested() && !exhausted {
+                summary.interrupted = true;
+                exhausted = true;
+                io.stop_reading();
+            }
+            // Keep enough documents loaded to keep the engine full, a shard at a time; wait for
+            // the reader only when there is nothing to step.
+            while !exhausted && self.flow.pending() < low_water {
+                match io.next_shard(self.flow.pending() == 0)? {
+                    Next::Read(read, secs) => {
+                        summary.io_s += secs;
+                        self.load(read, job_meta, summary);
+                    }
+                    Next::NotYet => break,
+                    Next::Done => exhausted = true,
+                }
+            }
+            let t = Instant::now();
+            let worked = self.flow.pump()?;
+            if worked {
+                self.metrics.step(t.elapsed());
+            }
+            self.metrics.in_flight.set(self.flow.pending() as i64);
+            for file in self.flow.take_ready() {
+                io.publish(file, &mut done)?;
+            }
+            // Wait for the publishers only when nothing is left to step.
+            let idle = !worked && self.flow.pending() == 0 && exhausted;
+            io.collect(idle, &mut done)?;
+            for (report, secs) in done.drain(..) {
+                summary.io_s += secs;
+                self.metrics.file(&report);
+                if report.duplicate {
+                    tracing::warn!(shard = %report.name, slice = %self.opts.slice, docs = report.duplicated_docs, "another worker published this shard first; this worker's work on it is discarded (is the same index running twice?)");
+                }
+                summary.add(&report);
+                progress.shard(&report, summary, started.elapsed());
+            }
+            if let Some(s) = self.flow.extractor.engine_stats() {
+                self.metrics.engine(&s);
+            }
+            if exhausted && self.flow.open_files() == 0 && io.outstanding() == 0 {
+                return Ok(());
+            }
+            if !worked && self.flow.pending() > 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// Lists the input and keeps this worker's unpublished shards (at most `limit_shards`).
@@ -362,34 +417,20 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
                 self.opts.slice.to_string(),
             ),
         ];
-        Ok(Plan {
-            todo: todo.into_iter(),
-            job_meta,
-        })
+        Ok(Plan { todo, job_meta })
     }
 
-    /// Reads one shard into the flow, unless another worker has published it since the listing.
-    fn load(
-        &mut self,
-        shard: Shard,
-        job_meta: &[(String, String)],
-        summary: &mut JobSummary,
-    ) -> Result<(), PipelineError> {
-        let t = Instant::now();
-        if self.publisher.rejects.exists(&shard.name)? {
-            // Another worker runs this slice too and got here first.
-            summary.io_s += t.elapsed().as_secs_f64();
-            summary.shards_published_meanwhile += 1;
-            tracing::warn!(shard = %shard.name, slice = %self.opts.slice, "published by another worker since the listing; skipped (is the same index running twice?)");
-            return Ok(());
-        }
-        let inputs = read_shard(
-            self.input,
-            &shard,
-            self.src,
-            self.cfg.batching.max_doc_bytes,
-        )?;
-        summary.io_s += t.elapsed().as_secs_f64();
+    /// Puts a shard the reader got to into the flow.
+    fn load(&mut self, read: Read, job_meta: &[(String, String)], summary: &mut JobSummary) {
+        let (shard, inputs) = match read {
+            Read::Meanwhile(name) => {
+                // Another worker runs this slice too and got here first.
+                summary.shards_published_meanwhile += 1;
+                tracing::warn!(shard = %name, slice = %self.opts.slice, "published by another worker since the listing; skipped (is the same index running twice?)");
+                return;
+            }
+            Read::Shard { shard, inputs } => (shard, inputs),
+        };
         let id = self
             .flow
             .open(shard.name.clone(), shard.name.clone(), job_meta.to_vec());
@@ -397,7 +438,6 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
             self.flow.push(id, i);
         }
         self.flow.seal(id);
-        Ok(())
     }
 }
 
@@ -467,3 +507,6 @@ impl Progress {
         }
     }
 }
+
+#[cfg(all(test, feature = "test-support"))]
+mod tests;

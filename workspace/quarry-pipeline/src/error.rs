@@ -176,6 +176,9 @@ pub enum PipelineError {
         source: quarry_tokenizer::TokenizerError,
     },
     /// The engine cannot start or step (a device error or a bug; a bad request is a reject).
+    /// A dataset job's reading or publishing thread ended without a result (it panicked).
+    #[error("the {what} thread of the dataset job stopped without a result (see the panic above)")]
+    IoThread { what: &'static str },
     #[error("engine: {0}")]
     Engine(#[from] quarry_engine::EngineError),
     /// Accepted + rejected (+ skipped) ≠ consumed: a bug, reported rather than hidden. `file` is

@@ -171,8 +171,22 @@ mod store {
         land_then_fail: bool,
         stale_heads: AtomicUsize,
         fail_lists: AtomicUsize,
+        hold: Option<Hold>,
         pub puts_seen: AtomicUsize,
+        /// Held calls that gave up waiting ([`FaultyStore::hold`]).
+        pub holds_timed_out: AtomicUsize,
     }
+
+    /// Calls on the paths `held` picks wait for `ticks` to move on by `n`.
+    #[derive(Debug)]
+    struct Hold {
+        ticks: Arc<AtomicUsize>,
+        n: usize,
+        held: fn(&Path) -> bool,
+    }
+
+    /// How long a held call waits at most.
+    const HOLD_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
     impl FaultyStore {
         pub fn new(inner: Arc<dyn ObjectStore>, fail_puts: usize, land_then_fail: bool) -> Self {
@@ -182,7 +196,33 @@ mod store {
                 land_then_fail,
                 stale_heads: AtomicUsize::new(0),
                 fail_lists: AtomicUsize::new(0),
+                hold: None,
                 puts_seen: AtomicUsize::new(0),
+                holds_timed_out: AtomicUsize::new(0),
+            }
+        }
+
+        /// Puts and reads (not existence checks) of the paths `held` picks wait until `ticks` has moved on by `n` from
+        /// where it stood when the call began (say, a job's engine steps: the call lands only if
+        /// the job keeps stepping while it waits). After 5 s it goes ahead and counts in
+        /// `holds_timed_out`.
+        pub fn hold(mut self, ticks: Arc<AtomicUsize>, n: usize, held: fn(&Path) -> bool) -> Self {
+            self.hold = Some(Hold { ticks, n, held });
+            self
+        }
+
+        async fn wait_if_held(&self, location: &Path) {
+            let Some(h) = self.hold.as_ref().filter(|h| (h.held)(location)) else {
+                return;
+            };
+            let until = h.ticks.load(Ordering::SeqCst) + h.n;
+            let started = std::time::Instant::now();
+            while h.ticks.load(Ordering::SeqCst) < until {
+                if started.elapsed() > HOLD_LIMIT {
+                    self.holds_timed_out.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
             }
         }
 
@@ -214,6 +254,7 @@ mod store {
             opts: PutOptions,
         ) -> object_store::Result<PutResult> {
             self.puts_seen.fetch_add(1, Ordering::SeqCst);
+            self.wait_if_held(location).await;
             let fail = self
                 .fail_puts
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -243,6 +284,9 @@ mod store {
             location: &Path,
             options: GetOptions,
         ) -> object_store::Result<GetResult> {
+            if !options.head {
+                self.wait_if_held(location).await;
+            }
             let stale = options.head
                 && self
                     .stale_heads

@@ -1,7 +1,7 @@
 //! The engine's step against a device that takes a fixed time per pass: what a GPU sees of the
-//! host. A model double stands in for the GPU: its forward call returns at once (a launch) and
-//! its draw waits until the pass's device time has passed since the launch, then picks each row's
-//! token from the row's mask, as the device-side sampler does. Everything else is the real
+//! host. A model double ([`quarry_bench::double::Device`]) stands in for the GPU: its forward call
+//! returns at once (a launch) and its draw waits until the pass's device time has passed since the
+//! launch, then picks each row's token from the row's mask, as the device-side sampler does. Everything else is the real
 //! engine on real documents: the SmolLM2 tokenizer, the package schema, constrained decoding with
 //! jump-forward and drafts, the radix cache.
 //!
@@ -17,21 +17,19 @@
 //! With `--modes a --pass-us 0 --token-us 0` it measures the engine's own bookkeeping per step
 //! with a model that costs nothing (what `examples/step_overhead.rs` of the engine measured).
 //!
-//! The double's token choice is not a model's: each row takes the smallest allowed id (in
-//! SmolLM2's vocabulary the single bytes, which close strings and objects) one time in three and
-//! an allowed id picked by a hash of the row otherwise, so records run to a few dozen tokens, some
-//! to `max_tokens`. Throughput here says nothing about a model; the host's share of a step does.
+//! The double's token choice is not a model's (see its docs). Throughput here says nothing about
+//! a model; the host's share of a step does.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
+use quarry_bench::double::{mix, Device};
 use quarry_bench::median;
-use quarry_engine::{Draws, Engine, EngineConfig, FinishReason, Model};
+use quarry_engine::{Engine, EngineConfig, FinishReason};
 use quarry_eval as bench;
-use quarry_model::{parse_device, KvPool, LlamaConfig, Logits, SeqInput, NO_MASK};
 use quarry_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
@@ -77,95 +75,6 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-/// A device that takes `pass + token · tokens` per pass, asynchronously.
-struct Device {
-    vocab: usize,
-    pass: Duration,
-    token: Duration,
-    /// The last launch and when its pass ends.
-    busy_until: Mutex<Option<Instant>>,
-    /// Device time of every pass so far.
-    device_s: Mutex<f64>,
-    /// Host time of the double's own picks (a GPU's sampler's work, done here on the host).
-    pick_s: Mutex<f64>,
-    step: Mutex<u64>,
-}
-
-impl Model for Device {
-    fn forward(
-        &self,
-        batch: &[SeqInput],
-        _pool: &mut KvPool,
-        out: &mut Logits,
-    ) -> quarry_model::Result<()> {
-        let tokens: usize = batch.iter().map(|s| s.tokens.len()).sum();
-        let d = self.pass + self.token * tokens as u32;
-        *self.busy_until.lock().unwrap() = Some(Instant::now() + d);
-        *self.device_s.lock().unwrap() += d.as_secs_f64();
-        // The rows the draws read; the values stay on the "device".
-        out.layout(1, batch);
-        Ok(())
-    }
-
-    fn kv_pool(&self, page_size: usize, num_pages: usize) -> quarry_model::Result<KvPool> {
-        let cfg = LlamaConfig::minimal("device-double", self.vocab, self.context_length());
-        KvPool::new(&cfg, page_size, num_pages, &parse_device("cpu")?, None)
-    }
-
-    fn context_length(&self) -> usize {
-        8192
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.vocab
-    }
-
-    fn sample(&self, _logits: &mut Logits, masks: &[u32], draws: &mut Draws) {
-        if let Some(end) = self.busy_until.lock().unwrap().take() {
-            // The draw waits for the pass, as a device's sampling does.
-            while Instant::now() < end {
-                std::hint::spin_loop();
-            }
-        }
-        let picked = Instant::now();
-        let step = {
-            let mut s = self.step.lock().unwrap();
-            *s += 1;
-            *s
-        };
-        draws.out.clear();
-        for r in 0..draws.rows.rows() {
-            let m = draws.rows.mask_index[r];
-            let h = mix(step, r as u64);
-            let id = if m == NO_MASK {
-                // Unconstrained: plain tokens of the middle of the vocabulary, never an end.
-                Some(1000 + (h % 300) as u32)
-            } else {
-                let mask = &masks[m as usize * draws.words..][..draws.words];
-                pick_allowed(mask, h)
-            };
-            draws
-                .out
-                .push(id.ok_or_else(|| quarry_model::ModelError::Sampling {
-                    message: "no token allowed".into(),
-                }));
-        }
-        *self.pick_s.lock().unwrap() += picked.elapsed().as_secs_f64();
-    }
-}
-
-/// `n` package records: every usable one, then copies of them, each copy's number appended.
-fn fed_documents(status: &std::path::Path, n: usize) -> Result<Vec<String>> {
-    let records = bench::usable_package_records(status)?;
-    anyhow::ensure!(!records.is_empty(), "no usable package records");
-    Ok((0..n)
-        .map(|i| match i / records.len() {
-            0 => records[i].clone(),
-            copy => format!("{}\n(copy {copy})", records[i % records.len()]),
-        })
-        .collect())
-}
-
 /// Runs `reqs` as the pipeline feeds an engine: `in_flight` submitted, then one submitted for
 /// each that finishes. The completions in the order of `reqs`.
 fn run_fed(
@@ -198,37 +107,6 @@ fn run_fed(
         .collect())
 }
 
-fn mix(a: u64, b: u64) -> u64 {
-    let mut h = a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_add(0xD1B5_4A32_D192_ED03);
-    h ^= h >> 31;
-    h.wrapping_mul(0xFF51_AFD7_ED55_8CCD)
-}
-
-/// The smallest allowed id one time in three, else the allowed id a hash of the row picks.
-fn pick_allowed(mask: &[u32], h: u64) -> Option<u32> {
-    let allowed: u64 = mask.iter().map(|w| w.count_ones() as u64).sum();
-    if allowed == 0 {
-        return None;
-    }
-    let mut k = if h.is_multiple_of(3) {
-        0
-    } else {
-        (h >> 8) % allowed
-    };
-    for (w, &word) in mask.iter().enumerate() {
-        let n = word.count_ones() as u64;
-        if k < n {
-            let mut bits = word;
-            for _ in 0..k {
-                bits &= bits - 1;
-            }
-            return Some(w as u32 * 32 + bits.trailing_zeros());
-        }
-        k -= n;
-    }
-    None
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     let tok = Arc::new(Tokenizer::from_gguf(&args.model)?);
@@ -256,21 +134,17 @@ fn main() -> Result<()> {
     );
     for &b in &args.batch {
         let docs = if args.feed > 0 {
-            fed_documents(&args.status, args.feed)?
+            quarry_bench::fed_documents(&args.status, args.feed)?
         } else {
             bench::package_records(&args.status, b.max(16))?
         };
         for mode in &args.modes {
             let mut runs = Vec::new();
-            let device = Arc::new(Device {
-                vocab: tok.vocab_size(),
-                pass: Duration::from_micros(args.pass_us),
-                token: Duration::from_micros(args.token_us),
-                busy_until: Mutex::new(None),
-                device_s: Mutex::new(0.0),
-                pick_s: Mutex::new(0.0),
-                step: Mutex::new(0),
-            });
+            let device = Arc::new(Device::new(
+                tok.vocab_size(),
+                Duration::from_micros(args.pass_us),
+                Duration::from_micros(args.token_us),
+            ));
             let cfg = EngineConfig {
                 max_running: b,
                 step_tokens: args.step_tokens.max(b),
@@ -282,9 +156,7 @@ fn main() -> Result<()> {
             // masks warm), as `quarry bench` runs; `--cold`: a new engine every run.
             let mut kept: Option<Engine> = None;
             for _ in 0..args.repeats {
-                *device.device_s.lock().unwrap() = 0.0;
-                *device.pick_s.lock().unwrap() = 0.0;
-                *device.step.lock().unwrap() = 0;
+                device.reset();
                 let mut engine = match kept.take().filter(|_| !args.cold) {
                     Some(mut e) => {
                         e.start_over()?;
@@ -303,8 +175,8 @@ fn main() -> Result<()> {
                 let wall = t.elapsed().as_secs_f64();
                 let s = engine.stats();
                 let passes = s.forward_passes.max(1) as f64;
-                let device_s = *device.device_s.lock().unwrap();
-                let pick_s = *device.pick_s.lock().unwrap();
+                let device_s = device.device_s();
+                let pick_s = device.pick_s();
                 let cut = out
                     .iter()
                     .filter(|c| c.finish == FinishReason::Length)

@@ -6,19 +6,28 @@
 //! the job takes on its device ([`quarry_engine::BatchSizes`]); `--device cuda:0` (a build with
 //! the `cuda` feature) measures the job on a GPU, where the engine's steps are short and the
 //! job's own work shows.
+//!
+//! `--double` runs both against the device double of `overlap-bench` (a GPU's step times on this
+//! host, with the job's tokenizer), `--shard-docs` splits the documents into shards of that many,
+//! and `--store-latency-ms` makes every call to the input and output stores take that long (as
+//! an object store's requests do), so what the job's reads and publishes cost a GPU shows here.
 
-use quarry_bench::{median, package_records};
+use quarry_bench::double::Device;
+use quarry_bench::{fed_documents, median, package_records};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
-use quarry_engine::{ConstraintSpec, Engine, EngineConfig, Request};
+use object_store::throttle::{ThrottleConfig, ThrottledStore};
+use quarry_engine::{BatchSizes, ConstraintSpec, Engine, EngineConfig, Model, Request};
 use quarry_pipeline::extract::{EngineExtractor, PromptBuilder};
 use quarry_pipeline::job::Prepared;
 use quarry_pipeline::record::{Document, Lineage};
 use quarry_pipeline::store::Location;
 use quarry_pipeline::PipelineConfig;
+use quarry_tokenizer::Tokenizer;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -42,6 +51,20 @@ struct Args {
     max_running: Option<usize>,
     #[arg(long)]
     max_tokens: Option<usize>,
+    /// Against the device double instead of the model (its tokenizer only): `--pass-us` per
+    /// pass and `--token-us` per new token, sized as a GPU job is.
+    #[arg(long)]
+    double: bool,
+    #[arg(long, default_value_t = 1200)]
+    pass_us: u64,
+    #[arg(long, default_value_t = 17)]
+    token_us: u64,
+    /// Documents per input shard (0: all in one).
+    #[arg(long, default_value_t = 0)]
+    shard_docs: usize,
+    /// Every call to the input and output stores waits this long first.
+    #[arg(long, default_value_t = 0)]
+    store_latency_ms: u64,
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -66,16 +89,66 @@ fn main() -> Result<()> {
         cfg.sampling.max_tokens = n;
     }
     let job = Prepared::new(cfg)?;
-    let docs = package_records(&args.status, args.docs)?;
-    let loaded = job.cfg.model_spec().load()?;
-    let (model, tok) = (loaded.model.clone(), loaded.tokenizer.clone());
+    let docs = if args.double {
+        fed_documents(&args.status, args.docs)?
+    } else {
+        package_records(&args.status, args.docs)?
+    };
     let b = &job.cfg.batching;
-    let sizes = loaded.batch_sizes(b.max_running, b.kv_tokens, b.step_tokens)?;
-    eprintln!(
-        "{} on {}; {sizes}",
-        job.cfg.model_path().display(),
-        job.cfg.model.device
-    );
+    if args.double {
+        let tok = Arc::new(Tokenizer::from_gguf(job.cfg.model_path())?);
+        // Sized as a GPU job: a pool for the whole batch at the job's context.
+        let room = b.max_running * 2048;
+        let sizes = BatchSizes::for_device(b.max_running, b.kv_tokens, b.step_tokens, Some(room))?;
+        let device = Arc::new(Device::new(
+            tok.vocab_size(),
+            Duration::from_micros(args.pass_us),
+            Duration::from_micros(args.token_us),
+        ));
+        eprintln!(
+            "the device double ({} µs a pass + {} µs a token) with {}'s tokenizer; {sizes}",
+            args.pass_us,
+            args.token_us,
+            job.cfg.model_path().display()
+        );
+        measure(&args, &job, &docs, device, tok, sizes)
+    } else {
+        let loaded = job.cfg.model_spec().load()?;
+        let sizes = loaded.batch_sizes(b.max_running, b.kv_tokens, b.step_tokens)?;
+        eprintln!(
+            "{} on {}; {sizes}",
+            job.cfg.model_path().display(),
+            job.cfg.model.device
+        );
+        measure(&args, &job, &docs, loaded.model, loaded.tokenizer, sizes)
+    }
+}
+
+/// Every call to `loc`'s store waits `latency` first.
+fn slowed(loc: Location, latency: Duration) -> Location {
+    if latency.is_zero() {
+        return loc;
+    }
+    let wait = ThrottleConfig {
+        wait_delete_per_call: latency,
+        wait_get_per_call: latency,
+        wait_list_per_call: latency,
+        wait_put_per_call: latency,
+        ..ThrottleConfig::default()
+    };
+    let store = Arc::new(ThrottledStore::new(loc.store.clone(), wait));
+    loc.with_store(store)
+}
+
+fn measure<M: Model + 'static>(
+    args: &Args,
+    job: &Prepared,
+    docs: &[String],
+    model: Arc<M>,
+    tok: Arc<Tokenizer>,
+    sizes: BatchSizes,
+) -> Result<()> {
+    let b = &job.cfg.batching;
     let ecfg = EngineConfig {
         max_running: b.max_running,
         step_tokens: sizes.step_tokens,
@@ -83,16 +156,35 @@ fn main() -> Result<()> {
         close_within_budget: job.cfg.sampling.close_within_budget,
         ..EngineConfig::default()
     };
+    let latency = Duration::from_millis(args.store_latency_ms);
     let work = std::env::temp_dir().join(format!("quarry-pipeline-bench-{}", std::process::id()));
-    let input_dir = work.join("in");
-    std::fs::create_dir_all(&input_dir)?;
+    // With a latency the stores are in memory (object_store's throttle wraps no local files).
+    let url = |name: &str| {
+        if latency.is_zero() {
+            work.join(name).display().to_string()
+        } else {
+            format!(
+                "memory://quarry-pipeline-bench-{}/{name}",
+                std::process::id()
+            )
+        }
+    };
+    let input = Location::open(&url("in"))?;
     let lines: Vec<String> = docs
         .iter()
         .enumerate()
         .map(|(i, d)| json!({"id": i.to_string(), "text": d}).to_string())
         .collect();
-    std::fs::write(input_dir.join("docs.jsonl"), lines.join("\n") + "\n")?;
-    let input = Location::open_input(input_dir.to_str().unwrap())?;
+    let per_shard = if args.shard_docs == 0 {
+        lines.len().max(1)
+    } else {
+        args.shard_docs
+    };
+    for (k, shard) in lines.chunks(per_shard).enumerate() {
+        let text = shard.join("\n") + "\n";
+        input.publish(&format!("docs-{k:05}.jsonl"), text.into_bytes().into())?;
+    }
+    let input = slowed(input, latency);
 
     // The engine alone, with exactly the prompts the pipeline builds.
     let prompts = PromptBuilder::new(&job.cfg.prompt, Some(&tok))?;
@@ -118,6 +210,7 @@ fn main() -> Result<()> {
     let mut engine_rates = Vec::new();
     let mut pipeline_rates = Vec::new();
     let mut io_shares = Vec::new();
+    let mut wait_shares = Vec::new();
     for rep in 0..args.repeats {
         let mut engine = Engine::new(model.clone(), tok.clone(), ecfg.clone())?;
         let reqs = requests()?;
@@ -126,11 +219,12 @@ fn main() -> Result<()> {
         let e_wall = t.elapsed().as_secs_f64();
         engine_rates.push(out.len() as f64 / e_wall);
 
-        let out_dir = work.join(format!("out-{rep}"));
-        let publisher = job.publisher(
-            Some(out_dir.join("accepted").to_str().unwrap()),
-            Some(out_dir.join("rejects").to_str().unwrap()),
+        let mut publisher = job.publisher(
+            Some(&url(&format!("out-{rep}/accepted"))),
+            Some(&url(&format!("out-{rep}/rejects"))),
         )?;
+        publisher.output = slowed(publisher.output, latency);
+        publisher.rejects = slowed(publisher.rejects, latency);
         let extractor = EngineExtractor::new(
             model.clone(),
             tok.clone(),
@@ -143,9 +237,10 @@ fn main() -> Result<()> {
         let p_wall = t.elapsed().as_secs_f64();
         pipeline_rates.push(s.consumed as f64 / p_wall);
         io_shares.push(s.io_s / p_wall);
+        wait_shares.push(s.io_wait_s / p_wall);
         eprintln!(
-            "rep {rep}: engine {:.3} docs/s ({e_wall:.1}s), pipeline {:.3} docs/s ({p_wall:.1}s; {} accepted, {} rejected; {:.3}s reading and publishing)",
-            engine_rates[rep], pipeline_rates[rep], s.accepted, s.rejected, s.io_s
+            "rep {rep}: engine {:.3} docs/s ({e_wall:.1}s), pipeline {:.3} docs/s ({p_wall:.1}s; {} accepted, {} rejected; {:.3}s reading and publishing, {:.3}s of it waited for)",
+            engine_rates[rep], pipeline_rates[rep], s.accepted, s.rejected, s.io_s, s.io_wait_s
         );
     }
     let e = median(engine_rates.clone());
@@ -159,10 +254,14 @@ fn main() -> Result<()> {
         overhead * 100.0
     );
     println!(
-        "reading shards, encoding and publishing: {:.3}% of the job's wall time",
+        "reading shards, encoding and publishing: {:.3}% of the job's wall time, beside the loop",
         io * 100.0
     );
-    if let Some(path) = args.out {
+    println!(
+        "the loop waited for them:                {:.3}% of the job's wall time",
+        median(wait_shares.clone()) * 100.0
+    );
+    if let Some(path) = &args.out {
         if let Some(d) = path.parent() {
             std::fs::create_dir_all(d)?;
         }
@@ -175,15 +274,21 @@ fn main() -> Result<()> {
             "kv_tokens": sizes.kv_tokens,
             "step_tokens": sizes.step_tokens,
             "threads": args.threads,
+            "double": args.double.then(|| json!({"pass_us": args.pass_us, "token_us": args.token_us})),
+            "shard_docs": per_shard,
+            "store_latency_ms": args.store_latency_ms,
             "engine_docs_per_s": engine_rates,
             "pipeline_docs_per_s": pipeline_rates,
             "engine_median": e,
             "pipeline_median": p,
             "overhead": overhead,
             "io_share": io_shares,
+            "io_wait_share": wait_shares,
         });
-        std::fs::write(&path, serde_json::to_string_pretty(&v)?)?;
+        std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
     }
-    std::fs::remove_dir_all(&work)?;
+    if work.exists() {
+        std::fs::remove_dir_all(&work)?;
+    }
     Ok(())
 }

@@ -1,0 +1,253 @@
+//! A dataset job's reads and publishes, beside its step loop.
+//!
+//! The step loop feeds the engine; a step on a GPU takes a few milliseconds, an object store's
+//! request tens to hundreds. So the loop never waits for a store while it has work:
+//! - one thread reads the next shard while the engine works on the ones loaded (at most one shard
+//!   read ahead: the loop takes it when it needs documents, and the thread reads the next then);
+//! - `output.publishers` threads encode and publish finished files, each by the whole protocol of
+//!   [`crate::flow`] (shards are independent files, so their publishes may run at once). At most
+//!   twice that many files wait for a publisher; past that the loop waits (backpressure, so a slow
+//!   store holds memory to a bound).
+//!
+//! The loop waits only when it has nothing else to do: no documents and the next shard still
+//! being read, or every shard done and the last files still publishing. `JobSummary::io_wait_s`
+//! is that time; `io_s` is the time the threads spent.
+//!
+//! An error on either side stops the job with that error, as it did on the loop. On a stop (an
+//! error, or a second signal) files still waiting for a publisher are dropped, uncommitted, as the
+//! loop's in-flight work is; a publish under way completes (the protocol makes either outcome
+//! safe).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::Scope;
+use std::time::Instant;
+
+use crate::config::DatasetSource;
+use crate::error::PipelineError;
+use crate::flow::{FileReport, OpenFile, Publisher};
+use crate::record::Input;
+use crate::shard::Shard;
+use crate::store::Location;
+
+use super::read_shard;
+
+/// A shard the reader thread got to.
+pub(super) enum Read {
+    Shard {
+        shard: Shard,
+        inputs: Vec<Input>,
+    },
+    /// Another worker published it after the listing.
+    Meanwhile(String),
+}
+
+/// What the loop gets when it asks for the next shard.
+pub(super) enum Next {
+    /// Read, with the seconds the reading took.
+    Read(Read, f64),
+    /// Still being read (asked without waiting).
+    NotYet,
+    /// Every shard has been handed over.
+    Done,
+}
+
+type Reply<T> = Result<(T, f64), PipelineError>;
+
+/// Where the loop reads shards from and hands finished files to.
+pub(super) struct Beside {
+    reads: Option<Receiver<Reply<Read>>>,
+    files: Sender<OpenFile>,
+    reports: Receiver<Reply<FileReport>>,
+    /// Files handed to the publishers whose reports have not come back.
+    outstanding: usize,
+    max_outstanding: usize,
+    stop: Arc<AtomicBool>,
+    /// Seconds the loop waited for a shard or a report.
+    pub wait_s: f64,
+}
+
+/// What the job's threads read from and publish to.
+pub(super) struct Stores<'env> {
+    pub input: &'env Location,
+    pub src: &'env DatasetSource,
+    pub max_doc_bytes: usize,
+    pub publisher: &'env Publisher,
+    pub publishers: usize,
+}
+
+impl Beside {
+    /// Starts the reader over `todo` and the publishers, in `scope`.
+    pub fn start<'scope, 'env>(
+        scope: &'scope Scope<'scope, 'env>,
+        todo: Vec<Shard>,
+        stores: Stores<'env>,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        // A rendezvous: the reader holds one shard read until the loop takes it.
+        let (read_tx, reads) = mpsc::sync_channel::<Reply<Read>>(0);
+        let Stores {
+            input,
+            src,
+            max_doc_bytes,
+            publisher,
+            publishers,
+        } = stores;
+        scope.spawn(move || {
+            for shard in todo {
+                let t = Instant::now();
+                let read = read_one(input, src, max_doc_bytes, publisher, shard);
+                let failed = read.is_err();
+                let reply = read.map(|r| (r, t.elapsed().as_secs_f64()));
+                // A closed channel: the loop stopped reading.
+                if read_tx.send(reply).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let (files, file_rx) = mpsc::channel::<OpenFile>();
+        let file_rx = Arc::new(Mutex::new(file_rx));
+        let (report_tx, reports) = mpsc::channel::<Reply<FileReport>>();
+        for _ in 0..publishers.max(1) {
+            let (file_rx, report_tx, stop) = (file_rx.clone(), report_tx.clone(), stop.clone());
+            scope.spawn(move || loop {
+                let next = file_rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                let Ok(file) = next else { return };
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let t = Instant::now();
+                let published = publisher.publish(file);
+                let failed = published.is_err();
+                let reply = published.map(|r| (r, t.elapsed().as_secs_f64()));
+                if report_tx.send(reply).is_err() || failed {
+                    return;
+                }
+            });
+        }
+        Self {
+            reads: Some(reads),
+            files,
+            reports,
+            outstanding: 0,
+            max_outstanding: 2 * publishers.max(1),
+            stop,
+            wait_s: 0.0,
+        }
+    }
+
+    /// The next shard; with `wait`, blocks until it is read.
+    pub fn next_shard(&mut self, wait: bool) -> Result<Next, PipelineError> {
+        let Some(reads) = &self.reads else {
+            return Ok(Next::Done);
+        };
+        let got = if wait {
+            let t = Instant::now();
+            let got = reads.recv().map_err(|_| TryRecvError::Disconnected);
+            self.wait_s += t.elapsed().as_secs_f64();
+            got
+        } else {
+            reads.try_recv()
+        };
+        match got {
+            Ok(Ok((read, secs))) => Ok(Next::Read(read, secs)),
+            Ok(Err(e)) => {
+                self.reads = None;
+                Err(e)
+            }
+            Err(TryRecvError::Empty) => Ok(Next::NotYet),
+            Err(TryRecvError::Disconnected) => {
+                self.reads = None;
+                Ok(Next::Done)
+            }
+        }
+    }
+
+    /// Reads no further shard (a signal asked the job to finish what it holds).
+    pub fn stop_reading(&mut self) {
+        self.reads = None;
+    }
+
+    /// Files handed over whose reports have not come back.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Hands `file` to the publishers. With too many files waiting, first waits for reports,
+    /// which go to `done`.
+    pub fn publish(
+        &mut self,
+        file: OpenFile,
+        done: &mut Vec<(FileReport, f64)>,
+    ) -> Result<(), PipelineError> {
+        while self.outstanding >= self.max_outstanding {
+            self.collect(true, done)?;
+        }
+        if self.files.send(file).is_err() {
+            // Every publisher has stopped, which only an error (or a panic) does: return it.
+            loop {
+                self.collect(true, done)?;
+                if self.outstanding == 0 {
+                    return Err(gone());
+                }
+            }
+        }
+        self.outstanding += 1;
+        Ok(())
+    }
+
+    /// Every report that has come back, into `done`; with `wait`, at least one when any is
+    /// outstanding.
+    pub fn collect(
+        &mut self,
+        wait: bool,
+        done: &mut Vec<(FileReport, f64)>,
+    ) -> Result<(), PipelineError> {
+        let mut waited = !wait || self.outstanding == 0;
+        loop {
+            let got = if waited {
+                match self.reports.try_recv() {
+                    Ok(r) => r,
+                    Err(TryRecvError::Empty) => return Ok(()),
+                    Err(TryRecvError::Disconnected) => return Err(gone()),
+                }
+            } else {
+                let t = Instant::now();
+                let r = self.reports.recv().map_err(|_| gone())?;
+                self.wait_s += t.elapsed().as_secs_f64();
+                waited = true;
+                r
+            };
+            self.outstanding -= 1;
+            done.push(got?);
+        }
+    }
+}
+
+impl Drop for Beside {
+    fn drop(&mut self) {
+        // Files still queued are not published (an error or a second signal); the senders and
+        // receivers drop next, which ends the threads.
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+fn gone() -> PipelineError {
+    PipelineError::IoThread { what: "publishing" }
+}
+
+/// Reads one shard, unless another worker has published it since the listing.
+fn read_one(
+    input: &Location,
+    src: &DatasetSource,
+    max_doc_bytes: usize,
+    publisher: &Publisher,
+    shard: Shard,
+) -> Result<Read, PipelineError> {
+    if publisher.rejects.exists(&shard.name)? {
+        return Ok(Read::Meanwhile(shard.name));
+    }
+    let inputs = read_shard(input, &shard, src, max_doc_bytes)?;
+    Ok(Read::Shard { shard, inputs })
+}

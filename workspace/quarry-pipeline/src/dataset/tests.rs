@@ -1,0 +1,234 @@
+//! The dataset job's loop against stores that hold or fail its calls: reads and publishes run
+//! beside the steps, and their errors stop the job, never hang it.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::path::Path;
+use serde_json::json;
+
+use super::*;
+use crate::columns::RecordShape;
+use crate::extract::{Extractor, Generated, Validator};
+use crate::faults::FaultyStore;
+use crate::record::{DocStats, Document, RejectCause};
+use quarry_engine::FinishReason;
+
+/// Answers each document with `{"name": text}` after `steps` steps of a millisecond, two at a
+/// time; counts its steps in `ticks`.
+struct Fake {
+    queued: Vec<(u64, String, usize)>,
+    steps: usize,
+    ticks: Arc<AtomicUsize>,
+}
+
+impl Extractor for Fake {
+    fn submit(&mut self, key: u64, doc: &Document) -> Result<(), RejectCause> {
+        self.queued.push((key, doc.text.clone(), self.steps));
+        Ok(())
+    }
+    fn step(&mut self) -> Result<Vec<(u64, Generated)>, PipelineError> {
+        if self.queued.is_empty() {
+            return Ok(Vec::new());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        self.ticks.fetch_add(1, Ordering::SeqCst);
+        let mut done = Vec::new();
+        self.queued.retain_mut(|(k, text, left)| {
+            *left -= 1;
+            if *left > 0 {
+                return true;
+            }
+            done.push((
+                *k,
+                Generated {
+                    text: json!({ "name": text }).to_string(),
+                    finish: FinishReason::ConstraintComplete,
+                    stats: DocStats::default(),
+                },
+            ));
+            false
+        });
+        Ok(done)
+    }
+    fn in_flight(&self) -> usize {
+        self.queued.len()
+    }
+    fn capacity(&self) -> usize {
+        2
+    }
+}
+
+fn schema() -> serde_json::Value {
+    json!({"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}})
+}
+
+fn config(format: &str) -> PipelineConfig {
+    let text = format!(
+        "name = \"t\"\nschema = \"s.json\"\n[source]\nkind = \"dataset\"\ninput = \"in\"\n\
+         format = \"{format}\"\n[prompt]\ntemplate = \"{{{{ text }}}}\"\n[output]\nurl = \"o\"\n\
+         [rejects]\nurl = \"r\"\n"
+    );
+    PipelineConfig::parse(&text, "t.toml", PathBuf::new()).unwrap()
+}
+
+/// An input of `shards` JSONL shards `s0.jsonl`, `s1.jsonl`, … of two documents each.
+fn input(tag: &str, shards: usize) -> Location {
+    let input = Location::open(&format!("memory://dataset-{tag}/in")).unwrap();
+    for k in 0..shards {
+        let lines = format!("{{\"text\": \"d{k}a\"}}\n{{\"text\": \"d{k}b\"}}\n");
+        input
+            .publish(&format!("s{k}.jsonl"), lines.into_bytes().into())
+            .unwrap();
+    }
+    input
+}
+
+fn publisher(tag: &str, wrap: impl Fn(&Location) -> Arc<FaultyStore>) -> Publisher {
+    let loc = |sub: &str| {
+        let l = Location::open(&format!("memory://dataset-{tag}/{sub}")).unwrap();
+        let store = wrap(&l);
+        l.with_store(store)
+    };
+    Publisher {
+        shape: RecordShape::derive(&schema()).unwrap(),
+        output: loc("out"),
+        rejects: loc("rej"),
+        pipeline: "t".into(),
+        model: "fake".into(),
+        model_runtime: String::new(),
+        schema_sha256: "0".into(),
+        row_group_rows: 2,
+        zstd_level: 3,
+    }
+}
+
+/// Runs the job on a thread and gives up after a minute, so a hang fails the test.
+fn run(
+    cfg: PipelineConfig,
+    input: Location,
+    publisher: Publisher,
+    fake: Fake,
+) -> Result<JobSummary, PipelineError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut flow = Flow::new(fake, Validator::new(&schema(), "s").unwrap());
+        let metrics = Metrics::new();
+        let job = DatasetJob::new(
+            &cfg,
+            &input,
+            &mut flow,
+            &publisher,
+            &metrics,
+            DatasetOptions::default(),
+        );
+        let _ = tx.send(job.and_then(|j| j.run(&Shutdown::manual())));
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the job ends within a minute")
+}
+
+fn fake(steps: usize, ticks: &Arc<AtomicUsize>) -> Fake {
+    Fake {
+        queued: Vec::new(),
+        steps,
+        ticks: ticks.clone(),
+    }
+}
+
+#[test]
+fn the_steps_go_on_while_shards_are_read_and_files_published() {
+    let ticks = Arc::new(AtomicUsize::new(0));
+    // The second and third shards' reads, and the first shard's publish, each land only once
+    // the engine has stepped twice more: on the loop's own thread they would wait for ever (5 s,
+    // then counted as timed out).
+    let held_reads =
+        |p: &Path| p.as_ref().ends_with("s1.jsonl") || p.as_ref().ends_with("s2.jsonl");
+    let held_puts = |p: &Path| p.as_ref().ends_with("s0.parquet");
+    let input = input("held", 4);
+    let reads = Arc::new(FaultyStore::new(input.store.clone(), 0, false).hold(
+        ticks.clone(),
+        2,
+        held_reads,
+    ));
+    let input = input.with_store(reads.clone());
+    let puts = std::sync::Mutex::new(Vec::new());
+    let publisher = publisher("held", |l| {
+        let s =
+            Arc::new(FaultyStore::new(l.store.clone(), 0, false).hold(ticks.clone(), 2, held_puts));
+        puts.lock().unwrap().push(s.clone());
+        s
+    });
+    // 25 steps a document leave the held calls (2 steps) a wide margin on a busy machine.
+    let s = run(config("jsonl"), input, publisher.clone(), fake(25, &ticks)).unwrap();
+    assert_eq!((s.consumed, s.accepted, s.shards_done), (8, 8, 4));
+    assert_eq!(
+        reads.holds_timed_out.load(Ordering::SeqCst),
+        0,
+        "a held read stopped the steps"
+    );
+    let timed_out: usize = puts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| s.holds_timed_out.load(Ordering::SeqCst))
+        .sum();
+    assert_eq!(timed_out, 0, "a held publish stopped the steps");
+    for k in 0..4 {
+        assert!(
+            publisher.rejects.exists(&format!("s{k}.parquet")).unwrap(),
+            "s{k}'s marker"
+        );
+        assert!(
+            publisher.output.exists(&format!("s{k}.parquet")).unwrap(),
+            "s{k}'s records"
+        );
+    }
+    assert!(s.io_s > 0.0 && s.io_wait_s <= s.wall_s, "{s:?}");
+}
+
+#[test]
+fn a_publish_that_fails_stops_the_job_with_its_error() {
+    let ticks = Arc::new(AtomicUsize::new(0));
+    // Every put fails (after the store's retries): the first file's error ends the job.
+    let publisher = publisher("failing", |l| {
+        Arc::new(FaultyStore::new(l.store.clone(), usize::MAX, false))
+    });
+    let e = run(
+        config("jsonl"),
+        input("failing", 6),
+        publisher,
+        fake(1, &ticks),
+    )
+    .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, PipelineError::Store { .. }), "{msg}");
+    assert!(
+        msg.contains(".parquet") && msg.contains("injected put failure"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_shard_that_cannot_be_read_stops_the_job_naming_it() {
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let input = Location::open("memory://dataset-unreadable/in").unwrap();
+    input
+        .publish("a.parquet", bytes::Bytes::from_static(b"PAR1 not parquet"))
+        .unwrap();
+    let publisher = publisher("unreadable", |l| {
+        Arc::new(FaultyStore::new(l.store.clone(), 0, false))
+    });
+    let e = run(config("parquet"), input, publisher.clone(), fake(1, &ticks)).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(e, PipelineError::Input { .. }) && msg.contains("a.parquet"),
+        "{msg}"
+    );
+    assert!(
+        !publisher.rejects.exists("a.parquet").unwrap(),
+        "nothing published"
+    );
+}
