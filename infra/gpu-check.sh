@@ -495,8 +495,9 @@ merge_runs "$OUT/quarry-bench-nobudget.json" "${nb_runs[@]}"
 # The whole dataset job against the engine alone (pipeline-bench: the same documents and prompts,
 # JSONL shards in, validation, Parquet out; both with the job's KV pool and pass sizes for the
 # GPU) at PIPELINE_BATCHES (default none, e.g. 128,512), with PIPELINE_DOCS documents (default
-# four times the batch, at most 600), TG output tokens at most, medians of 2. On a GPU a step is a
-# few milliseconds, so whatever the job does between steps shows here.
+# four times the batch, at most 600) in shards of one batch, TG output tokens at most, medians of
+# 2; every store call takes PIPELINE_LATENCY_MS first (default 0; 20 is an object store's). On a
+# GPU a step is a few milliseconds, so whatever the job does between steps shows here.
 for b in $(tr ',' ' ' <<<"${PIPELINE_BATCHES-}"); do
   section "pipeline-bench --device cuda:0, batch $b"
   left=$(( END - $(date +%s) - 5 ))
@@ -506,6 +507,7 @@ for b in $(tr ',' ' ' <<<"${PIPELINE_BATCHES-}"); do
   timeout "$(budget 150 5)" "$PACK/bin/pipeline-bench" --pipeline pipelines/debian-packages.toml \
     --status "$STATUS" --model "$QUARRY_MODEL" --device cuda:0 --max-running "$b" \
     --max-tokens "${TG:-160}" --docs "$docs" --repeats 2 --threads "$(nproc)" \
+    --shard-docs "$b" --store-latency-ms "${PIPELINE_LATENCY_MS:-0}" \
     --out "$OUT/pipeline-bench-$b.json" || echo "(stopped or failed)"
 done
 

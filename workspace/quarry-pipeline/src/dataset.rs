@@ -135,13 +135,14 @@ pub fn read_shard(
     max_doc_bytes: usize,
 ) -> Result<Vec<Input>, PipelineError> {
     let mut out = Vec::new();
-    for (fi, path) in shard.files.iter().enumerate() {
+    // A text shard is many small files: read at once, not one round trip after another.
+    let all = input.read_all(&shard.files)?;
+    for (fi, (path, bytes)) in shard.files.iter().zip(all).enumerate() {
         let source = format!(
             "{}/{}",
             input.url.trim_end_matches('/'),
             input.relative(path)
         );
-        let bytes = input.read(path)?;
         match src.format {
             InputFormat::Text => out.push(decode(
                 &bytes,

@@ -43,6 +43,9 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
 /// Attempts per publish or read before the error is surfaced.
 pub const ATTEMPTS: u32 = 5;
 
+/// Objects [`Location::read_all`] reads at once.
+pub const READS_AT_ONCE: usize = 16;
+
 /// A prefix in an object store.
 #[derive(Clone)]
 pub struct Location {
@@ -270,9 +273,26 @@ impl Location {
 
     /// Reads a whole object.
     pub fn read(&self, path: &Path) -> Result<Bytes, PipelineError> {
-        self.retry("get", path, || async {
+        block_on(self.read_async(path))
+    }
+
+    /// Reads whole objects, up to [`READS_AT_ONCE`] at a time (a text shard's files: one at a
+    /// time, each a round trip to the store, they would take seconds a shard); in `paths`' order.
+    pub fn read_all(&self, paths: &[Path]) -> Result<Vec<Bytes>, PipelineError> {
+        use futures::StreamExt;
+        block_on(
+            futures::stream::iter(paths)
+                .map(|p| self.read_async(p))
+                .buffered(READS_AT_ONCE)
+                .try_collect(),
+        )
+    }
+
+    async fn read_async(&self, path: &Path) -> Result<Bytes, PipelineError> {
+        self.retry_async("get", path, || async {
             self.store.get(path).await?.bytes().await
         })
+        .await
     }
 
     fn retry<T, F, Fut>(&self, op: &'static str, path: &Path, f: F) -> Result<T, PipelineError>
@@ -280,12 +300,25 @@ impl Location {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = object_store::Result<T>>,
     {
+        block_on(self.retry_async(op, path, f))
+    }
+
+    async fn retry_async<T, F, Fut>(
+        &self,
+        op: &'static str,
+        path: &Path,
+        f: F,
+    ) -> Result<T, PipelineError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = object_store::Result<T>>,
+    {
         let mut last = None;
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
-                std::thread::sleep(backoff(attempt));
+                tokio::time::sleep(backoff(attempt)).await;
             }
-            match block_on(f()) {
+            match f().await {
                 Ok(v) => return Ok(v),
                 Err(e @ object_store::Error::NotFound { .. }) => {
                     return Err(self.err(op, path, attempt + 1, e))
@@ -320,6 +353,35 @@ fn backoff(attempt: u32) -> Duration {
 mod tests {
     use super::*;
     use crate::faults::{check_publish_protocol, FaultyStore};
+
+    #[test]
+    fn reads_at_once_keep_their_order_and_name_a_missing_object() {
+        let loc = Location::open("memory://read-all/x").unwrap();
+        let n = 3 * READS_AT_ONCE;
+        for i in 0..n {
+            loc.publish(&format!("f{i:03}"), Bytes::from(i.to_string()))
+                .unwrap();
+        }
+        let paths: Vec<Path> = (0..n)
+            .rev()
+            .map(|i| loc.path(&format!("f{i:03}")))
+            .collect();
+        let got: Vec<String> = loc
+            .read_all(&paths)
+            .unwrap()
+            .iter()
+            .map(|b| String::from_utf8(b.to_vec()).unwrap())
+            .collect();
+        let want: Vec<String> = (0..n).rev().map(|i| i.to_string()).collect();
+        assert_eq!(got, want);
+        let mut missing = paths;
+        missing.insert(READS_AT_ONCE + 1, loc.path("nope"));
+        let e = loc.read_all(&missing).unwrap_err();
+        assert!(
+            matches!(e, PipelineError::Store { op: "get", .. }) && e.to_string().contains("nope"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_local_folder_and_memory_keep_the_publishing_protocol() {

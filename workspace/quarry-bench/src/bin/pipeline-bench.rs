@@ -8,7 +8,8 @@
 //! job's own work shows.
 //!
 //! `--double` runs both against the device double of `overlap-bench` (a GPU's step times on this
-//! host, with the job's tokenizer), `--shard-docs` splits the documents into shards of that many,
+//! host, with the job's tokenizer), `--shard-docs` splits the documents into shards of that many
+//! (`--text`: one file a document, that many files a shard),
 //! and `--store-latency-ms` makes every call to the input and output stores take that long (as
 //! an object store's requests do), so what the job's reads and publishes cost a GPU shows here.
 
@@ -22,6 +23,7 @@ use anyhow::Result;
 use clap::Parser;
 use object_store::throttle::{ThrottleConfig, ThrottledStore};
 use quarry_engine::{BatchSizes, ConstraintSpec, Engine, EngineConfig, Model, Request};
+use quarry_pipeline::config::{InputFormat, SourceConfig};
 use quarry_pipeline::extract::{EngineExtractor, PromptBuilder};
 use quarry_pipeline::job::Prepared;
 use quarry_pipeline::record::{Document, Lineage};
@@ -62,6 +64,9 @@ struct Args {
     /// Documents per input shard (0: all in one).
     #[arg(long, default_value_t = 0)]
     shard_docs: usize,
+    /// One document a file (`format = "text"`, `--shard-docs` files a shard) instead of JSONL.
+    #[arg(long)]
+    text: bool,
     /// Every call to the input and output stores waits this long first.
     #[arg(long, default_value_t = 0)]
     store_latency_ms: u64,
@@ -87,6 +92,12 @@ fn main() -> Result<()> {
     }
     if let Some(n) = args.max_tokens {
         cfg.sampling.max_tokens = n;
+    }
+    if let (true, SourceConfig::Dataset(src)) = (args.text, &mut cfg.source) {
+        src.format = InputFormat::Text;
+        if args.shard_docs > 0 {
+            src.text_shard_files = args.shard_docs;
+        }
     }
     let job = Prepared::new(cfg)?;
     let docs = if args.double {
@@ -180,9 +191,15 @@ fn measure<M: Model + 'static>(
     } else {
         args.shard_docs
     };
-    for (k, shard) in lines.chunks(per_shard).enumerate() {
-        let text = shard.join("\n") + "\n";
-        input.publish(&format!("docs-{k:05}.jsonl"), text.into_bytes().into())?;
+    if args.text {
+        for (i, d) in docs.iter().enumerate() {
+            input.publish(&format!("doc-{i:06}.txt"), d.clone().into_bytes().into())?;
+        }
+    } else {
+        for (k, shard) in lines.chunks(per_shard).enumerate() {
+            let text = shard.join("\n") + "\n";
+            input.publish(&format!("docs-{k:05}.jsonl"), text.into_bytes().into())?;
+        }
     }
     let input = slowed(input, latency);
 
@@ -276,6 +293,7 @@ fn measure<M: Model + 'static>(
             "threads": args.threads,
             "double": args.double.then(|| json!({"pass_us": args.pass_us, "token_us": args.token_us})),
             "shard_docs": per_shard,
+            "text_files": args.text,
             "store_latency_ms": args.store_latency_ms,
             "engine_docs_per_s": engine_rates,
             "pipeline_docs_per_s": pipeline_rates,
