@@ -369,7 +369,8 @@ pub struct OutputConfig {
     /// zstd level (1–22).
     #[serde(default = "default_zstd_level")]
     pub zstd_level: i32,
-    /// Dataset jobs: files encoded and published at once, beside the step loop.
+    /// Files encoded and published at once, beside the step loop (a Kafka partition's one at a
+    /// time, in offset order).
     #[serde(default = "default_publishers")]
     pub publishers: usize,
 }

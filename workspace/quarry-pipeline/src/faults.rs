@@ -173,6 +173,8 @@ mod store {
         fail_lists: AtomicUsize,
         hold: Option<Hold>,
         pub puts_seen: AtomicUsize,
+        /// The paths of the puts that landed, in the order they did.
+        pub landed: std::sync::Mutex<Vec<String>>,
         /// Held calls that gave up waiting ([`FaultyStore::hold`]).
         pub holds_timed_out: AtomicUsize,
     }
@@ -198,6 +200,7 @@ mod store {
                 fail_lists: AtomicUsize::new(0),
                 hold: None,
                 puts_seen: AtomicUsize::new(0),
+                landed: std::sync::Mutex::new(Vec::new()),
                 holds_timed_out: AtomicUsize::new(0),
             }
         }
@@ -260,7 +263,12 @@ mod store {
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok();
             if !fail {
-                return self.inner.put_opts(location, payload, opts).await;
+                let put = self.inner.put_opts(location, payload, opts).await;
+                if put.is_ok() {
+                    let mut landed = self.landed.lock().unwrap_or_else(|e| e.into_inner());
+                    landed.push(location.to_string());
+                }
+                return put;
             }
             if self.land_then_fail {
                 self.inner.put_opts(location, payload, opts).await?;

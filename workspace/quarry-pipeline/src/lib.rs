@@ -31,6 +31,8 @@ pub mod record;
 pub mod shard;
 pub mod shutdown;
 pub mod store;
+#[cfg(test)]
+mod testing;
 
 pub use config::PipelineConfig;
 pub use error::PipelineError;

@@ -12,6 +12,12 @@
 //! (`--text`: one file a document, that many files a shard),
 //! and `--store-latency-ms` makes every call to the input and output stores take that long (as
 //! an object store's requests do), so what the job's reads and publishes cost a GPU shows here.
+//!
+//! `--kafka-partitions N` runs a Kafka worker instead of the dataset job: the documents are
+//! produced, as JSON values, round-robin to a topic of N partitions on librdkafka's in-process
+//! mock cluster, and the worker publishes a file every `--shard-docs` documents of a partition.
+//! Its rate leaves out the group join (until the first message) and the one idle second that
+//! stops it.
 
 use quarry_bench::double::Device;
 use quarry_bench::{fed_documents, median, package_records};
@@ -25,8 +31,12 @@ use object_store::throttle::{ThrottleConfig, ThrottledStore};
 use quarry_engine::{BatchSizes, ConstraintSpec, Engine, EngineConfig, Model, Request};
 use quarry_pipeline::config::{InputFormat, SourceConfig};
 use quarry_pipeline::extract::{EngineExtractor, PromptBuilder};
+use quarry_pipeline::flow::{Flow, Publisher};
 use quarry_pipeline::job::Prepared;
+use quarry_pipeline::kafka::{Worker, WorkerOptions};
+use quarry_pipeline::metrics::Metrics;
 use quarry_pipeline::record::{Document, Lineage};
+use quarry_pipeline::shutdown::Shutdown;
 use quarry_pipeline::store::Location;
 use quarry_pipeline::PipelineConfig;
 use quarry_tokenizer::Tokenizer;
@@ -70,6 +80,9 @@ struct Args {
     /// Every call to the input and output stores waits this long first.
     #[arg(long, default_value_t = 0)]
     store_latency_ms: u64,
+    /// A Kafka worker over a topic of this many partitions instead of the dataset job (0).
+    #[arg(long, default_value_t = 0)]
+    kafka_partitions: i32,
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -249,15 +262,44 @@ fn measure<M: Model + 'static>(
             &job.cfg,
             &job.schema,
         )?;
-        let t = Instant::now();
-        let s = job.run_dataset_plain(extractor, &input, &publisher)?;
-        let p_wall = t.elapsed().as_secs_f64();
-        pipeline_rates.push(s.consumed as f64 / p_wall);
-        io_shares.push(s.io_s / p_wall);
-        wait_shares.push(s.io_wait_s / p_wall);
+        let (consumed, accepted, rejected, io_s, wait_s, p_wall) = if args.kafka_partitions > 0 {
+            let s = run_worker(
+                job,
+                &lines,
+                per_shard,
+                args.kafka_partitions,
+                rep,
+                extractor,
+                &publisher,
+            )?;
+            let busy = s.wall_s - s.first_message_s.unwrap_or(0.0) - KAFKA_IDLE.as_secs_f64();
+            (
+                s.consumed,
+                s.accepted,
+                s.rejected,
+                s.publish_s,
+                s.publish_wait_s,
+                busy,
+            )
+        } else {
+            let t = Instant::now();
+            let s = job.run_dataset_plain(extractor, &input, &publisher)?;
+            let p_wall = t.elapsed().as_secs_f64();
+            (
+                s.consumed,
+                s.accepted,
+                s.rejected,
+                s.io_s,
+                s.io_wait_s,
+                p_wall,
+            )
+        };
+        pipeline_rates.push(consumed as f64 / p_wall);
+        io_shares.push(io_s / p_wall);
+        wait_shares.push(wait_s / p_wall);
         eprintln!(
-            "rep {rep}: engine {:.3} docs/s ({e_wall:.1}s), pipeline {:.3} docs/s ({p_wall:.1}s; {} accepted, {} rejected; {:.3}s reading and publishing, {:.3}s of it waited for)",
-            engine_rates[rep], pipeline_rates[rep], s.accepted, s.rejected, s.io_s, s.io_wait_s
+            "rep {rep}: engine {:.3} docs/s ({e_wall:.1}s), pipeline {:.3} docs/s ({p_wall:.1}s; {accepted} accepted, {rejected} rejected; {io_s:.3}s reading and publishing, {wait_s:.3}s of it waited for)",
+            engine_rates[rep], pipeline_rates[rep]
         );
     }
     let e = median(engine_rates.clone());
@@ -295,6 +337,7 @@ fn measure<M: Model + 'static>(
             "shard_docs": per_shard,
             "text_files": args.text,
             "store_latency_ms": args.store_latency_ms,
+            "kafka_partitions": args.kafka_partitions,
             "engine_docs_per_s": engine_rates,
             "pipeline_docs_per_s": pipeline_rates,
             "engine_median": e,
@@ -309,4 +352,60 @@ fn measure<M: Model + 'static>(
         std::fs::remove_dir_all(&work)?;
     }
     Ok(())
+}
+
+/// How long a benchmark worker waits with nothing to do before it stops.
+const KAFKA_IDLE: Duration = Duration::from_secs(1);
+
+/// Produces `lines` round-robin to a fresh topic of `partitions` partitions on an in-process mock
+/// cluster and runs a worker over it until it is idle, publishing a file every `file_docs`
+/// documents of a partition.
+fn run_worker(
+    job: &Prepared,
+    lines: &[String],
+    file_docs: usize,
+    partitions: i32,
+    rep: usize,
+    extractor: EngineExtractor,
+    publisher: &Publisher,
+) -> Result<quarry_pipeline::kafka::WorkerSummary> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let cluster = rdkafka::mocking::MockCluster::new(1)?;
+    let topic = format!("bench-{rep}");
+    cluster.create_topic(&topic, partitions, 1)?;
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()?;
+    for (i, line) in lines.iter().enumerate() {
+        let rec = BaseRecord::<(), str>::to(&topic)
+            .partition(i as i32 % partitions)
+            .payload(line.as_str());
+        producer.send(rec).map_err(|(e, _)| e)?;
+    }
+    producer.flush(Duration::from_secs(30))?;
+    let mut cfg = job.cfg.clone();
+    cfg.source = serde_json::from_value(json!({
+        "kind": "kafka",
+        "brokers": cluster.bootstrap_servers(),
+        "topic": topic,
+        "group": topic,
+        "value": "json",
+    }))?;
+    cfg.batching.file_docs = file_docs;
+    let opts = WorkerOptions {
+        idle_exit: Some(KAFKA_IDLE),
+        ..WorkerOptions::default()
+    };
+    let mut flow = Flow::new(extractor, job.validator()?);
+    let metrics = Metrics::new();
+    let s = Worker::new(&cfg, &opts, &mut flow, publisher, &metrics)?
+        .run(&Shutdown::manual(), &opts)?;
+    anyhow::ensure!(
+        s.consumed == lines.len() as u64 && s.lag_total == 0,
+        "the worker consumed {} of {} documents and left {} behind",
+        s.consumed,
+        lines.len(),
+        s.lag_total
+    );
+    Ok(s)
 }

@@ -7,63 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use object_store::path::Path;
-use serde_json::json;
 
 use super::*;
-use crate::columns::RecordShape;
-use crate::extract::{Extractor, Generated, Validator};
+use crate::extract::Validator;
 use crate::faults::FaultyStore;
-use crate::record::{DocStats, Document, RejectCause};
-use quarry_engine::FinishReason;
-
-/// Answers each document with `{"name": text}` after `steps` steps of a millisecond, two at a
-/// time; counts its steps in `ticks`.
-struct Fake {
-    queued: Vec<(u64, String, usize)>,
-    steps: usize,
-    ticks: Arc<AtomicUsize>,
-}
-
-impl Extractor for Fake {
-    fn submit(&mut self, key: u64, doc: &Document) -> Result<(), RejectCause> {
-        self.queued.push((key, doc.text.clone(), self.steps));
-        Ok(())
-    }
-    fn step(&mut self) -> Result<Vec<(u64, Generated)>, PipelineError> {
-        if self.queued.is_empty() {
-            return Ok(Vec::new());
-        }
-        std::thread::sleep(Duration::from_millis(1));
-        self.ticks.fetch_add(1, Ordering::SeqCst);
-        let mut done = Vec::new();
-        self.queued.retain_mut(|(k, text, left)| {
-            *left -= 1;
-            if *left > 0 {
-                return true;
-            }
-            done.push((
-                *k,
-                Generated {
-                    text: json!({ "name": text }).to_string(),
-                    finish: FinishReason::ConstraintComplete,
-                    stats: DocStats::default(),
-                },
-            ));
-            false
-        });
-        Ok(done)
-    }
-    fn in_flight(&self) -> usize {
-        self.queued.len()
-    }
-    fn capacity(&self) -> usize {
-        2
-    }
-}
-
-fn schema() -> serde_json::Value {
-    json!({"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}})
-}
+use crate::testing::{fake, publisher, schema, Fake};
 
 fn config(format: &str) -> PipelineConfig {
     let text = format!(
@@ -84,25 +32,6 @@ fn input(tag: &str, shards: usize) -> Location {
             .unwrap();
     }
     input
-}
-
-fn publisher(tag: &str, wrap: impl Fn(&Location) -> Arc<FaultyStore>) -> Publisher {
-    let loc = |sub: &str| {
-        let l = Location::open(&format!("memory://dataset-{tag}/{sub}")).unwrap();
-        let store = wrap(&l);
-        l.with_store(store)
-    };
-    Publisher {
-        shape: RecordShape::derive(&schema()).unwrap(),
-        output: loc("out"),
-        rejects: loc("rej"),
-        pipeline: "t".into(),
-        model: "fake".into(),
-        model_runtime: String::new(),
-        schema_sha256: "0".into(),
-        row_group_rows: 2,
-        zstd_level: 3,
-    }
 }
 
 /// Runs the job on a thread and gives up after a minute, so a hang fails the test.
@@ -130,14 +59,6 @@ fn run(
         .expect("the job ends within a minute")
 }
 
-fn fake(steps: usize, ticks: &Arc<AtomicUsize>) -> Fake {
-    Fake {
-        queued: Vec::new(),
-        steps,
-        ticks: ticks.clone(),
-    }
-}
-
 #[test]
 fn the_steps_go_on_while_shards_are_read_and_files_published() {
     let ticks = Arc::new(AtomicUsize::new(0));
@@ -155,7 +76,7 @@ fn the_steps_go_on_while_shards_are_read_and_files_published() {
     ));
     let input = input.with_store(reads.clone());
     let puts = std::sync::Mutex::new(Vec::new());
-    let publisher = publisher("held", |l| {
+    let publisher = publisher("dataset-held", |l| {
         let s =
             Arc::new(FaultyStore::new(l.store.clone(), 0, false).hold(ticks.clone(), 2, held_puts));
         puts.lock().unwrap().push(s.clone());
@@ -193,7 +114,7 @@ fn the_steps_go_on_while_shards_are_read_and_files_published() {
 fn a_publish_that_fails_stops_the_job_with_its_error() {
     let ticks = Arc::new(AtomicUsize::new(0));
     // Every put fails (after the store's retries): the first file's error ends the job.
-    let publisher = publisher("failing", |l| {
+    let publisher = publisher("dataset-failing", |l| {
         Arc::new(FaultyStore::new(l.store.clone(), usize::MAX, false))
     });
     let e = run(
@@ -218,7 +139,7 @@ fn a_shard_that_cannot_be_read_stops_the_job_naming_it() {
     input
         .publish("a.parquet", bytes::Bytes::from_static(b"PAR1 not parquet"))
         .unwrap();
-    let publisher = publisher("unreadable", |l| {
+    let publisher = publisher("dataset-unreadable", |l| {
         Arc::new(FaultyStore::new(l.store.clone(), 0, false))
     });
     let e = run(config("parquet"), input, publisher.clone(), fake(1, &ticks)).unwrap_err();

@@ -3,15 +3,16 @@
 //! client properties a job and its environment set.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, TopicPartitionList};
 
-use super::FetchStats;
+use super::lanes::{UnderWay, REVOKE_WAIT};
+use super::{partition_dir, FetchStats};
 use crate::config::KafkaSource;
 
 /// What the rebalance callback hands to the job loop.
@@ -55,9 +56,19 @@ impl Throttle {
     }
 }
 
+/// The broker's answer to an asynchronous commit, for the job loop.
+pub(super) struct CommitAnswer {
+    pub(super) partition: i32,
+    pub(super) offset: i64,
+    pub(super) result: Result<(), KafkaError>,
+}
+
 pub(super) struct WorkerContext {
     pub(super) topic: String,
     pub(super) events: Mutex<Vec<Event>>,
+    pub(super) commits: Mutex<Vec<CommitAnswer>>,
+    /// The partitions with a publish under way: a revocation waits for them.
+    pub(super) under_way: Arc<UnderWay>,
     pub(super) fetch: Mutex<HashMap<i32, FetchStats>>,
     /// Client-level errors (a broker down) repeat at every retry.
     pub(super) errors_logged: Mutex<Throttle>,
@@ -129,6 +140,22 @@ impl ConsumerContext for WorkerContext {
                 events.push(Event::Assign(partitions));
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                // A publish under way finishes before the partition is handed back, so the new
+                // owner reconciles from a settled output (the loop's thread waits; the publisher
+                // threads need nothing from it).
+                let lanes: Vec<String> = tpl
+                    .elements_for_topic(&self.topic)
+                    .iter()
+                    .map(|el| partition_dir(&self.topic, el.partition()))
+                    .collect();
+                drop(events);
+                if !self.under_way.wait_for(&lanes, REVOKE_WAIT) {
+                    tracing::warn!(
+                        wait_s = REVOKE_WAIT.as_secs(),
+                        "a revoked partition's publish is still under way; handing it back (the new owner's reconcile and the publish protocol keep it exactly once)"
+                    );
+                }
+                let mut events = self.events.lock().expect("events lock");
                 for el in tpl.elements() {
                     if el.topic() == self.topic {
                         tracing::info!(
@@ -149,6 +176,24 @@ impl ConsumerContext for WorkerContext {
                 }
             }
             other => tracing::warn!(error = ?other, "rebalance error"),
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        let mut commits = self.commits.lock().expect("commits lock");
+        for el in offsets.elements_for_topic(&self.topic) {
+            if let rdkafka::Offset::Offset(offset) = el.offset() {
+                let result = match (&result, el.error()) {
+                    (Err(e), _) => Err(e.clone()),
+                    (Ok(()), Err(e)) => Err(e),
+                    (Ok(()), Ok(())) => Ok(()),
+                };
+                commits.push(CommitAnswer {
+                    partition: el.partition(),
+                    offset,
+                    result,
+                });
+            }
         }
     }
 }

@@ -19,6 +19,10 @@
 //!
 //! The loop never blocks on the model for long: it polls the consumer between engine steps, and a
 //! partition with `batching.max_buffered` documents waiting is paused (not left) until they drain.
+//! Nor does it block on the store: `output.publishers` threads publish finished files beside it,
+//! one at a time per partition and in order, and the loop commits each range when its publish
+//! comes back (see [`lanes`]). Commits are asynchronous; one not confirmed is made again, and
+//! waited for, when the worker stops.
 //!
 //! ## Input the worker cannot move past
 //! Every codec Kafka defines is decoded (none, gzip, snappy, lz4, zstd). When a partition still
@@ -38,14 +42,14 @@
 //! is [`PipelineError::LagLeft`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, RebalanceProtocol};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::BaseProducer;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::{KafkaSource, PipelineConfig, SourceConfig, TombstonePolicy};
@@ -57,6 +61,7 @@ use crate::record::{decode, tombstone, Lineage};
 use crate::shutdown::Shutdown;
 
 mod client;
+mod lanes;
 mod ranges;
 mod summary;
 
@@ -65,6 +70,7 @@ pub use ranges::{parse_range, partition_dir, range_name, reconcile, PublishedRan
 pub use summary::{Stall, StopReason, WorkerSummary};
 
 use client::{error_kind, Event, Throttle, WorkerContext};
+use lanes::{DeadLetters, Lanes, UnderWay};
 
 /// A partition as librdkafka's statistics last saw it (every 5 s, no broker round trip).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -131,8 +137,9 @@ struct Part {
     /// When the broker was last asked for this partition's watermarks by the stall check, and
     /// its answer (kept until the next question).
     asked: Option<(Instant, Standing)>,
-    /// The offset after the last published range, and whether committing it failed (a
-    /// rebalance in progress): retried when the worker stops, so the lag it reports is true.
+    /// The offset after the last published range, and whether its (asynchronous) commit is not
+    /// known to have landed: made again, synchronously, when the worker stops, so the lag it
+    /// reports is true.
     published_next: Option<i64>,
     commit_pending: bool,
 }
@@ -177,12 +184,6 @@ enum Standing {
     },
     /// Not known yet: the clock keeps running.
     Unknown,
-}
-
-/// Where rejects go besides the rejects file (`rejects.dead_letter_topic`).
-struct DeadLetters {
-    producer: BaseProducer,
-    topic: String,
 }
 
 /// A running worker.
@@ -254,6 +255,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
         let ctx = WorkerContext {
             topic: src.topic.clone(),
             events: Mutex::new(Vec::new()),
+            commits: Mutex::new(Vec::new()),
+            under_way: Arc::new(UnderWay::default()),
             fetch: Mutex::new(HashMap::new()),
             errors_logged: Mutex::new(Throttle::default()),
         };
@@ -309,9 +312,32 @@ impl<'a, E: Extractor> Worker<'a, E> {
         partition_dir(&self.src.topic, p)
     }
 
-    /// Runs until a signal (or `idle_exit`) stops it.
+    /// Runs until a signal (or `idle_exit`) stops it. Files are published on threads beside the
+    /// loop ([`lanes`]); they end before this returns, and the consumer closes after them.
     pub fn run(
         mut self,
+        shutdown: &Shutdown,
+        opts: &WorkerOptions,
+    ) -> Result<WorkerSummary, PipelineError> {
+        let publisher = self.publisher;
+        let dead_letters = self.dead_letters.take();
+        let under_way = self.consumer.context().under_way.clone();
+        let publishers = self.cfg.output.publishers;
+        std::thread::scope(|scope| {
+            let mut lanes = Lanes::start(
+                scope,
+                publisher,
+                dead_letters.as_ref(),
+                publishers,
+                under_way,
+            );
+            self.run_loop(&mut lanes, shutdown, opts)
+        })
+    }
+
+    fn run_loop(
+        &mut self,
+        lanes: &mut Lanes,
         shutdown: &Shutdown,
         opts: &WorkerOptions,
     ) -> Result<WorkerSummary, PipelineError> {
@@ -330,7 +356,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
                     .collect::<Vec<_>>()
                     .iter()
                     .map(|g| self.flow.abandon(g))
-                    .sum();
+                    .sum::<usize>()
+                    + lanes.forget_all();
                 self.summary.abandoned += n as u64;
                 tracing::warn!(
                     abandoned = n,
@@ -413,6 +440,9 @@ impl<'a, E: Extractor> Worker<'a, E> {
                         };
                         drop(msg);
                         self.take_message(p, off, input, skip);
+                        self.summary
+                            .first_message_s
+                            .get_or_insert_with(|| started.elapsed().as_secs_f64());
                         taken += 1;
                         last_activity = Instant::now();
                         if taken >= 1000 {
@@ -431,7 +461,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
                 }
             }
             let before = self.parts.len();
-            self.handle_events()?;
+            self.handle_events(lanes)?;
             if self.parts.len() > before {
                 last_activity = Instant::now();
             }
@@ -445,9 +475,16 @@ impl<'a, E: Extractor> Worker<'a, E> {
             if let Some(s) = self.flow.extractor.engine_stats() {
                 self.metrics.engine(&s);
             }
+            let mut done = Vec::new();
             for file in self.flow.take_ready() {
-                let report = self.publisher.publish(file)?;
-                self.after_publish(&report)?;
+                lanes.publish(file, &mut done)?;
+            }
+            // Draining with nothing left to step: wait for the publishes rather than spin.
+            let wait =
+                (draining && self.flow.open_files() == 0).then_some(Duration::from_millis(100));
+            lanes.collect(wait, &mut done)?;
+            for report in &done {
+                self.after_publish(report)?;
             }
             self.resume_drained()?;
             if last_lag.elapsed() > Duration::from_secs(1) {
@@ -457,10 +494,12 @@ impl<'a, E: Extractor> Worker<'a, E> {
                 }
                 last_lag = Instant::now();
             }
-            if draining && self.flow.open_files() == 0 {
+            if draining && self.flow.open_files() == 0 && lanes.held() == 0 {
                 break;
             }
         }
+        self.summary.publish_s = lanes.publish_s;
+        self.summary.publish_wait_s = lanes.wait_s;
         self.summary.stop = self.stop;
         self.retry_commits();
         self.summary.lag = self.final_lag();
@@ -471,7 +510,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
             .map(|(k, (n, _))| (k.clone(), *n))
             .collect();
         self.summary.wall_s = started.elapsed().as_secs_f64();
-        Ok(self.summary)
+        Ok(std::mem::take(&mut self.summary))
     }
 
     /// Counts a consumer error and logs it once per kind and [`LOG_EVERY`]. librdkafka does not
@@ -642,7 +681,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
         }
     }
 
-    /// Commits again the published ranges whose commit failed.
+    /// Commits again, synchronously, the published ranges whose commit is not known to have
+    /// landed (failed, or not yet answered).
     fn retry_commits(&mut self) {
         let mut tpl = TopicPartitionList::new();
         for (p, part) in &self.parts {
@@ -660,7 +700,10 @@ impl<'a, E: Extractor> Worker<'a, E> {
         }
         match self.consumer.commit(&tpl, CommitMode::Sync) {
             Ok(()) => {
-                tracing::info!(partitions = tpl.count(), "failed commits retried at stop");
+                tracing::info!(
+                    partitions = tpl.count(),
+                    "commits not yet confirmed made again at stop"
+                );
                 for part in self.parts.values_mut() {
                     part.commit_pending = false;
                 }
@@ -799,14 +842,35 @@ impl<'a, E: Extractor> Worker<'a, E> {
         }
     }
 
-    fn handle_events(&mut self) -> Result<(), PipelineError> {
+    fn handle_events(&mut self, lanes: &mut Lanes) -> Result<(), PipelineError> {
+        let commits = std::mem::take(
+            &mut *self
+                .consumer
+                .context()
+                .commits
+                .lock()
+                .expect("commits lock"),
+        );
+        for c in commits {
+            let Some(part) = self.parts.get_mut(&c.partition) else {
+                continue;
+            };
+            match c.result {
+                Ok(()) if part.published_next == Some(c.offset) => part.commit_pending = false,
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::warn!(partition = c.partition, offset = c.offset, error = %e, "commit failed; the output stays authoritative, made again at stop")
+                }
+            }
+        }
         let events =
             std::mem::take(&mut *self.consumer.context().events.lock().expect("events lock"));
         for ev in events {
             match ev {
                 Event::Assign(partitions) => self.assign(&partitions)?,
                 Event::Revoked(p) => {
-                    let dropped = self.flow.abandon(&self.group(p));
+                    let group = self.group(p);
+                    let dropped = self.flow.abandon(&group) + lanes.forget(&group);
                     self.summary.abandoned += dropped as u64;
                     self.parts.remove(&p);
                     self.metrics.lag.remove(&PartitionLabel {
@@ -866,21 +930,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
         for (c, n) in &r.causes {
             *self.summary.causes.entry(c.to_string()).or_default() += n;
         }
-        if let Some(DeadLetters { producer, topic }) = &self.dead_letters {
-            for (key, value) in &r.dead_letters {
-                let payload = value.to_string();
-                let mut rec = BaseRecord::<Vec<u8>, String>::to(topic).payload(&payload);
-                if let Some(k) = key {
-                    rec = rec.key(k);
-                }
-                if let Err((e, _)) = producer.send(rec) {
-                    return Err(kafka_err("dead-letter send", e));
-                }
-            }
-            producer
-                .flush(Duration::from_secs(30))
-                .map_err(|e| kafka_err("dead-letter flush", e))?;
-        }
+        // The dead letters were sent with the publish, on its thread.
         crate::faults::crash_point(crate::faults::CrashPoint::BeforeCommit);
         let (Some(p), Some(last)) = (r.partition, r.last_offset) else {
             return Ok(());
@@ -891,14 +941,14 @@ impl<'a, E: Extractor> Worker<'a, E> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.src.topic, p, Offset::Offset(last + 1))
             .map_err(|e| kafka_err("commit list", e))?;
-        // A failed commit loses nothing: the next owner reconciles from the published files, and
-        // this worker tries again when it stops.
+        // Asynchronous: its answer comes through the context's commit callback. A failed commit
+        // loses nothing: the next owner reconciles from the published files, and this worker
+        // commits again when it stops.
         let part = self.parts.get_mut(&p).expect("present");
         part.published_next = Some(last + 1);
-        let committed = self.consumer.commit(&tpl, CommitMode::Sync);
-        part.commit_pending = committed.is_err();
-        if let Err(e) = committed {
-            tracing::warn!(partition = p, error = %e, "commit failed; the output stays authoritative, retried at stop");
+        part.commit_pending = true;
+        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+            tracing::warn!(partition = p, error = %e, "commit failed; the output stays authoritative, made again at stop");
         }
         tracing::info!(file = %r.name, accepted = r.accepted, rejected = r.rejected, skipped = r.skipped, "published");
         Ok(())
@@ -983,146 +1033,4 @@ fn idle(opts: &WorkerOptions, last: Instant) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::Location;
-
-    fn stats(hi: i64, next: i64, committed: i64) -> FetchStats {
-        FetchStats {
-            consumer_lag: -1,
-            hi_offset: hi,
-            lo_offset: 0,
-            committed_offset: committed,
-            next_offset: next,
-        }
-    }
-
-    #[test]
-    fn a_partition_is_behind_only_with_records_neither_delivered_nor_fetched_past() {
-        // Stuck: the fetcher sits at offset 2, the worker expects 2, the log ends at 5.
-        assert!(stats(5, 2, -1001).behind(Some(2)));
-        // Caught up.
-        assert!(!stats(5, 5, 5).behind(Some(5)));
-        // The fetcher is past the last records (a transaction marker the consumer never sees).
-        assert!(!stats(5, 5, 4).behind(Some(4)));
-        // Nothing delivered yet: start from the committed offset, else the log start.
-        assert!(stats(5, -1001, 3).behind(None));
-        assert!(!stats(3, -1001, 3).behind(None));
-        assert!(stats(1, -1001, -1001).behind(None));
-        assert!(!stats(0, -1001, -1001).behind(None));
-    }
-
-    /// An extractor these tests never give a document.
-    struct Unused;
-
-    impl Extractor for Unused {
-        fn submit(
-            &mut self,
-            _: u64,
-            _: &crate::record::Document,
-        ) -> Result<(), crate::record::RejectCause> {
-            panic!("nothing may be read before the partition is reconciled")
-        }
-        fn step(&mut self) -> Result<Vec<(u64, crate::extract::Generated)>, PipelineError> {
-            Ok(Vec::new())
-        }
-        fn in_flight(&self) -> usize {
-            0
-        }
-        fn capacity(&self) -> usize {
-            1
-        }
-    }
-
-    /// The output store cannot be listed when the group assigns the partitions: the worker reads
-    /// nothing, stops with `Reconcile` naming a partition and the store error, and its consumer
-    /// closes although the group's assignment was never answered.
-    #[test]
-    fn a_partition_that_cannot_be_reconciled_stops_the_worker_before_it_reads_anything() {
-        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
-        cluster.create_topic("t", 2, 1).unwrap();
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", cluster.bootstrap_servers())
-            .create()
-            .unwrap();
-        for p in 0..2 {
-            producer
-                .send(
-                    BaseRecord::<(), str>::to("t")
-                        .partition(p)
-                        .payload("a document"),
-                )
-                .map_err(|(e, _)| e)
-                .unwrap();
-        }
-        producer.flush(Duration::from_secs(10)).unwrap();
-        let cfg = PipelineConfig::parse(
-            &format!(
-                r#"name = "reconcile-fails"
-schema = "unused.json"
-[source]
-kind = "kafka"
-brokers = "{}"
-topic = "t"
-group = "g"
-[prompt]
-template = "{{{{ text }}}}"
-[model]
-path = "unused.gguf"
-[output]
-url = "memory://reconcile-fails/out"
-[rejects]
-url = "memory://reconcile-fails/rej"
-"#,
-                cluster.bootstrap_servers()
-            ),
-            "test",
-            std::path::PathBuf::new(),
-        )
-        .unwrap();
-        let schema = serde_json::json!({"type": "object"});
-        let rejects = Location::open("memory://reconcile-fails/rej").unwrap();
-        let failing = crate::faults::FaultyStore::new(rejects.store.clone(), 0, false)
-            .fail_lists(crate::store::ATTEMPTS as usize);
-        let publisher = Publisher {
-            shape: crate::columns::RecordShape::derive(&schema).unwrap(),
-            output: Location::open("memory://reconcile-fails/out").unwrap(),
-            rejects: rejects.with_store(std::sync::Arc::new(failing)),
-            pipeline: "test".into(),
-            model: "none".into(),
-            model_runtime: String::new(),
-            schema_sha256: "0".into(),
-            row_group_rows: 1,
-            zstd_level: 3,
-        };
-        let opts = WorkerOptions {
-            idle_exit: Some(Duration::from_secs(60)),
-            ..WorkerOptions::default()
-        };
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut flow = Flow::new(
-                Unused,
-                crate::extract::Validator::new(&schema, "s").unwrap(),
-            );
-            let metrics = Metrics::new();
-            let result = Worker::new(&cfg, &opts, &mut flow, &publisher, &metrics)
-                .and_then(|w| w.run(&Shutdown::manual(), &opts));
-            // Sent after `run` returned, so after the worker's consumer closed.
-            let _ = tx.send(result.map(|s| s.consumed));
-        });
-        let result = rx
-            .recv_timeout(Duration::from_secs(90))
-            .expect("the worker stopped and its consumer closed within 90 s");
-        match result {
-            Err(PipelineError::Reconcile { partition, source }) => {
-                assert!((0..2).contains(&partition), "partition {partition}");
-                assert!(
-                    matches!(*source, PipelineError::Store { op: "list", .. }),
-                    "{source}"
-                );
-            }
-            other => panic!("expected a reconcile error, got {other:?}"),
-        }
-    }
-}
+mod tests;

@@ -53,6 +53,14 @@ pub struct WorkerSummary {
     /// The records left in the assigned partitions (the sum of `lag`; unknown ones not counted).
     pub lag_total: i64,
     pub wall_s: f64,
+    /// Seconds from the start to the first message (joining the group, reconciling); `None`
+    /// when none came.
+    pub first_message_s: Option<f64>,
+    /// Seconds spent publishing files, on the publisher threads beside the loop (it can exceed
+    /// `wall_s`).
+    pub publish_s: f64,
+    /// Seconds the loop waited for publishes: at its limit of files held, or at the end.
+    pub publish_wait_s: f64,
     #[serde(skip)]
     pub stall: Option<Stall>,
     #[serde(skip)]

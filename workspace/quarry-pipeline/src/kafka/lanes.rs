@@ -1,0 +1,322 @@
+//! A worker's publishes, beside its loop.
+//!
+//! A file is `batching.file_docs` documents; its publish is a few object-store requests (tens of
+//! milliseconds each) and, with a dead-letter topic, a producer flush. On the loop, each one
+//! stopped the engine. Here `output.publishers` threads publish finished files while the loop
+//! goes on stepping, polling and committing.
+//!
+//! What keeps this effectively-once:
+//! - **One publish per partition at a time, in order.** A partition's next file waits in its
+//!   lane until the one before it is published, because reconciling resumes after the highest
+//!   published range: a later range landing first would skip the earlier one after a crash.
+//!   Different partitions publish at once.
+//! - **The commit follows the publish.** The loop commits a range's offset only when its report
+//!   comes back (after the marker and the dead letters), as before.
+//! - **A revoked partition's publish is finished before it is handed back.** The rebalance
+//!   callback waits (at most [`REVOKE_WAIT`]) until no publish of a revoked partition is under
+//!   way, so its new owner reconciles from a settled output, as when publishes ran on the loop.
+//!   Files still waiting in its lane are dropped, uncommitted, like the documents the loop held.
+//!
+//! More than twice `output.publishers` files held (waiting or under way) make the loop wait for
+//! a report: a slow store holds memory to a bound. On a stop (an error, a second signal) files
+//! still waiting are not published; a publish under way completes.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::Scope;
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+use super::kafka_err;
+use crate::error::PipelineError;
+use crate::flow::{FileReport, OpenFile, Publisher};
+
+/// How long the rebalance callback waits for a revoked partition's publish under way.
+pub const REVOKE_WAIT: Duration = Duration::from_secs(120);
+
+/// How long a dead-letter flush may take before the publish counts as failed.
+const DEAD_LETTER_FLUSH: Duration = Duration::from_secs(30);
+
+/// Where rejects go besides the rejects file (`rejects.dead_letter_topic`).
+pub(super) struct DeadLetters {
+    pub producer: BaseProducer,
+    pub topic: String,
+}
+
+impl DeadLetters {
+    /// Sends a file's dead letters and waits until the broker has them.
+    fn send(&self, r: &FileReport) -> Result<(), PipelineError> {
+        if r.dead_letters.is_empty() {
+            return Ok(());
+        }
+        for (key, value) in &r.dead_letters {
+            let payload = value.to_string();
+            let mut rec = BaseRecord::<Vec<u8>, String>::to(&self.topic).payload(&payload);
+            if let Some(k) = key {
+                rec = rec.key(k);
+            }
+            if let Err((e, _)) = self.producer.send(rec) {
+                return Err(kafka_err("dead-letter send", e));
+            }
+        }
+        self.producer
+            .flush(DEAD_LETTER_FLUSH)
+            .map_err(|e| kafka_err("dead-letter flush", e))
+    }
+}
+
+/// The lanes (partition directories) with a publish under way, shared with the rebalance
+/// callback so that it can wait for them.
+#[derive(Default)]
+pub(super) struct UnderWay {
+    lanes: Mutex<HashSet<String>>,
+    changed: Condvar,
+}
+
+impl UnderWay {
+    fn begin(&self, lane: &str) {
+        self.lock().insert(lane.to_string());
+    }
+
+    fn end(&self, lane: &str) {
+        self.lock().remove(lane);
+        self.changed.notify_all();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until none of `lanes` has a publish under way, at most `limit`; false if one still
+    /// has.
+    pub fn wait_for(&self, lanes: &[String], limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut set = self.lock();
+        while lanes.iter().any(|l| set.contains(l)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            set = self
+                .changed
+                .wait_timeout(set, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+/// A publisher thread's answer: the lane, and the report with the seconds it took.
+type Reply = (String, Result<(FileReport, f64), PipelineError>);
+
+/// The loop's side of the publisher threads.
+pub(super) struct Lanes {
+    files: Sender<OpenFile>,
+    reports: Receiver<Reply>,
+    /// Files behind their lane's publish under way, oldest first.
+    waiting: HashMap<String, VecDeque<OpenFile>>,
+    /// Lanes whose publish is under way (the loop's copy: it dispatches).
+    busy: HashSet<String>,
+    under_way: Arc<UnderWay>,
+    held: usize,
+    max_held: usize,
+    stop: Arc<AtomicBool>,
+    /// Seconds the publishes took (on their threads).
+    pub publish_s: f64,
+    /// Seconds the loop waited for a report.
+    pub wait_s: f64,
+}
+
+impl Lanes {
+    /// Starts `publishers` threads in `scope`.
+    pub fn start<'scope, 'env>(
+        scope: &'scope Scope<'scope, 'env>,
+        publisher: &'env Publisher,
+        dead_letters: Option<&'env DeadLetters>,
+        publishers: usize,
+        under_way: Arc<UnderWay>,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (files, file_rx) = mpsc::channel::<OpenFile>();
+        let file_rx = Arc::new(Mutex::new(file_rx));
+        let (report_tx, reports) = mpsc::channel::<Reply>();
+        for _ in 0..publishers.max(1) {
+            let (file_rx, report_tx) = (file_rx.clone(), report_tx.clone());
+            let (stop, under_way) = (stop.clone(), under_way.clone());
+            scope.spawn(move || loop {
+                let next = file_rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                let Ok(file) = next else { return };
+                let lane = file.group.clone();
+                if stop.load(Ordering::SeqCst) {
+                    // Stopping: the files left are not published. The thread ends when the loop's
+                    // side drops the channel, so every lane it took is ended.
+                    under_way.end(&lane);
+                    continue;
+                }
+                let t = Instant::now();
+                let published = publisher.publish(file).and_then(|r| {
+                    if let Some(d) = dead_letters {
+                        d.send(&r)?;
+                    }
+                    Ok(r)
+                });
+                under_way.end(&lane);
+                let reply = published.map(|r| (r, t.elapsed().as_secs_f64()));
+                // After an error the loop stops and drops its side; until then, go on.
+                let _ = report_tx.send((lane, reply));
+            });
+        }
+        Self {
+            files,
+            reports,
+            waiting: HashMap::new(),
+            busy: HashSet::new(),
+            under_way,
+            held: 0,
+            max_held: 2 * publishers.max(1),
+            stop,
+            publish_s: 0.0,
+            wait_s: 0.0,
+        }
+    }
+
+    /// Files held: waiting in a lane or being published.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Queues `file` behind its lane's earlier files. With too many held, first waits for
+    /// reports, which go to `done`.
+    pub fn publish(
+        &mut self,
+        file: OpenFile,
+        done: &mut Vec<FileReport>,
+    ) -> Result<(), PipelineError> {
+        while self.held >= self.max_held {
+            self.collect(Some(Duration::MAX), done)?;
+        }
+        self.held += 1;
+        if self.busy.contains(&file.group) {
+            self.waiting
+                .entry(file.group.clone())
+                .or_default()
+                .push_back(file);
+            Ok(())
+        } else {
+            self.dispatch(file)
+        }
+    }
+
+    fn dispatch(&mut self, file: OpenFile) -> Result<(), PipelineError> {
+        self.busy.insert(file.group.clone());
+        self.under_way.begin(&file.group);
+        let lane = file.group.clone();
+        if let Err(mpsc::SendError(_)) = self.files.send(file) {
+            // Every thread has stopped, which only an error (or a panic) does.
+            self.under_way.end(&lane);
+            return Err(gone());
+        }
+        Ok(())
+    }
+
+    /// Every report that has come back, into `done`, and each lane's next file dispatched. With
+    /// `wait`, waits up to that long for one when any file is held.
+    pub fn collect(
+        &mut self,
+        wait: Option<Duration>,
+        done: &mut Vec<FileReport>,
+    ) -> Result<(), PipelineError> {
+        let mut wait = wait.filter(|_| self.held > 0);
+        loop {
+            let (lane, got) = match wait.take() {
+                None => match self.reports.try_recv() {
+                    Ok(r) => r,
+                    Err(TryRecvError::Empty) => return Ok(()),
+                    Err(TryRecvError::Disconnected) => return Err(gone()),
+                },
+                Some(limit) => {
+                    let t = Instant::now();
+                    let r = if limit == Duration::MAX {
+                        self.reports
+                            .recv()
+                            .map_err(|_| RecvTimeoutError::Disconnected)
+                    } else {
+                        self.reports.recv_timeout(limit)
+                    };
+                    self.wait_s += t.elapsed().as_secs_f64();
+                    match r {
+                        Ok(r) => r,
+                        Err(RecvTimeoutError::Timeout) => return Ok(()),
+                        Err(RecvTimeoutError::Disconnected) => return Err(gone()),
+                    }
+                }
+            };
+            self.held -= 1;
+            self.busy.remove(&lane);
+            let (report, secs) = got?;
+            self.publish_s += secs;
+            done.push(report);
+            if let Some(next) = self.waiting.get_mut(&lane).and_then(VecDeque::pop_front) {
+                self.dispatch(next)?;
+            }
+        }
+    }
+
+    /// Drops the files waiting in `lane` (its partition was revoked, or the worker abandons its
+    /// work); returns their documents. A publish under way is not stopped.
+    pub fn forget(&mut self, lane: &str) -> usize {
+        let dropped = self.waiting.remove(lane).unwrap_or_default();
+        self.held -= dropped.len();
+        dropped.iter().map(OpenFile::len).sum()
+    }
+
+    /// Drops every waiting file; returns their documents.
+    pub fn forget_all(&mut self) -> usize {
+        let lanes: Vec<String> = self.waiting.keys().cloned().collect();
+        lanes.iter().map(|l| self.forget(l)).sum()
+    }
+}
+
+impl Drop for Lanes {
+    fn drop(&mut self) {
+        // Files already handed to a thread but not begun are not published (an error or a second
+        // signal); the channels drop next, which ends the threads.
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+fn gone() -> PipelineError {
+    PipelineError::IoThread { what: "publishing" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_revocation_waits_for_its_partitions_publish_and_no_other() {
+        let under_way = Arc::new(UnderWay::default());
+        under_way.begin("topic=t/partition=0");
+        under_way.begin("topic=t/partition=1");
+        let ending = under_way.clone();
+        let t = Instant::now();
+        let ender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            ending.end("topic=t/partition=0");
+        });
+        let p0 = ["topic=t/partition=0".to_string()];
+        assert!(under_way.wait_for(&p0, Duration::from_secs(30)));
+        assert!(t.elapsed() >= Duration::from_millis(200), "waited for it");
+        ender.join().unwrap();
+        // Partition 1's publish never ends: the wait gives up at its limit.
+        let p1 = ["topic=t/partition=1".to_string()];
+        assert!(!under_way.wait_for(&p1, Duration::from_millis(50)));
+        // A partition with nothing under way does not wait.
+        let p2 = ["topic=t/partition=2".to_string()];
+        assert!(under_way.wait_for(&p2, Duration::ZERO));
+    }
+}

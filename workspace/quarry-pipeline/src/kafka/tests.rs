@@ -1,0 +1,324 @@
+//! The worker loop on librdkafka's mock cluster.
+
+use super::*;
+use crate::store::Location;
+use rdkafka::producer::{BaseRecord, Producer};
+
+fn stats(hi: i64, next: i64, committed: i64) -> FetchStats {
+    FetchStats {
+        consumer_lag: -1,
+        hi_offset: hi,
+        lo_offset: 0,
+        committed_offset: committed,
+        next_offset: next,
+    }
+}
+
+#[test]
+fn a_partition_is_behind_only_with_records_neither_delivered_nor_fetched_past() {
+    // Stuck: the fetcher sits at offset 2, the worker expects 2, the log ends at 5.
+    assert!(stats(5, 2, -1001).behind(Some(2)));
+    // Caught up.
+    assert!(!stats(5, 5, 5).behind(Some(5)));
+    // The fetcher is past the last records (a transaction marker the consumer never sees).
+    assert!(!stats(5, 5, 4).behind(Some(4)));
+    // Nothing delivered yet: start from the committed offset, else the log start.
+    assert!(stats(5, -1001, 3).behind(None));
+    assert!(!stats(3, -1001, 3).behind(None));
+    assert!(stats(1, -1001, -1001).behind(None));
+    assert!(!stats(0, -1001, -1001).behind(None));
+}
+
+/// An extractor these tests never give a document.
+struct Unused;
+
+impl Extractor for Unused {
+    fn submit(
+        &mut self,
+        _: u64,
+        _: &crate::record::Document,
+    ) -> Result<(), crate::record::RejectCause> {
+        panic!("nothing may be read before the partition is reconciled")
+    }
+    fn step(&mut self) -> Result<Vec<(u64, crate::extract::Generated)>, PipelineError> {
+        Ok(Vec::new())
+    }
+    fn in_flight(&self) -> usize {
+        0
+    }
+    fn capacity(&self) -> usize {
+        1
+    }
+}
+
+/// The output store cannot be listed when the group assigns the partitions: the worker reads
+/// nothing, stops with `Reconcile` naming a partition and the store error, and its consumer
+/// closes although the group's assignment was never answered.
+#[test]
+fn a_partition_that_cannot_be_reconciled_stops_the_worker_before_it_reads_anything() {
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    cluster.create_topic("t", 2, 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+    for p in 0..2 {
+        producer
+            .send(
+                BaseRecord::<(), str>::to("t")
+                    .partition(p)
+                    .payload("a document"),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let cfg = PipelineConfig::parse(
+        &format!(
+            r#"name = "reconcile-fails"
+schema = "unused.json"
+[source]
+kind = "kafka"
+brokers = "{}"
+topic = "t"
+group = "g"
+[prompt]
+template = "{{{{ text }}}}"
+[model]
+path = "unused.gguf"
+[output]
+url = "memory://reconcile-fails/out"
+[rejects]
+url = "memory://reconcile-fails/rej"
+"#,
+            cluster.bootstrap_servers()
+        ),
+        "test",
+        std::path::PathBuf::new(),
+    )
+    .unwrap();
+    let schema = serde_json::json!({"type": "object"});
+    let rejects = Location::open("memory://reconcile-fails/rej").unwrap();
+    let failing = crate::faults::FaultyStore::new(rejects.store.clone(), 0, false)
+        .fail_lists(crate::store::ATTEMPTS as usize);
+    let publisher = Publisher {
+        shape: crate::columns::RecordShape::derive(&schema).unwrap(),
+        output: Location::open("memory://reconcile-fails/out").unwrap(),
+        rejects: rejects.with_store(std::sync::Arc::new(failing)),
+        pipeline: "test".into(),
+        model: "none".into(),
+        model_runtime: String::new(),
+        schema_sha256: "0".into(),
+        row_group_rows: 1,
+        zstd_level: 3,
+    };
+    let opts = WorkerOptions {
+        idle_exit: Some(Duration::from_secs(60)),
+        ..WorkerOptions::default()
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut flow = Flow::new(
+            Unused,
+            crate::extract::Validator::new(&schema, "s").unwrap(),
+        );
+        let metrics = Metrics::new();
+        let result = Worker::new(&cfg, &opts, &mut flow, &publisher, &metrics)
+            .and_then(|w| w.run(&Shutdown::manual(), &opts));
+        // Sent after `run` returned, so after the worker's consumer closed.
+        let _ = tx.send(result.map(|s| s.consumed));
+    });
+    let result = rx
+        .recv_timeout(Duration::from_secs(90))
+        .expect("the worker stopped and its consumer closed within 90 s");
+    match result {
+        Err(PipelineError::Reconcile { partition, source }) => {
+            assert!((0..2).contains(&partition), "partition {partition}");
+            assert!(
+                matches!(*source, PipelineError::Store { op: "list", .. }),
+                "{source}"
+            );
+        }
+        other => panic!("expected a reconcile error, got {other:?}"),
+    }
+}
+
+/// A worker's job on the mock cluster: `file_docs` documents a file, four publishers, the stores
+/// of `publisher`, stopping after three idle seconds. Runs on a thread with a 90 s limit, so a
+/// hang fails the test.
+fn run_worker(
+    cluster: &rdkafka::mocking::MockCluster<'_, rdkafka::producer::DefaultProducerContext>,
+    file_docs: usize,
+    publisher: Publisher,
+    extractor: crate::testing::Fake,
+) -> Result<WorkerSummary, PipelineError> {
+    let cfg = PipelineConfig::parse(
+        &format!(
+            r#"name = "lanes"
+schema = "unused.json"
+[source]
+kind = "kafka"
+brokers = "{}"
+topic = "t"
+group = "g"
+[prompt]
+template = "{{{{ text }}}}"
+[model]
+path = "unused.gguf"
+[batching]
+file_docs = {file_docs}
+flush_ms = 600000
+[output]
+url = "memory://unused/out"
+publishers = 4
+[rejects]
+url = "memory://unused/rej"
+"#,
+            cluster.bootstrap_servers()
+        ),
+        "test",
+        std::path::PathBuf::new(),
+    )
+    .unwrap();
+    let opts = WorkerOptions {
+        idle_exit: Some(Duration::from_secs(3)),
+        ..WorkerOptions::default()
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let schema = crate::testing::schema();
+        let mut flow = Flow::new(
+            extractor,
+            crate::extract::Validator::new(&schema, "s").unwrap(),
+        );
+        let metrics = Metrics::new();
+        let result = Worker::new(&cfg, &opts, &mut flow, &publisher, &metrics)
+            .and_then(|w| w.run(&Shutdown::manual(), &opts));
+        let _ = tx.send(result);
+    });
+    rx.recv_timeout(Duration::from_secs(90))
+        .expect("the worker stops within 90 s")
+}
+
+/// Partition 0's first file: its puts are held.
+fn first_file_of_partition_0(p: &object_store::path::Path) -> bool {
+    p.as_ref().ends_with(&range_name("t", 0, 0, 1))
+}
+
+/// The first file of partition 0 lands only once the engine has stepped three more times: on the
+/// loop's own thread it would wait for ever (5 s, then counted as timed out). Meanwhile that
+/// partition's next file waits for it (a later range landing first would be skipped by a
+/// reconcile after a crash), and every range's commit lands by the stop.
+#[test]
+fn the_steps_go_on_while_files_publish_and_a_partitions_files_land_in_order() {
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    cluster.create_topic("t", 2, 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+    for p in 0..2 {
+        for i in 0..10 {
+            let text = format!("p{p}d{i}");
+            producer
+                .send(BaseRecord::<(), str>::to("t").partition(p).payload(&text))
+                .map_err(|(e, _)| e)
+                .unwrap();
+        }
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stores = Mutex::new(Vec::new());
+    let publisher = crate::testing::publisher("kafka-lanes", |l| {
+        let s = Arc::new(
+            crate::faults::FaultyStore::new(l.store.clone(), 0, false).hold(
+                ticks.clone(),
+                3,
+                first_file_of_partition_0,
+            ),
+        );
+        stores.lock().unwrap().push(s.clone());
+        s
+    });
+    // 20 documents, two at a time, 4 steps each: 40 steps, of which the held file needs 3.
+    let s = run_worker(&cluster, 2, publisher, crate::testing::fake(4, &ticks)).unwrap();
+    assert_eq!((s.consumed, s.accepted, s.files), (20, 20, 10), "{s:?}");
+    let stores = stores.into_inner().unwrap();
+    let timed_out: usize = stores
+        .iter()
+        .map(|s| s.holds_timed_out.load(std::sync::atomic::Ordering::SeqCst))
+        .sum();
+    assert_eq!(timed_out, 0, "a held publish stopped the steps");
+    // Each store (records, then markers) saw partition 0's ranges land in offset order.
+    for store in &stores {
+        let landed = store.landed.lock().unwrap().clone();
+        let ranges: Vec<(i64, i64)> = landed
+            .iter()
+            .filter(|p| p.contains("partition=0/"))
+            .filter_map(|p| parse_range(p.rsplit('/').next()?))
+            .collect();
+        assert_eq!(ranges.len(), 5, "{landed:?}");
+        assert!(
+            ranges.windows(2).all(|w| w[0].1 < w[1].0),
+            "partition 0's files landed out of order: {ranges:?}"
+        );
+    }
+    for lag in &s.lag {
+        assert_eq!(
+            (lag.committed, lag.lag),
+            (Some(10), Some(0)),
+            "every range committed: {lag:?}"
+        );
+    }
+    assert_eq!(s.lag.len(), 2, "{s:?}");
+    assert!(s.publish_s > 0.0 && s.publish_wait_s <= s.wall_s, "{s:?}");
+}
+
+/// Every put fails (after the store's retries): the first file's error stops the worker, and its
+/// consumer closes without waiting on a publish that will never come (the revocation at close
+/// waits for publishes under way).
+#[test]
+fn a_publish_that_fails_stops_the_worker_with_its_error() {
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    cluster.create_topic("t", 2, 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+    for i in 0..6 {
+        let text = format!("d{i}");
+        producer
+            .send(
+                BaseRecord::<(), str>::to("t")
+                    .partition(i % 2)
+                    .payload(&text),
+            )
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    let publisher = crate::testing::publisher("kafka-failing", |l| {
+        Arc::new(crate::faults::FaultyStore::new(
+            l.store.clone(),
+            usize::MAX,
+            false,
+        ))
+    });
+    let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let e = run_worker(&cluster, 1, publisher, crate::testing::fake(1, &ticks)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            PipelineError::Store {
+                op: "create-if-absent put",
+                ..
+            }
+        ),
+        "expected the put's error, got {e}"
+    );
+    assert!(
+        started.elapsed() < lanes::REVOKE_WAIT,
+        "the close waited for a publish"
+    );
+}
