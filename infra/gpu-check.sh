@@ -497,7 +497,9 @@ merge_runs "$OUT/quarry-bench-nobudget.json" "${nb_runs[@]}"
 # GPU) at PIPELINE_BATCHES (default none, e.g. 128,512), with PIPELINE_DOCS documents (default
 # four times the batch, at most 600) in shards of one batch, TG output tokens at most, medians of
 # 2; every store call takes PIPELINE_LATENCY_MS first (default 0; 20 is an object store's). On a
-# GPU a step is a few milliseconds, so whatever the job does between steps shows here.
+# GPU a step is a few milliseconds, so whatever the job does between steps shows here. With
+# PIPELINE_KAFKA_PARTITIONS (e.g. 8) a Kafka worker runs instead, over a topic of that many
+# partitions on librdkafka's in-process mock cluster, a file every batch of a partition.
 for b in $(tr ',' ' ' <<<"${PIPELINE_BATCHES-}"); do
   section "pipeline-bench --device cuda:0, batch $b"
   left=$(( END - $(date +%s) - 5 ))
@@ -508,7 +510,8 @@ for b in $(tr ',' ' ' <<<"${PIPELINE_BATCHES-}"); do
     --status "$STATUS" --model "$QUARRY_MODEL" --device cuda:0 --max-running "$b" \
     --max-tokens "${TG:-160}" --docs "$docs" --repeats 2 --threads "$(nproc)" \
     --shard-docs "$b" --store-latency-ms "${PIPELINE_LATENCY_MS:-0}" \
-    --out "$OUT/pipeline-bench-$b.json" || echo "(stopped or failed)"
+    --kafka-partitions "${PIPELINE_KAFKA_PARTITIONS:-0}" \
+    --out "$OUT/pipeline-bench${PIPELINE_KAFKA_PARTITIONS:+-kafka}-$b.json" || echo "(stopped or failed)"
 done
 
 section "summary"

@@ -501,6 +501,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
         self.summary.publish_s = lanes.publish_s;
         self.summary.publish_wait_s = lanes.wait_s;
         self.summary.stop = self.stop;
+        let stopping = Instant::now();
         self.retry_commits();
         self.summary.lag = self.final_lag();
         self.summary.lag_total = self.summary.lag.iter().filter_map(|l| l.lag).sum();
@@ -509,6 +510,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
             .iter()
             .map(|(k, (n, _))| (k.clone(), *n))
             .collect();
+        self.summary.stop_s = stopping.elapsed().as_secs_f64();
         self.summary.wall_s = started.elapsed().as_secs_f64();
         Ok(std::mem::take(&mut self.summary))
     }

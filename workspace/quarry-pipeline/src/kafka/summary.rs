@@ -56,6 +56,9 @@ pub struct WorkerSummary {
     /// Seconds from the start to the first message (joining the group, reconciling); `None`
     /// when none came.
     pub first_message_s: Option<f64>,
+    /// Seconds the stop's broker round trips took (commits not yet confirmed, the committed
+    /// offsets and watermarks for `lag`), part of `wall_s`.
+    pub stop_s: f64,
     /// Seconds spent publishing files, on the publisher threads beside the loop (it can exceed
     /// `wall_s`).
     pub publish_s: f64,
