@@ -682,9 +682,8 @@ fn replay_mismatch(batch: &arrow_array::RecordBatch, row: usize, offset: i64) ->
 mod tests {
     use super::*;
     use crate::config::{DocFields, ValueFormat};
-    use crate::extract::Generated;
-    use crate::record::{decode, Document, Lineage};
-    use quarry_engine::FinishReason;
+    use crate::record::{decode, Lineage};
+    use crate::testing::Fake;
     use serde_json::json;
 
     /// The `_offset` values of the published file `name` under `loc`.
@@ -692,55 +691,9 @@ mod tests {
         read_offsets(loc.read(&loc.path(name)).unwrap()).unwrap()
     }
 
-    /// Answers each document with its text as the record, one step later; "slow" documents take
-    /// two steps; texts starting with `cut` come back truncated.
-    struct Fake {
-        queued: Vec<(u64, String, u32)>,
-        refuse: bool,
-    }
-
-    impl Extractor for Fake {
-        fn submit(&mut self, key: u64, doc: &Document) -> Result<(), RejectCause> {
-            if self.refuse && doc.text.contains("refuse") {
-                return Err(RejectCause::Template("refused".into()));
-            }
-            let steps = if doc.text.contains("slow") { 2 } else { 1 };
-            self.queued.push((key, doc.text.clone(), steps));
-            Ok(())
-        }
-        fn step(&mut self) -> Result<Vec<(u64, Generated)>, PipelineError> {
-            let mut done = Vec::new();
-            self.queued.retain_mut(|(k, text, steps)| {
-                *steps -= 1;
-                if *steps > 0 {
-                    return true;
-                }
-                let (out, finish) = if let Some(rest) = text.strip_prefix("cut") {
-                    (format!("{{\"name\":\"{rest}"), FinishReason::Length)
-                } else {
-                    (
-                        json!({"name": text}).to_string(),
-                        FinishReason::ConstraintComplete,
-                    )
-                };
-                done.push((
-                    *k,
-                    Generated {
-                        text: out,
-                        finish,
-                        stats: DocStats::default(),
-                    },
-                ));
-                false
-            });
-            Ok(done)
-        }
-        fn in_flight(&self) -> usize {
-            self.queued.len()
-        }
-        fn capacity(&self) -> usize {
-            3
-        }
+    /// The shared fake: one step a document (two for "slow"), three at a time.
+    fn fake() -> Fake {
+        crate::testing::fake(1, &std::sync::Arc::default()).with_capacity(3)
     }
 
     fn schema() -> serde_json::Value {
@@ -800,13 +753,7 @@ mod tests {
 
     #[test]
     fn outcomes_are_sorted_and_counts_conserved() {
-        let (mut flow, publisher) = setup(
-            "sorted",
-            Fake {
-                queued: vec![],
-                refuse: true,
-            },
-        );
+        let (mut flow, publisher) = setup("sorted", fake().refusing());
         let docs: Vec<&[u8]> = vec![
             b"ok",
             b"\xff",
@@ -901,13 +848,7 @@ mod tests {
 
     /// [`setup`] with a fake that refuses nothing and has nothing queued.
     fn setup_plain(name: &str) -> (Flow<Fake>, Publisher) {
-        setup(
-            name,
-            Fake {
-                queued: vec![],
-                refuse: false,
-            },
-        )
+        setup(name, fake())
     }
 
     /// Publishes one file `name` of `docs` (offsets from 0) through `publisher`.

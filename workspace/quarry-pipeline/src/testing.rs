@@ -15,17 +15,39 @@ use crate::flow::Publisher;
 use crate::record::{DocStats, Document, RejectCause};
 use crate::store::Location;
 
-/// Answers each document with `{"name": text}` after `steps` steps of a millisecond, two at a
-/// time; counts its steps in `ticks`.
+/// Answers each document with `{"name": text}` after `steps` steps of a millisecond (one more for a
+/// text containing "slow"), two at a time; counts its steps in `ticks`. A text starting with `cut`
+/// comes back truncated (`{"name":"rest`, finish `Length`); with [`Fake::refusing`], one
+/// containing "refuse" is refused at submit.
 pub struct Fake {
     queued: Vec<(u64, String, usize)>,
     steps: usize,
     ticks: Arc<AtomicUsize>,
+    refuse: bool,
+    capacity: usize,
+}
+
+impl Fake {
+    /// Refuses the documents whose text contains "refuse".
+    pub fn refusing(mut self) -> Self {
+        self.refuse = true;
+        self
+    }
+
+    /// Takes `n` documents at a time.
+    pub fn with_capacity(mut self, n: usize) -> Self {
+        self.capacity = n;
+        self
+    }
 }
 
 impl Extractor for Fake {
     fn submit(&mut self, key: u64, doc: &Document) -> Result<(), RejectCause> {
-        self.queued.push((key, doc.text.clone(), self.steps));
+        if self.refuse && doc.text.contains("refuse") {
+            return Err(RejectCause::Template("refused".into()));
+        }
+        let steps = self.steps + usize::from(doc.text.contains("slow"));
+        self.queued.push((key, doc.text.clone(), steps));
         Ok(())
     }
     fn step(&mut self) -> Result<Vec<(u64, Generated)>, PipelineError> {
@@ -40,11 +62,18 @@ impl Extractor for Fake {
             if *left > 0 {
                 return true;
             }
+            let (text, finish) = match text.strip_prefix("cut") {
+                Some(rest) => (format!("{{\"name\":\"{rest}"), FinishReason::Length),
+                None => (
+                    json!({ "name": text }).to_string(),
+                    FinishReason::ConstraintComplete,
+                ),
+            };
             done.push((
                 *k,
                 Generated {
-                    text: json!({ "name": text }).to_string(),
-                    finish: FinishReason::ConstraintComplete,
+                    text,
+                    finish,
                     stats: DocStats::default(),
                 },
             ));
@@ -56,7 +85,7 @@ impl Extractor for Fake {
         self.queued.len()
     }
     fn capacity(&self) -> usize {
-        2
+        self.capacity
     }
 }
 
@@ -66,6 +95,8 @@ pub fn fake(steps: usize, ticks: &Arc<AtomicUsize>) -> Fake {
         queued: Vec::new(),
         steps,
         ticks: ticks.clone(),
+        refuse: false,
+        capacity: 2,
     }
 }
 

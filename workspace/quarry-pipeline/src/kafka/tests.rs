@@ -29,6 +29,51 @@ fn a_partition_is_behind_only_with_records_neither_delivered_nor_fetched_past() 
     assert!(!stats(0, -1001, -1001).behind(None));
 }
 
+type Cluster = rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>;
+
+/// A mock cluster whose topic `t` of `partitions` partitions holds `docs` (partition, text).
+fn cluster_with(partitions: i32, docs: impl IntoIterator<Item = (i32, String)>) -> Cluster {
+    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+    cluster.create_topic("t", partitions, 1).unwrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", cluster.bootstrap_servers())
+        .create()
+        .unwrap();
+    for (p, text) in docs {
+        producer
+            .send(BaseRecord::<(), str>::to("t").partition(p).payload(&text))
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(10)).unwrap();
+    cluster
+}
+
+/// A worker's job over topic `t` of `cluster`, with `sections` (TOML) after its model.
+fn worker_config(cluster: &Cluster, sections: &str) -> PipelineConfig {
+    let text = format!(
+        r#"name = "w"
+schema = "unused.json"
+[source]
+kind = "kafka"
+brokers = "{}"
+topic = "t"
+group = "g"
+[prompt]
+template = "{{{{ text }}}}"
+[model]
+path = "unused.gguf"
+{sections}
+[output]
+url = "memory://unused/out"
+[rejects]
+url = "memory://unused/rej"
+"#,
+        cluster.bootstrap_servers()
+    );
+    PipelineConfig::parse(&text, "test", std::path::PathBuf::new()).unwrap()
+}
+
 /// An extractor these tests never give a document.
 struct Unused;
 
@@ -56,47 +101,8 @@ impl Extractor for Unused {
 /// closes although the group's assignment was never answered.
 #[test]
 fn a_partition_that_cannot_be_reconciled_stops_the_worker_before_it_reads_anything() {
-    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
-    cluster.create_topic("t", 2, 1).unwrap();
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .create()
-        .unwrap();
-    for p in 0..2 {
-        producer
-            .send(
-                BaseRecord::<(), str>::to("t")
-                    .partition(p)
-                    .payload("a document"),
-            )
-            .map_err(|(e, _)| e)
-            .unwrap();
-    }
-    producer.flush(Duration::from_secs(10)).unwrap();
-    let cfg = PipelineConfig::parse(
-        &format!(
-            r#"name = "reconcile-fails"
-schema = "unused.json"
-[source]
-kind = "kafka"
-brokers = "{}"
-topic = "t"
-group = "g"
-[prompt]
-template = "{{{{ text }}}}"
-[model]
-path = "unused.gguf"
-[output]
-url = "memory://reconcile-fails/out"
-[rejects]
-url = "memory://reconcile-fails/rej"
-"#,
-            cluster.bootstrap_servers()
-        ),
-        "test",
-        std::path::PathBuf::new(),
-    )
-    .unwrap();
+    let cluster = cluster_with(2, (0..2).map(|p| (p, "a document".to_string())));
+    let cfg = worker_config(&cluster, "");
     let schema = serde_json::json!({"type": "object"});
     let rejects = Location::open("memory://reconcile-fails/rej").unwrap();
     let failing = crate::faults::FaultyStore::new(rejects.store.clone(), 0, false)
@@ -112,25 +118,7 @@ url = "memory://reconcile-fails/rej"
         row_group_rows: 1,
         zstd_level: 3,
     };
-    let opts = WorkerOptions {
-        idle_exit: Some(Duration::from_secs(60)),
-        ..WorkerOptions::default()
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut flow = Flow::new(
-            Unused,
-            crate::extract::Validator::new(&schema, "s").unwrap(),
-        );
-        let metrics = Metrics::new();
-        let result = Worker::new(&cfg, &opts, &mut flow, &publisher, &metrics)
-            .and_then(|w| w.run(&Shutdown::manual(), &opts));
-        // Sent after `run` returned, so after the worker's consumer closed.
-        let _ = tx.send(result.map(|s| s.consumed));
-    });
-    let result = rx
-        .recv_timeout(Duration::from_secs(90))
-        .expect("the worker stopped and its consumer closed within 90 s");
+    let result = run_worker(cfg, publisher, Unused, schema, Duration::from_secs(60));
     match result {
         Err(PipelineError::Reconcile { partition, source }) => {
             assert!((0..2).contains(&partition), "partition {partition}");
@@ -143,50 +131,21 @@ url = "memory://reconcile-fails/rej"
     }
 }
 
-/// A worker's job on the mock cluster: `file_docs` documents a file, four publishers, the stores
-/// of `publisher`, stopping after three idle seconds. Runs on a thread with a 90 s limit, so a
-/// hang fails the test.
-fn run_worker(
-    cluster: &rdkafka::mocking::MockCluster<'_, rdkafka::producer::DefaultProducerContext>,
-    file_docs: usize,
+/// Runs a worker of `cfg` until it is idle for `idle`, on a thread with a 90 s limit, so a hang
+/// fails the test. The result comes after `run` returned, so after the worker's consumer closed.
+fn run_worker<E: Extractor + Send + 'static>(
+    cfg: PipelineConfig,
     publisher: Publisher,
-    extractor: crate::testing::Fake,
+    extractor: E,
+    schema: serde_json::Value,
+    idle: Duration,
 ) -> Result<WorkerSummary, PipelineError> {
-    let cfg = PipelineConfig::parse(
-        &format!(
-            r#"name = "lanes"
-schema = "unused.json"
-[source]
-kind = "kafka"
-brokers = "{}"
-topic = "t"
-group = "g"
-[prompt]
-template = "{{{{ text }}}}"
-[model]
-path = "unused.gguf"
-[batching]
-file_docs = {file_docs}
-flush_ms = 600000
-[output]
-url = "memory://unused/out"
-publishers = 4
-[rejects]
-url = "memory://unused/rej"
-"#,
-            cluster.bootstrap_servers()
-        ),
-        "test",
-        std::path::PathBuf::new(),
-    )
-    .unwrap();
     let opts = WorkerOptions {
-        idle_exit: Some(Duration::from_secs(3)),
+        idle_exit: Some(idle),
         ..WorkerOptions::default()
     };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let schema = crate::testing::schema();
         let mut flow = Flow::new(
             extractor,
             crate::extract::Validator::new(&schema, "s").unwrap(),
@@ -197,7 +156,22 @@ url = "memory://unused/rej"
         let _ = tx.send(result);
     });
     rx.recv_timeout(Duration::from_secs(90))
-        .expect("the worker stops within 90 s")
+        .expect("the worker stopped and its consumer closed within 90 s")
+}
+
+/// A worker over `cluster` with the fake: `file_docs` documents a file, four publishers, the
+/// stores of `publisher`, stopping after three idle seconds.
+fn run_fake_worker(
+    cluster: &Cluster,
+    file_docs: usize,
+    publisher: Publisher,
+    extractor: crate::testing::Fake,
+) -> Result<WorkerSummary, PipelineError> {
+    let batching = format!("[batching]\nfile_docs = {file_docs}\nflush_ms = 600000");
+    let mut cfg = worker_config(cluster, &batching);
+    cfg.output.publishers = 4;
+    let schema = crate::testing::schema();
+    run_worker(cfg, publisher, extractor, schema, Duration::from_secs(3))
 }
 
 /// Partition 0's first file: its puts are held.
@@ -211,22 +185,8 @@ fn first_file_of_partition_0(p: &object_store::path::Path) -> bool {
 /// reconcile after a crash), and every range's commit lands by the stop.
 #[test]
 fn the_steps_go_on_while_files_publish_and_a_partitions_files_land_in_order() {
-    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
-    cluster.create_topic("t", 2, 1).unwrap();
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .create()
-        .unwrap();
-    for p in 0..2 {
-        for i in 0..10 {
-            let text = format!("p{p}d{i}");
-            producer
-                .send(BaseRecord::<(), str>::to("t").partition(p).payload(&text))
-                .map_err(|(e, _)| e)
-                .unwrap();
-        }
-    }
-    producer.flush(Duration::from_secs(10)).unwrap();
+    let docs = (0..2).flat_map(|p| (0..10).map(move |i| (p, format!("p{p}d{i}"))));
+    let cluster = cluster_with(2, docs);
     let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let stores = Mutex::new(Vec::new());
     let publisher = crate::testing::publisher("kafka-lanes", |l| {
@@ -241,7 +201,7 @@ fn the_steps_go_on_while_files_publish_and_a_partitions_files_land_in_order() {
         s
     });
     // 20 documents, two at a time, 4 steps each: 40 steps, of which the held file needs 3.
-    let s = run_worker(&cluster, 2, publisher, crate::testing::fake(4, &ticks)).unwrap();
+    let s = run_fake_worker(&cluster, 2, publisher, crate::testing::fake(4, &ticks)).unwrap();
     assert_eq!((s.consumed, s.accepted, s.files), (20, 20, 10), "{s:?}");
     let stores = stores.into_inner().unwrap();
     let timed_out: usize = stores
@@ -279,24 +239,7 @@ fn the_steps_go_on_while_files_publish_and_a_partitions_files_land_in_order() {
 /// waits for publishes under way).
 #[test]
 fn a_publish_that_fails_stops_the_worker_with_its_error() {
-    let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
-    cluster.create_topic("t", 2, 1).unwrap();
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .create()
-        .unwrap();
-    for i in 0..6 {
-        let text = format!("d{i}");
-        producer
-            .send(
-                BaseRecord::<(), str>::to("t")
-                    .partition(i % 2)
-                    .payload(&text),
-            )
-            .map_err(|(e, _)| e)
-            .unwrap();
-    }
-    producer.flush(Duration::from_secs(10)).unwrap();
+    let cluster = cluster_with(2, (0..6).map(|i| (i % 2, format!("d{i}"))));
     let publisher = crate::testing::publisher("kafka-failing", |l| {
         Arc::new(crate::faults::FaultyStore::new(
             l.store.clone(),
@@ -306,7 +249,7 @@ fn a_publish_that_fails_stops_the_worker_with_its_error() {
     });
     let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
-    let e = run_worker(&cluster, 1, publisher, crate::testing::fake(1, &ticks)).unwrap_err();
+    let e = run_fake_worker(&cluster, 1, publisher, crate::testing::fake(1, &ticks)).unwrap_err();
     assert!(
         matches!(
             e,
