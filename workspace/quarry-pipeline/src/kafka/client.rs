@@ -11,7 +11,7 @@ use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, TopicPartitionList};
 
-use super::lanes::{UnderWay, REVOKE_WAIT};
+use super::lanes::{UnderWay, REVOKE_WARN_EVERY};
 use super::{partition_dir, FetchStats};
 use crate::config::KafkaSource;
 
@@ -141,18 +141,20 @@ impl ConsumerContext for WorkerContext {
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 // A publish under way finishes before the partition is handed back, so the new
-                // owner reconciles from a settled output (the loop's thread waits; the publisher
-                // threads need nothing from it).
+                // owner reconciles from a settled output and never cuts its ranges against a
+                // file still landing (the loop's thread waits; the publisher threads need nothing
+                // from it, and a publish ends within the store's timeouts and retries).
                 let lanes: Vec<String> = tpl
                     .elements_for_topic(&self.topic)
                     .iter()
                     .map(|el| partition_dir(&self.topic, el.partition()))
                     .collect();
                 drop(events);
-                if !self.under_way.wait_for(&lanes, REVOKE_WAIT) {
+                let waiting = Instant::now();
+                while !self.under_way.wait_for(&lanes, REVOKE_WARN_EVERY) {
                     tracing::warn!(
-                        wait_s = REVOKE_WAIT.as_secs(),
-                        "a revoked partition's publish is still under way; handing it back (the new owner's reconcile and the publish protocol keep it exactly once)"
+                        waited_s = waiting.elapsed().as_secs(),
+                        "revocation: waiting for a revoked partition's publish under way before handing it back"
                     );
                 }
                 let mut events = self.events.lock().expect("events lock");

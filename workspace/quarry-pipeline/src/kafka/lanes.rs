@@ -13,9 +13,11 @@
 //! - **The commit follows the publish.** The loop commits a range's offset only when its report
 //!   comes back (after the marker and the dead letters), as before.
 //! - **A revoked partition's publish is finished before it is handed back.** The rebalance
-//!   callback waits (at most [`REVOKE_WAIT`]) until no publish of a revoked partition is under
-//!   way, so its new owner reconciles from a settled output, as when publishes ran on the loop.
-//!   Files still waiting in its lane are dropped, uncommitted, like the documents the loop held.
+//!   callback waits until no publish of a revoked partition is under way (logging every
+//!   [`REVOKE_WARN_EVERY`]), so its new owner reconciles from a settled output, as when publishes
+//!   ran on the loop and the loop waited for its own. A publish is bounded by the store's
+//!   timeouts and retries. Files still waiting in its lane are dropped, uncommitted, like the
+//!   documents the loop held.
 //!
 //! More than twice `output.publishers` files held (waiting or under way) make the loop wait for
 //! a report: a slow store holds memory to a bound. On a stop (an error, a second signal) files
@@ -34,8 +36,8 @@ use super::kafka_err;
 use crate::error::PipelineError;
 use crate::flow::{FileReport, OpenFile, Publisher};
 
-/// How long the rebalance callback waits for a revoked partition's publish under way.
-pub const REVOKE_WAIT: Duration = Duration::from_secs(120);
+/// How often the rebalance callback says it is still waiting for a revoked partition's publish.
+pub const REVOKE_WARN_EVERY: Duration = Duration::from_secs(30);
 
 /// How long a dead-letter flush may take before the publish counts as failed.
 const DEAD_LETTER_FLUSH: Duration = Duration::from_secs(30);

@@ -235,8 +235,8 @@ fn the_steps_go_on_while_files_publish_and_a_partitions_files_land_in_order() {
 }
 
 /// Every put fails (after the store's retries): the first file's error stops the worker, and its
-/// consumer closes without waiting on a publish that will never come (the revocation at close
-/// waits for publishes under way).
+/// consumer closes (the revocation at close waits for publishes under way: a lane left marked
+/// would hang it past the 90 s limit).
 #[test]
 fn a_publish_that_fails_stops_the_worker_with_its_error() {
     let cluster = cluster_with(2, (0..6).map(|i| (i % 2, format!("d{i}"))));
@@ -248,7 +248,6 @@ fn a_publish_that_fails_stops_the_worker_with_its_error() {
         ))
     });
     let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let started = Instant::now();
     let e = run_fake_worker(&cluster, 1, publisher, crate::testing::fake(1, &ticks)).unwrap_err();
     assert!(
         matches!(
@@ -259,9 +258,5 @@ fn a_publish_that_fails_stops_the_worker_with_its_error() {
             }
         ),
         "expected the put's error, got {e}"
-    );
-    assert!(
-        started.elapsed() < lanes::REVOKE_WAIT,
-        "the close waited for a publish"
     );
 }
