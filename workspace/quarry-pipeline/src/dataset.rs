@@ -327,6 +327,7 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
         let mut done = Vec::new();
         loop {
             self.metrics.beat();
+            let waited = io.wait_s;
             if shutdown.abandon() {
                 summary.interrupted = true;
                 return Ok(());
@@ -363,6 +364,7 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
             for (report, secs) in done.drain(..) {
                 summary.io_s += secs;
                 self.metrics.file(&report);
+                self.metrics.published(secs);
                 if report.duplicate {
                     tracing::warn!(shard = %report.name, slice = %self.opts.slice, docs = report.duplicated_docs, "another worker published this shard first; this worker's work on it is discarded (is the same index running twice?)");
                 }
@@ -372,6 +374,7 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
             if let Some(s) = self.flow.extractor.engine_stats() {
                 self.metrics.engine(&s);
             }
+            self.metrics.io_waited(io.wait_s - waited);
             if exhausted && self.flow.open_files() == 0 && io.outstanding() == 0 {
                 return Ok(());
             }

@@ -56,6 +56,11 @@ pub struct Metrics {
     pub in_flight: Gauge,
     pub cache_hit_rate: Gauge<f64, AtomicU64>,
     pub step_seconds: Histogram,
+    /// One file's publish (encoding, the store's requests, dead letters), beside the loop.
+    pub publish_seconds: Histogram,
+    /// What the job loop waited for its reads and publishes (nothing left to step, or too many
+    /// files held): a slow store shows here.
+    pub io_wait_seconds: Counter<f64, AtomicU64>,
     /// Seconds since the epoch of the last loop iteration (health).
     heartbeat: AtomicI64,
 }
@@ -89,6 +94,8 @@ impl Metrics {
             in_flight: Gauge::default(),
             cache_hit_rate: Gauge::default(),
             step_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            publish_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            io_wait_seconds: Counter::default(),
             heartbeat: AtomicI64::new(0),
         };
         m.conservation_ok.set(1);
@@ -181,6 +188,16 @@ impl Metrics {
                 "Engine step latency",
                 m.step_seconds.clone(),
             );
+            r.register(
+                "publish_seconds",
+                "One output file's publish, on a publisher thread beside the job loop",
+                m.publish_seconds.clone(),
+            );
+            r.register(
+                "io_wait_seconds",
+                "Seconds the job loop waited for its reads and publishes",
+                m.io_wait_seconds.clone(),
+            );
         }
         m.beat();
         m
@@ -232,6 +249,18 @@ impl Metrics {
 
     pub fn step(&self, d: Duration) {
         self.step_seconds.observe(d.as_secs_f64());
+    }
+
+    /// One file published in `secs`, beside the loop.
+    pub fn published(&self, secs: f64) {
+        self.publish_seconds.observe(secs);
+    }
+
+    /// The loop waited `secs` more for its reads and publishes.
+    pub fn io_waited(&self, secs: f64) {
+        if secs > 0.0 {
+            self.io_wait_seconds.inc_by(secs);
+        }
     }
 
     /// Marks the job loop alive.
@@ -346,5 +375,19 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("quarry_stalled_partitions 1"), "{text}");
+    }
+
+    #[test]
+    fn publishes_and_the_loops_waits_are_timed() {
+        let m = Metrics::new();
+        m.published(0.3);
+        m.published(0.1);
+        m.io_waited(1.25);
+        m.io_waited(0.0);
+        m.io_waited(0.5);
+        let text = m.render();
+        assert!(text.contains("quarry_publish_seconds_count 2"), "{text}");
+        assert!(text.contains("quarry_publish_seconds_sum 0.4"), "{text}");
+        assert!(text.contains("quarry_io_wait_seconds_total 1.75"), "{text}");
     }
 }

@@ -389,6 +389,12 @@ fn worker_extracts_with_lineage_rejects_bad_messages_and_serves_metrics() {
         scraped.contains("quarry_step_seconds_bucket"),
         "metrics: {scraped}"
     );
+    // Files were published (documents counted), each timed on its publisher thread.
+    assert!(
+        scraped.contains("quarry_publish_seconds_count")
+            && !scraped.contains("quarry_publish_seconds_count 0"),
+        "metrics: {scraped}"
+    );
     assert!(
         scraped.contains("quarry_consumer_lag{"),
         "metrics: {scraped}"

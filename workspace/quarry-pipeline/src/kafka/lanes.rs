@@ -196,7 +196,7 @@ impl Lanes {
     pub fn publish(
         &mut self,
         file: OpenFile,
-        done: &mut Vec<FileReport>,
+        done: &mut Vec<(FileReport, f64)>,
     ) -> Result<(), PipelineError> {
         while self.held >= self.max_held {
             self.collect(Some(Duration::MAX), done)?;
@@ -225,12 +225,13 @@ impl Lanes {
         Ok(())
     }
 
-    /// Every report that has come back, into `done`, and each lane's next file dispatched. With
-    /// `wait`, waits up to that long for one when any file is held.
+    /// Every report that has come back, with the seconds its publish took, into `done`, and each
+    /// lane's next file dispatched. With `wait`, waits up to that long for one when any file is
+    /// held.
     pub fn collect(
         &mut self,
         wait: Option<Duration>,
-        done: &mut Vec<FileReport>,
+        done: &mut Vec<(FileReport, f64)>,
     ) -> Result<(), PipelineError> {
         let mut wait = wait.filter(|_| self.held > 0);
         loop {
@@ -261,7 +262,7 @@ impl Lanes {
             self.busy.remove(&lane);
             let (report, secs) = got?;
             self.publish_s += secs;
-            done.push(report);
+            done.push((report, secs));
             if let Some(next) = self.waiting.get_mut(&lane).and_then(VecDeque::pop_front) {
                 self.dispatch(next)?;
             }

@@ -476,6 +476,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
                 self.metrics.engine(&s);
             }
             let mut done = Vec::new();
+            let waited = lanes.wait_s;
             for file in self.flow.take_ready() {
                 lanes.publish(file, &mut done)?;
             }
@@ -483,7 +484,9 @@ impl<'a, E: Extractor> Worker<'a, E> {
             let wait =
                 (draining && self.flow.open_files() == 0).then_some(Duration::from_millis(100));
             lanes.collect(wait, &mut done)?;
-            for report in &done {
+            self.metrics.io_waited(lanes.wait_s - waited);
+            for (report, secs) in &done {
+                self.metrics.published(*secs);
                 self.after_publish(report)?;
             }
             self.resume_drained()?;
