@@ -218,7 +218,8 @@ impl Lanes {
         self.under_way.begin(&file.group);
         let lane = file.group.clone();
         if let Err(mpsc::SendError(_)) = self.files.send(file) {
-            // Every thread has stopped, which only an error (or a panic) does.
+            // Every thread has stopped, which only a panic does (they serve until the channel
+            // closes).
             self.under_way.end(&lane);
             return Err(gone());
         }
@@ -287,7 +288,7 @@ impl Lanes {
 impl Drop for Lanes {
     fn drop(&mut self) {
         // Files already handed to a thread but not begun are not published (an error or a second
-        // signal); the channels drop next, which ends the threads.
+        // signal); the channels drop next, which ends the threads once they have taken them.
         self.stop.store(true, Ordering::SeqCst);
     }
 }
