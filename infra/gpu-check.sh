@@ -172,6 +172,17 @@ untested() {
 # records one after another: four give its step time).
 dummy_docs() { if [ "$1" = 1 ]; then echo 4; elif [ "$1" -gt 16 ]; then echo "$1"; else echo 16; fi; }
 if [ -n "${DUMMY:-}" ]; then
+  # Where this lease's tests ran (an earlier call or command) and the default attention layout or
+  # its split-K form did not pass, the dummy runs take the same fallback as the sweep below.
+  if [ -s "$STAGE_DIR/tests-raw.txt" ]; then
+    if ! grep -q "paged_attention_warps_matches_its_reference_on_a_mixed_batch \.\.\. ok" "$STAGE_DIR/tests-raw.txt"; then
+      echo "!! the attention kernel's warps layout did not pass its test this lease: QUARRY_ATTENTION=gather"
+      export QUARRY_ATTENTION=gather
+    elif ! grep -q "paged_attention_split_matches_its_reference_on_a_mixed_batch \.\.\. ok" "$STAGE_DIR/tests-raw.txt"; then
+      echo "!! the attention kernel's split-K form did not pass its test this lease: QUARRY_ATTENTION=warps"
+      export QUARRY_ATTENTION=warps
+    fi
+  fi
   tok="$PACK/dummy-tokenizer.tok"
   [ -s "$tok" ] || tok="$MODEL"
   batches="${DUMMY_BATCHES:-1,8,32,64,128,256}"
@@ -191,7 +202,8 @@ if [ -n "${DUMMY:-}" ]; then
       left=$(( END - $(date +%s) - reserve ))
       [ "$left" -lt 20 ] && { echo "batch $b and larger: not run (the call's time is spent)"; break; }
       write=()
-      [ -s "$gguf" ] || write=(--dummy-gguf "$gguf")
+      # The GGUF for llama.cpp (8.5 GB for an 8B shape) only where llama.cpp runs.
+      [ -s "$gguf" ] || [ "${PEERS:-1}" = 0 ] || write=(--dummy-gguf "$gguf")
       nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$STAGE_DIR/memory-$b.csv" 2>/dev/null &
       smi=$!
       timeout "$left" "$Q" bench --device cuda:0 --dummy-weights "$shape" --dummy-tokenizer "$shape_tok" \
