@@ -24,6 +24,11 @@ use crate::request::{Completion, FinishReason, Request, RequestStats};
 use crate::sequence::{OverBudget, Phase, Sequence, TokenCtx, Took};
 use crate::stats::EngineStats;
 
+/// Positions a page of the engine's KV pool holds: one, so that the radix cache shares a prefix
+/// to the token. What a GPU's free memory holds is read for this page size
+/// ([`crate::Loaded::batch_sizes`]).
+pub const KV_PAGE_SIZE: usize = 1;
+
 /// Engine settings. The defaults suit the CPU and SmolLM2; see the configuration reference in docs/pipelines.md.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -264,7 +269,10 @@ impl Engine {
         }
         let vocab = crate::grammar_vocabulary(&tok);
         let model: Arc<dyn Model> = model;
-        let pool = LentPool::new(model.clone(), model.kv_pool(1, cfg.kv_tokens)?);
+        let pool = LentPool::new(
+            model.clone(),
+            model.kv_pool(KV_PAGE_SIZE, cfg.kv_tokens / KV_PAGE_SIZE)?,
+        );
         // On a GPU the logits may stay there: the step's draws happen on the device
         // (Model::sample) and one token per row comes back.
         let mut logits = Logits::new();

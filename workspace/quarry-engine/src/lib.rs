@@ -63,7 +63,7 @@ mod sequence;
 mod spec;
 mod stats;
 
-pub use engine::{Engine, EngineConfig, KeepBack};
+pub use engine::{Engine, EngineConfig, KeepBack, KV_PAGE_SIZE};
 pub use error::{EngineError, RequestError};
 pub use model::{Draws, Model};
 pub use radix::{CacheStats, Inconsistency, RadixCache};

@@ -87,7 +87,7 @@ impl Loaded {
     ) -> Result<BatchSizes, SizeError> {
         let m = &self.model;
         let dtype = quarry_model::kv_dtype(m.device(), m.options().kv_dtype);
-        let capacity = KvPool::gpu_capacity(m.config(), m.device(), dtype)?;
+        let capacity = KvPool::gpu_capacity(m.config(), m.device(), dtype, crate::KV_PAGE_SIZE)?;
         BatchSizes::for_device(max_running, kv_tokens, step_tokens, capacity)
     }
 }

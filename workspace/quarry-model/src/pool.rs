@@ -145,7 +145,7 @@ impl KvPool {
                 let slots = (num_pages + 1) * page_size;
                 #[cfg(feature = "cuda")]
                 if let Device::Cuda(d) = device {
-                    fits_on_gpu(d, config, slots, dtype)?;
+                    fits_on_gpu(d, config, slots, dtype, page_size)?;
                 }
                 let zeros = || Tensor::zeros((slots, kv_dim), dtype, device);
                 KvStorage::Tensor {
@@ -171,22 +171,38 @@ impl KvPool {
         })
     }
 
-    /// How many positions of keys and values a GPU's free memory holds now (after the weights and
-    /// whatever is allocated), with the passes' headroom kept, in elements of `dtype`: what a
-    /// benchmark's largest batch is read from. `None` on a CPU, whose pool is host memory.
+    /// How many positions of keys and values a pool of `page_size` pages can hand out in a GPU's
+    /// free memory now (after the weights and whatever is allocated), with the passes' headroom
+    /// kept, in elements of `dtype`: the `num_pages × page_size` to ask [`KvPool::with_dtype`]
+    /// for, and what a benchmark's largest batch is read from. `None` on a CPU, whose pool is
+    /// host memory.
     pub fn gpu_capacity(
         config: &LlamaConfig,
         device: &Device,
         dtype: DType,
+        page_size: usize,
     ) -> Result<Option<usize>> {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(d) = device {
             let (free, _) = crate::device::memory_info(d)?;
             let room = free.saturating_sub(crate::device::gpu_headroom(free));
-            return Ok(Some(room / Self::bytes_per_token(config, dtype).max(1)));
+            return Ok(Some(Self::positions_in(room, config, dtype, page_size)));
         }
-        let _ = (config, device, dtype);
+        let _ = (config, device, dtype, page_size);
         Ok(None)
+    }
+
+    /// The positions a tensor-layout pool of `page_size` pages can hand out in `room` bytes: its
+    /// whole pages, less the scratch page it also holds ([`KvPool::scratch_page`]).
+    pub fn positions_in(
+        room: usize,
+        config: &LlamaConfig,
+        dtype: DType,
+        page_size: usize,
+    ) -> usize {
+        let page_size = page_size.max(1);
+        let pages = room / Self::bytes_per_page(config, page_size, dtype).max(1);
+        pages.saturating_sub(1) * page_size
     }
 
     /// Bytes one position takes across all layers (keys and values) with elements of `dtype`.
@@ -353,15 +369,18 @@ impl KvPool {
     }
 }
 
-/// Refuses a pool of `slots` positions that the device's free memory (after the weights and
-/// whatever is allocated already) cannot hold with [`crate::device::gpu_headroom`] to spare,
-/// naming how many positions would fit: a clear error where the allocation would fail mid-way.
+/// Refuses a pool of `slots` positions (its scratch page included) that the device's free memory
+/// (after the weights and whatever is allocated already) cannot hold with
+/// [`crate::device::gpu_headroom`] to spare, naming how many positions a pool of `page_size` pages
+/// could hand out there ([`KvPool::gpu_capacity`]'s number): a clear error where the allocation
+/// would fail mid-way.
 #[cfg(feature = "cuda")]
 fn fits_on_gpu(
     dev: &candle_core::CudaDevice,
     config: &LlamaConfig,
     slots: usize,
     dtype: DType,
+    page_size: usize,
 ) -> Result<()> {
     let (free, total) = crate::device::memory_info(dev)?;
     let per_token = KvPool::bytes_per_token(config, dtype);
@@ -373,14 +392,15 @@ fn fits_on_gpu(
     let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     Err(ModelError::Pool {
         message: format!(
-            "{slots} positions of keys and values need {:.1} GiB ({per_token} bytes each); the \
-             device has {:.1} of {:.1} GiB free after the weights, of which {:.1} GiB stay for \
-             the passes: at most {} positions fit (a batch of that many tokens of context in all)",
+            "{slots} positions of keys and values (the pages asked for and a scratch page) need \
+             {:.1} GiB ({per_token} bytes each); the device has {:.1} of {:.1} GiB free after the \
+             weights, of which {:.1} GiB stay for the passes: a pool of at most {} positions fits \
+             (a batch of that many tokens of context in all)",
             gib(need),
             gib(free),
             gib(total),
             gib(free - room),
-            room / per_token.max(1)
+            KvPool::positions_in(room, config, dtype, page_size)
         ),
     })
 }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 use common::*;
 use quarry_model::{
     Activation, KvLayout, KvPool, Llama, LlamaConfig, ModelError, ModelInfo, RopeStyle,
@@ -134,4 +134,38 @@ fn qwen25_config_comes_from_its_metadata() {
     assert_eq!(c.activation, Activation::Silu);
     assert!(c.qkv_bias);
     assert!(!c.qk_norm && !c.post_norms && c.sliding_window.is_none());
+}
+
+/// What a GPU's free memory is said to hold is what a pool can be asked for there: the pages it
+/// hands out and its scratch page fit in the room, and one page more would not (on 2026-11-30
+/// the whole room was offered, and the scratch page made every `quarry generate` on an H200 ask
+/// for one position more than fitted).
+#[test]
+fn a_pool_of_the_positions_a_room_holds_fits_it_with_its_scratch_page() {
+    let c = smollm2().config();
+    for dtype in [DType::F16, DType::BF16, DType::F32] {
+        let per_token = KvPool::bytes_per_token(c, dtype);
+        for page_size in [1, 16] {
+            let per_page = KvPool::bytes_per_page(c, page_size, dtype);
+            for room in [
+                0,
+                per_page - 1,
+                per_page,
+                2 * per_page,
+                5_824_287 * per_token + 7,
+            ] {
+                let positions = KvPool::positions_in(room, c, dtype, page_size);
+                assert_eq!(positions % page_size, 0, "whole pages");
+                let pages = positions / page_size;
+                if positions > 0 {
+                    let slots = (pages + 1) * page_size;
+                    assert!(slots * per_token <= room, "{dtype:?}, pages of {page_size}, room {room}: {positions} positions and the scratch page need {} bytes", slots * per_token);
+                }
+                assert!(
+                    (pages + 2) * per_page > room,
+                    "{dtype:?}, pages of {page_size}, room {room}: a page more than {positions} positions would fit"
+                );
+            }
+        }
+    }
 }

@@ -202,7 +202,12 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
     // On a GPU: the positions its free memory holds after the weights, and so the largest batch
     // at this job's context (each document's prompt and output).
     let kv_dtype = quarry_model::kv_dtype(model.device(), model.options().kv_dtype);
-    let kv_capacity = quarry_model::KvPool::gpu_capacity(model.config(), model.device(), kv_dtype)?;
+    let kv_capacity = quarry_model::KvPool::gpu_capacity(
+        model.config(),
+        model.device(),
+        kv_dtype,
+        quarry_engine::KV_PAGE_SIZE,
+    )?;
     let per_doc = longest_prompt + args.max_tokens + 16;
     if let Some(tokens) = kv_capacity {
         eprintln!(
