@@ -13,7 +13,8 @@
 # A device call carries at most 64 MiB with the working tree, so the payload is cut into chunks
 # of CHUNK_MB (default 45) MiB, .gpu/p1, .gpu/p2, …: carry one per call; infra/gpu-check.sh keeps
 # each on the GPU machine until it has them all, then checks and runs (docs/gpu.md).
-# Variables: MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf), STATUS (default
+# Variables: NO_CHECKPOINT=1 (pack without SmolLM2's checkpoint tokenizer, which `make test`'s
+# set-up writes; refused otherwise), MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf), STATUS (default
 # /var/lib/dpkg/status), CHUNK_MB, SKIP_BUILD=1 (pack what is built), PEERS=0 (neither build nor
 # carry llama.cpp, about an hour of the first build on 2 cores: for a lease that runs gpu-check
 # with PEERS=0, after the peers were measured on the same GPU kind), GPU_DIR (default .gpu; a
@@ -31,6 +32,12 @@ GGUF_WHEEL=gguf-0.19.0-py3-none-any.whl
 # The test venv's pin (infra/setup-test.sh), built for any CPython 3.9+ on x86-64 Linux.
 SAFETENSORS_WHEEL=safetensors-0.6.2-cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
 test -s "$MODEL" || { echo "no model at $MODEL: run make setup first" >&2; exit 1; }
+# Packing without the checkpoint's tokenizer files cost a lease its checkpoint tests once
+# (2026-11-30): refused before the build, unless asked for.
+if [ ! -s models/checkpoints/smollm2/tokenizer.json ] && [ "${NO_CHECKPOINT:-0}" != 1 ]; then
+  echo "models/checkpoints/smollm2/ is missing: run make test's set-up first (bash infra/setup-test.sh), or pack without the checkpoint with NO_CHECKPOINT=1" >&2
+  exit 1
+fi
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   CUDA_TESTS=1 bash infra/build-cuda.sh
   [ "${PEERS:-1}" = 0 ] || bash infra/build-llama-cuda.sh
@@ -70,7 +77,7 @@ if [ -s models/checkpoints/smollm2/tokenizer.json ]; then
   cp models/checkpoints/smollm2/{tokenizer.json,tokenizer_config.json,special_tokens_map.json,chat_template.jinja,generation_config.json} \
     "$STAGE/checkpoint-tokenizer/"
 else
-  echo "no checkpoint tokenizer packed (run make test's set-up first): the GPU check skips the checkpoint"
+  echo "no checkpoint tokenizer packed (NO_CHECKPOINT=1): the GPU check leaves the checkpoint's tests out"
 fi
 cp "$STATUS" "$STAGE/status"
 # The tokenizers `--dummy-weights` runs take (DUMMY=… infra/gpu-check.sh), each as a GGUF of its
