@@ -294,7 +294,7 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
                 &progress,
                 started,
             );
-            summary.io_wait_s = io.wait_s;
+            summary.io_wait_s = io.wait_s();
             looped
         })?;
         progress.finish();
@@ -327,7 +327,7 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
         let mut done = Vec::new();
         loop {
             self.metrics.beat();
-            let waited = io.wait_s;
+            let waited = io.wait_s();
             if shutdown.abandon() {
                 summary.interrupted = true;
                 return Ok(());
@@ -374,7 +374,7 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
             if let Some(s) = self.flow.extractor.engine_stats() {
                 self.metrics.engine(&s);
             }
-            self.metrics.io_waited(io.wait_s - waited);
+            self.metrics.io_waited(io.wait_s() - waited);
             if exhausted && self.flow.open_files() == 0 && io.outstanding() == 0 {
                 return Ok(());
             }

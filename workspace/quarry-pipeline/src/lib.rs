@@ -8,6 +8,7 @@
 //! - [`extract`]: prompt template, the engine behind the [`extract::Extractor`] trait, and JSON Schema
 //!   validation;
 //! - [`flow`]: documents grouped into output files, and the effectively-once publish protocol;
+//!   `lanes`: the threads that publish them beside a job's loop;
 //! - [`columns`] and [`encode`]: the Arrow schema derived from the JSON Schema, and Parquet bytes;
 //! - [`store`]: object-store locations, create-if-absent publishing with retries;
 //! - [`metrics`] and [`shutdown`]: operations;
@@ -26,6 +27,7 @@ pub mod flow;
 pub mod inspect;
 pub mod job;
 pub mod kafka;
+mod lanes;
 pub mod metrics;
 pub mod record;
 pub mod shard;

@@ -5,9 +5,9 @@
 //! - one thread reads the next shard while the engine works on the ones loaded (at most one shard
 //!   read ahead: the loop takes it when it needs documents, and the thread reads the next then);
 //! - `output.publishers` threads encode and publish finished files, each by the whole protocol of
-//!   [`crate::flow`] (shards are independent files, so their publishes may run at once). At most
-//!   twice that many files wait for a publisher; past that the loop waits (backpressure, so a slow
-//!   store holds memory to a bound).
+//!   [`crate::flow`], in [`crate::lanes`] (a shard's lane holds its one file, so their publishes
+//!   all run at once). At most twice that many files wait for a publisher; past that the loop
+//!   waits (backpressure, so a slow store holds memory to a bound).
 //!
 //! The loop waits only when it has nothing else to do: no documents and the next shard still
 //! being read, or every shard done and the last files still publishing. `JobSummary::io_wait_s`
@@ -16,17 +16,17 @@
 //! An error on either side stops the job with that error, as it did on the loop. On a stop (an
 //! error, or a second signal) files still waiting for a publisher are dropped, uncommitted, as the
 //! loop's in-flight work is; a publish under way completes (the protocol makes either outcome
-//! safe).
+//! safe). The threads end with the job's scope.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::sync::Arc;
 use std::thread::Scope;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::config::DatasetSource;
 use crate::error::PipelineError;
 use crate::flow::{FileReport, OpenFile, Publisher};
+use crate::lanes::{Lanes, UnderWay};
 use crate::record::Input;
 use crate::shard::Shard;
 use crate::store::Location;
@@ -58,14 +58,9 @@ type Reply<T> = Result<(T, f64), PipelineError>;
 /// Where the loop reads shards from and hands finished files to.
 pub(super) struct Beside {
     reads: Option<Receiver<Reply<Read>>>,
-    files: Sender<OpenFile>,
-    reports: Receiver<Reply<FileReport>>,
-    /// Files handed to the publishers whose reports have not come back.
-    outstanding: usize,
-    max_outstanding: usize,
-    stop: Arc<AtomicBool>,
-    /// Seconds the loop waited for a shard or a report.
-    pub wait_s: f64,
+    lanes: Lanes,
+    /// Seconds the loop waited for a shard.
+    read_wait_s: f64,
 }
 
 /// What the job's threads read from and publish to.
@@ -84,7 +79,6 @@ impl Beside {
         todo: Vec<Shard>,
         stores: Stores<'env>,
     ) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
         // A rendezvous: the reader holds one shard read until the loop takes it.
         let (read_tx, reads) = mpsc::sync_channel::<Reply<Read>>(0);
         let Stores {
@@ -106,35 +100,18 @@ impl Beside {
                 }
             }
         });
-        let (files, file_rx) = mpsc::channel::<OpenFile>();
-        let file_rx = Arc::new(Mutex::new(file_rx));
-        let (report_tx, reports) = mpsc::channel::<Reply<FileReport>>();
-        for _ in 0..publishers.max(1) {
-            let (file_rx, report_tx, stop) = (file_rx.clone(), report_tx.clone(), stop.clone());
-            scope.spawn(move || loop {
-                let next = file_rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                let Ok(file) = next else { return };
-                if stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                let t = Instant::now();
-                let published = publisher.publish(file);
-                let failed = published.is_err();
-                let reply = published.map(|r| (r, t.elapsed().as_secs_f64()));
-                if report_tx.send(reply).is_err() || failed {
-                    return;
-                }
-            });
-        }
+        // Nothing waits for a shard's publish but the loop.
+        let under_way = Arc::new(UnderWay::default());
         Self {
             reads: Some(reads),
-            files,
-            reports,
-            outstanding: 0,
-            max_outstanding: 2 * publishers.max(1),
-            stop,
-            wait_s: 0.0,
+            lanes: Lanes::start(scope, publisher, None, publishers, under_way),
+            read_wait_s: 0.0,
         }
+    }
+
+    /// Seconds the loop waited for a shard or a report.
+    pub fn wait_s(&self) -> f64 {
+        self.read_wait_s + self.lanes.wait_s
     }
 
     /// The next shard; with `wait`, blocks until it is read.
@@ -145,7 +122,7 @@ impl Beside {
         let got = if wait {
             let t = Instant::now();
             let got = reads.recv().map_err(|_| TryRecvError::Disconnected);
-            self.wait_s += t.elapsed().as_secs_f64();
+            self.read_wait_s += t.elapsed().as_secs_f64();
             got
         } else {
             reads.try_recv()
@@ -171,7 +148,7 @@ impl Beside {
 
     /// Files handed over whose reports have not come back.
     pub fn outstanding(&self) -> usize {
-        self.outstanding
+        self.lanes.held()
     }
 
     /// Hands `file` to the publishers. With too many files waiting, first waits for reports,
@@ -181,20 +158,7 @@ impl Beside {
         file: OpenFile,
         done: &mut Vec<(FileReport, f64)>,
     ) -> Result<(), PipelineError> {
-        while self.outstanding >= self.max_outstanding {
-            self.collect(true, done)?;
-        }
-        if self.files.send(file).is_err() {
-            // Every publisher has stopped, which only an error (or a panic) does: return it.
-            loop {
-                self.collect(true, done)?;
-                if self.outstanding == 0 {
-                    return Err(gone());
-                }
-            }
-        }
-        self.outstanding += 1;
-        Ok(())
+        self.lanes.publish(file, done)
     }
 
     /// Every report that has come back, into `done`; with `wait`, at least one when any is
@@ -204,37 +168,8 @@ impl Beside {
         wait: bool,
         done: &mut Vec<(FileReport, f64)>,
     ) -> Result<(), PipelineError> {
-        let mut waited = !wait || self.outstanding == 0;
-        loop {
-            let got = if waited {
-                match self.reports.try_recv() {
-                    Ok(r) => r,
-                    Err(TryRecvError::Empty) => return Ok(()),
-                    Err(TryRecvError::Disconnected) => return Err(gone()),
-                }
-            } else {
-                let t = Instant::now();
-                let r = self.reports.recv().map_err(|_| gone())?;
-                self.wait_s += t.elapsed().as_secs_f64();
-                waited = true;
-                r
-            };
-            self.outstanding -= 1;
-            done.push(got?);
-        }
+        self.lanes.collect(wait.then_some(Duration::MAX), done)
     }
-}
-
-impl Drop for Beside {
-    fn drop(&mut self) {
-        // Files still queued are not published (an error or a second signal); the senders and
-        // receivers drop next, which ends the threads.
-        self.stop.store(true, Ordering::SeqCst);
-    }
-}
-
-fn gone() -> PipelineError {
-    PipelineError::IoThread { what: "publishing" }
 }
 
 /// Reads one shard, unless another worker has published it since the listing.

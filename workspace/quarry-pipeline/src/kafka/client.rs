@@ -11,9 +11,9 @@ use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, TopicPartitionList};
 
-use super::lanes::{UnderWay, REVOKE_WARN_EVERY};
 use super::{partition_dir, FetchStats};
 use crate::config::KafkaSource;
+use crate::lanes::UnderWay;
 
 /// What the rebalance callback hands to the job loop.
 pub(super) enum Event {
@@ -219,6 +219,9 @@ pub(super) fn error_kind(e: &KafkaError) -> String {
     }
     out
 }
+
+/// How often the rebalance callback says it is still waiting for a revoked partition's publish.
+pub const REVOKE_WARN_EVERY: Duration = Duration::from_secs(30);
 
 /// The prefix of environment variables that set librdkafka properties, so credentials come from a
 /// Kubernetes Secret rather than the job definition: `QUARRY_KAFKA_SASL_PASSWORD` sets

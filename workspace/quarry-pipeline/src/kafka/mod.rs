@@ -21,7 +21,7 @@
 //! partition with `batching.max_buffered` documents waiting is paused (not left) until they drain.
 //! Nor does it block on the store: `output.publishers` threads publish finished files beside it,
 //! one at a time per partition and in order, and the loop commits each range when its publish
-//! comes back (see [`lanes`]). Commits are asynchronous; one not confirmed is made again, and
+//! comes back (see [`crate::lanes`]). Commits are asynchronous; one not confirmed is made again, and
 //! waited for, when the worker stops.
 //!
 //! ## Input the worker cannot move past
@@ -61,7 +61,7 @@ use crate::record::{decode, tombstone, Lineage};
 use crate::shutdown::Shutdown;
 
 mod client;
-mod lanes;
+mod dead_letters;
 mod ranges;
 mod summary;
 
@@ -69,8 +69,9 @@ pub use client::{client_properties, ENV_PREFIX};
 pub use ranges::{parse_range, partition_dir, range_name, reconcile, PublishedRange, Reconciled};
 pub use summary::{Stall, StopReason, WorkerSummary};
 
+use crate::lanes::{Lanes, UnderWay};
 use client::{error_kind, Event, Throttle, WorkerContext};
-use lanes::{DeadLetters, Lanes, UnderWay};
+use dead_letters::DeadLetters;
 
 /// A partition as librdkafka's statistics last saw it (every 5 s, no broker round trip).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -313,7 +314,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
     }
 
     /// Runs until a signal (or `idle_exit`) stops it. Files are published on threads beside the
-    /// loop ([`lanes`]); they end before this returns, and the consumer closes after them.
+    /// loop ([`crate::lanes`]); they end before this returns, and the consumer closes after them.
     pub fn run(
         mut self,
         shutdown: &Shutdown,
@@ -323,14 +324,9 @@ impl<'a, E: Extractor> Worker<'a, E> {
         let dead_letters = self.dead_letters.take();
         let under_way = self.consumer.context().under_way.clone();
         let publishers = self.cfg.output.publishers;
+        let send = |r: &FileReport| dead_letters.as_ref().map_or(Ok(()), |d| d.send(r));
         std::thread::scope(|scope| {
-            let mut lanes = Lanes::start(
-                scope,
-                publisher,
-                dead_letters.as_ref(),
-                publishers,
-                under_way,
-            );
+            let mut lanes = Lanes::start(scope, publisher, Some(&send), publishers, under_way);
             self.run_loop(&mut lanes, shutdown, opts)
         })
     }

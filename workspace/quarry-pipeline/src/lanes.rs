@@ -1,27 +1,25 @@
-//! A worker's publishes, beside its loop.
+//! Publishing finished files beside a job's loop, in lanes.
 //!
-//! A file is `batching.file_docs` documents; its publish is a few object-store requests (tens of
-//! milliseconds each) and, with a dead-letter topic, a producer flush. On the loop, each one
-//! stopped the engine. Here `output.publishers` threads publish finished files while the loop
-//! goes on stepping, polling and committing.
+//! A file's publish is a few object-store requests (tens of milliseconds each, [`crate::flow`]).
+//! On a job's loop each one stopped the engine, whose step on a GPU is a few milliseconds. Here
+//! `output.publishers` threads publish finished files while the loop goes on stepping. Both
+//! sources publish through them:
+//! - a Kafka worker's lane is a partition ([`crate::kafka`]): one publish per partition at a time,
+//!   in offset order, because reconciling resumes after the highest published range, so a later
+//!   range landing first would skip the earlier one after a crash; the rebalance callback waits
+//!   for a revoked partition's publish under way ([`UnderWay`]) before handing it back;
+//! - a dataset job's lane is a shard ([`crate::dataset`]): one file a shard, so its publishes are
+//!   all independent.
 //!
-//! What keeps this effectively-once:
-//! - **One publish per partition at a time, in order.** A partition's next file waits in its
-//!   lane until the one before it is published, because reconciling resumes after the highest
-//!   published range: a later range landing first would skip the earlier one after a crash.
-//!   Different partitions publish at once.
-//! - **The commit follows the publish.** The loop commits a range's offset only when its report
-//!   comes back (after the marker and the dead letters), as before.
-//! - **A revoked partition's publish is finished before it is handed back.** The rebalance
-//!   callback waits until no publish of a revoked partition is under way (logging every
-//!   [`REVOKE_WARN_EVERY`]), so its new owner reconciles from a settled output, as when publishes
-//!   ran on the loop and the loop waited for its own. A publish is bounded by the store's
-//!   timeouts and retries. Files still waiting in its lane are dropped, uncommitted, like the
-//!   documents the loop held.
+//! A file waits in its lane while the one before it is published; different lanes publish at
+//! once. An optional step after each publish (a worker's dead letters) runs on the same thread,
+//! before the report. The loop learns of a publish by its report, and only then acts on it (a
+//! worker commits the range's offset).
 //!
-//! More than twice `output.publishers` files held (waiting or under way) make the loop wait for
-//! a report: a slow store holds memory to a bound. On a stop (an error, a second signal) files
-//! still waiting are not published; a publish under way completes.
+//! More than twice `output.publishers` files held (waiting or under way) make the loop wait for a
+//! report: a slow store holds memory to a bound. An error comes back as that file's report, and
+//! the loop stops with it. On a stop (an error, a second signal) files still waiting are not
+//! published; a publish under way completes (the protocol makes either outcome safe).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,50 +28,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::Scope;
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-
-use super::kafka_err;
 use crate::error::PipelineError;
 use crate::flow::{FileReport, OpenFile, Publisher};
 
-/// How often the rebalance callback says it is still waiting for a revoked partition's publish.
-pub const REVOKE_WARN_EVERY: Duration = Duration::from_secs(30);
-
-/// How long a dead-letter flush may take before the publish counts as failed.
-const DEAD_LETTER_FLUSH: Duration = Duration::from_secs(30);
-
-/// Where rejects go besides the rejects file (`rejects.dead_letter_topic`).
-pub(super) struct DeadLetters {
-    pub producer: BaseProducer,
-    pub topic: String,
-}
-
-impl DeadLetters {
-    /// Sends a file's dead letters and waits until the broker has them.
-    fn send(&self, r: &FileReport) -> Result<(), PipelineError> {
-        if r.dead_letters.is_empty() {
-            return Ok(());
-        }
-        for (key, value) in &r.dead_letters {
-            let payload = value.to_string();
-            let mut rec = BaseRecord::<Vec<u8>, String>::to(&self.topic).payload(&payload);
-            if let Some(k) = key {
-                rec = rec.key(k);
-            }
-            if let Err((e, _)) = self.producer.send(rec) {
-                return Err(kafka_err("dead-letter send", e));
-            }
-        }
-        self.producer
-            .flush(DEAD_LETTER_FLUSH)
-            .map_err(|e| kafka_err("dead-letter flush", e))
-    }
-}
-
-/// The lanes (partition directories) with a publish under way, shared with the rebalance
-/// callback so that it can wait for them.
+/// The lanes with a publish under way, shared with whoever must wait for them (a worker's
+/// rebalance callback).
 #[derive(Default)]
-pub(super) struct UnderWay {
+pub(crate) struct UnderWay {
     lanes: Mutex<HashSet<String>>,
     changed: Condvar,
 }
@@ -115,8 +76,12 @@ impl UnderWay {
 /// A publisher thread's answer: the lane, and the report with the seconds it took.
 type Reply = (String, Result<(FileReport, f64), PipelineError>);
 
+/// A step after each publish, on the publisher's thread (a worker's dead letters).
+pub(crate) type AfterPublish<'env> =
+    &'env (dyn Fn(&FileReport) -> Result<(), PipelineError> + Sync);
+
 /// The loop's side of the publisher threads.
-pub(super) struct Lanes {
+pub(crate) struct Lanes {
     files: Sender<OpenFile>,
     reports: Receiver<Reply>,
     /// Files behind their lane's publish under way, oldest first.
@@ -134,11 +99,12 @@ pub(super) struct Lanes {
 }
 
 impl Lanes {
-    /// Starts `publishers` threads in `scope`.
+    /// Starts `publishers` threads in `scope`; `under_way` is shared with whoever waits for a
+    /// lane's publish.
     pub fn start<'scope, 'env>(
         scope: &'scope Scope<'scope, 'env>,
         publisher: &'env Publisher,
-        dead_letters: Option<&'env DeadLetters>,
+        after: Option<AfterPublish<'env>>,
         publishers: usize,
         under_way: Arc<UnderWay>,
     ) -> Self {
@@ -161,8 +127,8 @@ impl Lanes {
                 }
                 let t = Instant::now();
                 let published = publisher.publish(file).and_then(|r| {
-                    if let Some(d) = dead_letters {
-                        d.send(&r)?;
+                    if let Some(after) = after {
+                        after(&r)?;
                     }
                     Ok(r)
                 });
@@ -270,7 +236,7 @@ impl Lanes {
         }
     }
 
-    /// Drops the files waiting in `lane` (its partition was revoked, or the worker abandons its
+    /// Drops the files waiting in `lane` (a worker's partition was revoked, or it abandons its
     /// work); returns their documents. A publish under way is not stopped.
     pub fn forget(&mut self, lane: &str) -> usize {
         let dropped = self.waiting.remove(lane).unwrap_or_default();
