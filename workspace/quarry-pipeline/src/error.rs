@@ -130,6 +130,10 @@ pub enum PipelineError {
         partition: i32,
         source: Box<PipelineError>,
     },
+    /// A range's claim (`_claim-<first>` beside the rejects markers) that does not hold the name
+    /// of a range of its partition starting at its offset: written by something other than quarry.
+    #[error("kafka: claim {claim} holds {held:?}, not the name of a range of its partition starting at its offset")]
+    BadClaim { claim: String, held: String },
     /// A partition sat behind its high watermark with nothing delivered for longer than
     /// `source.stall_timeout_s`. Its records were not skipped: a restart starts from them again.
     #[error(

@@ -172,6 +172,7 @@ mod store {
         stale_heads: AtomicUsize,
         fail_lists: AtomicUsize,
         hold: Option<Hold>,
+        rival: std::sync::Mutex<Option<(Path, bytes::Bytes)>>,
         pub puts_seen: AtomicUsize,
         /// The paths of the puts that landed, in the order they did.
         pub landed: std::sync::Mutex<Vec<String>>,
@@ -199,6 +200,7 @@ mod store {
                 stale_heads: AtomicUsize::new(0),
                 fail_lists: AtomicUsize::new(0),
                 hold: None,
+                rival: std::sync::Mutex::new(None),
                 puts_seen: AtomicUsize::new(0),
                 landed: std::sync::Mutex::new(Vec::new()),
                 holds_timed_out: AtomicUsize::new(0),
@@ -235,6 +237,12 @@ mod store {
             self
         }
 
+        /// The first put to `at` finds `bytes` there, put by another worker just before it.
+        pub fn rival(self, at: Path, bytes: bytes::Bytes) -> Self {
+            *self.rival.lock().unwrap_or_else(|e| e.into_inner()) = Some((at, bytes));
+            self
+        }
+
         /// The next `n` listings fail with a transient error (an unreachable store).
         pub fn fail_lists(self, n: usize) -> Self {
             self.fail_lists.store(n, Ordering::SeqCst);
@@ -258,6 +266,14 @@ mod store {
         ) -> object_store::Result<PutResult> {
             self.puts_seen.fetch_add(1, Ordering::SeqCst);
             self.wait_if_held(location).await;
+            let rival = {
+                let mut r = self.rival.lock().unwrap_or_else(|e| e.into_inner());
+                r.take_if(|(at, _)| at == location)
+            };
+            if let Some((at, bytes)) = rival {
+                let put = PutOptions::default();
+                self.inner.put_opts(&at, bytes.into(), put).await?;
+            }
             let fail = self
                 .fail_puts
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))

@@ -25,6 +25,16 @@
 //! documents already: it withdraws its accepted file. The one window left open is a crash between
 //! that put and the withdrawal, which needs the misconfiguration, decoding that differs between
 //! the two workers and the crash together.
+//!
+//! ## Two workers on one partition
+//! A Kafka worker expelled from its group that keeps running (a *zombie*: a stall longer than the
+//! session) and the partition's new owner may cut the same offsets into ranges with different
+//! boundaries, which identical names cannot fence. So a Kafka range is first *claimed*: before
+//! step 1, an object named after the range's first offset ([`OpenFile::claim`],
+//! `crate::kafka::claim_name`) is created if absent, holding the range's name. A worker whose claim
+//! finds another range's name there publishes nothing of its file (its report has `fenced` set)
+//! and reconciles the partition again from the output. Why that keeps ranges from overlapping is
+//! in `crate::kafka`'s `ranges` module.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
@@ -51,6 +61,9 @@ pub struct OpenFile {
     pub sealed: bool,
     /// Extra footer metadata (offset range, shard).
     pub metadata: Vec<(String, String)>,
+    /// The claim created before anything of the file is published (a Kafka range: the name of
+    /// the claim on its first offset, see the module docs); `None` for a dataset shard.
+    pub claim: Option<String>,
 }
 
 impl OpenFile {
@@ -95,8 +108,13 @@ pub struct FileReport {
     /// shard): what that worker published stands, nothing of this one's does, and every count
     /// above is 0 (the documents are that worker's to count).
     pub duplicate: bool,
-    /// For a duplicate, the documents whose work was duplicated.
+    /// For a duplicate or a fenced file, the documents whose work was duplicated.
     pub duplicated_docs: u64,
+    /// The range that holds this file's claim, when another worker claimed the same first offset
+    /// for a different range: nothing of this file was published, every count is 0, and the
+    /// worker reconciles the partition again (its documents are published by that range or
+    /// after it).
+    pub fenced: Option<String>,
     /// The Kafka partition of the file's documents (from their lineage; `None` for a dataset).
     pub partition: Option<i32>,
     pub first_offset: Option<i64>,
@@ -116,6 +134,20 @@ impl FileReport {
             name: file.name.clone(),
             group: file.group.clone(),
             duplicate: true,
+            duplicated_docs: file.len() as u64,
+            partition: file.partition(),
+            first_offset: file.first_offset(),
+            last_offset: file.last_offset(),
+            ..FileReport::default()
+        }
+    }
+
+    /// The report of a file whose claim holds another range, `holder`.
+    fn fenced(file: &OpenFile, holder: String) -> Self {
+        FileReport {
+            name: file.name.clone(),
+            group: file.group.clone(),
+            fenced: Some(holder),
             duplicated_docs: file.len() as u64,
             partition: file.partition(),
             first_offset: file.first_offset(),
@@ -179,6 +211,7 @@ impl<E: Extractor> Flow<E> {
                 remaining: 0,
                 sealed: false,
                 metadata,
+                claim: None,
             },
         );
         id
@@ -232,10 +265,12 @@ impl<E: Extractor> Flow<E> {
         }
     }
 
-    /// Seals a file under its final name (a Kafka range is named once its last offset is known).
-    pub fn seal_as(&mut self, file: u64, name: String) {
+    /// Seals a file under its final name (a Kafka range is named once its last offset is known)
+    /// and the claim its publish makes first (see the module docs).
+    pub fn seal_as(&mut self, file: u64, name: String, claim: Option<String>) {
         if let Some(f) = self.files.get_mut(&file) {
             f.name = name;
+            f.claim = claim;
             f.sealed = true;
         }
     }
@@ -434,6 +469,12 @@ impl Publisher {
         if self.rejects.exists(&file.name)? {
             return Ok(FileReport::duplicate(&file));
         }
+        if let Some(claim) = &file.claim {
+            if let Some(holder) = self.claim(claim, &file.name)? {
+                tracing::warn!(file = %file.name, holder = %holder, "another worker claimed this range's first offset for another range: nothing of it is published");
+                return Ok(FileReport::fenced(&file, holder));
+            }
+        }
         let ctx = self.context();
         let accepted_meta = self.metadata(&file, "accepted");
         let mut rejects_meta = self.metadata(&file, "rejects");
@@ -595,6 +636,18 @@ impl Publisher {
         Ok(report)
     }
 
+    /// Creates `claim` holding `name` unless it exists; returns the range it holds when that is
+    /// another one. Holding `name` already is a replay of the same range or this call's own put
+    /// whose response was lost.
+    fn claim(&self, claim: &str, name: &str) -> Result<Option<String>, PipelineError> {
+        let bytes = bytes::Bytes::from(name.to_string());
+        if self.rejects.publish(claim, bytes.clone())? == Published::Created {
+            return Ok(None);
+        }
+        let held = self.rejects.read(&self.rejects.path(claim))?;
+        Ok((held != bytes).then(|| String::from_utf8_lossy(&held).into_owned()))
+    }
+
     /// Another worker published `name`'s marker while this one published its accepted file. That
     /// worker's rejects were computed against the accepted file it saw: if it saw none (it
     /// accepted nothing and looked before this one's file landed), its marker holds every
@@ -734,7 +787,7 @@ mod tests {
         for (i, d) in docs.iter().enumerate() {
             flow.push(id, input(first + i as i64, d));
         }
-        flow.seal_as(id, name.into());
+        flow.seal_as(id, name.into(), None);
         id
     }
 
@@ -940,6 +993,74 @@ mod tests {
         assert!(y.duplicate, "the second worker claimed the file: {y:?}");
         assert_eq!(offsets_of(&publisher.output, "e.parquet"), vec![0, 1]);
         assert!(offsets_of(&publisher.rejects, "e.parquet").is_empty());
+    }
+
+    /// Publishes one file `name` of `docs` (offsets from `first`) that claims `claim` first.
+    fn publish_claimed(
+        publisher: &Publisher,
+        name: &str,
+        claim: &str,
+        docs: &[&[u8]],
+        first: i64,
+    ) -> FileReport {
+        let (mut flow, _) = setup_plain("unused");
+        let id = run_file(&mut flow, "g", name, docs, first);
+        flow.seal_as(id, name.into(), Some(claim.into()));
+        publisher.publish(drain(&mut flow).pop().unwrap()).unwrap()
+    }
+
+    /// Two workers cut one partition's offsets into ranges that start at the same offset and end
+    /// apart (one expelled from the group but still running, and the new owner): the first claim
+    /// stands, and the other worker publishes nothing of its range and names the one that holds
+    /// the claim. A claim that holds the file's own range (a publish under way elsewhere, or one
+    /// a crash left) is not a conflict.
+    #[test]
+    fn a_range_whose_first_offset_another_range_claimed_publishes_nothing() {
+        let (_, publisher) = setup_plain("claims");
+        let owner = publish_claimed(
+            &publisher,
+            "p/0-4.parquet",
+            "p/_claim-0",
+            &[b"a" as &[u8]; 5],
+            0,
+        );
+        assert_eq!((owner.accepted, owner.fenced.as_deref()), (5, None));
+        let zombie = publish_claimed(
+            &publisher,
+            "p/0-2.parquet",
+            "p/_claim-0",
+            &[b"a" as &[u8]; 3],
+            0,
+        );
+        assert_eq!(
+            zombie.fenced.as_deref(),
+            Some("p/0-4.parquet"),
+            "{zombie:?}"
+        );
+        assert_eq!(
+            (zombie.consumed, zombie.accepted, zombie.duplicated_docs),
+            (0, 0, 3)
+        );
+        for loc in [&publisher.output, &publisher.rejects] {
+            assert!(!loc.exists("p/0-2.parquet").unwrap());
+        }
+        assert_eq!(
+            offsets_of(&publisher.output, "p/0-4.parquet"),
+            vec![0, 1, 2, 3, 4]
+        );
+
+        // Claimed by a worker that crashed before its files: the replay publishes that range.
+        let held = bytes::Bytes::from_static(b"p/5-6.parquet");
+        publisher.rejects.publish("p/_claim-5", held).unwrap();
+        let replay = publish_claimed(
+            &publisher,
+            "p/5-6.parquet",
+            "p/_claim-5",
+            &[b"a" as &[u8]; 2],
+            5,
+        );
+        assert_eq!((replay.accepted, replay.fenced.as_deref()), (2, None));
+        assert_eq!(offsets_of(&publisher.output, "p/5-6.parquet"), vec![5, 6]);
     }
 
     #[test]

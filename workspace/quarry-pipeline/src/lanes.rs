@@ -88,6 +88,8 @@ pub(crate) struct Lanes {
     waiting: HashMap<String, VecDeque<OpenFile>>,
     /// Lanes whose publish is under way (the loop's copy: it dispatches).
     busy: HashSet<String>,
+    /// Lanes whose last report was fenced: they dispatch nothing until the loop forgets them.
+    fenced: HashSet<String>,
     under_way: Arc<UnderWay>,
     held: usize,
     max_held: usize,
@@ -143,6 +145,7 @@ impl Lanes {
             reports,
             waiting: HashMap::new(),
             busy: HashSet::new(),
+            fenced: HashSet::new(),
             under_way,
             held: 0,
             max_held: 2 * publishers.max(1),
@@ -164,11 +167,12 @@ impl Lanes {
         file: OpenFile,
         done: &mut Vec<(FileReport, f64)>,
     ) -> Result<(), PipelineError> {
-        while self.held >= self.max_held {
+        // Only a publish under way can free room: files held in a fenced lane wait for the loop.
+        while self.held >= self.max_held && !self.busy.is_empty() {
             self.collect(Some(Duration::MAX), done)?;
         }
         self.held += 1;
-        if self.busy.contains(&file.group) {
+        if self.busy.contains(&file.group) || self.fenced.contains(&file.group) {
             self.waiting
                 .entry(file.group.clone())
                 .or_default()
@@ -193,14 +197,14 @@ impl Lanes {
     }
 
     /// Every report that has come back, with the seconds its publish took, into `done`, and each
-    /// lane's next file dispatched. With `wait`, waits up to that long for one when any file is
-    /// held.
+    /// lane's next file dispatched. With `wait`, waits up to that long for one when a publish is
+    /// under way.
     pub fn collect(
         &mut self,
         wait: Option<Duration>,
         done: &mut Vec<(FileReport, f64)>,
     ) -> Result<(), PipelineError> {
-        let mut wait = wait.filter(|_| self.held > 0);
+        let mut wait = wait.filter(|_| !self.busy.is_empty());
         loop {
             let (lane, got) = match wait.take() {
                 None => match self.reports.try_recv() {
@@ -229,7 +233,15 @@ impl Lanes {
             self.busy.remove(&lane);
             let (report, secs) = got?;
             self.publish_s += secs;
+            // A fenced range's lane dispatches nothing more, neither the files behind it nor any
+            // queued before the loop reads the report: their ranges follow one that was not
+            // published. The loop forgets them ([`crate::kafka`]).
+            let fenced = report.fenced.is_some();
             done.push((report, secs));
+            if fenced {
+                self.fenced.insert(lane);
+                continue;
+            }
             if let Some(next) = self.waiting.get_mut(&lane).and_then(VecDeque::pop_front) {
                 self.dispatch(next)?;
             }
@@ -239,6 +251,7 @@ impl Lanes {
     /// Drops the files waiting in `lane` (a worker's partition was revoked, or it abandons its
     /// work); returns their documents. A publish under way is not stopped.
     pub fn forget(&mut self, lane: &str) -> usize {
+        self.fenced.remove(lane);
         let dropped = self.waiting.remove(lane).unwrap_or_default();
         self.held -= dropped.len();
         dropped.iter().map(OpenFile::len).sum()
@@ -266,6 +279,63 @@ fn gone() -> PipelineError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Partition 0's first range is fenced (another worker claimed its first offset): the files
+    /// behind it in its lane, and one queued after its report came, are not published until the
+    /// loop forgets the lane; another lane goes on.
+    #[test]
+    fn a_fenced_range_stops_its_lane_until_the_loop_forgets_it() {
+        let publisher = crate::testing::publisher("lanes-fenced", |l| {
+            Arc::new(crate::faults::FaultyStore::new(l.store.clone(), 0, false))
+        });
+        let rejects = publisher.rejects.clone();
+        rejects
+            .publish("p/_claim-0", "p/0-0.parquet".into())
+            .unwrap();
+        let schema = crate::testing::schema();
+        let validator = crate::extract::Validator::new(&schema, "s").unwrap();
+        let mut flow = crate::flow::Flow::new(crate::testing::fake(1, &Arc::default()), validator);
+        let mut file = |lane: &str, first: i64| {
+            let id = flow.open(String::new(), lane.into(), Vec::new());
+            for off in [first, first + 1] {
+                let lineage = crate::record::Lineage::new("t", Some(0), off);
+                flow.push_skipped(id, crate::record::tombstone(lineage));
+            }
+            let name = format!("{lane}/{first}-{}.parquet", first + 1);
+            flow.seal_as(id, name, Some(format!("{lane}/_claim-{first}")));
+            flow.take_ready().pop().unwrap()
+        };
+        let (a, b, c, other) = (file("p", 0), file("p", 2), file("p", 4), file("q", 0));
+        std::thread::scope(|scope| {
+            let mut lanes = Lanes::start(scope, &publisher, None, 1, Arc::default());
+            let mut done = Vec::new();
+            lanes.publish(a, &mut done).unwrap();
+            lanes.publish(b, &mut done).unwrap();
+            while done.is_empty() {
+                lanes
+                    .collect(Some(Duration::from_secs(10)), &mut done)
+                    .unwrap();
+            }
+            assert_eq!(done[0].0.fenced.as_deref(), Some("p/0-0.parquet"));
+            lanes.publish(c, &mut done).unwrap();
+            lanes.publish(other, &mut done).unwrap();
+            while done.len() < 2 {
+                lanes
+                    .collect(Some(Duration::from_secs(10)), &mut done)
+                    .unwrap();
+            }
+            lanes
+                .collect(Some(Duration::from_millis(300)), &mut done)
+                .unwrap();
+            let names: Vec<&str> = done.iter().map(|(r, _)| r.name.as_str()).collect();
+            assert_eq!(names, ["p/0-1.parquet", "q/0-1.parquet"]);
+            assert_eq!((lanes.held(), lanes.forget("p"), lanes.held()), (2, 4, 0));
+        });
+        for name in ["p/2-3.parquet", "p/_claim-2", "p/4-5.parquet", "p/_claim-4"] {
+            assert!(!rejects.exists(name).unwrap(), "{name} was published");
+        }
+        assert!(rejects.exists("q/0-1.parquet").unwrap());
+    }
 
     #[test]
     fn a_revocation_waits_for_its_partitions_publish_and_no_other() {

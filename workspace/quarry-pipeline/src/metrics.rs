@@ -45,6 +45,7 @@ pub struct Metrics {
     pub files_published: Counter,
     pub replays: Counter,
     pub files_duplicated: Counter,
+    pub files_fenced: Counter,
     pub prompt_tokens: Counter,
     pub cached_tokens: Counter,
     pub output_tokens: Counter,
@@ -83,6 +84,7 @@ impl Metrics {
             files_published: Counter::default(),
             replays: Counter::default(),
             files_duplicated: Counter::default(),
+            files_fenced: Counter::default(),
             prompt_tokens: Counter::default(),
             cached_tokens: Counter::default(),
             output_tokens: Counter::default(),
@@ -140,6 +142,11 @@ impl Metrics {
                 "files_duplicated",
                 "Files another worker published first (the same shard or range worked on twice)",
                 m.files_duplicated.clone(),
+            );
+            r.register(
+                "files_fenced",
+                "Kafka ranges not published because another worker claimed their first offset for another range (the partition is read again from the output)",
+                m.files_fenced.clone(),
             );
             r.register("prompt_tokens", "Prompt tokens", m.prompt_tokens.clone());
             r.register(

@@ -6,7 +6,11 @@
 //! `topic=T/partition=P/<first>-<last>.parquet`. After a range's rejects marker is published (see
 //! [`crate::flow`]) its offset is committed. On assignment the worker reconciles from the output:
 //! it resumes after the highest published marker, and when it finds an accepted file without a
-//! marker (a crash between the two) it replays exactly that range under exactly that name.
+//! marker (a crash between the two) it replays exactly that range under exactly that name. Each
+//! range first claims its first offset (`ranges`' module docs): a worker whose claim another range
+//! holds publishes nothing of it and reads the partition again from the output
+//! (`Worker::fenced`), so a worker expelled from the group but still running cannot publish a
+//! range that overlaps the new owner's.
 //!
 //! ## Assignment
 //! librdkafka's rebalance callback does no I/O: it hands the partitions to the job loop and
@@ -66,7 +70,9 @@ mod ranges;
 mod summary;
 
 pub use client::{client_properties, ENV_PREFIX};
-pub use ranges::{parse_range, partition_dir, range_name, reconcile, PublishedRange, Reconciled};
+pub use ranges::{
+    claim_name, parse_range, partition_dir, range_name, reconcile, PublishedRange, Reconciled,
+};
 pub use summary::{Stall, StopReason, WorkerSummary};
 
 use crate::lanes::{Lanes, UnderWay};
@@ -168,6 +174,9 @@ pub const STALL_WARN: Duration = Duration::from_secs(15);
 
 /// Broker round trips at stop (committed offsets, watermarks) give up after this long.
 const STOP_QUERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A fenced partition's seek gives up after this long (and stops the worker).
+const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The stall check's watermark query blocks the loop at most this long (rare: only for a quiet
 /// partition whose end librdkafka's statistics do not know).
@@ -483,7 +492,10 @@ impl<'a, E: Extractor> Worker<'a, E> {
             self.metrics.io_waited(lanes.wait_s - waited);
             for (report, secs) in &done {
                 self.metrics.published(*secs);
-                self.after_publish(report)?;
+                match &report.fenced {
+                    Some(holder) => self.fenced(report, holder, lanes)?,
+                    None => self.after_publish(report)?,
+                }
             }
             self.resume_drained()?;
             if last_lag.elapsed() > Duration::from_secs(1) {
@@ -826,7 +838,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
             Some(r) => r.name,
             None => range_name(&self.src.topic, p, first, last),
         };
-        self.flow.seal_as(file, name);
+        let claim = claim_name(&self.src.topic, p, first);
+        self.flow.seal_as(file, name, Some(claim));
     }
 
     fn flush_timers(&mut self) {
@@ -952,6 +965,50 @@ impl<'a, E: Extractor> Worker<'a, E> {
             tracing::warn!(partition = p, error = %e, "commit failed; the output stays authoritative, made again at stop");
         }
         tracing::info!(file = %r.name, accepted = r.accepted, rejected = r.rejected, skipped = r.skipped, "published");
+        Ok(())
+    }
+
+    /// Another worker claimed the first offset of this worker's range `r` for the range `holder`
+    /// ([`crate::flow`]): one of the two is not the partition's owner any more, or both read it
+    /// during a handover. This worker drops its work on the partition (the files behind `r`
+    /// included: their ranges follow one that is not published), reconciles the partition again
+    /// from the output and reads it from there, as on an assignment (replaying the holder's range
+    /// if its marker is not there yet). If the group took the partition away meanwhile, the seek
+    /// fails and the worker stops with that error, which loses nothing.
+    fn fenced(
+        &mut self,
+        r: &FileReport,
+        holder: &str,
+        lanes: &mut Lanes,
+    ) -> Result<(), PipelineError> {
+        self.metrics.files_fenced.inc();
+        self.summary.fenced += 1;
+        let dropped = self.flow.abandon(&r.group) + lanes.forget(&r.group);
+        self.summary.abandoned += dropped as u64 + r.duplicated_docs;
+        let Some(p) = r.partition.filter(|p| self.parts.contains_key(p)) else {
+            return Ok(()); // revoked since: the new owner reconciles it
+        };
+        let again = reconcile(
+            &self.publisher.output,
+            &self.publisher.rejects,
+            &self.src.topic,
+            p,
+        )
+        .map_err(|e| PipelineError::Reconcile {
+            partition: p,
+            source: Box::new(e),
+        })?;
+        // A claim is there now, so the output says where to resume.
+        let resume = again.resume.or(r.first_offset).unwrap_or(0);
+        tracing::warn!(partition = p, range = %r.name, holder, resume, dropped = dropped as u64 + r.duplicated_docs, "fenced: another worker claimed this range's first offset for another range; this worker's work on the partition is dropped and it reads the partition again from where the output says");
+        self.consumer
+            .seek(&self.src.topic, p, Offset::Offset(resume), SEEK_TIMEOUT)
+            .map_err(|e| kafka_err("seek after a fenced publish", e))?;
+        let paused = self.parts[&p].paused;
+        let mut part = Part::new(Some(resume), again.replay);
+        // A paused partition stays paused until the loop resumes it (its buffer is empty now).
+        part.paused = paused;
+        self.parts.insert(p, part);
         Ok(())
     }
 

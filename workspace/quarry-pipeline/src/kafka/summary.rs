@@ -45,6 +45,9 @@ pub struct WorkerSummary {
     pub files: u64,
     pub replays: u64,
     pub abandoned: u64,
+    /// Ranges not published because another worker claimed their first offset for another range
+    /// (their documents counted in `abandoned`; see `quarry_files_fenced_total`).
+    pub fenced: u64,
     pub causes: BTreeMap<String, u64>,
     /// Consumer errors by kind (see `quarry_consumer_errors_total`).
     pub consumer_errors: BTreeMap<String, u64>,

@@ -260,3 +260,57 @@ fn a_publish_that_fails_stops_the_worker_with_its_error() {
         "expected the put's error, got {e}"
     );
 }
+
+/// Another worker (one expelled from the group but still running) claims partition 0's first
+/// range as offsets 0-2 just before this worker claims it as 0-4, after this worker reconciled
+/// the partition, and publishes nothing yet. This worker's range is fenced:
+/// it publishes nothing of it, reads the partition again from where the output says, replays
+/// exactly 0-2 and goes on from 3. Every offset lands once, in ranges that do not overlap.
+#[test]
+fn a_range_another_worker_claimed_is_not_published_and_the_partition_is_read_again() {
+    let cluster = cluster_with(1, (0..10).map(|i| (0, format!("d{i}"))));
+    let zombie = range_name("t", 0, 0, 2);
+    let publisher = crate::testing::publisher("kafka-fenced", |l| {
+        let claim = l.path(&claim_name("t", 0, 0));
+        let store = crate::faults::FaultyStore::new(l.store.clone(), 0, false);
+        Arc::new(store.rival(claim, zombie.clone().into()))
+    });
+    let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let s = run_fake_worker(
+        &cluster,
+        5,
+        publisher.clone(),
+        crate::testing::fake(1, &ticks),
+    )
+    .unwrap();
+    assert_eq!(
+        (s.fenced, s.consumed, s.accepted, s.files),
+        (1, 10, 10, 3),
+        "{s:?}"
+    );
+    let mut ranges: Vec<(i64, i64)> = publisher
+        .rejects
+        .list("")
+        .unwrap()
+        .iter()
+        .filter_map(|m| parse_range(m.location.as_ref()))
+        .collect();
+    ranges.sort();
+    assert_eq!(ranges, [(0, 2), (3, 7), (8, 9)]);
+    let mut offsets: Vec<i64> = ranges
+        .iter()
+        .flat_map(|&(a, b)| {
+            let name = range_name("t", 0, a, b);
+            crate::encode::read_offsets(
+                publisher
+                    .output
+                    .read(&publisher.output.path(&name))
+                    .unwrap(),
+            )
+            .unwrap()
+        })
+        .collect();
+    offsets.sort();
+    assert_eq!(offsets, (0..10).collect::<Vec<i64>>());
+    assert_eq!(s.lag[0].committed, Some(10), "{s:?}");
+}
