@@ -5,11 +5,15 @@
 //!
 //! Crash points: with `QUARRY_CRASH_AT=<point>` (and optionally `QUARRY_CRASH_AFTER=<n>`, default
 //! 0) in the environment of a `quarry` process ([`arm_from`]), it SIGKILLs itself the (n+1)-th
-//! time it reaches that [`CrashPoint`].
+//! time it reaches that [`CrashPoint`]; with `QUARRY_CRASH_SIGNAL=stop` it SIGSTOPs itself there
+//! instead, and goes on from there when the test sends SIGCONT (a worker that stalls past its
+//! session and wakes up a zombie).
 
 /// Where a test may kill the process, in the order a file goes through them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrashPoint {
+    /// Every document of a Kafka range has its outcome; its first offset is not claimed yet.
+    BeforeClaim,
     /// Every document of a file has its outcome; nothing is published.
     BeforePublish,
     /// Half of a file's row groups are encoded.
@@ -21,7 +25,8 @@ pub enum CrashPoint {
 }
 
 impl CrashPoint {
-    pub const ALL: [CrashPoint; 4] = [
+    pub const ALL: [CrashPoint; 5] = [
+        CrashPoint::BeforeClaim,
         CrashPoint::BeforePublish,
         CrashPoint::MidWrite,
         CrashPoint::BetweenFiles,
@@ -31,6 +36,7 @@ impl CrashPoint {
     /// The name `QUARRY_CRASH_AT` gives it.
     pub fn name(self) -> &'static str {
         match self {
+            CrashPoint::BeforeClaim => "before_claim",
             CrashPoint::BeforePublish => "before_publish",
             CrashPoint::MidWrite => "mid_write",
             CrashPoint::BetweenFiles => "between_files",
@@ -64,8 +70,20 @@ pub fn arm_from(get: impl Fn(&str) -> Option<String>) -> Result<(), BadFaultVari
             .ok_or_else(|| BadFaultVariable {
                 variable: "QUARRY_CRASH_AT",
                 value: name.clone(),
-                expected: "one of before_publish, mid_write, between_files, before_commit",
+                expected:
+                    "one of before_claim, before_publish, mid_write, between_files, before_commit",
             })?;
+        let stop = match get("QUARRY_CRASH_SIGNAL").as_deref() {
+            None | Some("kill") => false,
+            Some("stop") => true,
+            Some(other) => {
+                return Err(BadFaultVariable {
+                    variable: "QUARRY_CRASH_SIGNAL",
+                    value: other.to_string(),
+                    expected: "kill or stop",
+                })
+            }
+        };
         let after = match get("QUARRY_CRASH_AFTER") {
             None => 0,
             Some(n) => n.trim().parse().map_err(|_| BadFaultVariable {
@@ -74,7 +92,7 @@ pub fn arm_from(get: impl Fn(&str) -> Option<String>) -> Result<(), BadFaultVari
                 expected: "a count",
             })?,
         };
-        let _ = armed::ARMED.set((point, after));
+        let _ = armed::ARMED.set((point, after, stop));
     }
     #[cfg(not(feature = "test-support"))]
     let _ = get;
@@ -96,20 +114,27 @@ mod armed {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::OnceLock;
 
-    /// The point [`super::arm_from`] armed, and how many times it is passed before it kills.
-    pub(super) static ARMED: OnceLock<(CrashPoint, usize)> = OnceLock::new();
+    /// The point [`super::arm_from`] armed, how many times it is passed before it kills, and
+    /// whether it stops the process instead.
+    pub(super) static ARMED: OnceLock<(CrashPoint, usize, bool)> = OnceLock::new();
 
     pub(super) fn reached(point: CrashPoint) {
         static HITS: AtomicUsize = AtomicUsize::new(0);
-        let Some(&(armed, after)) = ARMED.get() else {
+        let Some(&(armed, after, stop)) = ARMED.get() else {
             return;
         };
         if armed != point {
             return;
         }
         if HITS.fetch_add(1, Ordering::SeqCst) == after {
-            eprintln!("quarry: crash point {} reached; SIGKILL", point.name());
-            let _ = signal_hook::low_level::raise(signal_hook::consts::SIGKILL);
+            use signal_hook::consts::{SIGKILL, SIGSTOP};
+            let (signal, name) = if stop {
+                (SIGSTOP, "SIGSTOP")
+            } else {
+                (SIGKILL, "SIGKILL")
+            };
+            eprintln!("quarry: crash point {} reached; {name}", point.name());
+            let _ = signal_hook::low_level::raise(signal);
         }
     }
 }

@@ -470,6 +470,7 @@ impl Publisher {
             return Ok(FileReport::duplicate(&file));
         }
         if let Some(claim) = &file.claim {
+            crate::faults::crash_point(crate::faults::CrashPoint::BeforeClaim);
             if let Some(holder) = self.claim(claim, &file.name)? {
                 tracing::warn!(file = %file.name, holder = %holder, "another worker claimed this range's first offset for another range: nothing of it is published");
                 return Ok(FileReport::fenced(&file, holder));

@@ -910,16 +910,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
         );
         let mut tpl = TopicPartitionList::new();
         for &p in partitions {
-            let r = reconcile(
-                &self.publisher.output,
-                &self.publisher.rejects,
-                &self.src.topic,
-                p,
-            )
-            .map_err(|e| PipelineError::Reconcile {
-                partition: p,
-                source: Box::new(e),
-            })?;
+            let r = self.reconcile(p)?;
             tracing::info!(partition = p, resume = ?r.resume, replay = ?r.replay, "assigned");
             let offset = r.resume.map_or(Offset::Invalid, Offset::Offset);
             tpl.add_partition_offset(&self.src.topic, p, offset)
@@ -931,6 +922,20 @@ impl<'a, E: Extractor> Worker<'a, E> {
             _ => self.consumer.assign(&tpl),
         };
         assigned.map_err(|e| kafka_err("assign", e))
+    }
+
+    /// Partition `p` reconciled from the output store ([`reconcile`]); an error names it.
+    fn reconcile(&self, p: i32) -> Result<Reconciled, PipelineError> {
+        reconcile(
+            &self.publisher.output,
+            &self.publisher.rejects,
+            &self.src.topic,
+            p,
+        )
+        .map_err(|e| PipelineError::Reconcile {
+            partition: p,
+            source: Box::new(e),
+        })
     }
 
     fn after_publish(&mut self, r: &FileReport) -> Result<(), PipelineError> {
@@ -988,16 +993,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
         let Some(p) = r.partition.filter(|p| self.parts.contains_key(p)) else {
             return Ok(()); // revoked since: the new owner reconciles it
         };
-        let again = reconcile(
-            &self.publisher.output,
-            &self.publisher.rejects,
-            &self.src.topic,
-            p,
-        )
-        .map_err(|e| PipelineError::Reconcile {
-            partition: p,
-            source: Box::new(e),
-        })?;
+        let again = self.reconcile(p)?;
         // A claim is there now, so the output says where to resume.
         let resume = again.resume.or(r.first_offset).unwrap_or(0);
         tracing::warn!(partition = p, range = %r.name, holder, resume, dropped = dropped as u64 + r.duplicated_docs, "fenced: another worker claimed this range's first offset for another range; this worker's work on the partition is dropped and it reads the partition again from where the output says");
