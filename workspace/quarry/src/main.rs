@@ -256,7 +256,7 @@ fn hint(e: &anyhow::Error) -> Option<&'static str> {
         P::Stalled { .. } => "the partition's next batch cannot be read (a codec this build lacks, a corrupt batch, a broker fetch error): see docs/kafka.md; raise source.stall_timeout_s only for a slow broker",
         P::LagLeft { .. } => "the worker stopped before every assigned partition was committed to its high watermark; rerun it (it resumes), or look for a stalled partition in the log",
         P::Parquet { .. } => "the file is not Parquet or was cut short (a published file is never partial: check how it got there)",
-        P::Reconcile { .. } => "the worker could not read the output prefix to find where the partition resumes: check the output URL and its credentials; nothing was consumed",
+        P::Reconcile { .. } => "the worker could not read the output and rejects prefixes to find where the partition resumes (the cause is above): check the URLs and their credentials; nothing was consumed",
         P::BadClaim { .. } => "a `_claim-*` object beside the rejects markers was not written by quarry: is the rejects prefix shared with something else?",
         P::Model { .. } | P::Tokenizer { .. } | P::Engine(_) => "check the model file (`quarry info --model FILE`) and --device",
         P::Conservation { .. } => "this is a bug: please report it with the job definition; nothing was committed",
