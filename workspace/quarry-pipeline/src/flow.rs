@@ -996,17 +996,14 @@ mod tests {
         assert!(offsets_of(&publisher.rejects, "e.parquet").is_empty());
     }
 
-    /// Publishes one file `name` of `docs` (offsets from `first`) that claims `claim` first.
-    fn publish_claimed(
-        publisher: &Publisher,
-        name: &str,
-        claim: &str,
-        docs: &[&[u8]],
-        first: i64,
-    ) -> FileReport {
+    /// Publishes the range `p/<first>-<last>.parquet` (a document "a" at each offset) through
+    /// `publisher`, claiming `p/_claim-<first>` first.
+    fn publish_range(publisher: &Publisher, first: i64, last: i64) -> FileReport {
         let (mut flow, _) = setup_plain("unused");
-        let id = run_file(&mut flow, "g", name, docs, first);
-        flow.seal_as(id, name.into(), Some(claim.into()));
+        let docs = vec![b"a" as &[u8]; (last - first + 1) as usize];
+        let name = format!("p/{first}-{last}.parquet");
+        let id = run_file(&mut flow, "g", &name, &docs, first);
+        flow.seal_as(id, name, Some(format!("p/_claim-{first}")));
         publisher.publish(drain(&mut flow).pop().unwrap()).unwrap()
     }
 
@@ -1018,21 +1015,9 @@ mod tests {
     #[test]
     fn a_range_whose_first_offset_another_range_claimed_publishes_nothing() {
         let (_, publisher) = setup_plain("claims");
-        let owner = publish_claimed(
-            &publisher,
-            "p/0-4.parquet",
-            "p/_claim-0",
-            &[b"a" as &[u8]; 5],
-            0,
-        );
+        let owner = publish_range(&publisher, 0, 4);
         assert_eq!((owner.accepted, owner.fenced.as_deref()), (5, None));
-        let zombie = publish_claimed(
-            &publisher,
-            "p/0-2.parquet",
-            "p/_claim-0",
-            &[b"a" as &[u8]; 3],
-            0,
-        );
+        let zombie = publish_range(&publisher, 0, 2);
         assert_eq!(
             zombie.fenced.as_deref(),
             Some("p/0-4.parquet"),
@@ -1045,21 +1030,13 @@ mod tests {
         for loc in [&publisher.output, &publisher.rejects] {
             assert!(!loc.exists("p/0-2.parquet").unwrap());
         }
-        assert_eq!(
-            offsets_of(&publisher.output, "p/0-4.parquet"),
-            vec![0, 1, 2, 3, 4]
-        );
+        let published = offsets_of(&publisher.output, "p/0-4.parquet");
+        assert_eq!(published, vec![0, 1, 2, 3, 4]);
 
         // Claimed by a worker that crashed before its files: the replay publishes that range.
         let held = bytes::Bytes::from_static(b"p/5-6.parquet");
         publisher.rejects.publish("p/_claim-5", held).unwrap();
-        let replay = publish_claimed(
-            &publisher,
-            "p/5-6.parquet",
-            "p/_claim-5",
-            &[b"a" as &[u8]; 2],
-            5,
-        );
+        let replay = publish_range(&publisher, 5, 6);
         assert_eq!((replay.accepted, replay.fenced.as_deref()), (2, None));
         assert_eq!(offsets_of(&publisher.output, "p/5-6.parquet"), vec![5, 6]);
     }
