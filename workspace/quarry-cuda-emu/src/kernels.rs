@@ -146,11 +146,26 @@ family! {
 }
 
 family! {
-    /// `gemv_q8_r{room}_{x}`: q (int8), scales (f16), x (f32 or f16), y (f32), inputs, outputs,
-    /// rows (at most room).
+    /// `gemv_q8_r{room}_{x}` and `gemv_q8_add_r{room}_f16`: q (int8), scales (f16), x (f32 or
+    /// f16), y (f32: written, or the stream added into), inputs, outputs, rows (at most room).
     gemv_q8: fn(*const i8, *const c_void, *const c_void, *mut f32, i32, i32, i32) {
         gemv_q8_r1_f32, gemv_q8_r2_f32, gemv_q8_r4_f32, gemv_q8_r8_f32,
         gemv_q8_r1_f16, gemv_q8_r2_f16, gemv_q8_r4_f16, gemv_q8_r8_f16,
+        gemv_q8_add_r1_f16, gemv_q8_add_r2_f16, gemv_q8_add_r4_f16, gemv_q8_add_r8_f16,
+    }
+}
+
+family! {
+    /// `gemv_q8_glu_{act}_r{room}_f16_{out}`: q, scales, x (f16), y (`[rows, outputs / 2]` in
+    /// `out`), inputs, outputs (the gate and up rows stacked), rows.
+    gemv_q8_glu: fn(*const i8, *const c_void, *const c_void, *mut c_void, i32, i32, i32) {
+        gemv_q8_glu_silu_r1_f16_f16, gemv_q8_glu_silu_r2_f16_f16, gemv_q8_glu_silu_r4_f16_f16,
+        gemv_q8_glu_silu_r8_f16_f16, gemv_q8_glu_silu_r1_f16_f32, gemv_q8_glu_silu_r2_f16_f32,
+        gemv_q8_glu_silu_r4_f16_f32, gemv_q8_glu_silu_r8_f16_f32,
+        gemv_q8_glu_gelu_tanh_r1_f16_f16, gemv_q8_glu_gelu_tanh_r2_f16_f16,
+        gemv_q8_glu_gelu_tanh_r4_f16_f16, gemv_q8_glu_gelu_tanh_r8_f16_f16,
+        gemv_q8_glu_gelu_tanh_r1_f16_f32, gemv_q8_glu_gelu_tanh_r2_f16_f32,
+        gemv_q8_glu_gelu_tanh_r4_f16_f32, gemv_q8_glu_gelu_tanh_r8_f16_f32,
     }
 }
 

@@ -705,3 +705,147 @@ fn gemv_q8_matches_its_reference() {
         }
     }
 }
+
+/// The GEMV's `q`, `scales` and f16 input `x` for `outputs` rows of `inputs` values and `rows`
+/// rows of activations, from seeds `seed` on.
+struct Q8Case {
+    q: Vec<i8>,
+    scales: Vec<f16>,
+    x: Vec<f16>,
+}
+
+impl Q8Case {
+    fn new(seed: u64, inputs: usize, outputs: usize, rows: usize) -> Self {
+        Self {
+            q: values(seed, outputs * inputs, -128.0, 128.0)
+                .iter()
+                .map(|v| v.floor().clamp(-128.0, 127.0) as i8)
+                .collect(),
+            scales: to_f16(&values(seed + 1, outputs * inputs / 32, 1e-3, 2e-2)),
+            x: to_f16(&values(seed + 2, rows * inputs, -2.0, 2.0)),
+        }
+    }
+
+    /// `gemv_q8_r{room}_f16`'s output, `[rows, outputs]`.
+    fn plain(&self, inputs: usize, outputs: usize, rows: usize) -> Vec<f32> {
+        let name = format!("gemv_q8_r{}_f16", room(rows));
+        let kernel = kernels::gemv_q8::by_name(&name).expect(&name);
+        let mut y = Buf::<f32>::poisoned(rows * outputs);
+        let yp = y.ptr_mut();
+        self.run(&name, outputs, |q, s, x| unsafe {
+            kernel(q, s, x, yp, inputs as i32, outputs as i32, rows as i32)
+        });
+        y.read(&name)
+    }
+
+    /// `launch(q, scales, x)` under `name`, with the launcher's grid: a warp per 2 outputs (for
+    /// a GLU, per gate/up pair: as many).
+    fn run(
+        &self,
+        name: &str,
+        outputs: usize,
+        launch: impl Fn(*const i8, *const c_void, *const c_void),
+    ) {
+        let (qb, sb, xb) = (
+            Buf::from_slice(&self.q),
+            Buf::from_slice(&self.scales),
+            Buf::from_slice(&self.x),
+        );
+        let (q, s, x) = (
+            qb.ptr(),
+            sb.ptr() as *const c_void,
+            xb.ptr() as *const c_void,
+        );
+        let blocks = (outputs.div_ceil(2) * 32).div_ceil(THREADS as usize) as u32;
+        unsafe { run(name, (blocks, 1, 1), THREADS, 0, || launch(q, s, x)) };
+    }
+}
+
+/// The GEMV's form with room for `rows` rows (the launcher's choice).
+fn room(rows: usize) -> usize {
+    [1, 2, 4, 8]
+        .into_iter()
+        .find(|&r| r >= rows)
+        .expect("at most 8 rows")
+}
+
+/// The GEMV's shapes for its fused epilogues: a partial last trip, several passes, an odd number
+/// of outputs (a GLU's gate/up pairs), 1 to 8 rows.
+const Q8_FUSED_SHAPES: [(usize, usize, usize); 5] = [
+    (576, 74, 1),
+    (1536, 20, 2),
+    (576, 66, 3),
+    (1024, 34, 5),
+    (1024, 38, 8),
+];
+
+/// `gemv_q8_add` (the output and down projections adding into the residual stream) equals the
+/// plain form's sums added into the stream, bit for bit (`__fadd_rn`, as `add_into`), and writes
+/// nothing past the stream's rows.
+#[test]
+fn gemv_q8_add_adds_the_plain_forms_sums_into_the_stream() {
+    for (i, &(inputs, outputs, rows)) in Q8_FUSED_SHAPES.iter().enumerate() {
+        let case = Q8Case::new(50 + 10 * i as u64, inputs, outputs, rows);
+        let sums = case.plain(inputs, outputs, rows);
+        let stream = values(60 + i as u64, rows * outputs, -3.0, 3.0);
+        // The stream's rows, then a poisoned row the kernel must leave alone.
+        let mut buf = stream.clone();
+        buf.extend(std::iter::repeat_n(f32::NAN, outputs));
+        let mut x = Buf::from_slice(&buf);
+        let name = format!("gemv_q8_add_r{}_f16", room(rows));
+        let kernel = kernels::gemv_q8::by_name(&name).expect(&name);
+        let xp = x.ptr_mut();
+        case.run(&name, outputs, |q, s, a| unsafe {
+            kernel(q, s, a, xp, inputs as i32, outputs as i32, rows as i32)
+        });
+        let got = x.read(&name);
+        let want: Vec<f32> = stream.iter().zip(&sums).map(|(s, y)| s + y).collect();
+        assert_eq!(
+            first_difference(&got[..rows * outputs], &want),
+            None,
+            "{inputs}x{outputs}, {rows} rows"
+        );
+        assert!(
+            got[rows * outputs..].iter().all(|v| v.is_nan()),
+            "written past the stream"
+        );
+    }
+}
+
+/// `gemv_q8_glu` (the stacked gate/up projection with the activation in its epilogue) equals
+/// the plain form's `[rows, 2f]` sums through `glu_{act}_f32_{out}`, bit for bit, for SiLU and
+/// GELU-tanh, f16 and f32 outputs, an odd `f` among them.
+#[test]
+fn gemv_q8_glu_equals_the_plain_form_then_the_glu() {
+    for (i, &(inputs, outputs, rows)) in Q8_FUSED_SHAPES.iter().enumerate() {
+        let case = Q8Case::new(80 + 10 * i as u64, inputs, outputs, rows);
+        let gate_up = Buf::from_slice(&case.plain(inputs, outputs, rows));
+        let f = outputs / 2;
+        for act in ["silu", "gelu_tanh"] {
+            for f16_out in [true, false] {
+                let glu = format!("glu_{act}_f32_{}", ty(f16_out));
+                let kernel = kernels::glu::by_name(&glu).expect(&glu);
+                let mut want = Output::new(rows * f, f16_out);
+                let (gp, wp) = (gate_up.ptr() as *const c_void, want.ptr());
+                unsafe {
+                    run(&glu, elementwise(rows * f), THREADS, 0, || {
+                        kernel(gp, wp, rows as u64, f as u64)
+                    })
+                };
+                let mut got = Output::new(rows * f, f16_out);
+                let name = format!("gemv_q8_glu_{act}_r{}_f16_{}", room(rows), ty(f16_out));
+                let kernel = kernels::gemv_q8_glu::by_name(&name).expect(&name);
+                let yp = got.ptr();
+                case.run(&name, outputs, |q, s, x| unsafe {
+                    kernel(q, s, x, yp, inputs as i32, outputs as i32, rows as i32)
+                });
+                assert_eq!(
+                    first_difference(&got.read(&name), &want.read(&glu)),
+                    None,
+                    "{act} to {}: {inputs}x{outputs}, {rows} rows",
+                    ty(f16_out)
+                );
+            }
+        }
+    }
+}

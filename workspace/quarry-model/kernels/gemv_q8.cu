@@ -12,15 +12,30 @@
 // by its block's scale; the lanes' sums are added by a warp reduction. inputs must be a multiple
 // of 32 (Q8_0's block), and q, x 16-byte aligned (the launcher checks both).
 //
+// What a warp does with its sums (the epilogue, a form each; src/linear/q8_rows.rs `Epilogue`):
+// - `gemv_q8_r*`: writes them, `y` [rows, outputs] f32;
+// - `gemv_q8_add_r*`: adds them into `y` in place, the f32 residual stream [rows, outputs] (the
+//   output and down projections; `llama::fused::AddInto`'s arithmetic, one launch fewer);
+// - `gemv_q8_glu_{act}_r*`: the matrix is the gate and up projections stacked ([2f, inputs]), a
+//   warp takes gate row j with up row f + j and writes act(gate) * up into `y` [rows, f], f16 or
+//   f32 (`kernels/glu.cu`'s arithmetic, one launch and the [rows, 2f] tensor fewer).
+//
 // The reference is `Q8Rows`'s CPU side (src/linear/q8_rows.rs): the same products, summed in
-// another order.
+// another order, then the epilogue.
 
+#include "activation.cuh"
 #include "common.cuh"
 
 #include <string.h>
 
 #define Q8_MAX_ROWS 8
 #define Q8_OUTS 2
+
+// The epilogues (above).
+#define EPI_STORE 0
+#define EPI_ADD 1
+#define EPI_SILU 2
+#define EPI_GELU 3
 
 // The 4 signed bytes of `w` as floats, exactly: each byte, made unsigned (+128), becomes the low
 // mantissa byte of 2^23 (one byte permutation), and 2^23 + 128 is taken off. Hopper converts
@@ -84,13 +99,20 @@ __device__ __forceinline__ Weights16 load_weights(const int8_t* __restrict__ q,
 // for every row count, a branch around each output's loads, loads and products a pass at a
 // time) held 118 registers a thread and about one load a warp in flight: a batch-1 step of the
 // 8B shape on an H200 took 5.90 ms with it, where the f16 copies took 5.69.
-template <typename X, int R>
+// EPI: the epilogue; Y: what `y` holds (f32, or f16 for a GLU's output).
+template <typename X, int R, int EPI, typename Y>
 __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__ scales,
-                        const X* __restrict__ x, float* __restrict__ y, int inputs, int outputs,
+                        const X* __restrict__ x, Y* __restrict__ y, int inputs, int outputs,
                         int rows) {
+    constexpr bool GLU = EPI == EPI_SILU || EPI == EPI_GELU;
     const int lane = threadIdx.x & 31;
-    const int first = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * Q8_OUTS;
-    if (first >= outputs) return;  // the whole warp: no lane is left to reduce with
+    const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    // The warp's Q8_OUTS matrix rows, `first + o * stride`: consecutive ones, or a GLU's gate
+    // row j and its up row f + j.
+    const int f = outputs / 2;
+    const int first = GLU ? warp : warp * Q8_OUTS;
+    const int stride = GLU ? f : 1;
+    if (first >= (GLU ? f : outputs)) return;  // the whole warp: no lane is left to reduce with
     constexpr int PASSES = R <= 2 ? 2 : 1;
     float acc[Q8_OUTS][R];
 #pragma unroll
@@ -110,7 +132,7 @@ __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__
         for (int p = 0; p < PASSES; ++p)
 #pragma unroll
             for (int o = 0; o < Q8_OUTS; ++o) {
-                const int row = min(first + o, outputs - 1);
+                const int row = min(first + o * stride, outputs - 1);
                 w[p][o] = load_weights(q, scales, (size_t)row, k[p], inputs);
                 if (!in_row[p]) w[p][o].s = 0.0f;
             }
@@ -123,14 +145,14 @@ __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__
                 load16(xr + k[p], a);
 #pragma unroll
                 for (int o = 0; o < Q8_OUTS; ++o) {
-                    float f[16];
-                    bytes_to_floats(w[p][o].v.x, f);
-                    bytes_to_floats(w[p][o].v.y, f + 4);
-                    bytes_to_floats(w[p][o].v.z, f + 8);
-                    bytes_to_floats(w[p][o].v.w, f + 12);
+                    float wf[16];
+                    bytes_to_floats(w[p][o].v.x, wf);
+                    bytes_to_floats(w[p][o].v.y, wf + 4);
+                    bytes_to_floats(w[p][o].v.z, wf + 8);
+                    bytes_to_floats(w[p][o].v.w, wf + 12);
                     float sum = 0.0f;
 #pragma unroll
-                    for (int i = 0; i < 16; ++i) sum += f[i] * a[i];
+                    for (int i = 0; i < 16; ++i) sum += wf[i] * a[i];
                     acc[o][r] += w[p][o].s * sum;
                 }
             }
@@ -139,26 +161,60 @@ __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         if (r < rows) {
+            float v[Q8_OUTS];
 #pragma unroll
-            for (int o = 0; o < Q8_OUTS; ++o) {
-                const float v = warp_sum(acc[o][r]);
-                if (lane == 0 && first + o < outputs) y[(size_t)r * outputs + first + o] = v;
+            for (int o = 0; o < Q8_OUTS; ++o) v[o] = warp_sum(acc[o][r]);
+            if (lane == 0) {
+                if constexpr (GLU) {
+                    y[(size_t)r * f + first] = from_float<Y>(gated<EPI == EPI_GELU>(v[0], v[1]));
+                } else {
+#pragma unroll
+                    for (int o = 0; o < Q8_OUTS; ++o) {
+                        if (first + o >= outputs) continue;
+                        Y* at = y + (size_t)r * outputs + first + o;
+                        if constexpr (EPI == EPI_ADD) *at = __fadd_rn(*at, v[o]);
+                        else *at = v[o];
+                    }
+                }
             }
         }
     }
 }
 
-#define GEMV_Q8(NAME, X, R)                                                                     \
-    extern "C" __global__ void NAME(const int8_t* q, const __half* scales, const X* x, float* y, \
+#define GEMV_Q8(NAME, X, R, EPI, Y)                                                            \
+    extern "C" __global__ void NAME(const int8_t* q, const __half* scales, const X* x, Y* y,   \
                                     int inputs, int outputs, int rows) {                       \
-        gemv_q8<X, R>(q, scales, x, y, inputs, outputs, rows);                                 \
+        gemv_q8<X, R, EPI, Y>(q, scales, x, y, inputs, outputs, rows);                         \
     }
 
-GEMV_Q8(gemv_q8_r1_f32, float, 1)
-GEMV_Q8(gemv_q8_r2_f32, float, 2)
-GEMV_Q8(gemv_q8_r4_f32, float, 4)
-GEMV_Q8(gemv_q8_r8_f32, float, 8)
-GEMV_Q8(gemv_q8_r1_f16, __half, 1)
-GEMV_Q8(gemv_q8_r2_f16, __half, 2)
-GEMV_Q8(gemv_q8_r4_f16, __half, 4)
-GEMV_Q8(gemv_q8_r8_f16, __half, 8)
+GEMV_Q8(gemv_q8_r1_f32, float, 1, EPI_STORE, float)
+GEMV_Q8(gemv_q8_r2_f32, float, 2, EPI_STORE, float)
+GEMV_Q8(gemv_q8_r4_f32, float, 4, EPI_STORE, float)
+GEMV_Q8(gemv_q8_r8_f32, float, 8, EPI_STORE, float)
+GEMV_Q8(gemv_q8_r1_f16, __half, 1, EPI_STORE, float)
+GEMV_Q8(gemv_q8_r2_f16, __half, 2, EPI_STORE, float)
+GEMV_Q8(gemv_q8_r4_f16, __half, 4, EPI_STORE, float)
+GEMV_Q8(gemv_q8_r8_f16, __half, 8, EPI_STORE, float)
+
+// The fused epilogues take the f16 activations the GEMV's projections are given
+// (`Small::input_dtype`); `y` is the stream (add) or the GLU's output in its element type.
+GEMV_Q8(gemv_q8_add_r1_f16, __half, 1, EPI_ADD, float)
+GEMV_Q8(gemv_q8_add_r2_f16, __half, 2, EPI_ADD, float)
+GEMV_Q8(gemv_q8_add_r4_f16, __half, 4, EPI_ADD, float)
+GEMV_Q8(gemv_q8_add_r8_f16, __half, 8, EPI_ADD, float)
+GEMV_Q8(gemv_q8_glu_silu_r1_f16_f16, __half, 1, EPI_SILU, __half)
+GEMV_Q8(gemv_q8_glu_silu_r2_f16_f16, __half, 2, EPI_SILU, __half)
+GEMV_Q8(gemv_q8_glu_silu_r4_f16_f16, __half, 4, EPI_SILU, __half)
+GEMV_Q8(gemv_q8_glu_silu_r8_f16_f16, __half, 8, EPI_SILU, __half)
+GEMV_Q8(gemv_q8_glu_silu_r1_f16_f32, __half, 1, EPI_SILU, float)
+GEMV_Q8(gemv_q8_glu_silu_r2_f16_f32, __half, 2, EPI_SILU, float)
+GEMV_Q8(gemv_q8_glu_silu_r4_f16_f32, __half, 4, EPI_SILU, float)
+GEMV_Q8(gemv_q8_glu_silu_r8_f16_f32, __half, 8, EPI_SILU, float)
+GEMV_Q8(gemv_q8_glu_gelu_tanh_r1_f16_f16, __half, 1, EPI_GELU, __half)
+GEMV_Q8(gemv_q8_glu_gelu_tanh_r2_f16_f16, __half, 2, EPI_GELU, __half)
+GEMV_Q8(gemv_q8_glu_gelu_tanh_r4_f16_f16, __half, 4, EPI_GELU, __half)
+GEMV_Q8(gemv_q8_glu_gelu_tanh_r8_f16_f16, __half, 8, EPI_GELU, __half)
+GEMV_Q8(gemv_q8_glu_gelu_tanh_r1_f16_f32, __half, 1, EPI_GELU, float)
+GEMV_Q8(gemv_q8_glu_gelu_tanh_r2_f16_f32, __half, 2, EPI_GELU, float)
+GEMV_Q8(gemv_q8_glu_gelu_tanh_r4_f16_f32, __half, 4, EPI_GELU, float)
+GEMV_Q8(gemv_q8_glu_gelu_tanh_r8_f16_f32, __half, 8, EPI_GELU, float)

@@ -6,14 +6,8 @@
 // own formulas, so the op equals candle's ops up to float rounding; the reference is
 // `Glu::cpu_fwd` in src/glu.rs.
 
+#include "activation.cuh"
 #include "common.cuh"
-
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-
-__device__ __forceinline__ float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
 
 template <typename IN, typename OUT, bool GELU>
 __device__ void glu(const IN* __restrict__ gate_up, OUT* __restrict__ out, uint64_t rows,
@@ -24,7 +18,7 @@ __device__ void glu(const IN* __restrict__ gate_up, OUT* __restrict__ out, uint6
         const uint64_t r = i / f, j = i - r * f;
         const float g = to_float(gate_up[2 * f * r + j]);
         const float u = to_float(gate_up[2 * f * r + f + j]);
-        out[i] = from_float<OUT>((GELU ? gelu_tanh(g) : silu(g)) * u);
+        out[i] = from_float<OUT>(gated<GELU>(g, u));
     }
 }
 

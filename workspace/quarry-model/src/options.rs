@@ -59,7 +59,8 @@ pub struct ModelOptions {
     /// step went under llama.cpp's (1.22 against 1.32 ms, H200, 2026-11-28).
     pub cuda_graphs: bool,
     /// The dense output and down projections' GEMMs add into the residual stream (one launch
-    /// fewer each). `auto` (the default): on for steps of at most
+    /// fewer each), as does the 8-bit GEMV (`q8_gemv`), whose gate/up projection also applies
+    /// the activation. `auto` (the default): on for steps of at most
     /// 16 (`SMALL_STEP_TOKENS`) tokens, where it measured faster (with `rope_store`
     /// and the split attention, above); `on`/`off` decide for every step.
     pub gemm_add: Switch,
@@ -204,7 +205,7 @@ impl ModelOptions {
   q8_gemv=on|off                                     Q8_0 below dense_from_rows (at most 9) through quarry's 8-bit GEMV (off)
   sampling=device|host                               where a GPU draws tokens (device)
   cuda_graphs=on|off                                 replay decode steps as CUDA graphs (on)
-  gemm_add=auto|on|off                               GEMMs add into the residual stream (auto: up to 16-token steps)
+  gemm_add=auto|on|off                               projections add into the residual stream (auto: up to 16-token steps)
   rope_store=auto|on|off                             RoPE writes the KV pool itself (auto: up to 16-token steps)
   add_norm=on|off                                    residual add writes the next norm (off)
   profile=on|off                                     time every phase of a pass (off)

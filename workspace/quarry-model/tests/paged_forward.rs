@@ -662,6 +662,78 @@ fn fusions_check(path: &std::path::Path, gemm_adds: bool) {
     }
 }
 
+/// The 8-bit GEMV's fused epilogues (`q8_gemv`, linear/q8_rows.rs): with `gemm_add` on, the
+/// output and down projections of a step of at most 8 rows add into the stream in the GEMV's own
+/// launch and the gate/up projection writes `act(gate) · up`, where the plain GEMV wrote sums for
+/// an add and a GLU launch after it. SmolLM2 with every matrix in Q8_0, both forms held
+/// (`dense_from_rows = 9`): the prefill (over 8 rows) multiplies the f16 copies, the three
+/// sequences' decode steps (3 rows) run the GEMV. The fused forms do the unfused launches'
+/// arithmetic (quarry-cuda-emu checks them bit for bit), so the logits agree within the batch
+/// tolerance; and the GEMV's steps agree with the f16 copies' (`dense_from_rows = 1`) within a
+/// quarter of a logit, as the GEMM add does (Q8_0's int8 values times an f16 scale, rounded to f16
+/// for the copies). On a GPU only (a CPU multiplies Q8_0 with its own kernels): a CUDA build with
+/// `QUARRY_TEST_DEVICE=cuda:0`, as infra/gpu-check.sh runs it.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_8_bit_gemv_s_epilogues_keep_the_logits() {
+    assert!(
+        !device().is_cpu(),
+        "the 8-bit GEMV test runs on a GPU: QUARRY_TEST_DEVICE=cuda:0"
+    );
+    let mut o = options();
+    (o.dense_from_rows, o.q8_gemv) = (9, true);
+    let gemv = load_requantized(
+        &smollm2_path(),
+        "smollm2-gemv",
+        candle_core::quantized::GgmlDType::Q8_0,
+        &o,
+    );
+    o.dense_from_rows = 1;
+    let copies = load_requantized(
+        &smollm2_path(),
+        "smollm2-copies",
+        candle_core::quantized::GgmlDType::Q8_0,
+        &o,
+    );
+    let (prompts, next) = (three_prompts(), text_tokens(5, 700));
+    let run = |model: &quarry_model::Llama, gemm_add: bool| -> Vec<Vec<f32>> {
+        model.set_fusions(Fusions {
+            gemm_add,
+            ..Fusions::default()
+        });
+        prefill_then_decode(model, &prompts, &next)
+            .into_iter()
+            .flatten()
+            .collect()
+    };
+    let worst = |x: &[Vec<f32>], y: &[Vec<f32>]| {
+        assert_eq!(x.len(), y.len());
+        x.iter()
+            .zip(y)
+            .map(|(a, b)| max_diff(a, b))
+            .fold(0f32, f32::max)
+    };
+    let (plain, fused) = (run(&gemv, false), run(&gemv, true));
+    let dense = run(&copies, false);
+    let (epilogues, against_copies) = (worst(&plain, &fused), worst(&dense, &fused));
+    eprintln!(
+        "8-bit GEMV: fused epilogues against plain, worst logit difference {epilogues:e}; \
+         against the f16 copies {against_copies:e}"
+    );
+    assert!(
+        epilogues <= batch_tolerance(),
+        "fused epilogues: {epilogues}"
+    );
+    assert!(
+        against_copies > 0.0,
+        "the decode steps did not run the GEMV"
+    );
+    assert!(
+        against_copies <= 0.25,
+        "against the f16 copies: {against_copies}"
+    );
+}
+
 /// CUDA graphs (`QUARRY_CUDA_GRAPHS`, step_graph.rs): the same steps of three sequences, once
 /// without graphs and once with them on a pool of their own, give the same logits.
 /// - A prefill of 380 tokens (under the largest bucket: captured, padded to 384), then decode

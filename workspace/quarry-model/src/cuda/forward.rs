@@ -120,12 +120,8 @@ pub fn glu(
     rows: usize,
     f: usize,
 ) -> Result<CudaStorage> {
-    let act = match act {
-        crate::config::Activation::Silu => "silu",
-        crate::config::Activation::GeluTanh => "gelu_tanh",
-    };
     let func = s.device.get_or_load_custom_func(
-        &in_out_name(&format!("glu_{act}"), s, out)?,
+        &in_out_name(&format!("glu_{}", act_name(act)), s, out)?,
         "quarry_glu",
         GLU_PTX,
     )?;
@@ -153,6 +149,90 @@ const GEMV_Q8_THREADS: u32 = 256;
 /// Outputs a warp of `gemv_q8` computes (its `Q8_OUTS`).
 const GEMV_Q8_OUTS: usize = 2;
 
+/// One launch of the 8-bit GEMV (`kernels/gemv_q8.cu`), all but its output: the form, its grid
+/// and the sizes it is passed.
+struct GemvLaunch {
+    func: candle_core::cuda::cudarc::driver::CudaFunction,
+    cfg: LaunchConfig,
+    inputs: i32,
+    outputs: i32,
+    rows: i32,
+}
+
+impl GemvLaunch {
+    /// `gemv_q8{form}_r{room}_{input}{suffix}` for `rows` (at most 8) rows of the input `s`, `l`
+    /// (`[rows, inputs]`, f32 or f16, contiguous, 16-byte aligned) and the matrix `q` (u8
+    /// `[outputs, inputs]`), with a warp for each of `warps`; `None` where there is nothing to
+    /// compute.
+    fn new(
+        s: &CudaStorage,
+        l: &Layout,
+        q: &Tensor,
+        (form, suffix): (&str, &str),
+        rows: usize,
+        inputs: usize,
+        warps: usize,
+    ) -> Result<Option<Self>> {
+        use candle_core::cuda::CudaStorageSlice as S;
+        let outputs = q.dims()[0];
+        if !inputs.is_multiple_of(32) || !l.start_offset().is_multiple_of(16) {
+            candle_core::bail!(
+                "gemv_q8: rows of a multiple of 32 values from a 16-value boundary, not {inputs} from {}",
+                l.start_offset()
+            );
+        }
+        let input = match &s.slice {
+            S::F32(_) => "f32",
+            S::F16(_) => "f16",
+            _ => candle_core::bail!("gemv_q8: an f32 or f16 input"),
+        };
+        if rows == 0 || warps == 0 {
+            return Ok(None);
+        }
+        // The form with room for the step's rows (its registers grow with them).
+        let room = [1, 2, 4, 8].into_iter().find(|&r| r >= rows).unwrap_or(8);
+        let func = s.device.get_or_load_custom_func(
+            &format!("gemv_q8{form}_r{room}_{input}{suffix}"),
+            "quarry_gemv_q8",
+            GEMV_Q8_PTX,
+        )?;
+        let cfg = LaunchConfig {
+            grid_dim: ((warps * 32).div_ceil(GEMV_Q8_THREADS as usize) as u32, 1, 1),
+            block_dim: (GEMV_Q8_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        Ok(Some(Self {
+            func,
+            cfg,
+            inputs: inputs as i32,
+            outputs: outputs as i32,
+            rows: rows as i32,
+        }))
+    }
+}
+
+/// Launches the [`GemvLaunch`] `$g` on the input `$s`, `$l`, the matrix `$q` and its `$scales`,
+/// writing `$y` (a `&mut` of what the kernel's `y` points to).
+macro_rules! launch_gemv_q8 {
+    ($g:expr, $s:expr, $l:expr, $q:expr, $scales:expr, $y:expr) => {{
+        let g = $g;
+        let qh = held($q);
+        let qv = held_view::<u8>(&qh.0, qh.1, "gemv_q8: the weights")?;
+        let sh = held($scales);
+        let sv = held_view::<half::f16>(&sh.0, sh.1, "gemv_q8: the scales")?;
+        let (x32, x16);
+        let mut b = g.func.builder();
+        b.arg(&qv).arg(&sv);
+        arg_f32_or_f16!(b, $s, $l, "gemv_q8: the input", x32, x16);
+        b.arg($y).arg(&g.inputs).arg(&g.outputs).arg(&g.rows);
+        // SAFETY: the arguments match `gemv_q8*` in kernels/gemv_q8.cu: `q` holds outputs ·
+        // inputs bytes and `scales` outputs · inputs / 32 values, the input `rows` rows of
+        // `inputs` values from an aligned start; `y` holds what the form writes (the callers
+        // size it), and the kernel writes every value of it.
+        unsafe { b.launch(g.cfg) }.w()?;
+    }};
+}
+
 /// `x · Wᵀ` for `rows` (at most 8) rows of `x` (`s`, `[rows, inputs]`, f32 or f16, contiguous,
 /// 16-byte aligned) and the repacked Q8_0 matrix `q` (u8 `[outputs, inputs]`) with its `scales`
 /// (f16 `[outputs, inputs / 32]`), into a new f32 `[rows, outputs]`: one launch of
@@ -165,67 +245,124 @@ pub(crate) fn gemv_q8(
     rows: usize,
     inputs: usize,
 ) -> Result<CudaStorage> {
-    use candle_core::cuda::CudaStorageSlice as S;
     let outputs = q.dims()[0];
-    if !inputs.is_multiple_of(32) || !l.start_offset().is_multiple_of(16) {
-        candle_core::bail!(
-            "gemv_q8: rows of a multiple of 32 values from a 16-value boundary, not {inputs} from {}",
-            l.start_offset()
-        );
-    }
-    let input = match &s.slice {
-        S::F32(_) => "f32",
-        S::F16(_) => "f16",
-        _ => candle_core::bail!("gemv_q8: an f32 or f16 input"),
-    };
-    // The form with room for the step's rows (its registers grow with them).
-    let room = [1, 2, 4, 8].into_iter().find(|&r| r >= rows).unwrap_or(8);
-    let func = s.device.get_or_load_custom_func(
-        &format!("gemv_q8_r{room}_{input}"),
-        "quarry_gemv_q8",
-        GEMV_Q8_PTX,
-    )?;
-    let qh = held(q);
-    let qv = held_view::<u8>(&qh.0, qh.1, "gemv_q8: the weights")?;
-    let sh = held(scales);
-    let sv = held_view::<half::f16>(&sh.0, sh.1, "gemv_q8: the scales")?;
     let warps = outputs.div_ceil(GEMV_Q8_OUTS);
-    let cfg = LaunchConfig {
-        grid_dim: (
-            (warps * 32).div_ceil(GEMV_Q8_THREADS as usize).max(1) as u32,
-            1,
-            1,
-        ),
-        block_dim: (GEMV_Q8_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let (inputs32, outputs32, rows32) = (inputs as i32, outputs as i32, rows as i32);
     // SAFETY: the kernel below writes every one of the rows · outputs values (none when there
     // are none).
     let mut y = unsafe { s.device.alloc::<f32>((rows * outputs).max(1))? };
-    let (x32, x16);
-    if rows > 0 && outputs > 0 {
-        let mut b = func.builder();
-        b.arg(&qv).arg(&sv);
-        arg_f32_or_f16!(b, s, l, "gemv_q8: the input", x32, x16);
-        b.arg(&mut y).arg(&inputs32).arg(&outputs32).arg(&rows32);
-        // SAFETY: the arguments match `gemv_q8_r*` in kernels/gemv_q8.cu: `q` holds outputs ·
-        // inputs bytes and `scales` outputs · inputs / 32 values, the input `rows` rows of
-        // `inputs` values from an aligned start; the kernel writes all rows · outputs values.
-        unsafe { b.launch(cfg) }.w()?;
+    if let Some(g) = GemvLaunch::new(s, l, q, ("", ""), rows, inputs, warps)? {
+        launch_gemv_q8!(g, s, l, q, scales, &mut y);
     }
     Ok(CudaStorage::wrap_cuda_slice(y, s.device.clone()))
+}
+
+/// `stream += x · Wᵀ` in place, with [`gemv_q8`]'s arguments and the f32 residual stream `x`,
+/// `lx` (`[rows, outputs]`, contiguous): one launch of `gemv_q8_add` (`x` f16).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemv_q8_add(
+    x: &mut CudaStorage,
+    lx: &Layout,
+    s: &CudaStorage,
+    l: &Layout,
+    q: &Tensor,
+    scales: &Tensor,
+    rows: usize,
+    inputs: usize,
+) -> Result<()> {
+    use candle_core::cuda::CudaStorageSlice as S;
+    let outputs = q.dims()[0];
+    if !matches!(s.slice, S::F16(_)) {
+        candle_core::bail!("gemv_q8_add: an f16 input");
+    }
+    let Some(g) = GemvLaunch::new(
+        s,
+        l,
+        q,
+        ("_add", ""),
+        rows,
+        inputs,
+        outputs.div_ceil(GEMV_Q8_OUTS),
+    )?
+    else {
+        return Ok(());
+    };
+    let start = lx.start_offset();
+    let S::F32(xs) = &mut x.slice else {
+        candle_core::bail!("gemv_q8_add: the residual stream must be f32");
+    };
+    let mut xs = xs.slice_mut(start..start + rows * outputs);
+    launch_gemv_q8!(g, s, l, q, scales, &mut xs);
+    Ok(())
+}
+
+/// `act(gate) · up` in `out` (f32 or f16), `[rows, outputs / 2]`, with [`gemv_q8`]'s arguments
+/// for the stacked gate/up matrix (its `outputs / 2` gate rows, then as many up rows): one launch
+/// of `gemv_q8_glu` (`x` f16), a warp per gate/up pair.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemv_q8_glu(
+    s: &CudaStorage,
+    l: &Layout,
+    q: &Tensor,
+    scales: &Tensor,
+    act: crate::config::Activation,
+    out: DType,
+    rows: usize,
+    inputs: usize,
+) -> Result<CudaStorage> {
+    use candle_core::cuda::CudaStorageSlice as S;
+    let f = q.dims()[0] / 2;
+    if !matches!(s.slice, S::F16(_)) || !matches!(out, DType::F32 | DType::F16) {
+        candle_core::bail!("gemv_q8_glu: an f16 input, an f32 or f16 output, not {out:?}");
+    }
+    let form = (
+        format!("_glu_{}", act_name(act)),
+        format!("_{}", dtype_name(out)),
+    );
+    let g = GemvLaunch::new(s, l, q, (&form.0, &form.1), rows, inputs, f)?;
+    let n = (rows * f).max(1);
+    if out == DType::F16 {
+        // SAFETY: the kernel writes every one of the rows · f values (none when there are none).
+        let mut y = unsafe { s.device.alloc::<half::f16>(n)? };
+        if let Some(g) = g {
+            launch_gemv_q8!(g, s, l, q, scales, &mut y);
+        }
+        return Ok(CudaStorage::wrap_cuda_slice(y, s.device.clone()));
+    }
+    // SAFETY: as above.
+    let mut y = unsafe { s.device.alloc::<f32>(n)? };
+    if let Some(g) = g {
+        launch_gemv_q8!(g, s, l, q, scales, &mut y);
+    }
+    Ok(CudaStorage::wrap_cuda_slice(y, s.device.clone()))
+}
+
+/// The kernels' name for an activation (`glu_{act}_…`, `gemv_q8_glu_{act}_…`).
+fn act_name(act: crate::config::Activation) -> &'static str {
+    match act {
+        crate::config::Activation::Silu => "silu",
+        crate::config::Activation::GeluTanh => "gelu_tanh",
+    }
+}
+
+/// The kernels' name for an f32 or f16 element type.
+fn dtype_name(d: DType) -> &'static str {
+    if d == DType::F16 {
+        "f16"
+    } else {
+        "f32"
+    }
 }
 
 /// The kernel `{prefix}_{input}_{output}` for an f32 or f16 input and output.
 fn in_out_name(prefix: &str, s: &CudaStorage, out: DType) -> Result<String> {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda::CudaStorageSlice as S;
-    let name = |d: DType| if d == DType::F16 { "f16" } else { "f32" };
     match (&s.slice, out) {
-        (S::F32(_) | S::F16(_), DType::F32 | DType::F16) => {
-            Ok(format!("{prefix}_{}_{}", name(s.dtype()), name(out)))
-        }
+        (S::F32(_) | S::F16(_), DType::F32 | DType::F16) => Ok(format!(
+            "{prefix}_{}_{}",
+            dtype_name(s.dtype()),
+            dtype_name(out)
+        )),
         (_, out) => candle_core::bail!(
             "{prefix}: f32 or f16 in and out, not {:?} to {out:?}",
             s.dtype()
@@ -700,6 +837,61 @@ mod tests {
                         err < 1e-5,
                         "{outputs}x{inputs}, {rows} rows, {input:?}: {err:.2e}"
                     );
+                }
+            }
+        }
+    }
+
+    /// The 8-bit GEMV's fused epilogues (through `Q8Rows` as the forward pass calls them)
+    /// against their references (the ops' CPU sides): the adding form on a random f32 stream,
+    /// and the GLU form (SiLU and GELU-tanh into f16 and f32) on a stacked gate/up matrix, in
+    /// Llama 3 8B's down projection's width and SmolLM2's, at 1 to 8 rows of f16 input; each
+    /// output poisoned by a first run on other inputs.
+    #[test]
+    fn gemv_q8_add_and_glu_match_their_references() {
+        use crate::config::Activation;
+        use crate::linear::Q8Rows;
+        use candle_core::quantized::{GgmlDType, QTensor};
+        let cuda = candle_core::Device::Cuda(gpu());
+        for (outputs, inputs) in [(1002usize, 14_336usize), (96, 576)] {
+            let w = Tensor::from_slice(
+                &values(5, outputs * inputs, -1.0, 1.0),
+                (outputs, inputs),
+                &candle_core::Device::Cpu,
+            )
+            .unwrap();
+            let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+            let on_gpu = Q8Rows::from_q8_0(&q, &cuda).unwrap();
+            let on_cpu = Q8Rows::from_q8_0(&q, &candle_core::Device::Cpu).unwrap();
+            for rows in [1usize, 2, 3, 5, 8] {
+                let input = |seed| {
+                    both(
+                        &values(seed, rows * inputs, -2.0, 2.0),
+                        &[rows, inputs],
+                        DType::F16,
+                    )
+                };
+                let ((junk, _), (xg, xc)) = (input(9), input(17));
+                let (sg, sc) = both(
+                    &values(23, rows * outputs, -4.0, 4.0),
+                    &[rows, outputs],
+                    DType::F32,
+                );
+                assert!(on_gpu.add_into(&sg, &xg).unwrap() && on_cpu.add_into(&sc, &xc).unwrap());
+                let err = relative_error(&host_f32(&sg), &host_f32(&sc));
+                eprintln!("gemv_q8_add {outputs}x{inputs}, {rows} rows: relative error {err:.2e}");
+                assert!(err < 1e-5, "add {outputs}x{inputs}, {rows} rows: {err:.2e}");
+                for act in [Activation::Silu, Activation::GeluTanh] {
+                    for out in [DType::F16, DType::F32] {
+                        let _ = on_gpu.glu(&junk, act, out).unwrap();
+                        let got = on_gpu.glu(&xg, act, out).unwrap().expect("the fused form");
+                        assert_eq!((got.dims(), got.dtype()), (&[rows, outputs / 2][..], out));
+                        let want = on_cpu.glu(&xc, act, out).unwrap().expect("the fused form");
+                        let err = relative_error(&host_f32(&got), &host_f32(&want));
+                        eprintln!("gemv_q8_glu {act:?} -> {out:?} {outputs}x{inputs}, {rows} rows: relative error {err:.2e}");
+                        let bound = if out == DType::F16 { 1e-3 } else { 1e-5 };
+                        assert!(err < bound, "glu {act:?} {out:?}, {rows} rows: {err:.2e}");
+                    }
                 }
             }
         }

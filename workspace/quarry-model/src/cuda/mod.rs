@@ -27,7 +27,8 @@ pub use crate::kernel_plan::AttentionShape;
 pub use attention::{paged_attention, AttentionOut, DeviceBatch, KvPool};
 pub use forward::glu;
 pub(crate) use forward::{
-    add_into, add_norm, gemm_add, gemv_q8, rms_norm, rope, store_rows, RopeOut,
+    add_into, add_norm, gemm_add, gemv_q8, gemv_q8_add, gemv_q8_glu, rms_norm, rope, store_rows,
+    RopeOut,
 };
 pub use graph::StepGraphs;
 pub use sampling::{sample_rows, MaskUpload};

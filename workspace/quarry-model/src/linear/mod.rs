@@ -206,14 +206,19 @@ impl Linear {
 
     /// Where this projection multiplies its dense f16 weights (a [`Linear::Dense`], or a
     /// [`Linear::Dual`] at or past its switch, on a GPU): `x += input · Wᵀ` in one GEMM that
-    /// accumulates into the f32 stream `x` ([`GemmAdd`]), and true; false, with nothing done,
-    /// otherwise (the caller adds [`Linear::forward_raw`]'s output).
+    /// accumulates into the f32 stream `x` ([`GemmAdd`]), and true; below the switch, on the
+    /// 8-bit GEMV, in one launch of its adding form ([`Q8Rows::add_into`]); false, with nothing
+    /// done, otherwise (the caller adds [`Linear::forward_raw`]'s output).
     pub(crate) fn add_into(&self, x: &Tensor, input: &Tensor) -> Result<bool> {
         let dense = match self {
             Linear::Dense(dense) => dense,
             Linear::Dual {
                 dense, dense_from, ..
             } if rows_of(input)? >= *dense_from => dense,
+            Linear::Dual {
+                quant: Small::Q8(m),
+                ..
+            } => return m.add_into(x, input),
             _ => return Ok(false),
         };
         if x.device().is_cpu() {
@@ -390,6 +395,27 @@ impl Fused {
         }
     }
 
+    /// `act(gate) · up` in `out` from this gate/up projection in one launch, where its step
+    /// runs on the 8-bit GEMV (below the switch, the parts stacked into one [`Small::Q8`]) and
+    /// the GEMV's GLU form takes it ([`Q8Rows::glu`]); `None`, with nothing done, otherwise
+    /// (the caller applies `glu::Glu` to [`Fused::forward`]'s output).
+    pub(crate) fn forward_glu(
+        &self,
+        x: &Tensor,
+        act: crate::config::Activation,
+        out: DType,
+    ) -> Result<Option<Tensor>> {
+        match self {
+            Fused::Dense {
+                quant, dense_from, ..
+            } if rows_of(x)? < *dense_from => match quant.as_slice() {
+                [Small::Q8(m)] => m.glu(x, act, out),
+                _ => Ok(None),
+            },
+            _ => Ok(None),
+        }
+    }
+
     /// The host forward's form: every part's outputs side by side in one `[m, Σ widths]` buffer,
     /// as the stacked matrix produces them.
     pub(crate) fn forward_host(&self, xs: &[f32], m: usize, dst: &mut Vec<f32>) -> Result<()> {
@@ -528,5 +554,94 @@ mod tests {
         let got = fused.forward(&x).unwrap();
         assert_eq!((got.dims(), got.dtype()), ([1, 24].as_slice(), DType::F16));
         assert_eq!(values(&got), want);
+    }
+
+    /// Q8_0 parts held in both forms with the 8-bit GEMV below a switch at `dense_from`, on
+    /// the CPU (whose ops are the kernels' references).
+    fn q8_parts(widths: &[usize], k: usize, dense_from: usize) -> Vec<Linear> {
+        let forms = GpuForms {
+            dense_from,
+            q8_gemv: true,
+        };
+        widths
+            .iter()
+            .map(|&n| {
+                let w = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu).unwrap();
+                Linear::dual(
+                    QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(),
+                    &Device::Cpu,
+                    forms,
+                )
+                .unwrap()
+            })
+            .collect()
+    }
+
+    /// Below its switch an 8-bit GEMV projection adds into the stream itself (the plain sums
+    /// plus the stream); at the switch it leaves the add to the caller on a CPU, as the dense
+    /// form does.
+    #[test]
+    fn the_8_bit_gemv_adds_into_the_stream_below_its_switch() {
+        let dev = Device::Cpu;
+        let k = 64;
+        let [l] = <[Linear; 1]>::try_from(q8_parts(&[24], k, 3)).ok().unwrap();
+        assert!(matches!(
+            l,
+            Linear::Dual {
+                quant: Small::Q8(_),
+                ..
+            }
+        ));
+        for (rows, fused) in [(1usize, true), (2, true), (3, false)] {
+            let x = Tensor::randn(0f32, 1.0, (rows, k), &dev)
+                .unwrap()
+                .to_dtype(DType::F16)
+                .unwrap();
+            let stream = Tensor::randn(0f32, 1.0, (rows, 24), &dev).unwrap();
+            let before = values(&stream);
+            assert_eq!(l.add_into(&stream, &x).unwrap(), fused, "{rows} rows");
+            let want: Vec<f32> = match fused {
+                true => {
+                    let y = values(&l.forward_raw(&x).unwrap());
+                    before.iter().zip(&y).map(|(s, y)| s + y).collect()
+                }
+                false => before,
+            };
+            assert_eq!(values(&stream), want, "{rows} rows");
+        }
+    }
+
+    /// A gate/up projection stacked on the 8-bit GEMV gives `act(gate) · up` in one op below its
+    /// switch, equal to `glu::Glu` on its forward; at the switch (and for parts that are not all
+    /// on the GEMV) it declines.
+    #[test]
+    fn a_stacked_8_bit_gate_up_applies_its_activation_below_its_switch() {
+        let dev = Device::Cpu;
+        let (f, k) = (16, 64);
+        let fused = Fused::stack(q8_parts(&[f, f], k, 3)).unwrap();
+        assert!(matches!(&fused, Fused::Dense { quant, .. } if quant.len() == 1));
+        let act = crate::config::Activation::Silu;
+        for (rows, takes) in [(1usize, true), (2, true), (3, false)] {
+            let x = Tensor::randn(0f32, 1.0, (rows, k), &dev)
+                .unwrap()
+                .to_dtype(DType::F16)
+                .unwrap();
+            let got = fused.forward_glu(&x, act, DType::F16).unwrap();
+            assert_eq!(got.is_some(), takes, "{rows} rows");
+            if let Some(got) = got {
+                let glu = crate::glu::Glu {
+                    act,
+                    out: DType::F16,
+                };
+                let want = fused.forward(&x).unwrap().apply_op1_no_bwd(&glu).unwrap();
+                assert_eq!(values(&got), values(&want), "{rows} rows");
+            }
+        }
+        let mixed = Fused::stack(q8_parts(&[f, f], k, 1)).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (1, k), &dev)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        assert!(mixed.forward_glu(&x, act, DType::F16).unwrap().is_none());
     }
 }

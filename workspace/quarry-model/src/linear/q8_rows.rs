@@ -6,13 +6,22 @@
 //! replaces for Q8_0 below `dense_from_rows` with `q8_gemv`, round them to 8 bits), with sums in
 //! f32.
 //!
-//! The op's CPU side is the reference ([`gemv_q8_reference`]): the kernel's products, summed in
-//! another order. Tests: `quarry-cuda-emu` runs the kernel's source against it on the CPU, and
-//! `cuda::gemv` tests the launcher on a GPU.
+//! Two of its forms finish a layer's work in the same launch (the projections' epilogues, taken
+//! where `gemm_add` is, `llama::fused::Fusions`): [`Q8Rows::add_into`] adds the output and down
+//! projections' sums into the f32 residual stream, as the dense weights' GEMM does
+//! (`linear::GemmAdd`), and [`Q8Rows::glu`] writes `act(gate) · up` from the stacked gate/up
+//! matrix, a warp pairing gate row j with up row f + j, where `glu::Glu` ran after it: three
+//! launches fewer a layer (the two adds and the GLU), the same arithmetic.
+//!
+//! The ops' CPU side is the reference ([`gemv_q8_reference`], then the add or `glu::Glu`'s CPU
+//! side): the kernel's products, summed in another order. Tests: `quarry-cuda-emu` runs the
+//! kernel's source against it on the CPU (the fused forms against the plain form and the
+//! launches they replace, bit for bit), and `cuda::gemv` tests the launcher on a GPU.
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, DType, Device, InplaceOp2, Layout, Shape, Tensor};
 
+use crate::config::Activation;
 use crate::error::Result;
 
 /// Rows one launch multiplies (`Q8_MAX_ROWS` in the kernel); a larger step runs in slices.
@@ -86,10 +95,7 @@ impl Q8Rows {
         if !matches!(x.dtype(), DType::F32 | DType::F16) {
             x = x.to_dtype(DType::F32)?;
         }
-        // The kernel reads 16 values at a time from 16-byte aligned rows.
-        if !x.is_contiguous() || !x.layout().start_offset().is_multiple_of(16) {
-            x = x.copy()?;
-        }
+        let x = aligned(x)?;
         let op = Q8Op { w: self };
         let y = if rows <= Q8_MAX_ROWS {
             x.apply_op1_no_bwd(&op)?
@@ -107,6 +113,66 @@ impl Q8Rows {
         let mut out = dims;
         *out.last_mut().expect("a matrix") = self.outputs();
         Ok(y.reshape(out)?)
+    }
+
+    /// `stream += x · Wᵀ` in one launch (`gemv_q8_add`), and true, where the fused form takes the
+    /// step: `x` f16 (what [`super::Small::input_dtype`] asks the projection's input in), at most
+    /// [`Q8_MAX_ROWS`] rows, `stream` their f32 rows of `outputs` values. False, with nothing
+    /// done, otherwise (the caller adds [`Q8Rows::forward`]'s output).
+    pub(crate) fn add_into(&self, stream: &Tensor, x: &Tensor) -> Result<bool> {
+        let Some(x) = self.fused_input(x)? else {
+            return Ok(false);
+        };
+        stream.inplace_op2(&x, &Q8AddOp { w: self })?;
+        Ok(true)
+    }
+
+    /// `act(gate) · up` in `out` (f16 or f32), `[rows, outputs / 2]`, for this matrix holding the
+    /// gate rows then as many up rows (the stacked gate/up projection), in one launch
+    /// (`gemv_q8_glu`); `None` where the fused form does not take the step (as
+    /// [`Q8Rows::add_into`], or an odd number of rows in the matrix, or another `out`).
+    pub(crate) fn glu(&self, x: &Tensor, act: Activation, out: DType) -> Result<Option<Tensor>> {
+        if !self.outputs().is_multiple_of(2) || !matches!(out, DType::F16 | DType::F32) {
+            return Ok(None);
+        }
+        let Some(x) = self.fused_input(x)? else {
+            return Ok(None);
+        };
+        Ok(Some(x.apply_op1_no_bwd(&Q8GluOp { w: self, act, out })?))
+    }
+
+    /// `x` as `[rows, inputs]` for a fused form, 16-byte aligned: f16 and at most
+    /// [`Q8_MAX_ROWS`] rows, else `None`.
+    fn fused_input(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        let inputs = x.dim(candle_core::D::Minus1)?;
+        let rows = x.elem_count() / inputs.max(1);
+        if x.dtype() != DType::F16 || rows > Q8_MAX_ROWS || inputs != self.inputs() {
+            return Ok(None);
+        }
+        Ok(Some(aligned(x.reshape((rows, inputs))?)?))
+    }
+
+    /// The reference's sums for the input `s`, `l` (`[rows, inputs]`, f32 or f16, contiguous):
+    /// `[rows, outputs]`, row-major.
+    fn reference_sums(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<Vec<f32>> {
+        let (rows, inputs) = l.shape().dims2()?;
+        let Some((a, b)) = l.contiguous_offsets() else {
+            candle_core::bail!("q8 rows: the input must be contiguous");
+        };
+        let x: Vec<f32> = match s {
+            CpuStorage::F32(v) => v[a..b].to_vec(),
+            CpuStorage::F16(v) => v[a..b].iter().map(|x| x.to_f32()).collect(),
+            _ => candle_core::bail!("q8 rows: the input must be f32 or f16"),
+        };
+        let q: Vec<i8> = self
+            .q
+            .flatten_all()?
+            .to_vec1::<u8>()?
+            .into_iter()
+            .map(|b| b as i8)
+            .collect();
+        let scales = self.scales.flatten_all()?.to_vec1::<half::f16>()?;
+        Ok(gemv_q8_reference(&q, &scales, &x, rows, inputs))
     }
 
     pub(crate) fn outputs(&self) -> usize {
@@ -147,22 +213,35 @@ pub fn gemv_q8_reference(
     y
 }
 
-/// The op on `x` (`[rows, inputs]`, at most [`Q8_MAX_ROWS`] rows on a GPU, contiguous).
-struct Q8Op<'a> {
-    w: &'a Q8Rows,
+/// `x` 16-byte aligned and contiguous, as the kernel reads it (a copy where it is not).
+fn aligned(x: Tensor) -> Result<Tensor> {
+    if x.is_contiguous() && x.layout().start_offset().is_multiple_of(16) {
+        return Ok(x);
+    }
+    Ok(x.copy()?)
 }
 
-impl Q8Op<'_> {
-    fn shape(&self, l: &Layout) -> candle_core::Result<(usize, usize, Shape)> {
+impl Q8Rows {
+    /// `(rows, inputs)` of an op's input (`[rows, inputs]`, at most [`Q8_MAX_ROWS`] rows on a
+    /// GPU), or the error naming it.
+    fn input_shape(&self, l: &Layout, on_gpu: bool) -> candle_core::Result<(usize, usize)> {
         let (rows, inputs) = l.shape().dims2()?;
-        if inputs != self.w.inputs() {
+        if inputs != self.inputs() {
             candle_core::bail!(
                 "q8 rows: an input of {inputs} values for a matrix of {}",
-                self.w.inputs()
+                self.inputs()
             );
         }
-        Ok((rows, inputs, Shape::from((rows, self.w.outputs()))))
+        if on_gpu && rows > Q8_MAX_ROWS {
+            candle_core::bail!("q8 rows: {rows} rows in one launch, over {Q8_MAX_ROWS}");
+        }
+        Ok((rows, inputs))
     }
+}
+
+/// The plain GEMV on `x` (`[rows, inputs]`, contiguous): `[rows, outputs]` f32.
+struct Q8Op<'a> {
+    w: &'a Q8Rows,
 }
 
 impl CustomOp1 for Q8Op<'_> {
@@ -171,26 +250,9 @@ impl CustomOp1 for Q8Op<'_> {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (rows, inputs, shape) = self.shape(l)?;
-        let Some((a, b)) = l.contiguous_offsets() else {
-            candle_core::bail!("q8 rows: the input must be contiguous");
-        };
-        let x: Vec<f32> = match s {
-            CpuStorage::F32(v) => v[a..b].to_vec(),
-            CpuStorage::F16(v) => v[a..b].iter().map(|x| x.to_f32()).collect(),
-            _ => candle_core::bail!("q8 rows: the input must be f32 or f16"),
-        };
-        let q: Vec<i8> = self
-            .w
-            .q
-            .flatten_all()?
-            .to_vec1::<u8>()?
-            .into_iter()
-            .map(|b| b as i8)
-            .collect();
-        let scales = self.w.scales.flatten_all()?.to_vec1::<half::f16>()?;
-        let y = gemv_q8_reference(&q, &scales, &x, rows, inputs);
-        Ok((CpuStorage::F32(y), shape))
+        let (rows, _) = self.w.input_shape(l, false)?;
+        let shape = Shape::from((rows, self.w.outputs()));
+        Ok((CpuStorage::F32(self.w.reference_sums(s, l)?), shape))
     }
 
     #[cfg(feature = "cuda")]
@@ -199,12 +261,102 @@ impl CustomOp1 for Q8Op<'_> {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        let (rows, inputs, shape) = self.shape(l)?;
-        if rows > Q8_MAX_ROWS {
-            candle_core::bail!("q8 rows: {rows} rows in one launch, over {Q8_MAX_ROWS}");
-        }
+        let (rows, inputs) = self.w.input_shape(l, true)?;
         let y = crate::cuda::gemv_q8(s, l, &self.w.q, &self.w.scales, rows, inputs)?;
-        Ok((y, shape))
+        Ok((y, Shape::from((rows, self.w.outputs()))))
+    }
+}
+
+/// `stream.inplace_op2(&x, ..)`: the GEMV's sums added into the f32 stream
+/// (`[rows, outputs]`, contiguous) in place.
+struct Q8AddOp<'a> {
+    w: &'a Q8Rows,
+}
+
+impl Q8AddOp<'_> {
+    /// `(rows, inputs)`, the stream's rows checked against the input's.
+    fn shape(&self, lx: &Layout, l: &Layout, on_gpu: bool) -> candle_core::Result<(usize, usize)> {
+        let (rows, inputs) = self.w.input_shape(l, on_gpu)?;
+        if lx.shape().dims() != [rows, self.w.outputs()] || !lx.is_contiguous() {
+            candle_core::bail!(
+                "q8 rows: a contiguous stream of {rows}x{} to add into, not {:?}",
+                self.w.outputs(),
+                lx.shape()
+            );
+        }
+        Ok((rows, inputs))
+    }
+}
+
+impl InplaceOp2 for Q8AddOp<'_> {
+    fn name(&self) -> &'static str {
+        "quarry-gemv-q8-add"
+    }
+
+    fn cpu_fwd(
+        &self,
+        x: &mut CpuStorage,
+        lx: &Layout,
+        s: &CpuStorage,
+        l: &Layout,
+    ) -> candle_core::Result<()> {
+        self.shape(lx, l, false)?;
+        let sums = self.w.reference_sums(s, l)?;
+        let CpuStorage::F32(x) = x else {
+            candle_core::bail!("q8 rows: the residual stream must be f32");
+        };
+        let at = lx.start_offset();
+        for (x, y) in x[at..at + sums.len()].iter_mut().zip(&sums) {
+            *x += y;
+        }
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &mut candle_core::CudaStorage,
+        lx: &Layout,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<()> {
+        let (rows, inputs) = self.shape(lx, l, true)?;
+        crate::cuda::gemv_q8_add(x, lx, s, l, &self.w.q, &self.w.scales, rows, inputs)
+    }
+}
+
+/// The stacked gate/up GEMV on `x` with the activation after it: `[rows, outputs / 2]` in `out`.
+struct Q8GluOp<'a> {
+    w: &'a Q8Rows,
+    act: Activation,
+    out: DType,
+}
+
+impl CustomOp1 for Q8GluOp<'_> {
+    fn name(&self) -> &'static str {
+        "quarry-gemv-q8-glu"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (rows, _) = self.w.input_shape(l, false)?;
+        let sums = CpuStorage::F32(self.w.reference_sums(s, l)?);
+        let glu = crate::glu::Glu {
+            act: self.act,
+            out: self.out,
+        };
+        glu.cpu_fwd(&sums, &Layout::contiguous((rows, self.w.outputs())))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let (rows, inputs) = self.w.input_shape(l, true)?;
+        let (q, scales) = (&self.w.q, &self.w.scales);
+        let y = crate::cuda::gemv_q8_glu(s, l, q, scales, self.act, self.out, rows, inputs)?;
+        Ok((y, Shape::from((rows, self.w.outputs() / 2))))
     }
 }
 
@@ -276,5 +428,97 @@ mod tests {
         let q41 = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
         let err = Q8Rows::from_q8_0(&q41, &dev).err().unwrap().to_string();
         assert!(err.contains("Q4_1"), "{err}");
+    }
+
+    /// A Q8_0 matrix of `n` rows of `k` values, repacked, on the CPU.
+    fn matrix(n: usize, k: usize, std: f32) -> Q8Rows {
+        let w = Tensor::randn(0f32, std, (n, k), &Device::Cpu).unwrap();
+        Q8Rows::from_q8_0(
+            &QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(),
+            &Device::Cpu,
+        )
+        .unwrap()
+    }
+
+    /// The adding form adds exactly the plain form's sums into the stream (a view past the
+    /// start of a larger tensor, as the residual's room makes it), leaving the rest alone; it
+    /// declines, touching nothing, an f32 input or more rows than a launch takes.
+    #[test]
+    fn q8_add_into_adds_the_plain_sums_into_the_stream() {
+        let dev = Device::Cpu;
+        let (n, k) = (40, 256);
+        let m = matrix(n, k, 1.0);
+        for rows in [1usize, 3, 8] {
+            let x = Tensor::randn(0f32, 1.0, (rows, k), &dev).unwrap();
+            let x16 = x.to_dtype(DType::F16).unwrap();
+            let room = Tensor::randn(0f32, 1.0, (2 * rows, n), &dev).unwrap();
+            let before = values(&room);
+            let stream = room.narrow(0, rows, rows).unwrap();
+            assert!(m.add_into(&stream, &x16).unwrap(), "{rows} rows");
+            let sums = values(&m.forward(&x16).unwrap());
+            let got = values(&room);
+            let (kept, added) = got.split_at(rows * n);
+            assert_eq!(
+                kept,
+                &before[..rows * n],
+                "{rows} rows: written before the stream"
+            );
+            let want: Vec<f32> = before[rows * n..]
+                .iter()
+                .zip(&sums)
+                .map(|(s, y)| s + y)
+                .collect();
+            assert_eq!(added, want.as_slice(), "{rows} rows");
+            assert!(!m.add_into(&stream, &x).unwrap(), "an f32 input");
+        }
+        let nine = Tensor::randn(0f32, 1.0, (9, k), &dev)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        let stream = Tensor::zeros((9, n), DType::F32, &dev).unwrap();
+        assert!(!m.add_into(&stream, &nine).unwrap());
+        assert!(
+            values(&stream).iter().all(|&v| v == 0.0),
+            "declined, yet written"
+        );
+    }
+
+    /// The GLU form equals `glu::Glu` on the plain form's stacked gate/up sums (gate rows, then
+    /// as many up rows), for both activations and outputs; it declines an odd number of rows in
+    /// the matrix, an f32 input and a bf16 output.
+    #[test]
+    fn q8_glu_equals_the_glu_of_the_plain_sums() {
+        let dev = Device::Cpu;
+        let (f, k) = (37, 128);
+        let m = Q8Rows::stack(vec![matrix(f, k, 1.0), matrix(f, k, 0.5)]).unwrap();
+        for rows in [1usize, 4] {
+            let x = Tensor::randn(0f32, 1.0, (rows, k), &dev).unwrap();
+            let x16 = x.to_dtype(DType::F16).unwrap();
+            let sums = m.forward(&x16).unwrap();
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                for out in [DType::F16, DType::F32] {
+                    let got = m.glu(&x16, act, out).unwrap().expect("the fused form");
+                    let want = sums
+                        .apply_op1_no_bwd(&crate::glu::Glu { act, out })
+                        .unwrap();
+                    assert_eq!((got.dims(), got.dtype()), ([rows, f].as_slice(), out));
+                    assert_eq!(values(&got), values(&want), "{rows} rows {act:?} {out:?}");
+                }
+            }
+            assert!(m.glu(&x, Activation::Silu, DType::F16).unwrap().is_none());
+            assert!(m
+                .glu(&x16, Activation::Silu, DType::BF16)
+                .unwrap()
+                .is_none());
+        }
+        let odd = matrix(5, k, 1.0);
+        let x16 = Tensor::randn(0f32, 1.0, (1, k), &dev)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        assert!(odd
+            .glu(&x16, Activation::Silu, DType::F16)
+            .unwrap()
+            .is_none());
     }
 }

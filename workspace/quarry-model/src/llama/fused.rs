@@ -431,8 +431,10 @@ pub const SMALL_STEP_TOKENS: usize = 16;
 /// as [`ModelOptions`] chose them ([`Fusions::from_options`], [`crate::Llama::set_fusions`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Fusions {
-    /// The dense output and down projections' GEMMs add into the residual stream
-    /// (`linear::GemmAdd`, a GPU's).
+    /// The projections' epilogues in their own launch (a GPU's): the output and down
+    /// projections add into the residual stream (the dense weights' GEMM, `linear::GemmAdd`,
+    /// and the 8-bit GEMV's adding form), and the 8-bit GEMV's gate/up projection applies the
+    /// activation (`linear::Q8Rows::glu`).
     pub gemm_add: bool,
     /// The residual add writes the next norm where its rows are f32 ([`AddNorm`]).
     pub add_norm: bool,

@@ -836,15 +836,30 @@ impl Llama {
         };
         let added = stream.add(&add, &attn, phases)?;
         let h_ffn = stream.normed(added, &layer.ffn_norm, ffn_in, phases)?;
-        let gate_up = layer.gate_up.forward(&h_ffn)?;
-        phases.mark("gate/up projection")?;
-        // act(gate) · up from the stacked gate/up output in one op, in the element type the
-        // down projection multiplies.
-        let act = gate_up.apply_op1_no_bwd(&crate::glu::Glu {
-            act: c.activation,
-            out: layer.w_down.input_dtype(t),
-        })?;
-        phases.mark("GLU")?;
+        // act(gate) · up from the stacked gate/up output, in the element type the down
+        // projection multiplies: in the projection's own launch where the 8-bit GEMV runs the
+        // step and the projections' epilogues are fused (`gemm_add`), else in one op after it.
+        let down_in = layer.w_down.input_dtype(t);
+        let fused = match stream.fusions.gemm_add {
+            true => layer.gate_up.forward_glu(&h_ffn, c.activation, down_in)?,
+            false => None,
+        };
+        let act = match fused {
+            Some(act) => {
+                phases.mark("gate/up projection")?;
+                act
+            }
+            None => {
+                let gate_up = layer.gate_up.forward(&h_ffn)?;
+                phases.mark("gate/up projection")?;
+                let act = gate_up.apply_op1_no_bwd(&crate::glu::Glu {
+                    act: c.activation,
+                    out: down_in,
+                })?;
+                phases.mark("GLU")?;
+                act
+            }
+        };
         let next_norm = self
             .layers
             .get(l + 1)

@@ -243,6 +243,22 @@ pub fn gemma3_f32() -> &'static Llama {
 /// `src` with every weight dequantized to F32. candle's GGUF writer puts the copy in a temporary
 /// file, which is loaded through quarry's ordinary F32 path and removed.
 fn load_f32(src: &std::path::Path, name: &str) -> Llama {
+    load_requantized(
+        src,
+        name,
+        candle_core::quantized::GgmlDType::F32,
+        &options(),
+    )
+}
+
+/// `src` with every matrix dequantized and quantized again to `dtype` (its vectors F32), loaded
+/// with `o` from a temporary GGUF file (candle's writer), which is removed.
+pub fn load_requantized(
+    src: &std::path::Path,
+    name: &str,
+    dtype: candle_core::quantized::GgmlDType,
+    o: &quarry_model::ModelOptions,
+) -> Llama {
     use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
     let mut file = std::fs::File::open(src).unwrap();
     let content = gguf_file::Content::read(&mut file).unwrap();
@@ -253,13 +269,16 @@ fn load_f32(src: &std::path::Path, name: &str) -> Llama {
         .map(|name| {
             let t = content.tensor(&mut file, name, &cpu).unwrap();
             let dense = t.dequantize(&cpu).unwrap();
-            (
-                name.clone(),
-                QTensor::quantize(&dense, GgmlDType::F32).unwrap(),
-            )
+            let to = if dense.rank() == 2 {
+                dtype
+            } else {
+                GgmlDType::F32
+            };
+            (name.clone(), QTensor::quantize(&dense, to).unwrap())
         })
         .collect();
-    let file_type = gguf_file::Value::U32(0); // LLAMA_FTYPE_ALL_F32
+    // LLAMA_FTYPE_ALL_F32, LLAMA_FTYPE_MOSTLY_Q8_0.
+    let file_type = gguf_file::Value::U32(if dtype == GgmlDType::Q8_0 { 7 } else { 0 });
     let metadata: Vec<(&str, &gguf_file::Value)> = content
         .metadata
         .iter()
@@ -272,11 +291,14 @@ fn load_f32(src: &std::path::Path, name: &str) -> Llama {
         })
         .collect();
     let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let path = std::env::temp_dir().join(format!("quarry-{name}-f32-{}.gguf", std::process::id()));
+    let path = std::env::temp_dir().join(format!(
+        "quarry-{name}-{dtype:?}-{}.gguf",
+        std::process::id()
+    ));
     let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
     gguf_file::write(&mut out, &metadata, &tensor_refs).unwrap();
     drop(out);
-    let model = Llama::load_with(&path, &device(), &options());
+    let model = Llama::load_with(&path, &device(), o);
     std::fs::remove_file(&path).unwrap();
     model.unwrap()
 }
