@@ -153,6 +153,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 GATED_FORMS=(
   "QUARRY_Q8_GEMV|gemv_q8_matches_its_reference|gemv_q8"
   "QUARRY_Q8_GEMV|gemv_q8_add_and_glu_match_their_references|gemv_q8's adding and GLU forms"
+  "QUARRY_Q8_GEMV|gemv_q8_rope_matches_the_gemv_then_rope_store|gemv_q8's RoPE form"
   "QUARRY_Q8_GEMV|the_8_bit_gemv_s_epilogues_keep_the_logits|gemv_q8's epilogues in the forward pass"
   "QUARRY_ATTENTION=tiled|paged_attention_tiled_matches_its_reference_on_a_mixed_batch|the tiled attention"
   "QUARRY_ATTENTION=cascade|paged_attention_cascade_matches_its_reference_on_a_mixed_batch|the cascade attention"

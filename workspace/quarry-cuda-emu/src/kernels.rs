@@ -170,6 +170,20 @@ family! {
 }
 
 family! {
+    /// `gemv_q8_rope_r{room}_f16_{pool}`: q, scales, x (f16), bias (or null), cos, sin,
+    /// positions, slots, q_out (f32), k_pool, v_pool, n_head, n_kv, head_dim, interleaved,
+    /// inputs, rows.
+    gemv_q8_rope: fn(*const i8, *const c_void, *const c_void, *const f32, *const f32,
+                     *const f32, *const u32, *const u32, *mut f32, *mut c_void, *mut c_void,
+                     i32, i32, i32, i32, i32, i32) {
+        gemv_q8_rope_r1_f16_f32, gemv_q8_rope_r2_f16_f32, gemv_q8_rope_r4_f16_f32,
+        gemv_q8_rope_r8_f16_f32, gemv_q8_rope_r1_f16_f16, gemv_q8_rope_r2_f16_f16,
+        gemv_q8_rope_r4_f16_f16, gemv_q8_rope_r8_f16_f16, gemv_q8_rope_r1_f16_bf16,
+        gemv_q8_rope_r2_f16_bf16, gemv_q8_rope_r4_f16_bf16, gemv_q8_rope_r8_f16_bf16,
+    }
+}
+
+family! {
     /// `glu_{act}_{in}_{out}`: gate_up, out, rows, f.
     glu: fn(*const c_void, *mut c_void, u64, u64) {
         glu_silu_f32_f32, glu_silu_f32_f16, glu_silu_f16_f32, glu_silu_f16_f16,

@@ -849,3 +849,106 @@ fn gemv_q8_glu_equals_the_plain_form_then_the_glu() {
         }
     }
 }
+
+/// `gemv_q8_rope` (the stacked Q/K/V projection with RoPE and the KV writes in its epilogue)
+/// writes what the plain form then `rope_store_f32_{pool}` write, bit for bit: the queries, and
+/// the keys and values at their slots' rows of f32, f16 and bf16 pools, every other row left
+/// alone. SmolLM2's heads (interleaved pairs), Qwen2.5's (halves, a bias) and Llama 3's (groups
+/// of 4, heads of 128), 1, 3 and 5 rows.
+#[test]
+fn gemv_q8_rope_writes_what_the_plain_form_then_rope_store_write() {
+    let llama3 = Heads {
+        n_head: 8,
+        n_kv: 2,
+        head_dim: 128,
+        style: RopeStyle::Halves,
+        bias: false,
+        norms: false,
+    };
+    let [smollm2, qwen25, _] = ROPE_SHAPES;
+    let (slots, pool_rows, inputs) = (vec![39u32, 0, 17, 18, 5], 40usize, 256usize);
+    let lb = Buf::from_slice(&slots);
+    for (i, h) in [smollm2, qwen25, llama3].iter().enumerate() {
+        let r = RopeInputs::new(h, false);
+        let (q_w, kv_w, width) = (r.q_w, r.kv_w, r.width());
+        for rows in [1usize, 3, 5] {
+            let case = Q8Case::new(110 + 10 * i as u64, inputs, width, rows);
+            let qkv = Buf::from_slice(&case.plain(inputs, width, rows));
+            for pool in ["f32", "f16", "bf16"] {
+                let what = format!(
+                    "{pool} pool, {} heads of {}, {rows} rows",
+                    h.n_head, h.head_dim
+                );
+                let a = RopeArgs {
+                    x: qkv.ptr() as *const c_void,
+                    ..r.args(h)
+                };
+                let (n_head, n_kv, dim) = (h.n_head as i32, h.n_kv as i32, h.head_dim as i32);
+                // The two launches the fused form replaces.
+                let name = format!("rope_store_f32_{pool}");
+                let kernel = kernels::rope_store::by_name(&name).expect(&name);
+                let mut want_q = Buf::<f32>::poisoned(rows * q_w);
+                let mut want_k = Pool::new(pool, pool_rows * kv_w);
+                let mut want_v = Pool::new(pool, pool_rows * kv_w);
+                let (qp, kp, vp, sl) = (want_q.ptr_mut(), want_k.ptr(), want_v.ptr(), lb.ptr());
+                unsafe {
+                    run(&name, (rows as u32, 1, 1), THREADS, width * 4, || {
+                        kernel(
+                            a.x,
+                            a.bias,
+                            a.q_norm,
+                            a.k_norm,
+                            a.cos,
+                            a.sin,
+                            a.positions,
+                            sl,
+                            qp,
+                            kp,
+                            vp,
+                            n_head,
+                            n_kv,
+                            dim,
+                            a.interleaved,
+                            ROPE_EPS,
+                        )
+                    })
+                };
+                let name = format!("gemv_q8_rope_r{}_f16_{pool}", room(rows));
+                let kernel = kernels::gemv_q8_rope::by_name(&name).expect(&name);
+                let mut got_q = Buf::<f32>::poisoned(rows * q_w);
+                let mut got_k = Pool::new(pool, pool_rows * kv_w);
+                let mut got_v = Pool::new(pool, pool_rows * kv_w);
+                let (qp, kp, vp) = (got_q.ptr_mut(), got_k.ptr(), got_v.ptr());
+                case.run(&name, width, |q, s, x| unsafe {
+                    kernel(
+                        q,
+                        s,
+                        x,
+                        a.bias,
+                        a.cos,
+                        a.sin,
+                        a.positions,
+                        sl,
+                        qp,
+                        kp,
+                        vp,
+                        n_head,
+                        n_kv,
+                        dim,
+                        a.interleaved,
+                        inputs as i32,
+                        rows as i32,
+                    )
+                });
+                let pairs = [
+                    (got_q.read(&name), want_q.read("rope_store"), "queries"),
+                    (got_k.read(), want_k.read(), "keys"),
+                    (got_v.read(), want_v.read(), "values"),
+                ];
+                for (got, want, which) in pairs {
+                    assert_eq!(first_difference(&got, &want), None, "{what}: the {which}");
+                }
+            }
+        }
+    }
+}

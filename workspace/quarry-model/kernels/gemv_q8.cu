@@ -18,7 +18,13 @@
 //   output and down projections; `llama::fused::AddInto`'s arithmetic, one launch fewer);
 // - `gemv_q8_glu_{act}_r*`: the matrix is the gate and up projections stacked ([2f, inputs]), a
 //   warp takes gate row j with up row f + j and writes act(gate) * up into `y` [rows, f], f16 or
-//   f32 (`kernels/glu.cu`'s arithmetic, one launch and the [rows, 2f] tensor fewer).
+//   f32 (`kernels/glu.cu`'s arithmetic, one launch and the [rows, 2f] tensor fewer);
+// - `gemv_q8_rope_r*_{pool}`: the matrix is the stacked Q/K/V projection; a warp takes a RoPE
+//   pair of a query or key head (rows 2i and 2i + 1 of the head, or i and i + head_dim / 2 for
+//   the NeoX style) or two value rows, adds the bias (Qwen2), rotates the pair by its row's
+//   position, and writes the queries into `q_out` [rows, q_w] f32 and the keys and values into
+//   the pools' rows at the rows' slots (`kernels/rope_store.cu`'s `rope_store` arithmetic,
+//   without the per-head norms: one launch and the [rows, width] tensor fewer).
 //
 // The reference is `Q8Rows`'s CPU side (src/linear/q8_rows.rs): the same products, summed in
 // another order, then the epilogue.
@@ -31,11 +37,6 @@
 #define Q8_MAX_ROWS 8
 #define Q8_OUTS 2
 
-// The epilogues (above).
-#define EPI_STORE 0
-#define EPI_ADD 1
-#define EPI_SILU 2
-#define EPI_GELU 3
 
 // The 4 signed bytes of `w` as floats, exactly: each byte, made unsigned (+128), becomes the low
 // mantissa byte of 2^23 (one byte permutation), and 2^23 + 128 is taken off. Hopper converts
@@ -94,25 +95,118 @@ __device__ __forceinline__ Weights16 load_weights(const int8_t* __restrict__ q,
     return w;
 }
 
+// The epilogues: each says which Q8_OUTS matrix rows a warp computes (`row`, past the matrix's
+// end for none; `warps`, how many warps have work) and what lane 0 does with the warp's sums of
+// step row r (`write`).
+
+// The sums themselves, [rows, outputs] f32, a warp per two consecutive rows.
+struct Store {
+    float* __restrict__ y;
+    int outputs;
+    __device__ int warps() const { return (outputs + Q8_OUTS - 1) / Q8_OUTS; }
+    __device__ int row(int warp, int o) const { return warp * Q8_OUTS + o; }
+    __device__ void write(int r, int warp, const float* v) const {
+#pragma unroll
+        for (int o = 0; o < Q8_OUTS; ++o)
+            if (row(warp, o) < outputs) y[(size_t)r * outputs + row(warp, o)] = v[o];
+    }
+};
+
+// Added into the f32 stream in place (`add_into`'s arithmetic).
+struct Add : Store {
+    __device__ void write(int r, int warp, const float* v) const {
+#pragma unroll
+        for (int o = 0; o < Q8_OUTS; ++o) {
+            if (row(warp, o) >= outputs) continue;
+            float* at = y + (size_t)r * outputs + row(warp, o);
+            *at = __fadd_rn(*at, v[o]);
+        }
+    }
+};
+
+// act(gate) * up into [rows, f] of OUT: a warp per gate row j and up row f + j.
+template <bool GELU, typename OUT>
+struct Glu {
+    OUT* __restrict__ y;
+    int f;
+    __device__ int warps() const { return f; }
+    __device__ int row(int warp, int o) const { return warp + o * f; }
+    __device__ void write(int r, int warp, const float* v) const {
+        y[(size_t)r * f + warp] = from_float<OUT>(gated<GELU>(v[0], v[1]));
+    }
+};
+
+// RoPE and the KV writes (`rope_store`'s arithmetic): warps [0, (n_head + n_kv) * half) take a
+// query or key head's pair i, the rest two value rows each.
+template <typename P>
+struct Rope {
+    const float* __restrict__ bias;  // [width], or null
+    const float* __restrict__ cos_table;
+    const float* __restrict__ sin_table;
+    const uint32_t* __restrict__ positions;
+    const uint32_t* __restrict__ slots;
+    float* __restrict__ q_out;
+    P* __restrict__ k_pool;
+    P* __restrict__ v_pool;
+    int n_head, n_kv, head_dim, interleaved;
+
+    __device__ int half() const { return head_dim / 2; }
+    __device__ int pairs() const { return (n_head + n_kv) * half(); }
+    __device__ int warps() const { return pairs() + n_kv * head_dim / 2; }
+    // Row `o` of pair `i` within its head (the pair's two values' offsets).
+    __device__ int in_head(int i, int o) const {
+        return interleaved ? 2 * i + o : i + o * half();
+    }
+    __device__ int row(int warp, int o) const {
+        if (warp < pairs()) return (warp / half()) * head_dim + in_head(warp % half(), o);
+        return (n_head + n_kv) * head_dim + 2 * (warp - pairs()) + o;
+    }
+    __device__ void write(int r, int warp, const float* v) const {
+        float x[Q8_OUTS];
+#pragma unroll
+        for (int o = 0; o < Q8_OUTS; ++o)
+            x[o] = bias ? __fadd_rn(v[o], bias[row(warp, o)]) : v[o];
+        const int kv_w = n_kv * head_dim;
+        const size_t slot = (size_t)slots[r] * kv_w;
+        if (warp >= pairs()) {
+            const int j = 2 * (warp - pairs());
+            v_pool[slot + j] = from_float<P>(x[0]);
+            v_pool[slot + j + 1] = from_float<P>(x[1]);
+            return;
+        }
+        const int h = warp / half(), i = warp % half();
+        const size_t at = (size_t)positions[r] * half() + i;
+        const float c = cos_table[at], s = sin_table[at];
+        const float y0 = __fsub_rn(__fmul_rn(x[0], c), __fmul_rn(x[1], s));
+        const float y1 = __fadd_rn(__fmul_rn(x[0], s), __fmul_rn(x[1], c));
+        const int a = in_head(i, 0), b = in_head(i, 1);
+        if (h < n_head) {
+            float* o = q_out + (size_t)r * n_head * head_dim + h * head_dim;
+            o[a] = y0;
+            o[b] = y1;
+        } else {
+            P* o = k_pool + slot + (h - n_head) * head_dim;
+            o[a] = from_float<P>(y0);
+            o[b] = from_float<P>(y1);
+        }
+    }
+};
+
 // R: the rows the kernel has room for (1, 2, 4 or 8; `rows` at most R). A form per R keeps the
 // accumulators of a batch-1 step from taking the registers of eight rows. The first form (one
 // for every row count, a branch around each output's loads, loads and products a pass at a
 // time) held 118 registers a thread and about one load a warp in flight: a batch-1 step of the
 // 8B shape on an H200 took 5.90 ms with it, where the f16 copies took 5.69.
-// EPI: the epilogue; Y: what `y` holds (f32, or f16 for a GLU's output).
-template <typename X, int R, int EPI, typename Y>
+template <typename X, int R, typename Epi>
 __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__ scales,
-                        const X* __restrict__ x, Y* __restrict__ y, int inputs, int outputs,
+                        const X* __restrict__ x, const Epi& epi, int inputs, int outputs,
                         int rows) {
-    constexpr bool GLU = EPI == EPI_SILU || EPI == EPI_GELU;
     const int lane = threadIdx.x & 31;
     const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
-    // The warp's Q8_OUTS matrix rows, `first + o * stride`: consecutive ones, or a GLU's gate
-    // row j and its up row f + j.
-    const int f = outputs / 2;
-    const int first = GLU ? warp : warp * Q8_OUTS;
-    const int stride = GLU ? f : 1;
-    if (first >= (GLU ? f : outputs)) return;  // the whole warp: no lane is left to reduce with
+    if (warp >= epi.warps()) return;  // the whole warp: no lane is left to reduce with
+    int mrow[Q8_OUTS];
+#pragma unroll
+    for (int o = 0; o < Q8_OUTS; ++o) mrow[o] = min(epi.row(warp, o), outputs - 1);
     constexpr int PASSES = R <= 2 ? 2 : 1;
     float acc[Q8_OUTS][R];
 #pragma unroll
@@ -132,8 +226,7 @@ __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__
         for (int p = 0; p < PASSES; ++p)
 #pragma unroll
             for (int o = 0; o < Q8_OUTS; ++o) {
-                const int row = min(first + o * stride, outputs - 1);
-                w[p][o] = load_weights(q, scales, (size_t)row, k[p], inputs);
+                w[p][o] = load_weights(q, scales, (size_t)mrow[o], k[p], inputs);
                 if (!in_row[p]) w[p][o].s = 0.0f;
             }
 #pragma unroll
@@ -164,57 +257,84 @@ __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__
             float v[Q8_OUTS];
 #pragma unroll
             for (int o = 0; o < Q8_OUTS; ++o) v[o] = warp_sum(acc[o][r]);
-            if (lane == 0) {
-                if constexpr (GLU) {
-                    y[(size_t)r * f + first] = from_float<Y>(gated<EPI == EPI_GELU>(v[0], v[1]));
-                } else {
-#pragma unroll
-                    for (int o = 0; o < Q8_OUTS; ++o) {
-                        if (first + o >= outputs) continue;
-                        Y* at = y + (size_t)r * outputs + first + o;
-                        if constexpr (EPI == EPI_ADD) *at = __fadd_rn(*at, v[o]);
-                        else *at = v[o];
-                    }
-                }
-            }
+            if (lane == 0) epi.write(r, warp, v);
         }
     }
 }
 
-#define GEMV_Q8(NAME, X, R, EPI, Y)                                                            \
-    extern "C" __global__ void NAME(const int8_t* q, const __half* scales, const X* x, Y* y,   \
+#define GEMV_Q8(NAME, X, R)                                                                     \
+    extern "C" __global__ void NAME(const int8_t* q, const __half* scales, const X* x, float* y, \
                                     int inputs, int outputs, int rows) {                       \
-        gemv_q8<X, R, EPI, Y>(q, scales, x, y, inputs, outputs, rows);                         \
+        gemv_q8<X, R>(q, scales, x, Store{y, outputs}, inputs, outputs, rows);                 \
     }
 
-GEMV_Q8(gemv_q8_r1_f32, float, 1, EPI_STORE, float)
-GEMV_Q8(gemv_q8_r2_f32, float, 2, EPI_STORE, float)
-GEMV_Q8(gemv_q8_r4_f32, float, 4, EPI_STORE, float)
-GEMV_Q8(gemv_q8_r8_f32, float, 8, EPI_STORE, float)
-GEMV_Q8(gemv_q8_r1_f16, __half, 1, EPI_STORE, float)
-GEMV_Q8(gemv_q8_r2_f16, __half, 2, EPI_STORE, float)
-GEMV_Q8(gemv_q8_r4_f16, __half, 4, EPI_STORE, float)
-GEMV_Q8(gemv_q8_r8_f16, __half, 8, EPI_STORE, float)
+GEMV_Q8(gemv_q8_r1_f32, float, 1)
+GEMV_Q8(gemv_q8_r2_f32, float, 2)
+GEMV_Q8(gemv_q8_r4_f32, float, 4)
+GEMV_Q8(gemv_q8_r8_f32, float, 8)
+GEMV_Q8(gemv_q8_r1_f16, __half, 1)
+GEMV_Q8(gemv_q8_r2_f16, __half, 2)
+GEMV_Q8(gemv_q8_r4_f16, __half, 4)
+GEMV_Q8(gemv_q8_r8_f16, __half, 8)
 
 // The fused epilogues take the f16 activations the GEMV's projections are given
-// (`Small::input_dtype`); `y` is the stream (add) or the GLU's output in its element type.
-GEMV_Q8(gemv_q8_add_r1_f16, __half, 1, EPI_ADD, float)
-GEMV_Q8(gemv_q8_add_r2_f16, __half, 2, EPI_ADD, float)
-GEMV_Q8(gemv_q8_add_r4_f16, __half, 4, EPI_ADD, float)
-GEMV_Q8(gemv_q8_add_r8_f16, __half, 8, EPI_ADD, float)
-GEMV_Q8(gemv_q8_glu_silu_r1_f16_f16, __half, 1, EPI_SILU, __half)
-GEMV_Q8(gemv_q8_glu_silu_r2_f16_f16, __half, 2, EPI_SILU, __half)
-GEMV_Q8(gemv_q8_glu_silu_r4_f16_f16, __half, 4, EPI_SILU, __half)
-GEMV_Q8(gemv_q8_glu_silu_r8_f16_f16, __half, 8, EPI_SILU, __half)
-GEMV_Q8(gemv_q8_glu_silu_r1_f16_f32, __half, 1, EPI_SILU, float)
-GEMV_Q8(gemv_q8_glu_silu_r2_f16_f32, __half, 2, EPI_SILU, float)
-GEMV_Q8(gemv_q8_glu_silu_r4_f16_f32, __half, 4, EPI_SILU, float)
-GEMV_Q8(gemv_q8_glu_silu_r8_f16_f32, __half, 8, EPI_SILU, float)
-GEMV_Q8(gemv_q8_glu_gelu_tanh_r1_f16_f16, __half, 1, EPI_GELU, __half)
-GEMV_Q8(gemv_q8_glu_gelu_tanh_r2_f16_f16, __half, 2, EPI_GELU, __half)
-GEMV_Q8(gemv_q8_glu_gelu_tanh_r4_f16_f16, __half, 4, EPI_GELU, __half)
-GEMV_Q8(gemv_q8_glu_gelu_tanh_r8_f16_f16, __half, 8, EPI_GELU, __half)
-GEMV_Q8(gemv_q8_glu_gelu_tanh_r1_f16_f32, __half, 1, EPI_GELU, float)
-GEMV_Q8(gemv_q8_glu_gelu_tanh_r2_f16_f32, __half, 2, EPI_GELU, float)
-GEMV_Q8(gemv_q8_glu_gelu_tanh_r4_f16_f32, __half, 4, EPI_GELU, float)
-GEMV_Q8(gemv_q8_glu_gelu_tanh_r8_f16_f32, __half, 8, EPI_GELU, float)
+// (`Small::input_dtype`).
+#define GEMV_Q8_ADD(NAME, R)                                                                   \
+    extern "C" __global__ void NAME(const int8_t* q, const __half* scales, const __half* x,     \
+                                    float* y, int inputs, int outputs, int rows) {             \
+        gemv_q8<__half, R>(q, scales, x, Add{{y, outputs}}, inputs, outputs, rows);            \
+    }
+
+GEMV_Q8_ADD(gemv_q8_add_r1_f16, 1)
+GEMV_Q8_ADD(gemv_q8_add_r2_f16, 2)
+GEMV_Q8_ADD(gemv_q8_add_r4_f16, 4)
+GEMV_Q8_ADD(gemv_q8_add_r8_f16, 8)
+
+#define GEMV_Q8_GLU(NAME, R, GELU, OUT)                                                        \
+    extern "C" __global__ void NAME(const int8_t* q, const __half* scales, const __half* x,     \
+                                    OUT* y, int inputs, int outputs, int rows) {               \
+        gemv_q8<__half, R>(q, scales, x, Glu<GELU, OUT>{y, outputs / 2}, inputs, outputs,      \
+                           rows);                                                              \
+    }
+
+GEMV_Q8_GLU(gemv_q8_glu_silu_r1_f16_f16, 1, false, __half)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r2_f16_f16, 2, false, __half)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r4_f16_f16, 4, false, __half)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r8_f16_f16, 8, false, __half)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r1_f16_f32, 1, false, float)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r2_f16_f32, 2, false, float)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r4_f16_f32, 4, false, float)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r8_f16_f32, 8, false, float)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r1_f16_f16, 1, true, __half)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r2_f16_f16, 2, true, __half)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r4_f16_f16, 4, true, __half)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r8_f16_f16, 8, true, __half)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r1_f16_f32, 1, true, float)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r2_f16_f32, 2, true, float)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r4_f16_f32, 4, true, float)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r8_f16_f32, 8, true, float)
+
+// `rows` tokens of the stacked Q/K/V projection (outputs = (n_head + 2 n_kv) * head_dim).
+#define GEMV_Q8_ROPE(NAME, R, P)                                                               \
+    extern "C" __global__ void NAME(                                                           \
+        const int8_t* q, const __half* scales, const __half* x, const float* bias,             \
+        const float* cos_table, const float* sin_table, const uint32_t* positions,             \
+        const uint32_t* slots, float* q_out, P* k_pool, P* v_pool, int n_head, int n_kv,       \
+        int head_dim, int interleaved, int inputs, int rows) {                                 \
+        const Rope<P> epi{bias,    cos_table, sin_table, positions, slots, q_out,              \
+                          k_pool,  v_pool,    n_head,    n_kv,      head_dim, interleaved};    \
+        gemv_q8<__half, R>(q, scales, x, epi, inputs, (n_head + 2 * n_kv) * head_dim, rows);   \
+    }
+
+GEMV_Q8_ROPE(gemv_q8_rope_r1_f16_f32, 1, float)
+GEMV_Q8_ROPE(gemv_q8_rope_r2_f16_f32, 2, float)
+GEMV_Q8_ROPE(gemv_q8_rope_r4_f16_f32, 4, float)
+GEMV_Q8_ROPE(gemv_q8_rope_r8_f16_f32, 8, float)
+GEMV_Q8_ROPE(gemv_q8_rope_r1_f16_f16, 1, __half)
+GEMV_Q8_ROPE(gemv_q8_rope_r2_f16_f16, 2, __half)
+GEMV_Q8_ROPE(gemv_q8_rope_r4_f16_f16, 4, __half)
+GEMV_Q8_ROPE(gemv_q8_rope_r8_f16_f16, 8, __half)
+GEMV_Q8_ROPE(gemv_q8_rope_r1_f16_bf16, 1, __nv_bfloat16)
+GEMV_Q8_ROPE(gemv_q8_rope_r2_f16_bf16, 2, __nv_bfloat16)
+GEMV_Q8_ROPE(gemv_q8_rope_r4_f16_bf16, 4, __nv_bfloat16)
+GEMV_Q8_ROPE(gemv_q8_rope_r8_f16_bf16, 8, __nv_bfloat16)

@@ -662,10 +662,11 @@ fn fusions_check(path: &std::path::Path, gemm_adds: bool) {
     }
 }
 
-/// The 8-bit GEMV's fused epilogues (`q8_gemv`, linear/q8_rows.rs): with `gemm_add` on, the
-/// output and down projections of a step of at most 8 rows add into the stream in the GEMV's own
-/// launch and the gate/up projection writes `act(gate) · up`, where the plain GEMV wrote sums for
-/// an add and a GLU launch after it. SmolLM2 with every matrix in Q8_0, both forms held
+/// The 8-bit GEMV's fused epilogues (`q8_gemv`, linear/q8_rows.rs): with `gemm_add` (and
+/// `rope_store`) on, in a step of at most 8 rows the output and down projections add into the
+/// stream in the GEMV's own launch, the gate/up projection writes `act(gate) · up`, and the
+/// Q/K/V projection rotates and writes the keys and values into the pools, where the plain GEMV
+/// wrote sums for an add, a GLU or a RoPE launch after it. SmolLM2 with every matrix in Q8_0, both forms held
 /// (`dense_from_rows = 9`): the prefill (over 8 rows) multiplies the f16 copies, the three
 /// sequences' decode steps (3 rows) run the GEMV. The fused forms do the unfused launches'
 /// arithmetic (quarry-cuda-emu checks them bit for bit), so the logits agree within the batch
@@ -696,9 +697,10 @@ fn the_8_bit_gemv_s_epilogues_keep_the_logits() {
         &o,
     );
     let (prompts, next) = (three_prompts(), text_tokens(5, 700));
-    let run = |model: &quarry_model::Llama, gemm_add: bool| -> Vec<Vec<f32>> {
+    let run = |model: &quarry_model::Llama, fused: bool| -> Vec<Vec<f32>> {
         model.set_fusions(Fusions {
-            gemm_add,
+            gemm_add: fused,
+            rope_store: fused,
             ..Fusions::default()
         });
         prefill_then_decode(model, &prompts, &next)

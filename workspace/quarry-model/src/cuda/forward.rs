@@ -420,13 +420,17 @@ fn pool_type(pool: &CudaStorage) -> Result<&'static str> {
 /// The attention's inputs from the stacked Q/K/V output (`s`, `[tokens, width]`, f32 or f16), in
 /// one launch (`kernels/rope_store.cu`): `rope_qk`, returning the f32 planes of
 /// [`crate::op_args::RopeQk`], or with [`RopeOut::Pools`] `rope_store`, returning the queries'
-/// plane (`tokens · q_w` f32) and writing the keys and values into the pools.
+/// plane (`tokens · q_w` f32) and writing the keys and values into the pools. With `gemv` (the
+/// stacked projection's repacked Q8_0 values and scales), `s` is the projection's input
+/// (`[tokens, inputs]` f16, at most 8 rows) and the 8-bit GEMV's launch does `rope_store`'s work
+/// in its epilogue (`gemv_q8_rope`, kernels/gemv_q8.cu: pools only, no per-head norms).
 pub(crate) fn rope(
     s: &CudaStorage,
     l: &Layout,
     op: &crate::op_args::RopeQk<'_>,
     tokens: usize,
     to: RopeOut<'_>,
+    gemv: Option<(&Tensor, &Tensor)>,
 ) -> Result<CudaStorage> {
     use candle_core::cuda::CudaStorageSlice as S;
     let dev = &s.device;
@@ -444,14 +448,55 @@ pub(crate) fn rope(
             if pool_type(v.0)? != pool {
                 candle_core::bail!("rope: the key and value pools differ in type");
             }
-            (format!("rope_store_{input}_{pool}"), tokens * q_w)
+            (pool.to_owned(), tokens * q_w)
         }
     };
-    let func = dev.get_or_load_custom_func(&name, "quarry_rope_store", ROPE_STORE_PTX)?;
-    let shared = (width * 4) as u32;
-    if shared > 48 * 1024 {
-        candle_core::bail!("rope: rows of {width} values exceed a block's shared memory");
-    }
+    // The launch: `rope_qk`/`rope_store` a block per token, or the GEMV's.
+    let (func, cfg, gemv_sizes) = match (gemv, &to) {
+        (None, _) => {
+            let name = match &to {
+                RopeOut::Planes => name,
+                RopeOut::Pools { .. } => format!("rope_store_{input}_{name}"),
+            };
+            let func = dev.get_or_load_custom_func(&name, "quarry_rope_store", ROPE_STORE_PTX)?;
+            let shared = (width * 4) as u32;
+            if shared > 48 * 1024 {
+                candle_core::bail!("rope: rows of {width} values exceed a block's shared memory");
+            }
+            let cfg = LaunchConfig {
+                grid_dim: (tokens as u32, 1, 1),
+                block_dim: (ELEMENTWISE_THREADS, 1, 1),
+                shared_mem_bytes: shared,
+            };
+            (func, cfg, None)
+        }
+        (Some((q, _)), RopeOut::Pools { .. }) if input == "f16" && op.qk_norm.is_none() => {
+            if q.dims()[0] != width {
+                candle_core::bail!("rope: a GEMV of {} rows for {width} values", q.dims()[0]);
+            }
+            let inputs = l.shape().dims().last().copied().unwrap_or(0);
+            let Some(g) = GemvLaunch::new(
+                s,
+                l,
+                q,
+                ("_rope", &format!("_{name}")),
+                tokens,
+                inputs,
+                width / 2,
+            )?
+            else {
+                // SAFETY: no token, nothing to write.
+                return Ok(CudaStorage::wrap_cuda_slice(
+                    unsafe { dev.alloc::<f32>(1) }?,
+                    dev.clone(),
+                ));
+            };
+            (g.func, g.cfg, Some((g.inputs, g.rows)))
+        }
+        (Some(_), _) => candle_core::bail!(
+            "rope: the GEMV's epilogue writes the pools from f16 input, without per-head norms"
+        ),
+    };
     // The parameters, held while the launch reads them; absent ones are null pointers.
     let positions = held(op.positions);
     let (cos, sin) = (held(op.cos), held(op.sin));
@@ -492,21 +537,28 @@ pub(crate) fn rope(
         op.head_dim as i32,
     );
     let interleaved = i32::from(op.style == crate::config::RopeStyle::Interleaved);
-    let cfg = LaunchConfig {
-        grid_dim: (tokens as u32, 1, 1),
-        block_dim: (ELEMENTWISE_THREADS, 1, 1),
-        shared_mem_bytes: shared,
+    let matrix = gemv.map(|(q, scales)| (held(q), held(scales)));
+    let matrix = match &matrix {
+        Some(((qg, ql), (sg, sl))) => Some((
+            held_view::<u8>(qg, ql, "rope: the GEMV's weights")?,
+            held_view::<half::f16>(sg, sl, "rope: the GEMV's scales")?,
+        )),
+        None => None,
     };
     let (x32, x16);
     let mut b = func.builder();
+    if let Some((q, scales)) = &matrix {
+        b.arg(q).arg(scales);
+    }
     arg_f32_or_f16!(b, s, l, "rope: the projection's output", x32, x16);
     match &bias {
         Some(bias) => b.arg(bias),
         None => b.arg(&null),
     };
-    match &norms {
-        Some((q, k)) => b.arg(q).arg(k),
-        None => b.arg(&null).arg(&null),
+    match (&norms, &gemv_sizes) {
+        (_, Some(_)) => &mut b,
+        (Some((q, k)), None) => b.arg(q).arg(k),
+        (None, None) => b.arg(&null).arg(&null),
     };
     b.arg(&cos).arg(&sin).arg(&positions);
     let (mut k32, mut k16, mut kb16, mut v32, mut v16, mut vb16);
@@ -521,15 +573,17 @@ pub(crate) fn rope(
         }
         (RopeOut::Pools { .. }, None) => unreachable!("held above"),
     }
-    b.arg(&n_head)
-        .arg(&n_kv)
-        .arg(&head_dim)
-        .arg(&interleaved)
-        .arg(&op.eps);
-    // SAFETY: the arguments match `rope_qk_*` or `rope_store_*` in kernels/rope_store.cu; the
-    // input holds `tokens` rows of `width`, the bias `width` values, each norm `head_dim`, the
-    // tables cover every position (the plan checked them against the context length) and the
-    // slots name rows of the pools (the plan checked them against the pool's size).
+    b.arg(&n_head).arg(&n_kv).arg(&head_dim).arg(&interleaved);
+    match &gemv_sizes {
+        Some((inputs, rows)) => b.arg(inputs).arg(rows),
+        None => b.arg(&op.eps),
+    };
+    // SAFETY: the arguments match `rope_qk_*` or `rope_store_*` in kernels/rope_store.cu, or
+    // `gemv_q8_rope_*` in kernels/gemv_q8.cu (the matrix `width` rows of `inputs` values, the
+    // input `tokens` aligned rows of them); the input holds `tokens` rows of `width`, the bias
+    // `width` values, each norm `head_dim`, the tables cover every position (the plan checked
+    // them against the context length) and the slots name rows of the pools (the plan checked
+    // them against the pool's size).
     unsafe { b.launch(cfg) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
@@ -916,6 +970,118 @@ mod tests {
         rope_check(true);
     }
 
+    /// The stacked Q/K/V projection on the 8-bit GEMV with RoPE and the KV writes in its
+    /// epilogue (`RopeStore` with `gemv`, one launch of `gemv_q8_rope`) against the plain GEMV
+    /// then `RopeStore` on its output (two launches), on the GPU: the queries and the pools'
+    /// rows in every pool type. SmolLM2's heads (interleaved pairs), Qwen2.5's (halves, a bias)
+    /// and Llama 3 8B's (groups of 4, heads of 128, 4,096 inputs), 1 to 8 rows of f16 input.
+    /// The same sums and the same rotation: equal within an f16 rounding or two.
+    #[test]
+    fn gemv_q8_rope_matches_the_gemv_then_rope_store() {
+        use crate::config::RopeStyle;
+        use crate::linear::Q8Rows;
+        use crate::llama::fused::RopeStore;
+        use crate::op_args::RopeQk;
+        use candle_core::quantized::{GgmlDType, QTensor};
+        let cuda = candle_core::Device::Cuda(gpu());
+        let context = 64;
+        let cases = [
+            (9, 3, 64, RopeStyle::Interleaved, false, 576),
+            (14, 2, 64, RopeStyle::Halves, true, 896),
+            (32, 8, 128, RopeStyle::Halves, false, 4096),
+        ];
+        for (n_head, n_kv, head_dim, style, with_bias, inputs) in cases {
+            let (q_w, kv_w) = (n_head * head_dim, n_kv * head_dim);
+            let (width, half) = (q_w + 2 * kv_w, head_dim / 2);
+            let seed = (n_head * 1000 + head_dim) as u64;
+            let w = Tensor::from_slice(
+                &values(seed, width * inputs, -1.0, 1.0),
+                (width, inputs),
+                &candle_core::Device::Cpu,
+            )
+            .unwrap();
+            let matrix =
+                Q8Rows::from_q8_0(&QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(), &cuda).unwrap();
+            let table = |f: fn(f64) -> f64| -> Vec<f32> {
+                (0..context * half)
+                    .map(|j| {
+                        let i = (j % half) as f64;
+                        f((j / half) as f64 * 10_000f64.powf(-2.0 * i / head_dim as f64)) as f32
+                    })
+                    .collect()
+            };
+            let (cg, _) = both(&table(f64::cos), &[context, half], DType::F32);
+            let (sg, _) = both(&table(f64::sin), &[context, half], DType::F32);
+            let (bg, _) = both(&values(seed + 1, width, -1.0, 1.0), &[width], DType::F32);
+            for rows in [1usize, 3, 8] {
+                let pos: Vec<u32> = (0..rows as u32)
+                    .map(|i| (i * 29 + 5) % context as u32)
+                    .collect();
+                let slots: Vec<u32> = (0..rows as u32)
+                    .map(|i| (i * 13 + 3) % context as u32)
+                    .collect();
+                let ((pg, _), (zg, _)) = (ids_on_both(&pos), ids_on_both(&slots));
+                let (hg, _) = both(
+                    &values(seed + 2, rows * inputs, -2.0, 2.0),
+                    &[rows, inputs],
+                    DType::F16,
+                );
+                let rope = || RopeQk {
+                    n_head,
+                    n_kv,
+                    head_dim,
+                    style,
+                    positions: &pg,
+                    cos: &cg,
+                    sin: &sg,
+                    bias: with_bias.then_some(&bg),
+                    qk_norm: None,
+                    eps: 1e-6,
+                };
+                for pool in [DType::F32, DType::F16, DType::BF16] {
+                    let what =
+                        format!("{n_head}/{n_kv} heads of {head_dim}, {rows} rows, {pool:?}");
+                    let fresh = || {
+                        both(
+                            &values(seed + 5, context * kv_w, -1.0, 1.0),
+                            &[context, kv_w],
+                            pool,
+                        )
+                        .0
+                    };
+                    let (k_two, v_two, k_one, v_one) = (fresh(), fresh(), fresh(), fresh());
+                    let qkv = matrix.forward(&hg).unwrap();
+                    let two = RopeStore {
+                        rope: rope(),
+                        slots: &zg,
+                        k_pool: &k_two,
+                        v_pool: &v_two,
+                        gemv: None,
+                    };
+                    let want = qkv.apply_op1_no_bwd(&two).unwrap();
+                    let one = RopeStore {
+                        rope: rope(),
+                        slots: &zg,
+                        k_pool: &k_one,
+                        v_pool: &v_one,
+                        gemv: Some(&matrix),
+                    };
+                    let got = hg.apply_op1_no_bwd(&one).unwrap();
+                    assert_eq!(got.dims(), [rows * q_w], "{what}");
+                    for (got, want, which) in [
+                        (&got, &want, "queries"),
+                        (&k_one, &k_two, "keys"),
+                        (&v_one, &v_two, "values"),
+                    ] {
+                        let err = relative_error(&host_f32(got), &host_f32(want));
+                        eprintln!("gemv_q8_rope {what}, the {which}: relative error {err:.2e}");
+                        assert!(err < 1e-5, "{what}, the {which}: {err:.2e}");
+                    }
+                }
+            }
+        }
+    }
+
     /// `rope_qk` against its CPU side, or (`store`) `rope_store` against `rope_qk` and `store_rows`.
     fn rope_check(store: bool) {
         use crate::attention::StoreRows;
@@ -1012,6 +1178,7 @@ mod tests {
                     slots: &zg,
                     k_pool: &k_one,
                     v_pool: &v_one,
+                    gemv: None,
                 };
                 let q = xg.apply_op1_no_bwd(&fused).unwrap();
                 let queries = got.narrow(0, 0, tokens * q_w).unwrap();

@@ -405,11 +405,21 @@ impl Fused {
         act: crate::config::Activation,
         out: DType,
     ) -> Result<Option<Tensor>> {
+        match self.gemv_step(x)? {
+            Some((m, x)) => m.glu(&x, act, out),
+            None => Ok(None),
+        }
+    }
+
+    /// Where a step of input `x` runs on the 8-bit GEMV (below the switch, the parts stacked
+    /// into one [`Small::Q8`]) and its fused forms take it ([`Q8Rows::fused_input`]): the
+    /// matrix, and `x` as they read it; `None` otherwise.
+    pub(crate) fn gemv_step(&self, x: &Tensor) -> Result<Option<(&Q8Rows, Tensor)>> {
         match self {
             Fused::Dense {
                 quant, dense_from, ..
             } if rows_of(x)? < *dense_from => match quant.as_slice() {
-                [Small::Q8(m)] => m.glu(x, act, out),
+                [Small::Q8(m)] => Ok(m.fused_input(x)?.map(|x| (m, x))),
                 _ => Ok(None),
             },
             _ => Ok(None),

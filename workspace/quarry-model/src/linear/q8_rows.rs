@@ -6,12 +6,14 @@
 //! replaces for Q8_0 below `dense_from_rows` with `q8_gemv`, round them to 8 bits), with sums in
 //! f32.
 //!
-//! Two of its forms finish a layer's work in the same launch (the projections' epilogues, taken
-//! where `gemm_add` is, `llama::fused::Fusions`): [`Q8Rows::add_into`] adds the output and down
-//! projections' sums into the f32 residual stream, as the dense weights' GEMM does
-//! (`linear::GemmAdd`), and [`Q8Rows::glu`] writes `act(gate) · up` from the stacked gate/up
-//! matrix, a warp pairing gate row j with up row f + j, where `glu::Glu` ran after it: three
-//! launches fewer a layer (the two adds and the GLU), the same arithmetic.
+//! Three of its forms finish a layer's work in the same launch (the projections' epilogues,
+//! taken where `gemm_add` is, `llama::fused::Fusions`): [`Q8Rows::add_into`] adds the output and
+//! down projections' sums into the f32 residual stream, as the dense weights' GEMM does
+//! (`linear::GemmAdd`); [`Q8Rows::glu`] writes `act(gate) · up` from the stacked gate/up matrix,
+//! a warp pairing gate row j with up row f + j, where `glu::Glu` ran after it; and
+//! `llama::fused::RopeStore` with `gemv` rotates the stacked Q/K/V projection's query and key
+//! pairs and writes the keys and values into the pools (with `rope_store` on too). Four launches
+//! fewer a layer, the same arithmetic.
 //!
 //! The ops' CPU side is the reference ([`gemv_q8_reference`], then the add or `glu::Glu`'s CPU
 //! side): the kernel's products, summed in another order. Tests: `quarry-cuda-emu` runs the
@@ -141,20 +143,13 @@ impl Q8Rows {
         Ok(Some(x.apply_op1_no_bwd(&Q8GluOp { w: self, act, out })?))
     }
 
-    /// `x` as `[rows, inputs]` for a fused form, 16-byte aligned: f16 and at most
-    /// [`Q8_MAX_ROWS`] rows, else `None`.
-    fn fused_input(&self, x: &Tensor) -> Result<Option<Tensor>> {
-        let inputs = x.dim(candle_core::D::Minus1)?;
-        let rows = x.elem_count() / inputs.max(1);
-        if x.dtype() != DType::F16 || rows > Q8_MAX_ROWS || inputs != self.inputs() {
-            return Ok(None);
-        }
-        Ok(Some(aligned(x.reshape((rows, inputs))?)?))
-    }
-
     /// The reference's sums for the input `s`, `l` (`[rows, inputs]`, f32 or f16, contiguous):
     /// `[rows, outputs]`, row-major.
-    fn reference_sums(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<Vec<f32>> {
+    pub(crate) fn reference_sums(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+    ) -> candle_core::Result<Vec<f32>> {
         let (rows, inputs) = l.shape().dims2()?;
         let Some((a, b)) = l.contiguous_offsets() else {
             candle_core::bail!("q8 rows: the input must be contiguous");
@@ -173,6 +168,24 @@ impl Q8Rows {
             .collect();
         let scales = self.scales.flatten_all()?.to_vec1::<half::f16>()?;
         Ok(gemv_q8_reference(&q, &scales, &x, rows, inputs))
+    }
+
+    /// The repacked values (u8 `[outputs, inputs]`) and scales (f16 `[outputs, inputs / 32]`),
+    /// for a launch that multiplies them in another op (`llama::fused::RopeStore`).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn parts(&self) -> (&Tensor, &Tensor) {
+        (&self.q, &self.scales)
+    }
+
+    /// The input of a step that a fused form takes, `[rows, inputs]` and 16-byte aligned: f16
+    /// and at most [`Q8_MAX_ROWS`] rows; `None` otherwise.
+    pub(crate) fn fused_input(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        let inputs = x.dim(candle_core::D::Minus1)?;
+        let rows = x.elem_count() / inputs.max(1);
+        if x.dtype() != DType::F16 || rows > Q8_MAX_ROWS || inputs != self.inputs() {
+            return Ok(None);
+        }
+        Ok(Some(aligned(x.reshape((rows, inputs))?)?))
     }
 
     pub(crate) fn outputs(&self) -> usize {
@@ -224,7 +237,11 @@ fn aligned(x: Tensor) -> Result<Tensor> {
 impl Q8Rows {
     /// `(rows, inputs)` of an op's input (`[rows, inputs]`, at most [`Q8_MAX_ROWS`] rows on a
     /// GPU), or the error naming it.
-    fn input_shape(&self, l: &Layout, on_gpu: bool) -> candle_core::Result<(usize, usize)> {
+    pub(crate) fn input_shape(
+        &self,
+        l: &Layout,
+        on_gpu: bool,
+    ) -> candle_core::Result<(usize, usize)> {
         let (rows, inputs) = l.shape().dims2()?;
         if inputs != self.inputs() {
             candle_core::bail!(

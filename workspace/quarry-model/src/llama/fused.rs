@@ -161,7 +161,7 @@ impl CustomOp1 for RopeQk<'_> {
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let tokens = self.tokens(l)?;
         let (q_w, kv_w) = self.widths();
-        let out = crate::cuda::rope(s, l, self, tokens, crate::cuda::RopeOut::Planes)?;
+        let out = crate::cuda::rope(s, l, self, tokens, crate::cuda::RopeOut::Planes, None)?;
         Ok((out, Shape::from(tokens * (q_w + 2 * kv_w))))
     }
 }
@@ -174,12 +174,40 @@ impl CustomOp1 for RopeQk<'_> {
 /// one storage, so the op writes the pools from inside an in-place op on each (the key pool's,
 /// and within it the value pool's): each storage written under candle's own write lock. On the
 /// CPU, `RopeQk` then `StoreRows` on each pool.
+///
+/// With `gemv`, the op's input is the stacked Q/K/V projection's own input (`[tokens, inputs]`
+/// f16, at most 8 rows) and its 8-bit GEMV computes the projection and does the op's work in its
+/// epilogue, in one launch (`gemv_q8_rope`, kernels/gemv_q8.cu; no per-head norms): the step's
+/// projection, RoPE and KV writes in one launch where there were two. On the CPU, the GEMV's
+/// reference, then as above.
 pub(crate) struct RopeStore<'a> {
     pub rope: RopeQk<'a>,
     /// The tokens' pool rows (u32, `[tokens]`).
     pub slots: &'a Tensor,
     pub k_pool: &'a Tensor,
     pub v_pool: &'a Tensor,
+    /// The stacked projection's 8-bit matrix, where the op's input is the projection's input.
+    pub gemv: Option<&'a crate::linear::Q8Rows>,
+}
+
+impl RopeStore<'_> {
+    /// The input's rows: the projection's output's, checked against the heads' width, or with
+    /// `gemv` the projection's input's, checked against the matrix.
+    fn tokens(&self, l: &Layout, on_gpu: bool) -> candle_core::Result<usize> {
+        match self.gemv {
+            None => self.rope.tokens(l),
+            Some(w) => {
+                let (q_w, kv_w) = self.rope.widths();
+                if w.outputs() != q_w + 2 * kv_w {
+                    candle_core::bail!(
+                        "rope: a projection of {} rows, expected {q_w} + 2 × {kv_w} (Q, K, V)",
+                        w.outputs()
+                    );
+                }
+                Ok(w.input_shape(l, on_gpu)?.0)
+            }
+        }
+    }
 }
 
 impl CustomOp1 for RopeStore<'_> {
@@ -188,8 +216,16 @@ impl CustomOp1 for RopeStore<'_> {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let tokens = self.rope.tokens(l)?;
+        let tokens = self.tokens(l, false)?;
         let (q_w, kv_w) = self.rope.widths();
+        let projected = match self.gemv {
+            Some(w) => Some((
+                CpuStorage::F32(w.reference_sums(s, l)?),
+                Layout::contiguous((tokens, q_w + 2 * kv_w)),
+            )),
+            None => None,
+        };
+        let (s, l) = projected.as_ref().map_or((s, l), |(s, l)| (s, l));
         let (CpuStorage::F32(mut planes), _) = self.rope.cpu_fwd(s, l)? else {
             candle_core::bail!("rope: the planes are f32");
         };
@@ -215,7 +251,7 @@ impl CustomOp1 for RopeStore<'_> {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        let tokens = self.rope.tokens(l)?;
+        let tokens = self.tokens(l, true)?;
         // The nested write locks would wait on each other (a hang) if two of the storages were
         // one: an error instead.
         let (k, v) = (
@@ -317,7 +353,9 @@ mod rope_store {
                 k,
                 v: (v, lv),
             };
-            let q = crate::cuda::rope(s, l, &self.keys.op.rope, self.keys.tokens, to)?;
+            let op = self.keys.op;
+            let gemv = op.gemv.map(|w| w.parts());
+            let q = crate::cuda::rope(s, l, &op.rope, self.keys.tokens, to, gemv)?;
             self.keys.queries.set(Some(q));
             Ok(())
         }
@@ -433,8 +471,9 @@ pub const SMALL_STEP_TOKENS: usize = 16;
 pub struct Fusions {
     /// The projections' epilogues in their own launch (a GPU's): the output and down
     /// projections add into the residual stream (the dense weights' GEMM, `linear::GemmAdd`,
-    /// and the 8-bit GEMV's adding form), and the 8-bit GEMV's gate/up projection applies the
-    /// activation (`linear::Q8Rows::glu`).
+    /// and the 8-bit GEMV's adding form), the 8-bit GEMV's gate/up projection applies the
+    /// activation (`linear::Q8Rows::glu`) and, with `rope_store`, its Q/K/V projection rotates
+    /// and writes the keys and values ([`RopeStore`] with `gemv`).
     pub gemm_add: bool,
     /// The residual add writes the next norm where its rows are f32 ([`AddNorm`]).
     pub add_norm: bool,
@@ -654,5 +693,72 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// `RopeStore` on the stacked projection's input with its 8-bit matrix (`gemv`) does what
+    /// it does on the matrix's output: the same queries and pool rows (the CPU side is the GEMV's
+    /// reference, then the same op). A matrix of another height is refused, naming both.
+    #[test]
+    fn rope_store_through_the_gemv_equals_it_after_the_gemv() {
+        use crate::linear::Q8Rows;
+        use candle_core::quantized::{GgmlDType, QTensor};
+        let dev = Device::Cpu;
+        let (n_head, n_kv, head_dim, inputs, context, tokens) = (4, 2, 16, 64, 20, 3);
+        let (q_w, kv_w) = (n_head * head_dim, n_kv * head_dim);
+        let width = q_w + 2 * kv_w;
+        let t = |v: Vec<f32>, shape: &[usize]| Tensor::from_vec(v, shape, &dev).unwrap();
+        let q8 = |rows: usize| {
+            let w = t(values(3, rows * inputs, -1.0, 1.0), &[rows, inputs]);
+            Q8Rows::from_q8_0(&QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(), &dev).unwrap()
+        };
+        let matrix = q8(width);
+        let h = t(values(4, tokens * inputs, -2.0, 2.0), &[tokens, inputs])
+            .to_dtype(DType::F16)
+            .unwrap();
+        let pos = Tensor::from_slice(&[2u32, 19, 7], tokens, &dev).unwrap();
+        let slots = Tensor::from_slice(&[11u32, 0, 5], tokens, &dev).unwrap();
+        let half = head_dim / 2;
+        let cos = t(values(8, context * half, -1.0, 1.0), &[context, half]);
+        let sin = t(values(9, context * half, -1.0, 1.0), &[context, half]);
+        let bias = t(values(10, width, -1.0, 1.0), &[width]);
+        let pool = || t(values(12, context * kv_w, -1.0, 1.0), &[context, kv_w]);
+        let (k_one, v_one, k_two, v_two) = (pool(), pool(), pool(), pool());
+        let rope = || RopeQk {
+            n_head,
+            n_kv,
+            head_dim,
+            style: RopeStyle::Halves,
+            positions: &pos,
+            cos: &cos,
+            sin: &sin,
+            bias: Some(&bias),
+            qk_norm: None,
+            eps: 1e-6,
+        };
+        let store = |k_pool, v_pool, gemv| RopeStore {
+            rope: rope(),
+            slots: &slots,
+            k_pool,
+            v_pool,
+            gemv,
+        };
+        let after = matrix.forward(&h).unwrap();
+        let want = after
+            .apply_op1_no_bwd(&store(&k_two, &v_two, None))
+            .unwrap();
+        let got = h
+            .apply_op1_no_bwd(&store(&k_one, &v_one, Some(&matrix)))
+            .unwrap();
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(flat(&got), flat(&want), "the queries");
+        assert_eq!(flat(&k_one), flat(&k_two), "the keys");
+        assert_eq!(flat(&v_one), flat(&v_two), "the values");
+        assert_ne!(flat(&k_one), flat(&pool()), "no key written");
+        let short = q8(width - 32);
+        let err = h
+            .apply_op1_no_bwd(&store(&k_one, &v_one, Some(&short)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("64 + 2 × 32"), "{err}");
     }
 }

@@ -780,20 +780,40 @@ impl Llama {
             qk_norm: layer.qk_norm.as_ref().map(|(q, k)| (q, k)),
             eps: c.rms_norm_eps,
         };
-        let qkv = layer.qkv.forward(&h)?;
-        phases.mark("Q/K/V projection")?;
         let (k_pool, v_pool) = (&a.k_pool[l], &a.v_pool[l]);
-        let q = if stream.fusions.rope_store {
+        // Where the 8-bit GEMV runs the step and both fusions are on, the projection's own
+        // launch rotates and writes them (no per-head norms).
+        let fused_rope = stream.fusions.gemm_add && stream.fusions.rope_store;
+        let gemv = match fused_rope && op.qk_norm.is_none() {
+            true => layer.qkv.gemv_step(&h)?,
+            false => None,
+        };
+        let q = if let Some((gemv, h)) = gemv {
+            let q = h.apply_op1_no_bwd(&fused::RopeStore {
+                rope: op,
+                slots: ids.slots,
+                k_pool,
+                v_pool,
+                gemv: Some(gemv),
+            })?;
+            phases.mark("Q/K/V projection")?;
+            q.reshape((t, c.head_count, c.head_dim))?
+        } else if stream.fusions.rope_store {
+            let qkv = layer.qkv.forward(&h)?;
+            phases.mark("Q/K/V projection")?;
             // The keys and values straight into the pools (`rope_store`).
             let q = qkv.apply_op1_no_bwd(&fused::RopeStore {
                 rope: op,
                 slots: ids.slots,
                 k_pool,
                 v_pool,
+                gemv: None,
             })?;
             phases.mark("RoPE and KV writes")?;
             q.reshape((t, c.head_count, c.head_dim))?
         } else {
+            let qkv = layer.qkv.forward(&h)?;
+            phases.mark("Q/K/V projection")?;
             let planes = qkv.apply_op1_no_bwd(&op)?;
             let [q, k, v] = op.split(&planes, t)?;
             phases.mark("RoPE")?;
