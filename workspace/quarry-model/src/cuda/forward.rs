@@ -152,7 +152,8 @@ const GEMV_Q8_OUTS: usize = 2;
 /// One launch of the 8-bit GEMV (`kernels/gemv_q8.cu`), all but its output: the form, its grid
 /// and the sizes it is passed.
 struct GemvLaunch {
-    func: candle_core::cuda::cudarc::driver::CudaFunction,
+    /// The form (`gemv_q8…`), loaded by the launch (candle does not name its function type).
+    name: String,
     cfg: LaunchConfig,
     inputs: i32,
     outputs: i32,
@@ -191,18 +192,14 @@ impl GemvLaunch {
         }
         // The form with room for the step's rows (its registers grow with them).
         let room = [1, 2, 4, 8].into_iter().find(|&r| r >= rows).unwrap_or(8);
-        let func = s.device.get_or_load_custom_func(
-            &format!("gemv_q8{form}_r{room}_{input}{suffix}"),
-            "quarry_gemv_q8",
-            GEMV_Q8_PTX,
-        )?;
+        let name = format!("gemv_q8{form}_r{room}_{input}{suffix}");
         let cfg = LaunchConfig {
             grid_dim: ((warps * 32).div_ceil(GEMV_Q8_THREADS as usize) as u32, 1, 1),
             block_dim: (GEMV_Q8_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         Ok(Some(Self {
-            func,
+            name,
             cfg,
             inputs: inputs as i32,
             outputs: outputs as i32,
@@ -221,7 +218,10 @@ macro_rules! launch_gemv_q8 {
         let sh = held($scales);
         let sv = held_view::<half::f16>(&sh.0, sh.1, "gemv_q8: the scales")?;
         let (x32, x16);
-        let mut b = g.func.builder();
+        let func = $s
+            .device
+            .get_or_load_custom_func(&g.name, "quarry_gemv_q8", GEMV_Q8_PTX)?;
+        let mut b = func.builder();
         b.arg(&qv).arg(&sv);
         arg_f32_or_f16!(b, $s, $l, "gemv_q8: the input", x32, x16);
         b.arg($y).arg(&g.inputs).arg(&g.outputs).arg(&g.rows);
@@ -458,7 +458,6 @@ pub(crate) fn rope(
                 RopeOut::Planes => name,
                 RopeOut::Pools { .. } => format!("rope_store_{input}_{name}"),
             };
-            let func = dev.get_or_load_custom_func(&name, "quarry_rope_store", ROPE_STORE_PTX)?;
             let shared = (width * 4) as u32;
             if shared > 48 * 1024 {
                 candle_core::bail!("rope: rows of {width} values exceed a block's shared memory");
@@ -468,7 +467,7 @@ pub(crate) fn rope(
                 block_dim: (ELEMENTWISE_THREADS, 1, 1),
                 shared_mem_bytes: shared,
             };
-            (func, cfg, None)
+            ((name, "quarry_rope_store", ROPE_STORE_PTX), cfg, None)
         }
         (Some((q, _)), RopeOut::Pools { .. }) if input == "f16" && op.qk_norm.is_none() => {
             if q.dims()[0] != width {
@@ -491,7 +490,11 @@ pub(crate) fn rope(
                     dev.clone(),
                 ));
             };
-            (g.func, g.cfg, Some((g.inputs, g.rows)))
+            (
+                (g.name, "quarry_gemv_q8", GEMV_Q8_PTX),
+                g.cfg,
+                Some((g.inputs, g.rows)),
+            )
         }
         (Some(_), _) => candle_core::bail!(
             "rope: the GEMV's epilogue writes the pools from f16 input, without per-head norms"
@@ -546,6 +549,7 @@ pub(crate) fn rope(
         None => None,
     };
     let (x32, x16);
+    let func = dev.get_or_load_custom_func(&func.0, func.1, func.2)?;
     let mut b = func.builder();
     if let Some((q, scales)) = &matrix {
         b.arg(q).arg(scales);
