@@ -5,13 +5,17 @@
 //! them up, see infra/cuda-env.sh); the target is `compute_$CUDA_COMPUTE_CAP` (default 90), PTX
 //! the driver compiles for its GPU at load time, a module at a time. The attention kernel's
 //! forms are compiled into a module per pool type (`paged_attention_f16.ptx`, …), so that a
-//! process compiles the forms of its pool type alone.
+//! process compiles the forms of its pool type alone, and the 8-bit GEMV's into a module per
+//! room (`gemv_q8_r1.ptx`, …).
 
 use std::path::PathBuf;
 use std::process::Command;
 
 /// Sources compiled into a module each.
-const PLAIN: [&str; 5] = ["gemv_q8", "glu", "residual", "rope_store", "sampling"];
+const PLAIN: [&str; 4] = ["glu", "residual", "rope_store", "sampling"];
+/// The 8-bit GEMV's rooms (the rows a form has room for): a module of each one's forms
+/// (kernels/gemv_q8.cu's `QUARRY_GEMV_ROOM`).
+const GEMV_ROOMS: [u8; 4] = [1, 2, 4, 8];
 /// The attention's pool types: a module of each one's one-token forms, one of its tiled forms and
 /// one of its cascade prefix forms (kernels/paged_attention.cu's `QUARRY_POOL_*`, `QUARRY_TILED`
 /// and `QUARRY_PREFIX`).
@@ -20,6 +24,13 @@ const POOLS: [&str; 3] = ["f32", "f16", "bf16"];
 /// Every module: its source's name, its own, and the macros it is compiled with.
 fn modules() -> Vec<(&'static str, String, Vec<String>)> {
     let mut all: Vec<_> = PLAIN.map(|n| (n, n.to_owned(), Vec::new())).into();
+    for room in GEMV_ROOMS {
+        all.push((
+            "gemv_q8",
+            format!("gemv_q8_r{room}"),
+            vec![format!("-DQUARRY_GEMV_ROOM={room}")],
+        ));
+    }
     for kind in ["", "tiled_", "prefix_"] {
         for pool in POOLS {
             let mut defines: Vec<String> = POOLS

@@ -184,6 +184,30 @@ family! {
 }
 
 family! {
+    /// `gemv_q8_norm_glu_{act}_r{room}_f32_{out}`: q, scales, x (the stream's f32 rows), y,
+    /// inputs, outputs, rows, norm_w, eps (dynamic shared memory: room · inputs f16).
+    gemv_q8_norm_glu: fn(*const i8, *const c_void, *const f32, *mut c_void, i32, i32, i32,
+                         *const f32, f32) {
+        gemv_q8_norm_glu_silu_r1_f32_f16, gemv_q8_norm_glu_silu_r2_f32_f16,
+        gemv_q8_norm_glu_silu_r1_f32_f32, gemv_q8_norm_glu_silu_r2_f32_f32,
+        gemv_q8_norm_glu_gelu_tanh_r1_f32_f16, gemv_q8_norm_glu_gelu_tanh_r2_f32_f16,
+        gemv_q8_norm_glu_gelu_tanh_r1_f32_f32, gemv_q8_norm_glu_gelu_tanh_r2_f32_f32,
+    }
+}
+
+family! {
+    /// `gemv_q8_norm_rope_r{room}_f32_{pool}`: `gemv_q8_rope`'s arguments with the stream's f32
+    /// rows as x, then norm_w, eps (dynamic shared memory: room · inputs f16).
+    gemv_q8_norm_rope: fn(*const i8, *const c_void, *const f32, *const f32, *const f32,
+                          *const f32, *const u32, *const u32, *mut f32, *mut c_void, *mut c_void,
+                          i32, i32, i32, i32, i32, i32, *const f32, f32) {
+        gemv_q8_norm_rope_r1_f32_f32, gemv_q8_norm_rope_r2_f32_f32,
+        gemv_q8_norm_rope_r1_f32_f16, gemv_q8_norm_rope_r2_f32_f16,
+        gemv_q8_norm_rope_r1_f32_bf16, gemv_q8_norm_rope_r2_f32_bf16,
+    }
+}
+
+family! {
     /// `glu_{act}_{in}_{out}`: gate_up, out, rows, f.
     glu: fn(*const c_void, *mut c_void, u64, u64) {
         glu_silu_f32_f32, glu_silu_f32_f16, glu_silu_f16_f32, glu_silu_f16_f16,

@@ -746,20 +746,53 @@ impl Q8Case {
         outputs: usize,
         launch: impl Fn(*const i8, *const c_void, *const c_void),
     ) {
-        let (qb, sb, xb) = (
-            Buf::from_slice(&self.q),
-            Buf::from_slice(&self.scales),
-            Buf::from_slice(&self.x),
-        );
-        let (q, s, x) = (
-            qb.ptr(),
-            sb.ptr() as *const c_void,
-            xb.ptr() as *const c_void,
-        );
+        let xb = Buf::from_slice(&self.x);
+        self.run_on(name, outputs, 0, |q, s| {
+            launch(q, s, xb.ptr() as *const c_void)
+        });
+    }
+
+    /// [`Q8Case::run`] with the caller's input, and `shared` bytes of dynamic shared memory.
+    fn run_on(
+        &self,
+        name: &str,
+        outputs: usize,
+        shared: usize,
+        launch: impl Fn(*const i8, *const c_void),
+    ) {
+        let (qb, sb) = (Buf::from_slice(&self.q), Buf::from_slice(&self.scales));
+        let (q, s) = (qb.ptr(), sb.ptr() as *const c_void);
         let blocks = (outputs.div_ceil(2) * 32).div_ceil(THREADS as usize) as u32;
-        unsafe { run(name, (blocks, 1, 1), THREADS, 0, || launch(q, s, x)) };
+        unsafe { run(name, (blocks, 1, 1), THREADS, shared, || launch(q, s)) };
+    }
+
+    /// The case with `rows` rows of a residual stream (f32, from `seed`) in place of its input:
+    /// the stream, its norm's weight, and the case whose input is the stream normalized by
+    /// `rms_norm_f32_f16` (what the `_norm` forms must multiply).
+    fn normed(mut self, seed: u64, inputs: usize, rows: usize) -> (Vec<f32>, Vec<f32>, Self) {
+        let stream = values(seed, rows * inputs, -3.0, 3.0);
+        let w = values(seed + 1, inputs, 0.5, 1.5);
+        let name = "rms_norm_f32_f16";
+        let kernel = kernels::rms_norm::by_name(name).expect(name);
+        let (xb, wb) = (Buf::from_slice(&stream), Buf::from_slice(&w));
+        let mut h = Buf::<f16>::poisoned(rows * inputs);
+        let (xp, wp, hp) = (
+            xb.ptr() as *const c_void,
+            wb.ptr(),
+            h.ptr_mut() as *mut c_void,
+        );
+        unsafe {
+            run(name, (rows as u32, 1, 1), THREADS, 0, || {
+                kernel(xp, hp, wp, inputs as i32, NORM_EPS)
+            })
+        };
+        self.x = h.read(name);
+        (stream, w, self)
     }
 }
+
+/// The `_norm` forms' epsilon.
+const NORM_EPS: f32 = 1e-5;
 
 /// The GEMV's form with room for `rows` rows (the launcher's choice).
 fn room(rows: usize) -> usize {
@@ -942,6 +975,132 @@ fn gemv_q8_rope_writes_what_the_plain_form_then_rope_store_write() {
                 });
                 let pairs = [
                     (got_q.read(&name), want_q.read("rope_store"), "queries"),
+                    (got_k.read(), want_k.read(), "keys"),
+                    (got_v.read(), want_v.read(), "values"),
+                ];
+                for (got, want, which) in pairs {
+                    assert_eq!(first_difference(&got, &want), None, "{what}: the {which}");
+                }
+            }
+        }
+    }
+}
+
+/// The `_norm` forms (the stream's rows normalized in the GEMV's prologue, each block into its
+/// shared memory) equal `rms_norm_f32_f16` then the form without the prologue, bit for bit: the
+/// GLU (both activations, f16 and f32 out) and RoPE ones (SmolLM2's and Qwen2.5's heads, three
+/// pool types), 1 and 2 rows, rows of 576 and 1,024 values.
+#[test]
+fn gemv_q8_norm_forms_equal_rms_norm_then_the_plain_forms() {
+    for (i, &(inputs, outputs)) in [(576usize, 74usize), (1024, 38)].iter().enumerate() {
+        for rows in [1usize, 2] {
+            let seed = 150 + 10 * i as u64;
+            let (stream, w, case) =
+                Q8Case::new(seed, inputs, outputs, rows).normed(seed + 5, inputs, rows);
+            let (sb, wb) = (Buf::from_slice(&stream), Buf::from_slice(&w));
+            let (sp, wp) = (sb.ptr(), wb.ptr());
+            let shared = room(rows) * inputs * 2;
+            let f = outputs / 2;
+            for act in ["silu", "gelu_tanh"] {
+                for out in ["f16", "f32"] {
+                    let plain = format!("gemv_q8_glu_{act}_r{}_f16_{out}", room(rows));
+                    let kernel = kernels::gemv_q8_glu::by_name(&plain).expect(&plain);
+                    let mut want = Output::new(rows * f, out == "f16");
+                    let yp = want.ptr();
+                    case.run(&plain, outputs, |q, s, x| unsafe {
+                        kernel(q, s, x, yp, inputs as i32, outputs as i32, rows as i32)
+                    });
+                    let name = format!("gemv_q8_norm_glu_{act}_r{}_f32_{out}", room(rows));
+                    let kernel = kernels::gemv_q8_norm_glu::by_name(&name).expect(&name);
+                    let mut got = Output::new(rows * f, out == "f16");
+                    let yp = got.ptr();
+                    case.run_on(&name, outputs, shared, |q, s| unsafe {
+                        let (i, o, n) = (inputs as i32, outputs as i32, rows as i32);
+                        kernel(q, s, sp, yp, i, o, n, wp, NORM_EPS)
+                    });
+                    assert_eq!(
+                        first_difference(&got.read(&name), &want.read(&plain)),
+                        None,
+                        "{name}: {inputs}x{outputs}"
+                    );
+                }
+            }
+        }
+    }
+    let [smollm2, qwen25, _] = ROPE_SHAPES;
+    let (slots, pool_rows, inputs) = (vec![39u32, 0], 40usize, 576usize);
+    let lb = Buf::from_slice(&slots);
+    for (i, h) in [smollm2, qwen25].iter().enumerate() {
+        let r = RopeInputs::new(h, false);
+        let (q_w, kv_w, width) = (r.q_w, r.kv_w, r.width());
+        for rows in [1usize, 2] {
+            let seed = 170 + 10 * i as u64;
+            let (stream, w, case) =
+                Q8Case::new(seed, inputs, width, rows).normed(seed + 5, inputs, rows);
+            let (sb, wb) = (Buf::from_slice(&stream), Buf::from_slice(&w));
+            let (sp, wp) = (sb.ptr(), wb.ptr());
+            let a = r.args(h);
+            let (n_head, n_kv, dim) = (h.n_head as i32, h.n_kv as i32, h.head_dim as i32);
+            for pool in ["f32", "f16", "bf16"] {
+                let what = format!("{pool} pool, {} heads, {rows} rows", h.n_head);
+                let plain = format!("gemv_q8_rope_r{}_f16_{pool}", room(rows));
+                let kernel = kernels::gemv_q8_rope::by_name(&plain).expect(&plain);
+                let mut want_q = Buf::<f32>::poisoned(rows * q_w);
+                let mut want_k = Pool::new(pool, pool_rows * kv_w);
+                let mut want_v = Pool::new(pool, pool_rows * kv_w);
+                let (qp, kp, vp, sl) = (want_q.ptr_mut(), want_k.ptr(), want_v.ptr(), lb.ptr());
+                case.run(&plain, width, |q, s, x| unsafe {
+                    kernel(
+                        q,
+                        s,
+                        x,
+                        a.bias,
+                        a.cos,
+                        a.sin,
+                        a.positions,
+                        sl,
+                        qp,
+                        kp,
+                        vp,
+                        n_head,
+                        n_kv,
+                        dim,
+                        a.interleaved,
+                        inputs as i32,
+                        rows as i32,
+                    )
+                });
+                let name = format!("gemv_q8_norm_rope_r{}_f32_{pool}", room(rows));
+                let kernel = kernels::gemv_q8_norm_rope::by_name(&name).expect(&name);
+                let mut got_q = Buf::<f32>::poisoned(rows * q_w);
+                let mut got_k = Pool::new(pool, pool_rows * kv_w);
+                let mut got_v = Pool::new(pool, pool_rows * kv_w);
+                let (qp, kp, vp) = (got_q.ptr_mut(), got_k.ptr(), got_v.ptr());
+                case.run_on(&name, width, room(rows) * inputs * 2, |q, s| unsafe {
+                    kernel(
+                        q,
+                        s,
+                        sp,
+                        a.bias,
+                        a.cos,
+                        a.sin,
+                        a.positions,
+                        sl,
+                        qp,
+                        kp,
+                        vp,
+                        n_head,
+                        n_kv,
+                        dim,
+                        a.interleaved,
+                        inputs as i32,
+                        rows as i32,
+                        wp,
+                        NORM_EPS,
+                    )
+                });
+                let pairs = [
+                    (got_q.read(&name), want_q.read(&plain), "queries"),
                     (got_k.read(), want_k.read(), "keys"),
                     (got_v.read(), want_v.read(), "values"),
                 ];

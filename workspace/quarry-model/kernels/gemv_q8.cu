@@ -26,6 +26,13 @@
 //   the pools' rows at the rows' slots (`kernels/rope_store.cu`'s `rope_store` arithmetic,
 //   without the per-head norms: one launch and the [rows, width] tensor fewer).
 //
+// The `_norm` forms of the GLU and RoPE ones (steps of 1 or 2 rows) take the residual stream's
+// f32 rows instead of their norm's f16 rows and normalize them first, each block into its shared
+// memory, with `rms_norm_f32_f16`'s arithmetic in its order (kernels/residual.cu; a block of
+// NORM_THREADS threads), so the activations are that kernel's bit for bit: the norm's launch
+// fewer (at batch 1 a single block, a few microseconds), for a read of the row and the norm's
+// weight by every block.
+//
 // The reference is `Q8Rows`'s CPU side (src/linear/q8_rows.rs): the same products, summed in
 // another order, then the epilogue.
 
@@ -36,7 +43,6 @@
 
 #define Q8_MAX_ROWS 8
 #define Q8_OUTS 2
-
 
 // The 4 signed bytes of `w` as floats, exactly: each byte, made unsigned (+128), becomes the low
 // mantissa byte of 2^23 (one byte permutation), and 2^23 + 128 is taken off. Hopper converts
@@ -72,6 +78,56 @@ __device__ __forceinline__ void load16(const __half* p, float* out) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) out[8 * j + i] = __half2float(h[i]);
     }
+}
+
+// 16 f16 activations from shared memory (`p` 16-byte aligned) as floats.
+__device__ __forceinline__ void load16_shared(const __half* p, float* out) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const uint4 w = SHARED_LOAD16(p + 8 * j);
+        __half h[8];
+        memcpy(h, &w, sizeof(h));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[8 * j + i] = __half2float(h[i]);
+    }
+}
+
+// Threads of a block of the `_norm` forms, as `rms_norm`'s (NORM_THREADS in residual.cu): the
+// sums of squares are added in that kernel's order.
+#define GEMV_NORM_THREADS 256
+
+// The `_norm` forms' prologue, run by every thread of the block: the step's `rows` stream rows
+// (`x`, f32 [rows, width]) normalized by `w` into `h` (f16 [rows, width], shared memory), as
+// `rms_norm_f32_f16` writes them: each thread's strided sum of squares, each warp's by shuffles,
+// the warps' by the first warp's lanes, then x / sqrt(ss / width + eps) * w rounded to f16.
+template <int R>
+__device__ void normalize_rows(const float* __restrict__ x, const float* __restrict__ w, float eps,
+                               int width, int rows, __half* __restrict__ h) {
+    __shared__ float red[R][GEMV_NORM_THREADS / 32];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    float ss[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        ss[r] = 0.0f;
+        if (r < rows) {
+            const float* row = x + (size_t)r * width;
+            for (int i = threadIdx.x; i < width; i += blockDim.x)
+                ss[r] = __fadd_rn(ss[r], __fmul_rn(row[i], row[i]));
+        }
+        ss[r] = warp_sum(ss[r]);
+        if (lane == 0) red[r][wid] = ss[r];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r >= rows) continue;
+        const float total = warp_sum(lane < warps ? red[r][lane] : 0.0f);
+        const float m = __fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)width), eps));
+        const float* row = x + (size_t)r * width;
+        for (int i = threadIdx.x; i < width; i += blockDim.x)
+            h[(size_t)r * width + i] = __float2half_rn(__fmul_rn(__fdiv_rn(row[i], m), w[i]));
+    }
+    __syncthreads();
 }
 
 // Two passes of a warp over a row (512 values each) go together for steps of 1 or 2 rows (one
@@ -197,12 +253,20 @@ struct Rope {
 // for every row count, a branch around each output's loads, loads and products a pass at a
 // time) held 118 registers a thread and about one load a warp in flight: a batch-1 step of the
 // 8B shape on an H200 took 5.90 ms with it, where the f16 copies took 5.69.
-template <typename X, int R, typename Epi>
+// NORM: `x` is the stream's f32 rows, normalized by `norm_w` first (the `_norm` forms; X float).
+template <typename X, int R, typename Epi, bool NORM = false>
 __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__ scales,
                         const X* __restrict__ x, const Epi& epi, int inputs, int outputs,
-                        int rows) {
+                        int rows, const float* __restrict__ norm_w = nullptr, float eps = 0.0f) {
     const int lane = threadIdx.x & 31;
     const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    const __half* h = nullptr;
+    if constexpr (NORM) {
+        // Every thread of the block takes part in the prologue's barriers.
+        DYNAMIC_SHARED(__half, normed);
+        normalize_rows<R>(x, norm_w, eps, inputs, rows, normed);
+        h = normed;
+    }
     if (warp >= epi.warps()) return;  // the whole warp: no lane is left to reduce with
     int mrow[Q8_OUTS];
 #pragma unroll
@@ -231,11 +295,12 @@ __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__
             }
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const X* xr = x + (size_t)min(r, rows - 1) * inputs;
+            const size_t at = (size_t)min(r, rows - 1) * inputs;
 #pragma unroll
             for (int p = 0; p < PASSES; ++p) {
                 float a[16];
-                load16(xr + k[p], a);
+                if constexpr (NORM) load16_shared(h + at + k[p], a);
+                else load16(x + at + k[p], a);
 #pragma unroll
                 for (int o = 0; o < Q8_OUTS; ++o) {
                     float wf[16];
@@ -268,15 +333,6 @@ __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__
         gemv_q8<X, R>(q, scales, x, Store{y, outputs}, inputs, outputs, rows);                 \
     }
 
-GEMV_Q8(gemv_q8_r1_f32, float, 1)
-GEMV_Q8(gemv_q8_r2_f32, float, 2)
-GEMV_Q8(gemv_q8_r4_f32, float, 4)
-GEMV_Q8(gemv_q8_r8_f32, float, 8)
-GEMV_Q8(gemv_q8_r1_f16, __half, 1)
-GEMV_Q8(gemv_q8_r2_f16, __half, 2)
-GEMV_Q8(gemv_q8_r4_f16, __half, 4)
-GEMV_Q8(gemv_q8_r8_f16, __half, 8)
-
 // The fused epilogues take the f16 activations the GEMV's projections are given
 // (`Small::input_dtype`).
 #define GEMV_Q8_ADD(NAME, R)                                                                   \
@@ -285,11 +341,6 @@ GEMV_Q8(gemv_q8_r8_f16, __half, 8)
         gemv_q8<__half, R>(q, scales, x, Add{{y, outputs}}, inputs, outputs, rows);            \
     }
 
-GEMV_Q8_ADD(gemv_q8_add_r1_f16, 1)
-GEMV_Q8_ADD(gemv_q8_add_r2_f16, 2)
-GEMV_Q8_ADD(gemv_q8_add_r4_f16, 4)
-GEMV_Q8_ADD(gemv_q8_add_r8_f16, 8)
-
 #define GEMV_Q8_GLU(NAME, R, GELU, OUT)                                                        \
     extern "C" __global__ void NAME(const int8_t* q, const __half* scales, const __half* x,     \
                                     OUT* y, int inputs, int outputs, int rows) {               \
@@ -297,22 +348,13 @@ GEMV_Q8_ADD(gemv_q8_add_r8_f16, 8)
                            rows);                                                              \
     }
 
-GEMV_Q8_GLU(gemv_q8_glu_silu_r1_f16_f16, 1, false, __half)
-GEMV_Q8_GLU(gemv_q8_glu_silu_r2_f16_f16, 2, false, __half)
-GEMV_Q8_GLU(gemv_q8_glu_silu_r4_f16_f16, 4, false, __half)
-GEMV_Q8_GLU(gemv_q8_glu_silu_r8_f16_f16, 8, false, __half)
-GEMV_Q8_GLU(gemv_q8_glu_silu_r1_f16_f32, 1, false, float)
-GEMV_Q8_GLU(gemv_q8_glu_silu_r2_f16_f32, 2, false, float)
-GEMV_Q8_GLU(gemv_q8_glu_silu_r4_f16_f32, 4, false, float)
-GEMV_Q8_GLU(gemv_q8_glu_silu_r8_f16_f32, 8, false, float)
-GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r1_f16_f16, 1, true, __half)
-GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r2_f16_f16, 2, true, __half)
-GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r4_f16_f16, 4, true, __half)
-GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r8_f16_f16, 8, true, __half)
-GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r1_f16_f32, 1, true, float)
-GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r2_f16_f32, 2, true, float)
-GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r4_f16_f32, 4, true, float)
-GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r8_f16_f32, 8, true, float)
+#define GEMV_Q8_NORM_GLU(NAME, R, GELU, OUT)                                                   \
+    extern "C" __global__ void __launch_bounds__(GEMV_NORM_THREADS)                            \
+        NAME(const int8_t* q, const __half* scales, const float* x, OUT* y, int inputs,         \
+             int outputs, int rows, const float* norm_w, float eps) {                          \
+        gemv_q8<float, R, Glu<GELU, OUT>, true>(q, scales, x, Glu<GELU, OUT>{y, outputs / 2},   \
+                                                 inputs, outputs, rows, norm_w, eps);           \
+    }
 
 // `rows` tokens of the stacked Q/K/V projection (outputs = (n_head + 2 n_kv) * head_dim).
 #define GEMV_Q8_ROPE(NAME, R, P)                                                               \
@@ -326,15 +368,88 @@ GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r8_f16_f32, 8, true, float)
         gemv_q8<__half, R>(q, scales, x, epi, inputs, (n_head + 2 * n_kv) * head_dim, rows);   \
     }
 
+#define GEMV_Q8_NORM_ROPE(NAME, R, P)                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMV_NORM_THREADS) NAME(                      \
+        const int8_t* q, const __half* scales, const float* x, const float* bias,              \
+        const float* cos_table, const float* sin_table, const uint32_t* positions,             \
+        const uint32_t* slots, float* q_out, P* k_pool, P* v_pool, int n_head, int n_kv,       \
+        int head_dim, int interleaved, int inputs, int rows, const float* norm_w, float eps) { \
+        const Rope<P> epi{bias,    cos_table, sin_table, positions, slots, q_out,              \
+                          k_pool,  v_pool,    n_head,    n_kv,      head_dim, interleaved};    \
+        gemv_q8<float, R, Rope<P>, true>(q, scales, x, epi, inputs,                            \
+                                         (n_head + 2 * n_kv) * head_dim, rows, norm_w, eps);   \
+    }
+
+// The forms, a module per room (build.rs compiles this file with -DQUARRY_GEMV_ROOM=R for each):
+// the driver compiles a module whole at its first load (the 54 forms took ptxas 3.1 s on the
+// development machine), and a process of batch-1 steps launches the r1 forms alone. Without the
+// macro (quarry-cuda-emu), every form.
+#ifndef QUARRY_GEMV_ROOM
+#define QUARRY_GEMV_ROOM 0
+#endif
+
+#if QUARRY_GEMV_ROOM == 0 || QUARRY_GEMV_ROOM == 1
+GEMV_Q8(gemv_q8_r1_f32, float, 1)
+GEMV_Q8(gemv_q8_r1_f16, __half, 1)
+GEMV_Q8_ADD(gemv_q8_add_r1_f16, 1)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r1_f16_f16, 1, false, __half)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r1_f16_f32, 1, false, float)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r1_f16_f16, 1, true, __half)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r1_f16_f32, 1, true, float)
+GEMV_Q8_NORM_GLU(gemv_q8_norm_glu_silu_r1_f32_f16, 1, false, __half)
+GEMV_Q8_NORM_GLU(gemv_q8_norm_glu_silu_r1_f32_f32, 1, false, float)
+GEMV_Q8_NORM_GLU(gemv_q8_norm_glu_gelu_tanh_r1_f32_f16, 1, true, __half)
+GEMV_Q8_NORM_GLU(gemv_q8_norm_glu_gelu_tanh_r1_f32_f32, 1, true, float)
 GEMV_Q8_ROPE(gemv_q8_rope_r1_f16_f32, 1, float)
-GEMV_Q8_ROPE(gemv_q8_rope_r2_f16_f32, 2, float)
-GEMV_Q8_ROPE(gemv_q8_rope_r4_f16_f32, 4, float)
-GEMV_Q8_ROPE(gemv_q8_rope_r8_f16_f32, 8, float)
 GEMV_Q8_ROPE(gemv_q8_rope_r1_f16_f16, 1, __half)
-GEMV_Q8_ROPE(gemv_q8_rope_r2_f16_f16, 2, __half)
-GEMV_Q8_ROPE(gemv_q8_rope_r4_f16_f16, 4, __half)
-GEMV_Q8_ROPE(gemv_q8_rope_r8_f16_f16, 8, __half)
 GEMV_Q8_ROPE(gemv_q8_rope_r1_f16_bf16, 1, __nv_bfloat16)
+GEMV_Q8_NORM_ROPE(gemv_q8_norm_rope_r1_f32_f32, 1, float)
+GEMV_Q8_NORM_ROPE(gemv_q8_norm_rope_r1_f32_f16, 1, __half)
+GEMV_Q8_NORM_ROPE(gemv_q8_norm_rope_r1_f32_bf16, 1, __nv_bfloat16)
+#endif
+
+#if QUARRY_GEMV_ROOM == 0 || QUARRY_GEMV_ROOM == 2
+GEMV_Q8(gemv_q8_r2_f32, float, 2)
+GEMV_Q8(gemv_q8_r2_f16, __half, 2)
+GEMV_Q8_ADD(gemv_q8_add_r2_f16, 2)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r2_f16_f16, 2, false, __half)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r2_f16_f32, 2, false, float)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r2_f16_f16, 2, true, __half)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r2_f16_f32, 2, true, float)
+GEMV_Q8_NORM_GLU(gemv_q8_norm_glu_silu_r2_f32_f16, 2, false, __half)
+GEMV_Q8_NORM_GLU(gemv_q8_norm_glu_silu_r2_f32_f32, 2, false, float)
+GEMV_Q8_NORM_GLU(gemv_q8_norm_glu_gelu_tanh_r2_f32_f16, 2, true, __half)
+GEMV_Q8_NORM_GLU(gemv_q8_norm_glu_gelu_tanh_r2_f32_f32, 2, true, float)
+GEMV_Q8_ROPE(gemv_q8_rope_r2_f16_f32, 2, float)
+GEMV_Q8_ROPE(gemv_q8_rope_r2_f16_f16, 2, __half)
 GEMV_Q8_ROPE(gemv_q8_rope_r2_f16_bf16, 2, __nv_bfloat16)
+GEMV_Q8_NORM_ROPE(gemv_q8_norm_rope_r2_f32_f32, 2, float)
+GEMV_Q8_NORM_ROPE(gemv_q8_norm_rope_r2_f32_f16, 2, __half)
+GEMV_Q8_NORM_ROPE(gemv_q8_norm_rope_r2_f32_bf16, 2, __nv_bfloat16)
+#endif
+
+#if QUARRY_GEMV_ROOM == 0 || QUARRY_GEMV_ROOM == 4
+GEMV_Q8(gemv_q8_r4_f32, float, 4)
+GEMV_Q8(gemv_q8_r4_f16, __half, 4)
+GEMV_Q8_ADD(gemv_q8_add_r4_f16, 4)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r4_f16_f16, 4, false, __half)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r4_f16_f32, 4, false, float)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r4_f16_f16, 4, true, __half)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r4_f16_f32, 4, true, float)
+GEMV_Q8_ROPE(gemv_q8_rope_r4_f16_f32, 4, float)
+GEMV_Q8_ROPE(gemv_q8_rope_r4_f16_f16, 4, __half)
 GEMV_Q8_ROPE(gemv_q8_rope_r4_f16_bf16, 4, __nv_bfloat16)
+#endif
+
+#if QUARRY_GEMV_ROOM == 0 || QUARRY_GEMV_ROOM == 8
+GEMV_Q8(gemv_q8_r8_f32, float, 8)
+GEMV_Q8(gemv_q8_r8_f16, __half, 8)
+GEMV_Q8_ADD(gemv_q8_add_r8_f16, 8)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r8_f16_f16, 8, false, __half)
+GEMV_Q8_GLU(gemv_q8_glu_silu_r8_f16_f32, 8, false, float)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r8_f16_f16, 8, true, __half)
+GEMV_Q8_GLU(gemv_q8_glu_gelu_tanh_r8_f16_f32, 8, true, float)
+GEMV_Q8_ROPE(gemv_q8_rope_r8_f16_f32, 8, float)
+GEMV_Q8_ROPE(gemv_q8_rope_r8_f16_f16, 8, __half)
 GEMV_Q8_ROPE(gemv_q8_rope_r8_f16_bf16, 8, __nv_bfloat16)
+#endif

@@ -70,6 +70,11 @@ pub struct ModelOptions {
     /// The residual add writes the next norm where its rows are f32 (the quantized weights'
     /// small batches): one launch fewer per norm. Off by default (not faster where measured).
     pub add_norm: bool,
+    /// Where `gemm_add` fuses the 8-bit GEMV's epilogues (`q8_gemv`), its steps of 1 or 2 rows
+    /// take the attention and feed-forward norms in their own launch too: each block normalizes
+    /// the stream's rows into its shared memory first, bit for bit as the norm's launch (a
+    /// single block at batch 1) wrote them. On by default; not yet measured on a GPU.
+    pub gemv_norm: bool,
     /// Every phase of a forward pass synchronizes and records its time ([`crate::profile`]).
     /// Off by default (it slows the pass); `quarry bench --profile` turns it on.
     pub profile: bool,
@@ -93,6 +98,7 @@ impl Default for ModelOptions {
             gemm_add: Switch::Auto,
             rope_store: Switch::Auto,
             add_norm: false,
+            gemv_norm: true,
             profile: false,
             cpu_weights: CpuWeights::Auto,
         }
@@ -162,7 +168,7 @@ pub enum OptionError {
 }
 
 /// The option keys, in the order of [`ModelOptions`]'s fields.
-const KEYS: [&str; 12] = [
+const KEYS: [&str; 13] = [
     "attention",
     "attention_chunk",
     "kv_dtype",
@@ -173,13 +179,14 @@ const KEYS: [&str; 12] = [
     "gemm_add",
     "rope_store",
     "add_norm",
+    "gemv_norm",
     "profile",
     "cpu_weights",
 ];
 
 impl ModelOptions {
     /// The environment variables the binary reads at start-up, and the option each sets.
-    pub const VARIABLES: [(&'static str, &'static str); 12] = [
+    pub const VARIABLES: [(&'static str, &'static str); 13] = [
         ("QUARRY_ATTENTION", "attention"),
         ("QUARRY_ATTENTION_CHUNK", "attention_chunk"),
         ("QUARRY_KV_DTYPE", "kv_dtype"),
@@ -190,6 +197,7 @@ impl ModelOptions {
         ("QUARRY_GEMM_ADD", "gemm_add"),
         ("QUARRY_ROPE_STORE", "rope_store"),
         ("QUARRY_ADD_NORM", "add_norm"),
+        ("QUARRY_GEMV_NORM", "gemv_norm"),
         ("QUARRY_PROFILE", "profile"),
         ("QUARRY_CPU_WEIGHTS", "cpu_weights"),
     ];
@@ -208,6 +216,7 @@ impl ModelOptions {
   gemm_add=auto|on|off                               projections add into the residual stream (auto: up to 16-token steps)
   rope_store=auto|on|off                             RoPE writes the KV pool itself (auto: up to 16-token steps)
   add_norm=on|off                                    residual add writes the next norm (off)
+  gemv_norm=on|off                                   the 8-bit GEMV's 1-2 row steps normalize in their own launch (on)
   profile=on|off                                     time every phase of a pass (off)
   cpu_weights=auto|f32|q8_0                          how a CPU holds plain (checkpoint) projections (auto: f32, Q8_0 where f32 does not fit)";
 
@@ -249,11 +258,12 @@ impl ModelOptions {
             "cpu_weights" => {
                 self.cpu_weights = choice(v).ok_or_else(|| bad("auto, f32 or q8_0"))?
             }
-            k @ ("cuda_graphs" | "add_norm" | "profile" | "q8_gemv") => {
+            k @ ("cuda_graphs" | "add_norm" | "gemv_norm" | "profile" | "q8_gemv") => {
                 let on = switch(v).ok_or_else(|| bad("on or off"))?;
                 match k {
                     "cuda_graphs" => self.cuda_graphs = on,
                     "add_norm" => self.add_norm = on,
+                    "gemv_norm" => self.gemv_norm = on,
                     "q8_gemv" => self.q8_gemv = on,
                     _ => self.profile = on,
                 }
@@ -328,6 +338,7 @@ mod tests {
             ("gemm_add", "on", "yes"),
             ("rope_store", "off", "2"),
             ("add_norm", "true", "auto"),
+            ("gemv_norm", "off", "some"),
             ("profile", "on", ""),
         ] {
             o.set(key, good).unwrap();
@@ -339,7 +350,7 @@ mod tests {
         assert_eq!(o.kv_dtype, KvDtype::Bf16);
         assert_eq!(o.dense_from_rows, 0);
         assert_eq!(o.sampling, SamplingSite::Host);
-        assert!(!o.cuda_graphs && o.add_norm && o.profile && o.q8_gemv);
+        assert!(!o.cuda_graphs && o.add_norm && o.profile && o.q8_gemv && !o.gemv_norm);
         assert_eq!((o.gemm_add, o.rope_store), (Switch::On, Switch::Off));
         assert!(matches!(
             o.set("attn", "warps"),

@@ -645,6 +645,7 @@ fn fusions_check(path: &std::path::Path, gemm_adds: bool) {
         gemm_add: true,
         add_norm: true,
         rope_store: true,
+        gemv_norm: true,
         small_steps: false,
     };
     let both = worst(&plain, &run(all));
@@ -666,9 +667,10 @@ fn fusions_check(path: &std::path::Path, gemm_adds: bool) {
 /// `rope_store`) on, in a step of at most 8 rows the output and down projections add into the
 /// stream in the GEMV's own launch, the gate/up projection writes `act(gate) · up`, and the
 /// Q/K/V projection rotates and writes the keys and values into the pools, where the plain GEMV
-/// wrote sums for an add, a GLU or a RoPE launch after it. SmolLM2 with every matrix in Q8_0, both forms held
-/// (`dense_from_rows = 9`): the prefill (over 8 rows) multiplies the f16 copies, the three
-/// sequences' decode steps (3 rows) run the GEMV. The fused forms do the unfused launches'
+/// wrote sums for an add, a GLU or a RoPE launch after it; with `gemv_norm` too, steps of 1 or 2
+/// rows normalize the stream in the same launch. SmolLM2 with every matrix in Q8_0, both forms held
+/// (`dense_from_rows = 9`): the prefill (over 8 rows) multiplies the f16 copies, the two
+/// sequences' decode steps (2 rows) run the GEMV. The fused forms do the unfused launches'
 /// arithmetic (quarry-cuda-emu checks them bit for bit), so the logits agree within the batch
 /// tolerance; and the GEMV's steps agree with the f16 copies' (`dense_from_rows = 1`) within a
 /// quarter of a logit, as the GEMM add does (Q8_0's int8 values times an f16 scale, rounded to f16
@@ -696,11 +698,13 @@ fn the_8_bit_gemv_s_epilogues_keep_the_logits() {
         candle_core::quantized::GgmlDType::Q8_0,
         &o,
     );
-    let (prompts, next) = (three_prompts(), text_tokens(5, 700));
-    let run = |model: &quarry_model::Llama, fused: bool| -> Vec<Vec<f32>> {
+    // Two sequences: decode steps of 2 rows, which the `_norm` forms take too.
+    let (prompts, next) = (three_prompts()[..2].to_vec(), text_tokens(5, 700));
+    let run = |model: &quarry_model::Llama, fused: bool, gemv_norm: bool| -> Vec<Vec<f32>> {
         model.set_fusions(Fusions {
             gemm_add: fused,
             rope_store: fused,
+            gemv_norm,
             ..Fusions::default()
         });
         prefill_then_decode(model, &prompts, &next)
@@ -715,16 +719,25 @@ fn the_8_bit_gemv_s_epilogues_keep_the_logits() {
             .map(|(a, b)| max_diff(a, b))
             .fold(0f32, f32::max)
     };
-    let (plain, fused) = (run(&gemv, false), run(&gemv, true));
-    let dense = run(&copies, false);
-    let (epilogues, against_copies) = (worst(&plain, &fused), worst(&dense, &fused));
+    let (plain, epilogues, fused) = (
+        run(&gemv, false, false),
+        run(&gemv, true, false),
+        run(&gemv, true, true),
+    );
+    let dense = run(&copies, false, false);
+    let (epilogues, prologues) = (worst(&plain, &epilogues), worst(&plain, &fused));
+    let against_copies = worst(&dense, &fused);
     eprintln!(
-        "8-bit GEMV: fused epilogues against plain, worst logit difference {epilogues:e}; \
-         against the f16 copies {against_copies:e}"
+        "8-bit GEMV: fused epilogues against plain, worst logit difference {epilogues:e}, \
+         with the norms' prologues {prologues:e}; against the f16 copies {against_copies:e}"
     );
     assert!(
         epilogues <= batch_tolerance(),
         "fused epilogues: {epilogues}"
+    );
+    assert!(
+        prologues <= batch_tolerance(),
+        "the norms' prologues: {prologues}"
     );
     assert!(
         against_copies > 0.0,

@@ -562,6 +562,7 @@ fn model_runtime_options_are_documented_and_bad_ones_are_one_line_errors() {
         "gemm_add=",
         "rope_store=",
         "add_norm=",
+        "gemv_norm=",
         "profile=",
     ] {
         assert!(help.contains(key), "bench --help lacks {key}");

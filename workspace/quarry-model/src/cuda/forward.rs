@@ -8,7 +8,30 @@ use candle_core::cuda::WrapErr;
 use candle_core::{DType, Layout, Result, Storage, Tensor};
 
 const GLU_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/glu.ptx"));
-const GEMV_Q8_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gemv_q8.ptx"));
+/// The 8-bit GEMV's forms, a module per room (build.rs): the driver compiles a module whole at
+/// its first load, and a process of batch-1 steps launches the r1 forms alone.
+const GEMV_Q8_PTX: [(u8, &str, &str); 4] = [
+    (
+        1,
+        "quarry_gemv_q8_r1",
+        include_str!(concat!(env!("OUT_DIR"), "/gemv_q8_r1.ptx")),
+    ),
+    (
+        2,
+        "quarry_gemv_q8_r2",
+        include_str!(concat!(env!("OUT_DIR"), "/gemv_q8_r2.ptx")),
+    ),
+    (
+        4,
+        "quarry_gemv_q8_r4",
+        include_str!(concat!(env!("OUT_DIR"), "/gemv_q8_r4.ptx")),
+    ),
+    (
+        8,
+        "quarry_gemv_q8_r8",
+        include_str!(concat!(env!("OUT_DIR"), "/gemv_q8_r8.ptx")),
+    ),
+];
 const ROPE_STORE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rope_store.ptx"));
 const RESIDUAL_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/residual.ptx"));
 /// Threads per block of `rms_norm` (its `NORM_THREADS`): a block per row.
@@ -151,20 +174,26 @@ const GEMV_Q8_OUTS: usize = 2;
 
 /// One launch of the 8-bit GEMV (`kernels/gemv_q8.cu`), all but its output: the form, its grid
 /// and the sizes it is passed.
-struct GemvLaunch {
-    /// The form (`gemv_q8…`), loaded by the launch (candle does not name its function type).
+struct GemvLaunch<'a> {
+    /// The form (`gemv_q8…`), loaded by the launch (candle does not name its function type),
+    /// and its module's name and PTX.
     name: String,
+    module: (&'static str, &'static str),
     cfg: LaunchConfig,
     inputs: i32,
     outputs: i32,
     rows: i32,
+    /// A `_norm` form's prologue: the norm's weight (f32 `[inputs]`) and epsilon, passed last.
+    norm: Option<(&'a Tensor, f32)>,
 }
 
-impl GemvLaunch {
+impl<'a> GemvLaunch<'a> {
     /// `gemv_q8{form}_r{room}_{input}{suffix}` for `rows` (at most 8) rows of the input `s`, `l`
     /// (`[rows, inputs]`, f32 or f16, contiguous, 16-byte aligned) and the matrix `q` (u8
     /// `[outputs, inputs]`), with a warp for each of `warps`; `None` where there is nothing to
-    /// compute.
+    /// compute. With `norm`, the `_norm` form (`gemv_q8_norm{form}…`: the input is the stream's
+    /// f32 rows, at most 2, normalized into the block's shared memory first).
+    #[allow(clippy::too_many_arguments)]
     fn new(
         s: &CudaStorage,
         l: &Layout,
@@ -173,6 +202,7 @@ impl GemvLaunch {
         rows: usize,
         inputs: usize,
         warps: usize,
+        norm: Option<(&'a Tensor, f32)>,
     ) -> Result<Option<Self>> {
         use candle_core::cuda::CudaStorageSlice as S;
         let outputs = q.dims()[0];
@@ -192,18 +222,35 @@ impl GemvLaunch {
         }
         // The form with room for the step's rows (its registers grow with them).
         let room = [1, 2, 4, 8].into_iter().find(|&r| r >= rows).unwrap_or(8);
-        let name = format!("gemv_q8{form}_r{room}_{input}{suffix}");
+        let (prologue, shared) = match norm {
+            None => ("", 0),
+            Some(_) if input == "f32" && room <= 2 && room * inputs * 2 <= 48 * 1024 => {
+                ("_norm", room * inputs * 2)
+            }
+            Some(_) => candle_core::bail!(
+                "gemv_q8: a norm in the prologue takes 1 or 2 f32 rows of at most 12,288 values, \
+                 not {rows} {input} rows of {inputs}"
+            ),
+        };
+        let name = format!("gemv_q8{prologue}{form}_r{room}_{input}{suffix}");
+        let module = GEMV_Q8_PTX
+            .iter()
+            .find(|(r, _, _)| usize::from(*r) == room)
+            .map(|&(_, module, ptx)| (module, ptx))
+            .ok_or_else(|| candle_core::Error::Msg(format!("gemv_q8: no forms for {room} rows")))?;
         let cfg = LaunchConfig {
             grid_dim: ((warps * 32).div_ceil(GEMV_Q8_THREADS as usize) as u32, 1, 1),
             block_dim: (GEMV_Q8_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: shared as u32,
         };
         Ok(Some(Self {
             name,
+            module,
             cfg,
             inputs: inputs as i32,
             outputs: outputs as i32,
             rows: rows as i32,
+            norm,
         }))
     }
 }
@@ -217,14 +264,22 @@ macro_rules! launch_gemv_q8 {
         let qv = held_view::<u8>(&qh.0, qh.1, "gemv_q8: the weights")?;
         let sh = held($scales);
         let sv = held_view::<half::f16>(&sh.0, sh.1, "gemv_q8: the scales")?;
+        let nh = g.norm.map(|(w, _)| held(w));
+        let nv = match &nh {
+            Some((h, l)) => Some(held_view::<f32>(h, l, "gemv_q8: the norm's weight")?),
+            None => None,
+        };
         let (x32, x16);
         let func = $s
             .device
-            .get_or_load_custom_func(&g.name, "quarry_gemv_q8", GEMV_Q8_PTX)?;
+            .get_or_load_custom_func(&g.name, g.module.0, g.module.1)?;
         let mut b = func.builder();
         b.arg(&qv).arg(&sv);
         arg_f32_or_f16!(b, $s, $l, "gemv_q8: the input", x32, x16);
         b.arg($y).arg(&g.inputs).arg(&g.outputs).arg(&g.rows);
+        if let (Some(w), Some((_, eps))) = (&nv, &g.norm) {
+            b.arg(w).arg(eps);
+        }
         // SAFETY: the arguments match `gemv_q8*` in kernels/gemv_q8.cu: `q` holds outputs ·
         // inputs bytes and `scales` outputs · inputs / 32 values, the input `rows` rows of
         // `inputs` values from an aligned start; `y` holds what the form writes (the callers
@@ -250,7 +305,7 @@ pub(crate) fn gemv_q8(
     // SAFETY: the kernel below writes every one of the rows · outputs values (none when there
     // are none).
     let mut y = unsafe { s.device.alloc::<f32>((rows * outputs).max(1))? };
-    if let Some(g) = GemvLaunch::new(s, l, q, ("", ""), rows, inputs, warps)? {
+    if let Some(g) = GemvLaunch::new(s, l, q, ("", ""), rows, inputs, warps, None)? {
         launch_gemv_q8!(g, s, l, q, scales, &mut y);
     }
     Ok(CudaStorage::wrap_cuda_slice(y, s.device.clone()))
@@ -282,6 +337,7 @@ pub(crate) fn gemv_q8_add(
         rows,
         inputs,
         outputs.div_ceil(GEMV_Q8_OUTS),
+        None,
     )?
     else {
         return Ok(());
@@ -297,28 +353,35 @@ pub(crate) fn gemv_q8_add(
 
 /// `act(gate) · up` in `out` (f32 or f16), `[rows, outputs / 2]`, with [`gemv_q8`]'s arguments
 /// for the stacked gate/up matrix (its `outputs / 2` gate rows, then as many up rows): one launch
-/// of `gemv_q8_glu` (`x` f16), a warp per gate/up pair.
+/// of `gemv_q8_glu` (`x` f16), a warp per gate/up pair; with `norm` (the norm's weight and
+/// epsilon), of `gemv_q8_norm_glu` (`x` the stream's f32 rows, normalized in the prologue).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemv_q8_glu(
     s: &CudaStorage,
     l: &Layout,
     q: &Tensor,
     scales: &Tensor,
-    act: crate::config::Activation,
-    out: DType,
+    (act, out): (crate::config::Activation, DType),
+    norm: Option<(&Tensor, f32)>,
     rows: usize,
     inputs: usize,
 ) -> Result<CudaStorage> {
     use candle_core::cuda::CudaStorageSlice as S;
     let f = q.dims()[0] / 2;
-    if !matches!(s.slice, S::F16(_)) || !matches!(out, DType::F32 | DType::F16) {
-        candle_core::bail!("gemv_q8_glu: an f16 input, an f32 or f16 output, not {out:?}");
+    let input_ok = match norm {
+        Some(_) => matches!(s.slice, S::F32(_)),
+        None => matches!(s.slice, S::F16(_)),
+    };
+    if !input_ok || !matches!(out, DType::F32 | DType::F16) {
+        candle_core::bail!(
+            "gemv_q8_glu: an f16 input (f32 with a norm), an f32 or f16 output, not {out:?}"
+        );
     }
     let form = (
         format!("_glu_{}", act_name(act)),
         format!("_{}", dtype_name(out)),
     );
-    let g = GemvLaunch::new(s, l, q, (&form.0, &form.1), rows, inputs, f)?;
+    let g = GemvLaunch::new(s, l, q, (&form.0, &form.1), rows, inputs, f, norm)?;
     let n = (rows * f).max(1);
     if out == DType::F16 {
         // SAFETY: the kernel writes every one of the rows · f values (none when there are none).
@@ -369,6 +432,11 @@ fn in_out_name(prefix: &str, s: &CudaStorage, out: DType) -> Result<String> {
         ),
     }
 }
+
+/// The 8-bit GEMV that computes [`rope`]'s input in the same launch: the stacked projection's
+/// repacked values and scales, and the norm of its prologue (weight, epsilon) where the launch
+/// normalizes the stream's rows first.
+pub(crate) type RopeGemv<'a> = (&'a Tensor, &'a Tensor, Option<(&'a Tensor, f32)>);
 
 /// Where [`rope`] writes the keys and values.
 pub(crate) enum RopeOut<'a> {
@@ -423,14 +491,16 @@ fn pool_type(pool: &CudaStorage) -> Result<&'static str> {
 /// plane (`tokens · q_w` f32) and writing the keys and values into the pools. With `gemv` (the
 /// stacked projection's repacked Q8_0 values and scales), `s` is the projection's input
 /// (`[tokens, inputs]` f16, at most 8 rows) and the 8-bit GEMV's launch does `rope_store`'s work
-/// in its epilogue (`gemv_q8_rope`, kernels/gemv_q8.cu: pools only, no per-head norms).
+/// in its epilogue (`gemv_q8_rope`, kernels/gemv_q8.cu: pools only, no per-head norms); with a
+/// norm as well (its weight and epsilon), `s` is the stream's f32 rows (at most 2), normalized
+/// in the launch's prologue (`gemv_q8_norm_rope`).
 pub(crate) fn rope(
     s: &CudaStorage,
     l: &Layout,
     op: &crate::op_args::RopeQk<'_>,
     tokens: usize,
     to: RopeOut<'_>,
-    gemv: Option<(&Tensor, &Tensor)>,
+    gemv: Option<RopeGemv<'_>>,
 ) -> Result<CudaStorage> {
     use candle_core::cuda::CudaStorageSlice as S;
     let dev = &s.device;
@@ -469,7 +539,9 @@ pub(crate) fn rope(
             };
             ((name, "quarry_rope_store", ROPE_STORE_PTX), cfg, None)
         }
-        (Some((q, _)), RopeOut::Pools { .. }) if input == "f16" && op.qk_norm.is_none() => {
+        (Some((q, _, norm)), RopeOut::Pools { .. })
+            if input == if norm.is_some() { "f32" } else { "f16" } && op.qk_norm.is_none() =>
+        {
             if q.dims()[0] != width {
                 candle_core::bail!("rope: a GEMV of {} rows for {width} values", q.dims()[0]);
             }
@@ -482,6 +554,7 @@ pub(crate) fn rope(
                 tokens,
                 inputs,
                 width / 2,
+                norm,
             )?
             else {
                 // SAFETY: no token, nothing to write.
@@ -491,13 +564,14 @@ pub(crate) fn rope(
                 ));
             };
             (
-                (g.name, "quarry_gemv_q8", GEMV_Q8_PTX),
+                (g.name, g.module.0, g.module.1),
                 g.cfg,
-                Some((g.inputs, g.rows)),
+                Some((g.inputs, g.rows, g.norm)),
             )
         }
         (Some(_), _) => candle_core::bail!(
-            "rope: the GEMV's epilogue writes the pools from f16 input, without per-head norms"
+            "rope: the GEMV's epilogue writes the pools from f16 input (the stream's f32 rows \
+             with a norm), without per-head norms"
         ),
     };
     // The parameters, held while the launch reads them; absent ones are null pointers.
@@ -540,7 +614,14 @@ pub(crate) fn rope(
         op.head_dim as i32,
     );
     let interleaved = i32::from(op.style == crate::config::RopeStyle::Interleaved);
-    let matrix = gemv.map(|(q, scales)| (held(q), held(scales)));
+    let matrix = gemv.map(|(q, scales, _)| (held(q), held(scales)));
+    let norm_w = gemv_sizes
+        .as_ref()
+        .and_then(|(_, _, norm)| norm.map(|(w, _)| held(w)));
+    let norm_w = match &norm_w {
+        Some((h, l)) => Some(held_view::<f32>(h, l, "rope: the norm's weight")?),
+        None => None,
+    };
     let matrix = match &matrix {
         Some(((qg, ql), (sg, sl))) => Some((
             held_view::<u8>(qg, ql, "rope: the GEMV's weights")?,
@@ -579,9 +660,12 @@ pub(crate) fn rope(
     }
     b.arg(&n_head).arg(&n_kv).arg(&head_dim).arg(&interleaved);
     match &gemv_sizes {
-        Some((inputs, rows)) => b.arg(inputs).arg(rows),
+        Some((inputs, rows, _)) => b.arg(inputs).arg(rows),
         None => b.arg(&op.eps),
     };
+    if let (Some(w), Some((_, _, Some((_, eps))))) = (&norm_w, &gemv_sizes) {
+        b.arg(w).arg(eps);
+    }
     // SAFETY: the arguments match `rope_qk_*` or `rope_store_*` in kernels/rope_store.cu, or
     // `gemv_q8_rope_*` in kernels/gemv_q8.cu (the matrix `width` rows of `inputs` values, the
     // input `tokens` aligned rows of them); the input holds `tokens` rows of `width`, the bias
@@ -941,18 +1025,85 @@ mod tests {
                 assert!(err < 1e-5, "add {outputs}x{inputs}, {rows} rows: {err:.2e}");
                 for act in [Activation::Silu, Activation::GeluTanh] {
                     for out in [DType::F16, DType::F32] {
-                        let _ = on_gpu.glu(&junk, act, out).unwrap();
-                        let got = on_gpu.glu(&xg, act, out).unwrap().expect("the fused form");
+                        let _ = on_gpu.glu(&junk, act, out, None).unwrap();
+                        let got = on_gpu
+                            .glu(&xg, act, out, None)
+                            .unwrap()
+                            .expect("the fused form");
                         assert_eq!((got.dims(), got.dtype()), (&[rows, outputs / 2][..], out));
-                        let want = on_cpu.glu(&xc, act, out).unwrap().expect("the fused form");
+                        let want = on_cpu
+                            .glu(&xc, act, out, None)
+                            .unwrap()
+                            .expect("the fused form");
                         let err = relative_error(&host_f32(&got), &host_f32(&want));
                         eprintln!("gemv_q8_glu {act:?} -> {out:?} {outputs}x{inputs}, {rows} rows: relative error {err:.2e}");
                         let bound = if out == DType::F16 { 1e-3 } else { 1e-5 };
                         assert!(err < bound, "glu {act:?} {out:?}, {rows} rows: {err:.2e}");
                     }
                 }
+                if rows <= crate::linear::NORM_MAX_ROWS {
+                    gemv_q8_norm_check(&on_gpu, &on_cpu, rows, inputs);
+                }
             }
         }
+    }
+
+    /// The GLU form with the norm in its prologue, on the stream's f32 rows: against its CPU
+    /// side, and against the norm's own launch then the form without the prologue on the GPU
+    /// (the same arithmetic in the same order: the values that differ are counted and shown).
+    fn gemv_q8_norm_check(
+        on_gpu: &crate::linear::Q8Rows,
+        on_cpu: &crate::linear::Q8Rows,
+        rows: usize,
+        inputs: usize,
+    ) {
+        use crate::config::Activation;
+        use crate::linear::Prologue;
+        let (sg, sc) = both(
+            &values(29, rows * inputs, -3.0, 3.0),
+            &[rows, inputs],
+            DType::F32,
+        );
+        let (wg, wc) = both(&values(31, inputs, 0.5, 1.5), &[inputs], DType::F32);
+        let eps = 1e-5;
+        let (pg, pc) = (Prologue { weight: &wg, eps }, Prologue { weight: &wc, eps });
+        let act = Activation::Silu;
+        let got = on_gpu
+            .glu(&sg, act, DType::F16, Some(pg))
+            .unwrap()
+            .expect("the norm form");
+        let want = on_cpu
+            .glu(&sc, act, DType::F16, Some(pc))
+            .unwrap()
+            .expect("the norm form");
+        let (got, want) = (host_f32(&got), host_f32(&want));
+        let err = relative_error(&got, &want);
+        let norm = crate::op_args::Norm {
+            weight: &wg,
+            eps,
+            out: DType::F16,
+        };
+        let h = sg.apply_op1_no_bwd(&norm).unwrap();
+        let two = on_gpu
+            .glu(&h, act, DType::F16, None)
+            .unwrap()
+            .expect("the fused form");
+        let two = host_f32(&two);
+        let differ = got
+            .iter()
+            .zip(&two)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        eprintln!(
+            "gemv_q8_norm_glu {inputs} inputs, {rows} rows: relative error {err:.2e}; \
+             {differ} of {} values differ from the norm's launch then the GLU form's",
+            got.len()
+        );
+        assert!(err < 1e-3, "norm glu, {rows} rows: {err:.2e}");
+        assert!(
+            relative_error(&got, &two) < 1e-3,
+            "norm glu against two launches, {rows} rows"
+        );
     }
 
     /// The attention's inputs from a stacked Q/K/V output, against the op's CPU side (the host
@@ -1017,7 +1168,7 @@ mod tests {
             let (cg, _) = both(&table(f64::cos), &[context, half], DType::F32);
             let (sg, _) = both(&table(f64::sin), &[context, half], DType::F32);
             let (bg, _) = both(&values(seed + 1, width, -1.0, 1.0), &[width], DType::F32);
-            for rows in [1usize, 3, 8] {
+            for rows in [1usize, 2, 3, 8] {
                 let pos: Vec<u32> = (0..rows as u32)
                     .map(|i| (i * 29 + 5) % context as u32)
                     .collect();
@@ -1061,6 +1212,7 @@ mod tests {
                         k_pool: &k_two,
                         v_pool: &v_two,
                         gemv: None,
+                        norm: None,
                     };
                     let want = qkv.apply_op1_no_bwd(&two).unwrap();
                     let one = RopeStore {
@@ -1069,6 +1221,7 @@ mod tests {
                         k_pool: &k_one,
                         v_pool: &v_one,
                         gemv: Some(&matrix),
+                        norm: None,
                     };
                     let got = hg.apply_op1_no_bwd(&one).unwrap();
                     assert_eq!(got.dims(), [rows * q_w], "{what}");
@@ -1080,6 +1233,57 @@ mod tests {
                         let err = relative_error(&host_f32(got), &host_f32(want));
                         eprintln!("gemv_q8_rope {what}, the {which}: relative error {err:.2e}");
                         assert!(err < 1e-5, "{what}, the {which}: {err:.2e}");
+                    }
+                    if rows > crate::linear::NORM_MAX_ROWS {
+                        continue;
+                    }
+                    // The norm in the prologue: the stream's rows in, against the norm's launch
+                    // then the form above.
+                    let (stream, _) = both(
+                        &values(seed + 7, rows * inputs, -3.0, 3.0),
+                        &[rows, inputs],
+                        DType::F32,
+                    );
+                    let (wg, _) = both(&values(seed + 8, inputs, 0.5, 1.5), &[inputs], DType::F32);
+                    let norm = crate::op_args::Norm {
+                        weight: &wg,
+                        eps: 1e-5,
+                        out: DType::F16,
+                    };
+                    let h = stream.apply_op1_no_bwd(&norm).unwrap();
+                    let (k_h, v_h, k_n, v_n) = (fresh(), fresh(), fresh(), fresh());
+                    let want = h
+                        .apply_op1_no_bwd(&RopeStore {
+                            k_pool: &k_h,
+                            v_pool: &v_h,
+                            ..one
+                        })
+                        .unwrap();
+                    let normed = RopeStore {
+                        rope: rope(),
+                        slots: &zg,
+                        k_pool: &k_n,
+                        v_pool: &v_n,
+                        gemv: Some(&matrix),
+                        norm: Some(crate::linear::Prologue {
+                            weight: &wg,
+                            eps: 1e-5,
+                        }),
+                    };
+                    let got = stream.apply_op1_no_bwd(&normed).unwrap();
+                    for (got, want, which) in [
+                        (&got, &want, "queries"),
+                        (&k_n, &k_h, "keys"),
+                        (&v_n, &v_h, "values"),
+                    ] {
+                        let err = relative_error(&host_f32(got), &host_f32(want));
+                        eprintln!(
+                            "gemv_q8_norm_rope {what}, the {which}: relative error {err:.2e}"
+                        );
+                        assert!(
+                            err < 1e-5,
+                            "{what}, the {which} after the prologue: {err:.2e}"
+                        );
                     }
                 }
             }
@@ -1183,6 +1387,7 @@ mod tests {
                     k_pool: &k_one,
                     v_pool: &v_one,
                     gemv: None,
+                    norm: None,
                 };
                 let q = xg.apply_op1_no_bwd(&fused).unwrap();
                 let queries = got.narrow(0, 0, tokens * q_w).unwrap();

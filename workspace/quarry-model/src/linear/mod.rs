@@ -24,7 +24,9 @@ pub use host_plan::{HostFootprint, HostWeights};
 pub use plan::{Footprint, GpuWeights};
 #[cfg(any(test, feature = "test-support"))]
 pub use q8_rows::gemv_q8_reference;
-pub(crate) use q8_rows::{Q8Rows, Q8_MAX_ROWS};
+#[cfg(all(test, feature = "cuda"))]
+pub(crate) use q8_rows::NORM_MAX_ROWS;
+pub(crate) use q8_rows::{Prologue, Q8Rows, Q8_MAX_ROWS};
 use quant::{Format, QuantMatrix};
 
 /// How a GPU holds a projection's quantized weights: their f16 copies from `dense_from` rows
@@ -398,28 +400,37 @@ impl Fused {
     /// `act(gate) · up` in `out` from this gate/up projection in one launch, where its step
     /// runs on the 8-bit GEMV (below the switch, the parts stacked into one [`Small::Q8`]) and
     /// the GEMV's GLU form takes it ([`Q8Rows::glu`]); `None`, with nothing done, otherwise
-    /// (the caller applies `glu::Glu` to [`Fused::forward`]'s output).
+    /// (the caller applies `glu::Glu` to [`Fused::forward`]'s output). With `norm`, `x` is the
+    /// residual stream's rows, normalized in the launch's prologue (1 or 2 rows).
     pub(crate) fn forward_glu(
         &self,
         x: &Tensor,
+        norm: Option<Prologue<'_>>,
         act: crate::config::Activation,
         out: DType,
     ) -> Result<Option<Tensor>> {
-        match self.gemv_step(x)? {
-            Some((m, x)) => m.glu(&x, act, out),
+        match self.gemv_step(x, norm.is_some())? {
+            Some((m, x)) => m.glu(&x, act, out, norm),
             None => Ok(None),
         }
     }
 
     /// Where a step of input `x` runs on the 8-bit GEMV (below the switch, the parts stacked
-    /// into one [`Small::Q8`]) and its fused forms take it ([`Q8Rows::fused_input`]): the
-    /// matrix, and `x` as they read it; `None` otherwise.
-    pub(crate) fn gemv_step(&self, x: &Tensor) -> Result<Option<(&Q8Rows, Tensor)>> {
+    /// into one [`Small::Q8`]) and its fused forms take it: the matrix, and `x` as they read it
+    /// ([`Q8Rows::fused_input`]; `normed`: `x` is the residual stream's rows, for a form that
+    /// normalizes them first, [`Q8Rows::normed_input`]); `None` otherwise.
+    pub(crate) fn gemv_step(&self, x: &Tensor, normed: bool) -> Result<Option<(&Q8Rows, Tensor)>> {
         match self {
             Fused::Dense {
                 quant, dense_from, ..
             } if rows_of(x)? < *dense_from => match quant.as_slice() {
-                [Small::Q8(m)] => Ok(m.fused_input(x)?.map(|x| (m, x))),
+                [Small::Q8(m)] => {
+                    let x = match normed {
+                        true => m.normed_input(x)?,
+                        false => m.fused_input(x)?,
+                    };
+                    Ok(x.map(|x| (m, x)))
+                }
                 _ => Ok(None),
             },
             _ => Ok(None),
@@ -636,7 +647,7 @@ mod tests {
                 .unwrap()
                 .to_dtype(DType::F16)
                 .unwrap();
-            let got = fused.forward_glu(&x, act, DType::F16).unwrap();
+            let got = fused.forward_glu(&x, None, act, DType::F16).unwrap();
             assert_eq!(got.is_some(), takes, "{rows} rows");
             if let Some(got) = got {
                 let glu = crate::glu::Glu {
@@ -652,6 +663,9 @@ mod tests {
             .unwrap()
             .to_dtype(DType::F16)
             .unwrap();
-        assert!(mixed.forward_glu(&x, act, DType::F16).unwrap().is_none());
+        assert!(mixed
+            .forward_glu(&x, None, act, DType::F16)
+            .unwrap()
+            .is_none());
     }
 }

@@ -32,6 +32,23 @@ pub const Q8_MAX_ROWS: usize = 8;
 /// Values per scale (Q8_0's block).
 const BLOCK: usize = 32;
 
+/// Rows the `_norm` forms take (`kernels/gemv_q8.cu`: forms for 1 and 2).
+pub(crate) const NORM_MAX_ROWS: usize = 2;
+
+/// The most dynamic shared memory a `_norm` form's normalized rows take (f16): what a launch
+/// gets without opting in to more.
+const NORM_SHARED_BYTES: usize = 48 * 1024;
+
+/// A `_norm` form's prologue: the residual stream's rows normalized by `weight` (f32,
+/// `[inputs]`) with `eps` in the GEMV's own launch, as `op_args::Norm` into f16 writes them
+/// (bit for bit: the kernel adds the squares in `rms_norm`'s order), where a norm's launch ran
+/// before it.
+#[derive(Clone, Copy)]
+pub(crate) struct Prologue<'a> {
+    pub weight: &'a Tensor,
+    pub eps: f32,
+}
+
 /// Bytes of a Q8_0 block: its f16 scale, then 32 int8 values.
 const Q8_0_BLOCK_BYTES: usize = 2 + BLOCK;
 
@@ -133,14 +150,68 @@ impl Q8Rows {
     /// gate rows then as many up rows (the stacked gate/up projection), in one launch
     /// (`gemv_q8_glu`); `None` where the fused form does not take the step (as
     /// [`Q8Rows::add_into`], or an odd number of rows in the matrix, or another `out`).
-    pub(crate) fn glu(&self, x: &Tensor, act: Activation, out: DType) -> Result<Option<Tensor>> {
+    ///
+    /// With `norm`, `x` is the residual stream's rows, normalized in the launch's prologue
+    /// ([`Prologue`], [`Q8Rows::normed_input`]).
+    pub(crate) fn glu(
+        &self,
+        x: &Tensor,
+        act: Activation,
+        out: DType,
+        norm: Option<Prologue<'_>>,
+    ) -> Result<Option<Tensor>> {
         if !self.outputs().is_multiple_of(2) || !matches!(out, DType::F16 | DType::F32) {
             return Ok(None);
         }
-        let Some(x) = self.fused_input(x)? else {
+        let x = match norm {
+            Some(_) => self.normed_input(x)?,
+            None => self.fused_input(x)?,
+        };
+        let Some(x) = x else {
             return Ok(None);
         };
-        Ok(Some(x.apply_op1_no_bwd(&Q8GluOp { w: self, act, out })?))
+        let op = Q8GluOp {
+            w: self,
+            act,
+            out,
+            norm,
+        };
+        Ok(Some(x.apply_op1_no_bwd(&op)?))
+    }
+
+    /// The stream's rows `x` as a `_norm` form takes them, `[rows, inputs]` and 16-byte
+    /// aligned: f32, at most [`NORM_MAX_ROWS`] rows whose f16 norm fits a block's shared memory;
+    /// `None` otherwise.
+    pub(crate) fn normed_input(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        let inputs = x.dim(candle_core::D::Minus1)?;
+        let rows = x.elem_count() / inputs.max(1);
+        if x.dtype() != DType::F32
+            || rows > NORM_MAX_ROWS
+            || inputs != self.inputs()
+            || rows * inputs * 2 > NORM_SHARED_BYTES
+        {
+            return Ok(None);
+        }
+        Ok(Some(aligned(x.reshape((rows, inputs))?)?))
+    }
+
+    /// The reference's sums for `s`, `l`, normalized first where there is a prologue.
+    pub(crate) fn sums_after(
+        &self,
+        norm: Option<Prologue<'_>>,
+        s: &CpuStorage,
+        l: &Layout,
+    ) -> candle_core::Result<Vec<f32>> {
+        let Some(p) = norm else {
+            return self.reference_sums(s, l);
+        };
+        let op = crate::op_args::Norm {
+            weight: p.weight,
+            eps: p.eps,
+            out: DType::F16,
+        };
+        let (h, shape) = CustomOp1::cpu_fwd(&op, s, l)?;
+        self.reference_sums(&h, &Layout::contiguous(shape))
     }
 
     /// The reference's sums for the input `s`, `l` (`[rows, inputs]`, f32 or f16, contiguous):
@@ -347,6 +418,7 @@ struct Q8GluOp<'a> {
     w: &'a Q8Rows,
     act: Activation,
     out: DType,
+    norm: Option<Prologue<'a>>,
 }
 
 impl CustomOp1 for Q8GluOp<'_> {
@@ -356,7 +428,7 @@ impl CustomOp1 for Q8GluOp<'_> {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (rows, _) = self.w.input_shape(l, false)?;
-        let sums = CpuStorage::F32(self.w.reference_sums(s, l)?);
+        let sums = CpuStorage::F32(self.w.sums_after(self.norm, s, l)?);
         let glu = crate::glu::Glu {
             act: self.act,
             out: self.out,
@@ -372,7 +444,9 @@ impl CustomOp1 for Q8GluOp<'_> {
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (rows, inputs) = self.w.input_shape(l, true)?;
         let (q, scales) = (&self.w.q, &self.w.scales);
-        let y = crate::cuda::gemv_q8_glu(s, l, q, scales, self.act, self.out, rows, inputs)?;
+        let norm = self.norm.map(|p| (p.weight, p.eps));
+        let act = (self.act, self.out);
+        let y = crate::cuda::gemv_q8_glu(s, l, q, scales, act, norm, rows, inputs)?;
         Ok((y, Shape::from((rows, self.w.outputs() / 2))))
     }
 }
@@ -514,7 +588,10 @@ mod tests {
             let sums = m.forward(&x16).unwrap();
             for act in [Activation::Silu, Activation::GeluTanh] {
                 for out in [DType::F16, DType::F32] {
-                    let got = m.glu(&x16, act, out).unwrap().expect("the fused form");
+                    let got = m
+                        .glu(&x16, act, out, None)
+                        .unwrap()
+                        .expect("the fused form");
                     let want = sums
                         .apply_op1_no_bwd(&crate::glu::Glu { act, out })
                         .unwrap();
@@ -522,9 +599,12 @@ mod tests {
                     assert_eq!(values(&got), values(&want), "{rows} rows {act:?} {out:?}");
                 }
             }
-            assert!(m.glu(&x, Activation::Silu, DType::F16).unwrap().is_none());
             assert!(m
-                .glu(&x16, Activation::Silu, DType::BF16)
+                .glu(&x, Activation::Silu, DType::F16, None)
+                .unwrap()
+                .is_none());
+            assert!(m
+                .glu(&x16, Activation::Silu, DType::BF16, None)
                 .unwrap()
                 .is_none());
         }
@@ -534,8 +614,51 @@ mod tests {
             .to_dtype(DType::F16)
             .unwrap();
         assert!(odd
-            .glu(&x16, Activation::Silu, DType::F16)
+            .glu(&x16, Activation::Silu, DType::F16, None)
             .unwrap()
             .is_none());
+    }
+
+    /// With a prologue, the GLU form takes the stream's f32 rows and equals the norm into f16
+    /// (`op_args::Norm`, the norm's own op) then the form without it; it declines more than
+    /// [`NORM_MAX_ROWS`] rows, and f16 input.
+    #[test]
+    fn q8_glu_with_a_prologue_equals_the_norm_then_the_glu() {
+        let dev = Device::Cpu;
+        let (f, k) = (24, 128);
+        let m = Q8Rows::stack(vec![matrix(f, k, 1.0), matrix(f, k, 0.5)]).unwrap();
+        let weight = Tensor::randn(1f32, 0.2, k, &dev).unwrap();
+        let norm = Prologue {
+            weight: &weight,
+            eps: 1e-5,
+        };
+        for rows in [1usize, 2] {
+            let stream = Tensor::randn(0f32, 2.0, (rows, k), &dev).unwrap();
+            let h = stream
+                .apply_op1_no_bwd(&crate::op_args::Norm {
+                    weight: &weight,
+                    eps: 1e-5,
+                    out: DType::F16,
+                })
+                .unwrap();
+            let act = Activation::Silu;
+            let want = m.glu(&h, act, DType::F16, None).unwrap().expect("fused");
+            let got = m.glu(&stream, act, DType::F16, Some(norm)).unwrap();
+            assert_eq!(
+                values(&got.expect("the prologue")),
+                values(&want),
+                "{rows} rows"
+            );
+            let h16 = Some(norm);
+            assert!(
+                m.glu(&h, act, DType::F16, h16).unwrap().is_none(),
+                "f16 rows"
+            );
+        }
+        let three = Tensor::randn(0f32, 2.0, (3, k), &dev).unwrap();
+        let got = m
+            .glu(&three, Activation::Silu, DType::F16, Some(norm))
+            .unwrap();
+        assert!(got.is_none(), "three rows");
     }
 }

@@ -188,6 +188,9 @@ pub(crate) struct RopeStore<'a> {
     pub v_pool: &'a Tensor,
     /// The stacked projection's 8-bit matrix, where the op's input is the projection's input.
     pub gemv: Option<&'a crate::linear::Q8Rows>,
+    /// With `gemv`: the norm before the projection, in the launch's prologue
+    /// (`linear::Prologue`); the op's input is then the residual stream's f32 rows.
+    pub norm: Option<crate::linear::Prologue<'a>>,
 }
 
 impl RopeStore<'_> {
@@ -220,7 +223,7 @@ impl CustomOp1 for RopeStore<'_> {
         let (q_w, kv_w) = self.rope.widths();
         let projected = match self.gemv {
             Some(w) => Some((
-                CpuStorage::F32(w.reference_sums(s, l)?),
+                CpuStorage::F32(w.sums_after(self.norm, s, l)?),
                 Layout::contiguous((tokens, q_w + 2 * kv_w)),
             )),
             None => None,
@@ -354,7 +357,11 @@ mod rope_store {
                 v: (v, lv),
             };
             let op = self.keys.op;
-            let gemv = op.gemv.map(|w| w.parts());
+            let norm = op.norm.map(|p| (p.weight, p.eps));
+            let gemv = op.gemv.map(|w| {
+                let (q, scales) = w.parts();
+                (q, scales, norm)
+            });
             let q = crate::cuda::rope(s, l, &op.rope, self.keys.tokens, to, gemv)?;
             self.keys.queries.set(Some(q));
             Ok(())
@@ -479,6 +486,9 @@ pub struct Fusions {
     pub add_norm: bool,
     /// RoPE writes the keys and values into the pools itself ([`RopeStore`]).
     pub rope_store: bool,
+    /// Where `gemm_add` is on, the 8-bit GEMV's steps of 1 or 2 rows normalize the stream in
+    /// their own launch (`linear::Prologue`).
+    pub gemv_norm: bool,
     /// GEMM add and RoPE store for GPU steps of at most [`SMALL_STEP_TOKENS`] tokens, where they
     /// measured faster ([`Fusions::for_step`]): where both options are `auto` (the default;
     /// either `on` or `off` decides for every step).
@@ -492,6 +502,7 @@ impl Fusions {
             gemm_add: options.gemm_add == Switch::On,
             add_norm: options.add_norm,
             rope_store: options.rope_store == Switch::On,
+            gemv_norm: options.gemv_norm,
             small_steps: options.gemm_add == Switch::Auto && options.rope_store == Switch::Auto,
         }
     }
@@ -741,6 +752,7 @@ mod tests {
             k_pool,
             v_pool,
             gemv,
+            norm: None,
         };
         let after = matrix.forward(&h).unwrap();
         let want = after
@@ -754,6 +766,35 @@ mod tests {
         assert_eq!(flat(&k_one), flat(&k_two), "the keys");
         assert_eq!(flat(&v_one), flat(&v_two), "the values");
         assert_ne!(flat(&k_one), flat(&pool()), "no key written");
+        // With the norm in the prologue: the stream's rows in, what the norm then the GEMV give.
+        let weight = t(values(13, inputs, 0.5, 1.5), &[inputs]);
+        let stream = t(values(14, tokens * inputs, -3.0, 3.0), &[tokens, inputs]);
+        let h = stream
+            .apply_op1_no_bwd(&Norm {
+                weight: &weight,
+                eps: 1e-5,
+                out: DType::F16,
+            })
+            .unwrap();
+        let (k_three, v_three) = (pool(), pool());
+        let want = h
+            .apply_op1_no_bwd(&store(&k_one, &v_one, Some(&matrix)))
+            .unwrap();
+        let normed = RopeStore {
+            norm: Some(crate::linear::Prologue {
+                weight: &weight,
+                eps: 1e-5,
+            }),
+            ..store(&k_three, &v_three, Some(&matrix))
+        };
+        let got = stream.apply_op1_no_bwd(&normed).unwrap();
+        assert_eq!(flat(&got), flat(&want), "the queries after the prologue");
+        assert_eq!(flat(&k_three), flat(&k_one), "the keys after the prologue");
+        assert_eq!(
+            flat(&v_three),
+            flat(&v_one),
+            "the values after the prologue"
+        );
         let short = q8(width - 32);
         let err = h
             .apply_op1_no_bwd(&store(&k_one, &v_one, Some(&short)))

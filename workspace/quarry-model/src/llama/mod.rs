@@ -12,7 +12,7 @@ use crate::batch::{Logits, Plan, SeqInput};
 use crate::config::LlamaConfig;
 use crate::error::{without_backtrace, ModelError, Result};
 use crate::kernel_plan::AttentionKernel;
-use crate::linear::{Fused, GpuForms, Linear};
+use crate::linear::{Fused, GpuForms, Linear, Prologue};
 use crate::options::{Attention, ModelOptions, SamplingSite};
 use crate::pool::{KvPool, KvStorage};
 use crate::ragged::Heads;
@@ -764,7 +764,6 @@ impl Llama {
         phases: &mut crate::profile::Phases<'_>,
     ) -> Result<Option<Tensor>> {
         let (c, layer, t) = (&self.config, &self.layers[l], stream.rows());
-        let h = stream.normed(h, &layer.attn_norm, layer.qkv.input_dtype(t), phases)?;
         // Q, K and V from one stacked projection, biased, normalized and rotated in one op
         // (llama/fused.rs), the keys and values written to the pools in one op each.
         let rope = &self.rope[layer.rope];
@@ -781,47 +780,7 @@ impl Llama {
             eps: c.rms_norm_eps,
         };
         let (k_pool, v_pool) = (&a.k_pool[l], &a.v_pool[l]);
-        // Where the 8-bit GEMV runs the step and both fusions are on, the projection's own
-        // launch rotates and writes them (no per-head norms).
-        let fused_rope = stream.fusions.gemm_add && stream.fusions.rope_store;
-        let gemv = match fused_rope && op.qk_norm.is_none() {
-            true => layer.qkv.gemv_step(&h)?,
-            false => None,
-        };
-        let q = if let Some((gemv, h)) = gemv {
-            let q = h.apply_op1_no_bwd(&fused::RopeStore {
-                rope: op,
-                slots: ids.slots,
-                k_pool,
-                v_pool,
-                gemv: Some(gemv),
-            })?;
-            phases.mark("Q/K/V projection")?;
-            q.reshape((t, c.head_count, c.head_dim))?
-        } else if stream.fusions.rope_store {
-            let qkv = layer.qkv.forward(&h)?;
-            phases.mark("Q/K/V projection")?;
-            // The keys and values straight into the pools (`rope_store`).
-            let q = qkv.apply_op1_no_bwd(&fused::RopeStore {
-                rope: op,
-                slots: ids.slots,
-                k_pool,
-                v_pool,
-                gemv: None,
-            })?;
-            phases.mark("RoPE and KV writes")?;
-            q.reshape((t, c.head_count, c.head_dim))?
-        } else {
-            let qkv = layer.qkv.forward(&h)?;
-            phases.mark("Q/K/V projection")?;
-            let planes = qkv.apply_op1_no_bwd(&op)?;
-            let [q, k, v] = op.split(&planes, t)?;
-            phases.mark("RoPE")?;
-            k_pool.inplace_op3(&k, ids.slots, &attention::StoreRows)?;
-            v_pool.inplace_op3(&v, ids.slots, &attention::StoreRows)?;
-            phases.mark("KV writes")?;
-            q
-        };
+        let q = self.attention_inputs(l, op, ids, (k_pool, v_pool), stream, h, phases)?;
         let heads = Heads {
             window: c.window(l),
             ..a.heads
@@ -855,31 +814,7 @@ impl Llama {
             what: "output projection",
         };
         let added = stream.add(&add, &attn, phases)?;
-        let h_ffn = stream.normed(added, &layer.ffn_norm, ffn_in, phases)?;
-        // act(gate) · up from the stacked gate/up output, in the element type the down
-        // projection multiplies: in the projection's own launch where the 8-bit GEMV runs the
-        // step and the projections' epilogues are fused (`gemm_add`), else in one op after it.
-        let down_in = layer.w_down.input_dtype(t);
-        let fused = match stream.fusions.gemm_add {
-            true => layer.gate_up.forward_glu(&h_ffn, c.activation, down_in)?,
-            false => None,
-        };
-        let act = match fused {
-            Some(act) => {
-                phases.mark("gate/up projection")?;
-                act
-            }
-            None => {
-                let gate_up = layer.gate_up.forward(&h_ffn)?;
-                phases.mark("gate/up projection")?;
-                let act = gate_up.apply_op1_no_bwd(&crate::glu::Glu {
-                    act: c.activation,
-                    out: down_in,
-                })?;
-                phases.mark("GLU")?;
-                act
-            }
-        };
+        let act = self.gated_activation(l, stream, added, phases)?;
         let next_norm = self
             .layers
             .get(l + 1)
@@ -890,11 +825,150 @@ impl Llama {
             norm_with: next_norm,
             what: "down projection",
         };
-        let added = stream.add(&add, &act, phases)?;
-        match next_norm {
-            Some((weight, out)) => Ok(Some(stream.normed(added, weight, out, phases)?)),
-            None => Ok(None),
+        // The next layer's attention norm, where this add wrote it; the next layer normalizes
+        // otherwise (or its GEMV does, `gemv_norm`).
+        stream.add(&add, &act, phases)
+    }
+
+    /// Layer `l`'s queries (`[t, heads, head_dim]`), its keys and values written into the pools
+    /// at the step's slots: the attention norm (unless the add before wrote it, `h`), the
+    /// stacked Q/K/V projection and `op` (bias, per-head norms, RoPE). Where the 8-bit GEMV runs
+    /// the step and `gemm_add` and `rope_store` are on, the projection's own launch rotates and
+    /// writes them (no per-head norms), and for 1 or 2 rows normalizes the stream first
+    /// (`gemv_norm`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_inputs(
+        &self,
+        l: usize,
+        op: fused::RopeQk<'_>,
+        ids: &StepIds<'_>,
+        (k_pool, v_pool): (&Tensor, &Tensor),
+        stream: &Residual,
+        h: Option<Tensor>,
+        phases: &mut crate::profile::Phases<'_>,
+    ) -> Result<Tensor> {
+        let (c, layer, t) = (&self.config, &self.layers[l], stream.rows());
+        let f = stream.fusions;
+        let fused_rope = f.gemm_add && f.rope_store && op.qk_norm.is_none();
+        let mut gemv = match (fused_rope && f.gemv_norm, &h) {
+            (true, None) => layer.qkv.gemv_step(stream.stream(), true)?,
+            _ => None,
+        };
+        let prologue = gemv.as_ref().map(|_| Prologue {
+            weight: &layer.attn_norm,
+            eps: c.rms_norm_eps,
+        });
+        let h = match prologue {
+            Some(_) => None,
+            None => Some(stream.normed(h, &layer.attn_norm, layer.qkv.input_dtype(t), phases)?),
+        };
+        if let (Some(h), true) = (&h, fused_rope) {
+            gemv = layer.qkv.gemv_step(h, false)?;
         }
+        let q = if let Some((gemv, x)) = gemv {
+            let q = x.apply_op1_no_bwd(&fused::RopeStore {
+                rope: op,
+                slots: ids.slots,
+                k_pool,
+                v_pool,
+                gemv: Some(gemv),
+                norm: prologue,
+            })?;
+            phases.mark("Q/K/V projection")?;
+            q.reshape((t, c.head_count, c.head_dim))?
+        } else if stream.fusions.rope_store {
+            let h = match h {
+                Some(h) => h,
+                None => stream.normed(None, &layer.attn_norm, layer.qkv.input_dtype(t), phases)?,
+            };
+            let qkv = layer.qkv.forward(&h)?;
+            phases.mark("Q/K/V projection")?;
+            // The keys and values straight into the pools (`rope_store`).
+            let q = qkv.apply_op1_no_bwd(&fused::RopeStore {
+                rope: op,
+                slots: ids.slots,
+                k_pool,
+                v_pool,
+                gemv: None,
+                norm: None,
+            })?;
+            phases.mark("RoPE and KV writes")?;
+            q.reshape((t, c.head_count, c.head_dim))?
+        } else {
+            let h = match h {
+                Some(h) => h,
+                None => stream.normed(None, &layer.attn_norm, layer.qkv.input_dtype(t), phases)?,
+            };
+            let qkv = layer.qkv.forward(&h)?;
+            phases.mark("Q/K/V projection")?;
+            let planes = qkv.apply_op1_no_bwd(&op)?;
+            let [q, k, v] = op.split(&planes, t)?;
+            phases.mark("RoPE")?;
+            k_pool.inplace_op3(&k, ids.slots, &attention::StoreRows)?;
+            v_pool.inplace_op3(&v, ids.slots, &attention::StoreRows)?;
+            phases.mark("KV writes")?;
+            q
+        };
+        Ok(q)
+    }
+
+    /// Layer `l`'s `act(gate) · up`, in the element type the down projection multiplies: the
+    /// feed-forward norm (unless the add before wrote it, `added`), the stacked gate/up
+    /// projection and the activation, in the projection's own launch where the 8-bit GEMV runs
+    /// the step and the projections' epilogues are fused (`gemm_add`), with the norm before it
+    /// for 1 or 2 rows (`gemv_norm`), else in one op after it.
+    fn gated_activation(
+        &self,
+        l: usize,
+        stream: &Residual,
+        added: Option<Tensor>,
+        phases: &mut crate::profile::Phases<'_>,
+    ) -> Result<Tensor> {
+        let (c, layer, t) = (&self.config, &self.layers[l], stream.rows());
+        let (f, ffn_in) = (stream.fusions, layer.gate_up.input_dtype(t));
+        let down_in = layer.w_down.input_dtype(t);
+        let prologue = Prologue {
+            weight: &layer.ffn_norm,
+            eps: c.rms_norm_eps,
+        };
+        let mut fused = match (f.gemm_add && f.gemv_norm, &added) {
+            (true, None) => {
+                let x = stream.stream();
+                layer
+                    .gate_up
+                    .forward_glu(x, Some(prologue), c.activation, down_in)?
+            }
+            _ => None,
+        };
+        let mut h_ffn = None;
+        if fused.is_none() {
+            let h = stream.normed(added, &layer.ffn_norm, ffn_in, phases)?;
+            if f.gemm_add {
+                fused = layer.gate_up.forward_glu(&h, None, c.activation, down_in)?;
+            }
+            h_ffn = Some(h);
+        }
+        let act = match fused {
+            Some(act) => {
+                phases.mark("gate/up projection")?;
+                act
+            }
+            None => {
+                let h_ffn = match h_ffn {
+                    Some(h) => h,
+                    None => stream.normed(None, &layer.ffn_norm, ffn_in, phases)?,
+                };
+                let gate_up = layer.gate_up.forward(&h_ffn)?;
+                phases.mark("gate/up projection")?;
+                let act = gate_up.apply_op1_no_bwd(&crate::glu::Glu {
+                    act: c.activation,
+                    out: down_in,
+                })?;
+                phases.mark("GLU")?;
+                act
+            }
+        };
+        Ok(act)
     }
 
     /// Hands a pass's logits to `out`: copied to the host, or left on the GPU for

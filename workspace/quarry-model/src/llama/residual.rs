@@ -73,6 +73,12 @@ impl Residual {
         self.rows
     }
 
+    /// The stream's rows (f32 `[rows, embedding]`), for an op that normalizes them itself (the
+    /// 8-bit GEMV's prologue, `linear::Prologue`).
+    pub fn stream(&self) -> &Tensor {
+        &self.x
+    }
+
     /// The stream after the last layer.
     pub fn into_stream(self) -> Tensor {
         self.x
