@@ -845,6 +845,131 @@ fn gemv_q8_add_adds_the_plain_forms_sums_into_the_stream() {
     }
 }
 
+/// The stream a `_norm` form reads (f32 rows) and its norm's weight, as kernel pointers.
+#[derive(Clone, Copy)]
+struct NormArgs {
+    stream: *const f32,
+    weight: *const f32,
+}
+
+impl Q8Case {
+    /// `gemv_q8_glu_{act}_r{room}_f16_{out}`'s `[rows, outputs / 2]` (with `norm`,
+    /// `gemv_q8_norm_glu_…_f32_{out}` on the stream), read back as f32.
+    fn glu(
+        &self,
+        act: &str,
+        f16_out: bool,
+        (inputs, outputs, rows): (usize, usize, usize),
+        norm: Option<NormArgs>,
+    ) -> Vec<f32> {
+        let mut y = Output::new(rows * (outputs / 2), f16_out);
+        let yp = y.ptr();
+        let (i, o, n) = (inputs as i32, outputs as i32, rows as i32);
+        let name = match norm {
+            None => {
+                let name = format!("gemv_q8_glu_{act}_r{}_f16_{}", room(rows), ty(f16_out));
+                let kernel = kernels::gemv_q8_glu::by_name(&name).expect(&name);
+                self.run(&name, outputs, |q, s, x| unsafe {
+                    kernel(q, s, x, yp, i, o, n)
+                });
+                name
+            }
+            Some(m) => {
+                let name = format!("gemv_q8_norm_glu_{act}_r{}_f32_{}", room(rows), ty(f16_out));
+                let kernel = kernels::gemv_q8_norm_glu::by_name(&name).expect(&name);
+                self.run_on(&name, outputs, room(rows) * inputs * 2, |q, s| unsafe {
+                    kernel(q, s, m.stream, yp, i, o, n, m.weight, NORM_EPS)
+                });
+                name
+            }
+        };
+        y.read(&name)
+    }
+
+    /// `gemv_q8_rope_r{room}_f16_{pool}`'s queries, keys and values (with `norm`,
+    /// `gemv_q8_norm_rope_…_f32_{pool}` on the stream) for heads `h` at `slots`, into a fresh
+    /// poisoned plane and pools of `pool_rows` rows, read back as f32.
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        h: &Heads,
+        a: RopeArgs,
+        pool: &str,
+        slots: *const u32,
+        pool_rows: usize,
+        (inputs, rows): (usize, usize),
+        norm: Option<NormArgs>,
+    ) -> [Vec<f32>; 3] {
+        let (q_w, kv_w) = (h.n_head * h.head_dim, h.n_kv * h.head_dim);
+        let width = q_w + 2 * kv_w;
+        let mut out_q = Buf::<f32>::poisoned(rows * q_w);
+        let (mut k, mut v) = (
+            Pool::new(pool, pool_rows * kv_w),
+            Pool::new(pool, pool_rows * kv_w),
+        );
+        let (qp, kp, vp) = (out_q.ptr_mut(), k.ptr(), v.ptr());
+        let (n_head, n_kv, dim) = (h.n_head as i32, h.n_kv as i32, h.head_dim as i32);
+        let (i, n) = (inputs as i32, rows as i32);
+        let name = match norm {
+            None => {
+                let name = format!("gemv_q8_rope_r{}_f16_{pool}", room(rows));
+                let kernel = kernels::gemv_q8_rope::by_name(&name).expect(&name);
+                self.run(&name, width, |q, s, x| unsafe {
+                    kernel(
+                        q,
+                        s,
+                        x,
+                        a.bias,
+                        a.cos,
+                        a.sin,
+                        a.positions,
+                        slots,
+                        qp,
+                        kp,
+                        vp,
+                        n_head,
+                        n_kv,
+                        dim,
+                        a.interleaved,
+                        i,
+                        n,
+                    )
+                });
+                name
+            }
+            Some(m) => {
+                let name = format!("gemv_q8_norm_rope_r{}_f32_{pool}", room(rows));
+                let kernel = kernels::gemv_q8_norm_rope::by_name(&name).expect(&name);
+                self.run_on(&name, width, room(rows) * inputs * 2, |q, s| unsafe {
+                    kernel(
+                        q,
+                        s,
+                        m.stream,
+                        a.bias,
+                        a.cos,
+                        a.sin,
+                        a.positions,
+                        slots,
+                        qp,
+                        kp,
+                        vp,
+                        n_head,
+                        n_kv,
+                        dim,
+                        a.interleaved,
+                        i,
+                        n,
+                        m.weight,
+                        NORM_EPS,
+                    )
+                });
+                name
+            }
+        };
+        [out_q.read(&name), k.read(), v.read()]
+    }
+}
+
 /// `gemv_q8_glu` (the stacked gate/up projection with the activation in its epilogue) equals
 /// the plain form's `[rows, 2f]` sums through `glu_{act}_f32_{out}`, bit for bit, for SiLU and
 /// GELU-tanh, f16 and f32 outputs, an odd `f` among them.
@@ -865,15 +990,9 @@ fn gemv_q8_glu_equals_the_plain_form_then_the_glu() {
                         kernel(gp, wp, rows as u64, f as u64)
                     })
                 };
-                let mut got = Output::new(rows * f, f16_out);
-                let name = format!("gemv_q8_glu_{act}_r{}_f16_{}", room(rows), ty(f16_out));
-                let kernel = kernels::gemv_q8_glu::by_name(&name).expect(&name);
-                let yp = got.ptr();
-                case.run(&name, outputs, |q, s, x| unsafe {
-                    kernel(q, s, x, yp, inputs as i32, outputs as i32, rows as i32)
-                });
+                let got = case.glu(act, f16_out, (inputs, outputs, rows), None);
                 assert_eq!(
-                    first_difference(&got.read(&name), &want.read(&glu)),
+                    first_difference(&got, &want.read(&glu)),
                     None,
                     "{act} to {}: {inputs}x{outputs}, {rows} rows",
                     ty(f16_out)
@@ -946,40 +1065,11 @@ fn gemv_q8_rope_writes_what_the_plain_form_then_rope_store_write() {
                         )
                     })
                 };
-                let name = format!("gemv_q8_rope_r{}_f16_{pool}", room(rows));
-                let kernel = kernels::gemv_q8_rope::by_name(&name).expect(&name);
-                let mut got_q = Buf::<f32>::poisoned(rows * q_w);
-                let mut got_k = Pool::new(pool, pool_rows * kv_w);
-                let mut got_v = Pool::new(pool, pool_rows * kv_w);
-                let (qp, kp, vp) = (got_q.ptr_mut(), got_k.ptr(), got_v.ptr());
-                case.run(&name, width, |q, s, x| unsafe {
-                    kernel(
-                        q,
-                        s,
-                        x,
-                        a.bias,
-                        a.cos,
-                        a.sin,
-                        a.positions,
-                        sl,
-                        qp,
-                        kp,
-                        vp,
-                        n_head,
-                        n_kv,
-                        dim,
-                        a.interleaved,
-                        inputs as i32,
-                        rows as i32,
-                    )
-                });
-                let pairs = [
-                    (got_q.read(&name), want_q.read("rope_store"), "queries"),
-                    (got_k.read(), want_k.read(), "keys"),
-                    (got_v.read(), want_v.read(), "values"),
-                ];
-                for (got, want, which) in pairs {
-                    assert_eq!(first_difference(&got, &want), None, "{what}: the {which}");
+                let want = [want_q.read(&name), want_k.read(), want_v.read()];
+                let got = case.rope(h, a, pool, sl, pool_rows, (inputs, rows), None);
+                for ((got, want), which) in got.iter().zip(&want).zip(["queries", "keys", "values"])
+                {
+                    assert_eq!(first_difference(got, want), None, "{what}: the {which}");
                 }
             }
         }
@@ -998,31 +1088,17 @@ fn gemv_q8_norm_forms_equal_rms_norm_then_the_plain_forms() {
             let (stream, w, case) =
                 Q8Case::new(seed, inputs, outputs, rows).normed(seed + 5, inputs, rows);
             let (sb, wb) = (Buf::from_slice(&stream), Buf::from_slice(&w));
-            let (sp, wp) = (sb.ptr(), wb.ptr());
-            let shared = room(rows) * inputs * 2;
-            let f = outputs / 2;
+            let norm = NormArgs {
+                stream: sb.ptr(),
+                weight: wb.ptr(),
+            };
             for act in ["silu", "gelu_tanh"] {
-                for out in ["f16", "f32"] {
-                    let plain = format!("gemv_q8_glu_{act}_r{}_f16_{out}", room(rows));
-                    let kernel = kernels::gemv_q8_glu::by_name(&plain).expect(&plain);
-                    let mut want = Output::new(rows * f, out == "f16");
-                    let yp = want.ptr();
-                    case.run(&plain, outputs, |q, s, x| unsafe {
-                        kernel(q, s, x, yp, inputs as i32, outputs as i32, rows as i32)
-                    });
-                    let name = format!("gemv_q8_norm_glu_{act}_r{}_f32_{out}", room(rows));
-                    let kernel = kernels::gemv_q8_norm_glu::by_name(&name).expect(&name);
-                    let mut got = Output::new(rows * f, out == "f16");
-                    let yp = got.ptr();
-                    case.run_on(&name, outputs, shared, |q, s| unsafe {
-                        let (i, o, n) = (inputs as i32, outputs as i32, rows as i32);
-                        kernel(q, s, sp, yp, i, o, n, wp, NORM_EPS)
-                    });
-                    assert_eq!(
-                        first_difference(&got.read(&name), &want.read(&plain)),
-                        None,
-                        "{name}: {inputs}x{outputs}"
-                    );
+                for f16_out in [true, false] {
+                    let shape = (inputs, outputs, rows);
+                    let want = case.glu(act, f16_out, shape, None);
+                    let got = case.glu(act, f16_out, shape, Some(norm));
+                    let what = format!("{act} to {}: {inputs}x{outputs}, {rows} rows", ty(f16_out));
+                    assert_eq!(first_difference(&got, &want), None, "{what}");
                 }
             }
         }
@@ -1032,80 +1108,23 @@ fn gemv_q8_norm_forms_equal_rms_norm_then_the_plain_forms() {
     let lb = Buf::from_slice(&slots);
     for (i, h) in [smollm2, qwen25].iter().enumerate() {
         let r = RopeInputs::new(h, false);
-        let (q_w, kv_w, width) = (r.q_w, r.kv_w, r.width());
         for rows in [1usize, 2] {
             let seed = 170 + 10 * i as u64;
             let (stream, w, case) =
-                Q8Case::new(seed, inputs, width, rows).normed(seed + 5, inputs, rows);
+                Q8Case::new(seed, inputs, r.width(), rows).normed(seed + 5, inputs, rows);
             let (sb, wb) = (Buf::from_slice(&stream), Buf::from_slice(&w));
-            let (sp, wp) = (sb.ptr(), wb.ptr());
-            let a = r.args(h);
-            let (n_head, n_kv, dim) = (h.n_head as i32, h.n_kv as i32, h.head_dim as i32);
+            let norm = NormArgs {
+                stream: sb.ptr(),
+                weight: wb.ptr(),
+            };
             for pool in ["f32", "f16", "bf16"] {
                 let what = format!("{pool} pool, {} heads, {rows} rows", h.n_head);
-                let plain = format!("gemv_q8_rope_r{}_f16_{pool}", room(rows));
-                let kernel = kernels::gemv_q8_rope::by_name(&plain).expect(&plain);
-                let mut want_q = Buf::<f32>::poisoned(rows * q_w);
-                let mut want_k = Pool::new(pool, pool_rows * kv_w);
-                let mut want_v = Pool::new(pool, pool_rows * kv_w);
-                let (qp, kp, vp, sl) = (want_q.ptr_mut(), want_k.ptr(), want_v.ptr(), lb.ptr());
-                case.run(&plain, width, |q, s, x| unsafe {
-                    kernel(
-                        q,
-                        s,
-                        x,
-                        a.bias,
-                        a.cos,
-                        a.sin,
-                        a.positions,
-                        sl,
-                        qp,
-                        kp,
-                        vp,
-                        n_head,
-                        n_kv,
-                        dim,
-                        a.interleaved,
-                        inputs as i32,
-                        rows as i32,
-                    )
-                });
-                let name = format!("gemv_q8_norm_rope_r{}_f32_{pool}", room(rows));
-                let kernel = kernels::gemv_q8_norm_rope::by_name(&name).expect(&name);
-                let mut got_q = Buf::<f32>::poisoned(rows * q_w);
-                let mut got_k = Pool::new(pool, pool_rows * kv_w);
-                let mut got_v = Pool::new(pool, pool_rows * kv_w);
-                let (qp, kp, vp) = (got_q.ptr_mut(), got_k.ptr(), got_v.ptr());
-                case.run_on(&name, width, room(rows) * inputs * 2, |q, s| unsafe {
-                    kernel(
-                        q,
-                        s,
-                        sp,
-                        a.bias,
-                        a.cos,
-                        a.sin,
-                        a.positions,
-                        sl,
-                        qp,
-                        kp,
-                        vp,
-                        n_head,
-                        n_kv,
-                        dim,
-                        a.interleaved,
-                        inputs as i32,
-                        rows as i32,
-                        wp,
-                        NORM_EPS,
-                    )
-                });
-                let pairs = [
-                    (got_q.read(&name), want_q.read(&plain), "queries"),
-                    (got_k.read(), want_k.read(), "keys"),
-                    (got_v.read(), want_v.read(), "values"),
-                ];
-                for (got, want, which) in pairs {
-                    assert_eq!(first_difference(&got, &want), None, "{what}: the {which}");
+                let at = (lb.ptr(), pool_rows);
+                let want = case.rope(h, r.args(h), pool, at.0, at.1, (inputs, rows), None);
+                let got = case.rope(h, r.args(h), pool, at.0, at.1, (inputs, rows), Some(norm));
+                for ((got, want), which) in got.iter().zip(&want).zip(["queries", "keys", "values"])
+                {
+                    assert_eq!(first_difference(got, want), None, "{what}: the {which}");
                 }
             }
         }
