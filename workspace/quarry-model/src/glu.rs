@@ -48,14 +48,7 @@ impl CustomOp1 for Glu {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (_, f, shape) = self.shape(l)?;
-        let Some((a, b)) = l.contiguous_offsets() else {
-            candle_core::bail!("glu: the gate/up output must be contiguous");
-        };
-        let values: Vec<f32> = match s {
-            CpuStorage::F32(v) => v[a..b].to_vec(),
-            CpuStorage::F16(v) => v[a..b].iter().map(|x| x.to_f32()).collect(),
-            _ => candle_core::bail!("glu: the gate/up output must be f32 or f16"),
-        };
+        let values = crate::host_mem::f32_values(s, l, "glu: the gate/up output")?;
         let act = match self.act {
             Activation::Silu => silu,
             Activation::GeluTanh => gelu_tanh,

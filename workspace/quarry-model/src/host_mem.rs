@@ -1,9 +1,10 @@
 //! Host memory the CPU kernels share: a buffer that parallel work items write in disjoint parts
-//! ([`SharedMut`]), and a CPU tensor's data read in place ([`with_host_slice`]). The bottom layer
+//! ([`SharedMut`]), a CPU tensor's data read in place ([`with_host_slice`]), and a CPU op's f32 or
+//! f16 input as f32 ([`f32_values`]). The bottom layer
 //! of the crate: it imports nothing of quarry's but the error type, so the kernels that use it
 //! (attention, the projections, the host forward) never import each other for it.
 
-use candle_core::Tensor;
+use candle_core::{CpuStorage, Layout, Tensor};
 
 use crate::error::Result;
 
@@ -58,4 +59,17 @@ pub(crate) fn with_host_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Res
             message: "expected a contiguous tensor".into(),
         }),
     }
+}
+
+/// A contiguous f32 or f16 storage's values as f32 (a CPU op's input; `what` names it in the
+/// error).
+pub(crate) fn f32_values(s: &CpuStorage, l: &Layout, what: &str) -> candle_core::Result<Vec<f32>> {
+    let Some((a, b)) = l.contiguous_offsets() else {
+        candle_core::bail!("{what} must be contiguous");
+    };
+    Ok(match s {
+        CpuStorage::F32(v) => v[a..b].to_vec(),
+        CpuStorage::F16(v) => v[a..b].iter().map(|x| x.to_f32()).collect(),
+        _ => candle_core::bail!("{what} must be f32 or f16"),
+    })
 }

@@ -590,26 +590,37 @@ fn gemma3_the_fusions_keep_the_logits() {
     fusions_check(&gemma3_path(), false);
 }
 
+/// Every step's logits of [`prefill_then_decode`] with `fusions` set on `model`.
+fn fused_logits(
+    model: &quarry_model::Llama,
+    fusions: Fusions,
+    prompts: &[Vec<u32>],
+    next: &[u32],
+) -> Vec<Vec<f32>> {
+    model.set_fusions(fusions);
+    prefill_then_decode(model, prompts, next)
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The largest difference between two runs' logits, step by step.
+fn worst_difference(x: &[Vec<f32>], y: &[Vec<f32>]) -> f32 {
+    assert_eq!(x.len(), y.len());
+    x.iter()
+        .zip(y)
+        .map(|(a, b)| max_diff(a, b))
+        .fold(0f32, f32::max)
+}
+
 /// [`the_fusions_keep_the_logits`] for the model at `path`; `gemm_adds`: whether its
 /// projections may add into the stream in their GEMMs (no output norms).
 fn fusions_check(path: &std::path::Path, gemm_adds: bool) {
     let model = quarry_model::Llama::load_with(path, &device(), &options()).unwrap();
     let prompts = three_prompts();
     let next = text_tokens(5, 700);
-    let run = |fusions: Fusions| -> Vec<Vec<f32>> {
-        model.set_fusions(fusions);
-        prefill_then_decode(&model, &prompts, &next)
-            .into_iter()
-            .flatten()
-            .collect()
-    };
-    let worst = |x: &[Vec<f32>], y: &[Vec<f32>]| {
-        assert_eq!(x.len(), y.len());
-        x.iter()
-            .zip(y)
-            .map(|(a, b)| max_diff(a, b))
-            .fold(0f32, f32::max)
-    };
+    let run = |fusions: Fusions| fused_logits(&model, fusions, &prompts, &next);
+    let worst = worst_difference;
     let none = Fusions::default();
     let plain = run(none);
     let what = path.display();
@@ -700,25 +711,16 @@ fn the_8_bit_gemv_s_epilogues_keep_the_logits() {
     );
     // Two sequences: decode steps of 2 rows, which the `_norm` forms take too.
     let (prompts, next) = (three_prompts()[..2].to_vec(), text_tokens(5, 700));
-    let run = |model: &quarry_model::Llama, fused: bool, gemv_norm: bool| -> Vec<Vec<f32>> {
-        model.set_fusions(Fusions {
+    let run = |model: &quarry_model::Llama, fused: bool, gemv_norm: bool| {
+        let fusions = Fusions {
             gemm_add: fused,
             rope_store: fused,
             gemv_norm,
             ..Fusions::default()
-        });
-        prefill_then_decode(model, &prompts, &next)
-            .into_iter()
-            .flatten()
-            .collect()
+        };
+        fused_logits(model, fusions, &prompts, &next)
     };
-    let worst = |x: &[Vec<f32>], y: &[Vec<f32>]| {
-        assert_eq!(x.len(), y.len());
-        x.iter()
-            .zip(y)
-            .map(|(a, b)| max_diff(a, b))
-            .fold(0f32, f32::max)
-    };
+    let worst = worst_difference;
     let (plain, epilogues, fused) = (
         run(&gemv, false, false),
         run(&gemv, true, false),

@@ -222,14 +222,7 @@ impl Q8Rows {
         l: &Layout,
     ) -> candle_core::Result<Vec<f32>> {
         let (rows, inputs) = l.shape().dims2()?;
-        let Some((a, b)) = l.contiguous_offsets() else {
-            candle_core::bail!("q8 rows: the input must be contiguous");
-        };
-        let x: Vec<f32> = match s {
-            CpuStorage::F32(v) => v[a..b].to_vec(),
-            CpuStorage::F16(v) => v[a..b].iter().map(|x| x.to_f32()).collect(),
-            _ => candle_core::bail!("q8 rows: the input must be f32 or f16"),
-        };
+        let x = crate::host_mem::f32_values(s, l, "q8 rows: the input")?;
         let q: Vec<i8> = self
             .q
             .flatten_all()?
@@ -389,15 +382,10 @@ impl InplaceOp2 for Q8AddOp<'_> {
         l: &Layout,
     ) -> candle_core::Result<()> {
         self.shape(lx, l, false)?;
-        let sums = self.w.reference_sums(s, l)?;
-        let CpuStorage::F32(x) = x else {
-            candle_core::bail!("q8 rows: the residual stream must be f32");
-        };
-        let at = lx.start_offset();
-        for (x, y) in x[at..at + sums.len()].iter_mut().zip(&sums) {
-            *x += y;
-        }
-        Ok(())
+        // The sums, then the add's own CPU side.
+        let sums = CpuStorage::F32(self.w.reference_sums(s, l)?);
+        let add = crate::llama::fused::AddInto;
+        add.cpu_fwd(x, lx, &sums, &Layout::contiguous(lx.shape()))
     }
 
     #[cfg(feature = "cuda")]

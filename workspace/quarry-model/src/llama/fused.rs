@@ -14,6 +14,7 @@
 use candle_core::{CpuStorage, CustomOp1, DType, InplaceOp2, Layout, Shape, Tensor};
 
 use crate::config::RopeStyle;
+use crate::host_mem::f32_values;
 pub(crate) use crate::op_args::{AddNorm, Norm, RopeQk};
 use crate::options::{ModelOptions, Switch};
 
@@ -586,18 +587,6 @@ impl InplaceOp2 for AddNorm<'_> {
         let (rows, width) = self.shape(lxh, ly)?;
         crate::cuda::add_norm(xh, lxh, y, ly, self, rows, width)
     }
-}
-
-/// A contiguous f32 or f16 storage's values as f32.
-fn f32_values(s: &CpuStorage, l: &Layout, what: &str) -> candle_core::Result<Vec<f32>> {
-    let Some((a, b)) = l.contiguous_offsets() else {
-        candle_core::bail!("{what} must be contiguous");
-    };
-    Ok(match s {
-        CpuStorage::F32(v) => v[a..b].to_vec(),
-        CpuStorage::F16(v) => v[a..b].iter().map(|x| x.to_f32()).collect(),
-        _ => candle_core::bail!("{what} must be f32 or f16"),
-    })
 }
 
 /// f32 values as a CPU storage of `dtype` (f32 or f16).
