@@ -633,8 +633,8 @@ mod tests {
     }
 
     /// A gate/up projection stacked on the 8-bit GEMV gives `act(gate) · up` in one op below its
-    /// switch, equal to `glu::Glu` on its forward; at the switch (and for parts that are not all
-    /// on the GEMV) it declines.
+    /// switch, equal to `glu::Glu` on its forward; at the switch, and where the f16 copies alone
+    /// are held (`dense_from_rows = 1`), it declines.
     #[test]
     fn a_stacked_8_bit_gate_up_applies_its_activation_below_its_switch() {
         let dev = Device::Cpu;
