@@ -382,10 +382,16 @@ impl InplaceOp2 for Q8AddOp<'_> {
         l: &Layout,
     ) -> candle_core::Result<()> {
         self.shape(lx, l, false)?;
-        // The sums, then the add's own CPU side.
-        let sums = CpuStorage::F32(self.w.reference_sums(s, l)?);
-        let add = crate::llama::fused::AddInto;
-        add.cpu_fwd(x, lx, &sums, &Layout::contiguous(lx.shape()))
+        // The sums, then `llama::fused::AddInto`'s arithmetic (linear does not import llama).
+        let sums = self.w.reference_sums(s, l)?;
+        let CpuStorage::F32(x) = x else {
+            candle_core::bail!("q8 rows: the residual stream must be f32");
+        };
+        let at = lx.start_offset();
+        for (x, y) in x[at..at + sums.len()].iter_mut().zip(&sums) {
+            *x += y;
+        }
+        Ok(())
     }
 
     #[cfg(feature = "cuda")]
