@@ -3,8 +3,9 @@
 //! - [`attention`]: the whole-batch paged attention (`kernels/paged_attention.cu`), its layouts
 //!   and split-K;
 //! - [`forward`]: the forward pass's fused ops (`kernels/rope_store.cu`, `residual.cu`,
-//!   `glu.cu`), the launchers of the candle ops in `llama/fused.rs` and `glu.rs`, and the small
-//!   steps' 8-bit GEMV (`kernels/gemv_q8.cu`, `linear/q8_rows.rs`);
+//!   `glu.cu`), the launchers of the candle ops in `llama/fused.rs` and `glu.rs`;
+//! - [`gemv`]: the small steps' 8-bit GEMV (`kernels/gemv_q8.cu`, `linear/q8_rows.rs`), plain
+//!   and with a layer's small work fused around it;
 //! - [`sampling`]: the step's masks on their way to the GPU and its draws
 //!   (`kernels/sampling.cu`).
 //!
@@ -20,16 +21,15 @@ use candle_core::{CudaDevice, Result};
 
 pub mod attention;
 pub mod forward;
+pub mod gemv;
 pub mod graph;
 pub mod sampling;
 
 pub use crate::kernel_plan::AttentionShape;
 pub use attention::{paged_attention, AttentionOut, DeviceBatch, KvPool};
 pub use forward::glu;
-pub(crate) use forward::{
-    add_into, add_norm, gemm_add, gemv_q8, gemv_q8_add, gemv_q8_glu, rms_norm, rope, store_rows,
-    RopeOut,
-};
+pub(crate) use forward::{add_into, add_norm, gemm_add, rms_norm, rope, store_rows, RopeOut};
+pub(crate) use gemv::{gemv_q8, gemv_q8_add, gemv_q8_glu};
 pub use graph::StepGraphs;
 pub use sampling::{sample_rows, MaskUpload};
 
