@@ -270,7 +270,23 @@ pub(crate) fn gemv_q8_glu(
 mod tests {
     use super::*;
     use crate::cuda::testing::{both, gpu, host_f32, ids_on_both};
+    use crate::linear::Q8Rows;
     use crate::simd::testing::{relative_error, values};
+
+    /// A random Q8_0 matrix of `outputs` rows of `inputs` values (from `seed`), repacked on the
+    /// GPU and on the CPU (the ops' references).
+    fn q8_on_both(seed: u64, outputs: usize, inputs: usize) -> (Q8Rows, Q8Rows) {
+        use candle_core::quantized::{GgmlDType, QTensor};
+        let cpu = candle_core::Device::Cpu;
+        let w = values(seed, outputs * inputs, -1.0, 1.0);
+        let w = Tensor::from_slice(&w, (outputs, inputs), &cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        let gpu = candle_core::Device::Cuda(gpu());
+        (
+            Q8Rows::from_q8_0(&q, &gpu).unwrap(),
+            Q8Rows::from_q8_0(&q, &cpu).unwrap(),
+        )
+    }
 
     /// The small steps' 8-bit GEMV (`gemv_q8`, through `Q8Rows` as the forward pass calls it)
     /// against its reference (the op's CPU side) on a random Q8_0 matrix in Llama 3 8B's down
@@ -279,19 +295,8 @@ mod tests {
     /// 8 past 8), from f32 and f16, the outputs poisoned by a first run on other inputs.
     #[test]
     fn gemv_q8_matches_its_reference() {
-        use crate::linear::Q8Rows;
-        use candle_core::quantized::{GgmlDType, QTensor};
-        let cuda = candle_core::Device::Cuda(gpu());
         for (outputs, inputs) in [(1001usize, 14_336usize), (96, 576)] {
-            let w = Tensor::from_slice(
-                &values(5, outputs * inputs, -1.0, 1.0),
-                (outputs, inputs),
-                &candle_core::Device::Cpu,
-            )
-            .unwrap();
-            let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
-            let on_gpu = Q8Rows::from_q8_0(&q, &cuda).unwrap();
-            let on_cpu = Q8Rows::from_q8_0(&q, &candle_core::Device::Cpu).unwrap();
+            let (on_gpu, on_cpu) = q8_on_both(5, outputs, inputs);
             for rows in [1usize, 2, 3, 5, 8, 20] {
                 for input in [DType::F32, DType::F16] {
                     let (junk, _) = both(
@@ -330,19 +335,8 @@ mod tests {
     #[test]
     fn gemv_q8_add_and_glu_match_their_references() {
         use crate::config::Activation;
-        use crate::linear::Q8Rows;
-        use candle_core::quantized::{GgmlDType, QTensor};
-        let cuda = candle_core::Device::Cuda(gpu());
         for (outputs, inputs) in [(1002usize, 14_336usize), (96, 576)] {
-            let w = Tensor::from_slice(
-                &values(5, outputs * inputs, -1.0, 1.0),
-                (outputs, inputs),
-                &candle_core::Device::Cpu,
-            )
-            .unwrap();
-            let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
-            let on_gpu = Q8Rows::from_q8_0(&q, &cuda).unwrap();
-            let on_cpu = Q8Rows::from_q8_0(&q, &candle_core::Device::Cpu).unwrap();
+            let (on_gpu, on_cpu) = q8_on_both(5, outputs, inputs);
             for rows in [1usize, 2, 3, 5, 8] {
                 let input = |seed| {
                     both(
@@ -453,11 +447,8 @@ mod tests {
     #[test]
     fn gemv_q8_rope_matches_the_gemv_then_rope_store() {
         use crate::config::RopeStyle;
-        use crate::linear::Q8Rows;
         use crate::llama::fused::RopeStore;
         use crate::op_args::RopeQk;
-        use candle_core::quantized::{GgmlDType, QTensor};
-        let cuda = candle_core::Device::Cuda(gpu());
         let context = 64;
         let cases = [
             (9, 3, 64, RopeStyle::Interleaved, false, 576),
@@ -468,14 +459,7 @@ mod tests {
             let (q_w, kv_w) = (n_head * head_dim, n_kv * head_dim);
             let (width, half) = (q_w + 2 * kv_w, head_dim / 2);
             let seed = (n_head * 1000 + head_dim) as u64;
-            let w = Tensor::from_slice(
-                &values(seed, width * inputs, -1.0, 1.0),
-                (width, inputs),
-                &candle_core::Device::Cpu,
-            )
-            .unwrap();
-            let matrix =
-                Q8Rows::from_q8_0(&QTensor::quantize(&w, GgmlDType::Q8_0).unwrap(), &cuda).unwrap();
+            let (matrix, _) = q8_on_both(seed, width, inputs);
             let table = |f: fn(f64) -> f64| -> Vec<f32> {
                 (0..context * half)
                     .map(|j| {
