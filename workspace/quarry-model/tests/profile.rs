@@ -1,11 +1,12 @@
 //! `QUARRY_PROFILE`'s phases over real forward passes of SmolLM2 on the tensor layout: every
 //! layer's phases are marked once per layer and pass, the pass's own once per pass, and the
-//! logits are those of a pass without profiling. Its own test binary: the totals are
+//! logits are those of a pass without profiling; the totals are split by pass kind. Its own test binary: the totals are
 //! process-wide, and no other test may run forward passes beside it.
 
 mod common;
 
 use common::*;
+use quarry_model::profile::PassKind;
 use quarry_model::{profile, Fusions, KvLayout, Logits, SeqInput};
 
 #[test]
@@ -33,8 +34,22 @@ fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     assert!(profile::take().is_empty(), "nothing recorded while off");
     let profiled = run(true);
     same_logits(&profiled, &plain, "profiling changes no logit");
-    let phases = profile::take();
-    let calls = |name: &str| calls_of(&phases, name);
+    let kinds = profile::take();
+    // One prefill of 10 tokens, then two decode steps: a total per kind, in the order they ran.
+    let split: Vec<_> = kinds.iter().map(|k| (k.pass, k.passes, k.tokens)).collect();
+    assert_eq!(
+        split,
+        [(PassKind::MultiToken, 1, 10), (PassKind::Decode, 2, 2)]
+    );
+    for kind in &kinds {
+        assert_eq!(
+            calls_of(&kind.phases, "set-up and embedding"),
+            kind.passes,
+            "{:?}: a pass's own phase once a pass of its kind",
+            kind.pass
+        );
+    }
+    let calls = |name: &str| total_calls(&kinds, name);
     let passes = 3;
     for per_layer in [
         "Q/K/V projection",
@@ -53,7 +68,13 @@ fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     assert_eq!(calls("residual adds"), 2 * passes * layers);
     assert_eq!(calls("set-up and embedding"), passes);
     assert_eq!(calls("output norm and logits"), passes);
-    assert!(phases.iter().all(|p| p.seconds > 0.0), "{phases:?}");
+    assert!(
+        kinds
+            .iter()
+            .flat_map(|k| &k.phases)
+            .all(|p| p.seconds > 0.0),
+        "{kinds:?}"
+    );
     assert!(profile::take().is_empty(), "take clears the totals");
 
     // With the add-and-norm and RoPE-store fusions: RoPE with the KV writes once per layer; where
@@ -79,8 +100,8 @@ fn profiled_passes_mark_every_phase_once_per_layer_and_keep_their_logits() {
     let fused = run(true);
     model.set_fusions(Fusions::default());
     same_logits(&fused, &plain, "the fusions change no logit");
-    let phases = profile::take();
-    let calls = |name: &str| calls_of(&phases, name);
+    let kinds = profile::take();
+    let calls = |name: &str| total_calls(&kinds, name);
     let unfused = passes - fused_passes;
     assert_eq!(calls("norms"), fused_passes + 2 * layers * unfused);
     assert_eq!(calls("residual adds"), fused_passes + 2 * layers * unfused);
@@ -109,6 +130,11 @@ fn same_logits(a: &[f32], b: &[f32], what: &str) {
         .map(|(x, y)| (x - y).abs())
         .fold(0f32, f32::max);
     assert!(worst <= 0.1, "{what}: worst logit difference {worst}");
+}
+
+/// How many times `name` was marked over every pass kind (0 if never).
+fn total_calls(kinds: &[profile::PassTotals], name: &str) -> u64 {
+    kinds.iter().map(|k| calls_of(&k.phases, name)).sum()
 }
 
 /// How many times `phases` recorded `name` (0 if never).

@@ -276,9 +276,9 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
                     m.output_tokens_per_s
                 );
                 if quarry_model::profile::enabled() {
-                    let phases = quarry_model::profile::take();
-                    print_profile(&phases, m.forward_passes);
-                    profiles.push(json!(phases));
+                    let kinds = quarry_model::profile::take();
+                    print_profile(&kinds);
+                    profiles.push(json!(kinds));
                 }
                 runs.push(m);
             }
@@ -374,7 +374,8 @@ pub(crate) fn run(args: BenchArgs) -> Result<()> {
                 "cuda_graphs": graphs,
             });
             if !profiles.is_empty() {
-                // Per run: each phase's marks and seconds (QUARRY_PROFILE, quarry_model::profile).
+                // Per run and pass kind (decode, multi-token): passes, tokens, each phase's marks and
+                // seconds (QUARRY_PROFILE, quarry_model::profile).
                 r["profile"] = json!(profiles);
             }
             r
@@ -435,27 +436,37 @@ fn print_table(results: &[(usize, String, Vec<RunMetrics>)]) -> Result<()> {
     Ok(())
 }
 
-/// One profiled run's phases: time per forward pass and share of the profiled time, largest first.
-fn print_profile(phases: &[quarry_model::profile::PhaseTime], passes: u64) {
-    if phases.is_empty() {
+/// One profiled run's phases, a table per pass kind (decode steps apart from prefill chunks and
+/// extensions): time per pass of that kind and share of its profiled time, largest first.
+fn print_profile(kinds: &[quarry_model::profile::PassTotals]) {
+    if kinds.is_empty() {
         eprintln!("  (no phases: profiling splits the tensor forward pass, a GPU's)");
         return;
     }
-    let total: f64 = phases.iter().map(|p| p.seconds).sum();
-    let mut sorted: Vec<_> = phases.iter().collect();
-    sorted.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
-    eprintln!(
-        "  {:<24} {:>10} {:>12} {:>7}",
-        "phase", "marks", "ms/pass", "share"
-    );
-    for p in sorted {
+    for kind in kinds {
+        let total: f64 = kind.phases.iter().map(|p| p.seconds).sum();
         eprintln!(
-            "  {:<24} {:>10} {:>12.3} {:>6.1}%",
-            p.phase,
-            p.calls,
-            1e3 * p.seconds / passes.max(1) as f64,
-            100.0 * p.seconds / total.max(1e-12)
+            "  {} passes: {} ({:.1} tokens a pass), {:.3} ms a pass profiled",
+            kind.pass.name(),
+            kind.passes,
+            kind.tokens as f64 / kind.passes.max(1) as f64,
+            1e3 * total / kind.passes.max(1) as f64
         );
+        let mut sorted: Vec<_> = kind.phases.iter().collect();
+        sorted.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        eprintln!(
+            "  {:<24} {:>10} {:>12} {:>7}",
+            "phase", "marks", "ms/pass", "share"
+        );
+        for p in sorted {
+            eprintln!(
+                "  {:<24} {:>10} {:>12.3} {:>6.1}%",
+                p.phase,
+                p.calls,
+                1e3 * p.seconds / kind.passes.max(1) as f64,
+                100.0 * p.seconds / total.max(1e-12)
+            );
+        }
     }
 }
 

@@ -558,7 +558,7 @@ impl Llama {
         let t = plan.tokens.len();
         let dev = &self.device;
         // Profiling on (`ModelOptions::profile`): each phase below ends with a synchronization and a mark.
-        let mut phases = crate::profile::Phases::start(dev)?;
+        let mut phases = crate::profile::Phases::start(dev, batch)?;
         // Attention: one paged attention launch per layer for the whole batch on a GPU, or the
         // per-sequence gather of tensor ops (the CPU's cross-check, and `attention = gather`).
         let attention = match (attention_kernel(dev, t, &self.options), route) {
@@ -685,7 +685,7 @@ impl Llama {
                     &args,
                     step.key.tokens,
                     ids,
-                    &mut crate::profile::Phases::start(&self.device)?,
+                    &mut crate::profile::Phases::start(&self.device, args.batch)?,
                 )
             },
         )
