@@ -108,6 +108,9 @@ struct Launch {
     Barrier block;
     void* scheduler_sp = nullptr;
     unsigned current = 0;
+    // __syncthreads_or's votes, by the block barrier's generation's parity: a generation's slot is
+    // cleared by its first arrival, and read by its threads before the next generation can end.
+    int votes[2] = {0, 0};
     std::vector<unsigned char> shared;  // 16 bytes of alignment slack, the memory, a canary
     size_t shared_bytes = 0;
     std::string error;
@@ -232,6 +235,16 @@ static void wait_at(Barrier& b, State state) {
 }
 
 void sync_block() { wait_at(L->block, State::Block); }
+
+int sync_block_or(int pred) {
+    Launch& l = *L;
+    const uint64_t g = l.block.generation;
+    int& vote = l.votes[g & 1];
+    if (l.block.arrived == 0) vote = 0;
+    vote |= pred != 0;
+    wait_at(l.block, State::Block);
+    return l.votes[g & 1];
+}
 
 void sync_warp() { wait_at(L->warps[L->current / 32].barrier, State::Warp); }
 

@@ -47,3 +47,12 @@ extern "C" __global__ void emu_early_return(float* out) {
     __syncthreads();
     out[threadIdx.x] = 1.0f;
 }
+
+// Three votes in a row, each by another set of threads: out[3 * thread + r] is vote r's result
+// as that thread saw it. Vote 0: thread `voter` alone; vote 1: nobody; vote 2: every odd thread.
+extern "C" __global__ void emu_votes(int voter, int* out) {
+    const unsigned i = threadIdx.x;
+    out[3 * i] = __syncthreads_or((int)i == voter);
+    out[3 * i + 1] = __syncthreads_or(0);
+    out[3 * i + 2] = __syncthreads_or(i % 2);
+}

@@ -66,11 +66,12 @@ family! {
 }
 
 family! {
-    /// `paged_attention_split*`: the attention's arguments, then chunk, ml, token_shared and
-    /// slot0 (the cascade's prefix slots before the chunks; 0 elsewhere).
+    /// `paged_attention_split*`: the attention's arguments, then chunk, ml, token_shared,
+    /// slot0 (the cascade's prefix slots before the chunks; 0 elsewhere), and the last-block
+    /// combine's counters, f32 output and f16 output (null counters: the combine's launch).
     attention_split: fn(*const f32, *const c_void, *const c_void, *const u32, *const u32,
                         *const u32, *const u32, *mut f32, i32, i32, i32, i32, f32, i32, i32,
-                        *mut f32, *const u32, i32) {
+                        *mut f32, *const u32, i32, *mut u32, *mut f32, *mut c_void) {
         paged_attention_split2g4_f32, paged_attention_split2g4_f16, paged_attention_split2g4_bf16,
         paged_attention_split4g4_f32, paged_attention_split4g4_f16, paged_attention_split4g4_bf16,
         paged_attention_split8g4_f32, paged_attention_split8g4_f16, paged_attention_split8g4_bf16,

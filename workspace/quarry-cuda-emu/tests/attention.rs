@@ -177,30 +177,43 @@ fn attend_batch(
             }
             let f = kernels::attention_split::by_name(&plan.kernel).expect(&plan.kernel);
             let slot0 = plan.prefix_slots() as i32;
-            unsafe {
-                run_launch(&plan.kernel, launch, || {
-                    f(
-                        qp,
-                        kp,
-                        vp,
-                        seq,
-                        pos,
-                        start,
-                        table,
-                        ap,
-                        n_head,
-                        n_kv,
-                        head_dim,
-                        page,
-                        scale,
-                        window,
-                        chunk as i32,
-                        mp,
-                        shared,
-                        slot0,
-                    )
-                })
+            // The split launch, the combine after it where `counters` is null, else in its last
+            // block of each (token, key-value head) into `combined`.
+            let split = |ap: *mut f32, mp: *mut f32, counters: *mut u32, combined: *mut c_void| {
+                let (c32, c16) = match (counters.is_null(), out16) {
+                    (true, _) => (std::ptr::null_mut(), std::ptr::null_mut()),
+                    (false, true) => (std::ptr::null_mut(), combined),
+                    (false, false) => (combined as *mut f32, std::ptr::null_mut()),
+                };
+                unsafe {
+                    run_launch(&plan.kernel, launch, || {
+                        f(
+                            qp,
+                            kp,
+                            vp,
+                            seq,
+                            pos,
+                            start,
+                            table,
+                            ap,
+                            n_head,
+                            n_kv,
+                            head_dim,
+                            page,
+                            scale,
+                            window,
+                            chunk as i32,
+                            mp,
+                            shared,
+                            slot0,
+                            counters,
+                            c32,
+                            c16,
+                        )
+                    })
+                };
             };
+            split(ap, mp, std::ptr::null_mut(), std::ptr::null_mut());
             // Every slot's maximum and sum written, and the sums of every slot the combine
             // reads (those whose maximum is finite: the cascade's prefix slots of a token
             // outside the prefix are -inf, their sums never written).
@@ -227,6 +240,16 @@ fn attend_batch(
                     combine(ap, mp, op, head_dim, slots32)
                 })
             };
+            // The same launch combining in its last blocks (`split_combine`): bit for bit the
+            // combine's launch, every counter back at 0 (a graph replays the same buffer). The
+            // cascade's prefix slots are the first launch's (the same values, written before).
+            // On the f16 pool, the one quarry runs, in the forms the model's groups take: the
+            // combine reads the chunks' f32 results, whatever the pool (and the emulator's
+            // attention runs are the test suite's slowest).
+            if element == "f16" && !shape.widest_group_form {
+                let counters = b.size.tokens * shape.n_kv;
+                check_last_block_combine(&plan, counters, out16, &acc, &ml, split, &out32, &out16b);
+            }
         }
     }
     let got = if out16 {
@@ -235,6 +258,61 @@ fn attend_batch(
         out32.read("out")
     };
     (plan, got)
+}
+
+/// Split-K with the combine in the split launch's last blocks (`split_combine`), against the
+/// combine's own launch, whose output `out32` or `out16b` holds (f16 where `out16`) and whose
+/// chunk results `acc` and `ml` hold: `split` launches the split kernel on the given chunk
+/// buffers, counters (one per token and key-value head: `counters` of them) and output. Bit for
+/// bit the same output, and every counter back at 0 (a CUDA graph replays the same buffer). The
+/// cascade's prefix slots are copied from the first launch's (the prefix launch wrote them
+/// before the split launch there too). The emulator runs a launch's blocks one after another, so
+/// it cannot show a race between them: a block that combined too early would be overwritten by
+/// the last one here (the GPU test runs the same comparison where blocks do race).
+#[allow(clippy::too_many_arguments)]
+fn check_last_block_combine(
+    plan: &AttentionPlan,
+    counters: usize,
+    out16: bool,
+    acc: &Buf<f32>,
+    ml: &Buf<f32>,
+    split: impl Fn(*mut f32, *mut f32, *mut u32, *mut c_void),
+    out32: &Buf<f32>,
+    out16b: &Buf<f16>,
+) {
+    let (mut acc2, mut ml2) = match plan.prefix {
+        Some(_) => (
+            Buf::from_slice(&acc.read("acc")),
+            Buf::from_slice(&ml.read("ml")),
+        ),
+        None => (Buf::poisoned(acc.len()), Buf::poisoned(ml.len())),
+    };
+    let mut count = Buf::<u32>::from_slice(&vec![0; counters]);
+    let (mut last32, mut last16) = (
+        Buf::<f32>::poisoned(out32.len()),
+        Buf::<f16>::poisoned(out16b.len()),
+    );
+    let combined = match out16 {
+        true => last16.ptr_mut() as *mut c_void,
+        false => last32.ptr_mut() as *mut c_void,
+    };
+    split(acc2.ptr_mut(), ml2.ptr_mut(), count.ptr_mut(), combined);
+    assert!(
+        count.read("counters").iter().all(|&c| c == 0),
+        "{}: a counter left for the next launch",
+        plan.kernel
+    );
+    let bits32 = |b: &Buf<f32>, what| b.read(what).iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let bits16 = |b: &Buf<f16>, what| b.read(what).iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let same = match out16 {
+        true => bits16(&last16, "combined") == bits16(out16b, "out"),
+        false => bits32(&last32, "combined") == bits32(out32, "out"),
+    };
+    assert!(
+        same,
+        "{}: the last-block combine differs from the combine's launch",
+        plan.kernel
+    );
 }
 
 fn matches_its_reference(kernel: AttentionKernel) {

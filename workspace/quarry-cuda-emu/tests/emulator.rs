@@ -13,6 +13,7 @@ extern "C" {
     fn emu_shared_overflow(words: i32);
     fn emu_read_unwritten(out: *mut f32);
     fn emu_early_return(out: *mut f32);
+    fn emu_votes(voter: i32, out: *mut i32);
 }
 
 #[test]
@@ -131,6 +132,22 @@ fn returned_threads_release_the_barrier() {
         .map(|i| if i % 2 == 0 { 1.0 } else { 0.0 })
         .collect();
     assert_eq!(got, want);
+}
+
+/// `__syncthreads_or`: every thread gets the block's vote, each vote its own (a vote does not
+/// leak into the next), whichever thread casts it (the first, the last to arrive, a middle one).
+#[test]
+fn a_vote_at_the_barrier_reaches_every_thread_and_only_its_own_barrier() {
+    let threads = 96u32;
+    for voter in [0, 47, 95] {
+        let mut out = Buf::<i32>::poisoned(3 * threads as usize);
+        let o = out.ptr_mut();
+        unsafe { run("emu_votes", (1, 1, 1), threads, 0, || emu_votes(voter, o)) };
+        let got = out.read("out");
+        for (i, votes) in got.chunks(3).enumerate() {
+            assert_eq!(votes, [1, 0, 1], "thread {i}, voter {voter}");
+        }
+    }
 }
 
 #[test]

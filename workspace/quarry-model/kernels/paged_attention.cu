@@ -506,6 +506,61 @@ __device__ void paged_attention(
     }
 }
 
+// Split-K's chunks combined, one output at a time: dimension i of row `row` (token * n_head +
+// query head) is sum_z exp(m_z - M) acc_z[i] / sum_z exp(m_z - M) l_z, with M the largest m_z, in
+// chunk order (no atomics). `part` and `ml` are the split kernel's `out` and `ml` (and the
+// cascade's prefix slots before them); the token's first chunk of its own positions always holds
+// one, so M is finite. A slot with m = -inf (an empty chunk, or a prefix slot of a token outside
+// the shared prefix, whose sums are never written) weighs 0 and is not read. The loads skip L1
+// (__ldcg): in the last-block combine (combine_if_last) other blocks of the same launch wrote
+// them, and L1 is not coherent between SMs.
+template <typename OUT>
+__device__ void combine_one(const float* __restrict__ part, const float* __restrict__ ml,
+                            OUT* __restrict__ out, size_t row, int i, int head_dim, int splits) {
+    const float* m = ml + row * splits * 2;
+    float max = -INFINITY;
+    for (int z = 0; z < splits; ++z) max = fmaxf(max, __ldcg(m + 2 * z));
+    float sum = 0.0f;
+    for (int z = 0; z < splits; ++z) sum += __expf(__ldcg(m + 2 * z) - max) * __ldcg(m + 2 * z + 1);
+    const float inv = 1.0f / sum;
+    const float* p = part + row * splits * head_dim;
+    float acc = 0.0f;
+    for (int z = 0; z < splits; ++z) {
+        const float mz = __ldcg(m + 2 * z);
+        if (mz != -INFINITY) acc += __expf(mz - max) * __ldcg(p + (size_t)z * head_dim + i);
+    }
+    out[row * head_dim + i] = from_float<OUT>(acc * inv);
+}
+
+// Split-K's combine inside the split launch (`split_combine`; `counters` not null): a block
+// counts itself done once its chunk's results are written, and the last of a (token, key-value
+// head)'s gridDim.z blocks to count combines the group's query heads, as the combine's own
+// launch would (the same combine_one, so bit for bit), then sets the counter back to 0 for the
+// next launch (a CUDA graph replays the same buffer). One launch a layer fewer; the cost is a
+// fence and an atomic a block, and the last block's combine. The output is f16 where `out16` is
+// not null, else f32 in `out`.
+__device__ void combine_if_last(const float* part, const float* ml, uint32_t* counters, float* out,
+                                __half* out16, int n_head, int n_kv, int head_dim, int splits,
+                                int t) {
+    __threadfence();  // this thread's sums and maxima, seen by whichever block combines
+    __syncthreads();  // every thread's, before the block counts itself
+    uint32_t* counter = counters + (size_t)t * n_kv + blockIdx.y;
+    bool last = false;
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.z - 1;
+    if (!__syncthreads_or(last)) return;
+    if (threadIdx.x == 0) *counter = 0;
+    __threadfence();  // the other blocks' results, read after their counts
+    const int group = n_head / n_kv;
+    const size_t row0 = (size_t)t * n_head + (size_t)blockIdx.y * group;
+    for (int e = threadIdx.x; e < group * head_dim; e += blockDim.x) {
+        const size_t row = row0 + e / head_dim;
+        if (out16)
+            combine_one(part, ml, out16, row, e % head_dim, head_dim, splits);
+        else
+            combine_one(part, ml, out, row, e % head_dim, head_dim, splits);
+    }
+}
+
 // The tiled form (`AttentionKernel::Tiled`): the warps layout, where a prefill or extension's
 // tokens of one sequence share their key reads. The grid is still a block per (token, key-value
 // head). Tokens are taken in tiles of TILE by their index in the batch (t - t % TILE onwards);
@@ -856,16 +911,23 @@ __device__ void paged_attention_prefix(
 // The split-K kernels: `out` is the chunks' sums and `ml` their maxima and sums (see the top).
 // `slot0` > 0 (the cascade): the slots before it are the shared prefix's, and a token whose
 // `token_shared` is P starts at position P; `token_shared` is not read where `slot0` is 0.
+// `counters` not null: the last block of each (token, key-value head) combines the chunks into
+// `combined`, or `combined16` where that is not null (combine_if_last); null: the combine's
+// launch does.
 #define PAGED_ATTENTION_SPLIT(NAME, KV, DPL, G)                                                \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, G == 4 ? 3 : 2) NAME(             \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
-        int window, int chunk, float* ml, const uint32_t* token_shared, int slot0) {           \
+        int window, int chunk, float* ml, const uint32_t* token_shared, int slot0,             \
+        uint32_t* counters, float* combined, __half* combined16) {                            \
         paged_attention<KV, float, DPL, G, true>(q, k, v, token_seq, token_pos, page_start,  \
                                                  block_table, out, n_head, n_kv, head_dim,     \
                                                  page_size, scale, window, chunk, ml,          \
                                                  token_shared, slot0, blockIdx.x);             \
+        if (counters)                                                                          \
+            combine_if_last(out, ml, counters, combined, combined16, n_head, n_kv, head_dim,   \
+                            slot0 + gridDim.z, blockIdx.x);                                    \
     }
 
 // The cascade's prefix forms: the split layout's results for the shared prefix (see above).
@@ -959,38 +1021,16 @@ PAGED_ATTENTION_POOL_PREFIX(bf16, __nv_bfloat16)
 #endif
 
 #if QUARRY_ONE_TOKEN_FORMS
-// The chunks' results combined, one block per (token, query head), a thread per dimension:
-// out[row] = sum_z exp(m_z - M) acc_z / sum_z exp(m_z - M) l_z with M the largest m_z, in chunk
-// order (no atomics). `part` and `ml` are the split kernel's `out` and `ml` (and the cascade's
-// prefix slots before them); the token's first chunk of its own positions always holds one, so M
-// is finite. A slot with m = -inf (an empty chunk, or a prefix slot of a token outside the shared
-// prefix, whose sums are never written) weighs 0 and is not read.
-template <typename OUT>
-__device__ void paged_attention_combine(const float* __restrict__ part,
-                                        const float* __restrict__ ml, OUT* __restrict__ out,
-                                        int head_dim, int splits) {
-    const size_t row = blockIdx.x;  // token * n_head + query head
-    const float* m = ml + row * splits * 2;
-    float max = -INFINITY;
-    for (int z = 0; z < splits; ++z) max = fmaxf(max, m[2 * z]);
-    float sum = 0.0f;
-    for (int z = 0; z < splits; ++z) sum += __expf(m[2 * z] - max) * m[2 * z + 1];
-    const float inv = 1.0f / sum;
-    const float* p = part + row * splits * head_dim;
-    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
-        float acc = 0.0f;
-        for (int z = 0; z < splits; ++z)
-            if (m[2 * z] != -INFINITY) acc += __expf(m[2 * z] - max) * p[(size_t)z * head_dim + i];
-        out[row * head_dim + i] = from_float<OUT>(acc * inv);
-    }
-}
-
+// Split-K's combine as its own launch: one block per (token, query head), a thread per
+// dimension (combine_one).
 extern "C" __global__ void paged_attention_combine(const float* part, const float* ml, float* out,
                                                    int head_dim, int splits) {
-    paged_attention_combine<float>(part, ml, out, head_dim, splits);
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
+        combine_one(part, ml, out, blockIdx.x, i, head_dim, splits);
 }
 extern "C" __global__ void paged_attention_combine_out16(const float* part, const float* ml,
                                                          __half* out, int head_dim, int splits) {
-    paged_attention_combine<__half>(part, ml, out, head_dim, splits);
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
+        combine_one(part, ml, out, blockIdx.x, i, head_dim, splits);
 }
 #endif  // QUARRY_ONE_TOKEN_FORMS

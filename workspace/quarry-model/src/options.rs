@@ -75,6 +75,12 @@ pub struct ModelOptions {
     /// the stream's rows into its shared memory first, bit for bit as the norm's launch (a
     /// single block at batch 1) wrote them. On by default; not yet measured on a GPU.
     pub gemv_norm: bool,
+    /// Split-K attention (`attention` above) combines its chunks in its own launch: the last
+    /// block of each (token, key-value head) to finish combines that group's query heads, where
+    /// the combine had a launch of its own after it (one launch a layer fewer on every split
+    /// step: a batch-1 decode step of the Llama-3.1-8B shape launches 32 fewer kernels). The
+    /// output is the combine's launch's, bit for bit. Off by default: not yet measured on a GPU.
+    pub split_combine: bool,
     /// Every phase of a forward pass synchronizes and records its time ([`crate::profile`]).
     /// Off by default (it slows the pass); `quarry bench --profile` turns it on.
     pub profile: bool,
@@ -99,6 +105,7 @@ impl Default for ModelOptions {
             rope_store: Switch::Auto,
             add_norm: false,
             gemv_norm: true,
+            split_combine: false,
             profile: false,
             cpu_weights: CpuWeights::Auto,
         }
@@ -168,7 +175,7 @@ pub enum OptionError {
 }
 
 /// The option keys, in the order of [`ModelOptions`]'s fields.
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 14] = [
     "attention",
     "attention_chunk",
     "kv_dtype",
@@ -180,13 +187,14 @@ const KEYS: [&str; 13] = [
     "rope_store",
     "add_norm",
     "gemv_norm",
+    "split_combine",
     "profile",
     "cpu_weights",
 ];
 
 impl ModelOptions {
     /// The environment variables the binary reads at start-up, and the option each sets.
-    pub const VARIABLES: [(&'static str, &'static str); 13] = [
+    pub const VARIABLES: [(&'static str, &'static str); 14] = [
         ("QUARRY_ATTENTION", "attention"),
         ("QUARRY_ATTENTION_CHUNK", "attention_chunk"),
         ("QUARRY_KV_DTYPE", "kv_dtype"),
@@ -198,6 +206,7 @@ impl ModelOptions {
         ("QUARRY_ROPE_STORE", "rope_store"),
         ("QUARRY_ADD_NORM", "add_norm"),
         ("QUARRY_GEMV_NORM", "gemv_norm"),
+        ("QUARRY_SPLIT_COMBINE", "split_combine"),
         ("QUARRY_PROFILE", "profile"),
         ("QUARRY_CPU_WEIGHTS", "cpu_weights"),
     ];
@@ -217,6 +226,7 @@ impl ModelOptions {
   rope_store=auto|on|off                             RoPE writes the KV pool itself (auto: up to 16-token steps)
   add_norm=on|off                                    residual add writes the next norm (off)
   gemv_norm=on|off                                   the 8-bit GEMV's 1-2 row steps normalize in their own launch (on)
+  split_combine=on|off                               split-K attention combines its chunks in its own launch (off)
   profile=on|off                                     time every phase of a pass (off)
   cpu_weights=auto|f32|q8_0                          how a CPU holds plain (checkpoint) projections (auto: f32, Q8_0 where f32 does not fit)";
 
@@ -258,12 +268,14 @@ impl ModelOptions {
             "cpu_weights" => {
                 self.cpu_weights = choice(v).ok_or_else(|| bad("auto, f32 or q8_0"))?
             }
-            k @ ("cuda_graphs" | "add_norm" | "gemv_norm" | "profile" | "q8_gemv") => {
+            k @ ("cuda_graphs" | "add_norm" | "gemv_norm" | "split_combine" | "profile"
+            | "q8_gemv") => {
                 let on = switch(v).ok_or_else(|| bad("on or off"))?;
                 match k {
                     "cuda_graphs" => self.cuda_graphs = on,
                     "add_norm" => self.add_norm = on,
                     "gemv_norm" => self.gemv_norm = on,
+                    "split_combine" => self.split_combine = on,
                     "q8_gemv" => self.q8_gemv = on,
                     _ => self.profile = on,
                 }
@@ -339,6 +351,7 @@ mod tests {
             ("rope_store", "off", "2"),
             ("add_norm", "true", "auto"),
             ("gemv_norm", "off", "some"),
+            ("split_combine", "on", "last"),
             ("profile", "on", ""),
         ] {
             o.set(key, good).unwrap();
@@ -351,6 +364,7 @@ mod tests {
         assert_eq!(o.dense_from_rows, 0);
         assert_eq!(o.sampling, SamplingSite::Host);
         assert!(!o.cuda_graphs && o.add_norm && o.profile && o.q8_gemv && !o.gemv_norm);
+        assert!(o.split_combine);
         assert_eq!((o.gemm_add, o.rope_store), (Switch::On, Switch::Off));
         assert!(matches!(
             o.set("attn", "warps"),

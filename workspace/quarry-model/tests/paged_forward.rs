@@ -579,6 +579,9 @@ fn padded_steps_keep_the_logits(model: &'static quarry_model::Llama) {
 ///   2^-12 on average, at 60 adds a pass): some logit must move (else the path did not run), by
 ///   at most a quarter of a logit (a wrong product moves them by whole units). On the CPU nothing
 ///   changes.
+/// - `QUARRY_SPLIT_COMBINE` (kernels/paged_attention.cu `combine_if_last`): split-K's combine in
+///   the chunks' launch, the combine launch's arithmetic in its order: the same logits, bit for
+///   bit, on a GPU; the CPU has no split-K.
 #[test]
 fn the_fusions_keep_the_logits() {
     fusions_check(&smollm2_path(), true);
@@ -645,6 +648,17 @@ fn fusions_check(path: &std::path::Path, gemm_adds: bool) {
         eprintln!("{what}: {name}, worst logit difference {worst:e}");
         assert!(worst <= batch_tolerance(), "{what}: {name} {worst}");
     }
+    // Split-K's combine in the chunks' launch (a GPU's split steps: the decode steps here, on
+    // `attention = auto`) does the combine launch's arithmetic in the same order: the same bits.
+    let last_block = worst(
+        &plain,
+        &run(Fusions {
+            split_combine: true,
+            ..none
+        }),
+    );
+    eprintln!("{what}: split-K's last-block combine, worst logit difference {last_block:e}");
+    assert_eq!(last_block, 0.0, "{what}: the last-block combine");
     let gemm_add = worst(
         &plain,
         &run(Fusions {
@@ -657,6 +671,7 @@ fn fusions_check(path: &std::path::Path, gemm_adds: bool) {
         add_norm: true,
         rope_store: true,
         gemv_norm: true,
+        split_combine: true,
         small_steps: false,
     };
     let both = worst(&plain, &run(all));

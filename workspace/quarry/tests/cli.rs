@@ -563,6 +563,7 @@ fn model_runtime_options_are_documented_and_bad_ones_are_one_line_errors() {
         "rope_store=",
         "add_norm=",
         "gemv_norm=",
+        "split_combine=",
         "profile=",
     ] {
         assert!(help.contains(key), "bench --help lacks {key}");

@@ -11,7 +11,8 @@
 //! (per-dimension, warps, and warps split over the positions with the chunk it chooses; then the
 //! warps layout in the forms compiled for groups of up to 8, against the forms the model's groups
 //! take; then the tiled form, whose prefill tokens share their key reads, against the warps
-//! layout; then the cascade, which reads a shared prefix once for all its tokens) with CUDA
+//! layout; then the cascade, which reads a shared prefix once for all its tokens; then split-K
+//! with its combine in the chunks' launch, against the split column) with CUDA
 //! events (median of 20 launches after 3 warm-ups) and reports the bytes of keys and values a
 //! token-by-token launch must read over its time for the fastest, beside a device-to-device copy
 //! of as many bytes (the bandwidth a kernel that only streamed the pool could reach), and the
@@ -111,7 +112,7 @@ fn main() {
         "paged attention, {name}: {n_head}/{n_kv} heads of {head_dim}, f16 pool, {context} positions per sequence"
     );
     println!(
-        "{:>30} {:>16} {:>10} {:>10} {:>16} {:>10} {:>16} {:>10} {:>16} {:>11} {:>16} {:>10} {:>10}",
+        "{:>30} {:>16} {:>10} {:>10} {:>16} {:>10} {:>16} {:>10} {:>16} {:>11} {:>16} {:>13} {:>8} {:>10} {:>10}",
         "case",
         "per-dimension µs",
         "warps µs",
@@ -123,6 +124,8 @@ fn main() {
         "tiled speed-up",
         "cascade µs",
         "cascade speed-up",
+        "last-block µs",
+        "÷ split",
         "best GB/s",
         "copy GB/s"
     );
@@ -132,13 +135,17 @@ fn main() {
         widest_group_form: true,
         ..shape
     };
+    // Last, split-K with its combine in the chunks' launch (`split_combine`: the batch carries
+    // the last block's counters) against the combine's own launch.
+    let split = AttentionKernel::Split { chunk: None };
     let kernels = [
-        (AttentionKernel::PerDimension, shape),
-        (AttentionKernel::Warps, shape),
-        (AttentionKernel::Split { chunk: None }, shape),
-        (AttentionKernel::Warps, widest),
-        (AttentionKernel::Tiled, shape),
-        (AttentionKernel::Cascade, shape),
+        (AttentionKernel::PerDimension, shape, false),
+        (AttentionKernel::Warps, shape, false),
+        (split, shape, false),
+        (AttentionKernel::Warps, widest, false),
+        (AttentionKernel::Tiled, shape, false),
+        (AttentionKernel::Cascade, shape, false),
+        (split, shape, true),
     ];
     // (label, sequences, new tokens per sequence, shared positions)
     let shared = context * 9 / 16;
@@ -179,7 +186,8 @@ fn main() {
             .collect();
         let mut meta = RaggedBatch::default();
         meta.fill(&batch, 1);
-        let db = DeviceBatch::upload(&dev, &meta, 0).expect("upload");
+        let db = DeviceBatch::upload(&dev, &meta, 0, None).expect("upload");
+        let counted = DeviceBatch::upload(&dev, &meta, 0, Some(n_kv)).expect("upload");
         let half = |x: Vec<f32>| x.into_iter().map(half::f16::from_f32).collect::<Vec<_>>();
         let k = dev.clone_htod(&half(values(1, rows * kv_dim))).expect("k");
         let v = dev.clone_htod(&half(values(2, rows * kv_dim))).expect("v");
@@ -188,7 +196,8 @@ fn main() {
             .expect("q");
         let mut outs: Vec<CudaSlice<f32>> = Vec::new();
         let mut times = Vec::new();
-        for (kernel, shape) in kernels {
+        for (kernel, shape, last_block) in kernels {
+            let db = if last_block { &counted } else { &db };
             let mut out = dev
                 .alloc_zeros::<f32>(meta.tokens() * n_head * head_dim)
                 .expect("out");
@@ -197,7 +206,7 @@ fn main() {
                     &dev,
                     &q,
                     KvPool::F16(&k, &v),
-                    &db,
+                    db,
                     shape,
                     kernel,
                     AttentionOut::F32(&mut out),
@@ -235,7 +244,7 @@ fn main() {
         let best = times.iter().copied().fold(f32::INFINITY, f32::min);
         let gbs = |ms: f32| read as f64 / (ms as f64 * 1e-3) / 1e9;
         println!(
-            "{label:>30} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
+            "{label:>30} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>13.1} {:>8.2} {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
             1e3 * times[0],
             1e3 * times[1],
             1e3 * times[2],
@@ -246,6 +255,8 @@ fn main() {
             times[1] / times[4],
             1e3 * times[5],
             times[1] / times[5],
+            1e3 * times[6],
+            times[6] / times[2],
             gbs(best),
             2.0 * bytes as f64 / (copy_ms as f64 * 1e-3) / 1e9,
         );

@@ -41,6 +41,8 @@ namespace quarry_emu {
 // The block's barrier and the calling thread's warp's barrier (fibers yield until every live
 // thread of the block, or of the warp, has arrived).
 void sync_block();
+// The block's barrier, returning whether `pred` was non-zero for any thread that arrived.
+int sync_block_or(int pred);
 void sync_warp();
 // The current thread's warp's exchange slots (32 words).
 uint64_t* warp_slots();
@@ -52,6 +54,10 @@ void* dynamic_shared();
 }  // namespace quarry_emu
 
 __forceinline__ void __syncthreads() { quarry_emu::sync_block(); }
+__forceinline__ int __syncthreads_or(int pred) { return quarry_emu::sync_block_or(pred); }
+// One block runs at a time and its fibers switch only at barriers, so every write is seen by
+// every later read: a fence orders nothing more.
+__forceinline__ void __threadfence() {}
 __forceinline__ void __syncwarp(unsigned mask = 0xffffffffu) {
     if (mask != 0xffffffffu) quarry_emu::fail("__syncwarp with a partial mask");
     quarry_emu::sync_warp();
@@ -145,6 +151,11 @@ template <typename T>
 __forceinline__ T __ldg(const T* at) {
     if (reinterpret_cast<uintptr_t>(at) % alignof(T) != 0) quarry_emu::fail("a misaligned vector load");
     return *at;
+}
+// A load that skips L1 (a GPU's for data other blocks of the launch wrote): a plain load here.
+template <typename T>
+__forceinline__ T __ldcg(const T* at) {
+    return __ldg(at);
 }
 struct alignas(16) float4 {
     float x, y, z, w;

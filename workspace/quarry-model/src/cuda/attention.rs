@@ -97,10 +97,22 @@ pub struct DeviceBatch {
     page_size: usize,
     /// What the launch plan needs: tokens, the longest context, the device's SMs.
     size: BatchSize,
+    /// Split-K's last-block combine ([`crate::Fusions::split_combine`]): a counter per (token,
+    /// key-value head), zero between launches (the combining block sets it back), so that every
+    /// layer's launch, and every replay of a CUDA graph, finds them zero. `None`: the combine's
+    /// own launch.
+    counters: Option<CudaSlice<u32>>,
 }
 
 impl DeviceBatch {
-    pub fn upload(dev: &CudaDevice, meta: &RaggedBatch, window: usize) -> Result<Self> {
+    /// `meta` on the device, with split-K's last-block counters for `combine_heads` key-value
+    /// heads a token where that is `Some` ([`crate::Fusions::split_combine`]).
+    pub fn upload(
+        dev: &CudaDevice,
+        meta: &RaggedBatch,
+        window: usize,
+        combine_heads: Option<usize>,
+    ) -> Result<Self> {
         let parts = [
             &meta.token_seq,
             &meta.token_pos,
@@ -118,13 +130,14 @@ impl DeviceBatch {
             at,
             page_size: meta.page_size as usize,
             size: BatchSize::new(meta, window, multiprocessors(dev)?),
+            counters: counters(dev, meta.tokens(), combine_heads)?,
         })
     }
 
     /// The buffer a CUDA graph of `key` reads its batch from ([`GraphKey::layout`]): a step of
     /// that key refills it ([`DeviceBatch::refill`]) and its launches are planned for the key's
     /// tokens and its bound on the context.
-    pub fn fixed(dev: &CudaDevice, key: GraphKey) -> Result<Self> {
+    pub fn fixed(dev: &CudaDevice, key: GraphKey, combine_heads: Option<usize>) -> Result<Self> {
         let at = key.layout();
         Ok(Self {
             ids: dev.alloc_zeros::<u32>(at[5])?,
@@ -135,6 +148,7 @@ impl DeviceBatch {
                 longest: key.context,
                 sms: multiprocessors(dev)?,
             },
+            counters: counters(dev, key.tokens, combine_heads)?,
         })
     }
 
@@ -163,6 +177,18 @@ impl DeviceBatch {
     }
 }
 
+/// Split-K's last-block counters for `tokens` tokens of `heads` key-value heads each, zeroed, or
+/// none.
+fn counters(
+    dev: &CudaDevice,
+    tokens: usize,
+    heads: Option<usize>,
+) -> Result<Option<CudaSlice<u32>>> {
+    heads
+        .map(|h| dev.alloc_zeros::<u32>((tokens * h).max(1)))
+        .transpose()
+}
+
 /// The device's streaming multiprocessors (132 on an H100 SXM).
 fn multiprocessors(dev: &CudaDevice) -> Result<usize> {
     use candle_core::cuda::cudarc::driver::sys::CUdevice_attribute;
@@ -177,7 +203,8 @@ fn multiprocessors(dev: &CudaDevice) -> Result<usize> {
 /// Attention for every new token of the batch: `q` is `[tokens, n_head · head_dim]` (f32), `out`
 /// the same shape (f32 or f16). One launch, or two for split-K (the chunks, then their
 /// combination), or three for the cascade (the shared prefix's slots, the chunks, the
-/// combination).
+/// combination); split-K's combination is in the chunks' launch where `batch` carries the
+/// last-block counters ([`crate::Fusions::split_combine`]).
 pub fn paged_attention(
     dev: &CudaDevice,
     q: &CudaSlice<f32>,
@@ -185,7 +212,7 @@ pub fn paged_attention(
     batch: &DeviceBatch,
     shape: AttentionShape,
     kernel: AttentionKernel,
-    mut out: AttentionOut<'_>,
+    out: AttentionOut<'_>,
 ) -> Result<()> {
     if batch.size.tokens == 0 {
         return Ok(());
@@ -230,6 +257,23 @@ pub fn paged_attention(
     if let (Some(prefix), Some(split)) = (&plan.prefix, &mut parts) {
         launch_prefix(dev, prefix, element, q, &kv, batch, shape, slots, split)?;
     }
+    // Where the output goes: this launch's blocks (no split), its last blocks (split-K with the
+    // batch's counters: `split_combine`), or the combine's launch after it.
+    let counters = batch.counters.as_ref().filter(|_| parts.is_some());
+    if let Some(c) = counters {
+        if c.len() < batch.size.tokens * shape.n_kv {
+            candle_core::bail!(
+                "paged attention: {} split-K counters for {} tokens of {} key-value heads",
+                c.len(),
+                batch.size.tokens,
+                shape.n_kv
+            );
+        }
+    }
+    let mut out = Some(out);
+    let mut direct = if parts.is_none() { out.take() } else { None };
+    let mut last_block = if counters.is_some() { out.take() } else { None };
+    let null = 0u64;
     {
         let mut b = func.builder();
         b.arg(q);
@@ -255,10 +299,11 @@ pub fn paged_attention(
             Some(p) => (Some(&mut p.acc), Some(&mut p.ml)),
             None => (None, None),
         };
-        match (acc, &mut out) {
+        match (acc, &mut direct) {
             (Some(acc), _) => b.arg(acc),
-            (None, AttentionOut::F32(o)) => b.arg(&mut **o),
-            (None, AttentionOut::F16(o)) => b.arg(&mut **o),
+            (None, Some(AttentionOut::F32(o))) => b.arg(&mut **o),
+            (None, Some(AttentionOut::F16(o))) => b.arg(&mut **o),
+            (None, None) => unreachable!("a launch without split-K writes the output"),
         };
         b.arg(&n_head)
             .arg(&n_kv)
@@ -271,6 +316,12 @@ pub fn paged_attention(
         let slot0 = plan.prefix_slots() as i32;
         if let Some(ml) = ml {
             b.arg(&chunk32).arg(ml).arg(&token_shared).arg(&slot0);
+            // The last-block combine's counters and output (f32, or f16), or three nulls.
+            match (counters, &mut last_block) {
+                (Some(c), Some(AttentionOut::F32(o))) => b.arg(c).arg(&mut **o).arg(&null),
+                (Some(c), Some(AttentionOut::F16(o))) => b.arg(c).arg(&null).arg(&mut **o),
+                _ => b.arg(&null).arg(&null).arg(&null),
+            };
         }
         // The tiled form's last argument: the batch's tokens.
         let tokens32 = plan.tokens.unwrap_or(0) as i32;
@@ -282,9 +333,9 @@ pub fn paged_attention(
         // and plan).
         unsafe { b.launch(cfg) }.w()?;
     }
-    match &parts {
-        Some(split) => combine(dev, module, &plan, shape, split, out),
-        None => Ok(()),
+    match (&parts, out) {
+        (Some(split), Some(out)) => combine(dev, module, &plan, shape, split, out),
+        _ => Ok(()),
     }
 }
 
@@ -506,7 +557,7 @@ mod tests {
     fn decode_f32(case: &AttentionCase, kernel: AttentionKernel) -> Result<Vec<f32>> {
         let dev = gpu();
         let shape = AttentionShape::from(case.heads);
-        let db = DeviceBatch::upload(&dev, &case.meta, 0)?;
+        let db = DeviceBatch::upload(&dev, &case.meta, 0, None)?;
         let (dq, dk, dv) = (
             dev.clone_htod(&case.q)?,
             dev.clone_htod(&case.k)?,
@@ -525,6 +576,61 @@ mod tests {
         dev.clone_dtoh(&out)
     }
 
+    /// Split-K with the combine in its last blocks (`split_combine`) against the combine's own
+    /// launch, on the mixed cases, the f16 pool, both outputs, split and cascade: the same bits,
+    /// twice in a row on the same counters (the combining blocks set them back to 0, which the
+    /// second launch relies on and the read-back shows).
+    #[test]
+    fn the_last_block_combine_matches_the_combine_s_launch() {
+        let dev = gpu();
+        let half = |x: &[f32]| {
+            x.iter()
+                .map(|&y| half::f16::from_f32(y))
+                .collect::<Vec<_>>()
+        };
+        for case in AttentionCase::mixed(16) {
+            let window = case.heads.window.unwrap_or(0);
+            let shape = AttentionShape::from(case.heads);
+            let plain = DeviceBatch::upload(&dev, &case.meta, window, None).unwrap();
+            let counted = DeviceBatch::upload(&dev, &case.meta, window, Some(shape.n_kv)).unwrap();
+            let dq = dev.clone_htod(&case.q).unwrap();
+            let (dk, dv) = (
+                dev.clone_htod(&half(&case.k)).unwrap(),
+                dev.clone_htod(&half(&case.v)).unwrap(),
+            );
+            let run = |db: &DeviceBatch, kernel: AttentionKernel, out16: bool| -> Vec<u32> {
+                let pool = KvPool::F16(&dk, &dv);
+                if out16 {
+                    let mut out = dev.clone_htod(&vec![half::f16::NAN; case.q.len()]).unwrap();
+                    let o = AttentionOut::F16(&mut out);
+                    paged_attention(&dev, &dq, pool, db, shape, kernel, o).unwrap();
+                    let got = dev.clone_dtoh(&out).unwrap();
+                    got.iter().map(|x| x.to_bits() as u32).collect()
+                } else {
+                    let mut out = dev.clone_htod(&vec![f32::NAN; case.q.len()]).unwrap();
+                    let o = AttentionOut::F32(&mut out);
+                    paged_attention(&dev, &dq, pool, db, shape, kernel, o).unwrap();
+                    let got = dev.clone_dtoh(&out).unwrap();
+                    got.iter().map(|x| x.to_bits()).collect()
+                }
+            };
+            for kernel in [
+                AttentionKernel::Split { chunk: None },
+                AttentionKernel::Cascade,
+            ] {
+                for out16 in [false, true] {
+                    let what = format!("{kernel:?}, f16 output {out16}, {shape:?}");
+                    let want = run(&plain, kernel, out16);
+                    assert_eq!(run(&counted, kernel, out16), want, "{what}");
+                    assert_eq!(run(&counted, kernel, out16), want, "{what}, again");
+                    let counters = counted.counters.as_ref().unwrap();
+                    let left = dev.clone_dtoh(counters).unwrap();
+                    assert!(left.iter().all(|&c| c == 0), "{what}: counters left");
+                }
+            }
+        }
+    }
+
     fn paged_attention_matches_its_reference(kernel: AttentionKernel) {
         let dev = gpu();
         // The cases quarry-cuda-emu runs too (reference::AttentionCase).
@@ -540,7 +646,7 @@ mod tests {
             let (n_head, n_kv, head_dim) = (h.n_head, h.n_kv, h.head_dim);
             let window = h.window.unwrap_or(0);
             let shape = AttentionShape::from(h);
-            let db = DeviceBatch::upload(&dev, &meta, window).unwrap();
+            let db = DeviceBatch::upload(&dev, &meta, window, None).unwrap();
             let dq = dev.clone_htod(&q).unwrap();
             let check = |pool: KvPool<'_>, shape: AttentionShape, what: &str, bound: f64| {
                 // Poisoned: an unwritten output is NaN and fails.

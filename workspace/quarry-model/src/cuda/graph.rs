@@ -63,15 +63,18 @@ impl StepGraphs {
 
     /// Runs the layers of a padded `step` through its key's graph: replays the graph with the
     /// step's ids and batch, or captures the layers `layers` runs (from the graph's own inputs)
-    /// and replays them. Returns the residual stream after the last layer (`[tokens, embedding]`
-    /// f32, the graph's buffer: valid until the next step), or `None` when the step must run
-    /// without a graph (every step once a capture failed).
+    /// and replays them. A captured graph's batch carries split-K's last-block counters for
+    /// `combine_heads` key-value heads a token where that is `Some` ([`DeviceBatch::fixed`]).
+    /// Returns the residual stream after the last layer (`[tokens, embedding]` f32, the graph's
+    /// buffer: valid until the next step), or `None` when the step must run without a graph
+    /// (every step once a capture failed).
     pub(crate) fn run(
         &mut self,
         dev: &CudaDevice,
         step: &PaddedStep,
         pool: &[Tensor],
         embedding: usize,
+        combine_heads: Option<usize>,
         layers: impl Fn(&Tensor, &RaggedBatch, &DeviceBatch) -> Result<Tensor>,
     ) -> Result<Option<Tensor>> {
         if self.failed.is_some() {
@@ -95,7 +98,7 @@ impl StepGraphs {
         let device = Device::Cuda(dev.clone());
         let free_before = free_memory(dev)?;
         let inputs = Tensor::from_slice(&step.ids, step.ids.len(), &device)?;
-        let mut batch = DeviceBatch::fixed(dev, key)?;
+        let mut batch = DeviceBatch::fixed(dev, key, combine_heads)?;
         batch.refill(dev, key, &step.meta, &mut self.packed)?;
         let stream = Tensor::zeros((key.tokens, embedding), DType::F32, &device)?;
         // Some of candle's ops upload small parameters from the host at every call

@@ -490,6 +490,10 @@ pub struct Fusions {
     /// Where `gemm_add` is on, the 8-bit GEMV's steps of 1 or 2 rows normalize the stream in
     /// their own launch (`linear::Prologue`).
     pub gemv_norm: bool,
+    /// Split-K attention combines its chunks in the chunks' launch, the last block of each
+    /// (token, key-value head) to finish doing its query heads' (`combine_if_last` in
+    /// kernels/paged_attention.cu): one launch a layer fewer on split steps.
+    pub split_combine: bool,
     /// GEMM add and RoPE store for GPU steps of at most [`SMALL_STEP_TOKENS`] tokens, where they
     /// measured faster ([`Fusions::for_step`]): where both options are `auto` (the default;
     /// either `on` or `off` decides for every step).
@@ -504,6 +508,7 @@ impl Fusions {
             add_norm: options.add_norm,
             rope_store: options.rope_store == Switch::On,
             gemv_norm: options.gemv_norm,
+            split_combine: options.split_combine,
             small_steps: options.gemm_add == Switch::Auto && options.rope_store == Switch::Auto,
         }
     }
@@ -602,6 +607,47 @@ mod tests {
     use super::*;
     use crate::simd::testing::{relative_error, values};
     use candle_core::Device;
+
+    /// Each option reaches its fusion, and a small step's GEMM add and RoPE store keep the
+    /// fusions that are not theirs.
+    #[test]
+    fn the_options_choose_the_fusions() {
+        let defaults = Fusions::from_options(&ModelOptions::default());
+        assert_eq!(
+            defaults,
+            Fusions {
+                gemv_norm: true,
+                small_steps: true,
+                ..Fusions::default()
+            }
+        );
+        let mut options = ModelOptions::default();
+        for pair in [
+            "split_combine=on",
+            "add_norm=on",
+            "gemv_norm=off",
+            "gemm_add=on",
+        ] {
+            options.set_pair(pair).unwrap();
+        }
+        let chosen = Fusions::from_options(&options);
+        assert_eq!(
+            chosen,
+            Fusions {
+                gemm_add: true,
+                add_norm: true,
+                split_combine: true,
+                ..Fusions::default()
+            }
+        );
+        let small = Fusions {
+            split_combine: true,
+            ..defaults
+        }
+        .for_step(1);
+        assert!(small.gemm_add && small.rope_store && small.split_combine && small.gemv_norm);
+        assert!(!defaults.for_step(SMALL_STEP_TOKENS + 1).gemm_add);
+    }
 
     /// The op gives what candle's ops gave the tensor forward pass before it (a cast, the bias
     /// add, `rms_norm` per head, `rope_i` or `rope` on the queries and keys), laid out as its

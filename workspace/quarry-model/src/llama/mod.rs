@@ -606,7 +606,12 @@ impl Llama {
             let ids = Tensor::from_slice(&step.ids, step.ids.len(), dev)?;
             #[cfg(feature = "cuda")]
             let device_batch = match dev {
-                Device::Cuda(d) => Some(crate::cuda::DeviceBatch::upload(d, &step.meta, 0)?),
+                Device::Cuda(d) => Some(crate::cuda::DeviceBatch::upload(
+                    d,
+                    &step.meta,
+                    0,
+                    self.combine_heads(),
+                )?),
                 _ => None,
             };
             let args = PassArgs {
@@ -641,6 +646,7 @@ impl Llama {
                 dev.as_cuda_device()?,
                 &meta,
                 0,
+                self.combine_heads(),
             )?),
             None => None,
         };
@@ -652,6 +658,15 @@ impl Llama {
         let x = self.layers(&args, t, &ids, &mut phases)?;
         let logits = self.head(&x, &ids.narrow(0, 3 * t, rows)?, &mut phases)?;
         self.logits_out(logits, out)
+    }
+
+    /// Split-K's last-block counters a step's device batch carries: a token's key-value heads,
+    /// where [`Fusions::split_combine`] is on.
+    #[cfg(feature = "cuda")]
+    fn combine_heads(&self) -> Option<usize> {
+        self.fusions()
+            .split_combine
+            .then_some(self.config.head_count_kv)
     }
 
     /// A step through its CUDA graph ([`crate::cuda::StepGraphs`]): the residual stream after
@@ -669,12 +684,14 @@ impl Llama {
         {
             return Ok(None);
         }
+        let combine_heads = self.combine_heads();
         let mut graphs = self.graphs.lock().unwrap_or_else(|p| p.into_inner());
         graphs.run(
             dev,
             step,
             args.k_pool,
             self.config.embedding_length,
+            combine_heads,
             |ids, meta, db| {
                 let args = PassArgs {
                     meta,
