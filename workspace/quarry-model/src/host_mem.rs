@@ -73,3 +73,22 @@ pub(crate) fn f32_values(s: &CpuStorage, l: &Layout, what: &str) -> candle_core:
         _ => candle_core::bail!("{what} must be f32 or f16"),
     })
 }
+
+/// The CPU side of an add into the f32 residual stream (`llama::fused::AddInto`, the 8-bit
+/// GEMV's adding form): `x[lx's start ..] += y`, element by element; `what` names the op in the
+/// error where the stream is not f32.
+pub(crate) fn add_into_stream(
+    x: &mut CpuStorage,
+    lx: &Layout,
+    y: &[f32],
+    what: &str,
+) -> candle_core::Result<()> {
+    let CpuStorage::F32(x) = x else {
+        candle_core::bail!("{what}: the residual stream must be f32");
+    };
+    let at = lx.start_offset();
+    for (x, y) in x[at..at + y.len()].iter_mut().zip(y) {
+        *x += y;
+    }
+    Ok(())
+}

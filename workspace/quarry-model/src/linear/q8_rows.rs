@@ -382,16 +382,9 @@ impl InplaceOp2 for Q8AddOp<'_> {
         l: &Layout,
     ) -> candle_core::Result<()> {
         self.shape(lx, l, false)?;
-        // The sums, then `llama::fused::AddInto`'s arithmetic (linear does not import llama).
+        // The sums, then the add `llama::fused::AddInto` does (host_mem's).
         let sums = self.w.reference_sums(s, l)?;
-        let CpuStorage::F32(x) = x else {
-            candle_core::bail!("q8 rows: the residual stream must be f32");
-        };
-        let at = lx.start_offset();
-        for (x, y) in x[at..at + sums.len()].iter_mut().zip(&sums) {
-            *x += y;
-        }
-        Ok(())
+        crate::host_mem::add_into_stream(x, lx, &sums, "q8 rows")
     }
 
     #[cfg(feature = "cuda")]

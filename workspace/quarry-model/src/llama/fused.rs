@@ -443,14 +443,7 @@ impl InplaceOp2 for AddInto {
     ) -> candle_core::Result<()> {
         Self::check(lx, ly)?;
         let y = f32_values(y, ly, "add: the projection's output")?;
-        let CpuStorage::F32(x) = x else {
-            candle_core::bail!("add: the residual stream must be f32");
-        };
-        let at = lx.start_offset();
-        for (x, y) in x[at..at + y.len()].iter_mut().zip(&y) {
-            *x += y;
-        }
-        Ok(())
+        crate::host_mem::add_into_stream(x, lx, &y, "add")
     }
 
     #[cfg(feature = "cuda")]
