@@ -511,23 +511,32 @@ __device__ void paged_attention(
 // chunk order (no atomics). `part` and `ml` are the split kernel's `out` and `ml` (and the
 // cascade's prefix slots before them); the token's first chunk of its own positions always holds
 // one, so M is finite. A slot with m = -inf (an empty chunk, or a prefix slot of a token outside
-// the shared prefix, whose sums are never written) weighs 0 and is not read. The loads skip L1
-// (__ldcg): in the last-block combine (combine_if_last) other blocks of the same launch wrote
-// them, and L1 is not coherent between SMs.
-template <typename OUT>
+// the shared prefix, whose sums are never written) weighs 0 and is not read. L2: the loads skip
+// L1 (__ldcg), as the last-block combine (combine_if_last) needs, since other blocks of the same
+// launch wrote them and L1 is not coherent between SMs; the combine's own launch reads through
+// L1 (the same values, so the same bits).
+template <bool L2>
+__device__ __forceinline__ float combine_load(const float* p) {
+    if constexpr (L2)
+        return __ldcg(p);
+    else
+        return *p;
+}
+template <typename OUT, bool L2>
 __device__ void combine_one(const float* __restrict__ part, const float* __restrict__ ml,
                             OUT* __restrict__ out, size_t row, int i, int head_dim, int splits) {
     const float* m = ml + row * splits * 2;
     float max = -INFINITY;
-    for (int z = 0; z < splits; ++z) max = fmaxf(max, __ldcg(m + 2 * z));
+    for (int z = 0; z < splits; ++z) max = fmaxf(max, combine_load<L2>(m + 2 * z));
     float sum = 0.0f;
-    for (int z = 0; z < splits; ++z) sum += __expf(__ldcg(m + 2 * z) - max) * __ldcg(m + 2 * z + 1);
+    for (int z = 0; z < splits; ++z)
+        sum += __expf(combine_load<L2>(m + 2 * z) - max) * combine_load<L2>(m + 2 * z + 1);
     const float inv = 1.0f / sum;
     const float* p = part + row * splits * head_dim;
     float acc = 0.0f;
     for (int z = 0; z < splits; ++z) {
-        const float mz = __ldcg(m + 2 * z);
-        if (mz != -INFINITY) acc += __expf(mz - max) * __ldcg(p + (size_t)z * head_dim + i);
+        const float mz = combine_load<L2>(m + 2 * z);
+        if (mz != -INFINITY) acc += __expf(mz - max) * combine_load<L2>(p + (size_t)z * head_dim + i);
     }
     out[row * head_dim + i] = from_float<OUT>(acc * inv);
 }
@@ -555,9 +564,9 @@ __device__ void combine_if_last(const float* part, const float* ml, uint32_t* co
     for (int e = threadIdx.x; e < group * head_dim; e += blockDim.x) {
         const size_t row = row0 + e / head_dim;
         if (out16)
-            combine_one(part, ml, out16, row, e % head_dim, head_dim, splits);
+            combine_one<__half, true>(part, ml, out16, row, e % head_dim, head_dim, splits);
         else
-            combine_one(part, ml, out, row, e % head_dim, head_dim, splits);
+            combine_one<float, true>(part, ml, out, row, e % head_dim, head_dim, splits);
     }
 }
 
@@ -1026,11 +1035,11 @@ PAGED_ATTENTION_POOL_PREFIX(bf16, __nv_bfloat16)
 extern "C" __global__ void paged_attention_combine(const float* part, const float* ml, float* out,
                                                    int head_dim, int splits) {
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
-        combine_one(part, ml, out, blockIdx.x, i, head_dim, splits);
+        combine_one<float, false>(part, ml, out, blockIdx.x, i, head_dim, splits);
 }
 extern "C" __global__ void paged_attention_combine_out16(const float* part, const float* ml,
                                                          __half* out, int head_dim, int splits) {
     for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
-        combine_one(part, ml, out, blockIdx.x, i, head_dim, splits);
+        combine_one<__half, false>(part, ml, out, blockIdx.x, i, head_dim, splits);
 }
 #endif  // QUARRY_ONE_TOKEN_FORMS
