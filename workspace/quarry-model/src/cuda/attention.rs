@@ -316,7 +316,9 @@ pub fn paged_attention(
         let slot0 = plan.prefix_slots() as i32;
         if let Some(ml) = ml {
             b.arg(&chunk32).arg(ml).arg(&token_shared).arg(&slot0);
-            // The last-block combine's counters and output (f32, or f16), or three nulls.
+            // The last-block combine's counters and output (f32, or f16), or three nulls. The
+            // kernel writes the counters through the batch's shared borrow: device memory that
+            // is all zero again when the launch ends, as every launch on the stream expects.
             match (counters, &mut last_block) {
                 (Some(c), Some(AttentionOut::F32(o))) => b.arg(c).arg(&mut **o).arg(&null),
                 (Some(c), Some(AttentionOut::F16(o))) => b.arg(c).arg(&null).arg(&mut **o),
