@@ -910,30 +910,22 @@ impl Q8Case {
         let (qp, kp, vp) = (out_q.ptr_mut(), k.ptr(), v.ptr());
         let (n_head, n_kv, dim) = (h.n_head as i32, h.n_kv as i32, h.head_dim as i32);
         let (i, n) = (inputs as i32, rows as i32);
+        // Both forms' arguments after their input, the same (src/kernels.rs); the `_norm`
+        // form's norm weight and epsilon after them.
+        macro_rules! rope_form {
+            ($kernel:expr, $q:expr, $s:expr, $x:expr $(, $tail:expr)*) => {
+                $kernel(
+                    $q, $s, $x, a.bias, a.cos, a.sin, a.positions, slots, qp, kp, vp, n_head,
+                    n_kv, dim, a.interleaved, i, n $(, $tail)*
+                )
+            };
+        }
         let name = match norm {
             None => {
                 let name = format!("gemv_q8_rope_r{}_f16_{pool}", room(rows));
                 let kernel = kernels::gemv_q8_rope::by_name(&name).expect(&name);
                 self.run(&name, width, |q, s, x| unsafe {
-                    kernel(
-                        q,
-                        s,
-                        x,
-                        a.bias,
-                        a.cos,
-                        a.sin,
-                        a.positions,
-                        slots,
-                        qp,
-                        kp,
-                        vp,
-                        n_head,
-                        n_kv,
-                        dim,
-                        a.interleaved,
-                        i,
-                        n,
-                    )
+                    rope_form!(kernel, q, s, x)
                 });
                 name
             }
@@ -941,27 +933,7 @@ impl Q8Case {
                 let name = format!("gemv_q8_norm_rope_r{}_f32_{pool}", room(rows));
                 let kernel = kernels::gemv_q8_norm_rope::by_name(&name).expect(&name);
                 self.run_on(&name, width, room(rows) * inputs * 2, |q, s| unsafe {
-                    kernel(
-                        q,
-                        s,
-                        m.stream,
-                        a.bias,
-                        a.cos,
-                        a.sin,
-                        a.positions,
-                        slots,
-                        qp,
-                        kp,
-                        vp,
-                        n_head,
-                        n_kv,
-                        dim,
-                        a.interleaved,
-                        i,
-                        n,
-                        m.weight,
-                        NORM_EPS,
-                    )
+                    rope_form!(kernel, q, s, m.stream, m.weight, NORM_EPS)
                 });
                 name
             }

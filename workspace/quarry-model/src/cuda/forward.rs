@@ -7,7 +7,7 @@ use candle_core::cuda::CudaStorage;
 use candle_core::cuda::WrapErr;
 use candle_core::{DType, Layout, Result, Storage, Tensor};
 
-use super::gemv::GemvLaunch;
+use super::gemv::{GemvLaunch, GemvOperands};
 
 const GLU_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/glu.ptx"));
 const ROPE_STORE_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rope_store.ptx"));
@@ -286,23 +286,22 @@ pub(crate) fn rope(
             };
             ((name, "quarry_rope_store", ROPE_STORE_PTX), cfg, None)
         }
-        (Some((q, _, norm)), RopeOut::Pools { .. })
+        (Some((q, scales, norm)), RopeOut::Pools { .. })
             if input == if norm.is_some() { "f32" } else { "f16" } && op.qk_norm.is_none() =>
         {
             if q.dims()[0] != width {
                 candle_core::bail!("rope: a GEMV of {} rows for {width} values", q.dims()[0]);
             }
             let inputs = l.shape().dims().last().copied().unwrap_or(0);
-            let Some(g) = GemvLaunch::new(
+            let x = GemvOperands {
                 s,
                 l,
                 q,
-                ("_rope", &format!("_{name}")),
-                tokens,
+                scales,
+                rows: tokens,
                 inputs,
-                width / 2,
-                norm,
-            )?
+            };
+            let Some(g) = GemvLaunch::new(&x, ("_rope", &format!("_{name}")), width / 2, norm)?
             else {
                 // SAFETY: no token, nothing to write.
                 return Ok(CudaStorage::wrap_cuda_slice(

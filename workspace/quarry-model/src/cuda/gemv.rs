@@ -39,6 +39,20 @@ const GEMV_Q8_THREADS: u32 = 256;
 /// Outputs a warp of `gemv_q8` computes (its `Q8_OUTS`).
 const GEMV_Q8_OUTS: usize = 2;
 
+/// What every form of the 8-bit GEMV multiplies: `rows` (at most 8) rows of the input `s`, `l`
+/// (`[rows, inputs]`, f32 or f16, contiguous, 16-byte aligned) and the repacked Q8_0 matrix `q`
+/// (u8 `[outputs, inputs]`) with its `scales` (f16 `[outputs, inputs / 32]`), as
+/// [`crate::linear::Q8Rows`] holds them.
+#[derive(Clone, Copy)]
+pub(crate) struct GemvOperands<'a> {
+    pub(crate) s: &'a CudaStorage,
+    pub(crate) l: &'a Layout,
+    pub(crate) q: &'a Tensor,
+    pub(crate) scales: &'a Tensor,
+    pub(crate) rows: usize,
+    pub(crate) inputs: usize,
+}
+
 /// One launch of the 8-bit GEMV (`kernels/gemv_q8.cu`), all but its output: the form, its grid
 /// and the sizes it is passed.
 pub(super) struct GemvLaunch<'a> {
@@ -55,24 +69,21 @@ pub(super) struct GemvLaunch<'a> {
 }
 
 impl<'a> GemvLaunch<'a> {
-    /// `gemv_q8{form}_r{room}_{input}{suffix}` for `rows` (at most 8) rows of the input `s`, `l`
-    /// (`[rows, inputs]`, f32 or f16, contiguous, 16-byte aligned) and the matrix `q` (u8
-    /// `[outputs, inputs]`), with a warp for each of `warps`; `None` where there is nothing to
-    /// compute. With `norm`, the `_norm` form (`gemv_q8_norm{form}…`: the input is the stream's
-    /// f32 rows, at most 2, normalized into the block's shared memory first).
-    #[allow(clippy::too_many_arguments)]
+    /// `gemv_q8{form}_r{room}_{input}{suffix}` for the operands `x`, with a warp for each of
+    /// `warps`; `None` where there is nothing to compute. With `norm`, the `_norm` form
+    /// (`gemv_q8_norm{form}…`: the input is the stream's f32 rows, at most 2, normalized into
+    /// the block's shared memory first).
     pub(super) fn new(
-        s: &CudaStorage,
-        l: &Layout,
-        q: &Tensor,
+        x: &GemvOperands<'_>,
         (form, suffix): (&str, &str),
-        rows: usize,
-        inputs: usize,
         warps: usize,
         norm: Option<(&'a Tensor, f32)>,
     ) -> Result<Option<Self>> {
         use candle_core::cuda::CudaStorageSlice as S;
-        let outputs = q.dims()[0];
+        let GemvOperands {
+            s, l, rows, inputs, ..
+        } = *x;
+        let outputs = x.q.dims()[0];
         if !inputs.is_multiple_of(32) || !l.start_offset().is_multiple_of(16) {
             candle_core::bail!(
                 "gemv_q8: rows of a multiple of 32 values from a 16-value boundary, not {inputs} from {}",
@@ -122,14 +133,14 @@ impl<'a> GemvLaunch<'a> {
     }
 }
 
-/// Launches the [`GemvLaunch`] `$g` on the input `$s`, `$l`, the matrix `$q` and its `$scales`,
-/// writing `$y` (a `&mut` of what the kernel's `y` points to).
+/// Launches the [`GemvLaunch`] `$g` on the [`GemvOperands`] `$x`, writing `$y` (a `&mut` of
+/// what the kernel's `y` points to).
 macro_rules! launch_gemv_q8 {
-    ($g:expr, $s:expr, $l:expr, $q:expr, $scales:expr, $y:expr) => {{
-        let g = $g;
-        let qh = held($q);
+    ($g:expr, $x:expr, $y:expr) => {{
+        let (g, x): (GemvLaunch<'_>, GemvOperands<'_>) = ($g, $x);
+        let qh = held(x.q);
         let qv = held_view::<u8>(&qh.0, qh.1, "gemv_q8: the weights")?;
-        let sh = held($scales);
+        let sh = held(x.scales);
         let sv = held_view::<half::f16>(&sh.0, sh.1, "gemv_q8: the scales")?;
         let nh = g.norm.map(|(w, _)| held(w));
         let nv = match &nh {
@@ -137,12 +148,12 @@ macro_rules! launch_gemv_q8 {
             None => None,
         };
         let (x32, x16);
-        let func = $s
-            .device
-            .get_or_load_custom_func(&g.name, g.module.0, g.module.1)?;
+        let func =
+            x.s.device
+                .get_or_load_custom_func(&g.name, g.module.0, g.module.1)?;
         let mut b = func.builder();
         b.arg(&qv).arg(&sv);
-        arg_f32_or_f16!(b, $s, $l, "gemv_q8: the input", x32, x16);
+        arg_f32_or_f16!(b, x.s, x.l, "gemv_q8: the input", x32, x16);
         b.arg($y).arg(&g.inputs).arg(&g.outputs).arg(&g.rows);
         if let (Some(w), Some((_, eps))) = (&nv, &g.norm) {
             b.arg(w).arg(eps);
@@ -155,89 +166,59 @@ macro_rules! launch_gemv_q8 {
     }};
 }
 
-/// `x · Wᵀ` for `rows` (at most 8) rows of `x` (`s`, `[rows, inputs]`, f32 or f16, contiguous,
-/// 16-byte aligned) and the repacked Q8_0 matrix `q` (u8 `[outputs, inputs]`) with its `scales`
-/// (f16 `[outputs, inputs / 32]`), into a new f32 `[rows, outputs]`: one launch of
+/// `x · Wᵀ` for the operands `x`, into a new f32 `[rows, outputs]`: one launch of
 /// `kernels/gemv_q8.cu` ([`crate::linear::Q8Rows`]).
-pub(crate) fn gemv_q8(
-    s: &CudaStorage,
-    l: &Layout,
-    q: &Tensor,
-    scales: &Tensor,
-    rows: usize,
-    inputs: usize,
-) -> Result<CudaStorage> {
-    let outputs = q.dims()[0];
+pub(crate) fn gemv_q8(x: GemvOperands<'_>) -> Result<CudaStorage> {
+    let (rows, outputs) = (x.rows, x.q.dims()[0]);
     let warps = outputs.div_ceil(GEMV_Q8_OUTS);
     // SAFETY: the kernel below writes every one of the rows · outputs values (none when there
     // are none).
-    let mut y = unsafe { s.device.alloc::<f32>((rows * outputs).max(1))? };
-    if let Some(g) = GemvLaunch::new(s, l, q, ("", ""), rows, inputs, warps, None)? {
-        launch_gemv_q8!(g, s, l, q, scales, &mut y);
+    let mut y = unsafe { x.s.device.alloc::<f32>((rows * outputs).max(1))? };
+    if let Some(g) = GemvLaunch::new(&x, ("", ""), warps, None)? {
+        launch_gemv_q8!(g, x, &mut y);
     }
-    Ok(CudaStorage::wrap_cuda_slice(y, s.device.clone()))
+    Ok(CudaStorage::wrap_cuda_slice(y, x.s.device.clone()))
 }
 
-/// `stream += x · Wᵀ` in place, with [`gemv_q8`]'s arguments and the f32 residual stream `x`,
-/// `lx` (`[rows, outputs]`, contiguous): one launch of `gemv_q8_add` (`x` f16).
-#[allow(clippy::too_many_arguments)]
+/// `stream += x · Wᵀ` in place, for the operands `x` (f16) and the f32 residual stream
+/// `stream`, `ls` (`[rows, outputs]`, contiguous): one launch of `gemv_q8_add`.
 pub(crate) fn gemv_q8_add(
-    x: &mut CudaStorage,
-    lx: &Layout,
-    s: &CudaStorage,
-    l: &Layout,
-    q: &Tensor,
-    scales: &Tensor,
-    rows: usize,
-    inputs: usize,
+    stream: &mut CudaStorage,
+    ls: &Layout,
+    x: GemvOperands<'_>,
 ) -> Result<()> {
     use candle_core::cuda::CudaStorageSlice as S;
-    let outputs = q.dims()[0];
-    if !matches!(s.slice, S::F16(_)) {
+    let outputs = x.q.dims()[0];
+    if !matches!(x.s.slice, S::F16(_)) {
         candle_core::bail!("gemv_q8_add: an f16 input");
     }
-    let Some(g) = GemvLaunch::new(
-        s,
-        l,
-        q,
-        ("_add", ""),
-        rows,
-        inputs,
-        outputs.div_ceil(GEMV_Q8_OUTS),
-        None,
-    )?
-    else {
+    let warps = outputs.div_ceil(GEMV_Q8_OUTS);
+    let Some(g) = GemvLaunch::new(&x, ("_add", ""), warps, None)? else {
         return Ok(());
     };
-    let start = lx.start_offset();
-    let S::F32(xs) = &mut x.slice else {
+    let start = ls.start_offset();
+    let S::F32(xs) = &mut stream.slice else {
         candle_core::bail!("gemv_q8_add: the residual stream must be f32");
     };
-    let mut xs = xs.slice_mut(start..start + rows * outputs);
-    launch_gemv_q8!(g, s, l, q, scales, &mut xs);
+    let mut xs = xs.slice_mut(start..start + x.rows * outputs);
+    launch_gemv_q8!(g, x, &mut xs);
     Ok(())
 }
 
-/// `act(gate) · up` in `out` (f32 or f16), `[rows, outputs / 2]`, with [`gemv_q8`]'s arguments
-/// for the stacked gate/up matrix (its `outputs / 2` gate rows, then as many up rows): one launch
+/// `act(gate) · up` in `out` (f32 or f16), `[rows, outputs / 2]`, for the operands `x` with
+/// the stacked gate/up matrix (its `outputs / 2` gate rows, then as many up rows): one launch
 /// of `gemv_q8_glu` (`x` f16), a warp per gate/up pair; with `norm` (the norm's weight and
 /// epsilon), of `gemv_q8_norm_glu` (`x` the stream's f32 rows, normalized in the prologue).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemv_q8_glu(
-    s: &CudaStorage,
-    l: &Layout,
-    q: &Tensor,
-    scales: &Tensor,
+    x: GemvOperands<'_>,
     (act, out): (crate::config::Activation, DType),
     norm: Option<(&Tensor, f32)>,
-    rows: usize,
-    inputs: usize,
 ) -> Result<CudaStorage> {
     use candle_core::cuda::CudaStorageSlice as S;
-    let f = q.dims()[0] / 2;
+    let f = x.q.dims()[0] / 2;
     let input_ok = match norm {
-        Some(_) => matches!(s.slice, S::F32(_)),
-        None => matches!(s.slice, S::F16(_)),
+        Some(_) => matches!(x.s.slice, S::F32(_)),
+        None => matches!(x.s.slice, S::F16(_)),
     };
     if !input_ok || !matches!(out, DType::F32 | DType::F16) {
         candle_core::bail!(
@@ -248,22 +229,23 @@ pub(crate) fn gemv_q8_glu(
         format!("_glu_{}", act_name(act)),
         format!("_{}", dtype_name(out)),
     );
-    let g = GemvLaunch::new(s, l, q, (&form.0, &form.1), rows, inputs, f, norm)?;
-    let n = (rows * f).max(1);
+    let g = GemvLaunch::new(&x, (&form.0, &form.1), f, norm)?;
+    let n = (x.rows * f).max(1);
+    let dev = &x.s.device;
     if out == DType::F16 {
         // SAFETY: the kernel writes every one of the rows · f values (none when there are none).
-        let mut y = unsafe { s.device.alloc::<half::f16>(n)? };
+        let mut y = unsafe { dev.alloc::<half::f16>(n)? };
         if let Some(g) = g {
-            launch_gemv_q8!(g, s, l, q, scales, &mut y);
+            launch_gemv_q8!(g, x, &mut y);
         }
-        return Ok(CudaStorage::wrap_cuda_slice(y, s.device.clone()));
+        return Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()));
     }
     // SAFETY: as above.
-    let mut y = unsafe { s.device.alloc::<f32>(n)? };
+    let mut y = unsafe { dev.alloc::<f32>(n)? };
     if let Some(g) = g {
-        launch_gemv_q8!(g, s, l, q, scales, &mut y);
+        launch_gemv_q8!(g, x, &mut y);
     }
-    Ok(CudaStorage::wrap_cuda_slice(y, s.device.clone()))
+    Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
 }
 
 #[cfg(test)]

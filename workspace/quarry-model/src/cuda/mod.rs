@@ -29,7 +29,7 @@ pub use crate::kernel_plan::AttentionShape;
 pub use attention::{paged_attention, AttentionOut, DeviceBatch, KvPool};
 pub use forward::glu;
 pub(crate) use forward::{add_into, add_norm, gemm_add, rms_norm, rope, store_rows, RopeOut};
-pub(crate) use gemv::{gemv_q8, gemv_q8_add, gemv_q8_glu};
+pub(crate) use gemv::{gemv_q8, gemv_q8_add, gemv_q8_glu, GemvOperands};
 pub use graph::StepGraphs;
 pub use sampling::{sample_rows, MaskUpload};
 

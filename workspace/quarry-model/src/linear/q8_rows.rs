@@ -299,6 +299,26 @@ fn aligned(x: Tensor) -> Result<Tensor> {
 }
 
 impl Q8Rows {
+    /// The GEMV's operands: `rows` rows of `inputs` values of the input `s`, `l`, and this
+    /// matrix.
+    #[cfg(feature = "cuda")]
+    fn operands<'a>(
+        &'a self,
+        s: &'a candle_core::CudaStorage,
+        l: &'a Layout,
+        rows: usize,
+        inputs: usize,
+    ) -> crate::cuda::GemvOperands<'a> {
+        crate::cuda::GemvOperands {
+            s,
+            l,
+            q: &self.q,
+            scales: &self.scales,
+            rows,
+            inputs,
+        }
+    }
+
     /// `(rows, inputs)` of an op's input (`[rows, inputs]`, at most [`Q8_MAX_ROWS`] rows on a
     /// GPU), or the error naming it.
     pub(crate) fn input_shape(
@@ -343,7 +363,7 @@ impl CustomOp1 for Q8Op<'_> {
         l: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (rows, inputs) = self.w.input_shape(l, true)?;
-        let y = crate::cuda::gemv_q8(s, l, &self.w.q, &self.w.scales, rows, inputs)?;
+        let y = crate::cuda::gemv_q8(self.w.operands(s, l, rows, inputs))?;
         Ok((y, Shape::from((rows, self.w.outputs()))))
     }
 }
@@ -396,7 +416,7 @@ impl InplaceOp2 for Q8AddOp<'_> {
         l: &Layout,
     ) -> candle_core::Result<()> {
         let (rows, inputs) = self.shape(lx, l, true)?;
-        crate::cuda::gemv_q8_add(x, lx, s, l, &self.w.q, &self.w.scales, rows, inputs)
+        crate::cuda::gemv_q8_add(x, lx, self.w.operands(s, l, rows, inputs))
     }
 }
 
@@ -430,10 +450,9 @@ impl CustomOp1 for Q8GluOp<'_> {
         l: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (rows, inputs) = self.w.input_shape(l, true)?;
-        let (q, scales) = (&self.w.q, &self.w.scales);
         let norm = self.norm.map(|p| (p.weight, p.eps));
-        let act = (self.act, self.out);
-        let y = crate::cuda::gemv_q8_glu(s, l, q, scales, act, norm, rows, inputs)?;
+        let x = self.w.operands(s, l, rows, inputs);
+        let y = crate::cuda::gemv_q8_glu(x, (self.act, self.out), norm)?;
         Ok((y, Shape::from((rows, self.w.outputs() / 2))))
     }
 }
