@@ -258,7 +258,27 @@ void* dynamic_shared() { return shared_start(*L); }
     abort();
 }
 
+// The lines PREFETCH_L2 asked for on this OS thread since the last take.
+thread_local std::vector<uintptr_t> PREFETCHED;
+
+void prefetch_l2(const void* p) {
+    PREFETCHED.push_back(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(127));
+}
+
 }  // namespace quarry_emu
+
+// The lines the calling OS thread's launches prefetched (PREFETCH_L2) since the last take, in
+// the order asked: their count, and, where `out` is not null, the lines copied into it (`cap` at
+// most) and forgotten.
+extern "C" size_t quarry_emu_take_prefetches(uintptr_t* out, size_t cap) {
+    using quarry_emu::PREFETCHED;
+    const size_t n = PREFETCHED.size();
+    if (out == nullptr) return n;
+    const size_t m = n < cap ? n : cap;
+    memcpy(out, PREFETCHED.data(), m * sizeof(uintptr_t));
+    PREFETCHED.clear();
+    return m;
+}
 
 // Runs `body(data)` as every thread of a grid of `grid` blocks of `threads` threads (one
 // dimension) with `shared_bytes` of dynamic shared memory. Returns 0, or 1 with a message in

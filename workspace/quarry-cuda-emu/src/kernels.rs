@@ -39,9 +39,10 @@ macro_rules! declare {
 family! {
     /// `paged_attention_*` (per-dimension) and `paged_attention_warps*`: q, k, v, token_seq,
     /// token_pos, page_start, block_table, out (f32, or f16 for the `_out16` forms), n_head, n_kv,
-    /// head_dim, page_size, scale, window.
+    /// head_dim, page_size, scale, window, prefetch (the L2 prefetch's bits: 1 the value rows,
+    /// 2 the key rows; the per-dimension forms ignore it).
     attention: fn(*const f32, *const c_void, *const c_void, *const u32, *const u32, *const u32,
-                  *const u32, *mut c_void, i32, i32, i32, i32, f32, i32) {
+                  *const u32, *mut c_void, i32, i32, i32, i32, f32, i32, i32) {
         paged_attention_f32, paged_attention_f16, paged_attention_bf16,
         paged_attention_f32_out16, paged_attention_f16_out16, paged_attention_bf16_out16,
         paged_attention_warps2g4_f32, paged_attention_warps2g4_f32_out16,
@@ -68,10 +69,11 @@ family! {
 family! {
     /// `paged_attention_split*`: the attention's arguments, then chunk, ml, token_shared,
     /// slot0 (the cascade's prefix slots before the chunks; 0 elsewhere), and the last-block
-    /// combine's counters, f32 output and f16 output (null counters: the combine's launch).
+    /// combine's counters, f32 output and f16 output (null counters: the combine's launch), and
+    /// prefetch (as the one-token forms').
     attention_split: fn(*const f32, *const c_void, *const c_void, *const u32, *const u32,
                         *const u32, *const u32, *mut f32, i32, i32, i32, i32, f32, i32, i32,
-                        *mut f32, *const u32, i32, *mut u32, *mut f32, *mut c_void) {
+                        *mut f32, *const u32, i32, *mut u32, *mut f32, *mut c_void, i32) {
         paged_attention_split2g4_f32, paged_attention_split2g4_f16, paged_attention_split2g4_bf16,
         paged_attention_split4g4_f32, paged_attention_split4g4_f16, paged_attention_split4g4_bf16,
         paged_attention_split8g4_f32, paged_attention_split8g4_f16, paged_attention_split8g4_bf16,

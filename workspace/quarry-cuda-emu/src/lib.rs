@@ -30,6 +30,21 @@ extern "C" {
         error: *mut c_char,
         error_len: usize,
     ) -> i32;
+    fn quarry_emu_take_prefetches(out: *mut usize, cap: usize) -> usize;
+}
+
+/// The 128-byte lines (their addresses) that this OS thread's launches asked L2 for
+/// (`PREFETCH_L2` in the kernels' common.cuh) since the last call, in the order asked; the
+/// record starts over.
+pub fn take_prefetches() -> Vec<usize> {
+    // SAFETY: a null `out` only counts; then `out` has room for `cap` lines.
+    unsafe {
+        let n = quarry_emu_take_prefetches(std::ptr::null_mut(), 0);
+        let mut lines = vec![0usize; n];
+        let got = quarry_emu_take_prefetches(lines.as_mut_ptr(), n);
+        lines.truncate(got);
+        lines
+    }
 }
 
 /// A launch the emulator stopped: a deadlock, or a write past the dynamic shared memory.

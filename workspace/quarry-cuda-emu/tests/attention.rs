@@ -122,6 +122,7 @@ fn attend_batch(
         shape.head_dim as i32,
     );
     let (page, scale, window) = (b.page_size as i32, shape.scale, shape.window as i32);
+    let prefetch = shape.prefetch.bits();
     // The launch as the driver checks it: the kernel's static `red` and the limit the CUDA
     // launcher raises.
     let launch = Launch {
@@ -148,7 +149,7 @@ fn attend_batch(
                 run_launch(&plan.kernel, launch, || {
                     f(
                         qp, kp, vp, seq, pos, start, table, op, n_head, n_kv, head_dim, page,
-                        scale, window,
+                        scale, window, prefetch,
                     )
                 })
             };
@@ -209,6 +210,7 @@ fn attend_batch(
                             counters,
                             c32,
                             c16,
+                            prefetch,
                         )
                     })
                 };
@@ -570,6 +572,93 @@ fn a_step_padded_to_its_graph_matches_the_unpadded_reference() {
                 "{}: padding rows",
                 plan.kernel
             );
+        }
+    }
+}
+
+/// The L2 prefetch (`attention_prefetch`): the warps and split forms ask for exactly the 128-byte
+/// lines of the key rows, the value rows or both of the positions each block attends (its head's
+/// bytes of each row, through the block table, within Gemma's window), once each, and nothing
+/// when off; the per-dimension form asks for nothing. Heads of 80 in f16 (160 bytes) straddle
+/// lines. The output is the same bits whatever is prefetched (a prefetch loads nothing here; on
+/// a GPU the CUDA test compares them).
+#[test]
+fn the_prefetch_asks_l2_for_the_lines_of_the_rows_each_block_reads() {
+    use quarry_model::Prefetch;
+    let line = |a: usize| a & !127;
+    for case in AttentionCase::mixed(16) {
+        let (meta, h) = (&case.meta, case.heads);
+        let kv_dim = h.n_kv * h.head_dim;
+        let window = h.window.unwrap_or(0);
+        // Every choice in the warps form on the f16 pool, the others both (the emulator's
+        // attention runs are the suite's slowest). The split forms on f32 only: on f16 the test
+        // runs their launch twice (the last-block combine's check), which asks for every line
+        // twice.
+        let both = [Prefetch::Both].as_slice();
+        let runs = [
+            ("f16", AttentionKernel::Warps, Prefetch::ALL.as_slice()),
+            ("f32", AttentionKernel::Warps, both),
+            ("f32", AttentionKernel::Split { chunk: Some(16) }, both),
+            ("f16", AttentionKernel::PerDimension, both),
+        ];
+        for (element, kernel, choices) in runs {
+            let size = if element == "f32" { 4 } else { 2 };
+            let pool = Pool::new(element, &case.k, &case.v);
+            let (kp, vp) = pool.ptrs();
+            // Every line of `base`'s rows that (token, key-value head) blocks attend.
+            let lines_of = |base: *const c_void| {
+                let mut lines = Vec::new();
+                for t in 0..meta.tokens() {
+                    let (s, pos) = (meta.token_seq[t] as usize, meta.token_pos[t] as usize);
+                    let pages = &meta.block_table[meta.page_start[s] as usize..];
+                    let first = if window > 0 && pos + 1 > window {
+                        pos + 1 - window
+                    } else {
+                        0
+                    };
+                    for head in 0..h.n_kv {
+                        for p in first..=pos {
+                            let page_size = meta.page_size as usize;
+                            let row = pages[p / page_size] as usize * page_size + p % page_size;
+                            let start = base as usize + (row * kv_dim + head * h.head_dim) * size;
+                            let end = start + h.head_dim * size;
+                            lines.extend((line(start)..end).step_by(128));
+                        }
+                    }
+                }
+                lines
+            };
+            for &prefetch in choices {
+                let shape = AttentionShape {
+                    prefetch,
+                    ..AttentionShape::from(h)
+                };
+                quarry_cuda_emu::take_prefetches();
+                let (plan, got) = attend(meta, &case.q, &pool, element, shape, kernel, false);
+                let mut asked = quarry_cuda_emu::take_prefetches();
+                let mut want = Vec::new();
+                if kernel != AttentionKernel::PerDimension {
+                    if matches!(prefetch, Prefetch::Keys | Prefetch::Both) {
+                        want.extend(lines_of(kp));
+                    }
+                    if matches!(prefetch, Prefetch::Values | Prefetch::Both) {
+                        want.extend(lines_of(vp));
+                    }
+                }
+                asked.sort_unstable();
+                want.sort_unstable();
+                let name = format!(
+                    "{} ({}, {element} pool, heads of {})",
+                    plan.kernel,
+                    prefetch.name(),
+                    h.head_dim
+                );
+                eprintln!("{name}: {} lines asked", asked.len());
+                assert_eq!(asked.len(), want.len(), "{name}: lines asked");
+                assert!(asked == want, "{name}: other lines than the rows it reads");
+                let err = relative_error(&got, &case.want);
+                assert!(err < 2e-3, "{name}: relative error {err:.2e}");
+            }
         }
     }
 }

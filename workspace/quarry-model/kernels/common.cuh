@@ -27,6 +27,12 @@
 #define SHARED_STORE16(p, x) (*reinterpret_cast<uint4*>(p) = (x))
 #endif
 
+// A hint that the 128-byte line at `p` (global memory) be brought into L2, without waiting for
+// it; as a macro so that quarry-cuda-emu can record which lines a kernel asks for.
+#ifndef PREFETCH_L2
+#define PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
+#endif
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -365,6 +365,28 @@ __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
     }
 }
 
+// The warps and split forms' prefetch (`prefetch`, a bit mask; AttentionPlan's `Prefetch`):
+// as a thread finds an attended position's pool row, it asks L2 for the row's key bytes (bit 2)
+// and its value bytes (bit 1) of this block's head, a 128-byte line at a time, without waiting
+// and without a register held. The block otherwise requests its key rows 128 bytes a thread at a
+// time, a few round trips apart, and its value rows only after the softmax: an H200 read the pool
+// at 2.2-2.6 TB/s in these forms where a copy reads 4.0-4.2 (attention-bench, 2026-11-30). The
+// loads that follow are the same, so the output is the same bits; only where the bytes wait
+// changes (L2, 50 MB on an H100, so a batch's whole working set does not fit: attention-bench
+// times each bit against none).
+#define PREFETCH_VALUES 1
+#define PREFETCH_KEYS 2
+template <typename KV>
+__device__ __forceinline__ void prefetch_head_row(const KV* pool, uint32_t row, int kv_dim,
+                                                  int kv_head, int head_dim) {
+    const char* start =
+        reinterpret_cast<const char*>(pool + (size_t)row * kv_dim + (size_t)kv_head * head_dim);
+    const char* end = start + (size_t)head_dim * sizeof(KV);
+    const char* line = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(start) &
+                                                     ~(uintptr_t)127);
+    for (; line < end; line += 128) PREFETCH_L2(line);
+}
+
 // Both layouts in one template: DPL 0 is the per-dimension layout above; 2, 4 or 8 the warps
 // layout with head_dim / 32 rounded up dimensions per lane (heads of up to 64, 128 or 256), a
 // template parameter so that a 64-dimensional head keeps 16 accumulators, not 64.
@@ -380,7 +402,7 @@ __device__ void paged_attention(
     const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
     OUT* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
     int window, int chunk, float* __restrict__ ml, const uint32_t* __restrict__ token_shared,
-    int slot0, int t) {
+    int slot0, int t, int prefetch) {
     static_assert(!SPLIT || DPL > 0, "split-K runs the warps layout");
     static_assert(!SPLIT || sizeof(OUT) == 4, "split-K's sums are f32");
     static_assert(G <= MAX_GROUP, "groups of at most MAX_GROUP");
@@ -432,8 +454,12 @@ __device__ void paged_attention(
         group_scores<KV, 1>(qs, k, [&](int j) { return pool_row(pages, first + j, page_size); },
                             n, group, head_dim, kv_dim, kv_head, scale, scores);
     } else {
-        for (int j = threadIdx.x; j < n; j += blockDim.x)
-            rows[j] = pool_row(pages, first + j, page_size);
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            const uint32_t row = pool_row(pages, first + j, page_size);
+            rows[j] = row;
+            if (prefetch & PREFETCH_KEYS) prefetch_head_row(k, row, kv_dim, kv_head, head_dim);
+            if (prefetch & PREFETCH_VALUES) prefetch_head_row(v, row, kv_dim, kv_head, head_dim);
+        }
         __syncthreads();
         group_scores_threads<KV, DPL, G>(qs, k, rows, n, group, head_dim, kv_dim, kv_head,
                                          scale, scores);
@@ -604,7 +630,7 @@ __device__ void paged_attention_tiled(
         paged_attention<KV, OUT, DPL, G, false>(q, k, v, token_seq, token_pos, page_start,
                                                 block_table, out, n_head, n_kv, head_dim,
                                                 page_size, scale, window, 0, nullptr, nullptr,
-                                                0, t);
+                                                0, t, 0);
         return;
     }
     if (t != lead) return;
@@ -876,18 +902,20 @@ __device__ void paged_attention_prefix(
     }
 }
 
-// The forms: a pool's element type, and the output's (the `_out16` forms write f16).
+// The forms: a pool's element type, and the output's (the `_out16` forms write f16). Every
+// one-token form takes `prefetch` last (the per-dimension layout takes it and asks for nothing,
+// so that the launchers pass one signature).
 #define PAGED_ATTENTION(NAME, KV, OUT)                                                         \
     extern "C" __global__ void NAME(                                                           \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         OUT* out, int n_head, int n_kv, int head_dim, int page_size, float scale,             \
-        int window) {                                                                          \
+        int window, int prefetch) {                                                            \
         paged_attention<KV, OUT, 0, MAX_GROUP, false>(q, k, v, token_seq, token_pos,         \
                                                       page_start, block_table, out, n_head,   \
                                                       n_kv, head_dim, page_size, scale,       \
                                                       window, 0, nullptr, nullptr, 0,         \
-                                                      blockIdx.x);                            \
+                                                      blockIdx.x, prefetch);                  \
     }
 
 // The warps and split forms ask ptxas for three blocks of 256 threads an SM where groups are at
@@ -899,11 +927,11 @@ __device__ void paged_attention_prefix(
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         OUT* out, int n_head, int n_kv, int head_dim, int page_size, float scale,             \
-        int window) {                                                                          \
+        int window, int prefetch) {                                                            \
         paged_attention<KV, OUT, DPL, G, false>(q, k, v, token_seq, token_pos, page_start,   \
                                                 block_table, out, n_head, n_kv, head_dim,      \
                                                 page_size, scale, window, 0, nullptr, nullptr, \
-                                                0, blockIdx.x);                                \
+                                                0, blockIdx.x, prefetch);                      \
     }
 
 #define PAGED_ATTENTION_TILED(NAME, KV, OUT, DPL, G)                                           \
@@ -929,11 +957,11 @@ __device__ void paged_attention_prefix(
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
         int window, int chunk, float* ml, const uint32_t* token_shared, int slot0,             \
-        uint32_t* counters, float* combined, __half* combined16) {                            \
+        uint32_t* counters, float* combined, __half* combined16, int prefetch) {              \
         paged_attention<KV, float, DPL, G, true>(q, k, v, token_seq, token_pos, page_start,  \
                                                  block_table, out, n_head, n_kv, head_dim,     \
                                                  page_size, scale, window, chunk, ml,          \
-                                                 token_shared, slot0, blockIdx.x);             \
+                                                 token_shared, slot0, blockIdx.x, prefetch);   \
         if (counters)                                                                          \
             combine_if_last(out, ml, counters, combined, combined16, n_head, n_kv, head_dim,   \
                             slot0 + gridDim.z, blockIdx.x);                                    \

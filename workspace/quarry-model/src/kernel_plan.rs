@@ -102,6 +102,53 @@ pub struct AttentionShape {
     /// narrower one holds the groups ([`GROUP_FORMS`]): the same arithmetic, more registers
     /// (attention-bench times both). `false` in the forward pass.
     pub widest_group_form: bool,
+    /// What the warps and split forms ask L2 for as they find their rows
+    /// (`ModelOptions::attention_prefetch`).
+    pub prefetch: Prefetch,
+}
+
+/// The L2 prefetch of the warps and split forms (their `prefetch` argument, a bit mask): as a
+/// block's threads find the pool rows of its attended positions, they ask L2 for those rows'
+/// value bytes, key bytes or both, a 128-byte line at a time, without waiting. The loads are
+/// the same, so the output is the same bits; where the bytes wait changes, which only a GPU can
+/// time (attention-bench). The per-dimension, tiled and cascade-prefix forms ask for nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Prefetch {
+    /// Nothing (the default until a GPU has timed the others).
+    #[default]
+    Off,
+    /// The value rows, which the block otherwise requests only after its softmax.
+    Values,
+    /// The key rows, which the block otherwise requests 128 bytes a thread at a time.
+    Keys,
+    /// Both.
+    Both,
+}
+
+impl Prefetch {
+    /// Every choice, in the order attention-bench times them.
+    pub const ALL: [Prefetch; 4] = [Self::Off, Self::Values, Self::Keys, Self::Both];
+
+    /// The kernel's bits (`PREFETCH_VALUES` 1, `PREFETCH_KEYS` 2).
+    pub fn bits(self) -> i32 {
+        match self {
+            Self::Off => 0,
+            Self::Values => 1,
+            Self::Keys => 2,
+            Self::Both => 3,
+        }
+    }
+
+    /// Its name in `ModelOptions` (`attention_prefetch`, serde's).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Values => "values",
+            Self::Keys => "keys",
+            Self::Both => "both",
+        }
+    }
 }
 
 impl From<Heads> for AttentionShape {
@@ -113,6 +160,7 @@ impl From<Heads> for AttentionShape {
             scale: h.scale,
             window: h.window.unwrap_or(0),
             widest_group_form: false,
+            prefetch: Prefetch::Off,
         }
     }
 }
@@ -496,6 +544,7 @@ mod tests {
             scale: 0.125,
             window: 0,
             widest_group_form: false,
+            prefetch: Prefetch::Off,
         }
     }
 
@@ -677,9 +726,7 @@ mod tests {
             n_head: 14,
             n_kv: 2,
             head_dim: 64,
-            scale: 0.125,
-            window: 0,
-            widest_group_form: false,
+            ..smollm2()
         };
         let p = AttentionPlan::new(batch(1, 6_000), qwen, AttentionKernel::Warps, "f16", false)
             .unwrap();

@@ -32,6 +32,12 @@ pub struct ModelOptions {
     /// Context positions per split-K chunk; `None` (the default) lets the kernel plan choose
     /// from the step's shape.
     pub attention_chunk: Option<usize>,
+    /// What the attention's warps and split forms ask L2 for as they find their pool rows
+    /// ([`crate::Prefetch`]): `values`, `keys`, `both`, or `off` (the default). The output is the
+    /// same bits; written 2026-11-30 without a GPU for the batch-256 steps, whose attention read
+    /// the pool at 2.2-2.6 TB/s where a copy reads 4.0-4.2 (attention-bench times each choice:
+    /// not yet run).
+    pub attention_prefetch: crate::Prefetch,
     /// The GPU KV pool's element type. `f16` (the default): half the bytes read per attended
     /// position of `f32` and twice the pages in the same memory; f16 over bf16 for its three
     /// more mantissa bits (not yet compared on a GPU). A CPU always stores f32.
@@ -96,6 +102,7 @@ impl Default for ModelOptions {
         Self {
             attention: Attention::Auto,
             attention_chunk: None,
+            attention_prefetch: crate::Prefetch::Off,
             kv_dtype: KvDtype::F16,
             dense_from_rows: 1,
             q8_gemv: false,
@@ -175,9 +182,10 @@ pub enum OptionError {
 }
 
 /// The option keys, in the order of [`ModelOptions`]'s fields.
-const KEYS: [&str; 14] = [
+const KEYS: [&str; 15] = [
     "attention",
     "attention_chunk",
+    "attention_prefetch",
     "kv_dtype",
     "dense_from_rows",
     "q8_gemv",
@@ -194,9 +202,10 @@ const KEYS: [&str; 14] = [
 
 impl ModelOptions {
     /// The environment variables the binary reads at start-up, and the option each sets.
-    pub const VARIABLES: [(&'static str, &'static str); 14] = [
+    pub const VARIABLES: [(&'static str, &'static str); 15] = [
         ("QUARRY_ATTENTION", "attention"),
         ("QUARRY_ATTENTION_CHUNK", "attention_chunk"),
+        ("QUARRY_ATTENTION_PREFETCH", "attention_prefetch"),
         ("QUARRY_KV_DTYPE", "kv_dtype"),
         ("QUARRY_DENSE_FROM_ROWS", "dense_from_rows"),
         ("QUARRY_Q8_GEMV", "q8_gemv"),
@@ -217,6 +226,7 @@ impl ModelOptions {
 [model.runtime] table and the QUARRY_<KEY> variables; a CPU ignores the GPU's):
   attention=auto|warps|split|tiled|cascade|per-dimension|gather   GPU attention kernel (auto: split up to 16-token steps, warps above)
   attention_chunk=auto|N                             context positions per split-K chunk (auto: the kernel plan's)
+  attention_prefetch=off|values|keys|both            rows the GPU attention asks L2 for as it finds them (off)
   kv_dtype=f16|bf16|f32                              GPU KV pool element type (f16)
   dense_from_rows=N                                  rows from which GPU projections use f16 weights; 0: quantized only (1)
   q8_gemv=on|off                                     Q8_0 below dense_from_rows (at most 9) through quarry's 8-bit GEMV (off)
@@ -255,6 +265,10 @@ impl ModelOptions {
                             .ok_or_else(|| bad("auto or a number of positions over 0"))?,
                     ),
                 }
+            }
+            "attention_prefetch" => {
+                self.attention_prefetch =
+                    choice(v).ok_or_else(|| bad("off, values, keys or both"))?
             }
             "kv_dtype" => self.kv_dtype = choice(v).ok_or_else(|| bad("f16, bf16 or f32"))?,
             "dense_from_rows" => {
@@ -342,6 +356,7 @@ mod tests {
         for (key, good, bad) in [
             ("attention", "per-dimension", "fast"),
             ("attention_chunk", "64", "0"),
+            ("attention_prefetch", "values", "all"),
             ("kv_dtype", "bf16", "f8"),
             ("dense_from_rows", "0", "-1"),
             ("q8_gemv", "on", "fast"),
@@ -360,6 +375,7 @@ mod tests {
         }
         assert_eq!(o.attention, Attention::PerDimension);
         assert_eq!(o.attention_chunk, Some(64));
+        assert_eq!(o.attention_prefetch, crate::Prefetch::Values);
         assert_eq!(o.kv_dtype, KvDtype::Bf16);
         assert_eq!(o.dense_from_rows, 0);
         assert_eq!(o.sampling, SamplingSite::Host);

@@ -27,6 +27,9 @@ pub(crate) struct PagedAttention<'a> {
     /// Which of the kernel's two layouts a GPU runs (the CPU runs the reference either way).
     #[cfg(feature = "cuda")]
     pub kernel: AttentionKernel,
+    /// What its warps and split forms ask L2 for (`ModelOptions::attention_prefetch`).
+    #[cfg(feature = "cuda")]
+    pub prefetch: crate::Prefetch,
 }
 
 impl PagedAttention<'_> {
@@ -113,7 +116,10 @@ impl CustomOp3 for PagedAttention<'_> {
             }
         };
         let h = self.heads;
-        let dims = AttentionShape::from(h);
+        let dims = AttentionShape {
+            prefetch: self.prefetch,
+            ..AttentionShape::from(h)
+        };
         let q = q.as_cuda_slice::<f32>()?;
         let n = shape.elem_count();
         // SAFETY (both allocations): the kernel writes every output value (one block per token

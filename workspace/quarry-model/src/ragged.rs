@@ -574,6 +574,8 @@ mod tests {
             out: DType::F32,
             #[cfg(feature = "cuda")]
             kernel: AttentionKernel::PerDimension,
+            #[cfg(feature = "cuda")]
+            prefetch: crate::Prefetch::Off,
         };
         let qt = Tensor::from_slice(&q, (meta.tokens(), h.n_head, h.head_dim), &dev).unwrap();
         for dtype in [DType::F32, DType::F16] {

@@ -51,7 +51,11 @@ uint64_t* warp_slots();
 void* dynamic_shared();
 // Stops the launch with a message (a kernel's use of the API this emulator refuses).
 [[noreturn]] void fail(const char* what);
+// common.cuh's L2 prefetch: records the 128-byte line of `p` for the calling OS thread (the
+// tests read them with quarry_emu_take_prefetches), and loads nothing.
+void prefetch_l2(const void* p);
 }  // namespace quarry_emu
+#define PREFETCH_L2(p) quarry_emu::prefetch_l2(p)
 
 __forceinline__ void __syncthreads() { quarry_emu::sync_block(); }
 __forceinline__ int __syncthreads_or(int pred) { return quarry_emu::sync_block_or(pred); }

@@ -325,11 +325,14 @@ pub fn paged_attention(
                 _ => b.arg(&null).arg(&null).arg(&null),
             };
         }
-        // The tiled form's last argument: the batch's tokens.
+        // The tiled form's last argument: the batch's tokens; every other form's, the L2
+        // prefetch's bits (the per-dimension form ignores them).
         let tokens32 = plan.tokens.unwrap_or(0) as i32;
-        if plan.tokens.is_some() {
-            b.arg(&tokens32);
-        }
+        let prefetch = shape.prefetch.bits();
+        match plan.tokens {
+            Some(_) => b.arg(&tokens32),
+            None => b.arg(&prefetch),
+        };
         // SAFETY: the arguments match the kernel's signature in kernels/paged_attention.cu, and
         // the buffers hold what the batch's metadata addresses (checked by the caller's pool
         // and plan).

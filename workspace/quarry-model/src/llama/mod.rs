@@ -812,6 +812,8 @@ impl Llama {
                 out: layer.wo.input_dtype(t),
                 #[cfg(feature = "cuda")]
                 kernel: _kernel,
+                #[cfg(feature = "cuda")]
+                prefetch: self.options.attention_prefetch,
             };
             q.apply_op3_no_bwd(k_pool, v_pool, &op)?
         } else {
