@@ -555,6 +555,7 @@ fn model_runtime_options_are_documented_and_bad_ones_are_one_line_errors() {
     for key in [
         "attention=",
         "attention_chunk=",
+        "attention_prefetch=",
         "kv_dtype=",
         "dense_from_rows=",
         "sampling=",

@@ -12,7 +12,8 @@
 //! warps layout in the forms compiled for groups of up to 8, against the forms the model's groups
 //! take; then the tiled form, whose prefill tokens share their key reads, against the warps
 //! layout; then the cascade, which reads a shared prefix once for all its tokens; then split-K
-//! with its combine in the chunks' launch, against the split column) with CUDA
+//! with its combine in the chunks' launch, against the split column; then the warps layout with
+//! each L2 prefetch of its rows, `attention_prefetch`, against the warps column) with CUDA
 //! events (median of 20 launches after 3 warm-ups) and reports the bytes of keys and values a
 //! token-by-token launch must read over its time for the fastest, beside a device-to-device copy
 //! of as many bytes (the bandwidth a kernel that only streamed the pool could reach), and the
@@ -25,7 +26,7 @@ use candle_core::cuda::cudarc::driver::sys::CUevent_flags;
 use candle_core::cuda::cudarc::driver::CudaSlice;
 use candle_core::CudaDevice;
 use quarry_model::cuda::{paged_attention, AttentionOut, AttentionShape, DeviceBatch, KvPool};
-use quarry_model::{AttentionKernel, RaggedBatch, SeqInput};
+use quarry_model::{AttentionKernel, Prefetch, RaggedBatch, SeqInput};
 
 const REPEATS: usize = 20;
 const WARM_UP: usize = 3;
@@ -107,12 +108,13 @@ fn main() {
         scale: 1.0 / (head_dim as f32).sqrt(),
         window: 0,
         widest_group_form: false,
+        prefetch: Prefetch::Off,
     };
     println!(
         "paged attention, {name}: {n_head}/{n_kv} heads of {head_dim}, f16 pool, {context} positions per sequence"
     );
     println!(
-        "{:>30} {:>16} {:>10} {:>10} {:>16} {:>10} {:>16} {:>10} {:>16} {:>11} {:>16} {:>13} {:>8} {:>10} {:>10}",
+        "{:>30} {:>16} {:>10} {:>10} {:>16} {:>10} {:>16} {:>10} {:>16} {:>11} {:>16} {:>13} {:>8} {:>11} {:>11} {:>11} {:>12} {:>10} {:>10}",
         "case",
         "per-dimension µs",
         "warps µs",
@@ -126,6 +128,10 @@ fn main() {
         "cascade speed-up",
         "last-block µs",
         "÷ split",
+        "pf values µs",
+        "pf keys µs",
+        "pf both µs",
+        "best pf ÷ warps",
         "best GB/s",
         "copy GB/s"
     );
@@ -135,8 +141,10 @@ fn main() {
         widest_group_form: true,
         ..shape
     };
-    // Last, split-K with its combine in the chunks' launch (`split_combine`: the batch carries
-    // the last block's counters) against the combine's own launch.
+    // Then split-K with its combine in the chunks' launch (`split_combine`: the batch carries
+    // the last block's counters) against the combine's own launch; last, the warps layout with
+    // each L2 prefetch (`attention_prefetch`) against none.
+    let prefetch = |prefetch| AttentionShape { prefetch, ..shape };
     let split = AttentionKernel::Split { chunk: None };
     let kernels = [
         (AttentionKernel::PerDimension, shape, false),
@@ -146,6 +154,9 @@ fn main() {
         (AttentionKernel::Tiled, shape, false),
         (AttentionKernel::Cascade, shape, false),
         (split, shape, true),
+        (AttentionKernel::Warps, prefetch(Prefetch::Values), false),
+        (AttentionKernel::Warps, prefetch(Prefetch::Keys), false),
+        (AttentionKernel::Warps, prefetch(Prefetch::Both), false),
     ];
     // (label, sequences, new tokens per sequence, shared positions)
     let shared = context * 9 / 16;
@@ -244,7 +255,7 @@ fn main() {
         let best = times.iter().copied().fold(f32::INFINITY, f32::min);
         let gbs = |ms: f32| read as f64 / (ms as f64 * 1e-3) / 1e9;
         println!(
-            "{label:>30} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>13.1} {:>8.2} {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
+            "{label:>30} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>13.1} {:>8.2} {:>11.1} {:>11.1} {:>11.1} {:>11.2}x {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
             1e3 * times[0],
             1e3 * times[1],
             1e3 * times[2],
@@ -257,6 +268,10 @@ fn main() {
             times[1] / times[5],
             1e3 * times[6],
             times[6] / times[2],
+            1e3 * times[7],
+            1e3 * times[8],
+            1e3 * times[9],
+            times[7..].iter().copied().fold(f32::INFINITY, f32::min) / times[1],
             gbs(best),
             2.0 * bytes as f64 / (copy_ms as f64 * 1e-3) / 1e9,
         );

@@ -581,6 +581,53 @@ mod tests {
         dev.clone_dtoh(&out)
     }
 
+    /// A mixed case's queries and f16 pool on the device, and its launches' output bits.
+    struct F16Case {
+        dq: CudaSlice<f32>,
+        dk: CudaSlice<half::f16>,
+        dv: CudaSlice<half::f16>,
+    }
+
+    impl F16Case {
+        fn new(dev: &CudaDevice, case: &AttentionCase) -> Self {
+            let half = |x: &[f32]| {
+                x.iter()
+                    .map(|&y| half::f16::from_f32(y))
+                    .collect::<Vec<_>>()
+            };
+            Self {
+                dq: dev.clone_htod(&case.q).unwrap(),
+                dk: dev.clone_htod(&half(&case.k)).unwrap(),
+                dv: dev.clone_htod(&half(&case.v)).unwrap(),
+            }
+        }
+
+        /// The output's bits (f32, or f16 where `out16`), poisoned first.
+        fn bits(
+            &self,
+            dev: &CudaDevice,
+            db: &DeviceBatch,
+            shape: AttentionShape,
+            kernel: AttentionKernel,
+            out16: bool,
+        ) -> Vec<u32> {
+            let (n, pool) = (self.dq.len(), KvPool::F16(&self.dk, &self.dv));
+            if out16 {
+                let mut out = dev.clone_htod(&vec![half::f16::NAN; n]).unwrap();
+                let o = AttentionOut::F16(&mut out);
+                paged_attention(dev, &self.dq, pool, db, shape, kernel, o).unwrap();
+                let got = dev.clone_dtoh(&out).unwrap();
+                got.iter().map(|x| x.to_bits() as u32).collect()
+            } else {
+                let mut out = dev.clone_htod(&vec![f32::NAN; n]).unwrap();
+                let o = AttentionOut::F32(&mut out);
+                paged_attention(dev, &self.dq, pool, db, shape, kernel, o).unwrap();
+                let got = dev.clone_dtoh(&out).unwrap();
+                got.iter().map(|x| x.to_bits()).collect()
+            }
+        }
+    }
+
     /// Split-K with the combine in its last blocks (`split_combine`) against the combine's own
     /// launch, on the mixed cases, the f16 pool, both outputs, split and cascade: the same bits,
     /// twice in a row on the same counters (the combining blocks set them back to 0, which the
@@ -588,49 +635,52 @@ mod tests {
     #[test]
     fn the_last_block_combine_matches_the_combine_s_launch() {
         let dev = gpu();
-        let half = |x: &[f32]| {
-            x.iter()
-                .map(|&y| half::f16::from_f32(y))
-                .collect::<Vec<_>>()
-        };
         for case in AttentionCase::mixed(16) {
             let window = case.heads.window.unwrap_or(0);
             let shape = AttentionShape::from(case.heads);
             let plain = DeviceBatch::upload(&dev, &case.meta, window, None).unwrap();
             let counted = DeviceBatch::upload(&dev, &case.meta, window, Some(shape.n_kv)).unwrap();
-            let dq = dev.clone_htod(&case.q).unwrap();
-            let (dk, dv) = (
-                dev.clone_htod(&half(&case.k)).unwrap(),
-                dev.clone_htod(&half(&case.v)).unwrap(),
-            );
-            let run = |db: &DeviceBatch, kernel: AttentionKernel, out16: bool| -> Vec<u32> {
-                let pool = KvPool::F16(&dk, &dv);
-                if out16 {
-                    let mut out = dev.clone_htod(&vec![half::f16::NAN; case.q.len()]).unwrap();
-                    let o = AttentionOut::F16(&mut out);
-                    paged_attention(&dev, &dq, pool, db, shape, kernel, o).unwrap();
-                    let got = dev.clone_dtoh(&out).unwrap();
-                    got.iter().map(|x| x.to_bits() as u32).collect()
-                } else {
-                    let mut out = dev.clone_htod(&vec![f32::NAN; case.q.len()]).unwrap();
-                    let o = AttentionOut::F32(&mut out);
-                    paged_attention(&dev, &dq, pool, db, shape, kernel, o).unwrap();
-                    let got = dev.clone_dtoh(&out).unwrap();
-                    got.iter().map(|x| x.to_bits()).collect()
-                }
-            };
+            let f16 = F16Case::new(&dev, &case);
             for kernel in [
                 AttentionKernel::Split { chunk: None },
                 AttentionKernel::Cascade,
             ] {
                 for out16 in [false, true] {
                     let what = format!("{kernel:?}, f16 output {out16}, {shape:?}");
-                    let want = run(&plain, kernel, out16);
-                    assert_eq!(run(&counted, kernel, out16), want, "{what}");
-                    assert_eq!(run(&counted, kernel, out16), want, "{what}, again");
+                    let want = f16.bits(&dev, &plain, shape, kernel, out16);
+                    let got = f16.bits(&dev, &counted, shape, kernel, out16);
+                    assert_eq!(got, want, "{what}");
+                    let again = f16.bits(&dev, &counted, shape, kernel, out16);
+                    assert_eq!(again, want, "{what}, again");
                     let counters = counted.counters.as_ref().unwrap();
                     let left = dev.clone_dtoh(counters).unwrap();
                     assert!(left.iter().all(|&c| c == 0), "{what}: counters left");
+                }
+            }
+        }
+    }
+
+    /// The L2 prefetch (`attention_prefetch`) changes where bytes wait, not what is read: every
+    /// choice gives `off`'s output bits, in the warps, split and cascade forms, on the mixed
+    /// cases' f16 pool. (quarry-cuda-emu checks which lines each block asks for.)
+    #[test]
+    fn the_prefetch_keeps_the_output_bits() {
+        let dev = gpu();
+        for case in AttentionCase::mixed(16) {
+            let window = case.heads.window.unwrap_or(0);
+            let shape = AttentionShape::from(case.heads);
+            let db = DeviceBatch::upload(&dev, &case.meta, window, None).unwrap();
+            let f16 = F16Case::new(&dev, &case);
+            for kernel in [
+                AttentionKernel::Warps,
+                AttentionKernel::Split { chunk: None },
+                AttentionKernel::Cascade,
+            ] {
+                let want = f16.bits(&dev, &db, shape, kernel, true);
+                for prefetch in crate::Prefetch::ALL {
+                    let asked = AttentionShape { prefetch, ..shape };
+                    let got = f16.bits(&dev, &db, asked, kernel, true);
+                    assert_eq!(got, want, "{kernel:?}, prefetch {prefetch:?}, {shape:?}");
                 }
             }
         }
