@@ -159,6 +159,7 @@ GATED_FORMS=(
   "QUARRY_ATTENTION=cascade|paged_attention_cascade_matches_its_reference_on_a_mixed_batch|the cascade attention"
   "QUARRY_SPLIT_COMBINE|the_last_block_combine_matches_the_combine_s_launch|split-K's last-block combine"
   "QUARRY_ATTENTION_PREFETCH|the_prefetch_keeps_the_output_bits|the attention's L2 prefetch"
+  "QUARRY_GEMV_PREFETCH|the_gemv_prefetch_keeps_the_sums|gemv_q8's L2 prefetch"
 )
 # untested SETTING: prints the kernel SETTING names that did not pass its test this lease (and
 # succeeds), or fails where there is none (or no test ran this lease).

@@ -150,8 +150,9 @@ family! {
 
 family! {
     /// `gemv_q8_r{room}_{x}` and `gemv_q8_add_r{room}_f16`: q (int8), scales (f16), x (f32 or
-    /// f16), y (f32: written, or the stream added into), inputs, outputs, rows (at most room).
-    gemv_q8: fn(*const i8, *const c_void, *const c_void, *mut f32, i32, i32, i32) {
+    /// f16), y (f32: written, or the stream added into), inputs, outputs, rows (at most room),
+    /// ahead (the trips of weights each lane prefetches into L2; every form takes it after rows).
+    gemv_q8: fn(*const i8, *const c_void, *const c_void, *mut f32, i32, i32, i32, i32) {
         gemv_q8_r1_f32, gemv_q8_r2_f32, gemv_q8_r4_f32, gemv_q8_r8_f32,
         gemv_q8_r1_f16, gemv_q8_r2_f16, gemv_q8_r4_f16, gemv_q8_r8_f16,
         gemv_q8_add_r1_f16, gemv_q8_add_r2_f16, gemv_q8_add_r4_f16, gemv_q8_add_r8_f16,
@@ -160,8 +161,8 @@ family! {
 
 family! {
     /// `gemv_q8_glu_{act}_r{room}_f16_{out}`: q, scales, x (f16), y (`[rows, outputs / 2]` in
-    /// `out`), inputs, outputs (the gate and up rows stacked), rows.
-    gemv_q8_glu: fn(*const i8, *const c_void, *const c_void, *mut c_void, i32, i32, i32) {
+    /// `out`), inputs, outputs (the gate and up rows stacked), rows, ahead.
+    gemv_q8_glu: fn(*const i8, *const c_void, *const c_void, *mut c_void, i32, i32, i32, i32) {
         gemv_q8_glu_silu_r1_f16_f16, gemv_q8_glu_silu_r2_f16_f16, gemv_q8_glu_silu_r4_f16_f16,
         gemv_q8_glu_silu_r8_f16_f16, gemv_q8_glu_silu_r1_f16_f32, gemv_q8_glu_silu_r2_f16_f32,
         gemv_q8_glu_silu_r4_f16_f32, gemv_q8_glu_silu_r8_f16_f32,
@@ -175,10 +176,10 @@ family! {
 family! {
     /// `gemv_q8_rope_r{room}_f16_{pool}`: q, scales, x (f16), bias (or null), cos, sin,
     /// positions, slots, q_out (f32), k_pool, v_pool, n_head, n_kv, head_dim, interleaved,
-    /// inputs, rows.
+    /// inputs, rows, ahead.
     gemv_q8_rope: fn(*const i8, *const c_void, *const c_void, *const f32, *const f32,
                      *const f32, *const u32, *const u32, *mut f32, *mut c_void, *mut c_void,
-                     i32, i32, i32, i32, i32, i32) {
+                     i32, i32, i32, i32, i32, i32, i32) {
         gemv_q8_rope_r1_f16_f32, gemv_q8_rope_r2_f16_f32, gemv_q8_rope_r4_f16_f32,
         gemv_q8_rope_r8_f16_f32, gemv_q8_rope_r1_f16_f16, gemv_q8_rope_r2_f16_f16,
         gemv_q8_rope_r4_f16_f16, gemv_q8_rope_r8_f16_f16, gemv_q8_rope_r1_f16_bf16,
@@ -188,8 +189,8 @@ family! {
 
 family! {
     /// `gemv_q8_norm_glu_{act}_r{room}_f32_{out}`: q, scales, x (the stream's f32 rows), y,
-    /// inputs, outputs, rows, norm_w, eps (dynamic shared memory: room · inputs f16).
-    gemv_q8_norm_glu: fn(*const i8, *const c_void, *const f32, *mut c_void, i32, i32, i32,
+    /// inputs, outputs, rows, ahead, norm_w, eps (dynamic shared memory: room · inputs f16).
+    gemv_q8_norm_glu: fn(*const i8, *const c_void, *const f32, *mut c_void, i32, i32, i32, i32,
                          *const f32, f32) {
         gemv_q8_norm_glu_silu_r1_f32_f16, gemv_q8_norm_glu_silu_r2_f32_f16,
         gemv_q8_norm_glu_silu_r1_f32_f32, gemv_q8_norm_glu_silu_r2_f32_f32,
@@ -203,7 +204,7 @@ family! {
     /// rows as x, then norm_w, eps (dynamic shared memory: room · inputs f16).
     gemv_q8_norm_rope: fn(*const i8, *const c_void, *const f32, *const f32, *const f32,
                           *const f32, *const u32, *const u32, *mut f32, *mut c_void, *mut c_void,
-                          i32, i32, i32, i32, i32, i32, *const f32, f32) {
+                          i32, i32, i32, i32, i32, i32, i32, *const f32, f32) {
         gemv_q8_norm_rope_r1_f32_f32, gemv_q8_norm_rope_r2_f32_f32,
         gemv_q8_norm_rope_r1_f32_f16, gemv_q8_norm_rope_r2_f32_f16,
         gemv_q8_norm_rope_r1_f32_bf16, gemv_q8_norm_rope_r2_f32_bf16,

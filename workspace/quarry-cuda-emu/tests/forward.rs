@@ -693,7 +693,16 @@ fn gemv_q8_matches_its_reference() {
             let blocks = (outputs.div_ceil(2) * 32).div_ceil(THREADS as usize) as u32;
             unsafe {
                 run(&name, (blocks, 1, 1), THREADS, 0, || {
-                    kernel(qp, sp, xp, yp, inputs as i32, outputs as i32, rows as i32)
+                    kernel(
+                        qp,
+                        sp,
+                        xp,
+                        yp,
+                        inputs as i32,
+                        outputs as i32,
+                        rows as i32,
+                        0,
+                    )
                 })
             };
             let want = gemv_q8_reference(&q, &scales, &x.values(), rows, inputs);
@@ -705,6 +714,61 @@ fn gemv_q8_matches_its_reference() {
         }
     }
 }
+
+/// The GEMV's prefetch (`gemv_prefetch`, its `ahead` argument): with any `ahead` over 0 its
+/// lanes ask L2 for exactly the 128-byte lines of every trip of every matrix row after the first
+/// trip (which they load at once), and for nothing with 0; a matrix of one trip asks for nothing.
+/// A trip is 1,024 values of a row for steps of 1 or 2 rows, 512 above (the kernel's `TRIP`).
+#[test]
+fn the_gemv_prefetch_asks_for_the_weights_of_the_trips_after_the_first() {
+    use std::collections::BTreeSet;
+    for (inputs, outputs, rows) in [(2560usize, 9usize, 1usize), (2560, 10, 3), (1024, 6, 2)] {
+        let case = Q8Case::new(90, inputs, outputs, rows);
+        let trip = if rows <= 2 { 1024 } else { 512 };
+        let name = format!("gemv_q8_r{}_f16", room(rows));
+        let kernel = kernels::gemv_q8::by_name(&name).expect(&name);
+        for ahead in [0, 1, 2, 5] {
+            let mut y = Buf::<f32>::poisoned(rows * outputs);
+            let yp = y.ptr_mut();
+            let base = std::cell::Cell::new(0usize);
+            quarry_cuda_emu::take_prefetches();
+            case.run(&name, outputs, |q, s, x| unsafe {
+                base.set(q as usize);
+                kernel(
+                    q,
+                    s,
+                    x,
+                    yp,
+                    inputs as i32,
+                    outputs as i32,
+                    rows as i32,
+                    ahead,
+                )
+            });
+            let asked: BTreeSet<usize> = quarry_cuda_emu::take_prefetches().into_iter().collect();
+            let want: BTreeSet<usize> = match ahead {
+                0 => BTreeSet::new(),
+                _ => (0..outputs)
+                    .flat_map(|o| (trip..inputs).step_by(16).map(move |k| o * inputs + k))
+                    .map(|offset| (base.get() + offset) & !127)
+                    .collect(),
+            };
+            let what = format!("{name}, {inputs}x{outputs}, {rows} rows, {ahead} ahead");
+            assert_eq!(asked.len(), want.len(), "{what}: lines asked");
+            assert!(asked == want, "{what}: other lines than its later trips'");
+            assert!(
+                y.read(&name).iter().all(|v| v.is_finite()),
+                "{what}: output"
+            );
+        }
+    }
+}
+
+/// The trips of weights the fused forms' lanes prefetch (`gemv_prefetch`), where the plain form
+/// they are held to prefetches none: a prefetch only asks L2 for lines (the emulator records
+/// them: `the_gemv_prefetch_asks_for_the_weights_of_the_trips_after_the_first`), so the sums
+/// are the same bits either way.
+const AHEAD: i32 = 1;
 
 /// The GEMV's `q`, `scales` and f16 input `x` for `outputs` rows of `inputs` values and `rows`
 /// rows of activations, from seeds `seed` on.
@@ -733,7 +797,7 @@ impl Q8Case {
         let mut y = Buf::<f32>::poisoned(rows * outputs);
         let yp = y.ptr_mut();
         self.run(&name, outputs, |q, s, x| unsafe {
-            kernel(q, s, x, yp, inputs as i32, outputs as i32, rows as i32)
+            kernel(q, s, x, yp, inputs as i32, outputs as i32, rows as i32, 0)
         });
         y.read(&name)
     }
@@ -829,7 +893,16 @@ fn gemv_q8_add_adds_the_plain_forms_sums_into_the_stream() {
         let kernel = kernels::gemv_q8::by_name(&name).expect(&name);
         let xp = x.ptr_mut();
         case.run(&name, outputs, |q, s, a| unsafe {
-            kernel(q, s, a, xp, inputs as i32, outputs as i32, rows as i32)
+            kernel(
+                q,
+                s,
+                a,
+                xp,
+                inputs as i32,
+                outputs as i32,
+                rows as i32,
+                AHEAD,
+            )
         });
         let got = x.read(&name);
         let want: Vec<f32> = stream.iter().zip(&sums).map(|(s, y)| s + y).collect();
@@ -870,7 +943,7 @@ impl Q8Case {
                 let name = format!("gemv_q8_glu_{act}_r{}_f16_{}", room(rows), ty(f16_out));
                 let kernel = kernels::gemv_q8_glu::by_name(&name).expect(&name);
                 self.run(&name, outputs, |q, s, x| unsafe {
-                    kernel(q, s, x, yp, i, o, n)
+                    kernel(q, s, x, yp, i, o, n, AHEAD)
                 });
                 name
             }
@@ -878,7 +951,7 @@ impl Q8Case {
                 let name = format!("gemv_q8_norm_glu_{act}_r{}_f32_{}", room(rows), ty(f16_out));
                 let kernel = kernels::gemv_q8_norm_glu::by_name(&name).expect(&name);
                 self.run_on(&name, outputs, room(rows) * inputs * 2, |q, s| unsafe {
-                    kernel(q, s, m.stream, yp, i, o, n, m.weight, NORM_EPS)
+                    kernel(q, s, m.stream, yp, i, o, n, AHEAD, m.weight, NORM_EPS)
                 });
                 name
             }
@@ -916,7 +989,7 @@ impl Q8Case {
             ($kernel:expr, $q:expr, $s:expr, $x:expr $(, $tail:expr)*) => {
                 $kernel(
                     $q, $s, $x, a.bias, a.cos, a.sin, a.positions, slots, qp, kp, vp, n_head,
-                    n_kv, dim, a.interleaved, i, n $(, $tail)*
+                    n_kv, dim, a.interleaved, i, n, AHEAD $(, $tail)*
                 )
             };
         }

@@ -33,6 +33,9 @@
 // fewer (at batch 1 a single block, a few microseconds), for a read of the row and the norm's
 // weight by every block.
 //
+// Every form takes `ahead` after `rows`: the trips of weights a lane asks L2 for beyond the one it
+// loads (0: none; the prefetch below).
+//
 // The reference is `Q8Rows`'s CPU side (src/linear/q8_rows.rs): the same products, summed in
 // another order, then the epilogue.
 
@@ -248,6 +251,25 @@ struct Rope {
     }
 };
 
+// The prefetch (`ahead` > 0; `gemv_prefetch`): a warp has its trip's loads in flight, 64 bytes a
+// lane at 1 or 2 rows (two passes of two matrix rows), then waits for them before its products:
+// a batch-1 step of the 8B shape read its 8.5 GB at 1.9 TB/s on an H200 (2026-11-30), where a
+// copy reads 4.0-4.2. With `ahead` = A, each lane also asks L2 for the weights of the trip A + 1
+// after the one it loads (the first A at the start), which holds no register and waits for
+// nothing, so A more trips' bytes are in flight; the loads are the same, so the sums are the same
+// bits. The scales (a 17th of the bytes) are not prefetched.
+template <int PASSES>
+__device__ __forceinline__ void prefetch_trip(const int8_t* __restrict__ q, const int* mrow,
+                                              int k0, int inputs) {
+#pragma unroll
+    for (int p = 0; p < PASSES; ++p) {
+        const int k = k0 + p * 512;
+        if (k < inputs)
+#pragma unroll
+            for (int o = 0; o < Q8_OUTS; ++o) PREFETCH_L2(q + (size_t)mrow[o] * inputs + k);
+    }
+}
+
 // R: the rows the kernel has room for (1, 2, 4 or 8; `rows` at most R). A form per R keeps the
 // accumulators of a batch-1 step from taking the registers of eight rows. The first form (one
 // for every row count, a branch around each output's loads, loads and products a pass at a
@@ -257,7 +279,8 @@ struct Rope {
 template <typename X, int R, typename Epi, bool NORM = false>
 __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__ scales,
                         const X* __restrict__ x, const Epi& epi, int inputs, int outputs,
-                        int rows, const float* __restrict__ norm_w = nullptr, float eps = 0.0f) {
+                        int rows, int ahead, const float* __restrict__ norm_w = nullptr,
+                        float eps = 0.0f) {
     const int lane = threadIdx.x & 31;
     const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     const __half* h = nullptr;
@@ -272,12 +295,15 @@ __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__
 #pragma unroll
     for (int o = 0; o < Q8_OUTS; ++o) mrow[o] = min(epi.row(warp, o), outputs - 1);
     constexpr int PASSES = R <= 2 ? 2 : 1;
+    constexpr int TRIP = PASSES * 32 * 16;  // a trip's values of a row
+    for (int d = 1; d <= ahead; ++d) prefetch_trip<PASSES>(q, mrow, lane * 16 + d * TRIP, inputs);
     float acc[Q8_OUTS][R];
 #pragma unroll
     for (int o = 0; o < Q8_OUTS; ++o)
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[o][r] = 0.0f;
-    for (int k0 = lane * 16; k0 < inputs; k0 += PASSES * 32 * 16) {
+    for (int k0 = lane * 16; k0 < inputs; k0 += TRIP) {
+        if (ahead > 0) prefetch_trip<PASSES>(q, mrow, k0 + (ahead + 1) * TRIP, inputs);
         int k[PASSES];
         bool in_row[PASSES];
 #pragma unroll
@@ -329,31 +355,31 @@ __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__
 
 #define GEMV_Q8(NAME, X, R)                                                                     \
     extern "C" __global__ void NAME(const int8_t* q, const __half* scales, const X* x, float* y, \
-                                    int inputs, int outputs, int rows) {                       \
-        gemv_q8<X, R>(q, scales, x, Store{y, outputs}, inputs, outputs, rows);                 \
+                                    int inputs, int outputs, int rows, int ahead) {            \
+        gemv_q8<X, R>(q, scales, x, Store{y, outputs}, inputs, outputs, rows, ahead);          \
     }
 
 // The fused epilogues take the f16 activations the GEMV's projections are given
 // (`Small::input_dtype`).
 #define GEMV_Q8_ADD(NAME, R)                                                                   \
     extern "C" __global__ void NAME(const int8_t* q, const __half* scales, const __half* x,     \
-                                    float* y, int inputs, int outputs, int rows) {             \
-        gemv_q8<__half, R>(q, scales, x, Add{{y, outputs}}, inputs, outputs, rows);            \
+                                    float* y, int inputs, int outputs, int rows, int ahead) {  \
+        gemv_q8<__half, R>(q, scales, x, Add{{y, outputs}}, inputs, outputs, rows, ahead);     \
     }
 
 #define GEMV_Q8_GLU(NAME, R, GELU, OUT)                                                        \
     extern "C" __global__ void NAME(const int8_t* q, const __half* scales, const __half* x,     \
-                                    OUT* y, int inputs, int outputs, int rows) {               \
+                                    OUT* y, int inputs, int outputs, int rows, int ahead) {    \
         gemv_q8<__half, R>(q, scales, x, Glu<GELU, OUT>{y, outputs / 2}, inputs, outputs,      \
-                           rows);                                                              \
+                           rows, ahead);                                                       \
     }
 
 #define GEMV_Q8_NORM_GLU(NAME, R, GELU, OUT)                                                   \
     extern "C" __global__ void __launch_bounds__(GEMV_NORM_THREADS)                            \
         NAME(const int8_t* q, const __half* scales, const float* x, OUT* y, int inputs,         \
-             int outputs, int rows, const float* norm_w, float eps) {                          \
+             int outputs, int rows, int ahead, const float* norm_w, float eps) {               \
         gemv_q8<float, R, Glu<GELU, OUT>, true>(q, scales, x, Glu<GELU, OUT>{y, outputs / 2},   \
-                                                 inputs, outputs, rows, norm_w, eps);           \
+                                                 inputs, outputs, rows, ahead, norm_w, eps);    \
     }
 
 // `rows` tokens of the stacked Q/K/V projection (outputs = (n_head + 2 n_kv) * head_dim).
@@ -362,10 +388,11 @@ __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__
         const int8_t* q, const __half* scales, const __half* x, const float* bias,             \
         const float* cos_table, const float* sin_table, const uint32_t* positions,             \
         const uint32_t* slots, float* q_out, P* k_pool, P* v_pool, int n_head, int n_kv,       \
-        int head_dim, int interleaved, int inputs, int rows) {                                 \
+        int head_dim, int interleaved, int inputs, int rows, int ahead) {                      \
         const Rope<P> epi{bias,    cos_table, sin_table, positions, slots, q_out,              \
                           k_pool,  v_pool,    n_head,    n_kv,      head_dim, interleaved};    \
-        gemv_q8<__half, R>(q, scales, x, epi, inputs, (n_head + 2 * n_kv) * head_dim, rows);   \
+        gemv_q8<__half, R>(q, scales, x, epi, inputs, (n_head + 2 * n_kv) * head_dim, rows,    \
+                           ahead);                                                             \
     }
 
 #define GEMV_Q8_NORM_ROPE(NAME, R, P)                                                          \
@@ -373,11 +400,13 @@ __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__
         const int8_t* q, const __half* scales, const float* x, const float* bias,              \
         const float* cos_table, const float* sin_table, const uint32_t* positions,             \
         const uint32_t* slots, float* q_out, P* k_pool, P* v_pool, int n_head, int n_kv,       \
-        int head_dim, int interleaved, int inputs, int rows, const float* norm_w, float eps) { \
+        int head_dim, int interleaved, int inputs, int rows, int ahead, const float* norm_w,   \
+        float eps) {                                                                           \
         const Rope<P> epi{bias,    cos_table, sin_table, positions, slots, q_out,              \
                           k_pool,  v_pool,    n_head,    n_kv,      head_dim, interleaved};    \
         gemv_q8<float, R, Rope<P>, true>(q, scales, x, epi, inputs,                            \
-                                         (n_head + 2 * n_kv) * head_dim, rows, norm_w, eps);   \
+                                         (n_head + 2 * n_kv) * head_dim, rows, ahead, norm_w,  \
+                                         eps);                                                 \
     }
 
 // The forms, a module per room (build.rs compiles this file with -DQUARRY_GEMV_ROOM=R for each):

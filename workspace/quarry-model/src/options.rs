@@ -56,6 +56,11 @@ pub struct ModelOptions {
     /// candle's kernels took 5.08 and the f16 copies 5.69 (2026-11-28); the form built since is
     /// not yet measured.
     pub q8_gemv: bool,
+    /// Trips of weights each lane of the 8-bit GEMV (`q8_gemv`) asks L2 for beyond the one it
+    /// loads (a trip: 1,024 values of a row at 1 or 2 rows, 512 above); 0 (the default): none.
+    /// The sums are the same bits. Written 2026-11-30 without a GPU for the batch-1 step, whose
+    /// GEMV read its 8.5 GB at 1.9 TB/s where a copy reads 4.0-4.2 (not yet measured).
+    pub gemv_prefetch: usize,
     /// Where a GPU draws a step's tokens: `device` (the default: the sampling kernel, so only
     /// the tokens come back) or `host` (the logits come back and the host draws, as on a CPU;
     /// for comparing the two).
@@ -106,6 +111,7 @@ impl Default for ModelOptions {
             kv_dtype: KvDtype::F16,
             dense_from_rows: 1,
             q8_gemv: false,
+            gemv_prefetch: 0,
             sampling: SamplingSite::Device,
             cuda_graphs: true,
             gemm_add: Switch::Auto,
@@ -182,13 +188,14 @@ pub enum OptionError {
 }
 
 /// The option keys, in the order of [`ModelOptions`]'s fields.
-const KEYS: [&str; 15] = [
+const KEYS: [&str; 16] = [
     "attention",
     "attention_chunk",
     "attention_prefetch",
     "kv_dtype",
     "dense_from_rows",
     "q8_gemv",
+    "gemv_prefetch",
     "sampling",
     "cuda_graphs",
     "gemm_add",
@@ -202,13 +209,14 @@ const KEYS: [&str; 15] = [
 
 impl ModelOptions {
     /// The environment variables the binary reads at start-up, and the option each sets.
-    pub const VARIABLES: [(&'static str, &'static str); 15] = [
+    pub const VARIABLES: [(&'static str, &'static str); 16] = [
         ("QUARRY_ATTENTION", "attention"),
         ("QUARRY_ATTENTION_CHUNK", "attention_chunk"),
         ("QUARRY_ATTENTION_PREFETCH", "attention_prefetch"),
         ("QUARRY_KV_DTYPE", "kv_dtype"),
         ("QUARRY_DENSE_FROM_ROWS", "dense_from_rows"),
         ("QUARRY_Q8_GEMV", "q8_gemv"),
+        ("QUARRY_GEMV_PREFETCH", "gemv_prefetch"),
         ("QUARRY_SAMPLING", "sampling"),
         ("QUARRY_CUDA_GRAPHS", "cuda_graphs"),
         ("QUARRY_GEMM_ADD", "gemm_add"),
@@ -230,6 +238,7 @@ impl ModelOptions {
   kv_dtype=f16|bf16|f32                              GPU KV pool element type (f16)
   dense_from_rows=N                                  rows from which GPU projections use f16 weights; 0: quantized only (1)
   q8_gemv=on|off                                     Q8_0 below dense_from_rows (at most 9) through quarry's 8-bit GEMV (off)
+  gemv_prefetch=N                                    trips of weights the 8-bit GEMV's lanes prefetch into L2, 0 to 8 (0)
   sampling=device|host                               where a GPU draws tokens (device)
   cuda_graphs=on|off                                 replay decode steps as CUDA graphs (on)
   gemm_add=auto|on|off                               projections add into the residual stream (auto: up to 16-token steps)
@@ -275,6 +284,13 @@ impl ModelOptions {
                 self.dense_from_rows = v
                     .parse()
                     .map_err(|_| bad("a number of rows (0: the quantized weights only)"))?
+            }
+            "gemv_prefetch" => {
+                self.gemv_prefetch = v
+                    .parse()
+                    .ok()
+                    .filter(|&n: &usize| n <= MAX_GEMV_PREFETCH)
+                    .ok_or_else(|| bad("a number of trips from 0 to 8"))?
             }
             "sampling" => self.sampling = choice(v).ok_or_else(|| bad("device or host"))?,
             "gemm_add" => self.gemm_add = choice(v).ok_or_else(|| bad("auto, on or off"))?,
@@ -333,6 +349,11 @@ impl ModelOptions {
     }
 }
 
+/// The most trips [`ModelOptions::gemv_prefetch`] takes: 8 trips of 1,024 values are two whole
+/// rows of Llama 3 8B's Q/K/V, output and gate/up projections (4,096 inputs) and over half a row
+/// of its down projection (14,336).
+const MAX_GEMV_PREFETCH: usize = 8;
+
 /// A unit variant of `T` by its serde name (`per-dimension`, `f16`, `auto`).
 fn choice<T: for<'de> Deserialize<'de>>(v: &str) -> Option<T> {
     T::deserialize(StrDeserializer::<ValueError>::new(v)).ok()
@@ -360,6 +381,7 @@ mod tests {
             ("kv_dtype", "bf16", "f8"),
             ("dense_from_rows", "0", "-1"),
             ("q8_gemv", "on", "fast"),
+            ("gemv_prefetch", "2", "9"),
             ("sampling", "host", "gpu"),
             ("cuda_graphs", "off", "maybe"),
             ("gemm_add", "on", "yes"),
@@ -376,6 +398,7 @@ mod tests {
         assert_eq!(o.attention, Attention::PerDimension);
         assert_eq!(o.attention_chunk, Some(64));
         assert_eq!(o.attention_prefetch, crate::Prefetch::Values);
+        assert_eq!(o.gemv_prefetch, 2);
         assert_eq!(o.kv_dtype, KvDtype::Bf16);
         assert_eq!(o.dense_from_rows, 0);
         assert_eq!(o.sampling, SamplingSite::Host);

@@ -160,9 +160,9 @@ pub(crate) struct ModelArg {
 #[derive(Args)]
 pub(crate) struct RuntimeArgs {
     /// A model runtime option as KEY=VALUE (repeatable): attention, attention_chunk,
-    /// attention_prefetch, kv_dtype, dense_from_rows, q8_gemv, sampling, cuda_graphs, gemm_add,
-    /// rope_store, add_norm, gemv_norm, split_combine, profile, cpu_weights. Over the
-    /// QUARRY_<KEY> variables, which are over the defaults.
+    /// attention_prefetch, kv_dtype, dense_from_rows, q8_gemv, gemv_prefetch, sampling,
+    /// cuda_graphs, gemm_add, rope_store, add_norm, gemv_norm, split_combine, profile,
+    /// cpu_weights. Over the QUARRY_<KEY> variables, which are over the defaults.
     #[arg(long = "runtime", value_name = "KEY=VALUE", long_help = quarry_model::ModelOptions::HELP)]
     pub(crate) runtime: Vec<String>,
 }

@@ -558,6 +558,8 @@ fn model_runtime_options_are_documented_and_bad_ones_are_one_line_errors() {
         "attention_prefetch=",
         "kv_dtype=",
         "dense_from_rows=",
+        "q8_gemv=",
+        "gemv_prefetch=",
         "sampling=",
         "cuda_graphs=",
         "gemm_add=",

@@ -181,9 +181,10 @@ fn in_out_name(prefix: &str, s: &CudaStorage, out: DType) -> Result<String> {
 }
 
 /// The 8-bit GEMV that computes [`rope`]'s input in the same launch: the stacked projection's
-/// repacked values and scales, and the norm of its prologue (weight, epsilon) where the launch
-/// normalizes the stream's rows first.
-pub(crate) type RopeGemv<'a> = (&'a Tensor, &'a Tensor, Option<(&'a Tensor, f32)>);
+/// repacked values and scales with its prefetch's trips ([`crate::linear::Q8Rows::parts`]), and
+/// the norm of its prologue (weight, epsilon) where the launch normalizes the stream's rows
+/// first.
+pub(crate) type RopeGemv<'a> = ((&'a Tensor, &'a Tensor, i32), Option<(&'a Tensor, f32)>);
 
 /// Where [`rope`] writes the keys and values.
 pub(crate) enum RopeOut<'a> {
@@ -286,7 +287,7 @@ pub(crate) fn rope(
             };
             ((name, "quarry_rope_store", ROPE_STORE_PTX), cfg, None)
         }
-        (Some((q, scales, norm)), RopeOut::Pools { .. })
+        (Some(((q, scales, ahead), norm)), RopeOut::Pools { .. })
             if input == if norm.is_some() { "f32" } else { "f16" } && op.qk_norm.is_none() =>
         {
             if q.dims()[0] != width {
@@ -300,6 +301,7 @@ pub(crate) fn rope(
                 scales,
                 rows: tokens,
                 inputs,
+                ahead,
             };
             let Some(g) = GemvLaunch::new(&x, ("_rope", &format!("_{name}")), width / 2, norm)?
             else {
@@ -312,7 +314,7 @@ pub(crate) fn rope(
             (
                 (g.name, g.module.0, g.module.1),
                 g.cfg,
-                Some((g.inputs, g.rows, g.norm)),
+                Some((g.inputs, g.rows, g.ahead, g.norm)),
             )
         }
         (Some(_), _) => candle_core::bail!(
@@ -360,10 +362,10 @@ pub(crate) fn rope(
         op.head_dim as i32,
     );
     let interleaved = i32::from(op.style == crate::config::RopeStyle::Interleaved);
-    let matrix = gemv.map(|(q, scales, _)| (held(q), held(scales)));
+    let matrix = gemv.map(|((q, scales, _), _)| (held(q), held(scales)));
     let norm_w = gemv_sizes
         .as_ref()
-        .and_then(|(_, _, norm)| norm.map(|(w, _)| held(w)));
+        .and_then(|(_, _, _, norm)| norm.map(|(w, _)| held(w)));
     let norm_w = match &norm_w {
         Some((h, l)) => Some(held_view::<f32>(h, l, "rope: the norm's weight")?),
         None => None,
@@ -406,10 +408,10 @@ pub(crate) fn rope(
     }
     b.arg(&n_head).arg(&n_kv).arg(&head_dim).arg(&interleaved);
     match &gemv_sizes {
-        Some((inputs, rows, _)) => b.arg(inputs).arg(rows),
+        Some((inputs, rows, ahead, _)) => b.arg(inputs).arg(rows).arg(ahead),
         None => b.arg(&op.eps),
     };
-    if let (Some(w), Some((_, _, Some((_, eps))))) = (&norm_w, &gemv_sizes) {
+    if let (Some(w), Some((_, _, _, Some((_, eps))))) = (&norm_w, &gemv_sizes) {
         b.arg(w).arg(eps);
     }
     // SAFETY: the arguments match `rope_qk_*` or `rope_store_*` in kernels/rope_store.cu, or

@@ -51,6 +51,8 @@ pub(crate) struct GemvOperands<'a> {
     pub(crate) scales: &'a Tensor,
     pub(crate) rows: usize,
     pub(crate) inputs: usize,
+    /// Trips of weights each lane prefetches into L2 (the kernels' `ahead`; `gemv_prefetch`).
+    pub(crate) ahead: i32,
 }
 
 /// One launch of the 8-bit GEMV (`kernels/gemv_q8.cu`), all but its output: the form, its grid
@@ -64,6 +66,8 @@ pub(super) struct GemvLaunch<'a> {
     pub(super) inputs: i32,
     pub(super) outputs: i32,
     pub(super) rows: i32,
+    /// The kernels' `ahead`, passed after `rows` ([`GemvOperands::ahead`]).
+    pub(super) ahead: i32,
     /// A `_norm` form's prologue: the norm's weight (f32 `[inputs]`) and epsilon, passed last.
     pub(super) norm: Option<(&'a Tensor, f32)>,
 }
@@ -128,6 +132,7 @@ impl<'a> GemvLaunch<'a> {
             inputs: inputs as i32,
             outputs: outputs as i32,
             rows: rows as i32,
+            ahead: x.ahead,
             norm,
         }))
     }
@@ -154,7 +159,11 @@ macro_rules! launch_gemv_q8 {
         let mut b = func.builder();
         b.arg(&qv).arg(&sv);
         arg_f32_or_f16!(b, x.s, x.l, "gemv_q8: the input", x32, x16);
-        b.arg($y).arg(&g.inputs).arg(&g.outputs).arg(&g.rows);
+        b.arg($y)
+            .arg(&g.inputs)
+            .arg(&g.outputs)
+            .arg(&g.rows)
+            .arg(&g.ahead);
         if let (Some(w), Some((_, eps))) = (&nv, &g.norm) {
             b.arg(w).arg(eps);
         }
@@ -305,6 +314,44 @@ mod tests {
                         "{outputs}x{inputs}, {rows} rows, {input:?}: {err:.2e}"
                     );
                 }
+            }
+        }
+    }
+
+    /// The prefetch (`gemv_prefetch`) asks L2 for lines and changes nothing else: with 1, 3
+    /// and 8 trips ahead the plain and adding forms give the sums of none, bit for bit, on Llama
+    /// 3 8B's down projection's width (14 trips of a row at 1 or 2 rows) at 1, 2 and 5 rows.
+    /// (quarry-cuda-emu checks which lines are asked for.)
+    #[test]
+    fn the_gemv_prefetch_keeps_the_sums() {
+        let (outputs, inputs) = (1002usize, 14_336usize);
+        let (plain, _) = q8_on_both(5, outputs, inputs);
+        for ahead in [1usize, 3, 8] {
+            let (prefetching, _) = q8_on_both(5, outputs, inputs);
+            let prefetching = prefetching.prefetching(ahead);
+            for rows in [1usize, 2, 5] {
+                let (x, _) = both(
+                    &values(17, rows * inputs, -2.0, 2.0),
+                    &[rows, inputs],
+                    DType::F16,
+                );
+                let bits = |t: &Tensor| host_f32(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                let want = bits(&plain.forward(&x).unwrap());
+                let got = bits(&prefetching.forward(&x).unwrap());
+                assert!(got == want, "{ahead} trips ahead, {rows} rows: other sums");
+                let stream = |m: &Q8Rows| {
+                    let (s, _) = both(
+                        &values(23, rows * outputs, -3.0, 3.0),
+                        &[rows, outputs],
+                        DType::F32,
+                    );
+                    assert!(m.add_into(&s, &x).unwrap(), "the adding form took the step");
+                    bits(&s)
+                };
+                assert!(
+                    stream(&prefetching) == stream(&plain),
+                    "{ahead} ahead, {rows} rows: the add"
+                );
             }
         }
     }

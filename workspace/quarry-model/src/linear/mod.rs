@@ -37,6 +37,9 @@ use quant::{Format, QuantMatrix};
 pub(crate) struct GpuForms {
     pub dense_from: usize,
     pub q8_gemv: bool,
+    /// The 8-bit GEMV's prefetch: trips of weights each lane asks L2 for beyond the one it loads
+    /// ([`crate::ModelOptions::gemv_prefetch`]).
+    pub gemv_prefetch: usize,
 }
 
 #[cfg(test)]
@@ -46,6 +49,7 @@ impl GpuForms {
         Self {
             dense_from: rows,
             q8_gemv: false,
+            gemv_prefetch: 0,
         }
     }
 }
@@ -86,7 +90,8 @@ impl Small {
             && forms.dense_from <= Q8_MAX_ROWS + 1
             && t.shape().dims2()?.1.is_multiple_of(32)
         {
-            return Ok(Small::Q8(Q8Rows::from_q8_0(&t, device)?));
+            let rows = Q8Rows::from_q8_0(&t, device)?.prefetching(forms.gemv_prefetch);
+            return Ok(Small::Q8(rows));
         }
         Ok(Small::Candle(QMatMul::from_qtensor(t)?))
     }
@@ -583,6 +588,7 @@ mod tests {
         let forms = GpuForms {
             dense_from,
             q8_gemv: true,
+            gemv_prefetch: 0,
         };
         widths
             .iter()

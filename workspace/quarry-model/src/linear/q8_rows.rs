@@ -58,6 +58,9 @@ pub(crate) struct Q8Rows {
     q: Tensor,
     /// `[outputs, inputs / 32]`, f16.
     scales: Tensor,
+    /// Trips of weights each of the GPU kernel's lanes asks L2 for beyond the one it loads (0:
+    /// none; `gemv_prefetch`). The CPU ignores it.
+    ahead: usize,
 }
 
 impl Q8Rows {
@@ -90,7 +93,14 @@ impl Q8Rows {
         Ok(Self {
             q: Tensor::from_vec(q, (outputs, inputs), device)?,
             scales: Tensor::from_vec(scales, (outputs, inputs / BLOCK), device)?,
+            ahead: 0,
         })
+    }
+
+    /// The same matrix, its GPU kernel prefetching `ahead` trips of weights
+    /// ([`crate::ModelOptions::gemv_prefetch`]).
+    pub(crate) fn prefetching(self, ahead: usize) -> Self {
+        Self { ahead, ..self }
     }
 
     /// Several matrices of one input width as one, their outputs side by side (Q, K and V; gate
@@ -101,6 +111,7 @@ impl Q8Rows {
         Ok(Self {
             q: Tensor::cat(&q, 0)?,
             scales: Tensor::cat(&s, 0)?,
+            ahead: parts.iter().map(|p| p.ahead).max().unwrap_or(0),
         })
     }
 
@@ -235,10 +246,11 @@ impl Q8Rows {
     }
 
     /// The repacked values (u8 `[outputs, inputs]`) and scales (f16 `[outputs, inputs / 32]`),
-    /// for a launch that multiplies them in another op (`llama::fused::RopeStore`).
+    /// and the trips its lanes prefetch, for a launch that multiplies them in another op
+    /// (`llama::fused::RopeStore`).
     #[cfg(feature = "cuda")]
-    pub(crate) fn parts(&self) -> (&Tensor, &Tensor) {
-        (&self.q, &self.scales)
+    pub(crate) fn parts(&self) -> (&Tensor, &Tensor, i32) {
+        (&self.q, &self.scales, self.ahead as i32)
     }
 
     /// The input of a step that a fused form takes, `[rows, inputs]` and 16-byte aligned: f16
@@ -316,6 +328,7 @@ impl Q8Rows {
             scales: &self.scales,
             rows,
             inputs,
+            ahead: self.ahead as i32,
         }
     }
 

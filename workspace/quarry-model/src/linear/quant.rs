@@ -681,6 +681,7 @@ mod tests {
     const Q8_GEMV_FROM_4: GpuForms = GpuForms {
         dense_from: 4,
         q8_gemv: true,
+        gemv_prefetch: 0,
     };
     use super::*;
     use candle_core::quantized::QMatMul;
@@ -835,6 +836,7 @@ mod tests {
                 GpuForms {
                     dense_from: 32,
                     q8_gemv: true,
+                    gemv_prefetch: 0,
                 },
             ),
             (GgmlDType::Q8_0, GpuForms::dense_from(4)),

@@ -359,10 +359,7 @@ mod rope_store {
             };
             let op = self.keys.op;
             let norm = op.norm.map(|p| (p.weight, p.eps));
-            let gemv = op.gemv.map(|w| {
-                let (q, scales) = w.parts();
-                (q, scales, norm)
-            });
+            let gemv = op.gemv.map(|w| (w.parts(), norm));
             let q = crate::cuda::rope(s, l, &op.rope, self.keys.tokens, to, gemv)?;
             self.keys.queries.set(Some(q));
             Ok(())

@@ -254,6 +254,7 @@ impl Llama {
                 .as_ref()
                 .map_or(options.dense_from_rows, |p| p.dense_from),
             q8_gemv: options.q8_gemv,
+            gemv_prefetch: options.gemv_prefetch,
         };
         let mut get = |name: &str, dims: &[usize]| -> Result<Stored> {
             if !weights.has(name) {
