@@ -365,7 +365,7 @@ __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
     }
 }
 
-// The warps and split forms' prefetch (`prefetch`, a bit mask; AttentionPlan's `Prefetch`):
+// The warps and split forms' prefetch (`prefetch`, a bit mask; kernel_plan's `Prefetch`):
 // as a thread finds an attended position's pool row, it asks L2 for the row's key bytes (bit 2)
 // and its value bytes (bit 1) of this block's head, a 128-byte line at a time, without waiting
 // and without a register held. The block otherwise requests its key rows 128 bytes a thread at a
