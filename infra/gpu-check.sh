@@ -7,7 +7,8 @@
 #   2. the CUDA kernel tests (each kernel against its plain-Rust reference) and the model tests
 #      (paged forward, llama.cpp fixtures, greedy continuations; SmolLM2 as an f16 checkpoint
 #      folder, built here from the carried GGUF) on cuda:0;
-#   3. the attention kernel's layouts timed against a device copy (attention-bench), and
+#   3. the attention kernel's layouts timed against a device copy (attention-bench), the 8B
+#      shape's projections at a decode step's rows (projection-bench), and
 #      `quarry generate --device cuda:0`, free and constrained;
 #   4. the peers on the same GPU and GGUF, first (they are quick): llama.cpp's
 #      `llama-batched-bench` (CUDA build) and transformers `generate` (bf16);
@@ -403,6 +404,10 @@ timeout 60 "$PACK/bin/attention-bench" || status=1
 # Llama 3.1 8B's heads (32 on 8 of 128), where the 8B shape's step at batch 256 spent half its
 # time in attention (BENCHMARKS.md, 2026-11-28).
 timeout 60 "$PACK/bin/attention-bench" 800 llama3-8b || status=1
+# The 8B shape's projections as the dense path multiplies them, at a decode step's rows for each
+# batch: their share of the batch-256 step without the profile's synchronizations.
+section "the projections of the 8B shape (projection-bench)"
+timeout 90 "$PACK/bin/projection-bench" llama3.1-8b || status=1
 
 section "quarry generate --device cuda:0"
 timeout 60 "$Q" generate --device cuda:0 --chat --max-tokens 48 \

@@ -2,8 +2,8 @@
 # Packs everything one GPU check needs into .gpu/ (git-ignored), built here, on a machine without
 # a GPU, so that the lent GPU spends its minutes measuring instead of compiling (`make gpu-pack`):
 #   - quarry with CUDA and the CUDA model tests (infra/build-cuda.sh, CUDA_TESTS=1), the
-#     attention kernel's benchmark (quarry-bench's attention-bench) and the dataset job's against
-#     the engine alone (pipeline-bench);
+#     attention kernel's benchmark (quarry-bench's attention-bench), the projections'
+#     (projection-bench) and the dataset job's against the engine alone (pipeline-bench);
 #   - llama.cpp with CUDA, the peer (infra/build-llama-cuda.sh);
 #   - the `gguf` wheel, which transformers needs to read a GGUF (the GPU image lacks it), and the
 #     `safetensors` wheel and SmolLM2's checkpoint tokenizer files, from which infra/gpu-check.sh
@@ -48,8 +48,10 @@ trap 'rm -rf "$STAGE" "$CHUNKS"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/tests"
 cp "$TARGET/release/quarry" "$STAGE/bin/"
 source infra/cuda-env.sh >/dev/null
-cargo build --release -p quarry-bench --features cuda --bin attention-bench --bin pipeline-bench
-cp "$TARGET/release/attention-bench" "$TARGET/release/pipeline-bench" "$STAGE/bin/"
+cargo build --release -p quarry-bench --features cuda --bin attention-bench --bin projection-bench \
+  --bin pipeline-bench
+cp "$TARGET/release/attention-bench" "$TARGET/release/projection-bench" \
+  "$TARGET/release/pipeline-bench" "$STAGE/bin/"
 [ "${PEERS:-1}" = 0 ] || cp "$CACHE/llama-cuda/bin/llama-batched-bench" "$STAGE/bin/"
 # The CUDA test binaries of quarry-model, as cargo names them (no rebuild: built above).
 cargo test --release -p quarry-model --features cuda --no-run --message-format json 2>/dev/null \

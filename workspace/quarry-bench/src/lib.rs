@@ -10,6 +10,8 @@
 
 pub mod cfg;
 pub mod double;
+#[cfg(feature = "cuda")]
+pub mod gpu_timing;
 pub mod grammar;
 pub mod peers;
 

@@ -22,14 +22,11 @@
 //! every sequence's positions on the same pages (450 of 800: quarry's extraction prompts share
 //! their instructions, 54-67% of the prompt in the 8B runs, through the radix cache).
 
-use candle_core::cuda::cudarc::driver::sys::CUevent_flags;
 use candle_core::cuda::cudarc::driver::CudaSlice;
-use candle_core::CudaDevice;
+use quarry_bench::gpu_timing::{copy_gb_per_s, time_ms};
 use quarry_model::cuda::{paged_attention, AttentionOut, AttentionShape, DeviceBatch, KvPool};
 use quarry_model::{AttentionKernel, Prefetch, RaggedBatch, SeqInput};
 
-const REPEATS: usize = 20;
-const WARM_UP: usize = 3;
 /// The shapes by name: query heads, key-value heads, head width.
 const SHAPES: [(&str, usize, usize, usize); 3] = [
     ("smollm2", 9, 3, 64),
@@ -63,25 +60,6 @@ fn scatter(i: usize, n: usize) -> usize {
         .find(|&m| gcd(m, n) == 1)
         .unwrap_or(1);
     i * m % n
-}
-
-/// Median milliseconds of `f` on the device's stream, timed with events.
-fn time_ms(dev: &CudaDevice, mut f: impl FnMut()) -> f32 {
-    let stream = dev.cuda_stream();
-    for _ in 0..WARM_UP {
-        f();
-    }
-    let mut ms: Vec<f32> = (0..REPEATS)
-        .map(|_| {
-            let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
-            let start = stream.record_event(flags).expect("event");
-            f();
-            let end = stream.record_event(flags).expect("event");
-            start.elapsed_ms(&end).expect("elapsed")
-        })
-        .collect();
-    ms.sort_by(f32::total_cmp);
-    ms[REPEATS / 2]
 }
 
 fn main() {
@@ -236,12 +214,9 @@ fn main() {
             * kv_dim
             * 2
             * 2;
-        let bytes = (rows * kv_dim * 2).min(read / 2);
-        let mut dst = dev.alloc_zeros::<half::f16>(bytes / 2).expect("copy");
-        let copy_ms = time_ms(&dev, || {
-            dev.memcpy_dtod(&k.slice(..bytes / 2), &mut dst)
-                .expect("copy")
-        });
+        // A copy of as many bytes as the launch reads, at most the pool's (a copy's reads and
+        // writes counted).
+        let copy = copy_gb_per_s(&dev, (rows * kv_dim * 2).min(read / 2));
         let a = dev.clone_dtoh(&outs[0]).expect("out");
         let norm = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
         let diff = outs[1..]
@@ -273,7 +248,7 @@ fn main() {
             1e3 * times[9],
             times[7..].iter().copied().fold(f32::INFINITY, f32::min) / times[1],
             gbs(best),
-            2.0 * bytes as f64 / (copy_ms as f64 * 1e-3) / 1e9,
+            copy,
         );
     }
 }
