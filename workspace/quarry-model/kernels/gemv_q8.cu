@@ -296,7 +296,9 @@ __device__ void gemv_q8(const int8_t* __restrict__ q, const __half* __restrict__
     for (int o = 0; o < Q8_OUTS; ++o) mrow[o] = min(epi.row(warp, o), outputs - 1);
     constexpr int PASSES = R <= 2 ? 2 : 1;
     constexpr int TRIP = PASSES * 32 * 16;  // a trip's values of a row
-    for (int d = 1; d <= ahead; ++d) prefetch_trip<PASSES>(q, mrow, lane * 16 + d * TRIP, inputs);
+    // Past the row's end a trip asks for nothing, so the loop stops there whatever `ahead` is.
+    for (int d = 1; d <= ahead && d * TRIP < inputs; ++d)
+        prefetch_trip<PASSES>(q, mrow, lane * 16 + d * TRIP, inputs);
     float acc[Q8_OUTS][R];
 #pragma unroll
     for (int o = 0; o < Q8_OUTS; ++o)

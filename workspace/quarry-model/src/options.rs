@@ -11,7 +11,7 @@
 //! CPU ignores the GPU's options.
 
 use serde::de::value::{Error as ValueError, StrDeserializer};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// The model runtime's options; `ModelOptions::default()` is what quarry runs with unless told.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,6 +31,7 @@ pub struct ModelOptions {
     pub attention: Attention,
     /// Context positions per split-K chunk; `None` (the default) lets the kernel plan choose
     /// from the step's shape.
+    #[serde(deserialize_with = "positive_chunk")]
     pub attention_chunk: Option<usize>,
     /// What the attention's warps and split forms ask L2 for as they find their pool rows
     /// ([`crate::Prefetch`]): `values`, `keys`, `both`, or `off` (the default). The output is the
@@ -60,6 +61,7 @@ pub struct ModelOptions {
     /// loads (a trip: 1,024 values of a row at 1 or 2 rows, 512 above); 0 (the default): none.
     /// The sums are the same bits. Written 2026-11-30 without a GPU for the batch-1 step, whose
     /// GEMV read its 8.5 GB at 1.9 TB/s where a copy reads 4.0-4.2 (not yet measured).
+    #[serde(deserialize_with = "gemv_trips")]
     pub gemv_prefetch: usize,
     /// Where a GPU draws a step's tokens: `device` (the default: the sampling kernel, so only
     /// the tokens come back) or `host` (the logits come back and the host draws, as on a CPU;
@@ -354,6 +356,30 @@ impl ModelOptions {
 /// of its down projection (14,336).
 const MAX_GEMV_PREFETCH: usize = 8;
 
+/// `attention_chunk` from a job file's table, refused where 0, as [`ModelOptions::set`] refuses
+/// it.
+fn positive_chunk<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    match Option::<usize>::deserialize(d)? {
+        Some(0) => Err(serde::de::Error::custom(
+            "attention_chunk = 0: expected a number of positions over 0 (or none: the kernel \
+             plan's choice)",
+        )),
+        chunk => Ok(chunk),
+    }
+}
+
+/// `gemv_prefetch` from a job file's table, refused past [`MAX_GEMV_PREFETCH`], as
+/// [`ModelOptions::set`] refuses it.
+fn gemv_trips<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let n = usize::deserialize(d)?;
+    if n > MAX_GEMV_PREFETCH {
+        return Err(serde::de::Error::custom(format!(
+            "gemv_prefetch = {n}: expected a number of trips from 0 to {MAX_GEMV_PREFETCH}"
+        )));
+    }
+    Ok(n)
+}
+
 /// A unit variant of `T` by its serde name (`per-dimension`, `f16`, `auto`).
 fn choice<T: for<'de> Deserialize<'de>>(v: &str) -> Option<T> {
     T::deserialize(StrDeserializer::<ValueError>::new(v)).ok()
@@ -370,6 +396,30 @@ fn switch(v: &str) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A job file's `[model.runtime]` table (serde's path, not [`ModelOptions::set`]'s) refuses
+    /// the values `set` refuses, naming the key: a chunk of 0 positions, a prefetch past 8
+    /// trips (whose loop a GPU would run per lane).
+    #[test]
+    fn a_job_file_s_table_refuses_what_the_flags_refuse() {
+        let parse = |json: &str| serde_json::from_str::<ModelOptions>(json);
+        let ok =
+            parse(r#"{"gemv_prefetch": 8, "attention_chunk": 64, "attention_prefetch": "values"}"#)
+                .unwrap();
+        assert_eq!(
+            (ok.gemv_prefetch, ok.attention_chunk, ok.attention_prefetch),
+            (8, Some(64), crate::Prefetch::Values)
+        );
+        assert_eq!(parse("{}").unwrap(), ModelOptions::default());
+        for (json, key) in [
+            (r#"{"gemv_prefetch": 9}"#, "gemv_prefetch = 9"),
+            (r#"{"attention_chunk": 0}"#, "attention_chunk = 0"),
+            (r#"{"attention_prefetch": "all"}"#, "all"),
+        ] {
+            let e = parse(json).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("expected"), "{json}: {e}");
+        }
+    }
 
     #[test]
     fn every_key_parses_and_names_what_it_accepts() {
