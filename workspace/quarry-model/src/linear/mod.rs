@@ -585,10 +585,20 @@ mod tests {
     /// Q8_0 parts held in both forms with the 8-bit GEMV below a switch at `dense_from`, on
     /// the CPU (whose ops are the kernels' references).
     fn q8_parts(widths: &[usize], k: usize, dense_from: usize) -> Vec<Linear> {
+        q8_parts_prefetching(widths, k, dense_from, 0)
+    }
+
+    /// [`q8_parts`] whose GEMV prefetches `ahead` trips (`gemv_prefetch`).
+    fn q8_parts_prefetching(
+        widths: &[usize],
+        k: usize,
+        dense_from: usize,
+        ahead: usize,
+    ) -> Vec<Linear> {
         let forms = GpuForms {
             dense_from,
             q8_gemv: true,
-            gemv_prefetch: 0,
+            gemv_prefetch: ahead,
         };
         widths
             .iter()
@@ -602,6 +612,30 @@ mod tests {
                 .unwrap()
             })
             .collect()
+    }
+
+    /// `gemv_prefetch` reaches the GEMV's operands: each projection's Q8_0 matrix takes the
+    /// trips from its forms, and the stacked Q/K/V or gate/up matrix keeps them.
+    #[test]
+    fn the_gemv_prefetch_reaches_each_and_the_stacked_matrix() {
+        let q8 = |l: &Linear| match l {
+            Linear::Dual {
+                quant: Small::Q8(m),
+                ..
+            } => m.ahead(),
+            _ => panic!("not held as Q8_0 for the GEMV"),
+        };
+        for ahead in [0usize, 3] {
+            let parts = q8_parts_prefetching(&[24, 8, 8], 64, 3, ahead);
+            assert!(parts.iter().all(|p| q8(p) == ahead), "{ahead} trips");
+            let Fused::Dense { quant, .. } = Fused::stack(parts).unwrap() else {
+                panic!("not stacked");
+            };
+            let [Small::Q8(stacked)] = quant.as_slice() else {
+                panic!("the Q8_0 parts not stacked into one");
+            };
+            assert_eq!(stacked.ahead(), ahead, "stacked, {ahead} trips");
+        }
     }
 
     /// Below its switch an 8-bit GEMV projection adds into the stream itself (the plain sums

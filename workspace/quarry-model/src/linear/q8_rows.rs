@@ -103,6 +103,12 @@ impl Q8Rows {
         Self { ahead, ..self }
     }
 
+    /// The trips its GPU kernel prefetches ([`Q8Rows::prefetching`]).
+    #[cfg(test)]
+    pub(crate) fn ahead(&self) -> usize {
+        self.ahead
+    }
+
     /// Several matrices of one input width as one, their outputs side by side (Q, K and V; gate
     /// and up).
     pub(crate) fn stack(parts: Vec<Self>) -> Result<Self> {
