@@ -140,6 +140,8 @@ fi
 
 section "GPU"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt" || status=1
+# The commit the pack's binaries were built from (make gpu-pack; absent from packs before it).
+echo "quarry commit: $(cat "$PACK/COMMIT" 2>/dev/null || echo unknown)" | tee -a "$OUT/gpu.txt"
 
 # Dummy weights (DUMMY="llama3.1-8b qwen3-8b", docs/checkpoints.md): a call with DUMMY runs only
 # this. Per shape: quarry bench mode a with random weights built on the GPU, one batch size of

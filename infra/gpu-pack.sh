@@ -130,8 +130,11 @@ done
 tar -C "$STAGE" -cf - bin tests | xz -T0 -9 > "$STAGE/binaries.tar.xz"
 rm -rf "$STAGE/bin" "$STAGE/tests"
 ln -s "$(realpath "$MODEL")" "$STAGE/$(basename "$MODEL")"
+# The commit the binaries were built from (`-dirty` where the tree had changes), which the check
+# prints beside the GPU: a lease's numbers name the code they measured.
+git describe --always --dirty --abbrev=12 > "$STAGE/COMMIT"
 (cd "$STAGE" && sha256sum -b "$(basename "$MODEL")" binaries.tar.xz "$GGUF_WHEEL" \
-  "$SAFETENSORS_WHEEL" status $(ls dummy-tokenizer*.tok checkpoint-tokenizer/* 2>/dev/null) \
+  "$SAFETENSORS_WHEEL" status COMMIT $(ls dummy-tokenizer*.tok checkpoint-tokenizer/* 2>/dev/null) \
   > SHA256SUMS)
 rm -rf "$GPU_DIR"/p*
 mkdir -p "$GPU_DIR"
