@@ -581,11 +581,16 @@ mod tests {
         dev.clone_dtoh(&out)
     }
 
-    /// A mixed case's queries and f16 pool on the device, and its launches' output bits.
+    /// A mixed case on the device as the bit-for-bit tests launch it: its queries, its f16
+    /// pool, its shape and window, and its batch uploaded without split-K's counters; and its
+    /// launches' output bits.
     struct F16Case {
         dq: CudaSlice<f32>,
         dk: CudaSlice<half::f16>,
         dv: CudaSlice<half::f16>,
+        shape: AttentionShape,
+        window: usize,
+        plain: DeviceBatch,
     }
 
     impl F16Case {
@@ -595,10 +600,14 @@ mod tests {
                     .map(|&y| half::f16::from_f32(y))
                     .collect::<Vec<_>>()
             };
+            let window = case.heads.window.unwrap_or(0);
             Self {
                 dq: dev.clone_htod(&case.q).unwrap(),
                 dk: dev.clone_htod(&half(&case.k)).unwrap(),
                 dv: dev.clone_htod(&half(&case.v)).unwrap(),
+                shape: AttentionShape::from(case.heads),
+                window,
+                plain: DeviceBatch::upload(dev, &case.meta, window, None).unwrap(),
             }
         }
 
@@ -636,18 +645,17 @@ mod tests {
     fn the_last_block_combine_matches_the_combine_s_launch() {
         let dev = gpu();
         for case in AttentionCase::mixed(16) {
-            let window = case.heads.window.unwrap_or(0);
-            let shape = AttentionShape::from(case.heads);
-            let plain = DeviceBatch::upload(&dev, &case.meta, window, None).unwrap();
-            let counted = DeviceBatch::upload(&dev, &case.meta, window, Some(shape.n_kv)).unwrap();
             let f16 = F16Case::new(&dev, &case);
+            let (shape, plain) = (f16.shape, &f16.plain);
+            let counted =
+                DeviceBatch::upload(&dev, &case.meta, f16.window, Some(shape.n_kv)).unwrap();
             for kernel in [
                 AttentionKernel::Split { chunk: None },
                 AttentionKernel::Cascade,
             ] {
                 for out16 in [false, true] {
                     let what = format!("{kernel:?}, f16 output {out16}, {shape:?}");
-                    let want = f16.bits(&dev, &plain, shape, kernel, out16);
+                    let want = f16.bits(&dev, plain, shape, kernel, out16);
                     let got = f16.bits(&dev, &counted, shape, kernel, out16);
                     assert_eq!(got, want, "{what}");
                     let again = f16.bits(&dev, &counted, shape, kernel, out16);
@@ -667,19 +675,17 @@ mod tests {
     fn the_prefetch_keeps_the_output_bits() {
         let dev = gpu();
         for case in AttentionCase::mixed(16) {
-            let window = case.heads.window.unwrap_or(0);
-            let shape = AttentionShape::from(case.heads);
-            let db = DeviceBatch::upload(&dev, &case.meta, window, None).unwrap();
             let f16 = F16Case::new(&dev, &case);
+            let (shape, db) = (f16.shape, &f16.plain);
             for kernel in [
                 AttentionKernel::Warps,
                 AttentionKernel::Split { chunk: None },
                 AttentionKernel::Cascade,
             ] {
-                let want = f16.bits(&dev, &db, shape, kernel, true);
+                let want = f16.bits(&dev, db, shape, kernel, true);
                 for prefetch in crate::Prefetch::ALL {
                     let asked = AttentionShape { prefetch, ..shape };
-                    let got = f16.bits(&dev, &db, asked, kernel, true);
+                    let got = f16.bits(&dev, db, asked, kernel, true);
                     assert_eq!(got, want, "{kernel:?}, prefetch {prefetch:?}, {shape:?}");
                 }
             }
