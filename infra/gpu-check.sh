@@ -161,7 +161,8 @@ GATED_FORMS=(
   "QUARRY_ATTENTION=tiled|paged_attention_tiled_matches_its_reference_on_a_mixed_batch|the tiled attention"
   "QUARRY_ATTENTION=cascade|paged_attention_cascade_matches_its_reference_on_a_mixed_batch|the cascade attention"
   "QUARRY_SPLIT_COMBINE|the_last_block_combine_matches_the_combine_s_launch|split-K's last-block combine"
-  "QUARRY_ATTENTION_PREFETCH|the_prefetch_keeps_the_output_bits|the attention's L2 prefetch"
+  "QUARRY_ATTENTION_PREFETCH|the_prefetch_and_the_staged_keys_keep_the_output_bits|the attention's L2 prefetch"
+  "QUARRY_ATTENTION_KEYS|the_prefetch_and_the_staged_keys_keep_the_output_bits|the attention's staged key reads"
   "QUARRY_GEMV_PREFETCH|the_gemv_prefetch_keeps_the_sums|gemv_q8's L2 prefetch"
 )
 # untested SETTING: prints the kernel SETTING names that did not pass its test this lease (and
@@ -475,14 +476,15 @@ merge_runs "$OUT/quarry-bench-cuda.json" "${runs[@]}"
 # (steps of at most 16 tokens: 1.44x at batch 1 and 1.20x at 8 on an H200, 2026-11-28); split-K's
 # combine in its own launch (QUARRY_SPLIT_COMBINE, opt-in, not yet measured) at batch 1; then all
 # three at batch 32, just past the threshold; the attention's L2 prefetch of both pools' rows
-# (QUARRY_ATTENTION_PREFETCH, opt-in, not yet measured) at batch 512; the steps' CUDA graphs off at batch 1 and 32, and
+# (QUARRY_ATTENTION_PREFETCH, opt-in, not yet measured) and its key rows staged through shared
+# memory (QUARRY_ATTENTION_KEYS, the same) at batch 512; the steps' CUDA graphs off at batch 1 and 32, and
 # the forward pass's phases timed (QUARRY_PROFILE, its table in the log) at batch 512. The
 # settings measured before (QUARRY_ATTENTION=per-dimension or gather,
 # QUARRY_SAMPLING=host, QUARRY_DENSE_FROM_ROWS, QUARRY_ADD_NORM, QUARRY_KV_DTYPE=bf16) run when
 # AB names them; all into one JSON whose runs carry their setting.
 OLD=QUARRY_ATTENTION=warps,QUARRY_GEMM_ADD=off,QUARRY_ROPE_STORE=off
 ALL=QUARRY_ATTENTION=split,QUARRY_GEMM_ADD=on,QUARRY_ROPE_STORE=on
-AB="${AB-$OLD@1 $OLD@8 QUARRY_SPLIT_COMBINE=on@1 $ALL@32 QUARRY_ATTENTION_PREFETCH=both@512 QUARRY_CUDA_GRAPHS=off@32 QUARRY_ATTENTION=tiled@512 QUARRY_ATTENTION=cascade@512 QUARRY_PROFILE=1@512}"
+AB="${AB-$OLD@1 $OLD@8 QUARRY_SPLIT_COMBINE=on@1 $ALL@32 QUARRY_ATTENTION_PREFETCH=both@512 QUARRY_ATTENTION_KEYS=staged@512 QUARRY_CUDA_GRAPHS=off@32 QUARRY_ATTENTION=tiled@512 QUARRY_ATTENTION=cascade@512 QUARRY_PROFILE=1@512}"
 if [ "$split_ok" = 0 ]; then
   AB="$(tr ' ' '\n' <<<"$AB" | grep -v '^QUARRY_ATTENTION=split' | paste -sd' ')"
 fi

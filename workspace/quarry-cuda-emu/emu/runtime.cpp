@@ -258,6 +258,13 @@ void* dynamic_shared() { return shared_start(*L); }
     abort();
 }
 
+void check_shared(const void* p, size_t n) {
+    const unsigned char* s = shared_start(*L);
+    const unsigned char* at = static_cast<const unsigned char*>(p);
+    if (at < s || at + n > s + L->shared_bytes)
+        fail("a 16-byte shared memory access outside the launch's dynamic shared memory");
+}
+
 // The lines PREFETCH_L2 asked for on this OS thread since the last take.
 thread_local std::vector<uintptr_t> PREFETCHED;
 

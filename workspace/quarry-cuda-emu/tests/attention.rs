@@ -122,7 +122,7 @@ fn attend_batch(
         shape.head_dim as i32,
     );
     let (page, scale, window) = (b.page_size as i32, shape.scale, shape.window as i32);
-    let prefetch = shape.prefetch.bits();
+    let reads = shape.reads();
     // The launch as the driver checks it: the kernel's static `red` and the limit the CUDA
     // launcher raises.
     let launch = Launch {
@@ -149,7 +149,7 @@ fn attend_batch(
                 run_launch(&plan.kernel, launch, || {
                     f(
                         qp, kp, vp, seq, pos, start, table, op, n_head, n_kv, head_dim, page,
-                        scale, window, prefetch,
+                        scale, window, reads,
                     )
                 })
             };
@@ -210,7 +210,7 @@ fn attend_batch(
                             counters,
                             c32,
                             c16,
-                            prefetch,
+                            reads,
                         )
                     })
                 };
@@ -659,6 +659,60 @@ fn the_prefetch_asks_l2_for_the_lines_of_the_rows_each_block_reads() {
                 let err = relative_error(&got, &case.want);
                 assert!(err < 2e-3, "{name}: relative error {err:.2e}");
             }
+        }
+    }
+}
+
+/// The staged key reads (`attention_keys = staged`): the warps and split forms, and the
+/// cascade's split launch, give the direct reads' output bits on every shape of the mixed batch
+/// (heads of 64, 80, 128 and 256, groups of 2 to 7, Gemma's window) and every pool type: the
+/// decode at 701 positions takes three tiles of 256 rows, the last of 189; heads of 80 take a
+/// round of 8 pieces and one of 2 (f16) or 4 (f32); chunks of 300 start tiles mid-context. The
+/// plan makes room for the stage, which the emulator holds the kernel to (a write past the
+/// shared memory, a misaligned 16-byte access: errors).
+#[test]
+fn staged_key_reads_give_the_direct_reads_bits() {
+    use quarry_model::KeyReads;
+    let runs = [
+        ("f16", AttentionKernel::Warps, true),
+        ("f32", AttentionKernel::Warps, false),
+        ("bf16", AttentionKernel::Warps, false),
+        ("f16", AttentionKernel::Split { chunk: Some(300) }, false),
+        ("f32", AttentionKernel::Split { chunk: Some(16) }, false),
+        ("f16", AttentionKernel::Cascade, true),
+    ];
+    for case in AttentionCase::mixed(16) {
+        for (element, kernel, out16) in runs {
+            let pool = Pool::new(element, &case.k, &case.v);
+            let direct = AttentionShape::from(case.heads);
+            let staged = AttentionShape {
+                keys: KeyReads::Staged,
+                ..direct
+            };
+            let (plan, want) = attend(&case.meta, &case.q, &pool, element, direct, kernel, out16);
+            let (staged_plan, got) =
+                attend(&case.meta, &case.q, &pool, element, staged, kernel, out16);
+            let name = format!(
+                "{} ({element} pool, heads of {}, group {})",
+                plan.kernel,
+                case.heads.head_dim,
+                case.heads.n_head / case.heads.n_kv
+            );
+            assert_eq!(staged_plan.kernel, plan.kernel, "{name}: the same form");
+            assert!(
+                staged_plan.shared_bytes > plan.shared_bytes,
+                "{name}: no room made for the stage"
+            );
+            let differ = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            eprintln!("{name}: {differ} of {} outputs differ", got.len());
+            assert_eq!(differ, 0, "{name}: staged keys change the output");
+            let err = relative_error(&got, &case.want);
+            let bound = if element == "f32" { 1e-5 } else { 1e-2 };
+            assert!(err < bound, "{name}: relative error {err:.2e}");
         }
     }
 }

@@ -116,6 +116,60 @@ __device__ void group_scores(const float* qs, const KV* __restrict__ k, RowOf ro
     __syncthreads();
 }
 
+// One 16-byte piece of a key row (`raw`, piece `piece` of the row) multiplied with the group's
+// queries into `dot`, token i's query head g at dot[i * G + g]: the arithmetic the scores share
+// whether their key rows come from global memory (group_scores_threads) or from shared memory
+// (group_scores_staged), so that the two give the same bits.
+template <typename KV, int G, int T>
+__device__ __forceinline__ void dot_piece(const uint4& raw, const float* qs, int piece,
+                                          int group, int head_dim, float* dot) {
+    constexpr int PER = 16 / sizeof(KV);
+    const KV* x = reinterpret_cast<const KV*>(&raw);
+    float kx[PER];
+#pragma unroll
+    for (int e = 0; e < PER; ++e) kx[e] = to_float(x[e]);
+    // The queries in 16-byte shared loads (a broadcast: every lane reads the same words), four
+    // values a load where one a load made the scores wait on shared memory: 32 loads per 32
+    // products for groups of 4.
+#pragma unroll
+    for (int i = 0; i < T; ++i) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            if (g < group) {
+                const float* qg = qs + (i * group + g) * head_dim + piece * PER;
+                float& d = dot[i * G + g];
+#pragma unroll
+                for (int e = 0; e < PER; e += 4) {
+                    const float4 q4 = SHARED_LOAD4(qg + e);
+                    d += q4.x * kx[e];
+                    d += q4.y * kx[e + 1];
+                    d += q4.z * kx[e + 2];
+                    d += q4.w * kx[e + 3];
+                }
+            }
+        }
+    }
+}
+
+// Position j's scores from its group's dot products, token i's query head g at
+// scores[(i * group + g) * n + j] (-inf where j is outside token i's range, T > 1).
+template <int G, int T>
+__device__ __forceinline__ void write_scores(const float* dot, int j, int n, int group,
+                                             float scale, float* scores, const int* lo,
+                                             const int* hi) {
+#pragma unroll
+    for (int i = 0; i < T; ++i) {
+        const bool seen = T == 1 || (j >= lo[i] && j <= hi[i]);
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+            if (g < group)
+                scores[(i * group + g) * n + j] = seen ? dot[i * G + g] * scale : -INFINITY;
+    }
+}
+
+// 16-byte loads of a key row a thread issues before their arithmetic (128 bytes).
+#define KEY_BATCH 8
+
 // The warps layout's scores: a thread per position (thread i takes i, i + blockDim.x, ...), its
 // key row read with 16-byte loads (eight issued before their arithmetic), each value multiplied with the group's queries from
 // shared memory (every lane reads the same query value: a broadcast). No shuffles: the layout
@@ -135,7 +189,7 @@ __device__ void group_scores_threads(const float* qs, const KV* __restrict__ k,
                                      const int* lo = nullptr, const int* hi = nullptr) {
     constexpr int PER = 16 / sizeof(KV);       // values per 16-byte load
     constexpr int LOADS = DPL * 32 / PER;      // loads that cover the longest head of DPL
-    constexpr int BATCH = LOADS < 8 ? LOADS : 8;
+    constexpr int BATCH = LOADS < KEY_BATCH ? LOADS : KEY_BATCH;
     const bool vector = head_dim % PER == 0 && kv_dim % PER == 0;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
         const KV* krow = k + (size_t)rows[j] * kv_dim + (size_t)kv_head * head_dim;
@@ -155,32 +209,7 @@ __device__ void group_scores_threads(const float* qs, const KV* __restrict__ k,
 #pragma unroll
                 for (int c = 0; c < BATCH; ++c) {
                     if ((c0 + c) * PER >= head_dim) break;
-                    const KV* x = reinterpret_cast<const KV*>(&raw[c]);
-                    float kx[PER];
-#pragma unroll
-                    for (int e = 0; e < PER; ++e) kx[e] = to_float(x[e]);
-                    // The queries in 16-byte shared loads (a broadcast: every lane reads the
-                    // same words), four values a load where one a load made the scores wait on
-                    // shared memory: 32 loads per 32 products for groups of 4.
-#pragma unroll
-                    for (int i = 0; i < T; ++i) {
-#pragma unroll
-                        for (int g = 0; g < G; ++g) {
-                            if (g < group) {
-                                const float* qg =
-                                    qs + (i * group + g) * head_dim + (c0 + c) * PER;
-                                float& d = dot[i * G + g];
-#pragma unroll
-                                for (int e = 0; e < PER; e += 4) {
-                                    const float4 q4 = SHARED_LOAD4(qg + e);
-                                    d += q4.x * kx[e];
-                                    d += q4.y * kx[e + 1];
-                                    d += q4.z * kx[e + 2];
-                                    d += q4.w * kx[e + 3];
-                                }
-                            }
-                        }
-                    }
+                    dot_piece<KV, G, T>(raw[c], qs, c0 + c, group, head_dim, dot);
                 }
             }
         } else {
@@ -193,14 +222,79 @@ __device__ void group_scores_threads(const float* qs, const KV* __restrict__ k,
                         if (g < group) dot[i * G + g] += qs[(i * group + g) * head_dim + x] * kx;
             }
         }
+        write_scores<G, T>(dot, j, n, group, scale, scores, lo, hi);
+    }
+    __syncthreads();
+}
+
+// The same scores with the key rows staged in shared memory (`attention_keys = staged`, the
+// STAGE_KEYS bit of `reads`). In group_scores_threads each lane of a warp loads 16 bytes of a
+// different row, so every 16-byte load of a warp touches 32 cache lines: 32 of L1's wavefronts
+// (16 bytes each) where a coalesced load of as many bytes takes 4, and at a device copy's rate
+// (about 15 bytes a cycle per SM on an H200) that is near all L1 can serve. Here the block
+// first loads a tile of blockDim.x positions' rows KEY_BATCH pieces at a time, consecutive
+// threads taking consecutive 16-byte pieces of a row (a warp: 4 rows of 128 bytes, 4 lines per
+// load), into `stage` (KEY_STAGE_STRIDE pieces a row: the padding puts the 8 rows that 8
+// threads read at once in different banks); then each thread multiplies its own position's
+// pieces from there, as group_scores_threads does from its registers: the same thread per
+// position and the same order of products (dot_piece), so the same bits. Every thread loads 8
+// pieces a round (128 bytes in flight, as before); two barriers a round. `stage` is 16-byte
+// aligned and holds blockDim.x * KEY_STAGE_STRIDE pieces (kernel_plan's STAGE_WORDS). Heads
+// whose rows do not split into 16-byte pieces take group_scores_threads.
+#define KEY_STAGE_STRIDE (KEY_BATCH + 1)
+template <typename KV, int DPL, int G>
+__device__ void group_scores_staged(const float* qs, const KV* __restrict__ k,
+                                    const uint32_t* rows, int n, int group, int head_dim,
+                                    int kv_dim, int kv_head, float scale, float* scores,
+                                    uint4* stage) {
+    constexpr int PER = 16 / sizeof(KV);
+    static_assert(DPL * 32 / PER >= KEY_BATCH, "a round is KEY_BATCH pieces of every row");
+    const int tx = threadIdx.x, nt = blockDim.x;
+    const int pieces = head_dim / PER;
+    const uint4* khead = reinterpret_cast<const uint4*>(k + (size_t)kv_head * head_dim);
+    const size_t row_pieces = (size_t)kv_dim / PER;
+    for (int j0 = 0; j0 < n; j0 += nt) {  // the same trips for every thread: barriers inside
+        const int here = min(nt, n - j0), j = j0 + tx;
+        float dot[G];
 #pragma unroll
-        for (int i = 0; i < T; ++i) {
-            const bool seen = T == 1 || (j >= lo[i] && j <= hi[i]);
+        for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+#pragma unroll 1
+        for (int c0 = 0; c0 < pieces; c0 += KEY_BATCH) {
+            const int per_row = min(KEY_BATCH, pieces - c0), items = here * per_row;
+            for (int base = tx; base < items; base += KEY_BATCH * nt) {
+                uint4 raw[KEY_BATCH];
 #pragma unroll
-            for (int g = 0; g < G; ++g)
-                if (g < group)
-                    scores[(i * group + g) * n + j] = seen ? dot[i * G + g] * scale : -INFINITY;
+                for (int u = 0; u < KEY_BATCH; ++u) {
+                    const int f = base + u * nt;
+                    if (f < items) {
+                        const int m = f / per_row, p = f - m * per_row;
+                        raw[u] = __ldg(khead + (size_t)rows[j0 + m] * row_pieces + c0 + p);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < KEY_BATCH; ++u) {
+                    const int f = base + u * nt;
+                    if (f < items) {
+                        const int m = f / per_row, p = f - m * per_row;
+                        SHARED_STORE16(stage + m * KEY_STAGE_STRIDE + p, raw[u]);
+                    }
+                }
+            }
+            __syncthreads();
+            if (tx < here) {
+                uint4 raw[KEY_BATCH];
+#pragma unroll
+                for (int c = 0; c < KEY_BATCH; ++c)
+                    if (c < per_row) raw[c] = SHARED_LOAD16(stage + tx * KEY_STAGE_STRIDE + c);
+#pragma unroll
+                for (int c = 0; c < KEY_BATCH; ++c) {
+                    if (c >= per_row) break;
+                    dot_piece<KV, G, 1>(raw[c], qs, c0 + c, group, head_dim, dot);
+                }
+            }
+            __syncthreads();
         }
+        if (tx < here) write_scores<G, 1>(dot, j, n, group, scale, scores, nullptr, nullptr);
     }
     __syncthreads();
 }
@@ -365,7 +459,7 @@ __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
     }
 }
 
-// The warps and split forms' prefetch (`prefetch`, a bit mask; kernel_plan's `Prefetch`):
+// The warps and split forms' prefetch (bits 1 and 2 of `reads`; kernel_plan's `Prefetch`):
 // as a thread finds an attended position's pool row, it asks L2 for the row's key bytes (bit 2)
 // and its value bytes (bit 1) of this block's head, a 128-byte line at a time, without waiting
 // and without a register held. The block otherwise requests its key rows 128 bytes a thread at a
@@ -376,6 +470,9 @@ __device__ void group_sum_vectors(const float* scores, const KV* __restrict__ v,
 // times each bit against none).
 #define PREFETCH_VALUES 1
 #define PREFETCH_KEYS 2
+// `reads`' third bit (kernel_plan's `KeyReads::Staged`): the scores read their key rows through
+// shared memory (group_scores_staged), where the plan has made room for it.
+#define STAGE_KEYS 4
 template <typename KV>
 __device__ __forceinline__ void prefetch_head_row(const KV* pool, uint32_t row, int kv_dim,
                                                   int kv_head, int head_dim) {
@@ -402,7 +499,7 @@ __device__ void paged_attention(
     const uint32_t* __restrict__ page_start, const uint32_t* __restrict__ block_table,
     OUT* __restrict__ out, int n_head, int n_kv, int head_dim, int page_size, float scale,
     int window, int chunk, float* __restrict__ ml, const uint32_t* __restrict__ token_shared,
-    int slot0, int t, int prefetch) {
+    int slot0, int t, int reads) {
     static_assert(!SPLIT || DPL > 0, "split-K runs the warps layout");
     static_assert(!SPLIT || sizeof(OUT) == 4, "split-K's sums are f32");
     static_assert(G <= MAX_GROUP, "groups of at most MAX_GROUP");
@@ -457,12 +554,22 @@ __device__ void paged_attention(
         for (int j = threadIdx.x; j < n; j += blockDim.x) {
             const uint32_t row = pool_row(pages, first + j, page_size);
             rows[j] = row;
-            if (prefetch & PREFETCH_KEYS) prefetch_head_row(k, row, kv_dim, kv_head, head_dim);
-            if (prefetch & PREFETCH_VALUES) prefetch_head_row(v, row, kv_dim, kv_head, head_dim);
+            if (reads & PREFETCH_KEYS) prefetch_head_row(k, row, kv_dim, kv_head, head_dim);
+            if (reads & PREFETCH_VALUES) prefetch_head_row(v, row, kv_dim, kv_head, head_dim);
         }
         __syncthreads();
-        group_scores_threads<KV, DPL, G>(qs, k, rows, n, group, head_dim, kv_dim, kv_head,
-                                         scale, scores);
+        constexpr int PER = 16 / sizeof(KV);
+        if ((reads & STAGE_KEYS) && head_dim % PER == 0 && kv_dim % PER == 0) {
+            // After the rows, on 16 bytes (the plan's STAGE_WORDS hold the rounding); the
+            // partial sums reuse the room after the scores.
+            const uintptr_t at = reinterpret_cast<uintptr_t>(rows + n);
+            uint4* stage = reinterpret_cast<uint4*>((at + 15) & ~(uintptr_t)15);
+            group_scores_staged<KV, DPL, G>(qs, k, rows, n, group, head_dim, kv_dim, kv_head,
+                                            scale, scores, stage);
+        } else {
+            group_scores_threads<KV, DPL, G>(qs, k, rows, n, group, head_dim, kv_dim, kv_head,
+                                             scale, scores);
+        }
     }
     group_softmax<SPLIT, G>(scores, group, n, red, ml, splits);
 
@@ -903,19 +1010,19 @@ __device__ void paged_attention_prefix(
 }
 
 // The forms: a pool's element type, and the output's (the `_out16` forms write f16). Every
-// one-token form takes `prefetch` last (the per-dimension layout takes it and asks for nothing,
-// so that the launchers pass one signature).
+// one-token form takes `reads` last (the L2 prefetch's bits and STAGE_KEYS; the per-dimension
+// layout takes it and ignores it, so that the launchers pass one signature).
 #define PAGED_ATTENTION(NAME, KV, OUT)                                                         \
     extern "C" __global__ void NAME(                                                           \
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         OUT* out, int n_head, int n_kv, int head_dim, int page_size, float scale,             \
-        int window, int prefetch) {                                                            \
+        int window, int reads) {                                                               \
         paged_attention<KV, OUT, 0, MAX_GROUP, false>(q, k, v, token_seq, token_pos,         \
                                                       page_start, block_table, out, n_head,   \
                                                       n_kv, head_dim, page_size, scale,       \
                                                       window, 0, nullptr, nullptr, 0,         \
-                                                      blockIdx.x, prefetch);                  \
+                                                      blockIdx.x, reads);                     \
     }
 
 // The warps and split forms ask ptxas for three blocks of 256 threads an SM where groups are at
@@ -927,11 +1034,11 @@ __device__ void paged_attention_prefix(
         const float* q, const KV* k, const KV* v, const uint32_t* token_seq,                  \
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         OUT* out, int n_head, int n_kv, int head_dim, int page_size, float scale,             \
-        int window, int prefetch) {                                                            \
+        int window, int reads) {                                                               \
         paged_attention<KV, OUT, DPL, G, false>(q, k, v, token_seq, token_pos, page_start,   \
                                                 block_table, out, n_head, n_kv, head_dim,      \
                                                 page_size, scale, window, 0, nullptr, nullptr, \
-                                                0, blockIdx.x, prefetch);                      \
+                                                0, blockIdx.x, reads);                         \
     }
 
 #define PAGED_ATTENTION_TILED(NAME, KV, OUT, DPL, G)                                           \
@@ -957,11 +1064,11 @@ __device__ void paged_attention_prefix(
         const uint32_t* token_pos, const uint32_t* page_start, const uint32_t* block_table,   \
         float* out, int n_head, int n_kv, int head_dim, int page_size, float scale,           \
         int window, int chunk, float* ml, const uint32_t* token_shared, int slot0,             \
-        uint32_t* counters, float* combined, __half* combined16, int prefetch) {              \
+        uint32_t* counters, float* combined, __half* combined16, int reads) {                 \
         paged_attention<KV, float, DPL, G, true>(q, k, v, token_seq, token_pos, page_start,  \
                                                  block_table, out, n_head, n_kv, head_dim,     \
                                                  page_size, scale, window, chunk, ml,          \
-                                                 token_shared, slot0, blockIdx.x, prefetch);   \
+                                                 token_shared, slot0, blockIdx.x, reads);      \
         if (counters)                                                                          \
             combine_if_last(out, ml, counters, combined, combined16, n_head, n_kv, head_dim,   \
                             slot0 + gridDim.z, blockIdx.x);                                    \

@@ -105,7 +105,65 @@ pub struct AttentionShape {
     /// What the warps and split forms ask L2 for as they find their rows
     /// (`ModelOptions::attention_prefetch`).
     pub prefetch: Prefetch,
+    /// How the warps and split forms' scores read their key rows
+    /// (`ModelOptions::attention_keys`).
+    pub keys: KeyReads,
 }
+
+impl AttentionShape {
+    /// The one-token forms' last argument, `reads`: the L2 prefetch's bits and the key reads'.
+    pub fn reads(&self) -> i32 {
+        self.prefetch.bits() | self.keys.bits()
+    }
+}
+
+/// How the warps and split forms' scores read their key rows (the kernel's `STAGE_KEYS` bit of
+/// `reads`). Either way a thread computes each of its positions' scores with the same products
+/// in the same order, so the output is the same bits; only the loads differ, which only a GPU
+/// can time (attention-bench).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyReads {
+    /// Each thread loads its own position's key row, 16 bytes at a time: a warp's load touches
+    /// 32 rows, so 32 cache lines (the default until a GPU has timed the other).
+    #[default]
+    Direct,
+    /// The block loads a tile of 256 positions' rows into shared memory, 128 bytes of a row at a
+    /// time, consecutive threads taking consecutive 16-byte pieces of a row (a warp's load
+    /// touches 4 lines); each thread then reads its position's pieces from there. About 36 KiB
+    /// more shared memory a block ([`STAGE_WORDS`], less what the partial sums already take),
+    /// two barriers per 128 bytes of a row.
+    Staged,
+}
+
+impl KeyReads {
+    /// Every choice, in the order attention-bench times them.
+    pub const ALL: [KeyReads; 2] = [Self::Direct, Self::Staged];
+
+    /// The kernel's bit (`STAGE_KEYS`, 4).
+    pub fn bits(self) -> i32 {
+        match self {
+            Self::Direct => 0,
+            Self::Staged => 4,
+        }
+    }
+
+    /// Its name in `ModelOptions` (`attention_keys`, serde's).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Staged => "staged",
+        }
+    }
+}
+
+/// Pieces of 16 bytes a staged key row takes in shared memory: a round's 8 (the kernel's
+/// `KEY_BATCH`) and one of padding, so that the 8 rows 8 threads read at once fall in different
+/// banks (the kernel's `KEY_STAGE_STRIDE`).
+const STAGE_ROW_PIECES: usize = 9;
+/// Shared memory words the staged key reads take: a tile of [`WARPS_THREADS`] rows of
+/// [`STAGE_ROW_PIECES`] pieces, and 3 words to start it on 16 bytes.
+pub const STAGE_WORDS: usize = WARPS_THREADS as usize * STAGE_ROW_PIECES * 4 + 3;
 
 /// The L2 prefetch of the warps and split forms (their `prefetch` argument, a bit mask): as a
 /// block's threads find the pool rows of its attended positions, they ask L2 for those rows'
@@ -161,6 +219,7 @@ impl From<Heads> for AttentionShape {
             window: h.window.unwrap_or(0),
             widest_group_form: false,
             prefetch: Prefetch::Off,
+            keys: KeyReads::Direct,
         }
     }
 }
@@ -332,7 +391,7 @@ impl AttentionPlan {
                         group_form(shape)
                     ),
                     WARPS_THREADS,
-                    warps_shared_words(group, shape.head_dim, positions) * 4,
+                    warps_shared_words(shape, positions) * 4,
                 )
             }
         };
@@ -386,13 +445,12 @@ impl AttentionPlan {
         let slots = (PREFIX_BLOCKS_PER_SM * batch.sms)
             .div_ceil(blocks.max(1))
             .clamp(1, MAX_PREFIX_SLOTS);
-        let group = shape.n_head / shape.n_kv;
         let form = format!("{}g{}_{element}", dims_per_lane(shape), group_form(shape));
         Ok(Self {
             kernel: format!("paged_attention_split{form}"),
             grid: (batch.tokens as u32, shape.n_kv as u32, splits as u32),
             threads: WARPS_THREADS,
-            shared_bytes: warps_shared_words(group, shape.head_dim, chunk) * 4,
+            shared_bytes: warps_shared_words(shape, chunk) * 4,
             chunk: Some(chunk),
             out16,
             tokens: None,
@@ -473,10 +531,17 @@ fn group_form(shape: AttentionShape) -> usize {
 }
 
 /// Shared memory words of one warps-layout block attending to `positions` positions: the group's
-/// queries and scores, the pool rows, the warps' partial sums.
-fn warps_shared_words(group: usize, head_dim: usize, positions: usize) -> usize {
+/// queries and scores, the pool rows, then the warps' partial sums or, where the scores stage
+/// their key rows ([`KeyReads::Staged`]), the stage, whichever is larger (the two take turns).
+fn warps_shared_words(shape: AttentionShape, positions: usize) -> usize {
+    let (group, head_dim) = (shape.n_head / shape.n_kv, shape.head_dim);
     let warps = WARPS_THREADS as usize / 32;
-    group * (head_dim + positions) + positions + warps * group * head_dim
+    let partial = warps * group * head_dim;
+    let after = match shape.keys {
+        KeyReads::Direct => partial,
+        KeyReads::Staged => partial.max(STAGE_WORDS),
+    };
+    group * (head_dim + positions) + positions + after
 }
 
 /// Shared memory words of a cascade prefix block (the kernel's layout): the query rows of
@@ -503,7 +568,13 @@ fn tiled_shared_words(
     let n = longest + TILE - 1;
     let tile =
         TILE * group * (head_dim + n) + n + warps * group * head_dim + 8 * TILE * group_form(shape);
-    tile.max(warps_shared_words(group, head_dim, longest))
+    // The tokens it computes alone run the warps layout without staging (the tiled kernel
+    // passes no `reads`).
+    let alone = AttentionShape {
+        keys: KeyReads::Direct,
+        ..shape
+    };
+    tile.max(warps_shared_words(alone, longest))
 }
 
 /// The positions per chunk a launch splits each token's context into, or `None` for one block
@@ -513,7 +584,7 @@ fn tiled_shared_words(
 /// shared memory. A chunk that covers the longest context is `None`.
 fn split_chunk(batch: BatchSize, shape: AttentionShape, kernel: AttentionKernel) -> Option<usize> {
     let group = shape.n_head / shape.n_kv;
-    let fixed = warps_shared_words(group, shape.head_dim, 0);
+    let fixed = warps_shared_words(shape, 0);
     let most = (MAX_SHARED / 4).saturating_sub(fixed) / (group + 1);
     let chunk = match kernel {
         AttentionKernel::PerDimension => return None,
@@ -545,6 +616,7 @@ mod tests {
             window: 0,
             widest_group_form: false,
             prefetch: Prefetch::Off,
+            keys: KeyReads::Direct,
         }
     }
 
@@ -715,6 +787,62 @@ mod tests {
         let prefix = p.prefix.unwrap();
         assert_eq!(prefix.kernel, "paged_attention_prefix8g8_f32");
         assert!(prefix.shared_bytes == 218_880 && prefix.shared_bytes <= MAX_SHARED);
+    }
+
+    /// Staged key reads make room for their tile where the warps' partial sums do not already
+    /// (the two take turns), in the warps and split launches and the cascade's split launch, not
+    /// in the per-dimension form or the tiled one (which stages nothing); a context that then
+    /// passes one block's shared memory splits sooner.
+    #[test]
+    fn staged_key_reads_make_room_for_their_tile() {
+        let staged = |shape: AttentionShape| AttentionShape {
+            keys: KeyReads::Staged,
+            ..shape
+        };
+        let llama = AttentionShape {
+            n_head: 32,
+            n_kv: 8,
+            head_dim: 128,
+            ..smollm2()
+        };
+        let gemma = AttentionShape {
+            n_head: 4,
+            n_kv: 1,
+            head_dim: 256,
+            ..smollm2()
+        };
+        for shape in [smollm2(), llama, gemma] {
+            let group = shape.n_head / shape.n_kv;
+            let partial = 8 * group * shape.head_dim;
+            for kernel in [
+                AttentionKernel::Warps,
+                AttentionKernel::Split { chunk: Some(64) },
+                AttentionKernel::Cascade,
+            ] {
+                let plan = |s| AttentionPlan::new(batch(256, 800), s, kernel, "f16", true).unwrap();
+                let (direct, with) = (plan(shape), plan(staged(shape)));
+                assert_eq!(direct.kernel, with.kernel);
+                let more = with.shared_bytes - direct.shared_bytes;
+                assert_eq!(
+                    more,
+                    (STAGE_WORDS - partial.min(STAGE_WORDS)) * 4,
+                    "{kernel:?}"
+                );
+            }
+            for kernel in [AttentionKernel::PerDimension, AttentionKernel::Tiled] {
+                let plan = |s| AttentionPlan::new(batch(256, 800), s, kernel, "f16", true).unwrap();
+                assert_eq!(plan(shape).shared_bytes, plan(staged(shape)).shared_bytes);
+            }
+        }
+        // SmolLM2's groups of 3 at 13,000 positions: one block direct, split when staged.
+        let warps =
+            |s| AttentionPlan::new(batch(1, 13_000), s, AttentionKernel::Warps, "f16", false);
+        let (direct, with) = (warps(smollm2()).unwrap(), warps(staged(smollm2())).unwrap());
+        assert_eq!(direct.chunk, None);
+        assert!(
+            with.chunk.is_some() && with.shared_bytes <= MAX_SHARED,
+            "{with:?}"
+        );
     }
 
     /// The warps layout splits only a context beyond one block's shared memory; the

@@ -69,7 +69,7 @@ pub use device::parse_device;
 pub use dummy::{DummyShape, DUMMY_SHAPES};
 pub use error::{ModelError, Result};
 pub use info::ModelInfo;
-pub use kernel_plan::{AttentionKernel, Prefetch};
+pub use kernel_plan::{AttentionKernel, KeyReads, Prefetch};
 pub use linear::{Footprint, GpuWeights, HostFootprint, HostWeights};
 pub use llama::{Fusions, Llama};
 pub use options::{

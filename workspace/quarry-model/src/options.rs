@@ -39,6 +39,12 @@ pub struct ModelOptions {
     /// the pool at 2.2-2.6 TB/s where a copy reads 4.0-4.2 (attention-bench times each choice:
     /// not yet run).
     pub attention_prefetch: crate::Prefetch,
+    /// How the attention's warps and split forms read their key rows ([`crate::KeyReads`]):
+    /// `direct` (the default: each thread its own row, a warp's load across 32 cache lines) or
+    /// `staged` (a block's rows through shared memory in coalesced loads). The same bits either
+    /// way; written 2026-11-30 without a GPU for the same batch-256 reads (attention-bench
+    /// times both: not yet run).
+    pub attention_keys: crate::KeyReads,
     /// The GPU KV pool's element type. `f16` (the default): half the bytes read per attended
     /// position of `f32` and twice the pages in the same memory; f16 over bf16 for its three
     /// more mantissa bits (not yet compared on a GPU). A CPU always stores f32.
@@ -110,6 +116,7 @@ impl Default for ModelOptions {
             attention: Attention::Auto,
             attention_chunk: None,
             attention_prefetch: crate::Prefetch::Off,
+            attention_keys: crate::KeyReads::Direct,
             kv_dtype: KvDtype::F16,
             dense_from_rows: 1,
             q8_gemv: false,
@@ -190,10 +197,11 @@ pub enum OptionError {
 }
 
 /// The option keys, in the order of [`ModelOptions`]'s fields.
-const KEYS: [&str; 16] = [
+const KEYS: [&str; 17] = [
     "attention",
     "attention_chunk",
     "attention_prefetch",
+    "attention_keys",
     "kv_dtype",
     "dense_from_rows",
     "q8_gemv",
@@ -211,10 +219,11 @@ const KEYS: [&str; 16] = [
 
 impl ModelOptions {
     /// The environment variables the binary reads at start-up, and the option each sets.
-    pub const VARIABLES: [(&'static str, &'static str); 16] = [
+    pub const VARIABLES: [(&'static str, &'static str); 17] = [
         ("QUARRY_ATTENTION", "attention"),
         ("QUARRY_ATTENTION_CHUNK", "attention_chunk"),
         ("QUARRY_ATTENTION_PREFETCH", "attention_prefetch"),
+        ("QUARRY_ATTENTION_KEYS", "attention_keys"),
         ("QUARRY_KV_DTYPE", "kv_dtype"),
         ("QUARRY_DENSE_FROM_ROWS", "dense_from_rows"),
         ("QUARRY_Q8_GEMV", "q8_gemv"),
@@ -237,6 +246,7 @@ impl ModelOptions {
   attention=auto|warps|split|tiled|cascade|per-dimension|gather   GPU attention kernel (auto: split up to 16-token steps, warps above)
   attention_chunk=auto|N                             context positions per split-K chunk (auto: the kernel plan's)
   attention_prefetch=off|values|keys|both            rows the GPU attention asks L2 for as it finds them (off)
+  attention_keys=direct|staged                       how the GPU attention's scores read key rows (direct)
   kv_dtype=f16|bf16|f32                              GPU KV pool element type (f16)
   dense_from_rows=N                                  rows from which GPU projections use f16 weights; 0: quantized only (1)
   q8_gemv=on|off                                     Q8_0 below dense_from_rows (at most 9) through quarry's 8-bit GEMV (off)
@@ -280,6 +290,9 @@ impl ModelOptions {
             "attention_prefetch" => {
                 self.attention_prefetch =
                     choice(v).ok_or_else(|| bad("off, values, keys or both"))?
+            }
+            "attention_keys" => {
+                self.attention_keys = choice(v).ok_or_else(|| bad("direct or staged"))?
             }
             "kv_dtype" => self.kv_dtype = choice(v).ok_or_else(|| bad("f16, bf16 or f32"))?,
             "dense_from_rows" => {
@@ -428,6 +441,7 @@ mod tests {
             ("attention", "per-dimension", "fast"),
             ("attention_chunk", "64", "0"),
             ("attention_prefetch", "values", "all"),
+            ("attention_keys", "staged", "tiled"),
             ("kv_dtype", "bf16", "f8"),
             ("dense_from_rows", "0", "-1"),
             ("q8_gemv", "on", "fast"),
@@ -448,6 +462,7 @@ mod tests {
         assert_eq!(o.attention, Attention::PerDimension);
         assert_eq!(o.attention_chunk, Some(64));
         assert_eq!(o.attention_prefetch, crate::Prefetch::Values);
+        assert_eq!(o.attention_keys, crate::KeyReads::Staged);
         assert_eq!(o.gemv_prefetch, 2);
         assert_eq!(o.kv_dtype, KvDtype::Bf16);
         assert_eq!(o.dense_from_rows, 0);

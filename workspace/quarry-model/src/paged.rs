@@ -30,6 +30,9 @@ pub(crate) struct PagedAttention<'a> {
     /// What its warps and split forms ask L2 for (`ModelOptions::attention_prefetch`).
     #[cfg(feature = "cuda")]
     pub prefetch: crate::Prefetch,
+    /// How its warps and split forms read their key rows (`ModelOptions::attention_keys`).
+    #[cfg(feature = "cuda")]
+    pub keys: crate::KeyReads,
 }
 
 impl PagedAttention<'_> {
@@ -118,6 +121,7 @@ impl CustomOp3 for PagedAttention<'_> {
         let h = self.heads;
         let dims = AttentionShape {
             prefetch: self.prefetch,
+            keys: self.keys,
             ..AttentionShape::from(h)
         };
         let q = q.as_cuda_slice::<f32>()?;

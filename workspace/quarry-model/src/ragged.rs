@@ -576,6 +576,8 @@ mod tests {
             kernel: AttentionKernel::PerDimension,
             #[cfg(feature = "cuda")]
             prefetch: crate::Prefetch::Off,
+            #[cfg(feature = "cuda")]
+            keys: crate::KeyReads::Direct,
         };
         let qt = Tensor::from_slice(&q, (meta.tokens(), h.n_head, h.head_dim), &dev).unwrap();
         for dtype in [DType::F32, DType::F16] {

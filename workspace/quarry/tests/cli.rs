@@ -556,6 +556,7 @@ fn model_runtime_options_are_documented_and_bad_ones_are_one_line_errors() {
         "attention=",
         "attention_chunk=",
         "attention_prefetch=",
+        "attention_keys=",
         "kv_dtype=",
         "dense_from_rows=",
         "q8_gemv=",

@@ -13,7 +13,9 @@
 //! take; then the tiled form, whose prefill tokens share their key reads, against the warps
 //! layout; then the cascade, which reads a shared prefix once for all its tokens; then split-K
 //! with its combine in the chunks' launch, against the split column; then the warps layout with
-//! each L2 prefetch of its rows, `attention_prefetch`, against the warps column) with CUDA
+//! each L2 prefetch of its rows, `attention_prefetch`, against the warps column; last, the warps
+//! and split layouts with their key rows staged through shared memory, `attention_keys =
+//! staged`, against the same layouts reading them directly) with CUDA
 //! events (median of 20 launches after 3 warm-ups) and reports the bytes of keys and values a
 //! token-by-token launch must read over its time for the fastest, beside a device-to-device copy
 //! of as many bytes (the bandwidth a kernel that only streamed the pool could reach), and the
@@ -25,7 +27,7 @@
 use candle_core::cuda::cudarc::driver::CudaSlice;
 use quarry_bench::gpu_timing::{copy_gb_per_s, time_ms};
 use quarry_model::cuda::{paged_attention, AttentionOut, AttentionShape, DeviceBatch, KvPool};
-use quarry_model::{AttentionKernel, Prefetch, RaggedBatch, SeqInput};
+use quarry_model::{AttentionKernel, KeyReads, Prefetch, RaggedBatch, SeqInput};
 
 /// The shapes by name: query heads, key-value heads, head width.
 const SHAPES: [(&str, usize, usize, usize); 3] = [
@@ -87,12 +89,13 @@ fn main() {
         window: 0,
         widest_group_form: false,
         prefetch: Prefetch::Off,
+        keys: KeyReads::Direct,
     };
     println!(
         "paged attention, {name}: {n_head}/{n_kv} heads of {head_dim}, f16 pool, {context} positions per sequence"
     );
     println!(
-        "{:>30} {:>16} {:>10} {:>10} {:>16} {:>10} {:>16} {:>10} {:>16} {:>11} {:>16} {:>13} {:>8} {:>11} {:>11} {:>11} {:>12} {:>10} {:>10}",
+        "{:>30} {:>16} {:>10} {:>10} {:>16} {:>10} {:>16} {:>10} {:>16} {:>11} {:>16} {:>13} {:>8} {:>11} {:>11} {:>11} {:>12} {:>14} {:>14} {:>14} {:>14} {:>10} {:>10}",
         "case",
         "per-dimension µs",
         "warps µs",
@@ -110,6 +113,10 @@ fn main() {
         "pf keys µs",
         "pf both µs",
         "best pf ÷ warps",
+        "warps staged µs",
+        "staged speed-up",
+        "split staged µs",
+        "staged speed-up",
         "best GB/s",
         "copy GB/s"
     );
@@ -123,6 +130,10 @@ fn main() {
     // the last block's counters) against the combine's own launch; last, the warps layout with
     // each L2 prefetch (`attention_prefetch`) against none.
     let prefetch = |prefetch| AttentionShape { prefetch, ..shape };
+    let staged = AttentionShape {
+        keys: KeyReads::Staged,
+        ..shape
+    };
     let split = AttentionKernel::Split { chunk: None };
     let kernels = [
         (AttentionKernel::PerDimension, shape, false),
@@ -135,6 +146,8 @@ fn main() {
         (AttentionKernel::Warps, prefetch(Prefetch::Values), false),
         (AttentionKernel::Warps, prefetch(Prefetch::Keys), false),
         (AttentionKernel::Warps, prefetch(Prefetch::Both), false),
+        (AttentionKernel::Warps, staged, false),
+        (split, staged, false),
     ];
     // (label, sequences, new tokens per sequence, shared positions)
     let shared = context * 9 / 16;
@@ -230,7 +243,7 @@ fn main() {
         let best = times.iter().copied().fold(f32::INFINITY, f32::min);
         let gbs = |ms: f32| read as f64 / (ms as f64 * 1e-3) / 1e9;
         println!(
-            "{label:>30} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>13.1} {:>8.2} {:>11.1} {:>11.1} {:>11.1} {:>11.2}x {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
+            "{label:>30} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>13.1} {:>8.2} {:>11.1} {:>11.1} {:>11.1} {:>11.2}x {:>14.1} {:>13.2}x {:>14.1} {:>13.2}x {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
             1e3 * times[0],
             1e3 * times[1],
             1e3 * times[2],
@@ -246,7 +259,11 @@ fn main() {
             1e3 * times[7],
             1e3 * times[8],
             1e3 * times[9],
-            times[7..].iter().copied().fold(f32::INFINITY, f32::min) / times[1],
+            times[7..10].iter().copied().fold(f32::INFINITY, f32::min) / times[1],
+            1e3 * times[10],
+            times[1] / times[10],
+            1e3 * times[11],
+            times[2] / times[11],
             gbs(best),
             copy,
         );

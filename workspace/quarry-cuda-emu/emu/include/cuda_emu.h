@@ -51,6 +51,10 @@ uint64_t* warp_slots();
 void* dynamic_shared();
 // Stops the launch with a message (a kernel's use of the API this emulator refuses).
 [[noreturn]] void fail(const char* what);
+// Stops the launch where bytes p .. p + n are not all in the launch's dynamic shared memory: the
+// 16-byte shared accesses' check, which the canary after it misses where an access lands far
+// past the end (a plan that made too little room).
+void check_shared(const void* p, size_t n);
 // common.cuh's L2 prefetch: records the 128-byte line of `p` for the calling OS thread (the
 // tests read them with quarry_emu_take_prefetches), and loads nothing.
 void prefetch_l2(const void* p);
@@ -165,11 +169,19 @@ struct alignas(16) float4 {
     float x, y, z, w;
 };
 // common.cuh's 16-byte load of shared memory, refused where misaligned as a GPU faults.
-#define SHARED_LOAD4(p) __ldg(reinterpret_cast<const float4*>(p))
-#define SHARED_LOAD16(p) __ldg(reinterpret_cast<const uint4*>(p))
+// Both are refused outside the dynamic shared memory too (every kernel's 16-byte shared
+// accesses are in it).
+template <typename T>
+__forceinline__ T quarry_emu_load_shared(const T* at) {
+    quarry_emu::check_shared(at, sizeof(T));
+    return __ldg(at);
+}
+#define SHARED_LOAD4(p) quarry_emu_load_shared(reinterpret_cast<const float4*>(p))
+#define SHARED_LOAD16(p) quarry_emu_load_shared(reinterpret_cast<const uint4*>(p))
 template <typename T>
 __forceinline__ void quarry_emu_store(T* at, T x) {
     if (reinterpret_cast<uintptr_t>(at) % alignof(T) != 0) quarry_emu::fail("a misaligned vector store");
+    quarry_emu::check_shared(at, sizeof(T));
     *at = x;
 }
 #define SHARED_STORE16(p, x) quarry_emu_store(reinterpret_cast<uint4*>(p), (x))

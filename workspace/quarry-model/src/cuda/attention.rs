@@ -325,13 +325,14 @@ pub fn paged_attention(
                 _ => b.arg(&null).arg(&null).arg(&null),
             };
         }
-        // The tiled form's last argument: the batch's tokens; every other form's, the L2
-        // prefetch's bits (the per-dimension form ignores them).
+        // The tiled form's last argument: the batch's tokens; every other form's, its `reads`
+        // (the L2 prefetch's bits and the staged key reads': the per-dimension form ignores
+        // them; the plan has sized the shared memory for the stage).
         let tokens32 = plan.tokens.unwrap_or(0) as i32;
-        let prefetch = shape.prefetch.bits();
+        let reads = shape.reads();
         match plan.tokens {
             Some(_) => b.arg(&tokens32),
-            None => b.arg(&prefetch),
+            None => b.arg(&reads),
         };
         // SAFETY: the arguments match the kernel's signature in kernels/paged_attention.cu, and
         // the buffers hold what the batch's metadata addresses (checked by the caller's pool
@@ -668,11 +669,13 @@ mod tests {
         }
     }
 
-    /// The L2 prefetch (`attention_prefetch`) changes where bytes wait, not what is read: every
-    /// choice gives `off`'s output bits, in the warps, split and cascade forms, on the mixed
-    /// cases' f16 pool. (quarry-cuda-emu checks which lines each block asks for.)
+    /// The L2 prefetch (`attention_prefetch`) changes where bytes wait, not what is read, and
+    /// the staged key reads (`attention_keys`) how the key rows reach each thread, not the
+    /// products: every combination gives the defaults' output bits, in the warps, split and
+    /// cascade forms, on the mixed cases' f16 pool. (quarry-cuda-emu checks which lines each
+    /// block asks for, and the staged reads' bits there.)
     #[test]
-    fn the_prefetch_keeps_the_output_bits() {
+    fn the_prefetch_and_the_staged_keys_keep_the_output_bits() {
         let dev = gpu();
         for case in AttentionCase::mixed(16) {
             let f16 = F16Case::new(&dev, &case);
@@ -684,9 +687,16 @@ mod tests {
             ] {
                 let want = f16.bits(&dev, db, shape, kernel, true);
                 for prefetch in crate::Prefetch::ALL {
-                    let asked = AttentionShape { prefetch, ..shape };
-                    let got = f16.bits(&dev, db, asked, kernel, true);
-                    assert_eq!(got, want, "{kernel:?}, prefetch {prefetch:?}, {shape:?}");
+                    for keys in crate::KeyReads::ALL {
+                        let asked = AttentionShape {
+                            prefetch,
+                            keys,
+                            ..shape
+                        };
+                        let got = f16.bits(&dev, db, asked, kernel, true);
+                        let what = format!("{kernel:?}, prefetch {prefetch:?}, keys {keys:?}");
+                        assert_eq!(got, want, "{what}, {shape:?}");
+                    }
                 }
             }
         }

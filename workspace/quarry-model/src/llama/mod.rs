@@ -815,6 +815,8 @@ impl Llama {
                 kernel: _kernel,
                 #[cfg(feature = "cuda")]
                 prefetch: self.options.attention_prefetch,
+                #[cfg(feature = "cuda")]
+                keys: self.options.attention_keys,
             };
             q.apply_op3_no_bwd(k_pool, v_pool, &op)?
         } else {
