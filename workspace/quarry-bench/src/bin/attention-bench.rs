@@ -15,7 +15,9 @@
 //! with its combine in the chunks' launch, against the split column; then the warps layout with
 //! each L2 prefetch of its rows, `attention_prefetch`, against the warps column; last, the warps
 //! and split layouts with their key rows staged through shared memory, `attention_keys =
-//! staged`, against the same layouts reading them directly) with CUDA
+//! staged`, against the same layouts reading them directly; and split-K with every context in
+//! two chunks, `attention_chunk`, against the warps column: at batch 256 the 8B heads' 2,048
+//! blocks are 5.2 waves of 396, so the last wave runs a fifth full) with CUDA
 //! events (median of 20 launches after 3 warm-ups) and reports the bytes of keys and values a
 //! token-by-token launch must read over its time for the fastest, beside a device-to-device copy
 //! of as many bytes (the bandwidth a kernel that only streamed the pool could reach), and the
@@ -95,7 +97,7 @@ fn main() {
         "paged attention, {name}: {n_head}/{n_kv} heads of {head_dim}, f16 pool, {context} positions per sequence"
     );
     println!(
-        "{:>30} {:>16} {:>10} {:>10} {:>16} {:>10} {:>16} {:>10} {:>16} {:>11} {:>16} {:>13} {:>8} {:>11} {:>11} {:>11} {:>12} {:>14} {:>14} {:>14} {:>14} {:>10} {:>10}",
+        "{:>30} {:>16} {:>10} {:>10} {:>16} {:>10} {:>16} {:>10} {:>16} {:>11} {:>16} {:>13} {:>8} {:>11} {:>11} {:>11} {:>12} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14} {:>10} {:>10}",
         "case",
         "per-dimension µs",
         "warps µs",
@@ -117,6 +119,8 @@ fn main() {
         "staged speed-up",
         "split staged µs",
         "staged speed-up",
+        "split halves µs",
+        "÷ warps",
         "best GB/s",
         "copy GB/s"
     );
@@ -148,6 +152,13 @@ fn main() {
         (AttentionKernel::Warps, prefetch(Prefetch::Both), false),
         (AttentionKernel::Warps, staged, false),
         (split, staged, false),
+        (
+            AttentionKernel::Split {
+                chunk: Some(context.div_ceil(2)),
+            },
+            shape,
+            false,
+        ),
     ];
     // (label, sequences, new tokens per sequence, shared positions)
     let shared = context * 9 / 16;
@@ -243,7 +254,7 @@ fn main() {
         let best = times.iter().copied().fold(f32::INFINITY, f32::min);
         let gbs = |ms: f32| read as f64 / (ms as f64 * 1e-3) / 1e9;
         println!(
-            "{label:>30} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>13.1} {:>8.2} {:>11.1} {:>11.1} {:>11.1} {:>11.2}x {:>14.1} {:>13.2}x {:>14.1} {:>13.2}x {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
+            "{label:>30} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>13.1} {:>8.2} {:>11.1} {:>11.1} {:>11.1} {:>11.2}x {:>14.1} {:>13.2}x {:>14.1} {:>13.2}x {:>14.1} {:>14.2} {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
             1e3 * times[0],
             1e3 * times[1],
             1e3 * times[2],
@@ -264,6 +275,8 @@ fn main() {
             times[1] / times[10],
             1e3 * times[11],
             times[2] / times[11],
+            1e3 * times[12],
+            times[12] / times[1],
             gbs(best),
             copy,
         );
