@@ -417,17 +417,19 @@ mod tests {
     fn a_job_file_s_table_refuses_what_the_flags_refuse() {
         let parse = |json: &str| serde_json::from_str::<ModelOptions>(json);
         let ok =
-            parse(r#"{"gemv_prefetch": 8, "attention_chunk": 64, "attention_prefetch": "values"}"#)
+            parse(r#"{"gemv_prefetch": 8, "attention_chunk": 64, "attention_prefetch": "values", "attention_keys": "staged"}"#)
                 .unwrap();
         assert_eq!(
             (ok.gemv_prefetch, ok.attention_chunk, ok.attention_prefetch),
             (8, Some(64), crate::Prefetch::Values)
         );
+        assert_eq!(ok.attention_keys, crate::KeyReads::Staged);
         assert_eq!(parse("{}").unwrap(), ModelOptions::default());
         for (json, key) in [
             (r#"{"gemv_prefetch": 9}"#, "gemv_prefetch = 9"),
             (r#"{"attention_chunk": 0}"#, "attention_chunk = 0"),
             (r#"{"attention_prefetch": "all"}"#, "all"),
+            (r#"{"attention_keys": "tiled"}"#, "tiled"),
         ] {
             let e = parse(json).unwrap_err().to_string();
             assert!(e.contains(key) && e.contains("expected"), "{json}: {e}");
