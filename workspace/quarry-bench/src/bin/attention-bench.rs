@@ -96,34 +96,6 @@ fn main() {
     println!(
         "paged attention, {name}: {n_head}/{n_kv} heads of {head_dim}, f16 pool, {context} positions per sequence"
     );
-    println!(
-        "{:>30} {:>16} {:>10} {:>10} {:>16} {:>10} {:>16} {:>10} {:>16} {:>11} {:>16} {:>13} {:>8} {:>11} {:>11} {:>11} {:>12} {:>14} {:>14} {:>14} {:>14} {:>14} {:>14} {:>10} {:>10}",
-        "case",
-        "per-dimension µs",
-        "warps µs",
-        "split µs",
-        "split speed-up",
-        "warps g8 µs",
-        "g8 ÷ own group",
-        "tiled µs",
-        "tiled speed-up",
-        "cascade µs",
-        "cascade speed-up",
-        "last-block µs",
-        "÷ split",
-        "pf values µs",
-        "pf keys µs",
-        "pf both µs",
-        "best pf ÷ warps",
-        "warps staged µs",
-        "staged speed-up",
-        "split staged µs",
-        "staged speed-up",
-        "split halves µs",
-        "÷ warps",
-        "best GB/s",
-        "copy GB/s"
-    );
     // The layouts, then the warps layout in the forms compiled for groups of up to 8 (the only
     // forms before 2026-11-28's g4 forms: the same arithmetic with the registers of 8 heads).
     let widest = AttentionShape {
@@ -131,35 +103,53 @@ fn main() {
         ..shape
     };
     // Then split-K with its combine in the chunks' launch (`split_combine`: the batch carries
-    // the last block's counters) against the combine's own launch; last, the warps layout with
-    // each L2 prefetch (`attention_prefetch`) against none.
+    // the last block's counters) against the combine's own launch; the warps layout with each
+    // L2 prefetch (`attention_prefetch`) against none; the warps and split layouts with their
+    // key rows staged (`attention_keys`) against the same layouts reading them directly; last,
+    // split-K with every context in two chunks against the warps layout.
     let prefetch = |prefetch| AttentionShape { prefetch, ..shape };
     let staged = AttentionShape {
         keys: KeyReads::Staged,
         ..shape
     };
     let split = AttentionKernel::Split { chunk: None };
-    let kernels = [
-        (AttentionKernel::PerDimension, shape, false),
-        (AttentionKernel::Warps, shape, false),
-        (split, shape, false),
-        (AttentionKernel::Warps, widest, false),
-        (AttentionKernel::Tiled, shape, false),
-        (AttentionKernel::Cascade, shape, false),
-        (split, shape, true),
-        (AttentionKernel::Warps, prefetch(Prefetch::Values), false),
-        (AttentionKernel::Warps, prefetch(Prefetch::Keys), false),
-        (AttentionKernel::Warps, prefetch(Prefetch::Both), false),
-        (AttentionKernel::Warps, staged, false),
-        (split, staged, false),
-        (
-            AttentionKernel::Split {
-                chunk: Some(context.div_ceil(2)),
-            },
-            shape,
-            false,
-        ),
+    let halves = AttentionKernel::Split {
+        chunk: Some(context.div_ceil(2)),
+    };
+    const WARPS: usize = 1;
+    const SPLIT: usize = 2;
+    let runs = [
+        Run::new("per-dimension", AttentionKernel::PerDimension, shape),
+        Run::new("warps", AttentionKernel::Warps, shape),
+        Run::new("split", split, shape).against(WARPS, Ratio::SpeedUp),
+        Run::new("warps g8", AttentionKernel::Warps, widest).against(WARPS, Ratio::Share),
+        Run::new("tiled", AttentionKernel::Tiled, shape).against(WARPS, Ratio::SpeedUp),
+        Run::new("cascade", AttentionKernel::Cascade, shape).against(WARPS, Ratio::SpeedUp),
+        Run::new("last-block", split, shape)
+            .counted()
+            .against(SPLIT, Ratio::Share),
+        Run::new(
+            "pf values",
+            AttentionKernel::Warps,
+            prefetch(Prefetch::Values),
+        )
+        .against(WARPS, Ratio::Share),
+        Run::new("pf keys", AttentionKernel::Warps, prefetch(Prefetch::Keys))
+            .against(WARPS, Ratio::Share),
+        Run::new("pf both", AttentionKernel::Warps, prefetch(Prefetch::Both))
+            .against(WARPS, Ratio::Share),
+        Run::new("warps staged", AttentionKernel::Warps, staged).against(WARPS, Ratio::SpeedUp),
+        Run::new("split staged", split, staged).against(SPLIT, Ratio::SpeedUp),
+        Run::new("split halves", halves, shape).against(WARPS, Ratio::Share),
     ];
+    let mut header = format!("{:>30}", "case");
+    for run in &runs {
+        header += &format!(" {:>14}", format!("{} µs", run.name));
+        if let Some((base, ratio)) = run.against {
+            header += &format!(" {:>14}", ratio.header(runs[base].name));
+        }
+    }
+    println!("{header} {:>10} {:>10}", "best GB/s", "copy GB/s");
     // (label, sequences, new tokens per sequence, shared positions)
     let shared = context * 9 / 16;
     let cases = [
@@ -209,8 +199,9 @@ fn main() {
             .expect("q");
         let mut outs: Vec<CudaSlice<f32>> = Vec::new();
         let mut times = Vec::new();
-        for (kernel, shape, last_block) in kernels {
-            let db = if last_block { &counted } else { &db };
+        for run in &runs {
+            let (kernel, shape) = (run.kernel, run.shape);
+            let db = if run.counted { &counted } else { &db };
             let mut out = dev
                 .alloc_zeros::<f32>(meta.tokens() * n_head * head_dim)
                 .expect("out");
@@ -253,32 +244,80 @@ fn main() {
             .fold(0.0, f64::max);
         let best = times.iter().copied().fold(f32::INFINITY, f32::min);
         let gbs = |ms: f32| read as f64 / (ms as f64 * 1e-3) / 1e9;
+        let mut line = format!("{label:>30}");
+        for (run, ms) in runs.iter().zip(&times) {
+            line += &format!(" {:>14.1}", 1e3 * ms);
+            if let Some((base, ratio)) = run.against {
+                line += &format!(" {:>14}", ratio.show(*ms, times[base]));
+            }
+        }
         println!(
-            "{label:>30} {:>16.1} {:>10.1} {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>10.1} {:>15.2}x {:>11.1} {:>15.2}x {:>13.1} {:>8.2} {:>11.1} {:>11.1} {:>11.1} {:>11.2}x {:>14.1} {:>13.2}x {:>14.1} {:>13.2}x {:>14.1} {:>14.2} {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
-            1e3 * times[0],
-            1e3 * times[1],
-            1e3 * times[2],
-            times[1] / times[2],
-            1e3 * times[3],
-            times[3] / times[1],
-            1e3 * times[4],
-            times[1] / times[4],
-            1e3 * times[5],
-            times[1] / times[5],
-            1e3 * times[6],
-            times[6] / times[2],
-            1e3 * times[7],
-            1e3 * times[8],
-            1e3 * times[9],
-            times[7..10].iter().copied().fold(f32::INFINITY, f32::min) / times[1],
-            1e3 * times[10],
-            times[1] / times[10],
-            1e3 * times[11],
-            times[2] / times[11],
-            1e3 * times[12],
-            times[12] / times[1],
+            "{line} {:>10.0} {:>10.0}   (layouts differ by {diff:.1e} relative at most)",
             gbs(best),
-            copy,
+            copy
         );
+    }
+}
+
+/// One timed launch: its column's name, the layout and shape, whether the batch carries the
+/// last-block combine's counters, and the run it is compared with.
+struct Run {
+    name: &'static str,
+    kernel: AttentionKernel,
+    shape: AttentionShape,
+    counted: bool,
+    against: Option<(usize, Ratio)>,
+}
+
+impl Run {
+    fn new(name: &'static str, kernel: AttentionKernel, shape: AttentionShape) -> Self {
+        Self {
+            name,
+            kernel,
+            shape,
+            counted: false,
+            against: None,
+        }
+    }
+
+    /// The batch with the last-block combine's counters (`split_combine`).
+    fn counted(self) -> Self {
+        Self {
+            counted: true,
+            ..self
+        }
+    }
+
+    /// A ratio column against run `base` (its index), after this run's time.
+    fn against(self, base: usize, ratio: Ratio) -> Self {
+        Self {
+            against: Some((base, ratio)),
+            ..self
+        }
+    }
+}
+
+/// How a run's time is compared with its base's.
+#[derive(Clone, Copy)]
+enum Ratio {
+    /// The base's time over this one's (`vs warps 1.25x`): above 1 where this run is faster.
+    SpeedUp,
+    /// This run's time over the base's (`÷ warps 0.80`): under 1 where this run is faster.
+    Share,
+}
+
+impl Ratio {
+    fn header(self, base: &str) -> String {
+        match self {
+            Ratio::SpeedUp => format!("vs {base}"),
+            Ratio::Share => format!("÷ {base}"),
+        }
+    }
+
+    fn show(self, ms: f32, base: f32) -> String {
+        match self {
+            Ratio::SpeedUp => format!("{:.2}x", base / ms),
+            Ratio::Share => format!("{:.2}", ms / base),
+        }
     }
 }
