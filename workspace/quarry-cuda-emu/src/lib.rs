@@ -6,9 +6,10 @@
 //! A launch runs its blocks one after another on the calling thread; a block's threads are fibers
 //! that switch only at `__syncthreads` and warp exchanges (`emu/runtime.cpp`), so shared memory
 //! behaves as the CUDA programming model promises and no more: dynamic shared memory starts as NaN
-//! bytes, writes past it, misaligned vector loads, barriers not every thread reaches and cub
-//! results read outside thread 0 are errors or poison, and [`Buf`] surrounds each device buffer
-//! with canaries that a write out of bounds breaks; the lines a kernel prefetches into L2 are
+//! bytes, writes past it, misaligned vector loads, 16-byte shared accesses outside it, barriers
+//! not every thread reaches and cub results read outside thread 0 are errors or poison, and
+//! [`Buf`] surrounds each device buffer with canaries that a write out of bounds breaks; the
+//! lines a kernel prefetches into L2 are
 //! recorded for the tests ([`take_prefetches`]). What it cannot show: speed, register and
 //! shared-memory limits, and the GPU's own rounding (fused multiply-adds, the fast `__expf`),
 //! which the tests' tolerances cover, as they do on a GPU.
