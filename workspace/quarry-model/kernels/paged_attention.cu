@@ -238,7 +238,7 @@ __device__ void group_scores_threads(const float* qs, const KV* __restrict__ k,
 // threads read at once in different banks); then each thread multiplies its own position's
 // pieces from there, as group_scores_threads does from its registers: the same thread per
 // position and the same order of products (dot_piece), so the same bits. Every thread loads 8
-// pieces a round (128 bytes in flight, as before); two barriers a round. `stage` is 16-byte
+// pieces a round, LOADS at a time (below); two barriers a round. `stage` is 16-byte
 // aligned and holds blockDim.x * KEY_STAGE_STRIDE pieces (kernel_plan's STAGE_WORDS). Heads
 // whose rows do not split into 16-byte pieces take group_scores_threads.
 #define KEY_STAGE_STRIDE (KEY_BATCH + 1)
@@ -249,8 +249,13 @@ __device__ void group_scores_staged(const float* qs, const KV* __restrict__ k,
                                     uint4* stage) {
     constexpr int PER = 16 / sizeof(KV);
     static_assert(DPL * 32 / PER >= KEY_BATCH, "a round is KEY_BATCH pieces of every row");
-    const int tx = threadIdx.x, nt = blockDim.x;
+    // Loads a thread issues before it stores them: 64 bytes (32 for an f32 pool), where the
+    // direct reads keep 128 in flight. ptxas: with 8 the `g4` forms, held to 80 registers for
+    // three blocks an SM, spilled 20-124 bytes; with these none does.
+    constexpr int LOADS = sizeof(KV) == 4 ? 2 : 4;
+    const int tx = threadIdx.x, nt = blockDim.x;  // nt a multiple of KEY_BATCH (256)
     const int pieces = head_dim / PER;
+    const int piece = tx % KEY_BATCH, first_row = tx / KEY_BATCH, row_step = nt / KEY_BATCH;
     const uint4* khead = reinterpret_cast<const uint4*>(k + (size_t)kv_head * head_dim);
     const size_t row_pieces = (size_t)kv_dim / PER;
     for (int j0 = 0; j0 < n; j0 += nt) {  // the same trips for every thread: barriers inside
@@ -260,36 +265,33 @@ __device__ void group_scores_staged(const float* qs, const KV* __restrict__ k,
         for (int g = 0; g < G; ++g) dot[g] = 0.0f;
 #pragma unroll 1
         for (int c0 = 0; c0 < pieces; c0 += KEY_BATCH) {
-            const int per_row = min(KEY_BATCH, pieces - c0), items = here * per_row;
-            for (int base = tx; base < items; base += KEY_BATCH * nt) {
-                uint4 raw[KEY_BATCH];
+            const int per_row = min(KEY_BATCH, pieces - c0);
+            // Thread tx takes piece tx % KEY_BATCH of rows tx / KEY_BATCH, + nt / KEY_BATCH,
+            // ... (8 consecutive threads: a row's 128 consecutive bytes), LOADS loads issued
+            // before their stores; a piece past the round's is nobody's.
+            const bool mine = piece < per_row;
+#pragma unroll 1
+            for (int m0 = first_row; m0 < here; m0 += LOADS * row_step) {
+                uint4 raw[LOADS];
 #pragma unroll
-                for (int u = 0; u < KEY_BATCH; ++u) {
-                    const int f = base + u * nt;
-                    if (f < items) {
-                        const int m = f / per_row, p = f - m * per_row;
-                        raw[u] = __ldg(khead + (size_t)rows[j0 + m] * row_pieces + c0 + p);
-                    }
+                for (int u = 0; u < LOADS; ++u) {
+                    const int m = m0 + u * row_step;
+                    if (mine && m < here)
+                        raw[u] = __ldg(khead + (size_t)rows[j0 + m] * row_pieces + c0 + piece);
                 }
 #pragma unroll
-                for (int u = 0; u < KEY_BATCH; ++u) {
-                    const int f = base + u * nt;
-                    if (f < items) {
-                        const int m = f / per_row, p = f - m * per_row;
-                        SHARED_STORE16(stage + m * KEY_STAGE_STRIDE + p, raw[u]);
-                    }
+                for (int u = 0; u < LOADS; ++u) {
+                    const int m = m0 + u * row_step;
+                    if (mine && m < here)
+                        SHARED_STORE16(stage + m * KEY_STAGE_STRIDE + piece, raw[u]);
                 }
             }
             __syncthreads();
             if (tx < here) {
-                uint4 raw[KEY_BATCH];
-#pragma unroll
-                for (int c = 0; c < KEY_BATCH; ++c)
-                    if (c < per_row) raw[c] = SHARED_LOAD16(stage + tx * KEY_STAGE_STRIDE + c);
-#pragma unroll
-                for (int c = 0; c < KEY_BATCH; ++c) {
-                    if (c >= per_row) break;
-                    dot_piece<KV, G, 1>(raw[c], qs, c0 + c, group, head_dim, dot);
+#pragma unroll 2
+                for (int c = 0; c < per_row; ++c) {
+                    const uint4 raw = SHARED_LOAD16(stage + tx * KEY_STAGE_STRIDE + c);
+                    dot_piece<KV, G, 1>(raw, qs, c0 + c, group, head_dim, dot);
                 }
             }
             __syncthreads();
