@@ -11,8 +11,14 @@ CARGO ?= cargo
 QUARRY := $(CARGO_TARGET_DIR)/debug/quarry
 # llama-cpp-python builds llama.cpp from its sdist (about 6 minutes on 2 cores); only `make fixtures` needs it.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
+# xgrammar, the constraint benchmarks' fourth peer (vLLM's and SGLang's default), in its own venv:
+# its package requires torch (about 5 GB with its CUDA libraries), so only `make xgrammar-peer`
+# installs it, and the bench targets pass it where it exists.
+XGRAMMAR := xgrammar==0.2.9
+XGRAMMAR_PY := $(QUARRY_CACHE)/xgrammar-venv/bin/python
+XGRAMMAR_ARGS = $(if $(wildcard $(XGRAMMAR_PY)),--xgrammar-python $(XGRAMMAR_PY))
 
-.PHONY: setup model build build-cuda gpu-pack demo tour test lint fixtures bench-grammar bench-cfg bench-schemas bench-walks bench-model bench-engine bench-overlap bench-pipeline bench-workers fuzz
+.PHONY: setup model build build-cuda gpu-pack demo tour test lint fixtures xgrammar-peer bench-grammar bench-cfg bench-schemas bench-walks bench-model bench-engine bench-overlap bench-pipeline bench-workers fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -72,22 +78,31 @@ fixtures: setup
 	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/hub_vocab.py models
 	$(QUARRY_CACHE)/refvenv/bin/python tests/fixtures/gen_hub_tokenizer_fixtures.py
 
-# quarry vs outlines-core vs llguidance on the same regexes and vocabularies (release build). By hand;
-# results go to BENCHMARKS.md. Pass options with ARGS, e.g. `make bench-grammar ARGS="--only email"`.
+# The xgrammar peer's venv (idempotent; by hand, never inside `make test`).
+xgrammar-peer:
+	test -x $(XGRAMMAR_PY) || python3 -m venv $(QUARRY_CACHE)/xgrammar-venv
+	$(XGRAMMAR_PY) -c 'import xgrammar' 2>/dev/null || $(QUARRY_CACHE)/xgrammar-venv/bin/pip install --quiet $(XGRAMMAR)
+
+# quarry vs outlines-core vs llguidance (and xgrammar, after `make xgrammar-peer`) on the same
+# regexes and vocabularies (release build). By hand; results go to BENCHMARKS.md. Pass options
+# with ARGS, e.g. `make bench-grammar ARGS="--only email"`.
 bench-grammar: setup
-	$(CARGO) run --release -p quarry-bench --bin grammar-bench -- --out $(CARGO_TARGET_DIR)/bench/grammar.json $(ARGS)
+	$(CARGO) run --release -p quarry-bench --bin grammar-bench -- --out $(CARGO_TARGET_DIR)/bench/grammar.json $(XGRAMMAR_ARGS) $(ARGS)
 
-# Context-free constraints (GBNF, recursive schemas, json_object), quarry vs llguidance (BENCHMARKS.md).
+# Context-free constraints (GBNF, recursive schemas, json_object), quarry vs llguidance and
+# xgrammar (BENCHMARKS.md).
 bench-cfg: setup
-	$(CARGO) run --release -p quarry-bench --bin cfg-bench -- --out $(CARGO_TARGET_DIR)/bench/cfg.json $(ARGS)
+	$(CARGO) run --release -p quarry-bench --bin cfg-bench -- --out $(CARGO_TARGET_DIR)/bench/cfg.json $(XGRAMMAR_ARGS) $(ARGS)
 
-# JSON Schema compile times on the real-schema corpus, quarry vs llguidance (BENCHMARKS.md).
+# JSON Schema compile times on the real-schema corpus, quarry vs llguidance and xgrammar
+# (BENCHMARKS.md).
 bench-schemas: setup
-	$(CARGO) run --release -p quarry-bench --bin schema-bench -- --out $(CARGO_TARGET_DIR)/bench/schemas.json $(ARGS)
+	$(CARGO) run --release -p quarry-bench --bin schema-bench -- --out $(CARGO_TARGET_DIR)/bench/schemas.json $(XGRAMMAR_ARGS) $(ARGS)
 
-# Masks along random records of the package schema, quarry vs llguidance (BENCHMARKS.md).
+# Masks along random records of the package schema, quarry vs llguidance and xgrammar
+# (BENCHMARKS.md).
 bench-walks: setup
-	$(CARGO) run --release -p quarry-bench --bin walk-bench -- --out $(CARGO_TARGET_DIR)/bench/walks.json $(ARGS)
+	$(CARGO) run --release -p quarry-bench --bin walk-bench -- --out $(CARGO_TARGET_DIR)/bench/walks.json $(XGRAMMAR_ARGS) $(ARGS)
 
 # Model runtime throughput, quarry vs llama.cpp (2 threads, same GGUF and token ids). Needs the
 # `make fixtures` venv for llama.cpp; results go to BENCHMARKS.md.

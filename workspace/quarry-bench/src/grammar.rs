@@ -9,7 +9,8 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use crate::peers::{Peer, Spec};
+use crate::peers::{Peer, Quarry, Spec};
+use crate::xgrammar::{compare_masks, Walk, Xgrammar, XgrammarArgs};
 use crate::ModelVocab;
 
 /// A regex and a realistic output it matches.
@@ -279,25 +280,32 @@ pub struct Run<'a> {
 /// [`measure`]s `peer` on `run`, prints its row (or its error) and returns the JSON result
 /// labelled with the model, case and walk length.
 pub fn run_case(peer: &dyn Peer, spec: &Spec, run: &Run) -> Value {
-    let r = match measure(
+    let r = measure(
         peer,
         spec,
         run.tokens,
         run.mask_words,
         run.cold_reps,
         run.warm_reps,
-    ) {
+    );
+    report(peer.name(), r, run)
+}
+
+/// Prints `engine`'s row for `run` (or its error) and returns the result labelled with the
+/// model, case and walk length.
+fn report(engine: &str, r: Result<Value>, run: &Run) -> Value {
+    let r = match r {
         Ok(r) => r,
         Err(e) => {
-            println!("{:<15} {:<15} error: {e:#}", run.case, peer.name());
-            return json!({"model": run.model, "case": run.case, "engine": peer.name(), "error": format!("{e:#}")});
+            println!("{:<15} {:<15} error: {e:#}", run.case, engine);
+            return json!({"model": run.model, "case": run.case, "engine": engine, "error": format!("{e:#}")});
         }
     };
     let f = |k: &str, q: &str| r[k][q].as_f64().unwrap_or(f64::NAN);
     println!(
         "{:<15} {:<15} {:>6} {:>11.1} {:>10.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
         run.case,
-        peer.name(),
+        engine,
         run.tokens.len(),
         r["compile_us"].as_f64().unwrap_or(f64::NAN),
         r["time_to_first_mask_us"].as_f64().unwrap_or(f64::NAN),
@@ -330,6 +338,89 @@ pub fn run_case(peer: &dyn Peer, spec: &Spec, run: &Run) -> Value {
     r
 }
 
+/// xgrammar on `run`, timed in its own process ([`Xgrammar`]), as [`measure`] times the others:
+/// its row printed, its result returned. Its first cold walk's masks are checked against
+/// `quarry`'s along the same tokens, and where they differ the row's next line says where.
+pub fn run_xgrammar_case(xgr: &Xgrammar, quarry: &Quarry, spec: &Spec, run: &Run) -> Value {
+    let tokens = vec![run.tokens.to_vec()];
+    let r = xgr
+        .walk(
+            spec,
+            &tokens,
+            Walk {
+                cold_reps: run.cold_reps,
+                warm_reps: run.warm_reps,
+                masks: true,
+                final_mask: true,
+            },
+        )
+        .and_then(|w| {
+            let ours = masks_along(quarry, spec, run.tokens, run.mask_words)?;
+            let (compared, differ, first) = compare_masks(&quarry.vocab, &ours, &w.masks);
+            if let Some(first) = &first {
+                println!(
+                    "{:<15} {:<15} masks differ from quarry's at {differ} of {compared} steps; first at {first}",
+                    "", ""
+                );
+            }
+            for warning in &w.warnings {
+                println!("{:<15} {:<15} xgrammar warned: {warning}", "", "");
+            }
+            let ttfm: Vec<f64> = w
+                .compile_us
+                .iter()
+                .zip(&w.first_mask_us)
+                .map(|(c, f)| c + f)
+                .collect();
+            Ok(json!({
+                "engine": "xgrammar",
+                "compile_us": median(&mut w.compile_us.clone()),
+                "time_to_first_mask_us": median(&mut ttfm.clone()),
+                "cold": summary(w.cold.concat()),
+                "warm": summary(w.warm),
+                "masks_compared": compared,
+                "masks_differing": differ,
+                "first_difference": first,
+                "warnings": w.warnings,
+                "version": xgr.setup.version,
+                "call_overhead_us": xgr.setup.call_overhead_us,
+                "threads": xgr.setup.threads,
+            }))
+        });
+    report("xgrammar", r, run)
+}
+
+/// quarry's masks along `tokens`: before each token and after the last.
+fn masks_along(
+    quarry: &Quarry,
+    spec: &Spec,
+    tokens: &[u32],
+    words: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let compiled = quarry.compile_spec(spec)?;
+    let mut w = compiled.walker()?;
+    let mut mask = vec![0u32; words];
+    let mut out = Vec::with_capacity(tokens.len() + 1);
+    w.fill_mask(&mut mask);
+    out.push(mask.clone());
+    for &t in tokens {
+        if !w.accept(t) {
+            bail!("quarry refused token {t} of the walk");
+        }
+        w.fill_mask(&mut mask);
+        out.push(mask.clone());
+    }
+    Ok(out)
+}
+
+/// The engines a benchmark runs: the in-process peers, and xgrammar where it runs, whose masks
+/// are checked against `quarry`'s.
+pub struct Engines<'a> {
+    pub peers: &'a [&'a dyn Peer],
+    pub xgrammar: Option<&'a Xgrammar>,
+    pub quarry: &'a Quarry,
+}
+
 /// The options `grammar-bench` and `cfg-bench` share: which vocabularies, how often each case is
 /// walked, which cases, and where the results go.
 #[derive(clap::Args, Debug)]
@@ -350,6 +441,8 @@ pub struct Reps {
     /// Only cases whose name contains this.
     #[arg(long)]
     pub only: Option<String>,
+    #[command(flatten)]
+    pub xgrammar: XgrammarArgs,
 }
 
 impl Reps {
@@ -368,12 +461,13 @@ impl Reps {
     }
 
     /// Walks each selected case (name, output text, constraint) with every peer on one model's
-    /// vocabulary, printing a row each and adding its result to `results`.
+    /// vocabulary, and with xgrammar where it runs (its masks checked against `quarry`'s),
+    /// printing a row each and adding its result to `results`.
     pub fn run_cases<'c>(
         &self,
         model: &str,
         mv: &ModelVocab,
-        peers: &[&dyn Peer],
+        engines: &Engines,
         cases: impl IntoIterator<Item = (&'c str, &'c str, Spec)>,
         results: &mut Vec<Value>,
     ) -> Result<()> {
@@ -390,8 +484,11 @@ impl Reps {
                 cold_reps: self.cold_reps,
                 warm_reps: self.warm_reps,
             };
-            for peer in peers {
+            for peer in engines.peers {
                 results.push(run_case(*peer, &spec, &run));
+            }
+            if let Some(xgr) = engines.xgrammar {
+                results.push(run_xgrammar_case(xgr, engines.quarry, &spec, &run));
             }
         }
         Ok(())

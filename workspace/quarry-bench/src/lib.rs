@@ -2,6 +2,7 @@
 //!
 //! - [`peers`]: quarry, outlines-core's `Index` and llguidance's `Matcher` behind one interface,
 //!   all fed the same token bytes from the same GGUF vocabulary.
+//! - [`xgrammar`]: xgrammar, fed the same, in its own process (`infra/xgrammar_peer.py`).
 //! - [`grammar`]: the constraint benchmark (compile time, time to first mask, per-token mask time
 //!   cold and warm) run by `cargo run --release -p quarry-bench --bin grammar-bench`
 //!   (`make bench-grammar`); results are recorded in `BENCHMARKS.md`.
@@ -14,6 +15,7 @@ pub mod double;
 pub mod gpu_timing;
 pub mod grammar;
 pub mod peers;
+pub mod xgrammar;
 
 use std::path::Path;
 use std::sync::Arc;

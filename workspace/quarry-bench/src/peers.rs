@@ -127,7 +127,7 @@ impl Walker for Matcher {
 }
 
 /// Peers take one end-of-sequence id; quarry's first one (the others stay special).
-fn single_eos(v: &Vocabulary) -> Result<u32> {
+pub fn single_eos(v: &Vocabulary) -> Result<u32> {
     v.eos()
         .first()
         .copied()

@@ -6,12 +6,13 @@
 //! Schemas and `json_object` are the same input for both engines (llguidance told to use compact
 //! separators, quarry's default layout). Grammars are quarry's GBNF test grammars and the same
 //! languages written in llguidance's Lark syntax (`workspace/quarry-grammar/tests/grammars/*.lark`, which quarry also reads).
-//! xgrammar is not in the run: its Python package requires torch (see `BENCHMARKS.md`).
+//! With `--xgrammar-python`, xgrammar runs the same cases in its own process (its EBNF reader takes
+//! the GBNF grammars), its masks checked against quarry's.
 
 use anyhow::Result;
 use clap::Parser;
 use quarry_bench::cfg::cases;
-use quarry_bench::grammar::{print_header, Reps};
+use quarry_bench::grammar::{print_header, Engines, Reps};
 use quarry_bench::peers::{Llguidance, Peer, Quarry};
 use quarry_bench::ModelVocab;
 use serde_json::{json, Value};
@@ -23,7 +24,7 @@ const MODELS: [&str; 2] = [
 ];
 
 #[derive(Parser)]
-#[command(about = "Context-free constraint compile and mask times: quarry vs llguidance")]
+#[command(about = "Context-free constraint compile and mask times: quarry vs llguidance, xgrammar")]
 struct Args {
     #[command(flatten)]
     reps: Reps,
@@ -42,14 +43,20 @@ fn main() -> Result<()> {
         };
         let model = path.file_name().unwrap().to_string_lossy().into_owned();
         println!("\n{model}: {} tokens", v.len());
+        let xgr = args.reps.xgrammar.start(v)?;
         print_header();
         let peers: [&dyn Peer; 2] = [&quarry, &llg];
+        let engines = Engines {
+            peers: &peers,
+            xgrammar: xgr.as_ref(),
+            quarry: &quarry,
+        };
         let cases = cases()?;
         let specs = cases
             .iter()
             .map(|c| (c.name, c.text.as_str(), c.spec.clone()));
         args.reps
-            .run_cases(&model, &mv, &peers, specs, &mut results)?;
+            .run_cases(&model, &mv, &engines, specs, &mut results)?;
     }
     args.reps.write(
         "cfg",

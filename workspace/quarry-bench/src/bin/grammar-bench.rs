@@ -1,11 +1,12 @@
-//! `grammar-bench`: quarry against outlines-core and llguidance on the same regexes and the same
-//! vocabularies, in one run. Prints a table and writes JSON (see `BENCHMARKS.md`).
+//! `grammar-bench`: quarry against outlines-core, llguidance and (with `--xgrammar-python`)
+//! xgrammar on the same regexes and the same vocabularies, in one run. Prints a table and writes
+//! JSON (see `BENCHMARKS.md`).
 
 use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
-use quarry_bench::grammar::{cases, print_header, Reps};
+use quarry_bench::grammar::{cases, print_header, Engines, Reps};
 use quarry_bench::peers::{Llguidance, Outlines, Peer, Quarry, Spec};
 use quarry_bench::ModelVocab;
 use serde_json::{json, Value};
@@ -18,7 +19,9 @@ const MODELS: [&str; 3] = [
 ];
 
 #[derive(Parser)]
-#[command(about = "Constraint compile and mask times: quarry vs outlines-core vs llguidance")]
+#[command(
+    about = "Constraint compile and mask times: quarry vs outlines-core, llguidance, xgrammar"
+)]
 struct Args {
     #[command(flatten)]
     reps: Reps,
@@ -53,13 +56,19 @@ fn main() -> Result<()> {
              outlines-core {outlines_vocab_ms:.0} ms, llguidance {llg_vocab_ms:.0} ms",
             v.len()
         );
+        let xgr = args.reps.xgrammar.start(v)?;
         print_header();
         let peers: [&dyn Peer; 4] = [&quarry, &eager, &outlines, &llg];
+        let engines = Engines {
+            peers: &peers,
+            xgrammar: xgr.as_ref(),
+            quarry: &quarry,
+        };
         let specs = cases()
             .into_iter()
             .map(|c| (c.name, c.text, Spec::Regex(c.regex)));
         args.reps
-            .run_cases(&model, &mv, &peers, specs, &mut results)?;
+            .run_cases(&model, &mv, &engines, specs, &mut results)?;
     }
     args.reps.write(
         "grammar",

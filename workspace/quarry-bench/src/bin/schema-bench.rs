@@ -1,5 +1,5 @@
 //! `schema-bench`: JSON Schema compile time on a corpus of real schemas, quarry against
-//! llguidance, in one run on the same vocabulary. For each schema and engine: whether it compiles,
+//! llguidance and (with `--xgrammar-python`) xgrammar, in one run on the same vocabulary. For each schema and engine: whether it compiles,
 //! the median compile time (schema → automaton or parser) and the median time to the first token
 //! mask. Then the cost of the decode-time `uniqueItems` check: warm masks inside arrays whose
 //! items must be unique, against the same schema without `uniqueItems` (llguidance refuses the
@@ -15,14 +15,15 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use quarry_bench::grammar::{print_header, run_case, Run};
+use quarry_bench::grammar::{print_header, run_case, run_xgrammar_case, Run};
 use quarry_bench::peers::{Llguidance, Peer, Quarry, Spec};
+use quarry_bench::xgrammar::{Xgrammar, XgrammarArgs};
 use quarry_bench::ModelVocab;
 use quarry_grammar::{Constraint, Grammar, Limits, Matcher, SchemaOptions};
 use serde_json::{json, Value};
 
 #[derive(Parser)]
-#[command(about = "JSON Schema compile times on real schemas: quarry vs llguidance")]
+#[command(about = "JSON Schema compile times on real schemas: quarry vs llguidance, xgrammar")]
 struct Args {
     /// Directory of schemas (searched one level deep).
     #[arg(long, default_value = "tests/fixtures/schema-corpus")]
@@ -40,6 +41,8 @@ struct Args {
     /// Where to write the JSON results.
     #[arg(long, default_value = "target/bench/schemas.json")]
     out: PathBuf,
+    #[command(flatten)]
+    xgrammar: XgrammarArgs,
 }
 
 fn schemas(dir: &Path) -> Result<Vec<PathBuf>> {
@@ -116,6 +119,14 @@ fn llguidance(schema: &Value, llg: &Llguidance, reps: usize) -> Result<(f64, f64
     Ok((median(compile), median(first)))
 }
 
+/// (compile ms, first-mask ms) medians from xgrammar's own timings, and what its compiler
+/// warned (a keyword it ignores), or the error.
+fn xgrammar(schema: &Value, xgr: &Xgrammar, reps: usize) -> Result<(f64, f64, Vec<String>)> {
+    let w = xgr.compile(&Spec::Schema(schema.clone()), reps)?;
+    let ms = |v: Vec<f64>| median(v.into_iter().map(|us| us / 1e3).collect());
+    Ok((ms(w.compile_us), ms(w.first_mask_us), w.warnings))
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let files = schemas(&args.corpus)?;
@@ -145,9 +156,10 @@ fn run(args: &Args, model: &Path, files: &[PathBuf]) -> Result<Value> {
     let llg = Llguidance::new(&mv.vocab)?;
     let mut rows = Vec::new();
     println!("\n{}: {} tokens", model.display(), mv.vocab.len());
+    let xgr = args.xgrammar.start(&mv.vocab)?;
     println!(
-        "{:<48} {:>12} {:>10} {:>9} {:>12} {:>10}",
-        "schema", "quarry ms", "q TTFM ms", "states", "llg ms", "l TTFM ms"
+        "{:<48} {:>12} {:>10} {:>9} {:>12} {:>10} {:>12} {:>10}",
+        "schema", "quarry ms", "q TTFM ms", "states", "llg ms", "l TTFM ms", "xgr ms", "x TTFM ms"
     );
     for file in files {
         let name = file
@@ -158,6 +170,7 @@ fn run(args: &Args, model: &Path, files: &[PathBuf]) -> Result<Value> {
         let schema: Value = serde_json::from_slice(&std::fs::read(file)?)?;
         let q = quarry(&schema, &mv.vocab, args.reps);
         let l = llguidance(&schema, &llg, args.reps);
+        let x = xgr.as_ref().map(|x| xgrammar(&schema, x, args.reps));
         let cell = |r: &Result<(f64, f64)>| match r {
             Ok((c, f)) => (format!("{c:.2}"), format!("{f:.2}")),
             Err(_) => ("-".into(), "-".into()),
@@ -168,15 +181,23 @@ fn run(args: &Args, model: &Path, files: &[PathBuf]) -> Result<Value> {
                 .map_err(|e| anyhow::anyhow!("{e}")),
         );
         let ls = cell(&l.as_ref().map(|x| *x).map_err(|e| anyhow::anyhow!("{e}")));
+        let xs = match &x {
+            Some(x) => cell(
+                &x.as_ref()
+                    .map(|(c, f, _)| (*c, *f))
+                    .map_err(|e| anyhow::anyhow!("{e}")),
+            ),
+            None => (String::new(), String::new()),
+        };
         let states = q
             .as_ref()
             .map(|(_, _, s)| s["states"].to_string())
             .unwrap_or_else(|_| "-".into());
         println!(
-            "{:<48} {:>12} {:>10} {:>9} {:>12} {:>10}",
-            name, qs.0, qs.1, states, ls.0, ls.1
+            "{:<48} {:>12} {:>10} {:>9} {:>12} {:>10} {:>12} {:>10}",
+            name, qs.0, qs.1, states, ls.0, ls.1, xs.0, xs.1
         );
-        rows.push(json!({
+        let mut row = json!({
             "schema": name,
             "quarry": match &q {
                 Ok((c, f, s)) => json!({"compile_ms": c, "first_mask_ms": f, "states": s["states"], "dfa_bytes": s["dfa_bytes"]}),
@@ -186,16 +207,31 @@ fn run(args: &Args, model: &Path, files: &[PathBuf]) -> Result<Value> {
                 Ok((c, f)) => json!({"compile_ms": c, "first_mask_ms": f}),
                 Err(e) => json!({"error": format!("{e:#}")}),
             },
-        }));
+        });
+        if let Some(x) = &x {
+            row["xgrammar"] = match x {
+                Ok((c, f, warnings)) => {
+                    json!({"compile_ms": c, "first_mask_ms": f, "warnings": warnings})
+                }
+                Err(e) => json!({"error": format!("{e:#}")}),
+            };
+        }
+        rows.push(row);
     }
-    // Summary: each engine over what it compiles, then both over what both compile.
-    let times = |engine: &str, key: &str, both: bool| -> Vec<f64> {
+    // Summary: each engine over what it compiles, then quarry and each peer over what both
+    // compile, and over what xgrammar compiles without ignoring a keyword ("exact").
+    let compiled = |r: &Value, engine: &str| {
+        let (engine, exact) = match engine.strip_suffix(" exact") {
+            Some(e) => (e, true),
+            None => (engine, false),
+        };
+        r[engine].is_object()
+            && r[engine].get("error").is_none()
+            && (!exact || r[engine]["warnings"].as_array().is_none_or(Vec::is_empty))
+    };
+    let times = |engine: &str, key: &str, with: Option<&str>| -> Vec<f64> {
         rows.iter()
-            .filter(|r| {
-                !both
-                    || (r["quarry"].get("error").is_none()
-                        && r["llguidance"].get("error").is_none())
-            })
+            .filter(|r| with.is_none_or(|w| compiled(r, "quarry") && compiled(r, w)))
             .filter_map(|r| r[engine][key].as_f64())
             .collect()
     };
@@ -207,41 +243,85 @@ fn run(args: &Args, model: &Path, files: &[PathBuf]) -> Result<Value> {
         args.reps
     );
     println!(
-        "{:<12} {:<10} {:>9} {:>11} {:>11} {:>11} {:>11}",
+        "{:<12} {:<22} {:>9} {:>11} {:>11} {:>11} {:>11}",
         "engine", "set", "compiled", "p50 ms", "p99 ms", "TTFM p50", "TTFM p99"
     );
-    for both in [false, true] {
-        for engine in ["quarry", "llguidance"] {
-            let c = times(engine, "compile_ms", both);
-            let f = times(engine, "first_mask_ms", both);
-            let set = if both { "both" } else { "own" };
-            println!(
-                "{:<12} {:<10} {:>9} {:>11.2} {:>11.2} {:>11.2} {:>11.2}",
-                engine,
-                set,
-                c.len(),
-                quantile(&c, 0.5),
-                quantile(&c, 0.99),
-                quantile(&f, 0.5),
-                quantile(&f, 0.99)
-            );
-            summary.push(json!({
-                "engine": engine, "set": set, "compiled": c.len(),
-                "compile_p50_ms": quantile(&c, 0.5), "compile_p99_ms": quantile(&c, 0.99),
-                "first_mask_p50_ms": quantile(&f, 0.5), "first_mask_p99_ms": quantile(&f, 0.99),
-            }));
-        }
+    let peers: &[&str] = if xgr.is_some() {
+        &["llguidance", "xgrammar"]
+    } else {
+        &["llguidance"]
+    };
+    let mut sets: Vec<(&str, Option<&str>)> = vec![("quarry", None)];
+    sets.extend(peers.iter().map(|&p| (p, None)));
+    for &p in peers {
+        sets.push(("quarry", Some(p)));
+        sets.push((p, Some(p)));
     }
+    if xgr.is_some() {
+        sets.push(("quarry", Some("xgrammar exact")));
+        sets.push(("xgrammar", Some("xgrammar exact")));
+    }
+    for (engine, with) in sets {
+        let c = times(engine, "compile_ms", with);
+        let f = times(engine, "first_mask_ms", with);
+        // "both" is what the summary called quarry ∩ llguidance before xgrammar joined.
+        let set = match with {
+            None => "own".to_string(),
+            Some("llguidance") => "both".to_string(),
+            Some(p) => format!("both, {p}"),
+        };
+        println!(
+            "{:<12} {:<22} {:>9} {:>11.2} {:>11.2} {:>11.2} {:>11.2}",
+            engine,
+            set,
+            c.len(),
+            quantile(&c, 0.5),
+            quantile(&c, 0.99),
+            quantile(&f, 0.5),
+            quantile(&f, 0.99)
+        );
+        summary.push(json!({
+            "engine": engine, "set": set, "compiled": c.len(),
+            "compile_p50_ms": quantile(&c, 0.5), "compile_p99_ms": quantile(&c, 0.99),
+            "first_mask_p50_ms": quantile(&f, 0.5), "first_mask_p99_ms": quantile(&f, 0.99),
+        }));
+    }
+    let ignored = xgrammar_ignored(&rows);
     let unique = unique_items(&mv.vocab, args.reps.max(20))?;
-    let intersections = intersections(&mv, &llg, args)?;
+    let intersections = intersections(&mv, &llg, xgr.as_ref(), args)?;
     Ok(json!({
         "model": model.display().to_string(),
         "vocab": mv.vocab.len(),
         "summary": summary,
+        "xgrammar": xgr.as_ref().map(|x| x.setup.to_json()),
+        "xgrammar_ignored": ignored,
         "schemas": rows,
         "unique_items": unique,
         "intersections": intersections,
     }))
+}
+
+/// The schemas xgrammar compiled while warning that it ignores a keyword (so that its language
+/// is wider than the schema's), printed and returned as each message's schema count.
+fn xgrammar_ignored(rows: &[Value]) -> Value {
+    let mut by_message: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut schemas = 0;
+    for r in rows {
+        let warnings = r["xgrammar"]["warnings"].as_array();
+        if let Some(ws) = warnings.filter(|ws| !ws.is_empty()) {
+            schemas += 1;
+            for w in ws.iter().filter_map(Value::as_str) {
+                *by_message.entry(w.to_string()).or_default() += 1;
+            }
+        }
+    }
+    if schemas > 0 {
+        println!("xgrammar compiled {schemas} schemas while warning that it ignores part of them:");
+        for (message, n) in &by_message {
+            println!("  {n:>4} schemas: {message}");
+        }
+    }
+    json!({"schemas": schemas, "messages": by_message})
 }
 
 /// Schemas whose keywords intersect on the same text, each with an output it accepts: one per
@@ -314,7 +394,12 @@ fn intersection_cases() -> Vec<(&'static str, Value, String)> {
 }
 
 /// Per-token mask times along the outputs of [`intersection_cases`], both engines.
-fn intersections(mv: &ModelVocab, llg: &Llguidance, args: &Args) -> Result<Vec<Value>> {
+fn intersections(
+    mv: &ModelVocab,
+    llg: &Llguidance,
+    xgr: Option<&Xgrammar>,
+    args: &Args,
+) -> Result<Vec<Value>> {
     let quarry = Quarry {
         vocab: mv.vocab.clone(),
         eager: false,
@@ -341,8 +426,12 @@ fn intersections(mv: &ModelVocab, llg: &Llguidance, args: &Args) -> Result<Vec<V
             warm_reps: args.reps.max(20),
         };
         let peers: [&dyn Peer; 2] = [&quarry, llg];
+        let spec = Spec::Schema(schema.clone());
         for peer in peers {
-            out.push(run_case(peer, &Spec::Schema(schema.clone()), &run));
+            out.push(run_case(peer, &spec, &run));
+        }
+        if let Some(xgr) = xgr {
+            out.push(run_xgrammar_case(xgr, &quarry, &spec, &run));
         }
     }
     Ok(out)

@@ -1,5 +1,6 @@
-//! `walk-bench`: token masks along whole records of a JSON Schema, quarry against llguidance, in
-//! one run on the same vocabulary and the same token sequences. The records are random walks:
+//! `walk-bench`: token masks along whole records of a JSON Schema, quarry against llguidance and
+//! (with `--xgrammar-python`, in its own process) xgrammar, in one run on the same vocabulary and
+//! the same token sequences. The records are random walks:
 //! each step takes the smallest allowed token one time in three and a random allowed one
 //! otherwise (what `overlap-bench`'s device double draws), so strings run to their `maxLength`
 //! and every grammar state a bounded string has is visited. Each engine then replays the same
@@ -24,12 +25,13 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use quarry_bench::median;
 use quarry_bench::peers::{Llguidance, Peer, Quarry, Spec, Walker};
+use quarry_bench::xgrammar::{Walk, Xgrammar, XgrammarArgs};
 use quarry_bench::ModelVocab;
 use quarry_grammar::{Constraint, Grammar, Limits, SchemaOptions, Vocabulary};
 use serde_json::{json, Value};
 
 #[derive(Parser)]
-#[command(about = "Masks along random records of a schema: quarry vs llguidance")]
+#[command(about = "Masks along random records of a schema: quarry vs llguidance, xgrammar")]
 struct Args {
     /// GGUF files whose vocabularies are used, one run each (Llama 3's 128k vocabulary is
     /// `models/hub-tokenizers/llama3/vocab.gguf` once `make test`'s set-up has written it).
@@ -54,6 +56,8 @@ struct Args {
     fit_docs: usize,
     #[arg(long)]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    xgrammar: XgrammarArgs,
 }
 
 /// quarry's grammar with the given limits.
@@ -65,12 +69,15 @@ fn quarry_grammar(vocab: &Arc<Vocabulary>, schema: &Value, limits: Limits) -> Re
     Ok(Arc::new(Grammar::compile(&c, vocab.clone(), limits)?))
 }
 
-/// `docs` random records (token ids), drawn from the tokens both engines allow (llguidance
-/// refuses DEL, U+007F, inside a JSON string, which JSON allows and quarry does too).
+/// `docs` random records (token ids), drawn from the tokens every engine allows (llguidance
+/// refuses DEL, U+007F, inside a JSON string, which JSON allows and quarry does too; xgrammar,
+/// where it runs, allows other spellings of a string's characters, `\/` and `\u` escapes,
+/// where quarry writes each string one way, serde_json's).
 fn records(
     vocab: &Arc<Vocabulary>,
     schema: &Value,
     llg: &Llguidance,
+    xgr: Option<&Xgrammar>,
     args: &Args,
 ) -> Result<Vec<Vec<u32>>> {
     let g = quarry_grammar(vocab, schema, Limits::default())?;
@@ -83,12 +90,20 @@ fn records(
     for _ in 0..args.docs {
         let mut m = quarry_grammar::Matcher::new(g.clone());
         let mut p = peer.walker()?;
+        let mut x_mask = xgr
+            .map(|x| x.begin(&Spec::Schema(schema.clone())))
+            .transpose()?;
         let mut ids = Vec::new();
         while ids.len() < args.max_tokens && !m.is_finished() {
             m.fill_mask(&mut mask);
             p.fill_mask(&mut peer_mask);
             for (a, b) in mask.iter_mut().zip(&peer_mask) {
                 *a &= b;
+            }
+            if let Some(x) = &x_mask {
+                for (a, b) in mask.iter_mut().zip(x) {
+                    *a &= b;
+                }
             }
             allowed.clear();
             allowed.extend(
@@ -109,6 +124,9 @@ fn records(
             m.accept_token(id)?;
             if !p.accept(id) {
                 bail!("llguidance refused token {id}, which its mask allowed");
+            }
+            if let Some(x) = xgr {
+                x_mask = Some(x.accept(id)?);
             }
             ids.push(id);
         }
@@ -222,12 +240,13 @@ fn main() -> Result<()> {
         let vocab = mv.vocab.clone();
         let words = vocab.mask_words();
         let llg = Llguidance::new(&vocab)?;
-        let recs = records(&vocab, &schema, &llg, &args)?;
+        let xgr = args.xgrammar.start(&vocab)?;
+        let recs = records(&vocab, &schema, &llg, xgr.as_ref(), &args)?;
         let quarry = Quarry {
             vocab: vocab.clone(),
             eager: false,
         };
-        let engines = ["quarry", "quarry, no shared walks", "llguidance"];
+        let mut engines = vec!["quarry", "quarry, no shared walks", "llguidance"];
         let mut runs: Vec<Vec<Vec<f64>>> = vec![Vec::new(); engines.len()];
         for _ in 0..args.repeats {
             for (e, run) in runs.iter_mut().enumerate() {
@@ -254,6 +273,25 @@ fn main() -> Result<()> {
                     }
                 };
                 run.push(times);
+            }
+        }
+        // xgrammar: the same records from a fresh compile each repeat, timed in its process.
+        let mut xgr_error = None;
+        if let Some(x) = &xgr {
+            let how = Walk {
+                cold_reps: args.repeats,
+                final_mask: false,
+                ..Walk::default()
+            };
+            match x.walk(&spec, &recs, how) {
+                Ok(w) => {
+                    engines.push("xgrammar");
+                    runs.push(w.cold);
+                }
+                Err(e) => {
+                    println!("xgrammar: {e:#}");
+                    xgr_error = Some(format!("{e:#}"));
+                }
             }
         }
         let name = path.file_name().map_or_else(
@@ -326,6 +364,8 @@ fn main() -> Result<()> {
             "vocabulary": name,
             "tokens": vocab.len(),
             "records": recs.len(),
+            "xgrammar": xgr.as_ref().map(|x| x.setup.to_json()),
+            "xgrammar_error": xgr_error,
             "engines": engines.iter().zip(&summary).map(|(e, s)| json!({"engine": e, "median": s})).collect::<Vec<_>>(),
             "total_ms_per_run": runs
                 .iter()
