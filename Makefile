@@ -18,7 +18,7 @@ XGRAMMAR := xgrammar==0.2.9
 XGRAMMAR_PY := $(QUARRY_CACHE)/xgrammar-venv/bin/python
 XGRAMMAR_ARGS = $(if $(wildcard $(XGRAMMAR_PY)),--xgrammar-python $(XGRAMMAR_PY))
 
-.PHONY: setup model build build-cuda gpu-pack demo tour test lint fixtures xgrammar-peer bench-grammar bench-cfg bench-schemas bench-walks bench-model bench-engine bench-overlap bench-pipeline bench-workers fuzz
+.PHONY: setup model build build-cuda gpu-pack demo tour test lint fixtures xgrammar-peer bench-grammar bench-cfg bench-schemas bench-validity bench-walks bench-model bench-engine bench-overlap bench-pipeline bench-workers fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -98,6 +98,11 @@ bench-cfg: setup
 # (BENCHMARKS.md).
 bench-schemas: setup
 	$(CARGO) run --release -p quarry-bench --bin schema-bench -- --out $(CARGO_TARGET_DIR)/bench/schemas.json $(XGRAMMAR_ARGS) $(ARGS)
+
+# Records drawn at random under each engine's masks for every corpus schema, checked by the
+# jsonschema crate: quarry vs llguidance and xgrammar (BENCHMARKS.md).
+bench-validity: setup
+	$(CARGO) run --release -p quarry-bench --bin validity-bench -- --out $(CARGO_TARGET_DIR)/bench/validity.json $(XGRAMMAR_ARGS) $(ARGS)
 
 # Masks along random records of the package schema, quarry vs llguidance and xgrammar
 # (BENCHMARKS.md).

@@ -3,7 +3,8 @@
 
 xgrammar is a C++ library with Python bindings (no Rust crate), so the benchmarks
 (`grammar-bench`, `cfg-bench`, `schema-bench`, `walk-bench`) start this script once per
-vocabulary and talk to it in JSON lines on stdin and stdout. It times its own calls with
+vocabulary and talk to it in JSON lines on stdin and stdout (and `validity-bench` has it draw
+records under its masks). It times its own calls with
 `time.perf_counter_ns` around each xgrammar call, so no pipe is inside a timing; each timing
 holds one Python call into the bindings, whose cost the `vocab` answer reports
 (`call_overhead_us`: an empty call timed the same way) without subtracting it.
@@ -31,6 +32,14 @@ Requests (one JSON object a line; every answer is one line, `{"error": ...}` on 
         One matcher stepped by the caller, untimed (to draw records every engine allows):
         each answers {"mask": HEX} (the mask for the next token, as above), and "accept" a
         token the matcher refuses with an error.
+
+    {"op": "sample", "spec": SPEC, "count": N, "max_tokens": M, "seed": S, "closing": [ID]}
+        N records drawn at random under xgrammar's own masks (what `validity-bench` checks):
+        a record ends where its mask allows the stop token; otherwise a 64-bit LCG steps, and
+        the next token is the smallest allowed one where its top four bits are below 5, the
+        first allowed of CLOSING where they are 5 to 7 and it has one, else the allowed token
+        the LCG picks (quarry-bench's `draw`, the same rule). Answers {"records":
+        [{"text": HEX, "end": "stop" | "max_tokens" | "dead_end" | "refused"}], "warnings": [...]}.
 
 SPEC is {"regex": TEXT}, {"schema": JSON}, {"json_object": true} or {"ebnf": TEXT}. Schemas
 are compiled as quarry's compact layout (`any_whitespace=False`, separators "," and ":") and
@@ -66,6 +75,7 @@ class Peer:
         self.threads = 1
         self.warnings = {}
         self.stepped = None
+        self.stop = 0
         self.vocab_size = 0
 
     def vocab(self, req):
@@ -79,6 +89,7 @@ class Peer:
                 tokens.append(bytes.fromhex(h))
         self.vocab_size = len(tokens)
         self.tokens = tokens
+        self.stop = req["eos"]
         self.info = xgr.TokenizerInfo(
             tokens,
             xgr.VocabType.RAW,
@@ -200,6 +211,38 @@ class Peer:
         self.stepped.fill_next_token_bitmask(mask, 0)
         return {"mask": hex_words(mask)}
 
+    def sample(self, req):
+        self.warnings = {}
+        g, _, _, _, _ = self.timed_compile(req["spec"])
+        stop, h, records = self.stop, req.get("seed", 0) & MASK64, []
+        closing = req.get("closing", [])
+        for _ in range(req["count"]):
+            m, mask, text, end = xgr.GrammarMatcher(g), self.mask(), [], "max_tokens"
+            for _ in range(req["max_tokens"]):
+                m.fill_next_token_bitmask(mask, 0)
+                bits = np.unpackbits(mask.view(np.uint8), bitorder="little")[: self.vocab_size]
+                if bits[stop]:
+                    end = "stop"
+                    break
+                allowed = np.flatnonzero(bits)
+                if len(allowed) == 0:
+                    end = "dead_end"
+                    break
+                h = (h * 0x5851F42D4C957F2D + 0x14057B7EF767814F) & MASK64
+                close = next((c for c in closing if bits[c]), None)
+                if h >> 60 < 5:
+                    tok = int(allowed[0])
+                elif h >> 60 < 8 and close is not None:
+                    tok = close
+                else:
+                    tok = int(allowed[(h >> 20) % len(allowed)])
+                if not m.accept_token(tok):
+                    end = "refused"  # a token its own mask allowed
+                    break
+                text.append(self.tokens[tok])
+            records.append({"text": b"".join(text).hex(), "end": end})
+        return {"records": records, "warnings": list(self.warnings)}
+
     def where(self, ids, i, r):
         """Token `i` of record `r`, with its bytes and the 40 bytes before it."""
         before = b"".join(self.tokens[t] for t in ids[:i])[-40:]
@@ -230,6 +273,9 @@ class Peer:
         }
 
 
+MASK64 = (1 << 64) - 1
+
+
 def warnings_in(text):
     """The messages of the `[time] file:line: Warning: message` lines xgrammar logs."""
     return [m.group(1).strip() for m in re.finditer(r"Warning: (.*)", text)]
@@ -252,6 +298,8 @@ def main():
                 out(peer.vocab(req))
             elif op == "walk":
                 out(peer.walk(req))
+            elif op == "sample":
+                out(peer.sample(req))
             elif op == "begin":
                 out(peer.begin(req))
             elif op == "accept":

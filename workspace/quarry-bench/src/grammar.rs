@@ -343,51 +343,50 @@ fn report(engine: &str, r: Result<Value>, run: &Run) -> Value {
 /// `quarry`'s along the same tokens, and where they differ the row's next line says where.
 pub fn run_xgrammar_case(xgr: &Xgrammar, quarry: &Quarry, spec: &Spec, run: &Run) -> Value {
     let tokens = vec![run.tokens.to_vec()];
-    let r = xgr
-        .walk(
-            spec,
-            &tokens,
-            Walk {
-                cold_reps: run.cold_reps,
-                warm_reps: run.warm_reps,
-                masks: true,
-                final_mask: true,
-            },
-        )
-        .and_then(|w| {
-            let ours = masks_along(quarry, spec, run.tokens, run.mask_words)?;
-            let (compared, differ, first) = compare_masks(&quarry.vocab, &ours, &w.masks);
-            if let Some(first) = &first {
-                println!(
-                    "{:<15} {:<15} masks differ from quarry's at {differ} of {compared} steps; first at {first}",
-                    "", ""
-                );
-            }
-            for warning in &w.warnings {
-                println!("{:<15} {:<15} xgrammar warned: {warning}", "", "");
-            }
-            let ttfm: Vec<f64> = w
-                .compile_us
-                .iter()
-                .zip(&w.first_mask_us)
-                .map(|(c, f)| c + f)
-                .collect();
-            Ok(json!({
-                "engine": "xgrammar",
-                "compile_us": median(&mut w.compile_us.clone()),
-                "time_to_first_mask_us": median(&mut ttfm.clone()),
-                "cold": summary(w.cold.concat()),
-                "warm": summary(w.warm),
-                "masks_compared": compared,
-                "masks_differing": differ,
-                "first_difference": first,
-                "warnings": w.warnings,
-                "version": xgr.setup.version,
-                "call_overhead_us": xgr.setup.call_overhead_us,
-                "threads": xgr.setup.threads,
-            }))
-        });
-    report("xgrammar", r, run)
+    let how = Walk {
+        cold_reps: run.cold_reps,
+        warm_reps: run.warm_reps,
+        masks: true,
+        final_mask: true,
+    };
+    let mut notes = Vec::new();
+    let r = xgr.walk(spec, &tokens, how).and_then(|w| {
+        let ours = masks_along(quarry, spec, run.tokens, run.mask_words)?;
+        let c = compare_masks(&quarry.vocab, &ours, &w.masks);
+        if let Some(first) = &c.first {
+            notes.push(format!(
+                "masks differ from quarry's at {} of {} steps ({} tokens only quarry allows, {} only xgrammar); first at {first}",
+                c.differing_steps,
+                c.steps,
+                c.only_quarry.len(),
+                c.only_peer.len()
+            ));
+        }
+        notes.extend(w.warnings.iter().map(|w| format!("xgrammar warned: {w}")));
+        let ttfm: Vec<f64> = w
+            .compile_us
+            .iter()
+            .zip(&w.first_mask_us)
+            .map(|(c, f)| c + f)
+            .collect();
+        Ok(json!({
+            "engine": "xgrammar",
+            "compile_us": median(&mut w.compile_us.clone()),
+            "time_to_first_mask_us": median(&mut ttfm.clone()),
+            "cold": summary(w.cold.concat()),
+            "warm": summary(w.warm),
+            "masks": c.to_json(&quarry.vocab),
+            "warnings": w.warnings,
+            "version": xgr.setup.version,
+            "call_overhead_us": xgr.setup.call_overhead_us,
+            "threads": xgr.setup.threads,
+        }))
+    });
+    let out = report("xgrammar", r, run);
+    for note in notes {
+        println!("{:<15} {:<15} {note}", "", "");
+    }
+    out
 }
 
 /// quarry's masks along `tokens`: before each token and after the last.

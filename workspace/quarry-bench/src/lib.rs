@@ -41,6 +41,105 @@ impl ModelVocab {
     }
 }
 
+/// The `.json` files under `dir`, any depth, sorted (the real-schema corpus).
+pub fn schema_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            out.extend(schema_files(&path)?);
+        } else if path.extension().is_some_and(|e| e == "json") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// How a record drawn under an engine's masks ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The mask allowed the end-of-sequence token: the record is complete.
+    Stop,
+    /// Nothing was allowed before the record could end.
+    DeadEnd,
+    /// Still open after the most tokens a record may take.
+    MaxTokens,
+    /// The engine refused a token its own mask allowed.
+    Refused,
+}
+
+/// A record drawn under an engine's masks: its bytes, and how it ended.
+#[derive(Debug, Clone)]
+pub struct Drawn {
+    pub bytes: Vec<u8>,
+    pub end: End,
+}
+
+/// The tokens a [`draw`] that closes takes first: `"`, `]` and `}` alone, in that order.
+pub fn closing_tokens(vocab: &Vocabulary) -> Vec<u32> {
+    [b"\"", b"]", b"}"]
+        .iter()
+        .filter_map(|c| (0..vocab.len() as u32).find(|&id| vocab.token_bytes(id) == Some(&c[..])))
+        .collect()
+}
+
+/// Draws one record from `walker`: it ends where the mask allows `eos`. Otherwise a 64-bit LCG
+/// steps, and where its top four bits are below 5 (5 times in 16) the next token is the smallest
+/// allowed one, so strings run to their bounds; where they are 5 to 7 and `closing` holds
+/// tokens, the first of them allowed (so records end); else the allowed token the LCG picks.
+/// `infra/xgrammar_peer.py` draws by the same rule. `h` carries the LCG from record to record.
+pub fn draw(
+    walker: &mut dyn peers::Walker,
+    vocab: &Vocabulary,
+    eos: u32,
+    closing: &[u32],
+    max_tokens: usize,
+    h: &mut u64,
+) -> Drawn {
+    let mut mask = vec![0u32; vocab.mask_words()];
+    let mut allowed = Vec::new();
+    let mut bytes = Vec::new();
+    for _ in 0..max_tokens {
+        walker.fill_mask(&mut mask);
+        let bit = |id: u32| mask[id as usize / 32] >> (id % 32) & 1 == 1;
+        if bit(eos) {
+            return Drawn {
+                bytes,
+                end: End::Stop,
+            };
+        }
+        allowed.clear();
+        allowed.extend((0..vocab.len() as u32).filter(|&id| bit(id) && !vocab.is_eos(id)));
+        if allowed.is_empty() {
+            return Drawn {
+                bytes,
+                end: End::DeadEnd,
+            };
+        }
+        *h = h
+            .wrapping_mul(0x5851_F42D_4C95_7F2D)
+            .wrapping_add(0x1405_7B7E_F767_814F);
+        let close = closing.iter().copied().find(|&c| bit(c));
+        let id = match (*h >> 60, close) {
+            (0..5, _) => allowed[0],
+            (5..8, Some(c)) => c,
+            _ => allowed[(*h >> 20) as usize % allowed.len()],
+        };
+        if !walker.accept(id) {
+            return Drawn {
+                bytes,
+                end: End::Refused,
+            };
+        }
+        bytes.extend_from_slice(vocab.token_bytes(id).unwrap_or_default());
+    }
+    Drawn {
+        bytes,
+        end: End::MaxTokens,
+    }
+}
+
 /// `n` real package records from a dpkg status file (fields only, no continuation lines), sorted
 /// and taken every k-th so they spread over the file.
 pub fn package_records(path: &Path, n: usize) -> Result<Vec<String>> {

@@ -293,8 +293,10 @@ impl Compiled for LlgGrammar<'_> {
 }
 
 impl Walker for llguidance::Matcher {
+    /// The mask, or only the end token's bit once the parser has stopped (a complete record
+    /// nothing may follow), as an engine asks it.
     fn fill_mask(&mut self, mask: &mut [u32]) {
-        match self.compute_mask() {
+        match self.compute_mask_or_eos() {
             Ok(v) => {
                 let s = v.as_slice();
                 let n = s.len().min(mask.len());

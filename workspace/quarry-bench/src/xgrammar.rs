@@ -9,6 +9,7 @@
 //! cold walk where asked, so the benchmark can check that both engines allow the same tokens.
 
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -18,6 +19,7 @@ use quarry_grammar::Vocabulary;
 use serde_json::{json, Value};
 
 use crate::peers::{single_eos, Spec};
+use crate::{Drawn, End};
 
 /// The script that runs xgrammar, relative to the repository root (where the benchmarks run).
 pub const SCRIPT: &str = "infra/xgrammar_peer.py";
@@ -261,6 +263,50 @@ impl Xgrammar {
         self.walk(spec, &[], how)
     }
 
+    /// `count` records drawn under xgrammar's own masks by [`crate::draw`]'s rule (in the
+    /// script, closing with `closing`), each with how it ended, and what the compiler warned.
+    pub fn sample(
+        &self,
+        spec: &Spec,
+        count: usize,
+        max_tokens: usize,
+        seed: u64,
+        closing: &[u32],
+    ) -> Result<(Vec<Drawn>, Vec<String>)> {
+        let a = self.ask(&json!({
+            "op": "sample",
+            "spec": spec_json(spec),
+            "count": count,
+            "max_tokens": max_tokens,
+            "seed": seed,
+            "closing": closing,
+        }))?;
+        let mut records = Vec::new();
+        for r in a["records"].as_array().into_iter().flatten() {
+            let text = r["text"].as_str().unwrap_or("");
+            let bytes = (0..text.len() / 2)
+                .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16))
+                .collect::<Result<Vec<u8>, _>>()
+                .context("a record from the xgrammar peer")?;
+            let end = match r["end"].as_str() {
+                Some("stop") => End::Stop,
+                Some("dead_end") => End::DeadEnd,
+                Some("refused") => End::Refused,
+                _ => End::MaxTokens,
+            };
+            records.push(Drawn { bytes, end });
+        }
+        let warnings = a["warnings"]
+            .as_array()
+            .map(|ws| {
+                ws.iter()
+                    .filter_map(|w| w.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok((records, warnings))
+    }
+
     /// A matcher of `spec` that the caller steps (untimed): its first mask.
     pub fn begin(&self, spec: &Spec) -> Result<Vec<u32>> {
         let a = self.ask(&json!({"op": "begin", "spec": spec_json(spec)}))?;
@@ -350,15 +396,47 @@ fn words_from_hex(text: &str, words: usize) -> Result<Vec<u32>> {
 }
 
 /// Where two engines' masks along the same walk differ, leaving out the EOS ids (a peer takes
-/// one of them, quarry all) and bits past the vocabulary: (steps compared, steps that differ,
-/// the first difference described with `vocab`'s token bytes).
-pub fn compare_masks(
-    vocab: &Vocabulary,
-    ours: &[Vec<u32>],
-    theirs: &[Vec<u32>],
-) -> (usize, usize, Option<String>) {
-    let mut differ = 0;
-    let mut first = None;
+/// one of them, quarry all).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MaskComparison {
+    /// Steps compared.
+    pub steps: usize,
+    /// Steps whose masks differ.
+    pub differing_steps: usize,
+    /// The distinct tokens only quarry allowed at some step, and only the peer.
+    pub only_quarry: BTreeSet<u32>,
+    pub only_peer: BTreeSet<u32>,
+    /// The first differing step, described with the vocabulary's token bytes.
+    pub first: Option<String>,
+}
+
+impl MaskComparison {
+    /// For a benchmark's JSON: counts, and how many of each side's tokens hold a backslash (a
+    /// JSON string's escape, which quarry spells one way and a peer may spell several).
+    pub fn to_json(&self, vocab: &Vocabulary) -> Value {
+        let escapes = |ids: &BTreeSet<u32>| {
+            ids.iter()
+                .filter(|&&id| vocab.token_bytes(id).unwrap_or_default().contains(&b'\\'))
+                .count()
+        };
+        json!({
+            "steps": self.steps,
+            "differing_steps": self.differing_steps,
+            "tokens_only_quarry": self.only_quarry.len(),
+            "tokens_only_peer": self.only_peer.len(),
+            "with_backslash_only_quarry": escapes(&self.only_quarry),
+            "with_backslash_only_peer": escapes(&self.only_peer),
+            "first_difference": self.first,
+        })
+    }
+}
+
+/// Compares quarry's masks (`ours`) with a peer's along the same walk.
+pub fn compare_masks(vocab: &Vocabulary, ours: &[Vec<u32>], theirs: &[Vec<u32>]) -> MaskComparison {
+    let mut c = MaskComparison {
+        steps: ours.len().min(theirs.len()),
+        ..MaskComparison::default()
+    };
     for (step, (a, b)) in ours.iter().zip(theirs).enumerate() {
         let (mut only_a, mut only_b) = (Vec::new(), Vec::new());
         for id in 0..vocab.len() as u32 {
@@ -375,8 +453,8 @@ pub fn compare_masks(
         if only_a.is_empty() && only_b.is_empty() {
             continue;
         }
-        differ += 1;
-        if first.is_none() {
+        c.differing_steps += 1;
+        if c.first.is_none() {
             let show = |ids: &[u32]| {
                 ids.iter()
                     .take(4)
@@ -389,16 +467,18 @@ pub fn compare_masks(
                     .collect::<Vec<_>>()
                     .join(" ")
             };
-            first = Some(format!(
-                "step {step}: {} tokens only quarry allows ({}), {} only xgrammar ({})",
+            c.first = Some(format!(
+                "step {step}: {} tokens only quarry allows ({}), {} only the peer ({})",
                 only_a.len(),
                 show(&only_a),
                 only_b.len(),
                 show(&only_b)
             ));
         }
+        c.only_quarry.extend(only_a);
+        c.only_peer.extend(only_b);
     }
-    (ours.len().min(theirs.len()), differ, first)
+    c
 }
 
 #[cfg(test)]
@@ -436,15 +516,19 @@ mod tests {
         // Step 0 agrees but for the EOS ids; step 1 differs on "b" and "c".
         let ours = vec![vec![0b11001], vec![0b00011]];
         let theirs = vec![vec![0b01001], vec![0b00101]];
-        let (compared, differ, first) = compare_masks(&vocab, &ours, &theirs);
-        assert_eq!((compared, differ), (2, 1));
-        let first = first.expect("a difference");
+        let c = compare_masks(&vocab, &ours, &theirs);
+        assert_eq!((c.steps, c.differing_steps), (2, 1));
+        assert_eq!((c.only_quarry, c.only_peer), ([1].into(), [2].into()));
+        let first = c.first.expect("a difference");
         assert!(
             first.starts_with(
-                "step 1: 1 tokens only quarry allows (\"b\"), 1 only xgrammar (\"c\")"
+                "step 1: 1 tokens only quarry allows (\"b\"), 1 only the peer (\"c\")"
             ),
             "{first}"
         );
-        assert_eq!(compare_masks(&vocab, &ours, &ours).1, 0);
+        assert_eq!(compare_masks(&vocab, &ours, &ours).differing_steps, 0);
+        let j = compare_masks(&vocab, &ours, &theirs).to_json(&vocab);
+        assert_eq!(j["tokens_only_peer"], 1);
+        assert_eq!(j["with_backslash_only_peer"], 0);
     }
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use quarry_bench::grammar::{print_header, run_case, run_xgrammar_case, Run};
 use quarry_bench::peers::{Llguidance, Peer, Quarry, Spec};
@@ -43,20 +43,6 @@ struct Args {
     out: PathBuf,
     #[command(flatten)]
     xgrammar: XgrammarArgs,
-}
-
-fn schemas(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        if path.is_dir() {
-            out.extend(schemas(&path)?);
-        } else if path.extension().is_some_and(|e| e == "json") {
-            out.push(path);
-        }
-    }
-    out.sort();
-    Ok(out)
 }
 
 fn quantile(xs: &[f64], q: f64) -> f64 {
@@ -129,7 +115,7 @@ fn xgrammar(schema: &Value, xgr: &Xgrammar, reps: usize) -> Result<(f64, f64, Ve
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let files = schemas(&args.corpus)?;
+    let files = quarry_bench::schema_files(&args.corpus)?;
     let mut runs = Vec::new();
     for model in &args.model {
         runs.push(run(&args, model, &files)?);

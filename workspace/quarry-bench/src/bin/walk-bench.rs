@@ -6,7 +6,8 @@
 //! and every grammar state a bounded string has is visited. Each engine then replays the same
 //! sequences from a fresh compile, timing every mask: the total is what a batch of that many
 //! documents costs the host before the masks are warm, which is when an engine on a GPU waits for
-//! them. quarry runs twice, with its shared subtree walks (the default) and without them
+//! them. xgrammar computes its masks' tables when it compiles, so each engine's compile is timed
+//! beside its masks (the others compile in well under a millisecond). quarry runs twice, with its shared subtree walks (the default) and without them
 //! (`Limits::max_shared_subtrees = 0`), so the table also gives that change's effect.
 //!
 //! A second table times the token budget's mask of the tokens that fit (`Matcher::retain_fitting`,
@@ -232,8 +233,16 @@ fn main() -> Result<()> {
     let mut results = Vec::new();
     let mut fit_results = Vec::new();
     println!(
-        "{:<40} {:<23} {:>6} {:>10} {:>8} {:>9} {:>9}  {:>13}",
-        "vocabulary", "engine", "masks", "total ms", "p50 µs", "p99 µs", "max µs", "÷ llguidance"
+        "{:<40} {:<23} {:>6} {:>10} {:>8} {:>9} {:>9}  {:>13} {:>11}",
+        "vocabulary",
+        "engine",
+        "masks",
+        "total ms",
+        "p50 µs",
+        "p99 µs",
+        "max µs",
+        "÷ llguidance",
+        "compile ms"
     );
     for path in &args.model {
         let mv = ModelVocab::load(path)?;
@@ -248,11 +257,17 @@ fn main() -> Result<()> {
         };
         let mut engines = vec!["quarry", "quarry, no shared walks", "llguidance"];
         let mut runs: Vec<Vec<Vec<f64>>> = vec![Vec::new(); engines.len()];
+        // Each run's compile (ms): xgrammar computes its masks' tables there, the others on
+        // first use, inside the masks' times.
+        let mut compiles: Vec<Vec<f64>> = vec![Vec::new(); engines.len()];
         for _ in 0..args.repeats {
             for (e, run) in runs.iter_mut().enumerate() {
+                let t = Instant::now();
+                let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
                 let times = match e {
                     0 => {
                         let c = quarry.compile_spec(&spec)?;
+                        compiles[e].push(ms(t));
                         replay(|| c.walker(), &recs, words)?
                     }
                     1 => {
@@ -261,6 +276,7 @@ fn main() -> Result<()> {
                             ..Limits::default()
                         };
                         let g = quarry_grammar(&vocab, &schema, limits)?;
+                        compiles[e].push(ms(t));
                         replay(
                             || Ok(Box::new(quarry_grammar::Matcher::new(g.clone()))),
                             &recs,
@@ -269,6 +285,7 @@ fn main() -> Result<()> {
                     }
                     _ => {
                         let c = llg.compile_spec(&spec)?;
+                        compiles[e].push(ms(t));
                         replay(|| c.walker(), &recs, words)?
                     }
                 };
@@ -277,6 +294,7 @@ fn main() -> Result<()> {
         }
         // xgrammar: the same records from a fresh compile each repeat, timed in its process.
         let mut xgr_error = None;
+        let mut xgr_warnings = Vec::new();
         if let Some(x) = &xgr {
             let how = Walk {
                 cold_reps: args.repeats,
@@ -287,6 +305,11 @@ fn main() -> Result<()> {
                 Ok(w) => {
                     engines.push("xgrammar");
                     runs.push(w.cold);
+                    compiles.push(w.compile_us.iter().map(|us| us / 1e3).collect());
+                    for warning in &w.warnings {
+                        println!("xgrammar warned: {warning}");
+                    }
+                    xgr_warnings = w.warnings;
                 }
                 Err(e) => {
                     println!("xgrammar: {e:#}");
@@ -300,7 +323,8 @@ fn main() -> Result<()> {
         );
         let summary: Vec<Value> = runs
             .iter()
-            .map(|reps| {
+            .zip(&compiles)
+            .map(|(reps, compile)| {
                 let q = |f: &dyn Fn(&[f64]) -> f64| {
                     median(
                         reps.iter()
@@ -318,6 +342,7 @@ fn main() -> Result<()> {
                     "p50_us": q(&|s| s[s.len() / 2]),
                     "p99_us": q(&|s| s[s.len() * 99 / 100]),
                     "max_us": q(&|s| s[s.len() - 1]),
+                    "compile_ms": median(compile.clone()),
                 })
             })
             .collect();
@@ -325,7 +350,7 @@ fn main() -> Result<()> {
         for (engine, s) in engines.iter().zip(&summary) {
             let total = s["total_ms"].as_f64().unwrap_or(0.0);
             println!(
-                "{:<40} {:<23} {:>6} {:>10.1} {:>8.1} {:>9.0} {:>9.0}  {:>13.2}",
+                "{:<40} {:<23} {:>6} {:>10.1} {:>8.1} {:>9.0} {:>9.0}  {:>13.2} {:>11.2}",
                 name,
                 engine,
                 s["masks"],
@@ -333,7 +358,8 @@ fn main() -> Result<()> {
                 s["p50_us"].as_f64().unwrap_or(0.0),
                 s["p99_us"].as_f64().unwrap_or(0.0),
                 s["max_us"].as_f64().unwrap_or(0.0),
-                total / llg_total
+                total / llg_total,
+                s["compile_ms"].as_f64().unwrap_or(0.0),
             );
         }
         if args.fit_docs > 0 {
@@ -366,6 +392,8 @@ fn main() -> Result<()> {
             "records": recs.len(),
             "xgrammar": xgr.as_ref().map(|x| x.setup.to_json()),
             "xgrammar_error": xgr_error,
+            "xgrammar_warnings": xgr_warnings,
+            "compile_ms_per_run": compiles,
             "engines": engines.iter().zip(&summary).map(|(e, s)| json!({"engine": e, "median": s})).collect::<Vec<_>>(),
             "total_ms_per_run": runs
                 .iter()
