@@ -172,3 +172,59 @@ pub fn fed_documents(status: &Path, n: usize) -> Result<Vec<String>> {
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use peers::{Peer, Quarry, Spec};
+
+    /// Every single byte, then the end token.
+    fn byte_vocab() -> Arc<Vocabulary> {
+        let bytes: Vec<[u8; 1]> = (0..=255u8).map(|b| [b]).collect();
+        let tokens = bytes
+            .iter()
+            .map(|b| (&b[..], false))
+            .chain([(&b""[..], true)]);
+        Arc::new(Vocabulary::new(tokens, &[256]))
+    }
+
+    #[test]
+    fn draws_end_and_follow_the_mask() {
+        let vocab = byte_vocab();
+        let closing = closing_tokens(&vocab);
+        assert_eq!(closing, vec![b'"' as u32, b']' as u32, b'}' as u32]);
+        let quarry = Quarry {
+            vocab: vocab.clone(),
+            eager: false,
+        };
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {"a": {"type": "string", "maxLength": 5}, "b": {"type": "array", "items": {"type": "integer"}}},
+            "required": ["a", "b"],
+            "additionalProperties": false
+        });
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let compiled = quarry.compile_spec(&Spec::Schema(schema)).unwrap();
+        let (mut h, mut ends) = (7u64, Vec::new());
+        for _ in 0..16 {
+            let mut w = compiled.walker().unwrap();
+            let d = draw(w.as_mut(), &vocab, 256, &closing, 200, &mut h);
+            if d.end == End::Stop {
+                let v: serde_json::Value = serde_json::from_slice(&d.bytes).unwrap();
+                assert!(
+                    validator.is_valid(&v),
+                    "{}",
+                    String::from_utf8_lossy(&d.bytes)
+                );
+            }
+            ends.push(d.end);
+        }
+        // Closing tokens end records within the bound; without them no draw takes `"` in a
+        // string (the smallest allowed byte there is 0x20), so records stay open longer.
+        assert!(ends.iter().all(|e| *e == End::Stop), "{ends:?}");
+        let mut w = compiled.walker().unwrap();
+        let open = draw(w.as_mut(), &vocab, 256, &[], 3, &mut h);
+        assert_eq!(open.end, End::MaxTokens);
+        assert_eq!(open.bytes.len(), 3);
+    }
+}

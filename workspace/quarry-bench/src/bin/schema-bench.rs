@@ -22,6 +22,33 @@ use quarry_bench::ModelVocab;
 use quarry_grammar::{Constraint, Grammar, Limits, Matcher, SchemaOptions};
 use serde_json::{json, Value};
 
+#[cfg(test)]
+mod tests {
+    use super::warning_kind;
+
+    #[test]
+    fn warnings_group_without_their_regex() {
+        assert_eq!(
+            warning_kind(
+                "Lookahead assertion is not supported and is ignored in regex: ^(?!aws:).*$"
+            ),
+            "Lookahead assertion is not supported and is ignored in regex"
+        );
+        assert_eq!(
+            warning_kind("Anchor '$' in the middle of regex is ignored: ^[a-z]+$|^$"),
+            "Anchor '$' in the middle of regex is ignored"
+        );
+        assert_eq!(
+            warning_kind("Regex parsing warning at position 14: Escape sequence '\\p' is not recognized. The character itself will be matched"),
+            "Regex parsing warning: Escape sequence '\\p' is not recognized"
+        );
+        assert_eq!(
+            warning_kind("pattern combined with minLength/maxLength is not supported; ignoring minLength/maxLength"),
+            "pattern combined with minLength/maxLength is not supported; ignoring minLength/maxLength"
+        );
+    }
+}
+
 #[derive(Parser)]
 #[command(about = "JSON Schema compile times on real schemas: quarry vs llguidance, xgrammar")]
 struct Args {
@@ -287,27 +314,52 @@ fn run(args: &Args, model: &Path, files: &[PathBuf]) -> Result<Value> {
     }))
 }
 
-/// The schemas xgrammar compiled while warning that it ignores a keyword (so that its language
-/// is wider than the schema's), printed and returned as each message's schema count.
+/// The schemas xgrammar compiled while warning that it ignores part of them (so that its
+/// language is wider than the schema's), printed and returned as each kind of warning's schema
+/// count ([`warning_kind`]).
 fn xgrammar_ignored(rows: &[Value]) -> Value {
-    let mut by_message: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut by_kind: std::collections::BTreeMap<String, usize> = Default::default();
     let mut schemas = 0;
     for r in rows {
         let warnings = r["xgrammar"]["warnings"].as_array();
         if let Some(ws) = warnings.filter(|ws| !ws.is_empty()) {
             schemas += 1;
-            for w in ws.iter().filter_map(Value::as_str) {
-                *by_message.entry(w.to_string()).or_default() += 1;
+            let kinds: std::collections::BTreeSet<String> = ws
+                .iter()
+                .filter_map(Value::as_str)
+                .map(warning_kind)
+                .collect();
+            for kind in kinds {
+                *by_kind.entry(kind).or_default() += 1;
             }
         }
     }
     if schemas > 0 {
         println!("xgrammar compiled {schemas} schemas while warning that it ignores part of them:");
-        for (message, n) in &by_message {
-            println!("  {n:>4} schemas: {message}");
+        for (kind, n) in &by_kind {
+            println!("  {n:>4} schemas: {kind}");
         }
     }
-    json!({"schemas": schemas, "messages": by_message})
+    json!({"schemas": schemas, "kinds": by_kind})
+}
+
+/// A warning without the regex or position it names: `Lookahead assertion is not supported and
+/// is ignored in regex: ^(?!aws:).*$` is `Lookahead assertion is not supported and is ignored in
+/// regex`, `Regex parsing warning at position 14: Escape sequence '\p' is not recognized` is
+/// `Regex parsing warning: Escape sequence '\p' is not recognized`.
+fn warning_kind(message: &str) -> String {
+    let mut kind = message.to_string();
+    for cut in ["ignored in regex: ", "is ignored: "] {
+        if let Some(i) = kind.find(cut) {
+            kind.truncate(i + cut.len() - 2);
+        }
+    }
+    if let (Some(i), Some(j)) = (kind.find(" at position "), kind.find(": ")) {
+        if i < j {
+            kind.replace_range(i..j, "");
+        }
+    }
+    kind.split(". ").next().unwrap_or("").to_string()
 }
 
 /// Schemas whose keywords intersect on the same text, each with an output it accepts: one per
