@@ -283,10 +283,7 @@ impl Xgrammar {
         }))?;
         let mut records = Vec::new();
         for r in a["records"].as_array().into_iter().flatten() {
-            let text = r["text"].as_str().unwrap_or("");
-            let bytes = (0..text.len() / 2)
-                .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16))
-                .collect::<Result<Vec<u8>, _>>()
+            let bytes = bytes_from_hex(r["text"].as_str().unwrap_or(""))
                 .context("a record from the xgrammar peer")?;
             let end = match r["end"].as_str() {
                 Some("stop") => End::Stop,
@@ -376,12 +373,19 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The bytes `text` spells in hex.
+fn bytes_from_hex(text: &str) -> Result<Vec<u8>> {
+    if text.len() % 2 == 1 || !text.is_ascii() {
+        bail!("{} characters are not hex bytes", text.len());
+    }
+    Ok((0..text.len() / 2)
+        .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16))
+        .collect::<Result<Vec<u8>, _>>()?)
+}
+
 /// A mask the script sent as the hex of its little-endian 32-bit words.
 fn words_from_hex(text: &str, words: usize) -> Result<Vec<u32>> {
-    let bytes = (0..text.len() / 2)
-        .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16))
-        .collect::<Result<Vec<u8>, _>>()
-        .context("a mask from the xgrammar peer")?;
+    let bytes = bytes_from_hex(text).context("a mask from the xgrammar peer")?;
     if bytes.len() != words * 4 {
         bail!(
             "a mask from the xgrammar peer has {} bytes, not {}",
