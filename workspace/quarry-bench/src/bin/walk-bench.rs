@@ -7,8 +7,10 @@
 //! sequences from a fresh compile, timing every mask: the total is what a batch of that many
 //! documents costs the host before the masks are warm, which is when an engine on a GPU waits for
 //! them. xgrammar computes its masks' tables when it compiles, so each engine's compile is timed
-//! beside its masks (the others compile in well under a millisecond). quarry runs twice, with its shared subtree walks (the default) and without them
-//! (`Limits::max_shared_subtrees = 0`), so the table also gives that change's effect.
+//! beside its masks. quarry runs three times: with its shared subtree walks (the default),
+//! without them (`Limits::max_shared_subtrees = 0`), so the table also gives that change's
+//! effect, and eagerly (every state's mask computed at compile, `Grammar::precompute`, on as many
+//! threads as xgrammar's compiler).
 //!
 //! A second table times the token budget's mask of the tokens that fit (`Matcher::retain_fitting`,
 //! `docs/budget.md`) along the first `--fit-docs` records, at every step as if the tokens left
@@ -255,7 +257,12 @@ fn main() -> Result<()> {
             vocab: vocab.clone(),
             eager: false,
         };
-        let mut engines = vec!["quarry", "quarry, no shared walks", "llguidance"];
+        let mut engines = vec![
+            "quarry",
+            "quarry, no shared walks",
+            "llguidance",
+            "quarry, eager",
+        ];
         let mut runs: Vec<Vec<Vec<f64>>> = vec![Vec::new(); engines.len()];
         // Each run's compile (ms): xgrammar computes its masks' tables there, the others on
         // first use, inside the masks' times.
@@ -283,10 +290,22 @@ fn main() -> Result<()> {
                             words,
                         )?
                     }
-                    _ => {
+                    2 => {
                         let c = llg.compile_spec(&spec)?;
                         compiles[e].push(ms(t));
                         replay(|| c.walker(), &recs, words)?
+                    }
+                    _ => {
+                        // Every state's mask computed when it compiles, on as many threads as
+                        // xgrammar's compiler has.
+                        let g = quarry_grammar(&vocab, &schema, Limits::default())?;
+                        g.precompute(args.xgrammar.xgrammar_threads);
+                        compiles[e].push(ms(t));
+                        replay(
+                            || Ok(Box::new(quarry_grammar::Matcher::new(g.clone()))),
+                            &recs,
+                            words,
+                        )?
                     }
                 };
                 run.push(times);
