@@ -306,6 +306,8 @@ pub struct Grammar {
     /// The allowed tokens below a trie node from a widened state ([`Grammar::shared_subtree`]):
     /// `(node, state)` to runs of the vocabulary trie's token positions.
     subtrees: RwLock<SubtreeCache>,
+    /// Masks made by [`Grammar::split_by_length`].
+    length_splits: AtomicUsize,
     /// Whether mask walks use loop regions: in a grammar with recursion, where one loop is
     /// reached from many contexts. A regular grammar reaches each state once per compile, and
     /// recording a region's index on that first walk cost more than it saved (the e-mail regex's
@@ -421,6 +423,7 @@ impl Grammar {
             loop_sets: Grow::new(1, OnceLock::new),
             widened: Grow::new(1, OnceLock::new),
             subtrees: RwLock::new(SubtreeCache::default()),
+            length_splits: AtomicUsize::new(0),
             loop_regions: dfa.is_context_free(),
             group_classes: Self::group_classes(&dfa),
             dfa,
@@ -450,6 +453,12 @@ impl Grammar {
             .unwrap_or_else(PoisonError::into_inner)
             .runs
             .len()
+    }
+
+    /// Masks made from a widened state's mask and a walk of the longer tokens only (a counted
+    /// repetition's states far from their bound, see [`Limits::max_shared_subtrees`]).
+    pub fn length_splits(&self) -> usize {
+        self.length_splits.load(Ordering::Relaxed)
     }
 
     /// DFA states built so far. The DFA grows as it is used; [`Grammar::explore`] builds all of it.
@@ -674,7 +683,9 @@ impl Grammar {
                 }
             }
             _ => {
-                self.walk_all(&mut mask, s, None);
+                if !self.split_by_length(&mut mask, s) {
+                    self.walk_all(&mut mask, s, None);
+                }
             }
         }
         if self.is_accepting(s) {
@@ -884,6 +895,7 @@ impl Grammar {
         let depth = trie.max_depth + 1;
         let mut at = Path {
             top: trie.nodes[start].depth as usize,
+            short: 0,
             states: vec![s0; depth],
             bytes: vec![0u8; depth],
         };
@@ -911,6 +923,10 @@ impl Grammar {
         while i < end {
             let n = &nodes[i];
             let d = n.depth as usize;
+            if d + n.height as usize <= at.short {
+                i = n.subtree_end as usize;
+                continue;
+            }
             let next = dfa.next(at.states[d - 1], classes[n.byte as usize] as usize);
             if next == DEAD {
                 i = n.subtree_end as usize;
@@ -928,8 +944,12 @@ impl Grammar {
                     points.push((i as u32, at.bytes[at.top..d].into()));
                 }
             }
+            // Whole subtrees are added (a run, a shared walk, a loop region) unless the short
+            // tokens are known ([`Grammar::split_by_length`]): then setting a subtree's tokens
+            // one by one costs more than the few steps along its longer tokens' paths.
+            let whole = at.short == 0;
             // The run (a chain of states) only where its first step covers every byte below.
-            let skip = n.below & !self.first(next).0 == 0 && {
+            let skip = whole && n.below & !self.first(next).0 == 0 && {
                 let run = self.run(next);
                 run.covers(n.below, n.height) && (points.is_none() || n.height <= run.plain)
             };
@@ -938,9 +958,10 @@ impl Grammar {
                 // Every path below stays in the language: the whole subtree is allowed.
                 set_tokens(mask, trie, n.tokens_end, n.subtree_tokens_end);
                 i = n.subtree_end as usize;
-            } else if (points.is_none() && self.shared_subtree(mask, trie, i, next))
-                || (self.loop_regions
-                    && self.through_loop(mask, trie, i, next, at, points.as_deref_mut()))
+            } else if whole
+                && ((points.is_none() && self.shared_subtree(mask, trie, i, next))
+                    || (self.loop_regions
+                        && self.through_loop(mask, trie, i, next, at, points.as_deref_mut())))
             {
                 // Added from a walk shared with other states, or through a loop region.
                 i = n.subtree_end as usize;
@@ -969,29 +990,9 @@ impl Grammar {
         {
             return false;
         }
-        let height = node.height as usize;
-        let widened = self.widened.at(x as usize).get_or_init(|| {
-            let horizon = self.dfa.horizon(x) as usize;
-            (horizon > 0).then(|| {
-                (0..horizon.min(trie.max_depth + 1))
-                    .map(|_| AtomicU32::new(UNKNOWN))
-                    .collect()
-            })
-        });
-        let Some(cell) = widened.as_ref().and_then(|w| w.get(height)) else {
+        let Some(w) = self.widened_at(x, node.height as usize) else {
             return false;
         };
-        let w = match cell.load(Ordering::Relaxed) {
-            UNKNOWN => {
-                let w = self.dfa.widened(x, height as u32);
-                cell.store(w, Ordering::Relaxed);
-                w
-            }
-            w => w,
-        };
-        if w == x {
-            return false;
-        }
         let key = (n as u32, w);
         let cached = self
             .subtrees
@@ -1030,6 +1031,79 @@ impl Grammar {
         for &(first, end) in runs.iter() {
             set_tokens(mask, trie, first, end);
         }
+        true
+    }
+
+    /// The cache of [`Grammar::widened_at`] for state `x`: one cell per height below its
+    /// [`LazyDfa::horizon`] (and up to the longest token), none where that is 0.
+    fn widened_cells(&self, x: u32) -> &[AtomicU32] {
+        self.widened
+            .at(x as usize)
+            .get_or_init(|| {
+                let horizon = self.dfa.horizon(x) as usize;
+                (horizon > 0).then(|| {
+                    (0..horizon.min(self.vocab.trie().max_depth + 1))
+                        .map(|_| AtomicU32::new(UNKNOWN))
+                        .collect()
+                })
+            })
+            .as_deref()
+            .unwrap_or_default()
+    }
+
+    /// [`LazyDfa::widened`]`(x, height)`, cached per state and height; `None` where that is `x`
+    /// itself (no bound of `x` shows past `height` bytes, or no other state widened to it yet).
+    fn widened_at(&self, x: u32, height: usize) -> Option<u32> {
+        let cell = self.widened_cells(x).get(height)?;
+        let w = match cell.load(Ordering::Relaxed) {
+            UNKNOWN => {
+                let w = self.dfa.widened(x, height as u32);
+                cell.store(w, Ordering::Relaxed);
+                w
+            }
+            w => w,
+        };
+        (w != x).then_some(w)
+    }
+
+    /// The mask of a state with counted repetitions, split by token length: a token of at most
+    /// `h` bytes is allowed from `s` exactly when it is from [`LazyDfa::widened`]`(s, h)` (no
+    /// bound past `h` can show within it), so those tokens are that state's mask (computed once
+    /// and shared by every state that widens to it: the counts of a string's `maxLength`, but
+    /// the last few) masked by the vocabulary's tokens of at most `h` bytes, a few word
+    /// operations; only the longer tokens are walked from `s` (at 152k tokens, 1,920 are longer
+    /// than 16 bytes). `h` is the longest of the vocabulary's levels
+    /// ([`Vocabulary::short_levels`]) at which `s` widens. `false` (nothing done) where it
+    /// widens at none, where the text slice applies (cheaper), or with
+    /// [`Limits::max_shared_subtrees`] 0.
+    fn split_by_length(&self, mask: &mut [u32], s: u32) -> bool {
+        if self.limits.max_shared_subtrees == 0 || self.text_entry(s).is_some() {
+            return false;
+        }
+        let levels = self.vocab.short_levels();
+        let Some((level, w)) = (0..levels.len())
+            .rev()
+            .find_map(|i| Some((i, self.widened_at(s, levels[i])?)))
+        else {
+            return false;
+        };
+        for ((m, &a), &b) in mask
+            .iter_mut()
+            .zip(self.mask(w).iter())
+            .zip(self.vocab.short_mask(level).iter())
+        {
+            *m = a & b;
+        }
+        let trie = self.vocab.trie();
+        let depth = trie.max_depth + 1;
+        let mut at = Path {
+            top: 0,
+            short: levels[level],
+            states: vec![s; depth],
+            bytes: vec![0u8; depth],
+        };
+        self.walk_below(mask, trie, 0, &mut at, None);
+        self.length_splits.fetch_add(1, Ordering::Relaxed);
         true
     }
 
@@ -1266,6 +1340,9 @@ const MIN_LOOP_BYTES: u32 = 8;
 struct Path {
     /// Depth of the walk's first node (points record their path from it).
     top: usize,
+    /// Tokens of at most this many bytes are known already ([`Grammar::split_by_length`]):
+    /// subtrees of only such tokens are skipped. 0: none.
+    short: usize,
     states: Vec<u32>,
     bytes: Vec<u8>,
 }

@@ -19,7 +19,23 @@ pub struct Vocabulary {
     json_ends: std::sync::OnceLock<JsonEnds>,
     /// Loop regions of the tries, built on first use ([`crate::loops`]).
     loops: LoopCache,
+    /// The lengths of [`Vocabulary::short_mask`], ascending: [`SHORT_LEVELS`] below the
+    /// longest token, then the longest token's length.
+    short_levels: Box<[usize]>,
+    /// Per level: the tokens of the trie no longer than it, built on first use.
+    short_masks: Box<[std::sync::OnceLock<Box<[u32]>>]>,
 }
+
+/// The lengths at which a mask can be split by token length ([`Vocabulary::short_mask`]). A few
+/// levels, not every length, so that states a few counts apart widen to the same state and
+/// share its mask, and the vocabulary keeps a dozen masks at most (about 400 KB at 262k
+/// tokens). Below 4 bytes most of a vocabulary is longer, and a split saves little.
+const SHORT_LEVELS: [usize; 11] = [4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128];
+
+/// A level is kept only where at most one token in this many is longer: the longer ones are
+/// walked node by node, without the whole-subtree shortcuts, so where they are many a plain walk
+/// costs less.
+const LONG_SHARE: usize = 64;
 
 /// The tokens whose bytes can end a JSON value, for the `uniqueItems` check
 /// ([`crate::schema::unique`]): inside a string only `"` or `\` can; elsewhere a structural byte
@@ -83,6 +99,8 @@ impl Vocabulary {
             text: TextSlice::default(),
             json_ends: std::sync::OnceLock::new(),
             loops: LoopCache::default(),
+            short_levels: Box::default(),
+            short_masks: Box::default(),
         };
         for (b, special) in tokens {
             v.bytes.extend_from_slice(b);
@@ -97,6 +115,23 @@ impl Vocabulary {
         v.eos.sort_unstable();
         v.eos.dedup();
         v.trie = TokenTrie::new(&v, |_| true);
+        let longest = v.trie.max_depth;
+        let mut by_length = vec![0usize; longest + 1];
+        for n in &v.trie.nodes {
+            by_length[n.depth as usize] += (n.tokens_end - n.tokens_start) as usize;
+        }
+        let longer = |h: usize| by_length[h + 1..].iter().sum::<usize>();
+        v.short_levels = SHORT_LEVELS
+            .iter()
+            .copied()
+            .filter(|&h| h < longest && longer(h) * LONG_SHARE <= v.trie.token_ids.len())
+            .chain((longest > 0).then_some(longest))
+            .collect();
+        v.short_masks = v
+            .short_levels
+            .iter()
+            .map(|_| std::sync::OnceLock::new())
+            .collect();
         let mut mask = vec![0u32; v.mask_words()].into_boxed_slice();
         for id in 0..v.len() as u32 {
             if !v.is_special(id) && is_plain_text(v.token_bytes(id).unwrap()) {
@@ -129,6 +164,27 @@ impl Vocabulary {
 
     pub(crate) fn trie(&self) -> &TokenTrie {
         &self.trie
+    }
+
+    /// The lengths [`Vocabulary::short_mask`] is kept for, ascending; the last is the longest
+    /// token's (every token of the trie).
+    pub(crate) fn short_levels(&self) -> &[usize] {
+        &self.short_levels
+    }
+
+    /// The tokens of the trie (no special token) of at most `short_levels()[level]` bytes, as a
+    /// mask, built on first use.
+    pub(crate) fn short_mask(&self, level: usize) -> &[u32] {
+        self.short_masks[level].get_or_init(|| {
+            let h = self.short_levels[level];
+            let mut mask = vec![0u32; self.mask_words()].into_boxed_slice();
+            for n in self.trie.nodes.iter().filter(|n| n.depth as usize <= h) {
+                for &t in &self.trie.token_ids[n.tokens_start as usize..n.tokens_end as usize] {
+                    mask[t as usize / 32] |= 1 << (t % 32);
+                }
+            }
+            mask
+        })
     }
 
     pub(crate) fn loops(&self) -> &LoopCache {

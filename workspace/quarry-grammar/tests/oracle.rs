@@ -114,10 +114,12 @@ fn masks_and_forced_bytes_match_the_oracle_on_gemma3() {
 }
 
 /// Long counted repetitions (a JSON string's `maxLength`, a list's `maxItems`), whose states
-/// share the walks of the vocabulary's subtrees ([`quarry_grammar::Limits::max_shared_subtrees`]):
-/// every mask still equals the oracle's, on SmolLM2's vocabulary and on Llama 3's (long
-/// whitespace runs, and byte-level pieces of multi-byte characters), with walks that end
-/// strings at every count; and the walks are shared (some are kept), so the test is about them.
+/// share the walks of the vocabulary's subtrees and take their shorter tokens from a widened
+/// state's mask ([`quarry_grammar::Limits::max_shared_subtrees`]): every mask still equals the
+/// oracle's, on SmolLM2's vocabulary and on Llama 3's (long whitespace runs, and byte-level
+/// pieces of multi-byte characters), with walks that end strings at every count; and both are
+/// used (some subtree walks are kept, some masks are split by length), so the test is about
+/// them.
 #[test]
 fn masks_of_long_counted_repetitions_match_the_oracle() {
     let patterns: Vec<String> = vec![
@@ -140,6 +142,12 @@ fn masks_of_long_counted_repetitions_match_the_oracle() {
         m.accept_bytes(b"\"ab").unwrap();
         m.mask();
         m.accept_bytes(b"c").unwrap();
+        m.mask();
+        assert!(g.length_splits() > 0, "{file}: no mask was split by length");
+        // Near the bound, the count states walk the whole trie and share its subtrees.
+        m.accept_bytes(&[b'd'; 112]).unwrap();
+        m.mask();
+        m.accept_bytes(b"e").unwrap();
         m.mask();
         assert!(
             g.shared_subtree_walks() > 0,
