@@ -281,6 +281,7 @@ fn main() -> Result<()> {
                         sharing = json!({
                             "states": g.state_count(),
                             "shared_subtree_walks": g.shared_subtree_walks(),
+                            "length_splits": g.length_splits(),
                         });
                         times
                     }
@@ -389,8 +390,8 @@ fn main() -> Result<()> {
             );
         }
         println!(
-            "{:<40} quarry's run: {} states built, {} subtree walks kept",
-            name, sharing["states"], sharing["shared_subtree_walks"]
+            "{:<40} quarry's run: {} states built, {} subtree walks kept, {} masks split by length",
+            name, sharing["states"], sharing["shared_subtree_walks"], sharing["length_splits"]
         );
         if args.fit_docs > 0 {
             let recs = &recs[..args.fit_docs.min(recs.len())];
