@@ -14,7 +14,7 @@ use crate::schema::{schema_to_regex, Re, SchemaOptions, Whitespace};
 use crate::vocab::{Vocabulary, BYTE_GROUP};
 
 mod walk;
-use walk::{Returns, SubtreeCache, TextEntry};
+use walk::{Returns, SubtreeCache, TextEntry, TextStep};
 
 /// What the output must match.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -299,6 +299,8 @@ pub struct Grammar {
     returns: Grow<OnceLock<Returns>>,
     /// Per state: how the text slice applies ([`Grammar::text_entry`]).
     text_loops: Grow<OnceLock<Option<TextEntry>>>,
+    /// Per state: where plain-text characters lead ([`Grammar::text_step`]).
+    text_steps: Grow<OnceLock<Option<TextStep>>>,
     /// Per state: the bytes that lead back to it ([`Grammar::through_loop`]).
     loop_sets: Grow<OnceLock<ByteSet>>,
     /// Per state whose [`LazyDfa::horizon`] is not 0: [`LazyDfa::widened`] by each subtree
@@ -309,6 +311,8 @@ pub struct Grammar {
     subtrees: RwLock<SubtreeCache>,
     /// Masks made by [`Grammar::split_by_length`].
     length_splits: AtomicUsize,
+    /// Masks that took the text slice at a count ([`Grammar::counted_text`]).
+    counted_texts: AtomicUsize,
     /// Whether mask walks use loop regions: in a grammar with recursion, where one loop is
     /// reached from many contexts. A regular grammar reaches each state once per compile, and
     /// recording a region's index on that first walk cost more than it saved (the e-mail regex's
@@ -421,10 +425,12 @@ impl Grammar {
             cores: Grow::new(1, OnceLock::new),
             returns: Grow::new(1, OnceLock::new),
             text_loops: Grow::new(1, OnceLock::new),
+            text_steps: Grow::new(1, OnceLock::new),
             loop_sets: Grow::new(1, OnceLock::new),
             widened: Grow::new(1, OnceLock::new),
             subtrees: RwLock::new(SubtreeCache::default()),
             length_splits: AtomicUsize::new(0),
+            counted_texts: AtomicUsize::new(0),
             loop_regions: dfa.is_context_free(),
             group_classes: Self::group_classes(&dfa),
             dfa,
@@ -460,6 +466,13 @@ impl Grammar {
     /// repetition's states far from their bound, see [`Limits::max_shared_subtrees`]).
     pub fn length_splits(&self) -> usize {
         self.length_splits.load(Ordering::Relaxed)
+    }
+
+    /// Masks that took the text slice at a count of a bounded run of characters (a JSON
+    /// string's `maxLength`) with its tokens of too many characters left out, walking only the
+    /// other tokens.
+    pub fn counted_text_masks(&self) -> usize {
+        self.counted_texts.load(Ordering::Relaxed)
     }
 
     /// DFA states built so far. The DFA grows as it is used; [`Grammar::explore`] builds all of it.

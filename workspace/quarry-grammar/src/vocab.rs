@@ -63,6 +63,52 @@ pub(crate) struct TextSlice {
     /// do not loop (`'` in a SQL string, `,` in a CSV field) takes the slice but these, which it
     /// checks one by one.
     pub(crate) containing: Box<[Box<[u32]>]>,
+    /// The slice's tokens by their length in characters (a character begun at the end counts),
+    /// shortest first.
+    by_chars: Box<[u32]>,
+    /// Per length in characters `c`: how many of `by_chars` have at most `c`; its last entry is
+    /// the longest token's length, past which every token counts.
+    chars_end: Box<[u32]>,
+    /// Per length in characters below the longest: the tokens of at most that many characters,
+    /// as a mask, built on first use ([`TextSlice::within`]).
+    within: Box<[std::sync::OnceLock<Box<[u32]>>]>,
+}
+
+impl TextSlice {
+    /// The slice's tokens of at most `chars` characters (a character begun at the end counts),
+    /// as a mask: the slice itself from its longest token's length up. Below it one mask per
+    /// length, built on first use (at most the longest token's length of them: about 19 KB
+    /// each at 152k tokens).
+    pub(crate) fn within(&self, chars: usize) -> &[u32] {
+        let Some(cell) = self.within.get(chars) else {
+            return &self.mask;
+        };
+        cell.get_or_init(|| {
+            let mut mask = vec![0u32; self.mask.len()].into_boxed_slice();
+            for &t in &self.by_chars[..self.chars_end[chars] as usize] {
+                mask[t as usize / 32] |= 1 << (t % 32);
+            }
+            mask
+        })
+    }
+
+    /// The length in characters of the slice's longest token.
+    pub(crate) fn longest_chars(&self) -> usize {
+        self.within.len()
+    }
+}
+
+/// The length in characters of plain text ([`is_plain_text`]), counting a character begun at
+/// the end.
+fn text_chars(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.chars().count(),
+        Err(e) => {
+            let whole =
+                std::str::from_utf8(&bytes[..e.valid_up_to()]).map_or(0, |s| s.chars().count());
+            whole + 1
+        }
+    }
 }
 
 /// The ASCII bytes plain text may hold: `0x20..=0x7E` but `"` and `\\`.
@@ -141,9 +187,11 @@ impl Vocabulary {
         let rest = TokenTrie::new(&v, |id| mask[id as usize / 32] >> (id % 32) & 1 == 0);
         let mut containing: Vec<Vec<u32>> = vec![Vec::new(); 0x80];
         let mut len = 0;
+        let mut by_chars: Vec<(usize, u32)> = Vec::new();
         for id in 0..v.len() as u32 {
             if mask[id as usize / 32] >> (id % 32) & 1 == 1 {
                 len += 1;
+                by_chars.push((text_chars(v.token_bytes(id).unwrap()), id));
                 let mut seen = 0u128;
                 for &b in v.token_bytes(id).unwrap() {
                     if b < 0x80 && seen >> b & 1 == 0 {
@@ -153,11 +201,21 @@ impl Vocabulary {
                 }
             }
         }
+        by_chars.sort_unstable();
+        let longest_chars = by_chars.last().map_or(0, |&(c, _)| c);
+        let chars_end = (0..=longest_chars)
+            .map(|c| by_chars.partition_point(|&(n, _)| n <= c) as u32)
+            .collect();
         v.text = TextSlice {
             mask,
             rest,
             len,
             containing: containing.into_iter().map(Vec::into_boxed_slice).collect(),
+            by_chars: by_chars.iter().map(|&(_, id)| id).collect(),
+            chars_end,
+            within: (0..longest_chars)
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
         };
         v
     }

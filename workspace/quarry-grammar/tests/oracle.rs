@@ -114,12 +114,13 @@ fn masks_and_forced_bytes_match_the_oracle_on_gemma3() {
 }
 
 /// Long counted repetitions (a JSON string's `maxLength`, a list's `maxItems`), whose states
-/// share the walks of the vocabulary's subtrees and take their shorter tokens from a widened
-/// state's mask ([`quarry_grammar::Limits::max_shared_subtrees`]): every mask still equals the
-/// oracle's, on SmolLM2's vocabulary and on Llama 3's (long whitespace runs, and byte-level
-/// pieces of multi-byte characters), with walks that end strings at every count; and both are
-/// used (some subtree walks are kept, some masks are split by length), so the test is about
-/// them.
+/// take the text slice with the tokens of too many characters left out, or share the walks of
+/// the vocabulary's subtrees and take their shorter tokens from a widened state's mask
+/// ([`quarry_grammar::Limits::max_shared_subtrees`]): every mask still equals the oracle's, on
+/// SmolLM2's vocabulary and on Llama 3's (long whitespace runs, and byte-level pieces of
+/// multi-byte characters), with walks that end strings at every count; and each of the three is
+/// used (some masks take the counted slice, some are split by length, some subtree walks are
+/// kept), so the test is about them.
 #[test]
 fn masks_of_long_counted_repetitions_match_the_oracle() {
     let patterns: Vec<String> = vec![
@@ -129,6 +130,12 @@ fn masks_of_long_counted_repetitions_match_the_oracle() {
         r"(?:ab|[0-9]|x ){30,50}!(?:[a-z]{1,20} ){2,30}\.".into(),
         r"(?:[^,]{1,64},){1,8}[0-9]{3,90}".into(),
         r"[a-z]{12,40} [a-z]{1,8}".into(),
+        // Plain text with two bytes excepted, and a bound on its characters below a minimum;
+        // bytes excepted further along the run than its first character.
+        r"[^,;]{0,70};[^,]{5,30}".into(),
+        r"[^,]{2}[^;]{0,40}".into(),
+        // A run whose bound a non-ASCII character passes where plain ASCII does not.
+        r"[^\x00-\x1f]{2}[^\x00-\x7f]".into(),
     ];
     for file in [
         "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -136,15 +143,28 @@ fn masks_of_long_counted_repetitions_match_the_oracle() {
     ] {
         let vocab = vocab::model_vocab(file);
         check_walks(&vocab, &patterns, 17, 3, 40);
-        let c = Constraint::Regex(patterns[0].clone());
-        let g = Arc::new(Grammar::compile(&c, vocab.clone(), Limits::default()).unwrap());
+        let compile = |p: &str| {
+            let c = Constraint::Regex(p.into());
+            Arc::new(Grammar::compile(&c, vocab.clone(), Limits::default()).unwrap())
+        };
+        let g = compile(&patterns[0]);
         let mut m = Matcher::new(g.clone());
         m.accept_bytes(b"\"ab").unwrap();
+        m.mask();
+        assert!(
+            g.counted_text_masks() > 0,
+            "{file}: no mask took the counted text slice"
+        );
+        // Letters and spaces are not plain text (most printable bytes end the run): far from
+        // the bound a mask is split by length, near it the count states walk the whole trie
+        // and share its subtrees.
+        let g = compile("[a-z ]{0,120}!");
+        let mut m = Matcher::new(g.clone());
+        m.accept_bytes(b"ab").unwrap();
         m.mask();
         m.accept_bytes(b"c").unwrap();
         m.mask();
         assert!(g.length_splits() > 0, "{file}: no mask was split by length");
-        // Near the bound, the count states walk the whole trie and share its subtrees.
         m.accept_bytes(&[b'd'; 112]).unwrap();
         m.mask();
         m.accept_bytes(b"e").unwrap();

@@ -69,7 +69,7 @@ impl Grammar {
                 }
             }
             _ => {
-                if !self.split_by_length(&mut mask, s) {
+                if self.counted_text(s).is_some() || !self.split_by_length(&mut mask, s) {
                     self.walk_all(&mut mask, s, None);
                 }
             }
@@ -126,16 +126,22 @@ impl Grammar {
     /// the slice are walked. Returns whether it was (the points then index that smaller trie).
     fn walk_all(&self, mask: &mut [u32], s: u32, mut points: Option<&mut Points>) -> bool {
         // Collecting return points needs a slice that passes no accepting state.
-        let slice = self
-            .text_entry(s)
-            .filter(|e| points.is_none() || e.quiet)
-            .map(|e| e.except);
-        let Some(except) = slice else {
+        let slice = match self.text_entry(s) {
+            Some(e) if points.is_none() || e.quiet => Some((e.except, usize::MAX)),
+            _ => {
+                let counted = points.is_none().then(|| self.counted_text(s)).flatten();
+                if counted.is_some() {
+                    self.counted_texts.fetch_add(1, Ordering::Relaxed);
+                }
+                counted
+            }
+        };
+        let Some((except, chars)) = slice else {
             self.walk(mask, s, self.vocab.trie(), 0, points.map(|p| &mut p.nodes));
             return false;
         };
         let text = self.vocab.text();
-        for (m, t) in mask.iter_mut().zip(text.mask.iter()) {
+        for (m, t) in mask.iter_mut().zip(text.within(chars).iter()) {
             *m |= t;
         }
         let excepted = || {
@@ -185,9 +191,36 @@ impl Grammar {
     /// a few hundred cached steps.
     fn text_entry(&self, s: u32) -> Option<TextEntry> {
         *self.text_loops.at(s as usize).get_or_init(|| {
-            let text = self.vocab.text();
+            let step = self.text_step(s)?;
+            let l = step.next;
+            if l == DEAD {
+                return None;
+            }
+            // L must be a loop: what leaves it is an exception too, and every non-ASCII
+            // character must come back to it. (Checked here, not by asking L's own entry, so
+            // that a chain of states such as `[a-z]{0,1000}` does not recurse.)
+            let mut except = step.except;
+            for b in crate::vocab::plain_ascii().filter(|&b| self.dfa.step(l, b) != l) {
+                except |= 1 << b;
+            }
+            if !self.few_exceptions(except) {
+                return None;
+            }
+            let mut quiet = !self.is_accepting(l) && step.quiet;
+            if l != s {
+                quiet &= self.utf8_leads_to(l, l)?;
+            }
+            Some(TextEntry { except, quiet })
+        })
+    }
+
+    /// Where plain-text characters lead from `s`: the state most printable ASCII bytes go to
+    /// (`DEAD` where they die), and the printable bytes that go elsewhere. `None` where a
+    /// non-ASCII character goes elsewhere (or, where they die, a non-ASCII lead byte lives).
+    /// Computed once per state.
+    fn text_step(&self, s: u32) -> Option<TextStep> {
+        *self.text_steps.at(s as usize).get_or_init(|| {
             let printable = crate::vocab::plain_ascii;
-            // L: where most printable bytes go.
             let mut counts: Vec<(u32, usize)> = Vec::new();
             for b in printable() {
                 let t = self.dfa.step(s, b);
@@ -196,33 +229,74 @@ impl Grammar {
                     None => counts.push((t, 1)),
                 }
             }
-            let (l, _) = *counts.iter().max_by_key(|&&(x, n)| (n, x == s))?;
-            if l == DEAD {
-                return None;
-            }
+            let (next, _) = *counts.iter().max_by_key(|&&(x, n)| (n, x == s))?;
             let mut except = 0u128;
-            for b in printable().filter(|&b| self.dfa.step(s, b) != l) {
+            for b in printable().filter(|&b| self.dfa.step(s, b) != next) {
                 except |= 1 << b;
             }
-            // L must be a loop: what leaves it is an exception too, and every non-ASCII
-            // character must come back to it. (Checked here, not by asking L's own entry, so
-            // that a chain of states such as `[a-z]{0,1000}` does not recurse.)
-            for b in printable().filter(|&b| self.dfa.step(l, b) != l) {
-                except |= 1 << b;
-            }
-            let excepted: usize = (0u8..0x80)
-                .filter(|&b| except >> b & 1 == 1)
-                .map(|b| text.containing[b as usize].len())
-                .sum();
-            if excepted > text.len / 8 {
-                return None;
-            }
-            let mut quiet = !self.is_accepting(l) && self.utf8_leads_to(s, l)?;
-            if l != s {
-                quiet &= self.utf8_leads_to(l, l)?;
-            }
-            Some(TextEntry { except, quiet })
+            let quiet = if next == DEAD {
+                if (0xC2..=0xF4).any(|b| self.dfa.step(s, b) != DEAD) {
+                    return None;
+                }
+                true
+            } else {
+                self.utf8_leads_to(s, next)?
+            };
+            Some(TextStep {
+                next,
+                except,
+                quiet,
+            })
         })
+    }
+
+    /// Whether the slice tokens holding one of the `except` bytes, checked one by one, are at
+    /// most an eighth of the slice (past that a walk costs less).
+    fn few_exceptions(&self, except: u128) -> bool {
+        let text = self.vocab.text();
+        let excepted: usize = (0u8..0x80)
+            .filter(|&b| except >> b & 1 == 1)
+            .map(|b| text.containing[b as usize].len())
+            .sum();
+        excepted <= text.len / 8
+    }
+
+    /// The text slice at a count of a bounded run of characters (a JSON string's `maxLength`:
+    /// `[^"\\]{0,120}` in effect), where [`Grammar::text_entry`] does not apply because each
+    /// character leads to the next count: where plain-text characters lead from `s` along a
+    /// chain of states `s`, `s1`, `s2`, …, each to the next, until they die at `sm` (the bound)
+    /// or the chain loops, a slice token of `c` characters (one begun at its end counts) holding
+    /// none of the chain's excepted bytes is allowed exactly when `c <= m` (when the chain loops
+    /// or outlasts the slice's longest token, always). Returns the excepted bytes (their tokens
+    /// are checked one by one) and `m` (`usize::MAX`: no bound). `None` where the first
+    /// character already dies (the walk is short there), where a state of the chain sends
+    /// plain-text characters to more than one state, or where the exceptions are too many
+    /// ([`Grammar::few_exceptions`]). Each state of the chain is checked once
+    /// ([`Grammar::text_step`]); a mask follows the chain up to the longest slice token.
+    fn counted_text(&self, s: u32) -> Option<(u128, usize)> {
+        let longest = self.vocab.text().longest_chars();
+        let (mut cur, mut except, mut chars) = (s, 0u128, 0usize);
+        loop {
+            if chars >= longest {
+                chars = usize::MAX;
+                break;
+            }
+            let step = self.text_step(cur)?;
+            except |= step.except;
+            if step.next == DEAD {
+                if chars == 0 {
+                    return None;
+                }
+                break;
+            }
+            if step.next == cur {
+                chars = usize::MAX;
+                break;
+            }
+            cur = step.next;
+            chars += 1;
+        }
+        self.few_exceptions(except).then_some((except, chars))
     }
 
     /// Whether every non-ASCII character (each valid UTF-8 sequence, by lead byte) leads from
@@ -669,6 +743,16 @@ pub(super) struct Returns {
     points: Box<[NodePoint]>,
     /// Tokens checked one by one ([`Grammar::walk_all`]) that pass an accepting state.
     tokens: Box<[u32]>,
+}
+
+/// Where plain-text characters lead from a state ([`Grammar::text_step`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TextStep {
+    next: u32,
+    /// Printable ASCII bytes that lead elsewhere.
+    except: u128,
+    /// No state inside a non-ASCII character accepts.
+    quiet: bool,
 }
 
 /// How the text slice applies to a state ([`Grammar::text_entry`]).
