@@ -486,3 +486,36 @@ impl TokenTrie {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slice's masks by length in characters count a character begun at a token's end
+    /// (byte-level BPE splits characters) as one, and a multi-byte character as one.
+    #[test]
+    fn the_text_slice_by_characters_counts_a_character_begun_at_the_end() {
+        let tokens: [&[u8]; 6] = [
+            b"ab",
+            "h\u{e9}llo".as_bytes(),
+            b"h\xC3",
+            b"\xE2\x80",
+            b"a\"",
+            b"</s>",
+        ];
+        let v = Vocabulary::new(tokens.iter().enumerate().map(|(i, t)| (*t, i == 5)), &[5]);
+        let text = v.text();
+        let ids = |chars: usize| -> Vec<u32> {
+            (0..tokens.len() as u32)
+                .filter(|&t| text.within(chars)[t as usize / 32] >> (t % 32) & 1 == 1)
+                .collect()
+        };
+        assert_eq!(text.longest_chars(), 5);
+        assert!(ids(0).is_empty());
+        assert_eq!(ids(1), [3]);
+        assert_eq!(ids(2), [0, 2, 3]);
+        assert_eq!(ids(4), [0, 2, 3]);
+        assert_eq!(ids(5), [0, 1, 2, 3]);
+        assert_eq!(ids(usize::MAX), [0, 1, 2, 3]);
+    }
+}
