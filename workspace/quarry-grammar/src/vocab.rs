@@ -92,6 +92,15 @@ impl TextSlice {
         })
     }
 
+    /// The slice's tokens of more than `chars` characters.
+    pub(crate) fn longer_than(&self, chars: usize) -> &[u32] {
+        let from = self
+            .chars_end
+            .get(chars)
+            .map_or(self.by_chars.len(), |&e| e as usize);
+        &self.by_chars[from..]
+    }
+
     /// The length in characters of the slice's longest token.
     pub(crate) fn longest_chars(&self) -> usize {
         self.within.len()
@@ -517,5 +526,10 @@ mod tests {
         assert_eq!(ids(4), [0, 2, 3]);
         assert_eq!(ids(5), [0, 1, 2, 3]);
         assert_eq!(ids(usize::MAX), [0, 1, 2, 3]);
+        assert_eq!(text.longer_than(2), [1]);
+        assert!(text.longer_than(5).is_empty());
+        let mut all = text.longer_than(0).to_vec();
+        all.sort_unstable();
+        assert_eq!(all, [0, 1, 2, 3]);
     }
 }

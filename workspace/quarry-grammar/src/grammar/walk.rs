@@ -52,25 +52,15 @@ impl Grammar {
                     }
                 }
                 for &t in r.tokens.iter() {
-                    let bytes = self
-                        .vocab
-                        .token_bytes(t)
-                        .expect("a token of the vocabulary");
-                    let mut x = s;
-                    for &b in bytes {
-                        x = self.dfa.step(x, b);
-                        if x == DEAD {
-                            break;
-                        }
-                    }
-                    if x != DEAD {
+                    if self.token_lives(s, t) {
                         mask[t as usize / 32] |= 1 << (t % 32);
                     }
                 }
             }
             _ => {
-                if self.counted_text(s).is_some() || !self.split_by_length(&mut mask, s) {
-                    self.walk_all(&mut mask, s, None);
+                let counted = self.counted_text(s);
+                if counted.is_some() || !self.split_by_length(&mut mask, s) {
+                    self.walk_all(&mut mask, s, None, counted);
                 }
             }
         }
@@ -88,7 +78,7 @@ impl Grammar {
         self.returns.at(s as usize).get_or_init(|| {
             let mut mask = vec![0u32; self.vocab.mask_words()].into_boxed_slice();
             let mut points = Points::default();
-            let in_rest = self.walk_all(&mut mask, s, Some(&mut points));
+            let in_rest = self.walk_all(&mut mask, s, Some(&mut points), None);
             if self.is_accepting(s) {
                 for &e in self.vocab.eos() {
                     mask[e as usize / 32] |= 1 << (e % 32);
@@ -124,25 +114,48 @@ impl Grammar {
     /// vocabulary's text slice is added at once: all of it, but the tokens holding one of the few
     /// printable bytes that do not loop, which are checked one by one; only the tokens outside
     /// the slice are walked. Returns whether it was (the points then index that smaller trie).
-    fn walk_all(&self, mask: &mut [u32], s: u32, mut points: Option<&mut Points>) -> bool {
+    fn walk_all(
+        &self,
+        mask: &mut [u32],
+        s: u32,
+        mut points: Option<&mut Points>,
+        counted: Option<Counted>,
+    ) -> bool {
         // Collecting return points needs a slice that passes no accepting state.
         let slice = match self.text_entry(s) {
-            Some(e) if points.is_none() || e.quiet => Some((e.except, usize::MAX)),
+            Some(e) if points.is_none() || e.quiet => Some(Counted {
+                except: e.except,
+                chars: usize::MAX,
+                open: false,
+            }),
             _ => {
-                let counted = points.is_none().then(|| self.counted_text(s)).flatten();
+                let counted = counted.filter(|_| points.is_none());
                 if counted.is_some() {
                     self.counted_texts.fetch_add(1, Ordering::Relaxed);
                 }
                 counted
             }
         };
-        let Some((except, chars)) = slice else {
+        let Some(Counted {
+            except,
+            chars,
+            open,
+        }) = slice
+        else {
             self.walk(mask, s, self.vocab.trie(), 0, points.map(|p| &mut p.nodes));
             return false;
         };
         let text = self.vocab.text();
         for (m, t) in mask.iter_mut().zip(text.within(chars).iter()) {
             *m |= t;
+        }
+        if open {
+            // The chain is checked only so far: longer slice tokens one by one.
+            for &t in text.longer_than(chars) {
+                if self.token_lives(s, t) {
+                    mask[t as usize / 32] |= 1 << (t % 32);
+                }
+            }
         }
         let excepted = || {
             (0u8..0x80)
@@ -272,14 +285,24 @@ impl Grammar {
     /// character already dies (the walk is short there), where a state of the chain sends
     /// plain-text characters to more than one state, or where the exceptions are too many
     /// ([`Grammar::few_exceptions`]). Each state of the chain is checked once
-    /// ([`Grammar::text_step`]); a mask follows the chain up to the longest slice token.
-    fn counted_text(&self, s: u32) -> Option<(u128, usize)> {
+    /// ([`Grammar::text_step`]), at most [`CHAIN_STEPS_PER_MASK`] new ones per mask: where the
+    /// chain is checked only that far, `open` is set and `m` is how far, and the longer slice
+    /// tokens are checked one by one (the next counts check the chain further).
+    fn counted_text(&self, s: u32) -> Option<Counted> {
         let longest = self.vocab.text().longest_chars();
-        let (mut cur, mut except, mut chars) = (s, 0u128, 0usize);
+        let (mut cur, mut except, mut chars, mut open) = (s, 0u128, 0usize, false);
+        let mut fresh = 0;
         loop {
             if chars >= longest {
                 chars = usize::MAX;
                 break;
+            }
+            if self.text_steps.at(cur as usize).get().is_none() {
+                if fresh == CHAIN_STEPS_PER_MASK {
+                    open = true;
+                    break;
+                }
+                fresh += 1;
             }
             let step = self.text_step(cur)?;
             except |= step.except;
@@ -296,7 +319,27 @@ impl Grammar {
             cur = step.next;
             chars += 1;
         }
-        self.few_exceptions(except).then_some((except, chars))
+        self.few_exceptions(except).then_some(Counted {
+            except,
+            chars,
+            open,
+        })
+    }
+
+    /// Whether token `t`'s bytes keep state `s` alive.
+    fn token_lives(&self, s: u32, t: u32) -> bool {
+        let bytes = self
+            .vocab
+            .token_bytes(t)
+            .expect("a token of the vocabulary");
+        let mut x = s;
+        for &b in bytes {
+            x = self.dfa.step(x, b);
+            if x == DEAD {
+                return false;
+            }
+        }
+        true
     }
 
     /// Whether every non-ASCII character (each valid UTF-8 sequence, by lead byte) leads from
@@ -744,6 +787,25 @@ pub(super) struct Returns {
     /// Tokens checked one by one ([`Grammar::walk_all`]) that pass an accepting state.
     tokens: Box<[u32]>,
 }
+
+/// How the text slice applies at a count ([`Grammar::counted_text`]), or at a loop
+/// ([`Grammar::text_entry`]: no bound, never open).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Counted {
+    /// Printable ASCII bytes whose slice tokens are checked one by one.
+    except: u128,
+    /// Slice tokens of at most this many characters are allowed (`usize::MAX`: all).
+    chars: usize,
+    /// The chain was checked only `chars` far: longer slice tokens are checked one by one.
+    open: bool,
+}
+
+/// The chain states of a bounded run a mask checks at most for the first time
+/// ([`Grammar::counted_text`]): a string's first count would otherwise check every state up
+/// to the slice's longest token (128 characters at 152k tokens) at once. The slice tokens
+/// longer than the part checked are checked one by one (167 longer than 32 characters at 152k,
+/// 23 at 49k).
+const CHAIN_STEPS_PER_MASK: usize = 32;
 
 /// Where plain-text characters lead from a state ([`Grammar::text_step`]).
 #[derive(Debug, Clone, Copy)]
