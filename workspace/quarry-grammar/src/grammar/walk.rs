@@ -113,7 +113,10 @@ impl Grammar {
     /// points). Where plain-text characters lead back to `s` (inside a JSON string, say), the
     /// vocabulary's text slice is added at once: all of it, but the tokens holding one of the few
     /// printable bytes that do not loop, which are checked one by one; only the tokens outside
-    /// the slice are walked. Returns whether it was (the points then index that smaller trie).
+    /// the slice are walked. Without `points`, `counted` ([`Grammar::counted_text`] of `s`) does
+    /// the same at a count of a bounded run of characters, with the slice's tokens of at most
+    /// the characters left. Returns whether the slice was used (the points then index that
+    /// smaller trie).
     fn walk_all(
         &self,
         mask: &mut [u32],
