@@ -10,6 +10,7 @@ use common::*;
 use quarry_pipeline::extract::EngineExtractor;
 use quarry_pipeline::job::Prepared;
 use quarry_pipeline::store::Location;
+use quarry_pipeline::config::{InputFormat, SourceConfig};
 use quarry_pipeline::PipelineConfig;
 use serde_json::{json, Value};
 
@@ -59,6 +60,11 @@ struct Run {
 
 impl Run {
     fn new(dir: &std::path::Path) -> Self {
+        Self::with(dir, |_| {})
+    }
+
+    /// The job with `edit` applied to its configuration.
+    fn with(dir: &std::path::Path, edit: impl FnOnce(&mut PipelineConfig)) -> Self {
         let mut cfg = PipelineConfig::load(&root().join("pipelines/debian-packages.toml")).unwrap();
         // The job's mechanics, not the extraction's quality, are under test: the small model keeps
         // it quick (the shipped default is Qwen2.5, three times slower per document).
@@ -66,6 +72,7 @@ impl Run {
         cfg.sampling.max_tokens = 192;
         cfg.batching.max_running = 8;
         cfg.output.row_group_rows = 1;
+        edit(&mut cfg);
         Run {
             job: Prepared::new(cfg).unwrap(),
             input: Location::open_input(dir.join("in").to_str().unwrap()).unwrap(),
@@ -206,5 +213,68 @@ fn dataset_job_end_to_end() {
     let replay = run.go();
     assert_eq!((replay.shards_skipped, replay.shards_done), (2, 1));
     assert_exactly_once(&run, &expected);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Parquet inputs as pyarrow writes them, in every codec it has (Snappy is the default of
+/// pyarrow, pandas and Spark), several row groups each: every row is read once, with its row
+/// number in the file as its offset, and a null text field is a reject, not a lost row.
+#[test]
+fn parquet_inputs_in_every_codec() {
+    const CODECS: [&str; 6] = ["none", "snappy", "gzip", "brotli", "lz4", "zstd"];
+    let dir = temp_dir("dataset-parquet-codecs");
+    let docs = packages(CODECS.len());
+    let input = dir.join("in");
+    let mut expected = BTreeMap::new();
+    // One file per codec: a package record, a row with no text, and another record, in row
+    // groups of one row.
+    for (k, codec) in CODECS.iter().enumerate() {
+        let rows = json!([
+            {"id": format!("{codec}-0"), "text": docs[k]},
+            {"id": format!("{codec}-1"), "text": null},
+            {"id": format!("{codec}-2"), "text": docs[(k + 1) % docs.len()]},
+        ]);
+        let script = root().join("tests/pipeline/pq_write.py");
+        let rows_path = dir.join(format!("{codec}.json"));
+        std::fs::write(&rows_path, rows.to_string()).unwrap();
+        let out = std::process::Command::new(python())
+            .arg(&script)
+            .arg(&input)
+            .arg("1")
+            .arg(codec)
+            .stdin(std::fs::File::open(&rows_path).unwrap())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report[codec]["row_groups"], 3, "{report}");
+        expected.insert(format!("{codec}.parquet"), 3);
+    }
+    let run = Run::with(&dir, |cfg| {
+        cfg.sampling.max_tokens = 96;
+        match &mut cfg.source {
+            SourceConfig::Dataset(src) => src.format = InputFormat::Parquet,
+            _ => unreachable!("the package job reads a dataset"),
+        }
+    });
+
+    let s = run.go();
+    assert_eq!((s.shards, s.shards_done), (CODECS.len(), CODECS.len()));
+    assert_eq!(s.consumed, 3 * CODECS.len() as u64);
+    let (acc, rej) = assert_exactly_once(&run, &expected);
+    for codec in CODECS {
+        let src = format!("/{codec}.parquet");
+        let at = |o: i64| {
+            acc.iter()
+                .chain(&rej)
+                .find(|r| r["_source"].as_str().unwrap().ends_with(&src) && r["_offset"] == o)
+                .unwrap_or_else(|| panic!("{codec} row {o}"))
+        };
+        // Each row's own id, so the rows were read in order and whole.
+        for o in 0..3 {
+            assert_eq!(at(o)["_doc_id"], format!("{codec}-{o}"), "{codec} row {o}");
+        }
+        assert_eq!(at(1)["cause"], "missing_field", "{codec}: {}", at(1));
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
