@@ -4,22 +4,21 @@
 //!
 //! Inputs: JSONL (each file a shard, each line a document, `_offset` = line index), plain text
 //! (one document per file, `text_shard_files` files per shard, `_offset` = index in the shard)
-//! and Parquet with a string text column (each file a shard, `_offset` = row index).
+//! and Parquet with a string text column (each file a shard, `_offset` = row index). A shard is
+//! read a chunk of documents at a time ([`read`]), beside the step loop ([`io`]).
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use arrow_array::RecordBatch;
-
 mod io;
+mod read;
 
-use crate::config::{DatasetSource, InputFormat, PipelineConfig, SourceConfig, ValueFormat};
-use crate::error::{FormatError, PipelineError};
+use crate::config::{DatasetSource, PipelineConfig, SourceConfig};
+use crate::error::PipelineError;
 use crate::extract::Extractor;
 use crate::flow::{FileReport, Flow, Publisher};
 use crate::metrics::Metrics;
-use crate::record::{decode, Input, Lineage};
 pub use crate::shard::{shards, Shard, ShardSlice};
 use crate::shutdown::Shutdown;
 use crate::store::Location;
@@ -126,88 +125,8 @@ impl JobSummary {
     }
 }
 
-/// Reads a shard into documents (or per-document rejects). A file that cannot be read at all is
-/// an error for the whole job: nothing of it is skipped silently.
-pub fn read_shard(
-    input: &Location,
-    shard: &Shard,
-    src: &DatasetSource,
-    max_doc_bytes: usize,
-) -> Result<Vec<Input>, PipelineError> {
-    let mut out = Vec::new();
-    // A text shard is many small files: read at once, not one round trip after another.
-    let all = input.read_all(&shard.files)?;
-    for (fi, (path, bytes)) in shard.files.iter().zip(all).enumerate() {
-        let source = format!(
-            "{}/{}",
-            input.url.trim_end_matches('/'),
-            input.relative(path)
-        );
-        match src.format {
-            InputFormat::Text => out.push(decode(
-                &bytes,
-                ValueFormat::Text,
-                &src.fields,
-                max_doc_bytes,
-                Lineage::new(source, None, fi as i64),
-            )),
-            InputFormat::Jsonl => {
-                // Lines split on bytes, so one line of bad UTF-8 is one reject, not a lost file.
-                let mut lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
-                if lines.last().is_some_and(|l| l.is_empty()) {
-                    lines.pop();
-                }
-                for (i, line) in lines.into_iter().enumerate() {
-                    let line = line.strip_suffix(b"\r").unwrap_or(line);
-                    out.push(decode(
-                        line,
-                        ValueFormat::Json,
-                        &src.fields,
-                        max_doc_bytes,
-                        Lineage::new(source.clone(), None, i as i64),
-                    ));
-                }
-            }
-            InputFormat::Parquet => {
-                let rows = parquet_rows(bytes).map_err(|e| PipelineError::Input {
-                    location: source.clone(),
-                    source: e.into(),
-                })?;
-                for (i, row) in rows.into_iter().enumerate() {
-                    let lineage = Lineage::new(source.clone(), None, i as i64);
-                    let raw = serde_json::to_vec(&row).unwrap_or_default();
-                    out.push(decode(
-                        &raw,
-                        ValueFormat::Json,
-                        &src.fields,
-                        max_doc_bytes,
-                        lineage,
-                    ));
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Parquet rows as JSON objects (arrow-json's writer, so every Arrow type has one spelling).
-fn parquet_rows(bytes: bytes::Bytes) -> Result<Vec<serde_json::Value>, FormatError> {
-    let reader =
-        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
-    let mut rows = Vec::new();
-    for batch in reader {
-        let batch: RecordBatch = batch?;
-        let mut buf = Vec::new();
-        let mut w = arrow_json::ArrayWriter::new(&mut buf);
-        w.write(&batch)?;
-        w.finish()?;
-        if !buf.is_empty() {
-            let v: Vec<serde_json::Value> = serde_json::from_slice(&buf)?;
-            rows.extend(v);
-        }
-    }
-    Ok(rows)
-}
+/// Documents a chunk of a shard holds at least (more where the engine keeps more loaded).
+const MIN_CHUNK_DOCS: usize = 64;
 
 /// Options a caller adds to a dataset job.
 #[derive(Debug, Clone, Default)]
@@ -232,6 +151,8 @@ pub struct DatasetJob<'a, E: Extractor> {
     publisher: &'a Publisher,
     metrics: &'a Metrics,
     opts: DatasetOptions,
+    /// The shard whose chunks are arriving (its name and file), until its last one.
+    reading: Option<(String, u64)>,
 }
 
 /// The shards left to read, and the footer metadata every file of the job carries.
@@ -264,6 +185,7 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
             publisher,
             metrics,
             opts,
+            reading: None,
         })
     }
 
@@ -281,6 +203,8 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
             input: self.input,
             src: self.src,
             max_doc_bytes: self.cfg.batching.max_doc_bytes,
+            // What the loop keeps loaded (below), so a chunk refills it.
+            chunk_docs: (self.flow.extractor.capacity() * 2).max(MIN_CHUNK_DOCS),
             publisher: self.publisher,
             publishers: self.cfg.output.publishers,
         };
@@ -336,6 +260,11 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
                 summary.interrupted = true;
                 exhausted = true;
                 io.stop_reading();
+                // A shard read in part cannot be published; the next run reads it again.
+                if let Some((name, _)) = self.reading.take() {
+                    let dropped = self.flow.abandon(&name);
+                    tracing::warn!(shard = %name, documents = dropped, "stopping with this shard read in part: it is left for the next run");
+                }
             }
             // Keep enough documents loaded to keep the engine full, a shard at a time; wait for
             // the reader only when there is nothing to step.
@@ -424,24 +353,35 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
         Ok(Plan { todo, job_meta })
     }
 
-    /// Puts a shard the reader got to into the flow.
+    /// Puts what the reader got to into the flow: a shard's first chunk opens its file, its
+    /// last seals it.
     fn load(&mut self, read: Read, job_meta: &[(String, String)], summary: &mut JobSummary) {
-        let (shard, inputs) = match read {
+        let (name, inputs, last) = match read {
             Read::Meanwhile(name) => {
                 // Another worker runs this slice too and got here first.
                 summary.shards_published_meanwhile += 1;
                 tracing::warn!(shard = %name, slice = %self.opts.slice, "published by another worker since the listing; skipped (is the same index running twice?)");
                 return;
             }
-            Read::Shard { shard, inputs } => (shard, inputs),
+            Read::Docs { name, inputs, last } => (name, inputs, last),
         };
-        let id = self
-            .flow
-            .open(shard.name.clone(), shard.name.clone(), job_meta.to_vec());
+        let id = match &self.reading {
+            Some((open, id)) if *open == name => *id,
+            _ => {
+                let id = self
+                    .flow
+                    .open(name.clone(), name.clone(), job_meta.to_vec());
+                self.reading = Some((name, id));
+                id
+            }
+        };
         for i in inputs {
             self.flow.push(id, i);
         }
-        self.flow.seal(id);
+        if last {
+            self.flow.seal(id);
+            self.reading = None;
+        }
     }
 }
 

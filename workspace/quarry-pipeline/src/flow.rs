@@ -44,8 +44,20 @@ use crate::encode::{
 };
 use crate::error::PipelineError;
 use crate::extract::{Extractor, Validator};
-use crate::record::{DocStats, Input, Outcome, RejectCause};
+use crate::record::{DocStats, Document, Input, Lineage, Outcome, RejectCause};
 use crate::store::{Location, Published};
+
+/// What a file keeps of each input: where it came from, its id, and what a rejects row shows of
+/// it. The document itself waits in the flow's queue and is dropped once the extractor has it
+/// (a prompt), so a file holds its documents' text only until they are submitted: a large shard
+/// costs its records and lineage, not its input again.
+#[derive(Debug)]
+pub struct Kept {
+    pub lineage: Lineage,
+    pub id: Option<String>,
+    /// Emptied once the document is accepted (only a rejects row shows it).
+    pub preview: String,
+}
 
 /// A file being filled: its documents in order and their outcomes as they arrive.
 #[derive(Debug)]
@@ -54,7 +66,7 @@ pub struct OpenFile {
     pub name: String,
     /// Files of one group (a Kafka partition) are published in creation order.
     pub group: String,
-    pub inputs: Vec<Input>,
+    pub inputs: Vec<Kept>,
     outcomes: Vec<Option<Outcome>>,
     remaining: usize,
     /// No more documents will join.
@@ -180,8 +192,8 @@ pub struct Flow<E: Extractor> {
     /// Extractor key → (file id, index).
     keys: HashMap<u64, (u64, usize)>,
     next_key: u64,
-    /// Documents waiting for room in the extractor.
-    queue: VecDeque<u64>,
+    /// Documents waiting for room in the extractor, under their keys.
+    queue: VecDeque<(u64, Document)>,
 }
 
 impl<E: Extractor> Flow<E> {
@@ -226,23 +238,33 @@ impl<E: Extractor> Flow<E> {
         let f = self.files.get_mut(&file).expect("push into an open file");
         debug_assert!(!f.sealed, "push into a sealed file");
         let idx = f.inputs.len();
-        let outcome = match &input.doc {
-            Ok(_) => {
+        let Input {
+            lineage,
+            id,
+            preview,
+            doc,
+        } = input;
+        let outcome = match doc {
+            Ok(doc) => {
                 let key = self.next_key;
                 self.next_key += 1;
                 self.keys.insert(key, (file, idx));
-                self.queue.push_back(key);
+                self.queue.push_back((key, doc));
                 f.remaining += 1;
                 None
             }
             Err(cause) => Some(Outcome::Rejected {
-                cause: cause.clone(),
+                cause,
                 raw_output: None,
                 finish: None,
                 stats: DocStats::default(),
             }),
         };
-        f.inputs.push(input);
+        f.inputs.push(Kept {
+            lineage,
+            id,
+            preview,
+        });
         f.outcomes.push(outcome);
     }
 
@@ -251,11 +273,18 @@ impl<E: Extractor> Flow<E> {
     pub fn push_skipped(&mut self, file: u64, input: Input) {
         let f = self.files.get_mut(&file).expect("push into an open file");
         debug_assert!(!f.sealed, "push into a sealed file");
-        let cause = match &input.doc {
-            Err(cause) => cause.clone(),
-            Ok(_) => RejectCause::Empty,
-        };
-        f.inputs.push(input);
+        let Input {
+            lineage,
+            id,
+            preview,
+            doc,
+        } = input;
+        let cause = doc.err().unwrap_or(RejectCause::Empty);
+        f.inputs.push(Kept {
+            lineage,
+            id,
+            preview,
+        });
         f.outcomes.push(Some(Outcome::Skipped { cause }));
     }
 
@@ -309,7 +338,7 @@ impl<E: Extractor> Flow<E> {
         }
         self.keys.retain(|_, (file, _)| !ids.contains(file));
         let keys = &self.keys;
-        self.queue.retain(|k| keys.contains_key(k));
+        self.queue.retain(|(k, _)| keys.contains_key(k));
         dropped
     }
 
@@ -317,7 +346,7 @@ impl<E: Extractor> Flow<E> {
     /// outcomes. Returns whether any work was done.
     pub fn pump(&mut self) -> Result<bool, PipelineError> {
         while self.extractor.in_flight() < self.extractor.capacity() {
-            let Some(key) = self.queue.pop_front() else {
+            let Some((key, doc)) = self.queue.pop_front() else {
                 break;
             };
             let Some(&(file, idx)) = self.keys.get(&key) else {
@@ -327,11 +356,8 @@ impl<E: Extractor> Flow<E> {
                 .files
                 .get_mut(&file)
                 .expect("queued keys belong to open files");
-            let doc = f.inputs[idx]
-                .doc
-                .as_ref()
-                .expect("only documents are queued");
-            if let Err(cause) = self.extractor.submit(key, doc) {
+            // The extractor keeps what it needs (the prompt); the document is dropped here.
+            if let Err(cause) = self.extractor.submit(key, &doc) {
                 self.keys.remove(&key);
                 f.outcomes[idx] = Some(Outcome::Rejected {
                     cause,
@@ -351,6 +377,9 @@ impl<E: Extractor> Flow<E> {
             };
             let outcome = self.validator.judge(generated);
             if let Some(f) = self.files.get_mut(&file) {
+                if matches!(outcome, Outcome::Accepted { .. }) {
+                    f.inputs[idx].preview = String::new();
+                }
                 f.outcomes[idx] = Some(outcome);
                 f.remaining -= 1;
             }

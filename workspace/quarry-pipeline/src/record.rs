@@ -195,6 +195,22 @@ fn preview(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..cut]).into_owned()
 }
 
+/// An input of `bytes` bytes over the limit of `max_bytes`, of which only `start` (its first
+/// bytes, at least [`PREVIEW_BYTES`] where it has them) was kept: what [`decode`] makes of it,
+/// without the whole input in memory.
+pub fn too_large(start: &[u8], bytes: usize, max_bytes: usize, lineage: Lineage) -> Input {
+    debug_assert!(bytes > max_bytes);
+    Input {
+        preview: preview(start),
+        lineage,
+        id: None,
+        doc: Err(RejectCause::TooLarge {
+            bytes,
+            limit: max_bytes,
+        }),
+    }
+}
+
 /// A Kafka message without a value: a tombstone, never a document.
 pub fn tombstone(lineage: Lineage) -> Input {
     Input {

@@ -17,13 +17,15 @@ use crate::store::Location;
 pub struct Shard {
     pub name: String,
     pub files: Vec<Path>,
+    /// Each file's size in bytes, as the listing gave it.
+    pub sizes: Vec<u64>,
 }
 
 /// Lists the shards of a dataset, in name order.
 pub fn shards(input: &Location, src: &DatasetSource) -> Result<Vec<Shard>, PipelineError> {
     let objects = input.list("")?;
-    let visible = objects.into_iter().map(|m| m.location).filter(|p| {
-        let rel = input.relative(p);
+    let visible = objects.into_iter().filter(|m| {
+        let rel = input.relative(&m.location);
         !rel.split('/')
             .any(|part| part.starts_with('.') || part.starts_with('_'))
     });
@@ -37,27 +39,30 @@ pub fn shards(input: &Location, src: &DatasetSource) -> Result<Vec<Shard>, Pipel
     };
     Ok(match src.format {
         InputFormat::Jsonl => visible
-            .filter(|p| with_ext(p, &["jsonl", "ndjson", "json"]))
-            .map(|p| Shard {
-                name: renamed(&p),
-                files: vec![p],
+            .filter(|m| with_ext(&m.location, &["jsonl", "ndjson", "json"]))
+            .map(|m| Shard {
+                name: renamed(&m.location),
+                files: vec![m.location],
+                sizes: vec![m.size],
             })
             .collect(),
         InputFormat::Parquet => visible
-            .filter(|p| with_ext(p, &["parquet"]))
-            .map(|p| Shard {
-                name: renamed(&p),
-                files: vec![p],
+            .filter(|m| with_ext(&m.location, &["parquet"]))
+            .map(|m| Shard {
+                name: renamed(&m.location),
+                files: vec![m.location],
+                sizes: vec![m.size],
             })
             .collect(),
         InputFormat::Text => {
-            let files: Vec<Path> = visible.collect();
+            let files: Vec<_> = visible.collect();
             files
                 .chunks(src.text_shard_files)
                 .enumerate()
                 .map(|(k, chunk)| Shard {
                     name: format!("text-{k:06}.parquet"),
-                    files: chunk.to_vec(),
+                    files: chunk.iter().map(|m| m.location.clone()).collect(),
+                    sizes: chunk.iter().map(|m| m.size).collect(),
                 })
                 .collect()
         }

@@ -276,6 +276,15 @@ impl Location {
         block_on(self.read_async(path))
     }
 
+    /// Reads bytes `range` of an object, retrying transient failures.
+    pub fn read_range(
+        &self,
+        path: &Path,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, PipelineError> {
+        self.retry("get", path, || self.store.get_range(path, range.clone()))
+    }
+
     /// Reads whole objects, up to [`READS_AT_ONCE`] at a time (a text shard's files: one at a
     /// time, each a round trip to the store, they would take seconds a shard); in `paths`' order.
     pub fn read_all(&self, paths: &[Path]) -> Result<Vec<Bytes>, PipelineError> {

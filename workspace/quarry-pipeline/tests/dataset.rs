@@ -7,10 +7,10 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
+use quarry_pipeline::config::{InputFormat, SourceConfig};
 use quarry_pipeline::extract::EngineExtractor;
 use quarry_pipeline::job::Prepared;
 use quarry_pipeline::store::Location;
-use quarry_pipeline::config::{InputFormat, SourceConfig};
 use quarry_pipeline::PipelineConfig;
 use serde_json::{json, Value};
 
@@ -245,7 +245,11 @@ fn parquet_inputs_in_every_codec() {
             .stdin(std::fs::File::open(&rows_path).unwrap())
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let report: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(report[codec]["row_groups"], 3, "{report}");
         expected.insert(format!("{codec}.parquet"), 3);

@@ -2,8 +2,10 @@
 //!
 //! The step loop feeds the engine; a step on a GPU takes a few milliseconds, an object store's
 //! request tens to hundreds. So the loop never waits for a store while it has work:
-//! - one thread reads the next shard while the engine works on the ones loaded (at most one shard
-//!   read ahead: the loop takes it when it needs documents, and the thread reads the next then);
+//! - one thread reads shards a chunk of documents at a time ([`super::read`]) while the engine
+//!   works on the ones loaded (at most one chunk read ahead and one held: the loop takes a chunk
+//!   when it needs documents, and the thread reads the next then), so a shard of any size costs
+//!   a few chunks of memory;
 //! - `output.publishers` threads encode and publish finished files, each by the whole protocol of
 //!   [`crate::flow`], in [`crate::lanes`] (a shard's lane holds its one file, so their publishes
 //!   all run at once). At most twice that many files wait for a publisher; past that the loop
@@ -18,7 +20,7 @@
 //! loop's in-flight work is; a publish under way completes (the protocol makes either outcome
 //! safe). The threads end with the job's scope.
 
-use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::Arc;
 use std::thread::Scope;
 use std::time::{Duration, Instant};
@@ -31,13 +33,16 @@ use crate::record::Input;
 use crate::shard::Shard;
 use crate::store::Location;
 
-use super::read_shard;
+use super::read::{read_shard, Chunks};
 
-/// A shard the reader thread got to.
+/// What the reader thread got to.
 pub(super) enum Read {
-    Shard {
-        shard: Shard,
+    /// The next documents of shard `name`, in order (the first of a shard opens its file);
+    /// `last`: the shard's last ones (possibly none, for an empty shard).
+    Docs {
+        name: String,
         inputs: Vec<Input>,
+        last: bool,
     },
     /// Another worker published it after the listing.
     Meanwhile(String),
@@ -68,6 +73,8 @@ pub(super) struct Stores<'env> {
     pub input: &'env Location,
     pub src: &'env DatasetSource,
     pub max_doc_bytes: usize,
+    /// Documents a chunk holds at most.
+    pub chunk_docs: usize,
     pub publisher: &'env Publisher,
     pub publishers: usize,
 }
@@ -79,23 +86,13 @@ impl Beside {
         todo: Vec<Shard>,
         stores: Stores<'env>,
     ) -> Self {
-        // A rendezvous: the reader holds one shard read until the loop takes it.
+        // A rendezvous: the reader holds one chunk read until the loop takes it.
         let (read_tx, reads) = mpsc::sync_channel::<Reply<Read>>(0);
-        let Stores {
-            input,
-            src,
-            max_doc_bytes,
-            publisher,
-            publishers,
-        } = stores;
+        let publishers = stores.publishers;
+        let publisher = stores.publisher;
         scope.spawn(move || {
             for shard in todo {
-                let t = Instant::now();
-                let read = read_one(input, src, max_doc_bytes, publisher, shard);
-                let failed = read.is_err();
-                let reply = read.map(|r| (r, t.elapsed().as_secs_f64()));
-                // A closed channel: the loop stopped reading.
-                if read_tx.send(reply).is_err() || failed {
+                if !send_shard(&stores, shard, &read_tx) {
                     return;
                 }
             }
@@ -172,17 +169,59 @@ impl Beside {
     }
 }
 
-/// Reads one shard, unless another worker has published it since the listing.
-fn read_one(
-    input: &Location,
-    src: &DatasetSource,
-    max_doc_bytes: usize,
-    publisher: &Publisher,
-    shard: Shard,
-) -> Result<Read, PipelineError> {
-    if publisher.rejects.exists(&shard.name)? {
-        return Ok(Read::Meanwhile(shard.name));
+/// Reads one shard into `tx`, unless another worker has published it since the listing: its
+/// chunks, each sent once the next is read, so the last goes out marked `last`. Each reply
+/// carries the seconds read since the last one. False once the loop stopped reading or an error
+/// was sent.
+fn send_shard(stores: &Stores<'_>, shard: Shard, tx: &SyncSender<Reply<Read>>) -> bool {
+    let mut since = Instant::now();
+    match stores.publisher.rejects.exists(&shard.name) {
+        Err(e) => {
+            let _ = tx.send(Err(e));
+            return false;
+        }
+        // A closed channel: the loop stopped reading.
+        Ok(true) => {
+            let secs = since.elapsed().as_secs_f64();
+            return tx.send(Ok((Read::Meanwhile(shard.name), secs))).is_ok();
+        }
+        Ok(false) => {}
     }
-    let inputs = read_shard(input, &shard, src, max_doc_bytes)?;
-    Ok(Read::Shard { shard, inputs })
+    let docs = |inputs: Vec<Input>, last: bool| Read::Docs {
+        name: shard.name.clone(),
+        inputs,
+        last,
+    };
+    let mut held: Option<Vec<Input>> = None;
+    let read = {
+        let mut emit = |inputs: Vec<Input>| match held.replace(inputs) {
+            Some(before) => {
+                let secs = since.elapsed().as_secs_f64();
+                let sent = tx.send(Ok((docs(before, false), secs))).is_ok();
+                since = Instant::now();
+                sent
+            }
+            None => true,
+        };
+        let mut chunks = Chunks::new(stores.chunk_docs, &mut emit);
+        read_shard(
+            stores.input,
+            &shard,
+            stores.src,
+            stores.max_doc_bytes,
+            &mut chunks,
+        )
+    };
+    match read {
+        Ok(true) => {
+            let secs = since.elapsed().as_secs_f64();
+            let last = docs(held.unwrap_or_default(), true);
+            tx.send(Ok((last, secs))).is_ok()
+        }
+        Ok(false) => false,
+        Err(e) => {
+            let _ = tx.send(Err(e));
+            false
+        }
+    }
 }

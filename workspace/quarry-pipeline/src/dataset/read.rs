@@ -1,0 +1,678 @@
+//! A shard's documents, read a chunk at a time, so a large input file never sits in memory whole.
+//!
+//! - **JSONL** is read in ranged requests of [`BLOCK_BYTES`]; each line is a document. A line
+//!   longer than `max_doc_bytes` is a `too_large` reject whose bytes past its first ones are
+//!   skipped as they come, never held (a single 10 GB line costs a block, not 10 GB).
+//! - **Parquet** is read a row group at a time: the footer with a ranged request from the end,
+//!   then each row group's column chunks in one ranged request, decoded in record batches of
+//!   `chunk_docs` rows. A row group is Parquet's unit of reading, so it is held whole, compressed
+//!   (pyarrow writes row groups of up to 1 Mi rows; a file written as one row group is held once,
+//!   compressed, where before it was held compressed, as JSON values and as documents at once).
+//! - **Text** files are documents themselves: a shard's files are read together, except a file
+//!   over `max_doc_bytes` (its size from the listing), of which only the first bytes are read
+//!   for its reject's preview.
+//!
+//! Each chunk goes to `emit` as soon as it holds `chunk_docs` documents; `emit` returns `false`
+//! to stop reading (the job stopped taking them).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use bytes::{Buf, Bytes};
+use object_store::path::Path;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::errors::ParquetError;
+use parquet::file::metadata::ParquetMetaDataReader;
+use parquet::file::reader::{ChunkReader, Length};
+
+use crate::config::{DatasetSource, InputFormat, ValueFormat};
+use crate::error::{FormatError, InputProblem, PipelineError};
+use crate::record::{decode, too_large, Input, Lineage, PREVIEW_BYTES};
+use crate::shard::Shard;
+use crate::store::Location;
+
+/// Bytes of a JSONL file a ranged request reads.
+pub const BLOCK_BYTES: u64 = 8 << 20;
+
+/// Bytes read from a Parquet file's end first, for its footer (a longer footer is read again
+/// at its length).
+const FOOTER_GUESS: u64 = 64 << 10;
+
+/// A Parquet file's last bytes: the footer's length and the magic number.
+const FOOTER_BYTES: u64 = 8;
+
+/// Where documents go, `chunk_docs` at a time.
+pub(super) struct Chunks<'a> {
+    pub chunk_docs: usize,
+    pub emit: &'a mut dyn FnMut(Vec<Input>) -> bool,
+    buf: Vec<Input>,
+    stopped: bool,
+}
+
+impl<'a> Chunks<'a> {
+    pub fn new(chunk_docs: usize, emit: &'a mut dyn FnMut(Vec<Input>) -> bool) -> Self {
+        Self {
+            chunk_docs: chunk_docs.max(1),
+            emit,
+            buf: Vec::new(),
+            stopped: false,
+        }
+    }
+
+    /// Adds one document; false once reading should stop.
+    fn push(&mut self, input: Input) -> bool {
+        self.buf.push(input);
+        if self.buf.len() >= self.chunk_docs {
+            self.flush();
+        }
+        !self.stopped
+    }
+
+    /// Hands over what is held; false once reading should stop.
+    pub fn flush(&mut self) -> bool {
+        if !self.buf.is_empty() && !self.stopped {
+            let chunk = std::mem::take(&mut self.buf);
+            self.stopped = !(self.emit)(chunk);
+        }
+        !self.stopped
+    }
+}
+
+/// Reads a shard into `out`, in order. A file that cannot be read at all is an error for the
+/// whole job: nothing of it is skipped silently. Returns false when `out` stopped taking
+/// documents.
+pub(super) fn read_shard(
+    input: &Location,
+    shard: &Shard,
+    src: &DatasetSource,
+    max_doc_bytes: usize,
+    out: &mut Chunks<'_>,
+) -> Result<bool, PipelineError> {
+    read_shard_in(input, shard, src, max_doc_bytes, BLOCK_BYTES, out)
+}
+
+/// [`read_shard`] with JSONL read in requests of `block` bytes.
+fn read_shard_in(
+    input: &Location,
+    shard: &Shard,
+    src: &DatasetSource,
+    max_doc_bytes: usize,
+    block: u64,
+    out: &mut Chunks<'_>,
+) -> Result<bool, PipelineError> {
+    if src.format == InputFormat::Text {
+        return read_text(input, shard, src, max_doc_bytes, out);
+    }
+    for (path, &size) in shard.files.iter().zip(&shard.sizes) {
+        let source = source_name(input, path);
+        let file = File {
+            input,
+            path,
+            size,
+            source: &source,
+        };
+        let going = match src.format {
+            InputFormat::Jsonl => read_jsonl(&file, src, max_doc_bytes, block, out)?,
+            InputFormat::Parquet => read_parquet(&file, src, max_doc_bytes, out)?,
+            InputFormat::Text => unreachable!("text shards are read above"),
+        };
+        if !going {
+            return Ok(false);
+        }
+    }
+    Ok(out.flush())
+}
+
+/// The URL a document's lineage names.
+fn source_name(input: &Location, path: &Path) -> String {
+    format!(
+        "{}/{}",
+        input.url.trim_end_matches('/'),
+        input.relative(path)
+    )
+}
+
+/// One input object.
+struct File<'a> {
+    input: &'a Location,
+    path: &'a Path,
+    size: u64,
+    source: &'a str,
+}
+
+impl File<'_> {
+    fn read(&self, range: Range<u64>) -> Result<Bytes, PipelineError> {
+        self.input.read_range(self.path, range)
+    }
+
+    fn bad(&self, e: impl Into<FormatError>) -> PipelineError {
+        PipelineError::Input {
+            location: self.source.to_string(),
+            source: InputProblem::Format(e.into()),
+        }
+    }
+}
+
+fn read_text(
+    input: &Location,
+    shard: &Shard,
+    src: &DatasetSource,
+    max_doc_bytes: usize,
+    out: &mut Chunks<'_>,
+) -> Result<bool, PipelineError> {
+    // Many small files: read at once, not one round trip after another. A file over the limit
+    // is a reject: only its first bytes are read.
+    let small: Vec<Path> = shard
+        .files
+        .iter()
+        .zip(&shard.sizes)
+        .filter(|(_, &size)| size as usize <= max_doc_bytes)
+        .map(|(p, _)| p.clone())
+        .collect();
+    let mut read = input.read_all(&small)?.into_iter();
+    for (fi, (path, &size)) in shard.files.iter().zip(&shard.sizes).enumerate() {
+        let lineage = Lineage::new(source_name(input, path), None, fi as i64);
+        let doc = if size as usize <= max_doc_bytes {
+            let bytes = read.next().expect("one read per small file");
+            decode(
+                &bytes,
+                ValueFormat::Text,
+                &src.fields,
+                max_doc_bytes,
+                lineage,
+            )
+        } else {
+            let start = input.read_range(path, 0..size.min(PREVIEW_BYTES as u64))?;
+            too_large(&start, size as usize, max_doc_bytes, lineage)
+        };
+        if !out.push(doc) {
+            return Ok(false);
+        }
+    }
+    Ok(out.flush())
+}
+
+/// A line being read: its bytes so far, or (past the limit) its first bytes, its length and
+/// whether its last byte so far is a '\r' (not counted when the line ends there).
+enum Line {
+    Held(Vec<u8>),
+    Over {
+        start: Vec<u8>,
+        bytes: usize,
+        cr: bool,
+    },
+}
+
+fn read_jsonl(
+    file: &File<'_>,
+    src: &DatasetSource,
+    max_doc_bytes: usize,
+    block: u64,
+    out: &mut Chunks<'_>,
+) -> Result<bool, PipelineError> {
+    let mut line = Line::Held(Vec::new());
+    let mut index: i64 = 0;
+    // Ends the line in `line` (its '\n' not included) as document `index`.
+    let mut finish = |line: Line, index: &mut i64| -> bool {
+        let lineage = Lineage::new(file.source, None, *index);
+        *index += 1;
+        let input = match line {
+            Line::Held(bytes) => {
+                // Lines split on bytes, so one line of bad UTF-8 is one reject, not a lost file.
+                let bytes = bytes.strip_suffix(b"\r").unwrap_or(&bytes);
+                decode(
+                    bytes,
+                    ValueFormat::Json,
+                    &src.fields,
+                    max_doc_bytes,
+                    lineage,
+                )
+            }
+            Line::Over {
+                mut start,
+                bytes,
+                cr,
+            } => {
+                if cr && start.len() == bytes {
+                    start.pop();
+                }
+                too_large(&start, bytes - usize::from(cr), max_doc_bytes, lineage)
+            }
+        };
+        out.push(input)
+    };
+    let mut at = 0;
+    while at < file.size {
+        let end = (at + block).min(file.size);
+        let block = file.read(at..end)?;
+        at = end;
+        let mut rest: &[u8] = &block;
+        loop {
+            let cut = rest.iter().position(|b| *b == b'\n');
+            let part = &rest[..cut.unwrap_or(rest.len())];
+            line = match line {
+                Line::Held(mut bytes) => {
+                    bytes.extend_from_slice(part);
+                    // One byte of slack for a '\r' before the '\n'.
+                    if bytes.len() > max_doc_bytes + 1 {
+                        let total = bytes.len();
+                        let cr = bytes.last() == Some(&b'\r');
+                        bytes.truncate(PREVIEW_BYTES);
+                        bytes.shrink_to_fit();
+                        Line::Over {
+                            start: bytes,
+                            bytes: total,
+                            cr,
+                        }
+                    } else {
+                        Line::Held(bytes)
+                    }
+                }
+                Line::Over {
+                    mut start,
+                    bytes,
+                    cr,
+                } => {
+                    let room = PREVIEW_BYTES.saturating_sub(start.len()).min(part.len());
+                    start.extend_from_slice(&part[..room]);
+                    Line::Over {
+                        start,
+                        bytes: bytes + part.len(),
+                        cr: part.last().map_or(cr, |b| *b == b'\r'),
+                    }
+                }
+            };
+            let Some(cut) = cut else {
+                break;
+            };
+            let done = std::mem::replace(&mut line, Line::Held(Vec::new()));
+            if !finish(done, &mut index) {
+                return Ok(false);
+            }
+            rest = &rest[cut + 1..];
+        }
+    }
+    // The last line, where the file does not end with '\n'.
+    match &line {
+        Line::Held(bytes) if bytes.is_empty() => Ok(true),
+        _ => Ok(finish(line, &mut index)),
+    }
+}
+
+/// Bytes of a Parquet file held in memory, a row group's column chunks, at their offsets in the
+/// file. The reader asks only for bytes inside them.
+struct Span {
+    start: u64,
+    bytes: Bytes,
+    file_len: u64,
+}
+
+impl Span {
+    fn at(&self, start: u64, len: usize) -> parquet::errors::Result<Bytes> {
+        let from = start
+            .checked_sub(self.start)
+            .map(|f| f as usize)
+            .filter(|f| f + len <= self.bytes.len())
+            .ok_or_else(|| {
+                ParquetError::General(format!(
+                    "read of {len} bytes at {start} outside the bytes held ({}..{})",
+                    self.start,
+                    self.start + self.bytes.len() as u64
+                ))
+            })?;
+        Ok(self.bytes.slice(from..from + len))
+    }
+}
+
+impl Length for Span {
+    fn len(&self) -> u64 {
+        self.file_len
+    }
+}
+
+impl ChunkReader for Span {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        let held_end = self.start + self.bytes.len() as u64;
+        let len = held_end.checked_sub(start).unwrap_or(0) as usize;
+        Ok(self.at(start, len)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.at(start, length)
+    }
+}
+
+fn read_parquet(
+    file: &File<'_>,
+    src: &DatasetSource,
+    max_doc_bytes: usize,
+    out: &mut Chunks<'_>,
+) -> Result<bool, PipelineError> {
+    let bad = |e: ParquetError| file.bad(e);
+    if file.size < FOOTER_BYTES {
+        return Err(bad(ParquetError::EOF(format!(
+            "{} bytes, too short for a Parquet file",
+            file.size
+        ))));
+    }
+    // The footer: a guess at its length from the end, then exactly what it says it needs.
+    let mut from = file.size.saturating_sub(FOOTER_GUESS);
+    let mut footer = ParquetMetaDataReader::new();
+    loop {
+        let tail = file.read(from..file.size)?;
+        match footer.try_parse_sized(&tail, file.size) {
+            Ok(()) => break,
+            Err(ParquetError::NeedMoreData(n)) if (n as u64) <= file.size && from > 0 => {
+                from = file.size - n as u64;
+            }
+            Err(e) => return Err(bad(e)),
+        }
+    }
+    let meta = Arc::new(footer.finish().map_err(bad)?);
+    let arrow =
+        ArrowReaderMetadata::try_new(Arc::clone(&meta), ArrowReaderOptions::new()).map_err(bad)?;
+    let mut row: i64 = 0;
+    for (g, group) in meta.row_groups().iter().enumerate() {
+        let spans = group.columns().iter().map(|c| {
+            let (start, len) = c.byte_range();
+            start..start + len
+        });
+        let Some(range) = spans.reduce(|a, b| a.start.min(b.start)..a.end.max(b.end)) else {
+            continue;
+        };
+        if range.end > file.size {
+            return Err(bad(ParquetError::General(format!(
+                "row group {g} ends at byte {}, past the file's {} bytes",
+                range.end, file.size
+            ))));
+        }
+        let span = Span {
+            start: range.start,
+            bytes: file.read(range)?,
+            file_len: file.size,
+        };
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(span, arrow.clone())
+            .with_row_groups(vec![g])
+            .with_batch_size(out.chunk_docs)
+            .build()
+            .map_err(bad)?;
+        for batch in reader {
+            let batch = batch.map_err(|e| file.bad(e))?;
+            for value in json_rows(&batch).map_err(|e| file.bad(e))? {
+                let lineage = Lineage::new(file.source, None, row);
+                row += 1;
+                let raw = serde_json::to_vec(&value).unwrap_or_default();
+                if !out.push(decode(
+                    &raw,
+                    ValueFormat::Json,
+                    &src.fields,
+                    max_doc_bytes,
+                    lineage,
+                )) {
+                    return Ok(false);
+                }
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// A record batch's rows as JSON objects (arrow-json's writer, so every Arrow type has one
+/// spelling).
+fn json_rows(batch: &RecordBatch) -> Result<Vec<serde_json::Value>, FormatError> {
+    let mut buf = Vec::new();
+    let mut w = arrow_json::ArrayWriter::new(&mut buf);
+    w.write(batch)?;
+    w.finish()?;
+    if buf.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(serde_json::from_slice(&buf)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{PipelineConfig, SourceConfig};
+    use crate::encode::to_parquet;
+    use crate::record::RejectCause;
+    use arrow_array::{ArrayRef, StringArray};
+
+    fn source(format: &str) -> DatasetSource {
+        let text = format!(
+            "name = \"t\"\nschema = \"s.json\"\n[source]\nkind = \"dataset\"\ninput = \"in\"\n\
+             format = \"{format}\"\nfields = {{ text = \"text\", id = \"id\" }}\n[prompt]\n\
+             template = \"{{{{ text }}}}\"\n[output]\nurl = \"o\"\n[rejects]\nurl = \"r\"\n"
+        );
+        match PipelineConfig::parse(&text, "t.toml", Default::default())
+            .unwrap()
+            .source
+        {
+            SourceConfig::Dataset(src) => src,
+            _ => unreachable!(),
+        }
+    }
+
+    /// `bytes` as the one file of a shard in a fresh in-memory store.
+    fn one_file(tag: &str, name: &str, bytes: Vec<u8>) -> (Location, Shard) {
+        let input = Location::open(&format!("memory://read-{tag}/in")).unwrap();
+        let size = bytes.len() as u64;
+        input.publish(name, bytes.into()).unwrap();
+        let shard = Shard {
+            name: "s.parquet".into(),
+            files: vec![input.path(name)],
+            sizes: vec![size],
+        };
+        (input, shard)
+    }
+
+    /// Every chunk read, with JSONL in requests of `block` bytes.
+    fn chunks(
+        input: &Location,
+        shard: &Shard,
+        src: &DatasetSource,
+        max: usize,
+        block: u64,
+        chunk_docs: usize,
+    ) -> Vec<Vec<Input>> {
+        let mut got = Vec::new();
+        let mut emit = |c: Vec<Input>| {
+            got.push(c);
+            true
+        };
+        let mut out = Chunks::new(chunk_docs, &mut emit);
+        assert!(read_shard_in(input, shard, src, max, block, &mut out).unwrap());
+        got
+    }
+
+    /// What a rejects or accepted row would show of an input.
+    fn shown(i: &Input) -> String {
+        let doc = match &i.doc {
+            Ok(d) => format!("doc {:?} {:?}", d.id, d.text),
+            Err(c) => format!("{} {}", c.name(), c.detail()),
+        };
+        format!("{} {:?} {:?} {doc}", i.lineage.offset, i.id, i.preview)
+    }
+
+    #[test]
+    fn jsonl_read_in_blocks_of_any_size_gives_what_the_whole_file_gives() {
+        let src = source("jsonl");
+        let max = 48;
+        let long = format!("{{\"id\": \"long\", \"text\": \"{}\"}}", "y".repeat(80));
+        let mut file: Vec<u8> = Vec::new();
+        file.extend_from_slice(b"{\"id\": \"a\", \"text\": \"first\"}\r\n");
+        file.extend_from_slice(b"\n"); // an empty line
+        file.extend_from_slice(b"{\"id\": \"u\", \"text\": \"caf\xc3\x28\"}\n"); // bad UTF-8
+        file.extend_from_slice(long.as_bytes()); // over the limit, across blocks
+        file.extend_from_slice(b"\r\n");
+        file.extend_from_slice(long.as_bytes());
+        file.extend_from_slice(b"\n");
+        file.extend_from_slice(&b"x".repeat(max + 1)); // one byte over, no '\r'
+        file.extend_from_slice(b"\n");
+        file.extend_from_slice(&b"z".repeat(max)); // exactly at the limit with a '\r'
+        file.extend_from_slice(b"\r\n");
+        file.extend_from_slice(b"{\"id\": \"b\", \"text\": \"last, no newline\"}");
+        // The reference: the whole file split on '\n', each line decoded as it is.
+        let want: Vec<String> = file
+            .split(|b| *b == b'\n')
+            .enumerate()
+            .map(|(k, line)| {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                let lineage = Lineage::new("memory://read-jsonl/in/f.jsonl", None, k as i64);
+                shown(&decode(line, ValueFormat::Json, &src.fields, max, lineage))
+            })
+            .collect();
+        assert_eq!(want.len(), 8);
+        assert!(
+            want[3].contains("too_large") && want[4].contains("too_large"),
+            "{want:?}"
+        );
+        assert!(
+            want[5].contains("too_large") && !want[6].contains("too_large"),
+            "{want:?}"
+        );
+        let (input, shard) = one_file("jsonl", "f.jsonl", file.clone());
+        for block in [1, 2, 3, 7, 64, file.len() as u64, BLOCK_BYTES] {
+            for chunk_docs in [1, 3, 100] {
+                let got = chunks(&input, &shard, &src, max, block, chunk_docs);
+                assert!(got.iter().all(|c| !c.is_empty() && c.len() <= chunk_docs));
+                let got: Vec<String> = got.iter().flatten().map(shown).collect();
+                assert_eq!(got, want, "block {block}, chunks of {chunk_docs}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_line_is_a_reject_without_its_bytes_held() {
+        let src = source("jsonl");
+        let mut file = b"{\"text\": \"".to_vec();
+        file.extend(std::iter::repeat_n(b'q', 3 << 20));
+        file.extend_from_slice(b"\"}\n{\"text\": \"after\"}\n");
+        let (input, shard) = one_file("huge", "f.jsonl", file);
+        let got = chunks(&input, &shard, &src, 1 << 20, 64 << 10, 10);
+        let got: Vec<&Input> = got.iter().flatten().collect();
+        assert_eq!(got.len(), 2);
+        match &got[0].doc {
+            Err(RejectCause::TooLarge { bytes, limit }) => {
+                assert_eq!((*bytes, *limit), ((3 << 20) + 12, 1 << 20))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(got[0].preview.len(), PREVIEW_BYTES);
+        assert!(got[0].preview.starts_with("{\"text\": \"qqq"));
+        assert_eq!(got[1].doc.as_ref().unwrap().text, "after");
+        assert_eq!(got[1].lineage.offset, 1);
+    }
+
+    #[test]
+    fn reading_stops_when_the_chunks_are_no_longer_taken() {
+        let src = source("jsonl");
+        let file: String = (0..10)
+            .map(|k| format!("{{\"text\": \"d{k}\"}}\n"))
+            .collect();
+        let (input, shard) = one_file("stop", "f.jsonl", file.into_bytes());
+        let mut taken = 0;
+        let mut emit = |c: Vec<Input>| {
+            taken += c.len();
+            false
+        };
+        let mut out = Chunks::new(3, &mut emit);
+        assert!(!read_shard_in(&input, &shard, &src, 1000, 4, &mut out).unwrap());
+        assert_eq!(taken, 3, "one chunk, then nothing more");
+    }
+
+    /// A Parquet file of `rows` rows in row groups of `group` rows, with a footer entry of
+    /// `footer_pad` bytes (a footer longer than the first guess at its length).
+    fn parquet(rows: usize, group: usize, footer_pad: usize) -> (Vec<u8>, Vec<String>) {
+        let texts: Vec<String> = (0..rows).map(|k| format!("document {k}")).collect();
+        let ids: Vec<String> = (0..rows).map(|k| format!("id{k}")).collect();
+        let batch = RecordBatch::try_from_iter([
+            ("id", Arc::new(StringArray::from(ids)) as ArrayRef),
+            (
+                "text",
+                Arc::new(StringArray::from(texts.clone())) as ArrayRef,
+            ),
+        ])
+        .unwrap();
+        let meta = [("pad".to_string(), "p".repeat(footer_pad))];
+        (to_parquet(&batch, &meta, group, 1).unwrap().to_vec(), texts)
+    }
+
+    #[test]
+    fn parquet_is_read_a_row_group_at_a_time_in_order() {
+        let src = source("parquet");
+        for (rows, group, pad, chunk_docs) in [
+            (10, 3, 0, 2),
+            (10, 10, 0, 4),
+            (7, 2, 200_000, 64),
+            (0, 5, 0, 8),
+        ] {
+            let (file, texts) = parquet(rows, group, pad);
+            let tag = format!("pq-{rows}-{group}-{pad}");
+            let (input, shard) = one_file(&tag, "f.parquet", file);
+            let got = chunks(&input, &shard, &src, 1000, BLOCK_BYTES, chunk_docs);
+            assert!(got.iter().all(|c| c.len() <= chunk_docs));
+            let got: Vec<&Input> = got.iter().flatten().collect();
+            let read: Vec<(i64, &str, &str)> = got
+                .iter()
+                .map(|i| {
+                    let d = i.doc.as_ref().unwrap();
+                    (i.lineage.offset, d.id.as_str(), d.text.as_str())
+                })
+                .collect();
+            let ids: Vec<String> = (0..rows).map(|k| format!("id{k}")).collect();
+            let want: Vec<(i64, &str, &str)> = (0..rows)
+                .map(|k| (k as i64, ids[k].as_str(), texts[k].as_str()))
+                .collect();
+            assert_eq!(
+                read, want,
+                "{rows} rows in groups of {group}, footer pad {pad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_short_or_cut_parquet_file_is_an_input_error_naming_it() {
+        let src = source("parquet");
+        let (file, _) = parquet(10, 3, 0);
+        for (tag, bytes) in [
+            ("empty", Vec::new()),
+            ("cut", file[file.len() / 2..].to_vec()),
+        ] {
+            let (input, shard) = one_file(tag, "bad.parquet", bytes);
+            let mut emit = |_: Vec<Input>| true;
+            let mut out = Chunks::new(4, &mut emit);
+            let e = read_shard(&input, &shard, &src, 1000, &mut out).unwrap_err();
+            assert!(
+                matches!(e, PipelineError::Input { .. }) && e.to_string().contains("bad.parquet"),
+                "{tag}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_text_file_over_the_limit_is_a_reject_with_its_first_bytes() {
+        let src = source("text");
+        let (input, mut shard) = one_file("text", "big.txt", b"b".repeat(5000));
+        input.publish("small.txt", b"small"[..].into()).unwrap();
+        shard.files.push(input.path("small.txt"));
+        shard.sizes.push(5);
+        let got = chunks(&input, &shard, &src, 4096, BLOCK_BYTES, 10);
+        let got: Vec<&Input> = got.iter().flatten().collect();
+        assert!(matches!(
+            got[0].doc,
+            Err(RejectCause::TooLarge {
+                bytes: 5000,
+                limit: 4096
+            })
+        ));
+        assert_eq!(got[0].preview, "b".repeat(PREVIEW_BYTES));
+        assert_eq!(got[1].doc.as_ref().unwrap().text, "small");
+        assert_eq!((got[0].lineage.offset, got[1].lineage.offset), (0, 1));
+    }
+}
