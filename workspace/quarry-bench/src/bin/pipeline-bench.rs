@@ -13,6 +13,10 @@
 //! and `--store-latency-ms` makes every call to the input and output stores take that long (as
 //! an object store's requests do), so what the job's reads and publishes cost a GPU shows here.
 //!
+//! `--job-only` skips the engine-alone runs (which hold every request in memory) and reports the
+//! job's memory: the process's peak resident set (`VmHWM`) above its resident set before the
+//! first run, against the input's size on disk (one JSONL shard unless `--shard-docs` splits it).
+//!
 //! `--kafka-partitions N` runs a Kafka worker instead of the dataset job: the documents are
 //! produced, as JSON values, round-robin to a topic of N partitions on librdkafka's in-process
 //! mock cluster, and the worker publishes a file every `--shard-docs` documents of a partition.
@@ -83,8 +87,23 @@ struct Args {
     /// A Kafka worker over a topic of this many partitions instead of the dataset job (0).
     #[arg(long, default_value_t = 0)]
     kafka_partitions: i32,
+    /// Only the job (no engine-alone runs), with its peak memory above the process's before it.
+    #[arg(long)]
+    job_only: bool,
     #[arg(long)]
     out: Option<PathBuf>,
+}
+
+/// A `/proc/self/status` field in KiB (`VmRSS`, `VmHWM`), where the kernel gives one.
+fn status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line[field.len() + 1..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn main() -> Result<()> {
@@ -214,7 +233,9 @@ fn measure<M: Model + 'static>(
             input.publish(&format!("docs-{k:05}.jsonl"), text.into_bytes().into())?;
         }
     }
+    let input_bytes: u64 = input.list("")?.iter().map(|m| m.size).sum();
     let input = slowed(input, latency);
+    let rss_before = status_kib("VmRSS");
 
     // The engine alone, with exactly the prompts the pipeline builds.
     let prompts = PromptBuilder::new(&job.cfg.prompt, Some(&tok))?;
@@ -242,12 +263,18 @@ fn measure<M: Model + 'static>(
     let mut io_shares = Vec::new();
     let mut wait_shares = Vec::new();
     for rep in 0..args.repeats {
-        let mut engine = Engine::new(model.clone(), tok.clone(), ecfg.clone())?;
-        let reqs = requests()?;
-        let t = Instant::now();
-        let out = engine.run_batch(reqs)?;
-        let e_wall = t.elapsed().as_secs_f64();
-        engine_rates.push(out.len() as f64 / e_wall);
+        let e_wall = if args.job_only {
+            engine_rates.push(f64::NAN);
+            f64::NAN
+        } else {
+            let mut engine = Engine::new(model.clone(), tok.clone(), ecfg.clone())?;
+            let reqs = requests()?;
+            let t = Instant::now();
+            let out = engine.run_batch(reqs)?;
+            let e_wall = t.elapsed().as_secs_f64();
+            engine_rates.push(out.len() as f64 / e_wall);
+            e_wall
+        };
 
         let mut publisher = job.publisher(
             Some(&url(&format!("out-{rep}/accepted"))),
@@ -299,20 +326,24 @@ fn measure<M: Model + 'static>(
         io_shares.push(io_s / p_wall);
         wait_shares.push(wait_s / p_wall);
         eprintln!(
-            "rep {rep}: engine {:.3} docs/s ({e_wall:.1}s), pipeline {:.3} docs/s ({p_wall:.1}s; {accepted} accepted, {rejected} rejected; {io_s:.3}s reading and publishing, {wait_s:.3}s of it waited for)",
+            "rep {rep}: engine {:.3} docs/s ({e_wall:.1}s; NaN: not run), pipeline {:.3} docs/s ({p_wall:.1}s; {accepted} accepted, {rejected} rejected; {io_s:.3}s reading and publishing, {wait_s:.3}s of it waited for)",
             engine_rates[rep], pipeline_rates[rep]
         );
     }
     let e = median(engine_rates.clone());
     let p = median(pipeline_rates.clone());
     let overhead = 1.0 - p / e;
-    println!("engine alone: {e:.3} docs/s (median of {})", args.repeats);
+    if !args.job_only {
+        println!("engine alone: {e:.3} docs/s (median of {})", args.repeats);
+    }
     println!("pipeline:     {p:.3} docs/s (median of {})", args.repeats);
     let io = median(io_shares.clone());
-    println!(
-        "overhead:     {:.1}% in docs/s (target < 3%)",
-        overhead * 100.0
-    );
+    if !args.job_only {
+        println!(
+            "overhead:     {:.1}% in docs/s (target < 3%)",
+            overhead * 100.0
+        );
+    }
     println!(
         "the job's reads, encoding and publishes:  {:.3}% of the job's wall time, beside the loop",
         io * 100.0
@@ -321,6 +352,16 @@ fn measure<M: Model + 'static>(
         "the loop waited for them:                {:.3}% of the job's wall time",
         median(wait_shares.clone()) * 100.0
     );
+    let peak_above = status_kib("VmHWM")
+        .zip(rss_before)
+        .map(|(peak, before)| peak.saturating_sub(before) as f64 / 1024.0);
+    let input_mib = input_bytes as f64 / (1 << 20) as f64;
+    if let (true, Some(mib)) = (args.job_only, peak_above) {
+        println!(
+            "memory:       peak {mib:.1} MiB above the start, for {input_mib:.1} MiB of input ({:.2}x)",
+            mib / input_mib
+        );
+    }
     if let Some(path) = &args.out {
         if let Some(d) = path.parent() {
             std::fs::create_dir_all(d)?;
@@ -346,6 +387,9 @@ fn measure<M: Model + 'static>(
             "overhead": overhead,
             "io_share": io_shares,
             "io_wait_share": wait_shares,
+            "job_only": args.job_only,
+            "input_mib": input_mib,
+            "peak_mib_above_start": peak_above,
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
     }
