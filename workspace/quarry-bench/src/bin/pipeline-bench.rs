@@ -14,8 +14,8 @@
 //! an object store's requests do), so what the job's reads and publishes cost a GPU shows here.
 //!
 //! `--job-only` skips the engine-alone runs (which hold every request in memory) and reports the
-//! job's memory: the process's peak resident set (`VmHWM`) above its resident set before the
-//! first run, against the input's size on disk (one JSONL shard unless `--shard-docs` splits it).
+//! job's memory: the process's peak resident set (`VmHWM`, reset before the first run) above its
+//! resident set before that run, against the input's size on disk (one JSONL shard unless `--shard-docs` splits it).
 //!
 //! `--kafka-partitions N` runs a Kafka worker instead of the dataset job: the documents are
 //! produced, as JSON values, round-robin to a topic of N partitions on librdkafka's in-process
@@ -90,6 +90,10 @@ struct Args {
     /// Only the job (no engine-alone runs), with its peak memory above the process's before it.
     #[arg(long)]
     job_only: bool,
+    /// Bytes of an extra field in each JSONL document (`"extra": "xx…"`), which the prompt does
+    /// not read: rows with more columns than the text, a large input at the same engine work.
+    #[arg(long, default_value_t = 0)]
+    extra_bytes: usize,
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -216,7 +220,13 @@ fn measure<M: Model + 'static>(
     let lines: Vec<String> = docs
         .iter()
         .enumerate()
-        .map(|(i, d)| json!({"id": i.to_string(), "text": d}).to_string())
+        .map(|(i, d)| {
+            let mut line = json!({"id": i.to_string(), "text": d});
+            if args.extra_bytes > 0 {
+                line["extra"] = "x".repeat(args.extra_bytes).into();
+            }
+            line.to_string()
+        })
         .collect();
     let per_shard = if args.shard_docs == 0 {
         lines.len().max(1)
@@ -235,6 +245,9 @@ fn measure<M: Model + 'static>(
     }
     let input_bytes: u64 = input.list("")?.iter().map(|m| m.size).sum();
     let input = slowed(input, latency);
+    // The peak from here on: writing 5 to clear_refs resets VmHWM to the resident set now (the
+    // input's setup above peaked higher than anything the job holds at its start).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
     let rss_before = status_kib("VmRSS");
 
     // The engine alone, with exactly the prompts the pipeline builds.
@@ -388,6 +401,7 @@ fn measure<M: Model + 'static>(
             "io_share": io_shares,
             "io_wait_share": wait_shares,
             "job_only": args.job_only,
+            "extra_bytes": args.extra_bytes,
             "input_mib": input_mib,
             "peak_mib_above_start": peak_above,
         });

@@ -41,6 +41,17 @@ fn run(
     publisher: Publisher,
     fake: Fake,
 ) -> Result<JobSummary, PipelineError> {
+    run_until(cfg, input, publisher, fake, Shutdown::manual())
+}
+
+/// [`run`] under `shutdown`.
+fn run_until(
+    cfg: PipelineConfig,
+    input: Location,
+    publisher: Publisher,
+    fake: Fake,
+    shutdown: Shutdown,
+) -> Result<JobSummary, PipelineError> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut flow = Flow::new(fake, Validator::new(&schema(), "s").unwrap());
@@ -53,7 +64,7 @@ fn run(
             &metrics,
             DatasetOptions::default(),
         );
-        let _ = tx.send(job.and_then(|j| j.run(&Shutdown::manual())));
+        let _ = tx.send(job.and_then(|j| j.run(&shutdown)));
     });
     rx.recv_timeout(Duration::from_secs(60))
         .expect("the job ends within a minute")
@@ -152,4 +163,60 @@ fn a_shard_that_cannot_be_read_stops_the_job_naming_it() {
         !publisher.rejects.exists("a.parquet").unwrap(),
         "nothing published"
     );
+}
+
+#[test]
+fn a_stop_with_a_shard_read_in_part_leaves_it_whole_for_the_next_run() {
+    let ticks = Arc::new(AtomicUsize::new(0));
+    // 300 documents: read in chunks of 64, so the stop comes with the shard read in part.
+    let input = Location::open("memory://dataset-stop-part/in").unwrap();
+    let lines: String = (0..300)
+        .map(|k| format!("{{\"text\": \"d{k}\"}}\n"))
+        .collect();
+    input
+        .publish("big.jsonl", lines.into_bytes().into())
+        .unwrap();
+    input
+        .publish("small.jsonl", b"{\"text\": \"s0\"}\n"[..].into())
+        .unwrap();
+    let publisher = publisher("dataset-stop-part", |l| {
+        Arc::new(FaultyStore::new(l.store.clone(), 0, false))
+    });
+    let shutdown = Shutdown::manual();
+    let asker = {
+        let (shutdown, ticks) = (shutdown.clone(), ticks.clone());
+        std::thread::spawn(move || {
+            while ticks.load(Ordering::SeqCst) < 3 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            shutdown.request();
+        })
+    };
+    let s = run_until(
+        config("jsonl"),
+        input.clone(),
+        publisher.clone(),
+        fake(1, &ticks),
+        shutdown,
+    )
+    .unwrap();
+    asker.join().unwrap();
+    assert!(s.interrupted, "{s:?}");
+    assert_eq!((s.shards_done, s.consumed), (0, 0), "{s:?}");
+    assert!(!publisher.rejects.exists("big.parquet").unwrap());
+    assert!(!publisher.output.exists("big.parquet").unwrap());
+
+    // The next run reads the shard whole and publishes it, every line once.
+    let s = run(config("jsonl"), input, publisher.clone(), fake(1, &ticks)).unwrap();
+    assert_eq!(
+        (s.shards_done, s.consumed, s.accepted),
+        (2, 301, 301),
+        "{s:?}"
+    );
+    let bytes = publisher
+        .output
+        .read(&publisher.output.path("big.parquet"))
+        .unwrap();
+    let offsets = crate::encode::read_offsets(bytes).unwrap();
+    assert_eq!(offsets, (0..300).collect::<Vec<i64>>(), "each line once");
 }
