@@ -12,8 +12,8 @@
 //!   over `max_doc_bytes` (its size from the listing), of which only the first bytes are read
 //!   for its reject's preview.
 //!
-//! Each chunk goes to `emit` as soon as it holds `chunk_docs` documents; `emit` returns `false`
-//! to stop reading (the job stopped taking them).
+//! Each chunk goes to `emit` as soon as it holds `chunk_docs` documents or [`CHUNK_BYTES`] of
+//! input; `emit` returns `false` to stop reading (the job stopped taking them).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -37,6 +37,10 @@ use crate::store::Location;
 /// Bytes of a JSONL file a ranged request reads.
 pub const BLOCK_BYTES: u64 = 8 << 20;
 
+/// Bytes of input past which a chunk goes out with fewer than `chunk_docs` documents (large
+/// documents: rows with many or long columns).
+pub const CHUNK_BYTES: usize = 4 << 20;
+
 /// Bytes read from a Parquet file's end first, for its footer (a longer footer is read again
 /// at its length).
 const FOOTER_GUESS: u64 = 64 << 10;
@@ -44,11 +48,13 @@ const FOOTER_GUESS: u64 = 64 << 10;
 /// A Parquet file's last bytes: the footer's length and the magic number.
 const FOOTER_BYTES: u64 = 8;
 
-/// Where documents go, `chunk_docs` at a time.
+/// Where documents go, `chunk_docs` (or [`CHUNK_BYTES`]) at a time.
 pub(super) struct Chunks<'a> {
     pub chunk_docs: usize,
     pub emit: &'a mut dyn FnMut(Vec<Input>) -> bool,
     buf: Vec<Input>,
+    /// Input bytes of the documents in `buf`.
+    bytes: usize,
     stopped: bool,
 }
 
@@ -58,14 +64,16 @@ impl<'a> Chunks<'a> {
             chunk_docs: chunk_docs.max(1),
             emit,
             buf: Vec::new(),
+            bytes: 0,
             stopped: false,
         }
     }
 
-    /// Adds one document; false once reading should stop.
-    fn push(&mut self, input: Input) -> bool {
+    /// Adds one document, read from `raw` bytes of input; false once reading should stop.
+    fn push(&mut self, input: Input, raw: usize) -> bool {
         self.buf.push(input);
-        if self.buf.len() >= self.chunk_docs {
+        self.bytes += raw;
+        if self.buf.len() >= self.chunk_docs || self.bytes >= CHUNK_BYTES {
             self.flush();
         }
         !self.stopped
@@ -75,6 +83,7 @@ impl<'a> Chunks<'a> {
     pub fn flush(&mut self) -> bool {
         if !self.buf.is_empty() && !self.stopped {
             let chunk = std::mem::take(&mut self.buf);
+            self.bytes = 0;
             self.stopped = !(self.emit)(chunk);
         }
         !self.stopped
@@ -188,7 +197,7 @@ fn read_text(
             let start = input.read_range(path, 0..size.min(PREVIEW_BYTES as u64))?;
             too_large(&start, size as usize, max_doc_bytes, lineage)
         };
-        if !out.push(doc) {
+        if !out.push(doc, size.min(max_doc_bytes as u64) as usize) {
             return Ok(false);
         }
     }
@@ -219,6 +228,10 @@ fn read_jsonl(
     let mut finish = |line: Line, index: &mut i64| -> bool {
         let lineage = Lineage::new(file.source, None, *index);
         *index += 1;
+        let raw = match &line {
+            Line::Held(bytes) => bytes.len(),
+            Line::Over { start, .. } => start.len(),
+        };
         let input = match line {
             Line::Held(bytes) => {
                 // Lines split on bytes, so one line of bad UTF-8 is one reject, not a lost file.
@@ -242,7 +255,7 @@ fn read_jsonl(
                 too_large(&start, bytes - usize::from(cr), max_doc_bytes, lineage)
             }
         };
-        out.push(input)
+        out.push(input, raw)
     };
     let mut at = 0;
     while at < file.size {
@@ -407,13 +420,8 @@ fn read_parquet(
                 let lineage = Lineage::new(file.source, None, row);
                 row += 1;
                 let raw = serde_json::to_vec(&value).unwrap_or_default();
-                if !out.push(decode(
-                    &raw,
-                    ValueFormat::Json,
-                    &src.fields,
-                    max_doc_bytes,
-                    lineage,
-                )) {
+                let input = decode(&raw, ValueFormat::Json, &src.fields, max_doc_bytes, lineage);
+                if !out.push(input, raw.len()) {
                     return Ok(false);
                 }
             }
@@ -567,6 +575,18 @@ mod tests {
         assert!(got[0].preview.starts_with("{\"text\": \"qqq"));
         assert_eq!(got[1].doc.as_ref().unwrap().text, "after");
         assert_eq!(got[1].lineage.offset, 1);
+    }
+
+    #[test]
+    fn large_documents_make_chunks_of_fewer_documents() {
+        let src = source("jsonl");
+        let line = format!("{{\"text\": \"{}\"}}\n", "w".repeat(1 << 20));
+        let (input, shard) = one_file("large", "f.jsonl", line.repeat(12).into_bytes());
+        let got = chunks(&input, &shard, &src, 2 << 20, BLOCK_BYTES, 100);
+        let sizes: Vec<usize> = got.iter().map(Vec::len).collect();
+        // A chunk goes out at the line that takes it to CHUNK_BYTES.
+        let per_chunk = CHUNK_BYTES.div_ceil(line.len() - 1);
+        assert_eq!(sizes, [per_chunk, per_chunk, 12 - 2 * per_chunk]);
     }
 
     #[test]
