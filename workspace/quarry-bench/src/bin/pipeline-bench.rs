@@ -339,8 +339,13 @@ fn measure<M: Model + 'static>(
         io_shares.push(io_s / p_wall);
         wait_shares.push(wait_s / p_wall);
         eprintln!(
-            "rep {rep}: engine {:.3} docs/s ({e_wall:.1}s; NaN: not run), pipeline {:.3} docs/s ({p_wall:.1}s; {accepted} accepted, {rejected} rejected; {io_s:.3}s reading and publishing, {wait_s:.3}s of it waited for)",
-            engine_rates[rep], pipeline_rates[rep]
+            "rep {rep}: {}pipeline {:.3} docs/s ({p_wall:.1}s; {accepted} accepted, {rejected} rejected; {io_s:.3}s reading and publishing, {wait_s:.3}s of it waited for)",
+            if args.job_only {
+                String::new()
+            } else {
+                format!("engine {:.3} docs/s ({e_wall:.1}s), ", engine_rates[rep])
+            },
+            pipeline_rates[rep]
         );
     }
     let e = median(engine_rates.clone());

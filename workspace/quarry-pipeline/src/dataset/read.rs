@@ -351,7 +351,7 @@ impl ChunkReader for Span {
 
     fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
         let held_end = self.start + self.bytes.len() as u64;
-        let len = held_end.checked_sub(start).unwrap_or(0) as usize;
+        let len = held_end.saturating_sub(start) as usize;
         Ok(self.at(start, len)?.reader())
     }
 
