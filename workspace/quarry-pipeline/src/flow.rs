@@ -59,6 +59,26 @@ pub struct Kept {
     pub preview: String,
 }
 
+impl Kept {
+    /// What a file keeps of `input`, and its document (or why it has none).
+    fn split(input: Input) -> (Self, Result<Document, RejectCause>) {
+        let Input {
+            lineage,
+            id,
+            preview,
+            doc,
+        } = input;
+        (
+            Kept {
+                lineage,
+                id,
+                preview,
+            },
+            doc,
+        )
+    }
+}
+
 /// A file being filled: its documents in order and their outcomes as they arrive.
 #[derive(Debug)]
 pub struct OpenFile {
@@ -238,12 +258,7 @@ impl<E: Extractor> Flow<E> {
         let f = self.files.get_mut(&file).expect("push into an open file");
         debug_assert!(!f.sealed, "push into a sealed file");
         let idx = f.inputs.len();
-        let Input {
-            lineage,
-            id,
-            preview,
-            doc,
-        } = input;
+        let (kept, doc) = Kept::split(input);
         let outcome = match doc {
             Ok(doc) => {
                 let key = self.next_key;
@@ -260,11 +275,7 @@ impl<E: Extractor> Flow<E> {
                 stats: DocStats::default(),
             }),
         };
-        f.inputs.push(Kept {
-            lineage,
-            id,
-            preview,
-        });
+        f.inputs.push(kept);
         f.outcomes.push(outcome);
     }
 
@@ -273,18 +284,9 @@ impl<E: Extractor> Flow<E> {
     pub fn push_skipped(&mut self, file: u64, input: Input) {
         let f = self.files.get_mut(&file).expect("push into an open file");
         debug_assert!(!f.sealed, "push into a sealed file");
-        let Input {
-            lineage,
-            id,
-            preview,
-            doc,
-        } = input;
+        let (kept, doc) = Kept::split(input);
         let cause = doc.err().unwrap_or(RejectCause::Empty);
-        f.inputs.push(Kept {
-            lineage,
-            id,
-            preview,
-        });
+        f.inputs.push(kept);
         f.outcomes.push(Some(Outcome::Skipped { cause }));
     }
 
