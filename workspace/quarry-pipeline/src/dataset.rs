@@ -12,7 +12,7 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 mod io;
-mod read;
+pub(crate) mod read;
 
 use crate::config::{DatasetSource, PipelineConfig, SourceConfig};
 use crate::error::PipelineError;

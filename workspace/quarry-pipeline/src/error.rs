@@ -259,9 +259,17 @@ pub enum InputProblem {
     NotFound,
     #[error("no .parquet files there")]
     NoParquetFiles,
-    /// A Parquet input shard that cannot be read.
+    /// An input file that cannot be read (a Parquet file, a compressed JSONL stream).
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// Two input files whose shards would be published under one name (`a.jsonl` and
+    /// `a.jsonl.gz`, or `a.json`): the second would be taken for the first, published already.
+    #[error("{first} and {second} would both be published as {name}: rename one")]
+    SameShardName {
+        name: String,
+        first: String,
+        second: String,
+    },
 }
 
 /// What is wrong with a job's JSON Schema (or a document its references name), or its grammar.
@@ -300,6 +308,9 @@ pub enum FormatError {
     Parquet(#[from] parquet::errors::ParquetError),
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
+    /// A compressed input stream that does not decompress (corrupt or cut short).
+    #[error("cannot decompress: {0}")]
+    Decompress(std::io::Error),
     /// A column the reader needs is not in the file.
     #[error("the file has no `{0}` column")]
     MissingColumn(&'static str),

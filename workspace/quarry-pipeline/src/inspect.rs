@@ -11,8 +11,10 @@ use arrow_array::types::{Int32Type, Int64Type};
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::ArrowError;
 use bytes::Bytes;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -69,53 +71,13 @@ pub fn summarize(path: &str, bytes: Bytes, sample: Sample) -> Result<FileSummary
         location: path.to_string(),
         source,
     };
-    let size = bytes.len();
-    let footer = SerializedFileReader::new(bytes.clone()).map_err(|e| bad(e.into()))?;
-    let meta = footer.metadata();
-    let file_meta = meta.file_metadata();
-    let metadata: BTreeMap<String, String> = file_meta
-        .key_value_metadata()
-        .into_iter()
-        .flatten()
-        .filter(|kv| !kv.key.starts_with("ARROW:"))
-        .map(|kv| (kv.key.clone(), kv.value.clone().unwrap_or_default()))
-        .collect();
-    let compression = meta
-        .row_groups()
-        .first()
-        .and_then(|rg| rg.columns().first())
-        // The codec only: Parquet footers do not record the compression level.
-        .map(|c| {
-            let codec = c.compression().to_string();
-            codec.split('(').next().unwrap_or_default().to_string()
-        });
-    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| bad(e.into()))?;
-    let schema = builder.schema().clone();
-    let reader = builder.build().map_err(|e| bad(e.into()))?;
-    let columns = schema
-        .fields()
-        .iter()
-        .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
-        .collect();
-    let dataset = metadata
-        .get("quarry.dataset")
-        .cloned()
-        .unwrap_or_else(|| "unknown".into());
-    let mut summary = FileSummary {
-        path: path.to_string(),
-        name: path.rsplit('/').next().unwrap_or(path).to_string(),
-        bytes: size,
-        rows: file_meta.num_rows() as usize,
-        row_groups: meta.num_row_groups(),
-        compression,
-        created_by: file_meta.created_by().map(str::to_string),
-        dataset,
-        metadata,
-        schema: columns,
-        counts: BTreeMap::new(),
-        offsets: Vec::new(),
-        sample: Vec::new(),
-    };
+    let footer = ParquetMetaDataReader::new()
+        .parse_and_finish(&bytes)
+        .map_err(|e| bad(e.into()))?;
+    let (mut summary, arrow) = from_footer(path, bytes.len(), Arc::new(footer))?;
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(bytes, arrow)
+        .build()
+        .map_err(|e| bad(e.into()))?;
     let mut ranges: BTreeMap<(String, Option<i32>), (i64, i64, usize)> = BTreeMap::new();
     for batch in reader {
         let batch = batch.map_err(|e| bad(e.into()))?;
@@ -141,6 +103,64 @@ pub fn summarize(path: &str, bytes: Bytes, sample: Sample) -> Result<FileSummary
         })
         .collect();
     Ok(summary)
+}
+
+/// What a file's footer says (`meta`, of a file of `size` bytes named `path`): everything but
+/// the counts, offsets and sample rows, and the Arrow view of the file to read them with.
+fn from_footer(
+    path: &str,
+    size: usize,
+    meta: Arc<ParquetMetaData>,
+) -> Result<(FileSummary, ArrowReaderMetadata), PipelineError> {
+    let bad = |source: FormatError| PipelineError::Parquet {
+        location: path.to_string(),
+        source,
+    };
+    let arrow = ArrowReaderMetadata::try_new(Arc::clone(&meta), ArrowReaderOptions::new())
+        .map_err(|e| bad(e.into()))?;
+    let file_meta = meta.file_metadata();
+    let metadata: BTreeMap<String, String> = file_meta
+        .key_value_metadata()
+        .into_iter()
+        .flatten()
+        .filter(|kv| !kv.key.starts_with("ARROW:"))
+        .map(|kv| (kv.key.clone(), kv.value.clone().unwrap_or_default()))
+        .collect();
+    let compression = meta
+        .row_groups()
+        .first()
+        .and_then(|rg| rg.columns().first())
+        // The codec only: Parquet footers do not record the compression level.
+        .map(|c| {
+            let codec = c.compression().to_string();
+            codec.split('(').next().unwrap_or_default().to_string()
+        });
+    let columns = arrow
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
+        .collect();
+    let dataset = metadata
+        .get("quarry.dataset")
+        .cloned()
+        .unwrap_or_else(|| "unknown".into());
+    let summary = FileSummary {
+        path: path.to_string(),
+        name: path.rsplit('/').next().unwrap_or(path).to_string(),
+        bytes: size,
+        rows: file_meta.num_rows() as usize,
+        row_groups: meta.num_row_groups(),
+        compression,
+        created_by: file_meta.created_by().map(str::to_string),
+        dataset,
+        metadata,
+        schema: columns,
+        counts: BTreeMap::new(),
+        offsets: Vec::new(),
+        sample: Vec::new(),
+    };
+    Ok((summary, arrow))
 }
 
 /// Rows by `_finish_reason` (accepted files) or `cause` (rejects files).
@@ -232,11 +252,17 @@ fn utc_as_offset(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
+/// One Parquet file a target names: how it is shown, where it is, and its size.
+pub struct Found {
+    pub shown: String,
+    pub loc: Arc<Location>,
+    pub path: object_store::path::Path,
+    pub size: u64,
+}
+
 /// The Parquet files a command-line target names: a `.parquet` file, or every `.parquet` file
 /// under a folder or object-store prefix (sorted), each with its bytes read on demand.
-pub fn files(
-    target: &str,
-) -> Result<Vec<(String, Arc<Location>, object_store::path::Path)>, PipelineError> {
+pub fn files(target: &str) -> Result<Vec<Found>, PipelineError> {
     let local = crate::store::local_path(target);
     if local.is_some_and(|p| !p.exists()) {
         return Err(PipelineError::Input {
@@ -252,7 +278,13 @@ pub fn files(
         };
         let loc = Arc::new(Location::open_input(dir).or_else(|_| Location::open(dir))?);
         let path = loc.path(name);
-        return Ok(vec![(target.to_string(), loc, path)]);
+        let size = loc.size(&path)?;
+        return Ok(vec![Found {
+            shown: target.to_string(),
+            loc,
+            path,
+            size,
+        }]);
     }
     let loc = Arc::new(if local.is_some() {
         Location::open_input(target)?
@@ -264,9 +296,11 @@ pub fn files(
         .list("")?
         .into_iter()
         .filter(|m| m.location.as_ref().ends_with(".parquet"))
-        .map(|m| {
-            let shown = format!("{base}/{}", loc.relative(&m.location));
-            (shown, loc.clone(), m.location)
+        .map(|m| Found {
+            shown: format!("{base}/{}", loc.relative(&m.location)),
+            loc: loc.clone(),
+            path: m.location,
+            size: m.size,
         })
         .collect())
 }
@@ -357,11 +391,54 @@ pub fn inspect(target: &str, sample: Sample) -> Result<Vec<FileSummary>, Pipelin
     }
     found
         .into_iter()
-        .map(|(shown, loc, path)| {
-            let mut f = summarize(&shown, loc.read(&path)?, sample)?;
-            f.name = loc.relative(&path);
-            Ok(f)
-        })
+        .map(
+            |Found {
+                 shown, loc, path, ..
+             }| {
+                let mut f = summarize(&shown, loc.read(&path)?, sample)?;
+                f.name = loc.relative(&path);
+                Ok(f)
+            },
+        )
+        .collect()
+}
+
+/// What [`Totals::of`] needs of every file `target` names, without reading accepted files whole:
+/// their footers (ranged requests from the end) hold their rows and the job's metadata. A
+/// rejects file is read whole for its counts by cause; files quarry did not write give only
+/// their footers. So `quarry inspect --totals` over a job's output costs a few KiB a file, not
+/// the output.
+pub fn inspect_totals(target: &str) -> Result<Vec<FileSummary>, PipelineError> {
+    let found = files(target)?;
+    if found.is_empty() {
+        return Err(PipelineError::Input {
+            location: target.to_string(),
+            source: InputProblem::NoParquetFiles,
+        });
+    }
+    found
+        .into_iter()
+        .map(
+            |Found {
+                 shown,
+                 loc,
+                 path,
+                 size,
+             }| {
+                let bad = |e: parquet::errors::ParquetError| PipelineError::Parquet {
+                    location: shown.clone(),
+                    source: e.into(),
+                };
+                let footer =
+                    crate::dataset::read::parquet_footer(|r| loc.read_range(&path, r), size, &bad)?;
+                let (mut f, _) = from_footer(&shown, size as usize, Arc::new(footer))?;
+                if f.dataset == "rejects" {
+                    f = summarize(&shown, loc.read(&path)?, Sample::First(0))?;
+                }
+                f.name = loc.relative(&path);
+                Ok(f)
+            },
+        )
         .collect()
 }
 

@@ -9,7 +9,7 @@ use object_store::path::Path;
 use sha2::{Digest, Sha256};
 
 use crate::config::{DatasetSource, InputFormat};
-use crate::error::PipelineError;
+use crate::error::{InputProblem, PipelineError};
 use crate::store::Location;
 
 /// A unit of work and of output: one output file name and the input objects it reads.
@@ -21,52 +21,109 @@ pub struct Shard {
     pub sizes: Vec<u64>,
 }
 
-/// Lists the shards of a dataset, in name order.
+/// How a JSONL input file is compressed, from its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    Plain,
+    /// `.gz` (one gzip member or several, as `cat a.gz b.gz` makes).
+    Gzip,
+    /// `.zst` or `.zstd` (one frame or several).
+    Zstd,
+}
+
+impl Codec {
+    /// The codec of a JSONL input named `name` (`a.jsonl`, `a.ndjson.gz`, `a.json.zst`, …) and
+    /// the name without the codec's extension; `None` for a name that is not a JSONL input.
+    pub fn of_jsonl(name: &str) -> Option<(Codec, &str)> {
+        let (codec, plain) = if let Some(p) = name.strip_suffix(".gz") {
+            (Codec::Gzip, p)
+        } else if let Some(p) = name
+            .strip_suffix(".zst")
+            .or_else(|| name.strip_suffix(".zstd"))
+        {
+            (Codec::Zstd, p)
+        } else {
+            (Codec::Plain, name)
+        };
+        let file = plain.rsplit('/').next().unwrap_or(plain);
+        let ext = file.rsplit_once('.')?.1;
+        ["jsonl", "ndjson", "json"]
+            .contains(&ext)
+            .then_some((codec, plain))
+    }
+}
+
+/// Lists the shards of a dataset, in name order. Two inputs whose shards would have one name
+/// (`a.jsonl` and `a.jsonl.gz`) are an error naming both: the second would otherwise be taken
+/// for the first, already published.
 pub fn shards(input: &Location, src: &DatasetSource) -> Result<Vec<Shard>, PipelineError> {
     let objects = input.list("")?;
-    let visible = objects.into_iter().filter(|m| {
-        let rel = input.relative(&m.location);
-        !rel.split('/')
-            .any(|part| part.starts_with('.') || part.starts_with('_'))
-    });
-    let with_ext = |p: &Path, exts: &[&str]| p.extension().is_some_and(|e| exts.contains(&e));
-    let renamed = |p: &Path| {
-        let rel = input.relative(p);
-        match rel.rsplit_once('.') {
-            Some((stem, _)) => format!("{stem}.parquet"),
-            None => format!("{rel}.parquet"),
-        }
+    let visible: Vec<_> = objects
+        .into_iter()
+        .filter(|m| {
+            let rel = input.relative(&m.location);
+            !rel.split('/')
+                .any(|part| part.starts_with('.') || part.starts_with('_'))
+        })
+        .collect();
+    let seen = visible.len();
+    // The output name of an input at `rel` (without a codec's extension): its stem + .parquet.
+    let renamed = |rel: &str| match rel.rsplit_once('.') {
+        Some((stem, _)) => format!("{stem}.parquet"),
+        None => format!("{rel}.parquet"),
     };
-    Ok(match src.format {
+    let one_file = |name: String, m: object_store::ObjectMeta| Shard {
+        name,
+        files: vec![m.location],
+        sizes: vec![m.size],
+    };
+    let shards: Vec<Shard> = match src.format {
         InputFormat::Jsonl => visible
-            .filter(|m| with_ext(&m.location, &["jsonl", "ndjson", "json"]))
-            .map(|m| Shard {
-                name: renamed(&m.location),
-                files: vec![m.location],
-                sizes: vec![m.size],
+            .into_iter()
+            .filter_map(|m| {
+                let rel = input.relative(&m.location);
+                let (_, plain) = Codec::of_jsonl(&rel)?;
+                Some(one_file(renamed(plain), m))
             })
             .collect(),
         InputFormat::Parquet => visible
-            .filter(|m| with_ext(&m.location, &["parquet"]))
-            .map(|m| Shard {
-                name: renamed(&m.location),
-                files: vec![m.location],
-                sizes: vec![m.size],
+            .into_iter()
+            .filter(|m| m.location.extension() == Some("parquet"))
+            .map(|m| one_file(renamed(&input.relative(&m.location)), m))
+            .collect(),
+        InputFormat::Text => visible
+            .chunks(src.text_shard_files)
+            .enumerate()
+            .map(|(k, chunk)| Shard {
+                name: format!("text-{k:06}.parquet"),
+                files: chunk.iter().map(|m| m.location.clone()).collect(),
+                sizes: chunk.iter().map(|m| m.size).collect(),
             })
             .collect(),
-        InputFormat::Text => {
-            let files: Vec<_> = visible.collect();
-            files
-                .chunks(src.text_shard_files)
-                .enumerate()
-                .map(|(k, chunk)| Shard {
-                    name: format!("text-{k:06}.parquet"),
-                    files: chunk.iter().map(|m| m.location.clone()).collect(),
-                    sizes: chunk.iter().map(|m| m.size).collect(),
-                })
-                .collect()
+    };
+    let inputs: usize = shards.iter().map(|s| s.files.len()).sum();
+    if inputs < seen {
+        tracing::warn!(
+            input = %input.url,
+            format = ?src.format,
+            skipped = seen - inputs,
+            "files under the input that are not inputs of this format are left out"
+        );
+    }
+    let mut names = std::collections::HashMap::new();
+    for s in &shards {
+        if let Some(first) = names.insert(s.name.as_str(), &s.files[0]) {
+            return Err(PipelineError::Input {
+                location: input.url.clone(),
+                source: InputProblem::SameShardName {
+                    name: s.name.clone(),
+                    first: input.relative(first),
+                    second: input.relative(&s.files[0]),
+                },
+            });
         }
-    })
+    }
+    Ok(shards)
 }
 
 /// The stable hash that assigns a shard to a worker: the first 8 bytes of the SHA-256 of the
@@ -182,6 +239,57 @@ mod tests {
 
     fn names() -> Vec<String> {
         (0..500).map(|i| format!("part-{i:05}.parquet")).collect()
+    }
+
+    #[test]
+    fn jsonl_inputs_by_name_and_codec_and_their_shard_names() {
+        let input = Location::open("memory://shard-names/in").unwrap();
+        for name in [
+            "a.jsonl",
+            "b.ndjson.gz",
+            "c.json.zst",
+            "dir/d.jsonl.zstd",
+            "e.csv",
+            "f.gz",
+            "_SUCCESS",
+        ] {
+            input.publish(name, b"x"[..].into()).unwrap();
+        }
+        let got: Vec<(String, String)> = shards(&input, &src(None, None))
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.name, input.relative(&s.files[0])))
+            .collect();
+        let want = [
+            ("a.parquet", "a.jsonl"),
+            ("b.parquet", "b.ndjson.gz"),
+            ("c.parquet", "c.json.zst"),
+            ("dir/d.parquet", "dir/d.jsonl.zstd"),
+        ];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(
+            Codec::of_jsonl("x.jsonl.gz"),
+            Some((Codec::Gzip, "x.jsonl"))
+        );
+        assert_eq!(Codec::of_jsonl("x.gz"), None);
+        assert_eq!(Codec::of_jsonl("v1.2/x"), None);
+    }
+
+    #[test]
+    fn two_inputs_of_one_shard_name_are_an_error_naming_both() {
+        let input = Location::open("memory://shard-same/in").unwrap();
+        input.publish("a.jsonl", b"x"[..].into()).unwrap();
+        input.publish("a.jsonl.gz", b"x"[..].into()).unwrap();
+        let e = shards(&input, &src(None, None)).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("a.jsonl and a.jsonl.gz would both be published as a.parquet"),
+            "{msg}"
+        );
     }
 
     #[test]

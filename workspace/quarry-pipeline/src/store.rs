@@ -276,6 +276,13 @@ impl Location {
         block_on(self.read_async(path))
     }
 
+    /// An object's size in bytes, retrying transient failures.
+    pub fn size(&self, path: &Path) -> Result<u64, PipelineError> {
+        self.retry("head", path, || async {
+            Ok(self.store.head(path).await?.size)
+        })
+    }
+
     /// Reads bytes `range` of an object, retrying transient failures.
     pub fn read_range(
         &self,

@@ -282,3 +282,57 @@ fn parquet_inputs_in_every_codec() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// JSONL compressed as gzip (Python's zlib) and zstd (pyarrow's libzstd) reads as the plain file
+/// does: every line once, with its line number as its offset, bad lines as rejects.
+#[test]
+fn compressed_jsonl_inputs() {
+    let dir = temp_dir("dataset-compressed");
+    let docs = packages(2);
+    let input = dir.join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let mut expected = BTreeMap::new();
+    for (k, (codec, name)) in [("gzip", "g.jsonl.gz"), ("zstd", "z.ndjson.zst")]
+        .into_iter()
+        .enumerate()
+    {
+        let text = [
+            line(&format!("{codec}-0"), &docs[k]),
+            "not json".to_string(),
+        ]
+        .join("\n")
+            + "\n";
+        let plain = dir.join(format!("{codec}.jsonl"));
+        std::fs::write(&plain, text).unwrap();
+        let out = std::process::Command::new(python())
+            .arg(root().join("tests/pipeline/jsonl_write.py"))
+            .arg(input.join(name))
+            .arg(codec)
+            .stdin(std::fs::File::open(&plain).unwrap())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        expected.insert(name.to_string(), 2);
+    }
+    let run = Run::with(&dir, |cfg| cfg.sampling.max_tokens = 96);
+    let s = run.go();
+    assert_eq!((s.shards, s.shards_done, s.consumed), (2, 2, 4), "{s:?}");
+    let (acc, rej) = assert_exactly_once(&run, &expected);
+    for (codec, name) in [("gzip", "g.jsonl.gz"), ("zstd", "z.ndjson.zst")] {
+        let at = |o: i64| {
+            acc.iter()
+                .chain(&rej)
+                .find(|r| r["_source"].as_str().unwrap().ends_with(name) && r["_offset"] == o)
+                .unwrap_or_else(|| panic!("{name} line {o}"))
+        };
+        assert_eq!(at(0)["_doc_id"], format!("{codec}-0"));
+        assert_eq!(at(1)["cause"], "not_json", "{}", at(1));
+    }
+    // Each shard is named after its input without the codec: g.parquet, z.parquet.
+    assert!(dir.join("rej/g.parquet").is_file() && dir.join("rej/z.parquet").is_file());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -52,7 +52,12 @@ pub(crate) fn run(args: InspectArgs) -> Result<()> {
     };
     let mut files = Vec::new();
     for t in &args.targets {
-        files.extend(inspect::inspect(t, sample)?);
+        if args.totals {
+            // Footers only, but for the rejects' causes.
+            files.extend(inspect::inspect_totals(t)?);
+        } else {
+            files.extend(inspect::inspect(t, sample)?);
+        }
     }
     let totals = Totals::of(&files);
     let mut out = std::io::stdout().lock();

@@ -172,19 +172,28 @@ impl Job {
         );
     }
 
-    /// `quarry inspect out/ rejects/ --totals --json`'s totals.
+    /// `quarry inspect out/ rejects/ --totals --json`'s totals, which read the accepted files'
+    /// footers only: the same as the totals of the files read whole.
     fn totals(&self) -> Value {
-        let out = self
-            .quarry(&[
-                "inspect",
-                &format!("s3://{}/out/", self.bucket),
-                &format!("s3://{}/rejects/", self.bucket),
-                "--totals",
-                "--json",
-            ])
-            .output()
-            .unwrap();
-        serde_json::from_slice::<Value>(&ok(&out)).unwrap()["totals"].clone()
+        let run = |totals: bool| {
+            let (o, r) = (
+                format!("s3://{}/out/", self.bucket),
+                format!("s3://{}/rejects/", self.bucket),
+            );
+            let mut args = vec!["inspect", &o, &r, "--json"];
+            if totals {
+                args.push("--totals");
+            }
+            let out = self.quarry(&args).output().unwrap();
+            serde_json::from_slice::<Value>(&ok(&out)).unwrap()["totals"].clone()
+        };
+        let footers = run(true);
+        assert_eq!(
+            footers,
+            run(false),
+            "totals from footers and from whole files"
+        );
+        footers
     }
 }
 

@@ -1,6 +1,7 @@
 //! A shard's documents, read a chunk at a time, so a large input file never sits in memory whole.
 //!
-//! - **JSONL** is read in ranged requests of [`BLOCK_BYTES`]; each line is a document. A line
+//! - **JSONL** is read in ranged requests of [`BLOCK_BYTES`], through a gzip or zstd decoder
+//!   where its name ends in `.gz`, `.zst` or `.zstd`; each line is a document. A line
 //!   longer than `max_doc_bytes` is a `too_large` reject whose bytes past its first ones are
 //!   skipped as they come, never held (a single 10 GB line costs a block, not 10 GB).
 //! - **Parquet** is read a row group at a time: the footer with a ranged request from the end,
@@ -15,6 +16,8 @@
 //! Each chunk goes to `emit` as soon as it holds `chunk_docs` documents or [`CHUNK_BYTES`] of
 //! input; `emit` returns `false` to stop reading (the job stopped taking them).
 
+use std::cell::RefCell;
+use std::io::Read;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -25,17 +28,20 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
 use parquet::errors::ParquetError;
-use parquet::file::metadata::ParquetMetaDataReader;
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::reader::{ChunkReader, Length};
 
 use crate::config::{DatasetSource, InputFormat, ValueFormat};
 use crate::error::{FormatError, InputProblem, PipelineError};
 use crate::record::{decode, too_large, Input, Lineage, PREVIEW_BYTES};
-use crate::shard::Shard;
+use crate::shard::{Codec, Shard};
 use crate::store::Location;
 
 /// Bytes of a JSONL file a ranged request reads.
 pub const BLOCK_BYTES: u64 = 8 << 20;
+
+/// Bytes of (decompressed) JSONL cut into lines at a time.
+const READ_BYTES: usize = 1 << 20;
 
 /// Bytes of input past which a chunk goes out with fewer than `chunk_docs` documents (large
 /// documents: rows with many or long columns).
@@ -257,12 +263,37 @@ fn read_jsonl(
         };
         out.push(input, raw)
     };
-    let mut at = 0;
-    while at < file.size {
-        let end = (at + block).min(file.size);
-        let block = file.read(at..end)?;
-        at = end;
-        let mut rest: &[u8] = &block;
+    let failed = RefCell::new(None);
+    let ranged = Ranged {
+        file,
+        at: 0,
+        block,
+        held: Bytes::new(),
+        failed: &failed,
+    };
+    let relative = file.input.relative(file.path);
+    let codec = Codec::of_jsonl(&relative).map_or(Codec::Plain, |(c, _)| c);
+    let mut stream: Box<dyn Read + '_> = match codec {
+        Codec::Plain => Box::new(ranged),
+        Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(ranged)),
+        Codec::Zstd => Box::new(
+            zstd::stream::read::Decoder::new(ranged)
+                .map_err(|e| file.bad(FormatError::Decompress(e)))?,
+        ),
+    };
+    let mut buf = vec![0; READ_BYTES];
+    loop {
+        let n = match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            // The store's own error where the store failed; else the stream is bad.
+            Err(e) => {
+                let store = failed.borrow_mut().take();
+                return Err(store.unwrap_or_else(|| file.bad(FormatError::Decompress(e))));
+            }
+        };
+        let mut rest: &[u8] = &buf[..n];
         loop {
             let cut = rest.iter().position(|b| *b == b'\n');
             let part = &rest[..cut.unwrap_or(rest.len())];
@@ -312,6 +343,38 @@ fn read_jsonl(
     match &line {
         Line::Held(bytes) if bytes.is_empty() => Ok(true),
         _ => Ok(finish(line, &mut index)),
+    }
+}
+
+/// A file's bytes as a stream, read by ranged requests of `block` bytes as they are asked for.
+/// A store error ends the stream with an I/O error and is kept in `failed`, so the job stops
+/// with the store's own error.
+struct Ranged<'a> {
+    file: &'a File<'a>,
+    at: u64,
+    block: u64,
+    held: Bytes,
+    failed: &'a RefCell<Option<PipelineError>>,
+}
+
+impl Read for Ranged<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.held.is_empty() && self.at < self.file.size {
+            let end = (self.at + self.block).min(self.file.size);
+            match self.file.read(self.at..end) {
+                Ok(bytes) => self.held = bytes,
+                Err(e) => {
+                    let message = e.to_string();
+                    *self.failed.borrow_mut() = Some(e);
+                    return Err(std::io::Error::other(message));
+                }
+            }
+            self.at = end;
+        }
+        let n = buf.len().min(self.held.len());
+        buf[..n].copy_from_slice(&self.held[..n]);
+        self.held.advance(n);
+        Ok(n)
     }
 }
 
@@ -367,26 +430,7 @@ fn read_parquet(
     out: &mut Chunks<'_>,
 ) -> Result<bool, PipelineError> {
     let bad = |e: ParquetError| file.bad(e);
-    if file.size < FOOTER_BYTES {
-        return Err(bad(ParquetError::EOF(format!(
-            "{} bytes, too short for a Parquet file",
-            file.size
-        ))));
-    }
-    // The footer: a guess at its length from the end, then exactly what it says it needs.
-    let mut from = file.size.saturating_sub(FOOTER_GUESS);
-    let mut footer = ParquetMetaDataReader::new();
-    loop {
-        let tail = file.read(from..file.size)?;
-        match footer.try_parse_sized(&tail, file.size) {
-            Ok(()) => break,
-            Err(ParquetError::NeedMoreData(n)) if (n as u64) <= file.size && from > 0 => {
-                from = file.size - n as u64;
-            }
-            Err(e) => return Err(bad(e)),
-        }
-    }
-    let meta = Arc::new(footer.finish().map_err(bad)?);
+    let meta = Arc::new(parquet_footer(|range| file.read(range), file.size, &bad)?);
     let arrow =
         ArrowReaderMetadata::try_new(Arc::clone(&meta), ArrowReaderOptions::new()).map_err(bad)?;
     let mut row: i64 = 0;
@@ -428,6 +472,33 @@ fn read_parquet(
         }
     }
     Ok(true)
+}
+
+/// The footer of a Parquet file of `size` bytes, read by ranged requests from its end (`read`):
+/// a guess at its length, then exactly what it says it needs. `bad` names the file in errors.
+pub(crate) fn parquet_footer(
+    read: impl Fn(Range<u64>) -> Result<Bytes, PipelineError>,
+    size: u64,
+    bad: &dyn Fn(ParquetError) -> PipelineError,
+) -> Result<ParquetMetaData, PipelineError> {
+    if size < FOOTER_BYTES {
+        return Err(bad(ParquetError::EOF(format!(
+            "{size} bytes, too short for a Parquet file"
+        ))));
+    }
+    let mut from = size.saturating_sub(FOOTER_GUESS);
+    let mut footer = ParquetMetaDataReader::new();
+    loop {
+        let tail = read(from..size)?;
+        match footer.try_parse_sized(&tail, size) {
+            Ok(()) => break,
+            Err(ParquetError::NeedMoreData(n)) if (n as u64) <= size && from > 0 => {
+                from = size - n as u64;
+            }
+            Err(e) => return Err(bad(e)),
+        }
+    }
+    footer.finish().map_err(bad)
 }
 
 /// A record batch's rows as JSON objects (arrow-json's writer, so every Arrow type has one
@@ -551,6 +622,95 @@ mod tests {
                 assert!(got.iter().all(|c| !c.is_empty() && c.len() <= chunk_docs));
                 let got: Vec<String> = got.iter().flatten().map(shown).collect();
                 assert_eq!(got, want, "block {block}, chunks of {chunk_docs}");
+            }
+        }
+    }
+
+    /// `bytes` compressed as `codec` writes it: gzip (here in two members, as `cat a.gz b.gz`
+    /// makes) or zstd.
+    fn compressed(bytes: &[u8], codec: Codec) -> Vec<u8> {
+        use std::io::Write;
+        match codec {
+            Codec::Plain => bytes.to_vec(),
+            Codec::Gzip => {
+                let (a, b) = bytes.split_at(bytes.len() / 2);
+                let mut out = Vec::new();
+                for half in [a, b] {
+                    let mut e =
+                        flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+                    e.write_all(half).unwrap();
+                    out.extend(e.finish().unwrap());
+                }
+                out
+            }
+            Codec::Zstd => zstd::stream::encode_all(bytes, 3).unwrap(),
+        }
+    }
+
+    #[test]
+    fn compressed_jsonl_reads_as_the_plain_file_does() {
+        let src = source("jsonl");
+        let plain: String = (0..300)
+            .map(|k| format!("{{\"id\": \"{k}\", \"text\": \"document {k}\"}}\n"))
+            .collect();
+        let (input, shard) = one_file("plain", "f.jsonl", plain.clone().into_bytes());
+        let want: Vec<String> = chunks(&input, &shard, &src, 1000, BLOCK_BYTES, 64)
+            .iter()
+            .flatten()
+            .map(|i| shown(i).replace("/read-plain/in/f.jsonl", ""))
+            .collect();
+        assert_eq!(want.len(), 300);
+        for (codec, name) in [
+            (Codec::Gzip, "f.jsonl.gz"),
+            (Codec::Zstd, "f.ndjson.zst"),
+            (Codec::Zstd, "f.json.zstd"),
+        ] {
+            let tag = format!("{codec:?}-{name}");
+            let (input, shard) = one_file(&tag, name, compressed(plain.as_bytes(), codec));
+            for block in [1, 7, 100, BLOCK_BYTES] {
+                let got: Vec<String> = chunks(&input, &shard, &src, 1000, block, 64)
+                    .iter()
+                    .flatten()
+                    .map(|i| shown(i).replace(&format!("/read-{tag}/in/{name}"), ""))
+                    .collect();
+                assert_eq!(got, want, "{name}, blocks of {block}");
+            }
+        }
+        // Empty compressed files hold no documents.
+        for (codec, name) in [(Codec::Gzip, "e.jsonl.gz"), (Codec::Zstd, "e.jsonl.zst")] {
+            let (input, shard) = one_file(&format!("empty-{name}"), name, compressed(b"", codec));
+            assert!(
+                chunks(&input, &shard, &src, 1000, 64, 8).is_empty(),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_corrupt_or_cut_compressed_file_is_an_input_error_naming_it() {
+        let src = source("jsonl");
+        let text = "{\"text\": \"a\"}\n".repeat(1000);
+        for (codec, name) in [
+            (Codec::Gzip, "bad.jsonl.gz"),
+            (Codec::Zstd, "bad.jsonl.zst"),
+        ] {
+            let whole = compressed(text.as_bytes(), codec);
+            let mut flipped = whole.clone();
+            let mid = flipped.len() / 3;
+            flipped[mid] ^= 0x5a;
+            // Cut inside a gzip member (at half, two equal members would end cleanly).
+            let cut = whole[..whole.len() / 2 + 3].to_vec();
+            for (how, bytes) in [("cut", cut), ("flipped", flipped)] {
+                let (input, shard) = one_file(&format!("{how}-{name}"), name, bytes);
+                let mut emit = |_: Vec<Input>| true;
+                let mut out = Chunks::new(4, &mut emit);
+                let e = read_shard_in(&input, &shard, &src, 1000, 64, &mut out)
+                    .expect_err(&format!("{how} {name}"));
+                let msg = e.to_string();
+                assert!(
+                    matches!(e, PipelineError::Input { .. }) && msg.contains(name),
+                    "{how} {name}: {msg}"
+                );
             }
         }
     }
