@@ -406,8 +406,8 @@ pub fn inspect(target: &str, sample: Sample) -> Result<Vec<FileSummary>, Pipelin
 /// What [`Totals::of`] needs of every file `target` names, without reading accepted files whole:
 /// their footers (ranged requests from the end) hold their rows and the job's metadata. A
 /// rejects file is read whole for its counts by cause; files quarry did not write give only
-/// their footers. So `quarry inspect --totals` over a job's output costs a few KiB a file, not
-/// the output.
+/// their footers. So `quarry inspect --totals` over a job's output costs one ranged read of at
+/// most 64 KiB an accepted file (more only for a longer footer), not the output.
 pub fn inspect_totals(target: &str) -> Result<Vec<FileSummary>, PipelineError> {
     let found = files(target)?;
     if found.is_empty() {
