@@ -266,7 +266,7 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
                     tracing::warn!(shard = %name, documents = dropped, "stopping with this shard read in part: it is left for the next run");
                 }
             }
-            // Keep enough documents loaded to keep the engine full, a shard at a time; wait for
+            // Keep enough documents loaded to keep the engine full, a chunk at a time; wait for
             // the reader only when there is nothing to step.
             while !exhausted && self.flow.pending() < low_water {
                 match io.next_shard(self.flow.pending() == 0)? {
