@@ -13,6 +13,8 @@
 //! and `--store-latency-ms` makes every call to the input and output stores take that long (as
 //! an object store's requests do), so what the job's reads and publishes cost a GPU shows here.
 //!
+//! `--parquet-rows N` writes the shards as Parquet (row groups of N rows) instead of JSONL.
+//!
 //! `--job-only` skips the engine-alone runs (which hold every request in memory) and reports the
 //! job's memory: the process's peak resident set (`VmHWM`, reset before the first run) above its
 //! resident set before that run, against the input's size on disk (one JSONL shard unless `--shard-docs` splits it).
@@ -94,6 +96,10 @@ struct Args {
     /// not read: rows with more columns than the text, a large input at the same engine work.
     #[arg(long, default_value_t = 0)]
     extra_bytes: usize,
+    /// Parquet shards (zstd, row groups of this many rows) instead of JSONL; their extra field
+    /// is letters from a fixed pseudo-random sequence, so it does not compress away.
+    #[arg(long)]
+    parquet_rows: Option<usize>,
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -128,6 +134,9 @@ fn main() -> Result<()> {
     }
     if let Some(n) = args.max_tokens {
         cfg.sampling.max_tokens = n;
+    }
+    if let (Some(_), SourceConfig::Dataset(src)) = (args.parquet_rows, &mut cfg.source) {
+        src.format = InputFormat::Parquet;
     }
     if let (true, SourceConfig::Dataset(src)) = (args.text, &mut cfg.source) {
         src.format = InputFormat::Text;
@@ -169,6 +178,41 @@ fn main() -> Result<()> {
         );
         measure(&args, &job, &docs, loaded.model, loaded.tokenizer, sizes)
     }
+}
+
+/// Documents as one Parquet file (zstd, row groups of `rows`): `id`, `text` and, with
+/// `extra` bytes, an `extra` column of letters from a fixed pseudo-random sequence (row `first`
+/// on), which zstd cannot squeeze to nothing.
+fn parquet_shard(
+    ids: &[String],
+    texts: &[String],
+    first: usize,
+    extra: usize,
+    rows: usize,
+) -> Result<Vec<u8>> {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    let mut columns: Vec<(&str, ArrayRef)> = vec![
+        ("id", Arc::new(StringArray::from(ids.to_vec()))),
+        ("text", Arc::new(StringArray::from(texts.to_vec()))),
+    ];
+    if extra > 0 {
+        let letters: Vec<String> = (first..first + ids.len())
+            .map(|row| {
+                let mut x = row as u64 * 0x9E37_79B9_7F4A_7C15 + 1;
+                (0..extra)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        (b'a' + (x % 26) as u8) as char
+                    })
+                    .collect()
+            })
+            .collect();
+        columns.push(("extra", Arc::new(StringArray::from(letters))));
+    }
+    let batch = RecordBatch::try_from_iter(columns)?;
+    Ok(quarry_pipeline::encode::to_parquet(&batch, &[], rows, 1)?.to_vec())
 }
 
 /// Every call to `loc`'s store waits `latency` first.
@@ -236,6 +280,17 @@ fn measure<M: Model + 'static>(
     if args.text {
         for (i, d) in docs.iter().enumerate() {
             input.publish(&format!("doc-{i:06}.txt"), d.clone().into_bytes().into())?;
+        }
+    } else if let Some(rows) = args.parquet_rows {
+        let ids: Vec<String> = (0..docs.len()).map(|i| i.to_string()).collect();
+        for (k, ((ids, texts), first)) in ids
+            .chunks(per_shard)
+            .zip(docs.chunks(per_shard))
+            .zip((0..).step_by(per_shard))
+            .enumerate()
+        {
+            let bytes = parquet_shard(ids, texts, first, args.extra_bytes, rows)?;
+            input.publish(&format!("docs-{k:05}.parquet"), bytes.into())?;
         }
     } else {
         for (k, shard) in lines.chunks(per_shard).enumerate() {
@@ -374,9 +429,11 @@ fn measure<M: Model + 'static>(
         .zip(rss_before)
         .map(|(peak, before)| peak.saturating_sub(before) as f64 / 1024.0);
     let input_mib = input_bytes as f64 / (1 << 20) as f64;
+    // The documents as JSON lines: what a Parquet input decodes to.
+    let rows_mib = lines.iter().map(|l| l.len() + 1).sum::<usize>() as f64 / (1 << 20) as f64;
     if let (true, Some(mib)) = (args.job_only, peak_above) {
         println!(
-            "memory:       peak {mib:.1} MiB above the start, for {input_mib:.1} MiB of input ({:.2}x)",
+            "memory:       peak {mib:.1} MiB above the start, for {input_mib:.1} MiB of input ({:.2}x; {rows_mib:.1} MiB as JSON lines)",
             mib / input_mib
         );
     }
@@ -407,7 +464,9 @@ fn measure<M: Model + 'static>(
             "io_wait_share": wait_shares,
             "job_only": args.job_only,
             "extra_bytes": args.extra_bytes,
+            "parquet_rows": args.parquet_rows,
             "input_mib": input_mib,
+            "rows_mib": rows_mib,
             "peak_mib_above_start": peak_above,
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
