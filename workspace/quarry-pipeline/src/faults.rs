@@ -199,6 +199,8 @@ mod store {
         hold: Option<Hold>,
         rival: std::sync::Mutex<Option<(Path, bytes::Bytes)>>,
         pub puts_seen: AtomicUsize,
+        /// Existence checks (HEAD requests) asked.
+        pub heads_seen: AtomicUsize,
         /// The paths of the puts that landed, in the order they did.
         pub landed: std::sync::Mutex<Vec<String>>,
         /// Held calls that gave up waiting ([`FaultyStore::hold`]).
@@ -227,6 +229,7 @@ mod store {
                 hold: None,
                 rival: std::sync::Mutex::new(None),
                 puts_seen: AtomicUsize::new(0),
+                heads_seen: AtomicUsize::new(0),
                 landed: std::sync::Mutex::new(Vec::new()),
                 holds_timed_out: AtomicUsize::new(0),
             }
@@ -333,7 +336,9 @@ mod store {
             location: &Path,
             options: GetOptions,
         ) -> object_store::Result<GetResult> {
-            if !options.head {
+            if options.head {
+                self.heads_seen.fetch_add(1, Ordering::SeqCst);
+            } else {
                 self.wait_if_held(location).await;
             }
             let stale = options.head

@@ -220,3 +220,35 @@ fn a_stop_with_a_shard_read_in_part_leaves_it_whole_for_the_next_run() {
     let offsets = crate::encode::read_offsets(bytes).unwrap();
     assert_eq!(offsets, (0..300).collect::<Vec<i64>>(), "each line once");
 }
+
+#[test]
+fn a_rerun_finds_the_published_shards_in_one_listing_not_a_check_each() {
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let stores = std::sync::Mutex::new(Vec::new());
+    let publisher = publisher("dataset-listed", |l| {
+        let s = Arc::new(FaultyStore::new(l.store.clone(), 0, false));
+        stores.lock().unwrap().push(s.clone());
+        s
+    });
+    let input = input("listed", 5);
+    let first = run(
+        config("jsonl"),
+        input.clone(),
+        publisher.clone(),
+        fake(1, &ticks),
+    )
+    .unwrap();
+    assert_eq!(first.shards_done, 5);
+    let heads = || -> usize {
+        stores
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|s| s.heads_seen.load(Ordering::SeqCst))
+            .sum()
+    };
+    let before = heads();
+    let again = run(config("jsonl"), input, publisher, fake(1, &ticks)).unwrap();
+    assert_eq!((again.shards_skipped, again.shards_done), (5, 0));
+    assert_eq!(heads() - before, 0, "no existence check a published shard");
+}
