@@ -380,8 +380,8 @@ impl Totals {
     }
 }
 
-/// Reads and summarises every file `target` names.
-pub fn inspect(target: &str, sample: Sample) -> Result<Vec<FileSummary>, PipelineError> {
+/// [`files`], where finding none is an error naming `target`.
+fn some_files(target: &str) -> Result<Vec<Found>, PipelineError> {
     let found = files(target)?;
     if found.is_empty() {
         return Err(PipelineError::Input {
@@ -389,7 +389,12 @@ pub fn inspect(target: &str, sample: Sample) -> Result<Vec<FileSummary>, Pipelin
             source: InputProblem::NoParquetFiles,
         });
     }
-    found
+    Ok(found)
+}
+
+/// Reads and summarises every file `target` names.
+pub fn inspect(target: &str, sample: Sample) -> Result<Vec<FileSummary>, PipelineError> {
+    some_files(target)?
         .into_iter()
         .map(
             |Found {
@@ -409,14 +414,7 @@ pub fn inspect(target: &str, sample: Sample) -> Result<Vec<FileSummary>, Pipelin
 /// their footers. So `quarry inspect --totals` over a job's output costs one ranged read of at
 /// most 64 KiB an accepted file (more only for a longer footer), not the output.
 pub fn inspect_totals(target: &str) -> Result<Vec<FileSummary>, PipelineError> {
-    let found = files(target)?;
-    if found.is_empty() {
-        return Err(PipelineError::Input {
-            location: target.to_string(),
-            source: InputProblem::NoParquetFiles,
-        });
-    }
-    found
+    some_files(target)?
         .into_iter()
         .map(
             |Found {

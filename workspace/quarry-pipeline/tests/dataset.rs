@@ -14,6 +14,29 @@ use quarry_pipeline::store::Location;
 use quarry_pipeline::PipelineConfig;
 use serde_json::{json, Value};
 
+/// Runs the test venv's python with `args`, `stdin` as its input; its stdout. A non-zero exit
+/// fails the test with python's stderr.
+fn python_with_stdin(args: &[&std::ffi::OsStr], stdin: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(python())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        args,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 fn line(id: &str, text: &str) -> String {
     json!({"id": id, "text": text}).to_string()
 }
@@ -235,22 +258,16 @@ fn parquet_inputs_in_every_codec() {
             {"id": format!("{codec}-2"), "text": docs[(k + 1) % docs.len()]},
         ]);
         let script = root().join("tests/pipeline/pq_write.py");
-        let rows_path = dir.join(format!("{codec}.json"));
-        std::fs::write(&rows_path, rows.to_string()).unwrap();
-        let out = std::process::Command::new(python())
-            .arg(&script)
-            .arg(&input)
-            .arg("1")
-            .arg(codec)
-            .stdin(std::fs::File::open(&rows_path).unwrap())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = python_with_stdin(
+            &[
+                script.as_os_str(),
+                input.as_os_str(),
+                "1".as_ref(),
+                codec.as_ref(),
+            ],
+            rows.to_string().as_bytes(),
         );
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(report[codec]["row_groups"], 3, "{report}");
         expected.insert(format!("{codec}.parquet"), 3);
     }
@@ -302,19 +319,11 @@ fn compressed_jsonl_inputs() {
         ]
         .join("\n")
             + "\n";
-        let plain = dir.join(format!("{codec}.jsonl"));
-        std::fs::write(&plain, text).unwrap();
-        let out = std::process::Command::new(python())
-            .arg(root().join("tests/pipeline/jsonl_write.py"))
-            .arg(input.join(name))
-            .arg(codec)
-            .stdin(std::fs::File::open(&plain).unwrap())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let script = root().join("tests/pipeline/jsonl_write.py");
+        let path = input.join(name);
+        python_with_stdin(
+            &[script.as_os_str(), path.as_os_str(), codec.as_ref()],
+            text.as_bytes(),
         );
         expected.insert(name.to_string(), 2);
     }
