@@ -33,7 +33,7 @@ use crate::record::Input;
 use crate::shard::Shard;
 use crate::store::Location;
 
-use super::read::{read_shard, Chunks};
+use super::read::{read_shard, Chunks, Reading, BLOCK_BYTES};
 
 /// What the reader thread got to.
 pub(super) enum Read {
@@ -204,13 +204,13 @@ fn send_shard(stores: &Stores<'_>, shard: Shard, tx: &SyncSender<Reply<Read>>) -
             None => true,
         };
         let mut chunks = Chunks::new(stores.chunk_docs, &mut emit);
-        read_shard(
-            stores.input,
-            &shard,
-            stores.src,
-            stores.max_doc_bytes,
-            &mut chunks,
-        )
+        let reading = Reading {
+            input: stores.input,
+            src: stores.src,
+            max_doc_bytes: stores.max_doc_bytes,
+            block: BLOCK_BYTES,
+        };
+        read_shard(reading, &shard, &mut chunks)
     };
     match read {
         Ok(true) => {

@@ -96,30 +96,32 @@ impl<'a> Chunks<'a> {
     }
 }
 
+/// Where a job's shards are and how they are read.
+#[derive(Clone, Copy)]
+pub(super) struct Reading<'a> {
+    pub input: &'a Location,
+    pub src: &'a DatasetSource,
+    pub max_doc_bytes: usize,
+    /// Bytes of JSONL a ranged request reads ([`BLOCK_BYTES`]; less in tests).
+    pub block: u64,
+}
+
 /// Reads a shard into `out`, in order. A file that cannot be read at all is an error for the
 /// whole job: nothing of it is skipped silently. Returns false when `out` stopped taking
 /// documents.
 pub(super) fn read_shard(
-    input: &Location,
+    r: Reading<'_>,
     shard: &Shard,
-    src: &DatasetSource,
-    max_doc_bytes: usize,
     out: &mut Chunks<'_>,
 ) -> Result<bool, PipelineError> {
-    read_shard_in(input, shard, src, max_doc_bytes, BLOCK_BYTES, out)
-}
-
-/// [`read_shard`] with JSONL read in requests of `block` bytes.
-fn read_shard_in(
-    input: &Location,
-    shard: &Shard,
-    src: &DatasetSource,
-    max_doc_bytes: usize,
-    block: u64,
-    out: &mut Chunks<'_>,
-) -> Result<bool, PipelineError> {
+    let Reading {
+        input,
+        src,
+        max_doc_bytes,
+        block,
+    } = r;
     if src.format == InputFormat::Text {
-        return read_text(input, shard, src, max_doc_bytes, out);
+        return read_text(r, shard, out);
     }
     for (path, &size) in shard.files.iter().zip(&shard.sizes) {
         let source = source_name(input, path);
@@ -171,13 +173,13 @@ impl File<'_> {
     }
 }
 
-fn read_text(
-    input: &Location,
-    shard: &Shard,
-    src: &DatasetSource,
-    max_doc_bytes: usize,
-    out: &mut Chunks<'_>,
-) -> Result<bool, PipelineError> {
+fn read_text(r: Reading<'_>, shard: &Shard, out: &mut Chunks<'_>) -> Result<bool, PipelineError> {
+    let Reading {
+        input,
+        src,
+        max_doc_bytes,
+        ..
+    } = r;
     // Many small files: read at once, not one round trip after another. A file over the limit
     // is a reject: only its first bytes are read.
     let small: Vec<Path> = shard
@@ -537,6 +539,20 @@ mod tests {
         }
     }
 
+    fn reading<'a>(
+        input: &'a Location,
+        src: &'a DatasetSource,
+        max_doc_bytes: usize,
+        block: u64,
+    ) -> Reading<'a> {
+        Reading {
+            input,
+            src,
+            max_doc_bytes,
+            block,
+        }
+    }
+
     /// `bytes` as the one file of a shard in a fresh in-memory store.
     fn one_file(tag: &str, name: &str, bytes: Vec<u8>) -> (Location, Shard) {
         let input = Location::open(&format!("memory://read-{tag}/in")).unwrap();
@@ -565,7 +581,7 @@ mod tests {
             true
         };
         let mut out = Chunks::new(chunk_docs, &mut emit);
-        assert!(read_shard_in(input, shard, src, max, block, &mut out).unwrap());
+        assert!(read_shard(reading(input, src, max, block), shard, &mut out).unwrap());
         got
     }
 
@@ -704,7 +720,7 @@ mod tests {
                 let (input, shard) = one_file(&format!("{how}-{name}"), name, bytes);
                 let mut emit = |_: Vec<Input>| true;
                 let mut out = Chunks::new(4, &mut emit);
-                let e = read_shard_in(&input, &shard, &src, 1000, 64, &mut out)
+                let e = read_shard(reading(&input, &src, 1000, 64), &shard, &mut out)
                     .expect_err(&format!("{how} {name}"));
                 let msg = e.to_string();
                 assert!(
@@ -762,7 +778,7 @@ mod tests {
             false
         };
         let mut out = Chunks::new(3, &mut emit);
-        assert!(!read_shard_in(&input, &shard, &src, 1000, 4, &mut out).unwrap());
+        assert!(!read_shard(reading(&input, &src, 1000, 4), &shard, &mut out).unwrap());
         assert_eq!(taken, 3, "one chunk, then nothing more");
     }
 
@@ -827,7 +843,8 @@ mod tests {
             let (input, shard) = one_file(tag, "bad.parquet", bytes);
             let mut emit = |_: Vec<Input>| true;
             let mut out = Chunks::new(4, &mut emit);
-            let e = read_shard(&input, &shard, &src, 1000, &mut out).unwrap_err();
+            let e =
+                read_shard(reading(&input, &src, 1000, BLOCK_BYTES), &shard, &mut out).unwrap_err();
             assert!(
                 matches!(e, PipelineError::Input { .. }) && e.to_string().contains("bad.parquet"),
                 "{tag}: {e}"
