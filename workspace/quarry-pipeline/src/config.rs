@@ -124,6 +124,10 @@ pub struct DatasetSource {
     /// Files per shard for `format = "text"` (one document per file).
     #[serde(default = "default_text_shard_files")]
     pub text_shard_files: usize,
+    /// A JSONL or Parquet file larger than this is split into parts of about this many bytes,
+    /// each a shard of its own (`0`: never split). Compressed JSONL is never split.
+    #[serde(default = "default_split_bytes")]
+    pub split_bytes: u64,
     /// This worker's index among `shard_count` workers (`--shard-index` and the environment's
     /// `JOB_COMPLETION_INDEX` come first; see [`crate::shard::ShardSlice::resolve`]).
     #[serde(default)]
@@ -148,15 +152,24 @@ fn default_text_shard_files() -> usize {
     256
 }
 
+/// 256 MiB: a part of a few hundred thousand documents, minutes of a GPU's work, whose records
+/// a worker holds until it publishes them.
+pub const DEFAULT_SPLIT_BYTES: u64 = 256 << 20;
+
+fn default_split_bytes() -> u64 {
+    DEFAULT_SPLIT_BYTES
+}
+
 /// Input files of a dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum InputFormat {
-    /// One JSON object per line; each file is a shard.
+    /// One JSON object per line; each file is a shard (or `split_bytes` parts of it).
     Jsonl,
     /// One document per file; `text_shard_files` files make a shard.
     Text,
-    /// Parquet with a string column named by `fields.text`; each file is a shard.
+    /// Parquet with a string column named by `fields.text`; each file is a shard (or
+    /// `split_bytes` parts of it, whole row groups each).
     Parquet,
 }
 

@@ -2,10 +2,12 @@
 //! output file. A shard whose rejects marker is already published is skipped, so a rerun resumes
 //! where a crash left off.
 //!
-//! Inputs: JSONL (each file a shard, each line a document, `_offset` = line index), plain text
-//! (one document per file, `text_shard_files` files per shard, `_offset` = index in the shard)
-//! and Parquet with a string text column (each file a shard, `_offset` = row index). A shard is
-//! read a chunk of documents at a time ([`read`]), beside the step loop ([`io`]).
+//! Inputs: JSONL (each file a shard, each line a document, `_offset` = the line's byte offset in
+//! the file, decompressed), plain text (one document per file, `text_shard_files` files per
+//! shard, `_offset` = index in the shard) and Parquet with a string text column (each file a
+//! shard, `_offset` = row index in the file). A JSONL or Parquet file over `split_bytes` is cut
+//! into parts, each a shard ([`crate::shard`]). A shard is read a chunk of documents at a time
+//! ([`read`]), beside the step loop ([`io`]).
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -19,7 +21,7 @@ use crate::error::PipelineError;
 use crate::extract::Extractor;
 use crate::flow::{FileReport, Flow, Publisher};
 use crate::metrics::Metrics;
-pub use crate::shard::{shards, Shard, ShardSlice};
+pub use crate::shard::{check_splits, shards, Part, Shard, ShardSlice};
 use crate::shutdown::Shutdown;
 use crate::store::Location;
 use io::{Beside, Next, Read, Stores};
@@ -325,6 +327,8 @@ impl<'a, E: Extractor> DatasetJob<'a, E> {
         // Paths, not names: a name's path is what `exists` would have asked for, byte for byte.
         let published: std::collections::HashSet<_> =
             rejects.list("")?.into_iter().map(|m| m.location).collect();
+        let names: Vec<String> = published.iter().map(|p| rejects.relative(p)).collect();
+        check_splits(self.input, &all, names.iter().map(String::as_str))?;
         let mut todo = Vec::new();
         for s in all.into_iter().filter(|s| self.opts.slice.owns(&s.name)) {
             summary.shards_assigned += 1;

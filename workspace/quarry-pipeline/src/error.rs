@@ -270,6 +270,19 @@ pub enum InputProblem {
         first: String,
         second: String,
     },
+    /// A file cut into a different number of parts by an earlier run of the job than now
+    /// (`source.split_bytes` changed, or the file): its documents would be published twice.
+    #[error(
+        "{file} was cut into {was} part(s) by an earlier run ({published} is published) and into \
+         {now} now: `source.split_bytes` or the file changed since; run with the earlier \
+         split_bytes, or write to a new output"
+    )]
+    SplitChanged {
+        file: String,
+        published: String,
+        was: usize,
+        now: usize,
+    },
 }
 
 /// What is wrong with a job's JSON Schema (or a document its references name), or its grammar.

@@ -201,6 +201,8 @@ mod store {
         pub puts_seen: AtomicUsize,
         /// Existence checks (HEAD requests) asked.
         pub heads_seen: AtomicUsize,
+        /// Bytes the reads got (whole objects and ranges).
+        pub bytes_read: std::sync::atomic::AtomicU64,
         /// The paths of the puts that landed, in the order they did.
         pub landed: std::sync::Mutex<Vec<String>>,
         /// Held calls that gave up waiting ([`FaultyStore::hold`]).
@@ -230,6 +232,7 @@ mod store {
                 rival: std::sync::Mutex::new(None),
                 puts_seen: AtomicUsize::new(0),
                 heads_seen: AtomicUsize::new(0),
+                bytes_read: Default::default(),
                 landed: std::sync::Mutex::new(Vec::new()),
                 holds_timed_out: AtomicUsize::new(0),
             }
@@ -352,7 +355,13 @@ mod store {
                     source: "injected stale existence check".into(),
                 });
             }
-            self.inner.get_opts(location, options).await
+            let head = options.head;
+            let got = self.inner.get_opts(location, options).await?;
+            if !head {
+                let read = got.range.end - got.range.start;
+                self.bytes_read.fetch_add(read, Ordering::SeqCst);
+            }
+            Ok(got)
         }
 
         fn delete_stream(

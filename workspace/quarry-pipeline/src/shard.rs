@@ -4,6 +4,15 @@
 //! and takes the shards whose [`shard_hash`] falls to its index ([`ShardSlice`]). Workers never
 //! talk to each other; the output's create-if-absent protocol ([`crate::flow`]) keeps every shard
 //! published once even when two workers are given the same index by mistake.
+//!
+//! A JSONL or Parquet file larger than `split_bytes` is cut into [`Part`]s of even byte ranges,
+//! each a shard of its own (`a.part-00001-of-00004.parquet`), so one large file spreads over
+//! workers and a worker holds a part's records, not a whole file's. A part takes the lines, or
+//! the row groups, that start in its range, so the parts of a file hold each of its documents
+//! exactly once, and no listing reads more than names and sizes.
+
+use std::collections::HashMap;
+use std::ops::Range;
 
 use object_store::path::Path;
 use sha2::{Digest, Sha256};
@@ -19,6 +28,86 @@ pub struct Shard {
     pub files: Vec<Path>,
     /// Each file's size in bytes, as the listing gave it.
     pub sizes: Vec<u64>,
+    /// The part of its one file this shard reads; `None` for whole files.
+    pub part: Option<Part>,
+}
+
+/// Part `index` of `count` of one large file: the JSONL lines, or the Parquet row groups, that
+/// start in `bytes` (a line or row group that starts in it is read to its end, past it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    pub index: usize,
+    pub count: usize,
+    pub bytes: Range<u64>,
+}
+
+/// The byte ranges a file of `size` bytes is cut into: `⌈size / split⌉` ranges of even length
+/// (to a byte), in order; one range, the whole file, at or below `split` or where `split` is 0.
+pub fn split_ranges(size: u64, split: u64) -> Vec<Range<u64>> {
+    if split == 0 || size <= split {
+        return std::iter::once(0..size).collect();
+    }
+    let n = size.div_ceil(split);
+    let at = |k: u64| (u128::from(k) * u128::from(size) / u128::from(n)) as u64;
+    (0..n).map(|k| at(k)..at(k + 1)).collect()
+}
+
+/// The name of part `index` of `count` of the shard that would be named `whole`
+/// (`a.parquet` → `a.part-00001-of-00004.parquet`).
+fn part_name(whole: &str, index: usize, count: usize) -> String {
+    let stem = whole.strip_suffix(".parquet").unwrap_or(whole);
+    format!("{stem}.part-{index:05}-of-{count:05}.parquet")
+}
+
+/// The whole-file name and part count a shard name says (`a.part-00001-of-00004.parquet` →
+/// (`a.parquet`, 4)); a name that is not a part's is its own whole name, of 1 part.
+fn split_of(name: &str) -> (String, usize) {
+    let parsed = name
+        .strip_suffix(".parquet")
+        .and_then(|n| n.rsplit_once(".part-"))
+        .and_then(|(stem, tail)| {
+            let (k, n) = tail.split_once("-of-")?;
+            let all_digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+            (all_digits(k) && all_digits(n))
+                .then(|| n.parse().ok())
+                .flatten()
+                .map(|n| (format!("{stem}.parquet"), n))
+        });
+    parsed.unwrap_or_else(|| (name.to_string(), 1))
+}
+
+/// Checks that the shards published already (`published`, names relative to the rejects
+/// prefix) cut each file as `shards` do: a file cut into other parts before (`split_bytes`
+/// changed, or the file) would have its documents published twice, or some never.
+pub fn check_splits<'a>(
+    input: &Location,
+    shards: &[Shard],
+    published: impl IntoIterator<Item = &'a str>,
+) -> Result<(), PipelineError> {
+    let names: std::collections::HashSet<&str> = shards.iter().map(|s| s.name.as_str()).collect();
+    let mut now: HashMap<String, (usize, &Path)> = HashMap::new();
+    for s in shards {
+        let (whole, count) = split_of(&s.name);
+        now.insert(whole, (count, &s.files[0]));
+    }
+    for name in published {
+        if names.contains(name) {
+            continue;
+        }
+        let (whole, was) = split_of(name);
+        if let Some(&(count, file)) = now.get(&whole).filter(|(c, _)| *c != was) {
+            return Err(PipelineError::Input {
+                location: input.url.clone(),
+                source: InputProblem::SplitChanged {
+                    file: input.relative(file),
+                    published: name.to_string(),
+                    was,
+                    now: count,
+                },
+            });
+        }
+    }
+    Ok(())
 }
 
 /// How a JSONL input file is compressed, from its name.
@@ -72,24 +161,50 @@ pub fn shards(input: &Location, src: &DatasetSource) -> Result<Vec<Shard>, Pipel
         Some((stem, _)) => format!("{stem}.parquet"),
         None => format!("{rel}.parquet"),
     };
-    let one_file = |name: String, m: object_store::ObjectMeta| Shard {
-        name,
-        files: vec![m.location],
-        sizes: vec![m.size],
+    // A file's shards: itself, or its parts where it is larger than `split_bytes` and can be cut.
+    let one_file = |name: String, m: object_store::ObjectMeta, split: u64| {
+        let ranges = split_ranges(m.size, split);
+        let count = ranges.len();
+        let whole = count == 1;
+        ranges
+            .into_iter()
+            .enumerate()
+            .map(|(index, bytes)| Shard {
+                name: if whole {
+                    name.clone()
+                } else {
+                    part_name(&name, index, count)
+                },
+                files: vec![m.location.clone()],
+                sizes: vec![m.size],
+                part: (!whole).then_some(Part {
+                    index,
+                    count,
+                    bytes,
+                }),
+            })
+            .collect::<Vec<_>>()
     };
     let shards: Vec<Shard> = match src.format {
         InputFormat::Jsonl => visible
             .into_iter()
             .filter_map(|m| {
                 let rel = input.relative(&m.location);
-                let (_, plain) = Codec::of_jsonl(&rel)?;
-                Some(one_file(renamed(plain), m))
+                let (codec, plain) = Codec::of_jsonl(&rel)?;
+                // A compressed stream has no place to start reading but its first byte.
+                let split = if codec == Codec::Plain {
+                    src.split_bytes
+                } else {
+                    0
+                };
+                Some(one_file(renamed(plain), m, split))
             })
+            .flatten()
             .collect(),
         InputFormat::Parquet => visible
             .into_iter()
             .filter(|m| m.location.extension() == Some("parquet"))
-            .map(|m| one_file(renamed(&input.relative(&m.location)), m))
+            .flat_map(|m| one_file(renamed(&input.relative(&m.location)), m, src.split_bytes))
             .collect(),
         InputFormat::Text => visible
             .chunks(src.text_shard_files)
@@ -98,10 +213,15 @@ pub fn shards(input: &Location, src: &DatasetSource) -> Result<Vec<Shard>, Pipel
                 name: format!("text-{k:06}.parquet"),
                 files: chunk.iter().map(|m| m.location.clone()).collect(),
                 sizes: chunk.iter().map(|m| m.size).collect(),
+                part: None,
             })
             .collect(),
     };
-    let inputs: usize = shards.iter().map(|s| s.files.len()).sum();
+    let inputs: usize = shards
+        .iter()
+        .filter(|s| s.part.as_ref().is_none_or(|p| p.index == 0))
+        .map(|s| s.files.len())
+        .sum();
     if inputs < seen {
         tracing::warn!(
             input = %input.url,
@@ -110,17 +230,22 @@ pub fn shards(input: &Location, src: &DatasetSource) -> Result<Vec<Shard>, Pipel
             "files under the input that are not inputs of this format are left out"
         );
     }
-    let mut names = std::collections::HashMap::new();
+    // By whole-file name, so that the parts of `a.jsonl` and a whole `a.jsonl.gz` are caught too.
+    let mut names = HashMap::new();
     for s in &shards {
-        if let Some(first) = names.insert(s.name.as_str(), &s.files[0]) {
-            return Err(PipelineError::Input {
-                location: input.url.clone(),
-                source: InputProblem::SameShardName {
-                    name: s.name.clone(),
-                    first: input.relative(first),
-                    second: input.relative(&s.files[0]),
-                },
-            });
+        let (whole, _) = split_of(&s.name);
+        match names.insert(whole.clone(), &s.files[0]) {
+            Some(first) if first != &s.files[0] => {
+                return Err(PipelineError::Input {
+                    location: input.url.clone(),
+                    source: InputProblem::SameShardName {
+                        name: whole,
+                        first: input.relative(first),
+                        second: input.relative(&s.files[0]),
+                    },
+                });
+            }
+            _ => {}
         }
     }
     Ok(shards)
@@ -232,6 +357,7 @@ mod tests {
             format: InputFormat::Jsonl,
             fields: DocFields::default(),
             text_shard_files: 1,
+            split_bytes: crate::config::DEFAULT_SPLIT_BYTES,
             shard_index: index,
             shard_count: count,
         }
@@ -277,6 +403,169 @@ mod tests {
         );
         assert_eq!(Codec::of_jsonl("x.gz"), None);
         assert_eq!(Codec::of_jsonl("v1.2/x"), None);
+    }
+
+    #[test]
+    fn split_ranges_cover_the_file_once_in_even_ranges() {
+        let whole = |size: u64| vec![(0, size)];
+        let pairs = |r: Vec<Range<u64>>| -> Vec<(u64, u64)> {
+            r.into_iter().map(|r| (r.start, r.end)).collect()
+        };
+        assert_eq!(pairs(split_ranges(10, 0)), whole(10));
+        assert_eq!(pairs(split_ranges(10, 10)), whole(10));
+        assert_eq!(pairs(split_ranges(0, 4)), whole(0));
+        for (size, split) in [
+            (11u64, 10u64),
+            (100, 7),
+            (1 << 40, 3 << 28),
+            (u64::MAX, 1 << 60),
+        ] {
+            let r = split_ranges(size, split);
+            assert_eq!(r.len() as u64, size.div_ceil(split), "{size} by {split}");
+            assert_eq!((r[0].start, r[r.len() - 1].end), (0, size));
+            assert!(r.windows(2).all(|w| w[0].end == w[1].start));
+            let lens: Vec<u64> = r.iter().map(|r| r.end - r.start).collect();
+            let (lo, hi) = (lens.iter().min().unwrap(), lens.iter().max().unwrap());
+            assert!(
+                hi - lo <= 1 && *hi <= split,
+                "{size} by {split}: {lo}..{hi}"
+            );
+        }
+    }
+
+    #[test]
+    fn files_over_split_bytes_are_cut_into_named_parts_but_compressed_ones_are_not() {
+        let input = Location::open("memory://shard-parts/in").unwrap();
+        for (name, size) in [
+            ("big.jsonl", 25),
+            ("small.jsonl", 10),
+            ("big.jsonl.gz", 25),
+            ("dir/big.parquet", 21),
+        ] {
+            input.publish(name, vec![b'x'; size].into()).unwrap();
+        }
+        let mut jsonl = src(None, None);
+        jsonl.split_bytes = 10;
+        let mut parquet = jsonl.clone();
+        parquet.format = InputFormat::Parquet;
+        let listed = |src: &DatasetSource| -> Vec<(String, Option<Part>)> {
+            let got = shards(&input, src).unwrap();
+            got.into_iter().map(|s| (s.name, s.part)).collect()
+        };
+        let part = |index, count, bytes| {
+            Some(Part {
+                index,
+                count,
+                bytes,
+            })
+        };
+        assert_eq!(
+            listed(&parquet),
+            [
+                (
+                    "dir/big.part-00000-of-00003.parquet".into(),
+                    part(0, 3, 0..7)
+                ),
+                (
+                    "dir/big.part-00001-of-00003.parquet".into(),
+                    part(1, 3, 7..14)
+                ),
+                (
+                    "dir/big.part-00002-of-00003.parquet".into(),
+                    part(2, 3, 14..21)
+                ),
+            ]
+        );
+        // big.jsonl's parts and big.jsonl.gz would share a name: an error, cut or not.
+        for split in [10, 0] {
+            jsonl.split_bytes = split;
+            let e = shards(&input, &jsonl).unwrap_err().to_string();
+            assert!(e.contains("big.jsonl and big.jsonl.gz would both"), "{e}");
+        }
+        jsonl.split_bytes = 10;
+        let input = Location::open("memory://shard-parts2/in").unwrap();
+        for (name, size) in [("big.jsonl", 25), ("small.jsonl", 10), ("z.jsonl.gz", 25)] {
+            input.publish(name, vec![b'x'; size].into()).unwrap();
+        }
+        let got: Vec<(String, Option<Part>)> = shards(&input, &jsonl)
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.name, s.part))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("big.part-00000-of-00003.parquet".into(), part(0, 3, 0..8)),
+                ("big.part-00001-of-00003.parquet".into(), part(1, 3, 8..16)),
+                ("big.part-00002-of-00003.parquet".into(), part(2, 3, 16..25)),
+                ("small.parquet".into(), None),
+                ("z.parquet".into(), None),
+            ]
+        );
+        jsonl.split_bytes = 0;
+        let whole = shards(&input, &jsonl).unwrap();
+        assert_eq!(whole.len(), 3);
+        assert!(whole.iter().all(|s| s.part.is_none()));
+    }
+
+    #[test]
+    fn a_file_published_in_other_parts_before_is_an_error_naming_it() {
+        let input = Location::open("memory://shard-resplit/in").unwrap();
+        input.publish("big.jsonl", vec![b'x'; 25].into()).unwrap();
+        input
+            .publish("text-000001.jsonl", vec![b'x'; 5].into())
+            .unwrap();
+        // An input whose own name reads like a part's is its own whole shard.
+        input
+            .publish("odd.part-00001-of-00009.jsonl", vec![b'x'; 5].into())
+            .unwrap();
+        let mut s = src(None, None);
+        let listed = |split: u64, s: &mut DatasetSource| {
+            s.split_bytes = split;
+            shards(&input, s).unwrap()
+        };
+        let three = listed(10, &mut s);
+        let names =
+            |shards: &[Shard]| -> Vec<String> { shards.iter().map(|s| s.name.clone()).collect() };
+        let published = names(&three);
+        let check = |now: &[Shard], published: &[String]| {
+            check_splits(&input, now, published.iter().map(String::as_str))
+        };
+        // The same cut, part of it published, or nothing published: fine.
+        check(&three, &published).unwrap();
+        check(&three, &published[..1]).unwrap();
+        check(&three, &[]).unwrap();
+        for (split, was, now) in [(5, 3, 5), (0, 3, 1)] {
+            let e = check(&listed(split, &mut s), &published[..1])
+                .unwrap_err()
+                .to_string();
+            let want = format!(
+                "big.jsonl was cut into {was} part(s) by an earlier run \
+                 (big.part-00000-of-00003.parquet is published) and into {now} now"
+            );
+            assert!(e.contains(&want), "{e}");
+        }
+        // Published whole, cut now.
+        let whole = listed(0, &mut s);
+        let e = check(&three, &names(&whole)).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "cut into 1 part(s) by an earlier run (big.parquet is published) and into 3 now"
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            split_of("a.part-00002-of-00010.parquet"),
+            ("a.parquet".into(), 10)
+        );
+        assert_eq!(
+            split_of("a.part-x-of-00010.parquet"),
+            ("a.part-x-of-00010.parquet".into(), 1)
+        );
+        assert_eq!(
+            split_of("text-000001.parquet"),
+            ("text-000001.parquet".into(), 1)
+        );
     }
 
     #[test]

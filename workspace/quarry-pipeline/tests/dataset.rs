@@ -41,14 +41,32 @@ fn line(id: &str, text: &str) -> String {
     json!({"id": id, "text": text}).to_string()
 }
 
-fn write_inputs(dir: &std::path::Path) -> BTreeMap<String, usize> {
+/// Each line's first byte's offset in `text`: a JSONL document's `_offset`.
+fn line_starts(text: &[u8]) -> Vec<i64> {
+    let mut at = 0;
+    let mut starts: Vec<i64> = text
+        .split(|b| *b == b'\n')
+        .map(|l| {
+            let start = at;
+            at += l.len() as i64 + 1;
+            start
+        })
+        .collect();
+    if text.ends_with(b"\n") {
+        starts.pop();
+    }
+    starts
+}
+
+/// The inputs, each with its documents' offsets.
+fn write_inputs(dir: &std::path::Path) -> BTreeMap<String, Vec<i64>> {
     let docs = packages(5);
     let input = dir.join("in");
     std::fs::create_dir_all(&input).unwrap();
     let a = [line("a0", &docs[0]), line("a1", &docs[1])].join("\n") + "\n";
     let b = [line("b0", &docs[2]), line("b1", &docs[3])].join("\n") + "\n";
-    std::fs::write(input.join("a.jsonl"), a).unwrap();
-    std::fs::write(input.join("b.jsonl"), b).unwrap();
+    std::fs::write(input.join("a.jsonl"), &a).unwrap();
+    std::fs::write(input.join("b.jsonl"), &b).unwrap();
     let mut bad: Vec<u8> = Vec::new();
     bad.extend_from_slice(b"{\"id\": \"u\", \"text\": \"caf\xc3\x28\"}\n"); // 0 invalid UTF-8
     bad.extend_from_slice(line("e", "   ").as_bytes()); // 1 empty
@@ -63,15 +81,17 @@ fn write_inputs(dir: &std::path::Path) -> BTreeMap<String, usize> {
     bad.push(b'\n');
     bad.extend_from_slice(line("ok", &docs[4]).as_bytes()); // 6 a good one after the bad ones
     bad.push(b'\n');
-    std::fs::write(input.join("bad.jsonl"), bad).unwrap();
+    std::fs::write(input.join("bad.jsonl"), &bad).unwrap();
     // Hidden and non-JSONL files are not inputs.
     std::fs::write(input.join("_SUCCESS"), b"").unwrap();
     std::fs::write(input.join("notes.txt"), b"not an input").unwrap();
-    BTreeMap::from([
-        ("a.jsonl".into(), 2),
-        ("b.jsonl".into(), 2),
-        ("bad.jsonl".into(), 7),
-    ])
+    let expected = BTreeMap::from([
+        ("a.jsonl".into(), line_starts(a.as_bytes())),
+        ("b.jsonl".into(), line_starts(b.as_bytes())),
+        ("bad.jsonl".into(), line_starts(&bad)),
+    ]);
+    assert_eq!(expected.values().map(Vec::len).sum::<usize>(), 11);
+    expected
 }
 
 struct Run {
@@ -117,16 +137,19 @@ impl Run {
 }
 
 /// Every input line appears once across accepted and rejects, and nowhere twice.
-fn assert_exactly_once(run: &Run, expected: &BTreeMap<String, usize>) -> (Vec<Value>, Vec<Value>) {
+fn assert_exactly_once(
+    run: &Run,
+    expected: &BTreeMap<String, Vec<i64>>,
+) -> (Vec<Value>, Vec<Value>) {
     let acc = rows(&dump(&run.out, &[]));
     let rej = rows(&dump(&run.rej, &[]));
     let mut all = keys(&acc);
     all.extend(keys(&rej));
     all.sort();
     let mut want = Vec::new();
-    for (file, n) in expected {
+    for (file, offsets) in expected {
         let src = format!("{}/{file}", run.input.url.trim_end_matches('/'));
-        want.extend((0..*n as i64).map(|o| (src.clone(), o)));
+        want.extend(offsets.iter().map(|&o| (src.clone(), o)));
     }
     want.sort();
     assert_eq!(
@@ -149,7 +172,8 @@ fn dataset_job_end_to_end() {
     let (acc, rej) = assert_exactly_once(&run, &expected);
 
     // Bad documents are rejects with their cause, and the good one after them is not lost.
-    let cause_at = |o: i64| {
+    let cause_at = |line: usize| {
+        let o = expected["bad.jsonl"][line];
         rej.iter()
             .find(|r| r["_source"].as_str().unwrap().ends_with("bad.jsonl") && r["_offset"] == o)
             .map(|r| r["cause"].as_str().unwrap().to_string())
@@ -269,7 +293,7 @@ fn parquet_inputs_in_every_codec() {
         );
         let report: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(report[codec]["row_groups"], 3, "{report}");
-        expected.insert(format!("{codec}.parquet"), 3);
+        expected.insert(format!("{codec}.parquet"), vec![0, 1, 2]);
     }
     let run = Run::with(&dir, |cfg| {
         cfg.sampling.max_tokens = 96;
@@ -300,8 +324,67 @@ fn parquet_inputs_in_every_codec() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A Parquet file pyarrow writes, larger than `source.split_bytes`, is cut into parts that
+/// workers take apart: together they hold each row once, with its row number in the whole file.
+#[test]
+fn a_parquet_file_over_split_bytes_is_published_in_parts() {
+    let dir = temp_dir("dataset-parquet-parts");
+    let docs = packages(2);
+    let input = dir.join("in");
+    // Six rows in row groups of one: two package records and four rows with no text (rejects
+    // that cost no model time).
+    let rows: Vec<Value> = (0..6)
+        .map(|k| {
+            let text = if k % 3 == 0 {
+                json!(docs[k / 3])
+            } else {
+                Value::Null
+            };
+            json!({"id": format!("r{k}"), "text": text})
+        })
+        .collect();
+    let script = root().join("tests/pipeline/pq_write.py");
+    let out = python_with_stdin(
+        &[
+            script.as_os_str(),
+            input.as_os_str(),
+            "1".as_ref(),
+            "snappy".as_ref(),
+        ],
+        Value::Array(rows).to_string().as_bytes(),
+    );
+    let report: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(report["snappy"]["row_groups"], 6, "{report}");
+    let size = std::fs::metadata(input.join("snappy.parquet"))
+        .unwrap()
+        .len();
+    let run = Run::with(&dir, |cfg| {
+        cfg.sampling.max_tokens = 96;
+        match &mut cfg.source {
+            SourceConfig::Dataset(src) => {
+                src.format = InputFormat::Parquet;
+                src.split_bytes = size.div_ceil(3);
+            }
+            _ => unreachable!("the package job reads a dataset"),
+        }
+    });
+    let s = run.go();
+    assert_eq!((s.shards, s.shards_done, s.consumed), (3, 3, 6), "{s:?}");
+    let expected = BTreeMap::from([("snappy.parquet".to_string(), (0..6).collect())]);
+    let (acc, rej) = assert_exactly_once(&run, &expected);
+    for r in acc.iter().chain(&rej) {
+        assert_eq!(r["_doc_id"], format!("r{}", r["_offset"]), "{r}");
+    }
+    // Each part is a shard of its own, published with its marker.
+    for k in 0..3 {
+        let name = format!("snappy.part-{k:05}-of-00003.parquet");
+        assert!(dir.join("rej").join(&name).is_file(), "{name}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// JSONL compressed as gzip (Python's zlib) and zstd (pyarrow's libzstd) reads as the plain file
-/// does: every line once, with its line number as its offset, bad lines as rejects.
+/// does: every line once, with its byte offset in the decompressed file, bad lines as rejects.
 #[test]
 fn compressed_jsonl_inputs() {
     let dir = temp_dir("dataset-compressed");
@@ -325,14 +408,16 @@ fn compressed_jsonl_inputs() {
             &[script.as_os_str(), path.as_os_str(), codec.as_ref()],
             text.as_bytes(),
         );
-        expected.insert(name.to_string(), 2);
+        expected.insert(name.to_string(), line_starts(text.as_bytes()));
     }
     let run = Run::with(&dir, |cfg| cfg.sampling.max_tokens = 96);
     let s = run.go();
     assert_eq!((s.shards, s.shards_done, s.consumed), (2, 2, 4), "{s:?}");
     let (acc, rej) = assert_exactly_once(&run, &expected);
     for (codec, name) in [("gzip", "g.jsonl.gz"), ("zstd", "z.ndjson.zst")] {
-        let at = |o: i64| {
+        let at = |line: usize| {
+            // The offset in the decompressed file.
+            let o = expected[name][line];
             acc.iter()
                 .chain(&rej)
                 .find(|r| r["_source"].as_str().unwrap().ends_with(name) && r["_offset"] == o)

@@ -53,6 +53,11 @@ pub(crate) struct ExtractArgs {
     /// How many workers share the input [default: source.shard_count, then 1].
     #[arg(long)]
     shard_count: Option<usize>,
+    /// Cut JSONL and Parquet files larger than this many bytes into parts, each a shard
+    /// (overrides `source.split_bytes`, 256 MiB by default; 0 never cuts). Every worker of a job,
+    /// and every rerun, must use the same value.
+    #[arg(long)]
+    split_bytes: Option<u64>,
     /// Device (overrides `model.device`): cpu or cuda:N, or a comma-separated list
     /// (cuda:0,cuda:1): one process per device, each on its part of this worker's shards.
     #[arg(long)]
@@ -181,6 +186,11 @@ fn serve_metrics(metrics: &Arc<Metrics>, listen: Option<&str>) -> Result<()> {
 pub(crate) fn extract(args: ExtractArgs) -> Result<crate::Exit> {
     init_logs(&args.log_format);
     let mut job = load(&args.pipeline, &None, &args.model)?;
+    if let (Some(split), quarry_pipeline::config::SourceConfig::Dataset(src)) =
+        (args.split_bytes, &mut job.cfg.source)
+    {
+        src.split_bytes = split;
+    }
     let quarry_pipeline::config::SourceConfig::Dataset(src) = &job.cfg.source else {
         anyhow::bail!(
             "{}: source.kind is \"kafka\"; run it with `quarry worker`",

@@ -54,8 +54,11 @@ impl Job {
             }
             let name = format!("part-{k}.jsonl");
             std::fs::write(dir.join(&name), &text).unwrap();
-            for i in 0..text.lines().count() {
-                lines.push((format!("s3://{bucket}/in/{name}"), i as i64));
+            // A line's offset is its first byte's.
+            let mut at = 0;
+            for l in text.lines() {
+                lines.push((format!("s3://{bucket}/in/{name}"), at));
+                at += l.len() as i64 + 1;
             }
         }
         py(&format!(

@@ -33,6 +33,10 @@ struct Args {
     shards: usize,
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Passed to every worker: cut shard files larger than this into parts (`--shards 1` and a
+    /// value under the file's size: one large file shared by the workers; 0: never cut).
+    #[arg(long)]
+    split_bytes: Option<u64>,
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -53,6 +57,9 @@ fn worker(
     c.arg("--input").arg(input);
     c.arg("--output").arg(out.join("out"));
     c.arg("--rejects").arg(out.join("rejects"));
+    if let Some(split) = a.split_bytes {
+        c.arg("--split-bytes").arg(split.to_string());
+    }
     c.args([
         "--shard-index",
         &index.to_string(),
@@ -88,11 +95,16 @@ fn run(a: &Args, input: &Path, out: &Path, count: usize) -> Result<(f64, Vec<Val
             .map(|s| s[k].as_u64().unwrap_or(0))
             .sum::<u64>()
     };
+    // The shards the listing holds: the files, or their parts where they are cut.
+    let listed = summaries
+        .iter()
+        .map(|s| s["shards"].as_u64().unwrap_or(0))
+        .max()
+        .unwrap_or(0);
     ensure!(
-        sum("shards_done") as usize == a.shards && sum("consumed") as usize == a.docs,
-        "{count} worker(s) published {} of {} shards, {} of {} documents",
+        sum("shards_done") == listed && sum("consumed") as usize == a.docs,
+        "{count} worker(s) published {} of {listed} shards, {} of {} documents",
         sum("shards_done"),
-        a.shards,
         sum("consumed"),
         a.docs
     );
@@ -159,6 +171,7 @@ fn main() -> Result<()> {
         "cpu": cpu,
         "docs": a.docs,
         "shards": a.shards,
+        "split_bytes": a.split_bytes,
         "model": a.model,
         "pipeline": a.pipeline,
         "threads_per_worker": 1,

@@ -40,6 +40,9 @@ use crate::store::Location;
 /// Bytes of a JSONL file a ranged request reads.
 pub const BLOCK_BYTES: u64 = 8 << 20;
 
+/// Bytes a part of a JSONL file reads past its end at first, for its last line.
+const PAST_BYTES: u64 = 64 << 10;
+
 /// Bytes of (decompressed) JSONL cut into lines at a time.
 const READ_BYTES: usize = 1 << 20;
 
@@ -123,6 +126,8 @@ pub(super) fn read_shard(
     if src.format == InputFormat::Text {
         return read_text(r, shard, out);
     }
+    // A part reads what starts in its bytes; a whole file, everything.
+    let bytes = shard.part.as_ref().map_or(0..u64::MAX, |p| p.bytes.clone());
     for (path, &size) in shard.files.iter().zip(&shard.sizes) {
         let source = source_name(input, path);
         let file = File {
@@ -132,8 +137,8 @@ pub(super) fn read_shard(
             source: &source,
         };
         let going = match src.format {
-            InputFormat::Jsonl => read_jsonl(&file, src, max_doc_bytes, block, out)?,
-            InputFormat::Parquet => read_parquet(&file, src, max_doc_bytes, out)?,
+            InputFormat::Jsonl => read_jsonl(&file, src, max_doc_bytes, block, bytes.clone(), out)?,
+            InputFormat::Parquet => read_parquet(&file, src, max_doc_bytes, bytes.clone(), out)?,
             InputFormat::Text => unreachable!("text shards are read above"),
         };
         if !going {
@@ -223,19 +228,21 @@ enum Line {
     },
 }
 
+/// Reads the lines of a JSONL file that start in `bytes` (of the decompressed stream): a line
+/// that starts in them is read to its end, and a range that starts inside a line skips to the
+/// next. Each line's lineage offset is its first byte's offset.
 fn read_jsonl(
     file: &File<'_>,
     src: &DatasetSource,
     max_doc_bytes: usize,
     block: u64,
+    bytes: Range<u64>,
     out: &mut Chunks<'_>,
 ) -> Result<bool, PipelineError> {
     let mut line = Line::Held(Vec::new());
-    let mut index: i64 = 0;
-    // Ends the line in `line` (its '\n' not included) as document `index`.
-    let mut finish = |line: Line, index: &mut i64| -> bool {
-        let lineage = Lineage::new(file.source, None, *index);
-        *index += 1;
+    // Ends the line in `line` (its '\n' not included), which starts at byte `at`.
+    let mut finish = |line: Line, at: u64| -> bool {
+        let lineage = Lineage::new(file.source, None, at as i64);
         let raw = match &line {
             Line::Held(bytes) => bytes.len(),
             Line::Over { start, .. } => start.len(),
@@ -265,11 +272,18 @@ fn read_jsonl(
         };
         out.push(input, raw)
     };
+    // A line starts at byte 0 or after a '\n': a range from byte b > 0 reads from b - 1 and
+    // skips to its first '\n', so a line that starts exactly at b is this range's.
+    let mut skipping = bytes.start > 0;
+    let mut pos = bytes.start.saturating_sub(1);
+    let mut line_start = pos;
     let failed = RefCell::new(None);
     let ranged = Ranged {
         file,
-        at: 0,
+        at: pos,
         block,
+        stop: bytes.end,
+        past: PAST_BYTES,
         held: Bytes::new(),
         failed: &failed,
     };
@@ -296,6 +310,19 @@ fn read_jsonl(
             }
         };
         let mut rest: &[u8] = &buf[..n];
+        if skipping {
+            let Some(cut) = rest.iter().position(|b| *b == b'\n') else {
+                pos += n as u64;
+                continue;
+            };
+            skipping = false;
+            pos += cut as u64 + 1;
+            rest = &rest[cut + 1..];
+            line_start = pos;
+            if line_start >= bytes.end {
+                return Ok(true);
+            }
+        }
         loop {
             let cut = rest.iter().position(|b| *b == b'\n');
             let part = &rest[..cut.unwrap_or(rest.len())];
@@ -332,29 +359,40 @@ fn read_jsonl(
                 }
             };
             let Some(cut) = cut else {
+                pos += rest.len() as u64;
                 break;
             };
             let done = std::mem::replace(&mut line, Line::Held(Vec::new()));
-            if !finish(done, &mut index) {
+            if !finish(done, line_start) {
                 return Ok(false);
+            }
+            pos += cut as u64 + 1;
+            line_start = pos;
+            if line_start >= bytes.end {
+                return Ok(true);
             }
             rest = &rest[cut + 1..];
         }
     }
     // The last line, where the file does not end with '\n'.
     match &line {
+        _ if skipping => Ok(true),
         Line::Held(bytes) if bytes.is_empty() => Ok(true),
-        _ => Ok(finish(line, &mut index)),
+        _ => Ok(finish(line, line_start)),
     }
 }
 
-/// A file's bytes as a stream, read by ranged requests of `block` bytes as they are asked for.
-/// A store error ends the stream with an I/O error and is kept in `failed`, so the job stops
-/// with the store's own error.
+/// A file's bytes as a stream, read by ranged requests of `block` bytes as they are asked for,
+/// up to `stop`; past it (a part's last line runs on into the next part) by requests of
+/// `past` bytes that double up to `block`, so a part reads little of the next one. A store
+/// error ends the stream with an I/O error and is kept in `failed`, so the job stops with the
+/// store's own error.
 struct Ranged<'a> {
     file: &'a File<'a>,
     at: u64,
     block: u64,
+    stop: u64,
+    past: u64,
     held: Bytes,
     failed: &'a RefCell<Option<PipelineError>>,
 }
@@ -362,7 +400,14 @@ struct Ranged<'a> {
 impl Read for Ranged<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         if self.held.is_empty() && self.at < self.file.size {
-            let end = (self.at + self.block).min(self.file.size);
+            let end = if self.at < self.stop {
+                self.at.saturating_add(self.block).min(self.stop)
+            } else {
+                let end = self.at.saturating_add(self.past);
+                self.past = (self.past * 2).min(self.block);
+                end
+            }
+            .min(self.file.size);
             match self.file.read(self.at..end) {
                 Ok(bytes) => self.held = bytes,
                 Err(e) => {
@@ -425,10 +470,13 @@ impl ChunkReader for Span {
     }
 }
 
+/// Reads the row groups of a Parquet file whose first byte is in `bytes`; each row's lineage
+/// offset is its index in the whole file.
 fn read_parquet(
     file: &File<'_>,
     src: &DatasetSource,
     max_doc_bytes: usize,
+    bytes: Range<u64>,
     out: &mut Chunks<'_>,
 ) -> Result<bool, PipelineError> {
     let bad = |e: ParquetError| file.bad(e);
@@ -444,6 +492,11 @@ fn read_parquet(
         let Some(range) = spans.reduce(|a, b| a.start.min(b.start)..a.end.max(b.end)) else {
             continue;
         };
+        if !bytes.contains(&range.start) {
+            // Another part's.
+            row += group.num_rows();
+            continue;
+        }
         if range.end > file.size {
             return Err(bad(ParquetError::General(format!(
                 "row group {g} ends at byte {}, past the file's {} bytes",
@@ -562,8 +615,39 @@ mod tests {
             name: "s.parquet".into(),
             files: vec![input.path(name)],
             sizes: vec![size],
+            part: None,
         };
         (input, shard)
+    }
+
+    /// The shards `shard`'s one file is cut into at `split` bytes, as the listing cuts it.
+    fn parts(shard: &Shard, split: u64) -> Vec<Shard> {
+        let ranges = crate::shard::split_ranges(shard.sizes[0], split);
+        let count = ranges.len();
+        ranges
+            .into_iter()
+            .enumerate()
+            .map(|(index, bytes)| Shard {
+                part: Some(crate::shard::Part {
+                    index,
+                    count,
+                    bytes,
+                }),
+                ..shard.clone()
+            })
+            .collect()
+    }
+
+    /// The lines of `file` (split on '\n', without it) with each one's first byte's offset.
+    fn lines(file: &[u8]) -> Vec<(i64, &[u8])> {
+        let mut at = 0;
+        file.split(|b| *b == b'\n')
+            .map(|line| {
+                let start = at;
+                at += line.len() as i64 + 1;
+                (start, line)
+            })
+            .collect()
     }
 
     /// Every chunk read, with JSONL in requests of `block` bytes.
@@ -612,13 +696,13 @@ mod tests {
         file.extend_from_slice(&b"z".repeat(max)); // exactly at the limit with a '\r'
         file.extend_from_slice(b"\r\n");
         file.extend_from_slice(b"{\"id\": \"b\", \"text\": \"last, no newline\"}");
-        // The reference: the whole file split on '\n', each line decoded as it is.
-        let want: Vec<String> = file
-            .split(|b| *b == b'\n')
-            .enumerate()
-            .map(|(k, line)| {
+        // The reference: the whole file split on '\n', each line decoded as it is, with its
+        // first byte's offset.
+        let want: Vec<String> = lines(&file)
+            .into_iter()
+            .map(|(at, line)| {
                 let line = line.strip_suffix(b"\r").unwrap_or(line);
-                let lineage = Lineage::new("memory://read-jsonl/in/f.jsonl", None, k as i64);
+                let lineage = Lineage::new("memory://read-jsonl/in/f.jsonl", None, at);
                 shown(&decode(line, ValueFormat::Json, &src.fields, max, lineage))
             })
             .collect();
@@ -640,6 +724,53 @@ mod tests {
                 assert_eq!(got, want, "block {block}, chunks of {chunk_docs}");
             }
         }
+        // Cut into parts of any size, read in requests of any size, the parts together give
+        // every line once, in order: a line that starts in a part is read to its end, past it.
+        let len = file.len() as u64;
+        for split in [1, 2, 3, 5, 7, 13, 40, len / 3, len - 1, len] {
+            for block in [1, 3, 64, BLOCK_BYTES] {
+                let shards = parts(&shard, split);
+                assert_eq!(shards.len() as u64, len.div_ceil(split));
+                let got: Vec<String> = shards
+                    .iter()
+                    .flat_map(|s| chunks(&input, s, &src, max, block, 3))
+                    .flatten()
+                    .map(|i| shown(&i))
+                    .collect();
+                assert_eq!(got, want, "parts of {split} bytes, block {block}");
+            }
+        }
+    }
+
+    #[cfg(feature = "test-support")]
+    #[test]
+    fn a_part_reads_little_past_its_end() {
+        let src = source("jsonl");
+        let line = format!("{{\"text\": \"{}\"}}\n", "r".repeat(100));
+        let file = line.repeat(20_000).into_bytes();
+        let (input, shard) = one_file("past", "f.jsonl", file.clone());
+        let store = Arc::new(crate::faults::FaultyStore::new(
+            input.store.clone(),
+            0,
+            false,
+        ));
+        let input = Location {
+            store: store.clone(),
+            ..input
+        };
+        let all = parts(&shard, file.len() as u64 / 4);
+        let got = chunks(&input, &all[1], &src, 1000, 256 << 10, 100);
+        let read: usize = got.iter().map(Vec::len).sum();
+        assert!((4_990..=5_010).contains(&read), "{read} lines");
+        let part = all[1].part.as_ref().unwrap().bytes.clone();
+        let fetched = store.bytes_read.load(std::sync::atomic::Ordering::SeqCst);
+        // One byte before the part (for the line that may start on its first byte), then
+        // 64 KiB past its end at most for a line of 115 bytes.
+        assert!(
+            fetched <= part.end - part.start + 1 + PAST_BYTES,
+            "fetched {fetched} for a part of {}",
+            part.end - part.start
+        );
     }
 
     /// `bytes` compressed as `codec` writes it: gzip (here in two members, as `cat a.gz b.gz`
@@ -737,7 +868,7 @@ mod tests {
         let mut file = b"{\"text\": \"".to_vec();
         file.extend(std::iter::repeat_n(b'q', 3 << 20));
         file.extend_from_slice(b"\"}\n{\"text\": \"after\"}\n");
-        let (input, shard) = one_file("huge", "f.jsonl", file);
+        let (input, shard) = one_file("huge", "f.jsonl", file.clone());
         let got = chunks(&input, &shard, &src, 1 << 20, 64 << 10, 10);
         let got: Vec<&Input> = got.iter().flatten().collect();
         assert_eq!(got.len(), 2);
@@ -750,7 +881,7 @@ mod tests {
         assert_eq!(got[0].preview.len(), PREVIEW_BYTES);
         assert!(got[0].preview.starts_with("{\"text\": \"qqq"));
         assert_eq!(got[1].doc.as_ref().unwrap().text, "after");
-        assert_eq!(got[1].lineage.offset, 1);
+        assert_eq!(got[1].lineage.offset, lines(&file)[1].0);
     }
 
     #[test]
@@ -829,6 +960,39 @@ mod tests {
                 read, want,
                 "{rows} rows in groups of {group}, footer pad {pad}"
             );
+        }
+    }
+
+    #[test]
+    fn the_parts_of_a_parquet_file_hold_its_row_groups_once_with_their_row_numbers() {
+        let src = source("parquet");
+        let (file, texts) = parquet(40, 3, 0);
+        let len = file.len() as u64;
+        let (input, shard) = one_file("pq-parts", "f.parquet", file);
+        let want: Vec<(i64, String)> = texts
+            .iter()
+            .enumerate()
+            .map(|(k, t)| (k as i64, t.clone()))
+            .collect();
+        for split in [1, 50, 200, 700, len / 3, len / 2, len] {
+            let mut got = Vec::new();
+            for part in parts(&shard, split) {
+                let rows: Vec<(i64, String)> = chunks(&input, &part, &src, 1000, BLOCK_BYTES, 8)
+                    .into_iter()
+                    .flatten()
+                    .map(|i| (i.lineage.offset, i.doc.unwrap().text))
+                    .collect();
+                // Whole row groups of 3 rows (the last of 1): a part never cuts one.
+                if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
+                    assert_eq!(first.0 % 3, 0, "parts of {split}: {rows:?}");
+                    assert!(
+                        last.0 % 3 == 2 || last.0 == 39,
+                        "parts of {split}: {rows:?}"
+                    );
+                }
+                got.extend(rows);
+            }
+            assert_eq!(got, want, "parts of {split} bytes");
         }
     }
 

@@ -173,6 +173,7 @@ fn a_stop_with_a_shard_read_in_part_leaves_it_whole_for_the_next_run() {
     let lines: String = (0..300)
         .map(|k| format!("{{\"text\": \"d{k}\"}}\n"))
         .collect();
+    let starts = line_starts(&lines);
     input
         .publish("big.jsonl", lines.into_bytes().into())
         .unwrap();
@@ -218,7 +219,99 @@ fn a_stop_with_a_shard_read_in_part_leaves_it_whole_for_the_next_run() {
         .read(&publisher.output.path("big.parquet"))
         .unwrap();
     let offsets = crate::encode::read_offsets(bytes).unwrap();
-    assert_eq!(offsets, (0..300).collect::<Vec<i64>>(), "each line once");
+    assert_eq!(offsets, starts, "each line once");
+}
+
+/// Each line's first byte's offset in `text`.
+fn line_starts(text: &str) -> Vec<i64> {
+    let mut at = 0;
+    text.lines()
+        .map(|l| {
+            let start = at;
+            at += l.len() as i64 + 1;
+            start
+        })
+        .collect()
+}
+
+/// `cfg` with `source.split_bytes` set.
+fn split_at(mut cfg: PipelineConfig, split: u64) -> PipelineConfig {
+    match &mut cfg.source {
+        SourceConfig::Dataset(d) => d.split_bytes = split,
+        _ => unreachable!("a dataset job"),
+    }
+    cfg
+}
+
+#[test]
+fn a_large_file_is_published_in_parts_each_line_once_and_a_changed_cut_is_refused() {
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let input = Location::open("memory://dataset-parts/in").unwrap();
+    let lines: String = (0..200)
+        .map(|k| format!("{{\"text\": \"document {k}\"}}\n"))
+        .collect();
+    let starts = line_starts(&lines);
+    let size = lines.len() as u64;
+    input
+        .publish("big.jsonl", lines.into_bytes().into())
+        .unwrap();
+    let publisher = publisher("dataset-parts", |l| {
+        Arc::new(FaultyStore::new(l.store.clone(), 0, false))
+    });
+    let split = size / 4;
+    let s = run(
+        split_at(config("jsonl"), split),
+        input.clone(),
+        publisher.clone(),
+        fake(1, &ticks),
+    )
+    .unwrap();
+    let parts = size.div_ceil(split) as usize;
+    assert_eq!(
+        (s.shards, s.shards_done, s.consumed),
+        (parts, parts, 200),
+        "{s:?}"
+    );
+    let mut offsets = Vec::new();
+    for k in 0..parts {
+        let name = format!("big.part-{k:05}-of-{parts:05}.parquet");
+        let bytes = publisher
+            .output
+            .read(&publisher.output.path(&name))
+            .unwrap();
+        let got = crate::encode::read_offsets(bytes).unwrap();
+        assert!(got.len() > 30, "{name}: {} lines", got.len());
+        offsets.extend(got);
+    }
+    assert_eq!(
+        offsets, starts,
+        "each line once, in order, at its byte offset"
+    );
+    // A rerun with the same cut skips every part; with another it stops before any work.
+    let again = run(
+        split_at(config("jsonl"), split),
+        input.clone(),
+        publisher.clone(),
+        fake(1, &ticks),
+    )
+    .unwrap();
+    assert_eq!(
+        (again.shards_skipped, again.consumed),
+        (parts, 0),
+        "{again:?}"
+    );
+    let e = run(
+        split_at(config("jsonl"), split / 2),
+        input,
+        publisher,
+        fake(1, &ticks),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("big.jsonl was cut into 5 part(s) by an earlier run"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -47,6 +47,7 @@ fn child_args(
     opt("--output", args.output.clone());
     opt("--rejects", args.rejects.clone());
     opt("--limit-shards", args.limit_shards.map(|n| n.to_string()));
+    opt("--split-bytes", args.split_bytes.map(|n| n.to_string()));
     opt(
         "--model",
         args.model.as_ref().map(|m| m.display().to_string()),
