@@ -36,8 +36,13 @@ pub struct AcceptedRow {
     pub lineage: Lineage,
     pub doc_id: String,
     pub finish: String,
-    pub record: Value,
+    /// The record as JSON text ([`crate::record::Outcome::Accepted`]).
+    pub record: Box<str>,
 }
+
+/// Records parsed and conformed at a time while a file is encoded; the others stay text, so
+/// encoding a file of many records holds this many parsed values at most.
+const CONFORM_ROWS: usize = 1024;
 
 /// A reject with its lineage.
 #[derive(Debug, Clone)]
@@ -94,14 +99,25 @@ fn lineage_arrays<'a>(
     ]
 }
 
-/// Decodes conformed records into the record columns with arrow-json.
-fn record_arrays(shape: &RecordShape, rows: &[Value]) -> Result<Vec<ArrayRef>, ArrowError> {
+/// Decodes records into the record columns with arrow-json, each parsed and conformed to the
+/// columns [`CONFORM_ROWS`] at a time.
+fn record_arrays(shape: &RecordShape, rows: &[AcceptedRow]) -> Result<Vec<ArrayRef>, ArrowError> {
     let schema = shape.record_schema();
     let mut decoder = arrow_json::ReaderBuilder::new(schema.clone())
         .with_batch_size(rows.len().max(1))
         .with_strict_mode(true)
         .build_decoder()?;
-    decoder.serialize(rows)?;
+    for chunk in rows.chunks(CONFORM_ROWS) {
+        let conformed = chunk
+            .iter()
+            .map(|r| {
+                serde_json::from_str(&r.record)
+                    .map(|v| shape.row(v))
+                    .map_err(|e| ArrowError::JsonError(format!("not JSON: {e}")))
+            })
+            .collect::<Result<Vec<Value>, _>>()?;
+        decoder.serialize(&conformed)?;
+    }
     match decoder.flush()? {
         Some(batch) => Ok(batch.columns().to_vec()),
         None => Ok(RecordBatch::new_empty(schema).columns().to_vec()),
@@ -115,28 +131,23 @@ pub fn accepted_batch(
     ctx: &FileContext,
     rows: Vec<AcceptedRow>,
 ) -> (RecordBatch, Vec<(AcceptedRow, String)>) {
-    let conformed: Vec<Value> = rows.iter().map(|r| shape.row(r.record.clone())).collect();
-    let (rows, conformed, failed) = match record_arrays(shape, &conformed) {
-        Ok(_) => (rows, conformed, Vec::new()),
+    let (rows, mut columns, failed) = match record_arrays(shape, &rows) {
+        Ok(columns) => (rows, columns, Vec::new()),
         Err(_) => {
             // Find the rows at fault one by one; the rest are kept.
             let mut keep = Vec::new();
-            let mut keep_vals = Vec::new();
             let mut failed = Vec::new();
-            for (row, val) in rows.into_iter().zip(conformed) {
-                match record_arrays(shape, std::slice::from_ref(&val)) {
-                    Ok(_) => {
-                        keep.push(row);
-                        keep_vals.push(val);
-                    }
+            for row in rows {
+                match record_arrays(shape, std::slice::from_ref(&row)) {
+                    Ok(_) => keep.push(row),
                     Err(e) => failed.push((row, e.to_string())),
                 }
             }
-            (keep, keep_vals, failed)
+            let columns =
+                record_arrays(shape, &keep).expect("rows that decoded alone decode together");
+            (keep, columns, failed)
         }
     };
-    let mut columns =
-        record_arrays(shape, &conformed).expect("rows that decoded alone decode together");
     columns.extend(lineage_arrays(
         ctx,
         rows.iter()
@@ -258,7 +269,7 @@ mod tests {
             lineage: Lineage::new("t", Some(0), i),
             doc_id: i.to_string(),
             finish: "constraint_complete".into(),
-            record: v,
+            record: v.to_string().into(),
         };
         let rows = vec![
             row(0, json!({"n": 1})),
@@ -271,5 +282,43 @@ mod tests {
         assert_eq!(failed[0].0.lineage.offset, 1);
         let bytes = to_parquet(&batch, &[("k".into(), "v".into())], 1, 3).unwrap();
         assert_eq!(read_offsets(bytes).unwrap(), vec![0, 2]);
+    }
+
+    #[test]
+    fn records_over_several_conform_chunks_keep_their_order_and_their_faults() {
+        let shape = RecordShape::derive(&json!({
+            "type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}
+        }))
+        .unwrap();
+        let rows: Vec<AcceptedRow> = (0..2 * CONFORM_ROWS as i64 + 7)
+            .map(|i| AcceptedRow {
+                lineage: Lineage::new("t", Some(0), i),
+                doc_id: i.to_string(),
+                finish: "constraint_complete".into(),
+                record: match i {
+                    1500 => json!({"n": "x"}).to_string().into(),
+                    2000 => "{\"n\": 2".into(),
+                    _ => json!({ "n": i * 10 }).to_string().into(),
+                },
+            })
+            .collect();
+        let total = rows.len() as i64;
+        let (batch, failed) = accepted_batch(&shape, &ctx(), rows);
+        let moved: Vec<(i64, &str)> = failed
+            .iter()
+            .map(|(r, _)| (r.lineage.offset, &*r.record))
+            .collect();
+        assert_eq!(moved, [(1500, "{\"n\":\"x\"}"), (2000, "{\"n\": 2")]);
+        assert!(failed[1].1.contains("not JSON"), "{}", failed[1].1);
+        let n = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow_array::Int64Array>()
+            .unwrap();
+        let want: Vec<i64> = (0..total)
+            .filter(|i| ![1500, 2000].contains(i))
+            .map(|i| i * 10)
+            .collect();
+        assert_eq!(n.values().to_vec(), want);
     }
 }

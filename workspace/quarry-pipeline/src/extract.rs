@@ -216,7 +216,7 @@ impl Validator {
             return reject(RejectCause::SchemaViolation(format!("at {at}: {err}")));
         }
         Outcome::Accepted {
-            record: value,
+            record: value.to_string().into_boxed_str(),
             finish: g.finish.as_str().to_string(),
             stats: g.stats,
         }

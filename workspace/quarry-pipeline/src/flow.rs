@@ -573,7 +573,7 @@ impl Publisher {
                 doc_id: row.doc_id,
                 finish: Some(row.finish),
                 cause: RejectCause::Encoding(why),
-                raw_output: Some(row.record.to_string()),
+                raw_output: Some(row.record.into()),
                 input_preview: String::new(),
             });
         }

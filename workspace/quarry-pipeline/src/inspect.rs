@@ -471,7 +471,7 @@ mod tests {
                     "constraint_complete"
                 }
                 .into(),
-                record: json!({"n": i, "tags": ["a"]}),
+                record: json!({"n": i, "tags": ["a"]}).to_string().into(),
             })
             .collect();
         let (batch, moved) = accepted_batch(&shape, &ctx, rows);

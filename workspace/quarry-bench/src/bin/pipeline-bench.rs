@@ -100,6 +100,9 @@ struct Args {
     /// is letters from a fixed pseudo-random sequence, so it does not compress away.
     #[arg(long)]
     parquet_rows: Option<usize>,
+    /// `source.split_bytes`: cut shard files larger than this into parts (0: never).
+    #[arg(long)]
+    split_bytes: Option<u64>,
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -137,6 +140,9 @@ fn main() -> Result<()> {
     }
     if let (Some(_), SourceConfig::Dataset(src)) = (args.parquet_rows, &mut cfg.source) {
         src.format = InputFormat::Parquet;
+    }
+    if let (Some(split), SourceConfig::Dataset(src)) = (args.split_bytes, &mut cfg.source) {
+        src.split_bytes = split;
     }
     if let (true, SourceConfig::Dataset(src)) = (args.text, &mut cfg.source) {
         src.format = InputFormat::Text;
@@ -465,6 +471,7 @@ fn measure<M: Model + 'static>(
             "job_only": args.job_only,
             "extra_bytes": args.extra_bytes,
             "parquet_rows": args.parquet_rows,
+            "split_bytes": args.split_bytes,
             "input_mib": input_mib,
             "rows_mib": rows_mib,
             "peak_mib_above_start": peak_above,
