@@ -55,9 +55,10 @@ fn s3_to_s3_dataset_job_with_create_if_absent_and_lost_responses() {
             .collect();
         Bytes::from(lines.join("\n") + "\n")
     };
-    input
-        .publish("part-0.jsonl", shard(&[&docs[0], &docs[1]]))
-        .unwrap();
+    let first = shard(&[&docs[0], &docs[1]]);
+    // A line's offset is its first byte's: the second line starts after the first's '\n'.
+    let second_line = first.iter().position(|b| *b == b'\n').unwrap() as i64 + 1;
+    input.publish("part-0.jsonl", first).unwrap();
     input.publish("part-1.jsonl", shard(&[&docs[2]])).unwrap();
 
     let cfg =
@@ -88,7 +89,7 @@ fn s3_to_s3_dataset_job_with_create_if_absent_and_lost_responses() {
         all,
         vec![
             (src("part-0.jsonl"), 0),
-            (src("part-0.jsonl"), 1),
+            (src("part-0.jsonl"), second_line),
             (src("part-1.jsonl"), 0)
         ]
     );
