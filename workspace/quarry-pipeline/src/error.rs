@@ -283,6 +283,17 @@ pub enum InputProblem {
         was: usize,
         now: usize,
     },
+    /// `source.split_bytes` far below a file's size.
+    #[error(
+        "{file} ({size} bytes) would be cut into more than {most} parts at split_bytes = {split}: \
+         raise source.split_bytes (or --split-bytes)"
+    )]
+    TooManyParts {
+        file: String,
+        size: u64,
+        split: u64,
+        most: u64,
+    },
 }
 
 /// What is wrong with a job's JSON Schema (or a document its references name), or its grammar.

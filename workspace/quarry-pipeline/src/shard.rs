@@ -41,6 +41,10 @@ pub struct Part {
     pub bytes: Range<u64>,
 }
 
+/// Parts a file is cut into at most: a `split_bytes` far below a file's size is an error naming
+/// both, never millions of shards listed.
+pub const MAX_PARTS: u64 = 100_000;
+
 /// The byte ranges a file of `size` bytes is cut into: `⌈size / split⌉` ranges of even length
 /// (to a byte), in order; one range, the whole file, at or below `split` or where `split` is 0.
 pub fn split_ranges(size: u64, split: u64) -> Vec<Range<u64>> {
@@ -163,10 +167,21 @@ pub fn shards(input: &Location, src: &DatasetSource) -> Result<Vec<Shard>, Pipel
     };
     // A file's shards: itself, or its parts where it is larger than `split_bytes` and can be cut.
     let one_file = |name: String, m: object_store::ObjectMeta, split: u64| {
+        if split > 0 && m.size.div_ceil(split) > MAX_PARTS {
+            return Err(PipelineError::Input {
+                location: input.url.clone(),
+                source: InputProblem::TooManyParts {
+                    file: input.relative(&m.location),
+                    size: m.size,
+                    split,
+                    most: MAX_PARTS,
+                },
+            });
+        }
         let ranges = split_ranges(m.size, split);
         let count = ranges.len();
         let whole = count == 1;
-        ranges
+        let shards = ranges
             .into_iter()
             .enumerate()
             .map(|(index, bytes)| Shard {
@@ -183,7 +198,8 @@ pub fn shards(input: &Location, src: &DatasetSource) -> Result<Vec<Shard>, Pipel
                     bytes,
                 }),
             })
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>();
+        Ok(shards)
     };
     let shards: Vec<Shard> = match src.format {
         InputFormat::Jsonl => visible
@@ -199,12 +215,17 @@ pub fn shards(input: &Location, src: &DatasetSource) -> Result<Vec<Shard>, Pipel
                 };
                 Some(one_file(renamed(plain), m, split))
             })
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
             .flatten()
             .collect(),
         InputFormat::Parquet => visible
             .into_iter()
             .filter(|m| m.location.extension() == Some("parquet"))
-            .flat_map(|m| one_file(renamed(&input.relative(&m.location)), m, src.split_bytes))
+            .map(|m| one_file(renamed(&input.relative(&m.location)), m, src.split_bytes))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .flatten()
             .collect(),
         InputFormat::Text => visible
             .chunks(src.text_shard_files)
@@ -506,6 +527,18 @@ mod tests {
         let whole = shards(&input, &jsonl).unwrap();
         assert_eq!(whole.len(), 3);
         assert!(whole.iter().all(|s| s.part.is_none()));
+        // A split far below a file's size is an error, not millions of shards.
+        let huge = Location::open("memory://shard-parts3/in").unwrap();
+        huge.publish("big.jsonl", vec![b'x'; 200_001].into())
+            .unwrap();
+        jsonl.split_bytes = 2;
+        let e = shards(&huge, &jsonl).unwrap_err().to_string();
+        assert!(
+            e.contains("big.jsonl (200001 bytes) would be cut into more than 100000 parts at split_bytes = 2"),
+            "{e}"
+        );
+        jsonl.split_bytes = 3;
+        assert_eq!(shards(&huge, &jsonl).unwrap().len(), 66_667);
     }
 
     #[test]
