@@ -169,14 +169,7 @@ fn a_shard_that_cannot_be_read_stops_the_job_naming_it() {
 fn a_stop_with_a_shard_read_in_part_leaves_it_whole_for_the_next_run() {
     let ticks = Arc::new(AtomicUsize::new(0));
     // 300 documents: read in chunks of 64, so the stop comes with the shard read in part.
-    let input = Location::open("memory://dataset-stop-part/in").unwrap();
-    let lines: String = (0..300)
-        .map(|k| format!("{{\"text\": \"d{k}\"}}\n"))
-        .collect();
-    let starts = line_starts(&lines);
-    input
-        .publish("big.jsonl", lines.into_bytes().into())
-        .unwrap();
+    let (input, starts, _) = big_jsonl("stop-part", 300);
     input
         .publish("small.jsonl", b"{\"text\": \"s0\"}\n"[..].into())
         .unwrap();
@@ -222,16 +215,21 @@ fn a_stop_with_a_shard_read_in_part_leaves_it_whole_for_the_next_run() {
     assert_eq!(offsets, starts, "each line once");
 }
 
-/// Each line's first byte's offset in `text`.
-fn line_starts(text: &str) -> Vec<i64> {
-    let mut at = 0;
-    text.lines()
-        .map(|l| {
-            let start = at;
-            at += l.len() as i64 + 1;
-            start
-        })
-        .collect()
+/// An input holding `big.jsonl`, `lines` documents long, with each line's first byte's offset
+/// (its `_offset`) and the file's size.
+fn big_jsonl(tag: &str, lines: usize) -> (Location, Vec<i64>, u64) {
+    let input = Location::open(&format!("memory://dataset-{tag}/in")).unwrap();
+    let mut text = String::new();
+    let mut starts = Vec::new();
+    for k in 0..lines {
+        starts.push(text.len() as i64);
+        text.push_str(&format!("{{\"text\": \"document {k}\"}}\n"));
+    }
+    let size = text.len() as u64;
+    input
+        .publish("big.jsonl", text.into_bytes().into())
+        .unwrap();
+    (input, starts, size)
 }
 
 /// `cfg` with `source.split_bytes` set.
@@ -246,26 +244,21 @@ fn split_at(mut cfg: PipelineConfig, split: u64) -> PipelineConfig {
 #[test]
 fn a_large_file_is_published_in_parts_each_line_once_and_a_changed_cut_is_refused() {
     let ticks = Arc::new(AtomicUsize::new(0));
-    let input = Location::open("memory://dataset-parts/in").unwrap();
-    let lines: String = (0..200)
-        .map(|k| format!("{{\"text\": \"document {k}\"}}\n"))
-        .collect();
-    let starts = line_starts(&lines);
-    let size = lines.len() as u64;
-    input
-        .publish("big.jsonl", lines.into_bytes().into())
-        .unwrap();
+    let (input, starts, size) = big_jsonl("parts", 200);
     let publisher = publisher("dataset-parts", |l| {
         Arc::new(FaultyStore::new(l.store.clone(), 0, false))
     });
+    // The job over the same input and output, with files cut at `split` bytes.
+    let run_at = |split: u64| {
+        run(
+            split_at(config("jsonl"), split),
+            input.clone(),
+            publisher.clone(),
+            fake(1, &ticks),
+        )
+    };
     let split = size / 4;
-    let s = run(
-        split_at(config("jsonl"), split),
-        input.clone(),
-        publisher.clone(),
-        fake(1, &ticks),
-    )
-    .unwrap();
+    let s = run_at(split).unwrap();
     let parts = size.div_ceil(split) as usize;
     assert_eq!(
         (s.shards, s.shards_done, s.consumed),
@@ -288,26 +281,13 @@ fn a_large_file_is_published_in_parts_each_line_once_and_a_changed_cut_is_refuse
         "each line once, in order, at its byte offset"
     );
     // A rerun with the same cut skips every part; with another it stops before any work.
-    let again = run(
-        split_at(config("jsonl"), split),
-        input.clone(),
-        publisher.clone(),
-        fake(1, &ticks),
-    )
-    .unwrap();
+    let again = run_at(split).unwrap();
     assert_eq!(
         (again.shards_skipped, again.consumed),
         (parts, 0),
         "{again:?}"
     );
-    let e = run(
-        split_at(config("jsonl"), split / 2),
-        input,
-        publisher,
-        fake(1, &ticks),
-    )
-    .unwrap_err()
-    .to_string();
+    let e = run_at(split / 2).unwrap_err().to_string();
     assert!(
         e.contains("big.jsonl was cut into 5 part(s) by an earlier run"),
         "{e}"
