@@ -18,7 +18,7 @@ XGRAMMAR := xgrammar==0.2.9
 XGRAMMAR_PY := $(QUARRY_CACHE)/xgrammar-venv/bin/python
 XGRAMMAR_ARGS = $(if $(wildcard $(XGRAMMAR_PY)),--xgrammar-python $(XGRAMMAR_PY))
 
-.PHONY: setup model build build-cuda gpu-pack demo tour test lint fixtures xgrammar-peer bench-grammar bench-cfg bench-schemas bench-validity bench-walks bench-model bench-engine bench-overlap bench-pipeline bench-workers fuzz
+.PHONY: setup model build build-cuda gpu-pack demo tour test lint fixtures xgrammar-peer bench-grammar bench-cfg bench-schemas bench-validity bench-walks bench-model bench-engine bench-overlap bench-pipeline bench-workers bench-reconcile fuzz
 
 setup:
 	@bash infra/setup.sh
@@ -131,6 +131,13 @@ bench-pipeline: setup
 bench-workers: setup
 	$(CARGO) build --release -p quarry
 	$(CARGO) run --release -p quarry-bench --bin workers-bench -- --quarry $(CARGO_TARGET_DIR)/release/quarry --out $(CARGO_TARGET_DIR)/bench/workers.json $(ARGS)
+
+# A Kafka worker's reconcile of a partition with a long history, on moto S3: its whole folders
+# listed against the names from the range the group's commit names on (BENCHMARKS.md).
+bench-reconcile: setup
+	bash infra/setup-test.sh
+	$(CARGO) build --release -p quarry-bench --bin reconcile-bench
+	bash infra/bench-reconcile.sh $(CARGO_TARGET_DIR)/release/reconcile-bench --out $(CARGO_TARGET_DIR)/bench/reconcile.json $(ARGS)
 
 # Fuzzes the grammar matcher against the oracle on a stable toolchain (needs `cargo install cargo-fuzz`).
 FUZZ_SECONDS ?= 600

@@ -183,6 +183,28 @@ mod store {
         let failing = loc.clone().with_store(faulty.clone());
         assert_eq!(publish(&failing, "retried", b"1"), Published::Created);
         assert_eq!(faulty.puts_seen.load(Ordering::SeqCst), 3);
+
+        // Listing between names: after one name (not it) and before another. A store said to
+        // list in key order is asked for no name past the bound.
+        for name in ["l/1", "l/2", "l/3", "l/_c"] {
+            publish(loc, name, b"x");
+        }
+        let counted = Arc::new(FaultyStore::new(loc.store.clone(), 0, false));
+        let counting = loc.clone().with_store(counted.clone());
+        let between = |after: &str, before: Option<&str>| -> Vec<String> {
+            let listed = counting.list_between("l", after, before).unwrap();
+            listed.iter().map(|m| loc.relative(&m.location)).collect()
+        };
+        assert_eq!(between("l/1", Some("l/3")), ["l/2"]);
+        let read = counted.objects_listed.load(Ordering::SeqCst);
+        if loc.sorted_lists {
+            // l/2, then l/3 (past the bound): the listing stopped there.
+            assert_eq!(read, 2, "{} lists in key order", loc.url);
+        } else {
+            assert_eq!(read, 3, "{}", loc.url);
+        }
+        assert_eq!(between("l/1", None), ["l/2", "l/3", "l/_c"]);
+        assert_eq!(between("l/0", Some("l/_")), ["l/1", "l/2", "l/3"]);
     }
 
     /// Wraps a store and fails the next `fail_puts` puts with a transient error (and, with
@@ -203,6 +225,8 @@ mod store {
         pub heads_seen: AtomicUsize,
         /// Bytes the reads got (whole objects and ranges).
         pub bytes_read: std::sync::atomic::AtomicU64,
+        /// Objects the listings handed out (as far as their readers read them).
+        pub objects_listed: Arc<AtomicUsize>,
         /// The paths of the puts that landed, in the order they did.
         pub landed: std::sync::Mutex<Vec<String>>,
         /// Held calls that gave up waiting ([`FaultyStore::hold`]).
@@ -233,6 +257,7 @@ mod store {
                 puts_seen: AtomicUsize::new(0),
                 heads_seen: AtomicUsize::new(0),
                 bytes_read: Default::default(),
+                objects_listed: Default::default(),
                 landed: std::sync::Mutex::new(Vec::new()),
                 holds_timed_out: AtomicUsize::new(0),
             }
@@ -278,6 +303,30 @@ mod store {
         pub fn fail_lists(self, n: usize) -> Self {
             self.fail_lists.store(n, Ordering::SeqCst);
             self
+        }
+
+        /// The inner store's `listed`, counted in `objects_listed` as it is read, or the
+        /// injected failure.
+        fn listing(
+            &self,
+            listed: BoxStream<'static, object_store::Result<ObjectMeta>>,
+        ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+            let fail = self
+                .fail_lists
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if fail {
+                return Box::pin(futures::stream::once(async {
+                    Err(object_store::Error::Generic {
+                        store: "faulty",
+                        source: "injected list failure (connection refused)".into(),
+                    })
+                }));
+            }
+            let seen = self.objects_listed.clone();
+            Box::pin(futures::StreamExt::inspect(listed, move |_| {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }))
         }
     }
 
@@ -375,19 +424,15 @@ mod store {
             &self,
             prefix: Option<&Path>,
         ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-            let fail = self
-                .fail_lists
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
-            if !fail {
-                return self.inner.list(prefix);
-            }
-            Box::pin(futures::stream::once(async {
-                Err(object_store::Error::Generic {
-                    store: "faulty",
-                    source: "injected list failure (connection refused)".into(),
-                })
-            }))
+            self.listing(self.inner.list(prefix))
+        }
+
+        fn list_with_offset(
+            &self,
+            prefix: Option<&Path>,
+            offset: &Path,
+        ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+            self.listing(self.inner.list_with_offset(prefix, offset))
         }
 
         async fn list_with_delimiter(

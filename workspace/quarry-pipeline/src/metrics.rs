@@ -46,6 +46,11 @@ pub struct Metrics {
     pub replays: Counter,
     pub files_duplicated: Counter,
     pub files_fenced: Counter,
+    /// Objects a Kafka worker's reconciles listed (its partitions' output and rejects folders,
+    /// from the range the last commit names on).
+    pub reconcile_objects_listed: Counter,
+    /// Seconds a Kafka worker's assignments spent reconciling (the group waits for them).
+    pub reconcile_seconds: Counter<f64, AtomicU64>,
     pub prompt_tokens: Counter,
     pub cached_tokens: Counter,
     pub output_tokens: Counter,
@@ -85,6 +90,8 @@ impl Metrics {
             replays: Counter::default(),
             files_duplicated: Counter::default(),
             files_fenced: Counter::default(),
+            reconcile_objects_listed: Counter::default(),
+            reconcile_seconds: Counter::default(),
             prompt_tokens: Counter::default(),
             cached_tokens: Counter::default(),
             output_tokens: Counter::default(),
@@ -147,6 +154,16 @@ impl Metrics {
                 "files_fenced",
                 "Kafka ranges not published because another worker claimed their first offset for another range (the partition is read again from the output)",
                 m.files_fenced.clone(),
+            );
+            r.register(
+                "reconcile_objects_listed",
+                "Objects listed to reconcile assigned Kafka partitions from the output (from the range the group's last commit names on; every object of the partition's folders when it names none)",
+                m.reconcile_objects_listed.clone(),
+            );
+            r.register(
+                "reconcile_seconds",
+                "Seconds Kafka assignments spent reconciling their partitions from the output (the group waits meanwhile)",
+                m.reconcile_seconds.clone(),
             );
             r.register("prompt_tokens", "Prompt tokens", m.prompt_tokens.clone());
             r.register(

@@ -53,6 +53,10 @@ pub struct Location {
     pub prefix: Path,
     /// The URL as given, for messages and lineage.
     pub url: String,
+    /// Whether the store lists in key order (S3, GCS, Azure and the in-memory store do; a local
+    /// folder does not): a listing up to a bound can then stop at the first name past it
+    /// ([`Location::list_between`]) instead of reading the rest.
+    pub sorted_lists: bool,
 }
 
 impl fmt::Debug for Location {
@@ -154,6 +158,7 @@ impl Location {
             store,
             prefix,
             url: url.to_string(),
+            sorted_lists: true,
         })
     }
 
@@ -171,6 +176,7 @@ impl Location {
             store: Arc::new(store),
             prefix: Path::default(),
             url: url.to_string(),
+            sorted_lists: false,
         })
     }
 
@@ -245,6 +251,42 @@ impl Location {
         let prefix = if sub.is_empty() { &self.prefix } else { &path };
         let mut out: Vec<ObjectMeta> = self.retry("list", prefix, || async {
             self.store.list(Some(prefix)).try_collect::<Vec<_>>().await
+        })?;
+        out.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(out)
+    }
+
+    /// The objects under `sub` whose names (relative to the prefix) come after `after` and
+    /// before `before`, sorted by path. On a store that lists in key order this asks only for
+    /// them: the listing starts after `after` (S3's `start-after`) and stops at the first name
+    /// not before `before`, so a folder's older names cost nothing however many there are.
+    pub fn list_between(
+        &self,
+        sub: &str,
+        after: &str,
+        before: Option<&str>,
+    ) -> Result<Vec<ObjectMeta>, PipelineError> {
+        let prefix = self.path(sub);
+        let offset = self.path(after);
+        let before = before.map(|b| self.path(b));
+        let sorted = self.sorted_lists;
+        let mut out: Vec<ObjectMeta> = self.retry("list", &prefix, || {
+            let listed = self.store.list_with_offset(Some(&prefix), &offset);
+            let before = before.clone();
+            async move {
+                let in_range = |m: &ObjectMeta| before.as_ref().is_none_or(|b| m.location < *b);
+                if sorted {
+                    listed
+                        .try_take_while(|m| futures::future::ready(Ok(in_range(m))))
+                        .try_collect::<Vec<_>>()
+                        .await
+                } else {
+                    listed
+                        .try_filter(|m| futures::future::ready(in_range(m)))
+                        .try_collect::<Vec<_>>()
+                        .await
+                }
+            }
         })?;
         out.sort_by(|a, b| a.location.cmp(&b.location));
         Ok(out)

@@ -71,7 +71,8 @@ mod summary;
 
 pub use client::{client_properties, ENV_PREFIX};
 pub use ranges::{
-    claim_name, parse_range, partition_dir, range_name, reconcile, PublishedRange, Reconciled,
+    claim_name, commit_metadata, committed_range, parse_range, partition_dir, range_name,
+    reconcile, PublishedRange, Reconciled,
 };
 pub use summary::{Stall, StopReason, WorkerSummary};
 
@@ -149,14 +150,19 @@ struct Part {
     /// reports is true.
     published_next: Option<i64>,
     commit_pending: bool,
+    /// The last range known published with its marker (this worker's last, or the reconcile's):
+    /// its first offset goes with each commit ([`commit_metadata`]), and a reconcile of the
+    /// partition starts its listing there.
+    marked: Option<(i64, i64)>,
 }
 
 impl Part {
-    fn new(next: Option<i64>, replay: Option<PublishedRange>) -> Self {
+    fn new(r: Reconciled) -> Self {
+        let next = r.resume;
         Self {
             next,
             open: None,
-            replay,
+            replay: r.replay,
             paused: false,
             progress: Instant::now(),
             stalled: false,
@@ -164,8 +170,23 @@ impl Part {
             // Reconciled from the output: everything before it has its rejects marker.
             published_next: next,
             commit_pending: false,
+            marked: r.marked,
         }
     }
+}
+
+/// Adds partition `p`'s commit of the offset after `range` to `tpl`, with the range's first
+/// offset as its metadata ([`commit_metadata`]).
+fn add_commit(
+    tpl: &mut TopicPartitionList,
+    topic: &str,
+    p: i32,
+    (first, last): (i64, i64),
+) -> Result<(), KafkaError> {
+    let mut e = tpl.add_partition(topic, p);
+    e.set_offset(Offset::Offset(last + 1))?;
+    e.set_metadata(commit_metadata(first));
+    Ok(())
 }
 
 /// A partition with nothing delivered for this long while behind is counted and logged as stalled
@@ -699,11 +720,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
     fn retry_commits(&mut self) {
         let mut tpl = TopicPartitionList::new();
         for (p, part) in &self.parts {
-            if let (true, Some(next)) = (part.commit_pending, part.published_next) {
-                if tpl
-                    .add_partition_offset(&self.src.topic, *p, Offset::Offset(next))
-                    .is_err()
-                {
+            if let (true, Some((first, last))) = (part.commit_pending, part.marked) {
+                if add_commit(&mut tpl, &self.src.topic, *p, (first, last)).is_err() {
                     return;
                 }
             }
@@ -899,24 +917,30 @@ impl<'a, E: Extractor> Worker<'a, E> {
 
     /// Answers the group's assignment: reconciles each partition from the output store, then
     /// assigns them all, each at the offset after its last published range (the committed offset
-    /// when nothing is published). A partition that cannot be reconciled stops the worker with
-    /// [`PipelineError::Reconcile`] before anything is assigned or read; closing the consumer
-    /// then hands the partitions back to the group.
+    /// when nothing is published). Each reconcile lists the names from the range the group's
+    /// commit names on ([`committed_range`]). A partition that cannot be reconciled stops the
+    /// worker with [`PipelineError::Reconcile`] before anything is assigned or read; closing the
+    /// consumer then hands the partitions back to the group.
     fn assign(&mut self, partitions: &[i32]) -> Result<(), PipelineError> {
         tracing::info!(
             ?partitions,
             protocol = %protocol_name(&self.consumer),
             "assignment: reconciling from the output before the first fetch"
         );
+        let started = Instant::now();
+        let committed = self.committed_ranges(partitions);
         let mut tpl = TopicPartitionList::new();
         for &p in partitions {
-            let r = self.reconcile(p)?;
-            tracing::info!(partition = p, resume = ?r.resume, replay = ?r.replay, "assigned");
+            let r = self.reconcile(p, committed.get(&p).copied())?;
+            tracing::info!(partition = p, resume = ?r.resume, replay = ?r.replay, listed = r.listed, listed_from = ?r.listed_from, "assigned");
             let offset = r.resume.map_or(Offset::Invalid, Offset::Offset);
             tpl.add_partition_offset(&self.src.topic, p, offset)
                 .map_err(|e| kafka_err("assign list", e))?;
-            self.parts.insert(p, Part::new(r.resume, r.replay));
+            self.parts.insert(p, Part::new(r));
         }
+        let took = started.elapsed().as_secs_f64();
+        self.metrics.reconcile_seconds.inc_by(took);
+        self.summary.reconcile_s += took;
         let assigned = match self.consumer.rebalance_protocol() {
             RebalanceProtocol::Cooperative => self.consumer.incremental_assign(&tpl),
             _ => self.consumer.assign(&tpl),
@@ -924,18 +948,58 @@ impl<'a, E: Extractor> Worker<'a, E> {
         assigned.map_err(|e| kafka_err("assign", e))
     }
 
-    /// Partition `p` reconciled from the output store ([`reconcile`]); an error names it.
-    fn reconcile(&self, p: i32) -> Result<Reconciled, PipelineError> {
-        reconcile(
+    /// Partition `p` reconciled from the output store ([`reconcile`]), listing from the range
+    /// `from` where it is published; an error names the partition.
+    fn reconcile(&mut self, p: i32, from: Option<(i64, i64)>) -> Result<Reconciled, PipelineError> {
+        let r = reconcile(
             &self.publisher.output,
             &self.publisher.rejects,
             &self.src.topic,
             p,
+            from,
         )
         .map_err(|e| PipelineError::Reconcile {
             partition: p,
             source: Box::new(e),
-        })
+        })?;
+        self.metrics
+            .reconcile_objects_listed
+            .inc_by(r.listed as u64);
+        self.summary.reconcile_listed += r.listed as u64;
+        Ok(r)
+    }
+
+    /// The ranges the group's commits name for `partitions` ([`committed_range`]): where their
+    /// reconciles start listing. Where the broker cannot say, or a commit names no range (none
+    /// yet, or one another tool made), the reconcile lists the partition's whole folders: slower,
+    /// never wrong.
+    fn committed_ranges(&self, partitions: &[i32]) -> HashMap<i32, (i64, i64)> {
+        let mut tpl = TopicPartitionList::new();
+        for &p in partitions {
+            tpl.add_partition(&self.src.topic, p);
+        }
+        let committed = match self.consumer.committed_offsets(tpl, STOP_QUERY_TIMEOUT) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "the group's committed offsets are not known; each partition's whole folders are listed to reconcile it");
+                return HashMap::new();
+            }
+        };
+        committed
+            .elements()
+            .iter()
+            .filter_map(|e| {
+                let Offset::Offset(offset) = e.offset() else {
+                    return None;
+                };
+                // rdkafka panics on metadata that is not UTF-8 (another tool's bytes): no range.
+                let metadata = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    e.metadata().to_string()
+                }))
+                .ok()?;
+                committed_range(offset, &metadata).map(|r| (e.partition(), r))
+            })
+            .collect()
     }
 
     fn after_publish(&mut self, r: &FileReport) -> Result<(), PipelineError> {
@@ -957,14 +1021,15 @@ impl<'a, E: Extractor> Worker<'a, E> {
         if !self.parts.contains_key(&p) {
             return Ok(());
         }
+        let range = (r.first_offset.unwrap_or(last), last);
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.src.topic, p, Offset::Offset(last + 1))
-            .map_err(|e| kafka_err("commit list", e))?;
+        add_commit(&mut tpl, &self.src.topic, p, range).map_err(|e| kafka_err("commit list", e))?;
         // Asynchronous: its answer comes through the context's commit callback. A failed commit
         // loses nothing: the next owner reconciles from the published files, and this worker
         // commits again when it stops.
         let part = self.parts.get_mut(&p).expect("present");
         part.published_next = Some(last + 1);
+        part.marked = Some(range);
         part.commit_pending = true;
         if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
             tracing::warn!(partition = p, error = %e, "commit failed; the output stays authoritative, made again at stop");
@@ -993,7 +1058,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
         let Some(p) = r.partition.filter(|p| self.parts.contains_key(p)) else {
             return Ok(()); // revoked since: the new owner reconciles it
         };
-        let again = self.reconcile(p)?;
+        let from = self.parts[&p].marked;
+        let mut again = self.reconcile(p, from)?;
         // A claim is there now, so the output says where to resume.
         let resume = again.resume.or(r.first_offset).unwrap_or(0);
         tracing::warn!(partition = p, range = %r.name, holder, resume, dropped = dropped as u64 + r.duplicated_docs, "fenced: another worker claimed this range's first offset for another range; this worker's work on the partition is dropped and it reads the partition again from where the output says");
@@ -1001,7 +1067,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
             .seek(&self.src.topic, p, Offset::Offset(resume), SEEK_TIMEOUT)
             .map_err(|e| kafka_err("seek after a fenced publish", e))?;
         let paused = self.parts[&p].paused;
-        let mut part = Part::new(Some(resume), again.replay);
+        again.resume = Some(resume);
+        let mut part = Part::new(again);
         // A paused partition stays paused until the loop resumes it (its buffer is empty now).
         part.paused = paused;
         self.parts.insert(p, part);

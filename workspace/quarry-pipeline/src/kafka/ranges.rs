@@ -76,19 +76,60 @@ pub struct Reconciled {
     /// An accepted file or a claim without its rejects marker (a crash before the marker, or a
     /// publish under way on another worker). Its range is replayed exactly, under its name.
     pub replay: Option<PublishedRange>,
+    /// The published range (with its rejects marker) that ends last: where the next reconcile of
+    /// this partition can start ([`reconcile`]'s `from`).
+    pub marked: Option<(i64, i64)>,
+    /// The first offset the listings started at (`None`: the partition's whole folders).
+    pub listed_from: Option<i64>,
+    /// Objects the listings returned.
+    pub listed: usize,
 }
 
 /// Reads a partition's published files.
+///
+/// `from` is a range that may be published, say the one the group's last commit names
+/// ([`commit_metadata`]). When its rejects marker is there, only the names from its first
+/// offset on are listed: ranges never overlap, so every earlier range ends before it and cannot
+/// change where the partition resumes, and every later one is listed. The answer is the same as
+/// from the whole folders, whose listing grows with the partition's history (three objects a
+/// range: the accepted file, its marker and its claim). When the marker is not there (no commit
+/// yet, one made by another tool, offsets reset by hand), the whole folders are listed.
 pub fn reconcile(
     output: &Location,
     rejects: &Location,
     topic: &str,
     partition: i32,
+    from: Option<(i64, i64)>,
 ) -> Result<Reconciled, PipelineError> {
     let dir = partition_dir(topic, partition);
-    let mut marked = Vec::new();
+    // A store error here lists the whole folders, whose listing retries: slower, never wrong.
+    let published = |(first, last)| {
+        rejects
+            .exists(&range_name(topic, partition, first, last))
+            .unwrap_or(false)
+    };
+    let start = from.filter(|&r| published(r)).map(|(first, _)| first);
+    let (listed_rejects, listed_output) = match start {
+        Some(first) => {
+            // Range names sort by their first offset and before the claims (`_` follows the
+            // digits), so the markers are the names from `first` on up to the claims.
+            let from_name = format!("{dir}/{first:020}");
+            let mut rejected =
+                rejects.list_between(&dir, &from_name, Some(&format!("{dir}/{CLAIM_PREFIX}")))?;
+            // The claims after `first`'s: its own names a marked range.
+            rejected.extend(rejects.list_between(
+                &dir,
+                &claim_name(topic, partition, first),
+                None,
+            )?);
+            (rejected, output.list_between(&dir, &from_name, None)?)
+        }
+        None => (rejects.list(&dir)?, output.list(&dir)?),
+    };
+    let listed = listed_rejects.len() + listed_output.len();
+    let mut marked: Vec<PublishedRange> = Vec::new();
     let mut claims = Vec::new();
-    for m in rejects.list(&dir)? {
+    for m in listed_rejects {
         let name = rejects.relative(&m.location);
         if let Some((first, last)) = parse_range(&name) {
             marked.push(PublishedRange { name, first, last });
@@ -96,7 +137,11 @@ pub fn reconcile(
             claims.push((first, m.location));
         }
     }
-    let highest = marked.iter().map(|r| r.last).max();
+    let last_marked = marked
+        .iter()
+        .max_by_key(|r| r.last)
+        .map(|r| (r.first, r.last));
+    let highest = last_marked.map(|(_, last)| last);
     let beyond = |first: i64| highest.is_none_or(|h| first > h);
     // Only the claims past the highest marker are read: a publish under way, or one that a crash
     // or a fenced worker left (one or two).
@@ -118,7 +163,7 @@ pub fn reconcile(
     }
     // A claim comes before its accepted file, so where both are there they name the same range;
     // the claim is taken first.
-    for m in output.list(&dir)? {
+    for m in listed_output {
         let name = output.relative(&m.location);
         if let Some((first, last)) = parse_range(&name).filter(|(f, _)| beyond(*f)) {
             orphans.push(PublishedRange { name, first, last });
@@ -133,12 +178,37 @@ pub fn reconcile(
     Ok(Reconciled {
         resume,
         replay: orphan,
+        marked: last_marked,
+        listed_from: start,
+        listed,
     })
+}
+
+/// What a commit carries beside the offset after the range `first..=last`: the range's first
+/// offset, so that whoever reconciles the partition next starts its listing there
+/// ([`reconcile`]'s `from`). Kafka keeps it with the offset (`offset.metadata.max.bytes`, 4 KiB
+/// by default).
+pub fn commit_metadata(first: i64) -> String {
+    format!("{COMMIT_METADATA_PREFIX}{first}")
+}
+
+const COMMIT_METADATA_PREFIX: &str = "quarry range from ";
+
+/// The range a committed offset and its metadata name, if a quarry worker made the commit:
+/// `None` for metadata from another tool, or an offset that does not follow the range's first.
+pub fn committed_range(offset: i64, metadata: &str) -> Option<(i64, i64)> {
+    let first: i64 = metadata
+        .strip_prefix(COMMIT_METADATA_PREFIX)?
+        .parse()
+        .ok()?;
+    (first >= 0 && first < offset).then_some((first, offset - 1))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
 
     #[test]
     fn range_names_round_trip_and_sort_by_offset() {
@@ -152,18 +222,16 @@ mod tests {
     fn reconcile_resumes_after_the_marker_and_replays_an_orphan() {
         let out = Location::open("memory://reconcile/out").unwrap();
         let rej = Location::open("memory://reconcile/rej").unwrap();
+        let empty = reconcile(&out, &rej, "t", 0, None).unwrap();
         assert_eq!(
-            reconcile(&out, &rej, "t", 0).unwrap(),
-            Reconciled {
-                resume: None,
-                replay: None
-            }
+            (empty.resume, empty.replay, empty.marked),
+            (None, None, None)
         );
         let b = || bytes::Bytes::from_static(b"x");
         out.publish(&range_name("t", 0, 0, 9), b()).unwrap();
         rej.publish(&range_name("t", 0, 0, 9), b()).unwrap();
         out.publish(&range_name("t", 0, 10, 14), b()).unwrap();
-        let r = reconcile(&out, &rej, "t", 0).unwrap();
+        let r = reconcile(&out, &rej, "t", 0, None).unwrap();
         assert_eq!(r.resume, Some(10));
         assert_eq!(
             r.replay,
@@ -174,7 +242,7 @@ mod tests {
             })
         );
         // Other partitions are independent.
-        assert_eq!(reconcile(&out, &rej, "t", 1).unwrap().resume, None);
+        assert_eq!(reconcile(&out, &rej, "t", 1, None).unwrap().resume, None);
     }
 
     #[test]
@@ -190,7 +258,7 @@ mod tests {
         let claimed = range_name("t", 0, 10, 12);
         rej.publish(&claim_name("t", 0, 10), b(&claimed)).unwrap();
         out.publish(&range_name("t", 0, 13, 20), b("x")).unwrap();
-        let r = reconcile(&out, &rej, "t", 0).unwrap();
+        let r = reconcile(&out, &rej, "t", 0, None).unwrap();
         assert_eq!(r.resume, Some(10));
         assert_eq!(
             r.replay,
@@ -203,12 +271,121 @@ mod tests {
         // A claim past the marker that names no range of its own offset stops the reconcile.
         rej.publish(&claim_name("t", 0, 30), b(&range_name("t", 0, 31, 40)))
             .unwrap();
-        match reconcile(&out, &rej, "t", 0) {
+        match reconcile(&out, &rej, "t", 0, None) {
             Err(PipelineError::BadClaim { claim, held }) => {
                 assert!(claim.ends_with("_claim-00000000000000000030"), "{claim}");
                 assert_eq!(held, range_name("t", 0, 31, 40));
             }
             other => panic!("expected a bad claim, got {other:?}"),
+        }
+    }
+
+    /// A partition's history of `ranges` ranges of 3 offsets each, all published (accepted file,
+    /// marker, claim), then one claimed range without a file and one accepted file without its
+    /// marker: what a crash and a zombie leave.
+    fn history(out: &Location, rej: &Location, ranges: i64) {
+        let b = |s: &str| bytes::Bytes::from(s.to_string());
+        for i in 0..ranges {
+            let name = range_name("t", 0, 3 * i, 3 * i + 2);
+            rej.publish(&claim_name("t", 0, 3 * i), b(&name)).unwrap();
+            out.publish(&name, b("x")).unwrap();
+            rej.publish(&name, b("x")).unwrap();
+        }
+        let n = 3 * ranges;
+        let claimed = range_name("t", 0, n, n + 4);
+        rej.publish(&claim_name("t", 0, n), b(&claimed)).unwrap();
+        out.publish(&range_name("t", 0, n + 5, n + 9), b("x"))
+            .unwrap();
+    }
+
+    /// Started at any published range, a reconcile answers what the whole folders answer and
+    /// lists only the names from that range on; on a store that lists in key order (in memory)
+    /// and on one that does not (a local folder). A range that is not published (no marker)
+    /// lists the whole folders.
+    #[test]
+    fn a_reconcile_from_a_published_range_answers_as_the_whole_folder_and_lists_less() {
+        let dir = std::env::temp_dir().join(format!("quarry-reconcile-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let stores = [
+            (
+                Location::open("memory://reconcile-from/out").unwrap(),
+                Location::open("memory://reconcile-from/rej").unwrap(),
+            ),
+            (
+                Location::open(dir.join("out").to_str().unwrap()).unwrap(),
+                Location::open(dir.join("rej").to_str().unwrap()).unwrap(),
+            ),
+        ];
+        let ranges = 40;
+        for (out, rej) in &stores {
+            history(out, rej, ranges);
+            let counted = |l: &Location| {
+                let s = Arc::new(crate::faults::FaultyStore::new(l.store.clone(), 0, false));
+                (l.clone().with_store(s.clone()), s)
+            };
+            let (out, out_seen) = counted(out);
+            let (rej, rej_seen) = counted(rej);
+            let whole = reconcile(&out, &rej, "t", 0, None).unwrap();
+            let n = 3 * ranges;
+            assert_eq!(whole.resume, Some(n));
+            assert_eq!(
+                whole.replay.as_ref().map(|r| (r.first, r.last)),
+                Some((n, n + 4))
+            );
+            assert_eq!(whole.marked, Some((n - 3, n - 1)));
+            assert_eq!(
+                (whole.listed_from, whole.listed),
+                (None, 3 * ranges as usize + 2)
+            );
+            for i in [0, 1, 17, ranges - 1] {
+                let first = 3 * i;
+                let listed_before = out_seen.objects_listed.load(Ordering::SeqCst)
+                    + rej_seen.objects_listed.load(Ordering::SeqCst);
+                let from = reconcile(&out, &rej, "t", 0, Some((first, first + 2))).unwrap();
+                assert_eq!(
+                    (&from.resume, &from.replay, &from.marked),
+                    (&whole.resume, &whole.replay, &whole.marked),
+                    "from range {i}"
+                );
+                assert_eq!(from.listed_from, Some(first));
+                // From range i on: ranges - i accepted files and markers, the claims after i's,
+                // the claimed range and the accepted file without a marker.
+                let expected = 3 * (ranges - i) as usize - 1 + 2;
+                assert_eq!(from.listed, expected, "from range {i}");
+                let listed = out_seen.objects_listed.load(Ordering::SeqCst)
+                    + rej_seen.objects_listed.load(Ordering::SeqCst)
+                    - listed_before;
+                if rej.sorted_lists {
+                    // The store handed out those names only, and the first claim, past the
+                    // markers' bound, which ended that listing.
+                    assert_eq!(listed, expected + 1, "from range {i}");
+                } else {
+                    assert!(listed >= expected, "from range {i}: {listed}");
+                }
+            }
+            // A range that was never published: the whole folders again.
+            let stale = reconcile(&out, &rej, "t", 0, Some((1, 2))).unwrap();
+            assert_eq!((stale.listed_from, stale.listed), (None, whole.listed));
+            assert_eq!((stale.resume, stale.replay), (whole.resume, whole.replay));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_commits_metadata_names_its_range_and_anything_else_names_none() {
+        assert_eq!(committed_range(10, &commit_metadata(4)), Some((4, 9)));
+        assert_eq!(committed_range(5, &commit_metadata(4)), Some((4, 4)));
+        // The offset does not follow the range's first (reset by hand): no range.
+        assert_eq!(committed_range(4, &commit_metadata(4)), None);
+        assert_eq!(committed_range(3, &commit_metadata(4)), None);
+        for other in [
+            "",
+            "4",
+            "quarry range from x",
+            "quarry range from -1",
+            "{\"a\":1}",
+        ] {
+            assert_eq!(committed_range(10, other), None, "{other:?}");
         }
     }
 }

@@ -62,6 +62,10 @@ pub struct WorkerSummary {
     /// Seconds the stop's broker round trips took (commits not yet confirmed, the committed
     /// offsets and watermarks for `lag`), part of `wall_s`.
     pub stop_s: f64,
+    /// Objects the assignments' reconciles listed (see `quarry_reconcile_objects_listed_total`).
+    pub reconcile_listed: u64,
+    /// Seconds the assignments spent reconciling, part of `wall_s`.
+    pub reconcile_s: f64,
     /// Seconds spent publishing files, on the publisher threads beside the loop (it can exceed
     /// `wall_s`).
     pub publish_s: f64,

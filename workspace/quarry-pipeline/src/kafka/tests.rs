@@ -314,3 +314,42 @@ fn a_range_another_worker_claimed_is_not_published_and_the_partition_is_read_aga
     assert_eq!(offsets, (0..10).collect::<Vec<i64>>());
     assert_eq!(s.lag[0].committed, Some(10), "{s:?}");
 }
+
+/// Each commit names its range's first offset, so the group's next worker reconciles each
+/// partition from its last committed range on: 2 objects a partition (that range's accepted file
+/// and marker) where the folders hold 15 (5 ranges, each with its claim), and nothing is read
+/// twice. A worker of another group (no commit) lists the whole folders and still resumes where
+/// the output says.
+#[test]
+fn a_restarted_worker_reconciles_from_the_range_its_group_committed() {
+    let cluster = cluster_with(
+        2,
+        (0..2).flat_map(|p| (0..10).map(move |i| (p, format!("{i}")))),
+    );
+    let ticks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let run = |group: &str| {
+        let mut cfg = worker_config(&cluster, "[batching]\nfile_docs = 2\nflush_ms = 600000");
+        cfg.output.publishers = 4;
+        if let SourceConfig::Kafka(k) = &mut cfg.source {
+            k.group = group.to_string();
+        }
+        let publisher = crate::testing::publisher("kafka-reconcile-from", |l| {
+            Arc::new(crate::faults::FaultyStore::new(l.store.clone(), 0, false))
+        });
+        let fake = crate::testing::fake(1, &ticks);
+        let schema = crate::testing::schema();
+        run_worker(cfg, publisher, fake, schema, Duration::from_secs(3)).unwrap()
+    };
+    let first = run("g");
+    assert_eq!((first.consumed, first.files), (20, 10), "{first:?}");
+    assert_eq!(
+        first.reconcile_listed, 0,
+        "nothing was published: {first:?}"
+    );
+    let second = run("g");
+    assert_eq!((second.consumed, second.files), (0, 0), "{second:?}");
+    assert_eq!(second.reconcile_listed, 2 * 2, "{second:?}");
+    let other = run("another group");
+    assert_eq!((other.consumed, other.files), (0, 0), "{other:?}");
+    assert_eq!(other.reconcile_listed, 2 * 15, "{other:?}");
+}
