@@ -3,8 +3,9 @@
 //! accepted file, its rejects marker and its claim each), a claimed range without its file and an
 //! accepted file without its marker (what a crash leaves), as a worker lays them out. Then the
 //! reconcile runs in turn the way it did before commits named their range (the peer: the
-//! partition's whole folders listed) and from the range the group's last commit names, the
-//! orders alternating. Both must give the same answer.
+//! partition's whole folders listed), from the range the group's last commit names, and from the
+//! committed offset alone (a broker that keeps no commit metadata: the markers looked for a
+//! file's documents before it), the order rotating. All must give the same answer.
 //!
 //! `make bench-reconcile` (moto S3 on 127.0.0.1 through `infra/bench-reconcile.sh`; `--url` a
 //! local folder runs it without one); results go to
@@ -18,7 +19,7 @@ use clap::Parser;
 use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use quarry_bench::median;
-use quarry_pipeline::kafka::{claim_name, range_name, reconcile, Reconciled};
+use quarry_pipeline::kafka::{claim_name, range_name, reconcile, ListFrom, Reconciled};
 use quarry_pipeline::store::{block_on, Location};
 use serde_json::json;
 
@@ -70,19 +71,22 @@ fn fill(out: &Location, rej: &Location, ranges: i64, at_once: usize) -> Result<(
     Ok(())
 }
 
-fn timed(out: &Location, rej: &Location, from: Option<(i64, i64)>) -> Result<(f64, Reconciled)> {
+fn timed(out: &Location, rej: &Location, from: Option<ListFrom>) -> Result<(f64, Reconciled)> {
     let t = Instant::now();
     let r = reconcile(out, rej, "t", 0, from)?;
     Ok((t.elapsed().as_secs_f64() * 1e3, r))
 }
 
+/// The three ways to start, by name.
+const WAYS: [&str; 3] = ["whole", "from_committed", "from_offset"];
+
 fn main() -> Result<()> {
     let a = Args::parse();
     let mut rows = Vec::new();
     println!(
-        "| ranges | objects | whole folders: listed, ms | from the committed range: listed, ms | ratio |"
+        "| ranges | objects | whole folders: listed, ms | from the committed range: listed, ms | from the committed offset: listed, ms | ratios |"
     );
-    println!("|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|");
     for &ranges in &a.ranges {
         let ranges = ranges as i64;
         let base = format!("{}/r{ranges}", a.url.trim_end_matches('/'));
@@ -94,46 +98,57 @@ fn main() -> Result<()> {
             "{ranges} ranges written in {:.1} s",
             started.elapsed().as_secs_f64()
         );
-        let committed = Some(((ranges - 1) * RANGE_DOCS, ranges * RANGE_DOCS - 1));
-        let (mut whole_ms, mut from_ms) = (Vec::new(), Vec::new());
-        let (mut whole_listed, mut from_listed) = (0, 0);
+        let committed = ranges * RANGE_DOCS;
+        let starts = [
+            None,
+            Some(ListFrom::Range(committed - RANGE_DOCS, committed - 1)),
+            Some(ListFrom::Before {
+                offset: committed,
+                window: RANGE_DOCS,
+            }),
+        ];
+        let mut ms: [Vec<f64>; 3] = Default::default();
+        let mut listed = [0; 3];
         for rep in 0..a.repeats {
-            // Alternate which goes first.
-            let order = if rep % 2 == 0 {
-                [None, committed]
-            } else {
-                [committed, None]
-            };
-            for from in order {
-                let (ms, r) = timed(&out, &rej, from)?;
+            // Rotate which goes first.
+            for k in 0..3 {
+                let way = (rep + k) % 3;
+                let (took, r) = timed(&out, &rej, starts[way])?;
                 ensure!(
-                    r.resume == Some(ranges * RANGE_DOCS)
-                        && r.replay.as_ref().map(|p| p.first) == Some(ranges * RANGE_DOCS),
-                    "a reconcile answered {r:?}"
+                    r.resume == Some(committed)
+                        && r.replay.as_ref().map(|p| p.first) == Some(committed),
+                    "a reconcile ({}) answered {r:?}",
+                    WAYS[way]
                 );
-                if from.is_some() {
-                    ensure!(r.listed_from.is_some(), "the committed range was not used");
-                    from_ms.push(ms);
-                    from_listed = r.listed;
-                } else {
-                    whole_ms.push(ms);
-                    whole_listed = r.listed;
-                }
+                ensure!(
+                    r.listed_from.is_some() == (way > 0),
+                    "{}: listed from {:?}",
+                    WAYS[way],
+                    r.listed_from
+                );
+                ms[way].push(took);
+                listed[way] = r.listed;
             }
         }
-        let (w, f) = (median(whole_ms.clone()), median(from_ms.clone()));
+        let medians = ms.clone().map(median);
         println!(
-            "| {ranges} | {} | {whole_listed}, {w:.1} | {from_listed}, {f:.1} | {:.1}× |",
+            "| {ranges} | {} | {}, {:.1} | {}, {:.1} | {}, {:.1} | {:.1}×, {:.1}× |",
             3 * ranges + 2,
-            w / f
+            listed[0],
+            medians[0],
+            listed[1],
+            medians[1],
+            listed[2],
+            medians[2],
+            medians[0] / medians[1],
+            medians[0] / medians[2],
         );
-        rows.push(json!({
-            "ranges": ranges,
-            "objects": 3 * ranges + 2,
-            "whole": {"listed": whole_listed, "ms": whole_ms, "median_ms": w},
-            "from_committed": {"listed": from_listed, "ms": from_ms, "median_ms": f},
-            "ratio": w / f,
-        }));
+        let mut row = json!({ "ranges": ranges, "objects": 3 * ranges + 2 });
+        for way in 0..3 {
+            row[WAYS[way]] =
+                json!({"listed": listed[way], "ms": ms[way], "median_ms": medians[way]});
+        }
+        rows.push(row);
     }
     if let Some(path) = &a.out {
         if let Some(dir) = path.parent() {

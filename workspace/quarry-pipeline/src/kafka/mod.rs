@@ -71,8 +71,8 @@ mod summary;
 
 pub use client::{client_properties, ENV_PREFIX};
 pub use ranges::{
-    claim_name, commit_metadata, committed_range, parse_range, partition_dir, range_name,
-    reconcile, PublishedRange, Reconciled,
+    claim_name, commit_metadata, committed_range, list_from, parse_range, partition_dir,
+    range_name, reconcile, ListFrom, PublishedRange, Reconciled,
 };
 pub use summary::{Stall, StopReason, WorkerSummary};
 
@@ -918,7 +918,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
     /// Answers the group's assignment: reconciles each partition from the output store, then
     /// assigns them all, each at the offset after its last published range (the committed offset
     /// when nothing is published). Each reconcile lists the names from the range the group's
-    /// commit names on ([`committed_range`]). A partition that cannot be reconciled stops the
+    /// commit names on, or from before its committed offset ([`list_from`]). A partition that cannot be reconciled stops the
     /// worker with [`PipelineError::Reconcile`] before anything is assigned or read; closing the
     /// consumer then hands the partitions back to the group.
     fn assign(&mut self, partitions: &[i32]) -> Result<(), PipelineError> {
@@ -928,7 +928,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
             "assignment: reconciling from the output before the first fetch"
         );
         let started = Instant::now();
-        let committed = self.committed_ranges(partitions);
+        let committed = self.committed_starts(partitions);
         let mut tpl = TopicPartitionList::new();
         for &p in partitions {
             let r = self.reconcile(p, committed.get(&p).copied())?;
@@ -950,7 +950,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
 
     /// Partition `p` reconciled from the output store ([`reconcile`]), listing from the range
     /// `from` where it is published; an error names the partition.
-    fn reconcile(&mut self, p: i32, from: Option<(i64, i64)>) -> Result<Reconciled, PipelineError> {
+    fn reconcile(&mut self, p: i32, from: Option<ListFrom>) -> Result<Reconciled, PipelineError> {
         let r = reconcile(
             &self.publisher.output,
             &self.publisher.rejects,
@@ -969,11 +969,10 @@ impl<'a, E: Extractor> Worker<'a, E> {
         Ok(r)
     }
 
-    /// The ranges the group's commits name for `partitions` ([`committed_range`]): where their
-    /// reconciles start listing. Where the broker cannot say, or a commit names no range (none
-    /// yet, or one another tool made), the reconcile lists the partition's whole folders: slower,
-    /// never wrong.
-    fn committed_ranges(&self, partitions: &[i32]) -> HashMap<i32, (i64, i64)> {
+    /// Where the reconciles of `partitions` start listing, from the group's commits
+    /// ([`list_from`]). Where the broker cannot say, or nothing is committed, the reconcile lists
+    /// the partition's whole folders: slower, never wrong.
+    fn committed_starts(&self, partitions: &[i32]) -> HashMap<i32, ListFrom> {
         let mut tpl = TopicPartitionList::new();
         for &p in partitions {
             tpl.add_partition(&self.src.topic, p);
@@ -985,6 +984,7 @@ impl<'a, E: Extractor> Worker<'a, E> {
                 return HashMap::new();
             }
         };
+        let window = i64::try_from(self.cfg.batching.file_docs).unwrap_or(i64::MAX);
         committed
             .elements()
             .iter()
@@ -996,8 +996,8 @@ impl<'a, E: Extractor> Worker<'a, E> {
                 let metadata = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     e.metadata().to_string()
                 }))
-                .ok()?;
-                committed_range(offset, &metadata).map(|r| (e.partition(), r))
+                .unwrap_or_default();
+                list_from(offset, &metadata, window).map(|f| (e.partition(), f))
             })
             .collect()
     }
@@ -1058,7 +1058,9 @@ impl<'a, E: Extractor> Worker<'a, E> {
         let Some(p) = r.partition.filter(|p| self.parts.contains_key(p)) else {
             return Ok(()); // revoked since: the new owner reconciles it
         };
-        let from = self.parts[&p].marked;
+        let from = self.parts[&p]
+            .marked
+            .map(|(first, last)| ListFrom::Range(first, last));
         let mut again = self.reconcile(p, from)?;
         // A claim is there now, so the output says where to resume.
         let resume = again.resume.or(r.first_offset).unwrap_or(0);

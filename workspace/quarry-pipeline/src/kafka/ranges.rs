@@ -85,44 +85,91 @@ pub struct Reconciled {
     pub listed: usize,
 }
 
+/// Where a partition's reconcile may start listing, from what the group committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListFrom {
+    /// The range `first..=last` the group's last commit names ([`commit_metadata`]): listed from
+    /// `first` on when its rejects marker is there.
+    Range(i64, i64),
+    /// A committed offset whose commit names no range (a broker that drops commits' metadata, as
+    /// tansu 0.6 does; offsets set by another tool): the markers are looked for `window` offsets
+    /// before it (a file's most documents), then 4, 16, … times as far back, and listed from
+    /// where the first is found.
+    Before { offset: i64, window: i64 },
+}
+
+/// The first offsets [`ListFrom::Before`]'s look-backs start at: `window` before `offset`, then 4,
+/// 16, … times as far, down to 0.
+fn look_backs(offset: i64, window: i64) -> impl Iterator<Item = i64> {
+    let mut back = Some(window.max(1));
+    std::iter::from_fn(move || {
+        let b = back?;
+        let lo = offset.saturating_sub(b).max(0);
+        back = (lo > 0).then(|| b.saturating_mul(4));
+        Some(lo)
+    })
+}
+
 /// Reads a partition's published files.
 ///
-/// `from` is a range that may be published, say the one the group's last commit names
-/// ([`commit_metadata`]). When its rejects marker is there, only the names from its first
-/// offset on are listed: ranges never overlap, so every earlier range ends before it and cannot
-/// change where the partition resumes, and every later one is listed. The answer is the same as
-/// from the whole folders, whose listing grows with the partition's history (three objects a
-/// range: the accepted file, its marker and its claim). When the marker is not there (no commit
-/// yet, one made by another tool, offsets reset by hand), the whole folders are listed.
+/// `from` says where the names may be listed from ([`ListFrom`]): from the first offset of a
+/// range with a rejects marker, only the names from that offset on are listed. Ranges never
+/// overlap, so every earlier range ends before that one and cannot change where the partition
+/// resumes, and every later one is listed. The answer is the same as from the whole folders,
+/// whose listing grows with the partition's history (three objects a range: the accepted file,
+/// its marker and its claim). Where no marker is found that way (no commit yet, offsets reset by
+/// hand, or a store that does not list in key order, where a bounded listing reads every name
+/// anyway), the whole folders are listed.
 pub fn reconcile(
     output: &Location,
     rejects: &Location,
     topic: &str,
     partition: i32,
-    from: Option<(i64, i64)>,
+    from: Option<ListFrom>,
 ) -> Result<Reconciled, PipelineError> {
     let dir = partition_dir(topic, partition);
-    // A store error here lists the whole folders, whose listing retries: slower, never wrong.
-    let published = |(first, last)| {
-        rejects
+    // Range names sort by their first offset and before the claims (`_` follows the digits), so
+    // the markers from an offset on are the names from it up to the claims.
+    let name_at = |first: i64| format!("{dir}/{first:020}");
+    let claims_start = format!("{dir}/{CLAIM_PREFIX}");
+    // Markers from the start found on, where a look-back already listed them.
+    let mut probed = Vec::new();
+    let start = match from {
+        // A store error here lists the whole folders, whose listing retries: slower, never wrong.
+        Some(ListFrom::Range(first, last)) => rejects
             .exists(&range_name(topic, partition, first, last))
             .unwrap_or(false)
+            .then_some(first),
+        Some(ListFrom::Before { offset, window }) if rejects.sorted_lists => {
+            let mut found = None;
+            for lo in look_backs(offset, window) {
+                // The markers from `lo` on (the last look-back found none from its start on, so
+                // this lists the ones before it, one request where there are few).
+                probed = rejects.list_between(&dir, &name_at(lo), Some(&claims_start))?;
+                if !probed.is_empty() {
+                    found = Some(lo);
+                    break;
+                }
+            }
+            found
+        }
+        _ => None,
     };
-    let start = from.filter(|&r| published(r)).map(|(first, _)| first);
     let (listed_rejects, listed_output) = match start {
         Some(first) => {
-            // Range names sort by their first offset and before the claims (`_` follows the
-            // digits), so the markers are the names from `first` on up to the claims.
-            let from_name = format!("{dir}/{first:020}");
-            let mut rejected =
-                rejects.list_between(&dir, &from_name, Some(&format!("{dir}/{CLAIM_PREFIX}")))?;
-            // The claims after `first`'s: its own names a marked range.
+            let mut rejected = if probed.is_empty() {
+                rejects.list_between(&dir, &name_at(first), Some(&claims_start))?
+            } else {
+                std::mem::take(&mut probed)
+            };
+            // The claims after `first`'s: a marker starts at or after `first`, so `first`'s claim
+            // is at or below the highest marker, where claims are not read.
             rejected.extend(rejects.list_between(
                 &dir,
                 &claim_name(topic, partition, first),
                 None,
             )?);
-            (rejected, output.list_between(&dir, &from_name, None)?)
+            (rejected, output.list_between(&dir, &name_at(first), None)?)
         }
         None => (rejects.list(&dir)?, output.list(&dir)?),
     };
@@ -202,6 +249,17 @@ pub fn committed_range(offset: i64, metadata: &str) -> Option<(i64, i64)> {
         .parse()
         .ok()?;
     (first >= 0 && first < offset).then_some((first, offset - 1))
+}
+
+/// Where a partition's reconcile lists from, given the group's committed offset and the commit's
+/// metadata: the range the metadata names, else the markers before the offset, looked for from
+/// `window` offsets before it on (the job's most documents a file). Nothing committed, or offset
+/// 0: the whole folders.
+pub fn list_from(offset: i64, metadata: &str, window: i64) -> Option<ListFrom> {
+    match committed_range(offset, metadata) {
+        Some((first, last)) => Some(ListFrom::Range(first, last)),
+        None => (offset > 0).then_some(ListFrom::Before { offset, window }),
+    }
 }
 
 #[cfg(test)]
@@ -298,24 +356,30 @@ mod tests {
             .unwrap();
     }
 
+    /// An output and a rejects location in memory (listed in key order) and in a fresh local
+    /// folder (not), and that folder, to remove at the end.
+    fn two_stores(tag: &str) -> (std::path::PathBuf, [(Location, Location); 2]) {
+        let dir = std::env::temp_dir().join(format!("quarry-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let open = |url: String| Location::open(&url).unwrap();
+        let local = |sub: &str| open(dir.join(sub).to_str().unwrap().to_string());
+        let stores = [
+            (
+                open(format!("memory://{tag}/out")),
+                open(format!("memory://{tag}/rej")),
+            ),
+            (local("out"), local("rej")),
+        ];
+        (dir, stores)
+    }
+
     /// Started at any published range, a reconcile answers what the whole folders answer and
     /// lists only the names from that range on; on a store that lists in key order (in memory)
     /// and on one that does not (a local folder). A range that is not published (no marker)
     /// lists the whole folders.
     #[test]
     fn a_reconcile_from_a_published_range_answers_as_the_whole_folder_and_lists_less() {
-        let dir = std::env::temp_dir().join(format!("quarry-reconcile-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let stores = [
-            (
-                Location::open("memory://reconcile-from/out").unwrap(),
-                Location::open("memory://reconcile-from/rej").unwrap(),
-            ),
-            (
-                Location::open(dir.join("out").to_str().unwrap()).unwrap(),
-                Location::open(dir.join("rej").to_str().unwrap()).unwrap(),
-            ),
-        ];
+        let (dir, stores) = two_stores("reconcile-from");
         let ranges = 40;
         for (out, rej) in &stores {
             history(out, rej, ranges);
@@ -341,7 +405,8 @@ mod tests {
                 let first = 3 * i;
                 let listed_before = out_seen.objects_listed.load(Ordering::SeqCst)
                     + rej_seen.objects_listed.load(Ordering::SeqCst);
-                let from = reconcile(&out, &rej, "t", 0, Some((first, first + 2))).unwrap();
+                let from =
+                    reconcile(&out, &rej, "t", 0, Some(ListFrom::Range(first, first + 2))).unwrap();
                 assert_eq!(
                     (&from.resume, &from.replay, &from.marked),
                     (&whole.resume, &whole.replay, &whole.marked),
@@ -364,11 +429,115 @@ mod tests {
                 }
             }
             // A range that was never published: the whole folders again.
-            let stale = reconcile(&out, &rej, "t", 0, Some((1, 2))).unwrap();
+            let stale = reconcile(&out, &rej, "t", 0, Some(ListFrom::Range(1, 2))).unwrap();
             assert_eq!((stale.listed_from, stale.listed), (None, whole.listed));
             assert_eq!((stale.resume, stale.replay), (whole.resume, whole.replay));
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// From a committed offset alone (a broker that keeps no metadata), the markers are looked
+    /// for before it, further back each time none is found: the answer is the whole folders',
+    /// and on a store that lists in key order only the names from the first look-back that finds
+    /// one are listed.
+    #[test]
+    fn a_reconcile_from_a_committed_offset_looks_back_for_a_marker() {
+        let (dir, stores) = two_stores("look-back");
+        let ranges = 40;
+        let n = 3 * ranges;
+        for (out, rej) in &stores {
+            history(out, rej, ranges);
+            let whole = reconcile(out, rej, "t", 0, None).unwrap();
+            // (committed offset, window) → where the listing starts on a sorted store.
+            for (offset, window, start) in [
+                // The last range's end committed, the window a range: its first offset.
+                (n, 3, Some(n - 3)),
+                // A window of one offset: looked back 1, then 4 (offsets n-1, then n-4).
+                (n, 1, Some(n - 4)),
+                // A committed offset far past the history (reset by hand): 1,000 then 4,000
+                // back, 0 in the end.
+                (n + 4000, 1000, Some(0)),
+                // A commit from the first range on: the whole history after it.
+                (3, 3, Some(0)),
+                // An offset inside the claimed range: nothing marked from 2 back on (the claimed
+                // range has no marker), then 8 back: the last two ranges.
+                (n + 2, 2, Some(n - 6)),
+            ] {
+                let from =
+                    reconcile(out, rej, "t", 0, Some(ListFrom::Before { offset, window })).unwrap();
+                assert_eq!(
+                    (&from.resume, &from.replay, &from.marked),
+                    (&whole.resume, &whole.replay, &whole.marked),
+                    "offset {offset}, window {window}"
+                );
+                if rej.sorted_lists {
+                    assert_eq!(from.listed_from, start, "offset {offset}, window {window}");
+                    // The markers from the start on, the claims after its, the accepted files
+                    // from it on.
+                    let lo = start.unwrap();
+                    let marked = (ranges - (lo + 2) / 3) as usize; // first ≥ lo
+                    let claims = (ranges - lo / 3) as usize; // after lo's, and the claimed range's
+                    assert_eq!(
+                        from.listed,
+                        marked + claims + marked + 1,
+                        "offset {offset}, window {window}"
+                    );
+                } else {
+                    assert_eq!((from.listed_from, from.listed), (None, whole.listed));
+                }
+            }
+        }
+        // Nothing published: every look-back finds nothing, and the whole (empty) folders answer.
+        let (out, rej) = &stores[0];
+        let none = reconcile(
+            out,
+            rej,
+            "t",
+            7,
+            Some(ListFrom::Before {
+                offset: 100_000,
+                window: 10,
+            }),
+        )
+        .unwrap();
+        assert_eq!(
+            (none.resume, none.listed_from, none.listed),
+            (None, None, 0)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn look_backs_go_four_times_as_far_each_time_down_to_zero() {
+        assert_eq!(look_backs(100, 3).collect::<Vec<_>>(), [97, 88, 52, 0]);
+        assert_eq!(look_backs(5, 10).collect::<Vec<_>>(), [0]);
+        assert_eq!(look_backs(0, 10).collect::<Vec<_>>(), [0]);
+        assert_eq!(look_backs(9, 0).collect::<Vec<_>>(), [8, 5, 0]);
+        assert_eq!(look_backs(i64::MAX, i64::MAX / 2).count(), 2);
+    }
+
+    #[test]
+    fn a_commit_without_its_range_lists_from_before_its_offset() {
+        assert_eq!(
+            list_from(10, &commit_metadata(4), 100),
+            Some(ListFrom::Range(4, 9))
+        );
+        assert_eq!(
+            list_from(10, "", 100),
+            Some(ListFrom::Before {
+                offset: 10,
+                window: 100
+            })
+        );
+        // A range that does not end before the offset: the offset is what is known.
+        assert_eq!(
+            list_from(4, &commit_metadata(4), 2),
+            Some(ListFrom::Before {
+                offset: 4,
+                window: 2
+            })
+        );
+        assert_eq!(list_from(0, "", 100), None);
     }
 
     #[test]
