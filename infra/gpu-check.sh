@@ -110,7 +110,7 @@ if [ -d "$PACK/checkpoint-tokenizer" ] && [ -s models/SmolLM2-135M-Instruct.Q4_1
 fi
 
 # The tiny random-weight models of the new architectures (tests/fixtures/tiny_models.py: Qwen3,
-# Llama 3.1's RoPE factors, Gemma 3's linear scaling, Mistral's window), built here as make test
+# Llama 3.1's RoPE factors, Gemma 3's linear scaling, YaRN, Mistral's window), built here as make test
 # builds them: the script reads only their tokenizers' metadata, which the pack carries
 # (Qwen2.5's and Gemma 3's as the dummy-weight tokenizers, SmolLM2's as the model), so each source
 # file is stood in for by its metadata while the script runs (Gemma 3's without the chat template
@@ -310,7 +310,7 @@ fi
 
 # One model is carried: the tests of the other models' files are skipped here (they run in CI),
 # and of the library's unit tests only the kernels' (the rest run in CI, without a GPU). The tiny
-# random-weight models (models/tiny/, 147 MB that do not compress) are not carried either.
+# random-weight models (models/tiny/, 212 MB that do not compress) are not carried either.
 case "$(basename "$MODEL")" in
   qwen2.5*) model_tests=(qwen25) ;;
   gemma-3*) model_tests=(gemma3) ;;

@@ -12,7 +12,9 @@
 //!   [`RopeStyle::Halves`];
 //! - Gemma 3's RMS norms scale by `1 + w`; llama.cpp stores `1 + w`, so 1 is added here;
 //! - RoPE scaling from `rope_scaling` (or `rope_parameters`): `linear` (a scale), `llama3` (the
-//!   per-frequency factors, computed as Meta publishes them: [`llama3_factors`]);
+//!   per-frequency factors, computed as Meta publishes them: [`llama3_factors`]), `yarn`
+//!   ([`crate::Yarn`], with transformers' defaults and its `attention_factor`, `mscale` and
+//!   `truncate`);
 //! - the values: bf16, f16 or f32, read in their own type ([`crate::weights::Stored::Dense`]);
 //!   a CPU multiplies them in f32 (what the F32 GGUF path does, checked against llama.cpp), a GPU
 //!   in f16 from bf16 and f16 (exact: bf16's 8-bit significand fits f16's 11, within f16's range)
@@ -25,7 +27,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device};
 use serde_json::Value;
 
-use crate::config::{LlamaConfig, RopeStyle, SlidingWindow, Switches};
+use crate::config::{LlamaConfig, RopeStyle, SlidingWindow, Switches, Yarn};
 use crate::error::{without_backtrace, ModelError, Result};
 use crate::weights::{Stored, Weights};
 
@@ -382,7 +384,9 @@ pub(crate) fn config_from_json(json: &Value, vocab: usize) -> Result<LlamaConfig
         .float("rope_theta")?
         .or(keys.rope_param("rope_theta"))
         .unwrap_or(10_000.0) as f32;
-    let (rope_freq_scale, rope_freq_factors) = keys.rope_scaling(head_dim, rope_freq_base)?;
+    let context_length = keys.required("max_position_embeddings")?;
+    let (rope_freq_scale, rope_freq_factors, rope_yarn) =
+        keys.rope_scaling(head_dim, rope_freq_base, context_length)?;
     let sliding_window = keys.sliding_window(model_type)?;
     let attention_scale = match keys.float("query_pre_attn_scalar")? {
         Some(s) if gemma => 1.0 / (s as f32).sqrt(),
@@ -400,8 +404,9 @@ pub(crate) fn config_from_json(json: &Value, vocab: usize) -> Result<LlamaConfig
         rope_freq_base,
         rope_freq_scale,
         rope_freq_factors,
+        rope_yarn,
         rms_norm_eps: keys.float("rms_norm_eps")?.unwrap_or(1e-6) as f32,
-        context_length: keys.required("max_position_embeddings")?,
+        context_length,
         vocab_size,
         embedding_scale: switches.embedding_scale,
         attention_scale,
@@ -534,12 +539,13 @@ impl JsonKeys<'_> {
         self.0["rope_parameters"][k].as_f64()
     }
 
-    /// The linear scale and the per-frequency factors of `rope_scaling` (or `rope_parameters`).
-    fn rope_scaling(&self, head_dim: usize, base: f32) -> Result<(f32, Option<Vec<f32>>)> {
+    /// The scale, the per-frequency factors and YaRN's parameters of `rope_scaling` (or
+    /// `rope_parameters`), for a model of `context` positions.
+    fn rope_scaling(&self, head_dim: usize, base: f32, context: usize) -> Result<RopeScaling> {
         let (key, s) = match (&self.0["rope_scaling"], &self.0["rope_parameters"]) {
             (Value::Object(_), _) => ("rope_scaling", &self.0["rope_scaling"]),
             (_, Value::Object(_)) => ("rope_parameters", &self.0["rope_parameters"]),
-            _ => return Ok((1.0, None)),
+            _ => return Ok((1.0, None, None)),
         };
         let kind = s["rope_type"]
             .as_str()
@@ -557,8 +563,57 @@ impl JsonKeys<'_> {
                 })
         };
         match kind {
-            "default" => Ok((1.0, None)),
-            "linear" => Ok(((1.0 / number("factor", None)?) as f32, None)),
+            "default" => Ok((1.0, None, None)),
+            "linear" => Ok(((1.0 / number("factor", None)?) as f32, None, None)),
+            "yarn" => {
+                // transformers' `_compute_yarn_parameters`: `beta_fast or 32` (a 0 is the
+                // default too), the magnitude from `attention_factor`, else from `mscale` over
+                // `mscale_all_dim` where both are set, else `1 + 0.1 ln factor`.
+                let factor = number("factor", None)?;
+                let set = |k: &str| s[k].as_f64().filter(|x| *x != 0.0);
+                // Python's `or`: absent, null and 0 take the default; anything else must be a
+                // positive number.
+                let or = |k: &str, default: f64| match set(k) {
+                    Some(_) => number(k, None),
+                    None if s[k].is_null() || s[k].as_f64().is_some() => Ok(default),
+                    None => number(k, None),
+                };
+                let mscale = |m: f64| {
+                    if factor <= 1.0 {
+                        1.0
+                    } else {
+                        0.1 * m * factor.ln() + 1.0
+                    }
+                };
+                let magnitude = match (
+                    set("attention_factor"),
+                    set("mscale"),
+                    set("mscale_all_dim"),
+                ) {
+                    (Some(_), ..) => number("attention_factor", None)?,
+                    (None, Some(m), Some(all)) => mscale(m) / mscale(all),
+                    _ => Yarn::default_magnitude(factor),
+                };
+                let truncate = match &s["truncate"] {
+                    Value::Null => true,
+                    Value::Bool(b) => *b,
+                    other => {
+                        return Err(self.bad(
+                            &format!("{key}.truncate"),
+                            format!("{other} is not a boolean"),
+                        ))
+                    }
+                };
+                let yarn = Yarn {
+                    original_context: or("original_max_position_embeddings", context as f64)?,
+                    beta_fast: or("beta_fast", 32.0)?,
+                    beta_slow: or("beta_slow", 1.0)?,
+                    ext_factor: 1.0,
+                    magnitude,
+                    truncate,
+                };
+                Ok(((1.0 / factor) as f32, None, Some(yarn)))
+            }
             "llama3" => {
                 let scaling = Llama3Scaling {
                     factor: number("factor", Some(8.0))?,
@@ -572,15 +627,21 @@ impl JsonKeys<'_> {
                         "must be below high_freq_factor".into(),
                     ));
                 }
-                Ok((1.0, Some(llama3_factors(&scaling, head_dim, base))))
+                Ok((1.0, Some(llama3_factors(&scaling, head_dim, base)), None))
             }
             other => Err(self.bad(
                 &format!("{key}.rope_type"),
-                format!("RoPE scaling `{other}` is not supported (default, linear and llama3 are)"),
+                format!(
+                    "RoPE scaling `{other}` is not supported (default, linear, llama3 and yarn are)"
+                ),
             )),
         }
     }
 }
+
+/// A checkpoint's RoPE scale, per-frequency factors and YaRN parameters ([`LlamaConfig`]'s
+/// `rope_freq_scale`, `rope_freq_factors`, `rope_yarn`).
+type RopeScaling = (f32, Option<Vec<f32>>, Option<Yarn>);
 
 /// Llama 3.1's RoPE scaling (`rope_scaling` of type `llama3`).
 #[derive(Debug, Clone, Copy)]

@@ -17,7 +17,8 @@
 //! linear`, `rope.scaling.factor`: every angle divided by the factor; Gemma 3 1B–27B scale their
 //! global layers so, the local ones not), and per-frequency factors (the `rope_freqs.weight`
 //! tensor llama.cpp's converter writes for Llama 3.1/3.2's `rope_scaling` of type `llama3`: each
-//! frequency divided by its factor). YaRN and LongRoPE are refused.
+//! frequency divided by its factor), and YaRN (`rope.scaling.type = yarn`: Qwen2.5's and Qwen3's
+//! long-context files; [`Yarn`]). LongRoPE and partial RoPE are refused.
 
 use candle_core::quantized::gguf_file::{Content, Value};
 
@@ -75,6 +76,66 @@ impl SlidingWindow {
     }
 }
 
+/// YaRN RoPE scaling (`rope.scaling.type = yarn`, or a checkpoint's `rope_scaling` of type
+/// `yarn`): the long-context files of Qwen2.5 and Qwen3. Each frequency of a scaled layer mixes
+/// its interpolated value (times [`LlamaConfig::rope_freq_scale`], `1 / factor`) with its original
+/// one, by a ramp over the frequency index ([`Yarn::extrapolation`]), and every cosine and sine is
+/// multiplied by [`Yarn::magnitude`], as llama.cpp's `rope_yarn` and transformers'
+/// `_compute_yarn_parameters` compute them.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Yarn {
+    /// The context the model was trained on before its extension
+    /// (`rope.scaling.original_context_length`; `original_max_position_embeddings`), in positions.
+    pub original_context: f64,
+    /// The frequencies that turn more than `beta_fast` times over the original context keep their
+    /// value, those turning fewer than `beta_slow` times are interpolated (32 and 1 by default).
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    /// The ramp's height (llama.cpp's `yarn_ext_factor`: 1 for YaRN unless the file says).
+    pub ext_factor: f64,
+    /// Multiplier of every cosine and sine of a scaled layer: `1 + 0.1 ln factor` unless the file
+    /// or `rope_scaling` names one ([`Yarn::default_magnitude`]).
+    pub magnitude: f64,
+    /// Whether the ramp's ends are rounded outwards to whole frequency indices (llama.cpp always;
+    /// transformers unless `truncate` is false).
+    pub truncate: bool,
+}
+
+impl Yarn {
+    /// The magnitude YaRN gives a scaling `factor` (transformers' `get_mscale`, llama.cpp's
+    /// `rope_yarn`): `1 + 0.1 ln factor` above 1, else 1.
+    pub fn default_magnitude(factor: f64) -> f64 {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            1.0 + 0.1 * factor.ln()
+        }
+    }
+
+    /// For each of a head's `head_dim / 2` frequencies at RoPE base `base`, the weight of its
+    /// original value against the interpolated one: `ext_factor` below the ramp (the fast
+    /// frequencies), 0 above it, linear between the correction dimensions of `beta_fast` and
+    /// `beta_slow` rotations over the original context.
+    pub fn extrapolation(&self, head_dim: usize, base: f32) -> Vec<f64> {
+        let d = head_dim as f64;
+        let two_pi = 2.0 * std::f64::consts::PI;
+        let dim = |rotations: f64| {
+            d * (self.original_context / (rotations * two_pi)).ln() / (2.0 * f64::from(base).ln())
+        };
+        let (mut low, mut high) = (dim(self.beta_fast), dim(self.beta_slow));
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, high) = (low.max(0.0), high.min(d - 1.0));
+        (0..head_dim / 2)
+            .map(|i| {
+                let y = (i as f64 - low) / (high - low).max(0.001);
+                (1.0 - y.clamp(0.0, 1.0)) * self.ext_factor
+            })
+            .collect()
+    }
+}
+
 /// What the forward pass needs to know about a llama-architecture model.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LlamaConfig {
@@ -94,6 +155,9 @@ pub struct LlamaConfig {
     /// Llama 3.1/3.2's `llama3` scaling), for every layer. Read with the weights
     /// ([`crate::Llama::load`]); `None` in a config read from metadata alone.
     pub rope_freq_factors: Option<Vec<f32>>,
+    /// YaRN scaling of the global layers, where the model has it (with `rope_freq_scale` its
+    /// `1 / factor`).
+    pub rope_yarn: Option<Yarn>,
     pub rms_norm_eps: f32,
     /// The training context; positions at or past it are refused.
     pub context_length: usize,
@@ -131,6 +195,7 @@ impl LlamaConfig {
             rope_freq_base: 10_000.0,
             rope_freq_scale: 1.0,
             rope_freq_factors: None,
+            rope_yarn: None,
             rms_norm_eps: 1e-6,
             context_length,
             vocab_size,
@@ -160,7 +225,7 @@ impl LlamaConfig {
         };
         let embedding_length = keys.required("embedding_length")?;
         let (head_count, head_count_kv, head_dim) = keys.heads(embedding_length)?;
-        let rope_freq_scale = keys.rope_scale(head_dim)?;
+        let (rope_freq_scale, rope_yarn) = keys.rope_scaling(head_dim)?;
         let vocab_size = vocab_size(content, embedding_length)?;
         let gemma = architecture == "gemma3";
         let qwen2 = architecture == "qwen2";
@@ -184,6 +249,7 @@ impl LlamaConfig {
             rope_freq_base: keys.float("rope.freq_base")?.unwrap_or(10_000.0) as f32,
             rope_freq_scale,
             rope_freq_factors: None,
+            rope_yarn,
             rms_norm_eps: keys
                 .float("attention.layer_norm_rms_epsilon")?
                 .unwrap_or(1e-5) as f32,
@@ -237,13 +303,14 @@ impl LlamaConfig {
 
     /// The angle per position of each of a head's `head_dim / 2` rotations, in the global layers
     /// (`local`: Gemma 3's local ones, with their own base): `scale · base^(-2i/head_dim) /
-    /// factor_i`, as llama.cpp's `ggml_rope_ext` computes it.
+    /// factor_i`, as llama.cpp's `ggml_rope_ext` computes it, where YaRN's `scale` is frequency
+    /// `i`'s mix of `rope_freq_scale` and 1 ([`Yarn::extrapolation`]).
     pub fn rope_frequencies(&self, local: bool) -> Vec<f64> {
-        let own = self.sliding_window.and_then(|w| w.rope_freq_base);
-        let (base, scale) = match (own, local) {
-            (Some(b), true) => (b, 1.0),
-            _ => (self.rope_freq_base, self.rope_freq_scale),
+        let (base, scale, yarn) = match self.own_local_base(local) {
+            Some(b) => (b, 1.0, None),
+            None => (self.rope_freq_base, self.rope_freq_scale, self.rope_yarn),
         };
+        let keep = yarn.map(|y| y.extrapolation(self.head_dim, base));
         let d = self.head_dim as f64;
         (0..self.head_dim / 2)
             .map(|i| {
@@ -251,9 +318,29 @@ impl LlamaConfig {
                     .rope_freq_factors
                     .as_ref()
                     .map_or(1.0, |f| f64::from(f[i]));
-                f64::from(scale) * f64::from(base).powf(-2.0 * i as f64 / d) / factor
+                let scale = match &keep {
+                    Some(k) => f64::from(scale) * (1.0 - k[i]) + k[i],
+                    None => f64::from(scale),
+                };
+                scale * f64::from(base).powf(-2.0 * i as f64 / d) / factor
             })
             .collect()
+    }
+
+    /// What every cosine and sine of the global layers' RoPE (`local`: Gemma 3's local ones) is
+    /// multiplied by: YaRN's [`Yarn::magnitude`] where it scales them, else 1.
+    pub fn rope_magnitude(&self, local: bool) -> f64 {
+        match (self.own_local_base(local), self.rope_yarn) {
+            (None, Some(y)) => y.magnitude,
+            _ => 1.0,
+        }
+    }
+
+    /// The local layers' own RoPE base, where `local` asks for them and they have one (Gemma 3's).
+    fn own_local_base(&self, local: bool) -> Option<f32> {
+        self.sliding_window
+            .and_then(|w| w.rope_freq_base)
+            .filter(|_| local)
     }
 
     fn local(&self, layer: usize) -> Option<&SlidingWindow> {
@@ -377,12 +464,17 @@ impl Keys<'_> {
         Ok((head_count, head_count_kv, head_dim))
     }
 
-    /// Full-width RoPE, and its linear scale (`1 / rope.scaling.factor`, 1 without): llama.cpp
-    /// reads a factor under `rope.scaling.factor` or the older `rope.scale_linear`, as linear
-    /// unless `rope.scaling.type` says otherwise. YaRN and LongRoPE change every position's
-    /// rotation in ways quarry does not implement, and running such a model with plain RoPE
-    /// would be silently wrong: refused.
-    fn rope_scale(&self, head_dim: usize) -> Result<f32> {
+    /// Full-width RoPE, its scale (`1 / rope.scaling.factor`, 1 without) and YaRN's parameters:
+    /// llama.cpp reads a factor under `rope.scaling.factor` or the older `rope.scale_linear`, as
+    /// linear unless `rope.scaling.type` says otherwise. YaRN's ramp and magnitude are read
+    /// with llama.cpp's defaults (an original context of `context_length`, betas 32 and 1, a
+    /// magnitude of `1 + 0.1 ln factor`), and where the file names them (`yarn_beta_fast`,
+    /// `yarn_beta_slow`, `yarn_ext_factor`, `yarn_attn_factor`: llama.cpp's converter writes them
+    /// from a checkpoint's `rope_scaling`, which llama.cpp 0.3.36 then ignores) as the file says.
+    /// LongRoPE changes every position's rotation in ways quarry does not implement, and running
+    /// such a model with plain RoPE would be silently wrong: refused, as is an
+    /// `rope.scaling.attn_factor` other than 1 outside YaRN.
+    fn rope_scaling(&self, head_dim: usize) -> Result<(f32, Option<Yarn>)> {
         let rope_dim = self.uint("rope.dimension_count")?.unwrap_or(head_dim);
         if rope_dim != head_dim || !head_dim.is_multiple_of(2) {
             return Err(self.bad(
@@ -399,7 +491,7 @@ impl Keys<'_> {
             .and_then(|v| v.to_string().ok().cloned());
         let factor = match scaling.as_deref() {
             Some("none") => None,
-            None | Some("linear") => match self.float("rope.scaling.factor")? {
+            None | Some("linear") | Some("yarn") => match self.float("rope.scaling.factor")? {
                 Some(f) => Some(("rope.scaling.factor", f)),
                 None => self
                     .float("rope.scale_linear")?
@@ -408,16 +500,61 @@ impl Keys<'_> {
             Some(kind) => {
                 return Err(self.bad(
                     "rope.scaling.type",
-                    format!("RoPE scaling `{kind}` is not supported (none and linear are)"),
+                    format!("RoPE scaling `{kind}` is not supported (none, linear and yarn are)"),
                 ))
             }
         };
-        match factor {
+        let factor = match factor {
             // llama.cpp reads 0 as no scaling.
-            None => Ok(1.0),
-            Some((_, 0.0)) => Ok(1.0),
-            Some((_, f)) if f.is_finite() && f > 0.0 => Ok((1.0 / f) as f32),
-            Some((key, f)) => Err(self.bad(key, format!("a RoPE scaling factor of {f}"))),
+            None | Some((_, 0.0)) => 1.0,
+            Some((_, f)) if f.is_finite() && f > 0.0 => f,
+            Some((key, f)) => return Err(self.bad(key, format!("a RoPE scaling factor of {f}"))),
+        };
+        let attn_factor = self.positive("rope.scaling.attn_factor", 1.0)?;
+        if scaling.as_deref() != Some("yarn") {
+            if attn_factor != 1.0 {
+                return Err(self.bad(
+                    "rope.scaling.attn_factor",
+                    format!(
+                        "{attn_factor}: a RoPE magnitude other than 1 is supported with YaRN only"
+                    ),
+                ));
+            }
+            return Ok(((1.0 / factor) as f32, None));
+        }
+        let yarn = Yarn {
+            original_context: match self.uint("rope.scaling.original_context_length")? {
+                Some(n) => n as f64,
+                None => self.required("context_length")? as f64,
+            },
+            beta_fast: self.positive("rope.scaling.yarn_beta_fast", 32.0)?,
+            beta_slow: self.positive("rope.scaling.yarn_beta_slow", 1.0)?,
+            ext_factor: match self.float("rope.scaling.yarn_ext_factor")? {
+                Some(x) if x.is_finite() && x >= 0.0 => x,
+                Some(x) => {
+                    return Err(self.bad(
+                        "rope.scaling.yarn_ext_factor",
+                        format!("{x} is not a number of at least 0"),
+                    ))
+                }
+                None => 1.0,
+            },
+            magnitude: attn_factor
+                * self.positive(
+                    "rope.scaling.yarn_attn_factor",
+                    Yarn::default_magnitude(factor),
+                )?,
+            truncate: true,
+        };
+        Ok(((1.0 / factor) as f32, Some(yarn)))
+    }
+
+    /// A positive number under `k`, `default` where absent.
+    fn positive(&self, k: &str, default: f64) -> Result<f64> {
+        match self.float(k)? {
+            None => Ok(default),
+            Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+            Some(x) => Err(self.bad(k, format!("{x} is not a positive number"))),
         }
     }
 
@@ -529,7 +666,7 @@ mod tests {
                 "llama.rope.dimension_count",
             ),
             (
-                &[("llama.rope.scaling.type", Value::String("yarn".into()))],
+                &[("llama.rope.scaling.type", Value::String("longrope".into()))],
                 "llama.rope.scaling.type",
             ),
             (
@@ -588,6 +725,116 @@ mod tests {
                 ("llama.rope.scaling.factor", Value::F32(-2.0)),
             ]),
             "llama.rope.scaling.factor"
+        );
+    }
+
+    #[test]
+    fn yarn_reads_as_llama_cpp_reads_it() {
+        let yarn = |extra: &[(&str, Value)]| {
+            let mut keys = vec![
+                ("llama.rope.scaling.type", Value::String("yarn".into())),
+                ("llama.rope.scaling.factor", Value::F32(4.0)),
+            ];
+            keys.extend_from_slice(extra);
+            let c = LlamaConfig::from_content(&content(&keys)).unwrap();
+            (c.rope_freq_scale, c.rope_yarn.expect("yarn read"))
+        };
+        // llama.cpp's defaults: the model's context as the original one, betas 32 and 1, a ramp
+        // of height 1, a magnitude of 1 + 0.1 ln factor.
+        let (scale, y) = yarn(&[]);
+        assert_eq!(scale, 0.25);
+        assert_eq!(
+            y,
+            Yarn {
+                original_context: 256.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                ext_factor: 1.0,
+                magnitude: 1.0 + 0.1 * 4f64.ln(),
+                truncate: true,
+            }
+        );
+        let (_, y) = yarn(&[
+            ("llama.rope.scaling.original_context_length", Value::U32(64)),
+            ("llama.rope.scaling.yarn_beta_fast", Value::F32(16.0)),
+            ("llama.rope.scaling.yarn_attn_factor", Value::F32(1.5)),
+            ("llama.rope.scaling.attn_factor", Value::F32(2.0)),
+        ]);
+        assert_eq!(
+            (y.original_context, y.beta_fast, y.magnitude),
+            (64.0, 16.0, 3.0)
+        );
+        let refused = [
+            ("llama.rope.scaling.yarn_beta_slow", Value::F32(-1.0)),
+            ("llama.rope.scaling.yarn_ext_factor", Value::F32(f32::NAN)),
+            ("llama.rope.scaling.original_context_length", Value::U32(0)),
+        ];
+        for (key, v) in refused {
+            let keys = [
+                ("llama.rope.scaling.type", Value::String("yarn".into())),
+                (key, v),
+            ];
+            assert_eq!(refused_key(&keys), key);
+        }
+        // A magnitude outside YaRN would change every rotation's length: refused.
+        assert_eq!(
+            refused_key(&[("llama.rope.scaling.attn_factor", Value::F32(2.0))]),
+            "llama.rope.scaling.attn_factor"
+        );
+    }
+
+    /// The ramp worked out by hand for heads of 8 (4 frequencies) at base 10,000 and an original
+    /// context of 64: the correction dimensions of 32 and 1 rotations are 8·ln(64 / 32·2π) /
+    /// 2·ln 10⁴ = -0.50 and 8·ln(64 / 2π) / 2·ln 10⁴ = 1.008, rounded out to 0 and 2: frequency 0
+    /// keeps its value, 1 keeps half of it, 2 and 3 are interpolated (times 1/4).
+    #[test]
+    fn yarn_mixes_each_frequency_by_its_ramp_and_scales_the_magnitude() {
+        let mut c = LlamaConfig::from_content(&content(&[])).unwrap();
+        c.rope_freq_base = 10_000.0;
+        let plain = c.rope_frequencies(false);
+        c.rope_freq_scale = 0.25;
+        let y = Yarn {
+            original_context: 64.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            ext_factor: 1.0,
+            magnitude: 1.0 + 0.1 * 4f64.ln(),
+            truncate: true,
+        };
+        c.rope_yarn = Some(y);
+        let keep = y.extrapolation(c.head_dim, c.rope_freq_base);
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs();
+        let want_keep = [1.0, 0.5, 0.0, 0.0];
+        assert!(
+            keep.iter().zip(want_keep).all(|(k, w)| close(*k, w)),
+            "{keep:?}"
+        );
+        let f = c.rope_frequencies(false);
+        for (i, k) in want_keep.into_iter().enumerate() {
+            let want = plain[i] * (0.25 * (1.0 - k) + k);
+            assert!(close(f[i], want), "frequency {i}: {} against {want}", f[i]);
+        }
+        assert_eq!(c.rope_magnitude(false), 1.0 + 0.1 * 4f64.ln());
+        // Without truncation the ends stay where they fall (0 and 1.008): frequency 1 keeps
+        // 1 - 1/1.008 of its value.
+        c.rope_yarn = Some(Yarn {
+            truncate: false,
+            ..y
+        });
+        let untruncated = c.rope_frequencies(false);
+        let k1 = 1.0 - 1.0 / (8.0 * (64.0 / std::f64::consts::TAU).ln() / (2.0 * 10_000f64.ln()));
+        assert!(close(untruncated[1], plain[1] * (0.25 * (1.0 - k1) + k1)));
+        assert!(untruncated[0] == f[0] && untruncated[3] == f[3]);
+        // Gemma 3's local layers, with their own base, are neither mixed nor scaled.
+        c.rope_yarn = Some(y);
+        c.sliding_window = Some(SlidingWindow {
+            size: 4,
+            pattern: 6,
+            rope_freq_base: Some(c.rope_freq_base),
+        });
+        assert_eq!(
+            (c.rope_frequencies(true), c.rope_magnitude(true)),
+            (plain, 1.0)
         );
     }
 

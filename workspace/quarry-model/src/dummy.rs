@@ -230,7 +230,25 @@ pub fn write_gguf(shape: &DummyShape, tokenizer: &Path, device: &Device, out: &P
         ("rope.freq_base", V::F32(c.rope_freq_base)),
         ("attention.layer_norm_rms_epsilon", V::F32(c.rms_norm_eps)),
     ];
-    if c.rope_freq_scale != 1.0 {
+    if let Some(y) = &c.rope_yarn {
+        // The magnitude only where it is not the factor's own, which the reader computes again
+        // (an f32 of it would read back as another number).
+        let factor = (1.0 / f64::from(c.rope_freq_scale)) as f32;
+        arch_keys.extend([
+            ("rope.scaling.type", V::String("yarn".into())),
+            ("rope.scaling.factor", V::F32(factor)),
+            (
+                "rope.scaling.original_context_length",
+                u(y.original_context as usize),
+            ),
+            ("rope.scaling.yarn_beta_fast", V::F32(y.beta_fast as f32)),
+            ("rope.scaling.yarn_beta_slow", V::F32(y.beta_slow as f32)),
+            ("rope.scaling.yarn_ext_factor", V::F32(y.ext_factor as f32)),
+        ]);
+        if y.magnitude != crate::Yarn::default_magnitude(f64::from(factor)) {
+            arch_keys.push(("rope.scaling.yarn_attn_factor", V::F32(y.magnitude as f32)));
+        }
+    } else if c.rope_freq_scale != 1.0 {
         arch_keys.push(("rope.scaling.type", V::String("linear".into())));
         arch_keys.push(("rope.scaling.factor", V::F32(1.0 / c.rope_freq_scale)));
     }
@@ -458,6 +476,12 @@ mod tests {
             "num_hidden_layers": 6, "query_pre_attn_scalar": 32,
             "max_position_embeddings": 256, "rope_local_base_freq": 10000.0,
             "sliding_window": 2, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}"#,
+            // Qwen3's long-context YaRN.
+            r#"{"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+            "num_hidden_layers": 2, "max_position_embeddings": 256,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                             "original_max_position_embeddings": 64}}"#,
         ];
         for (k, json) in shapes.iter().enumerate() {
             let dir =

@@ -64,7 +64,9 @@ mod weights;
 
 pub use batch::{Logits, SeqInput};
 pub use checkpoint::{Checkpoint, CHECKPOINT_TYPES};
-pub use config::{Activation, LlamaConfig, RopeStyle, SlidingWindow, SUPPORTED_ARCHITECTURES};
+pub use config::{
+    Activation, LlamaConfig, RopeStyle, SlidingWindow, Yarn, SUPPORTED_ARCHITECTURES,
+};
 pub use device::parse_device;
 pub use dummy::{DummyShape, DUMMY_SHAPES};
 pub use error::{ModelError, Result};

@@ -503,7 +503,9 @@ fn qwen25_f32_weights_greedy_continuations_match_llama_cpp() {
 // original context the factors were computed for, and an untied output; `gemma3`: linear RoPE
 // scaling (factor 8) of the global layer, unscaled local layers with a window of 8; `mistral`:
 // Mistral 7B v0.1's window (8 here) in every layer, against llama.cpp's logits on the same
-// weights as its `granite_swa` (llama.cpp reads no window for a `llama`).
+// weights as its `granite_swa` (llama.cpp reads no window for a `llama`); `qwen3-yarn`: YaRN
+// (factor 4 over an original context of 512, llama.cpp's defaults for the rest), as Qwen3's and
+// Qwen2.5's long-context files write it.
 
 #[test]
 fn tiny_models_prompt_logits_match_llama_cpp() {
@@ -555,6 +557,49 @@ fn tiny_models_need_their_rope_scaling_and_their_window() {
     let fx = read_fixture("tiny-qwen3.logits.json.gz");
     let c = tiny("qwen3", &fx).config();
     assert!(c.qk_norm && !c.qkv_bias && c.head_dim * c.head_count > c.embedding_length);
+}
+
+/// The tiny YaRN model's scaling is what its fixture tests: its ramp reaches frequencies that keep
+/// their value, mixed ones and interpolated ones, and the same weights read with linear scaling of
+/// the same factor (the `yarn` type taken out of the header), or with YaRN's frequencies but
+/// rotations of length 1, leave llama.cpp's logits far past the bar.
+#[test]
+fn tiny_yarn_needs_its_ramp_and_its_magnitude() {
+    let fx = read_fixture("tiny-qwen3-yarn.logits.json.gz");
+    let c = tiny("qwen3-yarn", &fx).config();
+    let y = c.rope_yarn.expect("yarn read");
+    assert_eq!((c.rope_freq_scale, y.original_context), (0.25, 512.0));
+    let keep = y.extrapolation(c.head_dim, c.rope_freq_base);
+    assert!(keep[0] == 1.0 && keep.contains(&0.0), "{keep:?}");
+    assert!(keep.iter().any(|k| *k > 0.0 && *k < 1.0), "{keep:?}");
+    let path = model_path("tiny/tiny-qwen3-yarn.gguf");
+    let mut file = std::fs::File::open(&path).unwrap();
+    let mut header = || {
+        use std::io::Seek;
+        file.rewind().unwrap();
+        candle_core::quantized::gguf_file::Content::read(&mut file).unwrap()
+    };
+    let (mut linear, mut unit) = (header(), header());
+    assert!(linear.metadata.remove("qwen3.rope.scaling.type").is_some());
+    unit.metadata.insert(
+        "qwen3.rope.scaling.yarn_attn_factor".into(),
+        candle_core::quantized::gguf_file::Value::F32(1.0),
+    );
+    for (what, header) in [("linear scaling", linear), ("a magnitude of 1", unit)] {
+        let m = Llama::from_content(&header, &mut file, &device(), &options()).unwrap();
+        let off = Comparison::run(&m, &fx, F32_GAP_TOL);
+        eprintln!(
+            "with {what}: agreement {:.3}, worst {:.3}",
+            off.agreement(),
+            off.quantile(1.0)
+        );
+        assert!(
+            off.quantile(1.0) > 100.0 * F32_LOGPROB_MAX_TOL,
+            "{what} should leave llama.cpp's YaRN logits: agreement {}, worst {}",
+            off.agreement(),
+            off.quantile(1.0)
+        );
+    }
 }
 
 /// The tiny Mistral's window is what its fixture tests: in every layer, and without it (the same

@@ -161,12 +161,68 @@ fn llama3_scaling_divides_low_frequencies_and_keeps_high_ones() {
     assert_eq!(p.rope_freq_factors, c.rope_freq_factors);
 }
 
+/// YaRN as transformers reads it: its defaults (Python's `or`: a 0 is the default too), its
+/// magnitude from `attention_factor`, else `mscale` over `mscale_all_dim`, and `truncate`.
+#[test]
+fn yarn_reads_with_transformers_defaults_and_overrides() {
+    let yarn = |scaling: Value| {
+        let c = config_from_json(&with(llama(), json!({"rope_scaling": scaling})), 100).unwrap();
+        (c.rope_freq_scale, c.rope_yarn.expect("yarn read"))
+    };
+    let (scale, y) = yarn(json!({"rope_type": "yarn", "factor": 4.0,
+                                 "original_max_position_embeddings": 512}));
+    assert_eq!(scale, 0.25);
+    let want = crate::Yarn {
+        original_context: 512.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        ext_factor: 1.0,
+        magnitude: 1.0 + 0.1 * 4f64.ln(),
+        truncate: true,
+    };
+    assert_eq!(y, want);
+    // The old spelling `type`, no original context (the model's own), betas of 0 and null.
+    let (_, y) = yarn(json!({"type": "yarn", "factor": 4.0, "beta_fast": 0, "beta_slow": null}));
+    assert_eq!(
+        y,
+        crate::Yarn {
+            original_context: 2048.0,
+            ..want
+        }
+    );
+    let (_, y) = yarn(
+        json!({"rope_type": "yarn", "factor": 4.0, "attention_factor": 1.5,
+                             "mscale": 2.0, "mscale_all_dim": 1.0, "truncate": false,
+                             "beta_fast": 16, "beta_slow": 2}),
+    );
+    assert_eq!(
+        (y.magnitude, y.truncate, y.beta_fast, y.beta_slow),
+        (1.5, false, 16.0, 2.0)
+    );
+    let (_, y) = yarn(json!({"rope_type": "yarn", "factor": 4.0, "mscale": 2.0,
+                             "mscale_all_dim": 1.0}));
+    let m = |x: f64| 0.1 * x * 4f64.ln() + 1.0;
+    assert_eq!(y.magnitude, m(2.0) / m(1.0));
+}
+
 #[test]
 fn what_quarry_cannot_run_is_refused_by_name() {
     let cases = [
         (
-            json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+            json!({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}),
             "config.json: rope_scaling.rope_type",
+        ),
+        (
+            json!({"rope_scaling": {"rope_type": "yarn"}}),
+            "config.json: rope_scaling.factor",
+        ),
+        (
+            json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": -32}}),
+            "config.json: rope_scaling.beta_fast",
+        ),
+        (
+            json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": "no"}}),
+            "config.json: rope_scaling.truncate",
         ),
         (
             json!({"rope_scaling": {"rope_type": "linear"}}),

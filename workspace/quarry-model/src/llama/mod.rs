@@ -1202,17 +1202,19 @@ fn rope_freq_factors<R: std::io::Read + std::io::Seek>(
 }
 
 /// `cos(p * θ_i)` and `sin(p * θ_i)` for every position and frequency: the global layers' angles
-/// ([`LlamaConfig::rope_frequencies`]), or with `local` Gemma 3's local layers'.
+/// ([`LlamaConfig::rope_frequencies`]), or with `local` Gemma 3's local layers', each times the
+/// layers' magnitude (YaRN's; [`LlamaConfig::rope_magnitude`]).
 fn rope_table(c: &LlamaConfig, local: bool, device: &Device) -> Result<RopeTable> {
     let half = c.head_dim / 2;
     let inv = c.rope_frequencies(local);
+    let m = c.rope_magnitude(local);
     let mut cos = Vec::with_capacity(c.context_length * half);
     let mut sin = Vec::with_capacity(c.context_length * half);
     for p in 0..c.context_length {
         for f in &inv {
             let a = p as f64 * f;
-            cos.push(a.cos() as f32);
-            sin.push(a.sin() as f32);
+            cos.push((a.cos() * m) as f32);
+            sin.push((a.sin() * m) as f32);
         }
     }
     Ok(RopeTable {

@@ -107,19 +107,20 @@ static GEMMA3_F32: OnceLock<Llama> = OnceLock::new();
 static QWEN25_F32: OnceLock<Llama> = OnceLock::new();
 
 /// The tiny random-weight models (`tests/fixtures/tiny_models.py`), by name.
-pub const TINY: [&str; 4] = ["qwen3", "llama3", "gemma3", "mistral"];
-static TINY_MODELS: [OnceLock<Llama>; 4] = [const { OnceLock::new() }; 4];
+pub const TINY: [&str; 5] = ["qwen3", "llama3", "gemma3", "mistral", "qwen3-yarn"];
+static TINY_MODELS: [OnceLock<Llama>; 5] = [const { OnceLock::new() }; 5];
 
 /// The checkpoint folders `tests/fixtures/checkpoints.py` builds from the GGUFs into
 /// `models/checkpoints/` (`make test` runs it), and the fixture each is the model of.
-pub const CHECKPOINTS: [(&str, &str); 5] = [
+pub const CHECKPOINTS: [(&str, &str); 6] = [
     ("smollm2", "smollm2-f32.logits.json.gz"),
     ("tiny-llama3", "tiny-llama3.logits.json.gz"),
     ("tiny-gemma3", "tiny-gemma3.logits.json.gz"),
     ("tiny-qwen3", "tiny-qwen3.logits.json.gz"),
     ("tiny-mistral", "tiny-mistral.logits.json.gz"),
+    ("tiny-qwen3-yarn", "tiny-qwen3-yarn.logits.json.gz"),
 ];
-static CHECKPOINT_MODELS: [OnceLock<Llama>; 5] = [const { OnceLock::new() }; 5];
+static CHECKPOINT_MODELS: [OnceLock<Llama>; 6] = [const { OnceLock::new() }; 6];
 
 /// The checkpoint folder `name` (one of [`CHECKPOINTS`]), loaded once per test binary.
 pub fn checkpoint(name: &str) -> &'static Llama {
