@@ -143,6 +143,7 @@ impl Checkpoint {
             head_count: Some(c.head_count as u64),
             head_count_kv: Some(c.head_count_kv as u64),
             rope_freq_base: Some(f64::from(c.rope_freq_base)),
+            rope_scaling: c.rope_scaling_summary(false),
             rms_norm_eps: Some(f64::from(c.rms_norm_eps)),
             sliding_window: c.sliding_window.map(|w| w.size as u64),
             sliding_layers: Some(c.sliding_layers() as u64),
@@ -249,10 +250,13 @@ impl crate::ModelInfo {
         }
         let (content, file_bytes, _) = crate::info::read_gguf(path)?;
         let mut info = Self::from_content(&content, file_bytes)?;
-        // Which layers slide is the architecture's to say; a file quarry cannot run keeps `None`.
+        // Which layers slide and how RoPE is scaled are the architecture's to say; a file quarry
+        // cannot run keeps `None`.
         if let Ok(c) = LlamaConfig::from_content(&content) {
             info.sliding_window = c.sliding_window.map(|w| w.size as u64);
             info.sliding_layers = Some(c.sliding_layers() as u64);
+            let factors = content.tensor_infos.contains_key("rope_freqs.weight");
+            info.rope_scaling = c.rope_scaling_summary(factors);
         }
         Ok(info)
     }

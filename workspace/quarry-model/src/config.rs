@@ -327,6 +327,36 @@ impl LlamaConfig {
             .collect()
     }
 
+    /// The RoPE scaling in words (`quarry info`), `None` without any: YaRN's factor and original
+    /// context, a linear factor, Llama 3's per-frequency factors (`factors`: where the config was
+    /// read from a header alone, whether the file has `rope_freqs.weight`).
+    pub fn rope_scaling_summary(&self, factors: bool) -> Option<String> {
+        let factor = 1.0 / f64::from(self.rope_freq_scale);
+        let global = if self
+            .sliding_window
+            .is_some_and(|w| w.rope_freq_base.is_some())
+        {
+            " in the global layers"
+        } else {
+            ""
+        };
+        let mut parts = Vec::new();
+        match self.rope_yarn {
+            Some(y) => parts.push(format!(
+                "YaRN, factor {factor} over an original context of {}{global}",
+                y.original_context
+            )),
+            None if self.rope_freq_scale != 1.0 => {
+                parts.push(format!("linear, factor {factor}{global}"))
+            }
+            None => {}
+        }
+        if factors || self.rope_freq_factors.is_some() {
+            parts.push("Llama 3's per-frequency factors".into());
+        }
+        (!parts.is_empty()).then(|| parts.join(" and "))
+    }
+
     /// What every cosine and sine of the global layers' RoPE (`local`: Gemma 3's local ones) is
     /// multiplied by: YaRN's [`Yarn::magnitude`] where it scales them, else 1.
     pub fn rope_magnitude(&self, local: bool) -> f64 {

@@ -24,6 +24,9 @@ pub struct ModelInfo {
     pub head_count: Option<u64>,
     pub head_count_kv: Option<u64>,
     pub rope_freq_base: Option<f64>,
+    /// The RoPE scaling in words ([`crate::LlamaConfig::rope_scaling_summary`]), where there is
+    /// one and quarry reads the architecture.
+    pub rope_scaling: Option<String>,
     pub rms_norm_eps: Option<f64>,
     /// The positions a local layer attends over (Gemma 3's window, Mistral 7B v0.1's), if any.
     pub sliding_window: Option<u64>,
@@ -103,6 +106,7 @@ impl ModelInfo {
             head_count: uint("attention.head_count")?,
             head_count_kv: uint("attention.head_count_kv")?,
             rope_freq_base: float("rope.freq_base")?,
+            rope_scaling: None,
             rms_norm_eps: float("attention.layer_norm_rms_epsilon")?,
             sliding_window: uint("attention.sliding_window")?,
             sliding_layers: None,

@@ -530,8 +530,13 @@ fn info(path: &Path, json: bool) -> Result<()> {
     )?;
     writeln!(
         out,
-        "rope base       {} · rms eps {}",
+        "rope base       {}{} · rms eps {}",
         model.rope_freq_base.map_or("?".into(), |v| v.to_string()),
+        model
+            .rope_scaling
+            .as_ref()
+            .map(|s| format!(" · scaling: {s}"))
+            .unwrap_or_default(),
         model
             .rms_norm_eps
             .map_or("?".into(), |v| format!("{v:.1e}"))

@@ -133,6 +133,30 @@ fn info_reports_model_facts() {
         mistral.contains("attention       a sliding window of 8 positions in every layer"),
         "{mistral}"
     );
+    // How RoPE is scaled, from a GGUF header and from a config.json.
+    for (model, scaling) in [
+        (
+            "models/tiny/tiny-qwen3-yarn.gguf",
+            "YaRN, factor 4 over an original context of 512",
+        ),
+        (
+            "models/checkpoints/tiny-qwen3-yarn",
+            "YaRN, factor 4 over an original context of 512",
+        ),
+        (
+            "models/tiny/tiny-gemma3.gguf",
+            "linear, factor 8 in the global layers",
+        ),
+        (
+            "models/tiny/tiny-llama3.gguf",
+            "Llama 3's per-frequency factors",
+        ),
+    ] {
+        let json: Value =
+            serde_json::from_str(&stdout(&quarry(&["info", "--json", "--model", model]))).unwrap();
+        assert_eq!(json["model"]["rope_scaling"], scaling, "{model}");
+    }
+    assert!(out.contains("rope base       100000 · rms eps"), "{out}");
 }
 
 #[test]
