@@ -331,7 +331,8 @@ impl LlamaConfig {
     /// context, a linear factor, Llama 3's per-frequency factors (`factors`: where the config was
     /// read from a header alone, whether the file has `rope_freqs.weight`).
     pub fn rope_scaling_summary(&self, factors: bool) -> Option<String> {
-        let factor = 1.0 / f64::from(self.rope_freq_scale);
+        // In f32, as the scale is held: 1 / (1/3 in f32) prints as 3.
+        let factor = 1.0 / self.rope_freq_scale;
         let global = if self
             .sliding_window
             .is_some_and(|w| w.rope_freq_base.is_some())
@@ -502,7 +503,7 @@ impl Keys<'_> {
     /// `yarn_beta_slow`, `yarn_ext_factor`, `yarn_attn_factor`: llama.cpp's converter writes them
     /// from a checkpoint's `rope_scaling`, which llama.cpp 0.3.36 then ignores) as the file says.
     /// LongRoPE changes every position's rotation in ways quarry does not implement, and running
-    /// such a model with plain RoPE would be silently wrong: refused, as is an
+    /// such a model with plain RoPE would be silently wrong: refused, as is a
     /// `rope.scaling.attn_factor` other than 1 outside YaRN.
     fn rope_scaling(&self, head_dim: usize) -> Result<(f32, Option<Yarn>)> {
         let rope_dim = self.uint("rope.dimension_count")?.unwrap_or(head_dim);
@@ -865,6 +866,33 @@ mod tests {
         assert_eq!(
             (c.rope_frequencies(true), c.rope_magnitude(true)),
             (plain, 1.0)
+        );
+    }
+
+    #[test]
+    fn the_scaling_summary_names_each_kind_and_prints_the_factor_as_written() {
+        let mut c = LlamaConfig::from_content(&content(&[])).unwrap();
+        assert_eq!(c.rope_scaling_summary(false), None);
+        assert_eq!(
+            c.rope_scaling_summary(true).as_deref(),
+            Some("Llama 3's per-frequency factors")
+        );
+        c.rope_freq_scale = (1.0 / 3.0f64) as f32;
+        assert_eq!(
+            c.rope_scaling_summary(false).as_deref(),
+            Some("linear, factor 3")
+        );
+        c.rope_yarn = Some(Yarn {
+            original_context: 32_768.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            ext_factor: 1.0,
+            magnitude: Yarn::default_magnitude(3.0),
+            truncate: true,
+        });
+        assert_eq!(
+            c.rope_scaling_summary(false).as_deref(),
+            Some("YaRN, factor 3 over an original context of 32768")
         );
     }
 
