@@ -344,6 +344,15 @@ fn the_same_index_twice_publishes_each_shard_once_and_reports_the_duplicated_wor
 #[test]
 fn a_worker_killed_mid_job_resumes_under_the_same_index_without_duplicates() {
     let job = Job::new("kill", 8);
+    // One publisher thread, so that the files are published one after another: with the default
+    // four, the eight one-document shards finish in the same step and reach the crash point
+    // together, and the files the other publishers were finishing while the killing thread was
+    // between its count and its SIGKILL could land their markers too (three did on a loaded
+    // 2-core machine, 2026-12-02), where this test counts exactly one.
+    let toml = std::fs::read_to_string(&job.pipeline).unwrap();
+    let one_publisher = toml.replacen("[output]\n", "[output]\npublishers = 1\n", 1);
+    assert_ne!(one_publisher, toml, "the job has an [output] table");
+    std::fs::write(&job.pipeline, one_publisher).unwrap();
     let (index, mine) = job.larger_half();
     assert!(mine.len() >= 2, "{mine:?}");
     let i = index.to_string();
